@@ -1,0 +1,1013 @@
+//! Configuration: the TOML file of DESIGN §8, parsed and validated at load.
+//!
+//! Owns the shape of the config and every rule about what a valid one is, so
+//! an invalid `Config` cannot exist past `Config::load`. Values are checked
+//! while they are parsed (durations, levels, actions, globs, URL templates),
+//! which lets errors carry the file, the key path and the line. It must never
+//! read secrets: it stores the *names* of environment variables, and the edges
+//! that need a secret read it themselves.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::{Deserialize, Deserializer};
+
+use crate::model::{PolicyAction, Severity};
+
+/// Where a config error was found: file, key path, and line when known.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", location(path, key, *line))]
+    Invalid {
+        path: PathBuf,
+        /// Dotted key path, e.g. `rotation.drain_ceiling` or `apps[1].name`.
+        key: String,
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+fn location(path: &Path, key: &str, line: Option<usize>) -> String {
+    let mut s = path.display().to_string();
+    if let Some(line) = line {
+        s.push_str(&format!(":{line}"));
+    }
+    if !key.is_empty() {
+        s.push_str(&format!(": key `{key}`"));
+    }
+    s
+}
+
+/// The whole, validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file this was loaded from (for messages).
+    pub path: PathBuf,
+    pub fly: FlyConfig,
+    pub overlay: OverlayConfig,
+    pub sweep: SweepConfig,
+    pub probe: ProbeConfig,
+    pub apps: Vec<AppConfig>,
+    pub pools: BTreeMap<String, PoolConfig>,
+    pub severity: Vec<SeverityRule>,
+    pub rotation: RotationConfig,
+    pub alerts: AlertsConfig,
+    pub metrics: MetricsConfig,
+    pub server: ServerConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlyConfig {
+    /// Machines API base (without `/v1`).
+    #[serde(default = "default_api_url", deserialize_with = "http_url")]
+    pub api_url: String,
+    /// Environment variable holding the Fly API token.
+    #[serde(default = "default_fly_token_env")]
+    pub token_env: String,
+    /// Per-request timeout for Fly API calls (long-polls add their own wait).
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Retries of a transient failure (408, 429, 5xx, connection error).
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+}
+
+impl Default for FlyConfig {
+    fn default() -> Self {
+        FlyConfig {
+            api_url: default_api_url(),
+            token_env: default_fly_token_env(),
+            request_timeout: Duration::from_secs(30),
+            max_retries: default_max_retries(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlayConfig {
+    /// URL or local path of the overlay repository.
+    pub repo: String,
+    /// Release branch whose tip is the expected ref.
+    pub branch: String,
+    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    pub fetch_interval: Duration,
+    /// Bare mirror kept by the daemon.
+    pub mirror_dir: PathBuf,
+    /// Environment variable holding an https token for the repository.
+    #[serde(default = "default_git_token_env")]
+    pub token_env: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepConfig {
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub interval: Duration,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        SweepConfig {
+            interval: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    #[serde(default = "secs::<5>", deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: NonZeroUsize,
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: NonZeroUsize,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            timeout: Duration::from_secs(5),
+            concurrency: default_concurrency(),
+            max_body_bytes: default_max_body(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    pub name: String,
+    #[serde(default = "default_health_url")]
+    pub health_url: HealthUrlTemplate,
+    /// Machine metadata key naming the machine's pool; none = every machine in `default`.
+    #[serde(default)]
+    pub pool_key: Option<String>,
+    /// Environment variable with the bearer token for drain/undrain/reload.
+    #[serde(default)]
+    pub agent_token_env: Option<String>,
+}
+
+/// Per-pool policy: severity → action, and the cap on concurrent rotations.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    #[serde(default = "one")]
+    pub max_concurrent_rotations: NonZeroU32,
+    #[serde(default)]
+    pub actions: ActionMap,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_concurrent_rotations: one(),
+            actions: ActionMap::default(),
+        }
+    }
+}
+
+/// Severity → action. Levels left out keep the safe defaults: wait for a
+/// natural stop point, and ask an operator for critical drift.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionMap {
+    #[serde(default = "alert_and_wait")]
+    pub low: PolicyAction,
+    #[serde(default = "alert_and_wait")]
+    pub medium: PolicyAction,
+    #[serde(default = "alert_and_wait")]
+    pub high: PolicyAction,
+    #[serde(default = "manual")]
+    pub critical: PolicyAction,
+}
+
+impl Default for ActionMap {
+    fn default() -> Self {
+        ActionMap {
+            low: PolicyAction::AlertAndWait,
+            medium: PolicyAction::AlertAndWait,
+            high: PolicyAction::AlertAndWait,
+            critical: PolicyAction::Manual,
+        }
+    }
+}
+
+impl ActionMap {
+    pub fn for_severity(&self, severity: Severity) -> PolicyAction {
+        match severity {
+            Severity::Low => self.low,
+            Severity::Medium => self.medium,
+            Severity::High => self.high,
+            Severity::Critical => self.critical,
+        }
+    }
+}
+
+/// One `[[severity]]` rule; every condition present must hold.
+#[derive(Clone, Debug)]
+pub struct SeverityRule {
+    pub level: Severity,
+    /// Matches refs the repository cannot resolve (unknown or ambiguous).
+    pub unknown_ref: bool,
+    /// Trailer keys, lowercased; any one present in the range matches.
+    pub trailers: Vec<String>,
+    /// Glob patterns as written, and compiled; any changed path matching matches.
+    pub paths: Vec<String>,
+    pub path_set: Option<GlobSet>,
+    pub min_commits_behind: Option<u64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotationConfig {
+    #[serde(default = "secs::<120>", deserialize_with = "duration")]
+    pub min_drift_age: Duration,
+    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    pub restart_grace: Duration,
+    #[serde(default = "secs::<3600>", deserialize_with = "duration")]
+    pub drain_ceiling: Duration,
+    #[serde(default = "secs::<1200>", deserialize_with = "duration")]
+    pub checkpoint_deadline: Duration,
+    #[serde(default = "secs::<3600>", deserialize_with = "duration")]
+    pub retry_after: Duration,
+    #[serde(default = "secs::<14400>", deserialize_with = "duration")]
+    pub probe_failure_ceiling: Duration,
+    #[serde(default = "secs::<300>", deserialize_with = "duration")]
+    pub verify_deadline: Duration,
+    #[serde(default = "secs::<600>", deserialize_with = "duration")]
+    pub recent_input_guard: Duration,
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub heartbeat_max_age: Duration,
+}
+
+impl Default for RotationConfig {
+    fn default() -> Self {
+        RotationConfig {
+            min_drift_age: Duration::from_secs(120),
+            restart_grace: Duration::from_secs(60),
+            drain_ceiling: Duration::from_secs(3600),
+            checkpoint_deadline: Duration::from_secs(1200),
+            retry_after: Duration::from_secs(3600),
+            probe_failure_ceiling: Duration::from_secs(14400),
+            verify_deadline: Duration::from_secs(300),
+            recent_input_guard: Duration::from_secs(600),
+            heartbeat_max_age: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    #[serde(default = "one_f64", deserialize_with = "ratio")]
+    pub coherence_threshold: f64,
+    #[serde(default = "secs::<900>", deserialize_with = "duration")]
+    pub coherence_for: Duration,
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        AlertsConfig {
+            coherence_threshold: 1.0,
+            coherence_for: Duration::from_secs(900),
+            webhooks: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookFormat {
+    Json,
+    Slack,
+    Pagerduty,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Environment variable holding the URL (the URL is a secret).
+    pub url_env: String,
+    pub format: WebhookFormat,
+    #[serde(default)]
+    pub routing_key_env: Option<String>,
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    #[serde(default = "low")]
+    pub min_severity: Severity,
+    #[serde(default = "secs::<1800>", deserialize_with = "duration")]
+    pub repeat_interval: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    #[serde(default = "yes")]
+    pub per_machine: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { per_machine: true }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default = "default_admin_token_env")]
+    pub admin_token_env: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            admin_token_env: default_admin_token_env(),
+        }
+    }
+}
+
+/// A health URL with `{machine_id}`, `{app}`, `{private_ip}`, `{region}`,
+/// `{name}` placeholders, checked at load to expand into a valid http(s) URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthUrlTemplate(String);
+
+/// The values a health URL template is expanded with.
+#[derive(Clone, Copy, Debug)]
+pub struct UrlVars<'a> {
+    pub machine_id: &'a str,
+    pub app: &'a str,
+    pub private_ip: &'a str,
+    pub region: &'a str,
+    pub name: &'a str,
+}
+
+impl HealthUrlTemplate {
+    pub const PLACEHOLDERS: [&'static str; 5] =
+        ["machine_id", "app", "private_ip", "region", "name"];
+
+    pub fn parse(s: &str) -> Result<HealthUrlTemplate, String> {
+        let mut rest = s;
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let close = after
+                .find('}')
+                .ok_or_else(|| format!("unclosed `{{` in health URL template {s:?}"))?;
+            let name = &after[..close];
+            if !Self::PLACEHOLDERS.contains(&name) {
+                return Err(format!(
+                    "unknown placeholder `{{{name}}}` in health URL template {s:?} (known: {})",
+                    Self::PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                ));
+            }
+            rest = &after[close + 1..];
+        }
+        let template = HealthUrlTemplate(s.to_string());
+        let sample = template.render(&UrlVars {
+            machine_id: "148e1234abcd56",
+            app: "app",
+            private_ip: "fdaa:0:1:a7b:1::2",
+            region: "iad",
+            name: "name",
+        });
+        let url = url::Url::parse(&sample)
+            .map_err(|e| format!("health URL template {s:?} does not expand to a valid URL ({e}); an IPv6 {{private_ip}} needs brackets: http://[{{private_ip}}]:8080/health"))?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(format!("health URL template {s:?} must be http or https"));
+        }
+        Ok(template)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn render(&self, vars: &UrlVars<'_>) -> String {
+        self.0
+            .replace("{machine_id}", vars.machine_id)
+            .replace("{app}", vars.app)
+            .replace("{private_ip}", vars.private_ip)
+            .replace("{region}", vars.region)
+            .replace("{name}", vars.name)
+    }
+}
+
+impl<'de> Deserialize<'de> for HealthUrlTemplate {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        HealthUrlTemplate::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for HealthUrlTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+// ---- the file as written -------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    fly: FlyConfig,
+    overlay: OverlayConfig,
+    #[serde(default)]
+    sweep: SweepConfig,
+    #[serde(default)]
+    probe: ProbeConfig,
+    apps: Vec<toml::Spanned<AppConfig>>,
+    #[serde(default)]
+    pools: BTreeMap<String, PoolConfig>,
+    #[serde(default)]
+    severity: Option<Vec<toml::Spanned<RawSeverityRule>>>,
+    #[serde(default)]
+    rotation: RotationConfig,
+    #[serde(default)]
+    alerts: RawAlerts,
+    #[serde(default)]
+    metrics: MetricsConfig,
+    #[serde(default)]
+    server: ServerConfig,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAlerts {
+    #[serde(default = "one_f64", deserialize_with = "ratio")]
+    coherence_threshold: f64,
+    #[serde(default = "secs::<900>", deserialize_with = "duration")]
+    coherence_for: Duration,
+    #[serde(default)]
+    webhooks: Vec<toml::Spanned<WebhookConfig>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSeverityRule {
+    level: Severity,
+    #[serde(default)]
+    unknown_ref: bool,
+    #[serde(default)]
+    trailers: Vec<String>,
+    #[serde(default)]
+    paths: Vec<PathGlob>,
+    #[serde(default)]
+    min_commits_behind: Option<u64>,
+}
+
+/// A `paths` glob, compiled at parse time so a bad pattern names its line.
+struct PathGlob(String, Glob);
+
+impl<'de> Deserialize<'de> for PathGlob {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        // `*` stays within one path segment; `**` crosses segments.
+        let glob = GlobBuilder::new(&s)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| serde::de::Error::custom(format!("invalid path glob {s:?}: {e}")))?;
+        Ok(PathGlob(s, glob))
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses and validates config text; `path` is only used in messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let invalid = |key: String, span: Option<std::ops::Range<usize>>, message: String| {
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                key,
+                line: span.map(|s| line_of(text, s.start)),
+                message,
+            }
+        };
+        let de = toml::de::Deserializer::parse(text)
+            .map_err(|e| invalid(String::new(), e.span(), e.message().to_string()))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            // Spanned<T> shows up in the path as a private field; hide it.
+            let key = key.replace("$__serde_spanned_private_value.", "");
+            let key = if key == "." { String::new() } else { key };
+            invalid(key, inner.span(), inner.message().to_string())
+        })?;
+
+        if raw.apps.is_empty() {
+            return Err(invalid(
+                "apps".into(),
+                None,
+                "at least one [[apps]] entry is required".into(),
+            ));
+        }
+        let mut apps = Vec::with_capacity(raw.apps.len());
+        for (i, app) in raw.apps.into_iter().enumerate() {
+            let span = app.span();
+            let app = app.into_inner();
+            if app.name.trim().is_empty() {
+                return Err(invalid(
+                    format!("apps[{i}].name"),
+                    Some(span),
+                    "app name is empty".into(),
+                ));
+            }
+            if apps.iter().any(|a: &AppConfig| a.name == app.name) {
+                return Err(invalid(
+                    format!("apps[{i}].name"),
+                    Some(span),
+                    format!("app {:?} is listed twice", app.name),
+                ));
+            }
+            apps.push(app);
+        }
+
+        for (name, _) in raw.pools.iter() {
+            if name.trim().is_empty() {
+                return Err(invalid("pools".into(), None, "pool name is empty".into()));
+            }
+        }
+
+        let severity = match raw.severity {
+            None => default_severity_rules(),
+            Some(rules) => {
+                let mut out = Vec::with_capacity(rules.len());
+                for (i, rule) in rules.into_iter().enumerate() {
+                    let span = rule.span();
+                    out.push(
+                        compile_rule(rule.into_inner())
+                            .map_err(|m| invalid(format!("severity[{i}]"), Some(span), m))?,
+                    );
+                }
+                out
+            }
+        };
+
+        let mut webhooks = Vec::with_capacity(raw.alerts.webhooks.len());
+        for (i, hook) in raw.alerts.webhooks.into_iter().enumerate() {
+            let span = hook.span();
+            let hook = hook.into_inner();
+            let key = format!("alerts.webhooks[{i}]");
+            match hook.format {
+                WebhookFormat::Pagerduty if hook.routing_key_env.is_none() => {
+                    return Err(invalid(
+                        format!("{key}.routing_key_env"),
+                        Some(span),
+                        "a pagerduty webhook needs routing_key_env (the env var holding the Events v2 routing key)".into(),
+                    ));
+                }
+                WebhookFormat::Json | WebhookFormat::Slack if hook.routing_key_env.is_some() => {
+                    return Err(invalid(
+                        format!("{key}.routing_key_env"),
+                        Some(span),
+                        "routing_key_env only applies to format = \"pagerduty\"".into(),
+                    ));
+                }
+                WebhookFormat::Slack | WebhookFormat::Pagerduty if hook.secret_env.is_some() => {
+                    return Err(invalid(
+                        format!("{key}.secret_env"),
+                        Some(span),
+                        "secret_env (HMAC signature) only applies to format = \"json\"".into(),
+                    ));
+                }
+                _ => {}
+            }
+            webhooks.push(hook);
+        }
+
+        if raw.sweep.interval.is_zero() {
+            return Err(invalid(
+                "sweep.interval".into(),
+                None,
+                "must be greater than zero".into(),
+            ));
+        }
+        if raw.probe.timeout.is_zero() {
+            return Err(invalid(
+                "probe.timeout".into(),
+                None,
+                "must be greater than zero".into(),
+            ));
+        }
+        if raw.fly.request_timeout.is_zero() {
+            return Err(invalid(
+                "fly.request_timeout".into(),
+                None,
+                "must be greater than zero".into(),
+            ));
+        }
+        if raw.overlay.branch.trim().is_empty() {
+            return Err(invalid(
+                "overlay.branch".into(),
+                None,
+                "branch is empty".into(),
+            ));
+        }
+        if raw.overlay.repo.trim().is_empty() {
+            return Err(invalid("overlay.repo".into(), None, "repo is empty".into()));
+        }
+
+        Ok(Config {
+            path: path.to_path_buf(),
+            fly: raw.fly,
+            overlay: raw.overlay,
+            sweep: raw.sweep,
+            probe: raw.probe,
+            apps,
+            pools: raw.pools,
+            severity,
+            rotation: raw.rotation,
+            alerts: AlertsConfig {
+                coherence_threshold: raw.alerts.coherence_threshold,
+                coherence_for: raw.alerts.coherence_for,
+                webhooks,
+            },
+            metrics: raw.metrics,
+            server: raw.server,
+        })
+    }
+
+    /// The policy of a pool; pools without their own section use `default`
+    /// (or the built-in safe default when there is no `[pools.default]`).
+    pub fn pool(&self, name: &str) -> PoolConfig {
+        self.pools
+            .get(name)
+            .or_else(|| self.pools.get(DEFAULT_POOL))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn app(&self, name: &str) -> Option<&AppConfig> {
+        self.apps.iter().find(|a| a.name == name)
+    }
+}
+
+/// The pool of machines without a pool key.
+pub const DEFAULT_POOL: &str = "default";
+
+fn compile_rule(raw: RawSeverityRule) -> Result<SeverityRule, String> {
+    let has_range_condition =
+        !raw.trailers.is_empty() || !raw.paths.is_empty() || raw.min_commits_behind.is_some();
+    if !raw.unknown_ref && !has_range_condition {
+        return Err(
+            "rule has no condition: set unknown_ref = true, trailers, paths or min_commits_behind"
+                .into(),
+        );
+    }
+    if raw.unknown_ref && has_range_condition {
+        return Err("unknown_ref = true cannot be combined with trailers, paths or min_commits_behind: an unknown ref has no commit range".into());
+    }
+    let path_set = if raw.paths.is_empty() {
+        None
+    } else {
+        let mut b = GlobSetBuilder::new();
+        for p in &raw.paths {
+            b.add(p.1.clone());
+        }
+        Some(b.build().map_err(|e| format!("invalid paths: {e}"))?)
+    };
+    Ok(SeverityRule {
+        level: raw.level,
+        unknown_ref: raw.unknown_ref,
+        trailers: raw
+            .trailers
+            .iter()
+            .map(|t| t.trim().to_ascii_lowercase())
+            .collect(),
+        paths: raw.paths.into_iter().map(|p| p.0).collect(),
+        path_set,
+        min_commits_behind: raw.min_commits_behind,
+    })
+}
+
+/// The rules of DESIGN §5, used when the file has no `[[severity]]`.
+pub fn default_severity_rules() -> Vec<SeverityRule> {
+    let rule = |level, unknown_ref, trailers: &[&str], paths: &[&str], min: Option<u64>| {
+        compile_rule(RawSeverityRule {
+            level,
+            unknown_ref,
+            trailers: trailers.iter().map(|s| s.to_string()).collect(),
+            paths: paths
+                .iter()
+                .map(|p| {
+                    let glob = GlobBuilder::new(p).literal_separator(true).build();
+                    PathGlob(
+                        p.to_string(),
+                        glob.unwrap_or_else(|_| unreachable!("built-in glob {p} is valid")),
+                    )
+                })
+                .collect(),
+            min_commits_behind: min,
+        })
+        .unwrap_or_else(|e| unreachable!("built-in severity rule is valid: {e}"))
+    };
+    vec![
+        rule(Severity::Critical, true, &[], &[], None),
+        rule(Severity::Critical, false, &["Security"], &[], None),
+        rule(
+            Severity::High,
+            false,
+            &[],
+            &["policies/**", "guards/**"],
+            None,
+        ),
+        rule(Severity::High, false, &[], &[], Some(20)),
+        rule(Severity::Medium, false, &[], &[], Some(5)),
+    ]
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|&b| b == b'\n')
+        .count()
+        + 1
+}
+
+// ---- field parsers and defaults -------------------------------------------
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration {s:?}: {e} (use e.g. \"30s\", \"5m\", \"1h 30m\")"
+        ))
+    })
+}
+
+fn ratio<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "{v} is not a ratio between 0.0 and 1.0"
+        )))
+    }
+}
+
+fn http_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let url = url::Url::parse(&s)
+        .map_err(|e| serde::de::Error::custom(format!("invalid URL {s:?}: {e}")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(serde::de::Error::custom(format!(
+            "URL {s:?} must be http or https"
+        )));
+    }
+    Ok(s.trim_end_matches('/').to_string())
+}
+
+const fn secs<const N: u64>() -> Duration {
+    Duration::from_secs(N)
+}
+fn default_api_url() -> String {
+    "https://api.machines.dev".into()
+}
+fn default_fly_token_env() -> String {
+    "FLY_API_TOKEN".into()
+}
+fn default_git_token_env() -> String {
+    "OVERLAY_GIT_TOKEN".into()
+}
+fn default_admin_token_env() -> String {
+    "FLEET_ADMIN_TOKEN".into()
+}
+fn default_max_retries() -> u32 {
+    4
+}
+fn default_concurrency() -> NonZeroUsize {
+    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
+}
+fn default_max_body() -> NonZeroUsize {
+    NonZeroUsize::new(65536).unwrap_or(NonZeroUsize::MIN)
+}
+fn default_health_url() -> HealthUrlTemplate {
+    HealthUrlTemplate("http://{machine_id}.vm.{app}.internal:8080/health".into())
+}
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9090))
+}
+fn one() -> NonZeroU32 {
+    NonZeroU32::MIN
+}
+fn one_f64() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn low() -> Severity {
+    Severity::Low
+}
+fn alert_and_wait() -> PolicyAction {
+    PolicyAction::AlertAndWait
+}
+fn manual() -> PolicyAction {
+    PolicyAction::Manual
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[overlay]
+repo = "/srv/overlay"
+branch = "release"
+mirror_dir = "/data/overlay.git"
+
+[[apps]]
+name = "agents"
+"#;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("test.toml"), text)
+    }
+
+    fn err(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => panic!("config should have been rejected:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.fly.api_url, "https://api.machines.dev");
+        assert_eq!(c.fly.token_env, "FLY_API_TOKEN");
+        assert_eq!(c.sweep.interval, Duration::from_secs(30));
+        assert_eq!(c.probe.max_body_bytes.get(), 65536);
+        assert_eq!(c.rotation.min_drift_age, Duration::from_secs(120));
+        assert_eq!(c.rotation.heartbeat_max_age, Duration::from_secs(30));
+        assert_eq!(
+            c.apps[0].health_url.as_str(),
+            "http://{machine_id}.vm.{app}.internal:8080/health"
+        );
+        assert_eq!(c.severity.len(), 5);
+        assert_eq!(c.pool("anything").actions, ActionMap::default());
+        assert_eq!(c.server.listen.port(), 9090);
+    }
+
+    #[test]
+    fn unknown_key_names_the_key_and_line() {
+        let text = format!("{MINIMAL}\n[rotation]\ndrain_ceilling = \"1h\"\n");
+        let e = err(&text);
+        assert!(e.contains("drain_ceilling"), "{e}");
+        assert!(e.contains("test.toml:"), "{e}");
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("drain_ceilling"))
+            .unwrap()
+            + 1;
+        assert!(
+            e.contains(&format!(":{line}")),
+            "expected line {line} in {e}"
+        );
+    }
+
+    #[test]
+    fn bad_duration_names_key_and_value() {
+        let e = err(&format!("{MINIMAL}\n[sweep]\ninterval = \"30 parsecs\"\n"));
+        assert!(e.contains("sweep.interval"), "{e}");
+        assert!(e.contains("30 parsecs"), "{e}");
+    }
+
+    #[test]
+    fn unknown_action_and_level_are_rejected() {
+        let e = err(&format!(
+            "{MINIMAL}\n[pools.default]\nactions = {{ low = \"reboot\" }}\n"
+        ));
+        assert!(e.contains("pools.default.actions.low"), "{e}");
+        assert!(e.contains("reboot"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}\n[[severity]]\nlevel = \"urgent\"\nmin_commits_behind = 3\n"
+        ));
+        assert!(e.contains("severity[0].level"), "{e}");
+        assert!(e.contains("urgent"), "{e}");
+    }
+
+    #[test]
+    fn missing_required_keys_are_named() {
+        let e = err("[[apps]]\nname = \"a\"\n");
+        assert!(e.contains("overlay"), "{e}");
+        let e = err(&MINIMAL.replace("branch = \"release\"\n", ""));
+        assert!(e.contains("branch"), "{e}");
+        let e = err(&MINIMAL.replace("[[apps]]\nname = \"agents\"\n", ""));
+        assert!(e.contains("apps"), "{e}");
+    }
+
+    #[test]
+    fn health_url_placeholders_are_checked() {
+        let e = err(&format!(
+            "{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"http://{{machine}}.internal/health\"\n"
+        ));
+        assert!(e.contains("{machine}"), "{e}");
+        assert!(e.contains("apps[1].health_url"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"http://{{private_ip}}:8080/health\"\n"
+        ));
+        assert!(e.contains("brackets"), "{e}");
+        let ok = parse(&format!(
+            "{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"http://[{{private_ip}}]:8080/{{app}}/{{region}}/{{name}}\"\n"
+        ))
+        .unwrap();
+        let url = ok.apps[1].health_url.render(&UrlVars {
+            machine_id: "m",
+            app: "b",
+            private_ip: "fdaa::3",
+            region: "ams",
+            name: "n1",
+        });
+        assert_eq!(url, "http://[fdaa::3]:8080/b/ams/n1");
+    }
+
+    #[test]
+    fn duplicate_apps_and_empty_rules_are_rejected() {
+        let e = err(&format!("{MINIMAL}\n[[apps]]\nname = \"agents\"\n"));
+        assert!(e.contains("apps[1].name") && e.contains("twice"), "{e}");
+        let e = err(&format!("{MINIMAL}\n[[severity]]\nlevel = \"low\"\n"));
+        assert!(
+            e.contains("severity[0]") && e.contains("no condition"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{MINIMAL}\n[[severity]]\nlevel = \"low\"\npaths = [\"a/[\"]\n"
+        ));
+        assert!(e.contains("invalid path glob"), "{e}");
+    }
+
+    #[test]
+    fn webhook_keys_must_fit_the_format() {
+        let e = err(&format!(
+            "{MINIMAL}\n[[alerts.webhooks]]\nurl_env = \"U\"\nformat = \"pagerduty\"\n"
+        ));
+        assert!(e.contains("routing_key_env"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}\n[[alerts.webhooks]]\nurl_env = \"U\"\nformat = \"slack\"\nsecret_env = \"S\"\n"
+        ));
+        assert!(e.contains("secret_env"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}\n[[alerts.webhooks]]\nurl_env = \"U\"\nformat = \"teams\"\n"
+        ));
+        assert!(e.contains("teams"), "{e}");
+    }
+
+    #[test]
+    fn ratios_and_counts_are_range_checked() {
+        let e = err(&format!("{MINIMAL}\n[alerts]\ncoherence_threshold = 1.5\n"));
+        assert!(e.contains("alerts.coherence_threshold"), "{e}");
+        let e = err(&format!("{MINIMAL}\n[probe]\nconcurrency = 0\n"));
+        assert!(e.contains("probe.concurrency"), "{e}");
+        let e = err(&format!("{MINIMAL}\n[sweep]\ninterval = \"0s\"\n"));
+        assert!(e.contains("sweep.interval"), "{e}");
+    }
+
+    #[test]
+    fn syntax_errors_carry_a_line() {
+        let e = err("[overlay\nrepo = 1\n");
+        assert!(e.contains("test.toml:1"), "{e}");
+    }
+
+    #[test]
+    fn pools_fall_back_to_default_section() {
+        let c = parse(&format!(
+            "{MINIMAL}\n[pools.default]\nmax_concurrent_rotations = 3\nactions = {{ high = \"restart\" }}\n[pools.dispatch]\nactions = {{ low = \"observe\" }}\n"
+        ))
+        .unwrap();
+        assert_eq!(c.pool("other").max_concurrent_rotations.get(), 3);
+        assert_eq!(c.pool("other").actions.high, PolicyAction::Restart);
+        assert_eq!(c.pool("dispatch").actions.low, PolicyAction::Observe);
+        // Levels not written in a pool keep the safe defaults.
+        assert_eq!(c.pool("dispatch").actions.critical, PolicyAction::Manual);
+    }
+}

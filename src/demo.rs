@@ -1,0 +1,403 @@
+//! `fleet-reconciler demo`: the daemon's sweep loop against a simulated fleet.
+//!
+//! Owns the demo scenario: a temporary overlay repository with a real history
+//! (a merged feature branch, a `policies/` change, a `Security:` trailer, a
+//! canary branch), a simulated Fly API with a few dozen agents in two apps and
+//! three pools, and a release that ships while the demo runs. It must never
+//! reach beyond loopback or need a credential.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use git2::{FileMode, Oid, Repository, Signature, Time};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, HealthUrlTemplate};
+use crate::daemon::{self, Secrets, SweepOutcome};
+use crate::report;
+use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
+
+/// The built-in demo config (`config/demo.toml`).
+pub const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
+
+pub struct DemoOptions {
+    pub config_path: PathBuf,
+    pub config_text: String,
+    /// Sweeps before exiting; 0 runs until ctrl-c.
+    pub sweeps: u32,
+}
+
+/// A bare repository that stands in for the overlay's git host.
+pub struct DemoRepo {
+    repo: Repository,
+    clock: i64,
+}
+
+/// Commits of the demo history that machines are pinned to.
+pub struct DemoHistory {
+    /// Linear-ish history of `release`, oldest first (merge commit included).
+    pub release: Vec<Oid>,
+    /// Index in `release` of the `policies/` change and the `Security:` commit.
+    pub policy_change: usize,
+    pub security_fix: usize,
+    /// Tip of the `canary` branch (two commits not on `release`).
+    pub canary: Oid,
+}
+
+impl DemoRepo {
+    pub fn create(path: &Path) -> Result<DemoRepo, git2::Error> {
+        Ok(DemoRepo {
+            repo: Repository::init_bare(path)?,
+            clock: 1_793_000_000,
+        })
+    }
+
+    /// Commits `files` (path, content) on top of `parents` and moves `branch`.
+    pub fn commit(
+        &mut self,
+        branch: &str,
+        parents: &[Oid],
+        files: &[(&str, &str)],
+        message: &str,
+    ) -> Result<Oid, git2::Error> {
+        let base = match parents.first() {
+            Some(p) => Some(self.repo.find_commit(*p)?.tree()?),
+            None => None,
+        };
+        let mut update = git2::build::TreeUpdateBuilder::new();
+        for (path, content) in files {
+            let blob = self.repo.blob(content.as_bytes())?;
+            update.upsert(*path, blob, FileMode::Blob);
+        }
+        let tree_id = match &base {
+            Some(tree) => update.create_updated(&self.repo, tree)?,
+            None => {
+                let empty = self.repo.treebuilder(None)?.write()?;
+                update.create_updated(&self.repo, &self.repo.find_tree(empty)?)?
+            }
+        };
+        let tree = self.repo.find_tree(tree_id)?;
+        // Fixed clock: the same history (and commit ids) on every run.
+        self.clock += 3600;
+        let sig = Signature::new(
+            "Overlay Bot",
+            "overlay@example.com",
+            &Time::new(self.clock, 0),
+        )?;
+        let parents: Vec<git2::Commit<'_>> = parents
+            .iter()
+            .map(|p| self.repo.find_commit(*p))
+            .collect::<Result<_, _>>()?;
+        let parent_refs: Vec<&git2::Commit<'_>> = parents.iter().collect();
+        let oid = self
+            .repo
+            .commit(None, &sig, &sig, message, &tree, &parent_refs)?;
+        self.repo
+            .reference(&format!("refs/heads/{branch}"), oid, true, message)?;
+        Ok(oid)
+    }
+
+    /// The history the demo fleet is spread over.
+    pub fn build_history(&mut self) -> Result<DemoHistory, git2::Error> {
+        let mut release = Vec::new();
+        let root = self.commit(
+            "release",
+            &[],
+            &[
+                ("README.md", "# agent overlay\n"),
+                ("skills/search.md", "search v1\n"),
+                ("connectors/github.yaml", "scopes: [repo]\n"),
+                ("policies/tools.yaml", "allow: [search, shell]\n"),
+                ("guards/pii.yaml", "redact: [email]\n"),
+            ],
+            "Initial overlay",
+        )?;
+        release.push(root);
+        let mut tip = root;
+        for i in 1..=4 {
+            tip = self.commit(
+                "release",
+                &[tip],
+                &[("skills/search.md", &format!("search v1.{i}\n"))],
+                &format!("Tune search skill prompt ({i})"),
+            )?;
+            release.push(tip);
+        }
+        // A feature branch merged back: a merge commit in the range.
+        let f1 = self.commit(
+            "feat/summarize",
+            &[tip],
+            &[("skills/summarize.md", "summarize v1\n")],
+            "Add summarize skill",
+        )?;
+        let f2 = self.commit(
+            "feat/summarize",
+            &[f1],
+            &[("skills/summarize.md", "summarize v2\n")],
+            "Summarize: cap output length",
+        )?;
+        tip = self.commit(
+            "release",
+            &[tip],
+            &[("connectors/github.yaml", "scopes: [repo, read:org]\n")],
+            "GitHub connector: read org membership",
+        )?;
+        release.push(tip);
+        tip = self.commit(
+            "release",
+            &[tip, f2],
+            &[],
+            "Merge branch 'feat/summarize' into release",
+        )?;
+        release.push(tip);
+        tip = self.commit(
+            "release",
+            &[tip],
+            &[("policies/tools.yaml", "allow: [search]\ndeny: [shell]\n")],
+            "Deny the shell tool in untrusted sessions",
+        )?;
+        let policy_change = release.len();
+        release.push(tip);
+        for i in 1..=3 {
+            tip = self.commit(
+                "release",
+                &[tip],
+                &[("skills/summarize.md", &format!("summarize v2.{i}\n"))],
+                &format!("Summarize: wording ({i})"),
+            )?;
+            release.push(tip);
+        }
+        tip = self.commit(
+            "release",
+            &[tip],
+            &[("connectors/github.yaml", "scopes: [repo, read:org]\ntoken_ref: vault://gh\n")],
+            "GitHub connector: load token from vault\n\nThe token was readable from the skill sandbox.\n\nSecurity: CVE-2026-4242\nReviewed-by: sec-team",
+        )?;
+        let security_fix = release.len();
+        release.push(tip);
+        for i in 1..=22 {
+            tip = self.commit(
+                "release",
+                &[tip],
+                &[(
+                    &format!("skills/notes/{i:02}.md") as &str,
+                    &format!("note {i}\n") as &str,
+                )],
+                &format!("Add skill note {i}"),
+            )?;
+            release.push(tip);
+        }
+        let c1 = self.commit(
+            "canary",
+            &[release[release.len() - 3]],
+            &[("skills/search.md", "search v2 (canary)\n")],
+            "Canary: new search ranking",
+        )?;
+        let canary = self.commit(
+            "canary",
+            &[c1],
+            &[("skills/search.md", "search v2.1 (canary)\n")],
+            "Canary: ranking fix",
+        )?;
+        Ok(DemoHistory {
+            release,
+            policy_change,
+            security_fix,
+            canary,
+        })
+    }
+}
+
+/// Machines of one demo app, spread over the history and every agent behaviour.
+fn demo_machines(app_index: usize, pool: &str, h: &DemoHistory) -> Vec<SimMachine> {
+    let n = h.release.len();
+    let tip = h.release[n - 1];
+    let regions = ["iad", "ams", "sin", "syd", "gru"];
+    let at = |back: usize| h.release[n - 1 - back].to_string();
+    let mut specs: Vec<(String, Option<usize>, Behaviour)> = vec![
+        (tip.to_string(), None, Behaviour::Normal),
+        (tip.to_string(), Some(7), Behaviour::Normal),
+        (tip.to_string(), Some(12), Behaviour::Normal),
+        (
+            tip.to_string(),
+            None,
+            Behaviour::BusyFor(std::time::Duration::from_secs(3600)),
+        ),
+        (tip.to_string(), Some(7), Behaviour::Normal),
+        (tip.to_string(), None, Behaviour::Normal),
+        (tip.to_string(), Some(7), Behaviour::Normal),
+        (at(1), Some(7), Behaviour::Normal),
+        (at(2), None, Behaviour::Normal),
+        (at(6), Some(9), Behaviour::Normal),
+        (
+            h.release[h.security_fix + 1].to_string(),
+            Some(7),
+            Behaviour::Normal,
+        ),
+        (
+            h.release[h.policy_change].to_string(),
+            Some(7),
+            Behaviour::Normal,
+        ),
+        (h.release[2].to_string(), Some(7), Behaviour::Normal),
+    ];
+    if app_index == 0 {
+        specs.push((h.canary.to_string(), Some(7), Behaviour::Normal));
+        specs.push((
+            "deadbeefdeadbeefdeadbeefdeadbeefdeadbeef".into(),
+            None,
+            Behaviour::Normal,
+        ));
+        specs.push((tip.to_string(), None, Behaviour::Hang));
+        specs.push((tip.to_string(), None, Behaviour::Garbage));
+    } else {
+        specs.push((tip.to_string(), None, Behaviour::NonHexRef));
+        specs.push((tip.to_string(), None, Behaviour::MissingRef));
+        specs.push((at(3), Some(7), Behaviour::Normal));
+        specs.push((tip.to_string(), None, Behaviour::Oversized));
+    }
+    let mut machines: Vec<SimMachine> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (loaded, abbrev, behaviour))| {
+            let mut m = SimMachine::new(format!(
+                "{}{:02}{:08x}",
+                app_index + 1,
+                i,
+                0x5e1f_0000u32 + i as u32
+            ))
+            .name(format!("agent-{}-{i:02}", ["d", "c"][app_index % 2]))
+            .region(regions[i % regions.len()])
+            .loaded(loaded)
+            .behaviour(behaviour);
+            if let Some(len) = abbrev {
+                m = m.report_ref_len(len);
+            }
+            // Every third machine has no pool key: it falls in the default pool.
+            if i % 3 != 2 {
+                m = m.metadata("pool", pool);
+            }
+            m
+        })
+        .collect();
+    for j in 0..2 {
+        machines.push(
+            SimMachine::new(format!("{}9{j}{:08x}", app_index + 1, 0x0ff0_0000u32 + j))
+                .name(format!("agent-{}-stopped-{j}", ["d", "c"][app_index % 2]))
+                .region(regions[j as usize])
+                .loaded(at(8))
+                .stopped(),
+        );
+    }
+    machines
+}
+
+/// Runs the demo until `sweeps` sweeps have been shown or ctrl-c.
+pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
+    let mut config = Config::parse(&options.config_path, &options.config_text)?;
+    let work = tempfile::Builder::new()
+        .prefix("fleet-reconciler-demo-")
+        .tempdir()
+        .context("cannot create the demo's temporary directory")?;
+    let repo_path = work.path().join("overlay.git");
+    let mut repo =
+        DemoRepo::create(&repo_path).context("cannot create the demo overlay repository")?;
+    let history = repo
+        .build_history()
+        .context("cannot build the demo overlay history")?;
+    let tip = *history.release.last().context("empty demo history")?;
+
+    let pools = ["dispatch", "conversation"];
+    let mut fleet = SimFleet::new("demo-token").release_tip(tip.to_string());
+    for (i, app) in config.apps.iter().enumerate() {
+        fleet = fleet.app(SimApp::new(app.name.clone()).machines(demo_machines(
+            i,
+            pools[i % 2],
+            &history,
+        )));
+    }
+    let sim = Sim::start(fleet)
+        .await
+        .context("cannot start the simulated fleet")?;
+
+    config.fly.api_url = sim.api_url();
+    config.overlay.repo = repo_path.display().to_string();
+    config.overlay.mirror_dir = work.path().join("mirror.git");
+    let template = HealthUrlTemplate::parse(&sim.health_url_template())
+        .map_err(|e| anyhow::anyhow!("simulator health URL: {e}"))?;
+    for app in &mut config.apps {
+        app.health_url = template.clone();
+    }
+    let interval = config.sweep.interval;
+    let sweeper = daemon::connect(
+        Arc::new(config),
+        &Secrets {
+            fly_token: "demo-token".into(),
+            git_token: None,
+        },
+    )
+    .await?;
+
+    println!(
+        "fleet-reconciler demo: simulated Fly API at {}, overlay repository at {}",
+        sim.api_url(),
+        repo_path.display()
+    );
+    println!(
+        "sweeping every {}; the release branch advances after the second sweep. ctrl-c to stop.\n",
+        humantime::format_duration(interval)
+    );
+
+    let shutdown = CancellationToken::new();
+    let ctrl_c = shutdown.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+
+    let mut shown = 0u32;
+    let mut release_pending = true;
+    let stop = shutdown.clone();
+    let mut advance: Option<Oid> = None;
+    daemon::sweep_loop(&sweeper, shutdown.clone(), |outcome| {
+        shown += 1;
+        println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
+        match outcome {
+            SweepOutcome::Swept { report: fleet, duration, fetch_error } => {
+                print!("{}", report::to_table(&fleet));
+                println!("(swept in {} ms)", duration.as_millis());
+                if let Some(e) = fetch_error {
+                    println!("warning: overlay fetch failed, using the last tip: {e}");
+                }
+            }
+            SweepOutcome::Failed { error } => println!("sweep failed: {error}"),
+        }
+        println!();
+        if shown == 2 && release_pending {
+            release_pending = false;
+            match repo.commit(
+                "release",
+                &[tip],
+                &[("guards/pii.yaml", "redact: [email, phone, iban]\n")],
+                "PII guard: redact phone numbers and IBANs",
+            ) {
+                Ok(new_tip) => {
+                    println!(">>> release branch advanced to {new_tip} (a guards/ change): machines on the old tip now drift\n");
+                    advance = Some(new_tip);
+                }
+                Err(e) => println!("demo: cannot advance the release branch: {e}"),
+            }
+        }
+        if let Some(new_tip) = advance.take() {
+            sim.set_release_tip(&new_tip.to_string());
+        }
+        if options.sweeps != 0 && shown >= options.sweeps {
+            stop.cancel();
+        }
+    })
+    .await;
+    sim.shutdown().await;
+    Ok(())
+}

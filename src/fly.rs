@@ -1,0 +1,928 @@
+//! Fly Machines API client: typed requests and responses, retries, leases.
+//!
+//! Owns every byte the daemon sends to Fly's control plane (DESIGN §3, and
+//! the OpenAPI spec in `shared/fly-machines-openapi.json`). It retries
+//! transient failures (408, 429, 5xx, connection refused) with jittered
+//! exponential backoff honouring `Retry-After`, but only where a retry cannot
+//! do the action twice. It must never decide anything, never log or return the
+//! token, and never steal or clear a lease it does not hold.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde::{Deserialize, Serialize};
+
+/// Header carrying a lease nonce on every mutating call to a leased machine.
+pub const LEASE_NONCE_HEADER: &str = "fly-machine-lease-nonce";
+
+/// A machine as the list and get endpoints return it (only what we use).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Machine {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub region: String,
+    #[serde(default)]
+    pub private_ip: String,
+    /// The machine version, used for metadata compare-and-set.
+    #[serde(default)]
+    pub instance_id: String,
+    #[serde(default)]
+    pub config: Option<MachineConfig>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MachineConfig {
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Machine {
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.config.as_ref()?.metadata.get(key).map(String::as_str)
+    }
+
+    pub fn is_started(&self) -> bool {
+        self.state == "started"
+    }
+}
+
+/// A lease we hold. The nonce is a capability: it is never logged.
+#[derive(Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Lease {
+    pub nonce: String,
+    /// Unix seconds.
+    #[serde(default)]
+    pub expires_at: i64,
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub version: String,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("nonce", &"<redacted>")
+            .field("expires_at", &self.expires_at)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+/// Fly answers lease calls with `{"status", "data": {…}}`; the spec shows the
+/// lease flat. Accept both.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum LeaseResponse {
+    Envelope { data: Lease },
+    Flat(Lease),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FlyError {
+    #[error(
+        "Fly API rejected the token ({status}) on {op} for app {app}: check that FLY_API_TOKEN is an org-scoped token (`fly tokens create org`)"
+    )]
+    Unauthorized {
+        op: &'static str,
+        app: String,
+        status: u16,
+    },
+    #[error("Fly API: {op} for app {app}{}: not found ({message})", machine_suffix(.machine))]
+    NotFound {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+        message: String,
+    },
+    #[error(
+        "Fly API: {op} on machine {machine} of app {app}: lease held by someone else ({message})"
+    )]
+    LeaseConflict {
+        op: &'static str,
+        app: String,
+        machine: String,
+        message: String,
+    },
+    #[error(
+        "Fly API: {op} on machine {machine} of app {app}: machine version changed (412), re-read and retry"
+    )]
+    StaleVersion {
+        op: &'static str,
+        app: String,
+        machine: String,
+    },
+    #[error("Fly API: machine {machine} of app {app} did not reach state {state} in time")]
+    WaitTimeout {
+        app: String,
+        machine: String,
+        state: String,
+    },
+    #[error("Fly API: {op} for app {app}{} answered {status}: {message}", machine_suffix(.machine))]
+    Status {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+        status: u16,
+        message: String,
+    },
+    #[error("Fly API unreachable: {op} for app {app}{}: {message}", machine_suffix(.machine))]
+    Transport {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+        message: String,
+    },
+    #[error("Fly API: {op} for app {app}{}: timed out after the request was sent; the outcome is unknown, re-read state before acting again", machine_suffix(.machine))]
+    OutcomeUnknown {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+    },
+    #[error("Fly API: {op} for app {app}: unexpected response body: {message}")]
+    Decode {
+        op: &'static str,
+        app: String,
+        message: String,
+    },
+}
+
+fn machine_suffix(machine: &Option<String>) -> String {
+    machine
+        .as_deref()
+        .map(|m| format!(", machine {m}"))
+        .unwrap_or_default()
+}
+
+impl FlyError {
+    /// A bounded label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FlyError::Unauthorized { .. } => "unauthorized",
+            FlyError::NotFound { .. } => "not_found",
+            FlyError::LeaseConflict { .. } => "lease_conflict",
+            FlyError::StaleVersion { .. } => "stale_version",
+            FlyError::WaitTimeout { .. } => "wait_timeout",
+            FlyError::Status { .. } => "status",
+            FlyError::Transport { .. } => "transport",
+            FlyError::OutcomeUnknown { .. } => "outcome_unknown",
+            FlyError::Decode { .. } => "decode",
+        }
+    }
+}
+
+/// Client settings; the token is passed separately so it never sits in config.
+#[derive(Clone, Debug)]
+pub struct FlyClientConfig {
+    /// Base URL without `/v1`, e.g. `https://api.machines.dev`.
+    pub api_url: String,
+    pub request_timeout: Duration,
+    pub max_retries: u32,
+    /// First backoff step; doubles each retry, capped at `max_backoff`.
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl FlyClientConfig {
+    pub fn new(api_url: &str) -> FlyClientConfig {
+        FlyClientConfig {
+            api_url: api_url.trim_end_matches('/').to_string(),
+            request_timeout: Duration::from_secs(30),
+            max_retries: 4,
+            base_backoff: Duration::from_millis(250),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Observes each HTTP exchange (op, status code or error kind), for metrics.
+pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str) + Send + Sync>;
+
+#[derive(Clone)]
+pub struct FlyClient {
+    http: reqwest::Client,
+    base: url::Url,
+    config: FlyClientConfig,
+    observer: Option<RequestObserver>,
+}
+
+impl fmt::Debug for FlyClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlyClient")
+            .field("api_url", &self.config.api_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether repeating a request whose fate is unknown could do the action twice.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Idempotence {
+    Safe,
+    /// Restart, stop, start, lease creation: retried only when Fly said it
+    /// did not process the request (429) or it never left (connect error).
+    Unsafe,
+}
+
+struct Call<'a> {
+    op: &'static str,
+    method: Method,
+    app: &'a str,
+    machine: Option<&'a str>,
+    /// Path segments after `/v1/apps/{app}/machines`.
+    segments: &'a [&'a str],
+    query: &'a [(&'a str, String)],
+    body: Option<serde_json::Value>,
+    nonce: Option<&'a str>,
+    idempotence: Idempotence,
+    /// Extra time on top of the request timeout (long-polls).
+    extra_timeout: Duration,
+}
+
+impl<'a> Call<'a> {
+    fn new(op: &'static str, method: Method, app: &'a str, machine: Option<&'a str>) -> Self {
+        Call {
+            op,
+            method,
+            app,
+            machine,
+            segments: &[],
+            query: &[],
+            body: None,
+            nonce: None,
+            idempotence: Idempotence::Safe,
+            extra_timeout: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FlyClientBuildError {
+    #[error("invalid Fly API URL {url:?}: {message}")]
+    BadUrl { url: String, message: String },
+    #[error("the Fly API token is empty or contains characters not allowed in a header")]
+    BadToken,
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+impl FlyClient {
+    pub fn new(config: FlyClientConfig, token: &str) -> Result<FlyClient, FlyClientBuildError> {
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(FlyClientBuildError::BadToken);
+        }
+        // DESIGN §3: a `FlyV1 …` macaroon goes verbatim, anything else as Bearer.
+        let value = if token.starts_with("FlyV1 ") {
+            token.to_string()
+        } else {
+            format!("Bearer {token}")
+        };
+        let mut auth = HeaderValue::from_str(&value).map_err(|_| FlyClientBuildError::BadToken)?;
+        auth.set_sensitive(true);
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, auth);
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .user_agent(concat!("fleet-reconciler/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(config.request_timeout.min(Duration::from_secs(10)))
+            // Following a redirect could carry the token to another host.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let base = url::Url::parse(&config.api_url).map_err(|e| FlyClientBuildError::BadUrl {
+            url: config.api_url.clone(),
+            message: e.to_string(),
+        })?;
+        if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
+            return Err(FlyClientBuildError::BadUrl {
+                url: config.api_url.clone(),
+                message: "must be an http(s) URL".into(),
+            });
+        }
+        Ok(FlyClient {
+            http,
+            base,
+            config,
+            observer: None,
+        })
+    }
+
+    pub fn with_observer(mut self, observer: RequestObserver) -> FlyClient {
+        self.observer = Some(observer);
+        self
+    }
+
+    // ---- reads -------------------------------------------------------------
+
+    /// Every machine of the app, with metadata (never `summary=true`, which drops it).
+    pub async fn list_machines(&self, app: &str) -> Result<Vec<Machine>, FlyError> {
+        let body = self
+            .send(Call::new("list_machines", Method::GET, app, None))
+            .await?;
+        decode(&body, "list_machines", app)
+    }
+
+    pub async fn get_machine(&self, app: &str, machine: &str) -> Result<Machine, FlyError> {
+        let body = self
+            .send(Call::new("get_machine", Method::GET, app, Some(machine)))
+            .await?;
+        decode(&body, "get_machine", app)
+    }
+
+    pub async fn get_metadata(
+        &self,
+        app: &str,
+        machine: &str,
+    ) -> Result<BTreeMap<String, String>, FlyError> {
+        let mut call = Call::new("get_metadata", Method::GET, app, Some(machine));
+        call.segments = &["metadata"];
+        let body = self.send(call).await?;
+        let map: Option<BTreeMap<String, String>> = decode(&body, "get_metadata", app)?;
+        Ok(map.unwrap_or_default())
+    }
+
+    /// One metadata value; `None` when the key is not set.
+    pub async fn get_metadata_key(
+        &self,
+        app: &str,
+        machine: &str,
+        key: &str,
+    ) -> Result<Option<String>, FlyError> {
+        #[derive(Deserialize)]
+        struct Value {
+            value: Option<String>,
+        }
+        let mut call = Call::new("get_metadata", Method::GET, app, Some(machine));
+        let segments = ["metadata", key];
+        call.segments = &segments;
+        match self.send(call).await {
+            Ok(body) => Ok(decode::<Value>(&body, "get_metadata", app)?.value),
+            Err(FlyError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    // ---- machine lifecycle ---------------------------------------------------
+
+    /// Restarts the machine; `timeout` is how long Fly waits for it to stop.
+    pub async fn restart(
+        &self,
+        app: &str,
+        machine: &str,
+        timeout: Option<Duration>,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let query = timeout
+            .map(|t| vec![("timeout", format!("{}s", t.as_secs().max(1)))])
+            .unwrap_or_default();
+        let mut call = Call::new("restart", Method::POST, app, Some(machine));
+        call.segments = &["restart"];
+        call.query = &query;
+        call.nonce = nonce;
+        call.idempotence = Idempotence::Unsafe;
+        self.send(call).await.map(drop)
+    }
+
+    pub async fn stop(
+        &self,
+        app: &str,
+        machine: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let mut call = Call::new("stop", Method::POST, app, Some(machine));
+        call.segments = &["stop"];
+        call.body = Some(serde_json::json!({}));
+        call.nonce = nonce;
+        call.idempotence = Idempotence::Unsafe;
+        self.send(call).await.map(drop)
+    }
+
+    pub async fn start(
+        &self,
+        app: &str,
+        machine: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let mut call = Call::new("start", Method::POST, app, Some(machine));
+        call.segments = &["start"];
+        call.nonce = nonce;
+        call.idempotence = Idempotence::Unsafe;
+        self.send(call).await.map(drop)
+    }
+
+    /// Long-polls until the machine reaches `state` (Fly caps one poll at 60 s).
+    /// A 408 from Fly becomes `FlyError::WaitTimeout`.
+    pub async fn wait(
+        &self,
+        app: &str,
+        machine: &str,
+        state: &str,
+        timeout: Duration,
+    ) -> Result<(), FlyError> {
+        let secs = timeout.as_secs().clamp(1, 60);
+        let query = [("state", state.to_string()), ("timeout", secs.to_string())];
+        let mut call = Call::new("wait", Method::GET, app, Some(machine));
+        call.segments = &["wait"];
+        call.query = &query;
+        call.extra_timeout = Duration::from_secs(secs);
+        match self.send(call).await {
+            Err(FlyError::Status { status: 408, .. }) => Err(FlyError::WaitTimeout {
+                app: app.to_string(),
+                machine: machine.to_string(),
+                state: state.to_string(),
+            }),
+            other => other.map(drop),
+        }
+    }
+
+    /// Stops fly-proxy routing new requests to the machine.
+    pub async fn cordon(
+        &self,
+        app: &str,
+        machine: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let mut call = Call::new("cordon", Method::POST, app, Some(machine));
+        call.segments = &["cordon"];
+        call.nonce = nonce;
+        self.send(call).await.map(drop)
+    }
+
+    pub async fn uncordon(
+        &self,
+        app: &str,
+        machine: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let mut call = Call::new("uncordon", Method::POST, app, Some(machine));
+        call.segments = &["uncordon"];
+        call.nonce = nonce;
+        self.send(call).await.map(drop)
+    }
+
+    // ---- leases --------------------------------------------------------------
+
+    /// Takes a new lease; `FlyError::LeaseConflict` when someone else holds one.
+    pub async fn acquire_lease(
+        &self,
+        app: &str,
+        machine: &str,
+        ttl: Duration,
+        description: &str,
+    ) -> Result<Lease, FlyError> {
+        self.lease_post(
+            "acquire_lease",
+            app,
+            machine,
+            ttl,
+            description,
+            None,
+            Idempotence::Unsafe,
+        )
+        .await
+    }
+
+    /// Extends a lease we hold.
+    pub async fn refresh_lease(
+        &self,
+        app: &str,
+        machine: &str,
+        nonce: &str,
+        ttl: Duration,
+        description: &str,
+    ) -> Result<Lease, FlyError> {
+        self.lease_post(
+            "refresh_lease",
+            app,
+            machine,
+            ttl,
+            description,
+            Some(nonce),
+            Idempotence::Safe,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn lease_post(
+        &self,
+        op: &'static str,
+        app: &str,
+        machine: &str,
+        ttl: Duration,
+        description: &str,
+        nonce: Option<&str>,
+        idempotence: Idempotence,
+    ) -> Result<Lease, FlyError> {
+        let ttl = ttl.as_secs().max(1);
+        let query = [("ttl", ttl.to_string())];
+        let mut call = Call::new(op, Method::POST, app, Some(machine));
+        call.segments = &["lease"];
+        call.query = &query;
+        call.body = Some(serde_json::json!({ "ttl": ttl, "description": description }));
+        call.nonce = nonce;
+        call.idempotence = idempotence;
+        let body = self.send(call).await?;
+        match decode::<LeaseResponse>(&body, op, app)? {
+            LeaseResponse::Envelope { data } | LeaseResponse::Flat(data) => Ok(data),
+        }
+    }
+
+    /// Releases a lease we hold. A lease already gone (expired) is not an error.
+    pub async fn release_lease(
+        &self,
+        app: &str,
+        machine: &str,
+        nonce: &str,
+    ) -> Result<(), FlyError> {
+        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
+        call.segments = &["lease"];
+        call.nonce = Some(nonce);
+        match self.send(call).await {
+            Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    // ---- metadata writes ------------------------------------------------------
+
+    pub async fn set_metadata(
+        &self,
+        app: &str,
+        machine: &str,
+        key: &str,
+        value: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let segments = ["metadata", key];
+        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
+        call.segments = &segments;
+        call.body = Some(serde_json::json!({ "value": value }));
+        call.nonce = nonce;
+        self.send(call).await.map(drop)
+    }
+
+    pub async fn delete_metadata(
+        &self,
+        app: &str,
+        machine: &str,
+        key: &str,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let segments = ["metadata", key];
+        let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
+        call.segments = &segments;
+        call.nonce = nonce;
+        match self.send(call).await {
+            Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets (`Some`) and removes (`None`) several keys at once; with
+    /// `machine_version` this is a compare-and-set that fails with
+    /// `FlyError::StaleVersion` when the machine changed meanwhile.
+    pub async fn patch_metadata(
+        &self,
+        app: &str,
+        machine: &str,
+        updates: &BTreeMap<String, Option<String>>,
+        machine_version: Option<&str>,
+        nonce: Option<&str>,
+    ) -> Result<(), FlyError> {
+        let mut body = serde_json::json!({ "metadata": updates });
+        if let Some(v) = machine_version {
+            body["machine_version"] = serde_json::Value::String(v.to_string());
+        }
+        let mut call = Call::new("patch_metadata", Method::PATCH, app, Some(machine));
+        call.segments = &["metadata"];
+        call.body = Some(body);
+        call.nonce = nonce;
+        // A retried CAS that already applied answers 412: the caller re-reads.
+        self.send(call).await.map(drop)
+    }
+
+    // ---- transport -------------------------------------------------------------
+
+    fn url(&self, call: &Call<'_>) -> url::Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            // Segments are percent-encoded, so an app or key cannot escape its slot.
+            path.pop_if_empty()
+                .extend(["v1", "apps", call.app, "machines"]);
+            if let Some(m) = call.machine {
+                path.push(m);
+            }
+            path.extend(call.segments);
+        }
+        if !call.query.is_empty() {
+            let mut q = url.query_pairs_mut();
+            for (k, v) in call.query {
+                q.append_pair(k, v);
+            }
+        }
+        url
+    }
+
+    async fn send(&self, call: Call<'_>) -> Result<bytes::Bytes, FlyError> {
+        let url = self.url(&call);
+        let timeout = self.config.request_timeout + call.extra_timeout;
+        let mut attempt = 0u32;
+        loop {
+            let mut req = self
+                .http
+                .request(call.method.clone(), url.clone())
+                .timeout(timeout);
+            if let Some(nonce) = call.nonce {
+                match HeaderValue::from_str(nonce) {
+                    Ok(mut v) => {
+                        v.set_sensitive(true);
+                        req = req.header(LEASE_NONCE_HEADER, v);
+                    }
+                    Err(_) => {
+                        return Err(FlyError::Status {
+                            op: call.op,
+                            app: call.app.to_string(),
+                            machine: call.machine.map(str::to_string),
+                            status: 0,
+                            message: "lease nonce is not a valid header value".into(),
+                        });
+                    }
+                }
+            }
+            if let Some(body) = &call.body {
+                req = req.json(body);
+            }
+            let retries_left = attempt < self.config.max_retries;
+            let outcome = req.send().await;
+            let (retry, wait_hint) = match outcome {
+                Ok(resp) => {
+                    let status = resp.status();
+                    self.observe(call.op, status.as_str());
+                    if status.is_success() {
+                        return resp.bytes().await.map_err(|e| FlyError::Transport {
+                            op: call.op,
+                            app: call.app.to_string(),
+                            machine: call.machine.map(str::to_string),
+                            message: transport_message(&e),
+                        });
+                    }
+                    let retry_after = parse_retry_after(resp.headers());
+                    let transient = status == StatusCode::TOO_MANY_REQUESTS
+                        || (call.idempotence == Idempotence::Safe
+                            && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
+                                || status.is_server_error()));
+                    if !(transient && retries_left) {
+                        let text = resp.text().await.unwrap_or_default();
+                        return Err(status_error(&call, status, &text));
+                    }
+                    (true, retry_after)
+                }
+                Err(e) => {
+                    let kind = if e.is_timeout() { "timeout" } else { "error" };
+                    self.observe(call.op, kind);
+                    // A connect error means the request never left: always safe to repeat.
+                    let never_sent = e.is_connect();
+                    if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
+                        return Err(FlyError::OutcomeUnknown {
+                            op: call.op,
+                            app: call.app.to_string(),
+                            machine: call.machine.map(str::to_string),
+                        });
+                    }
+                    let retryable = never_sent || call.idempotence == Idempotence::Safe;
+                    if !(retryable && retries_left) {
+                        return Err(FlyError::Transport {
+                            op: call.op,
+                            app: call.app.to_string(),
+                            machine: call.machine.map(str::to_string),
+                            message: transport_message(&e),
+                        });
+                    }
+                    (true, None)
+                }
+            };
+            debug_assert!(retry);
+            let delay = backoff(
+                attempt,
+                self.config.base_backoff,
+                self.config.max_backoff,
+                wait_hint,
+                rand::random::<f64>(),
+            );
+            tracing::debug!(
+                op = call.op,
+                app = call.app,
+                machine_id = call.machine,
+                attempt,
+                delay_ms = delay.as_millis() as u64,
+                "retrying Fly API request"
+            );
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    fn observe(&self, op: &'static str, code: &str) {
+        if let Some(o) = &self.observer {
+            o(op, code);
+        }
+    }
+}
+
+/// Full-jitter exponential backoff; a server's `Retry-After` is a floor.
+pub(crate) fn backoff(
+    attempt: u32,
+    base: Duration,
+    cap: Duration,
+    retry_after: Option<Duration>,
+    jitter: f64,
+) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.min(16)).min(cap);
+    let jittered = exp.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0);
+    match retry_after {
+        Some(ra) => ra.min(Duration::from_secs(60)).max(jittered),
+        None => jittered,
+    }
+}
+
+fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate_to_system_time(v)?;
+    when.duration_since(std::time::SystemTime::now()).ok()
+}
+
+fn httpdate_to_system_time(v: &str) -> Option<std::time::SystemTime> {
+    chrono::DateTime::parse_from_rfc2822(v)
+        .ok()
+        .map(|d| std::time::SystemTime::from(d.with_timezone(&chrono::Utc)))
+}
+
+/// Reqwest errors print the URL; describe the failure and its causes instead.
+fn transport_message(e: &reqwest::Error) -> String {
+    let mut msg = String::from(if e.is_timeout() {
+        "request timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "error reading the response body"
+    } else {
+        "request failed"
+    });
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        error: Option<String>,
+    }
+    let message = serde_json::from_str::<ErrorBody>(body)
+        .ok()
+        .and_then(|b| b.error)
+        .unwrap_or_else(|| body.chars().take(200).collect());
+    let app = call.app.to_string();
+    let machine = call.machine.map(str::to_string);
+    match status.as_u16() {
+        401 | 403 => FlyError::Unauthorized {
+            op: call.op,
+            app,
+            status: status.as_u16(),
+        },
+        404 => FlyError::NotFound {
+            op: call.op,
+            app,
+            machine,
+            message,
+        },
+        409 => FlyError::LeaseConflict {
+            op: call.op,
+            app,
+            machine: machine.unwrap_or_default(),
+            message,
+        },
+        412 => FlyError::StaleVersion {
+            op: call.op,
+            app,
+            machine: machine.unwrap_or_default(),
+        },
+        code => FlyError::Status {
+            op: call.op,
+            app,
+            machine,
+            status: code,
+            message,
+        },
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    op: &'static str,
+    app: &str,
+) -> Result<T, FlyError> {
+    serde_json::from_slice(body).map_err(|e| FlyError::Decode {
+        op,
+        app: app.to_string(),
+        message: e.to_string(),
+    })
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    Ok(Option::<BTreeMap<String, String>>::deserialize(d)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_caps_and_honours_retry_after() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(2);
+        assert_eq!(backoff(0, base, cap, None, 1.0), base);
+        assert_eq!(backoff(3, base, cap, None, 1.0), Duration::from_millis(800));
+        assert_eq!(backoff(10, base, cap, None, 1.0), cap);
+        // Jitter only shortens, to at most half.
+        assert_eq!(backoff(3, base, cap, None, 0.0), Duration::from_millis(400));
+        assert_eq!(
+            backoff(0, base, cap, Some(Duration::from_secs(5)), 0.5),
+            Duration::from_secs(5)
+        );
+        // A hostile Retry-After cannot park us for an hour.
+        assert_eq!(
+            backoff(0, base, cap, Some(Duration::from_secs(3600)), 0.5),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn machine_decodes_spec_shape_with_null_metadata() {
+        let m: Machine = serde_json::from_str(
+            r#"{"id":"148e","name":"n","state":"started","region":"iad","instance_id":"01H","private_ip":"fdaa::2","config":{"metadata":null,"image":"x"},"checks":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.metadata("pool"), None);
+        assert!(m.is_started());
+        let m: Machine = serde_json::from_str(
+            r#"{"id":"1","state":"stopped","config":{"metadata":{"pool":"a"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(m.metadata("pool"), Some("a"));
+    }
+
+    #[test]
+    fn lease_accepts_envelope_and_flat_and_hides_nonce() {
+        let l: LeaseResponse = serde_json::from_str(
+            r#"{"status":"success","data":{"nonce":"n1","expires_at":5,"owner":"o"}}"#,
+        )
+        .unwrap();
+        let LeaseResponse::Envelope { data } = l else {
+            panic!("expected envelope")
+        };
+        assert_eq!(data.nonce, "n1");
+        assert!(!format!("{data:?}").contains("n1"));
+        let l: LeaseResponse = serde_json::from_str(r#"{"nonce":"n2","expires_at":5}"#).unwrap();
+        assert!(matches!(l, LeaseResponse::Flat(Lease { ref nonce, .. }) if nonce == "n2"));
+    }
+
+    #[test]
+    fn token_header_rule() {
+        let cfg = FlyClientConfig::new("http://127.0.0.1:1");
+        assert!(FlyClient::new(cfg.clone(), "  ").is_err());
+        assert!(FlyClient::new(cfg.clone(), "bad\ntoken").is_err());
+        let c = FlyClient::new(cfg, "secret-token").unwrap();
+        assert!(!format!("{c:?}").contains("secret-token"));
+    }
+
+    #[test]
+    fn urls_escape_path_segments() {
+        let c = FlyClient::new(FlyClientConfig::new("http://h:1/"), "t").unwrap();
+        let segments = ["metadata", "a/b"];
+        let mut call = Call::new("x", Method::GET, "my app", Some("m1"));
+        call.segments = &segments;
+        assert_eq!(
+            c.url(&call).as_str(),
+            "http://h:1/v1/apps/my%20app/machines/m1/metadata/a%2Fb"
+        );
+    }
+}

@@ -1,0 +1,45 @@
+//! fleet-reconciler: keeps long-running agents on Fly Machines on the released overlay.
+//!
+//! Agents load an overlay commit (skills, connectors, security policies) at
+//! start and run for days; this daemon finds the ones that trail the release
+//! branch and reports (and, per policy, remediates) the drift. See
+//! `shared/DESIGN.md` for the product design.
+//!
+//! # Layout: observe → decide → act
+//!
+//! | module | concern |
+//! | --- | --- |
+//! | [`config`] | the TOML config, validated while parsed |
+//! | [`model`] | shared vocabulary: `CommitId`, `MachineStatus`, `Severity`, `PolicyAction` |
+//! | [`fly`] | Fly Machines API client: typed calls, retries, leases, metadata |
+//! | [`probe`] | concurrent, size- and time-bounded agent health polling |
+//! | [`overlay`] | the git mirror: tip, ref resolution, drift ranges, caches |
+//! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
+//! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
+//! | [`daemon`] | wiring from config + secrets, and the sweep loop |
+//! | [`report`] | the table and JSON renderings of a `FleetReport` |
+//! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
+//! | [`demo`] | the `demo` command's scenario |
+//!
+//! # Design notes
+//!
+//! * **Level-triggered.** Every sweep recomputes from the world (machines,
+//!   reports, the repository) rather than reacting to events, so a missed
+//!   event or a restart of the daemon loses nothing.
+//! * **Per-machine trouble is data.** An agent that hangs, lies or answers
+//!   garbage gets a status in the report; only failures that make the whole
+//!   picture untrustworthy (an unlistable app, git failing) fail a sweep.
+//! * **Secrets stay at the edge.** The config names environment variables;
+//!   `main` reads them and hands them to the clients, which never log them.
+
+pub mod config;
+pub mod daemon;
+pub mod demo;
+pub mod fly;
+pub mod model;
+pub mod overlay;
+pub mod probe;
+pub mod report;
+pub mod severity;
+pub mod sim;
+pub mod sweep;

@@ -1,0 +1,190 @@
+//! Shared vocabulary: identifiers, statuses, severities and actions.
+//!
+//! Owns the small types every other module speaks in. It must never do I/O
+//! or hold policy: it only names things and says how they order and print.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A full, lowercase, 40-hex git commit id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommitId(String);
+
+impl CommitId {
+    /// Accepts exactly 40 hex digits (any case) and normalises to lowercase.
+    pub fn parse(s: &str) -> Option<CommitId> {
+        (s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| CommitId(s.to_ascii_lowercase()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The conventional 7-digit abbreviation, for tables and logs.
+    pub fn short(&self) -> &str {
+        &self.0[..7]
+    }
+}
+
+impl fmt::Display for CommitId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the overlay says about one reported ref, relative to the release tip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MachineStatus {
+    /// Started, probed, and reporting the release tip.
+    OnTip,
+    /// Started, probed, reporting a known commit other than the tip.
+    Drifted,
+    /// Started but its health endpoint could not be read (refused, timeout, HTTP error).
+    Unreachable,
+    /// Answered, but not with a usable report (not JSON, no ref, non-hex ref, too big).
+    BadReport,
+    /// Reported a ref the overlay repository does not contain (or not a commit).
+    UnknownRef,
+    /// Reported an abbreviated ref that matches more than one object.
+    AmbiguousRef,
+    /// Not in state `started`: not probed, not counted in coherence.
+    NotRunning,
+}
+
+impl MachineStatus {
+    pub const ALL: [MachineStatus; 7] = [
+        MachineStatus::OnTip,
+        MachineStatus::Drifted,
+        MachineStatus::Unreachable,
+        MachineStatus::BadReport,
+        MachineStatus::UnknownRef,
+        MachineStatus::AmbiguousRef,
+        MachineStatus::NotRunning,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineStatus::OnTip => "on_tip",
+            MachineStatus::Drifted => "drifted",
+            MachineStatus::Unreachable => "unreachable",
+            MachineStatus::BadReport => "bad_report",
+            MachineStatus::UnknownRef => "unknown_ref",
+            MachineStatus::AmbiguousRef => "ambiguous_ref",
+            MachineStatus::NotRunning => "not_running",
+        }
+    }
+
+    /// Statuses for which a severity and an action are computed (DESIGN §8).
+    pub fn is_classified(self) -> bool {
+        matches!(
+            self,
+            MachineStatus::Drifted | MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
+        )
+    }
+}
+
+impl fmt::Display for MachineStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Drift severity, ordered from least to most urgent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+impl Severity {
+    pub const ALL: [Severity; 4] = [
+        Severity::Low,
+        Severity::Medium,
+        Severity::High,
+        Severity::Critical,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Low => "low",
+            Severity::Medium => "medium",
+            Severity::High => "high",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a pool's policy does about a drifted machine (DESIGN §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyAction {
+    Observe,
+    AlertAndWait,
+    Restart,
+    Manual,
+    Reload,
+}
+
+impl PolicyAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyAction::Observe => "observe",
+            PolicyAction::AlertAndWait => "alert-and-wait",
+            PolicyAction::Restart => "restart",
+            PolicyAction::Manual => "manual",
+            PolicyAction::Reload => "reload",
+        }
+    }
+}
+
+impl fmt::Display for PolicyAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_id_accepts_only_full_hex_and_lowercases() {
+        let upper = "A".repeat(40);
+        assert_eq!(CommitId::parse(&upper).unwrap().as_str(), "a".repeat(40));
+        assert!(CommitId::parse(&"a".repeat(39)).is_none());
+        assert!(CommitId::parse(&"g".repeat(40)).is_none());
+    }
+
+    #[test]
+    fn severities_order_by_urgency() {
+        assert!(Severity::Low < Severity::Medium);
+        assert!(Severity::High < Severity::Critical);
+    }
+
+    #[test]
+    fn names_match_the_design_vocabulary() {
+        let s = serde_json::to_string(&PolicyAction::AlertAndWait).unwrap();
+        assert_eq!(s, "\"alert-and-wait\"");
+        let s = serde_json::to_string(&MachineStatus::AmbiguousRef).unwrap();
+        assert_eq!(s, "\"ambiguous_ref\"");
+        for st in MachineStatus::ALL {
+            assert_eq!(
+                serde_json::to_string(&st).unwrap(),
+                format!("\"{}\"", st.as_str())
+            );
+        }
+    }
+}

@@ -1,0 +1,1165 @@
+//! The overlay git mirror: fetch, release tip, ref resolution, drift ranges.
+//!
+//! Owns a bare mirror of the overlay repository (every `refs/heads/*`) and
+//! answers "how far does this reported ref trail the tip, and what did the
+//! missing commits touch". All git2 work runs in `spawn_blocking` and returns
+//! owned values; no git2 handle crosses an `.await`. It must never decide
+//! severity or policy, and never talk to Fly or agents.
+//!
+//! It must also never leak the overlay token: errors carry the repository
+//! with its userinfo stripped and libgit2 messages with every secret
+//! replaced, and [`OverlaySource`]'s `Debug` hides the token. It never
+//! writes to the source repository; the only thing it writes is the mirror.
+//!
+//! Costs are shaped for a 10,000-machine sweep: one blocking task per batch,
+//! each distinct ref resolved once, and drift ranges cached per
+//! (tip, commit). Commit graphs are immutable, so a range never goes stale;
+//! prefix resolutions can (a fetch may bring an object that makes a prefix
+//! known or ambiguous), so that cache is dropped whenever the refs change.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use git2::{
+    AutotagOption, Cred, CredentialType, ErrorCode, FetchOptions, FetchPrune, ObjectType, Oid,
+    RemoteCallbacks, Repository, Tree,
+};
+
+use crate::model::CommitId;
+
+/// The remote the mirror fetches from.
+const REMOTE: &str = "origin";
+/// Mirror every branch under its own name, so a ref from a canary or feature
+/// branch resolves (and is reported as diverged) instead of being unknown.
+const HEADS_REFSPEC: &str = "+refs/heads/*:refs/heads/*";
+/// libgit2's minimum prefix length (`GIT_OID_MINPREFIXLEN`); a shorter
+/// prefix cannot name one object, so it fails closed as ambiguous.
+const MIN_PREFIX_LEN: usize = 4;
+const FULL_ID_LEN: usize = 40;
+/// Username GitHub-style token auth expects alongside the token.
+const TOKEN_USERNAME: &str = "x-access-token";
+/// Cache bounds: when a cache grows past its bound it is dropped whole. The
+/// fleet's distinct refs are far fewer than this, so steady state never hits
+/// it; it only caps memory when refs churn (e.g. agents reporting garbage).
+const MAX_CACHED_RANGES: usize = 10_000;
+const MAX_CACHED_RESOLUTIONS: usize = 20_000;
+const MAX_CACHED_COMMITS: usize = 50_000;
+const REDACTED: &str = "[redacted]";
+
+/// Where the overlay comes from and where the mirror lives.
+#[derive(Clone)]
+pub struct OverlaySource {
+    /// A URL (`https://…`, `file://…`) or a local filesystem path.
+    pub repo: String,
+    /// The release branch whose tip is the expected ref.
+    pub branch: String,
+    /// The bare mirror kept by the daemon.
+    pub mirror_dir: PathBuf,
+    /// Token for https remotes (from `OVERLAY_GIT_TOKEN`); never logged.
+    pub token: Option<String>,
+}
+
+// Hand-written so that `{:?}` of a config never prints the token or a
+// password embedded in the URL.
+impl fmt::Debug for OverlaySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverlaySource")
+            .field("repo", &display_repo(&self.repo))
+            .field("branch", &self.branch)
+            .field("mirror_dir", &self.mirror_dir)
+            .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .finish()
+    }
+}
+
+/// The release branch tip after a fetch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tip {
+    pub branch: String,
+    pub commit: CommitId,
+}
+
+/// What the commits in `tip ^commit` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriftRange {
+    /// Commits reachable from the tip but not from the reported commit.
+    pub behind: u64,
+    /// Commits reachable from the reported commit but not from the tip.
+    pub ahead: u64,
+    /// Paths changed by the commits in `tip ^commit`.
+    pub paths: BTreeSet<String>,
+    /// Trailer keys (e.g. `Security`) found in those commits' messages.
+    pub trailers: BTreeSet<String>,
+}
+
+/// The overlay's verdict on one reported ref.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefAnalysis {
+    OnTip {
+        commit: CommitId,
+    },
+    Drifted {
+        commit: CommitId,
+        range: Arc<DriftRange>,
+    },
+    Unknown,
+    Ambiguous,
+}
+
+/// Work counters, so callers and tests can see what a sweep cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverlayStats {
+    /// Drift ranges computed with a revwalk (cache misses).
+    pub range_computations: u64,
+    /// Drift ranges served from the cache.
+    pub range_cache_hits: u64,
+    /// Reported refs looked up in the object database.
+    pub ref_lookups: u64,
+    /// Reported refs answered from the resolution cache.
+    pub ref_cache_hits: u64,
+    /// Commits whose changed paths and trailers were computed (tree diffs).
+    pub commits_diffed: u64,
+}
+
+/// A libgit2 failure with every secret removed from its message.
+///
+/// `git2::Error` is never kept as a source: its message may quote the remote
+/// URL, and an error chain printed with `{:#}` would then carry the token.
+#[derive(Debug)]
+pub struct GitCause {
+    pub code: ErrorCode,
+    pub class: git2::ErrorClass,
+    message: String,
+}
+
+impl GitCause {
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for GitCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for GitCause {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OverlayError {
+    #[error("cannot prepare overlay mirror directory {path}: {source}")]
+    MirrorDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot initialise overlay mirror at {path}: {source}")]
+    InitMirror {
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("cannot open overlay mirror at {path} (not a bare git repository?): {source}")]
+    OpenMirror {
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("cannot point remote {REMOTE} of overlay mirror {path} at {repo}: {source}")]
+    ConfigureRemote {
+        path: PathBuf,
+        repo: String,
+        #[source]
+        source: GitCause,
+    },
+    #[error("overlay repository {repo} does not exist")]
+    SourceMissing { repo: String },
+    #[error("fetching overlay from {repo} failed: {source}")]
+    Fetch {
+        repo: String,
+        #[source]
+        source: GitCause,
+    },
+    #[error("branch {branch} not found in overlay repository {repo}")]
+    BranchMissing { branch: String, repo: String },
+    #[error("cannot read branch {branch} of overlay mirror {path}: {source}")]
+    ReadBranch {
+        branch: String,
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("cannot list the refs of overlay mirror {path}: {source}")]
+    ReadRefs {
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("release tip {tip} is not in the overlay mirror {path}")]
+    TipMissing { tip: CommitId, path: PathBuf },
+    #[error("cannot resolve reported ref {reference} in overlay mirror {path}: {source}")]
+    Resolve {
+        reference: String,
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("cannot compute drift range {tip}..{commit} in overlay mirror {path}: {source}")]
+    Range {
+        tip: CommitId,
+        commit: CommitId,
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("object id {id} in overlay mirror is not a 40-hex SHA-1 commit id")]
+    ObjectFormat { id: String },
+    #[error("overlay worker task failed: {source}")]
+    Task {
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl OverlayError {
+    /// A bounded label for metrics (`kind="fetch"`), never a `Debug` string.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OverlayError::MirrorDir { .. } => "mirror_dir",
+            OverlayError::InitMirror { .. } => "init_mirror",
+            OverlayError::OpenMirror { .. } => "open_mirror",
+            OverlayError::ConfigureRemote { .. } => "configure_remote",
+            OverlayError::SourceMissing { .. } => "source_missing",
+            OverlayError::Fetch { .. } => "fetch",
+            OverlayError::BranchMissing { .. } => "branch_missing",
+            OverlayError::ReadBranch { .. } => "read_branch",
+            OverlayError::ReadRefs { .. } => "read_refs",
+            OverlayError::TipMissing { .. } => "tip_missing",
+            OverlayError::Resolve { .. } => "resolve",
+            OverlayError::Range { .. } => "range",
+            OverlayError::ObjectFormat { .. } => "object_format",
+            OverlayError::Task { .. } => "task",
+        }
+    }
+}
+
+/// Handle to the mirror; cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Overlay {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Overlay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Overlay")
+            .field("repo", &self.inner.shown_repo)
+            .field("branch", &self.inner.branch)
+            .field("mirror_dir", &self.inner.mirror_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// The remote as libgit2 sees it (relative paths made absolute).
+    url: String,
+    /// The remote for messages: userinfo and query stripped.
+    shown_repo: String,
+    branch: String,
+    mirror_dir: PathBuf,
+    token: Option<String>,
+    redactor: Redactor,
+    /// Two fetches into one mirror would race on ref lock files.
+    fetch_lock: Mutex<()>,
+    caches: Mutex<Caches>,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Caches {
+    /// Bumped whenever the refs changed; a resolution computed under an
+    /// older generation is not cached.
+    generation: u64,
+    /// Fingerprint of every ref in the mirror when the resolutions were made.
+    refs_fingerprint: Option<u64>,
+    resolutions: HashMap<String, Resolution>,
+    ranges: HashMap<(Oid, Oid), Arc<DriftRange>>,
+    /// What each commit changed on its own; shared by every range through it,
+    /// so a moved tip only diffs the new commits.
+    commits: HashMap<Oid, Arc<CommitChange>>,
+}
+
+impl Caches {
+    fn invalidate_resolutions(&mut self, fingerprint: Option<u64>) {
+        self.generation += 1;
+        self.resolutions.clear();
+        self.refs_fingerprint = fingerprint;
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    range_computations: AtomicU64,
+    range_cache_hits: AtomicU64,
+    ref_lookups: AtomicU64,
+    ref_cache_hits: AtomicU64,
+    commits_diffed: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resolution {
+    Commit(Oid),
+    Unknown,
+    Ambiguous,
+}
+
+/// Paths and trailer keys one commit contributes to a range.
+struct CommitChange {
+    paths: BTreeSet<String>,
+    trailers: BTreeSet<String>,
+}
+
+impl Overlay {
+    /// Opens the mirror at `mirror_dir`, creating a bare one if the directory
+    /// is missing or empty, and points its `origin` at `source.repo`. Does not
+    /// fetch.
+    pub async fn open(source: OverlaySource) -> Result<Overlay, OverlayError> {
+        let inner = spawn(move || open_blocking(source)).await?;
+        Ok(Overlay {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Fetches every branch from origin (pruning deleted ones) and returns
+    /// the release branch tip.
+    pub async fn fetch(&self) -> Result<Tip, OverlayError> {
+        let inner = Arc::clone(&self.inner);
+        spawn(move || inner.fetch_blocking()).await
+    }
+
+    /// The release branch tip as the mirror has it now, without fetching.
+    pub async fn tip(&self) -> Result<Tip, OverlayError> {
+        let inner = Arc::clone(&self.inner);
+        spawn(move || {
+            let repo = inner.open_repo()?;
+            inner.branch_tip(&repo)
+        })
+        .await
+    }
+
+    /// Resolves each distinct reported ref (lowercase hex, full or
+    /// abbreviated) and measures its drift from `tip`. One blocking task for
+    /// the whole batch; repeated refs and ranges come from the caches.
+    pub async fn analyze(
+        &self,
+        tip: &CommitId,
+        refs: Vec<String>,
+    ) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
+        let inner = Arc::clone(&self.inner);
+        let tip = tip.clone();
+        spawn(move || inner.analyze_blocking(&tip, refs)).await
+    }
+
+    /// Work done so far (cumulative since `open`).
+    pub fn stats(&self) -> OverlayStats {
+        let c = &self.inner.counters;
+        OverlayStats {
+            range_computations: c.range_computations.load(Ordering::Relaxed),
+            range_cache_hits: c.range_cache_hits.load(Ordering::Relaxed),
+            ref_lookups: c.ref_lookups.load(Ordering::Relaxed),
+            ref_cache_hits: c.ref_cache_hits.load(Ordering::Relaxed),
+            commits_diffed: c.commits_diffed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The overlay repository, safe to log (no userinfo, no query).
+    pub fn repo_display(&self) -> &str {
+        &self.inner.shown_repo
+    }
+
+    /// The release branch.
+    pub fn branch(&self) -> &str {
+        &self.inner.branch
+    }
+
+    pub fn mirror_dir(&self) -> &Path {
+        &self.inner.mirror_dir
+    }
+}
+
+async fn spawn<T, F>(work: F) -> Result<T, OverlayError>
+where
+    F: FnOnce() -> Result<T, OverlayError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|source| OverlayError::Task { source })?
+}
+
+fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
+    let url = normalize_repo(&source.repo);
+    let shown_repo = display_repo(&url);
+    let redactor = Redactor::new(&[&source.repo, &url], source.token.as_deref());
+    let path = source.mirror_dir;
+
+    let repo = match Repository::open_bare(&path) {
+        Ok(repo) => repo,
+        Err(open_err) => {
+            // Only an absent or empty directory becomes a new mirror: anything
+            // else may be someone's data, and is reported rather than reused.
+            let fresh = is_absent_or_empty(&path).map_err(|source| OverlayError::MirrorDir {
+                path: path.clone(),
+                source,
+            })?;
+            if !fresh {
+                return Err(OverlayError::OpenMirror {
+                    path,
+                    source: redactor.cause(&open_err),
+                });
+            }
+            std::fs::create_dir_all(&path).map_err(|source| OverlayError::MirrorDir {
+                path: path.clone(),
+                source,
+            })?;
+            Repository::init_bare(&path).map_err(|e| OverlayError::InitMirror {
+                path: path.clone(),
+                source: redactor.cause(&e),
+            })?
+        }
+    };
+    ensure_origin(&repo, &url).map_err(|e| OverlayError::ConfigureRemote {
+        path: path.clone(),
+        repo: shown_repo.clone(),
+        source: redactor.cause(&e),
+    })?;
+    tracing::debug!(repo = %shown_repo, mirror = %path.display(), "Opened overlay mirror.");
+
+    Ok(Inner {
+        url,
+        shown_repo,
+        branch: source.branch,
+        mirror_dir: path,
+        token: source.token,
+        redactor,
+        fetch_lock: Mutex::new(()),
+        caches: Mutex::new(Caches::default()),
+        counters: Counters::default(),
+    })
+}
+
+fn is_absent_or_empty(path: &Path) -> std::io::Result<bool> {
+    match std::fs::read_dir(path) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes `origin` point at `url`, so a changed `overlay.repo` takes effect on
+/// an existing mirror.
+fn ensure_origin(repo: &Repository, url: &str) -> Result<(), git2::Error> {
+    match repo.find_remote(REMOTE) {
+        Ok(remote) => {
+            if remote.url_bytes() != url.as_bytes() {
+                repo.remote_set_url(REMOTE, url)?;
+            }
+            Ok(())
+        }
+        Err(e) if e.code() == ErrorCode::NotFound => {
+            repo.remote_with_fetch(REMOTE, url, HEADS_REFSPEC)?;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl Inner {
+    fn open_repo(&self) -> Result<Repository, OverlayError> {
+        Repository::open_bare(&self.mirror_dir).map_err(|e| OverlayError::OpenMirror {
+            path: self.mirror_dir.clone(),
+            source: self.redactor.cause(&e),
+        })
+    }
+
+    fn caches(&self) -> MutexGuard<'_, Caches> {
+        // The caches hold only derived data that is valid at every step, so a
+        // panic elsewhere while holding the lock leaves nothing half-written.
+        self.caches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fetch_blocking(&self) -> Result<Tip, OverlayError> {
+        let _fetching = self
+            .fetch_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if local_path(&self.url).is_some_and(|local| !local.exists()) {
+            return Err(OverlayError::SourceMissing {
+                repo: self.shown_repo.clone(),
+            });
+        }
+        let repo = self.open_repo()?;
+        let fetch_err = |e: git2::Error| OverlayError::Fetch {
+            repo: self.shown_repo.clone(),
+            source: self.redactor.cause(&e),
+        };
+        let mut remote = repo.find_remote(REMOTE).map_err(fetch_err)?;
+
+        let mut callbacks = RemoteCallbacks::new();
+        let token = self.token.clone();
+        let mut attempts = 0u32;
+        callbacks.credentials(move |_url, _username, allowed| {
+            // libgit2 calls this again after every rejected credential, for
+            // ever; a second call means the token was refused.
+            attempts += 1;
+            if attempts > 1 {
+                return Err(git2::Error::from_str(
+                    "the overlay remote rejected the configured token",
+                ));
+            }
+            match token.as_deref() {
+                Some(token) if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) => {
+                    Cred::userpass_plaintext(TOKEN_USERNAME, token)
+                }
+                Some(_) => Err(git2::Error::from_str(
+                    "the overlay remote asks for an authentication method other than a token",
+                )),
+                None => Err(git2::Error::from_str(
+                    "the overlay remote requires authentication and no token is configured",
+                )),
+            }
+        });
+        let mut options = FetchOptions::new();
+        options
+            .remote_callbacks(callbacks)
+            .prune(FetchPrune::On)
+            // Tags that point into the fetched history come along, so an
+            // annotated tag id reported by an agent resolves to its commit.
+            .download_tags(AutotagOption::Auto)
+            .update_fetchhead(false);
+
+        // The refspec is passed explicitly so a mirror whose config was
+        // created by hand (or by `git clone --mirror`) still mirrors heads.
+        let fetched = remote.fetch(
+            &[HEADS_REFSPEC],
+            Some(&mut options),
+            Some("fleet-reconciler: fetch"),
+        );
+        let received = remote.stats().received_objects();
+        drop(remote);
+        // Objects may have landed even when the fetch failed part-way; any
+        // new object can change what a prefix resolves to.
+        if fetched.is_err() || received > 0 {
+            self.caches().invalidate_resolutions(None);
+        }
+        fetched.map_err(fetch_err)?;
+        self.note_refs(&repo)?;
+
+        let tip = self.branch_tip(&repo)?;
+        tracing::debug!(
+            repo = %self.shown_repo,
+            branch = %tip.branch,
+            tip = %tip.commit,
+            received_objects = received,
+            "Fetched overlay."
+        );
+        Ok(tip)
+    }
+
+    fn branch_tip(&self, repo: &Repository) -> Result<Tip, OverlayError> {
+        let refname = format!("refs/heads/{}", self.branch);
+        let reference = match repo.find_reference(&refname) {
+            Ok(reference) => reference,
+            // An invalid branch name cannot exist either.
+            Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::InvalidSpec) => {
+                return Err(OverlayError::BranchMissing {
+                    branch: self.branch.clone(),
+                    repo: self.shown_repo.clone(),
+                });
+            }
+            Err(e) => return Err(self.read_branch_err(&e)),
+        };
+        let commit = reference
+            .peel_to_commit()
+            .map_err(|e| self.read_branch_err(&e))?;
+        Ok(Tip {
+            branch: self.branch.clone(),
+            commit: commit_id(commit.id())?,
+        })
+    }
+
+    fn read_branch_err(&self, e: &git2::Error) -> OverlayError {
+        OverlayError::ReadBranch {
+            branch: self.branch.clone(),
+            path: self.mirror_dir.clone(),
+            source: self.redactor.cause(e),
+        }
+    }
+
+    /// Drops cached resolutions if the refs differ from those they were
+    /// made under. Refs are checked rather than trusting our own fetches
+    /// alone, because another process (a `check` run) may share the mirror.
+    fn note_refs(&self, repo: &Repository) -> Result<(), OverlayError> {
+        let fingerprint = refs_fingerprint(repo).map_err(|e| OverlayError::ReadRefs {
+            path: self.mirror_dir.clone(),
+            source: self.redactor.cause(&e),
+        })?;
+        let mut caches = self.caches();
+        if caches.refs_fingerprint != Some(fingerprint) {
+            caches.invalidate_resolutions(Some(fingerprint));
+        }
+        Ok(())
+    }
+
+    fn analyze_blocking(
+        &self,
+        tip: &CommitId,
+        refs: Vec<String>,
+    ) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
+        let repo = self.open_repo()?;
+        let tip_missing = || OverlayError::TipMissing {
+            tip: tip.clone(),
+            path: self.mirror_dir.clone(),
+        };
+        let tip_oid = Oid::from_str(tip.as_str()).map_err(|_| tip_missing())?;
+        repo.find_commit(tip_oid).map_err(|_| tip_missing())?;
+        self.note_refs(&repo)?;
+        let generation = self.caches().generation;
+
+        let mut out = HashMap::with_capacity(refs.len());
+        for reference in refs {
+            if out.contains_key(&reference) {
+                continue;
+            }
+            let analysis = match self.resolve(&repo, &reference, generation)? {
+                Resolution::Unknown => RefAnalysis::Unknown,
+                Resolution::Ambiguous => RefAnalysis::Ambiguous,
+                Resolution::Commit(oid) if oid == tip_oid => RefAnalysis::OnTip {
+                    commit: commit_id(oid)?,
+                },
+                Resolution::Commit(oid) => {
+                    let commit = commit_id(oid)?;
+                    let range = self.range(&repo, (tip_oid, tip), (oid, &commit))?;
+                    RefAnalysis::Drifted { commit, range }
+                }
+            };
+            out.insert(reference, analysis);
+        }
+        Ok(out)
+    }
+
+    fn resolve(
+        &self,
+        repo: &Repository,
+        reference: &str,
+        generation: u64,
+    ) -> Result<Resolution, OverlayError> {
+        if let Some(hit) = self.caches().resolutions.get(reference).copied() {
+            self.counters.ref_cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(hit);
+        }
+        self.counters.ref_lookups.fetch_add(1, Ordering::Relaxed);
+        let resolution = resolve_in(repo, reference).map_err(|e| OverlayError::Resolve {
+            reference: reference.to_owned(),
+            path: self.mirror_dir.clone(),
+            source: self.redactor.cause(&e),
+        })?;
+        let mut caches = self.caches();
+        // A fetch that ran meanwhile may have made this answer stale.
+        if caches.generation == generation {
+            if caches.resolutions.len() >= MAX_CACHED_RESOLUTIONS {
+                caches.resolutions.clear();
+            }
+            caches.resolutions.insert(reference.to_owned(), resolution);
+        }
+        Ok(resolution)
+    }
+
+    fn range(
+        &self,
+        repo: &Repository,
+        (tip, tip_id): (Oid, &CommitId),
+        (commit, commit_id): (Oid, &CommitId),
+    ) -> Result<Arc<DriftRange>, OverlayError> {
+        if let Some(hit) = self.caches().ranges.get(&(tip, commit)).cloned() {
+            self.counters
+                .range_cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(hit);
+        }
+        self.counters
+            .range_computations
+            .fetch_add(1, Ordering::Relaxed);
+        let range = self
+            .compute_range(repo, tip, commit)
+            .map_err(|e| OverlayError::Range {
+                tip: tip_id.clone(),
+                commit: commit_id.clone(),
+                path: self.mirror_dir.clone(),
+                source: self.redactor.cause(&e),
+            })?;
+        let range = Arc::new(range);
+        let mut caches = self.caches();
+        if caches.ranges.len() >= MAX_CACHED_RANGES {
+            caches.ranges.clear();
+        }
+        caches.ranges.insert((tip, commit), Arc::clone(&range));
+        Ok(range)
+    }
+
+    fn compute_range(
+        &self,
+        repo: &Repository,
+        tip: Oid,
+        commit: Oid,
+    ) -> Result<DriftRange, git2::Error> {
+        let mut range = DriftRange::default();
+
+        // `tip ^commit`: what the machine is missing. libgit2 limits a walk
+        // with hidden commits over the whole graph, so merges count right.
+        let mut missing = repo.revwalk()?;
+        missing.push(tip)?;
+        missing.hide(commit)?;
+        for oid in missing {
+            let change = self.commit_change(repo, oid?)?;
+            range.behind += 1;
+            range.paths.extend(change.paths.iter().cloned());
+            range.trailers.extend(change.trailers.iter().cloned());
+        }
+
+        // `commit ^tip`: what the machine has that the release does not.
+        let mut extra = repo.revwalk()?;
+        extra.push(commit)?;
+        extra.hide(tip)?;
+        for oid in extra {
+            oid?;
+            range.ahead += 1;
+        }
+        Ok(range)
+    }
+
+    fn commit_change(&self, repo: &Repository, oid: Oid) -> Result<Arc<CommitChange>, git2::Error> {
+        if let Some(hit) = self.caches().commits.get(&oid).cloned() {
+            return Ok(hit);
+        }
+        self.counters.commits_diffed.fetch_add(1, Ordering::Relaxed);
+        let change = Arc::new(commit_change_in(repo, oid)?);
+        let mut caches = self.caches();
+        if caches.commits.len() >= MAX_CACHED_COMMITS {
+            caches.commits.clear();
+        }
+        caches.commits.insert(oid, Arc::clone(&change));
+        Ok(change)
+    }
+}
+
+fn commit_id(oid: Oid) -> Result<CommitId, OverlayError> {
+    let id = oid.to_string();
+    CommitId::parse(&id).ok_or(OverlayError::ObjectFormat { id })
+}
+
+/// Resolves one reported ref against the object database. `Err` only for a
+/// repository failure; anything the agent could have got wrong is a
+/// `Resolution`.
+fn resolve_in(repo: &Repository, reference: &str) -> Result<Resolution, git2::Error> {
+    let name = reference.to_ascii_lowercase();
+    if name.is_empty() || name.len() > FULL_ID_LEN || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(Resolution::Unknown);
+    }
+    if name.len() < MIN_PREFIX_LEN {
+        return Ok(Resolution::Ambiguous);
+    }
+    let found = if name.len() == FULL_ID_LEN {
+        Oid::from_str(&name).and_then(|oid| repo.find_object(oid, None))
+    } else {
+        repo.find_object_by_prefix(&name, None)
+    };
+    let object = match found {
+        Ok(object) => object,
+        Err(e) if e.code() == ErrorCode::Ambiguous => return Ok(Resolution::Ambiguous),
+        Err(e) if e.code() == ErrorCode::NotFound => return Ok(Resolution::Unknown),
+        Err(e) => return Err(e),
+    };
+    match object.kind() {
+        Some(ObjectType::Commit) => Ok(Resolution::Commit(object.id())),
+        // An annotated tag names the commit it points at; a tag of a tree or
+        // blob (or of an object the mirror lacks) names no commit.
+        Some(ObjectType::Tag) => match object.peel(ObjectType::Commit) {
+            Ok(commit) => Ok(Resolution::Commit(commit.id())),
+            Err(e)
+                if matches!(
+                    e.code(),
+                    ErrorCode::InvalidSpec | ErrorCode::NotFound | ErrorCode::Peel
+                ) =>
+            {
+                Ok(Resolution::Unknown)
+            }
+            Err(e) => Err(e),
+        },
+        _ => Ok(Resolution::Unknown),
+    }
+}
+
+/// What one commit contributes to a range: for a merge, only what differs
+/// from every parent (its own conflict resolutions or "evil" edits), so the
+/// side branch's changes are blamed on the side branch's commits — which the
+/// reported commit may already have.
+fn commit_change_in(repo: &Repository, oid: Oid) -> Result<CommitChange, git2::Error> {
+    let commit = repo.find_commit(oid)?;
+    let tree = commit.tree()?;
+    let paths = match commit.parent_count() {
+        0 => BTreeSet::new(),
+        _ => {
+            let mut common: Option<BTreeSet<String>> = None;
+            for index in 0..commit.parent_count() {
+                let parent_tree = commit.parent(index)?.tree()?;
+                let changed = changed_paths(repo, Some(&parent_tree), &tree)?;
+                let narrowed = match common {
+                    None => changed,
+                    Some(common) => common.intersection(&changed).cloned().collect(),
+                };
+                let empty = narrowed.is_empty();
+                common = Some(narrowed);
+                if empty {
+                    break;
+                }
+            }
+            common.unwrap_or_default()
+        }
+    };
+    let trailers = git2::message_trailers_bytes(commit.message_bytes())?
+        .iter()
+        .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+        .collect();
+    Ok(CommitChange { paths, trailers })
+}
+
+/// Paths that differ between two trees. Without rename detection a rename is
+/// a deletion plus an addition, so both its old and new path are reported.
+fn changed_paths(
+    repo: &Repository,
+    old: Option<&Tree<'_>>,
+    new: &Tree<'_>,
+) -> Result<BTreeSet<String>, git2::Error> {
+    let diff = repo.diff_tree_to_tree(old, Some(new), None)?;
+    let mut paths = BTreeSet::new();
+    for delta in diff.deltas() {
+        for file in [delta.old_file(), delta.new_file()] {
+            if let Some(path) = file.path_bytes() {
+                paths.insert(String::from_utf8_lossy(path).into_owned());
+            }
+        }
+    }
+    Ok(paths)
+}
+
+fn refs_fingerprint(repo: &Repository) -> Result<u64, git2::Error> {
+    let mut hasher = DefaultHasher::new();
+    let mut count = 0u64;
+    for reference in repo.references()? {
+        let reference = reference?;
+        reference.name_bytes().hash(&mut hasher);
+        reference.target().hash(&mut hasher);
+        reference.symbolic_target_bytes().hash(&mut hasher);
+        count += 1;
+    }
+    count.hash(&mut hasher);
+    Ok(hasher.finish())
+}
+
+fn is_url(repo: &str) -> bool {
+    repo.contains("://")
+}
+
+/// `user@host:path` (scp-like ssh syntax): a colon before any slash.
+fn is_scp_like(repo: &str) -> bool {
+    match (repo.find(':'), repo.find('/')) {
+        (Some(colon), Some(slash)) => colon < slash && colon > 0,
+        (Some(colon), None) => colon > 0,
+        _ => false,
+    }
+}
+
+/// A relative local path is made absolute, so the mirror's `origin` does not
+/// depend on the daemon's working directory; URLs are kept as written.
+fn normalize_repo(repo: &str) -> String {
+    if is_url(repo) || is_scp_like(repo) {
+        return repo.to_owned();
+    }
+    match std::path::absolute(repo) {
+        Ok(path) => path.to_str().map_or_else(|| repo.to_owned(), str::to_owned),
+        Err(_) => repo.to_owned(),
+    }
+}
+
+/// The filesystem path behind a local remote, if it is one.
+fn local_path(url: &str) -> Option<PathBuf> {
+    if url.starts_with("file://") {
+        return url::Url::parse(url).ok()?.to_file_path().ok();
+    }
+    (!is_url(url) && !is_scp_like(url)).then(|| PathBuf::from(url))
+}
+
+/// The repository as it may appear in logs and errors: no userinfo (which
+/// may be a token), no query or fragment.
+fn display_repo(repo: &str) -> String {
+    if is_url(repo) {
+        if let Some(mut url) = url::Url::parse(repo).ok().filter(|u| !u.cannot_be_a_base()) {
+            // Both setters only fail for URLs without a host, and those
+            // (`file:///…`) carry no userinfo to hide.
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            return url.to_string();
+        }
+        // Unparseable: hide whatever sits between the scheme and an `@`.
+        return match (repo.find("://"), repo.rfind('@')) {
+            (Some(scheme_end), Some(at)) if at > scheme_end => {
+                format!("{}{REDACTED}{}", &repo[..scheme_end + 3], &repo[at..])
+            }
+            _ => repo.to_owned(),
+        };
+    }
+    match repo.find('@') {
+        // `user:password@host:path`
+        Some(at) if is_scp_like(repo) && repo[..at].contains(':') => {
+            format!("{REDACTED}{}", &repo[at..])
+        }
+        _ => repo.to_owned(),
+    }
+}
+
+/// The (username, password) written into a URL or scp-like remote, found
+/// by hand so that a URL the `url` crate rejects still has its secrets known.
+fn userinfo(repo: &str) -> Option<(&str, Option<&str>)> {
+    let userinfo = match repo.find("://") {
+        Some(scheme_end) => {
+            let rest = &repo[scheme_end + 3..];
+            let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+            &authority[..authority.rfind('@')?]
+        }
+        None if is_scp_like(repo) => &repo[..repo.find('@')?],
+        None => return None,
+    };
+    Some(match userinfo.split_once(':') {
+        Some((username, password)) => (username, Some(password)),
+        None => (userinfo, None),
+    })
+}
+
+/// Removes secrets from text that libgit2 produced (it may quote the URL).
+struct Redactor {
+    /// (needle, replacement), longest needle first so a URL is replaced
+    /// before the password inside it.
+    replacements: Vec<(String, String)>,
+}
+
+impl Redactor {
+    fn new(repos: &[&str], token: Option<&str>) -> Redactor {
+        let mut replacements: Vec<(String, String)> = Vec::new();
+        let mut secret = |s: &str| {
+            if !s.is_empty() {
+                replacements.push((s.to_owned(), REDACTED.to_owned()));
+                let decoded = percent_decode(s);
+                if decoded != s {
+                    replacements.push((decoded, REDACTED.to_owned()));
+                }
+            }
+        };
+        if let Some(token) = token {
+            secret(token);
+        }
+        for repo in repos {
+            if let Some((username, password)) = userinfo(repo) {
+                if let Some(password) = password {
+                    secret(password);
+                }
+                // A token is often given as the username alone
+                // (`https://TOKEN@host/…`); short names like `git` are not.
+                if username.len() >= 8 {
+                    secret(username);
+                }
+            }
+        }
+        for repo in repos {
+            let shown = display_repo(repo);
+            if shown != *repo {
+                replacements.push(((*repo).to_owned(), shown));
+            }
+        }
+        replacements.sort_by_key(|(needle, _)| std::cmp::Reverse(needle.len()));
+        Redactor { replacements }
+    }
+
+    fn redact(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (needle, replacement) in &self.replacements {
+            if text.contains(needle.as_str()) {
+                text = text.replace(needle.as_str(), replacement);
+            }
+        }
+        text
+    }
+
+    fn cause(&self, e: &git2::Error) -> GitCause {
+        GitCause {
+            code: e.code(),
+            class: e.class(),
+            message: self.redact(e.message()),
+        }
+    }
+}
+
+/// `%40` → `@`: libgit2 may print the decoded form of a URL's password.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_of_source_hides_token_and_password() {
+        let source = OverlaySource {
+            repo: "https://user:hunter2pw@example.com/acme/overlay.git".into(),
+            branch: "release".into(),
+            mirror_dir: PathBuf::from("/data/overlay.git"),
+            token: Some("ghp_secret_token".into()),
+        };
+        let shown = format!("{source:?}");
+        assert!(!shown.contains("ghp_secret_token"), "{shown}");
+        assert!(!shown.contains("hunter2pw"), "{shown}");
+        assert!(shown.contains("example.com/acme/overlay.git"), "{shown}");
+    }
+
+    #[test]
+    fn display_repo_strips_userinfo_and_query() {
+        assert_eq!(
+            display_repo("https://x-access-token:abc123@github.com/acme/o.git?t=1"),
+            "https://github.com/acme/o.git"
+        );
+        assert_eq!(
+            display_repo("https://ghp_abcdefgh@github.com/acme/o.git"),
+            "https://github.com/acme/o.git"
+        );
+        assert_eq!(
+            display_repo("user:pw@host:acme/o.git"),
+            "[redacted]@host:acme/o.git"
+        );
+        assert_eq!(display_repo("git@host:acme/o.git"), "git@host:acme/o.git");
+        assert_eq!(display_repo("/srv/overlay"), "/srv/overlay");
+        assert_eq!(display_repo("file:///srv/overlay"), "file:///srv/overlay");
+    }
+
+    #[test]
+    fn redactor_removes_token_password_and_raw_url() {
+        let raw = "https://bob:p%40ss%2Fword@example.com/o.git";
+        let redactor = Redactor::new(&[raw], Some("tok-123456"));
+        let text = format!("failed {raw} with p@ss/word and tok-123456 and p%40ss%2Fword");
+        let clean = redactor.redact(&text);
+        assert!(!clean.contains("p@ss/word"), "{clean}");
+        assert!(!clean.contains("p%40ss%2Fword"), "{clean}");
+        assert!(!clean.contains("tok-123456"), "{clean}");
+        assert!(clean.contains("https://example.com/o.git"), "{clean}");
+    }
+
+    #[test]
+    fn redactor_finds_secrets_in_urls_the_url_crate_rejects() {
+        let raw = "https://bob:SECRET-pw@127.0.0.1:99999/o.git";
+        let redactor = Redactor::new(&[raw], None);
+        let clean = redactor.redact("malformed URL 'bob:SECRET-pw@127.0.0.1:99999'");
+        assert!(!clean.contains("SECRET"), "{clean}");
+        let scp = Redactor::new(&["deploy:SECRET-pw@host:acme/o.git"], None);
+        assert!(!scp.redact("auth SECRET-pw failed").contains("SECRET"));
+        let user_token = Redactor::new(&["https://ghp_SECRETTOKEN@github.com/o.git"], None);
+        assert!(!user_token.redact("user ghp_SECRETTOKEN").contains("SECRET"));
+        assert_eq!(userinfo("https://github.com/a@b/o.git"), None);
+        assert_eq!(userinfo("/srv/o"), None);
+    }
+
+    #[test]
+    fn normalize_repo_makes_relative_paths_absolute_and_keeps_urls() {
+        let cwd = std::env::current_dir().expect("cwd");
+        assert_eq!(
+            normalize_repo("fixtures/overlay"),
+            cwd.join("fixtures/overlay").to_str().expect("utf-8 cwd")
+        );
+        assert_eq!(normalize_repo("/srv/overlay"), "/srv/overlay");
+        for url in [
+            "https://github.com/acme/o.git",
+            "file:///srv/overlay",
+            "git@github.com:acme/o.git",
+        ] {
+            assert_eq!(normalize_repo(url), url);
+        }
+    }
+
+    #[test]
+    fn local_path_recognises_paths_and_file_urls_only() {
+        assert_eq!(local_path("/srv/o"), Some(PathBuf::from("/srv/o")));
+        assert_eq!(local_path("file:///srv/o"), Some(PathBuf::from("/srv/o")));
+        assert_eq!(local_path("https://h/o.git"), None);
+        assert_eq!(local_path("git@h:o.git"), None);
+    }
+
+    #[test]
+    fn malformed_and_short_refs_resolve_without_lookup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init_bare(dir.path()).expect("init");
+        let cases = [
+            ("", Resolution::Unknown),
+            ("xyz1234", Resolution::Unknown),
+            (&"a".repeat(41), Resolution::Unknown),
+            ("a", Resolution::Ambiguous),
+            ("abc", Resolution::Ambiguous),
+            ("abcd", Resolution::Unknown),
+            (&"ab".repeat(20), Resolution::Unknown),
+        ];
+        for (reference, expected) in cases {
+            assert_eq!(
+                resolve_in(&repo, reference).expect("resolve"),
+                expected,
+                "{reference:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_kinds_are_bounded_labels() {
+        let e = OverlayError::BranchMissing {
+            branch: "release".into(),
+            repo: "/srv/o".into(),
+        };
+        assert_eq!(e.kind(), "branch_missing");
+        assert_eq!(
+            e.to_string(),
+            "branch release not found in overlay repository /srv/o"
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! Health probes: concurrent, bounded polling of agents' health endpoints.
+//!
+//! Owns the agent side of DESIGN §4: one GET per started machine, bounded
+//! concurrency over one connection pool, a per-request deadline covering the
+//! whole exchange, a body cap enforced while reading (the rest is never
+//! buffered), and strict parsing of the report. A bad agent yields a
+//! per-machine outcome, never an error for the sweep. It must never send the
+//! Fly token or the agent control token on a health GET, and never decide
+//! anything from a report.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::config::ProbeConfig;
+
+/// Whether the agent is in the middle of a turn or job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activity {
+    Idle,
+    Busy,
+}
+
+/// Optional cooperative endpoints an agent serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Capability {
+    Drain,
+    Reload,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RotationState {
+    #[serde(default)]
+    pub fenced: bool,
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+}
+
+/// A parsed, validated health report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AgentReport {
+    /// Lowercase hex, 4 to 40 digits.
+    pub overlay_ref: String,
+    pub activity: Option<Activity>,
+    pub live_sessions: Option<u64>,
+    pub last_input_at: Option<DateTime<Utc>>,
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    pub capabilities: Vec<Capability>,
+    pub rotation: Option<RotationState>,
+}
+
+impl AgentReport {
+    /// DESIGN §5: live work is open sessions or a turn in progress.
+    pub fn has_live_work(&self) -> bool {
+        self.live_sessions.unwrap_or(0) > 0 || self.activity == Some(Activity::Busy)
+    }
+
+    pub fn can(&self, capability: Capability) -> bool {
+        self.capabilities.contains(&capability)
+    }
+}
+
+/// The report as sent; unknown fields are ignored so agents can add their own.
+#[derive(Deserialize)]
+struct WireReport {
+    overlay_ref: Option<String>,
+    #[serde(default)]
+    activity: Option<Activity>,
+    #[serde(default)]
+    live_sessions: Option<u64>,
+    #[serde(default)]
+    last_input_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    heartbeat_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    capabilities: Option<Vec<WireCapability>>,
+    #[serde(default)]
+    rotation: Option<RotationState>,
+}
+
+/// Capabilities this daemon does not know are ignored, not an error.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum WireCapability {
+    Known(Capability),
+    Other(#[allow(dead_code)] String),
+}
+
+/// What probing one machine produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    Report(AgentReport),
+    /// No answer: refused, timed out, or an HTTP error status.
+    Unreachable(String),
+    /// An answer that is not a usable report.
+    BadReport(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the probe HTTP client: {0}")]
+pub struct ProbeBuildError(#[from] reqwest::Error);
+
+/// Polls agents' health endpoints.
+#[derive(Clone, Debug)]
+pub struct Prober {
+    http: reqwest::Client,
+    timeout: Duration,
+    max_body: usize,
+    concurrency: usize,
+}
+
+impl Prober {
+    pub fn new(config: &ProbeConfig) -> Result<Prober, ProbeBuildError> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("fleet-reconciler/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(config.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        Ok(Prober {
+            http,
+            timeout: config.timeout,
+            max_body: config.max_body_bytes.get(),
+            concurrency: config.concurrency.get(),
+        })
+    }
+
+    /// Probes every URL with at most `concurrency` in flight; outcomes come
+    /// back in the order of `urls`.
+    pub async fn probe_all(&self, urls: Vec<String>) -> Vec<ProbeOutcome> {
+        let mut out: Vec<Option<ProbeOutcome>> = vec![None; urls.len()];
+        let mut results = futures::stream::iter(urls.into_iter().enumerate())
+            .map(|(i, url)| async move { (i, self.probe(&url).await) })
+            .buffer_unordered(self.concurrency);
+        while let Some((i, outcome)) = results.next().await {
+            out[i] = Some(outcome);
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| ProbeOutcome::Unreachable("not probed".into())))
+            .collect()
+    }
+
+    /// Probes one health URL.
+    pub async fn probe(&self, url: &str) -> ProbeOutcome {
+        match tokio::time::timeout(self.timeout, self.fetch(url)).await {
+            Err(_) => ProbeOutcome::Unreachable(format!(
+                "no complete answer within {}",
+                humantime::format_duration(self.timeout)
+            )),
+            Ok(Err(outcome)) => outcome,
+            Ok(Ok(body)) => parse_report(&body),
+        }
+    }
+
+    async fn fetch(&self, url: &str) -> Result<Vec<u8>, ProbeOutcome> {
+        let mut resp = self
+            .http
+            .get(url)
+            .header(reqwest::header::ACCEPT, "application/json")
+            .send()
+            .await
+            .map_err(|e| ProbeOutcome::Unreachable(describe(&e)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(ProbeOutcome::Unreachable(format!(
+                "health endpoint answered HTTP {status}"
+            )));
+        }
+        let too_big =
+            || ProbeOutcome::BadReport(format!("report larger than {} bytes", self.max_body));
+        if resp
+            .content_length()
+            .is_some_and(|n| n > self.max_body as u64)
+        {
+            return Err(too_big());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| ProbeOutcome::Unreachable(describe(&e)))?
+        {
+            if body.len() + chunk.len() > self.max_body {
+                // Dropping the response closes the connection: the rest is never read.
+                return Err(too_big());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    let mut msg = String::from(if e.is_connect() {
+        "connection failed"
+    } else if e.is_timeout() {
+        "timed out"
+    } else {
+        "request failed"
+    });
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+/// Parses and validates a report body (DESIGN §4).
+pub fn parse_report(body: &[u8]) -> ProbeOutcome {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let wire: WireReport = match serde_path_to_error::deserialize(&mut de) {
+        Ok(w) => w,
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            return ProbeOutcome::BadReport(if path == "." {
+                format!("not a JSON report: {inner}")
+            } else {
+                format!("field `{path}`: {inner}")
+            });
+        }
+    };
+    if de.end().is_err() {
+        return ProbeOutcome::BadReport("trailing data after the JSON report".into());
+    }
+    let Some(r) = wire.overlay_ref else {
+        return ProbeOutcome::BadReport("missing required field `overlay_ref`".into());
+    };
+    let r = r.trim();
+    if r.is_empty() || r.len() > 40 || !r.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let shown: String = r.chars().take(64).collect();
+        return ProbeOutcome::BadReport(format!(
+            "`overlay_ref` {shown:?} is not a hex commit id (1 to 40 hex digits)"
+        ));
+    }
+    ProbeOutcome::Report(AgentReport {
+        overlay_ref: r.to_ascii_lowercase(),
+        activity: wire.activity,
+        live_sessions: wire.live_sessions,
+        last_input_at: wire.last_input_at,
+        heartbeat_at: wire.heartbeat_at,
+        capabilities: wire
+            .capabilities
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| match c {
+                WireCapability::Known(c) => Some(c),
+                WireCapability::Other(_) => None,
+            })
+            .collect(),
+        rotation: wire.rotation,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bad(body: &str) -> String {
+        match parse_report(body.as_bytes()) {
+            ProbeOutcome::BadReport(m) => m,
+            other => panic!("expected bad_report for {body}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_and_full_reports_parse() {
+        let ProbeOutcome::Report(r) = parse_report(br#"{"overlay_ref":"A4F9D2B"}"#) else {
+            panic!("minimal report rejected")
+        };
+        assert_eq!(r.overlay_ref, "a4f9d2b");
+        assert!(!r.has_live_work());
+        let ProbeOutcome::Report(r) = parse_report(
+            br#"{"overlay_ref":"a4f9d2b","activity":"busy","live_sessions":0,
+                "last_input_at":"2026-11-29T10:00:00+01:00","heartbeat_at":"2026-11-29T09:00:01Z",
+                "capabilities":["drain","teleport"],"rotation":{"fenced":true,"checkpoint":"t1"},
+                "model":"x"}"#,
+        ) else {
+            panic!("full report rejected")
+        };
+        assert!(r.has_live_work());
+        assert_eq!(r.capabilities, vec![Capability::Drain]);
+        assert_eq!(
+            r.last_input_at.unwrap().to_rfc3339(),
+            "2026-11-29T09:00:00+00:00"
+        );
+        assert_eq!(r.rotation.unwrap().checkpoint.as_deref(), Some("t1"));
+    }
+
+    #[test]
+    fn bad_reports_name_the_problem() {
+        assert!(bad("<html>oops</html>").contains("not a JSON report"));
+        assert!(bad(r#"{"activity":"idle"}"#).contains("overlay_ref"));
+        assert!(bad(r#"{"overlay_ref":"release-2026-11"}"#).contains("not a hex commit id"));
+        assert!(bad(r#"{"overlay_ref":""}"#).contains("not a hex"));
+        assert!(bad(&format!(r#"{{"overlay_ref":"{}"}}"#, "a".repeat(41))).contains("not a hex"));
+        assert!(bad(r#"{"overlay_ref":7}"#).contains("overlay_ref"));
+        assert!(bad(r#"{"overlay_ref":"abcd","activity":"sleeping"}"#).contains("activity"));
+        assert!(bad(r#"{"overlay_ref":"abcd","live_sessions":-1}"#).contains("live_sessions"));
+        assert!(
+            bad(r#"{"overlay_ref":"abcd","heartbeat_at":"yesterday"}"#).contains("heartbeat_at")
+        );
+        assert!(bad(r#"{"overlay_ref":"abcd"} trailing"#).contains("trailing"));
+    }
+}

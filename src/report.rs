@@ -1,0 +1,113 @@
+//! Rendering a `FleetReport` for people (a table) and programs (JSON).
+//!
+//! Owns presentation only; it must never compute a status or a count that the
+//! sweep did not already decide.
+
+use std::fmt::Write as _;
+
+use crate::model::MachineStatus;
+use crate::sweep::FleetReport;
+
+/// The `check --output json` document.
+pub fn to_json(report: &FleetReport) -> String {
+    // Serializing plain structs of strings and numbers cannot fail.
+    serde_json::to_string_pretty(report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// A readable table: one row per machine, then one coherence line per app.
+pub fn to_table(report: &FleetReport) -> String {
+    let headers = [
+        "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
+        "STATUS", "DETAIL",
+    ];
+    let dash = || "-".to_string();
+    let rows: Vec<[String; 12]> = report
+        .machines
+        .iter()
+        .map(|m| {
+            [
+                m.app.clone(),
+                m.machine_id.clone(),
+                m.name.clone(),
+                m.region.clone(),
+                m.pool.clone(),
+                m.reported_ref
+                    .as_deref()
+                    .map(|r| r.chars().take(12).collect())
+                    .unwrap_or_else(dash),
+                m.commits_behind.map(|n| n.to_string()).unwrap_or_else(dash),
+                m.commits_ahead.map(|n| n.to_string()).unwrap_or_else(dash),
+                m.severity.map(|s| s.to_string()).unwrap_or_else(dash),
+                m.action.map(|a| a.to_string()).unwrap_or_else(dash),
+                if m.status == MachineStatus::NotRunning {
+                    format!("not_running ({})", m.state)
+                } else {
+                    m.status.to_string()
+                },
+                m.detail.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let mut widths = headers.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row.iter()) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "release tip: {} @ {}",
+        report.tip.branch, report.tip.commit
+    );
+    let line = |out: &mut String, cells: &[&str]| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths.iter()).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                let _ = write!(s, "{cell:<w$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", s.trim_end());
+    };
+    line(&mut out, &headers);
+    for row in &rows {
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        line(&mut out, &cells);
+    }
+    out.push('\n');
+    for app in &report.apps {
+        let mut problems = Vec::new();
+        for status in MachineStatus::ALL {
+            if matches!(status, MachineStatus::OnTip) {
+                continue;
+            }
+            let n = report.count(Some(&app.name), status);
+            if n > 0 {
+                problems.push(format!("{n} {status}"));
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{}: {}/{} started machines on tip, coherence {:.1}%{}",
+            app.name,
+            app.on_tip,
+            app.machines,
+            app.coherence * 100.0,
+            if problems.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", problems.join(", "))
+            }
+        );
+    }
+    let started: usize = report.apps.iter().map(|a| a.machines).sum();
+    let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
+    let _ = writeln!(
+        out,
+        "fleet: {on_tip}/{started} started machines on tip, coherence {:.1}%",
+        report.coherence * 100.0
+    );
+    out
+}

@@ -1,0 +1,579 @@
+//! Handlers for the simulated Fly Machines API (`/v1/apps/{app}/machines/...`).
+//!
+//! Shapes follow the OpenAPI `Machine`, `WaitMachineResponse` and
+//! `ErrorResponse` schemas; leases use the envelope the real API answers with
+//! (DESIGN §3), not the spec's flat `Lease`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::DateTime;
+use chrono::Utc;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+
+use super::http::{ApiError, lease_nonce, parse_json, parse_optional_json};
+use super::state::{
+    Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, Shared, Step, add,
+    new_nonce, rfc3339, schedule,
+};
+
+type SharedState = State<Arc<Shared>>;
+type QueryMap = Query<HashMap<String, String>>;
+
+/// TTL when the request names none; flyctl uses 13 s, Fly's own default is longer.
+const DEFAULT_LEASE_TTL_SECS: u64 = 30;
+/// `wait` timeout when the request names none (seconds), as on Fly.
+const DEFAULT_WAIT_TIMEOUT_SECS: u64 = 60;
+/// States `wait?state=` accepts on Fly.
+const WAIT_STATES: [&str; 4] = ["started", "stopped", "suspended", "destroyed"];
+
+#[derive(Serialize)]
+struct MachineJson<'a> {
+    id: &'a str,
+    name: &'a str,
+    state: &'a str,
+    region: &'a str,
+    instance_id: &'a str,
+    private_ip: &'a str,
+    created_at: String,
+    updated_at: String,
+    host_status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<ConfigJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct ConfigJson<'a> {
+    image: &'a str,
+    metadata: &'a BTreeMap<String, String>,
+}
+
+impl MachineState {
+    /// `summary` drops `config` (and with it metadata), as the real API does.
+    fn json(&self, summary: bool) -> MachineJson<'_> {
+        MachineJson {
+            id: &self.id,
+            name: &self.name,
+            state: &self.state,
+            region: &self.region,
+            instance_id: &self.instance_id,
+            private_ip: &self.private_ip,
+            created_at: rfc3339(self.created_at),
+            updated_at: rfc3339(self.updated_at),
+            host_status: "ok",
+            config: (!summary).then_some(ConfigJson {
+                image: &self.image,
+                metadata: &self.metadata,
+            }),
+        }
+    }
+}
+
+fn ok_json() -> Response {
+    Json(serde_json::json!({ "ok": true })).into_response()
+}
+
+fn is_true(v: &str) -> bool {
+    v.eq_ignore_ascii_case("true") || v == "1"
+}
+
+/// Splits a comma-separated filter; absent or empty means "no filter".
+fn filter_list(q: &HashMap<String, String>, key: &str) -> Option<Vec<String>> {
+    let values: Vec<String> = q
+        .get(key)?
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    (!values.is_empty()).then_some(values)
+}
+
+pub(crate) async fn list_machines(
+    State(shared): SharedState,
+    Path(app): Path<String>,
+    Query(q): QueryMap,
+) -> Result<Response, ApiError> {
+    let summary = q.get("summary").is_some_and(|v| is_true(v));
+    let states = filter_list(&q, "state");
+    let regions = filter_list(&q, "region");
+    let world = shared.lock();
+    let ids = world.apps.get(&app).ok_or_else(ApiError::app_not_found)?;
+    let machines: Vec<MachineJson<'_>> = ids
+        .iter()
+        .filter_map(|id| world.machines.get(id))
+        .filter(|m| states.as_ref().is_none_or(|s| s.contains(&m.state)))
+        .filter(|m| regions.as_ref().is_none_or(|r| r.contains(&m.region)))
+        .map(|m| m.json(summary))
+        .collect();
+    Ok(Json(machines).into_response())
+}
+
+pub(crate) async fn get_machine(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let world = shared.lock();
+    let m = world.machine(&app, &id)?;
+    Ok(Json(m.json(false)).into_response())
+}
+
+/// What a mutating handler's closure gets besides the machine.
+struct Ctx {
+    now: DateTime<Utc>,
+    restart_delay: Duration,
+}
+
+/// Locks, finds the machine, enforces its lease, applies `f`, and wakes
+/// long-polls. Every mutating route goes through here, so none can forget the
+/// lease check.
+fn mutate<T>(
+    shared: &Shared,
+    app: &str,
+    id: &str,
+    headers: &HeaderMap,
+    f: impl FnOnce(&mut MachineState, &Ctx) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let result = {
+        let mut world = shared.lock();
+        let ctx = Ctx {
+            now: world.now(),
+            restart_delay: world.restart_delay,
+        };
+        let m = world.machine_mut(app, id)?;
+        m.check_lease(lease_nonce(headers), ctx.now)?;
+        f(m, &ctx)?
+    };
+    shared.notify();
+    Ok(result)
+}
+
+#[derive(Deserialize, Default)]
+struct UpdateMachineRequest {
+    config: Option<UpdateConfig>,
+    #[serde(default)]
+    current_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UpdateConfig {
+    image: Option<String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+}
+
+/// `POST …/{id}`: replaces the config wholesale — as on Fly, metadata missing
+/// from the new config is gone — and replaces a running machine, whose agent
+/// comes back on the release tip.
+pub(crate) async fn update_machine(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: UpdateMachineRequest = parse_json(&body)?;
+    let config = request
+        .config
+        .ok_or_else(|| ApiError::bad_request("config is required"))?;
+    let (response, scheduled) = mutate(&shared, &app, &id, &headers, |m, ctx| {
+        if let Some(version) = request.current_version.filter(|v| !v.is_empty()) {
+            if version != m.instance_id {
+                return Err(ApiError::precondition(format!(
+                    "machine version {version} is not the current version {}",
+                    m.instance_id
+                )));
+            }
+        }
+        if let Some(image) = config.image {
+            m.image = image;
+        }
+        m.metadata = config.metadata;
+        m.bump_version(ctx.now);
+        let scheduled = if m.state == STARTED {
+            Some((m.transition(REPLACING, ctx.now), ctx.restart_delay))
+        } else {
+            None
+        };
+        Ok((Json(m.json(false)).into_response(), scheduled))
+    })?;
+    if let Some((generation, delay)) = scheduled {
+        schedule(&shared, id, generation, vec![(delay, Step::Boot)]);
+    }
+    Ok(response)
+}
+
+/// `POST …/restart`: `stopping` → `starting` → `started` over the restart
+/// delay; the agent comes back on the release tip current at that moment.
+pub(crate) async fn restart(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (generation, delay) = mutate(&shared, &app, &id, &headers, |m, ctx| {
+        if m.state != STARTED {
+            return Err(ApiError::precondition(format!(
+                "failed_precondition: unable to restart machine {}: not currently started (state {})",
+                m.id, m.state
+            )));
+        }
+        m.restart_count += 1;
+        Ok((m.transition(STOPPING, ctx.now), ctx.restart_delay))
+    })?;
+    let half = delay / 2;
+    let steps = vec![(half, Step::State(STARTING)), (delay - half, Step::Boot)];
+    schedule(&shared, id, generation, steps);
+    Ok(ok_json())
+}
+
+/// `POST …/stop`: `stopping` → `stopped`. Stopping a stopped machine is a no-op.
+pub(crate) async fn stop(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    // The body (`signal`, `timeout`) only has to be JSON: the sim stops the same way for every signal.
+    let _: IgnoredAny = parse_optional_json(&body)?;
+    let scheduled = mutate(&shared, &app, &id, &headers, |m, ctx| {
+        if m.state == STOPPED {
+            return Ok(None);
+        }
+        Ok(Some((
+            m.transition(STOPPING, ctx.now),
+            ctx.restart_delay / 2,
+        )))
+    })?;
+    if let Some((generation, delay)) = scheduled {
+        schedule(&shared, id, generation, vec![(delay, Step::State(STOPPED))]);
+    }
+    Ok(ok_json())
+}
+
+/// `POST …/start`: `starting` → `started` (the agent loads the release tip).
+/// Starting a started or starting machine is a no-op; a machine on its way
+/// down answers 412.
+pub(crate) async fn start(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (previous, scheduled) = mutate(&shared, &app, &id, &headers, |m, ctx| {
+        let previous = m.state.clone();
+        match previous.as_str() {
+            STARTED | STARTING => Ok((previous, None)),
+            STOPPED | "suspended" => Ok((
+                previous,
+                Some((m.transition(STARTING, ctx.now), ctx.restart_delay / 2)),
+            )),
+            other => Err(ApiError::precondition(format!(
+                "failed_precondition: unable to start machine {} from state {other}",
+                m.id
+            ))),
+        }
+    })?;
+    if let Some((generation, delay)) = scheduled {
+        schedule(&shared, id, generation, vec![(delay, Step::Boot)]);
+    }
+    Ok(
+        Json(serde_json::json!({ "previous_state": previous, "migrated": false, "new_host": "" }))
+            .into_response(),
+    )
+}
+
+/// `GET …/wait?state=&timeout=`: long-polls without holding the lock, woken
+/// by every state change; 408 when the deadline passes first.
+pub(crate) async fn wait(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    Query(q): QueryMap,
+) -> Result<Response, ApiError> {
+    let target = q.get("state").map_or("started", String::as_str);
+    if !WAIT_STATES.contains(&target) {
+        return Err(ApiError::bad_request(format!(
+            "invalid state {target:?}: expected one of {}",
+            WAIT_STATES.join(", ")
+        )));
+    }
+    let timeout_secs = match q.get("timeout") {
+        None => DEFAULT_WAIT_TIMEOUT_SECS,
+        Some(t) => t.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeout {t:?}: expected seconds"))
+        })?,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout_secs);
+    // Subscribe before checking, so a change between the check and the wait is not lost.
+    let mut changes = shared.subscribe();
+    loop {
+        {
+            let world = shared.lock();
+            let m = world.machine(&app, &id)?;
+            if m.state == target {
+                let body =
+                    serde_json::json!({ "ok": true, "state": m.state, "version": m.instance_id });
+                return Ok(Json(body).into_response());
+            }
+        }
+        tokio::select! {
+            _ = shared.cancel.cancelled() => return Err(ApiError::unavailable("simulator shutting down")),
+            changed = tokio::time::timeout_at(deadline, changes.changed()) => match changed {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return Err(ApiError::unavailable("simulator shutting down")),
+                Err(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!("deadline_exceeded: machine {id} did not reach state {target} within {timeout_secs}s"),
+                    ));
+                }
+            },
+        }
+    }
+}
+
+pub(crate) async fn cordon(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    mutate(&shared, &app, &id, &headers, |m, _| {
+        m.cordoned = true;
+        Ok(())
+    })?;
+    Ok(ok_json())
+}
+
+pub(crate) async fn uncordon(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    mutate(&shared, &app, &id, &headers, |m, _| {
+        m.cordoned = false;
+        Ok(())
+    })?;
+    Ok(ok_json())
+}
+
+#[derive(Deserialize, Default)]
+struct LeaseRequest {
+    ttl: Option<u64>,
+    description: Option<String>,
+}
+
+#[derive(Serialize)]
+struct LeaseEnvelope<'a> {
+    status: &'static str,
+    data: LeaseData<'a>,
+}
+
+#[derive(Serialize)]
+struct LeaseData<'a> {
+    nonce: &'a str,
+    expires_at: i64,
+    owner: &'a str,
+    description: &'a str,
+    version: &'a str,
+}
+
+fn lease_response(status: StatusCode, lease: &Lease) -> Response {
+    let envelope = LeaseEnvelope {
+        status: "success",
+        data: LeaseData {
+            nonce: &lease.nonce,
+            expires_at: lease.expires_at.timestamp(),
+            owner: &lease.owner,
+            description: &lease.description,
+            version: &lease.version,
+        },
+    };
+    (status, Json(envelope)).into_response()
+}
+
+/// `POST …/lease`: acquire (201), refresh with the held nonce (201, same
+/// nonce, later expiry), or 409 while someone else holds it.
+pub(crate) async fn acquire_lease(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    Query(q): QueryMap,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: LeaseRequest = parse_optional_json(&body)?;
+    let query_ttl = q
+        .get("ttl")
+        .map(|t| t.parse::<u64>())
+        .transpose()
+        .map_err(|_| ApiError::bad_request("invalid ttl: expected seconds"))?;
+    let ttl = request
+        .ttl
+        .or(query_ttl)
+        .filter(|t| *t > 0)
+        .unwrap_or(DEFAULT_LEASE_TTL_SECS);
+    let nonce = lease_nonce(&headers);
+
+    let mut world = shared.lock();
+    let now = world.now();
+    let owner = world.lease_owner.clone();
+    let m = world.machine_mut(&app, &id)?;
+    let expires_at = add(now, Duration::from_secs(ttl));
+    let refresh = match m.active_lease(now) {
+        Some(lease) if nonce == Some(lease.nonce.as_str()) => true,
+        Some(lease) => return Err(ApiError::lease_held(&m.id, lease)),
+        None => false,
+    };
+    let version = m.instance_id.clone();
+    let lease = match (&mut m.lease, refresh) {
+        (Some(lease), true) => {
+            lease.expires_at = expires_at;
+            lease.version = version;
+            if let Some(description) = request.description {
+                lease.description = description;
+            }
+            lease
+        }
+        (slot, _) => slot.insert(Lease {
+            nonce: new_nonce(),
+            owner,
+            description: request.description.unwrap_or_default(),
+            expires_at,
+            version,
+        }),
+    };
+    Ok(lease_response(StatusCode::CREATED, lease))
+}
+
+pub(crate) async fn get_lease(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let world = shared.lock();
+    let now = world.now();
+    let m = world.machine(&app, &id)?;
+    let lease = m
+        .active_lease(now)
+        .ok_or_else(|| ApiError::not_found("lease not found"))?;
+    Ok(lease_response(StatusCode::OK, lease))
+}
+
+/// `DELETE …/lease`: only with the holder's nonce; never clears another's lease.
+pub(crate) async fn release_lease(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let mut world = shared.lock();
+    let now = world.now();
+    let m = world.machine_mut(&app, &id)?;
+    let lease = m
+        .active_lease(now)
+        .ok_or_else(|| ApiError::not_found("lease not found"))?;
+    if lease_nonce(&headers) != Some(lease.nonce.as_str()) {
+        return Err(ApiError::lease_held(&m.id, lease));
+    }
+    m.lease = None;
+    Ok(Json(serde_json::json!({ "status": "success" })).into_response())
+}
+
+pub(crate) async fn get_metadata(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let world = shared.lock();
+    let m = world.machine(&app, &id)?;
+    Ok(Json(&m.metadata).into_response())
+}
+
+pub(crate) async fn get_metadata_key(
+    State(shared): SharedState,
+    Path((app, id, key)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let world = shared.lock();
+    let m = world.machine(&app, &id)?;
+    let value = m
+        .metadata
+        .get(&key)
+        .ok_or_else(|| ApiError::not_found(format!("metadata key not found: {key}")))?;
+    Ok(Json(serde_json::json!({ "value": value })).into_response())
+}
+
+#[derive(Deserialize)]
+struct UpsertValue {
+    value: Option<String>,
+}
+
+pub(crate) async fn set_metadata_key(
+    State(shared): SharedState,
+    Path((app, id, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: UpsertValue = parse_json(&body)?;
+    let value = request
+        .value
+        .ok_or_else(|| ApiError::bad_request("value is required"))?;
+    mutate(&shared, &app, &id, &headers, |m, ctx| {
+        m.metadata.insert(key, value);
+        m.bump_version(ctx.now);
+        Ok(())
+    })?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(crate) async fn delete_metadata_key(
+    State(shared): SharedState,
+    Path((app, id, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    mutate(&shared, &app, &id, &headers, |m, ctx| {
+        m.metadata.remove(&key);
+        m.bump_version(ctx.now);
+        Ok(())
+    })?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+struct UpdateMetadata {
+    metadata: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default)]
+    machine_version: Option<String>,
+}
+
+/// `PATCH`/`PUT …/metadata`: merge; `null` or `""` removes a key. With a
+/// `machine_version` other than the current one: 412, nothing written.
+pub(crate) async fn update_metadata(
+    State(shared): SharedState,
+    Path((app, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: UpdateMetadata = parse_json(&body)?;
+    let changes = request
+        .metadata
+        .ok_or_else(|| ApiError::bad_request("metadata is required"))?;
+    mutate(&shared, &app, &id, &headers, |m, ctx| {
+        if let Some(version) = request.machine_version.filter(|v| !v.is_empty()) {
+            if version != m.instance_id {
+                return Err(ApiError::precondition(format!(
+                    "failed_precondition: machine_version {version} is stale; current version is {}",
+                    m.instance_id
+                )));
+            }
+        }
+        for (key, value) in changes {
+            match value.filter(|v| !v.is_empty()) {
+                Some(value) => m.metadata.insert(key, value),
+                None => m.metadata.remove(&key),
+            };
+        }
+        m.bump_version(ctx.now);
+        Ok(())
+    })?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,438 @@
+//! The simulator's HTTP surface: routes, the front door (recording, auth,
+//! injected faults, rate limit) and the JSON error shape.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::{Body, Bytes, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::state::{
+    InjectedFailure, Lease, MAX_RECORDED_REQUESTS, MachineState, Shared, World, rfc3339,
+};
+use super::view::{Credential, RecordedRequest, RequestTarget};
+use super::{agent, fly_api};
+
+/// Header carrying the lease nonce on Fly API calls.
+pub(crate) const NONCE_HEADER: &str = "fly-machine-lease-nonce";
+/// Request bodies beyond this are refused (413); nothing the daemon sends comes close.
+const MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// How much of each request body the log keeps.
+const RECORDED_BODY_BYTES: usize = 4096;
+
+/// An error answered as `{"error": "..."}`, the Fly API's `ErrorResponse` shape.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// An arbitrary numeric status (injected faults, agent `HttpError`); 500 if invalid.
+    pub(crate) fn with_code(code: u16, message: impl Into<String>) -> ApiError {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError::new(status, message)
+    }
+
+    pub(crate) fn retry_after(mut self, secs: Option<u64>) -> ApiError {
+        self.retry_after = secs;
+        self
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub(crate) fn app_not_found() -> ApiError {
+        ApiError::not_found("app not found")
+    }
+
+    pub(crate) fn machine_not_found(id: &str) -> ApiError {
+        ApiError::not_found(format!("machine not found: {id}"))
+    }
+
+    pub(crate) fn precondition(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PRECONDITION_FAILED, message)
+    }
+
+    pub(crate) fn lease_held(machine_id: &str, lease: &Lease) -> ApiError {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "aborted: machine ID {machine_id} lease currently held by {}, expires at {}",
+                lease.owner,
+                rfc3339(lease.expires_at)
+            ),
+        )
+    }
+
+    pub(crate) fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            Json(ErrorBody {
+                error: &self.message,
+            }),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Parses a required JSON body, answering 400 (not axum's plain-text rejection) when it is bad.
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Like [`parse_json`], but an empty body means `T::default()`.
+pub(crate) fn parse_optional_json<T: DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        parse_json(body)
+    }
+}
+
+pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+pub(crate) fn lease_nonce(headers: &HeaderMap) -> Option<&str> {
+    header_str(headers, NONCE_HEADER).filter(|n| !n.is_empty())
+}
+
+/// Splits `Scheme credentials`, matching the scheme case-insensitively.
+fn credentials<'a>(authorization: &'a str, scheme: &str) -> Option<&'a str> {
+    let (s, rest) = authorization.trim().split_once(' ')?;
+    s.eq_ignore_ascii_case(scheme).then(|| rest.trim())
+}
+
+/// `Bearer <token>` or `FlyV1 <token>` with the fleet token. A configured
+/// token that itself starts with `FlyV1 ` (how `fly tokens create` prints
+/// macaroons) is compared without that prefix.
+pub(crate) fn fly_token_matches(configured: &str, authorization: &str) -> bool {
+    let configured = credentials(configured, "FlyV1").unwrap_or(configured.trim());
+    let presented =
+        credentials(authorization, "Bearer").or_else(|| credentials(authorization, "FlyV1"));
+    !configured.is_empty() && presented == Some(configured)
+}
+
+/// The agent's cooperative endpoints take `Bearer <agent_token>` when one is set.
+pub(crate) fn agent_token_matches(m: &MachineState, authorization: Option<&str>) -> bool {
+    match &m.agent.agent_token {
+        None => true,
+        Some(token) => authorization.and_then(|a| credentials(a, "Bearer")) == Some(token.as_str()),
+    }
+}
+
+/// What a path addresses, for the log and the rate limit.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) target: Option<RequestTarget>,
+    pub(crate) app: Option<String>,
+    pub(crate) machine_id: Option<String>,
+    pub(crate) action: Option<String>,
+}
+
+pub(crate) fn classify_path(path: &str) -> Route {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let owned = |s: &&str| s.to_string();
+    match segments.as_slice() {
+        ["v1", rest @ ..] => {
+            let mut route = Route {
+                target: Some(RequestTarget::FlyApi),
+                ..Route::default()
+            };
+            if let ["apps", app, more @ ..] = rest {
+                route.app = Some(app.to_string());
+                if let ["machines", id, action @ ..] = more {
+                    route.machine_id = Some(id.to_string());
+                    route.action =
+                        Some(action.first().map_or_else(|| "machine".to_string(), owned));
+                }
+            }
+            route
+        }
+        ["agents", id, action @ ..] => Route {
+            target: Some(RequestTarget::Agent),
+            app: None,
+            machine_id: Some(id.to_string()),
+            action: (!action.is_empty()).then(|| action.join("/")),
+        },
+        _ => Route {
+            target: Some(RequestTarget::Other),
+            ..Route::default()
+        },
+    }
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let machine = "/v1/apps/{app}/machines/{id}";
+    Router::new()
+        .route("/v1/apps/{app}/machines", get(fly_api::list_machines))
+        .route(
+            machine,
+            get(fly_api::get_machine).post(fly_api::update_machine),
+        )
+        .route(&format!("{machine}/restart"), post(fly_api::restart))
+        .route(&format!("{machine}/stop"), post(fly_api::stop))
+        .route(&format!("{machine}/start"), post(fly_api::start))
+        .route(&format!("{machine}/wait"), get(fly_api::wait))
+        .route(&format!("{machine}/cordon"), post(fly_api::cordon))
+        .route(&format!("{machine}/uncordon"), post(fly_api::uncordon))
+        .route(
+            &format!("{machine}/lease"),
+            get(fly_api::get_lease)
+                .post(fly_api::acquire_lease)
+                .delete(fly_api::release_lease),
+        )
+        .route(
+            &format!("{machine}/metadata"),
+            get(fly_api::get_metadata)
+                .patch(fly_api::update_metadata)
+                .put(fly_api::update_metadata),
+        )
+        .route(
+            &format!("{machine}/metadata/{{key}}"),
+            get(fly_api::get_metadata_key)
+                .post(fly_api::set_metadata_key)
+                .delete(fly_api::delete_metadata_key),
+        )
+        .route("/agents/{id}/health", get(agent::health))
+        .route("/agents/{id}/overlay/drain", post(agent::drain))
+        .route("/agents/{id}/overlay/undrain", post(agent::undrain))
+        .route("/agents/{id}/overlay/reload", post(agent::reload))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            front_door,
+        ))
+        .with_state(shared)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("not found")
+}
+
+/// Records every request, then, for the Fly API only: authenticates, serves
+/// injected faults and applies the rate limit, in that order (a request with a
+/// bad token must not consume a fault a retry test queued).
+async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(body) = to_bytes(body, MAX_REQUEST_BODY).await else {
+        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
+            .into_response();
+    };
+    let route = classify_path(parts.uri.path());
+    let authorization = header_str(&parts.headers, header::AUTHORIZATION.as_str());
+
+    let (seq, early) = {
+        let mut world = shared.lock();
+        let (credential, authorized) =
+            authenticate(&world, &route, parts.method.as_str(), authorization);
+        let seq = world.next_seq;
+        world.next_seq += 1;
+        if world.record_requests {
+            let record = RecordedRequest {
+                seq,
+                at: world.now(),
+                target: route.target.unwrap_or(RequestTarget::Other),
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_string(),
+                query: parts.uri.query().map(str::to_string),
+                app: route.app.clone(),
+                machine_id: route.machine_id.clone(),
+                action: route.action.clone(),
+                credential,
+                authorized,
+                lease_nonce: header_str(&parts.headers, NONCE_HEADER).map(str::to_string),
+                body: recorded_body(&body),
+                status: None,
+            };
+            if world.requests.len() >= MAX_RECORDED_REQUESTS {
+                world.requests.pop_front();
+            }
+            world.requests.push_back(record);
+        }
+        let early = if route.target == Some(RequestTarget::FlyApi) {
+            fly_gate(&mut world, &route, parts.method.as_str(), authorized)
+        } else {
+            None
+        };
+        (seq, early)
+    };
+
+    let response = match early {
+        Some(error) => error.into_response(),
+        None => next.run(Request::from_parts(parts, Body::from(body))).await,
+    };
+    let status = response.status().as_u16();
+    let mut world = shared.lock();
+    if let Some(r) = world.requests.iter_mut().rev().find(|r| r.seq == seq) {
+        r.status = Some(status);
+    }
+    response
+}
+
+fn authenticate(
+    world: &World,
+    route: &Route,
+    method: &str,
+    authorization: Option<&str>,
+) -> (Credential, bool) {
+    let machine = route
+        .machine_id
+        .as_deref()
+        .and_then(|id| world.machines.get(id));
+    let credential = match authorization {
+        None => Credential::None,
+        Some(a) if fly_token_matches(&world.token, a) => Credential::FlyToken,
+        Some(a)
+            if machine.is_some_and(|m| {
+                m.agent.agent_token.is_some() && agent_token_matches(m, Some(a))
+            }) =>
+        {
+            Credential::AgentToken
+        }
+        Some(_) => Credential::Other,
+    };
+    let authorized = match route.target {
+        Some(RequestTarget::FlyApi) => credential == Credential::FlyToken,
+        // Health GETs never need a token; cooperative POSTs need the agent's.
+        Some(RequestTarget::Agent) => {
+            method == "GET" || machine.is_none_or(|m| agent_token_matches(m, authorization))
+        }
+        _ => true,
+    };
+    (credential, authorized)
+}
+
+fn fly_gate(world: &mut World, route: &Route, method: &str, authorized: bool) -> Option<ApiError> {
+    if !authorized {
+        return Some(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized: missing or invalid Authorization token",
+        ));
+    }
+    if let Some(InjectedFailure {
+        status,
+        retry_after,
+    }) = world.failures.pop_front()
+    {
+        return Some(ApiError::with_code(status, "injected failure").retry_after(retry_after));
+    }
+    if let (Some(id), Some(action)) = (&route.machine_id, &route.action) {
+        let key = format!("{method} {action}");
+        if let Err(secs) = world.take_rate_token(id, &key) {
+            return Some(
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
+                    .retry_after(Some(secs)),
+            );
+        }
+    }
+    None
+}
+
+fn recorded_body(body: &Bytes) -> String {
+    let end = body.len().min(RECORDED_BODY_BYTES);
+    String::from_utf8_lossy(&body[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_matching_accepts_both_schemes() {
+        assert!(fly_token_matches("tok", "Bearer tok"));
+        assert!(fly_token_matches("tok", "FlyV1 tok"));
+        assert!(fly_token_matches("tok", "bearer tok"));
+        assert!(fly_token_matches("FlyV1 fm2_abc", "FlyV1 fm2_abc"));
+        assert!(fly_token_matches("FlyV1 fm2_abc", "Bearer fm2_abc"));
+        assert!(!fly_token_matches("tok", "Bearer other"));
+        assert!(!fly_token_matches("tok", "tok"));
+        assert!(!fly_token_matches("tok", "Basic tok"));
+        assert!(!fly_token_matches("", "Bearer "));
+    }
+
+    #[test]
+    fn paths_are_classified() {
+        let r = classify_path("/v1/apps/a/machines/m1/metadata/pool");
+        assert_eq!(r.target, Some(RequestTarget::FlyApi));
+        assert_eq!(r.app.as_deref(), Some("a"));
+        assert_eq!(r.machine_id.as_deref(), Some("m1"));
+        assert_eq!(r.action.as_deref(), Some("metadata"));
+
+        let r = classify_path("/v1/apps/a/machines/m1");
+        assert_eq!(r.action.as_deref(), Some("machine"));
+
+        let r = classify_path("/v1/apps/a/machines");
+        assert_eq!(r.machine_id, None);
+
+        let r = classify_path("/agents/m1/overlay/drain");
+        assert_eq!(r.target, Some(RequestTarget::Agent));
+        assert_eq!(r.action.as_deref(), Some("overlay/drain"));
+
+        assert_eq!(classify_path("/metrics").target, Some(RequestTarget::Other));
+    }
+
+    #[test]
+    fn optional_json_accepts_empty_and_rejects_garbage() {
+        #[derive(serde::Deserialize, Default)]
+        struct T {
+            ttl: Option<u64>,
+        }
+        assert_eq!(
+            parse_optional_json::<T>(b"").ok().map(|t| t.ttl),
+            Some(None)
+        );
+        assert_eq!(
+            parse_optional_json::<T>(b" \n").ok().map(|t| t.ttl),
+            Some(None)
+        );
+        let parsed = parse_optional_json::<T>(b"{\"ttl\": 5}")
+            .ok()
+            .map(|t| t.ttl);
+        assert_eq!(parsed, Some(Some(5)));
+        let err = parse_optional_json::<T>(b"{nope").err().map(|e| e.status);
+        assert_eq!(err, Some(StatusCode::BAD_REQUEST));
+    }
+}

@@ -1,0 +1,332 @@
+//! Simulated Fly Machines API and agent fleet, for `demo`, tests and benchmarks.
+//!
+//! [`Sim::start`] serves, on `127.0.0.1:0`, real HTTP that stands in for two
+//! things the daemon talks to:
+//!
+//! - the Fly Machines API under `/v1` (list, get, update, restart, stop,
+//!   start, wait, cordon, uncordon, leases, metadata), with the shapes of the
+//!   official OpenAPI spec and the real lease envelope of DESIGN §3;
+//! - one agent per machine under `/agents/{machine_id}/` (`health`, and
+//!   `overlay/drain|undrain|reload` for agents that advertise them), per the
+//!   agent contract of DESIGN §4, including the misbehaviours in [`Behaviour`].
+//!
+//! The daemon's safety (never restart live work, never act without its lease,
+//! never steal a lease, fail closed on bad reports) is tested against this
+//! server, so it must be faithful where the daemon depends on Fly's semantics:
+//! every mutating call on a leased machine needs the lease nonce, an expired
+//! lease counts as absent, `summary=true` drops metadata, `wait` answers 408,
+//! a restarted agent comes back on the release tip with no work and no fence.
+//!
+//! What it must never do: be used by a production code path (only tests,
+//! benchmarks and the `demo` command start it), listen anywhere but loopback,
+//! or reach the network. It holds no real credentials; the token is whatever
+//! the fixture says.
+//!
+//! # Semantics the sim had to choose
+//!
+//! - **Machine version.** The instance id doubles as the machine version that
+//!   `PATCH …/metadata` compares `machine_version` with, and every metadata
+//!   write (and update) gives the machine a new instance id, so
+//!   compare-and-set has something to compare. Restart and start keep it.
+//! - **Unreachable agents.** The health endpoint of a machine that is not
+//!   `started` answers 503 (on Fly its private DNS name would not resolve).
+//!   Unknown machine ids answer 404.
+//! - **Restart** of a machine that is not `started` answers 412. It takes
+//!   `restart_delay` (`stopping`, then `starting`, then `started`); stop and
+//!   start take half of it. `restart_count` counts restarts when accepted.
+//!   On every boot the agent loads the release tip current at that moment, is
+//!   idle with no sessions, no fence, no last input, behaviour `Normal`;
+//!   cordon, metadata and lease are Fly's and survive.
+//! - **Leases.** The owner is the fleet's `lease_owner` for every token
+//!   request; TTL from the body, else `?ttl=`, else 30 s. `GET …/lease` shows
+//!   the nonce (as flyctl's `leases view` does): a daemon must never use a
+//!   nonce it did not acquire, which tests can check in [`Sim::requests`].
+//!   Re-acquiring with a stale nonce when no lease is held takes a new lease.
+//!   A nonce header on an unleased machine is ignored.
+//! - **Injected faults** ([`Sim::fail_next`]) and the optional rate limit apply
+//!   to authenticated Fly API requests only, after the token check.
+//! - **Hang** and **HttpError** agents misbehave on the cooperative endpoints
+//!   too; the other behaviours affect only the health report. Undrain with a
+//!   different rotation tag than the fence's answers 409.
+//! - **Clock.** Lease expiry, busy periods and report timestamps use the sim
+//!   clock (wall clock plus [`Sim::advance_clock`]); delays (restart, reload,
+//!   `wait` deadlines, rate-limit refill) use tokio time, so paused-time tests
+//!   drive them with `tokio::time::advance`.
+//!
+//! Layout: `fixture` (what a test describes), `state` (the world behind one
+//! mutex, never held across `.await`), `http` (routes, the recording/auth
+//! front door, errors), `fly_api` and `agent` (handlers), `view` (snapshots).
+
+mod agent;
+mod fixture;
+mod fly_api;
+mod http;
+mod state;
+mod view;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub use fixture::{
+    Behaviour, CAP_DRAIN, CAP_RELOAD, DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN,
+    NON_HEX_REF, RateLimit, SimApp, SimFleet, SimMachine,
+};
+pub use view::{Credential, LeaseView, RecordedRequest, RequestTarget, SimMachineView};
+
+use state::{InjectedFailure, Lease, Shared, World, add, new_nonce, resolve_behaviour};
+
+/// How long [`Sim::shutdown`] lets in-flight requests finish before cutting them off.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A running simulator. Dropping it stops the server (abruptly);
+/// [`Sim::shutdown`] stops it gracefully.
+pub struct Sim {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sim {
+    /// Binds `127.0.0.1:0` and serves `fleet` until shutdown. Must run inside
+    /// a tokio runtime. Fails on duplicate app names or machine ids.
+    pub async fn start(fleet: SimFleet) -> io::Result<Sim> {
+        let world = World::from_fleet(fleet)?;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(world));
+        let app = http::router(Arc::clone(&shared));
+        let cancel = shared.cancel.clone();
+        let server = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(cancel.cancelled_owned())
+                .await;
+            if let Err(error) = served {
+                tracing::warn!(%error, "simulated fleet server stopped with an error");
+            }
+        });
+        tracing::debug!(%addr, "simulated fleet listening");
+        Ok(Sim {
+            addr,
+            shared,
+            server: Some(server),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL of the Fly API stand-in, without `/v1` (clients append it).
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Health URL template for the daemon's app config.
+    pub fn health_url_template(&self) -> String {
+        format!("http://{}/agents/{{machine_id}}/health", self.addr)
+    }
+
+    /// Health URL of one machine's agent.
+    pub fn health_url(&self, machine_id: &str) -> String {
+        format!("http://{}/agents/{machine_id}/health", self.addr)
+    }
+
+    /// The Fly token the simulator accepts.
+    pub fn token(&self) -> String {
+        self.shared.lock().token.clone()
+    }
+
+    /// The commit agents load when their machine next boots.
+    pub fn release_tip(&self) -> String {
+        self.shared.lock().release_tip.clone()
+    }
+
+    pub fn set_release_tip(&self, commit: &str) {
+        self.shared.lock().release_tip = commit.to_string();
+    }
+
+    /// The sim clock (wall clock plus any [`Sim::advance_clock`]).
+    pub fn now(&self) -> DateTime<Utc> {
+        self.shared.lock().now()
+    }
+
+    /// Moves the sim clock forward: leases expire and busy periods end without
+    /// sleeping. Does not fire delayed transitions (those run on tokio time).
+    pub fn advance_clock(&self, by: Duration) {
+        let mut world = self.shared.lock();
+        let by = TimeDelta::from_std(by).unwrap_or(TimeDelta::MAX);
+        world.clock_offset = world
+            .clock_offset
+            .checked_add(&by)
+            .unwrap_or(TimeDelta::MAX);
+    }
+
+    /// Machine ids of `app` in fixture order (empty for an unknown app).
+    pub fn machine_ids(&self, app: &str) -> Vec<String> {
+        self.shared
+            .lock()
+            .apps
+            .get(app)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn machine(&self, machine_id: &str) -> Option<SimMachineView> {
+        let world = self.shared.lock();
+        let now = world.now();
+        world.machines.get(machine_id).map(|m| m.view(now))
+    }
+
+    /// Applies `f` to a machine's state; `false` if the machine is unknown.
+    fn with_machine(
+        &self,
+        machine_id: &str,
+        f: impl FnOnce(&mut state::MachineState, DateTime<Utc>),
+    ) -> bool {
+        let found = {
+            let mut world = self.shared.lock();
+            let now = world.now();
+            world
+                .machines
+                .get_mut(machine_id)
+                .map(|m| f(m, now))
+                .is_some()
+        };
+        self.shared.notify();
+        found
+    }
+
+    /// Changes how the agent answers; `BusyFor` is measured from now.
+    pub fn set_behaviour(&self, machine_id: &str, behaviour: Behaviour) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            m.agent.behaviour = resolve_behaviour(behaviour, now);
+        })
+    }
+
+    /// Changes the ref the agent has loaded (as if it had been reloaded out of band).
+    pub fn set_loaded_ref(&self, machine_id: &str, commit: &str) -> bool {
+        self.with_machine(machine_id, |m, _| m.agent.loaded_ref = commit.to_string())
+    }
+
+    /// Sessions the agent reports while not busy.
+    pub fn set_live_sessions(&self, machine_id: &str, sessions: u32) -> bool {
+        self.with_machine(machine_id, |m, _| m.agent.live_sessions = sessions)
+    }
+
+    pub fn set_last_input_at(&self, machine_id: &str, at: Option<DateTime<Utc>>) -> bool {
+        self.with_machine(machine_id, |m, _| m.agent.last_input_at = at)
+    }
+
+    pub fn set_capabilities(&self, machine_id: &str, capabilities: &[&str]) -> bool {
+        self.with_machine(machine_id, |m, _| {
+            m.agent.capabilities = capabilities.iter().map(|c| c.to_string()).collect();
+        })
+    }
+
+    /// Forces a Fly state (e.g. `stopped` after a crash) without booting the
+    /// agent, and cancels any transition in progress.
+    pub fn set_state(&self, machine_id: &str, state: &str) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            m.transition(state, now);
+        })
+    }
+
+    /// Writes a metadata key out of band (as an operator's `fly` command would),
+    /// giving the machine a new version; no lease needed.
+    pub fn set_metadata(&self, machine_id: &str, key: &str, value: &str) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            m.metadata.insert(key.to_string(), value.to_string());
+            m.bump_version(now);
+        })
+    }
+
+    /// Every request received so far, in arrival order (the newest 50 000).
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.lock().requests.iter().cloned().collect()
+    }
+
+    pub fn clear_requests(&self) {
+        self.shared.lock().requests.clear();
+    }
+
+    /// The next `n` authenticated Fly API requests answer `status` (with
+    /// `Retry-After: <secs>` if given) without taking effect. Queues behind
+    /// faults already pending.
+    pub fn fail_next(&self, n: usize, status: u16, retry_after: Option<u64>) {
+        let mut world = self.shared.lock();
+        let failure = InjectedFailure {
+            status,
+            retry_after,
+        };
+        world.failures.extend(std::iter::repeat_n(failure, n));
+    }
+
+    /// Injected faults not yet served.
+    pub fn pending_failures(&self) -> usize {
+        self.shared.lock().failures.len()
+    }
+
+    pub fn set_rate_limit(&self, limit: Option<RateLimit>) {
+        let mut world = self.shared.lock();
+        world.rate_limit = limit;
+        world.buckets.clear();
+    }
+
+    /// Plants a lease held by another actor, replacing any lease; returns its
+    /// nonce, or `None` for an unknown machine.
+    pub fn acquire_lease_as(&self, machine_id: &str, owner: &str, ttl: Duration) -> Option<String> {
+        let mut world = self.shared.lock();
+        let now = world.now();
+        let m = world.machines.get_mut(machine_id)?;
+        let nonce = new_nonce();
+        m.lease = Some(Lease {
+            nonce: nonce.clone(),
+            owner: owner.to_string(),
+            description: format!("held by {owner}"),
+            expires_at: add(now, ttl),
+            version: m.instance_id.clone(),
+        });
+        Some(nonce)
+    }
+
+    /// Removes any lease on the machine (as if its holder released it).
+    pub fn clear_lease(&self, machine_id: &str) -> bool {
+        self.with_machine(machine_id, |m, _| m.lease = None)
+    }
+
+    /// Stops the server: hung agents and long-polls are released, in-flight
+    /// requests get a few seconds to finish, pending transitions are dropped.
+    pub async fn shutdown(mut self) {
+        self.shared.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            let abort = server.abort_handle();
+            if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
+                tracing::warn!("simulated fleet did not stop in time; aborting it");
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.shared.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}

@@ -1,0 +1,615 @@
+//! `check` end to end: a real overlay repository (git2), the simulated Fly API
+//! and agents over loopback, the library sweep and the real binary.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_reconciler::config::Config;
+use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::demo::{DemoHistory, DemoRepo};
+use fleet_reconciler::model::{MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
+use fleet_reconciler::sweep::{FleetReport, MachineReport};
+use git2::{Oid, Repository};
+
+const TOKEN: &str = "test-fly-token";
+const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
+
+/// Commits reachable from `from` and not from `not`, by BFS over parents:
+/// an independent count, not libgit2's revwalk.
+fn independent_count(repo: &Repository, from: Oid, not: Oid) -> u64 {
+    let ancestors = |start: Oid| {
+        let mut seen = HashSet::new();
+        let mut queue = VecDeque::from([start]);
+        while let Some(oid) = queue.pop_front() {
+            if seen.insert(oid) {
+                let commit = repo.find_commit(oid).unwrap();
+                queue.extend(commit.parent_ids());
+            }
+        }
+        seen
+    };
+    let a = ancestors(from);
+    let b = ancestors(not);
+    a.difference(&b).count() as u64
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    repo_path: PathBuf,
+    mirror: PathBuf,
+    history: DemoHistory,
+    /// A 4-hex prefix shared by two objects reachable from a branch.
+    ambiguous: String,
+}
+
+fn overlay_fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_path = dir.path().join("overlay.git");
+    let mut repo = DemoRepo::create(&repo_path).unwrap();
+    let history = repo.build_history().unwrap();
+    // Commit distinct files until two reachable objects share 4 hex digits.
+    let raw = Repository::open_bare(&repo_path).unwrap();
+    let mut prefixes: HashMap<String, Oid> = HashMap::new();
+    let odb = raw.odb().unwrap();
+    odb.foreach(|oid| {
+        prefixes.insert(oid.to_string()[..4].to_string(), *oid);
+        true
+    })
+    .unwrap();
+    let mut files = Vec::new();
+    let mut ambiguous = None;
+    for i in 0..5000 {
+        let content = format!("noise {i}\n");
+        let oid = raw.blob(content.as_bytes()).unwrap();
+        files.push((format!("noise/{i}.txt"), content));
+        let p = oid.to_string()[..4].to_string();
+        if prefixes.contains_key(&p) {
+            ambiguous = Some(p);
+            break;
+        }
+        prefixes.insert(p, oid);
+    }
+    let ambiguous = ambiguous.expect("a 4-hex collision within 5000 objects");
+    let file_refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let base = history.release[0];
+    repo.commit("noise", &[base], &file_refs, "noise objects")
+        .unwrap();
+    let mirror = dir.path().join("mirror.git");
+    Fixture {
+        _dir: dir,
+        repo_path,
+        mirror,
+        history,
+        ambiguous,
+    }
+}
+
+fn config_text(sim: &Sim, fx: &Fixture, extra: &str) -> String {
+    format!(
+        r#"
+[fly]
+api_url = "{api}"
+request_timeout = "5s"
+max_retries = 3
+
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+
+[probe]
+timeout = "700ms"
+concurrency = 8
+max_body_bytes = 65536
+
+[[apps]]
+name = "dispatch"
+health_url = "{health}"
+pool_key = "pool"
+
+[[apps]]
+name = "chat"
+health_url = "{health}"
+
+[pools.default]
+actions = {{ low = "alert-and-wait", medium = "alert-and-wait", high = "restart", critical = "manual" }}
+
+[pools.fast]
+actions = {{ low = "observe", medium = "restart", high = "restart", critical = "restart" }}
+{extra}
+"#,
+        api = sim.api_url(),
+        repo = fx.repo_path.display(),
+        mirror = fx.mirror.display(),
+        health = sim.health_url_template(),
+    )
+}
+
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("fleet-reconciler.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn sweep(sim: &Sim, fx: &Fixture) -> FleetReport {
+    let config = Config::parse(Path::new("test.toml"), &config_text(sim, fx, "")).unwrap();
+    let sweeper = daemon::connect(
+        Arc::new(config),
+        &Secrets {
+            fly_token: TOKEN.into(),
+            git_token: None,
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), daemon::check(&sweeper))
+        .await
+        .expect("check finished in time")
+        .unwrap()
+}
+
+fn by_id<'a>(report: &'a FleetReport, id: &str) -> &'a MachineReport {
+    report
+        .machines
+        .iter()
+        .find(|m| m.machine_id == id)
+        .unwrap_or_else(|| panic!("machine {id} missing from report"))
+}
+
+fn tip(h: &DemoHistory) -> Oid {
+    *h.release.last().unwrap()
+}
+
+fn mixed_fleet(fx: &Fixture) -> SimFleet {
+    let h = &fx.history;
+    let n = h.release.len();
+    let s = |oid: Oid| oid.to_string();
+    SimFleet::new(TOKEN)
+        .release_tip(s(tip(h)))
+        .app(
+            SimApp::new("dispatch")
+                .machine(
+                    SimMachine::new("on-tip")
+                        .loaded(s(tip(h)))
+                        .metadata("pool", "fast"),
+                )
+                .machine(
+                    SimMachine::new("abbrev")
+                        .loaded(s(tip(h)))
+                        .report_ref_len(7),
+                )
+                .machine(
+                    SimMachine::new("behind-1")
+                        .loaded(s(h.release[n - 2]))
+                        .report_ref_len(10)
+                        .metadata("pool", "fast"),
+                )
+                .machine(
+                    SimMachine::new("behind-6")
+                        .loaded(s(h.release[n - 7]))
+                        .metadata("pool", "fast"),
+                )
+                .machine(SimMachine::new("pre-policy").loaded(s(h.release[h.policy_change - 1])))
+                .machine(
+                    SimMachine::new("pre-security")
+                        .loaded(s(h.release[h.security_fix - 1]))
+                        .region("ams"),
+                )
+                .machine(
+                    SimMachine::new("canary")
+                        .loaded(s(h.canary))
+                        .report_ref_len(8),
+                )
+                .machine(SimMachine::new("stopped").loaded(s(h.release[1])).stopped()),
+        )
+        .app(
+            SimApp::new("chat")
+                .machine(SimMachine::new("unknown").loaded("deadbeef".repeat(5)))
+                .machine(
+                    SimMachine::new("ambiguous")
+                        .loaded(format!("{}{}", fx.ambiguous, "0".repeat(36)))
+                        .report_ref_len(4),
+                )
+                .machine(
+                    SimMachine::new("hang")
+                        .loaded(s(tip(h)))
+                        .behaviour(Behaviour::Hang),
+                )
+                .machine(
+                    SimMachine::new("http-500")
+                        .loaded(s(tip(h)))
+                        .behaviour(Behaviour::HttpError(500)),
+                )
+                .machine(
+                    SimMachine::new("garbage")
+                        .loaded(s(tip(h)))
+                        .behaviour(Behaviour::Garbage),
+                )
+                .machine(
+                    SimMachine::new("oversized")
+                        .loaded(s(tip(h)))
+                        .behaviour(Behaviour::Oversized),
+                )
+                .machine(
+                    SimMachine::new("no-ref")
+                        .loaded(s(tip(h)))
+                        .behaviour(Behaviour::MissingRef),
+                )
+                .machine(
+                    SimMachine::new("non-hex")
+                        .loaded(s(tip(h)))
+                        .behaviour(Behaviour::NonHexRef),
+                ),
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_is_reported_correctly() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let report = sweep(&sim, &fx).await;
+    let h = &fx.history;
+    let n = h.release.len();
+    let repo = Repository::open_bare(&fx.repo_path).unwrap();
+
+    assert_eq!(report.tip.branch, "release");
+    assert_eq!(report.tip.commit, tip(h).to_string());
+
+    let expect = |id: &str, status: MachineStatus| {
+        let m = by_id(&report, id);
+        assert_eq!(m.status, status, "status of {id}: {m:?}");
+        m
+    };
+    for id in ["on-tip", "abbrev"] {
+        let m = expect(id, MachineStatus::OnTip);
+        assert_eq!((m.commits_behind, m.commits_ahead), (Some(0), Some(0)));
+        assert_eq!(m.commit.as_deref(), Some(tip(h).to_string().as_str()));
+        assert_eq!((m.severity, m.action), (None, None));
+    }
+    assert_eq!(
+        by_id(&report, "abbrev").reported_ref.as_deref(),
+        Some(&tip(h).to_string()[..7])
+    );
+
+    // Drift distances agree with an independent count over the commit graph.
+    for (id, commit) in [
+        ("behind-1", h.release[n - 2]),
+        ("behind-6", h.release[n - 7]),
+        ("pre-policy", h.release[h.policy_change - 1]),
+        ("pre-security", h.release[h.security_fix - 1]),
+        ("canary", h.canary),
+    ] {
+        let m = expect(id, MachineStatus::Drifted);
+        assert_eq!(
+            m.commit.as_deref(),
+            Some(commit.to_string().as_str()),
+            "{id}"
+        );
+        assert_eq!(
+            m.commits_behind,
+            Some(independent_count(&repo, tip(h), commit)),
+            "{id} behind"
+        );
+        assert_eq!(
+            m.commits_ahead,
+            Some(independent_count(&repo, commit, tip(h))),
+            "{id} ahead"
+        );
+    }
+    // The pre-policy range crosses the merge of feat/summarize? No: it is after
+    // it; the oldest ranges (pre-policy, pre-security) span merges and trailers.
+    assert_eq!(by_id(&report, "canary").commits_ahead, Some(2));
+    assert_eq!(by_id(&report, "behind-1").commits_behind, Some(1));
+
+    // Severity: ordered rules; action: the machine's pool.
+    let sev = |id: &str| (by_id(&report, id).severity, by_id(&report, id).action);
+    assert_eq!(
+        sev("behind-1"),
+        (Some(Severity::Low), Some(PolicyAction::Observe))
+    );
+    assert_eq!(
+        sev("behind-6"),
+        (Some(Severity::Medium), Some(PolicyAction::Restart))
+    );
+    assert_eq!(
+        sev("pre-security"),
+        (Some(Severity::Critical), Some(PolicyAction::Manual))
+    );
+    // pre-policy also misses the Security commit, which comes later: critical.
+    assert_eq!(sev("pre-policy").0, Some(Severity::Critical));
+    assert_eq!(by_id(&report, "pre-policy").pool, "default");
+    assert_eq!(by_id(&report, "behind-6").pool, "fast");
+
+    let m = expect("unknown", MachineStatus::UnknownRef);
+    assert_eq!(
+        (m.severity, m.action),
+        (Some(Severity::Critical), Some(PolicyAction::Manual))
+    );
+    assert_eq!((m.commit.as_deref(), m.commits_behind), (None, None));
+    let m = expect("ambiguous", MachineStatus::AmbiguousRef);
+    assert_eq!(m.reported_ref.as_deref(), Some(fx.ambiguous.as_str()));
+    assert_eq!(
+        m.severity,
+        Some(Severity::Critical),
+        "ambiguous fails closed"
+    );
+
+    for id in ["hang", "http-500"] {
+        let m = expect(id, MachineStatus::Unreachable);
+        assert!(m.detail.is_some());
+        assert_eq!((m.severity, m.reported_ref.as_deref()), (None, None));
+    }
+    for id in ["garbage", "oversized", "no-ref", "non-hex"] {
+        let m = expect(id, MachineStatus::BadReport);
+        assert_eq!((m.severity, m.action), (None, None));
+    }
+    assert!(
+        by_id(&report, "oversized")
+            .detail
+            .as_deref()
+            .unwrap()
+            .contains("65536")
+    );
+    let m = expect("stopped", MachineStatus::NotRunning);
+    assert_eq!((m.reported_ref.as_deref(), m.commits_behind), (None, None));
+
+    // Coherence: on-tip ÷ started, per app and fleet.
+    let dispatch = report.apps.iter().find(|a| a.name == "dispatch").unwrap();
+    assert_eq!((dispatch.machines, dispatch.on_tip), (7, 2));
+    assert!((dispatch.coherence - 2.0 / 7.0).abs() < 1e-9);
+    let chat = report.apps.iter().find(|a| a.name == "chat").unwrap();
+    assert_eq!((chat.machines, chat.on_tip, chat.coherence), (8, 0, 0.0));
+    assert!((report.coherence - 2.0 / 15.0).abs() < 1e-9);
+    assert!(!report.is_coherent());
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_output_has_the_documented_shape() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let report = sweep(&sim, &fx).await;
+    let v: serde_json::Value =
+        serde_json::from_str(&fleet_reconciler::report::to_json(&report)).unwrap();
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&v), ["apps", "coherence", "machines", "tip"]);
+    assert_eq!(keys(&v["tip"]), ["branch", "commit"]);
+    assert_eq!(
+        keys(&v["apps"][0]),
+        ["coherence", "machines", "name", "on_tip"]
+    );
+    let expected = [
+        "action",
+        "app",
+        "commit",
+        "commits_ahead",
+        "commits_behind",
+        "detail",
+        "machine_id",
+        "name",
+        "pool",
+        "region",
+        "reported_ref",
+        "severity",
+        "state",
+        "status",
+    ];
+    for m in v["machines"].as_array().unwrap() {
+        assert_eq!(keys(m), expected);
+    }
+    let canary = v["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["machine_id"] == "canary")
+        .unwrap();
+    assert_eq!(canary["status"], "drifted");
+    assert_eq!(canary["commits_ahead"], 2);
+    assert!(canary["severity"].is_string());
+    let stopped = v["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["machine_id"] == "stopped")
+        .unwrap();
+    assert_eq!(stopped["status"], "not_running");
+    assert!(stopped["reported_ref"].is_null() && stopped["severity"].is_null());
+    sim.shutdown().await;
+}
+
+fn run_check(config: &Path, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("check").arg("--config").arg(config).args(args);
+    cmd.env_remove("FLY_API_TOKEN").env("RUST_LOG", "trace");
+    if let Some(t) = token {
+        cmd.env("FLY_API_TOKEN", t);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn run_check_async(
+    config: PathBuf,
+    token: Option<&'static str>,
+    args: &'static [&'static str],
+) -> (i32, String, String) {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || run_check(&config, token, args)),
+    )
+    .await
+    .expect("binary finished in time")
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_exit_codes_follow_coherence() {
+    let fx = overlay_fixture();
+    let h = &fx.history;
+    let s = tip(h).to_string();
+    let fleet = SimFleet::new(TOKEN)
+        .release_tip(s.clone())
+        .app(
+            SimApp::new("dispatch")
+                .machine(SimMachine::new("a").loaded(s.clone()))
+                .machine(SimMachine::new("b").loaded(s.clone()).report_ref_len(7))
+                .machine(
+                    SimMachine::new("c")
+                        .loaded(h.release[0].to_string())
+                        .stopped(),
+                ),
+        )
+        .app(SimApp::new("chat"));
+    let sim = Sim::start(fleet).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &config_text(&sim, &fx, ""));
+
+    let (code, stdout, stderr) = run_check_async(config.clone(), Some(TOKEN), &[]).await;
+    assert_eq!(code, 0, "coherent fleet: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("dispatch: 2/2 started machines on tip"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("chat: 0/0"), "{stdout}");
+    // The token never reaches logs, even at trace level.
+    assert!(!stderr.contains(TOKEN) && !stdout.contains(TOKEN));
+
+    sim.set_loaded_ref("b", &h.release[h.release.len() - 3].to_string());
+    let (code, stdout, _) =
+        run_check_async(config.clone(), Some(TOKEN), &["--output", "json"]).await;
+    assert_eq!(code, 1, "drift: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["coherence"], 0.5);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_that_prevent_a_sweep_exit_2_with_one_line() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let good = config_text(&sim, &fx, "");
+
+    // Missing token.
+    let config = write_config(dir.path(), &good);
+    let (code, _, stderr) = run_check_async(config.clone(), None, &[]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("FLY_API_TOKEN is not set"), "{stderr}");
+
+    // Wrong token: Fly answers 401.
+    let (code, _, stderr) = run_check_async(config.clone(), Some("wrong-token"), &[]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("rejected the token (401)"), "{stderr}");
+    assert!(!stderr.contains("wrong-token"), "{stderr}");
+
+    // Fly API unreachable: a port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let text = good.replace(&sim.api_url(), &format!("http://127.0.0.1:{port}"));
+    let config = write_config(dir.path(), &text);
+    let (code, _, stderr) = run_check_async(config, Some(TOKEN), &[]).await;
+    assert_eq!(code, 2);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains("Fly API unreachable"),
+        "{stderr}"
+    );
+
+    // Bad config: names file, key and line.
+    let text = good.replace("[probe]\n", "[probe]\nconcurency = 3\n");
+    let config = write_config(dir.path(), &text);
+    let (code, _, stderr) = run_check_async(config.clone(), Some(TOKEN), &[]).await;
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("fleet-reconciler.toml:") && stderr.contains("concurency"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "one-line reason: {stderr}"
+    );
+
+    // Git failure: the overlay repository does not exist.
+    let text = good.replace(
+        &fx.repo_path.display().to_string(),
+        "/nonexistent/overlay.git",
+    );
+    let config = write_config(dir.path(), &text.replace("mirror.git", "mirror2.git"));
+    let (code, _, stderr) = run_check_async(config, Some(TOKEN), &[]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("overlay"), "{stderr}");
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_fly_errors_are_retried() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    sim.fail_next(2, 503, None);
+    let report = sweep(&sim, &fx).await;
+    assert_eq!(report.machines.len(), 16);
+    sim.fail_next(1, 429, Some(1));
+    let started = std::time::Instant::now();
+    let report = sweep(&sim, &fx).await;
+    assert_eq!(report.machines.len(), 16);
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After honoured"
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_config_accepts_every_shipped_file_and_rejects_bad_ones() {
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/config")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let out = Command::new(BIN)
+                .arg("validate-config")
+                .arg("--config")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[overlay]\nrepo = \"x\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\n[[apps]]\nname = \"a\"\n\n[rotation]\ndrain_ceiling = \"forever\"\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("validate-config")
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:10")
+            && err.contains("rotation.drain_ceiling")
+            && err.contains("forever"),
+        "{err}"
+    );
+}

@@ -1,0 +1,1208 @@
+//! HTTP tests of the simulated Fly Machines API and agents, over loopback with reqwest.
+//!
+//! Every await is bounded by `within` (or a client timeout), so a broken
+//! simulator fails a test instead of hanging the suite.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use fleet_reconciler::sim::{
+    Behaviour, Credential, DEFAULT_LEASE_OWNER, NON_HEX_REF, RateLimit, RequestTarget, Sim, SimApp,
+    SimFleet, SimMachine,
+};
+use reqwest::{Method, StatusCode, header};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "test-fly-token";
+const AGENT_TOKEN: &str = "agent-secret";
+const TIP: &str = "1111111111111111111111111111111111111111";
+const OLD: &str = "2222222222222222222222222222222222222222";
+const NEW: &str = "3333333333333333333333333333333333333333";
+const APP: &str = "agents";
+const LIMIT: Duration = Duration::from_secs(10);
+
+async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(LIMIT, f)
+        .await
+        .expect("operation did not finish within the test limit")
+}
+
+fn fleet() -> SimFleet {
+    SimFleet::new(TOKEN)
+        .release_tip(TIP)
+        .restart_delay(Duration::from_millis(100))
+        .reload_delay(Duration::from_millis(50))
+        .app(
+            SimApp::new(APP)
+                .machine(
+                    SimMachine::new("m1")
+                        .name("agent-one")
+                        .region("ams")
+                        .loaded(OLD)
+                        .metadata("pool", "dispatch"),
+                )
+                .machine(SimMachine::new("m2"))
+                .machine(SimMachine::new("m3").stopped()),
+        )
+        .app(SimApp::new("other").machine(SimMachine::new("o1")))
+}
+
+/// A started simulator and a client that talks to it.
+struct Harness {
+    sim: Sim,
+    http: reqwest::Client,
+}
+
+/// Status, headers and body (JSON if it parses, else `Value::Null`) of a response.
+struct Reply {
+    status: StatusCode,
+    headers: header::HeaderMap,
+    body: Value,
+}
+
+impl Harness {
+    async fn start(fleet: SimFleet) -> Harness {
+        let sim = within(Sim::start(fleet)).await.expect("sim starts");
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client builds");
+        Harness { sim, http }
+    }
+
+    fn machines_url(&self, app: &str, rest: &str) -> String {
+        format!("{}/v1/apps/{app}/machines{rest}", self.sim.api_url())
+    }
+
+    fn agent_url(&self, id: &str, rest: &str) -> String {
+        format!("{}/agents/{id}/{rest}", self.sim.api_url())
+    }
+
+    /// A Fly API request on app `agents` with the Bearer token and an optional nonce.
+    async fn fly(
+        &self,
+        method: Method,
+        rest: &str,
+        nonce: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
+        let mut request = self
+            .http
+            .request(method, self.machines_url(APP, rest))
+            .bearer_auth(TOKEN);
+        if let Some(nonce) = nonce {
+            request = request.header("fly-machine-lease-nonce", nonce);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        reply(request).await
+    }
+
+    async fn get(&self, rest: &str) -> Reply {
+        self.fly(Method::GET, rest, None, None).await
+    }
+
+    async fn post(&self, rest: &str, nonce: Option<&str>, body: Option<Value>) -> Reply {
+        self.fly(Method::POST, rest, nonce, body).await
+    }
+
+    async fn health(&self, id: &str) -> Reply {
+        reply(self.http.get(self.agent_url(id, "health"))).await
+    }
+
+    async fn agent_post(&self, id: &str, rest: &str, token: Option<&str>, body: Value) -> Reply {
+        let mut request = self.http.post(self.agent_url(id, rest)).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        reply(request).await
+    }
+
+    async fn wait_for(&self, id: &str, state: &str, timeout_secs: u64) -> Reply {
+        self.get(&format!("/{id}/wait?state={state}&timeout={timeout_secs}"))
+            .await
+    }
+}
+
+async fn reply(request: reqwest::RequestBuilder) -> Reply {
+    let response = within(request.send()).await.expect("request is answered");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = within(response.bytes()).await.expect("body is read");
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn error_text(reply: &Reply) -> &str {
+    reply.body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no JSON error in {:?}", reply.body))
+}
+
+fn parse_time(v: &Value) -> DateTime<Utc> {
+    let s = v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}"));
+    DateTime::parse_from_rfc3339(s)
+        .unwrap_or_else(|e| panic!("not RFC 3339: {s}: {e}"))
+        .with_timezone(&Utc)
+}
+
+#[tokio::test]
+async fn fly_api_requires_the_fleet_token_in_either_form() {
+    let h = Harness::start(fleet()).await;
+    let url = h.machines_url(APP, "");
+
+    let missing = reply(h.http.get(&url)).await;
+    assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+    assert!(!error_text(&missing).is_empty());
+
+    let wrong = reply(h.http.get(&url).bearer_auth("not-the-token")).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+
+    let bare = reply(h.http.get(&url).header(header::AUTHORIZATION, TOKEN)).await;
+    assert_eq!(
+        bare.status,
+        StatusCode::UNAUTHORIZED,
+        "a token without a scheme is refused"
+    );
+
+    let bearer = reply(h.http.get(&url).bearer_auth(TOKEN)).await;
+    assert_eq!(bearer.status, StatusCode::OK);
+
+    let flyv1 = reply(
+        h.http
+            .get(&url)
+            .header(header::AUTHORIZATION, format!("FlyV1 {TOKEN}")),
+    )
+    .await;
+    assert_eq!(flyv1.status, StatusCode::OK);
+
+    // Health GETs never need a token.
+    assert_eq!(h.health("m1").await.status, StatusCode::OK);
+
+    let log = h.sim.requests();
+    let fly: Vec<_> = log
+        .iter()
+        .filter(|r| r.target == RequestTarget::FlyApi)
+        .collect();
+    assert_eq!(fly.len(), 5);
+    assert_eq!(
+        fly.iter().map(|r| r.authorized).collect::<Vec<_>>(),
+        vec![false, false, false, true, true]
+    );
+    assert_eq!(fly[0].credential, Credential::None);
+    assert_eq!(fly[1].credential, Credential::Other);
+    assert_eq!(fly[3].credential, Credential::FlyToken);
+    assert_eq!(fly[0].status, Some(401));
+    assert_eq!(fly[4].status, Some(200));
+    let health = log
+        .iter()
+        .find(|r| r.target == RequestTarget::Agent)
+        .expect("health recorded");
+    assert!(health.authorized);
+    assert_eq!(health.credential, Credential::None);
+}
+
+#[tokio::test]
+async fn a_fleet_token_with_flyv1_prefix_is_matched_without_it() {
+    let h = Harness::start(SimFleet::new("FlyV1 fm2_secret").app(SimApp::new(APP))).await;
+    let url = h.machines_url(APP, "");
+    let verbatim = reply(
+        h.http
+            .get(&url)
+            .header(header::AUTHORIZATION, "FlyV1 fm2_secret"),
+    )
+    .await;
+    assert_eq!(verbatim.status, StatusCode::OK);
+    assert_eq!(verbatim.body, json!([]));
+}
+
+#[tokio::test]
+async fn list_and_get_have_the_machine_schema_shape() {
+    let h = Harness::start(fleet()).await;
+
+    let list = h.get("").await;
+    assert_eq!(list.status, StatusCode::OK);
+    let machines = list.body.as_array().expect("array of machines");
+    let ids: Vec<&str> = machines.iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, vec!["m1", "m2", "m3"]);
+
+    let m1 = &machines[0];
+    for field in [
+        "id",
+        "name",
+        "state",
+        "region",
+        "instance_id",
+        "private_ip",
+        "created_at",
+        "updated_at",
+    ] {
+        assert!(m1[field].is_string(), "field {field} missing in {m1}");
+    }
+    assert_eq!(m1["name"], "agent-one");
+    assert_eq!(m1["region"], "ams");
+    assert_eq!(m1["state"], "started");
+    assert_eq!(machines[2]["state"], "stopped");
+    parse_time(&m1["created_at"]);
+    parse_time(&m1["updated_at"]);
+    assert_eq!(m1["config"]["metadata"]["pool"], "dispatch");
+    assert!(m1["config"]["image"].is_string());
+
+    let summary = h.get("?summary=true").await;
+    let summarized = summary.body.as_array().expect("array");
+    assert_eq!(summarized.len(), 3);
+    assert!(
+        summarized.iter().all(|m| m.get("config").is_none()),
+        "summary drops config and metadata"
+    );
+    assert_eq!(summarized[0]["instance_id"], m1["instance_id"]);
+
+    let stopped = h.get("?state=stopped").await;
+    let stopped_ids: Vec<&str> = stopped
+        .body
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(stopped_ids, vec!["m3"]);
+    let both = h.get("?state=started,stopped").await;
+    assert_eq!(both.body.as_array().map(Vec::len), Some(3));
+    let by_region = h.get("?region=ams").await;
+    assert_eq!(by_region.body.as_array().map(Vec::len), Some(1));
+
+    let one = h.get("/m1").await;
+    assert_eq!(one.status, StatusCode::OK);
+    assert_eq!(&one.body, m1);
+
+    let unknown_app = reply(h.http.get(h.machines_url("nope", "")).bearer_auth(TOKEN)).await;
+    assert_eq!(unknown_app.status, StatusCode::NOT_FOUND);
+    assert_eq!(error_text(&unknown_app), "app not found");
+
+    let unknown_machine = h.get("/zz").await;
+    assert_eq!(unknown_machine.status, StatusCode::NOT_FOUND);
+    assert!(error_text(&unknown_machine).contains("zz"));
+
+    // A machine of another app is not found under this one.
+    assert_eq!(h.get("/o1").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn lease_acquire_conflict_refresh_and_release() {
+    let h = Harness::start(fleet()).await;
+    let before = Utc::now().timestamp();
+
+    let acquired = h
+        .post(
+            "/m1/lease",
+            None,
+            Some(json!({"ttl": 13, "description": "fleet-reconciler rotation"})),
+        )
+        .await;
+    assert_eq!(acquired.status, StatusCode::CREATED);
+    assert_eq!(acquired.body["status"], "success");
+    let data = &acquired.body["data"];
+    let nonce = data["nonce"].as_str().expect("nonce").to_string();
+    assert!(!nonce.is_empty());
+    assert_eq!(data["owner"], DEFAULT_LEASE_OWNER);
+    assert_eq!(data["description"], "fleet-reconciler rotation");
+    let instance_id = h.sim.machine("m1").expect("m1").instance_id;
+    assert_eq!(data["version"], instance_id.as_str());
+    let expires = data["expires_at"].as_i64().expect("unix seconds");
+    assert!(
+        (before + 12..=before + 15).contains(&expires),
+        "expires_at {expires} not ~13 s after {before}"
+    );
+
+    let second = h.post("/m1/lease", None, Some(json!({"ttl": 13}))).await;
+    assert_eq!(second.status, StatusCode::CONFLICT);
+    let message = error_text(&second);
+    assert!(message.contains("lease currently held by"), "{message}");
+    assert!(message.contains(DEFAULT_LEASE_OWNER), "{message}");
+    assert!(message.contains("machine ID m1"), "{message}");
+
+    let wrong_nonce = h
+        .post("/m1/lease", Some("not-the-nonce"), Some(json!({"ttl": 13})))
+        .await;
+    assert_eq!(wrong_nonce.status, StatusCode::CONFLICT);
+
+    let refreshed = h
+        .post("/m1/lease", Some(&nonce), Some(json!({"ttl": 60})))
+        .await;
+    assert_eq!(refreshed.status, StatusCode::CREATED);
+    assert_eq!(refreshed.body["data"]["nonce"], nonce.as_str());
+    let new_expiry = refreshed.body["data"]["expires_at"]
+        .as_i64()
+        .expect("unix seconds");
+    assert!(
+        new_expiry >= expires + 40,
+        "refresh extends: {new_expiry} vs {expires}"
+    );
+
+    let shown = h.get("/m1/lease").await;
+    assert_eq!(shown.status, StatusCode::OK);
+    assert_eq!(shown.body["data"]["nonce"], nonce.as_str());
+    assert_eq!(shown.body["data"]["expires_at"], new_expiry);
+
+    let bad_release = h
+        .fly(Method::DELETE, "/m1/lease", Some("not-the-nonce"), None)
+        .await;
+    assert_eq!(bad_release.status, StatusCode::CONFLICT);
+    let no_header = h.fly(Method::DELETE, "/m1/lease", None, None).await;
+    assert_eq!(no_header.status, StatusCode::CONFLICT);
+    assert!(
+        h.sim.machine("m1").expect("m1").lease.is_some(),
+        "a refused release keeps the lease"
+    );
+
+    let released = h.fly(Method::DELETE, "/m1/lease", Some(&nonce), None).await;
+    assert_eq!(released.status, StatusCode::OK);
+    assert!(h.sim.machine("m1").expect("m1").lease.is_none());
+
+    let gone = h.get("/m1/lease").await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    let again = h.fly(Method::DELETE, "/m1/lease", Some(&nonce), None).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+    assert_eq!(error_text(&again), "lease not found");
+
+    // TTL from the query alone, with no body.
+    let by_query = h.post("/m2/lease?ttl=20", None, None).await;
+    assert_eq!(by_query.status, StatusCode::CREATED);
+    let expires = by_query.body["data"]["expires_at"]
+        .as_i64()
+        .expect("unix seconds");
+    let now = Utc::now().timestamp();
+    assert!((now + 18..=now + 21).contains(&expires));
+
+    let held = h.post("/m2/lease", None, None).await;
+    assert_eq!(held.status, StatusCode::CONFLICT);
+    let bad_body = reply(
+        h.http
+            .post(h.machines_url(APP, "/m3/lease"))
+            .bearer_auth(TOKEN)
+            .body("{not json"),
+    )
+    .await;
+    assert_eq!(bad_body.status, StatusCode::BAD_REQUEST);
+    assert!(!error_text(&bad_body).is_empty());
+}
+
+#[tokio::test]
+async fn a_leased_machine_refuses_mutations_without_the_nonce() {
+    let h = Harness::start(fleet()).await;
+    let nonce = h
+        .sim
+        .acquire_lease_as("m1", "operator@example.com", Duration::from_secs(60))
+        .expect("m1 exists");
+
+    let attempts: Vec<(Method, &str, Option<Value>)> = vec![
+        (Method::POST, "/m1/restart?timeout=10s", None),
+        (Method::POST, "/m1/stop", None),
+        (Method::POST, "/m1/start", None),
+        (Method::POST, "/m1/cordon", None),
+        (Method::POST, "/m1/uncordon", None),
+        (
+            Method::POST,
+            "/m1/metadata/fleet_reconciler_rotation",
+            Some(json!({"value": "x"})),
+        ),
+        (Method::DELETE, "/m1/metadata/pool", None),
+        (
+            Method::PATCH,
+            "/m1/metadata",
+            Some(json!({"metadata": {"a": "b"}})),
+        ),
+        (Method::POST, "/m1", Some(json!({"config": {"image": "x"}}))),
+        (Method::POST, "/m1/lease", Some(json!({"ttl": 13}))),
+    ];
+    for (method, path, body) in attempts {
+        let refused = h.fly(method.clone(), path, None, body).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::CONFLICT,
+            "{method} {path} without nonce"
+        );
+        let message = error_text(&refused);
+        assert!(
+            message.contains("lease currently held by operator@example.com"),
+            "{message}"
+        );
+    }
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert_eq!(m1.restart_count, 0);
+    assert_eq!(m1.state, "started");
+    assert!(!m1.cordoned);
+    assert_eq!(
+        m1.metadata.get("pool").map(String::as_str),
+        Some("dispatch")
+    );
+
+    let cordoned = h.post("/m1/cordon", Some(&nonce), None).await;
+    assert_eq!(cordoned.status, StatusCode::OK);
+    assert!(h.sim.machine("m1").expect("m1").cordoned);
+    let written = h
+        .post(
+            "/m1/metadata/note",
+            Some(&nonce),
+            Some(json!({"value": "hi"})),
+        )
+        .await;
+    assert_eq!(written.status, StatusCode::NO_CONTENT);
+
+    // Reads need no nonce, and unleased machines take mutations without one.
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
+    assert_eq!(
+        h.post("/m2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+
+    // The log shows which mutating calls carried which nonce.
+    let mutating: Vec<_> = h
+        .sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_mutating())
+        .collect();
+    let accepted: Vec<_> = mutating
+        .iter()
+        .filter(|r| r.status.is_some_and(|s| s < 300))
+        .collect();
+    assert_eq!(accepted.len(), 3);
+    assert!(
+        accepted
+            .iter()
+            .filter(|r| r.machine_id.as_deref() == Some("m1"))
+            .all(|r| r.lease_nonce.as_deref() == Some(nonce.as_str()))
+    );
+    assert!(
+        mutating
+            .iter()
+            .filter(|r| r.status == Some(409))
+            .all(|r| r.lease_nonce.is_none())
+    );
+}
+
+#[tokio::test]
+async fn an_expired_lease_counts_as_absent() {
+    let h = Harness::start(fleet()).await;
+    h.sim
+        .acquire_lease_as("m2", "other@example.com", Duration::from_secs(5))
+        .expect("m2 exists");
+    assert_eq!(
+        h.post("/m2/cordon", None, None).await.status,
+        StatusCode::CONFLICT
+    );
+
+    h.sim.advance_clock(Duration::from_secs(6));
+    assert!(h.sim.machine("m2").expect("m2").lease.is_none());
+    assert_eq!(h.get("/m2/lease").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        h.post("/m2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let ours = h.post("/m2/lease", None, Some(json!({"ttl": 13}))).await;
+    assert_eq!(ours.status, StatusCode::CREATED);
+    assert_eq!(ours.body["data"]["owner"], DEFAULT_LEASE_OWNER);
+}
+
+#[tokio::test]
+async fn metadata_set_get_delete_and_compare_and_set() {
+    let h = Harness::start(fleet()).await;
+    let v0 = h.sim.machine("m1").expect("m1").instance_id;
+
+    let set = h
+        .post("/m1/metadata/owner", None, Some(json!({"value": "team-a"})))
+        .await;
+    assert_eq!(set.status, StatusCode::NO_CONTENT);
+    let got = h.get("/m1/metadata/owner").await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body, json!({"value": "team-a"}));
+    let all = h.get("/m1/metadata").await;
+    assert_eq!(all.body["owner"], "team-a");
+    assert_eq!(all.body["pool"], "dispatch");
+
+    let v1 = h.sim.machine("m1").expect("m1").instance_id;
+    assert_ne!(v0, v1, "a metadata write gives the machine a new version");
+    assert_eq!(h.get("/m1").await.body["instance_id"], v1.as_str());
+
+    let stale = h
+        .fly(
+            Method::PATCH,
+            "/m1/metadata",
+            None,
+            Some(json!({"metadata": {"owner": "team-b"}, "machine_version": v0})),
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    assert!(!error_text(&stale).is_empty());
+    assert_eq!(
+        h.get("/m1/metadata/owner").await.body["value"],
+        "team-a",
+        "a refused CAS writes nothing"
+    );
+
+    let fresh = h
+        .fly(
+            Method::PATCH,
+            "/m1/metadata",
+            None,
+            Some(json!({"metadata": {"owner": "team-b", "pool": null, "fly_process_group": ""}, "machine_version": v1})),
+        )
+        .await;
+    assert_eq!(fresh.status, StatusCode::NO_CONTENT);
+    let after = h.sim.machine("m1").expect("m1");
+    assert_eq!(
+        after.metadata.get("owner").map(String::as_str),
+        Some("team-b")
+    );
+    assert!(!after.metadata.contains_key("pool"), "null removes");
+    assert!(
+        !after.metadata.contains_key("fly_process_group"),
+        "empty string removes"
+    );
+    assert_ne!(after.instance_id, v1);
+
+    let put = h
+        .fly(
+            Method::PUT,
+            "/m1/metadata",
+            None,
+            Some(json!({"metadata": {"x": "1"}})),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::NO_CONTENT);
+    assert_eq!(h.get("/m1/metadata/x").await.body["value"], "1");
+
+    let deleted = h
+        .fly(Method::DELETE, "/m1/metadata/owner", None, None)
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let missing = h.get("/m1/metadata/owner").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(!error_text(&missing).is_empty());
+
+    let no_value = h.post("/m1/metadata/owner", None, Some(json!({}))).await;
+    assert_eq!(no_value.status, StatusCode::BAD_REQUEST);
+    let not_json = reply(
+        h.http
+            .patch(h.machines_url(APP, "/m1/metadata"))
+            .bearer_auth(TOKEN)
+            .body("metadata=1"),
+    )
+    .await;
+    assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
+    assert!(error_text(&not_json).contains("JSON"));
+}
+
+#[tokio::test]
+async fn wait_times_out_with_408_and_rejects_bad_parameters() {
+    let h = Harness::start(fleet()).await;
+    let started = tokio::time::Instant::now();
+    let timed_out = h.wait_for("m2", "stopped", 1).await;
+    assert_eq!(timed_out.status, StatusCode::REQUEST_TIMEOUT);
+    assert!(error_text(&timed_out).starts_with("deadline_exceeded"));
+    assert!(started.elapsed() >= Duration::from_millis(900));
+
+    let already = h.wait_for("m2", "started", 1).await;
+    assert_eq!(already.status, StatusCode::OK);
+    assert_eq!(already.body["ok"], true);
+    assert_eq!(already.body["state"], "started");
+
+    assert_eq!(
+        h.wait_for("m2", "dancing", 1).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        h.get("/m2/wait?timeout=soon").await.status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn restart_brings_the_agent_back_idle_on_the_current_tip() {
+    let fleet = SimFleet::new(TOKEN)
+        .release_tip(TIP)
+        .restart_delay(Duration::from_millis(300))
+        .app(
+            SimApp::new(APP).machine(
+                SimMachine::new("m1")
+                    .loaded(OLD)
+                    .cooperative()
+                    .live_sessions(2)
+                    .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+            ),
+        );
+    let h = Harness::start(fleet).await;
+
+    let before = h.health("m1").await;
+    assert_eq!(before.body["overlay_ref"], OLD);
+    assert_eq!(before.body["activity"], "busy");
+    assert_eq!(before.body["live_sessions"], 2);
+    h.agent_post("m1", "overlay/drain", None, json!({"rotation": "r1"}))
+        .await;
+    let instance_id = h.sim.machine("m1").expect("m1").instance_id;
+
+    // The tip moves after the fixture was built: the restarted agent loads the new one.
+    h.sim.set_release_tip(NEW);
+    let restarted = h.post("/m1/restart?timeout=30s", None, None).await;
+    assert_eq!(restarted.status, StatusCode::OK);
+    assert_eq!(h.get("/m1").await.body["state"], "stopping");
+    assert_eq!(h.health("m1").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(h.sim.machine("m1").expect("m1").restart_count, 1);
+
+    // Restarting a machine that is not started is refused.
+    assert_eq!(
+        h.post("/m1/restart", None, None).await.status,
+        StatusCode::PRECONDITION_FAILED
+    );
+
+    let waited = h.wait_for("m1", "started", 5).await;
+    assert_eq!(waited.status, StatusCode::OK, "{:?}", waited.body);
+    assert_eq!(waited.body["state"], "started");
+
+    let after = h.health("m1").await;
+    assert_eq!(after.status, StatusCode::OK);
+    assert_eq!(after.body["overlay_ref"], NEW);
+    assert_eq!(after.body["activity"], "idle");
+    assert_eq!(after.body["live_sessions"], 0);
+    assert_eq!(
+        after.body["rotation"],
+        json!({"fenced": false, "checkpoint": null})
+    );
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert_eq!(m1.behaviour, Behaviour::Normal);
+    assert_eq!(m1.restart_count, 1);
+    assert_eq!(m1.loaded_ref, NEW);
+    assert_eq!(m1.instance_id, instance_id);
+}
+
+#[tokio::test]
+async fn stop_makes_the_agent_unreachable_and_start_boots_it_on_the_tip() {
+    let h = Harness::start(fleet()).await;
+    assert_eq!(h.health("m1").await.body["overlay_ref"], OLD);
+
+    assert_eq!(
+        h.post("/m1/stop", None, Some(json!({"signal": "SIGTERM"})))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(h.wait_for("m1", "stopped", 5).await.status, StatusCode::OK);
+    let down = h.health("m1").await;
+    assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!error_text(&down).is_empty());
+
+    let started = h.post("/m1/start", None, None).await;
+    assert_eq!(started.status, StatusCode::OK);
+    assert_eq!(started.body["previous_state"], "stopped");
+    assert_eq!(h.wait_for("m1", "started", 5).await.status, StatusCode::OK);
+    let up = h.health("m1").await;
+    assert_eq!(up.status, StatusCode::OK);
+    assert_eq!(up.body["overlay_ref"], TIP);
+    assert_eq!(h.sim.machine("m1").expect("m1").restart_count, 0);
+}
+
+#[tokio::test]
+async fn update_replaces_config_and_machine() {
+    let h = Harness::start(fleet()).await;
+    let updated = h
+        .post("/m1", None, Some(json!({"config": {"image": "registry.fly.io/agents:v2", "metadata": {"pool": "conv"}}})))
+        .await;
+    assert_eq!(updated.status, StatusCode::OK);
+    assert_eq!(updated.body["config"]["image"], "registry.fly.io/agents:v2");
+    assert_eq!(
+        updated.body["config"]["metadata"],
+        json!({"pool": "conv"}),
+        "config is replaced wholesale"
+    );
+    assert_eq!(updated.body["state"], "replacing");
+    assert_eq!(h.wait_for("m1", "started", 5).await.status, StatusCode::OK);
+    assert_eq!(h.health("m1").await.body["overlay_ref"], TIP);
+    assert_eq!(
+        h.post("/m1", None, Some(json!({}))).await.status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn normal_health_report_follows_the_agent_contract() {
+    let input = DateTime::parse_from_rfc3339("2026-05-01T10:00:00Z")
+        .expect("valid time")
+        .with_timezone(&Utc);
+    let fleet = SimFleet::new(TOKEN).release_tip(TIP).app(
+        SimApp::new(APP)
+            .machine(SimMachine::new("plain").loaded(OLD))
+            .machine(
+                SimMachine::new("short")
+                    .loaded(OLD)
+                    .report_ref_len(7)
+                    .last_input_at(input),
+            )
+            .machine(SimMachine::new("coop").cooperative().live_sessions(1)),
+    );
+    let h = Harness::start(fleet).await;
+
+    let plain = h.health("plain").await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert_eq!(plain.body["overlay_ref"], OLD);
+    assert_eq!(plain.body["activity"], "idle");
+    assert_eq!(plain.body["live_sessions"], 0);
+    assert!(plain.body["last_input_at"].is_null());
+    let heartbeat = parse_time(&plain.body["heartbeat_at"]);
+    assert!((Utc::now() - heartbeat).num_seconds().abs() < 5);
+    assert_eq!(plain.body["capabilities"], json!([]));
+    assert!(
+        plain.body.get("rotation").is_none(),
+        "rotation only with the drain capability"
+    );
+
+    let short = h.health("short").await;
+    assert_eq!(short.body["overlay_ref"], &OLD[..7]);
+    assert_eq!(parse_time(&short.body["last_input_at"]), input);
+
+    let coop = h.health("coop").await;
+    assert_eq!(coop.body["overlay_ref"], TIP);
+    assert_eq!(coop.body["capabilities"], json!(["drain", "reload"]));
+    assert_eq!(coop.body["live_sessions"], 1);
+    assert_eq!(
+        coop.body["rotation"],
+        json!({"fenced": false, "checkpoint": null})
+    );
+
+    let unknown = h.health("nope").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+
+    h.sim.set_loaded_ref("plain", NEW);
+    assert_eq!(h.health("plain").await.body["overlay_ref"], NEW);
+}
+
+#[tokio::test]
+async fn busy_agent_reports_live_work_until_it_is_done() {
+    let h = Harness::start(fleet()).await;
+    assert!(
+        h.sim
+            .set_behaviour("m2", Behaviour::BusyFor(Duration::from_secs(60)))
+    );
+    let busy = h.health("m2").await;
+    assert_eq!(busy.body["activity"], "busy");
+    assert!(busy.body["live_sessions"].as_u64() >= Some(1));
+
+    h.sim.advance_clock(Duration::from_secs(61));
+    let idle = h.health("m2").await;
+    assert_eq!(idle.body["activity"], "idle");
+    assert_eq!(idle.body["live_sessions"], 0);
+    assert!(!h.sim.set_behaviour("nope", Behaviour::Normal));
+}
+
+#[tokio::test]
+async fn a_hung_agent_never_answers_but_blocks_nobody() {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_behaviour("m1", Behaviour::Hang);
+
+    let hung = within(
+        h.http
+            .get(h.agent_url("m1", "health"))
+            .timeout(Duration::from_millis(300))
+            .send(),
+    )
+    .await;
+    let err = hung.expect_err("a hung agent must not answer");
+    assert!(err.is_timeout(), "{err}");
+
+    // While one request hangs, others are served.
+    let pending = h.http.get(h.agent_url("m1", "health")).send();
+    let (still_hung, other) = tokio::join!(
+        tokio::time::timeout(Duration::from_millis(300), pending),
+        h.health("m2")
+    );
+    assert!(still_hung.is_err(), "hang persists");
+    assert_eq!(other.status, StatusCode::OK);
+    let unanswered = h
+        .sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.machine_id.as_deref() == Some("m1") && r.status.is_none())
+        .count();
+    assert_eq!(unanswered, 2);
+}
+
+#[tokio::test]
+async fn garbage_missing_and_non_hex_reports() {
+    let h = Harness::start(fleet()).await;
+
+    h.sim.set_behaviour("m1", Behaviour::Garbage);
+    let response = within(h.http.get(h.agent_url("m1", "health")).send())
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = within(response.bytes()).await.expect("body");
+    assert!(!body.is_empty());
+    assert!(
+        serde_json::from_slice::<Value>(&body).is_err(),
+        "garbage must not parse as JSON"
+    );
+
+    h.sim.set_behaviour("m1", Behaviour::MissingRef);
+    let missing = h.health("m1").await;
+    assert_eq!(missing.status, StatusCode::OK);
+    assert!(missing.body.is_object());
+    assert!(missing.body.get("overlay_ref").is_none());
+    assert_eq!(missing.body["activity"], "idle");
+
+    h.sim.set_behaviour("m1", Behaviour::NonHexRef);
+    let non_hex = h.health("m1").await;
+    assert_eq!(non_hex.body["overlay_ref"], NON_HEX_REF);
+    assert_eq!(NON_HEX_REF, "release-2026-11");
+
+    h.sim.set_behaviour("m1", Behaviour::HttpError(500));
+    let failing = h.health("m1").await;
+    assert_eq!(failing.status, StatusCode::INTERNAL_SERVER_ERROR);
+    h.sim.set_behaviour("m1", Behaviour::HttpError(429));
+    assert_eq!(h.health("m1").await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn oversized_report_is_streamed_past_one_mebibyte() {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_behaviour("m1", Behaviour::Oversized);
+    let response = within(h.http.get(h.agent_url("m1", "health")).send())
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers().get(header::CONTENT_LENGTH).is_none(),
+        "streamed without a length"
+    );
+    let body = within(response.bytes()).await.expect("body");
+    assert!(
+        body.len() > 1024 * 1024,
+        "body is only {} bytes",
+        body.len()
+    );
+    let report: Value = serde_json::from_slice(&body).expect("valid-looking JSON");
+    assert_eq!(report["overlay_ref"], OLD);
+}
+
+#[tokio::test]
+async fn drain_handshake_with_agent_token() {
+    let fleet = SimFleet::new(TOKEN).release_tip(TIP).app(
+        SimApp::new(APP)
+            .machine(
+                SimMachine::new("coop")
+                    .loaded(OLD)
+                    .cooperative()
+                    .agent_token(AGENT_TOKEN)
+                    .live_sessions(1)
+                    .behaviour(Behaviour::BusyFor(Duration::from_secs(600))),
+            )
+            .machine(SimMachine::new("plain")),
+    );
+    let h = Harness::start(fleet).await;
+    let tag = json!({"rotation": "rot-42"});
+
+    let no_token = h
+        .agent_post("coop", "overlay/drain", None, tag.clone())
+        .await;
+    assert_eq!(no_token.status, StatusCode::UNAUTHORIZED);
+    let fly_token = h
+        .agent_post("coop", "overlay/drain", Some(TOKEN), tag.clone())
+        .await;
+    assert_eq!(fly_token.status, StatusCode::UNAUTHORIZED);
+    assert!(h.sim.machine("coop").expect("coop").fence.is_none());
+
+    let bad_body = h
+        .agent_post("coop", "overlay/drain", Some(AGENT_TOKEN), json!({}))
+        .await;
+    assert_eq!(bad_body.status, StatusCode::BAD_REQUEST);
+
+    let drained = h
+        .agent_post("coop", "overlay/drain", Some(AGENT_TOKEN), tag.clone())
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+
+    // Fenced, but the current work still runs: no checkpoint yet.
+    let working = h.health("coop").await;
+    assert_eq!(
+        working.body["rotation"],
+        json!({"fenced": true, "checkpoint": null})
+    );
+    assert_eq!(working.body["activity"], "busy");
+    assert!(working.body["live_sessions"].as_u64() >= Some(1));
+
+    // The work finishes: the agent checkpoints and reports idle with nothing to lose.
+    h.sim.advance_clock(Duration::from_secs(601));
+    let ready = h.health("coop").await;
+    assert_eq!(
+        ready.body["rotation"],
+        json!({"fenced": true, "checkpoint": "rot-42"})
+    );
+    assert_eq!(ready.body["activity"], "idle");
+    assert_eq!(ready.body["live_sessions"], 0);
+
+    let wrong_tag = h
+        .agent_post(
+            "coop",
+            "overlay/undrain",
+            Some(AGENT_TOKEN),
+            json!({"rotation": "rot-7"}),
+        )
+        .await;
+    assert_eq!(wrong_tag.status, StatusCode::CONFLICT);
+    let undrained = h
+        .agent_post("coop", "overlay/undrain", Some(AGENT_TOKEN), tag.clone())
+        .await;
+    assert_eq!(undrained.status, StatusCode::OK);
+    let released = h.health("coop").await;
+    assert_eq!(
+        released.body["rotation"],
+        json!({"fenced": false, "checkpoint": null})
+    );
+    assert_eq!(
+        released.body["live_sessions"], 1,
+        "open sessions are back once unfenced"
+    );
+
+    // An agent without the capability does not serve the endpoint.
+    let unsupported = h
+        .agent_post("plain", "overlay/drain", None, tag.clone())
+        .await;
+    assert_eq!(unsupported.status, StatusCode::NOT_FOUND);
+
+    let log = h.sim.requests();
+    let agent_posts: Vec<_> = log
+        .iter()
+        .filter(|r| r.target == RequestTarget::Agent && r.method == "POST")
+        .collect();
+    assert_eq!(agent_posts.len(), 7);
+    assert_eq!(agent_posts[1].credential, Credential::FlyToken);
+    assert!(!agent_posts[1].authorized);
+    assert_eq!(agent_posts[3].credential, Credential::AgentToken);
+    assert_eq!(agent_posts[3].action.as_deref(), Some("overlay/drain"));
+    assert!(agent_posts[3].body.contains("rot-42"));
+}
+
+#[tokio::test]
+async fn reload_loads_the_ref_in_place_after_a_delay() {
+    let fleet = SimFleet::new(TOKEN)
+        .release_tip(TIP)
+        .reload_delay(Duration::from_millis(50))
+        .app(
+            SimApp::new(APP)
+                .machine(
+                    SimMachine::new("coop")
+                        .loaded(OLD)
+                        .cooperative()
+                        .agent_token(AGENT_TOKEN),
+                )
+                .machine(
+                    SimMachine::new("drain-only")
+                        .loaded(OLD)
+                        .capability("drain"),
+                ),
+        );
+    let h = Harness::start(fleet).await;
+
+    let unauthorized = h
+        .agent_post("coop", "overlay/reload", None, json!({"ref": NEW}))
+        .await;
+    assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
+    let not_hex = h
+        .agent_post(
+            "coop",
+            "overlay/reload",
+            Some(AGENT_TOKEN),
+            json!({"ref": "main"}),
+        )
+        .await;
+    assert_eq!(not_hex.status, StatusCode::BAD_REQUEST);
+    let unsupported = h
+        .agent_post("drain-only", "overlay/reload", None, json!({"ref": NEW}))
+        .await;
+    assert_eq!(unsupported.status, StatusCode::NOT_FOUND);
+
+    let accepted = h
+        .agent_post(
+            "coop",
+            "overlay/reload",
+            Some(AGENT_TOKEN),
+            json!({"ref": NEW}),
+        )
+        .await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED);
+
+    // Success shows only in a later report.
+    within(async {
+        loop {
+            if h.health("coop").await.body["overlay_ref"] == NEW {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(h.sim.machine("coop").expect("coop").loaded_ref, NEW);
+    assert_eq!(h.sim.machine("coop").expect("coop").restart_count, 0);
+}
+
+#[tokio::test]
+async fn hung_and_failing_agents_misbehave_on_cooperative_endpoints_too() {
+    let fleet =
+        SimFleet::new(TOKEN).app(SimApp::new(APP).machine(SimMachine::new("coop").cooperative()));
+    let h = Harness::start(fleet).await;
+    h.sim.set_behaviour("coop", Behaviour::HttpError(503));
+    let failing = h
+        .agent_post("coop", "overlay/drain", None, json!({"rotation": "r"}))
+        .await;
+    assert_eq!(failing.status, StatusCode::SERVICE_UNAVAILABLE);
+
+    h.sim.set_behaviour("coop", Behaviour::Hang);
+    let hung = within(
+        h.http
+            .post(h.agent_url("coop", "overlay/drain"))
+            .json(&json!({"rotation": "r"}))
+            .timeout(Duration::from_millis(300))
+            .send(),
+    )
+    .await;
+    assert!(hung.expect_err("hangs").is_timeout());
+    assert!(h.sim.machine("coop").expect("coop").fence.is_none());
+}
+
+#[tokio::test]
+async fn fail_next_answers_the_injected_status_with_retry_after() {
+    let h = Harness::start(fleet()).await;
+    h.sim.fail_next(2, 429, Some(7));
+    for _ in 0..2 {
+        let throttled = h.get("/m1").await;
+        assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
+        let retry_after = throttled
+            .headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(retry_after, Some("7"));
+        assert!(!error_text(&throttled).is_empty());
+    }
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
+
+    // Without Retry-After; an unauthenticated request does not consume the fault.
+    h.sim.fail_next(1, 503, None);
+    let unauthenticated = reply(h.http.get(h.machines_url(APP, "/m1"))).await;
+    assert_eq!(unauthenticated.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(h.sim.pending_failures(), 1);
+    let unavailable = h.post("/m1/restart", None, None).await;
+    assert_eq!(unavailable.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(unavailable.headers.get(header::RETRY_AFTER).is_none());
+    assert_eq!(
+        h.sim.machine("m1").expect("m1").restart_count,
+        0,
+        "an injected failure has no effect"
+    );
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
+
+    // Agents are not affected by Fly API faults.
+    h.sim.fail_next(1, 500, None);
+    assert_eq!(h.health("m1").await.status, StatusCode::OK);
+    assert_eq!(h.sim.pending_failures(), 1);
+}
+
+#[tokio::test]
+async fn optional_rate_limit_answers_429_per_machine_and_action() {
+    let h = Harness::start(fleet().rate_limit(RateLimit {
+        per_second: 0.01,
+        burst: 2,
+    }))
+    .await;
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let limited = h.post("/m1/cordon", None, None).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let secs: u64 = limited
+        .headers
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("numeric Retry-After");
+    assert!(secs >= 1);
+    // Another action and another machine have their own budgets.
+    assert_eq!(
+        h.post("/m1/uncordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/m2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+
+    h.sim.set_rate_limit(None);
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn shutdown_releases_hung_requests_and_long_polls() {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_behaviour("m1", Behaviour::Hang);
+    let hung = tokio::spawn(h.http.get(h.agent_url("m1", "health")).send());
+    let long_poll = tokio::spawn(
+        h.http
+            .get(h.machines_url(APP, "/m2/wait?state=stopped&timeout=60"))
+            .bearer_auth(TOKEN)
+            .send(),
+    );
+    // Let both requests reach the server before shutting it down.
+    within(async {
+        while h.sim.requests().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    let Harness { sim, http: _http } = h;
+    within(sim.shutdown()).await;
+    for task in [hung, long_poll] {
+        let outcome = within(task).await.expect("request task did not panic");
+        if let Ok(response) = outcome {
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
+}
+
+#[tokio::test]
+async fn duplicate_machine_ids_are_rejected_at_start() {
+    let fleet = SimFleet::new(TOKEN)
+        .app(SimApp::new("a").machine(SimMachine::new("m1")))
+        .app(SimApp::new("b").machine(SimMachine::new("m1")));
+    let err = within(Sim::start(fleet)).await.expect_err("duplicate ids");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn urls_point_at_the_loopback_server() {
+    let h = Harness::start(fleet()).await;
+    let addr = h.sim.addr();
+    assert!(addr.ip().is_loopback());
+    assert_eq!(h.sim.api_url(), format!("http://{addr}"));
+    assert_eq!(
+        h.sim.health_url_template(),
+        format!("http://{addr}/agents/{{machine_id}}/health")
+    );
+    let url = h.sim.health_url_template().replace("{machine_id}", "m2");
+    assert_eq!(reply(h.http.get(url)).await.status, StatusCode::OK);
+    assert_eq!(h.sim.machine_ids(APP), vec!["m1", "m2", "m3"]);
+    let not_found = reply(h.http.get(format!("{}/nothing", h.sim.api_url()))).await;
+    assert_eq!(not_found.status, StatusCode::NOT_FOUND);
+}

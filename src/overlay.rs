@@ -50,6 +50,31 @@ const MAX_CACHED_RANGES: usize = 10_000;
 const MAX_CACHED_RESOLUTIONS: usize = 20_000;
 const MAX_CACHED_COMMITS: usize = 50_000;
 const REDACTED: &str = "[redacted]";
+/// libgit2 waits forever on a stalled https server by default; a hung fetch
+/// would hold the fetch lock and a blocking thread for good.
+const GIT_CONNECT_TIMEOUT_MS: i32 = 10_000;
+const GIT_IO_TIMEOUT_MS: i32 = 60_000;
+
+/// Sets libgit2's process-wide network timeouts, once, before any fetch.
+fn set_network_timeouts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: libgit2 requires these globals be set while no other thread
+        // is using its network layer. Every fetch in this process goes through
+        // an `Overlay`, and every `Overlay` is created by `open`, which runs
+        // this `Once` to completion before its first fetch can start.
+        unsafe {
+            let connect =
+                git2::opts::set_server_connect_timeout_in_milliseconds(GIT_CONNECT_TIMEOUT_MS);
+            let io = git2::opts::set_server_timeout_in_milliseconds(GIT_IO_TIMEOUT_MS);
+            if connect.is_err() || io.is_err() {
+                tracing::warn!(
+                    "cannot set libgit2 network timeouts; a stalled git server may hang fetches"
+                );
+            }
+        }
+    });
+}
 
 /// Where the overlay comes from and where the mirror lives.
 #[derive(Clone)]
@@ -329,6 +354,7 @@ impl Overlay {
     /// is missing or empty, and points its `origin` at `source.repo`. Does not
     /// fetch.
     pub async fn open(source: OverlaySource) -> Result<Overlay, OverlayError> {
+        set_network_timeouts();
         let inner = spawn(move || open_blocking(source)).await?;
         Ok(Overlay {
             inner: Arc::new(inner),
@@ -813,7 +839,7 @@ fn commit_change_in(repo: &Repository, oid: Oid) -> Result<CommitChange, git2::E
     let commit = repo.find_commit(oid)?;
     let tree = commit.tree()?;
     let paths = match commit.parent_count() {
-        0 => BTreeSet::new(),
+        0 => changed_paths(repo, None, &tree)?,
         _ => {
             let mut common: Option<BTreeSet<String>> = None;
             for index in 0..commit.parent_count() {

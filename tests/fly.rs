@@ -1,0 +1,344 @@
+//! The Fly Machines API client against the simulator over loopback: request
+//! shapes, the auth header rule, leases and nonces, metadata CAS, wait, retries.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
+use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
+
+const TOKEN: &str = "fly-test-token";
+const TIP: &str = "1111111111111111111111111111111111111111";
+const OLD: &str = "2222222222222222222222222222222222222222";
+
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("finished in time")
+}
+
+async fn sim() -> Sim {
+    Sim::start(
+        SimFleet::new(TOKEN)
+            .release_tip(TIP)
+            .restart_delay(Duration::from_millis(200))
+            .app(
+                SimApp::new("agents")
+                    .machine(
+                        SimMachine::new("m1")
+                            .name("one")
+                            .region("iad")
+                            .loaded(OLD)
+                            .metadata("pool", "dispatch"),
+                    )
+                    .machine(SimMachine::new("m2").loaded(TIP).stopped()),
+            ),
+    )
+    .await
+    .unwrap()
+}
+
+fn client(sim: &Sim, token: &str) -> FlyClient {
+    let mut config = FlyClientConfig::new(&sim.api_url());
+    config.base_backoff = Duration::from_millis(20);
+    config.max_backoff = Duration::from_millis(100);
+    FlyClient::new(config, token).unwrap()
+}
+
+#[tokio::test]
+async fn lists_and_gets_machines_with_metadata() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    let machines = within(fly.list_machines("agents")).await.unwrap();
+    assert_eq!(machines.len(), 2);
+    let m1 = machines.iter().find(|m| m.id == "m1").unwrap();
+    assert_eq!(
+        (m1.name.as_str(), m1.region.as_str(), m1.state.as_str()),
+        ("one", "iad", "started")
+    );
+    assert_eq!(m1.metadata("pool"), Some("dispatch"));
+    assert!(!m1.instance_id.is_empty());
+    let m2 = within(fly.get_machine("agents", "m2")).await.unwrap();
+    assert!(!m2.is_started());
+    // Never summary=true: it drops metadata.
+    assert!(
+        sim.requests()
+            .iter()
+            .all(|r| !r.query.as_deref().unwrap_or("").contains("summary"))
+    );
+
+    let err = within(fly.list_machines("nope")).await.unwrap_err();
+    assert!(matches!(err, FlyError::NotFound { .. }), "{err}");
+    let err = within(fly.get_machine("agents", "zz")).await.unwrap_err();
+    assert!(err.to_string().contains("zz"), "{err}");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn auth_header_rule_and_rejection() {
+    let sim = sim().await;
+    within(client(&sim, TOKEN).list_machines("agents"))
+        .await
+        .unwrap();
+    // A FlyV1 macaroon is sent verbatim (not as Bearer).
+    within(client(&sim, &format!("FlyV1 {TOKEN}")).list_machines("agents"))
+        .await
+        .unwrap();
+    assert!(
+        sim.requests()
+            .iter()
+            .all(|r| r.credential == Credential::FlyToken)
+    );
+    let err = within(client(&sim, "wrong").list_machines("agents"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, FlyError::Unauthorized { status: 401, .. }),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("wrong"));
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn leases_carry_nonces_and_are_never_stolen() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    let lease = within(fly.acquire_lease("agents", "m1", Duration::from_secs(13), "rotation"))
+        .await
+        .unwrap();
+    assert!(!lease.nonce.is_empty());
+    assert_eq!(sim.machine("m1").unwrap().lease.unwrap().nonce, lease.nonce);
+    let body = sim.requests().last().unwrap().body.clone();
+    let sent: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(sent["ttl"], 13);
+    assert_eq!(sent["description"], "rotation");
+    assert!(
+        sim.requests()
+            .last()
+            .unwrap()
+            .query
+            .as_deref()
+            .unwrap()
+            .contains("ttl=13")
+    );
+
+    // Someone else (another replica) cannot take it: 409, typed.
+    let other = client(&sim, TOKEN);
+    let err = within(other.acquire_lease("agents", "m1", Duration::from_secs(13), "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
+    // A 409 is not retried: exactly one more request.
+    let acquires = sim
+        .requests()
+        .iter()
+        .filter(|r| r.action.as_deref() == Some("lease") && r.method == "POST")
+        .count();
+    assert_eq!(acquires, 2);
+
+    // Mutations without the nonce are refused; with it they pass.
+    let err = within(fly.cordon("agents", "m1", None)).await.unwrap_err();
+    assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
+    assert!(!sim.machine("m1").unwrap().cordoned);
+    within(fly.cordon("agents", "m1", Some(&lease.nonce)))
+        .await
+        .unwrap();
+    assert!(sim.machine("m1").unwrap().cordoned);
+    within(fly.set_metadata("agents", "m1", "k", "v", Some(&lease.nonce)))
+        .await
+        .unwrap();
+
+    let refreshed = within(fly.refresh_lease(
+        "agents",
+        "m1",
+        &lease.nonce,
+        Duration::from_secs(30),
+        "rotation",
+    ))
+    .await
+    .unwrap();
+    assert_eq!(refreshed.nonce, lease.nonce);
+    assert!(refreshed.expires_at >= lease.expires_at);
+
+    // Releasing with a wrong nonce fails and leaves the lease; the right one frees it.
+    let err = within(fly.release_lease("agents", "m1", "not-the-nonce"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
+    assert!(sim.machine("m1").unwrap().lease.is_some());
+    within(fly.release_lease("agents", "m1", &lease.nonce))
+        .await
+        .unwrap();
+    assert!(sim.machine("m1").unwrap().lease.is_none());
+    // Releasing an already-gone lease is fine.
+    within(fly.release_lease("agents", "m1", &lease.nonce))
+        .await
+        .unwrap();
+
+    // Every mutating request that succeeded carried our nonce.
+    for r in sim
+        .requests()
+        .iter()
+        .filter(|r| r.is_mutating() && r.status.is_some_and(|s| s < 300))
+    {
+        assert_eq!(
+            r.lease_nonce.as_deref(),
+            Some(lease.nonce.as_str()),
+            "{r:?}"
+        );
+    }
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn metadata_round_trip_and_compare_and_set() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    within(fly.set_metadata(
+        "agents",
+        "m1",
+        "fleet_reconciler_hold",
+        "ops: incident 42",
+        None,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        within(fly.get_metadata_key("agents", "m1", "fleet_reconciler_hold"))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("ops: incident 42")
+    );
+    assert_eq!(
+        within(fly.get_metadata_key("agents", "m1", "absent"))
+            .await
+            .unwrap(),
+        None
+    );
+    let all = within(fly.get_metadata("agents", "m1")).await.unwrap();
+    assert_eq!(all.get("pool").map(String::as_str), Some("dispatch"));
+    within(fly.delete_metadata("agents", "m1", "fleet_reconciler_hold", None))
+        .await
+        .unwrap();
+    assert!(
+        !sim.machine("m1")
+            .unwrap()
+            .metadata
+            .contains_key("fleet_reconciler_hold")
+    );
+
+    let version = within(fly.get_machine("agents", "m1"))
+        .await
+        .unwrap()
+        .instance_id;
+    let mut updates = BTreeMap::new();
+    updates.insert("a".to_string(), Some("1".to_string()));
+    updates.insert("pool".to_string(), None);
+    within(fly.patch_metadata("agents", "m1", &updates, Some(&version), None))
+        .await
+        .unwrap();
+    let md = sim.machine("m1").unwrap().metadata;
+    assert_eq!(md.get("a").map(String::as_str), Some("1"));
+    assert!(!md.contains_key("pool"), "null removes a key");
+    // The same version again is stale now: 412, typed, nothing written.
+    updates.insert("a".to_string(), Some("2".to_string()));
+    let err = within(fly.patch_metadata("agents", "m1", &updates, Some(&version), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FlyError::StaleVersion { .. }), "{err}");
+    assert_eq!(
+        sim.machine("m1")
+            .unwrap()
+            .metadata
+            .get("a")
+            .map(String::as_str),
+        Some("1")
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_then_wait_and_wait_timeout() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    within(fly.restart("agents", "m1", Some(Duration::from_secs(10)), None))
+        .await
+        .unwrap();
+    let r = sim
+        .requests()
+        .into_iter()
+        .find(|r| r.action.as_deref() == Some("restart"))
+        .unwrap();
+    assert_eq!(r.query.as_deref(), Some("timeout=10s"));
+    within(fly.wait("agents", "m1", "started", Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let view = sim.machine("m1").unwrap();
+    assert_eq!(
+        (
+            view.state.as_str(),
+            view.loaded_ref.as_str(),
+            view.restart_count
+        ),
+        ("started", TIP, 1)
+    );
+
+    // A stopped machine never becomes started: Fly's 408 becomes WaitTimeout, not retried.
+    sim.clear_requests();
+    let err = within(fly.wait("agents", "m2", "started", Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FlyError::WaitTimeout { .. }), "{err}");
+    assert_eq!(sim.requests().len(), 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn transient_errors_retry_but_unsafe_calls_do_not_repeat() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    sim.fail_next(3, 503, None);
+    within(fly.list_machines("agents")).await.unwrap();
+    assert_eq!(sim.pending_failures(), 0);
+
+    // Retries are bounded: more failures than retries is an error naming the status.
+    sim.fail_next(10, 502, None);
+    let err = within(fly.list_machines("agents")).await.unwrap_err();
+    assert!(matches!(err, FlyError::Status { status: 502, .. }), "{err}");
+    assert_eq!(sim.pending_failures(), 10 - 5, "1 try + 4 retries");
+
+    // A 5xx on restart may have restarted the machine: not repeated blindly.
+    while sim.pending_failures() > 0 {
+        let _ = fly.list_machines("agents").await;
+    }
+    sim.fail_next(1, 500, None);
+    let err = within(fly.restart("agents", "m1", None, None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FlyError::Status { status: 500, .. }), "{err}");
+    // …but a 429 (not processed) is.
+    sim.fail_next(1, 429, Some(0));
+    within(fly.restart("agents", "m1", None, None))
+        .await
+        .unwrap();
+    assert_eq!(sim.machine("m1").unwrap().restart_count, 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn unreachable_api_is_a_transport_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut config = FlyClientConfig::new(&format!("http://127.0.0.1:{port}"));
+    config.base_backoff = Duration::from_millis(5);
+    config.max_retries = 2;
+    let fly = FlyClient::new(config, TOKEN).unwrap();
+    let err = within(fly.list_machines("agents")).await.unwrap_err();
+    assert!(matches!(err, FlyError::Transport { .. }), "{err}");
+    assert!(err.to_string().contains("unreachable"), "{err}");
+    assert_eq!(err.kind(), "transport");
+}

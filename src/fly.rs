@@ -292,7 +292,7 @@ impl FlyClient {
         headers.insert(AUTHORIZATION, auth);
         let http = reqwest::Client::builder()
             .default_headers(headers)
-            .user_agent(concat!("fleet-reconciler/", env!("CARGO_PKG_VERSION")))
+            .user_agent(crate::http::USER_AGENT)
             .connect_timeout(config.request_timeout.min(Duration::from_secs(10)))
             // Following a redirect could carry the token to another host.
             .redirect(reqwest::redirect::Policy::none())
@@ -672,7 +672,7 @@ impl FlyClient {
                             op: call.op,
                             app: call.app.to_string(),
                             machine: call.machine.map(str::to_string),
-                            message: transport_message(&e),
+                            message: crate::http::describe(&e),
                         });
                     }
                     let retry_after = parse_retry_after(resp.headers());
@@ -704,7 +704,7 @@ impl FlyClient {
                             op: call.op,
                             app: call.app.to_string(),
                             machine: call.machine.map(str::to_string),
-                            message: transport_message(&e),
+                            message: crate::http::describe(&e),
                         });
                     }
                     (true, None)
@@ -767,26 +767,6 @@ fn httpdate_to_system_time(v: &str) -> Option<std::time::SystemTime> {
     chrono::DateTime::parse_from_rfc2822(v)
         .ok()
         .map(|d| std::time::SystemTime::from(d.with_timezone(&chrono::Utc)))
-}
-
-/// Reqwest errors print the URL; describe the failure and its causes instead.
-fn transport_message(e: &reqwest::Error) -> String {
-    let mut msg = String::from(if e.is_timeout() {
-        "request timed out"
-    } else if e.is_connect() {
-        "connection failed"
-    } else if e.is_body() || e.is_decode() {
-        "error reading the response body"
-    } else {
-        "request failed"
-    });
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }
 
 fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {

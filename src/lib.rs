@@ -12,11 +12,14 @@
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`model`] | shared vocabulary: `CommitId`, `MachineStatus`, `Severity`, `PolicyAction` |
 //! | [`fly`] | Fly Machines API client: typed calls, retries, leases, metadata |
+//! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
 //! | [`probe`] | concurrent, size- and time-bounded agent health polling |
 //! | [`overlay`] | the git mirror: tip, ref resolution, drift ranges, caches |
 //! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
 //! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
 //! | [`daemon`] | wiring from config + secrets, and the sweep loop |
+//! | [`events`] | alerts (conditions) and one-shot action events for on-call |
+//! | [`operator`] | hold / release / approve as Fly metadata writes |
 //! | [`report`] | the table and JSON renderings of a `FleetReport` |
 //! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
 //! | [`demo`] | the `demo` command's scenario |
@@ -35,8 +38,11 @@
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod events;
 pub mod fly;
+pub mod http;
 pub mod model;
+pub mod operator;
 pub mod overlay;
 pub mod probe;
 pub mod report;

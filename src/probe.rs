@@ -116,7 +116,7 @@ pub struct Prober {
 impl Prober {
     pub fn new(config: &ProbeConfig) -> Result<Prober, ProbeBuildError> {
         let http = reqwest::Client::builder()
-            .user_agent(concat!("fleet-reconciler/", env!("CARGO_PKG_VERSION")))
+            .user_agent(crate::http::USER_AGENT)
             .connect_timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -163,7 +163,7 @@ impl Prober {
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
             .await
-            .map_err(|e| ProbeOutcome::Unreachable(describe(&e)))?;
+            .map_err(|e| ProbeOutcome::Unreachable(crate::http::describe(&e)))?;
         let status = resp.status();
         if !status.is_success() {
             return Err(ProbeOutcome::Unreachable(format!(
@@ -182,7 +182,7 @@ impl Prober {
         while let Some(chunk) = resp
             .chunk()
             .await
-            .map_err(|e| ProbeOutcome::Unreachable(describe(&e)))?
+            .map_err(|e| ProbeOutcome::Unreachable(crate::http::describe(&e)))?
         {
             if body.len() + chunk.len() > self.max_body {
                 // Dropping the response closes the connection: the rest is never read.
@@ -192,23 +192,6 @@ impl Prober {
         }
         Ok(body)
     }
-}
-
-fn describe(e: &reqwest::Error) -> String {
-    let mut msg = String::from(if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
-        "timed out"
-    } else {
-        "request failed"
-    });
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }
 
 /// Parses and validates a report body (DESIGN §4).

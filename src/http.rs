@@ -1,0 +1,28 @@
+//! Small helpers shared by the outbound HTTP clients (Fly API, agent probes).
+//!
+//! Owns how we name ourselves and how a transport failure is described. It
+//! must never put a URL in a description: the caller says which machine or
+//! app it was talking to, and URLs may carry what logs should not.
+
+/// `User-Agent` of every request the daemon makes.
+pub const USER_AGENT: &str = concat!("fleet-reconciler/", env!("CARGO_PKG_VERSION"));
+
+/// A transport failure and its causes, without the URL reqwest would print.
+pub fn describe(e: &reqwest::Error) -> String {
+    let mut msg = String::from(if e.is_timeout() {
+        "request timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "error reading the response body"
+    } else {
+        "request failed"
+    });
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}

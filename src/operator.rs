@@ -1,0 +1,206 @@
+//! Operator controls: hold, release and approve, as Fly metadata writes.
+//!
+//! Owns the metadata keys operators write and their formats (DESIGN §6), so
+//! the CLI, the admin API and any number of reconciler replicas agree. A hold
+//! is only ever written and cleared here, by an operator; the daemon reads it
+//! and never clears it. It must never touch the rotation marker.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::fly::{FlyClient, FlyError, Machine};
+
+/// Metadata key of the rotation marker (owned by the executor).
+pub const MARKER_KEY: &str = "fleet_reconciler_rotation";
+/// Metadata key of an operator hold (any value).
+pub const HOLD_KEY: &str = "fleet_reconciler_hold";
+/// Metadata key of an operator approval (JSON [`Approval`]).
+pub const APPROVE_KEY: &str = "fleet_reconciler_approve";
+
+/// How an approved `manual` rotation proceeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalMode {
+    /// Restart now, like `restart` with no grace.
+    Now,
+    /// Proceed like `alert-and-wait`: restart at the first report with no live work.
+    WhenIdle,
+}
+
+/// One approval of one rotation: valid only for the commit it names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// The target commit (full hex) the operator approved rotating to.
+    pub target: String,
+    pub mode: ApprovalMode,
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+impl Approval {
+    /// Parses a metadata value; a malformed approval authorizes nothing.
+    pub fn parse(value: &str) -> Option<Approval> {
+        serde_json::from_str(value).ok()
+    }
+}
+
+/// The hold value written by `hold`: who and why, for the next operator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub by: String,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("machine {machine_id} is not in any configured app ({apps})")]
+    UnknownMachine { machine_id: String, apps: String },
+    #[error(
+        "machine {machine_id} is leased by another actor; retried for {waited:?}, try again shortly"
+    )]
+    Leased {
+        machine_id: String,
+        waited: Duration,
+    },
+    #[error(transparent)]
+    Fly(#[from] FlyError),
+}
+
+/// Performs operator commands through the Fly API.
+#[derive(Clone, Debug)]
+pub struct Operator {
+    fly: FlyClient,
+    apps: Vec<String>,
+    /// How long to keep retrying while a reconciler holds the machine's lease.
+    lease_patience: Duration,
+}
+
+impl Operator {
+    pub fn new(fly: FlyClient, config: &Config) -> Operator {
+        Operator {
+            fly,
+            apps: config.apps.iter().map(|a| a.name.clone()).collect(),
+            lease_patience: Duration::from_secs(30),
+        }
+    }
+
+    pub fn with_lease_patience(mut self, patience: Duration) -> Operator {
+        self.lease_patience = patience;
+        self
+    }
+
+    /// Finds the machine in the configured apps.
+    pub async fn locate(&self, machine_id: &str) -> Result<(String, Machine), OperatorError> {
+        for app in &self.apps {
+            match self.fly.get_machine(app, machine_id).await {
+                Ok(m) => return Ok((app.clone(), m)),
+                Err(FlyError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OperatorError::UnknownMachine {
+            machine_id: machine_id.to_string(),
+            apps: self.apps.join(", "),
+        })
+    }
+
+    /// Puts a hold on the machine: no reconciler acts on it until `release`.
+    pub async fn hold(
+        &self,
+        machine_id: &str,
+        by: &str,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<String, OperatorError> {
+        let (app, _) = self.locate(machine_id).await?;
+        let value = serde_json::to_string(&Hold {
+            by: by.to_string(),
+            reason: reason.to_string(),
+            at: now,
+        })
+        .unwrap_or_default();
+        self.patiently(machine_id, || {
+            self.fly
+                .set_metadata(&app, machine_id, HOLD_KEY, &value, None)
+        })
+        .await?;
+        Ok(app)
+    }
+
+    /// Clears an operator hold.
+    pub async fn release(&self, machine_id: &str) -> Result<String, OperatorError> {
+        let (app, _) = self.locate(machine_id).await?;
+        self.patiently(machine_id, || {
+            self.fly.delete_metadata(&app, machine_id, HOLD_KEY, None)
+        })
+        .await?;
+        Ok(app)
+    }
+
+    /// Authorizes one `manual` rotation of the machine to `target`.
+    pub async fn approve(
+        &self,
+        machine_id: &str,
+        approval: &Approval,
+    ) -> Result<String, OperatorError> {
+        let (app, _) = self.locate(machine_id).await?;
+        let value = serde_json::to_string(approval).unwrap_or_default();
+        self.patiently(machine_id, || {
+            self.fly
+                .set_metadata(&app, machine_id, APPROVE_KEY, &value, None)
+        })
+        .await?;
+        Ok(app)
+    }
+
+    /// Metadata writes on a machine a reconciler is rotating are refused
+    /// (409) while it holds the lease, which it keeps only for seconds at a
+    /// time: wait for it rather than fail, and never take the lease away.
+    async fn patiently<F, Fut>(&self, machine_id: &str, mut write: F) -> Result<(), OperatorError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), FlyError>>,
+    {
+        let started = tokio::time::Instant::now();
+        let mut delay = Duration::from_millis(250);
+        loop {
+            match write().await {
+                Err(FlyError::LeaseConflict { .. }) if started.elapsed() < self.lease_patience => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(4));
+                }
+                Err(FlyError::LeaseConflict { .. }) => {
+                    return Err(OperatorError::Leased {
+                        machine_id: machine_id.to_string(),
+                        waited: started.elapsed(),
+                    });
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approval_round_trips_and_garbage_authorizes_nothing() {
+        let a = Approval {
+            target: "a".repeat(40),
+            mode: ApprovalMode::WhenIdle,
+            by: "alice".into(),
+            at: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        assert!(text.contains("\"when-idle\""), "{text}");
+        assert_eq!(Approval::parse(&text), Some(a));
+        assert_eq!(Approval::parse("yes"), None);
+        assert_eq!(Approval::parse("{\"target\":\"x\"}"), None);
+    }
+}

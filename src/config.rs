@@ -252,6 +252,10 @@ pub struct RotationConfig {
     pub recent_input_guard: Duration,
     #[serde(default = "secs::<30>", deserialize_with = "duration")]
     pub heartbeat_max_age: Duration,
+    /// Claim settle window: how long a claim waits before re-reading the
+    /// pool's markers, so replicas agree on who got the slots (see `rotation`).
+    #[serde(default = "secs::<5>", deserialize_with = "duration")]
+    pub claim_settle: Duration,
 }
 
 impl Default for RotationConfig {
@@ -266,6 +270,7 @@ impl Default for RotationConfig {
             verify_deadline: Duration::from_secs(300),
             recent_input_guard: Duration::from_secs(600),
             heartbeat_max_age: Duration::from_secs(30),
+            claim_settle: Duration::from_secs(5),
         }
     }
 }

@@ -10,7 +10,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use crate::executor::{Executor, StepReport};
+use crate::reconcile::{self, Plan, PlanInput, Tracker};
 
 use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
@@ -84,37 +89,65 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
 /// What one turn of the loop produced.
 #[derive(Debug)]
 pub enum SweepOutcome {
-    Swept {
-        report: Box<FleetReport>,
-        duration: Duration,
-        /// Set when this sweep used a tip older than the last fetch attempt.
-        fetch_error: Option<String>,
-    },
-    Failed {
-        error: String,
-    },
+    Swept(Box<Cycle>),
+    Failed { error: String, kind: &'static str },
 }
 
-/// Sweeps every `sweep.interval` until `shutdown`, fetching the overlay when
-/// `fetch_interval` has passed. A failed fetch keeps the last known tip (and
-/// says so); without any tip yet, the sweep fails. `on_sweep` sees every outcome.
-pub async fn sweep_loop(
+/// One successful sweep, its plan, and what the executor did.
+#[derive(Debug)]
+pub struct Cycle {
+    pub report: FleetReport,
+    pub plan: Plan,
+    pub steps: Vec<StepReport>,
+    /// Observe + plan + act.
+    pub duration: Duration,
+    /// When the overlay was last fetched successfully.
+    pub tip_fetched_at: Option<DateTime<Utc>>,
+    /// Set when this sweep used a tip older than the last fetch attempt.
+    pub fetch_error: Option<String>,
+    pub now: DateTime<Utc>,
+}
+
+/// Loop settings beyond the config.
+pub struct LoopOptions<'a> {
+    /// Carries out plans; `None` observes and plans only (no Fly writes).
+    pub executor: Option<&'a Executor>,
+    /// Woken by `POST /api/v1/refresh`: fetch the overlay and sweep now.
+    pub refresh: Option<Arc<Notify>>,
+    /// This reconciler's identity, written into markers.
+    pub owner: String,
+}
+
+/// Sweeps every `sweep.interval` until `shutdown`: fetch the overlay when
+/// `fetch_interval` has passed (a failed fetch keeps the last known tip),
+/// sweep, plan, and (with an executor) act. `on_cycle` sees every outcome.
+/// On shutdown, steps in flight finish their short Fly calls and release
+/// their leases; markers were written before acting, so they stay consistent.
+pub async fn reconcile_loop(
     sweeper: &Sweeper,
+    options: LoopOptions<'_>,
     shutdown: CancellationToken,
-    mut on_sweep: impl FnMut(SweepOutcome),
+    mut on_cycle: impl FnMut(SweepOutcome),
 ) {
     let mut ticker = tokio::time::interval(sweeper.config.sweep.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tip: Option<Tip> = None;
     let mut last_fetch: Option<Instant> = None;
+    let mut tip_fetched_at: Option<DateTime<Utc>> = None;
+    let mut tracker = Tracker::default();
+    let refresh = options.refresh.clone().unwrap_or_default();
     loop {
+        let mut force_fetch = false;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
+            _ = refresh.notified() => force_fetch = true,
         }
         let started = Instant::now();
         let mut fetch_error = None;
-        if last_fetch.is_none_or(|t| t.elapsed() >= sweeper.config.overlay.fetch_interval) {
+        if force_fetch
+            || last_fetch.is_none_or(|t| t.elapsed() >= sweeper.config.overlay.fetch_interval)
+        {
             last_fetch = Some(Instant::now());
             match sweeper.overlay.fetch().await {
                 Ok(t) => {
@@ -122,6 +155,7 @@ pub async fn sweep_loop(
                         tracing::info!(branch = %t.branch, commit = %t.commit, "overlay release tip");
                     }
                     tip = Some(t);
+                    tip_fetched_at = Some(Utc::now());
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "overlay fetch failed; keeping the last known tip");
@@ -130,30 +164,53 @@ pub async fn sweep_loop(
             }
         }
         let Some(current) = tip.clone() else {
-            on_sweep(SweepOutcome::Failed {
+            on_cycle(SweepOutcome::Failed {
                 error: format!(
                     "no overlay tip yet: {}",
                     fetch_error.unwrap_or_else(|| "fetch pending".into())
                 ),
+                kind: "overlay",
             });
             continue;
         };
-        let outcome = tokio::select! {
+        let swept = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = sweeper.sweep(&current) => r,
         };
-        match outcome {
-            Ok(report) => on_sweep(SweepOutcome::Swept {
-                report: Box::new(report),
-                duration: started.elapsed(),
-                fetch_error,
-            }),
+        let report = match swept {
+            Ok(report) => report,
             Err(e) => {
                 tracing::warn!(error = %e, kind = e.kind(), "sweep failed");
-                on_sweep(SweepOutcome::Failed {
+                on_cycle(SweepOutcome::Failed {
                     error: e.to_string(),
-                })
+                    kind: e.kind(),
+                });
+                continue;
             }
-        }
+        };
+        let now = Utc::now();
+        tracker.observe(&report, now);
+        let plan = reconcile::plan(&PlanInput {
+            config: &sweeper.config,
+            report: &report,
+            tracker: &tracker,
+            owner: &options.owner,
+            now,
+        });
+        let steps = match options.executor {
+            Some(executor) if !plan.steps.is_empty() && !shutdown.is_cancelled() => {
+                executor.execute(plan.steps.clone(), &shutdown).await
+            }
+            _ => Vec::new(),
+        };
+        on_cycle(SweepOutcome::Swept(Box::new(Cycle {
+            report,
+            plan,
+            steps,
+            duration: started.elapsed(),
+            tip_fetched_at,
+            fetch_error,
+            now,
+        })));
     }
 }

@@ -6,6 +6,7 @@
 //! three pools, and a release that ships while the demo runs. It must never
 //! reach beyond loopback or need a credential.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,7 +15,9 @@ use git2::{FileMode, Oid, Repository, Signature, Time};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthUrlTemplate};
-use crate::daemon::{self, Secrets, SweepOutcome};
+use crate::daemon::{self, LoopOptions, Secrets, SweepOutcome};
+use crate::executor::{Executor, ExecutorConfig, Outcome};
+use crate::operator::{Approval, ApprovalMode, Operator};
 use crate::report;
 use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
@@ -219,13 +222,19 @@ fn demo_machines(app_index: usize, pool: &str, h: &DemoHistory) -> Vec<SimMachin
         (tip.to_string(), None, Behaviour::Normal),
         (tip.to_string(), Some(7), Behaviour::Normal),
         (tip.to_string(), Some(12), Behaviour::Normal),
+        // Busy for an hour: in `dispatch`, restart interrupts it after its grace.
         (
             tip.to_string(),
             None,
             Behaviour::BusyFor(std::time::Duration::from_secs(3600)),
         ),
         (tip.to_string(), Some(7), Behaviour::Normal),
-        (tip.to_string(), None, Behaviour::Normal),
+        // Busy for a while: in `default`, alert-and-wait waits for it.
+        (
+            tip.to_string(),
+            None,
+            Behaviour::BusyFor(std::time::Duration::from_secs(30)),
+        ),
         (tip.to_string(), Some(7), Behaviour::Normal),
         (at(1), Some(7), Behaviour::Normal),
         (at(2), None, Behaviour::Normal),
@@ -274,6 +283,10 @@ fn demo_machines(app_index: usize, pool: &str, h: &DemoHistory) -> Vec<SimMachin
             if let Some(len) = abbrev {
                 m = m.report_ref_len(len);
             }
+            // One agent per app takes part in the drain handshake.
+            if i == 8 {
+                m = m.cooperative();
+            }
             // Every third machine has no pool key: it falls in the default pool.
             if i % 3 != 2 {
                 m = m.metadata("pool", pool);
@@ -309,7 +322,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let tip = *history.release.last().context("empty demo history")?;
 
     let pools = ["dispatch", "conversation"];
-    let mut fleet = SimFleet::new("demo-token").release_tip(tip.to_string());
+    let mut fleet = SimFleet::new("demo-token")
+        .release_tip(tip.to_string())
+        .restart_delay(std::time::Duration::from_secs(1));
     for (i, app) in config.apps.iter().enumerate() {
         fleet = fleet.app(SimApp::new(app.name.clone()).machines(demo_machines(
             i,
@@ -330,14 +345,20 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         app.health_url = template.clone();
     }
     let interval = config.sweep.interval;
-    let sweeper = daemon::connect(
-        Arc::new(config),
-        &Secrets {
-            fly_token: "demo-token".into(),
-            git_token: None,
-        },
-    )
-    .await?;
+    let config = Arc::new(config);
+    let secrets = Secrets {
+        fly_token: "demo-token".into(),
+        git_token: None,
+    };
+    let sweeper = daemon::connect(config.clone(), &secrets).await?;
+    let owner = format!("demo-{}", std::process::id());
+    let executor = Executor::new(
+        sweeper.fly.clone(),
+        config.clone(),
+        HashMap::new(),
+        ExecutorConfig::new(&owner, config.rotation.claim_settle),
+    )?;
+    let operator = Operator::new(sweeper.fly.clone(), &config);
 
     println!(
         "fleet-reconciler demo: simulated Fly API at {}, overlay repository at {}",
@@ -345,8 +366,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         repo_path.display()
     );
     println!(
-        "sweeping every {}; the release branch advances after the second sweep. ctrl-c to stop.\n",
-        humantime::format_duration(interval)
+        "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. ctrl-c to stop.\n",
+        humantime::format_duration(interval),
+        humantime::format_duration(config.rotation.min_drift_age),
     );
 
     let shutdown = CancellationToken::new();
@@ -358,25 +380,61 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     });
 
     let mut shown = 0u32;
-    let mut release_pending = true;
+    let mut released_at: Option<u32> = None;
+    let mut approved = false;
+    let mut quiet = 0u32;
     let stop = shutdown.clone();
-    let mut advance: Option<Oid> = None;
-    daemon::sweep_loop(&sweeper, shutdown.clone(), |outcome| {
+    let options_sweeps = options.sweeps;
+    let loop_options = LoopOptions {
+        executor: Some(&executor),
+        refresh: None,
+        owner: owner.clone(),
+    };
+    daemon::reconcile_loop(&sweeper, loop_options, shutdown.clone(), |outcome| {
         shown += 1;
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
-        match outcome {
-            SweepOutcome::Swept { report: fleet, duration, fetch_error } => {
-                print!("{}", report::to_table(&fleet));
-                println!("(swept in {} ms)", duration.as_millis());
-                if let Some(e) = fetch_error {
+        match &outcome {
+            SweepOutcome::Swept(cycle) => {
+                print!("{}", report::to_table_with_phases(&cycle.report, &cycle.plan.phases));
+                for s in &cycle.steps {
+                    println!("  {} → {}", s.step, match &s.outcome {
+                        Outcome::Done => "done".to_string(),
+                        Outcome::Skipped(why) => format!("skipped: {why}"),
+                        Outcome::Failed(why) => format!("FAILED: {why}"),
+                    });
+                }
+                println!("(cycle took {} ms)", cycle.duration.as_millis());
+                if let Some(e) = &cycle.fetch_error {
                     println!("warning: overlay fetch failed, using the last tip: {e}");
                 }
+                // Settled: after the release, nothing in progress or planned for 3 sweeps.
+                let busy = !cycle.steps.is_empty() || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);
+                quiet = if busy || released_at.is_none() { 0 } else { quiet + 1 };
+                // Play the operator once: approve one machine that waits for it.
+                if !approved && released_at.is_some_and(|r| shown >= r + 3) {
+                    if let Some((id, _)) = cycle.plan.phases.iter().find(|(_, p)| p.as_str() == "awaiting approval") {
+                        approved = true;
+                        let approval = Approval {
+                            target: cycle.report.tip.commit.clone(),
+                            mode: ApprovalMode::WhenIdle,
+                            by: "demo-operator".into(),
+                            at: cycle.now,
+                        };
+                        println!(">>> an operator approves {id}: fleet-reconciler approve {id} --when-idle");
+                        let (operator, id) = (operator.clone(), id.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = operator.approve(&id, &approval).await {
+                                println!("demo: approval failed: {e}");
+                            }
+                        });
+                    }
+                }
             }
-            SweepOutcome::Failed { error } => println!("sweep failed: {error}"),
+            SweepOutcome::Failed { error, .. } => println!("sweep failed: {error}"),
         }
         println!();
-        if shown == 2 && release_pending {
-            release_pending = false;
+        if shown == 2 && released_at.is_none() {
+            released_at = Some(shown);
             match repo.commit(
                 "release",
                 &[tip],
@@ -385,15 +443,16 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
             ) {
                 Ok(new_tip) => {
                     println!(">>> release branch advanced to {new_tip} (a guards/ change): machines on the old tip now drift\n");
-                    advance = Some(new_tip);
+                    sim.set_release_tip(&new_tip.to_string());
                 }
                 Err(e) => println!("demo: cannot advance the release branch: {e}"),
             }
         }
-        if let Some(new_tip) = advance.take() {
-            sim.set_release_tip(&new_tip.to_string());
-        }
-        if options.sweeps != 0 && shown >= options.sweeps {
+        let limit_reached = options_sweeps != 0 && shown >= options_sweeps;
+        if limit_reached || (options_sweeps == 0 && quiet >= 3) {
+            if !limit_reached {
+                println!("the fleet has settled: every machine that policy allows to rotate runs the release tip.");
+            }
             stop.cancel();
         }
     })

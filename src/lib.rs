@@ -16,6 +16,9 @@
 //! | [`probe`] | concurrent, size- and time-bounded agent health polling |
 //! | [`overlay`] | the git mirror: tip, ref resolution, drift ranges, caches |
 //! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
+//! | [`rotation`] | the rotation marker persisted in machine metadata; claim ranking |
+//! | [`reconcile`] | the pure planner: snapshot + markers + now → steps and alerts |
+//! | [`executor`] | carries out steps under Fly leases; writes markers before acting |
 //! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
 //! | [`daemon`] | wiring from config + secrets, and the sweep loop |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
@@ -39,13 +42,16 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod events;
+pub mod executor;
 pub mod fly;
 pub mod http;
 pub mod model;
 pub mod operator;
 pub mod overlay;
 pub mod probe;
+pub mod reconcile;
 pub mod report;
+pub mod rotation;
 pub mod severity;
 pub mod sim;
 pub mod sweep;

@@ -51,8 +51,8 @@ enum Command {
     ValidateConfig,
     /// Run against a built-in simulated fleet (no credentials, loopback only).
     Demo {
-        /// Sweeps to run before exiting (0 = until ctrl-c).
-        #[arg(long, default_value_t = 6)]
+        /// Sweeps to run before exiting (0 = until the fleet settles, or ctrl-c).
+        #[arg(long, default_value_t = 0)]
         sweeps: u32,
         /// Use this config instead of the built-in demo config.
         #[arg(long)]

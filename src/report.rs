@@ -3,6 +3,7 @@
 //! Owns presentation only; it must never compute a status or a count that the
 //! sweep did not already decide.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::model::MachineStatus;
@@ -16,12 +17,18 @@ pub fn to_json(report: &FleetReport) -> String {
 
 /// A readable table: one row per machine, then one coherence line per app.
 pub fn to_table(report: &FleetReport) -> String {
+    to_table_with_phases(report, &BTreeMap::new())
+}
+
+/// The table with a rotation PHASE column (machine id → phase), as `run` and
+/// `demo` show it.
+pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, String>) -> String {
     let headers = [
         "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
-        "STATUS", "DETAIL",
+        "STATUS", "PHASE", "DETAIL",
     ];
     let dash = || "-".to_string();
-    let rows: Vec<[String; 12]> = report
+    let rows: Vec<[String; 13]> = report
         .machines
         .iter()
         .map(|m| {
@@ -44,6 +51,7 @@ pub fn to_table(report: &FleetReport) -> String {
                 } else {
                     m.status.to_string()
                 },
+                phases.get(&m.machine_id).cloned().unwrap_or_else(dash),
                 m.detail.clone().unwrap_or_default(),
             ]
         })

@@ -70,6 +70,9 @@ pub struct MachineReport {
     /// The machine version (`instance_id`), for metadata compare-and-set.
     #[serde(skip)]
     pub version: String,
+    /// The rendered health URL (started machines), for cooperative calls.
+    #[serde(skip)]
+    pub health_url: Option<String>,
 }
 
 impl FleetReport {
@@ -146,7 +149,7 @@ impl Sweeper {
         let started: Vec<usize> = (0..machines.len())
             .filter(|&i| machines[i].1.is_started())
             .collect();
-        let urls = started
+        let urls: Vec<String> = started
             .iter()
             .map(|&i| {
                 let (app_index, m) = &machines[i];
@@ -160,7 +163,8 @@ impl Sweeper {
                 })
             })
             .collect();
-        let outcomes = self.prober.probe_all(urls).await;
+        let outcomes = self.prober.probe_all(urls.clone()).await;
+        let mut url_of: HashMap<usize, String> = started.iter().copied().zip(urls).collect();
         let mut probe_of: HashMap<usize, ProbeOutcome> =
             started.into_iter().zip(outcomes).collect();
 
@@ -184,13 +188,15 @@ impl Sweeper {
             .enumerate()
             .map(|(i, (app_index, m))| {
                 let app = &self.config.apps[app_index];
-                self.machine_report(
+                let mut r = self.machine_report(
                     &app.name,
                     app.pool_key.as_deref(),
                     m,
                     probe_of.remove(&i),
                     &analysis,
-                )
+                );
+                r.health_url = url_of.remove(&i);
+                r
             })
             .collect();
         Ok(build_report(&self.config, tip, reports))
@@ -224,6 +230,7 @@ impl Sweeper {
             report: None,
             metadata,
             version: m.instance_id,
+            health_url: None,
         };
         let drift = match probe {
             None => return r,

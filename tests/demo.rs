@@ -12,7 +12,9 @@ fn demo_detects_drift_and_the_release_it_ships() {
     // The built-in demo config with a short interval, so the test is quick.
     let config = fleet_reconciler::demo::DEMO_CONFIG
         .replace("interval = \"3s\"", "interval = \"400ms\"")
-        .replace("fetch_interval = \"1s\"", "fetch_interval = \"10ms\"");
+        .replace("fetch_interval = \"1s\"", "fetch_interval = \"10ms\"")
+        // Detection only: drift never gets old enough to act on.
+        .replace("min_drift_age = \"4s\"", "min_drift_age = \"1h\"");
     assert_ne!(
         config,
         fleet_reconciler::demo::DEMO_CONFIG,
@@ -82,4 +84,64 @@ fn demo_detects_drift_and_the_release_it_ships() {
         assert!(sweeps[0].contains(status), "{status} in\n{}", sweeps[0]);
     }
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
+
+#[test]
+fn demo_converges_waits_for_busy_agents_and_for_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fleet_reconciler::demo::DEMO_CONFIG
+        .replace("interval = \"2s\"", "interval = \"500ms\"")
+        .replace("min_drift_age = \"4s\"", "min_drift_age = \"1s\"")
+        .replace("restart_grace = \"10s\"", "restart_grace = \"3s\"");
+    let path = dir.path().join("demo.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(BIN)
+        .args(["demo", "--sweeps", "0", "--demo-config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("the fleet has settled"), "{stdout}");
+    let last = stdout.rsplit("── sweep ").next().unwrap();
+    let row = |name: &str| -> Vec<String> {
+        last.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(name))
+            .unwrap_or_else(|| panic!("{name} missing in {last}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    // Every dispatch agent that policy lets rotate runs the new tip.
+    for i in 0..=13 {
+        let r = row(&format!("agent-d-{i:02}"));
+        if i == 11 {
+            continue; // critical in the default pool: manual, approved below
+        }
+        assert_eq!(r[10], "on_tip", "agent-d-{i:02}: {r:?}");
+    }
+    // The approved manual machine converged; unapproved ones still wait.
+    assert!(
+        stdout.contains(">>> an operator approves 1115e1f000b"),
+        "{stdout}"
+    );
+    assert_eq!(row("agent-d-11")[10], "on_tip");
+    let waiting = row("agent-c-00");
+    assert_eq!(
+        &waiting[10..],
+        ["drifted", "awaiting", "approval"],
+        "{waiting:?}"
+    );
+    // The hour-busy agent in `dispatch` (restart) was interrupted only after its
+    // grace; the one in `default` (alert-and-wait) was waited for.
+    assert!(stdout.contains("restart agents-dispatch/1035e1f0003 (restart grace elapsed; live work may be interrupted)"), "{stdout}");
+    assert!(
+        stdout.contains("restart agents-dispatch/1055e1f0005 (no live work)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("FAILED"), "{stdout}");
 }

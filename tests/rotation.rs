@@ -1,0 +1,798 @@
+//! Remediation against the simulated fleet: the safety properties of DESIGN
+//! §5 and §6, each as an explicit test of the real loop (sweep → plan →
+//! execute) over loopback HTTP, with real git underneath.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use fleet_reconciler::config::Config;
+use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
+use fleet_reconciler::demo::DemoRepo;
+use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::executor::{Executor, ExecutorConfig};
+use fleet_reconciler::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY};
+use fleet_reconciler::rotation::{Marker, Phase};
+use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "rotation-test-token";
+
+struct World {
+    _dir: tempfile::TempDir,
+    repo: String,
+    mirror_root: std::path::PathBuf,
+    tip: String,
+    old: String,
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_path = dir.path().join("overlay.git");
+    let mut repo = DemoRepo::create(&repo_path).unwrap();
+    let h = repo.build_history().unwrap();
+    let n = h.release.len();
+    World {
+        repo: repo_path.display().to_string(),
+        mirror_root: dir.path().to_path_buf(),
+        tip: h.release[n - 1].to_string(),
+        // One commit behind, touching only skills/: severity low.
+        old: h.release[n - 2].to_string(),
+        _dir: dir,
+    }
+}
+
+/// A config with fast clocks; `extra` replaces/extends sections.
+fn config(
+    sim: &Sim,
+    w: &World,
+    mirror: &str,
+    actions: &str,
+    cap: u32,
+    rotation: &str,
+) -> Arc<Config> {
+    let text = format!(
+        r#"
+[fly]
+api_url = "{api}"
+request_timeout = "5s"
+[overlay]
+repo = "{repo}"
+branch = "release"
+fetch_interval = "1h"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "150ms"
+[probe]
+timeout = "500ms"
+[[apps]]
+name = "app"
+health_url = "{health}"
+pool_key = "pool"
+[pools.default]
+max_concurrent_rotations = {cap}
+actions = {actions}
+[rotation]
+min_drift_age = "0s"
+claim_settle = "150ms"
+{rotation}
+"#,
+        api = sim.api_url(),
+        repo = w.repo,
+        mirror = w.mirror_root.join(mirror).display(),
+        health = sim.health_url_template(),
+    );
+    Arc::new(Config::parse(Path::new("rotation.toml"), &text).unwrap())
+}
+
+fn all(action: &str) -> String {
+    format!(
+        "{{ low = \"{action}\", medium = \"{action}\", high = \"{action}\", critical = \"{action}\" }}"
+    )
+}
+
+/// What the test can see of a running daemon.
+#[derive(Default)]
+struct Seen {
+    alerts: Vec<(AlertKind, String)>,
+    sweeps: usize,
+}
+
+struct Daemon {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Daemon {
+    async fn start(config: Arc<Config>, owner: &str) -> Daemon {
+        Daemon::start_with(config, owner, HashMap::new()).await
+    }
+
+    async fn start_with(
+        config: Arc<Config>,
+        owner: &str,
+        agent_tokens: HashMap<String, String>,
+    ) -> Daemon {
+        let secrets = Secrets {
+            fly_token: TOKEN.into(),
+            git_token: None,
+        };
+        let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
+        let mut tuning = ExecutorConfig::new(owner, config.rotation.claim_settle);
+        tuning.start_wait = Duration::from_secs(5);
+        let executor =
+            Executor::new(sweeper.fly.clone(), config.clone(), agent_tokens, tuning).unwrap();
+        let stop = CancellationToken::new();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (token, record, owner) = (stop.clone(), seen.clone(), owner.to_string());
+        let task = tokio::spawn(async move {
+            let options = LoopOptions {
+                executor: Some(&executor),
+                refresh: None,
+                owner,
+            };
+            daemon::reconcile_loop(&sweeper, options, token, |outcome| {
+                let mut seen = record.lock().unwrap();
+                seen.sweeps += 1;
+                if let SweepOutcome::Swept(cycle) = outcome {
+                    for a in &cycle.plan.alerts {
+                        seen.alerts
+                            .push((a.kind, a.machine_id.clone().unwrap_or_default()));
+                    }
+                }
+            })
+            .await;
+        });
+        Daemon { stop, task, seen }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("daemon stops")
+            .unwrap();
+    }
+
+    fn alerted(&self, kind: AlertKind, machine: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap()
+            .alerts
+            .iter()
+            .any(|(k, m)| *k == kind && m == machine)
+    }
+}
+
+async fn until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let start = tokio::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn marker_of(sim: &Sim, id: &str) -> Option<Marker> {
+    sim.machine(id)?
+        .metadata
+        .get(MARKER_KEY)
+        .and_then(|v| Marker::parse(v))
+}
+
+/// Sim-clock times at which restarts of `id` were accepted.
+fn restarts(sim: &Sim, id: &str) -> Vec<chrono::DateTime<Utc>> {
+    sim.requests()
+        .into_iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some(id)
+                && r.action.as_deref() == Some("restart")
+                && r.status == Some(200)
+        })
+        .map(|r| r.at)
+        .collect()
+}
+
+fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
+    SimFleet::new(TOKEN)
+        .release_tip(w.tip.clone())
+        .restart_delay(Duration::from_millis(200))
+        .app(SimApp::new("app").machines(machines))
+}
+
+// ---- alert-and-wait ----------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_and_wait_restarts_only_once_live_work_is_done() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(2))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let busy_until = sim.now() + chrono::Duration::seconds(2);
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    until("m1 converges", Duration::from_secs(20), || {
+        sim.machine("m1").is_some_and(|m| {
+            m.loaded_ref == w.tip && !m.cordoned && marker_of(&sim, "m1").is_none()
+        })
+    })
+    .await;
+    let r = restarts(&sim, "m1");
+    assert_eq!(r.len(), 1, "exactly one restart");
+    assert!(
+        r[0] >= busy_until,
+        "restarted at {} while busy until {busy_until}",
+        r[0]
+    );
+    // It was cordoned while it drained, and is uncordoned now.
+    assert!(
+        sim.requests()
+            .iter()
+            .any(|r| r.action.as_deref() == Some("cordon") && r.status == Some(200))
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_ceiling_yields_without_killing_work_and_retries_later() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let rot = "drain_ceiling = \"1s\"\nretry_after = \"1s\"";
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, rot), "r1").await;
+    until("m1 yields", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Yielded)
+    })
+    .await;
+    let view = sim.machine("m1").unwrap();
+    assert!(!view.cordoned, "uncordoned on yield");
+    until("rotation_stuck alerted", Duration::from_secs(5), || {
+        d.alerted(AlertKind::RotationStuck, "m1")
+    })
+    .await;
+    // …and retried after retry_after: a new claim (draining again).
+    until("m1 reclaimed", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Draining)
+    })
+    .await;
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "live work was never killed"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- restart ----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_interrupts_live_work_only_after_its_grace() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let d = Daemon::start(
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"2s\""),
+        "r1",
+    )
+    .await;
+    until("m1 claimed", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_some()
+    })
+    .await;
+    let claimed = marker_of(&sim, "m1").unwrap().attempt_started_at;
+    until("m1 restarted", Duration::from_secs(15), || {
+        !restarts(&sim, "m1").is_empty()
+    })
+    .await;
+    let r = restarts(&sim, "m1");
+    assert!(
+        r[0] >= claimed + chrono::Duration::seconds(2),
+        "restart at {} before the grace from {claimed}",
+        r[0]
+    );
+    until("m1 finished", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| !m.cordoned)
+    })
+    .await;
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- caps across replicas -----------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_never_exceed_a_pools_cap() {
+    let w = world();
+    let machines = (0..6)
+        .map(|i| {
+            SimMachine::new(format!("m{i}"))
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_millis(600 + 150 * i)))
+        })
+        .chain([SimMachine::new("other")
+            .loaded(w.old.clone())
+            .metadata("pool", "separate")])
+        .collect();
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let a = Daemon::start(
+        config(&sim, &w, "a", &all("alert-and-wait"), 2, ""),
+        "replica-a",
+    )
+    .await;
+    let b = Daemon::start(
+        config(&sim, &w, "b", &all("alert-and-wait"), 2, ""),
+        "replica-b",
+    )
+    .await;
+    let ids: Vec<String> = (0..6).map(|i| format!("m{i}")).collect();
+    let mut peak = 0;
+    let start = tokio::time::Instant::now();
+    loop {
+        // Out of service = cordoned or not started: at most the cap at any moment.
+        let out: usize = ids
+            .iter()
+            .filter(|id| {
+                sim.machine(id)
+                    .is_some_and(|m| m.cordoned || m.state != "started")
+            })
+            .count();
+        peak = peak.max(out);
+        assert!(
+            out <= 2,
+            "{out} machines of a pool with cap 2 out of service at once"
+        );
+        if ids.iter().chain(["other".to_string()].iter()).all(|id| {
+            sim.machine(id)
+                .is_some_and(|m| m.loaded_ref == w.tip && !m.cordoned)
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "fleet did not converge"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(peak, 2, "both slots were used");
+    for id in &ids {
+        assert_eq!(restarts(&sim, id).len(), 1, "{id} restarted exactly once");
+    }
+    // The separate pool has its own cap, so "other" rotated too.
+    assert_eq!(restarts(&sim, "other").len(), 1);
+    a.stop().await;
+    b.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- resume after a crash -----------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_daemon_resumes_a_rotation_with_its_original_deadlines() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"3s\"");
+    let first = Daemon::start(cfg.clone(), "first").await;
+    until("m1 claimed", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_some()
+    })
+    .await;
+    first.stop().await; // killed mid-rotation: draining, grace running
+    let marker = marker_of(&sim, "m1").unwrap();
+    assert_eq!(marker.phase, Phase::Draining);
+    assert!(restarts(&sim, "m1").is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = Daemon::start(cfg, "second").await;
+    until("m1 finished", Duration::from_secs(20), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    let r = restarts(&sim, "m1");
+    assert_eq!(r.len(), 1, "no double restart");
+    let grace_end = marker.attempt_started_at + chrono::Duration::seconds(3);
+    assert!(r[0] >= grace_end, "restart before the original grace ended");
+    assert!(
+        r[0] < grace_end + chrono::Duration::seconds(2),
+        "the clock restarted: grace ended {grace_end}, restart at {}",
+        r[0]
+    );
+    second.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_killed_after_its_restart_is_not_restarted_again() {
+    let w = world();
+    // The sim restarts slowly; the first daemon dies right after requesting it.
+    let sim = Sim::start(
+        fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())])
+            .restart_delay(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let cfg = config(&sim, &w, "m", &all("alert-and-wait"), 1, "");
+    let first = Daemon::start(cfg.clone(), "first").await;
+    until("restart requested", Duration::from_secs(10), || {
+        !restarts(&sim, "m1").is_empty()
+    })
+    .await;
+    first.stop().await;
+    let second = Daemon::start(cfg, "second").await;
+    until("m1 finished", Duration::from_secs(20), || {
+        marker_of(&sim, "m1").is_none()
+            && sim
+                .machine("m1")
+                .is_some_and(|m| m.loaded_ref == w.tip && !m.cordoned)
+    })
+    .await;
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    second.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- cooperating agents ------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .agent_token("agent-secret")
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(2))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let tokens = HashMap::from([("app".to_string(), "agent-secret".to_string())]);
+    let d = Daemon::start_with(
+        config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
+        "r1",
+        tokens,
+    )
+    .await;
+    until("m1 finished", Duration::from_secs(20), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    let reqs = sim.requests();
+    let drain = reqs
+        .iter()
+        .find(|r| r.target == RequestTarget::Agent && r.action.as_deref() == Some("overlay/drain"))
+        .expect("drain requested");
+    assert!(drain.authorized, "drain carried the agent token");
+    assert!(drain.body.contains("\"rotation\""), "{}", drain.body);
+    let restart = restarts(&sim, "m1")[0];
+    // The checkpoint comes only once the busy period is over.
+    assert!(
+        restart >= drain.at + chrono::Duration::milliseconds(1500),
+        "restart before checkpoint"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_deadline_releases_the_fence_and_yields_the_slot() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let rot = "checkpoint_deadline = \"1s\"\nretry_after = \"1h\"";
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, rot), "r1").await;
+    until("m1 yields", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Yielded)
+    })
+    .await;
+    until("fence released", Duration::from_secs(5), || {
+        sim.machine("m1")
+            .is_some_and(|m| m.fence.is_none() && !m.cordoned)
+    })
+    .await;
+    assert!(
+        sim.requests()
+            .iter()
+            .any(|r| r.action.as_deref() == Some("overlay/undrain"))
+    );
+    assert!(restarts(&sim, "m1").is_empty());
+    let m = marker_of(&sim, "m1").unwrap();
+    assert!(m.retry_at.unwrap() > Utc::now() + chrono::Duration::minutes(50));
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- unreachable and recent input ------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_unreachable_past_the_ceiling_is_restarted() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![SimMachine::new("m1").loaded(w.old.clone()).live_sessions(1)],
+    ))
+    .await
+    .unwrap();
+    // Busy, so the rotation waits in `draining`; then the agent hangs.
+    let cfg = config(
+        &sim,
+        &w,
+        "m",
+        &all("alert-and-wait"),
+        1,
+        "probe_failure_ceiling = \"1s\"\nrecent_input_guard = \"1s\"",
+    );
+    sim.set_behaviour("m1", Behaviour::BusyFor(Duration::from_secs(3600)));
+    let d = Daemon::start(cfg, "r1").await;
+    until("claimed", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_some()
+    })
+    .await;
+    sim.set_behaviour("m1", Behaviour::Hang);
+    until("restarted", Duration::from_secs(15), || {
+        !restarts(&sim, "m1").is_empty()
+    })
+    .await;
+    until("converged", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_none()
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recent_input_keeps_a_machine_out_of_rotation() {
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    // Whole seconds: the agent reports RFC 3339 without fractions.
+    let input_at = chrono::Timelike::with_nanosecond(&sim.now(), 0).unwrap();
+    sim.set_last_input_at("m1", Some(input_at));
+    let d = Daemon::start(
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("restart"),
+            1,
+            "recent_input_guard = \"2s\"\nrestart_grace = \"0s\"",
+        ),
+        "r1",
+    )
+    .await;
+    until("m1 claimed", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_some()
+    })
+    .await;
+    let claimed = marker_of(&sim, "m1").unwrap().started_at;
+    assert!(
+        claimed >= input_at + chrono::Duration::seconds(2),
+        "claimed at {claimed}, input at {input_at}"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- operators ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_machine_is_never_touched_and_its_hold_never_cleared() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("held")
+                .loaded(w.old.clone())
+                .metadata(HOLD_KEY, "ops: investigating"),
+            SimMachine::new("free").loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    let d = Daemon::start(
+        config(&sim, &w, "m", &all("restart"), 2, "restart_grace = \"0s\""),
+        "r1",
+    )
+    .await;
+    until("free converges", Duration::from_secs(20), || {
+        marker_of(&sim, "free").is_none()
+            && sim.machine("free").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let touched: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.machine_id.as_deref() == Some("held") && r.method != "GET")
+        .collect();
+    assert!(touched.is_empty(), "held machine got {touched:?}");
+    assert_eq!(
+        sim.machine("held")
+            .unwrap()
+            .metadata
+            .get(HOLD_KEY)
+            .map(String::as_str),
+        Some("ops: investigating")
+    );
+    assert!(
+        d.alerted(AlertKind::Drift, "held"),
+        "a held machine still reports its drift"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_machine_is_touched_only_after_approve() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    until("approval requested", Duration::from_secs(10), || {
+        d.alerted(AlertKind::ManualApprovalRequired, "m1")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        sim.requests()
+            .iter()
+            .all(|r| !(r.machine_id.as_deref() == Some("m1") && r.is_mutating())),
+        "touched before approval"
+    );
+    // An operator approves "now": restarted despite live work, once.
+    let approval = Approval {
+        target: w.tip.clone(),
+        mode: ApprovalMode::Now,
+        by: "alice".into(),
+        at: Utc::now(),
+    };
+    sim.set_metadata(
+        "m1",
+        APPROVE_KEY,
+        &serde_json::to_string(&approval).unwrap(),
+    );
+    until("m1 finished", Duration::from_secs(20), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    until("approval consumed", Duration::from_secs(5), || {
+        !sim.machine("m1")
+            .unwrap()
+            .metadata
+            .contains_key(APPROVE_KEY)
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- leases ------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridden() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2").loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    let foreign = sim
+        .acquire_lease_as("m2", "deployer@example.com", Duration::from_secs(3600))
+        .unwrap();
+    let d = Daemon::start(
+        config(&sim, &w, "m", &all("restart"), 2, "restart_grace = \"0s\""),
+        "r1",
+    )
+    .await;
+    until("m1 converges", Duration::from_secs(20), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m2 = sim.machine("m2").unwrap();
+    assert_eq!(
+        m2.lease.as_ref().map(|l| l.nonce.as_str()),
+        Some(foreign.as_str()),
+        "foreign lease intact"
+    );
+    assert_eq!(
+        m2.loaded_ref, w.old,
+        "m2 untouched while leased by someone else"
+    );
+    let reqs = sim.requests();
+    assert!(!reqs.iter().any(|r| r.machine_id.as_deref() == Some("m2")
+        && r.is_mutating()
+        && r.status.is_some_and(|s| s < 300)));
+    assert!(
+        !reqs.iter().any(|r| r.machine_id.as_deref() == Some("m2")
+            && r.method == "DELETE"
+            && r.action.as_deref() == Some("lease")),
+        "never released someone else's lease"
+    );
+    // Every successful mutation of m1 carried the nonce of a lease we held.
+    let nonces: Vec<String> = reqs
+        .iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some("m1")
+                && r.is_mutating()
+                && r.status.is_some_and(|s| s < 300)
+        })
+        .map(|r| r.lease_nonce.clone().expect("mutation without nonce"))
+        .collect();
+    assert!(
+        nonces.len() >= 4,
+        "claim, cordon, restart, finish: {nonces:?}"
+    );
+    // Once the other actor lets go, m2 rotates too.
+    sim.clear_lease("m2");
+    until("m2 converges", Duration::from_secs(20), || {
+        marker_of(&sim, "m2").is_none() && sim.machine("m2").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    // Our leases were all released.
+    assert!(
+        sim.machine("m1").unwrap().lease.is_none() && sim.machine("m2").unwrap().lease.is_none()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}

@@ -90,7 +90,12 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
 #[derive(Debug)]
 pub enum SweepOutcome {
     Swept(Box<Cycle>),
-    Failed { error: String, kind: &'static str },
+    Failed {
+        error: String,
+        kind: &'static str,
+        /// When the overlay was last fetched successfully.
+        tip_fetched_at: Option<DateTime<Utc>>,
+    },
 }
 
 /// One successful sweep, its plan, and what the executor did.
@@ -170,6 +175,7 @@ pub async fn reconcile_loop(
                     fetch_error.unwrap_or_else(|| "fetch pending".into())
                 ),
                 kind: "overlay",
+                tip_fetched_at,
             });
             continue;
         };
@@ -184,6 +190,7 @@ pub async fn reconcile_loop(
                 on_cycle(SweepOutcome::Failed {
                     error: e.to_string(),
                     kind: e.kind(),
+                    tip_fetched_at,
                 });
                 continue;
             }

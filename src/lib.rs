@@ -23,7 +23,11 @@
 //! | [`daemon`] | wiring from config + secrets, and the sweep loop |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`operator`] | hold / release / approve as Fly metadata writes |
+//! | [`notify`] | webhook alerts: dedupe, repeat, resolve; json/slack/pagerduty delivery with retries |
+//! | [`metrics`] | the Prometheus registry: every series of DESIGN §7, one struct |
 //! | [`report`] | the table and JSON renderings of a `FleetReport` |
+//! | [`server`] | axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status page |
+//! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
 //! | [`demo`] | the `demo` command's scenario |
 //!
@@ -45,13 +49,17 @@ pub mod events;
 pub mod executor;
 pub mod fly;
 pub mod http;
+pub mod metrics;
 pub mod model;
+pub mod notify;
 pub mod operator;
 pub mod overlay;
 pub mod probe;
 pub mod reconcile;
 pub mod report;
 pub mod rotation;
+pub mod server;
+pub mod service;
 pub mod severity;
 pub mod sim;
 pub mod sweep;

@@ -9,7 +9,12 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::{demo, report};
+use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
+use fleet_reconciler::operator::{Approval, ApprovalMode, Operator};
+use fleet_reconciler::service::{self, ServiceSecrets};
+use fleet_reconciler::{demo, notify, report, server};
+use std::collections::HashMap;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +54,40 @@ enum Command {
     },
     /// Parse and validate the config file, then exit.
     ValidateConfig,
+    /// The daemon: sweep, remediate per policy, serve metrics, the API and the status page.
+    Run,
+    /// Ask a running daemon for the fleet (the `check` table, from its last sweep).
+    Status {
+        /// The daemon's HTTP address (default: server.listen of --config).
+        #[arg(long)]
+        url: Option<String>,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Authorize one `manual` rotation of a machine (a metadata write).
+    Approve {
+        machine: String,
+        /// Proceed like alert-and-wait (restart at the first report with no
+        /// live work) instead of restarting now.
+        #[arg(long)]
+        when_idle: bool,
+        /// The commit to approve; default: the release branch tip, fetched now.
+        #[arg(long)]
+        commit: Option<String>,
+        /// Who approves (recorded in the approval).
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// Put an operator hold on a machine: no reconciler acts on it until `release`.
+    Hold {
+        machine: String,
+        #[arg(long, default_value = "operator hold")]
+        reason: String,
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// Clear an operator hold.
+    Release { machine: String },
     /// Run against a built-in simulated fleet (no credentials, loopback only).
     Demo {
         /// Sweeps to run before exiting (0 = until the fleet settles, or ctrl-c).
@@ -96,6 +135,115 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Run => {
+            let config = Arc::new(Config::load(&cli.config)?);
+            let secrets = service_secrets_from_env(&config)?;
+            let listener = tokio::net::TcpListener::bind(config.server.listen)
+                .await
+                .with_context(|| {
+                    format!("cannot listen on {} (server.listen)", config.server.listen)
+                })?;
+            let owner = owner_id();
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            service::run(config, secrets, listener, owner, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { url, output } => {
+            let url = match url {
+                Some(u) => u,
+                None => {
+                    let config = Config::load(&cli.config)?;
+                    let addr = config.server.listen;
+                    let host = if addr.ip().is_unspecified() {
+                        "127.0.0.1".to_string()
+                    } else {
+                        addr.ip().to_string()
+                    };
+                    let host = if host.contains(':') {
+                        format!("[{host}]")
+                    } else {
+                        host
+                    };
+                    format!("http://{host}:{}", addr.port())
+                }
+            };
+            let fleet = server::fetch_fleet(&url, std::time::Duration::from_secs(10)).await?;
+            match output {
+                Output::Json => println!("{}", report::to_json(&fleet)),
+                Output::Table => print!("{}", report::to_table(&fleet)),
+            }
+            Ok(if fleet.is_coherent() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Approve {
+            machine,
+            when_idle,
+            commit,
+            by,
+        } => {
+            let config = Arc::new(Config::load(&cli.config)?);
+            let secrets = secrets_from_env(&config)?;
+            let target = match commit {
+                Some(c) => fleet_reconciler::model::CommitId::parse(&c)
+                    .with_context(|| format!("--commit {c:?} is not a full 40-hex commit id"))?
+                    .to_string(),
+                None => {
+                    let sweeper = daemon::connect(config.clone(), &secrets).await?;
+                    sweeper
+                        .overlay
+                        .fetch()
+                        .await
+                        .context("cannot fetch the release tip to approve (or pass --commit)")?
+                        .commit
+                        .to_string()
+                }
+            };
+            let approval = Approval {
+                target: target.clone(),
+                mode: if when_idle {
+                    ApprovalMode::WhenIdle
+                } else {
+                    ApprovalMode::Now
+                },
+                by,
+                at: chrono::Utc::now(),
+            };
+            let app = operator(&config, &secrets)?
+                .approve(&machine, &approval)
+                .await?;
+            println!(
+                "approved: {app}/{machine} may rotate to {} ({})",
+                &target[..12],
+                if when_idle { "when idle" } else { "now" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Hold {
+            machine,
+            reason,
+            by,
+        } => {
+            let config = Config::load(&cli.config)?;
+            let secrets = secrets_from_env(&config)?;
+            let app = operator(&config, &secrets)?
+                .hold(&machine, &by, &reason, chrono::Utc::now())
+                .await?;
+            println!(
+                "held: {app}/{machine}; no reconciler acts on it until `fleet-reconciler release {machine}`"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Release { machine } => {
+            let config = Config::load(&cli.config)?;
+            let secrets = secrets_from_env(&config)?;
+            let app = operator(&config, &secrets)?.release(&machine).await?;
+            println!("released: {app}/{machine} is managed again");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check { output } => {
             let config = Arc::new(Config::load(&cli.config)?);
             let secrets = secrets_from_env(&config)?;
@@ -130,6 +278,83 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
+    let fly = FlyClient::new(
+        FlyClientConfig {
+            request_timeout: config.fly.request_timeout,
+            max_retries: config.fly.max_retries,
+            ..FlyClientConfig::new(&config.fly.api_url)
+        },
+        &secrets.fly_token,
+    )?;
+    Ok(Operator::new(fly, config))
+}
+
+/// Identifies this reconciler in markers and leases: the Fly machine id when
+/// running on Fly, else the host name, plus the process id.
+fn owner_id() -> String {
+    let host = std::env::var("FLY_MACHINE_ID")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "local".into());
+    format!("{host}-{}", std::process::id())
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM; ctrl-c still stops");
+                    let _ = tokio::signal::ctrl_c().await;
+                    shutdown.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("signal received: finishing the current step, then stopping");
+    shutdown.cancel();
+}
+
+fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
+    let core = secrets_from_env(config)?;
+    let mut agent_tokens = HashMap::new();
+    for app in &config.apps {
+        if let Some(var) = &app.agent_token_env {
+            let token = std::env::var(var)
+                .ok()
+                .filter(|t| !t.trim().is_empty())
+                .with_context(|| {
+                    format!(
+                        "{var} is not set (apps.agent_token_env of app {})",
+                        app.name
+                    )
+                })?;
+            agent_tokens.insert(app.name.clone(), token);
+        }
+    }
+    let admin_token = std::env::var(&config.server.admin_token_env)
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    if admin_token.is_none() {
+        tracing::warn!(env = %config.server.admin_token_env, "admin API disabled: the variable is not set");
+    }
+    let webhooks = notify::sink_secrets_from_env(&config.alerts, |k| std::env::var(k).ok())?;
+    Ok(ServiceSecrets {
+        core,
+        agent_tokens,
+        admin_token,
+        webhooks,
+    })
 }
 
 fn secrets_from_env(config: &Config) -> anyhow::Result<Secrets> {

@@ -1,0 +1,658 @@
+//! Prometheus metrics: one [`Metrics`] struct owning its own registry.
+//!
+//! Owns every series of DESIGN §7 (names as constants, help texts written for
+//! an operator, label sets bounded by configuration and fixed vocabularies)
+//! and their text rendering for `GET /metrics`. The daemon loop feeds it
+//! results ([`Metrics::record_sweep`], [`Metrics::record_action`], …); it
+//! never observes the fleet itself, never uses the global registry, and never
+//! takes a label value from anything unbounded (error messages, URLs, refs
+//! reported by agents).
+//!
+//! # Series lifecycle
+//!
+//! * `fleet_machines` and `fleet_drift_severity_machines` export every status
+//!   and every severity of every swept app, zeros included, so a series never
+//!   appears or vanishes as the fleet changes.
+//! * `fleet_overlay_commits_behind` (only with `metrics.per_machine`) has one
+//!   series per machine whose status is `drifted`, valued with its commits
+//!   behind (0 for a machine only *ahead* of the tip, e.g. a canary). On-tip
+//!   machines export nothing, so the cardinality follows the drift rather
+//!   than the fleet size; a machine that returns to the tip, stops being
+//!   drifted, changes region or disappears has its series removed at the
+//!   next sweep, never left stale.
+//! * `fleet_rotations_in_progress` is replaced as a whole by
+//!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
+//! * `fleet_overlay_tip_age_seconds` is computed when scraped, so it keeps
+//!   growing while fetches fail or the loop is stuck.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use prometheus::{
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::fly::RequestObserver;
+use crate::model::{MachineStatus, Severity};
+use crate::sweep::FleetReport;
+
+/// Content type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+pub const COHERENCE_RATIO: &str = "fleet_overlay_coherence_ratio";
+pub const MACHINES: &str = "fleet_machines";
+pub const COMMITS_BEHIND: &str = "fleet_overlay_commits_behind";
+pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_drift_severity_machines";
+pub const ROTATIONS_IN_PROGRESS: &str = "fleet_rotations_in_progress";
+pub const ACTIONS_TOTAL: &str = "fleet_actions_total";
+pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_fly_api_requests_total";
+pub const SWEEP_DURATION_SECONDS: &str = "fleet_sweep_duration_seconds";
+pub const SWEEPS_TOTAL: &str = "fleet_sweeps_total";
+pub const LAST_SWEEP_SUCCESS_TIMESTAMP: &str = "fleet_last_sweep_success_timestamp_seconds";
+pub const TIP_AGE_SECONDS: &str = "fleet_overlay_tip_age_seconds";
+pub const TIP_INFO: &str = "fleet_overlay_tip_info";
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_webhook_deliveries_total";
+pub const BUILD_INFO: &str = "fleet_build_info";
+
+/// The `app` label value of fleet-wide coherence (Fly app names cannot contain `*`).
+pub const FLEET_APP: &str = "*";
+
+/// `result` label of a successful sweep in `fleet_sweeps_total`.
+pub const SWEEP_SUCCESS: &str = "success";
+
+/// Sweep durations from a tiny fleet (tens of ms) to a slow 10k-machine
+/// sweep against a struggling API (two minutes).
+pub const SWEEP_DURATION_BUCKETS: [f64; 13] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("cannot register metric {name}: {source}")]
+    Register {
+        name: &'static str,
+        #[source]
+        source: prometheus::Error,
+    },
+    #[error("cannot encode metrics: {0}")]
+    Encode(#[source] prometheus::Error),
+}
+
+impl MetricsError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MetricsError::Register { .. } => "register",
+            MetricsError::Encode(_) => "encode",
+        }
+    }
+}
+
+/// Label sets currently exported by the gauges that have per-sweep series,
+/// so that series which are no longer true are removed instead of left stale.
+#[derive(Default)]
+struct Exported {
+    apps: BTreeSet<String>,
+    /// (app, machine_id, region)
+    machines: BTreeSet<(String, String, String)>,
+    /// (app, pool)
+    rotations: BTreeSet<(String, String)>,
+    /// (branch, commit)
+    tip: Option<(String, String)>,
+    /// Last successful overlay fetch; before the first, process start.
+    tip_fetched_at: Option<DateTime<Utc>>,
+}
+
+/// Every series the daemon exports, in one registry.
+pub struct Metrics {
+    registry: Registry,
+    per_machine: bool,
+    created_at: DateTime<Utc>,
+    coherence: GaugeVec,
+    machines: IntGaugeVec,
+    commits_behind: IntGaugeVec,
+    drift_severity: IntGaugeVec,
+    rotations: IntGaugeVec,
+    actions: IntCounterVec,
+    fly_requests: IntCounterVec,
+    sweep_duration: Histogram,
+    sweeps: IntCounterVec,
+    last_success: Gauge,
+    tip_age: Gauge,
+    tip_info: IntGaugeVec,
+    webhook_deliveries: IntCounterVec,
+    exported: Mutex<Exported>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("per_machine", &self.per_machine)
+            .finish_non_exhaustive()
+    }
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    name: &'static str,
+    collector: C,
+) -> Result<C, MetricsError> {
+    registry
+        .register(Box::new(collector.clone()))
+        .map_err(|source| MetricsError::Register { name, source })?;
+    Ok(collector)
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, MetricsError> {
+    let vec = IntGaugeVec::new(Opts::new(name, help), labels)
+        .map_err(|source| MetricsError::Register { name, source })?;
+    register(registry, name, vec)
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, MetricsError> {
+    let vec = IntCounterVec::new(Opts::new(name, help), labels)
+        .map_err(|source| MetricsError::Register { name, source })?;
+    register(registry, name, vec)
+}
+
+fn float_gauge(registry: &Registry, name: &'static str, help: &str) -> Result<Gauge, MetricsError> {
+    let g = Gauge::with_opts(Opts::new(name, help))
+        .map_err(|source| MetricsError::Register { name, source })?;
+    register(registry, name, g)
+}
+
+impl Metrics {
+    /// A fresh registry with every series registered. `per_machine` is
+    /// `metrics.per_machine`: whether `fleet_overlay_commits_behind` is exported.
+    pub fn new(per_machine: bool) -> Result<Metrics, MetricsError> {
+        Metrics::new_at(per_machine, Utc::now())
+    }
+
+    /// Like [`Metrics::new`], with the process start time injected (tests).
+    pub fn new_at(per_machine: bool, now: DateTime<Utc>) -> Result<Metrics, MetricsError> {
+        let r = Registry::new();
+        let coherence = {
+            let name = COHERENCE_RATIO;
+            let vec = GaugeVec::new(
+                Opts::new(
+                    name,
+                    "Share of started machines whose agent reports the overlay release tip \
+                     (0..1; 1 when no machine is started), per app and app=\"*\" for the fleet.",
+                ),
+                &["app"],
+            )
+            .map_err(|source| MetricsError::Register { name, source })?;
+            register(&r, name, vec)?
+        };
+        let machines = gauge_vec(
+            &r,
+            MACHINES,
+            "Machines per app by overlay status of the last sweep: on_tip, drifted, unreachable, \
+             bad_report, unknown_ref, ambiguous_ref, not_running (not started, not counted in coherence).",
+            &["app", "status"],
+        )?;
+        let commits_behind = gauge_vec(
+            &r,
+            COMMITS_BEHIND,
+            "Commits of the release branch missing from the overlay a drifted machine runs; \
+             one series per drifted machine (absent when on the tip).",
+            &["app", "machine_id", "region"],
+        )?;
+        let drift_severity = gauge_vec(
+            &r,
+            DRIFT_SEVERITY_MACHINES,
+            "Machines per app whose drift is classified at this severity (drifted, unknown_ref \
+             and ambiguous_ref machines).",
+            &["app", "severity"],
+        )?;
+        let rotations = gauge_vec(
+            &r,
+            ROTATIONS_IN_PROGRESS,
+            "Rotations (drain, restart, verify) holding a slot of the pool's concurrency cap.",
+            &["app", "pool"],
+        )?;
+        let actions = counter_vec(
+            &r,
+            ACTIONS_TOTAL,
+            "Remediation steps the daemon performed on machines, by action and result.",
+            &["app", "action", "result"],
+        )?;
+        let fly_requests = counter_vec(
+            &r,
+            FLY_API_REQUESTS_TOTAL,
+            "HTTP exchanges with the Fly Machines API by operation and status code \
+             (\"timeout\" or \"error\" when no response arrived); retries count separately.",
+            &["op", "code"],
+        )?;
+        let sweep_duration = {
+            let name = SWEEP_DURATION_SECONDS;
+            let h = Histogram::with_opts(
+                HistogramOpts::new(
+                    name,
+                    "Wall time of one successful sweep (overlay fetch, inventory, probes, git analysis).",
+                )
+                .buckets(SWEEP_DURATION_BUCKETS.to_vec()),
+            )
+            .map_err(|source| MetricsError::Register { name, source })?;
+            register(&r, name, h)?
+        };
+        let sweeps = counter_vec(
+            &r,
+            SWEEPS_TOTAL,
+            "Sweeps by result: \"success\", or the kind of failure that made the whole sweep \
+             untrustworthy (e.g. an app that cannot be listed, git failing).",
+            &["result"],
+        )?;
+        sweeps.with_label_values(&[SWEEP_SUCCESS]);
+        let last_success = float_gauge(
+            &r,
+            LAST_SWEEP_SUCCESS_TIMESTAMP,
+            "Unix time of the last successful sweep (0 before the first); alert when it stops advancing.",
+        )?;
+        let tip_age = float_gauge(
+            &r,
+            TIP_AGE_SECONDS,
+            "Seconds since the overlay release branch was last fetched successfully \
+             (since the daemon started, before the first fetch); grows while fetches fail.",
+        )?;
+        let tip_info = gauge_vec(
+            &r,
+            TIP_INFO,
+            "Always 1: the release branch and tip commit of the last successful sweep.",
+            &["branch", "commit"],
+        )?;
+        let webhook_deliveries = counter_vec(
+            &r,
+            WEBHOOK_DELIVERIES_TOTAL,
+            "Alert webhook deliveries by sink format and result (a failed delivery is retried).",
+            &["format", "result"],
+        )?;
+        let build_info = gauge_vec(
+            &r,
+            BUILD_INFO,
+            "Always 1: the fleet-reconciler version serving these metrics.",
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        Ok(Metrics {
+            registry: r,
+            per_machine,
+            created_at: now,
+            coherence,
+            machines,
+            commits_behind,
+            drift_severity,
+            rotations,
+            actions,
+            fly_requests,
+            sweep_duration,
+            sweeps,
+            last_success,
+            tip_age,
+            tip_info,
+            webhook_deliveries,
+            exported: Mutex::new(Exported::default()),
+        })
+    }
+
+    pub fn per_machine(&self) -> bool {
+        self.per_machine
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn exported(&self) -> MutexGuard<'_, Exported> {
+        // The guarded data is only label bookkeeping; a panic elsewhere
+        // cannot leave it inconsistent in a way worth refusing to scrape.
+        self.exported.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes a successful sweep: coherence, status and severity counts,
+    /// per-machine drift, duration, and the success timestamp.
+    pub fn record_sweep(&self, report: &FleetReport, duration: Duration, now: DateTime<Utc>) {
+        let mut exported = self.exported();
+
+        // Apps: those the report summarises, plus any a machine names.
+        let mut apps: BTreeSet<String> = report.apps.iter().map(|a| a.name.clone()).collect();
+        apps.extend(report.machines.iter().map(|m| m.app.clone()));
+
+        let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
+        let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
+        for m in &report.machines {
+            *status_counts.entry((&m.app, m.status)).or_default() += 1;
+            if let Some(s) = m.severity {
+                *severity_counts.entry((&m.app, s)).or_default() += 1;
+            }
+        }
+        for app in &apps {
+            for status in MachineStatus::ALL {
+                let n = status_counts
+                    .get(&(app.as_str(), status))
+                    .copied()
+                    .unwrap_or(0);
+                self.machines
+                    .with_label_values(&[app.as_str(), status.as_str()])
+                    .set(n);
+            }
+            for severity in Severity::ALL {
+                let n = severity_counts
+                    .get(&(app.as_str(), severity))
+                    .copied()
+                    .unwrap_or(0);
+                self.drift_severity
+                    .with_label_values(&[app.as_str(), severity.as_str()])
+                    .set(n);
+            }
+        }
+        // Coherence exactly as the report computed it (on_tip ÷ started).
+        for summary in &report.apps {
+            self.coherence
+                .with_label_values(&[summary.name.as_str()])
+                .set(summary.coherence);
+        }
+        for app in apps
+            .iter()
+            .filter(|a| !report.apps.iter().any(|s| &s.name == *a))
+        {
+            // An app with machines but no summary cannot happen with
+            // `build_report`; derive it the same way rather than omit it.
+            let started = report
+                .machines
+                .iter()
+                .filter(|m| &m.app == app && m.status != MachineStatus::NotRunning)
+                .count();
+            let on_tip = report.count(Some(app), MachineStatus::OnTip);
+            let ratio = if started == 0 {
+                1.0
+            } else {
+                on_tip as f64 / started as f64
+            };
+            self.coherence.with_label_values(&[app.as_str()]).set(ratio);
+        }
+        self.coherence
+            .with_label_values(&[FLEET_APP])
+            .set(report.coherence);
+        for gone in exported.apps.difference(&apps) {
+            let _ = self.coherence.remove_label_values(&[gone.as_str()]);
+            for status in MachineStatus::ALL {
+                let _ = self
+                    .machines
+                    .remove_label_values(&[gone.as_str(), status.as_str()]);
+            }
+            for severity in Severity::ALL {
+                let _ = self
+                    .drift_severity
+                    .remove_label_values(&[gone.as_str(), severity.as_str()]);
+            }
+        }
+        exported.apps = apps;
+
+        // Per machine: exactly the drifted machines of this sweep.
+        let mut current = BTreeSet::new();
+        if self.per_machine {
+            for m in &report.machines {
+                if m.status != MachineStatus::Drifted {
+                    continue;
+                }
+                let behind = m.commits_behind.unwrap_or(0);
+                self.commits_behind
+                    .with_label_values(&[&m.app, &m.machine_id, &m.region])
+                    .set(i64::try_from(behind).unwrap_or(i64::MAX));
+                current.insert((m.app.clone(), m.machine_id.clone(), m.region.clone()));
+            }
+        }
+        for (app, id, region) in exported.machines.difference(&current) {
+            let _ = self.commits_behind.remove_label_values(&[
+                app.as_str(),
+                id.as_str(),
+                region.as_str(),
+            ]);
+        }
+        exported.machines = current;
+
+        // The tip the sweep measured against.
+        let tip = (report.tip.branch.clone(), report.tip.commit.clone());
+        if exported.tip.as_ref() != Some(&tip) {
+            if let Some((branch, commit)) = exported.tip.take() {
+                let _ = self
+                    .tip_info
+                    .remove_label_values(&[branch.as_str(), commit.as_str()]);
+            }
+            self.tip_info
+                .with_label_values(&[tip.0.as_str(), tip.1.as_str()])
+                .set(1);
+            exported.tip = Some(tip);
+        }
+
+        self.sweep_duration.observe(duration.as_secs_f64());
+        self.sweeps.with_label_values(&[SWEEP_SUCCESS]).inc();
+        self.last_success.set(unix_seconds(now));
+    }
+
+    /// Counts a sweep that failed as a whole; `kind` is a bounded error kind
+    /// such as `SweepError::kind()` (never a message).
+    pub fn record_sweep_failure(&self, kind: &'static str) {
+        self.sweeps.with_label_values(&[kind]).inc();
+    }
+
+    /// The overlay release branch was fetched successfully at `at`.
+    pub fn record_tip_fetched(&self, at: DateTime<Utc>) {
+        let mut exported = self.exported();
+        if exported.tip_fetched_at.is_none_or(|t| t < at) {
+            exported.tip_fetched_at = Some(at);
+        }
+    }
+
+    /// Counts one remediation step. `action` and `result` must come from a
+    /// fixed vocabulary (e.g. `restart` / `succeeded`), never from a message.
+    pub fn record_action(&self, app: &str, action: &str, result: &str) {
+        self.actions.with_label_values(&[app, action, result]).inc();
+    }
+
+    /// Replaces the whole set of rotations in progress: `(app, pool, n)` for
+    /// every pool the daemon knows (pass zeros to keep a series); pools not
+    /// passed are removed.
+    pub fn set_rotations_in_progress(&self, rotations: &[(&str, &str, usize)]) {
+        let mut exported = self.exported();
+        let mut current = BTreeSet::new();
+        for (app, pool, n) in rotations {
+            self.rotations
+                .with_label_values(&[*app, *pool])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            current.insert((app.to_string(), pool.to_string()));
+        }
+        for (app, pool) in exported.rotations.difference(&current) {
+            let _ = self
+                .rotations
+                .remove_label_values(&[app.as_str(), pool.as_str()]);
+        }
+        exported.rotations = current;
+    }
+
+    /// Counts one webhook delivery attempt; `format` is the sink format
+    /// (`json`, `slack`, `pagerduty`), `result` e.g. `delivered` / `failed`.
+    pub fn record_webhook_delivery(&self, format: &str, result: &str) {
+        self.webhook_deliveries
+            .with_label_values(&[format, result])
+            .inc();
+    }
+
+    /// Counts one Fly API exchange (`op` from the client, `code` an HTTP
+    /// status or `timeout`/`error`).
+    pub fn record_fly_request(&self, op: &str, code: &str) {
+        self.fly_requests.with_label_values(&[op, code]).inc();
+    }
+
+    /// A hook for `FlyClient::with_observer` feeding `fleet_fly_api_requests_total`.
+    pub fn fly_observer(&self) -> RequestObserver {
+        let counter = self.fly_requests.clone();
+        std::sync::Arc::new(move |op: &'static str, code: &str| {
+            counter.with_label_values(&[op, code]).inc();
+        })
+    }
+
+    /// The registry in the Prometheus text format, with clock-derived gauges
+    /// (tip age) computed for `now`.
+    pub fn render_at(&self, now: DateTime<Utc>) -> Result<String, MetricsError> {
+        {
+            let exported = self.exported();
+            let since = exported.tip_fetched_at.unwrap_or(self.created_at);
+            let age = (now - since).num_milliseconds().max(0) as f64 / 1000.0;
+            self.tip_age.set(age);
+        }
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .map_err(MetricsError::Encode)
+    }
+
+    /// [`Metrics::render_at`] the current wall clock (what `/metrics` serves).
+    pub fn render(&self) -> Result<String, MetricsError> {
+        self.render_at(Utc::now())
+    }
+}
+
+fn unix_seconds(t: DateTime<Utc>) -> f64 {
+    t.timestamp_millis() as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::PolicyAction;
+    use crate::sweep::{AppSummary, MachineReport, TipReport};
+
+    fn machine(app: &str, id: &str, status: MachineStatus, behind: Option<u64>) -> MachineReport {
+        MachineReport {
+            app: app.into(),
+            machine_id: id.into(),
+            name: format!("name-{id}"),
+            region: "iad".into(),
+            pool: "default".into(),
+            state: if status == MachineStatus::NotRunning {
+                "stopped".into()
+            } else {
+                "started".into()
+            },
+            status,
+            reported_ref: None,
+            commit: None,
+            commits_behind: behind,
+            commits_ahead: behind.map(|_| 0),
+            severity: status.is_classified().then_some(Severity::Medium),
+            action: status.is_classified().then_some(PolicyAction::AlertAndWait),
+            detail: None,
+            report: None,
+            metadata: Default::default(),
+            version: String::new(),
+            health_url: None,
+        }
+    }
+
+    fn report(machines: Vec<MachineReport>) -> FleetReport {
+        let mut apps: Vec<String> = machines.iter().map(|m| m.app.clone()).collect();
+        apps.dedup();
+        let summaries: Vec<AppSummary> = apps
+            .iter()
+            .map(|a| {
+                let started = machines
+                    .iter()
+                    .filter(|m| &m.app == a && m.status != MachineStatus::NotRunning)
+                    .count();
+                let on_tip = machines
+                    .iter()
+                    .filter(|m| &m.app == a && m.status == MachineStatus::OnTip)
+                    .count();
+                AppSummary {
+                    name: a.clone(),
+                    machines: started,
+                    on_tip,
+                    coherence: if started == 0 {
+                        1.0
+                    } else {
+                        on_tip as f64 / started as f64
+                    },
+                }
+            })
+            .collect();
+        FleetReport {
+            tip: TipReport {
+                branch: "release".into(),
+                commit: "a".repeat(40),
+            },
+            coherence: 0.5,
+            apps: summaries,
+            machines,
+        }
+    }
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap_or_default()
+    }
+
+    #[test]
+    fn per_machine_series_follow_the_drifted_set() {
+        let m = Metrics::new_at(true, at(1_800_000_000)).unwrap();
+        m.record_sweep(
+            &report(vec![
+                machine("a", "m1", MachineStatus::Drifted, Some(3)),
+                machine("a", "m2", MachineStatus::OnTip, Some(0)),
+            ]),
+            Duration::from_millis(10),
+            at(1_800_000_001),
+        );
+        assert_eq!(
+            m.commits_behind
+                .with_label_values(&["a", "m1", "iad"])
+                .get(),
+            3
+        );
+        let text = m.render_at(at(1_800_000_002)).unwrap();
+        assert!(!text.contains("machine_id=\"m2\""), "{text}");
+
+        m.record_sweep(
+            &report(vec![machine("a", "m2", MachineStatus::OnTip, Some(0))]),
+            Duration::from_millis(10),
+            at(1_800_000_003),
+        );
+        let text = m.render_at(at(1_800_000_004)).unwrap();
+        assert!(!text.contains("machine_id=\"m1\""), "{text}");
+        assert!(!text.contains(COMMITS_BEHIND), "{text}");
+    }
+
+    #[test]
+    fn tip_age_counts_from_start_then_from_the_last_fetch() {
+        let m = Metrics::new_at(false, at(1_000)).unwrap();
+        m.render_at(at(1_030)).unwrap();
+        assert_eq!(m.tip_age.get(), 30.0);
+        m.record_tip_fetched(at(1_100));
+        m.record_tip_fetched(at(1_050)); // out of order: ignored
+        m.render_at(at(1_112)).unwrap();
+        assert_eq!(m.tip_age.get(), 12.0);
+    }
+
+    #[test]
+    fn rotations_are_replaced_as_a_set() {
+        let m = Metrics::new(false).unwrap();
+        m.set_rotations_in_progress(&[("a", "p1", 2), ("a", "p2", 1)]);
+        m.set_rotations_in_progress(&[("a", "p1", 0)]);
+        let text = m.render().unwrap();
+        assert!(text.contains("fleet_rotations_in_progress{app=\"a\",pool=\"p1\"} 0"));
+        assert!(!text.contains("pool=\"p2\""), "{text}");
+    }
+}

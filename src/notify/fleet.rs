@@ -1,0 +1,345 @@
+//! Fleet-level alert conditions: coherence below threshold, sweeps failing, tip stale.
+//!
+//! Owns the rules that turn per-sweep facts (coherence, last successful sweep,
+//! last successful fetch) into `Alert`s, and the little state those rules need
+//! (since when coherence has been below the threshold). It must never read the
+//! clock or do I/O: `now` and every timestamp are arguments, so the rules are
+//! tested by driving time forward.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use crate::config::Config;
+use crate::events::{Alert, AlertKind};
+use crate::model::Severity;
+use crate::sweep::FleetReport;
+
+/// Severity of the coherence alert.
+pub const COHERENCE_SEVERITY: Severity = Severity::High;
+/// Severity of the sweep-failing alert: nothing else the daemon says can be trusted.
+pub const SWEEP_FAILING_SEVERITY: Severity = Severity::Critical;
+/// Severity of the tip-stale alert.
+pub const TIP_STALE_SEVERITY: Severity = Severity::High;
+
+/// The thresholds of the fleet-level alerts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetAlertRules {
+    /// Coherence strictly below this ratio starts the clock (`alerts.coherence_threshold`).
+    pub coherence_threshold: f64,
+    /// …and the alert fires once it has stayed below for this long (`alerts.coherence_for`).
+    pub coherence_for: Duration,
+    /// `sweep.interval`.
+    pub sweep_interval: Duration,
+    /// `overlay.fetch_interval`.
+    pub fetch_interval: Duration,
+    /// Sweeps fail when this many in a row failed…
+    pub max_consecutive_sweep_failures: u32,
+    /// …or none succeeded for this many sweep intervals; the tip is stale when
+    /// it was not fetched for this many fetch intervals.
+    pub stale_intervals: u32,
+}
+
+impl FleetAlertRules {
+    pub fn from_config(config: &Config) -> FleetAlertRules {
+        FleetAlertRules {
+            coherence_threshold: config.alerts.coherence_threshold,
+            coherence_for: config.alerts.coherence_for,
+            sweep_interval: config.sweep.interval,
+            fetch_interval: config.overlay.fetch_interval,
+            max_consecutive_sweep_failures: 3,
+            stale_intervals: 3,
+        }
+    }
+
+    /// No successful sweep for longer than this fires `sweep_failing`.
+    pub fn sweep_stale_after(&self) -> Duration {
+        self.sweep_interval * self.stale_intervals
+    }
+
+    /// No successful fetch for longer than this fires `tip_stale`. Fetches
+    /// happen on sweep ticks, so a fetch interval shorter than the sweep
+    /// interval is effectively the sweep interval.
+    pub fn tip_stale_after(&self) -> Duration {
+        self.fetch_interval.max(self.sweep_interval) * self.stale_intervals
+    }
+}
+
+/// On-tip ÷ started machines of the fleet or one app.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Coherence {
+    pub ratio: f64,
+    pub on_tip: usize,
+    pub machines: usize,
+}
+
+/// The coherence a successful sweep measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoherenceSample {
+    pub fleet: Coherence,
+    pub apps: BTreeMap<String, Coherence>,
+}
+
+impl CoherenceSample {
+    pub fn from_report(report: &FleetReport) -> CoherenceSample {
+        let apps: BTreeMap<String, Coherence> = report
+            .apps
+            .iter()
+            .map(|a| {
+                let c = Coherence {
+                    ratio: a.coherence,
+                    on_tip: a.on_tip,
+                    machines: a.machines,
+                };
+                (a.name.clone(), c)
+            })
+            .collect();
+        CoherenceSample {
+            fleet: Coherence {
+                ratio: report.coherence,
+                on_tip: apps.values().map(|c| c.on_tip).sum(),
+                machines: apps.values().map(|c| c.machines).sum(),
+            },
+            apps,
+        }
+    }
+}
+
+/// What the daemon loop knows after a sweep (or a failed one).
+#[derive(Clone, Debug, Default)]
+pub struct FleetAlertInput<'a> {
+    /// `None` when this sweep failed: the coherence clocks neither start nor
+    /// stop (nothing was measured), and a firing coherence alert keeps firing.
+    pub coherence: Option<&'a CoherenceSample>,
+    /// When a sweep last succeeded; `None` if none has since start.
+    pub last_sweep_success: Option<DateTime<Utc>>,
+    /// Failed sweeps since the last success.
+    pub consecutive_sweep_failures: u32,
+    /// When the overlay was last fetched successfully; `None` if never.
+    pub last_tip_fetch: Option<DateTime<Utc>>,
+    /// The release tip in use, for the alerts' details.
+    pub tip_commit: Option<&'a str>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Below {
+    since: DateTime<Utc>,
+    last: Coherence,
+}
+
+/// Remembers since when coherence has been below the threshold (fleet-wide
+/// and per app) and evaluates the fleet-level alerts each sweep.
+#[derive(Clone, Debug)]
+pub struct FleetAlertTracker {
+    rules: FleetAlertRules,
+    /// The first `now` seen: "never succeeded" is measured from here.
+    started: Option<DateTime<Utc>>,
+    fleet_below: Option<Below>,
+    apps_below: BTreeMap<String, Below>,
+    /// Number of apps in the last sample (the fleet-wide alert is redundant for one).
+    app_count: usize,
+}
+
+impl FleetAlertTracker {
+    pub fn new(rules: FleetAlertRules) -> FleetAlertTracker {
+        FleetAlertTracker {
+            rules,
+            started: None,
+            fleet_below: None,
+            apps_below: BTreeMap::new(),
+            app_count: 0,
+        }
+    }
+
+    pub fn rules(&self) -> &FleetAlertRules {
+        &self.rules
+    }
+
+    /// The fleet-level alerts that hold at `now`. Call once per sweep (also
+    /// after a failed one) and pass the result, with the planner's alerts, to
+    /// `Notifier::update`.
+    pub fn evaluate(&mut self, input: &FleetAlertInput<'_>, now: DateTime<Utc>) -> Vec<Alert> {
+        let started = *self.started.get_or_insert(now);
+        if let Some(sample) = input.coherence {
+            self.observe(sample, now);
+        }
+        let mut alerts = Vec::new();
+        // With one app the fleet-wide condition is the app's: send it once.
+        if let (true, Some(below)) = (self.app_count != 1, self.fleet_below) {
+            alerts.extend(self.coherence_alert(None, below, input.tip_commit, now));
+        }
+        for (app, below) in &self.apps_below {
+            alerts.extend(self.coherence_alert(Some(app), *below, input.tip_commit, now));
+        }
+        alerts.extend(self.sweep_failing(input, started, now));
+        alerts.extend(self.tip_stale(input, started, now));
+        alerts
+    }
+
+    fn observe(&mut self, sample: &CoherenceSample, now: DateTime<Utc>) {
+        let threshold = self.rules.coherence_threshold;
+        let track = |prev: Option<Below>, c: Coherence| {
+            (c.ratio < threshold).then(|| Below {
+                since: prev.map_or(now, |b| b.since),
+                last: c,
+            })
+        };
+        self.fleet_below = track(self.fleet_below, sample.fleet);
+        self.apps_below = sample
+            .apps
+            .iter()
+            .filter_map(|(app, c)| {
+                let prev = self.apps_below.get(app).copied();
+                track(prev, *c).map(|b| (app.clone(), b))
+            })
+            .collect();
+        self.app_count = sample.apps.len();
+    }
+
+    fn coherence_alert(
+        &self,
+        app: Option<&str>,
+        below: Below,
+        tip: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Option<Alert> {
+        let lasted = elapsed(below.since, now);
+        if lasted < self.rules.coherence_for {
+            return None;
+        }
+        let c = below.last;
+        let scope = match app {
+            Some(app) => format!("App {app} coherence"),
+            None => "Fleet coherence".to_owned(),
+        };
+        let mut details = BTreeMap::from([
+            ("coherence".to_owned(), format!("{:.4}", c.ratio)),
+            ("on_tip".to_owned(), c.on_tip.to_string()),
+            ("machines".to_owned(), c.machines.to_string()),
+            (
+                "threshold".to_owned(),
+                format!("{}", self.rules.coherence_threshold),
+            ),
+            ("below_since".to_owned(), rfc3339(below.since)),
+        ]);
+        if let Some(tip) = tip {
+            details.insert("tip".to_owned(), tip.to_owned());
+        }
+        Some(Alert {
+            kind: AlertKind::CoherenceBelowThreshold,
+            app: app.map(str::to_owned),
+            machine_id: None,
+            // Not keyed by the tip: a release during the incident is the same incident.
+            commit: None,
+            severity: COHERENCE_SEVERITY,
+            summary: format!(
+                "{scope} is {} ({} of {} started machines on the release tip), below {} for {}",
+                percent(c.ratio),
+                c.on_tip,
+                c.machines,
+                percent(self.rules.coherence_threshold),
+                human(lasted),
+            ),
+            details,
+        })
+    }
+
+    fn sweep_failing(
+        &self,
+        input: &FleetAlertInput<'_>,
+        started: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Option<Alert> {
+        let since = elapsed(input.last_sweep_success.unwrap_or(started), now);
+        let failing = input.consecutive_sweep_failures >= self.rules.max_consecutive_sweep_failures
+            || since > self.rules.sweep_stale_after();
+        if !failing {
+            return None;
+        }
+        let last = match input.last_sweep_success {
+            Some(_) => format!("the last success was {} ago", human(since)),
+            None => format!("none has succeeded in the {} since start", human(since)),
+        };
+        Some(fleet_alert(
+            AlertKind::SweepFailing,
+            SWEEP_FAILING_SEVERITY,
+            format!(
+                "Sweeps are failing ({} in a row); {last}: drift, coherence and rotations are not being checked",
+                input.consecutive_sweep_failures
+            ),
+            BTreeMap::from([
+                (
+                    "consecutive_failures".to_owned(),
+                    input.consecutive_sweep_failures.to_string(),
+                ),
+                (
+                    "last_success".to_owned(),
+                    input.last_sweep_success.map_or("never".to_owned(), rfc3339),
+                ),
+            ]),
+        ))
+    }
+
+    fn tip_stale(
+        &self,
+        input: &FleetAlertInput<'_>,
+        started: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Option<Alert> {
+        let since = elapsed(input.last_tip_fetch.unwrap_or(started), now);
+        if since <= self.rules.tip_stale_after() {
+            return None;
+        }
+        let mut details = BTreeMap::from([(
+            "last_fetch".to_owned(),
+            input.last_tip_fetch.map_or("never".to_owned(), rfc3339),
+        )]);
+        if let Some(tip) = input.tip_commit {
+            details.insert("tip".to_owned(), tip.to_owned());
+        }
+        Some(fleet_alert(
+            AlertKind::TipStale,
+            TIP_STALE_SEVERITY,
+            format!(
+                "The overlay release branch has not been fetched for {}: drift is measured against a possibly outdated tip",
+                human(since)
+            ),
+            details,
+        ))
+    }
+}
+
+fn fleet_alert(
+    kind: AlertKind,
+    severity: Severity,
+    summary: String,
+    details: BTreeMap<String, String>,
+) -> Alert {
+    Alert {
+        kind,
+        app: None,
+        machine_id: None,
+        commit: None,
+        severity,
+        summary,
+        details,
+    }
+}
+
+/// `now - since`, zero when the clock went backwards.
+fn elapsed(since: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (now - since).to_std().unwrap_or_default()
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn human(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_secs(d.as_secs()))
+}
+
+fn percent(ratio: f64) -> String {
+    format!("{:.1}%", ratio * 100.0).replace(".0%", "%")
+}

@@ -1,0 +1,189 @@
+//! The typed client of `GET /api/v1/fleet`, for the `status` command.
+//!
+//! Owns reading a running daemon's last sweep back into a [`FleetReport`], so
+//! `status` prints exactly the table `check` prints (`report::to_table`). It
+//! must never follow a redirect, send credentials, or put the URL of the
+//! daemon into an error's text twice over (reqwest errors print URLs).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::sweep::{AppSummary, FleetReport, MachineReport, TipReport};
+
+/// The `check --output json` document, as read back (mirror of the
+/// `Serialize` types of `sweep`, which stay serialize-only).
+#[derive(Deserialize)]
+struct WireReport {
+    tip: WireTip,
+    coherence: f64,
+    apps: Vec<WireApp>,
+    machines: Vec<WireMachine>,
+}
+
+#[derive(Deserialize)]
+struct WireTip {
+    branch: String,
+    commit: String,
+}
+
+#[derive(Deserialize)]
+struct WireApp {
+    name: String,
+    machines: usize,
+    on_tip: usize,
+    coherence: f64,
+}
+
+#[derive(Deserialize)]
+struct WireMachine {
+    app: String,
+    machine_id: String,
+    name: String,
+    region: String,
+    pool: String,
+    state: String,
+    status: MachineStatus,
+    reported_ref: Option<String>,
+    commit: Option<String>,
+    commits_behind: Option<u64>,
+    commits_ahead: Option<u64>,
+    severity: Option<Severity>,
+    action: Option<PolicyAction>,
+    #[serde(default)]
+    detail: Option<String>,
+}
+
+impl From<WireReport> for FleetReport {
+    fn from(w: WireReport) -> FleetReport {
+        FleetReport {
+            tip: TipReport {
+                branch: w.tip.branch,
+                commit: w.tip.commit,
+            },
+            coherence: w.coherence,
+            apps: w
+                .apps
+                .into_iter()
+                .map(|a| AppSummary {
+                    name: a.name,
+                    machines: a.machines,
+                    on_tip: a.on_tip,
+                    coherence: a.coherence,
+                })
+                .collect(),
+            machines: w
+                .machines
+                .into_iter()
+                .map(|m| MachineReport {
+                    app: m.app,
+                    machine_id: m.machine_id,
+                    name: m.name,
+                    region: m.region,
+                    pool: m.pool,
+                    state: m.state,
+                    status: m.status,
+                    reported_ref: m.reported_ref,
+                    commit: m.commit,
+                    commits_behind: m.commits_behind,
+                    commits_ahead: m.commits_ahead,
+                    severity: m.severity,
+                    action: m.action,
+                    detail: m.detail,
+                    // Not part of the JSON: the planner's inputs stay in the daemon.
+                    report: None,
+                    metadata: Default::default(),
+                    version: String::new(),
+                    health_url: None,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Parses a `check --output json` / `GET /api/v1/fleet` document.
+pub fn parse_fleet(json: &str) -> Result<FleetReport, serde_json::Error> {
+    serde_json::from_str::<WireReport>(json).map(FleetReport::from)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("invalid daemon URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("cannot reach the daemon: {0}")]
+    Transport(String),
+    #[error("the daemon has no sweep to show yet: {0}")]
+    NotReady(String),
+    #[error("the daemon answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("the daemon's answer is not a fleet report: {0}")]
+    Decode(String),
+}
+
+impl StatusError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StatusError::InvalidUrl { .. } => "invalid_url",
+            StatusError::Transport(_) => "transport",
+            StatusError::NotReady(_) => "not_ready",
+            StatusError::Status { .. } => "status",
+            StatusError::Decode(_) => "decode",
+        }
+    }
+}
+
+/// Reads the last sweep from a running daemon at `base_url` (e.g.
+/// `http://127.0.0.1:9090`), the whole exchange bounded by `timeout`.
+pub async fn fetch_fleet(base_url: &str, timeout: Duration) -> Result<FleetReport, StatusError> {
+    let invalid = |reason: String| StatusError::InvalidUrl {
+        url: base_url.to_string(),
+        reason,
+    };
+    let mut base = url::Url::parse(base_url).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(base.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https".into()));
+    }
+    if !base.path().ends_with('/') {
+        let path = format!("{}/", base.path());
+        base.set_path(&path);
+    }
+    let url = base
+        .join("api/v1/fleet")
+        .map_err(|e| invalid(e.to_string()))?;
+    let http = reqwest::Client::builder()
+        .user_agent(crate::http::USER_AGENT)
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .build()
+        .map_err(|e| StatusError::Transport(crate::http::describe(&e)))?;
+    let resp = http
+        .get(url)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| StatusError::Transport(crate::http::describe(&e)))?;
+    let status = resp.status();
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| StatusError::Transport(crate::http::describe(&e)))?;
+    if !status.is_success() {
+        #[derive(Deserialize)]
+        struct ErrorBody {
+            error: String,
+        }
+        let message = serde_json::from_str::<ErrorBody>(&text)
+            .map(|b| b.error)
+            .unwrap_or_else(|_| text.chars().take(200).collect());
+        return Err(if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            StatusError::NotReady(message)
+        } else {
+            StatusError::Status {
+                status: status.as_u16(),
+                message,
+            }
+        });
+    }
+    parse_fleet(&text).map_err(|e| StatusError::Decode(e.to_string()))
+}

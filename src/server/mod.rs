@@ -1,0 +1,762 @@
+//! The daemon's HTTP server (axum): metrics, health, the fleet API, operator
+//! controls and the status page.
+//!
+//! Owns the routes of DESIGN §8 and the shared [`FleetView`] the sweep loop
+//! publishes into. Reads are served from the last sweep and never trigger
+//! one; the only ways it touches the world are the admin POSTs, which write
+//! operator metadata through [`Operator`] (hold / release / approve) or wake
+//! the loop ([`ServerState::refresh_requests`]), all behind the bearer admin
+//! token compared in constant time. It must never run a sweep, act on a
+//! machine beyond those metadata writes, echo a secret, or panic in a handler.
+//!
+//! Layout: this file (state, routes, handlers), `page` (the HTML status page)
+//! and `client` (the typed client the `status` command uses).
+
+mod client;
+mod page;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{self, Metrics};
+use crate::model::{CommitId, MachineStatus};
+use crate::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
+};
+use crate::probe::AgentReport;
+use crate::report;
+use crate::sweep::{FleetReport, MachineReport};
+
+pub use client::{StatusError, fetch_fleet, parse_fleet};
+pub use page::render_status_page;
+
+/// Ready means a sweep succeeded within this many sweep intervals.
+pub const READY_INTERVALS: u32 = 3;
+/// Largest body an admin POST may carry.
+const MAX_BODY_BYTES: usize = 16 * 1024;
+/// The `by` recorded when an admin request does not say who it is.
+const DEFAULT_ACTOR: &str = "admin-api";
+
+/// What the sweep loop knows beyond the report, per machine (keyed by
+/// machine id): the planner/executor fill it; every field is optional.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MachineExtra {
+    /// The rotation marker (DESIGN §6), as JSON.
+    pub rotation: Option<serde_json::Value>,
+    /// The rotation phase in words (`draining`, `restarting`, …).
+    pub phase: Option<String>,
+    /// Recent rotation history, oldest first, one line per step.
+    pub history: Vec<String>,
+    /// When the machine started drifting; when unset, the server falls back
+    /// to the first sweep in which it saw the machine off the tip.
+    pub drift_since: Option<DateTime<Utc>>,
+}
+
+/// The last failed sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepFailure {
+    pub at: DateTime<Utc>,
+    pub error: String,
+}
+
+/// Everything the server shows, as of the last sweep.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub report: Option<Arc<FleetReport>>,
+    /// When the last successful sweep finished.
+    pub last_success: Option<DateTime<Utc>>,
+    pub last_failure: Option<SweepFailure>,
+    /// `sweep.interval`: readiness allows [`READY_INTERVALS`] of them; the
+    /// status page refreshes once per interval.
+    pub sweep_interval: Duration,
+    pub extras: Arc<BTreeMap<String, MachineExtra>>,
+    /// The release tip most recently fetched (may be newer than the report's);
+    /// approvals name it.
+    pub tip: Option<String>,
+    /// `alerts.coherence_threshold`: the status page colours by it.
+    pub coherence_threshold: f64,
+    /// When the server's view was created (readiness reasons, tip age).
+    pub started_at: DateTime<Utc>,
+    /// First sweep that saw each started machine off the tip (the fallback
+    /// for [`MachineExtra::drift_since`]); cleared when it is back or gone.
+    pub off_tip_since: Arc<BTreeMap<String, DateTime<Utc>>>,
+}
+
+impl Observed {
+    /// When the machine's current drift (or trouble) started, if known.
+    pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+        self.extras
+            .get(machine_id)
+            .and_then(|e| e.drift_since)
+            .or_else(|| self.off_tip_since.get(machine_id).copied())
+    }
+
+    /// The commit approvals target: the last fetched tip, else the report's.
+    pub fn current_tip(&self) -> Option<&str> {
+        self.tip
+            .as_deref()
+            .or_else(|| self.report.as_ref().map(|r| r.tip.commit.as_str()))
+    }
+
+    /// `Ok` when a sweep succeeded within [`READY_INTERVALS`] intervals of `now`.
+    pub fn readiness(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+        let window = self.sweep_interval * READY_INTERVALS;
+        let failure = self
+            .last_failure
+            .as_ref()
+            .map(|f| format!("; last failure: {}", f.error))
+            .unwrap_or_default();
+        match self.last_success {
+            None => Err(format!(
+                "no successful sweep yet (up {}){failure}",
+                age(now, self.started_at)
+            )),
+            Some(at) if (now - at).to_std().unwrap_or_default() > window => Err(format!(
+                "last successful sweep {} ago, more than {READY_INTERVALS} sweep intervals ({}){failure}",
+                age(now, at),
+                humantime::format_duration(window)
+            )),
+            Some(at) => Ok(at),
+        }
+    }
+}
+
+/// The shared view the sweep loop publishes into and the server reads.
+/// Cheap to clone; the lock is never held across an `.await`.
+#[derive(Clone, Debug)]
+pub struct FleetView {
+    inner: Arc<RwLock<Observed>>,
+}
+
+impl FleetView {
+    pub fn new(sweep_interval: Duration, now: DateTime<Utc>) -> FleetView {
+        FleetView {
+            inner: Arc::new(RwLock::new(Observed {
+                report: None,
+                last_success: None,
+                last_failure: None,
+                sweep_interval,
+                extras: Arc::default(),
+                tip: None,
+                coherence_threshold: 1.0,
+                started_at: now,
+                off_tip_since: Arc::default(),
+            })),
+        }
+    }
+
+    /// A consistent copy of the view (the report and maps are shared, not copied).
+    pub fn snapshot(&self) -> Observed {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies `f` under the write lock.
+    pub fn update<T>(&self, f: impl FnOnce(&mut Observed) -> T) -> T {
+        let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+
+    /// Publishes a successful sweep that finished at `at`.
+    pub fn record_sweep(&self, report: FleetReport, at: DateTime<Utc>) {
+        self.update(|o| {
+            let mut since = BTreeMap::new();
+            for m in &report.machines {
+                if matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
+                    continue;
+                }
+                let first = o.off_tip_since.get(&m.machine_id).copied().unwrap_or(at);
+                since.insert(m.machine_id.clone(), first);
+            }
+            o.off_tip_since = Arc::new(since);
+            o.report = Some(Arc::new(report));
+            o.last_success = Some(at);
+        });
+    }
+
+    /// Records a sweep that failed as a whole; the last report stays shown.
+    pub fn record_failure(&self, error: impl Into<String>, at: DateTime<Utc>) {
+        let error = error.into();
+        self.update(|o| o.last_failure = Some(SweepFailure { at, error }));
+    }
+
+    /// Replaces the per-machine rotation data.
+    pub fn set_extras(&self, extras: BTreeMap<String, MachineExtra>) {
+        self.update(|o| o.extras = Arc::new(extras));
+    }
+
+    /// The release tip just fetched (full commit id).
+    pub fn set_tip(&self, commit: &str) {
+        self.update(|o| o.tip = Some(commit.to_string()));
+    }
+
+    pub fn set_coherence_threshold(&self, threshold: f64) {
+        self.update(|o| o.coherence_threshold = threshold);
+    }
+}
+
+/// The admin token, kept only as a digest so it can be compared in constant
+/// time whatever its length, and can never be printed.
+#[derive(Clone)]
+enum AdminAuth {
+    Disabled { env: String },
+    Enabled { digest: [u8; 32] },
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+/// Everything a handler may use. Cheap to clone.
+#[derive(Clone)]
+pub struct ServerState {
+    metrics: Arc<Metrics>,
+    view: FleetView,
+    operator: Option<Operator>,
+    admin: AdminAuth,
+    refresh: Arc<Notify>,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState")
+            .field("operator", &self.operator.is_some())
+            .field(
+                "admin_api",
+                &matches!(self.admin, AdminAuth::Enabled { .. }),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerState {
+    /// A state with the admin API disabled and no operator.
+    pub fn new(metrics: Arc<Metrics>, view: FleetView) -> ServerState {
+        ServerState {
+            metrics,
+            view,
+            operator: None,
+            admin: AdminAuth::Disabled {
+                env: "FLEET_ADMIN_TOKEN".into(),
+            },
+            refresh: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Enables hold / release / approve.
+    pub fn with_operator(mut self, operator: Operator) -> ServerState {
+        self.operator = Some(operator);
+        self
+    }
+
+    /// The admin bearer token read from `env` (`server.admin_token_env`);
+    /// `None` or empty disables every admin POST (503 naming `env`).
+    pub fn with_admin_token(mut self, token: Option<String>, env: &str) -> ServerState {
+        self.admin = match token.filter(|t| !t.is_empty()) {
+            Some(t) => AdminAuth::Enabled {
+                digest: digest(t.as_bytes()),
+            },
+            None => AdminAuth::Disabled {
+                env: env.to_string(),
+            },
+        };
+        self
+    }
+
+    /// Notified once per `POST /api/v1/refresh`; the loop should fetch the
+    /// overlay and sweep when it fires (a permit is stored if it is busy).
+    pub fn refresh_requests(&self) -> Arc<Notify> {
+        Arc::clone(&self.refresh)
+    }
+
+    pub fn view(&self) -> &FleetView {
+        &self.view
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+/// The routes of DESIGN §8 over `state`.
+pub fn router(state: ServerState) -> Router {
+    Router::new()
+        .route("/", get(status_page))
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/fleet", get(fleet))
+        .route("/api/v1/machines/{id}", get(machine))
+        .route("/api/v1/machines/{id}/approve", post(approve))
+        .route("/api/v1/machines/{id}/hold", post(hold))
+        .route("/api/v1/machines/{id}/release", post(release))
+        .route("/api/v1/refresh", post(refresh))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Serves until `shutdown`, then lets in-flight requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    state: ServerState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "HTTP server listening");
+    }
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+// ---- errors ------------------------------------------------------------------
+
+/// A JSON error answer: `{"error": "..."}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.message });
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"fleet-reconciler admin\""),
+            );
+        }
+        resp
+    }
+}
+
+fn operator_error(e: OperatorError) -> ApiError {
+    let status = match &e {
+        OperatorError::UnknownMachine { .. } => StatusCode::NOT_FOUND,
+        OperatorError::Leased { .. } => StatusCode::CONFLICT,
+        OperatorError::Fly(_) => StatusCode::BAD_GATEWAY,
+    };
+    ApiError::new(status, e.to_string())
+}
+
+/// Machine ids are Fly's lowercase hex; anything outside a conservative
+/// alphabet is refused before it reaches a URL or a page.
+fn checked_id(id: &str) -> Result<&str, ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(id)
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "machine id must be 1 to 64 letters, digits, '-' or '_'",
+        ))
+    }
+}
+
+fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            text + "\n",
+        )
+            .into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the answer: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such route")
+}
+
+// ---- reads ---------------------------------------------------------------------
+
+async fn status_page(State(state): State<ServerState>) -> Html<String> {
+    Html(render_status_page(&state.view.snapshot(), Utc::now()))
+}
+
+async fn metrics_text(State(state): State<ServerState>) -> Response {
+    match state.metrics.render() {
+        Ok(text) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, kind = e.kind(), "cannot render metrics");
+            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        }
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<ServerState>) -> Response {
+    let observed = state.view.snapshot();
+    match observed.readiness(Utc::now()) {
+        Ok(at) => json_response(
+            StatusCode::OK,
+            &serde_json::json!({ "status": "ready", "last_sweep_success": at }),
+        ),
+        Err(reason) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}"),
+        )
+        .into_response(),
+    }
+}
+
+fn last_report(observed: &Observed) -> Result<Arc<FleetReport>, ApiError> {
+    observed.report.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no sweep has completed yet; try again after the first sweep",
+        )
+    })
+}
+
+async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
+    let observed = state.view.snapshot();
+    let report = last_report(&observed)?;
+    let mut resp = (
+        [(header::CONTENT_TYPE, "application/json")],
+        report::to_json(&report) + "\n",
+    )
+        .into_response();
+    if let Some(at) = observed.last_success {
+        let http_date = at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        if let Ok(v) = HeaderValue::from_str(&http_date) {
+            resp.headers_mut().insert(header::LAST_MODIFIED, v);
+        }
+    }
+    Ok(resp)
+}
+
+/// `GET /api/v1/machines/{id}`: what an operator needs to decide an intervention.
+#[derive(Serialize)]
+struct MachineDetail<'a> {
+    /// The machine's row of the `check` JSON.
+    machine: &'a MachineReport,
+    /// The agent's last parsed health report (null when it gave none).
+    agent_report: Option<&'a AgentReport>,
+    /// The operator hold, if any (parsed; the raw value if it is not ours).
+    hold: Option<serde_json::Value>,
+    /// A pending approval, if any.
+    approval: Option<serde_json::Value>,
+    /// The rotation marker: from the daemon's loop, else from Fly metadata.
+    rotation: Option<serde_json::Value>,
+    phase: Option<&'a str>,
+    history: &'a [String],
+    drift_since: Option<DateTime<Utc>>,
+    /// The release tip the report measured against.
+    tip: &'a str,
+    swept_at: Option<DateTime<Utc>>,
+}
+
+/// A metadata value as JSON when it parses, else as a string.
+fn metadata_json(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
+    m.metadata
+        .get(key)
+        .map(|v| serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone())))
+}
+
+async fn machine(
+    State(state): State<ServerState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = checked_id(&id)?;
+    let observed = state.view.snapshot();
+    let report = last_report(&observed)?;
+    let Some(m) = report.machines.iter().find(|m| m.machine_id == id) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("machine {id} is not in the last sweep of any configured app"),
+        ));
+    };
+    let extra = observed.extras.get(id);
+    let detail = MachineDetail {
+        machine: m,
+        agent_report: m.report.as_ref(),
+        hold: metadata_json(m, HOLD_KEY),
+        approval: metadata_json(m, APPROVE_KEY),
+        rotation: extra
+            .and_then(|e| e.rotation.clone())
+            .or_else(|| metadata_json(m, MARKER_KEY)),
+        phase: extra.and_then(|e| e.phase.as_deref()),
+        history: extra.map(|e| e.history.as_slice()).unwrap_or(&[]),
+        drift_since: observed.drift_since(id),
+        tip: &report.tip.commit,
+        swept_at: observed.last_success,
+    };
+    Ok(json_response(StatusCode::OK, &detail))
+}
+
+// ---- admin -----------------------------------------------------------------------
+
+/// Checks `Authorization: Bearer <token>` against the admin token.
+fn authorize(state: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let expected = match &state.admin {
+        AdminAuth::Disabled { env } => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("admin API disabled: set {env}"),
+            ));
+        }
+        AdminAuth::Enabled { digest } => digest,
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim_start())
+        });
+    let Some(token) = presented else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing admin token: send `Authorization: Bearer <token>`",
+        ));
+    };
+    if bool::from(digest(token.as_bytes()).ct_eq(expected)) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token"))
+    }
+}
+
+fn operator(state: &ServerState) -> Result<&Operator, ApiError> {
+    state.operator.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "operator controls are not available in this process",
+        )
+    })
+}
+
+/// An optional JSON body; empty means all defaults, unknown fields are refused.
+fn body<T: for<'de> Deserialize<'de> + Default>(bytes: &Bytes) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("request body is not valid: {e}"),
+        )
+    })
+}
+
+fn actor(by: Option<String>) -> String {
+    by.map(|b| b.trim().chars().take(200).collect::<String>())
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| DEFAULT_ACTOR.to_string())
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    mode: Option<ApprovalMode>,
+    by: Option<String>,
+    /// Full commit id to approve; default: the current release tip.
+    target: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldBody {
+    reason: Option<String>,
+    by: Option<String>,
+}
+
+async fn approve(
+    State(state): State<ServerState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let id = checked_id(&id)?;
+    let req: ApproveBody = body(&bytes)?;
+    let operator = operator(&state)?;
+    let target = match req.target {
+        Some(t) => t,
+        None => state
+            .view
+            .snapshot()
+            .current_tip()
+            .map(str::to_string)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot approve machine {id}: no release tip known yet"),
+                )
+            })?,
+    };
+    let Some(target) = CommitId::parse(&target) else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("cannot approve machine {id}: target must be a full 40-hex commit id"),
+        ));
+    };
+    let approval = Approval {
+        target: target.to_string(),
+        mode: req.mode.unwrap_or(ApprovalMode::Now),
+        by: actor(req.by),
+        at: Utc::now(),
+    };
+    let app = operator
+        .approve(id, &approval)
+        .await
+        .map_err(operator_error)?;
+    tracing::info!(
+        app = %app, machine_id = id, commit = %approval.target, by = %approval.by,
+        mode = ?approval.mode, "operator approved a manual rotation"
+    );
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "app": app, "machine_id": id, "approval": approval }),
+    ))
+}
+
+async fn hold(
+    State(state): State<ServerState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let id = checked_id(&id)?;
+    let req: HoldBody = body(&bytes)?;
+    let operator = operator(&state)?;
+    let hold = Hold {
+        by: actor(req.by),
+        reason: req
+            .reason
+            .map(|r| r.chars().take(500).collect())
+            .unwrap_or_else(|| "held via the admin API".into()),
+        at: Utc::now(),
+    };
+    let app = operator
+        .hold(id, &hold.by, &hold.reason, hold.at)
+        .await
+        .map_err(operator_error)?;
+    tracing::info!(app = %app, machine_id = id, by = %hold.by, reason = %hold.reason, "operator put a hold on a machine");
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "app": app, "machine_id": id, "hold": hold }),
+    ))
+}
+
+async fn release(
+    State(state): State<ServerState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let id = checked_id(&id)?;
+    let operator = operator(&state)?;
+    let app = operator.release(id).await.map_err(operator_error)?;
+    tracing::info!(app = %app, machine_id = id, "operator released a hold");
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "app": app, "machine_id": id, "released": true }),
+    ))
+}
+
+async fn refresh(
+    State(state): State<ServerState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    state.refresh.notify_one();
+    tracing::info!("overlay refresh requested through the admin API");
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &serde_json::json!({ "status": "refresh requested" }),
+    ))
+}
+
+/// "3m 12s"-style age of `then` at `now` (never negative).
+pub(crate) fn age(now: DateTime<Utc>, then: DateTime<Utc>) -> String {
+    let secs = (now - then).num_seconds().max(0) as u64;
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_naturally() {
+        let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
+        let at = |s: i64| t0 + chrono::TimeDelta::seconds(s);
+        assert_eq!(age(at(42), t0), "42s");
+        assert_eq!(age(at(192), t0), "3m 12s");
+        assert_eq!(age(at(2 * 3600 + 300), t0), "2h 5m");
+        assert_eq!(age(at(4 * 86_400 + 3 * 3600), t0), "4d 3h");
+        assert_eq!(age(t0, at(10)), "0s");
+    }
+
+    #[test]
+    fn readiness_needs_a_recent_success() {
+        let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
+        let view = FleetView::new(Duration::from_secs(30), t0);
+        let err = view.snapshot().readiness(t0).unwrap_err();
+        assert!(err.contains("no successful sweep yet"), "{err}");
+        view.record_failure("cannot list machines of app a", t0);
+        view.update(|o| o.last_success = Some(t0));
+        let later = |s| t0 + chrono::TimeDelta::seconds(s);
+        assert!(view.snapshot().readiness(later(90)).is_ok());
+        let err = view.snapshot().readiness(later(91)).unwrap_err();
+        assert!(err.contains("1m 31s ago"), "{err}");
+        assert!(err.contains("cannot list machines of app a"), "{err}");
+    }
+
+    #[test]
+    fn bad_machine_ids_are_refused() {
+        assert!(checked_id("148e1f0a").is_ok());
+        assert!(checked_id("").is_err());
+        assert!(checked_id("<script>").is_err());
+        assert!(checked_id(&"a".repeat(65)).is_err());
+    }
+}

@@ -1,0 +1,260 @@
+//! The `run` command: the reconcile loop wired to metrics, the HTTP server
+//! and the notifier, with graceful shutdown.
+//!
+//! Owns the glue between one cycle's outcome and everything that reports it:
+//! Prometheus series, the status page and API, webhook alerts (the planner's
+//! machine alerts plus the fleet-level ones), and one structured log line per
+//! action. It must never decide anything the planner decides, and never read
+//! the environment: secrets arrive in `ServiceSecrets`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
+use crate::executor::{Executor, ExecutorConfig, Outcome};
+use crate::metrics::{Metrics, MetricsError};
+use crate::notify::{
+    CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier, NotifyError,
+    SinkSecrets,
+};
+use crate::operator::{MARKER_KEY, Operator};
+use crate::server::{self, FleetView, MachineExtra, ServerState};
+
+/// Secrets for `run`, read from the environment by `main`.
+#[derive(Clone, Default)]
+pub struct ServiceSecrets {
+    pub core: Secrets,
+    /// App name → bearer token for its agents' cooperative endpoints.
+    pub agent_tokens: HashMap<String, String>,
+    pub admin_token: Option<String>,
+    /// One per `[[alerts.webhooks]]`, in order.
+    pub webhooks: Vec<SinkSecrets>,
+}
+
+impl fmt::Debug for ServiceSecrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ServiceSecrets { <redacted> }")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("cannot set up metrics: {0}")]
+    Metrics(#[from] MetricsError),
+    #[error("cannot set up webhooks: {0}")]
+    Notify(#[from] NotifyError),
+    #[error("cannot build the agent HTTP client: {0}")]
+    Agents(#[source] reqwest::Error),
+    #[error("HTTP server failed: {0}")]
+    Server(#[source] std::io::Error),
+}
+
+/// Lines of rotation history kept per machine for the API.
+const HISTORY_LINES: usize = 20;
+
+/// Runs the daemon until `shutdown`; serves HTTP on `listener`.
+pub async fn run(
+    config: Arc<Config>,
+    secrets: ServiceSecrets,
+    listener: TcpListener,
+    owner: String,
+    shutdown: CancellationToken,
+) -> Result<(), ServiceError> {
+    let metrics = Arc::new(Metrics::new(config.metrics.per_machine)?);
+    let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
+    sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
+    let executor = Executor::new(
+        sweeper.fly.clone(),
+        config.clone(),
+        secrets.agent_tokens.clone(),
+        ExecutorConfig::new(&owner, config.rotation.claim_settle),
+    )
+    .map_err(ServiceError::Agents)?;
+    let notifier = Notifier::new(&config.alerts, secrets.webhooks.clone())?;
+    let view = FleetView::new(config.sweep.interval, Utc::now());
+    view.set_coherence_threshold(config.alerts.coherence_threshold);
+    let state = ServerState::new(metrics.clone(), view.clone())
+        .with_operator(Operator::new(sweeper.fly.clone(), &config))
+        .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env);
+    let refresh = state.refresh_requests();
+
+    // The server and the notifier outlive the loop a little: the server stops
+    // with it, the notifier flushes what the last cycle queued.
+    let server_stop = CancellationToken::new();
+    let server = tokio::spawn(server::serve(listener, state, server_stop.clone()));
+    let notifier_stop = CancellationToken::new();
+    let delivery = {
+        let (n, stop) = (notifier.clone(), notifier_stop.clone());
+        tokio::spawn(async move { n.run(stop).await })
+    };
+
+    tracing::info!(owner = %owner, apps = config.apps.len(), "fleet-reconciler running");
+    let mut reporter = Reporter {
+        metrics: &metrics,
+        view: &view,
+        notifier: &notifier,
+        fleet_alerts: FleetAlertTracker::new(FleetAlertRules::from_config(&config)),
+        last_success: None,
+        failures: 0,
+        history: HashMap::new(),
+    };
+    daemon::reconcile_loop(
+        &sweeper,
+        LoopOptions {
+            executor: Some(&executor),
+            refresh: Some(refresh),
+            owner: owner.clone(),
+        },
+        shutdown.clone(),
+        |outcome| reporter.report(outcome),
+    )
+    .await;
+
+    tracing::info!("shutting down: leases released, markers consistent");
+    notifier_stop.cancel();
+    let _ = delivery.await;
+    server_stop.cancel();
+    match server.await {
+        Ok(result) => result.map_err(ServiceError::Server),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Turns cycle outcomes into metrics, the server's view and notifications.
+struct Reporter<'a> {
+    metrics: &'a Metrics,
+    view: &'a FleetView,
+    notifier: &'a Notifier,
+    fleet_alerts: FleetAlertTracker,
+    last_success: Option<DateTime<Utc>>,
+    failures: u32,
+    history: HashMap<String, VecDeque<String>>,
+}
+
+impl Reporter<'_> {
+    fn report(&mut self, outcome: SweepOutcome) {
+        match outcome {
+            SweepOutcome::Swept(cycle) => self.swept(*cycle),
+            SweepOutcome::Failed {
+                error,
+                kind,
+                tip_fetched_at,
+            } => {
+                let now = Utc::now();
+                self.failures += 1;
+                self.metrics.record_sweep_failure(kind);
+                self.view.record_failure(error, now);
+                let alerts = self.fleet_alerts.evaluate(
+                    &FleetAlertInput {
+                        coherence: None,
+                        last_sweep_success: self.last_success,
+                        consecutive_sweep_failures: self.failures,
+                        last_tip_fetch: tip_fetched_at,
+                        tip_commit: None,
+                    },
+                    now,
+                );
+                self.notifier.update(&alerts, &[], now);
+            }
+        }
+    }
+
+    fn swept(&mut self, cycle: Cycle) {
+        let Cycle {
+            report,
+            plan,
+            steps,
+            duration,
+            tip_fetched_at,
+            now,
+            ..
+        } = cycle;
+        self.failures = 0;
+        self.last_success = Some(now);
+
+        self.metrics.record_sweep(&report, duration, now);
+        if let Some(at) = tip_fetched_at {
+            self.metrics.record_tip_fetched(at);
+        }
+        let rotations: Vec<(&str, &str, usize)> = plan
+            .rotations_in_progress
+            .iter()
+            .map(|((app, pool), n)| (app.as_str(), pool.as_str(), *n))
+            .collect();
+        self.metrics.set_rotations_in_progress(&rotations);
+
+        let mut events = Vec::new();
+        for s in &steps {
+            self.metrics
+                .record_action(&s.step.target.app, s.step.kind(), s.outcome.result());
+            let line = format!(
+                "{} {} → {}",
+                now.format("%Y-%m-%dT%H:%M:%SZ"),
+                s.step,
+                match &s.outcome {
+                    Outcome::Done => "done".to_string(),
+                    Outcome::Skipped(why) => format!("skipped: {why}"),
+                    Outcome::Failed(why) => format!("failed: {why}"),
+                }
+            );
+            let h = self
+                .history
+                .entry(s.step.target.machine_id.clone())
+                .or_default();
+            h.push_back(line);
+            while h.len() > HISTORY_LINES {
+                h.pop_front();
+            }
+            events.extend(s.events.iter().cloned());
+        }
+        // Forget machines that are gone.
+        self.history
+            .retain(|id, _| report.machines.iter().any(|m| &m.machine_id == id));
+
+        let mut extras = BTreeMap::new();
+        for m in &report.machines {
+            let extra = MachineExtra {
+                rotation: m
+                    .metadata
+                    .get(MARKER_KEY)
+                    .and_then(|v| serde_json::from_str(v).ok()),
+                phase: plan.phases.get(&m.machine_id).cloned(),
+                history: self
+                    .history
+                    .get(&m.machine_id)
+                    .map(|h| h.iter().cloned().collect())
+                    .unwrap_or_default(),
+                drift_since: None,
+            };
+            if extra != MachineExtra::default() {
+                extras.insert(m.machine_id.clone(), extra);
+            }
+        }
+
+        let sample = CoherenceSample::from_report(&report);
+        let mut alerts = plan.alerts;
+        alerts.extend(self.fleet_alerts.evaluate(
+            &FleetAlertInput {
+                coherence: Some(&sample),
+                last_sweep_success: Some(now),
+                consecutive_sweep_failures: 0,
+                last_tip_fetch: tip_fetched_at,
+                tip_commit: Some(&report.tip.commit),
+            },
+            now,
+        ));
+        self.notifier.update(&alerts, &events, now);
+
+        self.view.set_tip(&report.tip.commit);
+        self.view.set_extras(extras);
+        self.view.record_sweep(report, now);
+    }
+}

@@ -1,0 +1,571 @@
+//! Metrics against real sweeps: a git overlay built with git2, the simulated
+//! Fly API and agents over loopback, and `promtool` judging the scrape.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use fleet_reconciler::config::Config;
+use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::demo::{DemoHistory, DemoRepo};
+use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
+use fleet_reconciler::metrics::{self, Metrics};
+use fleet_reconciler::model::MachineStatus;
+use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
+use fleet_reconciler::sweep::{FleetReport, Sweeper};
+
+const TOKEN: &str = "metrics-test-token";
+const PROMTOOL: &str = "/usr/bin/promtool";
+
+async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("finished within 30 s")
+}
+
+// ---- a parsed scrape -----------------------------------------------------------
+
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the sample lines of the text format (label values here never
+/// contain quotes, commas or braces).
+fn parse(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a sample line has a value");
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => {
+                    let inner = rest.strip_suffix('}').expect("closing brace");
+                    let labels = inner
+                        .split(',')
+                        .filter(|kv| !kv.is_empty())
+                        .map(|kv| {
+                            let (k, v) = kv.split_once('=').expect("k=v");
+                            (k.to_string(), v.trim_matches('"').to_string())
+                        })
+                        .collect();
+                    (name.to_string(), labels)
+                }
+                None => (series.to_string(), BTreeMap::new()),
+            };
+            Sample {
+                name,
+                labels,
+                value: value.parse().expect("numeric value"),
+            }
+        })
+        .collect()
+}
+
+fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Vec<&'a Sample> {
+    samples
+        .iter()
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect()
+}
+
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    let found = find(samples, name, labels);
+    assert_eq!(
+        found.len(),
+        1,
+        "expected exactly one {name}{labels:?}, found {found:?}"
+    );
+    found[0].value
+}
+
+// ---- a swept simulated fleet ----------------------------------------------------
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    repo_path: PathBuf,
+    history: DemoHistory,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let repo_path = dir.path().join("overlay.git");
+        let history = DemoRepo::create(&repo_path)
+            .unwrap()
+            .build_history()
+            .unwrap();
+        Fixture {
+            dir,
+            repo_path,
+            history,
+        }
+    }
+
+    fn tip(&self) -> String {
+        self.history.release.last().unwrap().to_string()
+    }
+
+    fn behind(&self, n: usize) -> String {
+        let r = &self.history.release;
+        r[r.len() - 1 - n].to_string()
+    }
+
+    async fn sweeper(&self, sim: &Sim, apps: &[&str]) -> Sweeper {
+        let mut text = format!(
+            r#"
+[fly]
+api_url = "{api}"
+request_timeout = "5s"
+max_retries = 2
+
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+
+[probe]
+timeout = "2s"
+concurrency = 8
+"#,
+            api = sim.api_url(),
+            repo = self.repo_path.display(),
+            mirror = self.dir.path().join("mirror.git").display(),
+        );
+        for app in apps {
+            text.push_str(&format!(
+                "\n[[apps]]\nname = \"{app}\"\nhealth_url = \"{}\"\n",
+                sim.health_url_template()
+            ));
+        }
+        let config = Config::parse(Path::new("metrics-test.toml"), &text).unwrap();
+        within(daemon::connect(
+            Arc::new(config),
+            &Secrets {
+                fly_token: TOKEN.into(),
+                git_token: None,
+            },
+        ))
+        .await
+        .unwrap()
+    }
+}
+
+async fn sweep(sweeper: &Sweeper) -> FleetReport {
+    within(daemon::check(sweeper)).await.unwrap()
+}
+
+/// alpha: 3 on tip, 1 drifted (2 behind), 1 unreachable (HTTP 500), 1 stopped;
+/// beta: 1 on tip, 1 unknown ref; empty: no machines at all.
+fn mixed(fx: &Fixture) -> SimFleet {
+    SimFleet::new(TOKEN)
+        .release_tip(fx.tip())
+        .app(
+            SimApp::new("alpha")
+                .machine(SimMachine::new("a1").loaded(fx.tip()).region("iad"))
+                .machine(SimMachine::new("a2").loaded(fx.tip()).region("ams"))
+                .machine(SimMachine::new("a3").loaded(fx.tip()).report_ref_len(7))
+                .machine(
+                    SimMachine::new("a-behind")
+                        .loaded(fx.behind(2))
+                        .region("sin"),
+                )
+                .machine(
+                    SimMachine::new("a-500")
+                        .loaded(fx.tip())
+                        .behaviour(Behaviour::HttpError(500)),
+                )
+                .machine(SimMachine::new("a-stopped").loaded(fx.behind(5)).stopped()),
+        )
+        .app(
+            SimApp::new("beta")
+                .machine(SimMachine::new("b1").loaded(fx.tip()))
+                .machine(SimMachine::new("b-unknown").loaded("deadbeef".repeat(5))),
+        )
+        .app(SimApp::new("empty"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coherence_and_status_counts_match_the_sweep() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
+    let report = sweep(&sweeper).await;
+    let m = Metrics::new(true).unwrap();
+    let now = Utc::now();
+    m.record_sweep(&report, Duration::from_millis(1500), now);
+    let s = parse(&m.render().unwrap());
+
+    // Independently known from the fixture: on-tip ÷ started.
+    let expected = [
+        ("alpha", 3.0 / 5.0),
+        ("beta", 1.0 / 2.0),
+        ("empty", 1.0),
+        ("*", 4.0 / 7.0),
+    ];
+    for (app, ratio) in expected {
+        let got = value(&s, metrics::COHERENCE_RATIO, &[("app", app)]);
+        assert!((got - ratio).abs() < 1e-12, "{app}: {got} != {ratio}");
+    }
+    // …and exactly what the report says.
+    for app in &report.apps {
+        assert_eq!(
+            value(&s, metrics::COHERENCE_RATIO, &[("app", &app.name)]),
+            app.coherence
+        );
+    }
+    assert_eq!(
+        value(&s, metrics::COHERENCE_RATIO, &[("app", "*")]),
+        report.coherence
+    );
+
+    // Every status of every app, zeros included.
+    let counts = [
+        ("alpha", "on_tip", 3.0),
+        ("alpha", "drifted", 1.0),
+        ("alpha", "unreachable", 1.0),
+        ("alpha", "not_running", 1.0),
+        ("alpha", "bad_report", 0.0),
+        ("beta", "on_tip", 1.0),
+        ("beta", "unknown_ref", 1.0),
+        ("beta", "drifted", 0.0),
+        ("empty", "on_tip", 0.0),
+    ];
+    for (app, status, n) in counts {
+        assert_eq!(
+            value(&s, metrics::MACHINES, &[("app", app), ("status", status)]),
+            n,
+            "{app}/{status}"
+        );
+    }
+    for app in ["alpha", "beta", "empty"] {
+        assert_eq!(
+            find(&s, metrics::MACHINES, &[("app", app)]).len(),
+            MachineStatus::ALL.len(),
+            "{app}: one series per status"
+        );
+        assert_eq!(
+            find(&s, metrics::DRIFT_SEVERITY_MACHINES, &[("app", app)]).len(),
+            4
+        );
+    }
+    // Severities: the drifted and the unknown machine are classified.
+    let classified = |app: &str| -> f64 {
+        find(&s, metrics::DRIFT_SEVERITY_MACHINES, &[("app", app)])
+            .iter()
+            .map(|x| x.value)
+            .sum()
+    };
+    assert_eq!(classified("alpha"), 1.0);
+    assert_eq!(classified("beta"), 1.0);
+    assert_eq!(
+        value(
+            &s,
+            metrics::DRIFT_SEVERITY_MACHINES,
+            &[("app", "beta"), ("severity", "critical")]
+        ),
+        1.0,
+        "an unknown ref is critical by default"
+    );
+
+    // Per machine: only the drifted one, with its commits behind.
+    let behind = find(&s, metrics::COMMITS_BEHIND, &[]);
+    assert_eq!(behind.len(), 1, "{behind:?}");
+    assert_eq!(behind[0].labels["machine_id"], "a-behind");
+    assert_eq!(behind[0].labels["region"], "sin");
+    assert_eq!(behind[0].labels["app"], "alpha");
+    assert_eq!(behind[0].value, 2.0);
+
+    // Sweep bookkeeping.
+    assert_eq!(
+        value(
+            &s,
+            metrics::SWEEPS_TOTAL,
+            &[("result", metrics::SWEEP_SUCCESS)]
+        ),
+        1.0
+    );
+    assert_eq!(value(&s, "fleet_sweep_duration_seconds_count", &[]), 1.0);
+    assert_eq!(
+        value(&s, "fleet_sweep_duration_seconds_bucket", &[("le", "1")]),
+        0.0
+    );
+    assert_eq!(
+        value(&s, "fleet_sweep_duration_seconds_bucket", &[("le", "2.5")]),
+        1.0
+    );
+    let ts = value(&s, metrics::LAST_SWEEP_SUCCESS_TIMESTAMP, &[]);
+    assert!((ts - now.timestamp_millis() as f64 / 1000.0).abs() < 0.002);
+    assert_eq!(
+        value(
+            &s,
+            metrics::TIP_INFO,
+            &[("branch", "release"), ("commit", &fx.tip())]
+        ),
+        1.0
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_machine_series_are_removed_when_back_on_tip_or_gone() {
+    let fx = Fixture::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN).release_tip(fx.tip()).app(
+            SimApp::new("alpha")
+                .machine(SimMachine::new("d1").loaded(fx.behind(1)))
+                .machine(SimMachine::new("d2").loaded(fx.behind(3)).region("ams"))
+                .machine(SimMachine::new("ok").loaded(fx.tip())),
+        ),
+    )
+    .await
+    .unwrap();
+    let sweeper = fx.sweeper(&sim, &["alpha"]).await;
+    let m = Metrics::new(true).unwrap();
+    let ids = |m: &Metrics| -> Vec<String> {
+        let s = parse(&m.render().unwrap());
+        let mut ids: Vec<String> = find(&s, metrics::COMMITS_BEHIND, &[])
+            .iter()
+            .map(|x| format!("{}={}", x.labels["machine_id"], x.value))
+            .collect();
+        ids.sort();
+        ids
+    };
+
+    let report = sweep(&sweeper).await;
+    m.record_sweep(&report, Duration::from_millis(200), Utc::now());
+    assert_eq!(ids(&m), ["d1=1", "d2=3"]);
+
+    // d1 is reloaded onto the tip: its series goes.
+    assert!(sim.set_loaded_ref("d1", &fx.tip()));
+    let report = sweep(&sweeper).await;
+    m.record_sweep(&report, Duration::from_millis(200), Utc::now());
+    assert_eq!(ids(&m), ["d2=3"]);
+
+    // d2 vanishes from the inventory (destroyed): its series goes too.
+    let mut without = report.clone();
+    without.machines.retain(|x| x.machine_id != "d2");
+    m.record_sweep(&without, Duration::from_millis(200), Utc::now());
+    assert!(ids(&m).is_empty(), "{:?}", ids(&m));
+    let text = m.render().unwrap();
+    assert!(
+        !text.contains("machine_id="),
+        "stale per-machine series:\n{text}"
+    );
+
+    // Stopping a drifted machine removes its series as well.
+    assert!(sim.set_loaded_ref("ok", &fx.behind(4)));
+    let report = sweep(&sweeper).await;
+    m.record_sweep(&report, Duration::from_millis(200), Utc::now());
+    assert_eq!(ids(&m), ["d2=3", "ok=4"]);
+    assert!(sim.set_state("d2", "stopped"));
+    let report = sweep(&sweeper).await;
+    m.record_sweep(&report, Duration::from_millis(200), Utc::now());
+    assert_eq!(ids(&m), ["ok=4"]);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_machine_off_exports_no_machine_series() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
+    let report = sweep(&sweeper).await;
+    let m = Metrics::new(false).unwrap();
+    m.record_sweep(&report, Duration::from_millis(10), Utc::now());
+    let text = m.render().unwrap();
+    assert!(!text.contains(metrics::COMMITS_BEHIND), "{text}");
+    assert!(!text.contains("machine_id"), "{text}");
+    // The aggregate series are still there.
+    let s = parse(&text);
+    assert_eq!(
+        value(
+            &s,
+            metrics::MACHINES,
+            &[("app", "alpha"), ("status", "drifted")]
+        ),
+        1.0
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fly_observer_counts_requests_by_op_and_code() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let m = Metrics::new(true).unwrap();
+    let mut config = FlyClientConfig::new(&sim.api_url());
+    config.base_backoff = Duration::from_millis(10);
+    config.max_backoff = Duration::from_millis(50);
+    let fly = FlyClient::new(config, TOKEN)
+        .unwrap()
+        .with_observer(m.fly_observer());
+
+    within(fly.list_machines("alpha")).await.unwrap();
+    within(fly.list_machines("beta")).await.unwrap();
+    within(fly.get_machine("alpha", "nope")).await.unwrap_err();
+    sim.fail_next(1, 503, None);
+    within(fly.list_machines("alpha")).await.unwrap(); // 503, then retried: 200
+
+    let s = parse(&m.render().unwrap());
+    let count = |op: &str, code: &str| {
+        value(
+            &s,
+            metrics::FLY_API_REQUESTS_TOTAL,
+            &[("op", op), ("code", code)],
+        )
+    };
+    assert_eq!(count("list_machines", "200"), 3.0);
+    assert_eq!(count("list_machines", "503"), 1.0);
+    assert_eq!(count("get_machine", "404"), 1.0);
+    assert_eq!(find(&s, metrics::FLY_API_REQUESTS_TOTAL, &[]).len(), 3);
+
+    // A daemon-wide sweep through an observed client counts too.
+    let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
+    let sweeper = Sweeper {
+        fly: sweeper.fly.clone().with_observer(m.fly_observer()),
+        ..sweeper
+    };
+    sweep(&sweeper).await;
+    let s = parse(&m.render().unwrap());
+    assert_eq!(
+        value(
+            &s,
+            metrics::FLY_API_REQUESTS_TOTAL,
+            &[("op", "list_machines"), ("code", "200")]
+        ),
+        6.0
+    );
+    sim.shutdown().await;
+}
+
+/// Runs `promtool check metrics` on `text`; fails (never skips) without it.
+fn promtool_check(text: &str) {
+    let mut child = Command::new(PROMTOOL)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {PROMTOOL} ({e}); install Debian's `prometheus` package")
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "promtool rejected the scrape ({}):\n{stderr}{stdout}\n--- scrape ---\n{text}",
+        out.status
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_a_full_scrape() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
+    let m = Metrics::new(true).unwrap();
+    let sweeper = Sweeper {
+        fly: sweeper.fly.clone().with_observer(m.fly_observer()),
+        ..sweeper
+    };
+    let report = sweep(&sweeper).await;
+    let now = Utc::now();
+    m.record_tip_fetched(now);
+    m.record_sweep(&report, Duration::from_millis(830), now);
+    m.record_sweep_failure("transport");
+    m.record_action("alpha", "restart", "succeeded");
+    m.record_action("alpha", "cordon", "failed");
+    m.set_rotations_in_progress(&[("alpha", "default", 1), ("beta", "default", 0)]);
+    m.record_webhook_delivery("pagerduty", "delivered");
+    let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
+    promtool_check(&text);
+
+    // Every series of DESIGN §7 is present, with help and type.
+    for name in [
+        metrics::COHERENCE_RATIO,
+        metrics::MACHINES,
+        metrics::COMMITS_BEHIND,
+        metrics::DRIFT_SEVERITY_MACHINES,
+        metrics::ROTATIONS_IN_PROGRESS,
+        metrics::ACTIONS_TOTAL,
+        metrics::FLY_API_REQUESTS_TOTAL,
+        metrics::SWEEP_DURATION_SECONDS,
+        metrics::LAST_SWEEP_SUCCESS_TIMESTAMP,
+        metrics::TIP_AGE_SECONDS,
+        metrics::SWEEPS_TOTAL,
+    ] {
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "no help for {name}"
+        );
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "no type for {name}"
+        );
+    }
+    let s = parse(&text);
+    assert_eq!(value(&s, metrics::TIP_AGE_SECONDS, &[]), 5.0);
+    assert_eq!(
+        value(
+            &s,
+            metrics::ACTIONS_TOTAL,
+            &[
+                ("app", "alpha"),
+                ("action", "restart"),
+                ("result", "succeeded")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&s, metrics::SWEEPS_TOTAL, &[("result", "transport")]),
+        1.0
+    );
+    assert!(text.contains("# TYPE fleet_sweep_duration_seconds histogram"));
+    assert!(text.contains("fleet_sweep_duration_seconds_bucket{le=\"0.05\"}"));
+    assert!(text.contains("fleet_sweep_duration_seconds_bucket{le=\"120\"}"));
+
+    // A fresh registry (nothing recorded yet) is valid too.
+    let fresh = Metrics::new(true).unwrap();
+    promtool_check(&fresh.render().unwrap());
+    sim.shutdown().await;
+}
+
+#[test]
+fn tip_age_is_measured_from_start_until_the_first_fetch() {
+    let start = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+    let m = Metrics::new_at(true, start).unwrap();
+    let at = |s: i64| start + TimeDelta::seconds(s);
+    let age = |m: &Metrics, now| {
+        value(
+            &parse(&m.render_at(now).unwrap()),
+            metrics::TIP_AGE_SECONDS,
+            &[],
+        )
+    };
+    assert_eq!(age(&m, at(90)), 90.0);
+    m.record_tip_fetched(at(100));
+    assert_eq!(age(&m, at(160)), 60.0);
+    // Before the first sweep the success timestamp is 0, so "stopped
+    // advancing" alerts fire for a daemon that never swept.
+    let s = parse(&m.render_at(at(160)).unwrap());
+    assert_eq!(value(&s, metrics::LAST_SWEEP_SUCCESS_TIMESTAMP, &[]), 0.0);
+}

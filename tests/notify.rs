@@ -1,0 +1,1228 @@
+//! The notifier against local webhook receivers on loopback: bodies of every
+//! format, dedupe/repeat/resolve, retries through an outage, refused redirects,
+//! secrets kept out of logs, a sweep never blocked; and the fleet-level alerts.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, TimeZone, Utc};
+use fleet_reconciler::config::{AlertsConfig, WebhookConfig, WebhookFormat};
+use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind};
+use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::notify::{
+    Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
+    NotifierOptions, SinkSecrets, sink_secrets_from_env,
+};
+use hmac::{Hmac, Mac};
+use serde_json::Value;
+use sha2::Sha256;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bound on every wait in this file.
+const WAIT: Duration = Duration::from_secs(10);
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+// ------------------------------------------------------------------ receiver
+
+#[derive(Clone, Debug)]
+enum Mode {
+    Accept,
+    Fail(u16),
+    /// Answer 302 to this location.
+    Redirect(String),
+    /// Never answer.
+    Hang,
+}
+
+#[derive(Clone, Debug)]
+struct Recorded {
+    path_and_query: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Recorded {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("webhook bodies are JSON")
+    }
+}
+
+struct ReceiverState {
+    mode: Mutex<Mode>,
+    attempts: AtomicUsize,
+    accepted: Mutex<Vec<Recorded>>,
+}
+
+/// A webhook receiver on a loopback port: records what it accepts, and can be
+/// told to fail, redirect or hang.
+struct Receiver {
+    addr: SocketAddr,
+    state: Arc<ReceiverState>,
+    task: JoinHandle<()>,
+}
+
+async fn receive(
+    State(state): State<Arc<ReceiverState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    state.attempts.fetch_add(1, Ordering::SeqCst);
+    let mode = state.mode.lock().unwrap().clone();
+    match mode {
+        Mode::Accept => {
+            let path_and_query = uri.path_and_query().map(|p| p.to_string());
+            state.accepted.lock().unwrap().push(Recorded {
+                path_and_query: path_and_query.unwrap_or_default(),
+                headers,
+                body,
+            });
+            (StatusCode::ACCEPTED, "{\"status\":\"success\"}").into_response()
+        }
+        Mode::Fail(code) => (
+            StatusCode::from_u16(code).unwrap(),
+            // A body that echoes the request, as some receivers do: never logged.
+            body,
+        )
+            .into_response(),
+        Mode::Redirect(to) => (StatusCode::FOUND, [(header::LOCATION, to)]).into_response(),
+        Mode::Hang => {
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+    }
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Receiver::serve(listener)
+    }
+
+    fn serve(listener: tokio::net::TcpListener) -> Receiver {
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ReceiverState {
+            mode: Mutex::new(Mode::Accept),
+            attempts: AtomicUsize::new(0),
+            accepted: Mutex::new(Vec::new()),
+        });
+        let app = Router::new().fallback(receive).with_state(state.clone());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Receiver { addr, state, task }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.state.mode.lock().unwrap() = mode;
+    }
+
+    fn attempts(&self) -> usize {
+        self.state.attempts.load(Ordering::SeqCst)
+    }
+
+    fn accepted(&self) -> Vec<Recorded> {
+        self.state.accepted.lock().unwrap().clone()
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.accepted().iter().map(Recorded::json).collect()
+    }
+
+    /// Waits until `n` requests were accepted and returns their bodies.
+    async fn expect(&self, n: usize) -> Vec<Value> {
+        eventually(&format!("{n} accepted requests"), || {
+            self.accepted().len() >= n
+        })
+        .await;
+        self.bodies()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let poll = async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(WAIT, poll).await.is_err() {
+        panic!("timed out waiting for {what}");
+    }
+}
+
+// ------------------------------------------------------------------ fixtures
+
+fn hook(format: WebhookFormat, min_severity: Severity) -> WebhookConfig {
+    WebhookConfig {
+        url_env: "WEBHOOK_URL".into(),
+        format,
+        routing_key_env: (format == WebhookFormat::Pagerduty).then(|| "PD_ROUTING_KEY".into()),
+        secret_env: None,
+        min_severity,
+        repeat_interval: Duration::from_secs(30 * 60),
+    }
+}
+
+fn plain(url: String) -> SinkSecrets {
+    SinkSecrets {
+        url,
+        routing_key: None,
+        hmac_secret: None,
+    }
+}
+
+fn fast() -> NotifierOptions {
+    NotifierOptions {
+        retry_interval: Duration::from_millis(100),
+        request_timeout: Duration::from_secs(5),
+        queue_capacity: 1000,
+        flush_deadline: Duration::from_millis(500),
+    }
+}
+
+/// A notifier whose delivery task is running.
+struct Running {
+    notifier: Notifier,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    fn start(sinks: Vec<(WebhookConfig, SinkSecrets)>, options: NotifierOptions) -> Running {
+        let (hooks, secrets): (Vec<_>, Vec<_>) = sinks.into_iter().unzip();
+        let config = AlertsConfig {
+            webhooks: hooks,
+            ..AlertsConfig::default()
+        };
+        let notifier = Notifier::with_options(&config, secrets, options).unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let notifier = notifier.clone();
+            let shutdown = shutdown.clone();
+            async move { notifier.run(shutdown).await }
+        });
+        Running {
+            notifier,
+            shutdown,
+            task,
+        }
+    }
+
+    fn update(&self, firing: &[Alert], at: DateTime<Utc>) {
+        self.notifier.update(firing, &[], at);
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("run returns after shutdown")
+            .unwrap();
+    }
+}
+
+fn drift(machine: &str, severity: Severity) -> Alert {
+    Alert {
+        kind: AlertKind::Drift,
+        app: Some("agents-prod".into()),
+        machine_id: Some(machine.into()),
+        commit: Some(COMMIT.into()),
+        severity,
+        summary: format!("{machine} is 3 commits behind the release tip"),
+        details: BTreeMap::from([
+            ("commits_behind".into(), "3".into()),
+            ("pool".into(), "default".into()),
+        ]),
+    }
+}
+
+fn t(mins: i64) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap() + chrono::Duration::minutes(mins)
+}
+
+fn event(kind: EventKind, machine: &str) -> ActionEvent {
+    ActionEvent {
+        kind,
+        app: "agents-prod".into(),
+        machine_id: machine.into(),
+        commit: COMMIT.into(),
+        severity: Severity::High,
+        action: PolicyAction::Restart,
+        summary: format!("restart of {machine} failed: machine did not start"),
+        at: t(0),
+    }
+}
+
+/// (event, status, machine_id, repeat) of JSON bodies, for sequence asserts.
+fn seq(bodies: &[Value]) -> Vec<(String, String, String, bool)> {
+    bodies
+        .iter()
+        .map(|b| {
+            (
+                b["event"].as_str().unwrap().to_owned(),
+                b["status"].as_str().unwrap().to_owned(),
+                b["machine_id"].as_str().unwrap_or("*").to_owned(),
+                b["repeat"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn s(event: &str, status: &str, machine: &str, repeat: bool) -> (String, String, String, bool) {
+    (event.into(), status.into(), machine.into(), repeat)
+}
+
+// ------------------------------------------------------------------ formats
+
+#[tokio::test]
+async fn json_body_follows_the_schema_and_is_signed() {
+    let rx = Receiver::start().await;
+    let secret = "whsec-test-0001";
+    let mut json = hook(WebhookFormat::Json, Severity::Low);
+    json.secret_env = Some("WEBHOOK_SECRET".into());
+    let sink = SinkSecrets {
+        hmac_secret: Some(secret.into()),
+        ..plain(rx.url("/hook"))
+    };
+    let n = Running::start(vec![(json, sink)], fast());
+
+    let alert = drift("m1", Severity::High);
+    n.update(std::slice::from_ref(&alert), t(0));
+    n.notifier.update(
+        std::slice::from_ref(&alert),
+        &[event(EventKind::ActionFailed, "m1")],
+        t(1),
+    );
+    n.update(&[], t(2));
+    let bodies = rx.expect(3).await;
+
+    let b = &bodies[0];
+    assert_eq!(b["version"], 1);
+    assert_eq!(b["event"], "drift_detected");
+    assert_eq!(b["status"], "firing");
+    assert_eq!(b["repeat"], false);
+    assert_eq!(b["dedup_key"], alert.dedup_key());
+    assert_eq!(b["app"], "agents-prod");
+    assert_eq!(b["machine_id"], "m1");
+    assert_eq!(b["commit"], COMMIT);
+    assert_eq!(b["severity"], "high");
+    assert_eq!(b["summary"], alert.summary);
+    assert_eq!(b["details"]["commits_behind"], "3");
+    assert_eq!(b["at"], "2026-05-01T12:00:00Z");
+    let keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "app",
+            "at",
+            "commit",
+            "dedup_key",
+            "details",
+            "event",
+            "machine_id",
+            "repeat",
+            "severity",
+            "status",
+            "summary",
+            "version"
+        ],
+        "schema changed? document it in docs/alerts.md"
+    );
+
+    let e = &bodies[1];
+    assert_eq!(
+        (&e["event"], &e["status"]),
+        (&"action_failed".into(), &"event".into())
+    );
+    assert_eq!(e["details"]["action"], "restart");
+    assert_eq!(
+        e["dedup_key"],
+        format!("fleet-reconciler/action_failed/agents-prod/m1/{COMMIT}")
+    );
+
+    let r = &bodies[2];
+    assert_eq!(
+        (&r["event"], &r["status"]),
+        (&"drift_resolved".into(), &"resolved".into())
+    );
+    assert_eq!(r["dedup_key"], alert.dedup_key());
+    assert_eq!(r["at"], "2026-05-01T12:02:00Z");
+
+    // The signature is an HMAC-SHA256 of the exact body bytes, recomputed here.
+    for req in rx.accepted() {
+        assert_eq!(req.headers[header::CONTENT_TYPE], "application/json");
+        let sig = req.headers["x-fleet-signature"].to_str().unwrap();
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(&req.body);
+        let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        assert_eq!(sig, expected);
+        assert_eq!(req.path_and_query, "/hook");
+    }
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn unsigned_json_has_no_signature_header() {
+    let rx = Receiver::start().await;
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Json, Severity::Low),
+            plain(rx.url("/h")),
+        )],
+        fast(),
+    );
+    n.update(&[drift("m1", Severity::Low)], t(0));
+    rx.expect(1).await;
+    assert!(!rx.accepted()[0].headers.contains_key("x-fleet-signature"));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn slack_body_has_text_and_blocks() {
+    let rx = Receiver::start().await;
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Slack, Severity::Low),
+            plain(rx.url("/services/T0/B0/x")),
+        )],
+        fast(),
+    );
+    n.update(&[drift("m1", Severity::Critical)], t(0));
+    n.update(&[], t(1));
+    let bodies = rx.expect(2).await;
+
+    let b = &bodies[0];
+    let text = b["text"].as_str().unwrap();
+    assert!(
+        text.contains("FIRING") && text.contains("critical"),
+        "{text}"
+    );
+    assert!(text.contains("drift_detected") && text.contains("m1 is 3 commits behind"));
+    let blocks = b["blocks"].as_array().unwrap();
+    assert_eq!(blocks[0]["type"], "header");
+    assert_eq!(blocks[0]["text"]["type"], "plain_text");
+    assert!(
+        blocks[0]["text"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("drift_detected")
+    );
+    assert_eq!(blocks[1]["type"], "section");
+    assert_eq!(
+        blocks[1]["text"]["text"],
+        "m1 is 3 commits behind the release tip"
+    );
+    let fields: Vec<&str> = blocks[1]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "*App*\nagents-prod",
+            "*Machine*\nm1",
+            "*Severity*\ncritical",
+            "*Commit*\n`0123456`"
+        ]
+    );
+    assert_eq!(blocks[2]["type"], "context");
+
+    let r = &bodies[1];
+    assert!(r["text"].as_str().unwrap().starts_with("RESOLVED"));
+    assert!(
+        r["blocks"][0]["text"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("drift_resolved")
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn pagerduty_trigger_and_resolve_follow_events_v2() {
+    let rx = Receiver::start().await;
+    let routing_key = "R0UTINGKEY0123456789abcdef012345";
+    let sink = SinkSecrets {
+        routing_key: Some(routing_key.into()),
+        ..plain(rx.url("/v2/enqueue"))
+    };
+    let n = Running::start(
+        vec![(hook(WebhookFormat::Pagerduty, Severity::Low), sink)],
+        fast(),
+    );
+    let alerts = [
+        drift("m-low", Severity::Low),
+        drift("m-medium", Severity::Medium),
+        drift("m-high", Severity::High),
+        drift("m-critical", Severity::Critical),
+    ];
+    n.update(&alerts, t(0));
+    let bodies = rx.expect(4).await;
+    let mut mapped = BTreeMap::new();
+    for b in &bodies {
+        assert_eq!(b["routing_key"], routing_key);
+        assert_eq!(b["event_action"], "trigger");
+        let p = &b["payload"];
+        let machine = p["component"].as_str().unwrap();
+        let alert = alerts
+            .iter()
+            .find(|a| a.machine_id.as_deref() == Some(machine))
+            .unwrap();
+        assert_eq!(b["dedup_key"], alert.dedup_key());
+        assert_eq!(p["summary"], alert.summary);
+        assert_eq!(p["source"], "fleet-reconciler/agents-prod");
+        assert_eq!(p["group"], "agents-prod");
+        assert_eq!(p["class"], "drift_detected");
+        assert_eq!(p["custom_details"]["commits_behind"], "3");
+        assert_eq!(p["custom_details"]["commit"], COMMIT);
+        mapped.insert(
+            machine.to_owned(),
+            p["severity"].as_str().unwrap().to_owned(),
+        );
+    }
+    let expected: BTreeMap<String, String> = [
+        ("m-low", "info"),
+        ("m-medium", "warning"),
+        ("m-high", "error"),
+        ("m-critical", "critical"),
+    ]
+    .into_iter()
+    .map(|(m, s)| (m.to_owned(), s.to_owned()))
+    .collect();
+    assert_eq!(mapped, expected);
+
+    // A new message and a higher severity: same incident (same dedup_key).
+    let mut escalated = drift("m-low", Severity::High);
+    escalated.summary = "m-low is now 25 commits behind".into();
+    let rest = [escalated, alerts[1].clone(), alerts[2].clone()];
+    n.update(&rest, t(1));
+    let bodies = rx.expect(6).await;
+    // Resolves are queued before new triggers of the same sweep.
+    let esc = &bodies[5];
+    assert_eq!(esc["event_action"], "trigger");
+    assert_eq!(esc["dedup_key"], alerts[0].dedup_key());
+    assert_eq!(esc["payload"]["severity"], "error");
+    assert_eq!(esc["payload"]["summary"], "m-low is now 25 commits behind");
+    // m-critical cleared: its resolve carries exactly three fields.
+    let resolve = &bodies[4];
+    let mut keys: Vec<&str> = resolve
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["dedup_key", "event_action", "routing_key"]);
+    assert_eq!(resolve["event_action"], "resolve");
+    assert_eq!(resolve["dedup_key"], alerts[3].dedup_key());
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn pagerduty_is_paged_for_failed_actions_only() {
+    let rx = Receiver::start().await;
+    let sink = SinkSecrets {
+        routing_key: Some("rk".into()),
+        ..plain(rx.url("/v2/enqueue"))
+    };
+    let n = Running::start(
+        vec![(hook(WebhookFormat::Pagerduty, Severity::Low), sink)],
+        fast(),
+    );
+    let events = [
+        event(EventKind::ActionStarted, "m1"),
+        event(EventKind::ActionFailed, "m1"),
+    ];
+    n.notifier.update(&[], &events, t(0));
+    n.notifier
+        .update(&[], &[event(EventKind::ActionSucceeded, "m1")], t(5));
+    // Barrier: once this trigger is in, everything queued before it was sent.
+    n.update(&[drift("barrier", Severity::High)], t(6));
+    let bodies = rx.expect(3).await;
+    let actions: Vec<(&str, &str)> = bodies
+        .iter()
+        .map(|b| {
+            (
+                b["event_action"].as_str().unwrap(),
+                b["payload"]["class"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("trigger", "action_failed"),
+            ("resolve", "-"),
+            ("trigger", "drift_detected")
+        ]
+    );
+    assert_eq!(bodies[0]["dedup_key"], bodies[1]["dedup_key"]);
+    n.stop().await;
+}
+
+// ------------------------------------------------------------------ state machine
+
+#[tokio::test]
+async fn unchanged_alerts_repeat_once_per_interval_and_resolve_when_cleared() {
+    let rx = Receiver::start().await;
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Json, Severity::Low),
+            plain(rx.url("/h")),
+        )],
+        fast(),
+    );
+    let a = drift("a", Severity::Medium);
+    let b = drift("b", Severity::Medium);
+    n.update(std::slice::from_ref(&a), t(0));
+    n.update(std::slice::from_ref(&a), t(1));
+    n.update(std::slice::from_ref(&a), t(10));
+    // b is the barrier: FIFO delivery means any duplicate of a would come first.
+    n.update(&[a.clone(), b.clone()], t(10));
+    assert_eq!(
+        seq(&rx.expect(2).await),
+        [
+            s("drift_detected", "firing", "a", false),
+            s("drift_detected", "firing", "b", false)
+        ]
+    );
+    n.update(&[a.clone(), b.clone()], t(31)); // a: 31 min since its trigger → one repeat
+    n.update(&[a.clone(), b.clone()], t(35)); // nothing due
+    n.update(std::slice::from_ref(&b), t(36)); // a converged → resolve
+    n.update(std::slice::from_ref(&b), t(41)); // b: 31 min → one repeat
+    n.update(&[], t(42)); // b converged
+    let bodies = rx.expect(6).await;
+    assert_eq!(
+        seq(&bodies),
+        [
+            s("drift_detected", "firing", "a", false),
+            s("drift_detected", "firing", "b", false),
+            s("drift_detected", "firing", "a", true),
+            s("drift_resolved", "resolved", "a", false),
+            s("drift_detected", "firing", "b", true),
+            s("drift_resolved", "resolved", "b", false),
+        ]
+    );
+    // Nothing else comes: the next thing through is a new barrier.
+    n.update(&[drift("c", Severity::Low)], t(43));
+    let bodies = rx.expect(7).await;
+    assert_eq!(bodies.len(), 7);
+    assert_eq!(bodies[6]["machine_id"], "c");
+    assert_eq!(n.notifier.stats()[0].delivered, 7);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn min_severity_filters_triggers_and_resolves_follow_them() {
+    let high_rx = Receiver::start().await;
+    let all_rx = Receiver::start().await;
+    let n = Running::start(
+        vec![
+            (
+                hook(WebhookFormat::Json, Severity::High),
+                plain(high_rx.url("/h")),
+            ),
+            (
+                hook(WebhookFormat::Json, Severity::Low),
+                plain(all_rx.url("/a")),
+            ),
+        ],
+        fast(),
+    );
+    let low = drift("low", Severity::Low);
+    let high = drift("high", Severity::High);
+    n.update(&[low.clone(), high.clone()], t(0));
+    n.update(&[], t(1));
+    // An event below the threshold is filtered the same way.
+    let mut minor = event(EventKind::ActionSucceeded, "low");
+    minor.severity = Severity::Low;
+    n.notifier.update(&[], &[minor], t(2));
+    let barrier = drift("barrier", Severity::Critical);
+    n.update(&[barrier], t(3));
+    assert_eq!(
+        seq(&high_rx.expect(3).await),
+        [
+            s("drift_detected", "firing", "high", false),
+            s("drift_resolved", "resolved", "high", false),
+            s("drift_detected", "firing", "barrier", false),
+        ]
+    );
+    let all = all_rx.expect(6).await;
+    let mut machines: Vec<(String, String)> = seq(&all)[..4]
+        .iter()
+        .map(|(e, _, m, _)| (e.clone(), m.clone()))
+        .collect();
+    machines.sort();
+    assert_eq!(
+        machines,
+        [
+            ("drift_detected".into(), "high".into()),
+            ("drift_detected".into(), "low".into()),
+            ("drift_resolved".into(), "high".into()),
+            ("drift_resolved".into(), "low".into()),
+        ]
+    );
+    assert_eq!(all[4]["event"], "action_succeeded");
+    assert_eq!(all[5]["machine_id"], "barrier");
+    n.stop().await;
+}
+
+// ------------------------------------------------------------------ delivery
+
+#[tokio::test]
+async fn an_outage_loses_nothing_and_keeps_order() {
+    let rx = Receiver::start().await;
+    rx.set(Mode::Fail(503));
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Json, Severity::Low),
+            plain(rx.url("/h")),
+        )],
+        fast(),
+    );
+    let a = drift("a", Severity::High);
+    let b = drift("b", Severity::High);
+    n.update(std::slice::from_ref(&a), t(0));
+    n.update(&[a.clone(), b.clone()], t(1));
+    n.update(std::slice::from_ref(&b), t(2));
+    eventually("three failed attempts", || rx.attempts() >= 3).await;
+    assert!(rx.accepted().is_empty());
+    assert_eq!(n.notifier.queued(), 3);
+    rx.set(Mode::Accept);
+    assert_eq!(
+        seq(&rx.expect(3).await),
+        [
+            s("drift_detected", "firing", "a", false),
+            s("drift_detected", "firing", "b", false),
+            s("drift_resolved", "resolved", "a", false),
+        ]
+    );
+    let stats = &n.notifier.stats()[0];
+    assert!(stats.failed_attempts >= 3, "{stats:?}");
+    assert_eq!((stats.delivered, stats.queued, stats.dropped), (3, 0, 0));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_receiver_that_is_down_gets_everything_once_it_is_up() {
+    // Reserve a port, then close it: connections are refused until the receiver starts.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Json, Severity::Low),
+            plain(format!("http://{addr}/h")),
+        )],
+        fast(),
+    );
+    let a = drift("a", Severity::High);
+    n.update(std::slice::from_ref(&a), t(0));
+    n.update(&[], t(1));
+    eventually("two refused attempts", || {
+        n.notifier.stats()[0].failed_attempts >= 2
+    })
+    .await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let rx = Receiver::serve(listener);
+    assert_eq!(
+        seq(&rx.expect(2).await),
+        [
+            s("drift_detected", "firing", "a", false),
+            s("drift_resolved", "resolved", "a", false),
+        ]
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn redirects_are_refused() {
+    let elsewhere = Receiver::start().await;
+    let redirecting = Receiver::start().await;
+    redirecting.set(Mode::Redirect(elsewhere.url("/stolen")));
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Json, Severity::Low),
+            plain(redirecting.url("/h")),
+        )],
+        fast(),
+    );
+    n.update(&[drift("a", Severity::High)], t(0));
+    eventually("a retried redirect", || redirecting.attempts() >= 2).await;
+    assert_eq!(elsewhere.attempts(), 0, "the redirect was followed");
+    let stats = &n.notifier.stats()[0];
+    assert_eq!((stats.delivered, stats.queued), (0, 1), "{stats:?}");
+    // Once the receiver answers itself, the same notification goes through.
+    redirecting.set(Mode::Accept);
+    assert_eq!(redirecting.expect(1).await[0]["machine_id"], "a");
+    assert_eq!(elsewhere.attempts(), 0);
+    n.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_never_waits_for_a_hanging_receiver() {
+    let rx = Receiver::start().await;
+    rx.set(Mode::Hang);
+    let options = NotifierOptions {
+        request_timeout: Duration::from_secs(60),
+        flush_deadline: Duration::from_millis(300),
+        queue_capacity: 5000,
+        ..fast()
+    };
+    let n = Running::start(
+        vec![(
+            hook(WebhookFormat::Json, Severity::Low),
+            plain(rx.url("/h")),
+        )],
+        options,
+    );
+    n.update(&[drift("first", Severity::High)], t(0));
+    eventually("a request in flight", || rx.attempts() >= 1).await;
+
+    let many: Vec<Alert> = (0..2000)
+        .map(|i| drift(&format!("m{i}"), Severity::High))
+        .collect();
+    for minute in 1..=3 {
+        let started = Instant::now();
+        n.update(&many, t(minute));
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(500), "update took {took:?}");
+    }
+    // In flight: the first trigger; then its resolve (it cleared) and 2000 triggers.
+    assert_eq!(n.notifier.queued(), 2002);
+
+    // Shutdown gives up on the hanging request after the flush deadline.
+    let started = Instant::now();
+    n.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn shutdown_flushes_what_is_queued() {
+    let rx = Receiver::start().await;
+    let config = AlertsConfig {
+        webhooks: vec![hook(WebhookFormat::Json, Severity::Low)],
+        ..AlertsConfig::default()
+    };
+    let notifier = Notifier::with_options(&config, vec![plain(rx.url("/h"))], fast()).unwrap();
+    notifier.update(
+        &[drift("a", Severity::Low), drift("b", Severity::Low)],
+        &[],
+        t(0),
+    );
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, notifier.run(shutdown))
+        .await
+        .expect("the flush ends");
+    assert_eq!(rx.accepted().len(), 2);
+    assert_eq!(notifier.queued(), 0);
+}
+
+// ------------------------------------------------------------------ secrets
+
+/// Installs (once) a global TRACE subscriber, bridging the `log` crate too,
+/// that writes into a buffer.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static BUF: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    BUF.get_or_init(|| {
+        #[derive(Clone)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Sink(buf.clone());
+        use tracing_subscriber::util::SubscriberInitExt;
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+            .try_init()
+            .expect("no other global subscriber in this test binary");
+        buf
+    })
+    .clone()
+}
+
+#[tokio::test]
+async fn secrets_stay_out_of_logs_errors_and_payloads() {
+    let logs = captured_logs();
+    let rx = Receiver::start().await;
+    let json_url = rx.url("/hooks/T0SECRETPATH/B0SECRETPATH?token=query-sekrit-5551");
+    let slack_url = rx.url("/services/T000/B000/SLACKSEKRITXXXXXXXXXX");
+    let pd_url = rx.url("/v2/enqueue?key=pd-url-sekrit-77");
+    let routing_key = "pd-routing-sekrit-93a1c0ffee";
+    let hmac_secret = "hmac-sekrit-7c1f00d";
+    let secrets = [
+        json_url.as_str(),
+        "T0SECRETPATH",
+        "query-sekrit-5551",
+        slack_url.as_str(),
+        "SLACKSEKRIT",
+        pd_url.as_str(),
+        "pd-url-sekrit-77",
+        routing_key,
+        hmac_secret,
+    ];
+
+    // Secrets come from the environment through the helper, as in main.
+    let mut json = hook(WebhookFormat::Json, Severity::Low);
+    json.url_env = "JSON_URL".into();
+    json.secret_env = Some("JSON_SECRET".into());
+    let mut slack = hook(WebhookFormat::Slack, Severity::Low);
+    slack.url_env = "SLACK_URL".into();
+    let mut pd = hook(WebhookFormat::Pagerduty, Severity::Low);
+    pd.url_env = "PD_URL".into();
+    let config = AlertsConfig {
+        webhooks: vec![json, slack, pd],
+        ..AlertsConfig::default()
+    };
+    let env: BTreeMap<&str, &str> = BTreeMap::from([
+        ("JSON_URL", json_url.as_str()),
+        ("JSON_SECRET", hmac_secret),
+        ("SLACK_URL", slack_url.as_str()),
+        ("PD_URL", pd_url.as_str()),
+        ("PD_ROUTING_KEY", routing_key),
+    ]);
+    let sinks = sink_secrets_from_env(&config, |k| env.get(k).map(|v| v.to_string())).unwrap();
+    // A missing variable is named, and no value of the others leaks into the error.
+    let missing = sink_secrets_from_env(&config, |k| {
+        (k != "PD_ROUTING_KEY").then(|| env[k].to_string())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(missing.contains("PD_ROUTING_KEY"), "{missing}");
+    let mut texts = vec![missing, format!("{sinks:?}")];
+
+    let notifier = Notifier::with_options(&config, sinks, fast()).unwrap();
+    texts.push(format!("{notifier:?}"));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (notifier, shutdown) = (notifier.clone(), shutdown.clone());
+        async move { notifier.run(shutdown).await }
+    });
+
+    // A full run: failures (with echoed bodies), a redirect, then deliveries.
+    rx.set(Mode::Fail(500));
+    let a = drift("a", Severity::Critical);
+    notifier.update(std::slice::from_ref(&a), &[], t(0));
+    notifier.update(
+        std::slice::from_ref(&a),
+        &[event(EventKind::ActionFailed, "a")],
+        t(1),
+    );
+    eventually("failed attempts", || rx.attempts() >= 6).await;
+    rx.set(Mode::Redirect(json_url.clone()));
+    eventually("redirected attempts", || rx.attempts() >= 12).await;
+    rx.set(Mode::Accept);
+    notifier.update(&[], &[], t(40));
+    // json: trigger, event, resolve; slack: the same; pagerduty: trigger, event trigger, resolve.
+    rx.expect(9).await;
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(
+        logs.contains("webhook delivered") && logs.contains("webhook delivery failed"),
+        "the capture works"
+    );
+    assert!(logs.contains("redirect refused"));
+    for secret in secrets {
+        assert!(!logs.contains(secret), "{secret} in the logs");
+        for text in &texts {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+    }
+    for req in rx.accepted() {
+        let body = String::from_utf8(req.body.to_vec()).unwrap();
+        for secret in secrets {
+            // The routing key is part of the PagerDuty API; nothing else may appear.
+            if secret == routing_key && req.path_and_query.starts_with("/v2/enqueue") {
+                continue;
+            }
+            assert!(!body.contains(secret), "{secret} in a payload: {body}");
+        }
+        assert!(!body.contains("127.0.0.1"), "a URL in a payload: {body}");
+    }
+}
+
+#[test]
+fn missing_env_names_the_variable() {
+    let mut pd = hook(WebhookFormat::Pagerduty, Severity::High);
+    pd.url_env = "ONCALL_WEBHOOK_URL".into();
+    let config = AlertsConfig {
+        webhooks: vec![pd],
+        ..AlertsConfig::default()
+    };
+    let e = sink_secrets_from_env(&config, |_| None).unwrap_err();
+    assert!(e.to_string().contains("ONCALL_WEBHOOK_URL"), "{e}");
+    let e = sink_secrets_from_env(&config, |k| {
+        (k == "ONCALL_WEBHOOK_URL").then(|| "https://events.pagerduty.com/v2/enqueue".into())
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("PD_ROUTING_KEY"), "{e}");
+    assert!(!e.to_string().contains("pagerduty.com"), "{e}");
+    // Empty counts as unset.
+    let e = sink_secrets_from_env(&config, |_| Some(String::new())).unwrap_err();
+    assert!(e.to_string().contains("ONCALL_WEBHOOK_URL"), "{e}");
+}
+
+// ------------------------------------------------------------------ fleet alerts
+
+fn rules() -> FleetAlertRules {
+    FleetAlertRules {
+        coherence_threshold: 1.0,
+        coherence_for: Duration::from_secs(15 * 60),
+        sweep_interval: Duration::from_secs(30),
+        fetch_interval: Duration::from_secs(60),
+        max_consecutive_sweep_failures: 3,
+        stale_intervals: 3,
+    }
+}
+
+fn sample(apps: &[(&str, usize, usize)]) -> CoherenceSample {
+    let ratio = |on: usize, all: usize| {
+        if all == 0 {
+            1.0
+        } else {
+            on as f64 / all as f64
+        }
+    };
+    let apps: BTreeMap<String, Coherence> = apps
+        .iter()
+        .map(|&(name, on_tip, machines)| {
+            let c = Coherence {
+                ratio: ratio(on_tip, machines),
+                on_tip,
+                machines,
+            };
+            (name.to_owned(), c)
+        })
+        .collect();
+    let on: usize = apps.values().map(|c| c.on_tip).sum();
+    let all: usize = apps.values().map(|c| c.machines).sum();
+    CoherenceSample {
+        fleet: Coherence {
+            ratio: ratio(on, all),
+            on_tip: on,
+            machines: all,
+        },
+        apps,
+    }
+}
+
+/// A healthy sweep at `now` with this coherence.
+fn healthy(c: &CoherenceSample, now: DateTime<Utc>) -> FleetAlertInput<'_> {
+    FleetAlertInput {
+        coherence: Some(c),
+        last_sweep_success: Some(now),
+        consecutive_sweep_failures: 0,
+        last_tip_fetch: Some(now),
+        tip_commit: Some(COMMIT),
+    }
+}
+
+fn keys(alerts: &[Alert]) -> Vec<String> {
+    alerts.iter().map(Alert::dedup_key).collect()
+}
+
+#[test]
+fn coherence_alert_fires_after_coherence_for_and_resolves_when_restored() {
+    let mut tracker = FleetAlertTracker::new(rules());
+    let drifting = sample(&[("a", 3, 4), ("b", 4, 4)]);
+    let coherent = sample(&[("a", 4, 4), ("b", 4, 4)]);
+    assert!(tracker.evaluate(&healthy(&coherent, t(0)), t(0)).is_empty());
+    assert!(tracker.evaluate(&healthy(&drifting, t(1)), t(1)).is_empty());
+    assert!(
+        tracker
+            .evaluate(&healthy(&drifting, t(15)), t(15))
+            .is_empty()
+    );
+    let firing = tracker.evaluate(&healthy(&drifting, t(16)), t(16));
+    assert_eq!(
+        keys(&firing),
+        [
+            "fleet-reconciler/coherence_below_threshold/*/*/*",
+            "fleet-reconciler/coherence_below_threshold/a/*/*",
+        ]
+    );
+    assert!(
+        firing
+            .iter()
+            .all(|a| a.kind == AlertKind::CoherenceBelowThreshold && a.severity == Severity::High)
+    );
+    assert!(firing[1].summary.contains("75%"), "{}", firing[1].summary);
+    assert!(
+        firing[1].summary.contains("3 of 4"),
+        "{}",
+        firing[1].summary
+    );
+    assert_eq!(firing[1].details["below_since"], "2026-05-01T12:01:00Z");
+
+    // A failed sweep measures nothing: the alert holds.
+    let failed = FleetAlertInput {
+        coherence: None,
+        last_sweep_success: Some(t(16)),
+        consecutive_sweep_failures: 1,
+        last_tip_fetch: Some(t(16)),
+        tip_commit: Some(COMMIT),
+    };
+    assert_eq!(keys(&tracker.evaluate(&failed, t(17))), keys(&firing));
+
+    // Restored: resolves at once; a new dip starts a new clock.
+    assert!(
+        tracker
+            .evaluate(&healthy(&coherent, t(18)), t(18))
+            .is_empty()
+    );
+    assert!(
+        tracker
+            .evaluate(&healthy(&drifting, t(19)), t(19))
+            .is_empty()
+    );
+    assert!(
+        tracker
+            .evaluate(&healthy(&drifting, t(33)), t(33))
+            .is_empty()
+    );
+    assert_eq!(tracker.evaluate(&healthy(&drifting, t(34)), t(34)).len(), 2);
+}
+
+#[test]
+fn a_single_app_fleet_gets_one_coherence_alert() {
+    let mut tracker = FleetAlertTracker::new(rules());
+    let drifting = sample(&[("a", 1, 2)]);
+    tracker.evaluate(&healthy(&drifting, t(0)), t(0));
+    let firing = tracker.evaluate(&healthy(&drifting, t(20)), t(20));
+    assert_eq!(
+        keys(&firing),
+        ["fleet-reconciler/coherence_below_threshold/a/*/*"]
+    );
+}
+
+#[test]
+fn tip_stale_after_three_fetch_intervals() {
+    let mut tracker = FleetAlertTracker::new(rules());
+    let c = sample(&[("a", 1, 1)]);
+    let fetched_at = |fetch: DateTime<Utc>, now: DateTime<Utc>| FleetAlertInput {
+        last_tip_fetch: Some(fetch),
+        ..healthy(&c, now)
+    };
+    assert!(tracker.evaluate(&fetched_at(t(0), t(3)), t(3)).is_empty());
+    let stale = tracker.evaluate(&fetched_at(t(0), t(4)), t(4));
+    assert_eq!(keys(&stale), ["fleet-reconciler/tip_stale/*/*/*"]);
+    assert_eq!(stale[0].severity, Severity::High);
+    assert_eq!(stale[0].details["last_fetch"], "2026-05-01T12:00:00Z");
+    assert!(tracker.evaluate(&fetched_at(t(5), t(5)), t(5)).is_empty());
+
+    // Never fetched: measured from the tracker's first evaluation.
+    let mut fresh = FleetAlertTracker::new(rules());
+    let never = |now| FleetAlertInput {
+        last_tip_fetch: None,
+        ..healthy(&c, now)
+    };
+    assert!(fresh.evaluate(&never(t(0)), t(0)).is_empty());
+    assert!(fresh.evaluate(&never(t(3)), t(3)).is_empty());
+    assert_eq!(
+        fresh.evaluate(&never(t(4)), t(4))[0].kind,
+        AlertKind::TipStale
+    );
+}
+
+#[test]
+fn sweeps_failing_after_three_failures_or_three_intervals() {
+    let mut tracker = FleetAlertTracker::new(rules());
+    let c = sample(&[("a", 1, 1)]);
+    let failing = |failures: u32, last: Option<DateTime<Utc>>, now| FleetAlertInput {
+        coherence: None,
+        last_sweep_success: last,
+        consecutive_sweep_failures: failures,
+        last_tip_fetch: Some(now),
+        tip_commit: Some(COMMIT),
+    };
+    let base = t(0);
+    let secs = |s: i64| base + chrono::Duration::seconds(s);
+    assert!(tracker.evaluate(&healthy(&c, base), base).is_empty());
+    assert!(
+        tracker
+            .evaluate(&failing(2, Some(base), secs(60)), secs(60))
+            .is_empty()
+    );
+    let firing = tracker.evaluate(&failing(3, Some(base), secs(89)), secs(89));
+    assert_eq!(keys(&firing), ["fleet-reconciler/sweep_failing/*/*/*"]);
+    assert_eq!(firing[0].severity, Severity::Critical);
+    assert!(
+        tracker
+            .evaluate(&healthy(&c, secs(120)), secs(120))
+            .is_empty()
+    );
+    // No failure reported, but no success for more than 3 intervals either (a hung sweep).
+    let hung = tracker.evaluate(&failing(0, Some(secs(120)), secs(211)), secs(211));
+    assert_eq!(hung[0].kind, AlertKind::SweepFailing);
+    // Never succeeded since start.
+    let mut fresh = FleetAlertTracker::new(rules());
+    assert!(fresh.evaluate(&failing(1, None, base), base).is_empty());
+    assert_eq!(
+        fresh.evaluate(&failing(2, None, secs(91)), secs(91))[0].details["last_success"],
+        "never"
+    );
+}
+
+#[tokio::test]
+async fn fleet_alerts_reach_pagerduty_and_resolve() {
+    let rx = Receiver::start().await;
+    let sink = SinkSecrets {
+        routing_key: Some("rk".into()),
+        ..plain(rx.url("/v2/enqueue"))
+    };
+    let n = Running::start(
+        vec![(hook(WebhookFormat::Pagerduty, Severity::High), sink)],
+        fast(),
+    );
+    let mut tracker = FleetAlertTracker::new(rules());
+    let drifting = sample(&[("a", 0, 2)]);
+    for minute in [0, 10, 20] {
+        let alerts = tracker.evaluate(&healthy(&drifting, t(minute)), t(minute));
+        n.update(&alerts, t(minute));
+    }
+    let coherent = sample(&[("a", 2, 2)]);
+    n.update(&tracker.evaluate(&healthy(&coherent, t(21)), t(21)), t(21));
+    let bodies = rx.expect(2).await;
+    assert_eq!(bodies[0]["event_action"], "trigger");
+    assert_eq!(bodies[0]["payload"]["severity"], "error");
+    assert_eq!(bodies[0]["payload"]["class"], "coherence_below_threshold");
+    assert_eq!(bodies[1]["event_action"], "resolve");
+    assert_eq!(bodies[0]["dedup_key"], bodies[1]["dedup_key"]);
+    n.stop().await;
+}

@@ -1,0 +1,324 @@
+//! `fleet-reconciler run` end to end: the real binary against the simulator,
+//! a real overlay repository and a local webhook receiver; the operator CLI;
+//! SIGTERM; and a trace-level log that must not contain any secret.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use fleet_reconciler::demo::DemoRepo;
+use fleet_reconciler::operator::{HOLD_KEY, MARKER_KEY};
+use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
+const FLY_TOKEN: &str = "fly-secret-token-e2e";
+const ADMIN_TOKEN: &str = "admin-secret-token-e2e";
+const HOOK_PATH: &str = "/hooks/T000/B000/secret-hook-path";
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn until(what: &str, deadline: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let start = tokio::time::Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_remediates_serves_and_stops_cleanly_without_leaking_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_path = dir.path().join("overlay.git");
+    let mut repo = DemoRepo::create(&repo_path).unwrap();
+    let h = repo.build_history().unwrap();
+    let n = h.release.len();
+    let (tip, old) = (h.release[n - 1].to_string(), h.release[n - 2].to_string());
+
+    let sim = Sim::start(
+        SimFleet::new(FLY_TOKEN)
+            .release_tip(tip.clone())
+            .restart_delay(Duration::from_millis(200))
+            .app(
+                SimApp::new("agents")
+                    .machine(SimMachine::new("m1").loaded(old.clone()))
+                    .machine(SimMachine::new("m2").loaded(tip.clone()))
+                    .machine(
+                        SimMachine::new("busy")
+                            .loaded(old.clone())
+                            .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+                    ),
+            ),
+    )
+    .await
+    .unwrap();
+
+    // A webhook receiver whose URL is a secret.
+    let received = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = received.clone();
+    let app = Router::new().route(
+        HOOK_PATH,
+        post(move |body: String| {
+            let sink = sink.clone();
+            async move {
+                sink.lock().unwrap().push(body);
+                "ok"
+            }
+        }),
+    );
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!(
+        "http://{}{HOOK_PATH}?token=hook-query-secret",
+        hook.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(hook, app).await.unwrap() });
+
+    let port = free_port();
+    let config = format!(
+        r#"
+[fly]
+api_url = "{api}"
+[overlay]
+repo = "{repo}"
+branch = "release"
+fetch_interval = "1s"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "300ms"
+[probe]
+timeout = "1s"
+[[apps]]
+name = "agents"
+health_url = "{health}"
+[pools.default]
+max_concurrent_rotations = 2
+actions = {{ low = "alert-and-wait", medium = "alert-and-wait", high = "alert-and-wait", critical = "manual" }}
+[rotation]
+min_drift_age = "0s"
+claim_settle = "100ms"
+[[alerts.webhooks]]
+url_env = "E2E_WEBHOOK_URL"
+format = "json"
+secret_env = "E2E_WEBHOOK_SECRET"
+[server]
+listen = "127.0.0.1:{port}"
+admin_token_env = "E2E_ADMIN_TOKEN"
+"#,
+        api = sim.api_url(),
+        repo = repo_path.display(),
+        mirror = dir.path().join("mirror.git").display(),
+        health = sim.health_url_template(),
+    );
+    let config_path = dir.path().join("fleet-reconciler.toml");
+    std::fs::write(&config_path, config).unwrap();
+
+    let mut child = Killed(
+        Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .env("E2E_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("E2E_WEBHOOK_URL", &hook_url)
+            .env("E2E_WEBHOOK_SECRET", "hmac-secret-e2e")
+            .env("RUST_LOG", "trace")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Drain stderr continuously so the child never blocks on a full pipe.
+    let mut stderr = child.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    until("ready", Duration::from_secs(30), async || {
+        http.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+
+    // m1 (idle) converges; busy is waited for (cordoned, never restarted).
+    until("m1 on tip", Duration::from_secs(30), async || {
+        sim.machine("m1").is_some_and(|m| {
+            m.loaded_ref == tip && !m.cordoned && !m.metadata.contains_key(MARKER_KEY)
+        })
+    })
+    .await;
+    let busy = sim.machine("busy").unwrap();
+    assert_eq!(busy.restart_count, 0);
+
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("fleet_overlay_coherence_ratio{app=\"agents\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("fleet_actions_total"), "{metrics}");
+    let fleet: serde_json::Value = http
+        .get(format!("{base}/api/v1/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(fleet["tip"]["commit"], tip.as_str());
+    let page = http.get(&base).send().await.unwrap().text().await.unwrap();
+    assert!(
+        page.contains("busy"),
+        "status page lists the drifted machine"
+    );
+
+    // Admin API: refused without the token, accepted with it.
+    let r = http
+        .post(format!("{base}/api/v1/machines/m2/hold"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .post(format!("{base}/api/v1/machines/m2/hold"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .post(format!("{base}/api/v1/machines/m2/hold"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    assert!(sim.machine("m2").unwrap().metadata.contains_key(HOLD_KEY));
+
+    // The operator CLI talks to Fly directly with the same config.
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(&config_path)
+            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = cli(&["release", "m2"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!sim.machine("m2").unwrap().metadata.contains_key(HOLD_KEY));
+    let (code, out, err) = cli(&["hold", "busy", "--reason", "debugging"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        sim.machine("busy")
+            .unwrap()
+            .metadata
+            .get(HOLD_KEY)
+            .is_some_and(|v| v.contains("debugging"))
+    );
+    let (code, _, err) = cli(&["hold", "nope"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("machine nope is not in any configured app"),
+        "{err}"
+    );
+    let (code, out, _) = cli(&["status", "--url", &base]);
+    assert_eq!(code, Some(1), "busy still drifts: {out}");
+    assert!(out.contains("busy") && out.contains("drifted"), "{out}");
+
+    // A webhook arrived (drift of busy), signed.
+    until("webhook delivered", Duration::from_secs(15), async || {
+        !received.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|b| b.contains("drift_detected"))
+    );
+
+    // SIGTERM: clean exit, no lease left behind.
+    let pid = child.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    for id in ["m1", "m2", "busy"] {
+        assert!(
+            sim.machine(id).unwrap().lease.is_none(),
+            "{id} lease left behind"
+        );
+    }
+
+    // A full trace-level log: no Fly token, admin token, webhook URL or its secrets.
+    let log = log.join().unwrap();
+    assert!(
+        log.contains("TRACE") || log.contains("DEBUG"),
+        "trace logging was on"
+    );
+    for secret in [
+        FLY_TOKEN,
+        ADMIN_TOKEN,
+        HOOK_PATH,
+        "hook-query-secret",
+        "hmac-secret-e2e",
+        &hook_url,
+    ] {
+        assert!(!log.contains(secret), "log contains {secret}");
+    }
+    for body in received.lock().unwrap().iter() {
+        assert!(
+            !body.contains(HOOK_PATH) && !body.contains(FLY_TOKEN),
+            "payload leaks a secret: {body}"
+        );
+    }
+    sim.shutdown().await;
+}

@@ -1,0 +1,865 @@
+//! The HTTP server over real loopback HTTP: health and readiness, the fleet
+//! API, admin controls writing metadata on the simulated Fly API, the refresh
+//! hook, the status page, and the `status` client.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use fleet_reconciler::config::{Config, HealthUrlTemplate};
+use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::demo::{self, DemoHistory, DemoRepo};
+use fleet_reconciler::metrics::Metrics;
+use fleet_reconciler::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
+};
+use fleet_reconciler::report;
+use fleet_reconciler::server::{self, FleetView, MachineExtra, ServerState, StatusError};
+use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
+use fleet_reconciler::sweep::{FleetReport, Sweeper};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const FLY_TOKEN: &str = "server-test-fly-token";
+const ADMIN: &str = "s3cret-admin-token-0123456789";
+const HOSTILE: &str = "<script>alert('pwned')</script>";
+
+async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("finished within 30 s")
+}
+
+struct Overlay {
+    dir: tempfile::TempDir,
+    repo_path: PathBuf,
+    history: DemoHistory,
+}
+
+impl Overlay {
+    fn new() -> Overlay {
+        let dir = tempfile::tempdir().unwrap();
+        let repo_path = dir.path().join("overlay.git");
+        let history = DemoRepo::create(&repo_path)
+            .unwrap()
+            .build_history()
+            .unwrap();
+        Overlay {
+            dir,
+            repo_path,
+            history,
+        }
+    }
+
+    fn tip(&self) -> String {
+        self.history.release.last().unwrap().to_string()
+    }
+
+    fn behind(&self, n: usize) -> String {
+        let r = &self.history.release;
+        r[r.len() - 1 - n].to_string()
+    }
+}
+
+/// alpha: on tip, 3 behind (low), before the security fix (critical), a
+/// hostile name (1 behind), unreachable; beta: on tip, stopped.
+fn fleet(o: &Overlay) -> SimFleet {
+    let h = &o.history;
+    SimFleet::new(FLY_TOKEN)
+        .release_tip(o.tip())
+        .app(
+            SimApp::new("alpha")
+                .machine(SimMachine::new("a1").name("alpha-ok").loaded(o.tip()))
+                .machine(
+                    SimMachine::new("a-behind")
+                        .name("alpha-behind")
+                        .region("ams")
+                        .loaded(o.behind(3)),
+                )
+                .machine(
+                    SimMachine::new("a-crit")
+                        .name("alpha-critical")
+                        .loaded(h.release[h.security_fix - 1].to_string()),
+                )
+                .machine(
+                    SimMachine::new("a-hostile")
+                        .name(HOSTILE)
+                        .loaded(o.behind(1)),
+                )
+                .machine(
+                    SimMachine::new("a-500")
+                        .name("alpha-down")
+                        .loaded(o.tip())
+                        .behaviour(Behaviour::HttpError(500)),
+                ),
+        )
+        .app(
+            SimApp::new("beta")
+                .machine(SimMachine::new("b1").name("beta-ok").loaded(o.tip()))
+                .machine(SimMachine::new("b-off").loaded(o.tip()).stopped()),
+        )
+}
+
+fn config(sim: &Sim, o: &Overlay) -> Config {
+    let text = format!(
+        r#"
+[fly]
+api_url = "{api}"
+request_timeout = "5s"
+max_retries = 2
+
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+
+[sweep]
+interval = "30s"
+
+[probe]
+timeout = "2s"
+concurrency = 8
+
+[[apps]]
+name = "alpha"
+health_url = "{health}"
+
+[[apps]]
+name = "beta"
+health_url = "{health}"
+"#,
+        api = sim.api_url(),
+        repo = o.repo_path.display(),
+        mirror = o.dir.path().join("mirror.git").display(),
+        health = sim.health_url_template(),
+    );
+    Config::parse(Path::new("server-test.toml"), &text).unwrap()
+}
+
+async fn connect(config: Config) -> Sweeper {
+    within(daemon::connect(
+        Arc::new(config),
+        &Secrets {
+            fly_token: FLY_TOKEN.into(),
+            git_token: None,
+        },
+    ))
+    .await
+    .unwrap()
+}
+
+/// A running server over a simulated fleet; nothing swept until a test says so.
+struct Harness {
+    overlay: Overlay,
+    sim: Sim,
+    sweeper: Sweeper,
+    state: ServerState,
+    base: String,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+impl Harness {
+    async fn start(admin: Option<&str>) -> Harness {
+        let overlay = Overlay::new();
+        let sim = Sim::start(fleet(&overlay)).await.unwrap();
+        Harness::start_with(overlay, sim, admin).await
+    }
+
+    async fn start_with(overlay: Overlay, sim: Sim, admin: Option<&str>) -> Harness {
+        let config = config(&sim, &overlay);
+        let sweeper = connect(config).await;
+        let metrics = Arc::new(Metrics::new(true).unwrap());
+        let view = FleetView::new(sweeper.config.sweep.interval, Utc::now());
+        let operator = Operator::new(sweeper.fly.clone(), &sweeper.config)
+            .with_lease_patience(Duration::from_secs(2));
+        let state = ServerState::new(metrics, view)
+            .with_operator(operator)
+            .with_admin_token(admin.map(str::to_string), "FLEET_ADMIN_TOKEN");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(server::serve(listener, state.clone(), shutdown.clone()));
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        Harness {
+            overlay,
+            sim,
+            sweeper,
+            state,
+            base,
+            http,
+            shutdown,
+            server,
+        }
+    }
+
+    /// One sweep, published as the daemon loop would.
+    async fn sweep(&self) -> FleetReport {
+        let report = within(daemon::check(&self.sweeper)).await.unwrap();
+        self.state.view().record_sweep(report.clone(), Utc::now());
+        self.state
+            .metrics()
+            .record_sweep(&report, Duration::from_millis(300), Utc::now());
+        report
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        within(self.http.get(format!("{}{path}", self.base)).send())
+            .await
+            .unwrap()
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        let mut req = self.http.post(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        within(req.send()).await.unwrap()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        within(self.server).await.unwrap().unwrap();
+        self.sim.shutdown().await;
+    }
+}
+
+async fn json_of(resp: reqwest::Response) -> Value {
+    within(resp.json::<Value>()).await.unwrap()
+}
+
+async fn text_of(resp: reqwest::Response) -> String {
+    within(resp.text()).await.unwrap()
+}
+
+fn content_type(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_fleet_before_and_after_a_sweep() {
+    let h = Harness::start(Some(ADMIN)).await;
+    let resp = h.get("/healthz").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    let resp = h.get("/readyz").await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = json_of(resp).await;
+    let err = body["error"].as_str().unwrap();
+    assert!(err.contains("no successful sweep yet"), "{err}");
+
+    let resp = h.get("/api/v1/fleet").await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(json_of(resp).await["error"].is_string());
+    assert_eq!(
+        h.get("/api/v1/machines/a1").await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    let report = h.sweep().await;
+    let resp = h.get("/readyz").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(json_of(resp).await["status"], "ready");
+
+    let resp = h.get("/api/v1/fleet").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(content_type(&resp).starts_with("application/json"));
+    assert!(resp.headers().contains_key("last-modified"));
+    let body = json_of(resp).await;
+    // Exactly the `check --output json` document of that sweep.
+    let expected: Value = serde_json::from_str(&report::to_json(&report)).unwrap();
+    assert_eq!(body, expected);
+    assert_eq!(body["tip"]["branch"], "release");
+    assert_eq!(body["tip"]["commit"], h.overlay.tip());
+    assert_eq!(body["apps"][0]["name"], "alpha");
+    assert_eq!(body["apps"][0]["machines"], 5);
+    assert_eq!(body["apps"][0]["on_tip"], 1);
+    assert_eq!(body["apps"][0]["coherence"], 0.2);
+    let machines = body["machines"].as_array().unwrap();
+    assert_eq!(machines.len(), 7);
+    let behind = machines
+        .iter()
+        .find(|m| m["machine_id"] == "a-behind")
+        .unwrap();
+    assert_eq!(behind["status"], "drifted");
+    assert_eq!(behind["commits_behind"], 3);
+    assert_eq!(behind["severity"], "low");
+    assert!(behind.get("metadata").is_none() && behind.get("report").is_none());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_goes_stale_after_three_intervals() {
+    let h = Harness::start(None).await;
+    h.sweep().await;
+    assert_eq!(h.get("/readyz").await.status(), StatusCode::OK);
+    // The last success was 91 s ago with a 30 s interval; a failure since.
+    h.state.view().update(|o| {
+        o.last_success = Some(Utc::now() - TimeDelta::seconds(91));
+    });
+    h.state.view().record_failure(
+        "cannot list machines of app alpha: Fly API unreachable",
+        Utc::now(),
+    );
+    let resp = h.get("/readyz").await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+    assert!(err.contains("more than 3 sweep intervals"), "{err}");
+    assert!(err.contains("Fly API unreachable"), "{err}");
+    // The last report is still served, and the page says it is stale.
+    assert_eq!(h.get("/api/v1/fleet").await.status(), StatusCode::OK);
+    let page = text_of(h.get("/").await).await;
+    assert!(page.contains("Stale:"), "{page}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_detail_has_report_agent_rotation_and_drift_age() {
+    let h = Harness::start(None).await;
+    let marker = json!({"phase": "draining", "claimed_at": "2026-11-29T10:00:00Z"});
+    assert!(
+        h.sim
+            .set_metadata("a-crit", MARKER_KEY, &marker.to_string())
+    );
+    h.sweep().await;
+    let since = Utc::now() - TimeDelta::minutes(42);
+    h.state.view().set_extras(BTreeMap::from([(
+        "a-behind".to_string(),
+        MachineExtra {
+            rotation: Some(json!({"phase": "restarting"})),
+            phase: Some("restarting".into()),
+            history: vec!["claimed slot".into(), "cordoned".into()],
+            drift_since: Some(since),
+        },
+    )]));
+
+    let resp = h.get("/api/v1/machines/a-behind").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = json_of(resp).await;
+    assert_eq!(body["machine"]["machine_id"], "a-behind");
+    assert_eq!(body["machine"]["status"], "drifted");
+    assert_eq!(body["machine"]["commits_behind"], 3);
+    assert_eq!(body["agent_report"]["overlay_ref"], h.overlay.behind(3));
+    assert_eq!(body["phase"], "restarting");
+    assert_eq!(body["rotation"]["phase"], "restarting");
+    assert_eq!(body["history"], json!(["claimed slot", "cordoned"]));
+    let got: chrono::DateTime<Utc> = serde_json::from_value(body["drift_since"].clone()).unwrap();
+    assert_eq!(got, since);
+    assert_eq!(body["tip"], h.overlay.tip());
+
+    // Without extras: the marker comes from Fly metadata, drift age from the
+    // first sweep that saw the machine off the tip.
+    let body = json_of(h.get("/api/v1/machines/a-crit").await).await;
+    assert_eq!(body["machine"]["severity"], "critical");
+    assert_eq!(body["rotation"], marker);
+    assert!(body["drift_since"].is_string(), "{body}");
+    assert_eq!(body["history"], json!([]));
+
+    // An unreachable machine has no agent report.
+    let body = json_of(h.get("/api/v1/machines/a-500").await).await;
+    assert_eq!(body["machine"]["status"], "unreachable");
+    assert!(body["agent_report"].is_null());
+
+    let resp = h.get("/api/v1/machines/nope").await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+    assert!(err.contains("nope"), "{err}");
+    let resp = h.get("/api/v1/machines/%3Cscript%3E").await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_refuse_missing_and_wrong_tokens() {
+    let h = Harness::start(Some(ADMIN)).await;
+    h.sweep().await;
+    let paths = [
+        "/api/v1/machines/a-behind/approve",
+        "/api/v1/machines/a-behind/hold",
+        "/api/v1/machines/a-behind/release",
+        "/api/v1/refresh",
+    ];
+    for path in paths {
+        for token in [
+            None,
+            Some("wrong"),
+            Some(""),
+            Some("s3cret-admin-token-012345678"),
+        ] {
+            let resp = h.post(path, token, None).await;
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path} {token:?}");
+            assert!(resp.headers().contains_key("www-authenticate"));
+            let body = json_of(resp).await;
+            assert!(body["error"].is_string(), "{body}");
+            assert!(!body.to_string().contains(ADMIN));
+        }
+        // Another scheme with the right secret is still refused.
+        let resp = within(
+            h.http
+                .post(format!("{}{path}", h.base))
+                .header("authorization", format!("Basic {ADMIN}"))
+                .send(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
+    // Nothing was written by the refused requests.
+    let m = h.sim.machine("a-behind").unwrap();
+    assert!(!m.metadata.contains_key(HOLD_KEY) && !m.metadata.contains_key(APPROVE_KEY));
+
+    // The right token (scheme in any case) is accepted.
+    let resp = within(
+        h.http
+            .post(format!("{}/api/v1/refresh", h.base))
+            .header("authorization", format!("bearer {ADMIN}"))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    h.stop().await;
+
+    // No token configured: the admin API is off, whatever is sent.
+    let h = Harness::start(None).await;
+    for token in [None, Some(ADMIN)] {
+        let resp = h.post("/api/v1/machines/a1/hold", token, None).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+        assert_eq!(err, "admin API disabled: set FLEET_ADMIN_TOKEN");
+    }
+    assert!(!h.sim.machine("a1").unwrap().metadata.contains_key(HOLD_KEY));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_release_and_approve_write_fly_metadata() {
+    let h = Harness::start(Some(ADMIN)).await;
+    h.sweep().await;
+
+    // hold with a reason
+    let resp = h
+        .post(
+            "/api/v1/machines/a-crit/hold",
+            Some(ADMIN),
+            Some(json!({"reason": "investigating INC-7", "by": "alice"})),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = json_of(resp).await;
+    assert_eq!(body["app"], "alpha");
+    let value = h.sim.machine("a-crit").unwrap().metadata[HOLD_KEY].clone();
+    let hold: Hold = serde_json::from_str(&value).unwrap();
+    assert_eq!(
+        (hold.by.as_str(), hold.reason.as_str()),
+        ("alice", "investigating INC-7")
+    );
+
+    // release clears it
+    let resp = h
+        .post("/api/v1/machines/a-crit/release", Some(ADMIN), None)
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(
+        !h.sim
+            .machine("a-crit")
+            .unwrap()
+            .metadata
+            .contains_key(HOLD_KEY)
+    );
+
+    // approve (no body): mode now, for the current tip, by the API
+    let resp = h
+        .post("/api/v1/machines/a-crit/approve", Some(ADMIN), None)
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let value = h.sim.machine("a-crit").unwrap().metadata[APPROVE_KEY].clone();
+    let approval = Approval::parse(&value).expect("a valid approval");
+    assert_eq!(approval.target, h.overlay.tip());
+    assert_eq!(approval.mode, ApprovalMode::Now);
+    assert_eq!(approval.by, "admin-api");
+
+    // approve when idle, by bob, on the other app's machine
+    let resp = h
+        .post(
+            "/api/v1/machines/b1/approve",
+            Some(ADMIN),
+            Some(json!({"mode": "when-idle", "by": "bob"})),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(json_of(resp).await["app"], "beta");
+    let approval = Approval::parse(&h.sim.machine("b1").unwrap().metadata[APPROVE_KEY]).unwrap();
+    assert_eq!(
+        (approval.mode, approval.by.as_str()),
+        (ApprovalMode::WhenIdle, "bob")
+    );
+
+    // errors name the machine, bodies are checked
+    let resp = h
+        .post("/api/v1/machines/ghost/hold", Some(ADMIN), None)
+        .await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+    assert!(err.contains("ghost"), "{err}");
+    let resp = h
+        .post(
+            "/api/v1/machines/a1/approve",
+            Some(ADMIN),
+            Some(json!({"mode": "whenever"})),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let resp = h
+        .post(
+            "/api/v1/machines/a1/approve",
+            Some(ADMIN),
+            Some(json!({"target": "abc"})),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+    assert!(err.contains("a1"), "{err}");
+    let resp = h
+        .post(
+            "/api/v1/machines/a1/hold",
+            Some(ADMIN),
+            Some(json!({"reasn": "typo"})),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert!(!h.sim.machine("a1").unwrap().metadata.contains_key(HOLD_KEY));
+
+    // A machine leased by a reconciler past the operator's patience: 409.
+    h.sim
+        .acquire_lease_as("a1", "other-reconciler", Duration::from_secs(600))
+        .unwrap();
+    let resp = h.post("/api/v1/machines/a1/hold", Some(ADMIN), None).await;
+    assert_eq!(resp.status(), StatusCode::CONFLICT);
+    assert!(
+        json_of(resp).await["error"]
+            .as_str()
+            .unwrap()
+            .contains("a1")
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_wakes_the_loop() {
+    let h = Harness::start(Some(ADMIN)).await;
+    let notify = h.state.refresh_requests();
+    let waiter = tokio::spawn(async move { notify.notified().await });
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    let resp = h.post("/api/v1/refresh", Some(ADMIN), None).await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    within(waiter).await.unwrap();
+
+    // A refresh while the loop is busy is kept for its next wait.
+    let resp = h.post("/api/v1/refresh", Some(ADMIN), None).await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    within(h.state.refresh_requests().notified()).await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_the_text_format() {
+    let h = Harness::start(None).await;
+    h.sweep().await;
+    let resp = h.get("/metrics").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(content_type(&resp), "text/plain; version=0.0.4");
+    let text = text_of(resp).await;
+    assert!(
+        text.contains("fleet_overlay_coherence_ratio{app=\"*\"} 0.3333333333333333"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fleet_overlay_coherence_ratio{app=\"alpha\"} 0.2"),
+        "{text}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
+    let h = Harness::start(None).await;
+    let resp = h.get("/").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let page = text_of(resp).await;
+    assert!(page.contains("Waiting for the first sweep"), "{page}");
+
+    h.sweep().await;
+    h.state.view().set_extras(BTreeMap::from([(
+        "a-crit".to_string(),
+        MachineExtra {
+            phase: Some("awaiting approval".into()),
+            ..MachineExtra::default()
+        },
+    )]));
+    let resp = h.get("/").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(content_type(&resp).starts_with("text/html"));
+    let page = text_of(resp).await;
+    assert!(page.contains("<meta http-equiv=\"refresh\" content=\"30\">"));
+    // coherence per app and for the fleet
+    assert!(page.contains(">alpha<") && page.contains(">beta<"));
+    assert!(page.contains(">20%<"), "alpha: 1 of 5");
+    assert!(page.contains(">100%<"), "beta: 1 of 1");
+    assert!(page.contains(">33.3%<"), "fleet: 2 of 6");
+    assert!(page.contains(&h.overlay.tip()[..12]));
+    // drifted machines, most severe first, with phase and drift age
+    let pos = |needle: &str| {
+        page.find(needle)
+            .unwrap_or_else(|| panic!("{needle} missing from the page"))
+    };
+    assert!(pos("alpha-critical") < pos("alpha-behind"));
+    assert!(pos("alpha-behind") < pos("alpha-down"));
+    assert!(page.contains("awaiting approval"));
+    assert!(page.contains("Machines needing attention (4)"));
+    assert!(
+        !page.contains(">beta-ok<"),
+        "on-tip machines are not listed"
+    );
+    // the hostile name is shown, escaped, never as markup
+    assert!(!page.contains(HOSTILE), "raw agent data in the page");
+    assert!(page.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"));
+    assert!(!page.contains("<script"));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_page_says_all_coherent() {
+    let o = Overlay::new();
+    let sim = Sim::start(
+        SimFleet::new(FLY_TOKEN)
+            .release_tip(o.tip())
+            .app(
+                SimApp::new("alpha")
+                    .machine(SimMachine::new("a1").loaded(o.tip()))
+                    .machine(SimMachine::new("a2").loaded(o.tip())),
+            )
+            .app(SimApp::new("beta")),
+    )
+    .await
+    .unwrap();
+    let h = Harness::start_with(o, sim, None).await;
+    h.sweep().await;
+    let page = text_of(h.get("/").await).await;
+    assert!(page.contains("All coherent"), "{page}");
+    assert!(!page.contains("<table"));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_client_prints_the_check_table() {
+    let h = Harness::start(None).await;
+    match within(server::fetch_fleet(&h.base, Duration::from_secs(5))).await {
+        Err(StatusError::NotReady(msg)) => assert!(msg.contains("no sweep"), "{msg}"),
+        other => panic!("expected NotReady, got {other:?}"),
+    }
+    let report = h.sweep().await;
+    let fetched = within(server::fetch_fleet(
+        &format!("{}/", h.base),
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(report::to_table(&fetched), report::to_table(&report));
+    assert_eq!(report::to_json(&fetched), report::to_json(&report));
+    assert_eq!(fetched.is_coherent(), report.is_coherent());
+
+    let err = within(server::fetch_fleet("ftp://x", Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "invalid_url");
+    h.stop().await;
+
+    // Nobody listening any more.
+    let err = within(server::fetch_fleet(
+        &h_base_closed().await,
+        Duration::from_secs(2),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), "transport", "{err}");
+}
+
+/// A loopback address where nothing listens.
+async fn h_base_closed() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_graceful() {
+    let h = Harness::start(None).await;
+    assert_eq!(h.get("/healthz").await.status(), StatusCode::OK);
+    let base = h.base.clone();
+    h.stop().await; // serve() returned Ok within the timeout
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    assert!(
+        within(http.get(format!("{base}/healthz")).send())
+            .await
+            .is_err()
+    );
+}
+
+/// Serves the status page over the demo's fleet and policy for a screenshot:
+/// `STATUS_PAGE_ADDR=127.0.0.1:9099 STATUS_PAGE_SECS=120 cargo test --test
+/// server screenshot -- --ignored --nocapture`, then point a browser at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "serves the status page for a screenshot; run by hand"]
+async fn screenshot_server_over_the_demo_fleet() {
+    let addr = std::env::var("STATUS_PAGE_ADDR").unwrap_or_else(|_| "127.0.0.1:0".into());
+    let secs: u64 = std::env::var("STATUS_PAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let o = Overlay::new();
+    let h = &o.history;
+    let n = h.release.len();
+    let at = |back: usize| h.release[n - 1 - back].to_string();
+    let tip = o.tip();
+    let regions = ["iad", "ams", "sin", "syd", "gru", "fra", "ord"];
+    // The demo's spread: most on the tip, a tail of drift of every kind.
+    let spec = |app: usize| -> Vec<(String, Behaviour)> {
+        let mut v: Vec<(String, Behaviour)> =
+            (0..9).map(|_| (tip.clone(), Behaviour::Normal)).collect();
+        v.push((at(1), Behaviour::Normal));
+        v.push((at(6), Behaviour::Normal));
+        v.push((h.release[h.security_fix - 1].to_string(), Behaviour::Normal));
+        v.push((h.release[h.policy_change].to_string(), Behaviour::Normal));
+        if app == 0 {
+            v.push((h.canary.to_string(), Behaviour::Normal));
+            v.push(("deadbeef".repeat(5), Behaviour::Normal));
+            v.push((tip.clone(), Behaviour::HttpError(502)));
+            v.push((tip.clone(), Behaviour::Garbage));
+        } else {
+            v.push((at(2), Behaviour::Normal));
+            v.push((tip.clone(), Behaviour::NonHexRef));
+        }
+        v
+    };
+    let mut fleet = SimFleet::new(FLY_TOKEN).release_tip(tip.clone());
+    for (i, (app, letter, pool)) in [
+        ("agents-dispatch", "d", "dispatch"),
+        ("agents-chat", "c", "conversation"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut machines: Vec<SimMachine> = spec(i)
+            .into_iter()
+            .enumerate()
+            .map(|(j, (loaded, b))| {
+                let mut m =
+                    SimMachine::new(format!("{}{j:02}{:08x}", i + 1, 0x5e1f_0000u32 + j as u32))
+                        .name(format!("agent-{letter}-{j:02}"))
+                        .region(regions[(j + i) % regions.len()])
+                        .loaded(loaded)
+                        .report_ref_len(7)
+                        .behaviour(b);
+                if j % 3 != 2 {
+                    m = m.metadata("pool", pool);
+                }
+                m
+            })
+            .collect();
+        machines.push(
+            SimMachine::new(format!("{}90ff00000", i + 1))
+                .name(format!("agent-{letter}-stopped"))
+                .loaded(at(8))
+                .stopped(),
+        );
+        fleet = fleet.app(SimApp::new(app).machines(machines));
+    }
+    let sim = Sim::start(fleet).await.unwrap();
+    // The demo's own policy, pointed at this sim and repository.
+    let mut config = Config::parse(Path::new("config/demo.toml"), demo::DEMO_CONFIG).unwrap();
+    config.fly.api_url = sim.api_url();
+    config.overlay.repo = o.repo_path.display().to_string();
+    config.overlay.mirror_dir = o.dir.path().join("mirror.git");
+    let template = HealthUrlTemplate::parse(&sim.health_url_template()).unwrap();
+    for app in &mut config.apps {
+        app.health_url = template.clone();
+    }
+    config.sweep.interval = Duration::from_secs(30);
+    let sweeper = connect(config).await;
+    let hold = Hold {
+        by: "alice".into(),
+        reason: "INC-7: keep for forensics".into(),
+        at: Utc::now(),
+    };
+    let held = format!("2{:02}{:08x}", 12, 0x5e1f_0000u32 + 12);
+    assert!(sim.set_metadata(&held, HOLD_KEY, &serde_json::to_string(&hold).unwrap()));
+    let report = within(daemon::check(&sweeper)).await.unwrap();
+    let view = FleetView::new(Duration::from_secs(30), Utc::now());
+    let now = Utc::now();
+    // Drift ages and rotation phases as the planner would publish them.
+    let mut extras = BTreeMap::new();
+    for (k, m) in report
+        .machines
+        .iter()
+        .filter(|m| m.severity.is_some())
+        .enumerate()
+    {
+        let phase = match (m.action.map(|a| a.as_str()), k % 3) {
+            (Some("manual"), _) => Some("awaiting approval"),
+            (Some("restart"), 0) => Some("restarting"),
+            (Some("restart"), _) => Some("draining"),
+            (Some("alert-and-wait"), 1) => Some("draining"),
+            (Some("alert-and-wait"), _) => Some("waiting for idle"),
+            _ => None,
+        };
+        extras.insert(
+            m.machine_id.clone(),
+            MachineExtra {
+                phase: phase.map(str::to_string),
+                drift_since: Some(now - TimeDelta::minutes(7 + 23 * k as i64)),
+                ..MachineExtra::default()
+            },
+        );
+    }
+    view.record_sweep(report.clone(), now - TimeDelta::seconds(4));
+    view.set_extras(extras);
+    let metrics = Arc::new(Metrics::new(true).unwrap());
+    metrics.record_sweep(&report, Duration::from_millis(900), now);
+    let state = ServerState::new(metrics, view);
+    let listener = TcpListener::bind(&addr).await.unwrap();
+    println!("status page: http://{}/", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(server::serve(listener, state, shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    shutdown.cancel();
+    within(server).await.unwrap().unwrap();
+    sim.shutdown().await;
+}

@@ -456,7 +456,7 @@ struct RawConfig {
     server: ServerConfig,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAlerts {
     #[serde(default = "one_f64", deserialize_with = "ratio")]
@@ -465,6 +465,19 @@ struct RawAlerts {
     coherence_for: Duration,
     #[serde(default)]
     webhooks: Vec<toml::Spanned<WebhookConfig>>,
+}
+
+// Not derived: a missing [alerts] section must get the documented defaults,
+// not zeros.
+impl Default for RawAlerts {
+    fn default() -> Self {
+        let d = AlertsConfig::default();
+        RawAlerts {
+            coherence_threshold: d.coherence_threshold,
+            coherence_for: d.coherence_for,
+            webhooks: Vec::new(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -881,6 +894,10 @@ name = "agents"
         assert_eq!(c.severity.len(), 5);
         assert_eq!(c.pool("anything").actions, ActionMap::default());
         assert_eq!(c.server.listen.port(), 9090);
+        assert_eq!(c.alerts.coherence_threshold, 1.0);
+        assert_eq!(c.alerts.coherence_for, Duration::from_secs(900));
+        assert_eq!(c.rotation.claim_settle, Duration::from_secs(5));
+        assert!(c.metrics.per_machine);
     }
 
     #[test]

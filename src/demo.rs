@@ -6,7 +6,6 @@
 //! three pools, and a release that ships while the demo runs. It must never
 //! reach beyond loopback or need a credential.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,10 +14,11 @@ use git2::{FileMode, Oid, Repository, Signature, Time};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthUrlTemplate};
-use crate::daemon::{self, LoopOptions, Secrets, SweepOutcome};
-use crate::executor::{Executor, ExecutorConfig, Outcome};
+use crate::daemon::{self, Secrets, SweepOutcome};
+use crate::executor::Outcome;
 use crate::operator::{Approval, ApprovalMode, Operator};
 use crate::report;
+use crate::service::{self, ServiceSecrets};
 use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
 /// The built-in demo config (`config/demo.toml`).
@@ -352,12 +352,18 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     };
     let sweeper = daemon::connect(config.clone(), &secrets).await?;
     let owner = format!("demo-{}", std::process::id());
-    let executor = Executor::new(
-        sweeper.fly.clone(),
-        config.clone(),
-        HashMap::new(),
-        ExecutorConfig::new(&owner, config.rotation.claim_settle),
-    )?;
+    // The demo serves the status page, API and metrics like `run` does; if
+    // the configured port is taken, any free one will do.
+    let listener = match tokio::net::TcpListener::bind(config.server.listen).await {
+        Ok(l) => l,
+        Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .context("cannot bind a port for the demo's status page")?,
+    };
+    let page = listener
+        .local_addr()
+        .map(|a| format!("http://{a}/"))
+        .unwrap_or_default();
     let operator = Operator::new(sweeper.fly.clone(), &config);
 
     println!(
@@ -365,6 +371,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         sim.api_url(),
         repo_path.display()
     );
+    println!("status page: {page}  (also {page}metrics and {page}api/v1/fleet)");
     println!(
         "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. ctrl-c to stop.\n",
         humantime::format_duration(interval),
@@ -385,15 +392,14 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let mut quiet = 0u32;
     let stop = shutdown.clone();
     let options_sweeps = options.sweeps;
-    let loop_options = LoopOptions {
-        executor: Some(&executor),
-        refresh: None,
-        owner: owner.clone(),
+    let service_secrets = ServiceSecrets {
+        core: secrets,
+        ..ServiceSecrets::default()
     };
-    daemon::reconcile_loop(&sweeper, loop_options, shutdown.clone(), |outcome| {
+    service::run(config.clone(), service_secrets, listener, owner, shutdown.clone(), |outcome| {
         shown += 1;
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
-        match &outcome {
+        match outcome {
             SweepOutcome::Swept(cycle) => {
                 print!("{}", report::to_table_with_phases(&cycle.report, &cycle.plan.phases));
                 for s in &cycle.steps {
@@ -456,7 +462,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
             stop.cancel();
         }
     })
-    .await;
+    .await?;
     sim.shutdown().await;
     Ok(())
 }

@@ -68,7 +68,7 @@ impl Outcome {
     /// Bounded label for metrics (`fleet_actions_total{result}`).
     pub fn result(&self) -> &'static str {
         match self {
-            Outcome::Done => "ok",
+            Outcome::Done => "succeeded",
             Outcome::Skipped(_) => "skipped",
             Outcome::Failed(_) => "failed",
         }

@@ -146,7 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let owner = owner_id();
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signal(shutdown.clone()));
-            service::run(config, secrets, listener, owner, shutdown).await?;
+            service::run(config, secrets, listener, owner, shutdown, |_| {}).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { url, output } => {

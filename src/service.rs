@@ -60,13 +60,15 @@ pub enum ServiceError {
 /// Lines of rotation history kept per machine for the API.
 const HISTORY_LINES: usize = 20;
 
-/// Runs the daemon until `shutdown`; serves HTTP on `listener`.
+/// Runs the daemon until `shutdown`; serves HTTP on `listener`. `observe`
+/// sees every cycle after it has been reported (the demo prints it).
 pub async fn run(
     config: Arc<Config>,
     secrets: ServiceSecrets,
     listener: TcpListener,
     owner: String,
     shutdown: CancellationToken,
+    mut observe: impl FnMut(&SweepOutcome),
 ) -> Result<(), ServiceError> {
     let metrics = Arc::new(Metrics::new(config.metrics.per_machine)?);
     let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
@@ -114,7 +116,10 @@ pub async fn run(
             owner: owner.clone(),
         },
         shutdown.clone(),
-        |outcome| reporter.report(outcome),
+        |outcome| {
+            reporter.report(&outcome);
+            observe(&outcome);
+        },
     )
     .await;
 
@@ -140,9 +145,9 @@ struct Reporter<'a> {
 }
 
 impl Reporter<'_> {
-    fn report(&mut self, outcome: SweepOutcome) {
+    fn report(&mut self, outcome: &SweepOutcome) {
         match outcome {
-            SweepOutcome::Swept(cycle) => self.swept(*cycle),
+            SweepOutcome::Swept(cycle) => self.swept(cycle),
             SweepOutcome::Failed {
                 error,
                 kind,
@@ -151,13 +156,13 @@ impl Reporter<'_> {
                 let now = Utc::now();
                 self.failures += 1;
                 self.metrics.record_sweep_failure(kind);
-                self.view.record_failure(error, now);
+                self.view.record_failure(error.clone(), now);
                 let alerts = self.fleet_alerts.evaluate(
                     &FleetAlertInput {
                         coherence: None,
                         last_sweep_success: self.last_success,
                         consecutive_sweep_failures: self.failures,
-                        last_tip_fetch: tip_fetched_at,
+                        last_tip_fetch: *tip_fetched_at,
                         tip_commit: None,
                     },
                     now,
@@ -167,7 +172,7 @@ impl Reporter<'_> {
         }
     }
 
-    fn swept(&mut self, cycle: Cycle) {
+    fn swept(&mut self, cycle: &Cycle) {
         let Cycle {
             report,
             plan,
@@ -177,22 +182,29 @@ impl Reporter<'_> {
             now,
             ..
         } = cycle;
+        let (duration, tip_fetched_at, now) = (*duration, *tip_fetched_at, *now);
         self.failures = 0;
         self.last_success = Some(now);
 
-        self.metrics.record_sweep(&report, duration, now);
+        self.metrics.record_sweep(report, duration, now);
         if let Some(at) = tip_fetched_at {
             self.metrics.record_tip_fetched(at);
         }
-        let rotations: Vec<(&str, &str, usize)> = plan
-            .rotations_in_progress
+        // Every pool that has machines, zeros included, so the series stay.
+        let mut pools: BTreeMap<(&str, &str), usize> = report
+            .machines
             .iter()
-            .map(|((app, pool), n)| (app.as_str(), pool.as_str(), *n))
+            .map(|m| ((m.app.as_str(), m.pool.as_str()), 0))
             .collect();
+        for ((app, pool), n) in &plan.rotations_in_progress {
+            pools.insert((app.as_str(), pool.as_str()), *n);
+        }
+        let rotations: Vec<(&str, &str, usize)> =
+            pools.into_iter().map(|((a, p), n)| (a, p, n)).collect();
         self.metrics.set_rotations_in_progress(&rotations);
 
         let mut events = Vec::new();
-        for s in &steps {
+        for s in steps {
             self.metrics
                 .record_action(&s.step.target.app, s.step.kind(), s.outcome.result());
             let line = format!(
@@ -239,8 +251,8 @@ impl Reporter<'_> {
             }
         }
 
-        let sample = CoherenceSample::from_report(&report);
-        let mut alerts = plan.alerts;
+        let sample = CoherenceSample::from_report(report);
+        let mut alerts = plan.alerts.clone();
         alerts.extend(self.fleet_alerts.evaluate(
             &FleetAlertInput {
                 coherence: Some(&sample),
@@ -255,6 +267,6 @@ impl Reporter<'_> {
 
         self.view.set_tip(&report.tip.commit);
         self.view.set_extras(extras);
-        self.view.record_sweep(report, now);
+        self.view.record_sweep(report.clone(), now);
     }
 }

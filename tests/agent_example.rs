@@ -76,16 +76,23 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> (i32, String, String
     )
 }
 
-/// The example's executable, built once per test binary. `cargo test` has
-/// usually built it already (examples are built with the tests), in which
-/// case this is a no-op; `cargo test --test agent_example` needs it.
+/// The example's executable. `cargo test` builds and uplifts examples next to
+/// the test binaries (`<target>/<profile>/examples/agent`), so a copy newer
+/// than its source is used as is; otherwise (`cargo test --test
+/// agent_example` after editing the example) it is built here, once.
 fn agent_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(bin) = uplifted_agent().filter(|b| is_fresh(b)) {
+            return bin;
+        }
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args(["build", "--example", "agent", "--message-format=json"])
             .arg("--manifest-path")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
         let (code, stdout, stderr) = run_with_timeout(cmd, BUILD_TIMEOUT);
         assert_eq!(code, 0, "cargo build --example agent failed:\n{stderr}");
         stdout
@@ -95,6 +102,28 @@ fn agent_binary() -> &'static Path {
             .find_map(|m| m["executable"].as_str().map(PathBuf::from))
             .unwrap_or_else(|| panic!("no executable for example `agent` in:\n{stdout}"))
     })
+}
+
+/// `<target>/<profile>/examples/agent`, beside this test's `deps/` directory.
+fn uplifted_agent() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let bin = profile_dir
+        .join("examples")
+        .join(format!("agent{}", std::env::consts::EXE_SUFFIX));
+    bin.is_file().then_some(bin)
+}
+
+/// Newer than everything it is built from (the example uses no library code).
+fn is_fresh(bin: &Path) -> bool {
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(built) = mtime(bin) else {
+        return false;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    ["examples/agent.rs", "Cargo.toml", "Cargo.lock"]
+        .iter()
+        .all(|src| mtime(&root.join(src)).is_some_and(|m| m <= built))
 }
 
 /// A running reference agent; killed when dropped.

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""Consistency checks of the Fly deployment artefacts (run by .ci/run).
+
+promtool, amtool and hadolint check each file on its own; this checks that
+the files agree with each other and with the config the image ships:
+
+* fly.toml parses; its [metrics] port and every [checks] port are the port
+  of `server.listen` in the config the Dockerfile bakes in; [metrics] path is
+  /metrics and a check probes /healthz; no public service (no http_service,
+  no services.ports); the volume is mounted where overlay.mirror_dir lives;
+  restart policy always; a [[vm]] size.
+* fly.toml's FLEET_CONFIG build arg (else the Dockerfile's default) names
+  the config the image ships; the COPY destination and the CMD's --config
+  agree; EXPOSE is the served port.
+* Every secret the shipped config names (keys ending in `_env`, and the
+  defaults) appears in a `fly secrets set` line of docs/deploy.md.
+* Every alert rule has severity/team labels, summary/description/runbook_url
+  annotations, a runbook anchor that exists in docs/operations.md, and unit
+  tests both firing and not firing.
+* The Grafana dashboard parses, uses only fleet_* metrics of DESIGN §7, and
+  every panel query is valid PromQL (checked by promtool as recording rules).
+* Relative links of the deployment docs reach existing files and headings.
+
+Usage: python3 deploy/check.py   (from the repository root; Python >= 3.11)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_PATH_IN_IMAGE = "/etc/fleet-reconciler/fleet-reconciler.toml"
+METRICS = {
+    "fleet_overlay_coherence_ratio",
+    "fleet_machines",
+    "fleet_overlay_commits_behind",
+    "fleet_drift_severity_machines",
+    "fleet_rotations_in_progress",
+    "fleet_actions_total",
+    "fleet_fly_api_requests_total",
+    "fleet_sweep_duration_seconds",
+    "fleet_last_sweep_success_timestamp_seconds",
+    "fleet_overlay_tip_age_seconds",
+}
+# Defaults of the config's *_env keys (README, configuration reference).
+DEFAULT_SECRET_ENVS = {"FLY_API_TOKEN", "OVERLAY_GIT_TOKEN", "FLEET_ADMIN_TOKEN"}
+
+errors: list[str] = []
+
+
+def fail(msg: str) -> None:
+    errors.append(msg)
+
+
+def load_yaml(path: Path):
+    try:
+        import yaml  # PyYAML
+    except ImportError:
+        sys.exit("deploy/check.py needs PyYAML (pip install pyyaml)")
+    return yaml.safe_load(path.read_text())
+
+
+def port_of(listen: str) -> int:
+    # "0.0.0.0:9090" or "[::]:9090"
+    return int(listen.rsplit(":", 1)[1])
+
+
+def dockerfile_facts() -> dict:
+    text = (ROOT / "Dockerfile").read_text()
+    facts: dict = {}
+    m = re.search(r"^ARG FLEET_CONFIG=(\S+)$", text, re.M)
+    facts["config_default"] = m.group(1) if m else None
+    m = re.search(r"^COPY \$\{FLEET_CONFIG\} (\S+)$", text, re.M)
+    facts["config_dest"] = m.group(1) if m else None
+    m = re.search(r"^CMD (\[.*\])$", text, re.M)
+    facts["cmd"] = json.loads(m.group(1)) if m else None
+    m = re.search(r"^EXPOSE (\d+)$", text, re.M)
+    facts["expose"] = int(m.group(1)) if m else None
+    return facts
+
+
+def check_fly_toml() -> dict:
+    fly = tomllib.loads((ROOT / "fly.toml").read_text())
+    docker = dockerfile_facts()
+
+    config_rel = fly.get("build", {}).get("args", {}).get("FLEET_CONFIG") or docker["config_default"]
+    if config_rel is None:
+        fail("Dockerfile: no `ARG FLEET_CONFIG=…` default and no [build.args] FLEET_CONFIG in fly.toml")
+        return {}
+    if not docker["config_default"] or not (ROOT / docker["config_default"]).is_file():
+        fail(f"Dockerfile: `ARG FLEET_CONFIG={docker['config_default']}` does not name a file of the repository")
+    if docker["config_dest"] != CONFIG_PATH_IN_IMAGE:
+        fail(f"Dockerfile copies the config to {docker['config_dest']}, expected {CONFIG_PATH_IN_IMAGE}")
+    cmd = docker["cmd"] or []
+    if "run" not in cmd or "--config" not in cmd or cmd[cmd.index("--config") + 1] != CONFIG_PATH_IN_IMAGE:
+        fail(f"Dockerfile CMD {cmd} must be `run --config {CONFIG_PATH_IN_IMAGE}`")
+    config_file = ROOT / config_rel
+    if not config_file.is_file():
+        fail(f"the config the image ships, {config_rel}, does not exist")
+        return {}
+    config = tomllib.loads(config_file.read_text())
+    listen = config.get("server", {}).get("listen", "0.0.0.0:9090")
+    port = port_of(listen)
+
+    metrics = fly.get("metrics")
+    if isinstance(metrics, list):  # [[metrics]] is allowed too
+        metrics = metrics[0] if metrics else None
+    if not metrics:
+        fail("fly.toml has no [metrics] section: Fly's Prometheus would not scrape the daemon")
+    else:
+        if metrics.get("port") != port:
+            fail(f"fly.toml [metrics] port {metrics.get('port')} != port of server.listen {listen!r} in {config_rel}")
+        if metrics.get("path") != "/metrics":
+            fail(f"fly.toml [metrics] path {metrics.get('path')!r} != '/metrics'")
+    if docker["expose"] != port:
+        fail(f"Dockerfile EXPOSE {docker['expose']} != port {port} of server.listen")
+
+    checks = fly.get("checks", {})
+    if not checks:
+        fail("fly.toml has no [checks]: nothing probes /healthz")
+    for name, check in checks.items():
+        if check.get("port") != port:
+            fail(f"fly.toml [checks.{name}] port {check.get('port')} != {port}")
+    if not any(c.get("type") == "http" and c.get("path") == "/healthz" for c in checks.values()):
+        fail("fly.toml: no http check on /healthz")
+
+    # Internal only: nothing the proxy would expose publicly.
+    if "http_service" in fly:
+        fail("fly.toml has an [http_service]: that publishes the admin API on the internet")
+    services = fly.get("services", [])
+    if isinstance(services, dict):
+        services = [services]
+    for s in services:
+        if s.get("ports"):
+            fail("fly.toml has [[services.ports]]: the admin API must be reachable over 6PN only")
+
+    mounts = fly.get("mounts")
+    if isinstance(mounts, list):
+        mounts = mounts[0] if mounts else None
+    mirror = config.get("overlay", {}).get("mirror_dir", "")
+    if not mounts:
+        fail("fly.toml has no [mounts]: every restart would clone the overlay again")
+    elif not (mirror + "/").startswith(mounts.get("destination", "").rstrip("/") + "/"):
+        fail(f"overlay.mirror_dir {mirror!r} is not on the volume mounted at {mounts.get('destination')!r}")
+
+    if not any(r.get("policy") == "always" for r in fly.get("restart", [])):
+        fail("fly.toml: [[restart]] policy = \"always\" missing")
+    if not any(v.get("size") for v in fly.get("vm", [])):
+        fail("fly.toml: [[vm]] size missing")
+    return config
+
+
+def collect_envs(node, out: set[str]) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k.endswith("_env") and isinstance(v, str):
+                out.add(v)
+            else:
+                collect_envs(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            collect_envs(v, out)
+
+
+def check_secrets_documented(config: dict) -> None:
+    envs = set(DEFAULT_SECRET_ENVS)
+    collect_envs(config, envs)
+    deploy_md = (ROOT / "docs/deploy.md").read_text()
+    set_lines = "\n".join(l for l in deploy_md.splitlines() if "fly secrets set" in l or "fly secrets import" in l or re.match(r"\s*[A-Z_]+=", l))
+    for env in sorted(envs):
+        if env not in set_lines:
+            fail(f"secret {env} (named by the shipped config) has no `fly secrets set` line in docs/deploy.md")
+
+
+def github_anchors(markdown: str) -> set[str]:
+    anchors = set()
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        m = None if in_code else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            text = re.sub(r"`", "", m.group(1)).lower()
+            text = re.sub(r"[^\w\- ]", "", text)
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def check_rules() -> None:
+    rules = load_yaml(ROOT / "deploy/prometheus/fleet-reconciler.rules.yml")
+    tests = load_yaml(ROOT / "deploy/prometheus/fleet-reconciler.rules.test.yml")
+    anchors = github_anchors((ROOT / "docs/operations.md").read_text())
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for t in tests.get("tests", []):
+        for a in t.get("alert_rule_test", []):
+            (firing if a.get("exp_alerts") else silent).add(a["alertname"])
+    for group in rules["groups"]:
+        for r in group["rules"]:
+            name = r.get("alert")
+            if not name:
+                continue
+            labels = r.get("labels", {})
+            ann = r.get("annotations", {})
+            if labels.get("severity") not in ("warning", "critical"):
+                fail(f"alert {name}: label severity must be warning or critical")
+            if not labels.get("team"):
+                fail(f"alert {name}: no team label (Alertmanager routes on it)")
+            for key in ("summary", "description", "runbook_url"):
+                if not ann.get(key):
+                    fail(f"alert {name}: annotation {key} missing")
+            url = ann.get("runbook_url", "")
+            if "docs/operations.md#" not in url:
+                fail(f"alert {name}: runbook_url {url!r} does not point into docs/operations.md")
+            elif url.split("#", 1)[1] not in anchors:
+                fail(f"alert {name}: docs/operations.md has no heading for anchor #{url.split('#', 1)[1]}")
+            if name not in firing:
+                fail(f"alert {name}: no unit test where it fires")
+            if name not in silent:
+                fail(f"alert {name}: no unit test where it does not fire")
+
+
+def check_dashboard() -> None:
+    dash = json.loads((ROOT / "deploy/grafana/fleet-reconciler.json").read_text())
+    for key in ("title", "uid", "panels"):
+        if not dash.get(key):
+            fail(f"dashboard: {key} missing")
+    exprs: list[tuple[str, str]] = []
+    for p in dash.get("panels", []):
+        for t in p.get("targets", []):
+            exprs.append((p.get("title", "?"), t["expr"]))
+    used = set()
+    for title, expr in exprs:
+        names = set(re.findall(r"\b(fleet_[a-z_]+)", expr))
+        names = {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
+        if not names:
+            fail(f"dashboard panel {title!r}: query uses no fleet_ metric")
+        for n in names - METRICS:
+            fail(f"dashboard panel {title!r}: unknown metric {n}")
+        used |= names
+    for n in sorted(METRICS - used):
+        fail(f"dashboard: metric {n} is not shown on any panel")
+    # PromQL syntax: every query as a recording rule, through promtool.
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}",
+         "expr": e.replace("$__rate_interval", "5m").replace("$app", ".+")}
+        for i, (_, e) in enumerate(exprs)]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        json.dump(rules, f)  # JSON is YAML
+        tmp = f.name
+    try:
+        r = subprocess.run(["promtool", "check", "rules", tmp], capture_output=True, text=True)
+    except FileNotFoundError:
+        fail("promtool not found: cannot check the dashboard's queries")
+        return
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    if r.returncode != 0:
+        fail("dashboard queries are not valid PromQL:\n" + r.stdout + r.stderr)
+
+
+DOCS = ["docs/deploy.md", "docs/operations.md", "docs/agent-contract.md", "deploy/README.md"]
+
+
+def check_doc_links() -> None:
+    """Relative links of the deployment docs point at files and headings that exist."""
+    for doc in DOCS:
+        path = ROOT / doc
+        text = path.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # http(s), mailto
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part).resolve() if file_part else path
+            if not dest.exists():
+                fail(f"{doc}: link to {target}: no such file")
+                continue
+            if anchor and dest.suffix == ".md":
+                dest_text = dest.read_text()
+                anchors = github_anchors(dest_text) | set(re.findall(r'<a id="([^"]+)"', dest_text))
+                if anchor not in anchors:
+                    fail(f"{doc}: link to {target}: no such heading")
+
+
+def main() -> int:
+    config = check_fly_toml()
+    if config:
+        check_secrets_documented(config)
+    check_rules()
+    check_dashboard()
+    check_doc_links()
+    if errors:
+        for e in errors:
+            print(f"deploy/check.py: {e}", file=sys.stderr)
+        return 1
+    print("deploy/check.py: fly.toml, Dockerfile, config, alert rules, runbooks and dashboard agree")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
+use crate::events::Alert;
 use crate::executor::{Executor, ExecutorConfig, Outcome};
 use crate::metrics::{Metrics, MetricsError};
+use crate::model::Severity;
 use crate::notify::{
     CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier, NotifyError,
     SinkSecrets,
@@ -107,6 +109,7 @@ pub async fn run(
         last_success: None,
         failures: 0,
         history: HashMap::new(),
+        firing: BTreeMap::new(),
     };
     daemon::reconcile_loop(
         &sweeper,
@@ -142,6 +145,8 @@ struct Reporter<'a> {
     last_success: Option<DateTime<Utc>>,
     failures: u32,
     history: HashMap<String, VecDeque<String>>,
+    /// Alerts firing after the last cycle, by dedup key (for the log lines).
+    firing: BTreeMap<String, Alert>,
 }
 
 impl Reporter<'_> {
@@ -167,8 +172,52 @@ impl Reporter<'_> {
                     },
                     now,
                 );
+                self.alerts_changed(&alerts, true);
                 self.notifier.update(&alerts, &[], now);
             }
+        }
+    }
+
+    /// One structured log line per alert that starts firing or clears,
+    /// whether or not any webhook is configured. After a failed sweep only
+    /// fleet-level alerts are known, so machine alerts are kept, not cleared.
+    fn alerts_changed(&mut self, alerts: &[Alert], fleet_only: bool) {
+        let now: BTreeMap<String, &Alert> = alerts.iter().map(|a| (a.dedup_key(), a)).collect();
+        for (key, a) in &now {
+            if !self.firing.contains_key(key) {
+                let (app, machine, commit) = (
+                    a.app.as_deref().unwrap_or("*"),
+                    a.machine_id.as_deref().unwrap_or("*"),
+                    a.commit.as_deref().unwrap_or(""),
+                );
+                if a.severity >= Severity::High {
+                    tracing::warn!(event = a.kind.trigger_name(), app, machine_id = machine, commit, severity = %a.severity, "{}", a.summary);
+                } else {
+                    tracing::info!(event = a.kind.trigger_name(), app, machine_id = machine, commit, severity = %a.severity, "{}", a.summary);
+                }
+            }
+        }
+        let cleared: Vec<String> = self
+            .firing
+            .iter()
+            .filter(|(key, a)| !now.contains_key(*key) && !(fleet_only && a.machine_id.is_some()))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in cleared {
+            if let Some(a) = self.firing.remove(&key) {
+                tracing::info!(
+                    event = a.kind.resolve_name(),
+                    app = a.app.as_deref().unwrap_or("*"),
+                    machine_id = a.machine_id.as_deref().unwrap_or("*"),
+                    commit = a.commit.as_deref().unwrap_or(""),
+                    severity = %a.severity,
+                    "resolved: {}",
+                    a.summary
+                );
+            }
+        }
+        for (key, a) in now {
+            self.firing.insert(key, a.clone());
         }
     }
 
@@ -263,6 +312,7 @@ impl Reporter<'_> {
             },
             now,
         ));
+        self.alerts_changed(&alerts, false);
         self.notifier.update(&alerts, &events, now);
 
         self.view.set_tip(&report.tip.commit);

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, UrlVars};
 use crate::fly::{FlyClient, FlyError, Machine};
@@ -19,8 +19,9 @@ use crate::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
 use crate::probe::{AgentReport, ProbeOutcome, Prober};
 use crate::severity::{self, Drift};
 
-/// The result of one sweep; serializes as the `check --output json` document.
-#[derive(Clone, Debug, Serialize)]
+/// The result of one sweep; serializes as the `check --output json` document
+/// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FleetReport {
     pub tip: TipReport,
     /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
@@ -29,13 +30,13 @@ pub struct FleetReport {
     pub machines: Vec<MachineReport>,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TipReport {
     pub branch: String,
     pub commit: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AppSummary {
     pub name: String,
     /// Machines in state `started` (the coherence denominator).
@@ -44,7 +45,7 @@ pub struct AppSummary {
     pub coherence: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MachineReport {
     pub app: String,
     pub machine_id: String,
@@ -60,6 +61,7 @@ pub struct MachineReport {
     pub severity: Option<Severity>,
     pub action: Option<PolicyAction>,
     /// Why a machine is unreachable or its report bad; null otherwise.
+    #[serde(default)]
     pub detail: Option<String>,
     /// The agent's parsed report, for the planner (not part of the JSON).
     #[serde(skip)]

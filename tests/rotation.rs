@@ -722,6 +722,54 @@ async fn a_manual_machine_is_touched_only_after_approve() {
     sim.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_when_idle_waits_for_live_work_to_end() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(2))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let busy_until = sim.now() + chrono::Duration::seconds(2);
+    let approval = Approval {
+        target: w.tip.clone(),
+        mode: ApprovalMode::WhenIdle,
+        by: "alice".into(),
+        at: Utc::now(),
+    };
+    sim.set_metadata(
+        "m1",
+        APPROVE_KEY,
+        &serde_json::to_string(&approval).unwrap(),
+    );
+    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    until("m1 finished", Duration::from_secs(20), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
+    })
+    .await;
+    let r = restarts(&sim, "m1");
+    assert_eq!(r.len(), 1);
+    assert!(
+        r[0] >= busy_until,
+        "restarted at {} while busy until {busy_until}",
+        r[0]
+    );
+    assert!(
+        !sim.machine("m1")
+            .unwrap()
+            .metadata
+            .contains_key(APPROVE_KEY),
+        "approval consumed"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
 // ---- leases ------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,102 +9,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::sweep::{AppSummary, FleetReport, MachineReport, TipReport};
-
-/// The `check --output json` document, as read back (mirror of the
-/// `Serialize` types of `sweep`, which stay serialize-only).
-#[derive(Deserialize)]
-struct WireReport {
-    tip: WireTip,
-    coherence: f64,
-    apps: Vec<WireApp>,
-    machines: Vec<WireMachine>,
-}
-
-#[derive(Deserialize)]
-struct WireTip {
-    branch: String,
-    commit: String,
-}
-
-#[derive(Deserialize)]
-struct WireApp {
-    name: String,
-    machines: usize,
-    on_tip: usize,
-    coherence: f64,
-}
-
-#[derive(Deserialize)]
-struct WireMachine {
-    app: String,
-    machine_id: String,
-    name: String,
-    region: String,
-    pool: String,
-    state: String,
-    status: MachineStatus,
-    reported_ref: Option<String>,
-    commit: Option<String>,
-    commits_behind: Option<u64>,
-    commits_ahead: Option<u64>,
-    severity: Option<Severity>,
-    action: Option<PolicyAction>,
-    #[serde(default)]
-    detail: Option<String>,
-}
-
-impl From<WireReport> for FleetReport {
-    fn from(w: WireReport) -> FleetReport {
-        FleetReport {
-            tip: TipReport {
-                branch: w.tip.branch,
-                commit: w.tip.commit,
-            },
-            coherence: w.coherence,
-            apps: w
-                .apps
-                .into_iter()
-                .map(|a| AppSummary {
-                    name: a.name,
-                    machines: a.machines,
-                    on_tip: a.on_tip,
-                    coherence: a.coherence,
-                })
-                .collect(),
-            machines: w
-                .machines
-                .into_iter()
-                .map(|m| MachineReport {
-                    app: m.app,
-                    machine_id: m.machine_id,
-                    name: m.name,
-                    region: m.region,
-                    pool: m.pool,
-                    state: m.state,
-                    status: m.status,
-                    reported_ref: m.reported_ref,
-                    commit: m.commit,
-                    commits_behind: m.commits_behind,
-                    commits_ahead: m.commits_ahead,
-                    severity: m.severity,
-                    action: m.action,
-                    detail: m.detail,
-                    // Not part of the JSON: the planner's inputs stay in the daemon.
-                    report: None,
-                    metadata: Default::default(),
-                    version: String::new(),
-                    health_url: None,
-                })
-                .collect(),
-        }
-    }
-}
+use crate::sweep::FleetReport;
 
 /// Parses a `check --output json` / `GET /api/v1/fleet` document.
 pub fn parse_fleet(json: &str) -> Result<FleetReport, serde_json::Error> {
-    serde_json::from_str::<WireReport>(json).map(FleetReport::from)
+    serde_json::from_str(json)
 }
 
 #[derive(Debug, thiserror::Error)]

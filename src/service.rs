@@ -200,7 +200,10 @@ impl Reporter<'_> {
         let cleared: Vec<String> = self
             .firing
             .iter()
-            .filter(|(key, a)| !now.contains_key(*key) && !(fleet_only && a.machine_id.is_some()))
+            .filter(|(key, a)| {
+                let kept = fleet_only && a.machine_id.is_some();
+                !now.contains_key(*key) && !kept
+            })
             .map(|(key, _)| key.clone())
             .collect();
         for key in cleared {

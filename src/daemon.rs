@@ -54,16 +54,21 @@ pub enum CheckError {
     Sweep(#[from] SweepError),
 }
 
-/// Builds the Fly client, prober and overlay mirror (opening or creating it).
-pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, SetupError> {
-    let fly = FlyClient::new(
+/// The Fly API client the config describes.
+pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyClientBuildError> {
+    FlyClient::new(
         FlyClientConfig {
             request_timeout: config.fly.request_timeout,
             max_retries: config.fly.max_retries,
             ..FlyClientConfig::new(&config.fly.api_url)
         },
         &secrets.fly_token,
-    )?;
+    )
+}
+
+/// Builds the Fly client, prober and overlay mirror (opening or creating it).
+pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, SetupError> {
+    let fly = fly_client(&config, secrets)?;
     let prober = Prober::new(&config.probe)?;
     let overlay = Overlay::open(OverlaySource {
         repo: config.overlay.repo.clone(),

@@ -350,7 +350,6 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         fly_token: "demo-token".into(),
         git_token: None,
     };
-    let sweeper = daemon::connect(config.clone(), &secrets).await?;
     let owner = format!("demo-{}", std::process::id());
     // The demo serves the status page, API and metrics like `run` does; if
     // the configured port is taken, any free one will do.
@@ -364,7 +363,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         .local_addr()
         .map(|a| format!("http://{a}/"))
         .unwrap_or_default();
-    let operator = Operator::new(sweeper.fly.clone(), &config);
+    let operator = Operator::new(daemon::fly_client(&config, &secrets)?, &config);
 
     println!(
         "fleet-reconciler demo: simulated Fly API at {}, overlay repository at {}",

@@ -9,9 +9,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
 use fleet_reconciler::operator::{Approval, ApprovalMode, Operator};
 use fleet_reconciler::service::{self, ServiceSecrets};
+use fleet_reconciler::sweep::FleetReport;
 use fleet_reconciler::{demo, notify, report, server};
 use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
@@ -169,15 +169,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let fleet = server::fetch_fleet(&url, std::time::Duration::from_secs(10)).await?;
-            match output {
-                Output::Json => println!("{}", report::to_json(&fleet)),
-                Output::Table => print!("{}", report::to_table(&fleet)),
-            }
-            Ok(if fleet.is_coherent() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(print_fleet(&fleet, output))
         }
         Command::Approve {
             machine,
@@ -249,15 +241,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let secrets = secrets_from_env(&config)?;
             let sweeper = daemon::connect(config, &secrets).await?;
             let fleet = daemon::check(&sweeper).await?;
-            match output {
-                Output::Json => println!("{}", report::to_json(&fleet)),
-                Output::Table => print!("{}", report::to_table(&fleet)),
-            }
-            Ok(if fleet.is_coherent() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(print_fleet(&fleet, output))
         }
         Command::Demo {
             sweeps,
@@ -281,15 +265,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
-    let fly = FlyClient::new(
-        FlyClientConfig {
-            request_timeout: config.fly.request_timeout,
-            max_retries: config.fly.max_retries,
-            ..FlyClientConfig::new(&config.fly.api_url)
-        },
-        &secrets.fly_token,
-    )?;
-    Ok(Operator::new(fly, config))
+    Ok(Operator::new(daemon::fly_client(config, secrets)?, config))
+}
+
+/// Prints a fleet report; exit 0 when coherent, 1 when anything drifts or
+/// cannot be probed.
+fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
+    match output {
+        Output::Json => println!("{}", report::to_json(fleet)),
+        Output::Table => print!("{}", report::to_table(fleet)),
+    }
+    if fleet.is_coherent() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 /// Identifies this reconciler in markers and leases: the Fly machine id when

@@ -176,6 +176,17 @@ async fn until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `id` runs `tip`, uncordoned, with no rotation marker left.
+async fn converged(sim: &Sim, id: &str, tip: &str, deadline: Duration) {
+    until(&format!("{id} converges"), deadline, || {
+        marker_of(sim, id).is_none()
+            && sim
+                .machine(id)
+                .is_some_and(|m| m.loaded_ref == tip && !m.cordoned)
+    })
+    .await;
+}
+
 fn marker_of(sim: &Sim, id: &str) -> Option<Marker> {
     sim.machine(id)?
         .metadata
@@ -220,12 +231,7 @@ async fn alert_and_wait_restarts_only_once_live_work_is_done() {
     .unwrap();
     let busy_until = sim.now() + chrono::Duration::seconds(2);
     let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
-    until("m1 converges", Duration::from_secs(20), || {
-        sim.machine("m1").is_some_and(|m| {
-            m.loaded_ref == w.tip && !m.cordoned && marker_of(&sim, "m1").is_none()
-        })
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     let r = restarts(&sim, "m1");
     assert_eq!(r.len(), 1, "exactly one restart");
     assert!(
@@ -316,10 +322,7 @@ async fn restart_interrupts_live_work_only_after_its_grace() {
         "restart at {} before the grace from {claimed}",
         r[0]
     );
-    until("m1 finished", Duration::from_secs(15), || {
-        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| !m.cordoned)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(15)).await;
     assert_eq!(restarts(&sim, "m1").len(), 1);
     d.stop().await;
     sim.shutdown().await;
@@ -418,10 +421,7 @@ async fn a_new_daemon_resumes_a_rotation_with_its_original_deadlines() {
     assert!(restarts(&sim, "m1").is_empty());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let second = Daemon::start(cfg, "second").await;
-    until("m1 finished", Duration::from_secs(20), || {
-        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     let r = restarts(&sim, "m1");
     assert_eq!(r.len(), 1, "no double restart");
     let grace_end = marker.attempt_started_at + chrono::Duration::seconds(3);
@@ -453,13 +453,7 @@ async fn a_rotation_killed_after_its_restart_is_not_restarted_again() {
     .await;
     first.stop().await;
     let second = Daemon::start(cfg, "second").await;
-    until("m1 finished", Duration::from_secs(20), || {
-        marker_of(&sim, "m1").is_none()
-            && sim
-                .machine("m1")
-                .is_some_and(|m| m.loaded_ref == w.tip && !m.cordoned)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     assert_eq!(restarts(&sim, "m1").len(), 1);
     second.stop().await;
     sim.shutdown().await;
@@ -489,10 +483,7 @@ async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
         tokens,
     )
     .await;
-    until("m1 finished", Duration::from_secs(20), || {
-        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     let reqs = sim.requests();
     let drain = reqs
         .iter()
@@ -578,10 +569,7 @@ async fn an_agent_unreachable_past_the_ceiling_is_restarted() {
         !restarts(&sim, "m1").is_empty()
     })
     .await;
-    until("converged", Duration::from_secs(15), || {
-        marker_of(&sim, "m1").is_none()
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(15)).await;
     d.stop().await;
     sim.shutdown().await;
 }
@@ -641,11 +629,7 @@ async fn a_held_machine_is_never_touched_and_its_hold_never_cleared() {
         "r1",
     )
     .await;
-    until("free converges", Duration::from_secs(20), || {
-        marker_of(&sim, "free").is_none()
-            && sim.machine("free").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "free", &w.tip, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let touched: Vec<_> = sim
         .requests()
@@ -706,10 +690,7 @@ async fn a_manual_machine_is_touched_only_after_approve() {
         APPROVE_KEY,
         &serde_json::to_string(&approval).unwrap(),
     );
-    until("m1 finished", Duration::from_secs(20), || {
-        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     assert_eq!(restarts(&sim, "m1").len(), 1);
     until("approval consumed", Duration::from_secs(5), || {
         !sim.machine("m1")
@@ -748,10 +729,7 @@ async fn approve_when_idle_waits_for_live_work_to_end() {
         &serde_json::to_string(&approval).unwrap(),
     );
     let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
-    until("m1 finished", Duration::from_secs(20), || {
-        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     let r = restarts(&sim, "m1");
     assert_eq!(r.len(), 1);
     assert!(
@@ -792,10 +770,7 @@ async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridde
         "r1",
     )
     .await;
-    until("m1 converges", Duration::from_secs(20), || {
-        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let m2 = sim.machine("m2").unwrap();
     assert_eq!(
@@ -833,10 +808,7 @@ async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridde
     );
     // Once the other actor lets go, m2 rotates too.
     sim.clear_lease("m2");
-    until("m2 converges", Duration::from_secs(20), || {
-        marker_of(&sim, "m2").is_none() && sim.machine("m2").is_some_and(|m| m.loaded_ref == w.tip)
-    })
-    .await;
+    converged(&sim, "m2", &w.tip, Duration::from_secs(20)).await;
     // Our leases were all released.
     assert!(
         sim.machine("m1").unwrap().lease.is_none() && sim.machine("m2").unwrap().lease.is_none()

@@ -93,6 +93,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 report.machines.len()
             );
         }
+        // The planner over the same 10k-machine snapshot (pure, no I/O).
+        let report = sweeper.sweep(&tip).await?;
+        let mut tracker = fleet_reconciler::reconcile::Tracker::default();
+        let now = chrono::Utc::now();
+        tracker.observe(&report, now - chrono::Duration::hours(1));
+        tracker.observe(&report, now);
+        let started = Instant::now();
+        let rounds = 20;
+        let mut steps = 0;
+        for _ in 0..rounds {
+            let plan = fleet_reconciler::reconcile::plan(&fleet_reconciler::reconcile::PlanInput {
+                config: &sweeper.config,
+                report: &report,
+                tracker: &tracker,
+                owner: "bench",
+                now,
+            });
+            steps = plan.steps.len();
+        }
+        println!(
+            "  plan: {:>8.2} ms per plan over {} machines ({steps} steps, {} drifted)",
+            started.elapsed().as_secs_f64() * 1000.0 / rounds as f64,
+            report.machines.len(),
+            report.machines.iter().filter(|m| m.severity.is_some()).count(),
+        );
         if let Some(mib) = peak_rss_mib() {
             println!("  peak RSS (daemon + simulated fleet): {mib:.1} MiB");
         }

@@ -207,6 +207,14 @@ impl Executor {
                 )
                 .await;
             }
+            // On the tip without a restart (a reload, or someone else's
+            // restart): a fence we asked for may still stand.
+            StepKind::Finish { undrain: true, .. } => {
+                if let Some(tag) = step.tag() {
+                    self.agent_call(t, "overlay/undrain", serde_json::json!({ "rotation": tag }))
+                        .await;
+                }
+            }
             _ => {}
         }
         Ok(())

@@ -95,17 +95,29 @@ fn demo_converges_waits_for_busy_agents_and_for_approval() {
         .replace("restart_grace = \"10s\"", "restart_grace = \"3s\"");
     let path = dir.path().join("demo.toml");
     std::fs::write(&path, config).unwrap();
-    let out = Command::new(BIN)
+    // Output goes to files: a pipe nobody reads would fill and stall the demo.
+    let out_path = dir.path().join("stdout.txt");
+    let err_path = dir.path().join("stderr.txt");
+    let mut child = Command::new(BIN)
         .args(["demo", "--sweeps", "0", "--demo-config"])
         .arg(&path)
-        .output()
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The demo stops by itself once settled; never let a regression hang CI.
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            panic!("demo did not settle within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let status = child.wait().unwrap();
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert!(status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("the fleet has settled"), "{stdout}");
     let last = stdout.rsplit("── sweep ").next().unwrap();
     let row = |name: &str| -> Vec<String> {

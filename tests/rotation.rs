@@ -409,7 +409,7 @@ async fn a_new_daemon_resumes_a_rotation_with_its_original_deadlines() {
     ))
     .await
     .unwrap();
-    let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"3s\"");
+    let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"5s\"");
     let first = Daemon::start(cfg.clone(), "first").await;
     until("m1 claimed", Duration::from_secs(10), || {
         marker_of(&sim, "m1").is_some()
@@ -419,15 +419,17 @@ async fn a_new_daemon_resumes_a_rotation_with_its_original_deadlines() {
     let marker = marker_of(&sim, "m1").unwrap();
     assert_eq!(marker.phase, Phase::Draining);
     assert!(restarts(&sim, "m1").is_empty());
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Long enough that a restarted clock would be obvious: it would put the
+    // restart 3 s or more after the original grace ended.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let second = Daemon::start(cfg, "second").await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     let r = restarts(&sim, "m1");
     assert_eq!(r.len(), 1, "no double restart");
-    let grace_end = marker.attempt_started_at + chrono::Duration::seconds(3);
+    let grace_end = marker.attempt_started_at + chrono::Duration::seconds(5);
     assert!(r[0] >= grace_end, "restart before the original grace ended");
     assert!(
-        r[0] < grace_end + chrono::Duration::seconds(2),
+        r[0] < grace_end + chrono::Duration::milliseconds(2500),
         "the clock restarted: grace ended {grace_end}, restart at {}",
         r[0]
     );

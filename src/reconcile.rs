@@ -180,6 +180,8 @@ struct Seen {
     unreachable_since: Option<DateTime<Utc>>,
     /// The last report we could read was not on the tip.
     last_known_drifted: bool,
+    /// What the pool's policy said about that drift.
+    last_known_action: Option<PolicyAction>,
 }
 
 impl Tracker {
@@ -201,6 +203,7 @@ impl Tracker {
                 MachineStatus::OnTip => {
                     seen.unreachable_since = None;
                     seen.last_known_drifted = false;
+                    seen.last_known_action = None;
                 }
                 MachineStatus::NotRunning => {
                     seen.unreachable_since = None;
@@ -208,6 +211,9 @@ impl Tracker {
                 _ => {
                     seen.unreachable_since = None;
                     seen.last_known_drifted = drifted || seen.last_known_drifted;
+                    if drifted {
+                        seen.last_known_action = m.action;
+                    }
                 }
             }
             next.insert(m.machine_id.clone(), seen);
@@ -418,11 +424,15 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         && unreachable_past_ceiling(config, tracker, m, now)
                     {
                         candidates.push(Candidate {
-                            severity: m.severity.unwrap_or(Severity::Critical),
+                            severity: Severity::High,
                             since: now,
                             m,
                             mode: RotationMode::Now,
-                            action: m.action.unwrap_or(PolicyAction::Restart),
+                            action: tracker
+                                .machines
+                                .get(&m.machine_id)
+                                .and_then(|s| s.last_known_action)
+                                .unwrap_or(PolicyAction::Restart),
                         });
                     }
                     continue;
@@ -549,16 +559,22 @@ fn target_of(m: &MachineReport) -> Target {
     }
 }
 
+/// Seen drifted under a policy that acts by itself, then unreachable past
+/// the probe-failure ceiling. `observe` and `manual` pools are never touched
+/// this way: the first never acts, the second only on an approval.
 fn unreachable_past_ceiling(
     config: &Config,
     tracker: &Tracker,
     m: &MachineReport,
     now: DateTime<Utc>,
 ) -> bool {
-    let known_drifted = tracker
-        .machines
-        .get(&m.machine_id)
-        .is_some_and(|s| s.last_known_drifted);
+    let known_drifted = tracker.machines.get(&m.machine_id).is_some_and(|s| {
+        s.last_known_drifted
+            && matches!(
+                s.last_known_action,
+                Some(PolicyAction::AlertAndWait | PolicyAction::Restart | PolicyAction::Reload)
+            )
+    });
     known_drifted
         && tracker
             .unreachable_since(&m.machine_id)

@@ -848,6 +848,39 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
 }
 
 #[test]
+fn unreachable_machines_of_observe_and_manual_pools_are_never_restarted() {
+    let cfg = config("");
+    for (pool, action) in [
+        ("wide", PolicyAction::Observe),
+        ("default", PolicyAction::Manual),
+    ] {
+        let drifted = Fx::new("")
+            .with(M::drifted("m1", Severity::High).pool(pool, action))
+            .report();
+        let gone = Fx::new("")
+            .with(
+                M::drifted("m1", Severity::High)
+                    .pool(pool, action)
+                    .unreachable(),
+            )
+            .report();
+        let mut tracker = Tracker::default();
+        tracker.observe(&drifted, t0());
+        tracker.observe(&gone, t0() + Cd::minutes(1));
+        let now = t0() + Cd::hours(10);
+        tracker.observe(&gone, now);
+        let p = plan(&PlanInput {
+            config: &cfg,
+            report: &gone,
+            tracker: &tracker,
+            owner: "r",
+            now,
+        });
+        assert!(p.steps.is_empty(), "{pool}/{action}: {:?}", p.steps);
+    }
+}
+
+#[test]
 fn observe_pools_report_but_never_act() {
     let now = t0() + Cd::hours(1);
     let mut fx =

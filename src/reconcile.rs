@@ -237,6 +237,8 @@ struct Candidate<'a> {
     m: &'a MachineReport,
     mode: RotationMode,
     action: PolicyAction,
+    /// The yielded marker a retry replaces (`None` for a first claim).
+    expected: Option<Marker>,
 }
 
 /// Everything `plan` reads.
@@ -385,7 +387,18 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             continue; // never act on a held machine, never clear its hold
         }
 
-        match &op.marker {
+        // A yielded rotation whose retry time has come is a candidate again.
+        let retry = match &op.marker {
+            Some(Ok(mk))
+                if mk.phase == Phase::Yielded
+                    && mk.retry_at.is_some_and(|t| t <= now)
+                    && m.status != MachineStatus::OnTip =>
+            {
+                Some(mk.clone())
+            }
+            _ => None,
+        };
+        match op.marker.as_ref().filter(|_| retry.is_none()) {
             Some(Err(_)) => {
                 plan.phases
                     .insert(m.machine_id.clone(), "unreadable marker".into());
@@ -433,6 +446,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                                 .get(&m.machine_id)
                                 .and_then(|s| s.last_known_action)
                                 .unwrap_or(PolicyAction::Restart),
+                            expected: None,
                         });
                     }
                     continue;
@@ -487,6 +501,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     m,
                     mode,
                     action,
+                    expected: retry.clone(),
                 });
             }
         }
@@ -503,6 +518,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         m,
         mode,
         action,
+        expected,
         ..
     } in candidates
     {
@@ -539,7 +555,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         plan.phases.insert(m.machine_id.clone(), "claiming".into());
         plan.steps.push(Step {
             target: target_of(m),
-            expected: None,
+            expected,
             kind: StepKind::Claim {
                 drain: marker.drain_requested,
                 reload,
@@ -745,27 +761,8 @@ fn advance(
             None
         }
         Phase::Yielded => {
-            if marker.retry_at.is_some_and(|t| t <= now) {
-                // Retry as a fresh claim (which rewrites this marker).
-                let mut next = marker.clone();
-                next.tag = Marker::new_tag(&m.machine_id, tip, now);
-                next.target = tip.to_string();
-                next.phase = if next.mode == RotationMode::Reload {
-                    Phase::Reloading
-                } else {
-                    Phase::Draining
-                };
-                next.started_at = now;
-                next.attempt_started_at = now;
-                next.retry_at = None;
-                next.drain_requested = m.report.as_ref().is_some_and(|r| r.can(Capability::Drain))
-                    && next.mode != RotationMode::Reload;
-                return Some(step(StepKind::Claim {
-                    drain: next.drain_requested,
-                    reload: next.mode == RotationMode::Reload,
-                    marker: next,
-                }));
-            }
+            // Once `retry_at` passes, `plan` treats the machine as a fresh
+            // candidate (policy, cap and guards apply again).
             alerts.push(machine_alert(
                 AlertKind::RotationStuck,
                 m,

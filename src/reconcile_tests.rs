@@ -501,6 +501,28 @@ fn yielded_rotations_free_their_slot_alert_and_retry_after_retry_after() {
     assert_eq!(plan.steps[0].expected.as_ref(), Some(&y));
 }
 
+#[test]
+fn a_due_retry_waits_for_a_slot_like_any_claim() {
+    let now = t0() + Cd::hours(2);
+    let mut y = marker("y", Phase::Yielded, RotationMode::Wait, t0());
+    y.retry_at = Some(now - Cd::minutes(1));
+    let x = marker(
+        "x",
+        Phase::Draining,
+        RotationMode::Wait,
+        now - Cd::minutes(5),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("x", Severity::Low).busy().marker(&x))
+        .with(M::drifted("y", Severity::Low).marker(&y));
+    let plan = fx.plan_at(t0(), now);
+    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert_eq!(
+        plan.phases.get("y").map(String::as_str),
+        Some("waiting for a slot")
+    );
+}
+
 // ---- cooperating agents -------------------------------------------------------
 
 #[test]

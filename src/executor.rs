@@ -294,6 +294,8 @@ impl Executor {
     }
 
     /// Claim-then-verify (see `rotation`): write, settle, re-read, rank.
+    /// A claim that cannot be verified and completed is withdrawn, so no
+    /// marker ever holds a slot it did not win or sits on an uncordoned machine.
     async fn claim(
         &self,
         t: &Target,
@@ -301,17 +303,35 @@ impl Executor {
         reload: bool,
         nonce: &str,
     ) -> Result<(), StepError> {
-        let settle = self.tuning.claim_settle;
         let mut marker = planned.clone();
         let stamped = Utc::now();
         marker.started_at = stamped;
         marker.attempt_started_at = stamped;
         let began = tokio::time::Instant::now();
         self.write_marker(t, &marker, nonce).await?;
-        if began.elapsed() > settle / 2 {
-            self.fly
+        let result = self.verify_claim(t, stamped, began, reload, nonce).await;
+        if result.is_err() {
+            if let Err(e) = self
+                .fly
                 .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, Some(nonce))
-                .await?;
+                .await
+            {
+                tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "could not withdraw a claim; the next sweep sees it as a rotation in progress");
+            }
+        }
+        result
+    }
+
+    async fn verify_claim(
+        &self,
+        t: &Target,
+        stamped: DateTime<Utc>,
+        began: tokio::time::Instant,
+        reload: bool,
+        nonce: &str,
+    ) -> Result<(), StepError> {
+        let settle = self.tuning.claim_settle;
+        if began.elapsed() > settle / 2 {
             return Err(StepError::Backoff(
                 "claim write was too slow to rank safely; retrying next sweep".into(),
             ));
@@ -339,9 +359,6 @@ impl Executor {
             }
         }
         if !rotation::admitted(&mut claims, cap).contains(&t.machine_id.as_str()) {
-            self.fly
-                .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, Some(nonce))
-                .await?;
             return Err(StepError::Backoff(format!(
                 "pool {} of {} is at its cap of {cap} after all (another reconciler claimed first)",
                 t.pool, t.app

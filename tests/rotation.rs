@@ -77,9 +77,14 @@ max_concurrent_rotations = {cap}
 actions = {actions}
 [rotation]
 min_drift_age = "0s"
-claim_settle = "150ms"
+{settle}
 {rotation}
 "#,
+        settle = if rotation.contains("claim_settle") {
+            ""
+        } else {
+            "claim_settle = \"150ms\""
+        },
         api = sim.api_url(),
         repo = w.repo,
         mirror = w.mirror_root.join(mirror).display(),
@@ -391,6 +396,60 @@ async fn two_daemons_never_exceed_a_pools_cap() {
     assert_eq!(restarts(&sim, "other").len(), 1);
     a.stop().await;
     b.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_cannot_be_verified_is_withdrawn() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let cfg = config(
+        &sim,
+        &w,
+        "m",
+        &all("alert-and-wait"),
+        1,
+        "claim_settle = \"1s\"",
+    );
+    let d = Daemon::start(cfg, "r1").await;
+    until("marker written", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_some()
+    })
+    .await;
+    // The re-read of the pool fails (1 try + 4 retries), so the claim cannot
+    // be verified: it must be withdrawn, not left holding a slot uncordoned.
+    sim.fail_next(5, 500, None);
+    until("claim withdrawn or kept", Duration::from_secs(15), || {
+        sim.pending_failures() == 0
+    })
+    .await;
+    until("marker withdrawn", Duration::from_secs(5), || {
+        marker_of(&sim, "m1").is_none() || sim.machine("m1").is_some_and(|m| m.cordoned)
+    })
+    .await;
+    let view = sim.machine("m1").unwrap();
+    assert!(
+        marker_of(&sim, "m1").is_none() == !view.cordoned,
+        "a marker without a cordon (or the reverse): marker {:?}, cordoned {}",
+        marker_of(&sim, "m1"),
+        view.cordoned
+    );
+    // Later sweeps claim again, normally: claimed and cordoned together.
+    until("claimed again", Duration::from_secs(15), || {
+        sim.machine("m1").is_some_and(|m| m.cordoned)
+    })
+    .await;
+    assert!(marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Draining));
+    d.stop().await;
     sim.shutdown().await;
 }
 

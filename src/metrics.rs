@@ -488,9 +488,14 @@ impl Metrics {
     /// Counts one webhook delivery attempt; `format` is the sink format
     /// (`json`, `slack`, `pagerduty`), `result` e.g. `delivered` / `failed`.
     pub fn record_webhook_delivery(&self, format: &str, result: &str) {
+        self.add_webhook_deliveries(format, result, 1);
+    }
+
+    /// Counts `n` webhook delivery attempts at once.
+    pub fn add_webhook_deliveries(&self, format: &str, result: &str, n: u64) {
         self.webhook_deliveries
             .with_label_values(&[format, result])
-            .inc();
+            .inc_by(n);
     }
 
     /// Counts one Fly API exchange (`op` from the client, `code` an HTTP

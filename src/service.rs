@@ -110,6 +110,7 @@ pub async fn run(
         failures: 0,
         history: HashMap::new(),
         firing: BTreeMap::new(),
+        counted: HashMap::new(),
     };
     daemon::reconcile_loop(
         &sweeper,
@@ -147,10 +148,13 @@ struct Reporter<'a> {
     history: HashMap<String, VecDeque<String>>,
     /// Alerts firing after the last cycle, by dedup key (for the log lines).
     firing: BTreeMap<String, Alert>,
+    /// Per webhook: (delivered, failed attempts, dropped) already counted.
+    counted: HashMap<usize, (u64, u64, u64)>,
 }
 
 impl Reporter<'_> {
     fn report(&mut self, outcome: &SweepOutcome) {
+        self.count_deliveries();
         match outcome {
             SweepOutcome::Swept(cycle) => self.swept(cycle),
             SweepOutcome::Failed {
@@ -175,6 +179,25 @@ impl Reporter<'_> {
                 self.alerts_changed(&alerts, true);
                 self.notifier.update(&alerts, &[], now);
             }
+        }
+    }
+
+    /// Moves the notifier's delivery counts into `fleet_webhook_deliveries_total`.
+    fn count_deliveries(&mut self) {
+        for sink in self.notifier.stats() {
+            let seen = self.counted.entry(sink.index).or_default();
+            let now = (sink.delivered, sink.failed_attempts, sink.dropped);
+            for (result, new, old) in [
+                ("delivered", now.0, seen.0),
+                ("failed", now.1, seen.1),
+                ("dropped", now.2, seen.2),
+            ] {
+                if new > old {
+                    self.metrics
+                        .add_webhook_deliveries(sink.format, result, new - old);
+                }
+            }
+            *seen = now;
         }
     }
 

@@ -269,6 +269,22 @@ admin_token_env = "E2E_ADMIN_TOKEN"
             .iter()
             .any(|b| b.contains("drift_detected"))
     );
+    until("delivery counted", Duration::from_secs(10), async || {
+        let m = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        m.lines().any(|l| {
+            l.starts_with("fleet_webhook_deliveries_total{")
+                && l.contains("result=\"delivered\"")
+                && !l.ends_with(" 0")
+        })
+    })
+    .await;
 
     // SIGTERM: clean exit, no lease left behind.
     let pid = child.0.id().to_string();

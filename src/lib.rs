@@ -20,7 +20,7 @@
 //! | [`reconcile`] | the pure planner: snapshot + markers + now → steps and alerts |
 //! | [`executor`] | carries out steps under Fly leases; writes markers before acting |
 //! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
-//! | [`daemon`] | wiring from config + secrets, and the sweep loop |
+//! | [`daemon`] | wiring from config + secrets, and the reconcile loop (fetch, sweep, plan, act) |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`operator`] | hold / release / approve as Fly metadata writes |
 //! | [`notify`] | webhook alerts: dedupe, repeat, resolve; json/slack/pagerduty delivery with retries |
@@ -39,6 +39,15 @@
 //! * **Per-machine trouble is data.** An agent that hangs, lies or answers
 //!   garbage gets a status in the report; only failures that make the whole
 //!   picture untrustworthy (an unlistable app, git failing) fail a sweep.
+//! * **State lives on the machines.** A rotation's marker, an operator's hold
+//!   and an approval are Fly machine metadata, not files of this process: a
+//!   restarted reconciler, or a second replica, reads the same truth and
+//!   resumes each rotation with its original deadlines. Fly leases fence every
+//!   mutating sequence, and claim-then-verify keeps pool caps exact across
+//!   replicas (see [`rotation`]).
+//! * **Pure planning.** [`reconcile::plan`] takes the snapshot, the markers
+//!   in it, a small in-memory tracker and `now`, and returns steps; no clock,
+//!   no network. The executor is the only code that writes to Fly or agents.
 //! * **Secrets stay at the edge.** The config names environment variables;
 //!   `main` reads them and hands them to the clients, which never log them.
 

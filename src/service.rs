@@ -20,7 +20,6 @@ use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome}
 use crate::events::Alert;
 use crate::executor::{Executor, ExecutorConfig, Outcome};
 use crate::metrics::{Metrics, MetricsError};
-use crate::model::Severity;
 use crate::notify::{
     CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier, NotifyError,
     SinkSecrets,
@@ -109,7 +108,7 @@ pub async fn run(
         last_success: None,
         failures: 0,
         history: HashMap::new(),
-        firing: BTreeMap::new(),
+        machine_alerts: Vec::new(),
         counted: HashMap::new(),
     };
     daemon::reconcile_loop(
@@ -137,6 +136,12 @@ pub async fn run(
     }
 }
 
+/// All alerts of a cycle: the machine alerts known last, then the fleet's.
+/// (The notifier logs each alert as it starts firing and as it clears.)
+fn with_machine_alerts(machine: &[Alert], fleet: Vec<Alert>) -> Vec<Alert> {
+    machine.iter().cloned().chain(fleet).collect()
+}
+
 /// Turns cycle outcomes into metrics, the server's view and notifications.
 struct Reporter<'a> {
     metrics: &'a Metrics,
@@ -146,8 +151,11 @@ struct Reporter<'a> {
     last_success: Option<DateTime<Utc>>,
     failures: u32,
     history: HashMap<String, VecDeque<String>>,
-    /// Alerts firing after the last cycle, by dedup key (for the log lines).
-    firing: BTreeMap<String, Alert>,
+    /// The planner's machine alerts of the last successful sweep. A failed
+    /// sweep knows nothing new about machines, so they are carried over:
+    /// sending only the fleet alerts would resolve every drift alert, and
+    /// page again once sweeps recover.
+    machine_alerts: Vec<Alert>,
     /// Per webhook: (delivered, failed attempts, dropped) already counted.
     counted: HashMap<usize, (u64, u64, u64)>,
 }
@@ -176,8 +184,8 @@ impl Reporter<'_> {
                     },
                     now,
                 );
-                self.alerts_changed(&alerts, true);
-                self.notifier.update(&alerts, &[], now);
+                self.notifier
+                    .update(&with_machine_alerts(&self.machine_alerts, alerts), &[], now);
             }
         }
     }
@@ -198,52 +206,6 @@ impl Reporter<'_> {
                 }
             }
             *seen = now;
-        }
-    }
-
-    /// One structured log line per alert that starts firing or clears,
-    /// whether or not any webhook is configured. After a failed sweep only
-    /// fleet-level alerts are known, so machine alerts are kept, not cleared.
-    fn alerts_changed(&mut self, alerts: &[Alert], fleet_only: bool) {
-        let now: BTreeMap<String, &Alert> = alerts.iter().map(|a| (a.dedup_key(), a)).collect();
-        for (key, a) in &now {
-            if !self.firing.contains_key(key) {
-                let (app, machine, commit) = (
-                    a.app.as_deref().unwrap_or("*"),
-                    a.machine_id.as_deref().unwrap_or("*"),
-                    a.commit.as_deref().unwrap_or(""),
-                );
-                if a.severity >= Severity::High {
-                    tracing::warn!(event = a.kind.trigger_name(), app, machine_id = machine, commit, severity = %a.severity, "{}", a.summary);
-                } else {
-                    tracing::info!(event = a.kind.trigger_name(), app, machine_id = machine, commit, severity = %a.severity, "{}", a.summary);
-                }
-            }
-        }
-        let cleared: Vec<String> = self
-            .firing
-            .iter()
-            .filter(|(key, a)| {
-                let kept = fleet_only && a.machine_id.is_some();
-                !now.contains_key(*key) && !kept
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in cleared {
-            if let Some(a) = self.firing.remove(&key) {
-                tracing::info!(
-                    event = a.kind.resolve_name(),
-                    app = a.app.as_deref().unwrap_or("*"),
-                    machine_id = a.machine_id.as_deref().unwrap_or("*"),
-                    commit = a.commit.as_deref().unwrap_or(""),
-                    severity = %a.severity,
-                    "resolved: {}",
-                    a.summary
-                );
-            }
-        }
-        for (key, a) in now {
-            self.firing.insert(key, a.clone());
         }
     }
 
@@ -327,8 +289,7 @@ impl Reporter<'_> {
         }
 
         let sample = CoherenceSample::from_report(report);
-        let mut alerts = plan.alerts.clone();
-        alerts.extend(self.fleet_alerts.evaluate(
+        let fleet = self.fleet_alerts.evaluate(
             &FleetAlertInput {
                 coherence: Some(&sample),
                 last_sweep_success: Some(now),
@@ -337,9 +298,13 @@ impl Reporter<'_> {
                 tip_commit: Some(&report.tip.commit),
             },
             now,
-        ));
-        self.alerts_changed(&alerts, false);
-        self.notifier.update(&alerts, &events, now);
+        );
+        self.machine_alerts = plan.alerts.clone();
+        self.notifier.update(
+            &with_machine_alerts(&self.machine_alerts, fleet),
+            &events,
+            now,
+        );
 
         self.view.set_tip(&report.tip.commit);
         self.view.set_extras(extras);

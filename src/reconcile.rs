@@ -180,8 +180,9 @@ struct Seen {
     unreachable_since: Option<DateTime<Utc>>,
     /// The last report we could read was not on the tip.
     last_known_drifted: bool,
-    /// What the pool's policy said about that drift.
+    /// What the pool's policy said about that drift, and at which severity.
     last_known_action: Option<PolicyAction>,
+    last_known_severity: Option<Severity>,
 }
 
 impl Tracker {
@@ -190,35 +191,37 @@ impl Tracker {
         let mut next = HashMap::with_capacity(report.machines.len());
         for m in &report.machines {
             let mut seen = self.machines.remove(&m.machine_id).unwrap_or_default();
-            let drifted = m.status.is_classified();
-            seen.drift_since = if drifted {
-                seen.drift_since.or(Some(now))
-            } else {
-                None
-            };
             match m.status {
+                s if s.is_classified() => {
+                    seen.drift_since = seen.drift_since.or(Some(now));
+                    seen.unreachable_since = None;
+                    seen.last_known_drifted = true;
+                    seen.last_known_action = m.action;
+                    seen.last_known_severity = m.severity;
+                }
+                MachineStatus::OnTip => seen = Seen::default(),
+                // Stopped: not counted; its drift clock starts over when it runs.
+                MachineStatus::NotRunning => {
+                    seen.drift_since = None;
+                    seen.unreachable_since = None;
+                }
+                // No usable report: nothing is known now, so what was known
+                // stands (a missed probe neither clears nor restarts a drift).
                 MachineStatus::Unreachable => {
                     seen.unreachable_since = seen.unreachable_since.or(Some(now));
                 }
-                MachineStatus::OnTip => {
-                    seen.unreachable_since = None;
-                    seen.last_known_drifted = false;
-                    seen.last_known_action = None;
-                }
-                MachineStatus::NotRunning => {
-                    seen.unreachable_since = None;
-                }
-                _ => {
-                    seen.unreachable_since = None;
-                    seen.last_known_drifted = drifted || seen.last_known_drifted;
-                    if drifted {
-                        seen.last_known_action = m.action;
-                    }
-                }
+                _ => seen.unreachable_since = None,
             }
             next.insert(m.machine_id.clone(), seen);
         }
         self.machines = next;
+    }
+
+    /// Whether the last usable report of the machine showed drift.
+    fn carried_drift(&self, machine_id: &str) -> Option<&Seen> {
+        self.machines
+            .get(machine_id)
+            .filter(|s| s.last_known_drifted && s.drift_since.is_some())
     }
 
     pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
@@ -372,8 +375,19 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         let drift_aged =
             drift_since.is_some_and(|t| after(t, config.rotation.min_drift_age) <= now);
         let severity = m.severity;
+        // Unreachable or a bad report now, drifted before: still drifting as
+        // far as anyone knows, so its alert keeps firing (no flapping).
+        let alert_severity = severity.or_else(|| {
+            matches!(
+                m.status,
+                MachineStatus::Unreachable | MachineStatus::BadReport
+            )
+            .then(|| tracker.carried_drift(&m.machine_id))
+            .flatten()
+            .and_then(|s| s.last_known_severity)
+        });
 
-        if let (Some(sev), true) = (severity, drift_aged) {
+        if let (Some(sev), true) = (alert_severity, drift_aged) {
             plan.alerts.push(machine_alert(
                 AlertKind::Drift,
                 m,
@@ -431,11 +445,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 }
             }
             None => {
-                if !drift_aged {
-                    // Unreachable past the ceiling after being seen drifted: serving nothing we can see.
-                    if m.status == MachineStatus::Unreachable
-                        && unreachable_past_ceiling(config, tracker, m, now)
-                    {
+                // Unreachable past the ceiling after being seen drifted: serving nothing we can see.
+                if m.status == MachineStatus::Unreachable {
+                    if unreachable_past_ceiling(config, tracker, m, now) {
                         candidates.push(Candidate {
                             severity: Severity::High,
                             since: now,
@@ -449,6 +461,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                             expected: None,
                         });
                     }
+                    continue;
+                }
+                if !drift_aged {
                     continue;
                 }
                 let Some(sev) = severity else { continue };

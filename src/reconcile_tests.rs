@@ -298,6 +298,58 @@ fn drift_clock_restarts_when_the_machine_was_on_tip_in_between() {
     assert_eq!(tracker.drift_since("m1"), Some(t0() + Cd::seconds(200)));
 }
 
+#[test]
+fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
+    let cfg = config("");
+    let drifted = Fx::new("").with(M::drifted("m1", Severity::High)).report();
+    let mut bad = M::drifted("m1", Severity::High).unreachable();
+    bad.0.status = MachineStatus::BadReport;
+    let gone = Fx::new("")
+        .with(M::drifted("m1", Severity::High).unreachable())
+        .report();
+    let garbled = Fx::new("").with(bad).report();
+    let mut tracker = Tracker::default();
+    tracker.observe(&drifted, t0());
+    for (i, report) in [&gone, &garbled].into_iter().enumerate() {
+        let now = t0() + Cd::minutes(10 + i as i64);
+        tracker.observe(report, now);
+        let p = plan(&PlanInput {
+            config: &cfg,
+            report,
+            tracker: &tracker,
+            owner: "r",
+            now,
+        });
+        let drift: Vec<_> = p
+            .alerts
+            .iter()
+            .filter(|a| a.kind == AlertKind::Drift)
+            .collect();
+        assert_eq!(drift.len(), 1, "case {i}: the drift alert keeps firing");
+        assert_eq!(drift[0].severity, Severity::High);
+        assert!(
+            p.steps.is_empty(),
+            "nothing is claimed on carried knowledge"
+        );
+    }
+    tracker.observe(&drifted, t0() + Cd::minutes(20));
+    assert_eq!(
+        tracker.drift_since("m1"),
+        Some(t0()),
+        "the drift clock did not restart"
+    );
+    let healthy = Fx::new("").with(M::on_tip("m1")).report();
+    tracker.observe(&healthy, t0() + Cd::minutes(21));
+    let p = plan(&PlanInput {
+        config: &cfg,
+        report: &healthy,
+        tracker: &tracker,
+        owner: "r",
+        now: t0() + Cd::minutes(21),
+    });
+    assert!(p.alerts.is_empty());
+}
+
 // ---- holds and approvals -------------------------------------------------
 
 #[test]

@@ -599,6 +599,37 @@ async fn checkpoint_deadline_releases_the_fence_and_yields_the_slot() {
     sim.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaching_the_tip_without_a_restart_releases_the_fence() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    until("fenced", Duration::from_secs(10), || {
+        sim.machine("m1").is_some_and(|m| m.fence.is_some())
+    })
+    .await;
+    // Someone else loads the tip in place (a reload, a manual restart).
+    sim.set_loaded_ref("m1", &w.tip);
+    converged(&sim, "m1", &w.tip, Duration::from_secs(10)).await;
+    until("fence released", Duration::from_secs(5), || {
+        sim.machine("m1").is_some_and(|m| m.fence.is_none())
+    })
+    .await;
+    assert!(restarts(&sim, "m1").is_empty());
+    d.stop().await;
+    sim.shutdown().await;
+}
+
 // ---- unreachable and recent input ------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

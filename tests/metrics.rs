@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,12 +11,15 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::demo::{DemoHistory, DemoRepo};
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
 use fleet_reconciler::metrics::{self, Metrics};
 use fleet_reconciler::model::MachineStatus;
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use fleet_reconciler::sweep::{FleetReport, Sweeper};
+
+mod common;
+
+use common::OverlayRepo as Fixture;
 
 const TOKEN: &str = "metrics-test-token";
 const PROMTOOL: &str = "/usr/bin/promtool";
@@ -91,36 +94,7 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
 
 // ---- a swept simulated fleet ----------------------------------------------------
 
-struct Fixture {
-    dir: tempfile::TempDir,
-    repo_path: PathBuf,
-    history: DemoHistory,
-}
-
 impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let repo_path = dir.path().join("overlay.git");
-        let history = DemoRepo::create(&repo_path)
-            .unwrap()
-            .build_history()
-            .unwrap();
-        Fixture {
-            dir,
-            repo_path,
-            history,
-        }
-    }
-
-    fn tip(&self) -> String {
-        self.history.release.last().unwrap().to_string()
-    }
-
-    fn behind(&self, n: usize) -> String {
-        let r = &self.history.release;
-        r[r.len() - 1 - n].to_string()
-    }
-
     async fn sweeper(&self, sim: &Sim, apps: &[&str]) -> Sweeper {
         let mut text = format!(
             r#"

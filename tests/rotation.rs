@@ -19,6 +19,10 @@ use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, Sim
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+
+use common::until;
+
 const TOKEN: &str = "rotation-test-token";
 
 struct World {
@@ -170,14 +174,6 @@ impl Daemon {
             .alerts
             .iter()
             .any(|(k, m)| *k == kind && m == machine)
-    }
-}
-
-async fn until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !f() {
-        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

@@ -3,14 +3,14 @@
 //! hook, the status page, and the `status` client.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::demo::{self, DemoHistory, DemoRepo};
+use fleet_reconciler::demo;
 use fleet_reconciler::metrics::Metrics;
 use fleet_reconciler::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
@@ -25,6 +25,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+
+use common::OverlayRepo as Overlay;
+
 const FLY_TOKEN: &str = "server-test-fly-token";
 const ADMIN: &str = "s3cret-admin-token-0123456789";
 const HOSTILE: &str = "<script>alert('pwned')</script>";
@@ -33,37 +37,6 @@ async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(30), f)
         .await
         .expect("finished within 30 s")
-}
-
-struct Overlay {
-    dir: tempfile::TempDir,
-    repo_path: PathBuf,
-    history: DemoHistory,
-}
-
-impl Overlay {
-    fn new() -> Overlay {
-        let dir = tempfile::tempdir().unwrap();
-        let repo_path = dir.path().join("overlay.git");
-        let history = DemoRepo::create(&repo_path)
-            .unwrap()
-            .build_history()
-            .unwrap();
-        Overlay {
-            dir,
-            repo_path,
-            history,
-        }
-    }
-
-    fn tip(&self) -> String {
-        self.history.release.last().unwrap().to_string()
-    }
-
-    fn behind(&self, n: usize) -> String {
-        let r = &self.history.release;
-        r[r.len() - 1 - n].to_string()
-    }
 }
 
 /// alpha: on tip, 3 behind (low), before the security fix (critical), a

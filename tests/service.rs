@@ -8,36 +8,24 @@ use axum::Router;
 use axum::routing::post;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
-use fleet_reconciler::demo::DemoRepo;
 use fleet_reconciler::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use tokio_util::sync::CancellationToken;
 
-const TOKEN: &str = "service-test-token";
+mod common;
 
-async fn until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !f() {
-        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+use common::{OverlayRepo, until};
+
+const TOKEN: &str = "service-test-token";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_sweeps_do_not_resolve_machine_alerts() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo_path = dir.path().join("overlay.git");
-    let mut repo = DemoRepo::create(&repo_path).unwrap();
-    let h = repo.build_history().unwrap();
-    let n = h.release.len();
+    let overlay = OverlayRepo::new();
     let sim = Sim::start(
         SimFleet::new(TOKEN)
-            .release_tip(h.release[n - 1].to_string())
-            .app(
-                SimApp::new("agents")
-                    .machine(SimMachine::new("m1").loaded(h.release[n - 2].to_string())),
-            ),
+            .release_tip(overlay.tip())
+            .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
     )
     .await
     .unwrap();
@@ -81,8 +69,8 @@ url_env = "HOOK"
 format = "json"
 "#,
         api = sim.api_url(),
-        repo = repo_path.display(),
-        mirror = dir.path().join("mirror.git").display(),
+        repo = overlay.repo_path.display(),
+        mirror = overlay.dir.path().join("mirror.git").display(),
         health = sim.health_url_template(),
     );
     let config = Arc::new(Config::parse(Path::new("service.toml"), &text).unwrap());

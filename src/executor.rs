@@ -127,10 +127,6 @@ impl Executor {
         })
     }
 
-    pub fn owner(&self) -> &str {
-        &self.tuning.owner
-    }
-
     /// Carries out the steps (different machines concurrently) and reports each.
     pub async fn execute(&self, steps: Vec<Step>, shutdown: &CancellationToken) -> Vec<StepReport> {
         use futures::StreamExt;

@@ -22,11 +22,6 @@ impl CommitId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The conventional 7-digit abbreviation, for tables and logs.
-    pub fn short(&self) -> &str {
-        &self.0[..7]
-    }
 }
 
 impl fmt::Display for CommitId {

@@ -350,10 +350,17 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let tip = report.tip.commit.as_str();
     let mut plan = Plan::default();
 
+    // Markers, holds and approvals, read once per machine.
+    let ops: Vec<OperatorState<'_>> = report
+        .machines
+        .iter()
+        .map(|m| operator_state(m, tip))
+        .collect();
+
     // Slots in use per (app, pool), from the markers on the machines.
     let mut in_use: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for m in &report.machines {
-        let holds = match operator_state(m, tip).marker {
+    for (m, op) in report.machines.iter().zip(&ops) {
+        let holds = match &op.marker {
             Some(Ok(marker)) => marker.phase.holds_slot(),
             // A marker we cannot read still holds a slot: fail closed.
             Some(Err(_)) => true,
@@ -368,8 +375,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     // New claims are ranked: most severe first, then oldest drift.
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
 
-    for m in &report.machines {
-        let op = operator_state(m, tip);
+    for (m, op) in report.machines.iter().zip(&ops) {
         let target = target_of(m);
         let drift_since = tracker.drift_since(&m.machine_id);
         let drift_aged =
@@ -435,7 +441,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     m,
                     marker,
                     &target,
-                    &op,
+                    op,
                     tracker,
                     now,
                     &mut plan.alerts,

@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthUrlTemplate};
 use crate::daemon::{self, Secrets, SweepOutcome};
-use crate::executor::Outcome;
 use crate::operator::{Approval, ApprovalMode, Operator};
 use crate::report;
 use crate::service::{self, ServiceSecrets};
@@ -402,11 +401,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
             SweepOutcome::Swept(cycle) => {
                 print!("{}", report::to_table_with_phases(&cycle.report, &cycle.plan.phases));
                 for s in &cycle.steps {
-                    println!("  {} → {}", s.step, match &s.outcome {
-                        Outcome::Done => "done".to_string(),
-                        Outcome::Skipped(why) => format!("skipped: {why}"),
-                        Outcome::Failed(why) => format!("FAILED: {why}"),
-                    });
+                    println!("  {} → {}", s.step, s.outcome);
                 }
                 println!("(cycle took {} ms)", cycle.duration.as_millis());
                 if let Some(e) = &cycle.fetch_error {

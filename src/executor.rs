@@ -75,6 +75,16 @@ impl Outcome {
     }
 }
 
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Done => f.write_str("done"),
+            Outcome::Skipped(why) => write!(f, "skipped: {why}"),
+            Outcome::Failed(why) => write!(f, "failed: {why}"),
+        }
+    }
+}
+
 /// What happened to a step, for logs, metrics and notifications.
 #[derive(Clone, Debug)]
 pub struct StepReport {

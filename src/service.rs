@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
 use crate::events::Alert;
-use crate::executor::{Executor, ExecutorConfig, Outcome};
+use crate::executor::{Executor, ExecutorConfig};
 use crate::metrics::{Metrics, MetricsError};
 use crate::notify::{
     CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier, NotifyError,
@@ -248,11 +248,7 @@ impl Reporter<'_> {
                 "{} {} → {}",
                 now.format("%Y-%m-%dT%H:%M:%SZ"),
                 s.step,
-                match &s.outcome {
-                    Outcome::Done => "done".to_string(),
-                    Outcome::Skipped(why) => format!("skipped: {why}"),
-                    Outcome::Failed(why) => format!("failed: {why}"),
-                }
+                s.outcome
             );
             let h = self
                 .history

@@ -155,5 +155,5 @@ fn demo_converges_waits_for_busy_agents_and_for_approval() {
         stdout.contains("restart agents-dispatch/1055e1f0005 (no live work)"),
         "{stdout}"
     );
-    assert!(!stdout.contains("FAILED"), "{stdout}");
+    assert!(!stdout.contains("→ failed"), "a step failed: {stdout}");
 }

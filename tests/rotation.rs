@@ -10,7 +10,6 @@ use std::time::Duration;
 use chrono::Utc;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
-use fleet_reconciler::demo::DemoRepo;
 use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::executor::{Executor, ExecutorConfig};
 use fleet_reconciler::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY};
@@ -21,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
-use common::until;
+use common::{OverlayRepo, until};
 
 const TOKEN: &str = "rotation-test-token";
 
 struct World {
-    _dir: tempfile::TempDir,
+    _overlay: OverlayRepo,
     repo: String,
     mirror_root: std::path::PathBuf,
     tip: String,
@@ -34,18 +33,14 @@ struct World {
 }
 
 fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let repo_path = dir.path().join("overlay.git");
-    let mut repo = DemoRepo::create(&repo_path).unwrap();
-    let h = repo.build_history().unwrap();
-    let n = h.release.len();
+    let overlay = OverlayRepo::new();
     World {
-        repo: repo_path.display().to_string(),
-        mirror_root: dir.path().to_path_buf(),
-        tip: h.release[n - 1].to_string(),
+        repo: overlay.repo_path.display().to_string(),
+        mirror_root: overlay.dir.path().to_path_buf(),
+        tip: overlay.tip(),
         // One commit behind, touching only skills/: severity low.
-        old: h.release[n - 2].to_string(),
-        _dir: dir,
+        old: overlay.behind(1),
+        _overlay: overlay,
     }
 }
 

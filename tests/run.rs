@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use fleet_reconciler::demo::DemoRepo;
 use fleet_reconciler::operator::{HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
+
+mod common;
+
+use common::OverlayRepo;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-secret-token-e2e";
@@ -42,12 +45,9 @@ async fn until(what: &str, deadline: Duration, mut f: impl AsyncFnMut() -> bool)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_remediates_serves_and_stops_cleanly_without_leaking_secrets() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo_path = dir.path().join("overlay.git");
-    let mut repo = DemoRepo::create(&repo_path).unwrap();
-    let h = repo.build_history().unwrap();
-    let n = h.release.len();
-    let (tip, old) = (h.release[n - 1].to_string(), h.release[n - 2].to_string());
+    let overlay = OverlayRepo::new();
+    let (dir, repo_path) = (&overlay.dir, &overlay.repo_path);
+    let (tip, old) = (overlay.tip(), overlay.behind(1));
 
     let sim = Sim::start(
         SimFleet::new(FLY_TOKEN)

@@ -108,6 +108,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 report: &report,
                 tracker: &tracker,
                 owner: "bench",
+                fetch: fleet_reconciler::reconcile::FetchState {
+                    fetched_at: Some(now),
+                    failing: false,
+                },
                 now,
             });
             steps = plan.steps.len();

@@ -252,10 +252,11 @@ pub struct RotationConfig {
     pub recent_input_guard: Duration,
     #[serde(default = "secs::<30>", deserialize_with = "duration")]
     pub heartbeat_max_age: Duration,
-    /// Claim settle window: how long a claim waits before re-reading the
-    /// pool's markers, so replicas agree on who got the slots (see `rotation`).
-    #[serde(default = "secs::<5>", deserialize_with = "duration")]
-    pub claim_settle: Duration,
+    /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
+    /// pool's rotation slots, so caps are exact across replicas (see
+    /// [`crate::slots`]). Required for `run` to act.
+    #[serde(default, deserialize_with = "coordinator")]
+    pub coordinator: Option<crate::slots::Coordinator>,
 }
 
 impl Default for RotationConfig {
@@ -270,7 +271,7 @@ impl Default for RotationConfig {
             verify_deadline: Duration::from_secs(300),
             recent_input_guard: Duration::from_secs(600),
             heartbeat_max_age: Duration::from_secs(30),
-            claim_settle: Duration::from_secs(5),
+            coordinator: None,
         }
     }
 }
@@ -683,6 +684,17 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// Whether any pool can act on a machine (anything but `observe`);
+    /// pools without a section use `default` or the built-in default, which acts.
+    pub fn acts(&self) -> bool {
+        let acts = |p: &PoolConfig| {
+            Severity::ALL
+                .iter()
+                .any(|s| p.actions.for_severity(*s) != PolicyAction::Observe)
+        };
+        self.pools.values().any(acts) || acts(&self.pool(DEFAULT_POOL))
+    }
+
     pub fn app(&self, name: &str) -> Option<&AppConfig> {
         self.apps.iter().find(|a| a.name == name)
     }
@@ -779,6 +791,13 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
             "invalid duration {s:?}: {e} (use e.g. \"30s\", \"5m\", \"1h 30m\")"
         ))
     })
+}
+
+fn coordinator<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<crate::slots::Coordinator>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 fn ratio<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
@@ -896,7 +915,7 @@ name = "agents"
         assert_eq!(c.server.listen.port(), 9090);
         assert_eq!(c.alerts.coherence_threshold, 1.0);
         assert_eq!(c.alerts.coherence_for, Duration::from_secs(900));
-        assert_eq!(c.rotation.claim_settle, Duration::from_secs(5));
+        assert_eq!(c.rotation.coordinator, None);
         assert!(c.metrics.per_machine);
     }
 

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::{Executor, StepReport};
-use crate::reconcile::{self, Plan, PlanInput, Tracker};
+use crate::reconcile::{self, FetchState, Plan, PlanInput, Tracker};
 
 use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
@@ -145,6 +145,8 @@ pub async fn reconcile_loop(
     let mut last_fetch: Option<Instant> = None;
     let mut tip_fetched_at: Option<DateTime<Utc>> = None;
     let mut tracker = Tracker::default();
+    // Whether the latest fetch attempt failed (the tip may be stale).
+    let mut fetch_failing = false;
     let refresh = options.refresh.clone().unwrap_or_default();
     loop {
         let mut force_fetch = false;
@@ -166,10 +168,12 @@ pub async fn reconcile_loop(
                     }
                     tip = Some(t);
                     tip_fetched_at = Some(Utc::now());
+                    fetch_failing = false;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "overlay fetch failed; keeping the last known tip");
                     fetch_error = Some(e.to_string());
+                    fetch_failing = true;
                 }
             }
         }
@@ -207,6 +211,10 @@ pub async fn reconcile_loop(
             report: &report,
             tracker: &tracker,
             owner: &options.owner,
+            fetch: FetchState {
+                fetched_at: tip_fetched_at,
+                failing: fetch_failing,
+            },
             now,
         });
         let steps = match options.executor {

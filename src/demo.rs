@@ -331,9 +331,20 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
             &history,
         )));
     }
+    // The machine whose lease and metadata keep the rotation slots: a
+    // stopped machine of the daemon's own app, as in a real deployment.
+    let coordinator = crate::slots::Coordinator {
+        app: "fleet-reconciler".into(),
+        machine_id: "c00rd1na7e0".into(),
+    };
+    fleet = fleet.app(
+        SimApp::new(coordinator.app.clone())
+            .machine(SimMachine::new(coordinator.machine_id.clone()).stopped()),
+    );
     let sim = Sim::start(fleet)
         .await
         .context("cannot start the simulated fleet")?;
+    config.rotation.coordinator = Some(coordinator);
 
     config.fly.api_url = sim.api_url();
     config.overlay.repo = repo_path.display().to_string();

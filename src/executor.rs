@@ -1,35 +1,48 @@
 //! The executor: carries out planned steps through the Fly API and the agents.
 //!
-//! Owns leases and markers. Every mutating sequence holds the machine's Fly
-//! lease (short TTL, refreshed while held, released on every exit path); a
-//! lease held by someone else means "skip this machine this sweep", never
-//! "take it". Under the lease it first checks that the marker is still what
-//! the plan saw (another replica may have moved on), then writes the new
-//! marker, and only then acts. It is the only code that calls mutating Fly
-//! endpoints or an agent's cooperative endpoints. It must never decide: when
-//! the world differs from the plan it stops and lets the next sweep replan.
+//! Owns leases, markers and the slot protocol of [`crate::slots`]. Every step
+//! holds the machine's Fly lease (short TTL, refreshed while held, released on
+//! every exit path); a lease held by someone else means "skip this machine
+//! this sweep", never "take it". Under the lease it re-reads the machine and
+//! checks the step's preconditions at the moment of action — no hold, the
+//! marker the plan saw, for `manual` an approval that still names the
+//! rotation's commit, the rotation's slot, and before a restart that must not
+//! interrupt work a fresh probe of the agent — then writes the new marker, and
+//! only then acts. A failed precondition is a typed [`Declined`], never an
+//! error retried blindly. Once a lease refresh failed, the step makes no
+//! further mutating call.
+//!
+//! It is the only code that calls mutating Fly endpoints or an agent's
+//! cooperative endpoints. It must never decide: when the world differs from
+//! the plan it stops and lets the next sweep replan.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::events::{ActionEvent, EventKind};
-use crate::fly::{FlyClient, FlyError, Lease};
-use crate::operator::{APPROVE_KEY, MARKER_KEY};
-use crate::reconcile::{Step, StepKind, Target};
-use crate::rotation::{self, Marker};
+use crate::fly::{FlyClient, FlyError, Lease, Machine};
+use crate::model::PolicyAction;
+use crate::operator::{APPROVE_KEY, Approval, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
+use crate::probe::{ProbeBuildError, ProbeOutcome, Prober};
+use crate::reconcile::{self, RestartGuard, Step, StepKind, Target};
+use crate::rotation::{Ending, Marker, Phase};
+use crate::slots::{Coordinator, SLOTS_KEY, Slot, SlotSet};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
 #[derive(Clone, Debug)]
 pub struct ExecutorConfig {
     pub lease_ttl: Duration,
     pub lease_refresh: Duration,
-    /// Claim settle window (see `rotation` module docs).
-    pub claim_settle: Duration,
+    /// How long a step keeps trying for the coordinator's lease (other
+    /// claims, ours or another replica's, hold it for a few calls each).
+    pub coordinator_patience: Duration,
     /// How long a restart step waits for `started` before leaving the rest
     /// to the verify deadline.
     pub start_wait: Duration,
@@ -40,11 +53,11 @@ pub struct ExecutorConfig {
 }
 
 impl ExecutorConfig {
-    pub fn new(owner: &str, claim_settle: Duration) -> ExecutorConfig {
+    pub fn new(owner: &str) -> ExecutorConfig {
         ExecutorConfig {
             lease_ttl: Duration::from_secs(13),
             lease_refresh: Duration::from_secs(4),
-            claim_settle,
+            coordinator_patience: Duration::from_secs(10),
             start_wait: Duration::from_secs(30),
             concurrency: 16,
             owner: owner.to_string(),
@@ -52,14 +65,53 @@ impl ExecutorConfig {
     }
 }
 
+/// Why a step was not carried out, harmlessly: the world is not what the
+/// plan assumed, and the next sweep replans from what it sees.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Declined {
+    #[error("lease held by another actor")]
+    Leased,
+    #[error("marker changed since the plan (another reconciler acted)")]
+    MarkerMoved,
+    #[error("an operator put the machine on hold")]
+    Held,
+    #[error("no current approval names commit {target}")]
+    NotApproved { target: String },
+    #[error("the machine is {state}, not started")]
+    NotStarted { state: String },
+    #[error("pool {pool} of {app} is at its cap of {cap}")]
+    PoolFull {
+        app: String,
+        pool: String,
+        cap: usize,
+    },
+    #[error("the rotation holds no slot in the coordinator")]
+    NoSlot,
+    #[error("the coordinator {0} is leased by another actor")]
+    CoordinatorBusy(String),
+    #[error("no coordinator configured (rotation.coordinator)")]
+    NoCoordinator,
+    #[error("{0}")]
+    SlotsUnreadable(String),
+    #[error("our lease could not be refreshed; stopped before the next call")]
+    LeaseLost,
+    #[error("fresh probe: {0}")]
+    NotIdle(&'static str),
+    #[error("fresh probe: the agent answers again ({0})")]
+    AgentAnswers(&'static str),
+    #[error("fresh probe: the agent already runs the target")]
+    OnTarget,
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
 /// How one step ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Done as planned.
     Done,
-    /// Not done, harmlessly: the lease is held elsewhere, the marker moved,
-    /// the pool is full after all. The next sweep replans.
-    Skipped(String),
+    /// Not done, harmlessly (see [`Declined`]).
+    Skipped(Declined),
     /// Tried and failed; the marker says where the rotation stands.
     Failed(String),
 }
@@ -95,24 +147,65 @@ pub struct StepReport {
 
 #[derive(Debug, thiserror::Error)]
 enum StepError {
-    #[error("lease held by another actor")]
-    Leased,
-    #[error("marker changed since the plan (another reconciler acted)")]
-    MarkerMoved,
-    #[error("{0}")]
-    Backoff(String),
+    #[error(transparent)]
+    Declined(#[from] Declined),
     #[error(transparent)]
     Fly(#[from] FlyError),
-    #[error("shutting down")]
-    Cancelled,
+    #[error("agent {endpoint}: {why}")]
+    Agent { endpoint: &'static str, why: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorBuildError {
+    #[error("cannot build the agent HTTP client: {0}")]
+    Agents(#[from] reqwest::Error),
+    #[error(transparent)]
+    Probe(#[from] ProbeBuildError),
+    #[error(
+        "rotation.coordinator is not set: some pool acts on machines, and `run` needs the machine (APP/MACHINE_ID) whose lease and metadata keep the pools' rotation slots"
+    )]
+    NoCoordinator,
 }
 
 pub struct Executor {
     fly: FlyClient,
     agents: reqwest::Client,
+    prober: Prober,
     config: Arc<Config>,
+    /// `None` only when no pool acts (observe-only fleets need no slots).
+    coordinator: Option<Coordinator>,
     agent_tokens: HashMap<String, String>,
     tuning: ExecutorConfig,
+}
+
+/// A lease we hold, kept alive by a refresher until released.
+struct Held {
+    app: String,
+    machine_id: String,
+    nonce: String,
+    /// Set once a refresh failed or the lease outlived its last refresh.
+    lost: CancellationToken,
+    valid_until: Arc<Mutex<Instant>>,
+    stop: CancellationToken,
+    refresher: JoinHandle<()>,
+}
+
+impl Held {
+    /// Before every mutating call: is the lease still certainly ours?
+    fn ensure(&self) -> Result<(), Declined> {
+        let valid_until = *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.lost.is_cancelled() || Instant::now() >= valid_until {
+            return Err(Declined::LeaseLost);
+        }
+        Ok(())
+    }
+
+    fn nonce(&self) -> Option<&str> {
+        Some(self.nonce.as_str())
+    }
 }
 
 impl Executor {
@@ -122,16 +215,23 @@ impl Executor {
         config: Arc<Config>,
         agent_tokens: HashMap<String, String>,
         tuning: ExecutorConfig,
-    ) -> Result<Executor, reqwest::Error> {
+    ) -> Result<Executor, ExecutorBuildError> {
+        let coordinator = config.rotation.coordinator.clone();
+        if coordinator.is_none() && config.acts() {
+            return Err(ExecutorBuildError::NoCoordinator);
+        }
         let agents = reqwest::Client::builder()
             .user_agent(crate::http::USER_AGENT)
             .timeout(config.probe.timeout.max(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
+        let prober = Prober::new(&config.probe)?;
         Ok(Executor {
             fly,
             agents,
+            prober,
             config,
+            coordinator,
             agent_tokens,
             tuning,
         })
@@ -142,17 +242,14 @@ impl Executor {
         use futures::StreamExt;
         futures::stream::iter(steps)
             .map(|step| async move {
-                let outcome = match self.run(&step, shutdown).await {
-                    Ok(()) => Outcome::Done,
-                    Err(StepError::Leased) => {
-                        Outcome::Skipped("lease held by another actor".into())
+                let outcome = if shutdown.is_cancelled() {
+                    Outcome::Skipped(Declined::ShuttingDown)
+                } else {
+                    match self.run(&step, shutdown).await {
+                        Ok(()) => Outcome::Done,
+                        Err(StepError::Declined(why)) => Outcome::Skipped(why),
+                        Err(e) => Outcome::Failed(e.to_string()),
                     }
-                    Err(StepError::MarkerMoved) => {
-                        Outcome::Skipped("marker changed since the plan".into())
-                    }
-                    Err(StepError::Backoff(why)) => Outcome::Skipped(why),
-                    Err(StepError::Cancelled) => Outcome::Skipped("shutting down".into()),
-                    Err(StepError::Fly(e)) => Outcome::Failed(e.to_string()),
                 };
                 let events = events_for(&step, &outcome, Utc::now());
                 log_step(&step, &outcome);
@@ -169,100 +266,115 @@ impl Executor {
 
     async fn run(&self, step: &Step, shutdown: &CancellationToken) -> Result<(), StepError> {
         let t = &step.target;
-        let lease = self.acquire(t).await?;
-        let refresher = self.refresher(t, &lease);
-        let result = self.under_lease(step, &lease.nonce, shutdown).await;
-        refresher.cancel();
-        // Released on every path; a failure here only means it expires by itself.
-        if let Err(e) = self
-            .fly
-            .release_lease(&t.app, &t.machine_id, &lease.nonce)
-            .await
-        {
-            tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "lease release failed; it expires with its TTL");
-        }
-        result?;
-        // Agent calls need no lease: they do not change the machine in Fly.
-        match &step.kind {
-            StepKind::Claim {
-                marker,
-                drain: true,
-                ..
-            }
-            | StepKind::Advance {
-                marker,
-                cordon: true,
-                ..
-            } if marker.drain_requested => {
-                self.agent_call(
-                    t,
-                    "overlay/drain",
-                    serde_json::json!({ "rotation": marker.tag }),
-                )
-                .await;
-            }
-            StepKind::Claim {
-                marker,
-                reload: true,
-                ..
-            } => {
-                self.agent_call(
-                    t,
-                    "overlay/reload",
-                    serde_json::json!({ "ref": marker.target }),
-                )
-                .await;
-            }
-            // On the tip without a restart (a reload, or someone else's
-            // restart): a fence we asked for may still stand.
-            StepKind::Finish { undrain: true, .. } => {
-                if let Some(tag) = step.tag() {
-                    self.agent_call(t, "overlay/undrain", serde_json::json!({ "rotation": tag }))
-                        .await;
-                }
-            }
-            _ => {}
-        }
-        Ok(())
+        let lease = self.acquire(&t.app, &t.machine_id).await?;
+        let result = self.under_lease(step, &lease, shutdown).await;
+        self.release(lease).await;
+        result
     }
 
     async fn under_lease(
         &self,
         step: &Step,
-        nonce: &str,
+        lease: &Held,
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let t = &step.target;
         let (app, id) = (t.app.as_str(), t.machine_id.as_str());
-        // The plan was made from a snapshot: act only if the marker is still that.
-        let current = self.fly.get_metadata_key(app, id, MARKER_KEY).await?;
-        let current = current.as_deref().map(Marker::parse);
-        let unchanged = match (&step.expected, current) {
+        // The plan was made from a snapshot: act only on what is true now.
+        let machine = self.fly.get_machine(app, id).await?;
+        if machine.metadata(HOLD_KEY).is_some() {
+            return Err(Declined::Held.into());
+        }
+        let current = machine.metadata(MARKER_KEY).map(Marker::parse);
+        let unchanged = match (&step.expected, &current) {
             (None, None) => true,
-            (Some(expected), Some(Some(now))) => *expected == now,
+            (Some(expected), Some(Some(now))) => expected == now,
             _ => false,
         };
         if !unchanged {
-            return Err(StepError::MarkerMoved);
+            return Err(Declined::MarkerMoved.into());
         }
+        let disruptive = matches!(
+            step.kind,
+            StepKind::Claim { .. }
+                | StepKind::Drain
+                | StepKind::Restart { .. }
+                | StepKind::Advance { cordon: true, .. }
+        );
+        if disruptive {
+            if !machine.is_started() {
+                return Err(Declined::NotStarted {
+                    state: machine.state.clone(),
+                }
+                .into());
+            }
+            if let Some(m) = step.new_marker().or(step.expected.as_ref())
+                && m.action == PolicyAction::Manual
+            {
+                approved(&machine, &m.target)?;
+            }
+        }
+        let nonce = lease.nonce();
         match &step.kind {
-            StepKind::Claim { marker, reload, .. } => self.claim(t, marker, *reload, nonce).await,
-            StepKind::Advance { marker, cordon, .. } => {
-                self.write_marker(t, marker, nonce).await?;
-                if *cordon {
-                    self.fly.cordon(app, id, Some(nonce)).await?;
+            StepKind::Claim {
+                marker,
+                drain,
+                reload,
+            } => self.claim(t, step, marker, *drain, *reload, lease).await,
+            StepKind::Withdraw { .. } => {
+                lease.ensure()?;
+                self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
+                if let Some(m) = &step.expected {
+                    self.release_slot(t, &m.tag).await;
                 }
                 Ok(())
             }
-            StepKind::Restart { marker, .. } => {
+            StepKind::Advance { marker, cordon, .. } => {
+                if *cordon {
+                    self.verify_slot(t, &marker.tag).await?;
+                }
+                self.write_marker(t, marker, lease).await?;
+                if *cordon {
+                    lease.ensure()?;
+                    self.fly.cordon(app, id, nonce).await?;
+                    if marker.drain_requested {
+                        self.drain(t, marker, lease).await?;
+                    }
+                }
+                Ok(())
+            }
+            StepKind::Drain => {
+                let Some(marker) = &step.expected else {
+                    return Err(Declined::MarkerMoved.into());
+                };
+                self.verify_slot(t, &marker.tag).await?;
+                self.drain(t, marker, lease).await
+            }
+            StepKind::Restart { marker, guard, .. } => {
+                let Some(expected) = &step.expected else {
+                    return Err(Declined::MarkerMoved.into());
+                };
+                self.verify_slot(t, &marker.tag).await?;
+                // Cordoned first, so no new work arrives between the probe and the restart.
+                if expected.may_have_cordoned() {
+                    lease.ensure()?;
+                    self.fly.cordon(app, id, nonce).await?;
+                }
+                self.fresh_probe(t, expected, &marker.target, *guard)
+                    .await?;
+                let mut marker = marker.clone();
+                let now = Utc::now();
+                marker.restart_at = Some(now);
+                marker.attempt_started_at = now;
                 // Marker first: if we die between here and the restart, the next
                 // reconciler waits out the verify deadline instead of restarting twice.
-                self.write_marker(t, marker, nonce).await?;
+                self.write_marker(t, &marker, lease).await?;
+                lease.ensure()?;
                 self.fly
-                    .restart(app, id, Some(Duration::from_secs(30)), Some(nonce))
+                    .restart(app, id, Some(Duration::from_secs(30)), nonce)
                     .await?;
                 tokio::select! {
-                    _ = shutdown.cancelled() => Err(StepError::Cancelled),
+                    _ = shutdown.cancelled() => Ok(()),
                     r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
                         // Not started yet: the verify deadline covers it.
                         Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
@@ -270,207 +382,511 @@ impl Executor {
                     },
                 }
             }
-            StepKind::Finish { clear_approval, .. } => {
-                self.fly.uncordon(app, id, Some(nonce)).await?;
-                if *clear_approval {
-                    self.fly
-                        .delete_metadata(app, id, APPROVE_KEY, Some(nonce))
-                        .await?;
-                }
+            StepKind::Release {
+                marker,
+                undrain,
+                clear_approval,
+                ..
+            } => {
+                self.release_rotation(t, step, marker, *undrain, *clear_approval, lease)
+                    .await
+            }
+            StepKind::RecordUnprobed { record } => {
+                lease.ensure()?;
                 self.fly
-                    .delete_metadata(app, id, MARKER_KEY, Some(nonce))
+                    .set_metadata(app, id, UNPROBED_KEY, &record.to_value(), nonce)
                     .await?;
                 Ok(())
             }
-            StepKind::Yield {
-                marker, undrain, ..
-            } => {
-                if *undrain {
-                    self.agent_call(
-                        t,
-                        "overlay/undrain",
-                        serde_json::json!({ "rotation": marker.tag }),
-                    )
-                    .await;
-                }
-                self.fly.uncordon(app, id, Some(nonce)).await?;
-                self.write_marker(t, marker, nonce).await
+            StepKind::ClearUnprobed => {
+                lease.ensure()?;
+                self.fly
+                    .delete_metadata(app, id, UNPROBED_KEY, nonce)
+                    .await?;
+                Ok(())
             }
         }
     }
 
-    /// Claim-then-verify (see `rotation`): write, settle, re-read, rank.
-    /// A claim that cannot be verified and completed is withdrawn, so no
-    /// marker ever holds a slot it did not win or sits on an uncordoned machine.
+    /// Intent (`claiming`), then the slot, then the first phase and the cordon.
     async fn claim(
         &self,
         t: &Target,
+        step: &Step,
         planned: &Marker,
+        drain: bool,
         reload: bool,
-        nonce: &str,
+        lease: &Held,
     ) -> Result<(), StepError> {
-        let mut marker = planned.clone();
-        let stamped = Utc::now();
-        marker.started_at = stamped;
-        marker.attempt_started_at = stamped;
-        let began = tokio::time::Instant::now();
-        self.write_marker(t, &marker, nonce).await?;
-        let result = self.verify_claim(t, stamped, began, reload, nonce).await;
-        if result.is_err() {
-            if let Err(e) = self
-                .fly
-                .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, Some(nonce))
-                .await
-            {
-                tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "could not withdraw a claim; the next sweep sees it as a rotation in progress");
+        let now = Utc::now();
+        let mut marker = match &step.expected {
+            // Our unfinished claim: its slot may already be won under its tag.
+            Some(m) if m.phase == Phase::Claiming && m.tag == planned.tag => m.clone(),
+            _ => {
+                let mut m = planned.clone();
+                m.phase = Phase::Claiming;
+                m.started_at = now;
+                m.attempt_started_at = now;
+                m.cordoned = Some(false);
+                self.write_marker(t, &m, lease).await?;
+                m
             }
-        }
-        result
-    }
-
-    async fn verify_claim(
-        &self,
-        t: &Target,
-        stamped: DateTime<Utc>,
-        began: tokio::time::Instant,
-        reload: bool,
-        nonce: &str,
-    ) -> Result<(), StepError> {
-        let settle = self.tuning.claim_settle;
-        if began.elapsed() > settle / 2 {
-            return Err(StepError::Backoff(
-                "claim write was too slow to rank safely; retrying next sweep".into(),
-            ));
-        }
-        let read_at = stamped + chrono::Duration::from_std(settle).unwrap_or_default();
-        if let Ok(wait) = (read_at - Utc::now()).to_std() {
-            tokio::time::sleep(wait).await;
-        }
-        let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
-        let pool_key = self.config.app(&t.app).and_then(|a| a.pool_key.clone());
-        let machines = self.fly.list_machines(&t.app).await?;
-        let mut claims: Vec<(DateTime<Utc>, &str)> = Vec::new();
-        for m in &machines {
-            let pool = crate::severity::pool_of(pool_key.as_deref(), |k| m.metadata(k));
-            if pool != t.pool {
-                continue;
-            }
-            match m.metadata(MARKER_KEY).map(Marker::parse) {
-                Some(Some(other)) if other.phase.holds_slot() => {
-                    claims.push((other.started_at, m.id.as_str()))
+        };
+        match self.win_slot(t, &marker, lease).await {
+            Ok(()) => {}
+            Err(StepError::Declined(full @ Declined::PoolFull { .. })) => {
+                // Nothing was cordoned: the intent simply goes (or, if that
+                // fails, the next sweep withdraws it; it permits nothing).
+                if lease.ensure().is_ok()
+                    && let Err(e) = self
+                        .fly
+                        .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, lease.nonce())
+                        .await
+                {
+                    tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "could not withdraw a claim; the next sweep withdraws it");
                 }
-                // Unreadable markers rank first: fail closed.
-                Some(None) => claims.push((DateTime::<Utc>::MIN_UTC, m.id.as_str())),
-                _ => {}
+                return Err(full.into());
             }
+            Err(e) => return Err(e),
         }
-        if !rotation::admitted(&mut claims, cap).contains(&t.machine_id.as_str()) {
-            return Err(StepError::Backoff(format!(
-                "pool {} of {} is at its cap of {cap} after all (another reconciler claimed first)",
-                t.pool, t.app
-            )));
+        let now = Utc::now();
+        marker.phase = if reload {
+            Phase::Reloading
+        } else {
+            Phase::Draining
+        };
+        marker.started_at = now;
+        marker.attempt_started_at = now;
+        // Recorded before the cordon, so a cordon whose answer is lost is undone.
+        marker.cordoned = Some(!reload);
+        self.write_marker(t, &marker, lease).await?;
+        if reload {
+            lease.ensure()?;
+            self.agent_call(
+                t,
+                "overlay/reload",
+                serde_json::json!({ "ref": marker.target }),
+            )
+            .await
+            .unwrap_or_else(|e| tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "reload request failed; the verify deadline decides"));
+            return Ok(());
         }
-        if !reload {
-            self.fly.cordon(&t.app, &t.machine_id, Some(nonce)).await?;
+        lease.ensure()?;
+        self.fly
+            .cordon(&t.app, &t.machine_id, lease.nonce())
+            .await?;
+        if drain {
+            // A failed drain POST is asked again by the next sweep.
+            if let Err(e) = self.drain(t, &marker, lease).await {
+                tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "drain request failed; asked again next sweep");
+            }
         }
         Ok(())
+    }
+
+    /// Undo first (uncordon, undrain), recorded as `releasing`; then the
+    /// ending; the slot goes last.
+    async fn release_rotation(
+        &self,
+        t: &Target,
+        step: &Step,
+        marker: &Marker,
+        undrain: bool,
+        clear_approval: bool,
+        lease: &Held,
+    ) -> Result<(), StepError> {
+        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        if step.expected.as_ref() != Some(marker) {
+            self.write_marker(t, marker, lease).await?;
+        }
+        if marker.may_have_cordoned() {
+            lease.ensure()?;
+            self.fly.uncordon(app, id, nonce).await?;
+        }
+        if undrain {
+            lease.ensure()?;
+            self.agent_call(
+                t,
+                "overlay/undrain",
+                serde_json::json!({ "rotation": marker.tag }),
+            )
+            .await?;
+        }
+        match marker.ending.unwrap_or(Ending::Cancelled) {
+            Ending::Yielded => {
+                let mut yielded = marker.clone();
+                yielded.phase = Phase::Yielded;
+                yielded.ending = None;
+                yielded.cordoned = Some(false);
+                yielded.drain_requested = false;
+                self.write_marker(t, &yielded, lease).await?;
+            }
+            Ending::Finished | Ending::Cancelled => {
+                if clear_approval {
+                    lease.ensure()?;
+                    self.fly
+                        .delete_metadata(app, id, APPROVE_KEY, nonce)
+                        .await?;
+                }
+                lease.ensure()?;
+                self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
+            }
+        }
+        self.release_slot(t, &marker.tag).await;
+        Ok(())
+    }
+
+    /// A restart that must not interrupt work needs a fresh probe, made now.
+    async fn fresh_probe(
+        &self,
+        t: &Target,
+        marker: &Marker,
+        target: &str,
+        guard: RestartGuard,
+    ) -> Result<(), StepError> {
+        let outcome = match t.health_url.as_deref() {
+            Some(url) => self.prober.probe(url).await,
+            None => ProbeOutcome::Unreachable("no health URL".into()),
+        };
+        let now = Utc::now();
+        match outcome {
+            ProbeOutcome::Report(r) => {
+                let reported = r.overlay_ref.to_ascii_lowercase();
+                if target.to_ascii_lowercase().starts_with(&reported) {
+                    return Err(Declined::OnTarget.into());
+                }
+                match guard {
+                    RestartGuard::MayInterrupt => Ok(()),
+                    RestartGuard::Idle => reconcile::restart_allowed(&self.config, &r, marker, now)
+                        .map_err(|why| Declined::NotIdle(why).into()),
+                    RestartGuard::Unprobeable => {
+                        reconcile::restart_allowed(&self.config, &r, marker, now)
+                            .map_err(|why| Declined::AgentAnswers(why).into())
+                    }
+                }
+            }
+            _ => match guard {
+                RestartGuard::MayInterrupt | RestartGuard::Unprobeable => Ok(()),
+                RestartGuard::Idle => Err(Declined::NotIdle("no usable report").into()),
+            },
+        }
+    }
+
+    async fn drain(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
+        lease.ensure()?;
+        self.agent_call(
+            t,
+            "overlay/drain",
+            serde_json::json!({ "rotation": marker.tag }),
+        )
+        .await
     }
 
     async fn write_marker(
         &self,
         t: &Target,
         marker: &Marker,
-        nonce: &str,
+        lease: &Held,
     ) -> Result<(), StepError> {
+        lease.ensure()?;
         self.fly
             .set_metadata(
                 &t.app,
                 &t.machine_id,
                 MARKER_KEY,
                 &marker.to_value(),
-                Some(nonce),
+                lease.nonce(),
             )
             .await
             .map_err(Into::into)
     }
 
-    async fn acquire(&self, t: &Target) -> Result<Lease, StepError> {
-        let description = format!("fleet-reconciler {}", self.tuning.owner);
-        match self
-            .fly
-            .acquire_lease(&t.app, &t.machine_id, self.tuning.lease_ttl, &description)
-            .await
+    // ---- slots ---------------------------------------------------------------
+
+    fn coordinator(&self) -> Result<&Coordinator, StepError> {
+        self.coordinator
+            .as_ref()
+            .ok_or(StepError::Declined(Declined::NoCoordinator))
+    }
+
+    async fn read_slots(&self) -> Result<SlotSet, StepError> {
+        let c = self.coordinator()?;
+        let m = self.fly.get_machine(&c.app, &c.machine_id).await?;
+        SlotSet::parse(m.metadata(SLOTS_KEY))
+            .map_err(|e| Declined::SlotsUnreadable(format!("coordinator {c}: {e}")).into())
+    }
+
+    /// Before a disruptive call: the rotation's slot is still in the set.
+    async fn verify_slot(&self, t: &Target, tag: &str) -> Result<(), StepError> {
+        if self
+            .read_slots()
+            .await?
+            .holds(&t.app, &t.pool, &t.machine_id, tag)
         {
-            Ok(lease) => Ok(lease),
-            Err(FlyError::LeaseConflict { .. }) => Err(StepError::Leased),
-            Err(e) => Err(e.into()),
+            Ok(())
+        } else {
+            Err(Declined::NoSlot.into())
         }
     }
 
-    /// Keeps the lease alive while a step runs; cancelled when it ends.
-    fn refresher(&self, t: &Target, lease: &Lease) -> CancellationToken {
-        let stop = CancellationToken::new();
-        let (fly, app, id, nonce) = (
-            self.fly.clone(),
-            t.app.clone(),
-            t.machine_id.clone(),
-            lease.nonce.clone(),
-        );
-        let (ttl, every, owner) = (
-            self.tuning.lease_ttl,
-            self.tuning.lease_refresh,
-            self.tuning.owner.clone(),
-        );
-        let token = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = token.cancelled() => return,
-                    _ = tokio::time::sleep(every) => {}
+    /// Under the coordinator's lease: our slot, if the pool has room after
+    /// reclaiming slots whose rotation is over.
+    async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
+        let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
+        let coordinator = self.acquire_coordinator().await?;
+        let result = async {
+            let mut set = self.read_slots().await?;
+            if set.holds(&t.app, &t.pool, &t.machine_id, &marker.tag) {
+                return Ok(());
+            }
+            let slot = Slot {
+                machine_id: t.machine_id.clone(),
+                tag: marker.tag.clone(),
+                owner: self.tuning.owner.clone(),
+                since: Utc::now(),
+            };
+            let mut won = set.try_add(&t.app, &t.pool, slot.clone(), cap);
+            let mut reclaimed = false;
+            if !won {
+                for stale in self.stale_slots(&t.app, set.slots(&t.app, &t.pool)).await {
+                    reclaimed |= set.remove(&t.app, &t.pool, &stale.machine_id, &stale.tag);
                 }
-                let description = format!("fleet-reconciler {owner}");
-                if let Err(e) = fly
-                    .refresh_lease(&app, &id, &nonce, ttl, &description)
-                    .await
-                {
-                    tracing::warn!(app = %app, machine_id = %id, error = %e, "lease refresh failed");
+                won = set.try_add(&t.app, &t.pool, slot, cap);
+            }
+            if !won && !reclaimed {
+                return Err(Declined::PoolFull {
+                    app: t.app.clone(),
+                    pool: t.pool.clone(),
+                    cap,
+                }
+                .into());
+            }
+            lease.ensure()?;
+            coordinator.ensure()?;
+            let written = self.write_slots(&set, &coordinator).await;
+            if let Err(e) = written {
+                // The answer may be lost after the write took effect: look.
+                let now = self.read_slots().await?;
+                if !(won && now.holds(&t.app, &t.pool, &t.machine_id, &marker.tag)) {
+                    return Err(e);
                 }
             }
-        });
-        stop
+            if won {
+                Ok(())
+            } else {
+                Err(Declined::PoolFull {
+                    app: t.app.clone(),
+                    pool: t.pool.clone(),
+                    cap,
+                }
+                .into())
+            }
+        }
+        .await;
+        self.release(coordinator).await;
+        result
     }
 
-    /// POSTs to an agent's cooperative endpoint; failures are logged, and the
-    /// planner's deadlines decide what they mean.
-    async fn agent_call(&self, t: &Target, path: &str, body: serde_json::Value) {
-        let Some(url) = t
+    /// Slots whose machine carries no marker with the slot's tag that still
+    /// needs it. Anything unreadable counts as live (fail closed).
+    async fn stale_slots(&self, app: &str, slots: &[Slot]) -> Vec<Slot> {
+        let mut stale = Vec::new();
+        for slot in slots {
+            let live = match self.fly.get_machine(app, &slot.machine_id).await {
+                Err(FlyError::NotFound { .. }) => false,
+                Err(_) => true,
+                Ok(m) => match m.metadata(MARKER_KEY).map(Marker::parse) {
+                    None => false,
+                    Some(None) => true,
+                    Some(Some(marker)) => {
+                        marker.tag == slot.tag
+                            && (marker.phase.holds_slot() || marker.phase == Phase::Claiming)
+                    }
+                },
+            };
+            if !live {
+                stale.push(slot.clone());
+            }
+        }
+        stale
+    }
+
+    /// Best effort: a slot left behind is reclaimed by the next claim that needs it.
+    async fn release_slot(&self, t: &Target, tag: &str) {
+        let result = async {
+            let coordinator = self.acquire_coordinator().await?;
+            let result = async {
+                let mut set = self.read_slots().await?;
+                if set.remove(&t.app, &t.pool, &t.machine_id, tag) {
+                    coordinator.ensure()?;
+                    self.write_slots(&set, &coordinator).await?;
+                }
+                Ok::<(), StepError>(())
+            }
+            .await;
+            self.release(coordinator).await;
+            result
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::info!(app = %t.app, machine_id = %t.machine_id, error = %e, "slot not released now; the next claim that needs it reclaims it");
+        }
+    }
+
+    async fn write_slots(&self, set: &SlotSet, coordinator: &Held) -> Result<(), StepError> {
+        let c = self.coordinator()?;
+        self.fly
+            .set_metadata(
+                &c.app,
+                &c.machine_id,
+                SLOTS_KEY,
+                &set.to_value(),
+                coordinator.nonce(),
+            )
+            .await
+            .map_err(Into::into)
+    }
+
+    async fn acquire_coordinator(&self) -> Result<Held, StepError> {
+        let c = self.coordinator()?;
+        let give_up = Instant::now() + self.tuning.coordinator_patience;
+        loop {
+            match self.acquire(&c.app, &c.machine_id).await {
+                Ok(held) => return Ok(held),
+                Err(StepError::Declined(Declined::Leased)) if Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(rand::random_range(50..300))).await;
+                }
+                Err(StepError::Declined(Declined::Leased)) => {
+                    return Err(Declined::CoordinatorBusy(c.to_string()).into());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    // ---- leases --------------------------------------------------------------
+
+    async fn acquire(&self, app: &str, machine_id: &str) -> Result<Held, StepError> {
+        let description = format!("fleet-reconciler {}", self.tuning.owner);
+        let started = Instant::now();
+        let lease: Lease = match self
+            .fly
+            .acquire_lease(app, machine_id, self.tuning.lease_ttl, &description)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(FlyError::LeaseConflict { .. }) => return Err(Declined::Leased.into()),
+            Err(e) => return Err(e.into()),
+        };
+        // Counted from before the request: the TTL may have started then.
+        let margin = self.tuning.lease_ttl / 4;
+        let valid_until = Arc::new(Mutex::new(started + self.tuning.lease_ttl - margin));
+        let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+        let refresher = {
+            let (fly, app, id, nonce) = (
+                self.fly.clone(),
+                app.to_string(),
+                machine_id.to_string(),
+                lease.nonce.clone(),
+            );
+            let (ttl, every) = (self.tuning.lease_ttl, self.tuning.lease_refresh);
+            let (stop, lost, valid_until) = (stop.clone(), lost.clone(), valid_until.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                    // Checked again: a refresh must never start after release began.
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    let sent = Instant::now();
+                    match fly
+                        .refresh_lease(&app, &id, &nonce, ttl, &description)
+                        .await
+                    {
+                        Ok(_) => {
+                            let mut v = valid_until
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            *v = sent + ttl - margin;
+                        }
+                        Err(e) => {
+                            tracing::warn!(app = %app, machine_id = %id, error = %e, "lease refresh failed; the step stops before its next call");
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        Ok(Held {
+            app: app.to_string(),
+            machine_id: machine_id.to_string(),
+            nonce: lease.nonce,
+            lost,
+            valid_until,
+            stop,
+            refresher,
+        })
+    }
+
+    /// Stops the refresher and waits for it, so no refresh can land after the
+    /// release (a refresh of a released lease would take a new one), then releases.
+    async fn release(&self, held: Held) {
+        held.stop.cancel();
+        let _ = held.refresher.await;
+        // Released on every path; a failure here only means it expires by itself.
+        if let Err(e) = self
+            .fly
+            .release_lease(&held.app, &held.machine_id, &held.nonce)
+            .await
+        {
+            tracing::warn!(app = %held.app, machine_id = %held.machine_id, error = %e, "lease release failed; it expires with its TTL");
+        }
+    }
+
+    /// POSTs to an agent's cooperative endpoint.
+    async fn agent_call(
+        &self,
+        t: &Target,
+        endpoint: &'static str,
+        body: serde_json::Value,
+    ) -> Result<(), StepError> {
+        let fail = |why: String| StepError::Agent { endpoint, why };
+        let url = t
             .health_url
             .as_deref()
             .and_then(|h| url::Url::parse(h).ok())
-            .and_then(|h| {
-                // RFC 3986: relative to the health URL, so /x/health → /x/overlay/drain.
-                h.join(path).ok()
-            })
-        else {
-            tracing::warn!(app = %t.app, machine_id = %t.machine_id, endpoint = path, "no health URL to reach the agent");
-            return;
-        };
+            // RFC 3986: relative to the health URL, so /x/health → /x/overlay/drain.
+            .and_then(|h| h.join(endpoint).ok())
+            .ok_or_else(|| fail("no health URL to reach the agent".into()))?;
         let mut req = self.agents.post(url).json(&body);
         if let Some(token) = self.agent_tokens.get(&t.app) {
             req = req.bearer_auth(token);
         }
         match req.send().await {
             Ok(r) if r.status().is_success() => {
-                tracing::info!(app = %t.app, machine_id = %t.machine_id, endpoint = path, "agent accepted");
+                tracing::info!(app = %t.app, machine_id = %t.machine_id, endpoint, "agent accepted");
+                Ok(())
             }
-            Ok(r) => {
-                tracing::warn!(app = %t.app, machine_id = %t.machine_id, endpoint = path, status = r.status().as_u16(), "agent refused")
-            }
-            Err(e) => {
-                tracing::warn!(app = %t.app, machine_id = %t.machine_id, endpoint = path, error = %crate::http::describe(&e), "agent call failed")
-            }
+            Ok(r) => Err(fail(format!("refused with HTTP {}", r.status().as_u16()))),
+            Err(e) => Err(fail(crate::http::describe(&e))),
         }
     }
+}
+
+/// For `manual` rotations: the approval must still stand and name the commit.
+fn approved(machine: &Machine, target: &str) -> Result<(), Declined> {
+    machine
+        .metadata(APPROVE_KEY)
+        .and_then(Approval::parse)
+        .filter(|a| a.target.eq_ignore_ascii_case(target))
+        .map(drop)
+        .ok_or_else(|| Declined::NotApproved {
+            target: target.to_string(),
+        })
 }
 
 fn log_step(step: &Step, outcome: &Outcome) {
@@ -512,19 +928,20 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
             EventKind::ActionFailed,
             format!("{step} failed: {why}"),
         )],
-        (Outcome::Done, StepKind::Claim { .. }) => {
+        (Outcome::Done, StepKind::Claim { .. } | StepKind::Restart { .. }) => {
             vec![event(EventKind::ActionStarted, step.to_string())]
         }
-        (Outcome::Done, StepKind::Restart { .. }) => {
-            vec![event(EventKind::ActionStarted, step.to_string())]
+        (Outcome::Done, StepKind::Release { marker, .. })
+            if marker.ending == Some(Ending::Finished) =>
+        {
+            vec![event(
+                EventKind::ActionSucceeded,
+                format!(
+                    "{} now runs the release tip; rotation finished",
+                    t.machine_id
+                ),
+            )]
         }
-        (Outcome::Done, StepKind::Finish { .. }) => vec![event(
-            EventKind::ActionSucceeded,
-            format!(
-                "{} now runs the release tip; rotation finished",
-                t.machine_id
-            ),
-        )],
         _ => Vec::new(),
     }
 }

@@ -16,7 +16,8 @@
 //! | [`probe`] | concurrent, size- and time-bounded agent health polling |
 //! | [`overlay`] | the git mirror: tip, ref resolution, drift ranges, caches |
 //! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
-//! | [`rotation`] | the rotation marker persisted in machine metadata; claim ranking |
+//! | [`rotation`] | the rotation marker persisted in machine metadata |
+//! | [`slots`] | pool slots on the coordination machine: exact caps across replicas |
 //! | [`reconcile`] | the pure planner: snapshot + markers + now → steps and alerts |
 //! | [`executor`] | carries out steps under Fly leases; writes markers before acting |
 //! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
@@ -43,8 +44,8 @@
 //!   and an approval are Fly machine metadata, not files of this process: a
 //!   restarted reconciler, or a second replica, reads the same truth and
 //!   resumes each rotation with its original deadlines. Fly leases fence every
-//!   mutating sequence, and claim-then-verify keeps pool caps exact across
-//!   replicas (see [`rotation`]).
+//!   mutating sequence, and a slot set changed only under one coordination
+//!   machine's lease keeps pool caps exact across replicas (see [`slots`]).
 //! * **Pure planning.** [`reconcile::plan`] takes the snapshot, the markers
 //!   in it, a small in-memory tracker and `now`, and returns steps; no clock,
 //!   no network. The executor is the only code that writes to Fly or agents.
@@ -71,4 +72,5 @@ pub mod server;
 pub mod service;
 pub mod severity;
 pub mod sim;
+pub mod slots;
 pub mod sweep;

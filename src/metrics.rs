@@ -603,6 +603,7 @@ mod tests {
             coherence: 0.5,
             apps: summaries,
             machines,
+            slots: Default::default(),
         }
     }
 

@@ -19,6 +19,9 @@ pub const MARKER_KEY: &str = "fleet_reconciler_rotation";
 pub const HOLD_KEY: &str = "fleet_reconciler_hold";
 /// Metadata key of an operator approval (JSON [`Approval`]).
 pub const APPROVE_KEY: &str = "fleet_reconciler_approve";
+/// Metadata key of the probe-failure evidence (JSON `reconcile::Unprobed`,
+/// owned by the planner): when the agent stopped giving usable reports.
+pub const UNPROBED_KEY: &str = "fleet_reconciler_unprobed";
 
 /// How an approved `manual` rotation proceeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,24 +4,33 @@
 //! holds, approvals, pool caps, the live-work and recent-input guards, the
 //! cooperative handshake, and every ceiling and deadline of the rotation
 //! state machine. It is a pure function: no clients, no clock, no randomness;
-//! markers and operator state come from the machines' metadata in the
-//! snapshot, and the only memory between sweeps is the `Tracker` (when drift
-//! and unreachability began), which the caller passes in. It must never
-//! perform a step itself.
+//! markers, slots and operator state come from the snapshot, and the only
+//! memory between sweeps is the `Tracker` (when drift and unprobeability
+//! began), which the caller passes in. It must never perform a step itself.
+//!
+//! A snapshot can be tens of seconds old when its steps run, so every step
+//! that disrupts (cordon, drain, reload, restart) states the preconditions the
+//! executor re-checks under the machine's lease at the moment of action
+//! ([`RestartGuard`], the expected marker, the slot), and the pure checks the
+//! executor applies to a fresh probe live here too ([`restart_allowed`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::events::{Alert, AlertKind};
 use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY};
+use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::probe::{AgentReport, Capability};
-use crate::rotation::{Marker, Phase, RotationMode};
-use crate::sweep::{FleetReport, MachineReport};
+use crate::rotation::{Ending, Marker, Phase, RotationMode};
+use crate::sweep::{FleetReport, MachineReport, SlotsView};
+
+/// How far in the future a heartbeat may be (clock skew) and still count as fresh.
+pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
 
 /// Which machine a step is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,10 +48,10 @@ impl fmt::Display for Target {
     }
 }
 
-/// One thing the executor must do, for one machine. Every step that changes
-/// a machine holds its lease, first checks that the marker is still
-/// `expected` (another replica may have acted since the snapshot), and
-/// writes its marker before acting.
+/// One thing the executor must do, for one machine. Every step holds the
+/// machine's lease, first checks that there is no hold and that the marker
+/// is still `expected` (another replica may have acted since the snapshot),
+/// and writes its marker before acting.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     pub target: Target,
@@ -51,37 +60,82 @@ pub struct Step {
     pub kind: StepKind,
 }
 
+/// What may interrupt live work at a restart, re-checked by the executor on a
+/// fresh probe made under the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartGuard {
+    /// The policy allows interrupting live work: `restart` past its grace, or
+    /// an operator's `approve` (whose approval must still stand).
+    MayInterrupt,
+    /// Only if a fresh report shows no live work (and, after a drain request,
+    /// the agent's own checkpoint with a fresh heartbeat).
+    Idle,
+    /// The agent gave no usable report past the probe-failure ceiling: only if
+    /// it still gives none; an agent that answers again is judged as `Idle`.
+    Unprobeable,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepKind {
-    /// Write the marker, verify the pool cap across replicas, then cordon
+    /// Write the `claiming` marker (unless it is already there), win a slot in
+    /// the coordinator's slot set, then write the first phase and cordon
     /// (unless reloading) and ask a cooperating agent to drain, or to reload.
     Claim {
         marker: Marker,
         drain: bool,
         reload: bool,
     },
-    /// Write the changed marker; with `cordon`, cordon the machine and
-    /// (when the marker says so) ask the agent to drain.
+    /// Delete a `claiming` marker that cannot go on (nothing was cordoned).
+    Withdraw { why: &'static str },
+    /// Write the changed marker; with `cordon`, cordon the machine and (when
+    /// the marker says so) ask the agent to drain.
     Advance {
         marker: Marker,
         cordon: bool,
         why: &'static str,
     },
+    /// Ask the agent to drain again: its report shows no fence.
+    Drain,
     /// Write the marker (phase `restarting`), restart, wait for `started`.
     Restart {
         marker: Marker,
-        /// Live work may be interrupted (restart past its grace, or `approve`).
-        interrupts: bool,
+        guard: RestartGuard,
         why: &'static str,
     },
-    /// The machine reports the tip: uncordon, undrain, clear marker and approval.
-    Finish { clear_approval: bool, undrain: bool },
-    /// A ceiling was reached: undrain, uncordon, release the slot until `retry_at`.
-    Yield {
+    /// Undo what the rotation did: write the `releasing` marker, uncordon (if
+    /// it may have cordoned), undrain (with `undrain`), then end as
+    /// `marker.ending` says; the slot is released last.
+    Release {
         marker: Marker,
         undrain: bool,
+        clear_approval: bool,
         why: &'static str,
     },
+    /// Persist when the agent stopped giving usable reports, and the drift it
+    /// last showed, so the probe-failure ceiling survives daemon restarts.
+    RecordUnprobed { record: Unprobed },
+    /// The agent answers again: the record goes.
+    ClearUnprobed,
+}
+
+/// Probe-failure evidence, persisted under [`UNPROBED_KEY`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unprobed {
+    /// First sweep without a usable report (unreachable or bad report).
+    pub since: DateTime<Utc>,
+    /// What the pool's policy said about the drift last seen.
+    pub action: PolicyAction,
+    pub severity: Severity,
+}
+
+impl Unprobed {
+    pub fn parse(value: &str) -> Option<Unprobed> {
+        serde_json::from_str(value).ok()
+    }
+
+    pub fn to_value(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 impl Step {
@@ -91,8 +145,11 @@ impl Step {
             StepKind::Claim { marker, .. }
             | StepKind::Advance { marker, .. }
             | StepKind::Restart { marker, .. }
-            | StepKind::Yield { marker, .. } => Some(marker),
-            StepKind::Finish { .. } => None,
+            | StepKind::Release { marker, .. } => Some(marker),
+            StepKind::Withdraw { .. }
+            | StepKind::Drain
+            | StepKind::RecordUnprobed { .. }
+            | StepKind::ClearUnprobed => None,
         }
     }
 
@@ -103,14 +160,25 @@ impl Step {
             .map(|m| m.tag.as_str())
     }
 
+    /// Keeping the probe-failure record, not a rotation step.
+    pub fn is_bookkeeping(&self) -> bool {
+        matches!(
+            self.kind,
+            StepKind::RecordUnprobed { .. } | StepKind::ClearUnprobed
+        )
+    }
+
     /// Bounded label for metrics.
     pub fn kind(&self) -> &'static str {
         match self.kind {
             StepKind::Claim { .. } => "claim",
+            StepKind::Withdraw { .. } => "withdraw",
             StepKind::Advance { .. } => "advance",
+            StepKind::Drain => "drain",
             StepKind::Restart { .. } => "restart",
-            StepKind::Finish { .. } => "finish",
-            StepKind::Yield { .. } => "yield",
+            StepKind::Release { .. } => "release",
+            StepKind::RecordUnprobed { .. } => "record_unprobed",
+            StepKind::ClearUnprobed => "clear_unprobed",
         }
     }
 }
@@ -131,26 +199,37 @@ impl fmt::Display for Step {
                 if *drain { ", drain requested" } else { "" },
                 if *reload { ", reload requested" } else { "" }
             ),
+            StepKind::Withdraw { why } => write!(f, "{target}: withdraw the claim ({why})"),
             StepKind::Advance { marker, why, .. } => {
                 write!(f, "{target}: {} ({why})", marker.phase)
             }
-            StepKind::Restart {
-                interrupts, why, ..
-            } => write!(
+            StepKind::Drain => write!(f, "{target}: ask the agent to drain again"),
+            StepKind::Restart { guard, why, .. } => write!(
                 f,
                 "restart {target} ({why}{})",
-                if *interrupts {
-                    "; live work may be interrupted"
-                } else {
-                    ""
+                match guard {
+                    RestartGuard::MayInterrupt => "; live work may be interrupted",
+                    RestartGuard::Idle => "",
+                    RestartGuard::Unprobeable => "; only if still unprobeable",
                 }
             ),
-            StepKind::Finish { .. } => write!(f, "{target} reports the tip: uncordon and finish"),
-            StepKind::Yield { marker, why, .. } => write!(
+            StepKind::Release { marker, why, .. } => match marker.ending {
+                Some(Ending::Yielded) => write!(
+                    f,
+                    "{target} yields its slot ({why}); retry at {}",
+                    marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                ),
+                Some(Ending::Finished) => {
+                    write!(f, "{target} reports the target: uncordon and finish")
+                }
+                _ => write!(f, "{target}: rotation cancelled ({why}); undo it"),
+            },
+            StepKind::RecordUnprobed { record } => write!(
                 f,
-                "{target} yields its slot ({why}); retry at {}",
-                marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                "{target}: record that the agent gives no usable report since {}",
+                record.since.to_rfc3339()
             ),
+            StepKind::ClearUnprobed => write!(f, "{target}: the agent answers again"),
         }
     }
 }
@@ -167,8 +246,9 @@ pub struct Plan {
     pub rotations_in_progress: BTreeMap<(String, String), usize>,
 }
 
-/// Memory between sweeps: when each machine's drift and unreachability began.
-/// Lost on restart, which only delays alerts and actions, never hastens them.
+/// Memory between sweeps: when each machine's drift and unprobeability began.
+/// Lost on restart, which only delays alerts and actions, never hastens them;
+/// the probe-failure evidence is also persisted ([`Unprobed`]).
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
     machines: HashMap<String, Seen>,
@@ -177,12 +257,21 @@ pub struct Tracker {
 #[derive(Clone, Debug, Default)]
 struct Seen {
     drift_since: Option<DateTime<Utc>>,
-    unreachable_since: Option<DateTime<Utc>>,
+    /// First sweep of the current run without a usable report.
+    unprobed_since: Option<DateTime<Utc>>,
     /// The last report we could read was not on the tip.
     last_known_drifted: bool,
     /// What the pool's policy said about that drift, and at which severity.
     last_known_action: Option<PolicyAction>,
     last_known_severity: Option<Severity>,
+}
+
+/// No usable report: unreachable, or an answer that is not a report.
+fn unprobeable(status: MachineStatus) -> bool {
+    matches!(
+        status,
+        MachineStatus::Unreachable | MachineStatus::BadReport
+    )
 }
 
 impl Tracker {
@@ -194,7 +283,7 @@ impl Tracker {
             match m.status {
                 s if s.is_classified() => {
                     seen.drift_since = seen.drift_since.or(Some(now));
-                    seen.unreachable_since = None;
+                    seen.unprobed_since = None;
                     seen.last_known_drifted = true;
                     seen.last_known_action = m.action;
                     seen.last_known_severity = m.severity;
@@ -203,14 +292,14 @@ impl Tracker {
                 // Stopped: not counted; its drift clock starts over when it runs.
                 MachineStatus::NotRunning => {
                     seen.drift_since = None;
-                    seen.unreachable_since = None;
+                    seen.unprobed_since = None;
                 }
-                // No usable report: nothing is known now, so what was known
-                // stands (a missed probe neither clears nor restarts a drift).
-                MachineStatus::Unreachable => {
-                    seen.unreachable_since = seen.unreachable_since.or(Some(now));
+                // No usable report (unreachable or garbage alike): nothing is
+                // known now, so what was known stands (a missed probe neither
+                // clears nor restarts a drift) and the probe-failure clock runs.
+                _ => {
+                    seen.unprobed_since = seen.unprobed_since.or(Some(now));
                 }
-                _ => seen.unreachable_since = None,
             }
             next.insert(m.machine_id.clone(), seen);
         }
@@ -228,20 +317,19 @@ impl Tracker {
         self.machines.get(machine_id)?.drift_since
     }
 
-    pub fn unreachable_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
-        self.machines.get(machine_id)?.unreachable_since
+    /// Since when the machine has given no usable report, in this run.
+    pub fn unprobed_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+        self.machines.get(machine_id)?.unprobed_since
     }
 }
 
-/// A machine that may start a rotation this sweep, if its pool has room.
-struct Candidate<'a> {
-    severity: Severity,
-    since: DateTime<Utc>,
-    m: &'a MachineReport,
-    mode: RotationMode,
-    action: PolicyAction,
-    /// The yielded marker a retry replaces (`None` for a first claim).
-    expected: Option<Marker>,
+/// What the daemon knows of its own view of the overlay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FetchState {
+    /// When the release tip was last fetched successfully.
+    pub fetched_at: Option<DateTime<Utc>>,
+    /// The latest fetch failed: the tip may be stale.
+    pub failing: bool,
 }
 
 /// Everything `plan` reads.
@@ -251,11 +339,16 @@ pub struct PlanInput<'a> {
     pub tracker: &'a Tracker,
     /// This reconciler's identity, written into markers it creates.
     pub owner: &'a str,
+    pub fetch: FetchState,
     pub now: DateTime<Utc>,
 }
 
-fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    t + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+/// `t + d`, saturating: durations and timestamps may come from outside.
+pub(crate) fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// Capped exponential backoff after failed verifies: retry_after/8 doubling,
@@ -266,44 +359,50 @@ fn verify_backoff(config: &Config, attempt: u32) -> Duration {
         .min(config.rotation.retry_after)
 }
 
+/// A machine's metadata, read once per sweep.
 struct OperatorState<'a> {
     held: bool,
     marker: Option<Result<Marker, &'a str>>,
+    /// The approval on the machine, whatever commit it names.
     approval: Option<Approval>,
+    has_approval_key: bool,
+    unprobed: Option<Unprobed>,
 }
 
-fn operator_state<'a>(m: &'a MachineReport, tip: &str) -> OperatorState<'a> {
+fn operator_state(m: &MachineReport) -> OperatorState<'_> {
     OperatorState {
         held: m.metadata.contains_key(HOLD_KEY),
         marker: m
             .metadata
             .get(MARKER_KEY)
             .map(|v| Marker::parse(v).ok_or(v.as_str())),
-        // An approval authorizes a rotation to the commit it names, only.
-        approval: m
+        approval: m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)),
+        has_approval_key: m.metadata.contains_key(APPROVE_KEY),
+        unprobed: m
             .metadata
-            .get(APPROVE_KEY)
-            .and_then(|v| Approval::parse(v))
-            .filter(|a| a.target.eq_ignore_ascii_case(tip)),
+            .get(UNPROBED_KEY)
+            .and_then(|v| Unprobed::parse(v)),
     }
 }
 
-/// Why the latest report does or does not allow a restart without interrupting work.
-fn idle_for_restart(
+impl OperatorState<'_> {
+    /// An approval authorizes a rotation to the commit it names, only.
+    fn approval_for(&self, commit: &str) -> Option<&Approval> {
+        self.approval
+            .as_ref()
+            .filter(|a| a.target.eq_ignore_ascii_case(commit))
+    }
+}
+
+/// Why a report does or does not allow a restart without interrupting work.
+/// The executor applies it again to a fresh probe made under the lease.
+pub fn restart_allowed(
     config: &Config,
-    m: &MachineReport,
+    r: &AgentReport,
     marker: &Marker,
     now: DateTime<Utc>,
 ) -> Result<(), &'static str> {
-    let Some(r) = m.report.as_ref().filter(|_| m.state == "started") else {
-        return Err("no fresh report");
-    };
-    let fresh_heartbeat = |r: &AgentReport| {
-        r.heartbeat_at.is_some_and(|h| {
-            now.signed_duration_since(h).to_std().unwrap_or_default()
-                <= config.rotation.heartbeat_max_age
-        })
-    };
+    let fresh_heartbeat = |r: &AgentReport| r.heartbeat_at.is_some_and(|h| fresh(config, h, now));
     if r.heartbeat_at.is_some() && !fresh_heartbeat(r) {
         return Err("stale heartbeat");
     }
@@ -313,8 +412,9 @@ fn idle_for_restart(
     if recent_input(config, r, now) {
         return Err("recent input");
     }
-    if marker.drain_requested && r.can(Capability::Drain) {
-        // A cooperating agent is authorized only by its own checkpoint.
+    if marker.drain_requested {
+        // A drain was requested: only the agent's own checkpoint authorizes the
+        // restart, even if a later report stops advertising `drain`.
         let checkpointed = r.rotation.as_ref().is_some_and(|rot| {
             rot.fenced && rot.checkpoint.as_deref() == Some(marker.tag.as_str())
         });
@@ -328,6 +428,18 @@ fn idle_for_restart(
     Ok(())
 }
 
+/// A heartbeat is fresh when it is at most `heartbeat_max_age` old and not
+/// more than a small tolerance in the future (a skewed clock is not fresh).
+fn fresh(config: &Config, heartbeat: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    match now.signed_duration_since(heartbeat).to_std() {
+        Ok(age) => age <= config.rotation.heartbeat_max_age,
+        Err(_) => heartbeat
+            .signed_duration_since(now)
+            .to_std()
+            .is_ok_and(|ahead| ahead <= HEARTBEAT_FUTURE_TOLERANCE),
+    }
+}
+
 fn recent_input(config: &Config, r: &AgentReport, now: DateTime<Utc>) -> bool {
     r.last_input_at.is_some_and(|t| {
         now.signed_duration_since(t)
@@ -338,6 +450,87 @@ fn recent_input(config: &Config, r: &AgentReport, now: DateTime<Utc>) -> bool {
     })
 }
 
+/// The report of a started machine, if this sweep has one.
+fn usable_report(m: &MachineReport) -> Option<&AgentReport> {
+    m.report.as_ref().filter(|_| m.state == "started")
+}
+
+/// Fly states a machine settles in when it is not coming back by itself.
+fn settled_down(state: &str) -> bool {
+    matches!(
+        state,
+        "stopped" | "suspended" | "failed" | "destroyed" | "destroying"
+    )
+}
+
+/// Policies that act by themselves; only these may use the probe-failure ceiling.
+fn automatic(action: PolicyAction) -> bool {
+    matches!(
+        action,
+        PolicyAction::AlertAndWait | PolicyAction::Restart | PolicyAction::Reload
+    )
+}
+
+/// The probe-failure evidence for a machine without a usable report: the
+/// persisted record, else this run's memory.
+fn unprobed_evidence(
+    tracker: &Tracker,
+    m: &MachineReport,
+    op: &OperatorState<'_>,
+) -> Option<Unprobed> {
+    // Last seen drifted in this run, or mid-rotation (the marker says it was).
+    let since = tracker.unprobed_since(&m.machine_id);
+    let remembered = tracker
+        .carried_drift(&m.machine_id)
+        .and_then(|s| {
+            Some(Unprobed {
+                since: since?,
+                action: s.last_known_action?,
+                severity: s.last_known_severity?,
+            })
+        })
+        .or_else(|| match &op.marker {
+            Some(Ok(marker)) if marker.phase.holds_slot() => Some(Unprobed {
+                since: since?,
+                action: marker.action,
+                severity: marker.severity,
+            }),
+            _ => None,
+        });
+    match (&op.unprobed, remembered) {
+        // The older clock wins: a daemon restart never restarts the clock.
+        (Some(p), Some(r)) if r.since < p.since => Some(r),
+        (Some(p), _) => Some(p.clone()),
+        (None, r) => r,
+    }
+}
+
+/// Unprobeable past the ceiling after being seen drifted under an automatic
+/// policy. `observe` and `manual` pools are never touched this way.
+fn past_probe_ceiling(config: &Config, evidence: Option<&Unprobed>, now: DateTime<Utc>) -> bool {
+    evidence.is_some_and(|e| {
+        automatic(e.action) && after(e.since, config.rotation.probe_failure_ceiling) <= now
+    })
+}
+
+/// A machine that may start (or complete) a claim this sweep, if its pool has room.
+struct Candidate<'a> {
+    severity: Severity,
+    since: DateTime<Utc>,
+    m: &'a MachineReport,
+    mode: RotationMode,
+    action: PolicyAction,
+    /// The marker the claim replaces: a due `yielded` one, or our own
+    /// `claiming` one (`None` for a first claim).
+    expected: Option<Marker>,
+}
+
+/// Why a machine does not start a rotation this sweep (shown as its phase).
+enum NoClaim {
+    Quiet,
+    Show(&'static str),
+}
+
 /// Plans one sweep.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let PlanInput {
@@ -345,24 +538,21 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         report,
         tracker,
         owner,
+        fetch,
         now,
     } = *input;
     let tip = report.tip.commit.as_str();
     let mut plan = Plan::default();
 
     // Markers, holds and approvals, read once per machine.
-    let ops: Vec<OperatorState<'_>> = report
-        .machines
-        .iter()
-        .map(|m| operator_state(m, tip))
-        .collect();
+    let ops: Vec<OperatorState<'_>> = report.machines.iter().map(operator_state).collect();
 
-    // Slots in use per (app, pool), from the markers on the machines.
+    // Capacity out of each (app, pool): every marker that holds a slot, held
+    // machines and unreadable markers included (fail closed).
     let mut in_use: BTreeMap<(String, String), usize> = BTreeMap::new();
     for (m, op) in report.machines.iter().zip(&ops) {
         let holds = match &op.marker {
             Some(Ok(marker)) => marker.phase.holds_slot(),
-            // A marker we cannot read still holds a slot: fail closed.
             Some(Err(_)) => true,
             None => false,
         };
@@ -380,19 +570,12 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         let drift_since = tracker.drift_since(&m.machine_id);
         let drift_aged =
             drift_since.is_some_and(|t| after(t, config.rotation.min_drift_age) <= now);
-        let severity = m.severity;
-        // Unreachable or a bad report now, drifted before: still drifting as
-        // far as anyone knows, so its alert keeps firing (no flapping).
-        let alert_severity = severity.or_else(|| {
-            matches!(
-                m.status,
-                MachineStatus::Unreachable | MachineStatus::BadReport
-            )
-            .then(|| tracker.carried_drift(&m.machine_id))
-            .flatten()
-            .and_then(|s| s.last_known_severity)
-        });
-
+        // Unprobeable now, drifted before: still drifting as far as anyone
+        // knows, so its alert keeps firing (no flapping).
+        let evidence = unprobeable(m.status)
+            .then(|| unprobed_evidence(tracker, m, op))
+            .flatten();
+        let alert_severity = m.severity.or(evidence.as_ref().map(|e| e.severity));
         if let (Some(sev), true) = (alert_severity, drift_aged) {
             plan.alerts.push(machine_alert(
                 AlertKind::Drift,
@@ -404,21 +587,29 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         }
         if op.held {
             plan.phases.insert(m.machine_id.clone(), "held".into());
+            if let Some(Ok(marker)) = &op.marker
+                && marker.phase.holds_slot()
+            {
+                plan.alerts.push(machine_alert(
+                    AlertKind::RotationStuck,
+                    m,
+                    tip,
+                    marker.severity.max(Severity::High),
+                    format!(
+                        "{id} is held mid-rotation (phase {phase}{cordon}{fence}); pool {pool} of {app} waits on its slot; `fleet-reconciler release {id}` lets the rotation continue from phase {phase}",
+                        id = m.machine_id,
+                        phase = marker.phase,
+                        pool = m.pool,
+                        app = m.app,
+                        cordon = if marker.may_have_cordoned() { ", cordoned" } else { "" },
+                        fence = if marker.drain_requested { ", drain requested" } else { "" },
+                    ),
+                ));
+            }
             continue; // never act on a held machine, never clear its hold
         }
 
-        // A yielded rotation whose retry time has come is a candidate again.
-        let retry = match &op.marker {
-            Some(Ok(mk))
-                if mk.phase == Phase::Yielded
-                    && mk.retry_at.is_some_and(|t| t <= now)
-                    && m.status != MachineStatus::OnTip =>
-            {
-                Some(mk.clone())
-            }
-            _ => None,
-        };
-        match op.marker.as_ref().filter(|_| retry.is_none()) {
+        let step = match &op.marker {
             Some(Err(_)) => {
                 plan.phases
                     .insert(m.machine_id.clone(), "unreadable marker".into());
@@ -432,99 +623,123 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         m.machine_id
                     ),
                 ));
+                None
             }
-            Some(Ok(marker)) => {
+            Some(Ok(marker)) if marker.phase.holds_slot() => {
                 plan.phases
                     .insert(m.machine_id.clone(), phase_label(marker, m));
-                if let Some(step) = advance(
-                    config,
-                    m,
-                    marker,
-                    &target,
-                    op,
-                    tracker,
-                    now,
-                    &mut plan.alerts,
-                    tip,
-                ) {
-                    plan.steps.push(step);
+                let orphan = matches!(&report.slots, SlotsView::Known(set)
+                    if !set.holds(&m.app, &m.pool, &m.machine_id, &marker.tag));
+                if orphan && marker.phase != Phase::Releasing {
+                    Some(release(
+                        &target,
+                        marker,
+                        m,
+                        op,
+                        Ending::Cancelled,
+                        "the rotation holds no slot in the coordinator",
+                    ))
+                } else {
+                    let ctx = Ctx {
+                        config,
+                        m,
+                        op,
+                        target: &target,
+                        evidence: evidence.as_ref(),
+                        fetch,
+                        now,
+                        tip,
+                    };
+                    advance(&ctx, marker, &mut plan.alerts)
+                }
+            }
+            Some(Ok(marker)) => {
+                // `claiming` (ours, unfinished) or `yielded`.
+                let yielded = marker.phase == Phase::Yielded;
+                if yielded && m.status == MachineStatus::OnTip {
+                    Some(release(
+                        &target,
+                        marker,
+                        m,
+                        op,
+                        Ending::Finished,
+                        "on the tip",
+                    ))
+                } else if yielded && marker.retry_at.is_none_or(|t| t > now) {
+                    plan.phases.insert(m.machine_id.clone(), "yielded".into());
+                    plan.alerts.push(machine_alert(
+                        AlertKind::RotationStuck,
+                        m,
+                        tip,
+                        marker.severity,
+                        format!(
+                            "rotation of {} yielded without interrupting work; retrying at {}",
+                            m.machine_id,
+                            marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                        ),
+                    ));
+                    None
+                } else {
+                    let pick = candidate(
+                        config,
+                        m,
+                        op,
+                        evidence.as_ref(),
+                        drift_since,
+                        drift_aged,
+                        fetch,
+                        now,
+                        tip,
+                        &mut plan,
+                    );
+                    match pick {
+                        Ok(mut c) => {
+                            c.expected = Some(marker.clone());
+                            candidates.push(c);
+                            None
+                        }
+                        // A claim that cannot go on is withdrawn; a yielded
+                        // marker simply waits (it holds nothing).
+                        Err(_) if !yielded => Some(Step {
+                            target: target.clone(),
+                            expected: Some(marker.clone()),
+                            kind: StepKind::Withdraw {
+                                why: "the machine no longer qualifies for a rotation",
+                            },
+                        }),
+                        Err(NoClaim::Show(why)) => {
+                            plan.phases.insert(m.machine_id.clone(), why.into());
+                            None
+                        }
+                        Err(NoClaim::Quiet) => None,
+                    }
                 }
             }
             None => {
-                // Unreachable past the ceiling after being seen drifted: serving nothing we can see.
-                if m.status == MachineStatus::Unreachable {
-                    if unreachable_past_ceiling(config, tracker, m, now) {
-                        candidates.push(Candidate {
-                            severity: Severity::High,
-                            since: now,
-                            m,
-                            mode: RotationMode::Now,
-                            action: tracker
-                                .machines
-                                .get(&m.machine_id)
-                                .and_then(|s| s.last_known_action)
-                                .unwrap_or(PolicyAction::Restart),
-                            expected: None,
-                        });
-                    }
-                    continue;
-                }
-                if !drift_aged {
-                    continue;
-                }
-                let Some(sev) = severity else { continue };
-                let action = m.action.unwrap_or(PolicyAction::Observe);
-                let mode = match action {
-                    PolicyAction::Observe => continue,
-                    PolicyAction::AlertAndWait => RotationMode::Wait,
-                    PolicyAction::Restart => RotationMode::Grace,
-                    PolicyAction::Reload => {
-                        if m.report.as_ref().is_some_and(|r| r.can(Capability::Reload)) {
-                            RotationMode::Reload
-                        } else {
-                            RotationMode::Wait
-                        }
-                    }
-                    PolicyAction::Manual => match &op.approval {
-                        None => {
-                            plan.alerts.push(machine_alert(
-                                AlertKind::ManualApprovalRequired,
-                                m,
-                                tip,
-                                sev,
-                                format!(
-                                    "{} needs an operator: `fleet-reconciler approve {}` (or --when-idle)",
-                                    m.machine_id, m.machine_id
-                                ),
-                            ));
-                            plan.phases
-                                .insert(m.machine_id.clone(), "awaiting approval".into());
-                            continue;
-                        }
-                        Some(a) if a.mode == ApprovalMode::Now => RotationMode::Now,
-                        Some(_) => RotationMode::Wait,
-                    },
-                };
-                // Input newer than the guard keeps a machine out of rotation,
-                // unless an operator said "now".
-                if mode != RotationMode::Now
-                    && m.report
-                        .as_ref()
-                        .is_some_and(|r| recent_input(config, r, now))
-                {
-                    plan.phases
-                        .insert(m.machine_id.clone(), "recent input".into());
-                    continue;
-                }
-                candidates.push(Candidate {
-                    severity: sev,
-                    since: drift_since.unwrap_or(now),
+                match candidate(
+                    config,
                     m,
-                    mode,
-                    action,
-                    expected: retry.clone(),
-                });
+                    op,
+                    evidence.as_ref(),
+                    drift_since,
+                    drift_aged,
+                    fetch,
+                    now,
+                    tip,
+                    &mut plan,
+                ) {
+                    Ok(c) => candidates.push(c),
+                    Err(NoClaim::Show(why)) => {
+                        plan.phases.insert(m.machine_id.clone(), why.into());
+                    }
+                    Err(NoClaim::Quiet) => {}
+                }
+                None
             }
+        };
+        let step = step.or_else(|| unprobed_bookkeeping(m, op, &target, evidence.as_ref()));
+        if let Some(step) = step {
+            plan.steps.push(step);
         }
     }
 
@@ -534,6 +749,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             .then(a.since.cmp(&b.since))
             .then(a.m.machine_id.cmp(&b.m.machine_id))
     });
+    let owner_hash = owner
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
     for Candidate {
         severity: sev,
         m,
@@ -546,22 +764,38 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         let key = (m.app.clone(), m.pool.clone());
         let cap = config.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = in_use.entry(key).or_default();
+        let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
             plan.phases
                 .insert(m.machine_id.clone(), "waiting for a slot".into());
+            // Our unfinished claim must not linger as if it could go on.
+            if let Some(mine) = claiming {
+                plan.steps.push(Step {
+                    target: target_of(m),
+                    expected: Some(mine.clone()),
+                    kind: StepKind::Withdraw {
+                        why: "its pool is at its cap",
+                    },
+                });
+            }
             continue;
         }
         *used += 1;
-        let cooperative = m.report.as_ref().is_some_and(|r| r.can(Capability::Drain));
+        let cooperative = usable_report(m).is_some_and(|r| r.can(Capability::Drain));
         let reload = mode == RotationMode::Reload;
+        // An unfinished claim keeps its tag: its slot may already be won.
+        let tag = claiming.map(|c| c.tag.clone()).unwrap_or_else(|| {
+            Marker::new_tag(
+                &m.machine_id,
+                tip,
+                now,
+                now.timestamp_subsec_nanos() ^ owner_hash,
+            )
+        });
         let marker = Marker {
-            tag: Marker::new_tag(&m.machine_id, tip, now),
+            tag,
             target: tip.to_string(),
-            phase: if reload {
-                Phase::Reloading
-            } else {
-                Phase::Draining
-            },
+            phase: Phase::Claiming,
             mode,
             action,
             severity: sev,
@@ -572,6 +806,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             restart_at: None,
             retry_at: None,
             drain_requested: cooperative && !reload,
+            cordoned: Some(false),
+            ending: None,
         };
         plan.phases.insert(m.machine_id.clone(), "claiming".into());
         plan.steps.push(Step {
@@ -584,7 +820,153 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             },
         });
     }
+    // One step per machine and sweep (steps of one machine would contend for
+    // its lease): a rotation step goes before the record's bookkeeping.
+    let busy: std::collections::HashSet<String> = plan
+        .steps
+        .iter()
+        .filter(|s| !s.is_bookkeeping())
+        .map(|s| s.target.machine_id.clone())
+        .collect();
+    plan.steps
+        .retain(|s| !s.is_bookkeeping() || !busy.contains(&s.target.machine_id));
     plan
+}
+
+/// Whether a machine with no rotation in progress qualifies for a claim.
+#[allow(clippy::too_many_arguments)]
+fn candidate<'a>(
+    config: &Config,
+    m: &'a MachineReport,
+    op: &OperatorState<'_>,
+    evidence: Option<&Unprobed>,
+    drift_since: Option<DateTime<Utc>>,
+    drift_aged: bool,
+    fetch: FetchState,
+    now: DateTime<Utc>,
+    tip: &str,
+    plan: &mut Plan,
+) -> Result<Candidate<'a>, NoClaim> {
+    if m.state != "started" {
+        return Err(NoClaim::Quiet);
+    }
+    let mode_for = |action: PolicyAction, report: Option<&AgentReport>| match action {
+        PolicyAction::AlertAndWait => Some(RotationMode::Wait),
+        PolicyAction::Restart => Some(RotationMode::Grace),
+        PolicyAction::Reload if report.is_some_and(|r| r.can(Capability::Reload)) => {
+            Some(RotationMode::Reload)
+        }
+        PolicyAction::Reload => Some(RotationMode::Wait),
+        PolicyAction::Observe | PolicyAction::Manual => None,
+    };
+    // The tip may be stale: drift measured against it is no evidence to act on.
+    if fetch.failing {
+        return Err(if m.status.is_classified() || unprobeable(m.status) {
+            NoClaim::Show("tip uncertain (overlay fetch failing)")
+        } else {
+            NoClaim::Quiet
+        });
+    }
+    if unprobeable(m.status) {
+        // Unprobeable past the ceiling after being seen drifted: it serves
+        // nothing we can see. The claim follows the pool's own policy; the
+        // restart happens only while the agent still cannot be probed.
+        if past_probe_ceiling(config, evidence, now)
+            && let Some(e) = evidence
+            && let Some(mode) = mode_for(e.action, None)
+        {
+            return Ok(Candidate {
+                severity: e.severity,
+                since: e.since,
+                m,
+                mode,
+                action: e.action,
+                expected: None,
+            });
+        }
+        return Err(NoClaim::Quiet);
+    }
+    if !drift_aged {
+        return Err(NoClaim::Quiet);
+    }
+    let Some(sev) = m.severity else {
+        return Err(NoClaim::Quiet);
+    };
+    // A ref the mirror cannot resolve may be newer than our tip: act on it
+    // only once a fetch after we first saw it still cannot resolve it.
+    if matches!(
+        m.status,
+        MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
+    ) && !matches!((fetch.fetched_at, drift_since), (Some(f), Some(d)) if f > d)
+    {
+        return Err(NoClaim::Show("unknown ref: waiting for a fetch to confirm"));
+    }
+    let action = m.action.unwrap_or(PolicyAction::Observe);
+    let report = usable_report(m);
+    let mode = match action {
+        PolicyAction::Observe => return Err(NoClaim::Quiet),
+        PolicyAction::Manual => match op.approval_for(tip) {
+            None => {
+                plan.alerts.push(machine_alert(
+                    AlertKind::ManualApprovalRequired,
+                    m,
+                    tip,
+                    sev,
+                    format!(
+                        "{} needs an operator: `fleet-reconciler approve {}` (or --when-idle)",
+                        m.machine_id, m.machine_id
+                    ),
+                ));
+                return Err(NoClaim::Show("awaiting approval"));
+            }
+            Some(a) if a.mode == ApprovalMode::Now => RotationMode::Now,
+            Some(_) => RotationMode::Wait,
+        },
+        other => mode_for(other, report).unwrap_or(RotationMode::Wait),
+    };
+    // Input newer than the guard keeps a machine out of rotation, unless an
+    // operator said "now".
+    if mode != RotationMode::Now && report.is_some_and(|r| recent_input(config, r, now)) {
+        return Err(NoClaim::Show("recent input"));
+    }
+    Ok(Candidate {
+        severity: sev,
+        since: drift_since.unwrap_or(now),
+        m,
+        mode,
+        action,
+        expected: None,
+    })
+}
+
+/// Keeps the persisted probe-failure record in step with what is seen.
+fn unprobed_bookkeeping(
+    m: &MachineReport,
+    op: &OperatorState<'_>,
+    target: &Target,
+    evidence: Option<&Unprobed>,
+) -> Option<Step> {
+    let step = |kind| Step {
+        target: target.clone(),
+        expected: op.marker.as_ref().and_then(|r| r.as_ref().ok()).cloned(),
+        kind,
+    };
+    // An unreadable marker is someone else's: touch nothing.
+    if matches!(op.marker, Some(Err(_))) {
+        return None;
+    }
+    if unprobeable(m.status) {
+        match (evidence, &op.unprobed) {
+            (Some(e), None) if automatic(e.action) => {
+                Some(step(StepKind::RecordUnprobed { record: e.clone() }))
+            }
+            _ => None,
+        }
+    } else if op.unprobed.is_some() && m.status != MachineStatus::Unreachable {
+        Some(step(StepKind::ClearUnprobed))
+    } else {
+        None
+    }
 }
 
 fn target_of(m: &MachineReport) -> Target {
@@ -596,112 +978,156 @@ fn target_of(m: &MachineReport) -> Target {
     }
 }
 
-/// Seen drifted under a policy that acts by itself, then unreachable past
-/// the probe-failure ceiling. `observe` and `manual` pools are never touched
-/// this way: the first never acts, the second only on an approval.
-fn unreachable_past_ceiling(
-    config: &Config,
-    tracker: &Tracker,
+/// The undo step: `releasing` first (so a failed undo is retried), then the ending.
+fn release(
+    target: &Target,
+    marker: &Marker,
     m: &MachineReport,
-    now: DateTime<Utc>,
-) -> bool {
-    let known_drifted = tracker.machines.get(&m.machine_id).is_some_and(|s| {
-        s.last_known_drifted
-            && matches!(
-                s.last_known_action,
-                Some(PolicyAction::AlertAndWait | PolicyAction::Restart | PolicyAction::Reload)
-            )
-    });
-    known_drifted
-        && tracker
-            .unreachable_since(&m.machine_id)
-            .is_some_and(|t| after(t, config.rotation.probe_failure_ceiling) <= now)
+    op: &OperatorState<'_>,
+    ending: Ending,
+    why: &'static str,
+) -> Step {
+    let mut next = marker.clone();
+    if next.phase != Phase::Releasing {
+        // A yielded marker is already undone: only its ending is left.
+        if next.phase == Phase::Yielded {
+            next.cordoned = Some(false);
+        }
+        next.phase = Phase::Releasing;
+        next.ending = Some(ending);
+    }
+    // A fence needs lifting only while the agent that was asked still runs
+    // and does not report itself unfenced.
+    let proven_unfenced = m.state != "started"
+        || usable_report(m).is_some_and(|r| r.rotation.as_ref().is_none_or(|rot| !rot.fenced));
+    let ending = next.ending.unwrap_or(ending);
+    Step {
+        target: target.clone(),
+        expected: Some(marker.clone()),
+        kind: StepKind::Release {
+            undrain: marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced,
+            clear_approval: ending == Ending::Finished && op.has_approval_key,
+            marker: next,
+            why,
+        },
+    }
 }
 
-/// The next step of a rotation in progress, if any.
-#[allow(clippy::too_many_arguments)]
-fn advance(
-    config: &Config,
-    m: &MachineReport,
-    marker: &Marker,
-    target: &Target,
-    op: &OperatorState<'_>,
-    tracker: &Tracker,
+/// What `advance` reads about one machine.
+struct Ctx<'a> {
+    config: &'a Config,
+    m: &'a MachineReport,
+    op: &'a OperatorState<'a>,
+    target: &'a Target,
+    evidence: Option<&'a Unprobed>,
+    fetch: FetchState,
     now: DateTime<Utc>,
-    alerts: &mut Vec<Alert>,
-    tip: &str,
-) -> Option<Step> {
+    tip: &'a str,
+}
+
+/// The next step of a rotation that holds a slot, if any.
+fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<Step> {
+    let Ctx {
+        config,
+        m,
+        op,
+        target,
+        evidence,
+        fetch,
+        now,
+        tip,
+    } = *ctx;
     let rot = &config.rotation;
     let step = |kind: StepKind| Step {
         target: target.clone(),
         expected: Some(marker.clone()),
         kind,
     };
-    let finish = || {
-        step(StepKind::Finish {
-            clear_approval: op.approval.is_some() || m.metadata.contains_key(APPROVE_KEY),
-            undrain: marker.drain_requested,
-        })
-    };
-    // Whatever the phase: a machine on the tip is done (maybe someone else restarted it).
-    if m.status == MachineStatus::OnTip {
-        return Some(finish());
+    let release = |ending, why| release(target, marker, m, op, ending, why);
+    if marker.phase == Phase::Releasing {
+        return Some(release(Ending::Cancelled, "undo not finished yet"));
     }
-    let restart = |why: &'static str, interrupts: bool| {
+    // Whatever the phase: a machine on the target is done (maybe someone
+    // else restarted it, or the tip came to it).
+    let on_target = m.status == MachineStatus::OnTip
+        || (m.status == MachineStatus::Drifted
+            && m.commit
+                .as_deref()
+                .is_some_and(|c| c.eq_ignore_ascii_case(&marker.target)));
+    if on_target {
+        return Some(release(Ending::Finished, "on the target"));
+    }
+    let manual = marker.action == PolicyAction::Manual;
+    // An approval binds one rotation to one commit: revoked, or overtaken by
+    // a newer tip, the rotation stops before anything else is done.
+    if manual && marker.phase != Phase::Restarting {
+        if op.approval_for(&marker.target).is_none() {
+            return Some(release(Ending::Cancelled, "the approval was revoked"));
+        }
+        if !marker.target.eq_ignore_ascii_case(tip) {
+            return Some(release(
+                Ending::Cancelled,
+                "the tip moved past the approved commit; approve the new tip",
+            ));
+        }
+    }
+    let restart = |why: &'static str, guard: RestartGuard| {
         let mut next = marker.clone();
         next.phase = Phase::Restarting;
         next.restart_at = Some(now);
         next.attempt_started_at = now;
-        next.target = tip.to_string();
+        // Automatic rotations follow the tip; an approved one keeps its commit.
+        if !manual {
+            next.target = tip.to_string();
+        }
         step(StepKind::Restart {
             marker: next,
-            interrupts,
+            guard,
             why,
         })
     };
     let yield_ = |why: &'static str| {
         let mut next = marker.clone();
-        next.phase = Phase::Yielded;
         next.retry_at = Some(after(now, rot.retry_after));
-        step(StepKind::Yield {
-            marker: next,
-            undrain: marker.drain_requested,
-            why,
-        })
+        let mut s = release(Ending::Yielded, why);
+        if let StepKind::Release { marker: r, .. } = &mut s.kind {
+            r.retry_at = next.retry_at;
+        }
+        s
     };
+    let report = usable_report(m);
     match marker.phase {
+        Phase::Draining | Phase::Backoff | Phase::Reloading if settled_down(&m.state) => {
+            Some(release(Ending::Cancelled, "the machine left `started`"))
+        }
         Phase::Draining => {
             let since = marker.attempt_started_at;
-            // Mid-rotation the machine is known drifted; unreachable this
-            // long, it serves nothing we can see.
-            if m.status == MachineStatus::Unreachable
-                && tracker
-                    .unreachable_since(&m.machine_id)
-                    .is_some_and(|t| after(t, rot.probe_failure_ceiling) <= now)
-            {
+            if unprobeable(m.status) && past_probe_ceiling(config, evidence, now) {
                 return Some(restart(
-                    "agent unreachable past the probe-failure ceiling",
-                    false,
+                    "agent unprobeable past the probe-failure ceiling",
+                    RestartGuard::Unprobeable,
                 ));
             }
             match marker.mode {
-                RotationMode::Now => return Some(restart("approved by an operator", true)),
+                RotationMode::Now => {
+                    return Some(restart(
+                        "approved by an operator",
+                        RestartGuard::MayInterrupt,
+                    ));
+                }
                 RotationMode::Grace if after(since, rot.restart_grace) <= now => {
-                    let interrupts = idle_for_restart(config, m, marker, now).is_err();
-                    return Some(restart("restart grace elapsed", interrupts));
+                    return Some(restart("restart grace elapsed", RestartGuard::MayInterrupt));
                 }
                 _ => {}
             }
-            if idle_for_restart(config, m, marker, now).is_ok() {
-                return Some(restart("no live work", false));
+            if report.is_some_and(|r| restart_allowed(config, r, marker, now).is_ok()) {
+                return Some(restart("no live work", RestartGuard::Idle));
             }
             // Ceilings never kill work: the rotation yields and retries later.
             if after(since, rot.drain_ceiling) <= now {
                 return Some(yield_("drain ceiling reached"));
             }
-            let checkpointed = m
-                .report
-                .as_ref()
+            let checkpointed = report
                 .and_then(|r| r.rotation.as_ref())
                 .is_some_and(|r| r.checkpoint.as_deref() == Some(marker.tag.as_str()));
             if marker.drain_requested
@@ -709,6 +1135,13 @@ fn advance(
                 && after(since, rot.checkpoint_deadline) <= now
             {
                 return Some(yield_("checkpoint deadline reached"));
+            }
+            // A drain the agent never got (its POST failed) is asked again.
+            let fenced = report
+                .and_then(|r| r.rotation.as_ref())
+                .is_some_and(|r| r.fenced);
+            if marker.drain_requested && report.is_some() && !fenced {
+                return Some(step(StepKind::Drain));
             }
             None
         }
@@ -719,8 +1152,9 @@ fn advance(
                 next.phase = Phase::Draining;
                 next.mode = RotationMode::Wait;
                 next.attempt_started_at = now;
-                let cooperative = m.report.as_ref().is_some_and(|r| r.can(Capability::Drain));
-                next.drain_requested = cooperative;
+                next.drain_requested =
+                    marker.drain_requested || report.is_some_and(|r| r.can(Capability::Drain));
+                next.cordoned = Some(true);
                 return Some(step(StepKind::Advance {
                     marker: next,
                     cordon: true,
@@ -731,30 +1165,40 @@ fn advance(
         }
         Phase::Restarting => {
             let since = marker.restart_at.unwrap_or(marker.attempt_started_at);
-            if after(since, rot.verify_deadline) <= now {
-                // Still not on the tip: stay cordoned, alert, retry with backoff.
-                let mut next = marker.clone();
-                next.phase = Phase::Backoff;
-                next.attempt = marker.attempt + 1;
-                next.retry_at = Some(after(now, verify_backoff(config, marker.attempt)));
-                alerts.push(machine_alert(
-                    AlertKind::RotationStuck,
-                    m,
-                    tip,
-                    marker.severity.max(Severity::High),
-                    format!(
-                        "{} did not report the tip within {} of its restart; kept cordoned",
-                        m.machine_id,
-                        humantime::format_duration(rot.verify_deadline)
-                    ),
-                ));
-                return Some(step(StepKind::Advance {
-                    marker: next,
-                    cordon: false,
-                    why: "verify failed; backing off",
-                }));
+            if after(since, rot.verify_deadline) > now {
+                return None;
             }
-            None
+            // A commit the mirror lacks while the mirror is stale proves nothing.
+            if fetch.failing && m.status == MachineStatus::UnknownRef {
+                return None;
+            }
+            if settled_down(&m.state) {
+                return Some(release(
+                    Ending::Cancelled,
+                    "the machine did not come back after its restart",
+                ));
+            }
+            // Still not on the target: stay cordoned, alert, retry with backoff.
+            let mut next = marker.clone();
+            next.phase = Phase::Backoff;
+            next.attempt = marker.attempt.saturating_add(1);
+            next.retry_at = Some(after(now, verify_backoff(config, marker.attempt)));
+            alerts.push(machine_alert(
+                AlertKind::RotationStuck,
+                m,
+                tip,
+                marker.severity.max(Severity::High),
+                format!(
+                    "{} did not report the target within {} of its restart; kept cordoned",
+                    m.machine_id,
+                    humantime::format_duration(rot.verify_deadline)
+                ),
+            ));
+            Some(step(StepKind::Advance {
+                marker: next,
+                cordon: false,
+                why: "verify failed; backing off",
+            }))
         }
         Phase::Backoff => {
             alerts.push(machine_alert(
@@ -772,7 +1216,10 @@ fn advance(
                 next.phase = Phase::Draining;
                 next.attempt_started_at = now;
                 next.retry_at = None;
-                next.target = tip.to_string();
+                if !manual {
+                    next.target = tip.to_string();
+                }
+                next.cordoned = Some(true);
                 return Some(step(StepKind::Advance {
                     marker: next,
                     cordon: true,
@@ -781,22 +1228,7 @@ fn advance(
             }
             None
         }
-        Phase::Yielded => {
-            // Once `retry_at` passes, `plan` treats the machine as a fresh
-            // candidate (policy, cap and guards apply again).
-            alerts.push(machine_alert(
-                AlertKind::RotationStuck,
-                m,
-                tip,
-                marker.severity,
-                format!(
-                    "rotation of {} yielded without interrupting work; retrying at {}",
-                    m.machine_id,
-                    marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
-                ),
-            ));
-            None
-        }
+        Phase::Claiming | Phase::Yielded | Phase::Releasing => None,
     }
 }
 

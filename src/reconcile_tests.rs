@@ -6,10 +6,10 @@ use std::path::Path;
 use chrono::{DateTime, Duration as Cd, Utc};
 
 use super::*;
-use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY};
+use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::probe::{Activity, AgentReport, Capability, RotationState};
-use crate::rotation::{Marker, Phase, RotationMode};
-use crate::sweep::{FleetReport, MachineReport};
+use crate::rotation::{Ending, Marker, Phase, RotationMode};
+use crate::sweep::{FleetReport, MachineReport, SlotsView};
 
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
@@ -169,7 +169,7 @@ impl M {
 
 fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> Marker {
     Marker {
-        tag: Marker::new_tag(id, TIP, since),
+        tag: Marker::new_tag(id, TIP, since, 7),
         target: TIP.into(),
         phase,
         mode,
@@ -182,6 +182,16 @@ fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> M
         restart_at: (phase == Phase::Restarting).then_some(since),
         retry_at: None,
         drain_requested: false,
+        cordoned: None,
+        ending: None,
+    }
+}
+
+/// A fetch that succeeded after everything these fixtures observe.
+fn fetched() -> FetchState {
+    FetchState {
+        fetched_at: Some(t0() + Cd::days(365)),
+        failing: false,
     }
 }
 
@@ -226,9 +236,23 @@ impl Fx {
             report: &report,
             tracker: &self.tracker,
             owner: "r1",
+            fetch: fetched(),
             now,
         })
     }
+}
+
+/// Steps other than the probe-failure record's bookkeeping.
+fn rotation_steps(plan: &Plan) -> Vec<&Step> {
+    plan.steps
+        .iter()
+        .filter(|s| {
+            !matches!(
+                s.kind,
+                StepKind::RecordUnprobed { .. } | StepKind::ClearUnprobed
+            )
+        })
+        .collect()
 }
 
 fn kinds(plan: &Plan) -> Vec<(&str, &str)> {
@@ -248,9 +272,9 @@ fn alerts(plan: &Plan, kind: AlertKind) -> Vec<&str> {
 
 fn restart_of<'a>(plan: &'a Plan, id: &str) -> Option<(&'a Marker, bool)> {
     plan.steps.iter().find_map(|s| match &s.kind {
-        StepKind::Restart {
-            marker, interrupts, ..
-        } if s.target.machine_id == id => Some((marker, *interrupts)),
+        StepKind::Restart { marker, guard, .. } if s.target.machine_id == id => {
+            Some((marker, *guard == RestartGuard::MayInterrupt))
+        }
         _ => None,
     })
 }
@@ -280,7 +304,7 @@ fn young_drift_triggers_nothing_and_aged_drift_alerts_and_claims() {
     };
     assert_eq!(
         (marker.phase, marker.mode, *drain, *reload),
-        (Phase::Draining, RotationMode::Wait, false, false)
+        (Phase::Claiming, RotationMode::Wait, false, false)
     );
     assert_eq!(marker.target, TIP);
     assert_eq!(aged.steps[0].expected, None);
@@ -318,6 +342,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
             report,
             tracker: &tracker,
             owner: "r",
+            fetch: fetched(),
             now,
         });
         let drift: Vec<_> = p
@@ -345,6 +370,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
         report: &healthy,
         tracker: &tracker,
         owner: "r",
+        fetch: fetched(),
         now: t0() + Cd::minutes(21),
     });
     assert!(p.alerts.is_empty());
@@ -446,13 +472,17 @@ fn finishing_a_manual_rotation_consumes_the_approval() {
     let m = marker("m1", Phase::Restarting, RotationMode::Now, t0());
     let mut fx = Fx::new("").with(M::on_tip("m1").approved(TIP, ApprovalMode::Now).marker(&m));
     let plan = fx.plan_at(t0(), t0() + Cd::seconds(40));
-    assert_eq!(
-        plan.steps[0].kind,
-        StepKind::Finish {
-            clear_approval: true,
-            undrain: false
-        }
-    );
+    let StepKind::Release {
+        clear_approval,
+        undrain,
+        marker: next,
+        ..
+    } = &plan.steps[0].kind
+    else {
+        panic!("{plan:?}")
+    };
+    assert!(*clear_approval && !*undrain);
+    assert_eq!(next.ending, Some(Ending::Finished));
     assert_eq!(plan.steps[0].expected.as_ref(), Some(&m));
 }
 
@@ -519,14 +549,17 @@ fn drain_ceiling_yields_instead_of_killing_work() {
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).busy().marker(&m));
     let plan = fx.plan_at(t0(), t0() + Cd::hours(1));
-    let StepKind::Yield {
+    let StepKind::Release {
         marker: next, why, ..
     } = &plan.steps[0].kind
     else {
         panic!("{plan:?}")
     };
     assert_eq!(*why, "drain ceiling reached");
-    assert_eq!(next.phase, Phase::Yielded);
+    assert_eq!(
+        (next.phase, next.ending),
+        (Phase::Releasing, Some(Ending::Yielded))
+    );
     assert_eq!(next.retry_at, Some(t0() + Cd::hours(2)));
     assert!(restart_of(&plan, "m1").is_none());
 }
@@ -625,16 +658,20 @@ fn checkpoint_deadline_releases_the_fence_and_yields() {
     let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     m.drain_requested = true;
     let now = t0() + Cd::minutes(20);
-    let mut fx = Fx::new("").with(
-        M::drifted("m1", Severity::Low)
-            .cooperative(None, now)
-            .marker(&m),
-    );
+    let mut fenced = M::drifted("m1", Severity::Low).cooperative(None, now);
+    if let Some(r) = fenced.0.report.as_mut() {
+        r.rotation = Some(RotationState {
+            fenced: true,
+            checkpoint: None,
+        });
+    }
+    let mut fx = Fx::new("").with(fenced.marker(&m));
     let plan = fx.plan_at(t0(), now);
-    let StepKind::Yield {
+    let StepKind::Release {
         undrain,
         why,
         marker: next,
+        ..
     } = &plan.steps[0].kind
     else {
         panic!("{plan:?}")
@@ -661,7 +698,7 @@ fn claims_of_cooperating_agents_request_a_drain_and_reload_agents_a_reload() {
     assert!(*reload);
     assert_eq!(
         (marker.phase, marker.mode),
-        (Phase::Reloading, RotationMode::Reload)
+        (Phase::Claiming, RotationMode::Reload)
     );
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical));
     let StepKind::Claim { reload, marker, .. } = &fx.plan_at(t0(), now).steps[0].kind else {
@@ -759,7 +796,7 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
     let mut fx = Fx::new("").with(M::on_tip("m1").marker(&m));
     assert_eq!(
         kinds(&fx.plan_at(t0(), t0() + Cd::seconds(30))),
-        [("m1", "finish")]
+        [("m1", "release")]
     );
 
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
@@ -817,6 +854,7 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
         report: &report,
         tracker: &tracker,
         owner: "new-replica",
+        fetch: fetched(),
         now: t0() + Cd::seconds(61),
     });
     let (next, interrupts) =
@@ -838,6 +876,7 @@ fn plan_fn(report: &FleetReport, tracker: &Tracker, now: DateTime<Utc>) -> Plan 
         report,
         tracker,
         owner: "r",
+        fetch: fetched(),
         now,
     })
 }
@@ -859,9 +898,10 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
         report: &gone,
         tracker: &tracker,
         owner: "r",
+        fetch: fetched(),
         now: t0() + Cd::hours(3),
     });
-    assert!(p.steps.is_empty());
+    assert!(rotation_steps(&p).is_empty());
     let now = t0() + Cd::minutes(1) + Cd::hours(4);
     tracker.observe(&gone, now);
     let p = plan(&PlanInput {
@@ -869,6 +909,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
         report: &gone,
         tracker: &tracker,
         owner: "r",
+        fetch: fetched(),
         now,
     });
     let StepKind::Claim {
@@ -877,7 +918,8 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     else {
         panic!("{p:?}")
     };
-    assert_eq!(claimed.mode, RotationMode::Now);
+    // The pool's own policy (alert-and-wait), never the operator's "now".
+    assert_eq!(claimed.mode, RotationMode::Wait);
 
     // Never seen drifted: unreachable alone is not a reason to restart.
     let mut tracker = Tracker::default();
@@ -888,9 +930,10 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
         report: &gone,
         tracker: &tracker,
         owner: "r",
+        fetch: fetched(),
         now: t0() + Cd::hours(5),
     });
-    assert!(p.steps.is_empty());
+    assert!(rotation_steps(&p).is_empty());
 
     // Mid-rotation: draining and unreachable past the ceiling → restart.
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
@@ -905,9 +948,10 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
         report: &gone,
         tracker: &tracker,
         owner: "r",
+        fetch: fetched(),
         now: t0() + Cd::minutes(59),
     });
-    assert!(p.steps.is_empty());
+    assert!(rotation_steps(&p).is_empty());
     // (the drain ceiling of 1 h comes first in the default config; widen it)
     let wide = config("[rotation]\ndrain_ceiling = \"10h\"\n");
     tracker.observe(&gone, t0() + Cd::hours(4));
@@ -916,6 +960,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
         report: &gone,
         tracker: &tracker,
         owner: "r",
+        fetch: fetched(),
         now: t0() + Cd::hours(4),
     });
     assert!(restart_of(&p, "m1").is_some(), "{p:?}");
@@ -948,9 +993,14 @@ fn unreachable_machines_of_observe_and_manual_pools_are_never_restarted() {
             report: &gone,
             tracker: &tracker,
             owner: "r",
+            fetch: fetched(),
             now,
         });
-        assert!(p.steps.is_empty(), "{pool}/{action}: {:?}", p.steps);
+        assert!(
+            rotation_steps(&p).is_empty(),
+            "{pool}/{action}: {:?}",
+            p.steps
+        );
     }
 }
 
@@ -962,4 +1012,455 @@ fn observe_pools_report_but_never_act() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps.is_empty());
     assert_eq!(alerts(&plan, AlertKind::Drift), ["w"]);
+}
+
+// ---- safety under stale snapshots and faults (issue 8) ---------------------------
+
+impl Fx {
+    /// Like `plan_at`, with the fetch state and the coordinator's slots given.
+    fn plan_with(
+        &mut self,
+        first_seen: DateTime<Utc>,
+        now: DateTime<Utc>,
+        fetch: FetchState,
+        slots: SlotsView,
+    ) -> Plan {
+        let mut report = self.report();
+        report.slots = slots;
+        self.tracker.observe(&report, first_seen);
+        self.tracker.observe(&report, now);
+        plan(&PlanInput {
+            config: &self.config,
+            report: &report,
+            tracker: &self.tracker,
+            owner: "r1",
+            fetch,
+            now,
+        })
+    }
+}
+
+impl M {
+    fn manual_approved(self, target: &str) -> M {
+        self.approved(target, ApprovalMode::WhenIdle)
+    }
+
+    fn bad_report(mut self) -> M {
+        self.0.status = MachineStatus::BadReport;
+        self.0.report = None;
+        self.0.reported_ref = None;
+        self.0.severity = None;
+        self.0.action = None;
+        self
+    }
+
+    fn unprobed_since(mut self, since: DateTime<Utc>) -> M {
+        let record = Unprobed {
+            since,
+            action: PolicyAction::AlertAndWait,
+            severity: Severity::Low,
+        };
+        self.0
+            .metadata
+            .insert(UNPROBED_KEY.into(), record.to_value());
+        self
+    }
+
+    fn state(mut self, state: &str) -> M {
+        self.0.state = state.into();
+        self
+    }
+}
+
+fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, &'static str)> {
+    plan.steps.iter().find_map(|s| match &s.kind {
+        StepKind::Release {
+            marker,
+            undrain,
+            why,
+            ..
+        } if s.target.machine_id == id => Some((marker.clone(), *undrain, *why)),
+        _ => None,
+    })
+}
+
+fn guard_of(plan: &Plan, id: &str) -> Option<RestartGuard> {
+    plan.steps.iter().find_map(|s| match &s.kind {
+        StepKind::Restart { guard, .. } if s.target.machine_id == id => Some(*guard),
+        _ => None,
+    })
+}
+
+#[test]
+fn scenario_3_a_ceiling_restart_needs_the_agent_still_unprobeable() {
+    // Claimed past the ceiling in the pool's own mode (tested above); mid-rotation
+    // the restart is guarded: it happens only while the agent cannot be probed.
+    let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let wide = "[rotation]\ndrain_ceiling = \"10h\"\n";
+    let now = t0() + Cd::hours(5);
+    let mut fx = Fx::new(wide).with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .unprobed_since(t0())
+            .marker(&m),
+    );
+    let plan = fx.plan_at(now, now);
+    assert_eq!(guard_of(&plan, "m1"), Some(RestartGuard::Unprobeable));
+    // The agent answers again, busy: judged by its report, never restarted.
+    let mut fx = Fx::new(wide).with(
+        M::drifted("m1", Severity::Low)
+            .busy()
+            .unprobed_since(t0())
+            .marker(&m),
+    );
+    let plan = fx.plan_at(now, now);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert!(
+        plan.steps
+            .iter()
+            .all(|s| s.kind == StepKind::ClearUnprobed || s.kind().starts_with("drain")),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn scenario_4_a_due_retry_of_a_hung_agent_replaces_its_yielded_marker() {
+    let mut y = marker("m1", Phase::Yielded, RotationMode::Wait, t0());
+    y.retry_at = Some(t0() + Cd::hours(1));
+    let now = t0() + Cd::hours(5);
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .unprobed_since(t0())
+            .marker(&y),
+    );
+    let plan = fx.plan_at(now, now);
+    let claim = plan
+        .steps
+        .iter()
+        .find(|s| matches!(s.kind, StepKind::Claim { .. }))
+        .expect("claimed");
+    assert_eq!(
+        claim.expected.as_ref(),
+        Some(&y),
+        "the claim replaces the yielded marker, so the executor can carry it out"
+    );
+}
+
+#[test]
+fn scenario_6_an_uncertain_tip_starts_no_rotation_and_proves_nothing() {
+    let now = t0() + Cd::hours(1);
+    let failing = FetchState {
+        fetched_at: Some(t0() - Cd::hours(1)),
+        failing: true,
+    };
+    let mut unknown = M::drifted("m1", Severity::Critical);
+    unknown.0.status = MachineStatus::UnknownRef;
+    unknown.0.commits_behind = None;
+    for m in [unknown.clone(), M::drifted("m2", Severity::Low)] {
+        let mut fx = Fx::new("").with(m);
+        let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
+        assert!(plan.steps.is_empty(), "{plan:?}");
+    }
+    // A healthy fetch, but older than the first sight of the unknown ref: wait.
+    let stale_ok = FetchState {
+        fetched_at: Some(t0() - Cd::minutes(1)),
+        failing: false,
+    };
+    let mut fx = Fx::new("").with(unknown.clone());
+    let plan = fx.plan_with(t0(), now, stale_ok, SlotsView::NotConfigured);
+    assert!(plan.steps.is_empty(), "{plan:?}");
+    // A fetch after it was first seen still cannot resolve it: now it counts.
+    let mut fx = Fx::new("").with(unknown.clone());
+    let plan = fx.plan_with(t0(), now, fetched(), SlotsView::NotConfigured);
+    assert_eq!(kinds(&plan), [("m1", "claim")]);
+    // Verify: a commit the mirror lacks while the mirror is stale is no failure.
+    let r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(unknown.marker(&r));
+    let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
+    assert!(plan.steps.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn scenario_7_an_approval_binds_one_rotation_to_one_commit() {
+    let now = t0() + Cd::minutes(30);
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.action = PolicyAction::Manual;
+    // Approval deleted by the operator: the rotation stops before any restart.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).marker(&m));
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none());
+    let (next, _, why) = release_of(&plan, "m1").expect("cancelled");
+    assert_eq!(next.ending, Some(Ending::Cancelled));
+    assert_eq!(why, "the approval was revoked");
+    // Still approved: restarted onto the approved commit.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::High)
+            .manual_approved(TIP)
+            .marker(&m),
+    );
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        restart_of(&plan, "m1").map(|(m, _)| m.target.clone()),
+        Some(TIP.into())
+    );
+    // The tip moved past the approved commit: stop, and ask again for the new tip.
+    let mut old = m.clone();
+    old.target = OLD.into();
+    let mut older = M::drifted("m1", Severity::High).manual_approved(OLD);
+    older.0.commit = Some("3333333333333333333333333333333333333333".into());
+    let mut fx = Fx::new("").with(older.marker(&old));
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none());
+    let (_, _, why) = release_of(&plan, "m1").expect("cancelled");
+    assert!(why.contains("approve the new tip"), "{why}");
+}
+
+#[test]
+fn scenario_8_bad_reports_count_toward_the_probe_failure_ceiling() {
+    let cfg = config("");
+    let mut tracker = Tracker::default();
+    let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+    let gone = Fx::new("")
+        .with(M::drifted("m1", Severity::Low).unreachable())
+        .report();
+    let garbage = Fx::new("")
+        .with(M::drifted("m1", Severity::Low).bad_report())
+        .report();
+    tracker.observe(&drifted, t0());
+    // Alternating timeouts and garbage never reset the clock.
+    for i in 1..=8 {
+        let report = if i % 2 == 0 { &gone } else { &garbage };
+        tracker.observe(report, t0() + Cd::minutes(30 * i));
+    }
+    let now = t0() + Cd::minutes(30) + Cd::hours(4);
+    tracker.observe(&garbage, now);
+    let p = plan(&PlanInput {
+        config: &cfg,
+        report: &garbage,
+        tracker: &tracker,
+        owner: "r",
+        fetch: fetched(),
+        now,
+    });
+    assert_eq!(kinds(&p), [("m1", "claim")], "{p:?}");
+}
+
+#[test]
+fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
+    let cfg = config("");
+    let mut tracker = Tracker::default();
+    let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+    let gone = Fx::new("")
+        .with(M::drifted("m1", Severity::Low).unreachable())
+        .report();
+    tracker.observe(&drifted, t0());
+    tracker.observe(&gone, t0() + Cd::minutes(1));
+    let p = plan(&PlanInput {
+        config: &cfg,
+        report: &gone,
+        tracker: &tracker,
+        owner: "r",
+        fetch: fetched(),
+        now: t0() + Cd::minutes(1),
+    });
+    let StepKind::RecordUnprobed { record } = &p.steps[0].kind else {
+        panic!("{p:?}")
+    };
+    assert_eq!(record.since, t0() + Cd::minutes(1));
+    // A new daemon (empty tracker) reads the record: the ceiling still fires on time.
+    let recorded = Fx::new("")
+        .with(
+            M::drifted("m1", Severity::Low)
+                .unreachable()
+                .unprobed_since(t0() + Cd::minutes(1)),
+        )
+        .report();
+    let fresh = Tracker::default();
+    let p = plan(&PlanInput {
+        config: &cfg,
+        report: &recorded,
+        tracker: &fresh,
+        owner: "r",
+        fetch: fetched(),
+        now: t0() + Cd::minutes(1) + Cd::hours(4),
+    });
+    assert_eq!(kinds(&p), [("m1", "claim")], "{p:?}");
+    // The agent answers again: the record goes.
+    let back = Fx::new("")
+        .with(M::drifted("m1", Severity::Low).busy().unprobed_since(t0()))
+        .report();
+    let p = plan_fn(&back, &fresh, t0() + Cd::minutes(2));
+    assert_eq!(kinds(&p), [("m1", "clear_unprobed")]);
+}
+
+#[test]
+fn a_requested_drain_needs_the_checkpoint_even_if_drain_is_no_longer_advertised() {
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.drain_requested = true;
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(3));
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+}
+
+#[test]
+fn a_heartbeat_from_the_future_is_not_fresh() {
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.drain_requested = true;
+    let now = t0() + Cd::minutes(5);
+    for (heartbeat, restarts) in [
+        (now + Cd::seconds(3), true),
+        (now + Cd::minutes(10), false),
+        (now + Cd::days(3000), false),
+    ] {
+        let mut fx = Fx::new("").with(
+            M::drifted("m1", Severity::Low)
+                .cooperative(Some(&m.tag), heartbeat)
+                .marker(&m),
+        );
+        let plan = fx.plan_at(t0(), now);
+        assert_eq!(restart_of(&plan, "m1").is_some(), restarts, "{heartbeat}");
+    }
+}
+
+#[test]
+fn a_hold_mid_rotation_keeps_its_slot_and_says_what_waits_on_it() {
+    let now = t0() + Cd::hours(1);
+    let m = marker("x", Phase::Draining, RotationMode::Wait, t0());
+    let mut fx = Fx::new("")
+        .with(M::drifted("x", Severity::Low).held().marker(&m))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_at(t0(), now);
+    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert_eq!(
+        plan.phases.get("a").map(String::as_str),
+        Some("waiting for a slot")
+    );
+    let stuck: Vec<&Alert> = plan
+        .alerts
+        .iter()
+        .filter(|a| a.kind == AlertKind::RotationStuck)
+        .collect();
+    assert_eq!(stuck.len(), 1);
+    assert!(
+        stuck[0].summary.contains("held mid-rotation")
+            && stuck[0].summary.contains("pool default")
+            && stuck[0].summary.contains("fleet-reconciler release x"),
+        "{}",
+        stuck[0].summary
+    );
+}
+
+#[test]
+fn a_machine_that_leaves_started_ends_its_rotation() {
+    let now = t0() + Cd::minutes(10);
+    for phase in [Phase::Draining, Phase::Backoff, Phase::Restarting] {
+        let mut m = marker("m1", phase, RotationMode::Now, t0());
+        m.drain_requested = true;
+        let mut stopped = M::drifted("m1", Severity::Low).state("stopped");
+        stopped.0.status = MachineStatus::NotRunning;
+        stopped.0.report = None;
+        let mut fx = Fx::new("").with(stopped.marker(&m));
+        let plan = fx.plan_at(t0(), now);
+        let (next, undrain, _) =
+            release_of(&plan, "m1").unwrap_or_else(|| panic!("{phase}: {plan:?}"));
+        assert_eq!(next.ending, Some(Ending::Cancelled));
+        assert!(!undrain, "a stopped agent has no fence to lift");
+        assert!(restart_of(&plan, "m1").is_none());
+    }
+}
+
+#[test]
+fn an_unfinished_claim_is_completed_or_withdrawn() {
+    let now = t0() + Cd::hours(1);
+    let c = marker("m1", Phase::Claiming, RotationMode::Wait, t0());
+    // Still a candidate: the claim goes on under its tag (its slot may be won).
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&c));
+    let plan = fx.plan_at(t0(), now);
+    let StepKind::Claim { marker: again, .. } = &plan.steps[0].kind else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(again.tag, c.tag);
+    assert_eq!(plan.steps[0].expected.as_ref(), Some(&c));
+    // It counts for nothing: a claiming marker holds no slot.
+    assert_eq!(plan.rotations_in_progress.values().sum::<usize>(), 0);
+    // On the tip, or its pool full: withdrawn.
+    let mut fx = Fx::new("").with(M::on_tip("m1").marker(&c));
+    assert_eq!(kinds(&fx.plan_at(t0(), now)), [("m1", "withdraw")]);
+    let x = marker(
+        "x",
+        Phase::Draining,
+        RotationMode::Wait,
+        now - Cd::minutes(10),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("x", Severity::Low).busy().marker(&x))
+        .with(M::drifted("m1", Severity::Low).marker(&c));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(kinds(&plan), [("m1", "withdraw")], "{plan:?}");
+}
+
+#[test]
+fn a_rotation_without_its_slot_is_undone() {
+    let now = t0() + Cd::minutes(3);
+    let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let mut set = crate::slots::SlotSet::parse(None).unwrap();
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
+    let plan = fx.plan_with(t0(), now, fetched(), SlotsView::Known(set.clone()));
+    assert!(restart_of(&plan, "m1").is_none());
+    let (next, _, _) = release_of(&plan, "m1").expect("undone");
+    assert_eq!(next.ending, Some(Ending::Cancelled));
+    // With its slot it proceeds.
+    set.try_add(
+        "app",
+        "default",
+        crate::slots::Slot {
+            machine_id: "m1".into(),
+            tag: m.tag.clone(),
+            owner: "r1".into(),
+            since: t0(),
+        },
+        1,
+    );
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
+    let plan = fx.plan_with(t0(), now, fetched(), SlotsView::Known(set));
+    assert!(restart_of(&plan, "m1").is_some(), "{plan:?}");
+}
+
+#[test]
+fn a_drain_the_agent_never_got_is_asked_again() {
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.drain_requested = true;
+    let now = t0() + Cd::minutes(2);
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .cooperative(None, now)
+            .busy()
+            .marker(&m),
+    );
+    assert_eq!(kinds(&fx.plan_at(t0(), now)), [("m1", "drain")]);
+}
+
+#[test]
+fn an_unfinished_undo_is_retried_and_a_yield_keeps_its_retry_time() {
+    let now = t0() + Cd::hours(1);
+    let mut r = marker("m1", Phase::Releasing, RotationMode::Wait, t0());
+    r.ending = Some(Ending::Yielded);
+    r.retry_at = Some(now + Cd::hours(1));
+    r.drain_requested = true;
+    let mut fenced = M::drifted("m1", Severity::Low).cooperative(None, now);
+    if let Some(rep) = fenced.0.report.as_mut() {
+        rep.rotation = Some(RotationState {
+            fenced: true,
+            checkpoint: None,
+        });
+    }
+    let mut fx = Fx::new("").with(fenced.marker(&r));
+    let plan = fx.plan_at(t0(), now);
+    let (next, undrain, _) = release_of(&plan, "m1").expect("retried");
+    assert_eq!(next, r, "the same undo, unchanged");
+    assert!(undrain);
+    // Held: nothing, not even the undo.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).held().marker(&r));
+    assert!(fx.plan_at(t0(), now).steps.is_empty());
 }

@@ -1,20 +1,15 @@
 //! The rotation marker: a rotation's state, persisted in Fly machine metadata.
 //!
-//! Owns the marker's format (JSON under `fleet_reconciler_rotation`) and the
-//! claim ranking. Because the marker lives on the machine, a restarted
-//! reconciler (or another replica) resumes each rotation where it stood, and
-//! its clocks continue from the recorded timestamps. It must never do I/O.
+//! Owns the marker's format (JSON under `fleet_reconciler_rotation`). Because
+//! the marker lives on the machine, a restarted reconciler (or another
+//! replica) resumes each rotation where it stood, and its clocks continue from
+//! the recorded timestamps. It must never do I/O.
 //!
-//! # Claims and pool caps across replicas
-//!
-//! A claim is "write the marker, then re-read the pool's markers": of any two
-//! claimants, the later writer always sees the earlier one. Claims are ranked
-//! by `(started_at, machine_id)` and only the first `cap` proceed. Ranking
-//! alone is not enough when a claimant's timestamp is older than a write it
-//! did not see, so the executor adds two rules: a claim whose write took
-//! longer than half the settle window backs off, and the re-read happens a
-//! full settle window after the claim's timestamp. Then every claim ranked
-//! before ours had landed before our re-read, and all claimants agree.
+//! A marker is written *before* each disruptive call it describes (the claim
+//! before the slot is taken, `cordoned` before the cordon, `restarting` before
+//! the restart), so a crash or a lost answer between any two calls leaves a
+//! marker that says what may have happened, and the next sweep can finish or
+//! undo it. Pool caps are kept by [`crate::slots`], not by the markers.
 
 use std::fmt;
 
@@ -27,7 +22,11 @@ use crate::model::{PolicyAction, Severity};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
-    /// Slot claimed, machine cordoned (and drain requested): waiting for a
+    /// Intent written; the pool slot is not won yet. Permits no cordon, no
+    /// drain, no restart, and holds no slot: it either wins a slot in the
+    /// coordinator and moves on, or is withdrawn.
+    Claiming,
+    /// Slot won, machine cordoned (and drain requested): waiting for a
     /// natural stop point, or for `restart_grace` under `restart`.
     Draining,
     /// Asked a `reload`-capable agent to load the tip in place.
@@ -37,30 +36,59 @@ pub enum Phase {
     Restarting,
     /// Verify failed: the machine stays cordoned until `retry_at`.
     Backoff,
-    /// Hit a ceiling: uncordoned, slot released, retried after `retry_at`.
+    /// Undoing what the rotation did (uncordon, undrain), retried every sweep
+    /// until both succeeded; then the rotation ends as `ending` says.
+    Releasing,
+    /// Hit a ceiling: uncordoned, undrained, slot released, retried after `retry_at`.
     Yielded,
 }
 
 impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
+            Phase::Claiming => "claiming",
             Phase::Draining => "draining",
             Phase::Reloading => "reloading",
             Phase::Restarting => "restarting",
             Phase::Backoff => "backoff",
+            Phase::Releasing => "releasing",
             Phase::Yielded => "yielded",
         }
     }
 
-    /// Whether the rotation holds one of its pool's slots.
+    /// Whether the rotation holds one of its pool's slots: its machine's
+    /// capacity may be out of the pool (cordoned, fenced or restarting).
     pub fn holds_slot(self) -> bool {
-        !matches!(self, Phase::Yielded)
+        !matches!(self, Phase::Claiming | Phase::Yielded)
     }
 }
 
 impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// How a `releasing` rotation ends once its undo succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ending {
+    /// The machine runs the target: marker (and approval) cleared.
+    Finished,
+    /// A ceiling was reached: the marker stays as `yielded` until `retry_at`.
+    Yielded,
+    /// The rotation cannot go on (approval revoked, tip moved past the
+    /// approved commit, machine stopped, no slot): marker cleared.
+    Cancelled,
+}
+
+impl Ending {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Finished => "finished",
+            Ending::Yielded => "yielded",
+            Ending::Cancelled => "cancelled",
+        }
     }
 }
 
@@ -72,7 +100,7 @@ pub enum RotationMode {
     Wait,
     /// Like `Wait`, but after `restart_grace` restart anyway (`restart`).
     Grace,
-    /// Restart at once (`approve`, or an agent unreachable past the ceiling).
+    /// Restart at once: only an operator's `approve` (a ceiling never does).
     Now,
     /// Ask the agent to reload in place; fall back to `Wait`.
     Reload,
@@ -116,9 +144,19 @@ pub struct Marker {
     /// When a yielded or backed-off rotation may try again.
     #[serde(default)]
     pub retry_at: Option<DateTime<Utc>>,
-    /// Whether a drain was requested from a cooperating agent.
+    /// Whether a drain was requested from a cooperating agent. Once set it
+    /// stays set: the restart then needs the agent's checkpoint, whatever
+    /// capabilities later reports advertise.
     #[serde(default)]
     pub drain_requested: bool,
+    /// Whether this rotation may have cordoned the machine: written before
+    /// the cordon call, so a cordon whose answer was lost is undone too.
+    /// `None` (markers of older versions): implied by the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordoned: Option<bool>,
+    /// Phase `releasing`: how the rotation ends once undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<Ending>,
 }
 
 impl Marker {
@@ -133,21 +171,24 @@ impl Marker {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// A tag unique to this machine, target and moment.
-    pub fn new_tag(machine_id: &str, target: &str, now: DateTime<Utc>) -> String {
+    /// A tag unique to this machine, target and moment. `nonce` tells apart
+    /// two claims of one machine within a second (tags name slots, and a slot
+    /// is reclaimed only once no marker carries its tag).
+    pub fn new_tag(machine_id: &str, target: &str, now: DateTime<Utc>, nonce: u32) -> String {
         format!(
-            "{machine_id}-{}-{}",
-            &target[..target.len().min(7)],
+            "{machine_id}-{}-{}-{nonce:08x}",
+            target.get(..7).unwrap_or(target),
             now.timestamp()
         )
     }
-}
 
-/// Ranks active claims of one pool: `(started_at, machine_id)`, oldest first.
-/// Returns the machine ids allowed to proceed under `cap`.
-pub fn admitted<'a>(claims: &mut [(DateTime<Utc>, &'a str)], cap: usize) -> Vec<&'a str> {
-    claims.sort();
-    claims.iter().take(cap).map(|(_, id)| *id).collect()
+    /// Whether the machine may be cordoned by this rotation (so undo uncordons).
+    pub fn may_have_cordoned(&self) -> bool {
+        self.cordoned.unwrap_or(matches!(
+            self.phase,
+            Phase::Draining | Phase::Restarting | Phase::Backoff | Phase::Releasing
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -161,7 +202,7 @@ mod tests {
     #[test]
     fn marker_round_trips_and_rejects_garbage() {
         let m = Marker {
-            tag: Marker::new_tag("m1", &"ab".repeat(20), at(0)),
+            tag: Marker::new_tag("m1", &"ab".repeat(20), at(0), 0xbeef),
             target: "ab".repeat(20),
             phase: Phase::Draining,
             mode: RotationMode::Grace,
@@ -174,8 +215,10 @@ mod tests {
             restart_at: None,
             retry_at: None,
             drain_requested: true,
+            cordoned: Some(true),
+            ending: None,
         };
-        assert_eq!(m.tag, "m1-abababa-1800000000");
+        assert_eq!(m.tag, "m1-abababa-1800000000-0000beef");
         let v = m.to_value();
         assert!(
             v.contains("\"phase\":\"draining\"") && v.contains("\"mode\":\"grace\""),
@@ -187,11 +230,17 @@ mod tests {
     }
 
     #[test]
-    fn ranking_is_by_time_then_id_and_identical_everywhere() {
-        let mut a = vec![(at(2), "b"), (at(1), "z"), (at(2), "a")];
-        let mut b = vec![(at(2), "a"), (at(2), "b"), (at(1), "z")];
-        assert_eq!(admitted(&mut a, 2), vec!["z", "a"]);
-        assert_eq!(admitted(&mut b, 2), vec!["z", "a"]);
-        assert_eq!(admitted(&mut a, 0), Vec::<&str>::new());
+    fn older_markers_imply_the_cordon_from_their_phase() {
+        let v = r#"{"tag":"t","target":"ab","phase":"draining","mode":"wait","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}"#;
+        let m = Marker::parse(v).unwrap();
+        assert_eq!(m.cordoned, None);
+        assert!(m.may_have_cordoned());
+        let claiming = Marker {
+            phase: Phase::Claiming,
+            ..m.clone()
+        };
+        assert!(!claiming.may_have_cordoned());
+        assert!(!Phase::Claiming.holds_slot() && !Phase::Yielded.holds_slot());
+        assert!(Phase::Releasing.holds_slot());
     }
 }

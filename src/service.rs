@@ -52,8 +52,8 @@ pub enum ServiceError {
     Metrics(#[from] MetricsError),
     #[error("cannot set up webhooks: {0}")]
     Notify(#[from] NotifyError),
-    #[error("cannot build the agent HTTP client: {0}")]
-    Agents(#[source] reqwest::Error),
+    #[error(transparent)]
+    Executor(#[from] crate::executor::ExecutorBuildError),
     #[error("HTTP server failed: {0}")]
     Server(#[source] std::io::Error),
 }
@@ -78,9 +78,8 @@ pub async fn run(
         sweeper.fly.clone(),
         config.clone(),
         secrets.agent_tokens.clone(),
-        ExecutorConfig::new(&owner, config.rotation.claim_settle),
-    )
-    .map_err(ServiceError::Agents)?;
+        ExecutorConfig::new(&owner),
+    )?;
     let notifier = Notifier::new(&config.alerts, secrets.webhooks.clone())?;
     let view = FleetView::new(config.sweep.interval, Utc::now());
     view.set_coherence_threshold(config.alerts.coherence_threshold);

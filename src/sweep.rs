@@ -18,6 +18,7 @@ use crate::model::{MachineStatus, PolicyAction, Severity};
 use crate::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
 use crate::probe::{AgentReport, ProbeOutcome, Prober};
 use crate::severity::{self, Drift};
+use crate::slots::{SLOTS_KEY, SlotSet};
 
 /// The result of one sweep; serializes as the `check --output json` document
 /// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`).
@@ -28,6 +29,21 @@ pub struct FleetReport {
     pub coherence: f64,
     pub apps: Vec<AppSummary>,
     pub machines: Vec<MachineReport>,
+    /// The coordinator's slot set, read after the machines were listed (so
+    /// every slot of a marker in the listing is in it). Not part of the JSON.
+    #[serde(skip)]
+    pub slots: SlotsView,
+}
+
+/// What the sweep saw of the rotation slots.
+#[derive(Clone, Debug, Default)]
+pub enum SlotsView {
+    /// No `rotation.coordinator` configured (observe-only use).
+    #[default]
+    NotConfigured,
+    Known(SlotSet),
+    /// The coordinator could not be read, or its slot set is unreadable.
+    Unknown(String),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -143,6 +159,7 @@ impl Sweeper {
             })?;
             machines.extend(listed.into_iter().map(|m| (app_index, m)));
         }
+        let slots = self.read_slots().await;
         machines.sort_by(|(a, ma), (b, mb)| {
             a.cmp(b).then(ma.name.cmp(&mb.name)).then(ma.id.cmp(&mb.id))
         });
@@ -201,7 +218,23 @@ impl Sweeper {
                 r
             })
             .collect();
-        Ok(build_report(&self.config, tip, reports))
+        let mut report = build_report(&self.config, tip, reports);
+        report.slots = slots;
+        Ok(report)
+    }
+
+    /// The coordinator's slot set; trouble reading it is data, not a failed sweep.
+    async fn read_slots(&self) -> SlotsView {
+        let Some(c) = &self.config.rotation.coordinator else {
+            return SlotsView::NotConfigured;
+        };
+        match self.fly.get_machine(&c.app, &c.machine_id).await {
+            Ok(m) => match SlotSet::parse(m.metadata(SLOTS_KEY)) {
+                Ok(set) => SlotsView::Known(set),
+                Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
+            },
+            Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
+        }
     }
 
     fn machine_report(
@@ -323,5 +356,6 @@ pub fn build_report(config: &Config, tip: &Tip, machines: Vec<MachineReport>) ->
         coherence: ratio(on_tip, started),
         apps,
         machines,
+        slots: SlotsView::NotConfigured,
     }
 }

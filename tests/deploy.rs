@@ -115,11 +115,14 @@ async fn the_shipped_config_serves_fly_checks_and_metrics() {
     let history = DemoRepo::create(&repo).unwrap().build_history().unwrap();
     let tip = history.release.last().unwrap().to_string();
     let sim = Sim::start(
-        SimFleet::new(TOKEN).release_tip(tip.clone()).app(
-            SimApp::new("agents-prod")
-                .machine(SimMachine::new("m1").loaded(tip.clone()))
-                .machine(SimMachine::new("m2").loaded(tip.clone())),
-        ),
+        SimFleet::new(TOKEN)
+            .release_tip(tip.clone())
+            .app(
+                SimApp::new("agents-prod")
+                    .machine(SimMachine::new("m1").loaded(tip.clone()))
+                    .machine(SimMachine::new("m2").loaded(tip.clone())),
+            )
+            .app(SimApp::new("fleet-reconciler").machine(SimMachine::new("coord0").stopped())),
     )
     .await
     .unwrap();
@@ -138,6 +141,11 @@ async fn the_shipped_config_serves_fly_checks_and_metrics() {
         .to_string()
         .into();
     config["sweep"]["interval"] = "1s".into();
+    // docs/deploy.md: the operator names the coordination machine they created.
+    config["rotation"]
+        .as_table_mut()
+        .unwrap()
+        .insert("coordinator".into(), "fleet-reconciler/coord0".into());
     config["server"]["listen"] = format!("127.0.0.1:{port}").into();
     config.insert(
         "apps".into(),

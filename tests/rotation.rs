@@ -23,6 +23,10 @@ mod common;
 use common::{OverlayRepo, until};
 
 const TOKEN: &str = "rotation-test-token";
+/// The machine whose lease and metadata keep the pools' slots (stopped, as a
+/// dedicated coordination machine would be).
+const COORD_APP: &str = "coord";
+const COORD: &str = "c0";
 
 struct World {
     _overlay: OverlayRepo,
@@ -76,14 +80,9 @@ max_concurrent_rotations = {cap}
 actions = {actions}
 [rotation]
 min_drift_age = "0s"
-{settle}
+coordinator = "{COORD_APP}/{COORD}"
 {rotation}
 "#,
-        settle = if rotation.contains("claim_settle") {
-            ""
-        } else {
-            "claim_settle = \"150ms\""
-        },
         api = sim.api_url(),
         repo = w.repo,
         mirror = w.mirror_root.join(mirror).display(),
@@ -126,7 +125,7 @@ impl Daemon {
             git_token: None,
         };
         let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
-        let mut tuning = ExecutorConfig::new(owner, config.rotation.claim_settle);
+        let mut tuning = ExecutorConfig::new(owner);
         tuning.start_wait = Duration::from_secs(5);
         let executor =
             Executor::new(sweeper.fly.clone(), config.clone(), agent_tokens, tuning).unwrap();
@@ -208,6 +207,7 @@ fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
         .release_tip(w.tip.clone())
         .restart_delay(Duration::from_millis(200))
         .app(SimApp::new("app").machines(machines))
+        .app(SimApp::new(COORD_APP).machine(SimMachine::new(COORD).stopped()))
 }
 
 // ---- alert-and-wait ----------------------------------------------------------
@@ -403,14 +403,7 @@ async fn a_claim_that_cannot_be_verified_is_withdrawn() {
     ))
     .await
     .unwrap();
-    let cfg = config(
-        &sim,
-        &w,
-        "m",
-        &all("alert-and-wait"),
-        1,
-        "claim_settle = \"1s\"",
-    );
+    let cfg = config(&sim, &w, "m", &all("alert-and-wait"), 1, "");
     let d = Daemon::start(cfg, "r1").await;
     until("marker written", Duration::from_secs(10), || {
         marker_of(&sim, "m1").is_some()
@@ -428,9 +421,10 @@ async fn a_claim_that_cannot_be_verified_is_withdrawn() {
     })
     .await;
     let view = sim.machine("m1").unwrap();
+    // Only a rotation that won its slot cordons; a `claiming` marker permits nothing.
     assert!(
-        marker_of(&sim, "m1").is_some() == view.cordoned,
-        "a marker without a cordon (or the reverse): marker {:?}, cordoned {}",
+        marker_of(&sim, "m1").is_some_and(|m| m.phase.holds_slot()) == view.cordoned,
+        "a won rotation without a cordon (or the reverse): marker {:?}, cordoned {}",
         marker_of(&sim, "m1"),
         view.cordoned
     );

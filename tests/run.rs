@@ -62,7 +62,8 @@ async fn run_remediates_serves_and_stops_cleanly_without_leaking_secrets() {
                             .loaded(old.clone())
                             .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
                     ),
-            ),
+            )
+            .app(SimApp::new("fleet-reconciler").machine(SimMachine::new("coord0").stopped())),
     )
     .await
     .unwrap();
@@ -109,7 +110,7 @@ max_concurrent_rotations = 2
 actions = {{ low = "alert-and-wait", medium = "alert-and-wait", high = "alert-and-wait", critical = "manual" }}
 [rotation]
 min_drift_age = "0s"
-claim_settle = "100ms"
+coordinator = "fleet-reconciler/coord0"
 [[alerts.webhooks]]
 url_env = "E2E_WEBHOOK_URL"
 format = "json"

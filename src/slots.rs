@@ -1,0 +1,241 @@
+//! Pool slots: the exact, cross-replica record of which rotations hold a
+//! pool's capacity, kept in the metadata of one coordination machine.
+//!
+//! Owns the slot set's format (JSON under `fleet_reconciler_slots` on the
+//! machine named by `rotation.coordinator`) and the pure rules for changing
+//! it. The executor changes it only while holding that machine's Fly lease;
+//! this module must never do I/O.
+//!
+//! # Why the cap holds
+//!
+//! A Fly lease is exclusive: while one actor holds the coordinator's lease,
+//! every other acquire answers 409. So slot-set changes are serialized across
+//! any number of replicas, each one a read-modify-write of the whole set under
+//! the lease, and a change adds a slot only while the pool has fewer than
+//! `cap`. No timestamp ranks anything, so clock skew cannot break it.
+//!
+//! The markers on the agents stay the truth about rotations; a slot is only a
+//! reservation. The invariants that make a reservation sufficient:
+//!
+//! 1. A rotation writes its marker (phase `claiming`, with a fresh tag)
+//!    *before* it adds its slot, and cordons, drains or restarts only after
+//!    its slot is in the set. Every disruptive call re-reads the set first.
+//! 2. A rotation's marker goes only after its undo (uncordon, undrain)
+//!    succeeded; its slot goes after its marker.
+//! 3. A slot is reclaimed by someone else only under the coordinator's lease
+//!    and only once the slot's machine carries no marker with the slot's tag
+//!    that holds capacity. Tags are never reused, so a marker that is gone
+//!    cannot come back for that slot.
+//!
+//! Hence every machine whose capacity is out of its pool (cordoned, fenced,
+//! restarting) owns a slot, and there are never more than `cap` slots. A lost
+//! answer or a crash between any two writes leaves either a `claiming` marker
+//! (which permits nothing and is completed or withdrawn next sweep) or a slot
+//! without its marker (reclaimed), never a disruption without a slot.
+//!
+//! Assumed of Fly (not documented either way): a machine's metadata read
+//! (`GET …/machines/{id}`) reflects writes acknowledged before it was sent.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Metadata key of the slot set on the coordination machine.
+pub const SLOTS_KEY: &str = "fleet_reconciler_slots";
+/// The slot-set format this version writes and reads.
+pub const SLOTS_VERSION: u32 = 1;
+
+/// The machine whose metadata and lease keep the slots (`rotation.coordinator`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coordinator {
+    pub app: String,
+    pub machine_id: String,
+}
+
+impl fmt::Display for Coordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.app, self.machine_id)
+    }
+}
+
+impl std::str::FromStr for Coordinator {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Coordinator, String> {
+        let valid = |part: &str| {
+            !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        match s.split_once('/') {
+            Some((app, machine)) if valid(app) && valid(machine) => Ok(Coordinator {
+                app: app.to_string(),
+                machine_id: machine.to_string(),
+            }),
+            _ => Err(format!(
+                "{s:?} is not APP/MACHINE_ID (the Fly app and id of the machine that keeps rotation slots)"
+            )),
+        }
+    }
+}
+
+/// One rotation's reservation of one pool slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    pub machine_id: String,
+    /// The tag of the rotation's marker.
+    pub tag: String,
+    /// The reconciler that took it (for operators reading the metadata).
+    pub owner: String,
+    pub since: DateTime<Utc>,
+}
+
+/// Every pool's slots, keyed `app/pool`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotSet {
+    pub version: u32,
+    #[serde(default)]
+    pub pools: BTreeMap<String, Vec<Slot>>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SlotsError {
+    #[error("slot set in metadata key {SLOTS_KEY} is not readable: {0}")]
+    Unreadable(String),
+    #[error(
+        "slot set in metadata key {SLOTS_KEY} has version {0}; this reconciler reads {SLOTS_VERSION}"
+    )]
+    Version(u32),
+}
+
+fn pool_key(app: &str, pool: &str) -> String {
+    format!("{app}/{pool}")
+}
+
+impl SlotSet {
+    /// Parses the metadata value; absent means no slot is taken. Anything
+    /// unreadable is an error: callers then take no slot (fail closed).
+    pub fn parse(value: Option<&str>) -> Result<SlotSet, SlotsError> {
+        let Some(value) = value else {
+            return Ok(SlotSet {
+                version: SLOTS_VERSION,
+                pools: BTreeMap::new(),
+            });
+        };
+        let set: SlotSet =
+            serde_json::from_str(value).map_err(|e| SlotsError::Unreadable(e.to_string()))?;
+        if set.version != SLOTS_VERSION {
+            return Err(SlotsError::Version(set.version));
+        }
+        Ok(set)
+    }
+
+    pub fn to_value(&self) -> String {
+        // Strings and timestamps always serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The slots of one pool.
+    pub fn slots(&self, app: &str, pool: &str) -> &[Slot] {
+        self.pools
+            .get(&pool_key(app, pool))
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// Whether the rotation `tag` of `machine_id` holds a slot of the pool.
+    pub fn holds(&self, app: &str, pool: &str, machine_id: &str, tag: &str) -> bool {
+        self.slots(app, pool)
+            .iter()
+            .any(|s| s.machine_id == machine_id && s.tag == tag)
+    }
+
+    /// Adds the slot if the pool has room (or already holds it); `false` when full.
+    pub fn try_add(&mut self, app: &str, pool: &str, slot: Slot, cap: usize) -> bool {
+        if self.holds(app, pool, &slot.machine_id, &slot.tag) {
+            return true;
+        }
+        let slots = self.pools.entry(pool_key(app, pool)).or_default();
+        if slots.len() >= cap {
+            return false;
+        }
+        slots.push(slot);
+        true
+    }
+
+    /// Removes one rotation's slot; `true` if it was there.
+    pub fn remove(&mut self, app: &str, pool: &str, machine_id: &str, tag: &str) -> bool {
+        let key = pool_key(app, pool);
+        let Some(slots) = self.pools.get_mut(&key) else {
+            return false;
+        };
+        let before = slots.len();
+        slots.retain(|s| !(s.machine_id == machine_id && s.tag == tag));
+        let removed = slots.len() != before;
+        if slots.is_empty() {
+            self.pools.remove(&key);
+        }
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(id: &str, tag: &str) -> Slot {
+        Slot {
+            machine_id: id.into(),
+            tag: tag.into(),
+            owner: "r1".into(),
+            since: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_pool_never_gets_more_slots_than_its_cap() {
+        let mut set = SlotSet::parse(None).unwrap();
+        assert!(set.try_add("a", "p", slot("m1", "t1"), 2));
+        assert!(set.try_add("a", "p", slot("m1", "t1"), 2), "idempotent");
+        assert!(set.try_add("a", "p", slot("m2", "t2"), 2));
+        assert!(!set.try_add("a", "p", slot("m3", "t3"), 2));
+        assert!(
+            set.try_add("a", "other", slot("m3", "t3"), 1),
+            "caps are per pool"
+        );
+        assert!(set.try_add("b", "p", slot("m4", "t4"), 1), "and per app");
+        assert_eq!(set.slots("a", "p").len(), 2);
+        assert!(set.holds("a", "p", "m2", "t2") && !set.holds("a", "p", "m2", "old"));
+        assert!(!set.remove("a", "p", "m2", "old"), "another rotation's tag");
+        assert!(set.remove("a", "p", "m2", "t2"));
+        assert!(set.try_add("a", "p", slot("m3", "t3"), 2));
+    }
+
+    #[test]
+    fn the_set_round_trips_and_garbage_fails_closed() {
+        let mut set = SlotSet::parse(None).unwrap();
+        set.try_add("a", "p", slot("m1", "t1"), 1);
+        assert_eq!(SlotSet::parse(Some(&set.to_value())), Ok(set));
+        assert!(matches!(
+            SlotSet::parse(Some("{")),
+            Err(SlotsError::Unreadable(_))
+        ));
+        assert_eq!(
+            SlotSet::parse(Some(r#"{"version":2,"pools":{}}"#)),
+            Err(SlotsError::Version(2))
+        );
+    }
+
+    #[test]
+    fn coordinators_are_app_slash_machine() {
+        let c: Coordinator = "fleet-reconciler/3d8d9e5b".parse().unwrap();
+        assert_eq!(c.app, "fleet-reconciler");
+        assert_eq!(c.machine_id, "3d8d9e5b");
+        for bad in ["", "app", "/m", "a/", "a/b/c", "a b/c"] {
+            assert!(bad.parse::<Coordinator>().is_err(), "{bad}");
+        }
+    }
+}

@@ -3,13 +3,14 @@
 //! Every await is bounded by `within` (or a client timeout), so a broken
 //! simulator fails a test instead of hanging the suite.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use fleet_reconciler::sim::{
-    Behaviour, Credential, DEFAULT_LEASE_OWNER, NON_HEX_REF, RateLimit, RequestTarget, Sim, SimApp,
-    SimFleet, SimMachine,
+    Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER, NON_HEX_REF,
+    RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -1205,4 +1206,198 @@ async fn urls_point_at_the_loopback_server() {
     assert_eq!(h.sim.machine_ids(APP), vec!["m1", "m2", "m3"]);
     let not_found = reply(h.http.get(format!("{}/nothing", h.sim.api_url()))).await;
     assert_eq!(not_found.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------
+// Chaos faults.
+// ---------------------------------------------------------------------------
+
+/// What a client saw of one request: a status, or no answer before its timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    Status(u16, Option<u64>),
+    TimedOut,
+}
+
+async fn seen(request: reqwest::RequestBuilder) -> Seen {
+    match within(request.send()).await {
+        Ok(response) => {
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            Seen::Status(response.status().as_u16(), retry_after)
+        }
+        Err(e) if e.is_timeout() => Seen::TimedOut,
+        Err(e) => panic!("request failed: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
+    // One cordon per machine, all at once, every one faulted: each machine
+    // tells what its own request's fault did.
+    let ids: Vec<String> = (0..90).map(|i| format!("c{i:02}")).collect();
+    let fleet = SimFleet::new(TOKEN)
+        .app(SimApp::new(APP).machines(ids.iter().map(|id| SimMachine::new(id.as_str()))));
+    let h = Harness::start(fleet).await;
+    h.sim.set_chaos(Some(
+        Chaos::new(7, 1.0)
+            .retry_after_secs(9)
+            .hang(Duration::from_secs(2)),
+    ));
+
+    // Agents and unauthenticated requests are not subject to chaos.
+    assert_eq!(h.health("c00").await.status, StatusCode::OK);
+    let anonymous = reply(h.http.get(h.machines_url(APP, "/c00"))).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(h.sim.chaos_stats().eligible, 0);
+
+    let client_timeout = Duration::from_millis(500);
+    let outcomes = futures::future::join_all(ids.iter().map(|id| {
+        let request = h
+            .http
+            .post(h.machines_url(APP, &format!("/{id}/cordon")))
+            .bearer_auth(TOKEN)
+            .timeout(client_timeout);
+        async move { (id.clone(), seen(request).await) }
+    }))
+    .await;
+    let outcomes: BTreeMap<String, Seen> = outcomes.into_iter().collect();
+    h.sim.set_chaos(None);
+
+    let stats = h.sim.chaos_stats();
+    assert_eq!(stats.eligible, 90);
+    assert_eq!(stats.injected(), 90, "rate 1.0 faults every request");
+    for kind in ChaosFault::ALL {
+        assert!(stats.count(kind) > 0, "no {kind:?} injected: {stats:?}");
+    }
+
+    let events = h.sim.chaos_events();
+    assert_eq!(events.len(), 90);
+    for event in &events {
+        let id = event.machine_id.clone().expect("a machine route");
+        let cordoned = h.sim.machine(&id).expect("machine").cordoned;
+        let outcome = outcomes[&id];
+        let expected = match event.fault {
+            ChaosFault::TooManyRequests => Seen::Status(429, Some(9)),
+            ChaosFault::ServerError | ChaosFault::LostAfter => Seen::Status(500, None),
+            ChaosFault::Unavailable => Seen::Status(503, None),
+            ChaosFault::HangBefore | ChaosFault::HangAfter => Seen::TimedOut,
+        };
+        assert_eq!(outcome, expected, "{id}: {:?}", event.fault);
+        assert_eq!(
+            cordoned,
+            event.fault.takes_effect(),
+            "{id}: {:?} and cordoned={cordoned}",
+            event.fault
+        );
+        if event.fault.takes_effect() {
+            assert_eq!(event.effect_status, Some(200), "{id}");
+        } else {
+            assert_eq!(event.effect_status, None, "{id}");
+        }
+    }
+    let lost: Vec<&ChaosEvent> = events
+        .iter()
+        .filter(|e| e.fault == ChaosFault::LostAfter)
+        .collect();
+    assert!(!lost.is_empty());
+
+    // With chaos off, requests are served again.
+    assert_eq!(h.get("/c00").await.status, StatusCode::OK);
+    assert_eq!(h.sim.chaos_stats().eligible, 90);
+}
+
+/// Runs the same sequence of requests, one at a time, under `chaos`, and
+/// returns what the clients saw and which faults were injected.
+async fn chaos_run(chaos: Chaos) -> (Vec<Seen>, Vec<ChaosEvent>, Vec<bool>) {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_chaos(Some(chaos));
+    let mut seen_by_client = Vec::new();
+    for i in 0..40 {
+        let (method, path) = match i % 4 {
+            0 => (Method::GET, "/m1"),
+            1 => (Method::POST, "/m2/cordon"),
+            2 => (Method::POST, "/m2/uncordon"),
+            _ => (Method::GET, ""),
+        };
+        let request = h
+            .http
+            .request(method, h.machines_url(APP, path))
+            .bearer_auth(TOKEN);
+        seen_by_client.push(seen(request).await);
+    }
+    let cordoned = ["m1", "m2", "m3"]
+        .iter()
+        .map(|id| h.sim.machine(id).expect("machine").cordoned)
+        .collect();
+    (seen_by_client, h.sim.chaos_events(), cordoned)
+}
+
+#[tokio::test]
+async fn chaos_is_deterministic_for_a_seed() {
+    // A short hang: the client waits it out and sees the 503.
+    let chaos = |seed| {
+        Chaos::new(seed, 0.5)
+            .retry_after_secs(3)
+            .hang(Duration::from_millis(20))
+    };
+    let first = chaos_run(chaos(42)).await;
+    let second = chaos_run(chaos(42)).await;
+    assert!(
+        !first.1.is_empty(),
+        "rate 0.5 over 40 requests injects something"
+    );
+    assert!(first.1.len() < 40, "and lets something through");
+    assert_eq!(first, second, "same seed, same requests: same faults");
+
+    let other = chaos_run(chaos(43)).await;
+    assert_ne!(first.1, other.1, "another seed draws other faults");
+}
+
+#[tokio::test]
+async fn a_hanging_fault_ends_promptly_on_shutdown() {
+    let h = Harness::start(fleet()).await;
+    h.sim
+        .set_chaos(Some(Chaos::new(1, 1.0).hang(Duration::from_secs(600))));
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            tokio::spawn(
+                h.http
+                    .get(h.machines_url(APP, "/m1"))
+                    .bearer_auth(TOKEN)
+                    .send(),
+            )
+        })
+        .collect();
+    within(async {
+        loop {
+            let stats = h.sim.chaos_stats();
+            if stats.eligible == 12 {
+                break stats;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let stats = h.sim.chaos_stats();
+    assert!(
+        stats.hang_before + stats.hang_after > 0,
+        "twelve draws include a hang: {stats:?}"
+    );
+    let Harness { sim, http: _http } = h;
+    let started = tokio::time::Instant::now();
+    within(sim.shutdown()).await;
+    for task in tasks {
+        let outcome = within(task).await.expect("request task did not panic");
+        if let Ok(response) = outcome {
+            assert_ne!(response.status(), StatusCode::OK);
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "hangs end on shutdown"
+    );
 }

@@ -12,7 +12,8 @@
 //!
 //! The daemon's safety (never restart live work, never act without its lease,
 //! never steal a lease, fail closed on bad reports) is tested against this
-//! server, so it must be faithful where the daemon depends on Fly's semantics:
+//! server — with random faults ([`Sim::set_chaos`]) if a test asks — so it
+//! must be faithful where the daemon depends on Fly's semantics:
 //! every mutating call on a leased machine needs the lease nonce, an expired
 //! lease counts as absent, `summary=true` drops metadata, `wait` answers 408,
 //! a restarted agent comes back on the release tip with no work and no fence.
@@ -45,6 +46,17 @@
 //!   A nonce header on an unleased machine is ignored.
 //! - **Injected faults** ([`Sim::fail_next`]) and the optional rate limit apply
 //!   to authenticated Fly API requests only, after the token check.
+//! - **Chaos** ([`Sim::set_chaos`]) applies to the same requests (long-polls
+//!   and lease calls included), after queued faults and the rate limit: a
+//!   request refused by either never reaches the RNG. Each remaining request
+//!   draws once from an RNG seeded by [`Chaos::seed`]; with probability
+//!   [`Chaos::rate`] it gets one [`ChaosFault`], chosen uniformly. 429, 500,
+//!   503 and `HangBefore` (503 after [`Chaos::hang`]) have no effect.
+//!   `LostAfter` and `HangAfter` run the real handler — the effect takes place
+//!   if the handler succeeds — and replace its answer with a 500, or a 503
+//!   after the hang; [`ChaosEvent::effect_status`] shows what the handler
+//!   answered. Hangs end at once on shutdown. Same seed and same arrival
+//!   order give the same faults; concurrent clients vary the order.
 //! - **Hang** and **HttpError** agents misbehave on the cooperative endpoints
 //!   too; the other behaviours affect only the health report. Undrain with a
 //!   different rotation tag than the fence's answers 409.
@@ -54,10 +66,12 @@
 //!   drive them with `tokio::time::advance`.
 //!
 //! Layout: `fixture` (what a test describes), `state` (the world behind one
-//! mutex, never held across `.await`), `http` (routes, the recording/auth
-//! front door, errors), `fly_api` and `agent` (handlers), `view` (snapshots).
+//! mutex, never held across `.await`), `http` (routes, the recording/auth/
+//! fault front door, errors), `fly_api` and `agent` (handlers), `chaos`
+//! (random faults), `view` (snapshots).
 
 mod agent;
+mod chaos;
 mod fixture;
 mod fly_api;
 mod http;
@@ -73,6 +87,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use chaos::{Chaos, ChaosEvent, ChaosFault, ChaosStats};
 pub use fixture::{
     Behaviour, CAP_DRAIN, CAP_RELOAD, DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN,
     NON_HEX_REF, RateLimit, SimApp, SimFleet, SimMachine,
@@ -278,6 +293,23 @@ impl Sim {
     /// Injected faults not yet served.
     pub fn pending_failures(&self) -> usize {
         self.shared.lock().failures.len()
+    }
+
+    /// Turns random faults on authenticated Fly API requests on (re-seeding
+    /// the fault RNG from `chaos.seed`) or off. Queued [`Sim::fail_next`]
+    /// faults and the rate limit are served first; see [`Chaos`].
+    pub fn set_chaos(&self, chaos: Option<Chaos>) {
+        self.shared.lock().chaos.set(chaos);
+    }
+
+    /// Faults injected so far (cumulative across [`Sim::set_chaos`] calls).
+    pub fn chaos_stats(&self) -> ChaosStats {
+        self.shared.lock().chaos.stats
+    }
+
+    /// The faults injected, in arrival order (the newest 10 000).
+    pub fn chaos_events(&self) -> Vec<ChaosEvent> {
+        self.shared.lock().chaos.events.iter().cloned().collect()
     }
 
     pub fn set_rate_limit(&self, limit: Option<RateLimit>) {

@@ -5,6 +5,9 @@
 //! State changes that take time (restart, stop, start, reload) are spawned
 //! tasks that re-lock when their delay is over; a per-machine `generation`
 //! makes a superseded task (a stop during a restart) a no-op.
+//!
+//! Chaos draws live here too, so that a fault decision is taken under the
+//! same lock, and in the same arrival order, as the request it concerns.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
@@ -17,6 +20,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::chaos::ChaosState;
 use super::fixture::{Behaviour, CAP_DRAIN, NON_HEX_REF, RateLimit, SimFleet};
 use super::http::ApiError;
 use super::view::{LeaseView, RecordedRequest, SimMachineView};
@@ -93,6 +97,7 @@ pub(crate) struct World {
     pub(crate) failures: VecDeque<InjectedFailure>,
     pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) buckets: HashMap<(String, String), Bucket>,
+    pub(crate) chaos: ChaosState,
 }
 
 impl World {
@@ -167,6 +172,7 @@ impl World {
             failures: VecDeque::new(),
             rate_limit: fleet.rate_limit,
             buckets: HashMap::new(),
+            chaos: ChaosState::default(),
         })
     }
 

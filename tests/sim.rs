@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use fleet_reconciler::sim::{
     Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER, NON_HEX_REF,
-    RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
+    OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -1209,8 +1209,10 @@ async fn urls_point_at_the_loopback_server() {
 }
 
 // ---------------------------------------------------------------------------
-// Chaos faults.
+// Chaos faults, operator writes.
 // ---------------------------------------------------------------------------
+
+const HOLD: &str = "fleet_reconciler_hold";
 
 /// What a client saw of one request: a status, or no answer before its timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1399,5 +1401,98 @@ async fn a_hanging_fault_ends_promptly_on_shutdown() {
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "hangs end on shutdown"
+    );
+}
+
+#[tokio::test]
+async fn operator_writes_wait_for_the_lease() {
+    let h = Harness::start(fleet()).await;
+    let acquired = h.post("/m1/lease", None, Some(json!({"ttl": 30}))).await;
+    assert_eq!(acquired.status, StatusCode::CREATED);
+    let nonce = acquired.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    let v0 = h.sim.machine("m1").expect("m1").instance_id;
+
+    let refused = h.sim.operator_set_metadata("m1", HOLD, "incident-9");
+    match refused {
+        Err(OperatorWriteRefused::Leased {
+            ref machine_id,
+            ref owner,
+            ..
+        }) => {
+            assert_eq!(machine_id, "m1");
+            assert_eq!(owner, DEFAULT_LEASE_OWNER);
+        }
+        other => panic!("expected a lease refusal, got {other:?}"),
+    }
+    assert!(refused.is_err_and(|e| e.to_string().contains("lease currently held by")));
+    assert_eq!(
+        h.sim.operator_delete_metadata("m1", "pool"),
+        Err(OperatorWriteRefused::Leased {
+            machine_id: "m1".to_string(),
+            owner: DEFAULT_LEASE_OWNER.to_string(),
+            expires_at: h
+                .sim
+                .machine("m1")
+                .and_then(|m| m.lease)
+                .expect("lease")
+                .expires_at,
+        })
+    );
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert!(
+        !m1.metadata.contains_key(HOLD),
+        "a refused write writes nothing"
+    );
+    assert_eq!(
+        m1.metadata.get("pool").map(String::as_str),
+        Some("dispatch")
+    );
+    assert_eq!(m1.instance_id, v0);
+
+    // The out-of-band writes still ignore leases.
+    assert!(h.sim.set_metadata("m1", "note", "x"));
+    assert!(h.sim.delete_metadata("m1", "note"));
+    assert!(
+        !h.sim
+            .machine("m1")
+            .expect("m1")
+            .metadata
+            .contains_key("note")
+    );
+    assert!(!h.sim.delete_metadata("nope", "note"));
+
+    // Once the daemon releases, the operator's retry goes through.
+    let released = h.fly(Method::DELETE, "/m1/lease", Some(&nonce), None).await;
+    assert_eq!(released.status, StatusCode::OK);
+    let before = h.sim.machine("m1").expect("m1").instance_id;
+    assert_eq!(
+        h.sim.operator_set_metadata("m1", HOLD, "incident-9"),
+        Ok(())
+    );
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert_eq!(
+        m1.metadata.get(HOLD).map(String::as_str),
+        Some("incident-9")
+    );
+    assert_ne!(m1.instance_id, before, "an operator write is a new version");
+    assert_eq!(h.sim.operator_delete_metadata("m1", HOLD), Ok(()));
+    assert!(!h.sim.machine("m1").expect("m1").metadata.contains_key(HOLD));
+
+    // An expired lease counts as absent, as for API calls.
+    h.sim
+        .acquire_lease_as("m2", "other@example.com", Duration::from_secs(5))
+        .expect("m2 exists");
+    assert!(h.sim.operator_set_metadata("m2", HOLD, "x").is_err());
+    h.sim.advance_clock(Duration::from_secs(6));
+    assert_eq!(h.sim.operator_set_metadata("m2", HOLD, "x"), Ok(()));
+
+    assert_eq!(
+        h.sim.operator_set_metadata("nope", HOLD, "x"),
+        Err(OperatorWriteRefused::UnknownMachine {
+            machine_id: "nope".to_string()
+        })
     );
 }

@@ -57,6 +57,11 @@
 //!   after the hang; [`ChaosEvent::effect_status`] shows what the handler
 //!   answered. Hangs end at once on shutdown. Same seed and same arrival
 //!   order give the same faults; concurrent clients vary the order.
+//! - **Operator writes.** [`Sim::set_metadata`] and [`Sim::delete_metadata`]
+//!   write out of band, ignoring leases (a test's hand). The
+//!   `operator_*_metadata` calls behave like `fly` through the API: refused
+//!   while anyone holds an unexpired lease. Neither is a request: they are
+//!   not logged and not faulted.
 //! - **Hang** and **HttpError** agents misbehave on the cooperative endpoints
 //!   too; the other behaviours affect only the health report. Undrain with a
 //!   different rotation tag than the fence's answers 409.
@@ -92,7 +97,9 @@ pub use fixture::{
     Behaviour, CAP_DRAIN, CAP_RELOAD, DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN,
     NON_HEX_REF, RateLimit, SimApp, SimFleet, SimMachine,
 };
-pub use view::{Credential, LeaseView, RecordedRequest, RequestTarget, SimMachineView};
+pub use view::{
+    Credential, LeaseView, OperatorWriteRefused, RecordedRequest, RequestTarget, SimMachineView,
+};
 
 use state::{InjectedFailure, Lease, Shared, World, add, new_nonce, resolve_behaviour};
 
@@ -267,6 +274,66 @@ impl Sim {
             m.metadata.insert(key.to_string(), value.to_string());
             m.bump_version(now);
         })
+    }
+
+    /// Deletes a metadata key out of band, giving the machine a new version; no lease needed.
+    pub fn delete_metadata(&self, machine_id: &str, key: &str) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            m.metadata.remove(key);
+            m.bump_version(now);
+        })
+    }
+
+    /// Writes a metadata key as an operator's CLI does through the API: only
+    /// when no one holds an unexpired lease on the machine (the daemon's
+    /// lease is respected, so the caller retries). Unlike [`Sim::set_metadata`].
+    pub fn operator_set_metadata(
+        &self,
+        machine_id: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), OperatorWriteRefused> {
+        self.operator_write(machine_id, |metadata| {
+            metadata.insert(key.to_string(), value.to_string());
+        })
+    }
+
+    /// Deletes a metadata key under the same rule as [`Sim::operator_set_metadata`].
+    pub fn operator_delete_metadata(
+        &self,
+        machine_id: &str,
+        key: &str,
+    ) -> Result<(), OperatorWriteRefused> {
+        self.operator_write(machine_id, |metadata| {
+            metadata.remove(key);
+        })
+    }
+
+    fn operator_write(
+        &self,
+        machine_id: &str,
+        write: impl FnOnce(&mut std::collections::BTreeMap<String, String>),
+    ) -> Result<(), OperatorWriteRefused> {
+        {
+            let mut world = self.shared.lock();
+            let now = world.now();
+            let Some(m) = world.machines.get_mut(machine_id) else {
+                return Err(OperatorWriteRefused::UnknownMachine {
+                    machine_id: machine_id.to_string(),
+                });
+            };
+            if let Some(lease) = m.active_lease(now) {
+                return Err(OperatorWriteRefused::Leased {
+                    machine_id: machine_id.to_string(),
+                    owner: lease.owner.clone(),
+                    expires_at: lease.expires_at,
+                });
+            }
+            write(&mut m.metadata);
+            m.bump_version(now);
+        }
+        self.shared.notify();
+        Ok(())
     }
 
     /// Every request received so far, in arrival order (the newest 50 000).

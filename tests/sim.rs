@@ -3,14 +3,14 @@
 //! Every await is bounded by `within` (or a client timeout), so a broken
 //! simulator fails a test instead of hanging the suite.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use fleet_reconciler::sim::{
-    Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER, NON_HEX_REF,
-    OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
+    AuditConfig, Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER,
+    NON_HEX_REF, OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -1209,10 +1209,11 @@ async fn urls_point_at_the_loopback_server() {
 }
 
 // ---------------------------------------------------------------------------
-// Chaos faults, operator writes.
+// Chaos faults, operator writes, the safety audit.
 // ---------------------------------------------------------------------------
 
 const HOLD: &str = "fleet_reconciler_hold";
+const MARKER: &str = "fleet_reconciler_rotation";
 
 /// What a client saw of one request: a status, or no answer before its timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1239,11 +1240,17 @@ async fn seen(request: reqwest::RequestBuilder) -> Seen {
 #[tokio::test]
 async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
     // One cordon per machine, all at once, every one faulted: each machine
-    // tells what its own request's fault did.
+    // tells what its own request's fault did. Every machine is on hold, so
+    // the audit must see exactly the cordons that took effect.
     let ids: Vec<String> = (0..90).map(|i| format!("c{i:02}")).collect();
-    let fleet = SimFleet::new(TOKEN)
-        .app(SimApp::new(APP).machines(ids.iter().map(|id| SimMachine::new(id.as_str()))));
+    let fleet = SimFleet::new(TOKEN).app(
+        SimApp::new(APP).machines(
+            ids.iter()
+                .map(|id| SimMachine::new(id.as_str()).metadata(HOLD, "incident-7")),
+        ),
+    );
     let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::new("pool"));
     h.sim.set_chaos(Some(
         Chaos::new(7, 1.0)
             .retry_after_secs(9)
@@ -1278,6 +1285,7 @@ async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
 
     let events = h.sim.chaos_events();
     assert_eq!(events.len(), 90);
+    let mut took_effect = BTreeSet::new();
     for event in &events {
         let id = event.machine_id.clone().expect("a machine route");
         let cordoned = h.sim.machine(&id).expect("machine").cordoned;
@@ -1297,6 +1305,7 @@ async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
         );
         if event.fault.takes_effect() {
             assert_eq!(event.effect_status, Some(200), "{id}");
+            took_effect.insert(id);
         } else {
             assert_eq!(event.effect_status, None, "{id}");
         }
@@ -1306,6 +1315,19 @@ async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
         .filter(|e| e.fault == ChaosFault::LostAfter)
         .collect();
     assert!(!lost.is_empty());
+
+    // The audit counts a cordon that answered 500 (or timed out) but took effect.
+    let held: BTreeSet<String> = h
+        .sim
+        .audit()
+        .held_actions
+        .iter()
+        .map(|a| {
+            assert_eq!(a.what, "POST cordon");
+            a.machine_id.clone()
+        })
+        .collect();
+    assert_eq!(held, took_effect);
 
     // With chaos off, requests are served again.
     assert_eq!(h.get("/c00").await.status, StatusCode::OK);
@@ -1495,4 +1517,299 @@ async fn operator_writes_wait_for_the_lease() {
             machine_id: "nope".to_string()
         })
     );
+}
+
+fn pool_fleet() -> SimFleet {
+    SimFleet::new(TOKEN)
+        .restart_delay(Duration::from_millis(100))
+        .app(
+            SimApp::new(APP)
+                .machine(
+                    SimMachine::new("d1")
+                        .metadata("pool", "dispatch")
+                        .cooperative(),
+                )
+                .machine(
+                    SimMachine::new("d2")
+                        .metadata("pool", "dispatch")
+                        .cooperative(),
+                )
+                .machine(SimMachine::new("x1")),
+        )
+}
+
+fn dispatch() -> (String, String) {
+    (APP.to_string(), "dispatch".to_string())
+}
+
+#[tokio::test]
+async fn audit_detects_two_machines_out_of_a_cap_one_pool() {
+    let h = Harness::start(pool_fleet()).await;
+    assert!(!h.sim.audit().enabled);
+    h.sim
+        .enable_audit(AuditConfig::new("pool").cap(APP, "dispatch", 1));
+    let start = h.sim.audit();
+    assert!(start.enabled);
+    assert_eq!(start.max_out.get(&dispatch()), Some(&0));
+    assert_eq!(
+        start.max_out.get(&(APP.to_string(), "default".to_string())),
+        Some(&0)
+    );
+
+    assert_eq!(
+        h.post("/d1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let one = h.sim.audit();
+    assert!(one.cap_breaches.is_empty(), "one out is within the cap");
+    assert_eq!(one.max_out[&dispatch()], 1);
+    assert_eq!(one.out_now[&dispatch()], vec!["d1"]);
+
+    assert_eq!(
+        h.post("/d2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let two = h.sim.audit();
+    assert_eq!(two.cap_breaches.len(), 1, "{:?}", two.cap_breaches);
+    let breach = &two.cap_breaches[0];
+    assert_eq!(
+        (breach.app.as_str(), breach.pool.as_str()),
+        (APP, "dispatch")
+    );
+    assert_eq!(breach.out, vec!["d1", "d2"]);
+    assert_eq!(breach.cap, 1);
+    assert_eq!(two.max_out[&dispatch()], 2);
+
+    for id in ["d1", "d2"] {
+        let path = format!("/{id}/uncordon");
+        assert_eq!(h.post(&path, None, None).await.status, StatusCode::OK);
+    }
+    assert!(h.sim.audit().out_now.is_empty());
+
+    // A fence and a restart in flight count as out too; the restart's
+    // machine is back once it is started.
+    let drained = h
+        .agent_post("d1", "overlay/drain", None, json!({"rotation": "r1"}))
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    assert_eq!(
+        h.post("/d2/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    let during = h.sim.audit();
+    assert_eq!(during.cap_breaches.len(), 2);
+    assert_eq!(during.cap_breaches[1].out, vec!["d1", "d2"]);
+    assert_eq!(h.wait_for("d2", "started", 5).await.status, StatusCode::OK);
+    assert_eq!(h.sim.audit().out_now[&dispatch()], vec!["d1"]);
+    let undrained = h
+        .agent_post("d1", "overlay/undrain", None, json!({"rotation": "r1"}))
+        .await;
+    assert_eq!(undrained.status, StatusCode::OK);
+    let end = h.sim.audit();
+    assert!(end.out_now.is_empty());
+    assert_eq!(end.cap_breaches.len(), 2);
+    assert_eq!(end.max_out[&(APP.to_string(), "default".to_string())], 0);
+    assert!(
+        h.sim
+            .machines()
+            .iter()
+            .all(|m| !m.cordoned && m.fence.is_none())
+    );
+
+    // A machine moved into the pool out of band brings its cordon with it.
+    assert_eq!(
+        h.post("/x1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/d1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.sim.audit().cap_breaches.len(), 2);
+    assert!(h.sim.set_metadata("x1", "pool", "dispatch"));
+    let moved = h.sim.audit();
+    assert_eq!(moved.cap_breaches.len(), 3);
+    assert_eq!(moved.cap_breaches[2].out, vec!["d1", "x1"]);
+    assert!(
+        !moved
+            .out_now
+            .contains_key(&(APP.to_string(), "default".to_string()))
+    );
+}
+
+#[tokio::test]
+async fn audit_records_restarts_with_the_agent_state_at_that_instant() {
+    let fleet = SimFleet::new(TOKEN)
+        .restart_delay(Duration::from_millis(100))
+        .app(
+            SimApp::new(APP)
+                .machine(
+                    SimMachine::new("busy")
+                        .cooperative()
+                        .behaviour(Behaviour::BusyFor(Duration::from_secs(600))),
+                )
+                .machine(SimMachine::new("chatty").live_sessions(2))
+                .machine(
+                    SimMachine::new("ready")
+                        .cooperative()
+                        .live_sessions(2)
+                        .metadata("pool", "dispatch")
+                        .metadata(MARKER, r#"{"target":"abc"}"#),
+                ),
+        );
+    let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::new("pool"));
+
+    assert_eq!(
+        h.post("/busy/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    // Refused (not started): not a restart.
+    assert_eq!(
+        h.post("/busy/restart", None, None).await.status,
+        StatusCode::PRECONDITION_FAILED
+    );
+    assert_eq!(
+        h.post("/chatty/stop", None, None).await.status,
+        StatusCode::OK
+    );
+
+    let drained = h
+        .agent_post("ready", "overlay/drain", None, json!({"rotation": "r9"}))
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    let lease = h.post("/ready/lease", None, Some(json!({"ttl": 30}))).await;
+    let nonce = lease.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    assert_eq!(
+        h.post("/ready/restart", Some(&nonce), None).await.status,
+        StatusCode::OK
+    );
+
+    let report = h.sim.audit();
+    assert_eq!(report.restarts.len(), 3, "{:?}", report.restarts);
+    let busy = &report.restarts[0];
+    assert_eq!(busy.machine_id, "busy");
+    assert_eq!(busy.action, "restart");
+    assert!(busy.busy, "a restart of a busy agent is recorded as busy");
+    assert!(!busy.fenced);
+    assert_eq!(busy.checkpoint, None);
+    assert_eq!(busy.pool, "default");
+    assert_eq!(busy.lease_owner, None);
+
+    let chatty = &report.restarts[1];
+    assert_eq!(
+        (chatty.machine_id.as_str(), chatty.action.as_str()),
+        ("chatty", "stop")
+    );
+    assert!(chatty.busy, "open sessions are live work");
+
+    let ready = &report.restarts[2];
+    assert_eq!(ready.machine_id, "ready");
+    assert!(!ready.busy, "a checkpointed agent has nothing to lose");
+    assert!(ready.fenced);
+    assert_eq!(ready.checkpoint.as_deref(), Some("r9"));
+    assert_eq!(ready.pool, "dispatch");
+    assert_eq!(ready.marker.as_deref(), Some(r#"{"target":"abc"}"#));
+    assert_eq!(ready.lease_owner.as_deref(), Some(DEFAULT_LEASE_OWNER));
+    assert!(!ready.held);
+    let request = h
+        .sim
+        .requests()
+        .into_iter()
+        .find(|r| r.seq == ready.seq)
+        .expect("the restart request is in the log");
+    assert_eq!(request.path, "/v1/apps/agents/machines/ready/restart");
+    assert_eq!(report.marked_now, vec!["ready"]);
+}
+
+#[tokio::test]
+async fn audit_records_actions_that_took_effect_on_held_machines() {
+    let fleet = SimFleet::new(TOKEN).app(
+        SimApp::new(APP)
+            .machine(
+                SimMachine::new("held")
+                    .cooperative()
+                    .metadata(HOLD, "incident-3"),
+            )
+            .machine(SimMachine::new("free")),
+    );
+    let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::new("pool"));
+
+    // Reads, lease calls, refused and failed requests are not actions.
+    assert_eq!(h.get("/held").await.status, StatusCode::OK);
+    assert_eq!(h.get("/held/metadata").await.status, StatusCode::OK);
+    let lease = h.post("/held/lease", None, Some(json!({"ttl": 30}))).await;
+    let nonce = lease.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    assert_eq!(
+        h.post("/held/cordon", None, None).await.status,
+        StatusCode::CONFLICT,
+        "no nonce"
+    );
+    h.sim.fail_next(1, 500, None);
+    assert_eq!(
+        h.post("/held/cordon", Some(&nonce), None).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let released = h
+        .fly(Method::DELETE, "/held/lease", Some(&nonce), None)
+        .await;
+    assert_eq!(released.status, StatusCode::OK);
+    // Operator writes are not requests.
+    assert_eq!(h.sim.operator_set_metadata("held", "note", "x"), Ok(()));
+    assert!(h.sim.audit().held_actions.is_empty());
+
+    assert_eq!(
+        h.post("/held/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/free/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let drained = h
+        .agent_post("held", "overlay/drain", None, json!({"rotation": "r1"}))
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    // Clearing the hold is itself an action on a held machine.
+    let cleared = h
+        .fly(
+            Method::DELETE,
+            &format!("/held/metadata/{HOLD}"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(cleared.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.post("/held/uncordon", None, None).await.status,
+        StatusCode::OK
+    );
+
+    let actions = h.sim.audit().held_actions;
+    let what: Vec<(&str, &str)> = actions
+        .iter()
+        .map(|a| (a.machine_id.as_str(), a.what.as_str()))
+        .collect();
+    assert_eq!(
+        what,
+        vec![
+            ("held", "POST cordon"),
+            ("held", "POST overlay/drain"),
+            ("held", "DELETE metadata"),
+        ]
+    );
+    let log = h.sim.requests();
+    let cordon = log
+        .iter()
+        .find(|r| r.seq == actions[0].seq)
+        .expect("logged");
+    assert_eq!(cordon.status, Some(200));
+    assert_eq!(cordon.action.as_deref(), Some("cordon"));
 }

@@ -29,6 +29,11 @@ const MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// How much of each request body the log keeps.
 const RECORDED_BODY_BYTES: usize = 4096;
 
+/// The arrival number the front door gave a request (its
+/// [`RecordedRequest::seq`]), for handlers that record audit events.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RequestSeq(pub(crate) u64);
+
 /// An error answered as `{"error": "..."}`, the Fly API's `ErrorResponse` shape.
 #[derive(Debug)]
 pub(crate) struct ApiError {
@@ -272,7 +277,7 @@ enum Gate {
 /// order (a request with a bad token must not consume a fault a retry test
 /// queued, and a throttled one gets no second fault on top).
 async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let Ok(body) = to_bytes(body, MAX_REQUEST_BODY).await else {
         return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
             .into_response();
@@ -316,6 +321,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         (seq, gate)
     };
 
+    parts.extensions.insert(RequestSeq(seq));
     let request = Request::from_parts(parts, Body::from(body));
     let response = match gate {
         Gate::Pass => next.run(request).await,

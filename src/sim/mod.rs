@@ -12,8 +12,9 @@
 //!
 //! The daemon's safety (never restart live work, never act without its lease,
 //! never steal a lease, fail closed on bad reports) is tested against this
-//! server — with random faults ([`Sim::set_chaos`]) if a test asks — so it
-//! must be faithful where the daemon depends on Fly's semantics:
+//! server — with random faults ([`Sim::set_chaos`]) and a record of every
+//! unsafe instant ([`Sim::enable_audit`]) if a test asks — so it must be
+//! faithful where the daemon depends on Fly's semantics:
 //! every mutating call on a leased machine needs the lease nonce, an expired
 //! lease counts as absent, `summary=true` drops metadata, `wait` answers 408,
 //! a restarted agent comes back on the release tip with no work and no fence.
@@ -61,7 +62,24 @@
 //!   write out of band, ignoring leases (a test's hand). The
 //!   `operator_*_metadata` calls behave like `fly` through the API: refused
 //!   while anyone holds an unexpired lease. Neither is a request: they are
-//!   not logged and not faulted.
+//!   not logged, not faulted, and not audited as actions.
+//! - **Audit** ([`Sim::enable_audit`]). A machine is *out* of its pool while
+//!   it is cordoned, its agent is fenced, or a restart, stop or replacing
+//!   update accepted through the API has not yet brought it back to
+//!   `started` (a machine stopped by the fixture or by [`Sim::set_state`] is
+//!   not out; forcing it `started` ends a take-down). The pool is the trimmed
+//!   value of [`AuditConfig::pool_key`], `default` if missing or blank. The
+//!   audit is updated under the world lock by every change that can move a
+//!   machine (API mutations, agent drain/undrain/reload, transitions
+//!   completing, out-of-band setters), so no short-lived state escapes it. A
+//!   [`CapBreach`] is recorded each time a pool's out set grows beyond its
+//!   cap. A [`RestartEvent`] is recorded when a restart, a stop of a machine
+//!   not already stopped, or an update of a started machine is accepted, with
+//!   the state just before it. A [`HeldAction`] is recorded for every
+//!   mutating Fly API call (not GET, not the lease endpoints) and every
+//!   cooperative agent POST that took effect — whatever the client was
+//!   answered — on a machine that carried [`AuditConfig::hold_key`] just
+//!   before, including the call that deletes the hold.
 //! - **Hang** and **HttpError** agents misbehave on the cooperative endpoints
 //!   too; the other behaviours affect only the health report. Undrain with a
 //!   different rotation tag than the fence's answers 409.
@@ -73,9 +91,10 @@
 //! Layout: `fixture` (what a test describes), `state` (the world behind one
 //! mutex, never held across `.await`), `http` (routes, the recording/auth/
 //! fault front door, errors), `fly_api` and `agent` (handlers), `chaos`
-//! (random faults), `view` (snapshots).
+//! (random faults), `audit` (safety invariants), `view` (snapshots).
 
 mod agent;
+mod audit;
 mod chaos;
 mod fixture;
 mod fly_api;
@@ -92,6 +111,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use audit::{AuditConfig, AuditReport, CapBreach, HeldAction, RestartEvent};
 pub use chaos::{Chaos, ChaosEvent, ChaosFault, ChaosStats};
 pub use fixture::{
     Behaviour, CAP_DRAIN, CAP_RELOAD, DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN,
@@ -101,6 +121,7 @@ pub use view::{
     Credential, LeaseView, OperatorWriteRefused, RecordedRequest, RequestTarget, SimMachineView,
 };
 
+use audit::AuditState;
 use state::{InjectedFailure, Lease, Shared, World, add, new_nonce, resolve_behaviour};
 
 /// How long [`Sim::shutdown`] lets in-flight requests finish before cutting them off.
@@ -213,6 +234,20 @@ impl Sim {
         world.machines.get(machine_id).map(|m| m.view(now))
     }
 
+    /// Every machine, app by app (in name order), each in fixture order: lets
+    /// a test check at the end that nothing is left cordoned, fenced or marked.
+    pub fn machines(&self) -> Vec<SimMachineView> {
+        let world = self.shared.lock();
+        let now = world.now();
+        world
+            .apps
+            .values()
+            .flatten()
+            .filter_map(|id| world.machines.get(id))
+            .map(|m| m.view(now))
+            .collect()
+    }
+
     /// Applies `f` to a machine's state; `false` if the machine is unknown.
     fn with_machine(
         &self,
@@ -222,11 +257,15 @@ impl Sim {
         let found = {
             let mut world = self.shared.lock();
             let now = world.now();
-            world
+            let found = world
                 .machines
                 .get_mut(machine_id)
                 .map(|m| f(m, now))
-                .is_some()
+                .is_some();
+            // Out-of-band changes (a new pool, a forced state) move machines
+            // between the audit's out sets too.
+            world.observe(machine_id);
+            found
         };
         self.shared.notify();
         found
@@ -331,6 +370,7 @@ impl Sim {
             }
             write(&mut m.metadata);
             m.bump_version(now);
+            world.observe(machine_id);
         }
         self.shared.notify();
         Ok(())
@@ -377,6 +417,31 @@ impl Sim {
     /// The faults injected, in arrival order (the newest 10 000).
     pub fn chaos_events(&self) -> Vec<ChaosEvent> {
         self.shared.lock().chaos.events.iter().cloned().collect()
+    }
+
+    /// Starts (or restarts, discarding what was recorded) the safety audit,
+    /// from the fleet as it is now; see [`AuditReport`].
+    pub fn enable_audit(&self, config: AuditConfig) {
+        let mut world = self.shared.lock();
+        let now = world.now();
+        // Fixture order, so breaches already present at the start list the same way every run.
+        let machines = world
+            .apps
+            .values()
+            .flatten()
+            .filter_map(|id| world.machines.get(id));
+        let audit = AuditState::new(config, machines, now);
+        world.audit = Some(audit);
+    }
+
+    /// What the audit has recorded so far (an empty report, `enabled: false`,
+    /// if it was never enabled).
+    pub fn audit(&self) -> AuditReport {
+        let world = self.shared.lock();
+        match &world.audit {
+            Some(audit) => audit.report(world.machines.values()),
+            None => AuditReport::default(),
+        }
     }
 
     pub fn set_rate_limit(&self, limit: Option<RateLimit>) {

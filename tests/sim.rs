@@ -88,9 +88,21 @@ impl Harness {
         nonce: Option<&str>,
         body: Option<Value>,
     ) -> Reply {
+        self.fly_in(APP, method, rest, nonce, body).await
+    }
+
+    /// Like [`Harness::fly`], on any app.
+    async fn fly_in(
+        &self,
+        app: &str,
+        method: Method,
+        rest: &str,
+        nonce: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
         let mut request = self
             .http
-            .request(method, self.machines_url(APP, rest))
+            .request(method, self.machines_url(app, rest))
             .bearer_auth(TOKEN);
         if let Some(nonce) = nonce {
             request = request.header("fly-machine-lease-nonce", nonce);
@@ -1209,7 +1221,7 @@ async fn urls_point_at_the_loopback_server() {
 }
 
 // ---------------------------------------------------------------------------
-// Chaos faults, operator writes, the safety audit.
+// Chaos faults, operator writes, the safety audit, a coordination machine.
 // ---------------------------------------------------------------------------
 
 const HOLD: &str = "fleet_reconciler_hold";
@@ -1812,4 +1824,149 @@ async fn audit_records_actions_that_took_effect_on_held_machines() {
         .expect("logged");
     assert_eq!(cordon.status, Some(200));
     assert_eq!(cordon.action.as_deref(), Some("cordon"));
+}
+
+#[tokio::test]
+async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
+    const COORD: &str = "fleet-coord";
+    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    let h = Harness::start(fleet).await;
+
+    let acquired = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            "/coord/lease",
+            None,
+            Some(json!({"ttl": 10})),
+        )
+        .await;
+    assert_eq!(acquired.status, StatusCode::CREATED);
+    let nonce = acquired.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    let refreshed = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            "/coord/lease",
+            Some(nonce.as_str()),
+            Some(json!({"ttl": 30})),
+        )
+        .await;
+    assert_eq!(refreshed.status, StatusCode::CREATED);
+    assert_eq!(refreshed.body["data"]["nonce"], nonce.as_str());
+    let shown = h
+        .fly_in(COORD, Method::GET, "/coord/lease", None, None)
+        .await;
+    assert_eq!(shown.status, StatusCode::OK);
+
+    let slot = "/coord/metadata/fleet_reconciler_slot_0";
+    let value = json!({"value": "d1@rot-1"});
+    let without = h
+        .fly_in(COORD, Method::POST, slot, None, Some(value.clone()))
+        .await;
+    assert_eq!(without.status, StatusCode::CONFLICT);
+    assert!(error_text(&without).contains("lease currently held by"));
+    let wrong = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            slot,
+            Some("not-the-nonce"),
+            Some(value.clone()),
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::CONFLICT);
+    let written = h
+        .fly_in(COORD, Method::POST, slot, Some(nonce.as_str()), Some(value))
+        .await;
+    assert_eq!(written.status, StatusCode::NO_CONTENT);
+
+    // Reads need no nonce.
+    let read = h.fly_in(COORD, Method::GET, slot, None, None).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.body, json!({"value": "d1@rot-1"}));
+    let all = h
+        .fly_in(COORD, Method::GET, "/coord/metadata", None, None)
+        .await;
+    assert_eq!(all.body["fleet_reconciler_slot_0"], "d1@rot-1");
+
+    // Compare-and-set on the machine version works on a stopped machine too.
+    let version = h.sim.machine("coord").expect("coord").instance_id;
+    let cas = h.fly_in(COORD,
+        Method::PATCH,
+        "/coord/metadata",
+        Some(nonce.as_str()),
+        Some(json!({"metadata": {"fleet_reconciler_slot_1": "d2@rot-1"}, "machine_version": version})),
+    )
+    .await;
+    assert_eq!(cas.status, StatusCode::NO_CONTENT);
+    let stale = h
+        .fly_in(
+            COORD,
+            Method::PATCH,
+            "/coord/metadata",
+            Some(nonce.as_str()),
+            Some(json!({"metadata": {"fleet_reconciler_slot_1": "x"}, "machine_version": version})),
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+
+    assert_eq!(
+        h.fly_in(COORD, Method::DELETE, slot, None, None)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        h.fly_in(COORD, Method::DELETE, slot, Some(nonce.as_str()), None)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        h.fly_in(COORD, Method::GET, slot, None, None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.fly_in(COORD, Method::DELETE, "/coord/lease", None, None)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        h.fly_in(
+            COORD,
+            Method::DELETE,
+            "/coord/lease",
+            Some(nonce.as_str()),
+            None
+        )
+        .await
+        .status,
+        StatusCode::OK
+    );
+
+    let coord = h.sim.machine("coord").expect("coord");
+    assert_eq!(coord.state, "stopped", "none of this starts the machine");
+    assert!(coord.lease.is_none());
+    assert_eq!(
+        coord
+            .metadata
+            .get("fleet_reconciler_slot_1")
+            .map(String::as_str),
+        Some("d2@rot-1")
+    );
+    // The coordination app is listed on its own.
+    assert_eq!(h.sim.machine_ids(COORD), vec!["coord"]);
+    assert_eq!(
+        h.fly_in(COORD, Method::GET, "", None, None)
+            .await
+            .body
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
 }

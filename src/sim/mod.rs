@@ -80,6 +80,10 @@
 //!   cooperative agent POST that took effect — whatever the client was
 //!   answered — on a machine that carried [`AuditConfig::hold_key`] just
 //!   before, including the call that deletes the hold.
+//! - **Coordination machines.** Leases and metadata do not depend on the
+//!   machine state: a `stopped` machine (in any app) takes lease acquire,
+//!   refresh and release and `…/metadata` reads and writes, under the same
+//!   lease rule as any machine, and stays stopped.
 //! - **Hang** and **HttpError** agents misbehave on the cooperative endpoints
 //!   too; the other behaviours affect only the health report. Undrain with a
 //!   different rotation tag than the fence's answers 409.

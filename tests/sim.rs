@@ -3,13 +3,14 @@
 //! Every await is bounded by `within` (or a client timeout), so a broken
 //! simulator fails a test instead of hanging the suite.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use fleet_reconciler::sim::{
-    Behaviour, Credential, DEFAULT_LEASE_OWNER, NON_HEX_REF, RateLimit, RequestTarget, Sim, SimApp,
-    SimFleet, SimMachine,
+    AuditConfig, Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER,
+    NON_HEX_REF, OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -87,9 +88,21 @@ impl Harness {
         nonce: Option<&str>,
         body: Option<Value>,
     ) -> Reply {
+        self.fly_in(APP, method, rest, nonce, body).await
+    }
+
+    /// Like [`Harness::fly`], on any app.
+    async fn fly_in(
+        &self,
+        app: &str,
+        method: Method,
+        rest: &str,
+        nonce: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
         let mut request = self
             .http
-            .request(method, self.machines_url(APP, rest))
+            .request(method, self.machines_url(app, rest))
             .bearer_auth(TOKEN);
         if let Some(nonce) = nonce {
             request = request.header("fly-machine-lease-nonce", nonce);
@@ -1205,4 +1218,756 @@ async fn urls_point_at_the_loopback_server() {
     assert_eq!(h.sim.machine_ids(APP), vec!["m1", "m2", "m3"]);
     let not_found = reply(h.http.get(format!("{}/nothing", h.sim.api_url()))).await;
     assert_eq!(not_found.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------
+// Chaos faults, operator writes, the safety audit, a coordination machine.
+// ---------------------------------------------------------------------------
+
+const HOLD: &str = "fleet_reconciler_hold";
+const MARKER: &str = "fleet_reconciler_rotation";
+
+/// What a client saw of one request: a status, or no answer before its timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    Status(u16, Option<u64>),
+    TimedOut,
+}
+
+async fn seen(request: reqwest::RequestBuilder) -> Seen {
+    match within(request.send()).await {
+        Ok(response) => {
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            Seen::Status(response.status().as_u16(), retry_after)
+        }
+        Err(e) if e.is_timeout() => Seen::TimedOut,
+        Err(e) => panic!("request failed: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
+    // One cordon per machine, all at once, every one faulted: each machine
+    // tells what its own request's fault did. Every machine is on hold, so
+    // the audit must see exactly the cordons that took effect.
+    let ids: Vec<String> = (0..90).map(|i| format!("c{i:02}")).collect();
+    let fleet = SimFleet::new(TOKEN).app(
+        SimApp::new(APP).machines(
+            ids.iter()
+                .map(|id| SimMachine::new(id.as_str()).metadata(HOLD, "incident-7")),
+        ),
+    );
+    let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::new("pool"));
+    h.sim.set_chaos(Some(
+        Chaos::new(7, 1.0)
+            .retry_after_secs(9)
+            .hang(Duration::from_secs(10)),
+    ));
+
+    // Agents and unauthenticated requests are not subject to chaos.
+    assert_eq!(h.health("c00").await.status, StatusCode::OK);
+    let anonymous = reply(h.http.get(h.machines_url(APP, "/c00"))).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(h.sim.chaos_stats().eligible, 0);
+
+    // Far above a loaded runner's latency, far below the hang.
+    let client_timeout = Duration::from_millis(1500);
+    let outcomes = futures::future::join_all(ids.iter().map(|id| {
+        let request = h
+            .http
+            .post(h.machines_url(APP, &format!("/{id}/cordon")))
+            .bearer_auth(TOKEN)
+            .timeout(client_timeout);
+        async move { (id.clone(), seen(request).await) }
+    }))
+    .await;
+    let outcomes: BTreeMap<String, Seen> = outcomes.into_iter().collect();
+    h.sim.set_chaos(None);
+
+    let stats = h.sim.chaos_stats();
+    assert_eq!(stats.eligible, 90);
+    assert_eq!(stats.injected(), 90, "rate 1.0 faults every request");
+    for kind in ChaosFault::ALL {
+        assert!(stats.count(kind) > 0, "no {kind:?} injected: {stats:?}");
+    }
+
+    let events = h.sim.chaos_events();
+    assert_eq!(events.len(), 90);
+    let mut took_effect = BTreeSet::new();
+    for event in &events {
+        let id = event.machine_id.clone().expect("a machine route");
+        let cordoned = h.sim.machine(&id).expect("machine").cordoned;
+        let outcome = outcomes[&id];
+        let expected = match event.fault {
+            ChaosFault::TooManyRequests => Seen::Status(429, Some(9)),
+            ChaosFault::ServerError | ChaosFault::LostAfter => Seen::Status(500, None),
+            ChaosFault::Unavailable => Seen::Status(503, None),
+            ChaosFault::HangBefore | ChaosFault::HangAfter => Seen::TimedOut,
+        };
+        assert_eq!(outcome, expected, "{id}: {:?}", event.fault);
+        assert_eq!(
+            cordoned,
+            event.fault.takes_effect(),
+            "{id}: {:?} and cordoned={cordoned}",
+            event.fault
+        );
+        if event.fault.takes_effect() {
+            assert_eq!(event.effect_status, Some(200), "{id}");
+            took_effect.insert(id);
+        } else {
+            assert_eq!(event.effect_status, None, "{id}");
+        }
+    }
+    let lost: Vec<&ChaosEvent> = events
+        .iter()
+        .filter(|e| e.fault == ChaosFault::LostAfter)
+        .collect();
+    assert!(!lost.is_empty());
+
+    // The audit counts a cordon that answered 500 (or timed out) but took effect.
+    let held: BTreeSet<String> = h
+        .sim
+        .audit()
+        .held_actions
+        .iter()
+        .map(|a| {
+            assert_eq!(a.what, "POST cordon");
+            a.machine_id.clone()
+        })
+        .collect();
+    assert_eq!(held, took_effect);
+
+    // With chaos off, requests are served again.
+    assert_eq!(h.get("/c00").await.status, StatusCode::OK);
+    assert_eq!(h.sim.chaos_stats().eligible, 90);
+}
+
+/// Runs the same sequence of requests, one at a time, under `chaos`, and
+/// returns what the clients saw and which faults were injected.
+async fn chaos_run(chaos: Chaos) -> (Vec<Seen>, Vec<ChaosEvent>, Vec<bool>) {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_chaos(Some(chaos));
+    let mut seen_by_client = Vec::new();
+    for i in 0..40 {
+        let (method, path) = match i % 4 {
+            0 => (Method::GET, "/m1"),
+            1 => (Method::POST, "/m2/cordon"),
+            2 => (Method::POST, "/m2/uncordon"),
+            _ => (Method::GET, ""),
+        };
+        let request = h
+            .http
+            .request(method, h.machines_url(APP, path))
+            .bearer_auth(TOKEN);
+        seen_by_client.push(seen(request).await);
+    }
+    let cordoned = ["m1", "m2", "m3"]
+        .iter()
+        .map(|id| h.sim.machine(id).expect("machine").cordoned)
+        .collect();
+    (seen_by_client, h.sim.chaos_events(), cordoned)
+}
+
+#[tokio::test]
+async fn chaos_is_deterministic_for_a_seed() {
+    // A short hang: the client waits it out and sees the 503.
+    let chaos = |seed| {
+        Chaos::new(seed, 0.5)
+            .retry_after_secs(3)
+            .hang(Duration::from_millis(20))
+    };
+    let first = chaos_run(chaos(42)).await;
+    let second = chaos_run(chaos(42)).await;
+    assert!(
+        !first.1.is_empty(),
+        "rate 0.5 over 40 requests injects something"
+    );
+    assert!(first.1.len() < 40, "and lets something through");
+    assert_eq!(first, second, "same seed, same requests: same faults");
+
+    let other = chaos_run(chaos(43)).await;
+    assert_ne!(first.1, other.1, "another seed draws other faults");
+}
+
+#[tokio::test]
+async fn a_hanging_fault_ends_promptly_on_shutdown() {
+    let h = Harness::start(fleet()).await;
+    h.sim
+        .set_chaos(Some(Chaos::new(1, 1.0).hang(Duration::from_secs(600))));
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            tokio::spawn(
+                h.http
+                    .get(h.machines_url(APP, "/m1"))
+                    .bearer_auth(TOKEN)
+                    .send(),
+            )
+        })
+        .collect();
+    within(async {
+        loop {
+            let stats = h.sim.chaos_stats();
+            if stats.eligible == 12 {
+                break stats;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let stats = h.sim.chaos_stats();
+    assert!(
+        stats.hang_before + stats.hang_after > 0,
+        "twelve draws include a hang: {stats:?}"
+    );
+    let Harness { sim, http: _http } = h;
+    let started = tokio::time::Instant::now();
+    within(sim.shutdown()).await;
+    for task in tasks {
+        let outcome = within(task).await.expect("request task did not panic");
+        if let Ok(response) = outcome {
+            assert_ne!(response.status(), StatusCode::OK);
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "hangs end on shutdown"
+    );
+}
+
+#[tokio::test]
+async fn operator_writes_wait_for_the_lease() {
+    let h = Harness::start(fleet()).await;
+    let acquired = h.post("/m1/lease", None, Some(json!({"ttl": 30}))).await;
+    assert_eq!(acquired.status, StatusCode::CREATED);
+    let nonce = acquired.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    let v0 = h.sim.machine("m1").expect("m1").instance_id;
+
+    let refused = h.sim.operator_set_metadata("m1", HOLD, "incident-9");
+    match refused {
+        Err(OperatorWriteRefused::Leased {
+            ref machine_id,
+            ref owner,
+            ..
+        }) => {
+            assert_eq!(machine_id, "m1");
+            assert_eq!(owner, DEFAULT_LEASE_OWNER);
+        }
+        other => panic!("expected a lease refusal, got {other:?}"),
+    }
+    assert!(refused.is_err_and(|e| e.to_string().contains("lease currently held by")));
+    assert_eq!(
+        h.sim.operator_delete_metadata("m1", "pool"),
+        Err(OperatorWriteRefused::Leased {
+            machine_id: "m1".to_string(),
+            owner: DEFAULT_LEASE_OWNER.to_string(),
+            expires_at: h
+                .sim
+                .machine("m1")
+                .and_then(|m| m.lease)
+                .expect("lease")
+                .expires_at,
+        })
+    );
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert!(
+        !m1.metadata.contains_key(HOLD),
+        "a refused write writes nothing"
+    );
+    assert_eq!(
+        m1.metadata.get("pool").map(String::as_str),
+        Some("dispatch")
+    );
+    assert_eq!(m1.instance_id, v0);
+
+    // The out-of-band writes still ignore leases.
+    assert!(h.sim.set_metadata("m1", "note", "x"));
+    assert!(h.sim.delete_metadata("m1", "note"));
+    assert!(
+        !h.sim
+            .machine("m1")
+            .expect("m1")
+            .metadata
+            .contains_key("note")
+    );
+    assert!(!h.sim.delete_metadata("nope", "note"));
+
+    // Once the daemon releases, the operator's retry goes through.
+    let released = h.fly(Method::DELETE, "/m1/lease", Some(&nonce), None).await;
+    assert_eq!(released.status, StatusCode::OK);
+    let before = h.sim.machine("m1").expect("m1").instance_id;
+    assert_eq!(
+        h.sim.operator_set_metadata("m1", HOLD, "incident-9"),
+        Ok(())
+    );
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert_eq!(
+        m1.metadata.get(HOLD).map(String::as_str),
+        Some("incident-9")
+    );
+    assert_ne!(m1.instance_id, before, "an operator write is a new version");
+    assert_eq!(h.sim.operator_delete_metadata("m1", HOLD), Ok(()));
+    assert!(!h.sim.machine("m1").expect("m1").metadata.contains_key(HOLD));
+
+    // An expired lease counts as absent, as for API calls.
+    h.sim
+        .acquire_lease_as("m2", "other@example.com", Duration::from_secs(5))
+        .expect("m2 exists");
+    assert!(h.sim.operator_set_metadata("m2", HOLD, "x").is_err());
+    h.sim.advance_clock(Duration::from_secs(6));
+    assert_eq!(h.sim.operator_set_metadata("m2", HOLD, "x"), Ok(()));
+
+    assert_eq!(
+        h.sim.operator_set_metadata("nope", HOLD, "x"),
+        Err(OperatorWriteRefused::UnknownMachine {
+            machine_id: "nope".to_string()
+        })
+    );
+}
+
+fn pool_fleet() -> SimFleet {
+    SimFleet::new(TOKEN)
+        .restart_delay(Duration::from_millis(100))
+        .app(
+            SimApp::new(APP)
+                .machine(
+                    SimMachine::new("d1")
+                        .metadata("pool", "dispatch")
+                        .cooperative(),
+                )
+                .machine(
+                    SimMachine::new("d2")
+                        .metadata("pool", "dispatch")
+                        .cooperative(),
+                )
+                .machine(SimMachine::new("x1")),
+        )
+}
+
+fn dispatch() -> (String, String) {
+    (APP.to_string(), "dispatch".to_string())
+}
+
+#[tokio::test]
+async fn audit_detects_two_machines_out_of_a_cap_one_pool() {
+    let h = Harness::start(pool_fleet()).await;
+    assert!(!h.sim.audit().enabled);
+    h.sim
+        .enable_audit(AuditConfig::new("pool").cap(APP, "dispatch", 1));
+    let start = h.sim.audit();
+    assert!(start.enabled);
+    assert_eq!(start.max_out.get(&dispatch()), Some(&0));
+    assert_eq!(
+        start.max_out.get(&(APP.to_string(), "default".to_string())),
+        Some(&0)
+    );
+
+    assert_eq!(
+        h.post("/d1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let one = h.sim.audit();
+    assert!(one.cap_breaches.is_empty(), "one out is within the cap");
+    assert_eq!(one.max_out[&dispatch()], 1);
+    assert_eq!(one.out_now[&dispatch()], vec!["d1"]);
+
+    assert_eq!(
+        h.post("/d2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let two = h.sim.audit();
+    assert_eq!(two.cap_breaches.len(), 1, "{:?}", two.cap_breaches);
+    let breach = &two.cap_breaches[0];
+    assert_eq!(
+        (breach.app.as_str(), breach.pool.as_str()),
+        (APP, "dispatch")
+    );
+    assert_eq!(breach.out, vec!["d1", "d2"]);
+    assert_eq!(breach.cap, 1);
+    assert_eq!(two.max_out[&dispatch()], 2);
+
+    for id in ["d1", "d2"] {
+        let path = format!("/{id}/uncordon");
+        assert_eq!(h.post(&path, None, None).await.status, StatusCode::OK);
+    }
+    assert!(h.sim.audit().out_now.is_empty());
+
+    // A fence and a restart in flight count as out too; the restart's
+    // machine is back once it is started.
+    let drained = h
+        .agent_post("d1", "overlay/drain", None, json!({"rotation": "r1"}))
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    assert_eq!(
+        h.post("/d2/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    let during = h.sim.audit();
+    assert_eq!(during.cap_breaches.len(), 2);
+    assert_eq!(during.cap_breaches[1].out, vec!["d1", "d2"]);
+    assert_eq!(h.wait_for("d2", "started", 5).await.status, StatusCode::OK);
+    assert_eq!(h.sim.audit().out_now[&dispatch()], vec!["d1"]);
+    let undrained = h
+        .agent_post("d1", "overlay/undrain", None, json!({"rotation": "r1"}))
+        .await;
+    assert_eq!(undrained.status, StatusCode::OK);
+    let end = h.sim.audit();
+    assert!(end.out_now.is_empty());
+    assert_eq!(end.cap_breaches.len(), 2);
+    assert_eq!(end.max_out[&(APP.to_string(), "default".to_string())], 0);
+    assert!(
+        h.sim
+            .machines()
+            .iter()
+            .all(|m| !m.cordoned && m.fence.is_none())
+    );
+
+    // A machine moved into the pool out of band brings its cordon with it.
+    assert_eq!(
+        h.post("/x1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/d1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.sim.audit().cap_breaches.len(), 2);
+    assert!(h.sim.set_metadata("x1", "pool", "dispatch"));
+    let moved = h.sim.audit();
+    assert_eq!(moved.cap_breaches.len(), 3);
+    assert_eq!(moved.cap_breaches[2].out, vec!["d1", "x1"]);
+    assert!(
+        !moved
+            .out_now
+            .contains_key(&(APP.to_string(), "default".to_string()))
+    );
+}
+
+#[tokio::test]
+async fn audit_records_restarts_with_the_agent_state_at_that_instant() {
+    let fleet = SimFleet::new(TOKEN)
+        .restart_delay(Duration::from_millis(100))
+        .app(
+            SimApp::new(APP)
+                .machine(
+                    SimMachine::new("busy")
+                        .cooperative()
+                        .behaviour(Behaviour::BusyFor(Duration::from_secs(600))),
+                )
+                .machine(SimMachine::new("chatty").live_sessions(2))
+                .machine(
+                    SimMachine::new("ready")
+                        .cooperative()
+                        .live_sessions(2)
+                        .metadata("pool", "dispatch")
+                        .metadata(MARKER, r#"{"target":"abc"}"#),
+                ),
+        );
+    let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::new("pool"));
+
+    assert_eq!(
+        h.post("/busy/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    // Refused (not started): not a restart.
+    assert_eq!(
+        h.post("/busy/restart", None, None).await.status,
+        StatusCode::PRECONDITION_FAILED
+    );
+    assert_eq!(
+        h.post("/chatty/stop", None, None).await.status,
+        StatusCode::OK
+    );
+
+    let drained = h
+        .agent_post("ready", "overlay/drain", None, json!({"rotation": "r9"}))
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    let lease = h.post("/ready/lease", None, Some(json!({"ttl": 30}))).await;
+    let nonce = lease.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    assert_eq!(
+        h.post("/ready/restart", Some(&nonce), None).await.status,
+        StatusCode::OK
+    );
+
+    let report = h.sim.audit();
+    assert_eq!(report.restarts.len(), 3, "{:?}", report.restarts);
+    let busy = &report.restarts[0];
+    assert_eq!(busy.machine_id, "busy");
+    assert_eq!(busy.action, "restart");
+    assert!(busy.busy, "a restart of a busy agent is recorded as busy");
+    assert!(!busy.fenced);
+    assert_eq!(busy.checkpoint, None);
+    assert_eq!(busy.pool, "default");
+    assert_eq!(busy.lease_owner, None);
+
+    let chatty = &report.restarts[1];
+    assert_eq!(
+        (chatty.machine_id.as_str(), chatty.action.as_str()),
+        ("chatty", "stop")
+    );
+    assert!(chatty.busy, "open sessions are live work");
+
+    let ready = &report.restarts[2];
+    assert_eq!(ready.machine_id, "ready");
+    assert!(!ready.busy, "a checkpointed agent has nothing to lose");
+    assert!(ready.fenced);
+    assert_eq!(ready.checkpoint.as_deref(), Some("r9"));
+    assert_eq!(ready.pool, "dispatch");
+    assert_eq!(ready.marker.as_deref(), Some(r#"{"target":"abc"}"#));
+    assert_eq!(ready.lease_owner.as_deref(), Some(DEFAULT_LEASE_OWNER));
+    assert!(!ready.held);
+    let request = h
+        .sim
+        .requests()
+        .into_iter()
+        .find(|r| r.seq == ready.seq)
+        .expect("the restart request is in the log");
+    assert_eq!(request.path, "/v1/apps/agents/machines/ready/restart");
+    assert_eq!(report.marked_now, vec!["ready"]);
+}
+
+#[tokio::test]
+async fn audit_records_actions_that_took_effect_on_held_machines() {
+    let fleet = SimFleet::new(TOKEN).app(
+        SimApp::new(APP)
+            .machine(
+                SimMachine::new("held")
+                    .cooperative()
+                    .metadata(HOLD, "incident-3"),
+            )
+            .machine(SimMachine::new("free")),
+    );
+    let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::new("pool"));
+
+    // Reads, lease calls, refused and failed requests are not actions.
+    assert_eq!(h.get("/held").await.status, StatusCode::OK);
+    assert_eq!(h.get("/held/metadata").await.status, StatusCode::OK);
+    let lease = h.post("/held/lease", None, Some(json!({"ttl": 30}))).await;
+    let nonce = lease.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    assert_eq!(
+        h.post("/held/cordon", None, None).await.status,
+        StatusCode::CONFLICT,
+        "no nonce"
+    );
+    h.sim.fail_next(1, 500, None);
+    assert_eq!(
+        h.post("/held/cordon", Some(&nonce), None).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let released = h
+        .fly(Method::DELETE, "/held/lease", Some(&nonce), None)
+        .await;
+    assert_eq!(released.status, StatusCode::OK);
+    // Operator writes are not requests.
+    assert_eq!(h.sim.operator_set_metadata("held", "note", "x"), Ok(()));
+    assert!(h.sim.audit().held_actions.is_empty());
+
+    assert_eq!(
+        h.post("/held/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/free/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    let drained = h
+        .agent_post("held", "overlay/drain", None, json!({"rotation": "r1"}))
+        .await;
+    assert_eq!(drained.status, StatusCode::OK);
+    // Clearing the hold is itself an action on a held machine.
+    let cleared = h
+        .fly(
+            Method::DELETE,
+            &format!("/held/metadata/{HOLD}"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(cleared.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.post("/held/uncordon", None, None).await.status,
+        StatusCode::OK
+    );
+
+    let actions = h.sim.audit().held_actions;
+    let what: Vec<(&str, &str)> = actions
+        .iter()
+        .map(|a| (a.machine_id.as_str(), a.what.as_str()))
+        .collect();
+    assert_eq!(
+        what,
+        vec![
+            ("held", "POST cordon"),
+            ("held", "POST overlay/drain"),
+            ("held", "DELETE metadata"),
+        ]
+    );
+    let log = h.sim.requests();
+    let cordon = log
+        .iter()
+        .find(|r| r.seq == actions[0].seq)
+        .expect("logged");
+    assert_eq!(cordon.status, Some(200));
+    assert_eq!(cordon.action.as_deref(), Some("cordon"));
+}
+
+#[tokio::test]
+async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
+    const COORD: &str = "fleet-coord";
+    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    let h = Harness::start(fleet).await;
+
+    let acquired = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            "/coord/lease",
+            None,
+            Some(json!({"ttl": 10})),
+        )
+        .await;
+    assert_eq!(acquired.status, StatusCode::CREATED);
+    let nonce = acquired.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    let refreshed = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            "/coord/lease",
+            Some(nonce.as_str()),
+            Some(json!({"ttl": 30})),
+        )
+        .await;
+    assert_eq!(refreshed.status, StatusCode::CREATED);
+    assert_eq!(refreshed.body["data"]["nonce"], nonce.as_str());
+    let shown = h
+        .fly_in(COORD, Method::GET, "/coord/lease", None, None)
+        .await;
+    assert_eq!(shown.status, StatusCode::OK);
+
+    let slot = "/coord/metadata/fleet_reconciler_slot_0";
+    let value = json!({"value": "d1@rot-1"});
+    let without = h
+        .fly_in(COORD, Method::POST, slot, None, Some(value.clone()))
+        .await;
+    assert_eq!(without.status, StatusCode::CONFLICT);
+    assert!(error_text(&without).contains("lease currently held by"));
+    let wrong = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            slot,
+            Some("not-the-nonce"),
+            Some(value.clone()),
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::CONFLICT);
+    let written = h
+        .fly_in(COORD, Method::POST, slot, Some(nonce.as_str()), Some(value))
+        .await;
+    assert_eq!(written.status, StatusCode::NO_CONTENT);
+
+    // Reads need no nonce.
+    let read = h.fly_in(COORD, Method::GET, slot, None, None).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.body, json!({"value": "d1@rot-1"}));
+    let all = h
+        .fly_in(COORD, Method::GET, "/coord/metadata", None, None)
+        .await;
+    assert_eq!(all.body["fleet_reconciler_slot_0"], "d1@rot-1");
+
+    // Compare-and-set on the machine version works on a stopped machine too.
+    let version = h.sim.machine("coord").expect("coord").instance_id;
+    let cas = h.fly_in(COORD,
+        Method::PATCH,
+        "/coord/metadata",
+        Some(nonce.as_str()),
+        Some(json!({"metadata": {"fleet_reconciler_slot_1": "d2@rot-1"}, "machine_version": version})),
+    )
+    .await;
+    assert_eq!(cas.status, StatusCode::NO_CONTENT);
+    let stale = h
+        .fly_in(
+            COORD,
+            Method::PATCH,
+            "/coord/metadata",
+            Some(nonce.as_str()),
+            Some(json!({"metadata": {"fleet_reconciler_slot_1": "x"}, "machine_version": version})),
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+
+    assert_eq!(
+        h.fly_in(COORD, Method::DELETE, slot, None, None)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        h.fly_in(COORD, Method::DELETE, slot, Some(nonce.as_str()), None)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        h.fly_in(COORD, Method::GET, slot, None, None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        h.fly_in(COORD, Method::DELETE, "/coord/lease", None, None)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        h.fly_in(
+            COORD,
+            Method::DELETE,
+            "/coord/lease",
+            Some(nonce.as_str()),
+            None
+        )
+        .await
+        .status,
+        StatusCode::OK
+    );
+
+    let coord = h.sim.machine("coord").expect("coord");
+    assert_eq!(coord.state, "stopped", "none of this starts the machine");
+    assert!(coord.lease.is_none());
+    assert_eq!(
+        coord
+            .metadata
+            .get("fleet_reconciler_slot_1")
+            .map(String::as_str),
+        Some("d2@rot-1")
+    );
+    // The coordination app is listed on its own.
+    assert_eq!(h.sim.machine_ids(COORD), vec!["coord"]);
+    assert_eq!(
+        h.fly_in(COORD, Method::GET, "", None, None)
+            .await
+            .body
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
 }

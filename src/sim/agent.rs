@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::fixture::{Behaviour, CAP_DRAIN, CAP_RELOAD};
-use super::http::{ApiError, agent_token_matches, header_str, parse_json};
+use super::http::{ApiError, RequestSeq, agent_token_matches, header_str, parse_json};
 use super::state::{MachineState, RefField, RotationReport, STARTED, Shared, Step, schedule};
 
 /// What a [`Behaviour::Garbage`] agent answers: an HTML error page under a JSON content type.
@@ -115,17 +115,35 @@ struct AgentCtx {
     reload_delay: std::time::Duration,
 }
 
+/// The request a cooperative handler serves.
+struct AgentCall<'a> {
+    id: &'a str,
+    headers: &'a HeaderMap,
+    capability: &'a str,
+    seq: RequestSeq,
+    /// `POST overlay/drain`, ...: how the audit names the request.
+    what: &'static str,
+}
+
 /// The checks every cooperative endpoint makes, in the order a real agent
 /// would: machine exists, is running, is not hung or failing, serves the
 /// endpoint (advertised capability), and the caller holds the agent token.
+/// Then applies the endpoint and tells the audit (a fence takes the machine
+/// out of its pool; any effect on a held machine is recorded).
 fn cooperative(
     shared: &Shared,
-    id: &str,
-    headers: &HeaderMap,
-    capability: &str,
+    call: AgentCall<'_>,
     apply: impl FnOnce(&mut MachineState, &AgentCtx) -> Result<Response, ApiError>,
 ) -> Outcome {
-    let mut world = shared.lock();
+    let AgentCall {
+        id,
+        headers,
+        capability,
+        seq: RequestSeq(seq),
+        what,
+    } = call;
+    let mut guard = shared.lock();
+    let world = &mut *guard;
     let ctx = AgentCtx {
         now: world.now(),
         reload_delay: world.reload_delay,
@@ -151,10 +169,18 @@ fn cooperative(
         )
         .into();
     }
-    match apply(m, &ctx) {
-        Ok(response) => Outcome::Respond(response),
-        Err(e) => e.into(),
+    let held = world.audit.as_ref().is_some_and(|a| a.held(m));
+    let response = match apply(m, &ctx) {
+        Ok(response) => response,
+        Err(e) => return e.into(),
+    };
+    if let Some(audit) = world.audit.as_mut() {
+        if held {
+            audit.record_held_action(id, what, seq, ctx.now);
+        }
+        audit.observe(m, ctx.now);
     }
+    Outcome::Respond(response)
 }
 
 #[derive(Deserialize)]
@@ -188,11 +214,19 @@ fn fence_response(m: &MachineState, now: DateTime<Utc>) -> Response {
 /// (and idle) once the work it already has is done.
 pub(crate) async fn drain(
     State(shared): State<Arc<Shared>>,
+    Extension(seq): Extension<RequestSeq>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let outcome = cooperative(&shared, &id, &headers, CAP_DRAIN, |m, ctx| {
+    let call = AgentCall {
+        id: &id,
+        headers: &headers,
+        capability: CAP_DRAIN,
+        seq,
+        what: "POST overlay/drain",
+    };
+    let outcome = cooperative(&shared, call, |m, ctx| {
         m.agent.fence = Some(rotation_tag(&body)?);
         Ok(fence_response(m, ctx.now))
     });
@@ -203,11 +237,19 @@ pub(crate) async fn drain(
 /// fence is not this caller's to release (409).
 pub(crate) async fn undrain(
     State(shared): State<Arc<Shared>>,
+    Extension(seq): Extension<RequestSeq>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let outcome = cooperative(&shared, &id, &headers, CAP_DRAIN, |m, ctx| {
+    let call = AgentCall {
+        id: &id,
+        headers: &headers,
+        capability: CAP_DRAIN,
+        seq,
+        what: "POST overlay/undrain",
+    };
+    let outcome = cooperative(&shared, call, |m, ctx| {
         let tag = rotation_tag(&body)?;
         if let Some(held) = m.agent.fence.as_deref().filter(|held| *held != tag) {
             return Err(ApiError::new(
@@ -231,11 +273,19 @@ struct ReloadRequest {
 /// in a later health report, as the contract says.
 pub(crate) async fn reload(
     State(shared): State<Arc<Shared>>,
+    Extension(seq): Extension<RequestSeq>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let outcome = cooperative(&shared, &id, &headers, CAP_RELOAD, |m, ctx| {
+    let call = AgentCall {
+        id: &id,
+        headers: &headers,
+        capability: CAP_RELOAD,
+        seq,
+        what: "POST overlay/reload",
+    };
+    let outcome = cooperative(&shared, call, |m, ctx| {
         let request: ReloadRequest = parse_json(&body)?;
         let commit = request
             .commit

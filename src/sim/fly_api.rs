@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::DateTime;
 use chrono::Utc;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
-use super::http::{ApiError, lease_nonce, parse_json, parse_optional_json};
+use super::http::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json};
 use super::state::{
     Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, Shared, Step, add,
     new_nonce, rfc3339, schedule,
@@ -129,27 +129,62 @@ pub(crate) async fn get_machine(
 struct Ctx {
     now: DateTime<Utc>,
     restart_delay: Duration,
+    /// Set by [`Ctx::take_down`]: the request takes the machine out of service.
+    taken_down: Option<&'static str>,
 }
 
-/// Locks, finds the machine, enforces its lease, applies `f`, and wakes
-/// long-polls. Every mutating route goes through here, so none can forget the
-/// lease check.
+impl Ctx {
+    /// Notes that `action` (restart, stop, update) takes the running machine
+    /// down: it is out of its pool until it is `started` again, and the audit
+    /// records the restart with the machine's state at this instant.
+    fn take_down(&mut self, m: &mut MachineState, action: &'static str) {
+        m.down_by_api = true;
+        self.taken_down = Some(action);
+    }
+}
+
+/// The request a mutating handler serves, for the lease check and the audit.
+struct Call<'a> {
+    app: &'a str,
+    id: &'a str,
+    headers: &'a HeaderMap,
+    seq: RequestSeq,
+    /// `POST cordon`, `DELETE metadata`, ...: how the audit names the request.
+    what: &'static str,
+}
+
+/// Locks, finds the machine, enforces its lease, applies `f`, tells the audit
+/// what happened, and wakes long-polls. Every mutating route goes through
+/// here, so none can forget the lease check or escape the audit.
 fn mutate<T>(
     shared: &Shared,
-    app: &str,
-    id: &str,
-    headers: &HeaderMap,
-    f: impl FnOnce(&mut MachineState, &Ctx) -> Result<T, ApiError>,
+    call: Call<'_>,
+    f: impl FnOnce(&mut MachineState, &mut Ctx) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
     let result = {
         let mut world = shared.lock();
-        let ctx = Ctx {
+        let mut ctx = Ctx {
             now: world.now(),
             restart_delay: world.restart_delay,
+            taken_down: None,
         };
-        let m = world.machine_mut(app, id)?;
-        m.check_lease(lease_nonce(headers), ctx.now)?;
-        f(m, &ctx)?
+        let (m, audit) = world.machine_and_audit(call.app, call.id)?;
+        m.check_lease(lease_nonce(call.headers), ctx.now)?;
+        // Taken before `f`: an update may replace the metadata, and the
+        // audit wants the state the request acted on.
+        let before = audit.as_deref().map(|a| a.snapshot(m, ctx.now));
+        let result = f(m, &mut ctx)?;
+        if let (Some(audit), Some(before)) = (audit, before) {
+            let RequestSeq(seq) = call.seq;
+            if before.held {
+                audit.record_held_action(&m.id, call.what, seq, ctx.now);
+            }
+            if let Some(action) = ctx.taken_down {
+                audit.record_restart(m, before, action, seq, ctx.now);
+            }
+            audit.observe(m, ctx.now);
+        }
+        result
     };
     shared.notify();
     Ok(result)
@@ -174,6 +209,7 @@ struct UpdateConfig {
 /// comes back on the release tip.
 pub(crate) async fn update_machine(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
@@ -182,7 +218,14 @@ pub(crate) async fn update_machine(
     let config = request
         .config
         .ok_or_else(|| ApiError::bad_request("config is required"))?;
-    let (response, scheduled) = mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST machine",
+    };
+    let (response, scheduled) = mutate(&shared, call, |m, ctx| {
         if let Some(version) = request.current_version.filter(|v| !v.is_empty()) {
             if version != m.instance_id {
                 return Err(ApiError::precondition(format!(
@@ -197,6 +240,7 @@ pub(crate) async fn update_machine(
         m.metadata = config.metadata;
         m.bump_version(ctx.now);
         let scheduled = if m.state == STARTED {
+            ctx.take_down(m, "update");
             Some((m.transition(REPLACING, ctx.now), ctx.restart_delay))
         } else {
             None
@@ -213,10 +257,18 @@ pub(crate) async fn update_machine(
 /// delay; the agent comes back on the release tip current at that moment.
 pub(crate) async fn restart(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (generation, delay) = mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST restart",
+    };
+    let (generation, delay) = mutate(&shared, call, |m, ctx| {
         if m.state != STARTED {
             return Err(ApiError::precondition(format!(
                 "failed_precondition: unable to restart machine {}: not currently started (state {})",
@@ -224,6 +276,7 @@ pub(crate) async fn restart(
             )));
         }
         m.restart_count += 1;
+        ctx.take_down(m, "restart");
         Ok((m.transition(STOPPING, ctx.now), ctx.restart_delay))
     })?;
     let half = delay / 2;
@@ -235,16 +288,25 @@ pub(crate) async fn restart(
 /// `POST …/stop`: `stopping` → `stopped`. Stopping a stopped machine is a no-op.
 pub(crate) async fn stop(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     // The body (`signal`, `timeout`) only has to be JSON: the sim stops the same way for every signal.
     let _: IgnoredAny = parse_optional_json(&body)?;
-    let scheduled = mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST stop",
+    };
+    let scheduled = mutate(&shared, call, |m, ctx| {
         if m.state == STOPPED {
             return Ok(None);
         }
+        ctx.take_down(m, "stop");
         Ok(Some((
             m.transition(STOPPING, ctx.now),
             ctx.restart_delay / 2,
@@ -261,10 +323,18 @@ pub(crate) async fn stop(
 /// down answers 412.
 pub(crate) async fn start(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (previous, scheduled) = mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST start",
+    };
+    let (previous, scheduled) = mutate(&shared, call, |m, ctx| {
         let previous = m.state.clone();
         match previous.as_str() {
             STARTED | STARTING => Ok((previous, None)),
@@ -338,10 +408,18 @@ pub(crate) async fn wait(
 
 pub(crate) async fn cordon(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    mutate(&shared, &app, &id, &headers, |m, _| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST cordon",
+    };
+    mutate(&shared, call, |m, _| {
         m.cordoned = true;
         Ok(())
     })?;
@@ -350,10 +428,18 @@ pub(crate) async fn cordon(
 
 pub(crate) async fn uncordon(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    mutate(&shared, &app, &id, &headers, |m, _| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST uncordon",
+    };
+    mutate(&shared, call, |m, _| {
         m.cordoned = false;
         Ok(())
     })?;
@@ -509,6 +595,7 @@ struct UpsertValue {
 
 pub(crate) async fn set_metadata_key(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id, key)): Path<(String, String, String)>,
     headers: HeaderMap,
     body: Bytes,
@@ -517,7 +604,14 @@ pub(crate) async fn set_metadata_key(
     let value = request
         .value
         .ok_or_else(|| ApiError::bad_request("value is required"))?;
-    mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "POST metadata",
+    };
+    mutate(&shared, call, |m, ctx| {
         m.metadata.insert(key, value);
         m.bump_version(ctx.now);
         Ok(())
@@ -527,10 +621,18 @@ pub(crate) async fn set_metadata_key(
 
 pub(crate) async fn delete_metadata_key(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
     Path((app, id, key)): Path<(String, String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: "DELETE metadata",
+    };
+    mutate(&shared, call, |m, ctx| {
         m.metadata.remove(&key);
         m.bump_version(ctx.now);
         Ok(())
@@ -549,6 +651,8 @@ struct UpdateMetadata {
 /// `machine_version` other than the current one: 412, nothing written.
 pub(crate) async fn update_metadata(
     State(shared): SharedState,
+    Extension(seq): Extension<RequestSeq>,
+    method: Method,
     Path((app, id)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
@@ -557,7 +661,18 @@ pub(crate) async fn update_metadata(
     let changes = request
         .metadata
         .ok_or_else(|| ApiError::bad_request("metadata is required"))?;
-    mutate(&shared, &app, &id, &headers, |m, ctx| {
+    let call = Call {
+        app: &app,
+        id: &id,
+        headers: &headers,
+        seq,
+        what: if method == Method::PUT {
+            "PUT metadata"
+        } else {
+            "PATCH metadata"
+        },
+    };
+    mutate(&shared, call, |m, ctx| {
         if let Some(version) = request.machine_version.filter(|v| !v.is_empty()) {
             if version != m.instance_id {
                 return Err(ApiError::precondition(format!(

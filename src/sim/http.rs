@@ -1,7 +1,8 @@
 //! The simulator's HTTP surface: routes, the front door (recording, auth,
-//! injected faults, rate limit) and the JSON error shape.
+//! injected faults, rate limit, chaos) and the JSON error shape.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -14,6 +15,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::chaos::{ChaosEvent, ChaosFault};
 use super::state::{
     InjectedFailure, Lease, MAX_RECORDED_REQUESTS, MachineState, Shared, World, rfc3339,
 };
@@ -26,6 +28,11 @@ pub(crate) const NONCE_HEADER: &str = "fly-machine-lease-nonce";
 const MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// How much of each request body the log keeps.
 const RECORDED_BODY_BYTES: usize = 4096;
+
+/// The arrival number the front door gave a request (its
+/// [`RecordedRequest::seq`]), for handlers that record audit events.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RequestSeq(pub(crate) u64);
 
 /// An error answered as `{"error": "..."}`, the Fly API's `ErrorResponse` shape.
 #[derive(Debug)]
@@ -252,11 +259,25 @@ async fn not_found() -> ApiError {
     ApiError::not_found("not found")
 }
 
+/// What the front door decided for a Fly API request before serving it.
+enum Gate {
+    /// Serve it.
+    Pass,
+    /// Answer this instead; the request has no effect.
+    Refuse(ApiError),
+    /// Hold the connection for this long, then answer 503; no effect.
+    HangThenRefuse(Duration),
+    /// Serve it (its effect takes place), then wait `delay` and answer
+    /// `status` instead of the real answer.
+    ServeThenFail { delay: Duration, status: StatusCode },
+}
+
 /// Records every request, then, for the Fly API only: authenticates, serves
-/// injected faults and applies the rate limit, in that order (a request with a
-/// bad token must not consume a fault a retry test queued).
+/// queued faults, applies the rate limit and draws a chaos fault, in that
+/// order (a request with a bad token must not consume a fault a retry test
+/// queued, and a throttled one gets no second fault on top).
 async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let Ok(body) = to_bytes(body, MAX_REQUEST_BODY).await else {
         return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
             .into_response();
@@ -264,7 +285,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
     let route = classify_path(parts.uri.path());
     let authorization = header_str(&parts.headers, header::AUTHORIZATION.as_str());
 
-    let (seq, early) = {
+    let (seq, gate) = {
         let mut world = shared.lock();
         let (credential, authorized) =
             authenticate(&world, &route, parts.method.as_str(), authorization);
@@ -292,17 +313,34 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
             }
             world.requests.push_back(record);
         }
-        let early = if route.target == Some(RequestTarget::FlyApi) {
-            fly_gate(&mut world, &route, parts.method.as_str(), authorized)
+        let gate = if route.target == Some(RequestTarget::FlyApi) {
+            fly_gate(&mut world, &route, &parts, seq, authorized)
         } else {
-            None
+            Gate::Pass
         };
-        (seq, early)
+        (seq, gate)
     };
 
-    let response = match early {
-        Some(error) => error.into_response(),
-        None => next.run(Request::from_parts(parts, Body::from(body))).await,
+    parts.extensions.insert(RequestSeq(seq));
+    let request = Request::from_parts(parts, Body::from(body));
+    let response = match gate {
+        Gate::Pass => next.run(request).await,
+        Gate::Refuse(error) => error.into_response(),
+        Gate::HangThenRefuse(delay) => {
+            hang(&shared, delay).await;
+            ApiError::unavailable("injected fault: no answer in time").into_response()
+        }
+        Gate::ServeThenFail { delay, status } => {
+            let real = next.run(request).await;
+            shared
+                .lock()
+                .chaos
+                .record_effect(seq, real.status().as_u16());
+            // Drop the real answer (and any long body) before waiting.
+            drop(real);
+            hang(&shared, delay).await;
+            ApiError::new(status, "injected fault: the answer was lost").into_response()
+        }
     };
     let status = response.status().as_u16();
     let mut world = shared.lock();
@@ -310,6 +348,18 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         r.status = Some(status);
     }
     response
+}
+
+/// Sleeps `delay`, cut short by simulator shutdown (so a hung fault cannot
+/// hold up graceful shutdown).
+async fn hang(shared: &Shared, delay: Duration) {
+    if delay.is_zero() {
+        return;
+    }
+    tokio::select! {
+        _ = shared.cancel.cancelled() => {}
+        _ = tokio::time::sleep(delay) => {}
+    }
 }
 
 fn authenticate(
@@ -345,9 +395,15 @@ fn authenticate(
     (credential, authorized)
 }
 
-fn fly_gate(world: &mut World, route: &Route, method: &str, authorized: bool) -> Option<ApiError> {
+fn fly_gate(
+    world: &mut World,
+    route: &Route,
+    parts: &axum::http::request::Parts,
+    seq: u64,
+    authorized: bool,
+) -> Gate {
     if !authorized {
-        return Some(ApiError::new(
+        return Gate::Refuse(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized: missing or invalid Authorization token",
         ));
@@ -357,18 +413,56 @@ fn fly_gate(world: &mut World, route: &Route, method: &str, authorized: bool) ->
         retry_after,
     }) = world.failures.pop_front()
     {
-        return Some(ApiError::with_code(status, "injected failure").retry_after(retry_after));
+        return Gate::Refuse(
+            ApiError::with_code(status, "injected failure").retry_after(retry_after),
+        );
     }
     if let (Some(id), Some(action)) = (&route.machine_id, &route.action) {
-        let key = format!("{method} {action}");
+        let key = format!("{} {action}", parts.method);
         if let Err(secs) = world.take_rate_token(id, &key) {
-            return Some(
+            return Gate::Refuse(
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
                     .retry_after(Some(secs)),
             );
         }
     }
-    None
+    let Some((fault, chaos)) = world.chaos.draw() else {
+        return Gate::Pass;
+    };
+    let (retry_after, hang) = (chaos.retry_after_secs, chaos.hang);
+    world.chaos.log(ChaosEvent {
+        seq,
+        fault,
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        machine_id: route.machine_id.clone(),
+        effect_status: None,
+    });
+    match fault {
+        ChaosFault::TooManyRequests => Gate::Refuse(
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "injected fault: rate limited",
+            )
+            .retry_after(Some(retry_after)),
+        ),
+        ChaosFault::ServerError => Gate::Refuse(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "injected fault: internal error",
+        )),
+        ChaosFault::Unavailable => {
+            Gate::Refuse(ApiError::unavailable("injected fault: service unavailable"))
+        }
+        ChaosFault::HangBefore => Gate::HangThenRefuse(hang),
+        ChaosFault::LostAfter => Gate::ServeThenFail {
+            delay: Duration::ZERO,
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        ChaosFault::HangAfter => Gate::ServeThenFail {
+            delay: hang,
+            status: StatusCode::SERVICE_UNAVAILABLE,
+        },
+    }
 }
 
 fn recorded_body(body: &Bytes) -> String {

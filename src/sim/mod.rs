@@ -12,7 +12,9 @@
 //!
 //! The daemon's safety (never restart live work, never act without its lease,
 //! never steal a lease, fail closed on bad reports) is tested against this
-//! server, so it must be faithful where the daemon depends on Fly's semantics:
+//! server — with random faults ([`Sim::set_chaos`]) and a record of every
+//! unsafe instant ([`Sim::enable_audit`]) if a test asks — so it must be
+//! faithful where the daemon depends on Fly's semantics:
 //! every mutating call on a leased machine needs the lease nonce, an expired
 //! lease counts as absent, `summary=true` drops metadata, `wait` answers 408,
 //! a restarted agent comes back on the release tip with no work and no fence.
@@ -45,6 +47,43 @@
 //!   A nonce header on an unleased machine is ignored.
 //! - **Injected faults** ([`Sim::fail_next`]) and the optional rate limit apply
 //!   to authenticated Fly API requests only, after the token check.
+//! - **Chaos** ([`Sim::set_chaos`]) applies to the same requests (long-polls
+//!   and lease calls included), after queued faults and the rate limit: a
+//!   request refused by either never reaches the RNG. Each remaining request
+//!   draws once from an RNG seeded by [`Chaos::seed`]; with probability
+//!   [`Chaos::rate`] it gets one [`ChaosFault`], chosen uniformly. 429, 500,
+//!   503 and `HangBefore` (503 after [`Chaos::hang`]) have no effect.
+//!   `LostAfter` and `HangAfter` run the real handler — the effect takes place
+//!   if the handler succeeds — and replace its answer with a 500, or a 503
+//!   after the hang; [`ChaosEvent::effect_status`] shows what the handler
+//!   answered. Hangs end at once on shutdown. Same seed and same arrival
+//!   order give the same faults; concurrent clients vary the order.
+//! - **Operator writes.** [`Sim::set_metadata`] and [`Sim::delete_metadata`]
+//!   write out of band, ignoring leases (a test's hand). The
+//!   `operator_*_metadata` calls behave like `fly` through the API: refused
+//!   while anyone holds an unexpired lease. Neither is a request: they are
+//!   not logged, not faulted, and not audited as actions.
+//! - **Audit** ([`Sim::enable_audit`]). A machine is *out* of its pool while
+//!   it is cordoned, its agent is fenced, or a restart, stop or replacing
+//!   update accepted through the API has not yet brought it back to
+//!   `started` (a machine stopped by the fixture or by [`Sim::set_state`] is
+//!   not out; forcing it `started` ends a take-down). The pool is the trimmed
+//!   value of [`AuditConfig::pool_key`], `default` if missing or blank. The
+//!   audit is updated under the world lock by every change that can move a
+//!   machine (API mutations, agent drain/undrain/reload, transitions
+//!   completing, out-of-band setters), so no short-lived state escapes it. A
+//!   [`CapBreach`] is recorded each time a pool's out set grows beyond its
+//!   cap. A [`RestartEvent`] is recorded when a restart, a stop of a machine
+//!   not already stopped, or an update of a started machine is accepted, with
+//!   the state just before it. A [`HeldAction`] is recorded for every
+//!   mutating Fly API call (not GET, not the lease endpoints) and every
+//!   cooperative agent POST that took effect — whatever the client was
+//!   answered — on a machine that carried [`AuditConfig::hold_key`] just
+//!   before, including the call that deletes the hold.
+//! - **Coordination machines.** Leases and metadata do not depend on the
+//!   machine state: a `stopped` machine (in any app) takes lease acquire,
+//!   refresh and release and `…/metadata` reads and writes, under the same
+//!   lease rule as any machine, and stays stopped.
 //! - **Hang** and **HttpError** agents misbehave on the cooperative endpoints
 //!   too; the other behaviours affect only the health report. Undrain with a
 //!   different rotation tag than the fence's answers 409.
@@ -54,10 +93,13 @@
 //!   drive them with `tokio::time::advance`.
 //!
 //! Layout: `fixture` (what a test describes), `state` (the world behind one
-//! mutex, never held across `.await`), `http` (routes, the recording/auth
-//! front door, errors), `fly_api` and `agent` (handlers), `view` (snapshots).
+//! mutex, never held across `.await`), `http` (routes, the recording/auth/
+//! fault front door, errors), `fly_api` and `agent` (handlers), `chaos`
+//! (random faults), `audit` (safety invariants), `view` (snapshots).
 
 mod agent;
+mod audit;
+mod chaos;
 mod fixture;
 mod fly_api;
 mod http;
@@ -73,12 +115,17 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use audit::{AuditConfig, AuditReport, CapBreach, HeldAction, RestartEvent};
+pub use chaos::{Chaos, ChaosEvent, ChaosFault, ChaosStats};
 pub use fixture::{
     Behaviour, CAP_DRAIN, CAP_RELOAD, DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN,
     NON_HEX_REF, RateLimit, SimApp, SimFleet, SimMachine,
 };
-pub use view::{Credential, LeaseView, RecordedRequest, RequestTarget, SimMachineView};
+pub use view::{
+    Credential, LeaseView, OperatorWriteRefused, RecordedRequest, RequestTarget, SimMachineView,
+};
 
+use audit::AuditState;
 use state::{InjectedFailure, Lease, Shared, World, add, new_nonce, resolve_behaviour};
 
 /// How long [`Sim::shutdown`] lets in-flight requests finish before cutting them off.
@@ -191,6 +238,20 @@ impl Sim {
         world.machines.get(machine_id).map(|m| m.view(now))
     }
 
+    /// Every machine, app by app (in name order), each in fixture order: lets
+    /// a test check at the end that nothing is left cordoned, fenced or marked.
+    pub fn machines(&self) -> Vec<SimMachineView> {
+        let world = self.shared.lock();
+        let now = world.now();
+        world
+            .apps
+            .values()
+            .flatten()
+            .filter_map(|id| world.machines.get(id))
+            .map(|m| m.view(now))
+            .collect()
+    }
+
     /// Applies `f` to a machine's state; `false` if the machine is unknown.
     fn with_machine(
         &self,
@@ -200,11 +261,15 @@ impl Sim {
         let found = {
             let mut world = self.shared.lock();
             let now = world.now();
-            world
+            let found = world
                 .machines
                 .get_mut(machine_id)
                 .map(|m| f(m, now))
-                .is_some()
+                .is_some();
+            // Out-of-band changes (a new pool, a forced state) move machines
+            // between the audit's out sets too.
+            world.observe(machine_id);
+            found
         };
         self.shared.notify();
         found
@@ -254,6 +319,67 @@ impl Sim {
         })
     }
 
+    /// Deletes a metadata key out of band, giving the machine a new version; no lease needed.
+    pub fn delete_metadata(&self, machine_id: &str, key: &str) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            m.metadata.remove(key);
+            m.bump_version(now);
+        })
+    }
+
+    /// Writes a metadata key as an operator's CLI does through the API: only
+    /// when no one holds an unexpired lease on the machine (the daemon's
+    /// lease is respected, so the caller retries). Unlike [`Sim::set_metadata`].
+    pub fn operator_set_metadata(
+        &self,
+        machine_id: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), OperatorWriteRefused> {
+        self.operator_write(machine_id, |metadata| {
+            metadata.insert(key.to_string(), value.to_string());
+        })
+    }
+
+    /// Deletes a metadata key under the same rule as [`Sim::operator_set_metadata`].
+    pub fn operator_delete_metadata(
+        &self,
+        machine_id: &str,
+        key: &str,
+    ) -> Result<(), OperatorWriteRefused> {
+        self.operator_write(machine_id, |metadata| {
+            metadata.remove(key);
+        })
+    }
+
+    fn operator_write(
+        &self,
+        machine_id: &str,
+        write: impl FnOnce(&mut std::collections::BTreeMap<String, String>),
+    ) -> Result<(), OperatorWriteRefused> {
+        {
+            let mut world = self.shared.lock();
+            let now = world.now();
+            let Some(m) = world.machines.get_mut(machine_id) else {
+                return Err(OperatorWriteRefused::UnknownMachine {
+                    machine_id: machine_id.to_string(),
+                });
+            };
+            if let Some(lease) = m.active_lease(now) {
+                return Err(OperatorWriteRefused::Leased {
+                    machine_id: machine_id.to_string(),
+                    owner: lease.owner.clone(),
+                    expires_at: lease.expires_at,
+                });
+            }
+            write(&mut m.metadata);
+            m.bump_version(now);
+            world.observe(machine_id);
+        }
+        self.shared.notify();
+        Ok(())
+    }
+
     /// Every request received so far, in arrival order (the newest 50 000).
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.lock().requests.iter().cloned().collect()
@@ -278,6 +404,48 @@ impl Sim {
     /// Injected faults not yet served.
     pub fn pending_failures(&self) -> usize {
         self.shared.lock().failures.len()
+    }
+
+    /// Turns random faults on authenticated Fly API requests on (re-seeding
+    /// the fault RNG from `chaos.seed`) or off. Queued [`Sim::fail_next`]
+    /// faults and the rate limit are served first; see [`Chaos`].
+    pub fn set_chaos(&self, chaos: Option<Chaos>) {
+        self.shared.lock().chaos.set(chaos);
+    }
+
+    /// Faults injected so far (cumulative across [`Sim::set_chaos`] calls).
+    pub fn chaos_stats(&self) -> ChaosStats {
+        self.shared.lock().chaos.stats
+    }
+
+    /// The faults injected, in arrival order (the newest 10 000).
+    pub fn chaos_events(&self) -> Vec<ChaosEvent> {
+        self.shared.lock().chaos.events.iter().cloned().collect()
+    }
+
+    /// Starts (or restarts, discarding what was recorded) the safety audit,
+    /// from the fleet as it is now; see [`AuditReport`].
+    pub fn enable_audit(&self, config: AuditConfig) {
+        let mut world = self.shared.lock();
+        let now = world.now();
+        // Fixture order, so breaches already present at the start list the same way every run.
+        let machines = world
+            .apps
+            .values()
+            .flatten()
+            .filter_map(|id| world.machines.get(id));
+        let audit = AuditState::new(config, machines, now);
+        world.audit = Some(audit);
+    }
+
+    /// What the audit has recorded so far (an empty report, `enabled: false`,
+    /// if it was never enabled).
+    pub fn audit(&self) -> AuditReport {
+        let world = self.shared.lock();
+        match &world.audit {
+            Some(audit) => audit.report(world.machines.values()),
+            None => AuditReport::default(),
+        }
     }
 
     pub fn set_rate_limit(&self, limit: Option<RateLimit>) {

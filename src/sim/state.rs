@@ -5,6 +5,10 @@
 //! State changes that take time (restart, stop, start, reload) are spawned
 //! tasks that re-lock when their delay is over; a per-machine `generation`
 //! makes a superseded task (a stop during a restart) a no-op.
+//!
+//! Chaos draws and the safety audit live here too, so that a fault decision
+//! and an audit entry are taken under the same lock as the change they
+//! concern: the audit can never see a state the handlers did not produce.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
@@ -17,6 +21,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::audit::AuditState;
+use super::chaos::ChaosState;
 use super::fixture::{Behaviour, CAP_DRAIN, NON_HEX_REF, RateLimit, SimFleet};
 use super::http::ApiError;
 use super::view::{LeaseView, RecordedRequest, SimMachineView};
@@ -93,6 +99,9 @@ pub(crate) struct World {
     pub(crate) failures: VecDeque<InjectedFailure>,
     pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) buckets: HashMap<(String, String), Bucket>,
+    pub(crate) chaos: ChaosState,
+    /// `None` until [`super::Sim::enable_audit`].
+    pub(crate) audit: Option<AuditState>,
 }
 
 impl World {
@@ -146,6 +155,7 @@ impl World {
                         lease: None,
                         restart_count: 0,
                         generation: 0,
+                        down_by_api: false,
                         agent,
                     },
                 );
@@ -167,6 +177,8 @@ impl World {
             failures: VecDeque::new(),
             rate_limit: fleet.rate_limit,
             buckets: HashMap::new(),
+            chaos: ChaosState::default(),
+            audit: None,
         })
     }
 
@@ -190,12 +202,30 @@ impl World {
         app: &str,
         id: &str,
     ) -> Result<&mut MachineState, ApiError> {
+        self.machine_and_audit(app, id).map(|(m, _)| m)
+    }
+
+    /// The machine and the audit at once (disjoint borrows), so a handler can
+    /// record what it does to the machine under the same lock.
+    pub(crate) fn machine_and_audit(
+        &mut self,
+        app: &str,
+        id: &str,
+    ) -> Result<(&mut MachineState, Option<&mut AuditState>), ApiError> {
         if !self.apps.contains_key(app) {
             return Err(ApiError::app_not_found());
         }
         match self.machines.get_mut(id) {
-            Some(m) if m.app == app => Ok(m),
+            Some(m) if m.app == app => Ok((m, self.audit.as_mut())),
             _ => Err(ApiError::machine_not_found(id)),
+        }
+    }
+
+    /// Lets the audit re-evaluate a machine after a change (no-op when the audit is off).
+    pub(crate) fn observe(&mut self, id: &str) {
+        let now = self.now();
+        if let (Some(audit), Some(m)) = (self.audit.as_mut(), self.machines.get(id)) {
+            audit.observe(m, now);
         }
     }
 
@@ -251,6 +281,9 @@ pub(crate) struct MachineState {
     /// Bumped by every state transition; pending transition tasks carry the
     /// generation they were scheduled in and give up if it moved on.
     pub(crate) generation: u64,
+    /// A restart, stop or replacing update was accepted through the API and
+    /// the machine has not been `started` since: out of its pool for the audit.
+    pub(crate) down_by_api: bool,
     pub(crate) agent: AgentState,
 }
 
@@ -284,6 +317,9 @@ impl MachineState {
 
     /// Enters `state` and invalidates pending transitions; returns the new generation.
     pub(crate) fn transition(&mut self, state: &str, now: DateTime<Utc>) -> u64 {
+        if state == STARTED {
+            self.down_by_api = false;
+        }
         self.state = state.to_string();
         self.updated_at = now;
         self.generation += 1;
@@ -296,6 +332,7 @@ impl MachineState {
     pub(crate) fn boot(&mut self, release_tip: &str, now: DateTime<Utc>) {
         self.state = STARTED.to_string();
         self.updated_at = now;
+        self.down_by_api = false;
         let agent = &mut self.agent;
         agent.loaded_ref = release_tip.to_string();
         agent.behaviour = Behaviour::Normal;
@@ -542,6 +579,7 @@ pub(crate) fn schedule(
                     Step::Boot => m.boot(&tip, now),
                     Step::Reload(commit) => m.agent.loaded_ref = commit,
                 }
+                world.observe(&machine_id);
             }
             shared.notify();
         }

@@ -114,3 +114,39 @@ impl RecordedRequest {
             && self.action.as_deref() != Some("lease")
     }
 }
+
+/// Why [`super::Sim::operator_set_metadata`] or
+/// [`super::Sim::operator_delete_metadata`] wrote nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OperatorWriteRefused {
+    UnknownMachine {
+        machine_id: String,
+    },
+    /// Someone holds an unexpired lease on the machine, as `fly` would be told
+    /// (409): the operator retries later.
+    Leased {
+        machine_id: String,
+        owner: String,
+        expires_at: DateTime<Utc>,
+    },
+}
+
+impl std::fmt::Display for OperatorWriteRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OperatorWriteRefused::UnknownMachine { machine_id } => {
+                write!(f, "machine not found: {machine_id}")
+            }
+            OperatorWriteRefused::Leased {
+                machine_id,
+                owner,
+                expires_at,
+            } => write!(
+                f,
+                "machine {machine_id} lease currently held by {owner}, expires at {expires_at}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OperatorWriteRefused {}

@@ -505,11 +505,19 @@ fn unprobed_evidence(
     }
 }
 
-/// Unprobeable past the ceiling after being seen drifted under an automatic
-/// policy. `observe` and `manual` pools are never touched this way.
-fn past_probe_ceiling(config: &Config, evidence: Option<&Unprobed>, now: DateTime<Utc>) -> bool {
+/// Unprobeable past the ceiling after being seen drifted under a policy that
+/// acts by itself, then and now. `observe` and `manual` pools are never
+/// touched this way.
+fn past_probe_ceiling(
+    config: &Config,
+    pool: &str,
+    evidence: Option<&Unprobed>,
+    now: DateTime<Utc>,
+) -> bool {
     evidence.is_some_and(|e| {
-        automatic(e.action) && after(e.since, config.rotation.probe_failure_ceiling) <= now
+        automatic(e.action)
+            && automatic(config.pool(pool).actions.for_severity(e.severity))
+            && after(e.since, config.rotation.probe_failure_ceiling) <= now
     })
 }
 
@@ -871,16 +879,17 @@ fn candidate<'a>(
         // Unprobeable past the ceiling after being seen drifted: it serves
         // nothing we can see. The claim follows the pool's own policy; the
         // restart happens only while the agent still cannot be probed.
-        if past_probe_ceiling(config, evidence, now)
+        if past_probe_ceiling(config, &m.pool, evidence, now)
             && let Some(e) = evidence
-            && let Some(mode) = mode_for(e.action, None)
+            && let action = config.pool(&m.pool).actions.for_severity(e.severity)
+            && let Some(mode) = mode_for(action, None)
         {
             return Ok(Candidate {
                 severity: e.severity,
                 since: e.since,
                 m,
                 mode,
-                action: e.action,
+                action,
                 expected: None,
             });
         }
@@ -1102,20 +1111,33 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         }
         Phase::Draining => {
             let since = marker.attempt_started_at;
-            if unprobeable(m.status) && past_probe_ceiling(config, evidence, now) {
+            if unprobeable(m.status)
+                && automatic(marker.action)
+                && past_probe_ceiling(config, &m.pool, evidence, now)
+            {
                 return Some(restart(
                     "agent unprobeable past the probe-failure ceiling",
                     RestartGuard::Unprobeable,
                 ));
             }
+            // Interrupting live work needs the policy to say so now, not only
+            // the marker: an operator's standing "now" approval of this
+            // commit, or a pool whose policy is still `restart`.
+            let approved_now = manual
+                && op
+                    .approval_for(&marker.target)
+                    .is_some_and(|a| a.mode == ApprovalMode::Now);
+            let pool_restarts = marker.action == PolicyAction::Restart
+                && config.pool(&m.pool).actions.for_severity(marker.severity)
+                    == PolicyAction::Restart;
             match marker.mode {
-                RotationMode::Now => {
+                RotationMode::Now if approved_now => {
                     return Some(restart(
                         "approved by an operator",
                         RestartGuard::MayInterrupt,
                     ));
                 }
-                RotationMode::Grace if after(since, rot.restart_grace) <= now => {
+                RotationMode::Grace if pool_restarts && after(since, rot.restart_grace) <= now => {
                     return Some(restart("restart grace elapsed", RestartGuard::MayInterrupt));
                 }
                 _ => {}

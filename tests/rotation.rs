@@ -12,7 +12,9 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
 use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::executor::{Executor, ExecutorConfig};
-use fleet_reconciler::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY};
+use fleet_reconciler::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
+};
 use fleet_reconciler::rotation::{Marker, Phase};
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
 use tokio::task::JoinHandle;
@@ -886,10 +888,617 @@ async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridde
     // Once the other actor lets go, m2 rotates too.
     sim.clear_lease("m2");
     converged(&sim, "m2", &w.tip, Duration::from_secs(20)).await;
-    // Our leases were all released.
-    assert!(
-        sim.machine("m1").unwrap().lease.is_none() && sim.machine("m2").unwrap().lease.is_none()
+    // Our leases were all released (the last step may still be releasing its slot).
+    until("our leases released", Duration::from_secs(5), || {
+        sim.machine("m1").is_some_and(|m| m.lease.is_none())
+            && sim.machine("m2").is_some_and(|m| m.lease.is_none())
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- safety under races and faults (issue 8) ---------------------------------------
+//
+// Each test below reproduces one way the daemon used to break a promise; the
+// comment above it says what the code before the fix did.
+
+/// A config changed in place (for what `config` takes no parameter for).
+fn tuned(config: Arc<Config>, f: impl FnOnce(&mut Config)) -> Arc<Config> {
+    let mut c = (*config).clone();
+    f(&mut c);
+    Arc::new(c)
+}
+
+fn sweeps(d: &Daemon) -> usize {
+    d.seen.lock().unwrap().sweeps
+}
+
+/// Sweeps, plans and carries out one cycle by hand.
+struct Hand {
+    sweeper: fleet_reconciler::sweep::Sweeper,
+    executor: Executor,
+    tracker: fleet_reconciler::reconcile::Tracker,
+    tip: fleet_reconciler::overlay::Tip,
+}
+
+impl Hand {
+    async fn new(config: Arc<Config>) -> Hand {
+        let secrets = Secrets {
+            fly_token: TOKEN.into(),
+            git_token: None,
+        };
+        let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
+        let executor = Executor::new(
+            sweeper.fly.clone(),
+            config,
+            HashMap::new(),
+            ExecutorConfig::new("hand"),
+        )
+        .unwrap();
+        let tip = sweeper.overlay.fetch().await.unwrap();
+        Hand {
+            sweeper,
+            executor,
+            tracker: Default::default(),
+            tip,
+        }
+    }
+
+    async fn plan(&mut self) -> fleet_reconciler::reconcile::Plan {
+        use fleet_reconciler::reconcile::{FetchState, PlanInput, plan};
+        let report = self.sweeper.sweep(&self.tip).await.unwrap();
+        let now = Utc::now();
+        self.tracker.observe(&report, now);
+        plan(&PlanInput {
+            config: &self.sweeper.config,
+            report: &report,
+            tracker: &self.tracker,
+            owner: "hand",
+            fetch: FetchState {
+                fetched_at: Some(now),
+                failing: false,
+            },
+            now,
+        })
+    }
+
+    async fn run(
+        &self,
+        plan: &fleet_reconciler::reconcile::Plan,
+    ) -> Vec<fleet_reconciler::executor::StepReport> {
+        self.executor
+            .execute(plan.steps.clone(), &CancellationToken::new())
+            .await
+    }
+}
+
+/// Before: the executor re-checked only its own marker, so a hold written
+/// between the snapshot and the action was ignored and m1 restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
+    use fleet_reconciler::executor::{Declined, Outcome};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(config(
+        &sim,
+        &w,
+        "m",
+        &all("restart"),
+        1,
+        "restart_grace = \"0s\"",
+    ))
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps.len(), 1, "{:?}", claim.steps);
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart");
+    // The operator's hold lands after the snapshot, before the action (no lease is held).
+    sim.operator_set_metadata("m1", HOLD_KEY, "ops: incident 42")
+        .unwrap();
+    let done = hand.run(&restart).await;
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::Held));
+    assert!(restarts(&sim, "m1").is_empty(), "restarted a held machine");
+    assert!(sim.machine("m1").unwrap().metadata.contains_key(HOLD_KEY));
+    sim.shutdown().await;
+}
+
+/// Before: any marker counted as a won slot and `draining` never re-checked
+/// the cap, so a claim left unverified on m1 (its re-read and its withdrawal
+/// both failed) and m2's real rotation were restarted together under cap 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
+    use fleet_reconciler::slots::{SLOTS_KEY, Slot, SlotSet};
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2")
+                .loaded(w.old.clone())
+                .cordoned(true)
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(2))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let now = Utc::now();
+    let drain = |id: &str| Marker {
+        tag: format!("{id}-legacy"),
+        target: w.tip.clone(),
+        phase: Phase::Draining,
+        mode: fleet_reconciler::rotation::RotationMode::Wait,
+        action: fleet_reconciler::model::PolicyAction::AlertAndWait,
+        severity: fleet_reconciler::model::Severity::Low,
+        started_at: now,
+        attempt_started_at: now,
+        attempt: 0,
+        owner: "replica-b".into(),
+        restart_at: None,
+        retry_at: None,
+        drain_requested: false,
+        cordoned: None,
+        ending: None,
+    };
+    // m2 won the pool's only slot; m1's claim never did.
+    let mut slots = SlotSet::parse(None).unwrap();
+    slots.try_add(
+        "app",
+        "default",
+        Slot {
+            machine_id: "m2".into(),
+            tag: "m2-legacy".into(),
+            owner: "replica-b".into(),
+            since: now,
+        },
+        1,
     );
+    sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
+    sim.set_metadata("m1", MARKER_KEY, &drain("m1").to_value());
+    sim.set_metadata("m2", MARKER_KEY, &drain("m2").to_value());
+    let d = Daemon::start(
+        config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
+        "replica-a",
+    )
+    .await;
+    let start = tokio::time::Instant::now();
+    let mut both_out = false;
+    while !(["m1", "m2"].iter().all(|id| {
+        marker_of(&sim, id).is_none()
+            && sim
+                .machine(id)
+                .is_some_and(|m| m.loaded_ref == w.tip && !m.cordoned)
+    })) {
+        let out = ["m1", "m2"]
+            .iter()
+            .filter(|id| sim.machine(id).is_some_and(|m| m.state != "started"))
+            .count();
+        both_out |= out > 1;
+        assert!(start.elapsed() < Duration::from_secs(30), "no convergence");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!both_out, "two machines of a cap-1 pool restarting at once");
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    assert_eq!(restarts(&sim, "m2").len(), 1);
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a machine unreachable past the ceiling was claimed in mode `now`;
+/// when its agent answered again with live work it was restarted anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_3_an_agent_that_answers_busy_after_the_ceiling_is_not_restarted() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let cfg = tuned(
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "probe_failure_ceiling = \"1s\"",
+        ),
+        |c| c.sweep.interval = Duration::from_millis(700),
+    );
+    let d = Daemon::start(cfg, "r1").await;
+    until("seen drifted", Duration::from_secs(10), || sweeps(&d) >= 1).await;
+    sim.set_behaviour("m1", Behaviour::HttpError(503));
+    until("claimed past the ceiling", Duration::from_secs(15), || {
+        marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Draining)
+    })
+    .await;
+    // The agent answers again, with live work.
+    sim.set_behaviour("m1", Behaviour::BusyFor(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(restarts(&sim, "m1").is_empty(), "live work restarted");
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a due retry of a yielded rotation whose agent hung was planned as
+/// a first claim (`expected: None`); the executor skipped it every sweep,
+/// and it kept the pool's only slot in the plan, so m2 waited forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_4_a_yielded_rotation_whose_agent_hangs_does_not_block_its_pool() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+            SimMachine::new("m2").loaded(w.tip.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    let now = Utc::now();
+    let yielded = Marker {
+        tag: "m1-yielded".into(),
+        target: w.tip.clone(),
+        phase: Phase::Yielded,
+        mode: fleet_reconciler::rotation::RotationMode::Wait,
+        action: fleet_reconciler::model::PolicyAction::AlertAndWait,
+        severity: fleet_reconciler::model::Severity::Low,
+        started_at: now,
+        attempt_started_at: now,
+        attempt: 0,
+        owner: "r0".into(),
+        restart_at: None,
+        retry_at: Some(now + chrono::Duration::seconds(2)),
+        drain_requested: false,
+        cordoned: None,
+        ending: None,
+    };
+    sim.set_metadata("m1", MARKER_KEY, &yielded.to_value());
+    let d = Daemon::start(
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "probe_failure_ceiling = \"1s\"",
+        ),
+        "r1",
+    )
+    .await;
+    until("seen drifted", Duration::from_secs(10), || sweeps(&d) >= 1).await;
+    sim.set_behaviour("m1", Behaviour::HttpError(503));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Now m2 drifts too: it must get the pool's slot once m1 is done.
+    sim.set_loaded_ref("m2", &w.old);
+    converged(&sim, "m2", &w.tip, Duration::from_secs(20)).await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: finish uncordoned and deleted the marker, then called undrain
+/// once; one failed undrain left the agent fenced with nothing to retry from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_5_a_failed_undrain_is_retried_before_the_marker_goes() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    until("fenced", Duration::from_secs(10), || {
+        sim.machine("m1").is_some_and(|m| m.fence.is_some())
+    })
+    .await;
+    // The agent reaches the tip by itself (a reload out of band); the first
+    // undrain fails.
+    sim.fail_next_agent_call("m1", "undrain", 503);
+    sim.set_loaded_ref("m1", &w.tip);
+    until("unfenced and finished", Duration::from_secs(15), || {
+        sim.machine("m1")
+            .is_some_and(|m| m.fence.is_none() && !m.cordoned)
+            && marker_of(&sim, "m1").is_none()
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: with the overlay fetch failing, machines that came back on the
+/// new release (a commit the mirror lacks) were `unknown_ref`, critical, and
+/// restarted again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_6_a_stale_mirror_starts_no_rotation() {
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.tip.clone())]))
+        .await
+        .unwrap();
+    let cfg = tuned(
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+        |c| c.overlay.fetch_interval = Duration::from_millis(100),
+    );
+    let d = Daemon::start(cfg, "r1").await;
+    until("first sweep", Duration::from_secs(10), || sweeps(&d) >= 1).await;
+    // The git host goes away; a release the mirror never saw ships.
+    let moved = std::path::Path::new(&w.repo).with_extension("away");
+    std::fs::rename(&w.repo, &moved).unwrap();
+    let newer = "abcdef0123456789abcdef0123456789abcdef01";
+    sim.set_release_tip(newer);
+    sim.set_loaded_ref("m1", newer);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let restarted = restarts(&sim, "m1").len();
+    std::fs::rename(&moved, &w.repo).unwrap();
+    assert_eq!(restarted, 0, "restarted on evidence from a stale mirror");
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: the approval was checked only at claim; a `when-idle` rotation
+/// restarted after the operator revoked it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let approval = Approval {
+        target: w.tip.clone(),
+        mode: ApprovalMode::WhenIdle,
+        by: "alice".into(),
+        at: Utc::now(),
+    };
+    sim.operator_set_metadata(
+        "m1",
+        APPROVE_KEY,
+        &serde_json::to_string(&approval).unwrap(),
+    )
+    .unwrap();
+    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    until("claimed", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Draining)
+    })
+    .await;
+    // The operator revokes; then the agent goes idle.
+    until("revoked", Duration::from_secs(10), || {
+        sim.operator_delete_metadata("m1", APPROVE_KEY).is_ok()
+    })
+    .await;
+    sim.set_behaviour("m1", Behaviour::Normal);
+    until("rotation undone", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| !m.cordoned)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "restarted without approval"
+    );
+    assert!(d.alerted(AlertKind::ManualApprovalRequired, "m1"));
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a bad report reset the probe-failure clock, so an agent answering
+/// only garbage was deferred forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_8_an_agent_answering_garbage_reaches_the_ceiling() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let d = Daemon::start(
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "probe_failure_ceiling = \"1s\"",
+        ),
+        "r1",
+    )
+    .await;
+    until("seen drifted", Duration::from_secs(10), || sweeps(&d) >= 1).await;
+    sim.set_behaviour("m1", Behaviour::Garbage);
+    converged(&sim, "m1", &w.tip, Duration::from_secs(15)).await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: the "last seen drifted" evidence lived in memory, so a daemon
+/// restarted while the agent was unreachable never applied the ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    let cfg = config(
+        &sim,
+        &w,
+        "m",
+        &all("alert-and-wait"),
+        1,
+        "probe_failure_ceiling = \"3s\"",
+    );
+    let first = Daemon::start(cfg.clone(), "first").await;
+    until("seen drifted", Duration::from_secs(10), || {
+        sweeps(&first) >= 1
+    })
+    .await;
+    sim.set_behaviour("m1", Behaviour::HttpError(503));
+    until("evidence recorded", Duration::from_secs(10), || {
+        sim.machine("m1")
+            .is_some_and(|m| m.metadata.contains_key(UNPROBED_KEY))
+    })
+    .await;
+    first.stop().await;
+    let second = Daemon::start(cfg, "second").await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
+    until(
+        "the record goes once the agent answers",
+        Duration::from_secs(5),
+        || {
+            sim.machine("m1")
+                .is_some_and(|m| !m.metadata.contains_key(UNPROBED_KEY))
+        },
+    )
+    .await;
+    second.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a machine stopped during a `restart` rotation looped Restarting →
+/// Backoff → Draining → a refused restart, cordoned, forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_stopped_mid_rotation_ends_its_rotation() {
+    let w = world();
+    let sim = Sim::start(
+        fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())])
+            .restart_delay(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let d = Daemon::start(
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("restart"),
+            1,
+            "restart_grace = \"0s\"\nverify_deadline = \"1s\"\nretry_after = \"2s\"",
+        ),
+        "r1",
+    )
+    .await;
+    until("restart requested", Duration::from_secs(10), || {
+        !restarts(&sim, "m1").is_empty()
+    })
+    .await;
+    // It crashes while restarting, and stays down.
+    sim.set_state("m1", "stopped");
+    until("rotation ended", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_none() && sim.machine("m1").is_some_and(|m| !m.cordoned)
+    })
+    .await;
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a cordon whose answer was lost failed the claim, which was then
+/// withdrawn: a cordon stayed with no marker to undo it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cordon_whose_answer_was_lost_is_undone() {
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+        ],
+    ))
+    .await
+    .unwrap();
+    sim.fault_next_call("m1", "POST", "cordon", ChaosFault::LostAfter);
+    let d = Daemon::start(
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "drain_ceiling = \"2s\"\nretry_after = \"1h\"",
+        ),
+        "r1",
+    )
+    .await;
+    until("cordoned", Duration::from_secs(10), || {
+        sim.machine("m1").is_some_and(|m| m.cordoned)
+    })
+    .await;
+    assert!(
+        marker_of(&sim, "m1").is_some_and(|m| m.may_have_cordoned()),
+        "the cordon is recorded: {:?}",
+        marker_of(&sim, "m1")
+    );
+    // The drain ceiling yields: the cordon is undone.
+    until("yielded and uncordoned", Duration::from_secs(10), || {
+        marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Yielded)
+            && sim.machine("m1").is_some_and(|m| !m.cordoned)
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a failed drain POST was never asked again, so the rotation
+/// waited for a checkpoint that could not come until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_drain_request_is_asked_again() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(1))),
+        ],
+    ))
+    .await
+    .unwrap();
+    sim.fail_next_agent_call("m1", "drain", 503);
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(15)).await;
+    let drains = sim
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some("m1") && r.action.as_deref() == Some("overlay/drain")
+        })
+        .count();
+    assert!(drains >= 2, "drain asked again ({drains} requests)");
     d.stop().await;
     sim.shutdown().await;
 }

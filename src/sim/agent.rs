@@ -162,6 +162,12 @@ fn cooperative(
     if !m.agent.has(capability) {
         return ApiError::not_found("not found").into();
     }
+    if let Some(i) = world.agent_failures.iter().position(|(m, endpoint, _)| {
+        m == id && what.strip_prefix("POST overlay/") == Some(endpoint.as_str())
+    }) {
+        let (_, _, status) = world.agent_failures.remove(i);
+        return ApiError::with_code(status, "injected agent failure").into();
+    }
     if !agent_token_matches(m, header_str(headers, header::AUTHORIZATION.as_str())) {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,

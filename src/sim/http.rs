@@ -417,6 +417,14 @@ fn fly_gate(
             ApiError::with_code(status, "injected failure").retry_after(retry_after),
         );
     }
+    if let (Some(id), Some(action)) = (&route.machine_id, &route.action)
+        && let Some(i) = world.targeted.iter().position(|t| {
+            &t.machine_id == id && &t.action == action && t.method == parts.method.as_str()
+        })
+    {
+        let fault = world.targeted.remove(i).fault;
+        return gate_for(fault, 1, Duration::from_secs(3));
+    }
     if let (Some(id), Some(action)) = (&route.machine_id, &route.action) {
         let key = format!("{} {action}", parts.method);
         if let Err(secs) = world.take_rate_token(id, &key) {
@@ -438,6 +446,11 @@ fn fly_gate(
         machine_id: route.machine_id.clone(),
         effect_status: None,
     });
+    gate_for(fault, retry_after, hang)
+}
+
+/// How a drawn or targeted fault is served.
+fn gate_for(fault: ChaosFault, retry_after: u64, hang: Duration) -> Gate {
     match fault {
         ChaosFault::TooManyRequests => Gate::Refuse(
             ApiError::new(

@@ -401,6 +401,28 @@ impl Sim {
         world.failures.extend(std::iter::repeat_n(failure, n));
     }
 
+    /// The next `method action` call on `machine_id` (e.g. `"POST"`,
+    /// `"cordon"`; actions as in [`RecordedRequest::action`]) gets `fault`;
+    /// `LostAfter` lets the call take effect and loses its answer.
+    pub fn fault_next_call(&self, machine_id: &str, method: &str, action: &str, fault: ChaosFault) {
+        self.shared.lock().targeted.push(state::TargetedFault {
+            machine_id: machine_id.to_string(),
+            method: method.to_string(),
+            action: action.to_string(),
+            fault,
+        });
+    }
+
+    /// The next call of the agent's cooperative `endpoint` (`"drain"`,
+    /// `"undrain"`, `"reload"`) answers `status` without taking effect.
+    pub fn fail_next_agent_call(&self, machine_id: &str, endpoint: &str, status: u16) {
+        self.shared.lock().agent_failures.push((
+            machine_id.to_string(),
+            endpoint.to_string(),
+            status,
+        ));
+    }
+
     /// Injected faults not yet served.
     pub fn pending_failures(&self) -> usize {
         self.shared.lock().failures.len()

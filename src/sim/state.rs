@@ -75,6 +75,15 @@ pub(crate) struct InjectedFailure {
     pub(crate) retry_after: Option<u64>,
 }
 
+/// A fault for the next call of `method action` on one machine.
+#[derive(Clone, Debug)]
+pub(crate) struct TargetedFault {
+    pub(crate) machine_id: String,
+    pub(crate) method: String,
+    pub(crate) action: String,
+    pub(crate) fault: super::chaos::ChaosFault,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bucket {
     tokens: f64,
@@ -97,6 +106,10 @@ pub(crate) struct World {
     pub(crate) requests: VecDeque<RecordedRequest>,
     pub(crate) next_seq: u64,
     pub(crate) failures: VecDeque<InjectedFailure>,
+    /// Faults aimed at one kind of call of one machine ([`super::Sim::fault_next_call`]).
+    pub(crate) targeted: Vec<TargetedFault>,
+    /// Statuses the next cooperative calls of one agent answer ([`super::Sim::fail_next_agent_call`]).
+    pub(crate) agent_failures: Vec<(String, String, u16)>,
     pub(crate) rate_limit: Option<RateLimit>,
     pub(crate) buckets: HashMap<(String, String), Bucket>,
     pub(crate) chaos: ChaosState,
@@ -175,6 +188,8 @@ impl World {
             requests: VecDeque::new(),
             next_seq: 0,
             failures: VecDeque::new(),
+            targeted: Vec::new(),
+            agent_failures: Vec::new(),
             rate_limit: fleet.rate_limit,
             buckets: HashMap::new(),
             chaos: ChaosState::default(),

@@ -1,0 +1,432 @@
+//! Property test of the planner: random snapshots, markers, holds,
+//! approvals, reports, slot sets and `now` never yield a step that restarts
+//! live work outside the policy, claims past a cap, acts on a held machine,
+//! or restarts a manual machine without a current approval; nor does any
+//! timestamp or duration from outside make it panic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use chrono::{DateTime, Duration as Cd, Utc};
+use fleet_reconciler::config::Config;
+use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
+};
+use fleet_reconciler::overlay::Tip;
+use fleet_reconciler::probe::{Activity, AgentReport, Capability, RotationState};
+use fleet_reconciler::reconcile::{
+    FetchState, PlanInput, RestartGuard, StepKind, Tracker, Unprobed, plan, restart_allowed,
+};
+use fleet_reconciler::rotation::{Ending, Marker, Phase, RotationMode};
+use fleet_reconciler::slots::{Slot, SlotSet};
+use fleet_reconciler::sweep::{MachineReport, SlotsView, build_report};
+use proptest::prelude::*;
+
+const TIP: &str = "1111111111111111111111111111111111111111";
+const OLD: &str = "2222222222222222222222222222222222222222";
+const POOLS: [&str; 3] = ["restart", "wait", "manual"];
+
+fn config() -> Config {
+    let text = r#"
+[overlay]
+repo = "/r"
+branch = "release"
+mirror_dir = "/m"
+[[apps]]
+name = "app"
+pool_key = "pool"
+[pools.restart]
+max_concurrent_rotations = 2
+actions = { low = "restart", medium = "restart", high = "restart", critical = "restart" }
+[pools.wait]
+max_concurrent_rotations = 1
+actions = { low = "alert-and-wait", medium = "reload", high = "alert-and-wait", critical = "alert-and-wait" }
+[pools.manual]
+max_concurrent_rotations = 1
+actions = { low = "manual", medium = "manual", high = "manual", critical = "manual" }
+[rotation]
+min_drift_age = "2m"
+restart_grace = "1m"
+"#;
+    Config::parse(Path::new("props.toml"), text).unwrap()
+}
+
+fn t0() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+}
+
+/// An offset from `t0`, sometimes absurd (as a hostile peer would write).
+fn time() -> impl Strategy<Value = DateTime<Utc>> {
+    prop_oneof![
+        8 => (-7200i64..7200).prop_map(|s| t0() + Cd::seconds(s)),
+        1 => Just(DateTime::<Utc>::MAX_UTC),
+        1 => Just(DateTime::<Utc>::MIN_UTC),
+    ]
+}
+
+fn phase() -> impl Strategy<Value = Phase> {
+    prop_oneof![
+        1 => Just(Phase::Claiming),
+        6 => Just(Phase::Draining),
+        1 => Just(Phase::Reloading),
+        1 => Just(Phase::Restarting),
+        1 => Just(Phase::Backoff),
+        1 => Just(Phase::Releasing),
+        1 => Just(Phase::Yielded),
+    ]
+}
+
+fn mode() -> impl Strategy<Value = RotationMode> {
+    prop_oneof![
+        Just(RotationMode::Wait),
+        Just(RotationMode::Grace),
+        Just(RotationMode::Now),
+        Just(RotationMode::Reload),
+    ]
+}
+
+fn action() -> impl Strategy<Value = PolicyAction> {
+    prop_oneof![
+        Just(PolicyAction::Observe),
+        Just(PolicyAction::AlertAndWait),
+        Just(PolicyAction::Restart),
+        Just(PolicyAction::Reload),
+        Just(PolicyAction::Manual),
+    ]
+}
+
+fn severity() -> impl Strategy<Value = Severity> {
+    prop_oneof![
+        Just(Severity::Low),
+        Just(Severity::Medium),
+        Just(Severity::High),
+        Just(Severity::Critical),
+    ]
+}
+
+fn commit() -> impl Strategy<Value = String> {
+    prop_oneof![4 => Just(TIP.to_string()), 1 => Just(OLD.to_string())]
+}
+
+fn marker() -> impl Strategy<Value = Marker> {
+    (
+        (phase(), mode(), action(), severity(), commit()),
+        (time(), time(), time(), time()),
+        (any::<bool>(), proptest::option::of(any::<bool>()), 0u32..4),
+        proptest::option::of(prop_oneof![
+            Just(Ending::Finished),
+            Just(Ending::Yielded),
+            Just(Ending::Cancelled)
+        ]),
+        0u8..3,
+    )
+        .prop_map(
+            |(
+                (phase, mode, action, severity, target),
+                (started, attempt, restart_at, retry_at),
+                (drain_requested, cordoned, attempt_n),
+                ending,
+                tag,
+            )| Marker {
+                tag: format!("tag-{tag}"),
+                target,
+                phase,
+                mode,
+                action,
+                severity,
+                started_at: started,
+                attempt_started_at: attempt,
+                attempt: attempt_n,
+                owner: "other".into(),
+                restart_at: Some(restart_at),
+                retry_at: Some(retry_at),
+                drain_requested,
+                cordoned,
+                ending,
+            },
+        )
+}
+
+fn report() -> impl Strategy<Value = AgentReport> {
+    (
+        (
+            any::<bool>(),
+            prop_oneof![3 => Just(0u64), 1 => 1u64..3],
+            proptest::option::weighted(0.2, time()),
+        ),
+        proptest::option::weighted(0.3, time()),
+        (any::<bool>(), any::<bool>()),
+        proptest::option::of((any::<bool>(), proptest::option::of(0u8..3))),
+    )
+        .prop_map(
+            |((busy, sessions, input), heartbeat, (drain, reload), rotation)| AgentReport {
+                overlay_ref: OLD.into(),
+                activity: Some(if busy { Activity::Busy } else { Activity::Idle }),
+                live_sessions: Some(sessions),
+                last_input_at: input,
+                heartbeat_at: heartbeat,
+                capabilities: [
+                    drain.then_some(Capability::Drain),
+                    reload.then_some(Capability::Reload),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+                rotation: rotation.map(|(fenced, checkpoint)| RotationState {
+                    fenced,
+                    checkpoint: checkpoint.map(|t| format!("tag-{t}")),
+                }),
+            },
+        )
+}
+
+fn status() -> impl Strategy<Value = MachineStatus> {
+    prop_oneof![
+        1 => Just(MachineStatus::OnTip),
+        6 => Just(MachineStatus::Drifted),
+        1 => Just(MachineStatus::UnknownRef),
+        1 => Just(MachineStatus::Unreachable),
+        1 => Just(MachineStatus::BadReport),
+        1 => Just(MachineStatus::NotRunning),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Machine {
+    pool: usize,
+    status: MachineStatus,
+    started: bool,
+    severity: Severity,
+    report: AgentReport,
+    held: bool,
+    approval: Option<(String, bool)>,
+    marker: Option<Marker>,
+    garbage_marker: bool,
+    unprobed: Option<DateTime<Utc>>,
+    slotted: bool,
+}
+
+fn machine() -> impl Strategy<Value = Machine> {
+    (
+        (
+            0usize..3,
+            status(),
+            prop::bool::weighted(0.9),
+            severity(),
+            report(),
+        ),
+        (
+            prop::bool::weighted(0.15),
+            proptest::option::weighted(0.7, (commit(), any::<bool>())),
+            proptest::option::weighted(0.7, marker()),
+            prop::bool::weighted(0.05),
+        ),
+        (proptest::option::of(time()), prop::bool::weighted(0.8)),
+    )
+        .prop_map(
+            |(
+                (pool, status, started, severity, report),
+                (held, approval, marker, garbage_marker),
+                (unprobed, slotted),
+            )| Machine {
+                pool,
+                status,
+                started,
+                severity,
+                report,
+                held,
+                approval,
+                marker,
+                garbage_marker,
+                unprobed,
+                slotted,
+            },
+        )
+}
+
+fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
+    let pool = POOLS[m.pool];
+    let mut metadata = BTreeMap::from([("pool".to_string(), pool.to_string())]);
+    if m.held {
+        metadata.insert(HOLD_KEY.into(), "ops".into());
+    }
+    if let Some((target, now)) = &m.approval {
+        let a = Approval {
+            target: target.clone(),
+            mode: if *now {
+                ApprovalMode::Now
+            } else {
+                ApprovalMode::WhenIdle
+            },
+            by: "op".into(),
+            at: t0(),
+        };
+        metadata.insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
+    }
+    if let Some(mk) = &m.marker {
+        metadata.insert(MARKER_KEY.into(), mk.to_value());
+    }
+    if m.garbage_marker {
+        metadata.insert(MARKER_KEY.into(), "{garbage".into());
+    }
+    if let Some(since) = m.unprobed {
+        let u = Unprobed {
+            since,
+            action: PolicyAction::AlertAndWait,
+            severity: Severity::Low,
+        };
+        metadata.insert(UNPROBED_KEY.into(), u.to_value());
+    }
+    let usable = matches!(
+        m.status,
+        MachineStatus::OnTip | MachineStatus::Drifted | MachineStatus::UnknownRef
+    );
+    let status = if m.started {
+        m.status
+    } else {
+        MachineStatus::NotRunning
+    };
+    let classified = status.is_classified();
+    let mut report = m.report.clone();
+    if status == MachineStatus::OnTip {
+        report.overlay_ref = TIP.into();
+    }
+    MachineReport {
+        app: "app".into(),
+        machine_id: format!("m{i}"),
+        name: format!("m{i}"),
+        region: "iad".into(),
+        pool: pool.into(),
+        state: if m.started { "started" } else { "stopped" }.into(),
+        status,
+        reported_ref: (usable && m.started).then(|| report.overlay_ref.clone()),
+        commit: (status == MachineStatus::Drifted).then(|| OLD.to_string()),
+        commits_behind: None,
+        commits_ahead: None,
+        severity: classified.then_some(m.severity),
+        action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
+        detail: None,
+        report: (usable && m.started).then_some(report),
+        metadata,
+        version: "v".into(),
+        health_url: Some(format!("http://agents/m{i}/health")),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_planner_keeps_every_promise(
+        machines in prop::collection::vec(machine(), 1..8),
+        first_seen in -7200i64..0,
+        now in 0i64..20000,
+        slots_known in any::<bool>(),
+        fetch_failing in any::<bool>(),
+    ) {
+        let config = config();
+        let now = t0() + Cd::seconds(now);
+        let reports: Vec<MachineReport> =
+            machines.iter().enumerate().map(|(i, m)| to_report(&config, i, m)).collect();
+        let mut report = build_report(
+            &config,
+            &Tip { branch: "release".into(), commit: CommitId::parse(TIP).unwrap() },
+            reports,
+        );
+        if slots_known {
+            let mut set = SlotSet::parse(None).unwrap();
+            for (i, m) in machines.iter().enumerate() {
+                if let (true, Some(mk)) = (m.slotted, &m.marker) {
+                    set.try_add("app", POOLS[m.pool], Slot {
+                        machine_id: format!("m{i}"),
+                        tag: mk.tag.clone(),
+                        owner: "other".into(),
+                        since: t0(),
+                    }, 10);
+                }
+            }
+            report.slots = SlotsView::Known(set);
+        }
+        let mut tracker = Tracker::default();
+        tracker.observe(&report, t0() + Cd::seconds(first_seen));
+        tracker.observe(&report, now);
+        let fetch = FetchState { fetched_at: Some(now), failing: fetch_failing };
+        let p = plan(&PlanInput { config: &config, report: &report, tracker: &tracker, owner: "r", fetch, now });
+
+        let by_id: HashMap<&str, (&Machine, &MachineReport)> = machines
+            .iter()
+            .zip(&report.machines)
+            .map(|(m, r)| (r.machine_id.as_str(), (m, r)))
+            .collect();
+        // One step per machine.
+        let mut seen = std::collections::HashSet::new();
+        for s in &p.steps {
+            prop_assert!(seen.insert(s.target.machine_id.clone()), "two steps for {}", s.target.machine_id);
+        }
+        // Claims never go past a pool's cap (rotations holding slots count).
+        let mut out: HashMap<&str, usize> = HashMap::new();
+        for (m, _) in by_id.values() {
+            let holds = m.garbage_marker || m.marker.as_ref().is_some_and(|mk| mk.phase.holds_slot());
+            if holds {
+                *out.entry(POOLS[m.pool]).or_default() += 1;
+            }
+        }
+        let mut claims: HashMap<&str, usize> = HashMap::new();
+        for s in &p.steps {
+            let (m, r) = by_id[s.target.machine_id.as_str()];
+            // Never act on a held machine.
+            prop_assert!(!m.held, "step on a held machine: {s}");
+            let disruptive = matches!(s.kind,
+                StepKind::Claim { .. } | StepKind::Drain | StepKind::Restart { .. }
+                | StepKind::Advance { cordon: true, .. });
+            if disruptive {
+                prop_assert!(m.started, "disruptive step on a stopped machine: {s}");
+            }
+            if let StepKind::Claim { .. } = s.kind {
+                prop_assert!(!fetch_failing, "claim on an uncertain tip: {s}");
+                *claims.entry(POOLS[m.pool]).or_default() += 1;
+            }
+            if let StepKind::Restart { marker, guard, .. } = &s.kind {
+                let expected = s.expected.as_ref().expect("a restart continues a rotation");
+                // A manual machine only with an approval naming its commit.
+                if expected.action == PolicyAction::Manual {
+                    let approved = m.approval.as_ref().is_some_and(|(t, _)| t == &marker.target);
+                    prop_assert!(approved, "manual restart without a current approval: {s}");
+                    prop_assert_eq!(&marker.target, TIP);
+                }
+                match guard {
+                    // Live work only where the policy says so.
+                    RestartGuard::MayInterrupt => {
+                        let grace = expected.mode == RotationMode::Grace
+                            && expected.action == PolicyAction::Restart
+                            && config.pool(POOLS[m.pool]).actions.for_severity(expected.severity)
+                                == PolicyAction::Restart
+                            && expected.attempt_started_at
+                                .checked_add_signed(Cd::from_std(config.rotation.restart_grace).unwrap())
+                                .is_some_and(|t| t <= now);
+                        let approved_now = expected.mode == RotationMode::Now
+                            && m.approval.as_ref().is_some_and(|(t, now)| *now && t == &expected.target);
+                        prop_assert!(grace || (approved_now && expected.action == PolicyAction::Manual),
+                            "may interrupt without grace or approval: {s} from {expected:?}");
+                    }
+                    RestartGuard::Idle => {
+                        let r = r.report.as_ref().expect("idle is judged on a report");
+                        prop_assert!(restart_allowed(&config, r, expected, now).is_ok(), "{s}");
+                    }
+                    RestartGuard::Unprobeable => {
+                        prop_assert!(matches!(r.status, MachineStatus::Unreachable | MachineStatus::BadReport), "{s}");
+                        prop_assert!(matches!(expected.action,
+                            PolicyAction::AlertAndWait | PolicyAction::Restart | PolicyAction::Reload), "{s}");
+                        prop_assert!(POOLS[m.pool] != "manual", "a ceiling restart in a manual pool: {s}");
+                    }
+                }
+            }
+        }
+        for (pool, n) in claims {
+            let cap = config.pool(pool).max_concurrent_rotations.get() as usize;
+            let used = out.get(pool).copied().unwrap_or(0);
+            prop_assert!(used + n <= cap.max(used), "pool {pool}: {used} in use + {n} claims > cap {cap}");
+        }
+    }
+}

@@ -455,12 +455,27 @@ fn manual_waits_for_an_approval_of_the_current_tip() {
 #[test]
 fn approve_now_restarts_live_work_and_when_idle_does_not() {
     let now = t0() + Cd::seconds(30);
-    let m = marker("m1", Phase::Draining, RotationMode::Now, t0());
-    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&m));
+    let mut m = marker("m1", Phase::Draining, RotationMode::Now, t0());
+    m.action = PolicyAction::Manual;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::High)
+            .busy()
+            .approved(TIP, ApprovalMode::Now)
+            .marker(&m),
+    );
     let plan = fx.plan_at(t0(), now);
     let (next, interrupts) = restart_of(&plan, "m1").expect("approved now: restart");
     assert!(interrupts);
     assert_eq!(next.phase, Phase::Restarting);
+    // The marker alone authorizes nothing: without a standing "now" approval
+    // (or in a pool that is not `restart`), live work is waited for.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&m));
+    assert!(restart_of(&fx.plan_at(t0(), now), "m1").is_none());
+    let mut wrong_pool = m.clone();
+    wrong_pool.action = PolicyAction::Restart;
+    wrong_pool.mode = RotationMode::Grace;
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&wrong_pool));
+    assert!(restart_of(&fx.plan_at(t0(), now), "m1").is_none());
 
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&m));
@@ -516,6 +531,7 @@ fn alert_and_wait_never_restarts_live_work() {
 fn restart_interrupts_work_only_after_its_grace() {
     let mut m = marker("m1", Phase::Draining, RotationMode::Grace, t0());
     m.action = PolicyAction::Restart;
+    m.severity = Severity::Medium;
     let busy = M::drifted("m1", Severity::Medium).busy().marker(&m);
     let mut fx = Fx::new("").with(busy.clone());
     assert!(restart_of(&fx.plan_at(t0(), t0() + Cd::seconds(59)), "m1").is_none());
@@ -845,6 +861,8 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
     // A new daemon: empty tracker, marker written 61 s ago by another owner.
     let mut m = marker("m1", Phase::Draining, RotationMode::Grace, t0());
     m.owner = "old-replica".into();
+    m.action = PolicyAction::Restart;
+    m.severity = Severity::Medium;
     let report = Fx::new("")
         .with(M::drifted("m1", Severity::Medium).busy().marker(&m))
         .report();

@@ -924,18 +924,16 @@ struct Hand {
 
 impl Hand {
     async fn new(config: Arc<Config>) -> Hand {
+        Hand::with_tuning(config, ExecutorConfig::new("hand")).await
+    }
+
+    async fn with_tuning(config: Arc<Config>, tuning: ExecutorConfig) -> Hand {
         let secrets = Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
         };
         let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
-        let executor = Executor::new(
-            sweeper.fly.clone(),
-            config,
-            HashMap::new(),
-            ExecutorConfig::new("hand"),
-        )
-        .unwrap();
+        let executor = Executor::new(sweeper.fly.clone(), config, HashMap::new(), tuning).unwrap();
         let tip = sweeper.overlay.fetch().await.unwrap();
         Hand {
             sweeper,
@@ -1508,5 +1506,97 @@ async fn a_failed_drain_request_is_asked_again() {
         .count();
     assert!(drains >= 2, "drain asked again ({drains} requests)");
     d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: releasing a lease did not wait for a refresh in flight; a refresh
+/// retried after a 429 landed after the release and took the lease again,
+/// locking operators out for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_is_never_taken_again_by_its_refresher() {
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = Sim::start(
+        fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())])
+            .restart_delay(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\"");
+    let mut tuning = ExecutorConfig::new("hand");
+    tuning.lease_refresh = Duration::from_millis(100);
+    let mut hand = Hand::with_tuning(cfg, tuning).await;
+    let claim = hand.plan().await;
+    hand.run(&claim).await;
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart");
+    let step = async { hand.run(&restart).await };
+    let inject = async {
+        // Once the step holds the lease, its first refresh is throttled
+        // (429, Retry-After 1 s): the retry comes after the step is done.
+        until("lease taken", Duration::from_secs(5), || {
+            sim.machine("m1").is_some_and(|m| m.lease.is_some())
+        })
+        .await;
+        sim.fault_next_call("m1", "POST", "lease", ChaosFault::TooManyRequests);
+    };
+    let (done, ()) = tokio::join!(step, inject);
+    assert_eq!(
+        done[0].outcome,
+        fleet_reconciler::executor::Outcome::Done,
+        "{done:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        sim.machine("m1").unwrap().lease,
+        None,
+        "a lease left behind after the step"
+    );
+    sim.shutdown().await;
+}
+
+/// Before: a step whose lease refresh failed went on acting on the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let cfg = tuned(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), |c| {
+        c.fly.max_retries = 0
+    });
+    let mut tuning = ExecutorConfig::new("hand");
+    tuning.lease_refresh = Duration::from_millis(100);
+    let mut hand = Hand::with_tuning(cfg, tuning).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim");
+    // The coordinator is busy for a moment (another replica's claim), so the
+    // step is still running when its lease refresh fails.
+    sim.acquire_lease_as(COORD, "replica-b", Duration::from_millis(1500));
+    let step = async { hand.run(&claim).await };
+    let inject = async {
+        until("lease taken", Duration::from_secs(5), || {
+            sim.machine("m1").is_some_and(|m| m.lease.is_some())
+        })
+        .await;
+        sim.fault_next_call("m1", "POST", "lease", ChaosFault::ServerError);
+    };
+    let cordoned = async {
+        let mut seen = false;
+        for _ in 0..600 {
+            seen |= sim.machine("m1").is_some_and(|m| m.cordoned);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        seen
+    };
+    let (done, (), cordoned) = tokio::join!(step, inject, cordoned);
+    eprintln!("outcome: {}", done[0].outcome);
+    assert!(!cordoned, "cordoned after the lease refresh failed");
+    assert!(
+        !marker_of(&sim, "m1").is_some_and(|m| m.phase.holds_slot()),
+        "no rotation may stand on a lost lease: {:?}",
+        marker_of(&sim, "m1")
+    );
     sim.shutdown().await;
 }

@@ -170,13 +170,19 @@ impl Step {
 
     /// Bounded label for metrics.
     pub fn kind(&self) -> &'static str {
-        match self.kind {
+        match &self.kind {
             StepKind::Claim { .. } => "claim",
             StepKind::Withdraw { .. } => "withdraw",
             StepKind::Advance { .. } => "advance",
             StepKind::Drain => "drain",
             StepKind::Restart { .. } => "restart",
-            StepKind::Release { .. } => "release",
+            // The undo is labelled by how the rotation ends (stable labels
+            // for dashboards: `finish` and `yield` predate `releasing`).
+            StepKind::Release { marker, .. } => match marker.ending {
+                Some(Ending::Finished) => "finish",
+                Some(Ending::Yielded) => "yield",
+                Some(Ending::Cancelled) | None => "cancel",
+            },
             StepKind::RecordUnprobed { .. } => "record_unprobed",
             StepKind::ClearUnprobed => "clear_unprobed",
         }
@@ -617,6 +623,20 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             continue; // never act on a held machine, never clear its hold
         }
 
+        let pick = |plan: &mut Plan| {
+            candidate(
+                config,
+                m,
+                op,
+                evidence.as_ref(),
+                drift_since,
+                drift_aged,
+                fetch,
+                now,
+                tip,
+                plan,
+            )
+        };
         let step = match &op.marker {
             Some(Err(_)) => {
                 plan.phases
@@ -688,18 +708,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     ));
                     None
                 } else {
-                    let pick = candidate(
-                        config,
-                        m,
-                        op,
-                        evidence.as_ref(),
-                        drift_since,
-                        drift_aged,
-                        fetch,
-                        now,
-                        tip,
-                        &mut plan,
-                    );
+                    let pick = pick(&mut plan);
                     match pick {
                         Ok(mut c) => {
                             c.expected = Some(marker.clone());
@@ -724,18 +733,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 }
             }
             None => {
-                match candidate(
-                    config,
-                    m,
-                    op,
-                    evidence.as_ref(),
-                    drift_since,
-                    drift_aged,
-                    fetch,
-                    now,
-                    tip,
-                    &mut plan,
-                ) {
+                match pick(&mut plan) {
                     Ok(c) => candidates.push(c),
                     Err(NoClaim::Show(why)) => {
                         plan.phases.insert(m.machine_id.clone(), why.into());

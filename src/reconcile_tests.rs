@@ -812,7 +812,7 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
     let mut fx = Fx::new("").with(M::on_tip("m1").marker(&m));
     assert_eq!(
         kinds(&fx.plan_at(t0(), t0() + Cd::seconds(30))),
-        [("m1", "release")]
+        [("m1", "finish")]
     );
 
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));

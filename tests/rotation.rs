@@ -204,6 +204,13 @@ fn restarts(sim: &Sim, id: &str) -> Vec<chrono::DateTime<Utc>> {
         .collect()
 }
 
+/// A drifted machine whose agent is busy for the whole test.
+fn busy_for_an_hour(w: &World, id: &str) -> SimMachine {
+    SimMachine::new(id)
+        .loaded(w.old.clone())
+        .behaviour(Behaviour::BusyFor(Duration::from_secs(3600)))
+}
+
 fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
     SimFleet::new(TOKEN)
         .release_tip(w.tip.clone())
@@ -250,16 +257,9 @@ async fn alert_and_wait_restarts_only_once_live_work_is_done() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_ceiling_yields_without_killing_work_and_retries_later() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let rot = "drain_ceiling = \"1s\"\nretry_after = \"1s\"";
     let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, rot), "r1").await;
     until("m1 yields", Duration::from_secs(15), || {
@@ -290,16 +290,9 @@ async fn drain_ceiling_yields_without_killing_work_and_retries_later() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_interrupts_live_work_only_after_its_grace() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let d = Daemon::start(
         config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"2s\""),
         "r1",
@@ -395,16 +388,9 @@ async fn two_daemons_never_exceed_a_pools_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_cannot_be_verified_is_withdrawn() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let cfg = config(&sim, &w, "m", &all("alert-and-wait"), 1, "");
     let d = Daemon::start(cfg, "r1").await;
     until("marker written", Duration::from_secs(10), || {
@@ -445,16 +431,9 @@ async fn a_claim_that_cannot_be_verified_is_withdrawn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_daemon_resumes_a_rotation_with_its_original_deadlines() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"5s\"");
     let first = Daemon::start(cfg.clone(), "first").await;
     until("m1 claimed", Duration::from_secs(10), || {
@@ -735,16 +714,9 @@ async fn a_held_machine_is_never_touched_and_its_hold_never_cleared() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_machine_is_touched_only_after_approve() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
     until("approval requested", Duration::from_secs(10), || {
         d.alerted(AlertKind::ManualApprovalRequired, "m1")
@@ -1087,16 +1059,9 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_3_an_agent_that_answers_busy_after_the_ceiling_is_not_restarted() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let cfg = tuned(
         config(
             &sim,
@@ -1135,9 +1100,7 @@ async fn scenario_4_a_yielded_rotation_whose_agent_hangs_does_not_block_its_pool
     let sim = Sim::start(fleet(
         &w,
         vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+            busy_for_an_hour(&w, "m1"),
             SimMachine::new("m2").loaded(w.tip.clone()),
         ],
     ))
@@ -1253,16 +1216,9 @@ async fn scenario_6_a_stale_mirror_starts_no_rotation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let approval = Approval {
         target: w.tip.clone(),
         mode: ApprovalMode::WhenIdle,
@@ -1305,16 +1261,9 @@ async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_8_an_agent_answering_garbage_reaches_the_ceiling() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let d = Daemon::start(
         config(
             &sim,
@@ -1339,16 +1288,9 @@ async fn scenario_8_an_agent_answering_garbage_reaches_the_ceiling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     let cfg = config(
         &sim,
         &w,
@@ -1430,16 +1372,9 @@ async fn a_machine_stopped_mid_rotation_ends_its_rotation() {
 async fn a_cordon_whose_answer_was_lost_is_undone() {
     use fleet_reconciler::sim::ChaosFault;
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1")
-                .loaded(w.old.clone())
-                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
     // The cordon takes effect, and its answer is lost on every retry.
     for _ in 0..8 {
         sim.fault_next_call("m1", "POST", "cordon", ChaosFault::LostAfter);

@@ -388,7 +388,10 @@ impl Executor {
                 clear_approval,
                 ..
             } => {
-                self.release_rotation(t, step, marker, *undrain, *clear_approval, lease)
+                // Only the approval of this rotation's commit is consumed; a
+                // newer one (for a later tip) stays for the next rotation.
+                let clear_approval = *clear_approval && approved(&machine, &marker.target).is_ok();
+                self.release_rotation(t, step, marker, *undrain, clear_approval, lease)
                     .await
             }
             StepKind::RecordUnprobed { record } => {

@@ -1535,3 +1535,76 @@ async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
     );
     sim.shutdown().await;
 }
+
+/// Finishing a rotation consumes its own approval only: one an operator
+/// already gave for another commit stays for the rotation that needs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finishing_consumes_only_the_approval_of_its_own_commit() {
+    use fleet_reconciler::slots::{SLOTS_KEY, Slot, SlotSet};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.tip.clone())]))
+        .await
+        .unwrap();
+    let now = Utc::now();
+    let restarting = Marker {
+        tag: "m1-done".into(),
+        target: w.tip.clone(),
+        phase: Phase::Restarting,
+        mode: fleet_reconciler::rotation::RotationMode::Now,
+        action: fleet_reconciler::model::PolicyAction::Manual,
+        severity: fleet_reconciler::model::Severity::High,
+        started_at: now,
+        attempt_started_at: now,
+        attempt: 0,
+        owner: "r0".into(),
+        restart_at: Some(now),
+        retry_at: None,
+        drain_requested: false,
+        cordoned: Some(true),
+        ending: None,
+    };
+    let mut slots = SlotSet::parse(None).unwrap();
+    slots.try_add(
+        "app",
+        "default",
+        Slot {
+            machine_id: "m1".into(),
+            tag: "m1-done".into(),
+            owner: "r0".into(),
+            since: now,
+        },
+        1,
+    );
+    sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
+    sim.set_metadata("m1", MARKER_KEY, &restarting.to_value());
+    let other = Approval {
+        target: w.old.clone(),
+        mode: ApprovalMode::Now,
+        by: "alice".into(),
+        at: now,
+    };
+    let other = serde_json::to_string(&other).unwrap();
+    sim.set_metadata("m1", APPROVE_KEY, &other);
+    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    converged(&sim, "m1", &w.tip, Duration::from_secs(10)).await;
+    assert_eq!(
+        sim.machine("m1").unwrap().metadata.get(APPROVE_KEY),
+        Some(&other),
+        "another commit's approval was consumed"
+    );
+    until("slot released", Duration::from_secs(5), || {
+        SlotSet::parse(
+            sim.machine(COORD)
+                .unwrap()
+                .metadata
+                .get(SLOTS_KEY)
+                .map(String::as_str),
+        )
+        .unwrap()
+        .slots("app", "default")
+        .is_empty()
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}

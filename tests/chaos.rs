@@ -1,0 +1,1569 @@
+//! Chaos: the real `fleet-reconciler run` binary keeps every safety promise
+//! while the Fly API misbehaves, daemons are SIGKILLed at random moments, a
+//! second replica races the first, and operators hold, approve and revoke.
+//!
+//! The world is a real overlay repository (the demo history), a simulated
+//! fleet of 100 agents in three pools with different policies (`dispatch`:
+//! restart after a grace; `conversation`: alert-and-wait; `review`: manual
+//! for high and critical drift), and a stopped coordination machine whose
+//! metadata keeps the pools' rotation slots. The simulator's audit records,
+//! at the instant it happens, every cap breach, every restart (with the
+//! agent's work and the rotation marker at that instant) and every action on
+//! a held machine, so nothing short-lived escapes the verdict.
+//!
+//! What a pass proves, for the seed it prints:
+//! - no pool ever had more machines out (cordoned, fenced, restarting) than its cap;
+//! - no restart interrupted live work outside the policy (`restart` past its
+//!   grace, or an operator's `approve` in mode `now` standing at that moment);
+//! - every change to a machine was made under a lease (it carried a nonce);
+//! - every restart belonged to a rotation (its marker said `restarting`), was
+//!   made under the machine's lease, and no rotation restarted its machine
+//!   twice in one attempt; no `manual` restart happened without a standing
+//!   approval;
+//! - nothing was done to a machine on operator hold;
+//! - once the faults stop, the fleet converges on the tip and nothing is left
+//!   cordoned, fenced, marked, or holding a slot;
+//! - and the run was not vacuous: every kind of fault was injected and the
+//!   daemon was SIGKILLed at least five times.
+//!
+//! Everything the test chooses (fleet, refs, busy periods, kills, holds,
+//! approvals, revocations, outages, faults) is drawn from the seed; the
+//! daemons' timing against them is not, so a failure prints the seed, the
+//! violations (machine, pool, time), each violating machine's request history
+//! and the tails of the daemons' logs. `CHAOS_SEED=<n>` reruns another seed;
+//! `CHAOS_RUST_LOG` overrides the daemons' `RUST_LOG` (default `warn`), and
+//! `CHAOS_KEEP=1` keeps the temp dir (configs, daemon logs, the applied
+//! events and every request the sim kept); a failing run always keeps it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
+use fleet_reconciler::rotation::{Marker, Phase, RotationMode};
+use fleet_reconciler::sim::{
+    AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, OperatorWriteRefused,
+    RecordedRequest, RequestTarget, Sim, SimApp, SimFleet, SimMachine, SimMachineView,
+};
+use fleet_reconciler::slots::{SLOTS_KEY, SlotSet};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+mod common;
+
+use common::OverlayRepo;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
+const FLY_TOKEN: &str = "chaos-fly-token";
+const ADMIN_TOKEN_ENV: &str = "CHAOS_ADMIN_TOKEN";
+const APP: &str = "agents";
+const COORD_APP: &str = "fleet-reconciler";
+const COORD: &str = "coord0";
+/// CI runs this seed; `CHAOS_SEED` overrides it.
+const DEFAULT_SEED: u64 = 20_261_201;
+const CHAOS_RATE: f64 = 0.2;
+/// Longer than `fly.request_timeout`, so the client gives up first.
+const CHAOS_HANG: Duration = Duration::from_secs(3);
+const CHAOS_PHASE: Duration = Duration::from_secs(50);
+const SETTLE_DEADLINE: Duration = Duration::from_secs(40);
+/// SIGKILLs planned during the chaotic phase (at least 5 must happen).
+const PLANNED_KILLS: usize = 6;
+const MIN_KILLS: usize = 5;
+/// How long an operator keeps retrying a write refused by a lease, mid-run.
+const OPERATOR_PATIENCE: Duration = Duration::from_secs(1);
+/// The same, when the test settles the fleet and must get through.
+const SETTLE_PATIENCE: Duration = Duration::from_secs(20);
+/// `rotation.restart_grace` of the config: a busy `restart` may come only after it.
+const RESTART_GRACE: Duration = Duration::from_secs(2);
+/// Clock slack when comparing the daemon's timestamps with the sim's (one host clock).
+const CLOCK_SLACK_MS: i64 = 50;
+
+// ---- the fleet ---------------------------------------------------------------
+
+/// One pool: its size, cap and severity → action policy.
+struct PoolSpec {
+    name: &'static str,
+    cap: usize,
+    machines: usize,
+    actions: [PolicyAction; 4],
+}
+
+impl PoolSpec {
+    fn action(&self, severity: Severity) -> PolicyAction {
+        self.actions[severity as usize]
+    }
+
+    fn actions_toml(&self) -> String {
+        let [low, medium, high, critical] = self.actions.map(PolicyAction::as_str);
+        format!(
+            "{{ low = \"{low}\", medium = \"{medium}\", high = \"{high}\", critical = \"{critical}\" }}"
+        )
+    }
+}
+
+const POOLS: [PoolSpec; 3] = [
+    PoolSpec {
+        name: "dispatch",
+        cap: 3,
+        machines: 52,
+        actions: [PolicyAction::Restart; 4],
+    },
+    PoolSpec {
+        name: "conversation",
+        cap: 2,
+        machines: 32,
+        actions: [PolicyAction::AlertAndWait; 4],
+    },
+    PoolSpec {
+        name: "review",
+        cap: 1,
+        machines: 16,
+        actions: [
+            PolicyAction::AlertAndWait,
+            PolicyAction::AlertAndWait,
+            PolicyAction::Manual,
+            PolicyAction::Manual,
+        ],
+    },
+];
+
+fn pool_spec(name: &str) -> &'static PoolSpec {
+    POOLS.iter().find(|p| p.name == name).unwrap()
+}
+
+/// How far behind the tip a machine starts, per severity under the default
+/// rules and the demo history: < 5 commits of skills is low, 5–19 medium,
+/// 20–22 high (20+ commits), 23+ critical (the range has the `Security:` trailer).
+fn commits_behind_for(severity: Severity, rng: &mut StdRng) -> usize {
+    let choices: &[usize] = match severity {
+        Severity::Low => &[1, 2, 3, 4],
+        Severity::Medium => &[5, 9, 14, 19],
+        Severity::High => &[20, 21, 22],
+        Severity::Critical => &[23, 26, 30],
+    };
+    choices[rng.random_range(0..choices.len())]
+}
+
+/// What the test decided about one agent before the fleet starts.
+#[derive(Clone, Debug)]
+struct PlannedMachine {
+    id: String,
+    pool: &'static str,
+    /// `None`: loaded the tip.
+    severity: Option<Severity>,
+    loaded: String,
+    busy_for: Option<Duration>,
+    cooperative: bool,
+    /// Reports a 12-character abbreviation of its ref.
+    abbreviated: bool,
+}
+
+impl PlannedMachine {
+    fn action(&self) -> Option<PolicyAction> {
+        self.severity.map(|s| pool_spec(self.pool).action(s))
+    }
+
+    fn manual(&self) -> bool {
+        self.action() == Some(PolicyAction::Manual)
+    }
+}
+
+/// Half the busy agents work a few seconds; the other half for most of the
+/// chaotic phase, because under 20% faults a sweep takes seconds and the
+/// rotations that meet live work would otherwise all come after it ended.
+/// Every busy period ends before the faults stop (and none starts later).
+fn busy_period(rng: &mut StdRng) -> Duration {
+    let ms = if rng.random_bool(0.5) {
+        rng.random_range(1_000..8_000)
+    } else {
+        rng.random_range(10_000..CHAOS_PHASE.as_millis() as u64 * 4 / 5)
+    };
+    Duration::from_millis(ms)
+}
+
+fn plan_fleet(rng: &mut StdRng, overlay: &OverlayRepo) -> Vec<PlannedMachine> {
+    let mut machines = Vec::new();
+    for pool in &POOLS {
+        for i in 0..pool.machines {
+            let severity = rng.random_bool(0.6).then(|| {
+                if pool.name == "review" {
+                    Severity::ALL[rng.random_range(0..4)]
+                } else {
+                    match rng.random_range(0..100) {
+                        0..35 => Severity::Low,
+                        35..65 => Severity::Medium,
+                        65..85 => Severity::High,
+                        _ => Severity::Critical,
+                    }
+                }
+            });
+            let loaded = match severity {
+                Some(s) => overlay.behind(commits_behind_for(s, rng)),
+                None => overlay.tip(),
+            };
+            machines.push(PlannedMachine {
+                id: format!("{}{i:02}", &pool.name[..1]),
+                pool: pool.name,
+                severity,
+                loaded,
+                busy_for: rng.random_bool(0.3).then(|| busy_period(rng)),
+                cooperative: rng.random_bool(0.15),
+                abbreviated: rng.random_bool(0.1),
+            });
+        }
+    }
+    machines
+}
+
+fn sim_fleet(plan: &[PlannedMachine], tip: &str, restart_delay: Duration) -> SimFleet {
+    let agents = plan.iter().map(|p| {
+        let mut m = SimMachine::new(&p.id)
+            .metadata("pool", p.pool)
+            .loaded(p.loaded.clone());
+        if let Some(d) = p.busy_for {
+            m = m.behaviour(Behaviour::BusyFor(d));
+        }
+        if p.cooperative {
+            m = m.cooperative();
+        }
+        if p.abbreviated {
+            m = m.report_ref_len(12);
+        }
+        m
+    });
+    SimFleet::new(FLY_TOKEN)
+        .release_tip(tip)
+        .restart_delay(restart_delay)
+        .app(SimApp::new(APP).machines(agents))
+        .app(SimApp::new(COORD_APP).machine(SimMachine::new(COORD).stopped()))
+}
+
+fn audit_config() -> AuditConfig {
+    POOLS.iter().fold(
+        AuditConfig {
+            hold_key: HOLD_KEY.to_string(),
+            marker_key: MARKER_KEY.to_string(),
+            ..AuditConfig::new("pool")
+        },
+        |audit, p| audit.cap(APP, p.name, p.cap),
+    )
+}
+
+// ---- configs -------------------------------------------------------------------
+
+/// What every daemon's config shares.
+struct ConfigWorld {
+    dir: PathBuf,
+    api_url: String,
+    health_template: String,
+    repo: PathBuf,
+}
+
+impl ConfigWorld {
+    fn text(&self, mirror: &Path, port: u16) -> String {
+        let pools: String = POOLS
+            .iter()
+            .map(|p| {
+                format!(
+                    "[pools.{}]\nmax_concurrent_rotations = {}\nactions = {}\n",
+                    p.name,
+                    p.cap,
+                    p.actions_toml()
+                )
+            })
+            .collect();
+        format!(
+            r#"
+[fly]
+api_url = "{api}"
+request_timeout = "2s"
+[overlay]
+repo = "{repo}"
+branch = "release"
+fetch_interval = "2s"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "300ms"
+[probe]
+timeout = "1s"
+[[apps]]
+name = "{APP}"
+health_url = "{health}"
+pool_key = "pool"
+{pools}
+[rotation]
+min_drift_age = "0s"
+restart_grace = "{grace}s"
+drain_ceiling = "8s"
+checkpoint_deadline = "5s"
+retry_after = "3s"
+probe_failure_ceiling = "3s"
+verify_deadline = "4s"
+coordinator = "{COORD_APP}/{COORD}"
+[server]
+listen = "127.0.0.1:{port}"
+admin_token_env = "{ADMIN_TOKEN_ENV}"
+"#,
+            api = self.api_url,
+            repo = self.repo.display(),
+            mirror = mirror.display(),
+            health = self.health_template,
+            grace = RESTART_GRACE.as_secs(),
+        )
+    }
+
+    fn write(&self, name: &str, mirror: &str) -> PathBuf {
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, self.text(&self.dir.join(mirror), free_port())).unwrap();
+        path
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn rust_log() -> String {
+    std::env::var("CHAOS_RUST_LOG").unwrap_or_else(|_| "warn".into())
+}
+
+/// Precondition: `check` (one read-only sweep of the real binary) classifies
+/// every machine as the test planned, so the policy checks below mean what
+/// they say.
+async fn assert_classification_as_planned(world: &ConfigWorld, plan: &[PlannedMachine]) {
+    let config = world.write("check", "mirror-check.git");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(["check", "--output", "json", "--config"])
+            .arg(&config)
+            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "check did not print a fleet report ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let seen: HashMap<&str, (&str, &str)> = report["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["machine_id"].as_str().unwrap(),
+                (
+                    m["severity"].as_str().unwrap_or("-"),
+                    m["action"].as_str().unwrap_or("-"),
+                ),
+            )
+        })
+        .collect();
+    for p in plan {
+        let expected = (
+            p.severity.map(|s| s.as_str()).unwrap_or("-"),
+            p.action().map(PolicyAction::as_str).unwrap_or("-"),
+        );
+        assert_eq!(
+            seen.get(p.id.as_str()).copied(),
+            Some(expected),
+            "machine {} (pool {}) is classified other than planned",
+            p.id,
+            p.pool
+        );
+    }
+}
+
+// ---- the daemons ---------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Replica {
+    /// Runs from start to end (restarted after each kill).
+    A,
+    /// Runs concurrently for the middle third of the chaotic phase.
+    B,
+}
+
+impl Replica {
+    fn name(self) -> &'static str {
+        match self {
+            Replica::A => "a",
+            Replica::B => "b",
+        }
+    }
+}
+
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+/// The daemon processes; every child still running is SIGKILLed on drop, so
+/// a failing test leaves none behind.
+struct Daemons {
+    world: ConfigWorld,
+    running: BTreeMap<Replica, Running>,
+    spawned: usize,
+    kills: BTreeMap<Replica, usize>,
+    logs: Vec<PathBuf>,
+}
+
+impl Daemons {
+    fn new(world: ConfigWorld) -> Daemons {
+        std::fs::create_dir_all(world.dir.join("logs")).unwrap();
+        Daemons {
+            world,
+            running: BTreeMap::new(),
+            spawned: 0,
+            kills: BTreeMap::new(),
+            logs: Vec::new(),
+        }
+    }
+
+    fn is_running(&self, r: Replica) -> bool {
+        self.running.contains_key(&r)
+    }
+
+    /// Starts `fleet-reconciler run` for the replica (its own mirror, a fresh port).
+    fn spawn(&mut self, r: Replica) {
+        assert!(!self.is_running(r), "replica {} already runs", r.name());
+        self.spawned += 1;
+        let name = format!("{}-{:02}", r.name(), self.spawned);
+        let config = self.world.write(&name, &format!("mirror-{}.git", r.name()));
+        let log = self.world.dir.join("logs").join(format!("{name}.log"));
+        let out = File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .env(ADMIN_TOKEN_ENV, "chaos-admin-token")
+            .env("HOSTNAME", format!("chaos-{}", r.name()))
+            .env("RUST_LOG", rust_log())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        self.logs.push(log.clone());
+        self.running.insert(r, Running { child, log });
+    }
+
+    /// SIGKILL (std's `Child::kill` on unix); `false` if it was not running.
+    fn kill(&mut self, r: Replica) -> bool {
+        let Some(mut d) = self.running.remove(&r) else {
+            return false;
+        };
+        let _ = d.child.kill();
+        let _ = d.child.wait();
+        *self.kills.entry(r).or_default() += 1;
+        true
+    }
+
+    fn kills(&self) -> usize {
+        self.kills.values().sum()
+    }
+
+    /// Daemons that exited by themselves since the last look (a crash is a finding).
+    fn reap(&mut self) -> Vec<(Replica, ExitStatus, PathBuf)> {
+        let mut exited = Vec::new();
+        for (r, d) in self.running.iter_mut() {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                exited.push((*r, status, d.log.clone()));
+            }
+        }
+        for (r, _, _) in &exited {
+            self.running.remove(r);
+        }
+        exited
+    }
+
+    /// SIGTERM, then waits for the exit.
+    async fn terminate(&mut self, r: Replica, patience: Duration) -> Result<ExitStatus, String> {
+        let Some(mut d) = self.running.remove(&r) else {
+            return Err(format!("replica {} was not running", r.name()));
+        };
+        let pid = d.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        if !sent.is_ok_and(|s| s.success()) {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+            return Err(format!("could not send SIGTERM to {pid}"));
+        }
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                return Ok(status);
+            }
+            if start.elapsed() > patience {
+                let _ = d.child.kill();
+                let _ = d.child.wait();
+                return Err(format!(
+                    "replica {} did not stop within {patience:?} of SIGTERM",
+                    r.name()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn print_log_tails(&self, lines: usize) {
+        for log in &self.logs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let tail = &all[all.len().saturating_sub(lines)..];
+            println!(
+                "---- {} ({} lines, last {}) ----",
+                log.display(),
+                all.len(),
+                tail.len()
+            );
+            for line in tail {
+                println!("{line}");
+            }
+        }
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for d in self.running.values_mut() {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+        }
+    }
+}
+
+// ---- operators -----------------------------------------------------------------
+
+/// One operator write of an approval: when (sim clock) and the mode it left
+/// standing (`None`: revoked).
+type ApprovalWrite = (DateTime<Utc>, Option<ApprovalMode>);
+
+/// What operators did, so restarts can be judged against the approval that
+/// stood at their instant.
+#[derive(Default)]
+struct Operators {
+    /// Holds we placed and have not released.
+    held: BTreeSet<String>,
+    /// Per machine, in order: what each approval write left standing.
+    approvals: HashMap<String, Vec<ApprovalWrite>>,
+    holds: usize,
+    releases: usize,
+    approvals_now: usize,
+    approvals_when_idle: usize,
+    revokes: usize,
+    /// Writes refused because a lease was held (then retried).
+    refused: usize,
+    /// Writes given up after their patience ran out.
+    gave_up: usize,
+}
+
+impl Operators {
+    /// Retries a write that a held lease refuses, for up to `patience`.
+    async fn write(
+        &mut self,
+        patience: Duration,
+        mut write: impl FnMut() -> Result<(), OperatorWriteRefused>,
+    ) -> bool {
+        let start = Instant::now();
+        loop {
+            match write() {
+                Ok(()) => return true,
+                Err(OperatorWriteRefused::Leased { .. }) => {
+                    self.refused += 1;
+                    if start.elapsed() >= patience {
+                        self.gave_up += 1;
+                        return false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                Err(e) => panic!("operator write failed: {e}"),
+            }
+        }
+    }
+
+    async fn hold(&mut self, sim: &Sim, id: &str, patience: Duration) {
+        if self.held.contains(id) {
+            return;
+        }
+        let hold = serde_json::to_string(&Hold {
+            by: "chaos-operator".into(),
+            reason: "chaos test hold".into(),
+            at: sim.now(),
+        })
+        .unwrap();
+        if self
+            .write(patience, || sim.operator_set_metadata(id, HOLD_KEY, &hold))
+            .await
+        {
+            self.held.insert(id.to_string());
+            self.holds += 1;
+        }
+    }
+
+    async fn release(&mut self, sim: &Sim, id: &str, patience: Duration) {
+        if !self.held.contains(id) {
+            return;
+        }
+        if self
+            .write(patience, || sim.operator_delete_metadata(id, HOLD_KEY))
+            .await
+        {
+            self.held.remove(id);
+            self.releases += 1;
+        }
+    }
+
+    async fn approve(
+        &mut self,
+        sim: &Sim,
+        id: &str,
+        tip: &str,
+        mode: ApprovalMode,
+        patience: Duration,
+    ) {
+        let approval = serde_json::to_string(&Approval {
+            target: tip.to_string(),
+            mode,
+            by: "chaos-operator".into(),
+            at: sim.now(),
+        })
+        .unwrap();
+        if self
+            .write(patience, || {
+                sim.operator_set_metadata(id, APPROVE_KEY, &approval)
+            })
+            .await
+        {
+            let log = self.approvals.entry(id.to_string()).or_default();
+            log.push((sim.now(), Some(mode)));
+            match mode {
+                ApprovalMode::Now => self.approvals_now += 1,
+                ApprovalMode::WhenIdle => self.approvals_when_idle += 1,
+            }
+        }
+    }
+
+    async fn revoke(&mut self, sim: &Sim, id: &str, patience: Duration) {
+        if self
+            .write(patience, || sim.operator_delete_metadata(id, APPROVE_KEY))
+            .await
+        {
+            let log = self.approvals.entry(id.to_string()).or_default();
+            log.push((sim.now(), None));
+            self.revokes += 1;
+        }
+    }
+
+    /// The approval mode an operator left standing on the machine at `at`.
+    /// (The daemon itself clears an approval only after its rotation finished,
+    /// i.e. after the restart it authorized.)
+    fn approval_at(&self, id: &str, at: DateTime<Utc>) -> Option<ApprovalMode> {
+        self.approvals
+            .get(id)?
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= at)
+            .and_then(|(_, mode)| *mode)
+    }
+}
+
+// ---- the schedule of the chaotic phase ---------------------------------------
+
+#[derive(Clone, Debug)]
+enum Event {
+    Kill(Replica),
+    Respawn(Replica),
+    StartSecond,
+    StopSecond,
+    Hold(String),
+    Release(String),
+    Approve(String, ApprovalMode),
+    Revoke(String),
+    /// The agent stops answering: it hangs (`true`) or answers HTTP 503.
+    Unreachable(String, bool),
+    Reachable(String),
+}
+
+/// Everything the chaotic phase does, at offsets from its start, drawn from the seed.
+fn plan_events(rng: &mut StdRng, plan: &[PlannedMachine]) -> Vec<(Duration, Event)> {
+    let len = CHAOS_PHASE.as_secs_f64();
+    let (second_from, second_to) = (len / 3.0, 2.0 * len / 3.0);
+    let mut events = vec![
+        (Duration::from_secs_f64(second_from), Event::StartSecond),
+        (Duration::from_secs_f64(second_to), Event::StopSecond),
+    ];
+    // Kills, spread over the phase with jitter; in the second replica's
+    // window some hit it instead of the first.
+    for i in 0..PLANNED_KILLS {
+        let base = len * (i as f64 + 0.5) / PLANNED_KILLS as f64;
+        let at = (base + rng.random_range(-1.2..1.2)).clamp(0.5, len - 0.5);
+        let in_window = at > second_from + 1.0 && at < second_to - 1.0;
+        let who = if in_window && rng.random_bool(0.4) {
+            Replica::B
+        } else {
+            Replica::A
+        };
+        events.push((Duration::from_secs_f64(at), Event::Kill(who)));
+        let back = (at + rng.random_range(0.0..0.7)).min(len - 0.05);
+        events.push((Duration::from_secs_f64(back), Event::Respawn(who)));
+    }
+    // Holds on random machines, released a few seconds later (or at settle).
+    let mut picked = BTreeSet::new();
+    for _ in 0..8 {
+        let m = &plan[rng.random_range(0..plan.len())];
+        if !picked.insert(m.id.clone()) {
+            continue;
+        }
+        let at = rng.random_range(0.5..0.75 * len);
+        events.push((Duration::from_secs_f64(at), Event::Hold(m.id.clone())));
+        let until = at + rng.random_range(2.0..10.0);
+        if until < len {
+            events.push((Duration::from_secs_f64(until), Event::Release(m.id.clone())));
+        }
+    }
+    // Approvals of most manual machines, some revoked again. An approval is
+    // never replaced by another mode mid-run, so the mode a rotation was
+    // claimed under is the mode that stands until it is revoked.
+    for m in plan.iter().filter(|m| m.manual()) {
+        if !rng.random_bool(0.7) {
+            continue;
+        }
+        let at = rng.random_range(0.5..0.8 * len);
+        let mode = if rng.random_bool(0.5) {
+            ApprovalMode::Now
+        } else {
+            ApprovalMode::WhenIdle
+        };
+        events.push((
+            Duration::from_secs_f64(at),
+            Event::Approve(m.id.clone(), mode),
+        ));
+        if rng.random_bool(0.4) {
+            let revoke = at + rng.random_range(0.5..6.0);
+            if revoke < len {
+                events.push((Duration::from_secs_f64(revoke), Event::Revoke(m.id.clone())));
+            }
+        }
+    }
+    // Outages of a few idle, automatically rotated agents, some running on
+    // past the faults (only outages do: the settling applies them too).
+    let idle_automatic: Vec<&PlannedMachine> = plan
+        .iter()
+        .filter(|m| m.busy_for.is_none() && m.action().is_some() && !m.manual())
+        .collect();
+    let mut out = BTreeSet::new();
+    for i in 0..3 {
+        let m = idle_automatic[rng.random_range(0..idle_automatic.len())];
+        if !out.insert(m.id.clone()) {
+            continue;
+        }
+        let at = rng.random_range(1.0..0.9 * len);
+        events.push((
+            Duration::from_secs_f64(at),
+            Event::Unreachable(m.id.clone(), i % 2 == 0),
+        ));
+        let until = at + rng.random_range(5.0..12.0);
+        events.push((
+            Duration::from_secs_f64(until),
+            Event::Reachable(m.id.clone()),
+        ));
+    }
+    events.sort_by_key(|(at, _)| *at);
+    events
+}
+
+/// Carries out the schedule against the sim and the daemons.
+struct Runner<'a> {
+    sim: &'a Sim,
+    tip: &'a str,
+    daemons: Daemons,
+    ops: Operators,
+    second_wanted: bool,
+    /// Daemons that exited without being asked.
+    crashes: Vec<String>,
+    started_at: DateTime<Utc>,
+    /// Each event as it was applied (printed on failure).
+    journal: Vec<String>,
+}
+
+impl Runner<'_> {
+    async fn apply(&mut self, event: &Event) {
+        let sim = self.sim;
+        let refused = self.ops.gave_up;
+        self.apply_now(event).await;
+        let outcome = if self.ops.gave_up > refused {
+            " (gave up: leased)"
+        } else {
+            ""
+        };
+        self.journal.push(format!(
+            "{} {event:?}{outcome}",
+            when(sim.now(), self.started_at)
+        ));
+    }
+
+    async fn apply_now(&mut self, event: &Event) {
+        let sim = self.sim;
+        match event {
+            Event::Kill(r) => {
+                self.daemons.kill(*r);
+            }
+            Event::Respawn(r) => {
+                let wanted = *r == Replica::A || self.second_wanted;
+                if wanted && !self.daemons.is_running(*r) {
+                    self.daemons.spawn(*r);
+                }
+            }
+            Event::StartSecond => {
+                self.second_wanted = true;
+                if !self.daemons.is_running(Replica::B) {
+                    self.daemons.spawn(Replica::B);
+                }
+            }
+            Event::StopSecond => {
+                self.second_wanted = false;
+                self.daemons.kill(Replica::B);
+            }
+            Event::Hold(id) => self.ops.hold(sim, id, OPERATOR_PATIENCE).await,
+            Event::Release(id) => self.ops.release(sim, id, OPERATOR_PATIENCE).await,
+            Event::Approve(id, mode) => {
+                self.ops
+                    .approve(sim, id, self.tip, *mode, OPERATOR_PATIENCE)
+                    .await
+            }
+            Event::Revoke(id) => self.ops.revoke(sim, id, OPERATOR_PATIENCE).await,
+            Event::Unreachable(id, hang) => {
+                let behaviour = if *hang {
+                    Behaviour::Hang
+                } else {
+                    Behaviour::HttpError(503)
+                };
+                sim.set_behaviour(id, behaviour);
+            }
+            Event::Reachable(id) => {
+                // A restart meanwhile already brought back a normal agent.
+                let view = sim.machine(id).unwrap();
+                if matches!(view.behaviour, Behaviour::Hang | Behaviour::HttpError(_)) {
+                    sim.set_behaviour(id, Behaviour::Normal);
+                }
+            }
+        }
+    }
+
+    /// Notes daemons that died by themselves and starts them again.
+    fn keep_daemons_up(&mut self) {
+        for (r, status, log) in self.daemons.reap() {
+            self.crashes.push(format!(
+                "daemon {} exited by itself at {} with {status} (log {})",
+                r.name(),
+                when(self.sim.now(), self.started_at),
+                log.display()
+            ));
+            if r == Replica::A || self.second_wanted {
+                self.daemons.spawn(r);
+            }
+        }
+    }
+}
+
+// ---- the verdict ---------------------------------------------------------------
+
+fn when(at: DateTime<Utc>, start: DateTime<Utc>) -> String {
+    let offset = (at - start).num_milliseconds() as f64 / 1000.0;
+    format!(
+        "{} (t{offset:+.3}s)",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    )
+}
+
+/// Why a machine is not settled yet, if it is not.
+fn unsettled_reason(m: &SimMachineView, tip: &str) -> Option<String> {
+    let mut why = Vec::new();
+    if m.state != "started" {
+        why.push(format!("state {}", m.state));
+    }
+    if m.loaded_ref != tip {
+        why.push(format!(
+            "runs {}",
+            &m.loaded_ref[..m.loaded_ref.len().min(12)]
+        ));
+    }
+    if m.cordoned {
+        why.push("cordoned".into());
+    }
+    if let Some(f) = &m.fence {
+        why.push(format!("fenced by {f}"));
+    }
+    if let Some(marker) = m.metadata.get(MARKER_KEY) {
+        why.push(format!("marker {marker}"));
+    }
+    (!why.is_empty()).then(|| why.join(", "))
+}
+
+/// The coordinator's slots whose machine still carries a marker with the slot's tag.
+fn slots_of(sim: &Sim) -> (usize, Vec<String>) {
+    let coord = sim.machine(COORD).unwrap();
+    let set = SlotSet::parse(coord.metadata.get(SLOTS_KEY).map(String::as_str))
+        .unwrap_or_else(|e| panic!("coordinator slot set unreadable: {e}"));
+    let mut total = 0;
+    let mut live = Vec::new();
+    for (pool, slots) in &set.pools {
+        for slot in slots {
+            total += 1;
+            let marker_tag = sim
+                .machine(&slot.machine_id)
+                .and_then(|m| m.metadata.get(MARKER_KEY).cloned())
+                .and_then(|v| Marker::parse(&v))
+                .map(|m| m.tag);
+            if marker_tag.as_deref() == Some(slot.tag.as_str()) {
+                live.push(format!(
+                    "{pool}: {} (tag {}, owner {})",
+                    slot.machine_id, slot.tag, slot.owner
+                ));
+            }
+        }
+    }
+    (total, live)
+}
+
+/// Every restart judged against the policy, the rotation it belonged to and
+/// the approvals that stood; returns the violations and the machines involved.
+fn restart_violations(
+    audit: &AuditReport,
+    ops: &Operators,
+    start: DateTime<Utc>,
+) -> (Vec<String>, BTreeSet<String>) {
+    let mut violations = Vec::new();
+    let mut machines = BTreeSet::new();
+    // (tag, attempt) → the restarts of that attempt: (machine, description).
+    let mut rotations: BTreeMap<(String, u32), Vec<(String, String)>> = BTreeMap::new();
+    for e in &audit.restarts {
+        let at = when(e.at, start);
+        let who = format!("machine {} (pool {}) at {at}", e.machine_id, e.pool);
+        let mut flag = |v: String| {
+            violations.push(v);
+            machines.insert(e.machine_id.clone());
+        };
+        if e.action != "restart" {
+            flag(format!("{who}: unexpected `{}` of the machine", e.action));
+        }
+        let Some(raw) = &e.marker else {
+            flag(format!(
+                "{who}: restarted with no rotation marker (busy={})",
+                e.busy
+            ));
+            continue;
+        };
+        let Some(marker) = Marker::parse(raw) else {
+            flag(format!("{who}: restarted under an unreadable marker {raw}"));
+            continue;
+        };
+        if marker.phase != Phase::Restarting || marker.restart_at.is_none() {
+            flag(format!(
+                "{who}: restarted while its marker said phase {} (restart_at {:?}), not `restarting`",
+                marker.phase, marker.restart_at
+            ));
+        }
+        if e.lease_owner.is_none() {
+            flag(format!(
+                "{who}: restarted with no unexpired lease on the machine"
+            ));
+        }
+        rotations
+            .entry((marker.tag.clone(), marker.attempt))
+            .or_default()
+            .push((e.machine_id.clone(), who.clone()));
+        let approval = ops.approval_at(&e.machine_id, e.at);
+        if marker.action == PolicyAction::Manual && approval.is_none() {
+            flag(format!(
+                "{who}: manual rotation {} restarted with no approval standing",
+                marker.tag
+            ));
+        }
+        if e.busy {
+            let grace_over = e.at
+                >= marker.started_at + chrono::Duration::from_std(RESTART_GRACE).unwrap()
+                    - chrono::Duration::milliseconds(CLOCK_SLACK_MS);
+            let allowed = match e.pool.as_str() {
+                "dispatch" => {
+                    marker.action == PolicyAction::Restart
+                        && marker.mode == RotationMode::Grace
+                        && (marker.attempt > 0 || grace_over)
+                }
+                "review" => {
+                    marker.action == PolicyAction::Manual
+                        && marker.mode == RotationMode::Now
+                        && approval == Some(ApprovalMode::Now)
+                }
+                _ => false,
+            };
+            if !allowed {
+                flag(format!(
+                    "{who}: restart interrupted live work outside the policy (marker mode {}, action {}, attempt {}, draining since {}, approval standing {:?}, fenced {}, checkpoint {:?}); marker {raw}",
+                    marker.mode.as_str(),
+                    marker.action,
+                    marker.attempt,
+                    when(marker.started_at, start),
+                    approval,
+                    e.fenced,
+                    e.checkpoint,
+                ));
+            }
+        }
+    }
+    for ((tag, attempt), restarts) in rotations {
+        if restarts.len() > 1 {
+            machines.extend(restarts.iter().map(|(id, _)| id.clone()));
+            let each: Vec<&str> = restarts.iter().map(|(_, who)| who.as_str()).collect();
+            violations.push(format!(
+                "rotation {tag} attempt {attempt} restarted its machine {} times: {}",
+                restarts.len(),
+                each.join("; ")
+            ));
+        }
+    }
+    (violations, machines)
+}
+
+/// Mutating Fly API calls (not the lease endpoints) that carried no lease
+/// nonce: every change the daemon makes must be made under a lease it holds.
+fn unleased_mutations(sim: &Sim, plan: &[PlannedMachine]) -> Vec<(RecordedRequest, &'static str)> {
+    sim.requests()
+        .into_iter()
+        .filter(|r| r.is_mutating() && r.lease_nonce.is_none())
+        .map(|r| {
+            let pool = plan
+                .iter()
+                .find(|m| Some(m.id.as_str()) == r.machine_id.as_deref())
+                .map(|m| m.pool)
+                .unwrap_or(COORD_APP);
+            (r, pool)
+        })
+        .collect()
+}
+
+/// One machine's requests (everything but health probes), with the faults injected.
+fn print_request_history(sim: &Sim, id: &str, start: DateTime<Utc>, limit: usize) {
+    let faults: HashMap<u64, ChaosFault> = sim
+        .chaos_events()
+        .into_iter()
+        .map(|e| (e.seq, e.fault))
+        .collect();
+    let requests: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some(id)
+                && !(r.target == RequestTarget::Agent && r.method == "GET")
+        })
+        .collect();
+    println!(
+        "---- requests to {id} ({} kept, last {limit}) ----",
+        requests.len()
+    );
+    for r in requests.iter().skip(requests.len().saturating_sub(limit)) {
+        let fault = faults
+            .get(&r.seq)
+            .map(|f| format!(" FAULT {f:?}"))
+            .unwrap_or_default();
+        let body = if r.path.contains("metadata") && !r.body.is_empty() {
+            format!(" body {}", r.body)
+        } else {
+            String::new()
+        };
+        println!(
+            "  #{} {} {} {} -> {:?} nonce={}{fault}{body}",
+            r.seq,
+            when(r.at, start),
+            r.method,
+            r.action.as_deref().unwrap_or(&r.path),
+            r.status,
+            r.lease_nonce.is_some(),
+        );
+    }
+}
+
+/// Everything the summary reports on.
+struct Evidence<'a> {
+    seed: u64,
+    plan: &'a [PlannedMachine],
+    audit: &'a AuditReport,
+    machines: &'a [SimMachineView],
+    tip: &'a str,
+    stats: &'a ChaosStats,
+    facts: &'a RunFacts,
+    ops: &'a Operators,
+    daemons: &'a Daemons,
+}
+
+/// Every request the sim kept, one per line, with the fault it got (`CHAOS_KEEP`).
+fn write_request_log(sim: &Sim, path: &Path, start: DateTime<Utc>) {
+    use std::fmt::Write as _;
+    let faults: HashMap<u64, ChaosFault> = sim
+        .chaos_events()
+        .into_iter()
+        .map(|e| (e.seq, e.fault))
+        .collect();
+    let mut out = String::new();
+    for r in sim.requests() {
+        let fault = faults
+            .get(&r.seq)
+            .map(|f| format!("{f:?}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{}\t{:.3}\t{}\t{}\t{}\t{}\t{:?}\t{}\t{}",
+            r.seq,
+            (r.at - start).num_milliseconds() as f64 / 1000.0,
+            r.method,
+            r.machine_id.as_deref().unwrap_or("-"),
+            r.action.as_deref().unwrap_or(&r.path),
+            r.lease_nonce.is_some(),
+            r.status,
+            fault,
+            r.body
+                .chars()
+                .take(300)
+                .collect::<String>()
+                .replace(['\n', '\t'], " "),
+        );
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+fn print_summary(evidence: &Evidence<'_>) {
+    let Evidence {
+        seed,
+        plan,
+        audit,
+        machines,
+        tip,
+        stats,
+        facts,
+        ops,
+        daemons,
+    } = *evidence;
+    println!();
+    println!("==== chaos summary (seed {seed}; CHAOS_SEED=<n> to rerun another) ====");
+    println!(
+        "{:<13} {:>4} {:>8} {:>8} {:>7} {:>6} {:>10} {:>9} {:>8} {:>13} {:>8}",
+        "pool",
+        "cap",
+        "max_out",
+        "machines",
+        "drifted",
+        "manual",
+        "busy@start",
+        "converged",
+        "restarts",
+        "busy_restarts",
+        "breaches"
+    );
+    for pool in &POOLS {
+        let in_pool: Vec<&PlannedMachine> = plan.iter().filter(|m| m.pool == pool.name).collect();
+        let converged = machines
+            .iter()
+            .filter(|m| {
+                m.app == APP && m.metadata.get("pool").map(String::as_str) == Some(pool.name)
+            })
+            .filter(|m| unsettled_reason(m, tip).is_none())
+            .count();
+        let restarts: Vec<_> = audit
+            .restarts
+            .iter()
+            .filter(|e| e.pool == pool.name)
+            .collect();
+        println!(
+            "{:<13} {:>4} {:>8} {:>8} {:>7} {:>6} {:>10} {:>9} {:>8} {:>13} {:>8}",
+            pool.name,
+            pool.cap,
+            audit
+                .max_out
+                .get(&(APP.to_string(), pool.name.to_string()))
+                .copied()
+                .unwrap_or(0),
+            in_pool.len(),
+            in_pool.iter().filter(|m| m.severity.is_some()).count(),
+            in_pool.iter().filter(|m| m.manual()).count(),
+            in_pool.iter().filter(|m| m.busy_for.is_some()).count(),
+            converged,
+            restarts.len(),
+            restarts.iter().filter(|e| e.busy).count(),
+            audit
+                .cap_breaches
+                .iter()
+                .filter(|b| b.pool == pool.name)
+                .count(),
+        );
+    }
+    println!(
+        "faults: {} of {} Fly API requests: 429 {}, 500 {}, 503 {}, hang-before {}, lost-after {}, hang-after {}",
+        stats.injected(),
+        stats.eligible,
+        stats.too_many_requests,
+        stats.server_error,
+        stats.unavailable,
+        stats.hang_before,
+        stats.lost_after,
+        stats.hang_after
+    );
+    println!(
+        "daemons: {} spawned, {} SIGKILLed (a {}, b {}), {} crashed by themselves; final SIGTERM: {}",
+        daemons.spawned,
+        daemons.kills(),
+        daemons.kills.get(&Replica::A).copied().unwrap_or(0),
+        daemons.kills.get(&Replica::B).copied().unwrap_or(0),
+        facts.crashes,
+        facts.sigterm
+    );
+    println!(
+        "operators: holds {} (released {}), approvals now {} / when-idle {}, revokes {}, writes refused by a lease {} (given up {})",
+        ops.holds,
+        ops.releases,
+        ops.approvals_now,
+        ops.approvals_when_idle,
+        ops.revokes,
+        ops.refused,
+        ops.gave_up
+    );
+    let chaos_end = facts.chaos_end;
+    let in_chaos = audit.restarts.iter().filter(|e| e.at < chaos_end);
+    let (in_chaos, busy_in_chaos) =
+        in_chaos.fold((0, 0), |(n, b), e| (n + 1, b + usize::from(e.busy)));
+    println!(
+        "audit: {} restarts ({in_chaos} in the chaotic phase, {busy_in_chaos} of them busy; dropped {}), {} cap breaches, {} held actions",
+        audit.restarts.len(),
+        audit.dropped_restarts,
+        audit.cap_breaches.len() as u64 + audit.dropped_cap_breaches,
+        audit.held_actions.len() as u64 + audit.dropped_held_actions
+    );
+    println!(
+        "end: {} cordoned, {} fenced, {} marked, {} leases left; slots {} ({} live)",
+        machines.iter().filter(|m| m.cordoned).count(),
+        machines.iter().filter(|m| m.fence.is_some()).count(),
+        machines
+            .iter()
+            .filter(|m| m.metadata.contains_key(MARKER_KEY))
+            .count(),
+        machines.iter().filter(|m| m.lease.is_some()).count(),
+        facts.slots_total,
+        facts.slots_live.len()
+    );
+    println!(
+        "time: chaos {:.1}s, settled after {} (deadline {}s), total {:.1}s",
+        facts.chaos.as_secs_f64(),
+        facts
+            .settled_after
+            .map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .unwrap_or_else(|| "NEVER".into()),
+        SETTLE_DEADLINE.as_secs(),
+        facts.total.as_secs_f64()
+    );
+}
+
+/// What the run measured besides the audit.
+struct RunFacts {
+    chaos: Duration,
+    /// Sim time when the faults stopped.
+    chaos_end: DateTime<Utc>,
+    settled_after: Option<Duration>,
+    total: Duration,
+    sigterm: String,
+    crashes: usize,
+    slots_total: usize,
+    slots_live: Vec<String>,
+}
+
+fn seed() -> u64 {
+    match std::env::var("CHAOS_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CHAOS_SEED={s:?} is not a u64")),
+        Err(_) => DEFAULT_SEED,
+    }
+}
+
+// ---- the test ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rotations_keep_every_promise() {
+    let begun = Instant::now();
+    let seed = seed();
+    println!("chaos seed {seed} (CHAOS_SEED=<n> reruns another)");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    // World.
+    let overlay = OverlayRepo::new();
+    let tip = overlay.tip();
+    let plan = plan_fleet(&mut rng, &overlay);
+    let restart_delay = Duration::from_millis(rng.random_range(200..=500));
+    let events = plan_events(&mut rng, &plan);
+    let sim = Sim::start(sim_fleet(&plan, &tip, restart_delay))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let world = ConfigWorld {
+        dir: dir.path().to_path_buf(),
+        api_url: sim.api_url(),
+        health_template: sim.health_url_template(),
+        repo: overlay.repo_path.clone(),
+    };
+    println!(
+        "fleet: {} agents, restart delay {restart_delay:?}, {} scheduled events; files in {}",
+        plan.len(),
+        events.len(),
+        world.dir.display()
+    );
+    assert_classification_as_planned(&world, &plan).await;
+
+    // Audit from here on; then faults and the first daemon.
+    sim.enable_audit(audit_config());
+    sim.set_chaos(Some(Chaos::new(seed, CHAOS_RATE).hang(CHAOS_HANG)));
+    let started_at = sim.now();
+    let mut runner = Runner {
+        sim: &sim,
+        tip: &tip,
+        daemons: Daemons::new(world),
+        ops: Operators::default(),
+        second_wanted: false,
+        crashes: Vec::new(),
+        started_at,
+        journal: Vec::new(),
+    };
+    runner.daemons.spawn(Replica::A);
+
+    // Chaotic phase.
+    let chaos_start = Instant::now();
+    let mut pending = events.iter().peekable();
+    while chaos_start.elapsed() < CHAOS_PHASE {
+        while let Some((_, event)) = pending.next_if(|(at, _)| *at <= chaos_start.elapsed()) {
+            runner.apply(event).await;
+        }
+        runner.keep_daemons_up();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let chaos = chaos_start.elapsed();
+    let chaos_end = sim.now();
+
+    // Settle: no faults, one daemon, no holds, every manual drift approved.
+    sim.set_chaos(None);
+    runner.second_wanted = false;
+    runner.daemons.kill(Replica::B);
+    runner.keep_daemons_up();
+    if !runner.daemons.is_running(Replica::A) {
+        runner.daemons.spawn(Replica::A);
+    }
+    let settle_start = Instant::now();
+    for id in runner.ops.held.clone() {
+        runner.ops.release(&sim, &id, SETTLE_PATIENCE).await;
+    }
+    for m in plan.iter().filter(|m| m.manual()) {
+        if sim.machine(&m.id).unwrap().loaded_ref != tip {
+            runner
+                .ops
+                .approve(&sim, &m.id, &tip, ApprovalMode::Now, SETTLE_PATIENCE)
+                .await;
+        }
+    }
+    let mut settled_after = None;
+    while settle_start.elapsed() < SETTLE_DEADLINE {
+        // Only outages are still scheduled (see `plan_events`).
+        while let Some((_, event)) = pending.next_if(|(at, _)| *at <= chaos_start.elapsed()) {
+            runner.apply(event).await;
+        }
+        runner.keep_daemons_up();
+        let machines_settled = sim
+            .machines()
+            .iter()
+            .filter(|m| m.app == APP)
+            .all(|m| unsettled_reason(m, &tip).is_none());
+        if machines_settled && slots_of(&sim).1.is_empty() {
+            settled_after = Some(settle_start.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let sigterm = match runner
+        .daemons
+        .terminate(Replica::A, Duration::from_secs(20))
+        .await
+    {
+        Ok(status) if status.success() => Ok(status.to_string()),
+        Ok(status) => Err(format!("daemon a exited with {status} after SIGTERM")),
+        Err(e) => Err(e),
+    };
+
+    // Verdict.
+    let audit = sim.audit();
+    let stats = sim.chaos_stats();
+    let machines = sim.machines();
+    let (slots_total, slots_live) = slots_of(&sim);
+    let facts = RunFacts {
+        chaos,
+        chaos_end,
+        settled_after,
+        total: begun.elapsed(),
+        sigterm: match &sigterm {
+            Ok(s) => s.clone(),
+            Err(e) => format!("FAILED: {e}"),
+        },
+        crashes: runner.crashes.len(),
+        slots_total,
+        slots_live: slots_live.clone(),
+    };
+    let Runner {
+        daemons,
+        ops,
+        crashes,
+        journal,
+        ..
+    } = runner;
+    std::fs::write(dir.path().join("events.txt"), journal.join("\n")).unwrap();
+    print_summary(&Evidence {
+        seed,
+        plan: &plan,
+        audit: &audit,
+        machines: &machines,
+        tip: &tip,
+        stats: &stats,
+        facts: &facts,
+        ops: &ops,
+        daemons: &daemons,
+    });
+
+    let (mut violations, mut suspects) = restart_violations(&audit, &ops, started_at);
+    for b in &audit.cap_breaches {
+        violations.push(format!(
+            "cap breach in pool {} at {}: {} machines out {:?} (cap {})",
+            b.pool,
+            when(b.at, started_at),
+            b.out.len(),
+            b.out,
+            b.cap
+        ));
+        suspects.extend(b.out.iter().cloned());
+    }
+    for h in &audit.held_actions {
+        let pool = plan
+            .iter()
+            .find(|m| m.id == h.machine_id)
+            .map(|m| m.pool)
+            .unwrap_or("?");
+        violations.push(format!(
+            "machine {} (pool {pool}) at {}: `{}` while on operator hold (request #{})",
+            h.machine_id,
+            when(h.at, started_at),
+            h.what,
+            h.seq
+        ));
+        suspects.insert(h.machine_id.clone());
+    }
+    let now = sim.now();
+    for m in machines.iter().filter(|m| m.app == APP) {
+        if let Some(why) = unsettled_reason(m, &tip) {
+            let pool = m.metadata.get("pool").map(String::as_str).unwrap_or("?");
+            violations.push(format!(
+                "machine {} (pool {pool}) at {}: not settled at the end: {why}",
+                m.id,
+                when(now, started_at)
+            ));
+            suspects.insert(m.id.clone());
+        }
+    }
+    for (r, pool) in unleased_mutations(&sim, &plan) {
+        violations.push(format!(
+            "machine {} (pool {pool}) at {}: {} {} sent without a lease nonce (request #{}, answered {:?})",
+            r.machine_id.as_deref().unwrap_or("?"),
+            when(r.at, started_at),
+            r.method,
+            r.action.as_deref().unwrap_or(&r.path),
+            r.seq,
+            r.status
+        ));
+        suspects.extend(r.machine_id.clone());
+    }
+    for live in &slots_live {
+        violations.push(format!(
+            "coordinator at {}: slot still live at the end: {live}",
+            when(now, started_at)
+        ));
+    }
+    if settled_after.is_none() {
+        violations.push(format!(
+            "the fleet did not settle within {SETTLE_DEADLINE:?} after the faults stopped"
+        ));
+    }
+    if let Err(e) = &sigterm {
+        violations.push(e.clone());
+    }
+    violations.extend(crashes);
+    for fault in ChaosFault::ALL {
+        if stats.count(fault) == 0 {
+            violations.push(format!(
+                "fault {fault:?} was never injected: the run proves nothing about it"
+            ));
+        }
+    }
+    if daemons.kills() < MIN_KILLS {
+        violations.push(format!(
+            "only {} SIGKILLs happened (at least {MIN_KILLS} needed)",
+            daemons.kills()
+        ));
+    }
+
+    if !violations.is_empty() {
+        println!();
+        println!("==== {} violation(s), seed {seed} ====", violations.len());
+        for v in &violations {
+            println!("- {v}");
+        }
+        for id in suspects.iter().take(6) {
+            for e in audit.restarts.iter().filter(|e| &e.machine_id == id) {
+                println!(
+                    "restart of {id} at {}: busy {} fenced {} checkpoint {:?} lease {:?} marker {:?}",
+                    when(e.at, started_at),
+                    e.busy,
+                    e.fenced,
+                    e.checkpoint,
+                    e.lease_owner,
+                    e.marker
+                );
+            }
+            print_request_history(&sim, id, started_at, 80);
+        }
+        println!("---- events as applied ----");
+        for line in &journal {
+            println!("{line}");
+        }
+        daemons.print_log_tails(25);
+    }
+    drop(daemons);
+    if std::env::var_os("CHAOS_KEEP").is_some() || !violations.is_empty() {
+        write_request_log(&sim, &dir.path().join("requests.tsv"), started_at);
+    }
+    sim.shutdown().await;
+    if std::env::var_os("CHAOS_KEEP").is_some() || !violations.is_empty() {
+        println!(
+            "kept {} (configs, daemon logs, events)",
+            dir.keep().display()
+        );
+    }
+    assert!(
+        violations.is_empty(),
+        "seed {seed}: {} violation(s) of the rotation promises:\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}

@@ -176,6 +176,9 @@ pub struct Executor {
     coordinator: Option<Coordinator>,
     agent_tokens: HashMap<String, String>,
     tuning: ExecutorConfig,
+    /// Steps of this process take the coordinator's lease one at a time:
+    /// they queue here instead of spending Fly API calls on 409s.
+    coordinator_gate: tokio::sync::Mutex<()>,
 }
 
 /// A lease we hold, kept alive by a refresher until released.
@@ -234,6 +237,7 @@ impl Executor {
             coordinator,
             agent_tokens,
             tuning,
+            coordinator_gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -636,6 +640,7 @@ impl Executor {
     /// reclaiming slots whose rotation is over.
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
+        let _turn = self.coordinator_gate.lock().await;
         let coordinator = self.acquire_coordinator().await?;
         let result = async {
             let mut set = self.read_slots().await?;
@@ -717,6 +722,7 @@ impl Executor {
     /// Best effort: a slot left behind is reclaimed by the next claim that needs it.
     async fn release_slot(&self, t: &Target, tag: &str) {
         let result = async {
+            let _turn = self.coordinator_gate.lock().await;
             let coordinator = self.acquire_coordinator().await?;
             let result = async {
                 let mut set = self.read_slots().await?;

@@ -369,8 +369,11 @@ fn secrets_from_env(config: &Config) -> anyhow::Result<Secrets> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fleet_reconciler=info"));
+    // Colour codes only for a terminal: a log file or Fly's log shipper
+    // gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

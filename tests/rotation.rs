@@ -1608,3 +1608,103 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
     d.stop().await;
     sim.shutdown().await;
 }
+
+/// Before: a report that stopped advertising `drain` waived the checkpoint a
+/// drained rotation waits for, so the agent was restarted without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_drain_still_needs_its_checkpoint_when_drain_is_not_advertised() {
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1").cooperative()]))
+        .await
+        .unwrap();
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    until("drain requested", Duration::from_secs(10), || {
+        sim.machine("m1").is_some_and(|m| m.fence.is_some())
+    })
+    .await;
+    // The agent stops advertising `drain` (and so any checkpoint), and is idle.
+    sim.set_capabilities("m1", &[]);
+    sim.set_behaviour("m1", Behaviour::Normal);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "restarted without its checkpoint"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a heartbeat from the future (a skewed agent clock) counted as
+/// fresh, so a stale checkpoint could authorize a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_from_the_future_authorizes_no_restart() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![SimMachine::new("m1").loaded(w.old.clone()).cooperative()],
+    ))
+    .await
+    .unwrap();
+    // The agents' clock runs ten minutes ahead of the daemon's.
+    sim.advance_clock(Duration::from_secs(600));
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    until("checkpointed", Duration::from_secs(10), || {
+        sim.machine("m1").is_some_and(|m| m.checkpoint.is_some())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "restarted on a heartbeat from the future"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Before: a hold placed mid-rotation froze the cordon, the fence and the
+/// pool's slot with no alert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_mid_rotation_is_alerted_and_keeps_its_slot() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            busy_for_an_hour(&w, "m1"),
+            SimMachine::new("m2").loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    sim.set_metadata("m2", "pool", "default");
+    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    until("one rotation", Duration::from_secs(10), || {
+        ["m1", "m2"]
+            .iter()
+            .any(|id| marker_of(&sim, id).is_some_and(|m| m.phase == Phase::Draining))
+    })
+    .await;
+    let (held, other) = if marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Draining) {
+        ("m1", "m2")
+    } else {
+        ("m2", "m1")
+    };
+    until("held", Duration::from_secs(10), || {
+        sim.operator_set_metadata(held, HOLD_KEY, "ops: look")
+            .is_ok()
+    })
+    .await;
+    let frozen = marker_of(&sim, held);
+    until("alerted", Duration::from_secs(10), || {
+        d.alerted(AlertKind::RotationStuck, held)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(marker_of(&sim, held), frozen, "a held rotation was touched");
+    assert!(sim.machine(held).is_some_and(|m| m.cordoned));
+    assert!(
+        marker_of(&sim, other).is_none_or(|m| !m.phase.holds_slot()),
+        "the held rotation's slot was given away"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}

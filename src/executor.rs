@@ -223,8 +223,7 @@ impl Executor {
         if coordinator.is_none() && config.acts() {
             return Err(ExecutorBuildError::NoCoordinator);
         }
-        let agents = reqwest::Client::builder()
-            .user_agent(crate::http::USER_AGENT)
+        let agents = crate::http::client_builder()
             .timeout(config.probe.timeout.max(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
             .build()?;

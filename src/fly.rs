@@ -290,9 +290,8 @@ impl FlyClient {
         auth.set_sensitive(true);
         let mut headers = HeaderMap::new();
         headers.insert(AUTHORIZATION, auth);
-        let http = reqwest::Client::builder()
+        let http = crate::http::client_builder()
             .default_headers(headers)
-            .user_agent(crate::http::USER_AGENT)
             .connect_timeout(config.request_timeout.min(Duration::from_secs(10)))
             // Following a redirect could carry the token to another host.
             .redirect(reqwest::redirect::Policy::none())

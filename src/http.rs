@@ -1,11 +1,20 @@
 //! Small helpers shared by the outbound HTTP clients (Fly API, agent probes).
 //!
-//! Owns how we name ourselves and how a transport failure is described. It
+//! Owns how we name ourselves, that no client goes through an environment
+//! proxy, and how a transport failure is described. It
 //! must never put a URL in a description: the caller says which machine or
 //! app it was talking to, and URLs may carry what logs should not.
 
 /// `User-Agent` of every request the daemon makes.
 pub const USER_AGENT: &str = concat!("fleet-reconciler/", env!("CARGO_PKG_VERSION"));
+
+/// The builder every outbound client starts from: our user agent, and no
+/// proxy. reqwest would otherwise honour `HTTP(S)_PROXY`/`ALL_PROXY` from the
+/// environment and hand the Fly token, agent tokens and webhook URLs to
+/// whatever proxy it names.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().user_agent(USER_AGENT).no_proxy()
+}
 
 /// A transport failure and its causes, without the URL reqwest would print.
 pub fn describe(e: &reqwest::Error) -> String {

@@ -115,8 +115,7 @@ pub struct Prober {
 
 impl Prober {
     pub fn new(config: &ProbeConfig) -> Result<Prober, ProbeBuildError> {
-        let http = reqwest::Client::builder()
-            .user_agent(crate::http::USER_AGENT)
+        let http = crate::http::client_builder()
             .connect_timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -151,7 +150,7 @@ impl Prober {
                 "no complete answer within {}",
                 humantime::format_duration(self.timeout)
             )),
-            Ok(Err(outcome)) => outcome,
+            Ok(Err(outcome)) => outcome.bounded(),
             Ok(Ok(body)) => parse_report(&body),
         }
     }
@@ -194,8 +193,43 @@ impl Prober {
     }
 }
 
-/// Parses and validates a report body (DESIGN §4).
+/// Longest `detail` kept from an agent's answer: a parse error may quote the
+/// agent's whole bad value, and 10,000 machines × 60 KB is a report nobody
+/// can hold or read.
+pub const MAX_DETAIL_CHARS: usize = 256;
+/// Longest rotation tag accepted in a report (ours are about 40 characters).
+pub const MAX_TAG_CHARS: usize = 128;
+
+/// `s` cut to `max` characters, an ellipsis marking the cut.
+pub fn bounded(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((end, _)) => format!("{}…", &s[..end]),
+    }
+}
+
+impl ProbeOutcome {
+    /// Every text that came from outside, bounded.
+    fn bounded(self) -> ProbeOutcome {
+        match self {
+            ProbeOutcome::Unreachable(why) => {
+                ProbeOutcome::Unreachable(bounded(&why, MAX_DETAIL_CHARS))
+            }
+            ProbeOutcome::BadReport(why) => {
+                ProbeOutcome::BadReport(bounded(&why, MAX_DETAIL_CHARS))
+            }
+            report => report,
+        }
+    }
+}
+
+/// Parses and validates a report body (DESIGN §4). Texts are bounded
+/// ([`MAX_DETAIL_CHARS`], [`MAX_TAG_CHARS`]).
 pub fn parse_report(body: &[u8]) -> ProbeOutcome {
+    parse_unbounded(body).bounded()
+}
+
+fn parse_unbounded(body: &[u8]) -> ProbeOutcome {
     let mut de = serde_json::Deserializer::from_slice(body);
     let wire: WireReport = match serde_path_to_error::deserialize(&mut de) {
         Ok(w) => w,
@@ -220,6 +254,13 @@ pub fn parse_report(body: &[u8]) -> ProbeOutcome {
         let shown: String = r.chars().take(64).collect();
         return ProbeOutcome::BadReport(format!(
             "`overlay_ref` {shown:?} is not a hex commit id (1 to 40 hex digits)"
+        ));
+    }
+    if let Some(tag) = wire.rotation.as_ref().and_then(|r| r.checkpoint.as_deref())
+        && tag.chars().count() > MAX_TAG_CHARS
+    {
+        return ProbeOutcome::BadReport(format!(
+            "`rotation.checkpoint` is longer than {MAX_TAG_CHARS} characters"
         ));
     }
     ProbeOutcome::Report(AgentReport {
@@ -290,5 +331,22 @@ mod tests {
             bad(r#"{"overlay_ref":"abcd","heartbeat_at":"yesterday"}"#).contains("heartbeat_at")
         );
         assert!(bad(r#"{"overlay_ref":"abcd"} trailing"#).contains("trailing"));
+    }
+
+    #[test]
+    fn agent_text_is_bounded() {
+        // A parse error quoting a 60 KB value keeps 256 characters of it.
+        let huge = "x".repeat(60_000);
+        let why = bad(&format!(r#"{{"overlay_ref":"abcd","activity":"{huge}"}}"#));
+        assert!(why.contains("activity"), "{why}");
+        assert_eq!(why.chars().count(), MAX_DETAIL_CHARS + 1, "{why}");
+        assert!(why.ends_with('…'));
+        let why = bad(&format!(
+            r#"{{"overlay_ref":"abcd","rotation":{{"fenced":true,"checkpoint":"{huge}"}}}}"#
+        ));
+        assert!(why.contains("rotation.checkpoint"), "{why}");
+        // Multi-byte text is cut on a character boundary.
+        assert_eq!(bounded("héllo", 2), "hé…");
+        assert_eq!(bounded("hé", 2), "hé");
     }
 }

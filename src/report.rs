@@ -22,6 +22,22 @@ pub fn to_table(report: &FleetReport) -> String {
 
 /// The table with a rotation PHASE column (machine id → phase), as `run` and
 /// `demo` show it.
+/// `s` with every control character escaped (`\u{1b}`).
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, String>) -> String {
     let headers = [
         "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
@@ -56,6 +72,9 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
             ]
         })
         .collect();
+    // Names, regions and details come from Fly and the agents: a control
+    // character (ESC, BEL, CR) is shown escaped, never sent to the terminal.
+    let rows: Vec<[String; 13]> = rows.into_iter().map(|r| r.map(|c| printable(&c))).collect();
     let mut widths = headers.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row.iter()) {
@@ -118,4 +137,50 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
         report.coherence * 100.0
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_from_outside_never_reach_the_terminal() {
+        assert_eq!(printable("agent-1"), "agent-1");
+        assert_eq!(printable("a\u{1b}[2Jb\u{7}\r"), "a\\u{1b}[2Jb\\u{7}\\u{d}");
+        let config = crate::config::Config::parse(
+            std::path::Path::new("t.toml"),
+            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"app\"\n",
+        )
+        .unwrap();
+        let machine = crate::sweep::MachineReport {
+            app: "app".into(),
+            machine_id: "m1".into(),
+            name: "evil\u{1b}]0;pwned\u{7}".into(),
+            region: "iad\r".into(),
+            pool: "default".into(),
+            state: "started".into(),
+            status: MachineStatus::BadReport,
+            reported_ref: None,
+            commit: None,
+            commits_behind: None,
+            commits_ahead: None,
+            severity: None,
+            action: None,
+            detail: Some("bad \u{1b}[31mred".into()),
+            report: None,
+            metadata: Default::default(),
+            version: String::new(),
+            health_url: None,
+        };
+        let tip = crate::overlay::Tip {
+            branch: "release".into(),
+            commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
+        };
+        let table = to_table(&crate::sweep::build_report(&config, &tip, vec![machine]));
+        assert!(
+            !table.chars().any(|c| c.is_control() && c != '\n'),
+            "{table:?}"
+        );
+        assert!(table.contains("evil\\u{1b}]0;pwned\\u{7}"), "{table}");
+    }
 }

@@ -427,6 +427,21 @@ async fn admin_endpoints_refuse_missing_and_wrong_tokens() {
     h.stop().await;
 }
 
+/// Before: a token set with a trailing newline (`echo token | fly secrets
+/// set`) could never match, since the presented header is trimmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_token_with_surrounding_whitespace_still_matches() {
+    let h = Harness::start(Some(&format!("  {ADMIN}\n"))).await;
+    let resp = h.post("/api/v1/refresh", Some(ADMIN), None).await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    h.stop().await;
+    // Only whitespace is no token: the admin API stays off.
+    let h = Harness::start(Some(" \n")).await;
+    let resp = h.post("/api/v1/refresh", Some(ADMIN), None).await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_release_and_approve_write_fly_metadata() {
     let h = Harness::start(Some(ADMIN)).await;

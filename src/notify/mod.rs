@@ -402,8 +402,7 @@ impl Notifier {
             .enumerate()
             .map(|(index, (hook, secrets))| Sink::new(index, hook, secrets))
             .collect::<Result<Vec<_>, _>>()?;
-        let http = reqwest::Client::builder()
-            .user_agent(crate::http::USER_AGENT)
+        let http = crate::http::client_builder()
             // A redirect could carry a signed body or routing key elsewhere,
             // and a receiver that moved should be reconfigured, not followed.
             .redirect(reqwest::redirect::Policy::none())

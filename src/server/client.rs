@@ -60,8 +60,7 @@ pub async fn fetch_fleet(base_url: &str, timeout: Duration) -> Result<FleetRepor
     let url = base
         .join("api/v1/fleet")
         .map_err(|e| invalid(e.to_string()))?;
-    let http = reqwest::Client::builder()
-        .user_agent(crate::http::USER_AGENT)
+    let http = crate::http::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .build()

@@ -265,7 +265,10 @@ impl ServerState {
 
     /// The admin bearer token read from `env` (`server.admin_token_env`);
     /// `None` or empty disables every admin POST (503 naming `env`).
+    /// Surrounding whitespace (a secret set with `echo`) is not part of it:
+    /// the presented header is trimmed too.
     pub fn with_admin_token(mut self, token: Option<String>, env: &str) -> ServerState {
+        let token = token.map(|t| t.trim().to_string());
         self.admin = match token.filter(|t| !t.is_empty()) {
             Some(t) => AdminAuth::Enabled {
                 digest: digest(t.as_bytes()),

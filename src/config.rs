@@ -784,13 +784,24 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 // ---- field parsers and defaults -------------------------------------------
 
+/// The longest duration any key accepts. Longer ones are typos (a missing
+/// unit, `"300000years"`) and would overflow the timestamp arithmetic that
+/// deadlines are made of.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(|e| {
+    let parsed = humantime::parse_duration(&s).map_err(|e| {
         serde::de::Error::custom(format!(
             "invalid duration {s:?}: {e} (use e.g. \"30s\", \"5m\", \"1h 30m\")"
         ))
-    })
+    })?;
+    if parsed > MAX_DURATION {
+        return Err(serde::de::Error::custom(format!(
+            "duration {s:?} is longer than 30 days, the most any duration here may be"
+        )));
+    }
+    Ok(parsed)
 }
 
 fn coordinator<'de, D: Deserializer<'de>>(
@@ -934,6 +945,23 @@ name = "agents"
             e.contains(&format!(":{line}")),
             "expected line {line} in {e}"
         );
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_with_their_key_and_line() {
+        for key in ["min_drift_age", "retry_after", "probe_failure_ceiling"] {
+            let text = format!("{MINIMAL}\n[rotation]\n{key} = \"300000years\"\n");
+            let e = err(&text);
+            let line = text.lines().position(|l| l.starts_with(key)).unwrap() + 1;
+            assert!(
+                e.contains(&format!("rotation.{key}"))
+                    && e.contains(&format!(":{line}"))
+                    && e.contains("longer than 30 days"),
+                "{e}"
+            );
+        }
+        let ok = format!("{MINIMAL}\n[rotation]\nretry_after = \"30days\"\n");
+        assert!(Config::parse(Path::new("test.toml"), &ok).is_ok());
     }
 
     #[test]

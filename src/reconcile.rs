@@ -375,13 +375,30 @@ struct OperatorState<'a> {
     unprobed: Option<Unprobed>,
 }
 
-fn operator_state(m: &MachineReport) -> OperatorState<'_> {
+/// How far from `now` a marker's timestamps may be before the marker is
+/// treated as unreadable: anyone who can write metadata can write one, and
+/// no rotation of ours spans more than a few ceilings.
+const MARKER_TIME_SPAN: chrono::TimeDelta = chrono::TimeDelta::days(366);
+
+/// A marker whose timestamps are far from `now` (year +262142, say) is not one
+/// of ours: left alone and reported like an unreadable one.
+fn plausible(marker: Marker, now: DateTime<Utc>) -> Option<Marker> {
+    let near = |t: DateTime<Utc>| t.signed_duration_since(now).abs() <= MARKER_TIME_SPAN;
+    let times = [marker.started_at, marker.attempt_started_at]
+        .into_iter()
+        .chain(marker.restart_at)
+        .chain(marker.retry_at);
+    times.into_iter().all(near).then_some(marker)
+}
+
+fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
     OperatorState {
         held: m.metadata.contains_key(HOLD_KEY),
-        marker: m
-            .metadata
-            .get(MARKER_KEY)
-            .map(|v| Marker::parse(v).ok_or(v.as_str())),
+        marker: m.metadata.get(MARKER_KEY).map(|v| {
+            Marker::parse(v)
+                .and_then(|mk| plausible(mk, now))
+                .ok_or(v.as_str())
+        }),
         approval: m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)),
         has_approval_key: m.metadata.contains_key(APPROVE_KEY),
         unprobed: m
@@ -559,7 +576,11 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut plan = Plan::default();
 
     // Markers, holds and approvals, read once per machine.
-    let ops: Vec<OperatorState<'_>> = report.machines.iter().map(operator_state).collect();
+    let ops: Vec<OperatorState<'_>> = report
+        .machines
+        .iter()
+        .map(|m| operator_state(m, now))
+        .collect();
 
     // Capacity out of each (app, pool): every marker that holds a slot, held
     // machines and unreadable markers included (fail closed).
@@ -647,7 +668,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     tip,
                     Severity::High,
                     format!(
-                        "{} has a rotation marker this reconciler cannot read; not touching it",
+                        "{} has a rotation marker (metadata key {MARKER_KEY}) this reconciler cannot read or that names impossible times; not touching it",
                         m.machine_id
                     ),
                 ));

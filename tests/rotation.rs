@@ -1708,3 +1708,48 @@ async fn a_hold_mid_rotation_is_alerted_and_keeps_its_slot() {
     d.stop().await;
     sim.shutdown().await;
 }
+
+/// Before: a marker with a timestamp at the end of chrono's range (anyone
+/// who can write metadata can write one) made the planner panic on every
+/// sweep: a crash loop that stopped remediation fleet-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2")
+                .metadata("pool", "other")
+                .loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    let planted = format!(
+        r#"{{"tag":"x","target":"{}","phase":"draining","mode":"grace","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"+262142-12-31T23:59:59Z","owner":"mallory"}}"#,
+        w.tip
+    );
+    assert!(Marker::parse(&planted).is_some(), "a marker serde accepts");
+    sim.set_metadata("m1", MARKER_KEY, &planted);
+    let d = Daemon::start(config(&sim, &w, "m", &all("restart"), 1, ""), "r1").await;
+    until("several sweeps", Duration::from_secs(10), || {
+        sweeps(&d) >= 3
+    })
+    .await;
+    assert!(!d.task.is_finished(), "the loop died");
+    until("reported", Duration::from_secs(5), || {
+        d.alerted(AlertKind::RotationStuck, "m1")
+    })
+    .await;
+    // Other machines are still remediated.
+    converged(&sim, "m2", &w.tip, Duration::from_secs(15)).await;
+    assert!(restarts(&sim, "m1").is_empty());
+    assert_eq!(
+        sim.machine("m1").unwrap().metadata.get(MARKER_KEY),
+        Some(&planted),
+        "the daemon never rewrites a marker it cannot trust"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use fleet_reconciler::model::CommitId;
 use fleet_reconciler::overlay::{
-    DriftRange, Overlay, OverlayError, OverlaySource, RefAnalysis, Tip,
+    DriftRange, Overlay, OverlayError, OverlaySource, RefAnalysis, SignalId, Signals, Tip,
 };
 use git2::{Oid, Repository, Signature, Time};
+use globset::{GlobBuilder, GlobSetBuilder};
 use tempfile::TempDir;
 
 const RELEASE: &str = "release";
@@ -62,6 +63,19 @@ impl Upstream {
     /// three-way merge of its parents) with `changes` applied. Conflicting
     /// paths must be resolved by `changes`.
     fn commit(&mut self, parents: &[Oid], changes: &[Change<'_>], message: &str) -> Oid {
+        self.clock += 60;
+        let when = 1_760_000_000 + self.clock;
+        self.commit_at(parents, changes, message, when)
+    }
+
+    /// [`Upstream::commit`] with the committer time given: clocks lie.
+    fn commit_at(
+        &mut self,
+        parents: &[Oid],
+        changes: &[Change<'_>],
+        message: &str,
+        time: i64,
+    ) -> Oid {
         let resolved: HashSet<&str> = changes.iter().map(|(path, _)| *path).collect();
         let mut files = match parents {
             [] => BTreeMap::new(),
@@ -81,8 +95,7 @@ impl Upstream {
         }
         let tree_id = write_tree(&self.repo, &mut self.blobs, &files);
         let tree = self.repo.find_tree(tree_id).expect("tree");
-        self.clock += 60;
-        let when = Time::new(1_760_000_000 + self.clock, 0);
+        let when = Time::new(time, 0);
         let sig = Signature::new("Dev", "dev@example.com", &when).expect("signature");
         let parent_commits: Vec<_> = parents
             .iter()
@@ -229,9 +242,70 @@ fn short(oid: Oid, len: usize) -> String {
 }
 
 async fn analyze(overlay: &Overlay, tip: Oid, refs: &[String]) -> HashMap<String, RefAnalysis> {
-    within(overlay.analyze(&id(tip), refs.to_vec()))
+    analyze_for(overlay, tip, refs, &Signals::new()).await
+}
+
+async fn analyze_for(
+    overlay: &Overlay,
+    tip: Oid,
+    refs: &[String],
+    signals: &Signals,
+) -> HashMap<String, RefAnalysis> {
+    within(overlay.analyze(&id(tip), refs.to_vec(), signals))
         .await
         .expect("analyze")
+}
+
+/// Named signals, so a range's evidence reads back as the names raised.
+struct Probe {
+    signals: Signals,
+    names: Vec<(SignalId, String)>,
+}
+
+impl Probe {
+    fn new() -> Probe {
+        Probe {
+            signals: Signals::new(),
+            names: Vec::new(),
+        }
+    }
+
+    /// A path signal for these globs (compiled as the config compiles them).
+    fn globs(mut self, name: &str, globs: &[&str]) -> Probe {
+        let mut set = GlobSetBuilder::new();
+        for g in globs {
+            set.add(
+                GlobBuilder::new(g)
+                    .literal_separator(true)
+                    .build()
+                    .expect("glob"),
+            );
+        }
+        let globs: Vec<String> = globs.iter().map(|g| (*g).to_owned()).collect();
+        let id = self.signals.paths(&globs, set.build().expect("glob set"));
+        self.names.push((id, name.to_owned()));
+        self
+    }
+
+    /// One path signal per literal path: the evidence then says exactly
+    /// which of these paths the missing commits changed.
+    fn paths(self, paths: &[&str]) -> Probe {
+        paths.iter().fold(self, |probe, p| probe.globs(p, &[p]))
+    }
+
+    fn trailer(mut self, key: &str) -> Probe {
+        let id = self.signals.trailers([key]);
+        self.names.push((id, key.to_owned()));
+        self
+    }
+
+    fn raised(&self, range: &DriftRange) -> BTreeSet<String> {
+        self.names
+            .iter()
+            .filter(|(id, _)| range.carries(*id))
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
 }
 
 /// The drift range of `reported`, failing unless it is `Drifted` to it.
@@ -315,7 +389,8 @@ async fn linear_history_counts_behind_and_resolves_abbreviations() {
         short(c[0], 4),
         hex(c[3]),
     ];
-    let results = analyze(&overlay, c[4], &refs).await;
+    let probe = Probe::new().paths(&["0.txt", "1.txt", "2.txt", "3.txt", "4.txt"]);
+    let results = analyze_for(&overlay, c[4], &refs, &probe.signals).await;
     assert_eq!(results.len(), 6, "one entry per distinct ref");
     for on_tip in [hex(c[4]), short(c[4], 7)] {
         assert_eq!(results[&on_tip], RefAnalysis::OnTip { commit: id(c[4]) });
@@ -330,7 +405,7 @@ async fn linear_history_counts_behind_and_resolves_abbreviations() {
         assert_eq!((range.behind, range.ahead), (behind, 0), "{reported}");
     }
     assert_eq!(
-        drifted(&results, &short(c[2], 7), c[2]).paths,
+        probe.raised(&drifted(&results, &short(c[2], 7), c[2])),
         set(&["3.txt", "4.txt"])
     );
 }
@@ -487,7 +562,8 @@ async fn merge_history_counts_match_breadth_first_ancestor_sets() {
     within(overlay.fetch()).await.expect("fetch");
     let reported = [a, b, c, f1, f2, m1, d, s1, m2, k1, k2];
     let refs: Vec<String> = reported.iter().map(|o| hex(*o)).collect();
-    let results = analyze(&overlay, e, &refs).await;
+    let probe = Probe::new().paths(&["a", "b", "c", "f1", "f2", "d", "s1", "e", "k1", "k2"]);
+    let results = analyze_for(&overlay, e, &refs, &probe.signals).await;
     for commit in reported {
         let range = drifted(&results, &hex(commit), commit);
         assert_eq!(
@@ -508,7 +584,7 @@ async fn merge_history_counts_match_breadth_first_ancestor_sets() {
     // Merges add nothing of their own here, so the paths are exactly the
     // files of the non-merge commits the machine lacks.
     assert_eq!(
-        drifted(&results, &hex(k2), k2).paths,
+        probe.raised(&drifted(&results, &hex(k2), k2)),
         set(&["d", "e", "f1", "f2", "s1"])
     );
 }
@@ -568,7 +644,10 @@ async fn random_merge_dag_matches_independent_counts_and_paths() {
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
     let refs: Vec<String> = commits.iter().map(|o| hex(*o)).collect();
-    let results = analyze(&overlay, tip, &refs).await;
+    let files: Vec<String> = (0..commits.len()).map(|i| format!("f{i}")).collect();
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
+    let probe = Probe::new().paths(&files);
+    let results = analyze_for(&overlay, tip, &refs, &probe.signals).await;
 
     let mut diverged = 0;
     let tip_ancestors = ancestors(&up.repo, tip);
@@ -584,7 +663,7 @@ async fn random_merge_dag_matches_independent_counts_and_paths() {
             .difference(&has)
             .map(|o| file_of[o].clone())
             .collect();
-        assert_eq!(range.paths, expected, "{commit}");
+        assert_eq!(probe.raised(&range), expected, "{commit}");
     }
     assert!(merges >= 10, "the DAG should have merges, has {merges}");
     assert!(
@@ -629,9 +708,19 @@ async fn paths_cover_the_range_renames_deletions_and_root_commits() {
 
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
-    let results = analyze(&overlay, c4, &[hex(c2), hex(orphan)]).await;
+    let probe = Probe::new().paths(&[
+        "README",
+        "LICENSE",
+        "policies/old.yaml",
+        "policies/new.yaml",
+        "policies/x.yaml",
+        "guards/x.yaml",
+        "old/y.txt",
+        "orphan.txt",
+    ]);
+    let results = analyze_for(&overlay, c4, &[hex(c2), hex(orphan)], &probe.signals).await;
     assert_eq!(
-        drifted(&results, &hex(c2), c2).paths,
+        probe.raised(&drifted(&results, &hex(c2), c2)),
         set(&[
             "guards/x.yaml",
             "policies/new.yaml",
@@ -643,10 +732,11 @@ async fn paths_cover_the_range_renames_deletions_and_root_commits() {
     // empty tree.
     let range = drifted(&results, &hex(orphan), orphan);
     assert_eq!((range.behind, range.ahead), (5, 1));
-    assert!(range.paths.contains("LICENSE"), "{:?}", range.paths);
-    assert!(range.paths.contains("README"), "{:?}", range.paths);
-    assert!(range.paths.contains("old/y.txt"), "{:?}", range.paths);
-    assert!(!range.paths.contains("orphan.txt"), "{:?}", range.paths);
+    let paths = probe.raised(&range);
+    assert!(paths.contains("LICENSE"), "{paths:?}");
+    assert!(paths.contains("README"), "{paths:?}");
+    assert!(paths.contains("old/y.txt"), "{paths:?}");
+    assert!(!paths.contains("orphan.txt"), "{paths:?}");
 }
 
 #[tokio::test]
@@ -676,17 +766,21 @@ async fn merges_are_blamed_only_for_what_they_introduce() {
     within(overlay.fetch()).await.expect("fetch");
 
     // The machine on s1 already has the side change; only m1 is missing.
-    let results = analyze(&overlay, merge, &[hex(s1), hex(m1)]).await;
+    let probe = Probe::new().paths(&["main.txt", "skills/a.md", "guards/g.yaml"]);
+    let results = analyze_for(&overlay, merge, &[hex(s1), hex(m1)], &probe.signals).await;
     let on_side = drifted(&results, &hex(s1), s1);
     assert_eq!((on_side.behind, on_side.ahead), (2, 0));
-    assert_eq!(on_side.paths, set(&["main.txt"]));
+    assert_eq!(probe.raised(&on_side), set(&["main.txt"]));
     // The machine on m1 lacks the side change, which comes with s1.
-    assert_eq!(drifted(&results, &hex(m1), m1).paths, set(&["skills/a.md"]));
+    assert_eq!(
+        probe.raised(&drifted(&results, &hex(m1), m1)),
+        set(&["skills/a.md"])
+    );
 
     // An evil merge's own edit is its own.
-    let results = analyze(&overlay, evil, &[hex(s1)]).await;
+    let results = analyze_for(&overlay, evil, &[hex(s1)], &probe.signals).await;
     assert_eq!(
-        drifted(&results, &hex(s1), s1).paths,
+        probe.raised(&drifted(&results, &hex(s1), s1)),
         set(&["guards/g.yaml", "main.txt"])
     );
 }
@@ -711,15 +805,19 @@ async fn trailers_come_only_from_commits_in_the_range() {
 
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
-    let results = analyze(&overlay, t4, &[hex(t2), hex(t3), hex(t0)]).await;
+    let probe = Probe::new()
+        .trailer("Security")
+        .trailer("Signed-off-by")
+        .trailer("Old-Key");
+    let results = analyze_for(&overlay, t4, &[hex(t2), hex(t3), hex(t0)], &probe.signals).await;
     assert_eq!(
-        drifted(&results, &hex(t2), t2).trailers,
+        probe.raised(&drifted(&results, &hex(t2), t2)),
         set(&["Security", "Signed-off-by"])
     );
     // t3 already has the security fix: nothing in t4 ^t3 carries a trailer.
-    assert_eq!(drifted(&results, &hex(t3), t3).trailers, set(&[]));
+    assert_eq!(probe.raised(&drifted(&results, &hex(t3), t3)), set(&[]));
     assert_eq!(
-        drifted(&results, &hex(t0), t0).trailers,
+        probe.raised(&drifted(&results, &hex(t0), t0)),
         set(&["Old-Key", "Security", "Signed-off-by"])
     );
 }
@@ -769,17 +867,21 @@ async fn unchanged_fleet_costs_no_range_work_on_the_next_sweep() {
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
     let refs = vec![hex(c[0]), short(c[1], 7), hex(c[2]), hex(c[0]), hex(c[4])];
+    let probe = Probe::new().globs("any", &["*.txt"]);
 
-    let first = analyze(&overlay, c[4], &refs).await;
+    let first = analyze_for(&overlay, c[4], &refs, &probe.signals).await;
     let after_first = overlay.stats();
     assert_eq!(after_first.range_computations, 3);
+    assert_eq!(after_first.walks, 1, "one walk for every distinct commit");
+    assert_eq!(after_first.commits_read, 5, "c0..c4, each once");
     assert_eq!(after_first.ref_lookups, 4);
     assert_eq!(after_first.commits_diffed, 4, "c1..c4, each once");
 
-    let second = analyze(&overlay, c[4], &refs).await;
+    let second = analyze_for(&overlay, c[4], &refs, &probe.signals).await;
     let after_second = overlay.stats();
     assert_eq!(first, second);
     assert_eq!(after_second.range_computations, 3, "no range recomputed");
+    assert_eq!(after_second.walks, 1, "no walk");
     assert_eq!(after_second.ref_lookups, 4, "no ref looked up again");
     assert_eq!(
         after_second.range_cache_hits,
@@ -787,13 +889,15 @@ async fn unchanged_fleet_costs_no_range_work_on_the_next_sweep() {
     );
     assert_eq!(after_second.ref_cache_hits, after_first.ref_cache_hits + 4);
 
-    // A new tip recomputes the ranges but diffs only the new commit.
+    // A new tip recomputes the ranges but reads and diffs only the new commit.
     let c5 = up.commit(&[c[4]], &[("5.txt", Some("5"))], "c5");
     up.branch(RELEASE, c5);
     within(overlay.fetch()).await.expect("fetch");
-    let third = analyze(&overlay, c5, &refs).await;
+    let third = analyze_for(&overlay, c5, &refs, &probe.signals).await;
     let after_third = overlay.stats();
     assert_eq!(after_third.range_computations, 3 + 4);
+    assert_eq!(after_third.walks, 2);
+    assert_eq!(after_third.commits_read, 5 + 1);
     assert_eq!(after_third.commits_diffed, 4 + 1);
     assert_eq!(drifted(&third, &hex(c[0]), c[0]).behind, 5);
 }
@@ -904,7 +1008,7 @@ async fn a_tip_outside_the_mirror_is_an_error() {
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
     let stranger = CommitId::parse(&"ab".repeat(20)).expect("commit id");
-    let err = within(overlay.analyze(&stranger, vec![hex(c[0])]))
+    let err = within(overlay.analyze(&stranger, vec![hex(c[0])], &Signals::new()))
         .await
         .expect_err("tip not in mirror");
     match &err {

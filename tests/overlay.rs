@@ -1154,3 +1154,323 @@ fn base64_helper_matches_rfc_4648_vectors() {
         assert_eq!(base64(plain.as_bytes()), encoded);
     }
 }
+
+// ------------------------------------------------- graph walk at scale
+
+/// A random DAG as parent positions (parents before children) with random
+/// committer times, some far in the past: clocks on real machines lie.
+fn random_dag() -> impl proptest::strategy::Strategy<Value = Vec<(Vec<usize>, i64)>> {
+    use proptest::prelude::*;
+    (2usize..36).prop_flat_map(|n| {
+        proptest::collection::vec(
+            (
+                proptest::collection::vec(any::<proptest::sample::Index>(), 1..4),
+                0u8..10,
+                -100_000i64..100_000,
+            ),
+            n,
+        )
+        .prop_map(|spec| {
+            spec.iter()
+                .enumerate()
+                .map(|(i, (picks, kind, skew))| {
+                    let mut parents = Vec::new();
+                    // Mostly a chain with side branches; now and then a new
+                    // root (unrelated history) or an octopus merge.
+                    if i > 0 && *kind != 0 {
+                        parents.push(i - 1 - picks[0].index(i.min(4)));
+                        let extra = match kind {
+                            1..=3 => 1,
+                            4 => 2,
+                            _ => 0,
+                        };
+                        for p in picks.iter().skip(1).take(extra) {
+                            let q = p.index(i);
+                            if !parents.contains(&q) {
+                                parents.push(q);
+                            }
+                        }
+                    }
+                    let time =
+                        1_760_000_000 + i as i64 * 60 + if kind % 3 == 0 { *skew } else { 0 };
+                    (parents, time)
+                })
+                .collect()
+        })
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(24))]
+
+    /// Every behind/ahead, for every commit against several tips in turn on
+    /// one overlay (so the graph is extended and reused, never rebuilt), is
+    /// what breadth-first search over parent ids counts.
+    #[test]
+    fn counts_match_breadth_first_search_on_random_dags_and_tips(
+        dag in random_dag(),
+        first_tip in proptest::prelude::any::<proptest::sample::Index>(),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut up = Upstream::new();
+            let mut commits: Vec<Oid> = Vec::new();
+            for (i, (parents, time)) in dag.iter().enumerate() {
+                let parents: Vec<Oid> = parents.iter().map(|p| commits[*p]).collect();
+                let path = format!("f{i}");
+                commits.push(up.commit_at(&parents, &[(&path, Some("x"))], &format!("c{i}"), *time));
+            }
+            for (i, oid) in commits.iter().enumerate() {
+                up.branch(&format!("b{i}"), *oid);
+            }
+            let last = commits.len() - 1;
+            let tips = [commits[first_tip.index(commits.len())], commits[last], commits[0]];
+            up.branch(RELEASE, tips[0]);
+            let (_mirror, overlay) = open_mirror(&up).await;
+            within(overlay.fetch()).await.expect("fetch");
+            let refs: Vec<String> = commits.iter().map(|o| hex(*o)).collect();
+            for tip in tips {
+                let results = analyze(&overlay, tip, &refs).await;
+                for commit in &commits {
+                    match &results[&hex(*commit)] {
+                        RefAnalysis::OnTip { .. } => assert_eq!(*commit, tip),
+                        RefAnalysis::Drifted { range, .. } => assert_eq!(
+                            (range.behind, range.ahead),
+                            expected_counts(&up.repo, tip, *commit),
+                            "{commit} against {tip}"
+                        ),
+                        other => panic!("{commit}: {other:?}"),
+                    }
+                }
+            }
+            let stats = overlay.stats();
+            assert!(
+                stats.commits_read <= commits.len() as u64,
+                "each commit read once: {stats:?}"
+            );
+        });
+    }
+}
+
+#[tokio::test]
+async fn commit_dates_that_lie_do_not_change_the_counts() {
+    //  O - M - T                      release   (honest clocks)
+    //       \
+    //        X10 - X9 - … - X1 - R    canary    (X dated 1970, R today)
+    //
+    // A walk ordered by date hides R, reaches X1 and then, with nothing
+    // interesting left in its queue, stops a few commits later, before it
+    // learns that M and O are R's too; it would count them behind.
+    let mut up = Upstream::new();
+    let o = up.commit_at(&[], &[("o", Some("o"))], "o", 1_760_000_400);
+    let m = up.commit_at(&[o], &[("m", Some("m"))], "m", 1_760_000_500);
+    let t = up.commit_at(&[m], &[("t", Some("t"))], "t", 1_760_000_900);
+    let mut x = m;
+    for i in (1..=10).rev() {
+        let path = format!("x{i}");
+        x = up.commit_at(&[x], &[(&path, Some("x"))], &path, i);
+    }
+    let r = up.commit_at(&[x], &[("r", Some("r"))], "r", 1_760_001_000);
+    up.branch(RELEASE, t);
+    up.branch("canary", r);
+
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+    let results = analyze(&overlay, t, &[hex(r)]).await;
+    let range = drifted(&results, &hex(r), r);
+    assert_eq!(expected_counts(&up.repo, t, r), (1, 11));
+    assert_eq!((range.behind, range.ahead), (1, 11));
+}
+
+#[tokio::test]
+async fn a_new_process_starts_from_the_saved_graph_and_diffs_nothing() {
+    let mut up = Upstream::new();
+    let c = up.linear(6);
+    up.branch(RELEASE, c[5]);
+    let mirror = tempfile::tempdir().expect("tempdir");
+    let refs = vec![hex(c[0]), hex(c[2]), short(c[3], 8)];
+    let probe = Probe::new().paths(&["1.txt", "4.txt"]).trailer("Security");
+
+    let first = within(Overlay::open(source(up.path(), mirror.path())))
+        .await
+        .expect("open");
+    within(first.fetch()).await.expect("fetch");
+    let before = analyze_for(&first, c[5], &refs, &probe.signals).await;
+    assert_eq!(first.stats().commits_read, 6);
+    assert_eq!(first.stats().commits_diffed, 5, "c1..c5");
+    drop(first);
+
+    let second = within(Overlay::open(source(up.path(), mirror.path())))
+        .await
+        .expect("reopen");
+    let after = analyze_for(&second, c[5], &refs, &probe.signals).await;
+    assert_eq!(after, before);
+    let stats = second.stats();
+    assert_eq!(stats.commits_loaded, 6);
+    assert_eq!(stats.commits_read, 0, "no commit read again");
+    assert_eq!(stats.commits_diffed, 0, "no tree diffed again");
+
+    // Other path signals: the saved path facts no longer apply, the graph does.
+    let other = Probe::new().paths(&["2.txt"]);
+    let changed = analyze_for(&second, c[5], &refs, &other.signals).await;
+    assert_eq!(
+        other.raised(&drifted(&changed, &hex(c[0]), c[0])),
+        set(&["2.txt"])
+    );
+    assert_eq!(second.stats().commits_read, 0);
+    assert_eq!(second.stats().commits_diffed, 5);
+
+    // A damaged file is ignored: the history is read again.
+    let file = mirror
+        .path()
+        .join("overlay.git")
+        .join("fleet-reconciler-graph");
+    std::fs::write(&file, b"not a graph").expect("damage the saved graph");
+    let third = within(Overlay::open(source(up.path(), mirror.path())))
+        .await
+        .expect("reopen");
+    assert_eq!(
+        analyze_for(&third, c[5], &refs, &probe.signals).await,
+        before
+    );
+    assert_eq!(third.stats().commits_loaded, 0);
+    assert_eq!(third.stats().commits_read, 6);
+}
+
+#[tokio::test]
+async fn without_path_signals_no_tree_is_diffed() {
+    let mut up = Upstream::new();
+    let t0 = up.commit(&[], &[("a", Some("0"))], "root");
+    let t1 = up.commit(&[t0], &[("a", Some("1"))], "fix\n\nSecurity: yes\n");
+    let t2 = up.commit(&[t1], &[("b", Some("2"))], "more");
+    up.branch(RELEASE, t2);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+
+    let counts_only = analyze(&overlay, t2, &[hex(t0)]).await;
+    assert_eq!(drifted(&counts_only, &hex(t0), t0).behind, 2);
+    let probe = Probe::new().trailer("security");
+    let trailers = analyze_for(&overlay, t2, &[hex(t0)], &probe.signals).await;
+    assert_eq!(
+        probe.raised(&drifted(&trailers, &hex(t0), t0)),
+        set(&["security"])
+    );
+    assert_eq!(overlay.stats().commits_diffed, 0);
+}
+
+#[tokio::test]
+async fn path_signals_look_only_under_their_prefixes_and_match_like_the_config() {
+    let mut up = Upstream::new();
+    let base = up.commit(&[], &[("README", Some("r"))], "base");
+    let mut tip = base;
+    let mut commit_of = HashMap::new();
+    for path in [
+        "skills/a.md",
+        "skills/deep/b.md",
+        "skillsX/c.md",
+        "policies/deep/x.yaml",
+        "top.md",
+        "docs/policies/readme.md",
+    ] {
+        tip = up.commit(&[tip], &[(path, Some("v"))], path);
+        commit_of.insert(path, tip);
+    }
+    up.branch(RELEASE, tip);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+
+    // Each commit alone: measured against its parent with itself as the tip.
+    async fn raised_by_each(
+        up: &Upstream,
+        overlay: &Overlay,
+        commit_of: &HashMap<&str, Oid>,
+        probe: &Probe,
+    ) -> HashMap<String, BTreeSet<String>> {
+        let mut raised = HashMap::new();
+        for (path, commit) in commit_of {
+            let parent = up
+                .repo
+                .find_commit(*commit)
+                .expect("commit")
+                .parent_id(0)
+                .expect("parent");
+            let results = analyze_for(overlay, *commit, &[hex(parent)], &probe.signals).await;
+            let range = drifted(&results, &hex(parent), parent);
+            assert_eq!(range.behind, 1);
+            raised.insert((*path).to_owned(), probe.raised(&range));
+        }
+        raised
+    }
+
+    // Literal prefixes `skills` and `policies`: only those subtrees are diffed.
+    let limited = Probe::new()
+        .globs("skills-md", &["skills/*.md"])
+        .globs("skills-any", &["skills/**"])
+        .globs("policies", &["policies/**"]);
+    let raised = raised_by_each(&up, &overlay, &commit_of, &limited).await;
+    assert_eq!(raised["skills/a.md"], set(&["skills-md", "skills-any"]));
+    assert_eq!(
+        raised["skills/deep/b.md"],
+        set(&["skills-any"]),
+        "`*` stays in one directory"
+    );
+    assert_eq!(
+        raised["skillsX/c.md"],
+        set(&[]),
+        "a sibling is not under `skills`"
+    );
+    assert_eq!(raised["policies/deep/x.yaml"], set(&["policies"]));
+    assert_eq!(raised["top.md"], set(&[]));
+    assert_eq!(
+        raised["docs/policies/readme.md"],
+        set(&[]),
+        "anchored at the root"
+    );
+
+    // Globs without a literal prefix look at the whole tree.
+    let whole = Probe::new()
+        .globs("root-md", &["*.md"])
+        .globs("any-md", &["**/*.md"]);
+    let raised = raised_by_each(&up, &overlay, &commit_of, &whole).await;
+    assert_eq!(raised["skills/a.md"], set(&["any-md"]));
+    assert_eq!(raised["skillsX/c.md"], set(&["any-md"]));
+    assert_eq!(raised["policies/deep/x.yaml"], set(&[]));
+    assert_eq!(raised["top.md"], set(&["root-md", "any-md"]));
+}
+
+#[tokio::test]
+async fn evidence_names_the_newest_missing_commit_that_carries_the_signal() {
+    let mut up = Upstream::new();
+    let c0 = up.commit(&[], &[("a", Some("0"))], "root");
+    let c1 = up.commit(
+        &[c0],
+        &[("policies/p", Some("1"))],
+        "first policy\n\nSecurity: a\n",
+    );
+    let c2 = up.commit(
+        &[c1],
+        &[("policies/p", Some("2"))],
+        "second policy\n\nSecurity: b\n",
+    );
+    let c3 = up.commit(&[c2], &[("other", Some("3"))], "unrelated");
+    up.branch(RELEASE, c3);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+    let probe = Probe::new()
+        .globs("policies", &["policies/**"])
+        .trailer("security");
+    let results = analyze_for(&overlay, c3, &[hex(c0), hex(c1), hex(c2)], &probe.signals).await;
+    for (machine, evidence) in [(c0, Some(c2)), (c1, Some(c2)), (c2, None)] {
+        let range = drifted(&results, &hex(machine), machine);
+        for (signal, _) in &probe.names {
+            assert_eq!(
+                range.evidence.get(signal),
+                evidence.map(id).as_ref(),
+                "{machine}"
+            );
+        }
+    }
+}

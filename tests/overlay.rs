@@ -1474,3 +1474,43 @@ async fn evidence_names_the_newest_missing_commit_that_carries_the_signal() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_new_mirror_of_a_local_repository_takes_its_packs_not_each_object() {
+    let mut up = Upstream::new();
+    let c = up.linear(30);
+    up.branch(RELEASE, c[29]);
+    // Pack the history, as a repository that has been pushed to or gc'd is.
+    {
+        let mut walk = up.repo.revwalk().expect("revwalk");
+        walk.push(c[29]).expect("push");
+        let mut pack = up.repo.packbuilder().expect("packbuilder");
+        pack.insert_walk(&mut walk).expect("insert");
+        pack.write(&up.dir.path().join("objects").join("pack"), 0o444)
+            .expect("write pack");
+    }
+
+    let (_mirror, overlay) = open_mirror(&up).await;
+    assert_eq!(
+        within(overlay.fetch()).await.expect("fetch").commit,
+        id(c[29])
+    );
+    let stats = overlay.stats();
+    assert_eq!(stats.packs_seeded, 1);
+    assert_eq!(stats.objects_received, 0, "every object came with the pack");
+    let results = analyze(&overlay, c[29], &[hex(c[0])]).await;
+    assert_eq!(drifted(&results, &hex(c[0]), c[0]).behind, 29);
+
+    // Later fetches are ordinary: only what is new, no seeding.
+    let next = up.commit(&[c[29]], &[("new.txt", Some("n"))], "new");
+    up.branch(RELEASE, next);
+    assert_eq!(
+        within(overlay.fetch()).await.expect("fetch").commit,
+        id(next)
+    );
+    let stats = overlay.stats();
+    assert_eq!(stats.packs_seeded, 1);
+    assert!(stats.objects_received > 0);
+    let results = analyze(&overlay, next, &[hex(c[0])]).await;
+    assert_eq!(drifted(&results, &hex(c[0]), c[0]).behind, 30);
+}

@@ -30,6 +30,7 @@
 
 mod facts;
 mod graph;
+mod seed;
 mod signals;
 mod store;
 
@@ -203,6 +204,10 @@ pub struct OverlayStats {
     pub commits_loaded: u64,
     /// Commits whose path signals were computed (tree diffs).
     pub commits_diffed: u64,
+    /// Pack files a new mirror took from a local source (linked or copied).
+    pub packs_seeded: u64,
+    /// Objects fetches received through libgit2.
+    pub objects_received: u64,
 }
 
 /// A libgit2 failure with every secret removed from its message.
@@ -413,6 +418,8 @@ struct Counters {
     commits_read: AtomicU64,
     commits_loaded: AtomicU64,
     commits_diffed: AtomicU64,
+    packs_seeded: AtomicU64,
+    objects_received: AtomicU64,
 }
 
 impl Counters {
@@ -487,6 +494,8 @@ impl Overlay {
             commits_read: c.commits_read.load(Ordering::Relaxed),
             commits_loaded: c.commits_loaded.load(Ordering::Relaxed),
             commits_diffed: c.commits_diffed.load(Ordering::Relaxed),
+            packs_seeded: c.packs_seeded.load(Ordering::Relaxed),
+            objects_received: c.objects_received.load(Ordering::Relaxed),
         }
     }
 
@@ -629,12 +638,34 @@ impl Inner {
             .fetch_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if local_path(&self.url).is_some_and(|local| !local.exists()) {
+        let local = local_path(&self.url);
+        if local.as_ref().is_some_and(|local| !local.exists()) {
             return Err(OverlayError::SourceMissing {
                 repo: self.shown_repo.clone(),
             });
         }
-        let repo = self.open_repo()?;
+        let mut repo = self.open_repo()?;
+        if let Some(local) = &local {
+            if has_no_refs(&repo) {
+                match seed::seed_packs(local, &self.mirror_dir) {
+                    Ok(0) => {}
+                    Ok(packs) => {
+                        Counters::add(&self.counters.packs_seeded, packs);
+                        tracing::info!(
+                            packs,
+                            mirror = %self.mirror_dir.display(),
+                            "Seeded the new overlay mirror with the source's pack files."
+                        );
+                        // Opened again so the object database sees them.
+                        repo = self.open_repo()?;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot seed the overlay mirror from the local source; fetching every object instead"
+                    ),
+                }
+            }
+        }
         let fetch_err = |e: git2::Error| OverlayError::Fetch {
             repo: self.shown_repo.clone(),
             source: self.redactor.cause(&e),
@@ -682,6 +713,7 @@ impl Inner {
             Some("fleet-reconciler: fetch"),
         );
         let received = remote.stats().received_objects();
+        Counters::add(&self.counters.objects_received, received);
         drop(remote);
         // Objects may have landed even when the fetch failed part-way; any
         // new object can change what a prefix resolves to.
@@ -1083,6 +1115,13 @@ fn resolve_in(repo: &Repository, reference: &str) -> Result<Resolution, git2::Er
         },
         _ => Ok(Resolution::Unknown),
     }
+}
+
+/// A mirror that has never been fetched into (or was emptied).
+fn has_no_refs(repo: &Repository) -> bool {
+    repo.references()
+        .map(|mut refs| refs.next().is_none())
+        .unwrap_or(false)
 }
 
 fn refs_fingerprint(repo: &Repository) -> Result<u64, git2::Error> {

@@ -85,6 +85,13 @@ impl Hasher for OidHasher {
 
 pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<OidHasher>>;
 
+/// An id's first eight bytes: SHA-1 is uniform, so they are a good key.
+fn key(oid: &Oid) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&oid.as_bytes()[..8]);
+    u64::from_le_bytes(bytes)
+}
+
 /// Per-commit path facts for one list of path signals.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PathFacts {
@@ -101,7 +108,10 @@ pub(crate) struct PathFacts {
 /// Every commit read so far; see the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Graph {
-    index: FastMap<Oid, Node>,
+    /// Node by the first eight bytes of its id (half the memory of keying
+    /// by the whole id); the rare id whose key is taken is in `collisions`.
+    index: FastMap<u64, Node>,
+    collisions: FastMap<Oid, Node>,
     oids: Vec<Oid>,
     times: Vec<i64>,
     /// Node `n`'s parents are `parents[parent_start[n]..parent_start[n + 1]]`.
@@ -121,6 +131,7 @@ impl Default for Graph {
     fn default() -> Graph {
         Graph {
             index: FastMap::default(),
+            collisions: FastMap::default(),
             oids: Vec::new(),
             times: Vec::new(),
             parent_start: vec![0],
@@ -166,7 +177,21 @@ impl Graph {
     }
 
     pub fn node(&self, oid: &Oid) -> Option<Node> {
-        self.index.get(oid).copied()
+        match self.index.get(&key(oid)) {
+            Some(&node) if self.oids[node as usize] == *oid => Some(node),
+            _ => self.collisions.get(oid).copied(),
+        }
+    }
+
+    fn insert_index(&mut self, oid: Oid, node: Node) {
+        match self.index.entry(key(&oid)) {
+            Entry::Vacant(e) => {
+                e.insert(node);
+            }
+            Entry::Occupied(_) => {
+                self.collisions.insert(oid, node);
+            }
+        }
     }
 
     pub fn oid(&self, node: Node) -> Oid {
@@ -193,8 +218,8 @@ impl Graph {
 
     /// Approximate heap bytes held, for the benchmark and the docs.
     pub fn heap_bytes(&self) -> usize {
-        let per_entry = std::mem::size_of::<(Oid, Node)>() + 1;
-        self.index.capacity() * per_entry
+        self.index.capacity() * (std::mem::size_of::<(u64, Node)>() + 1)
+            + self.collisions.capacity() * (std::mem::size_of::<(Oid, Node)>() + 1)
             + self.oids.capacity() * std::mem::size_of::<Oid>()
             + self.times.capacity() * 8
             + (self.parent_start.capacity() + self.parents.capacity()) * 4
@@ -222,7 +247,7 @@ impl Graph {
         let mut stack = vec![Pending { oid, commit: None }];
         let mut opened: HashSet<Oid, BuildHasherDefault<OidHasher>> = HashSet::default();
         while let Some(top) = stack.last_mut() {
-            if self.index.contains_key(&top.oid) {
+            if self.node(&top.oid).is_some() {
                 stack.pop();
                 continue;
             }
@@ -234,7 +259,7 @@ impl Graph {
                     let missing: Vec<Oid> = commit
                         .parents
                         .iter()
-                        .filter(|p| !self.index.contains_key(*p))
+                        .filter(|p| self.node(p).is_none())
                         .copied()
                         .collect();
                     top.commit = Some(commit);
@@ -295,7 +320,7 @@ impl Graph {
             }
         }
         self.trailer_start.push(end(self.trailers.len())?);
-        self.index.insert(oid, node);
+        self.insert_index(oid, node);
         self.paths
             .masks
             .resize(self.oids.len() * self.paths.words, 0);
@@ -548,22 +573,16 @@ impl Graph {
         {
             return None;
         }
-        let mut index = FastMap::default();
-        index.reserve(n);
-        for (node, oid) in parts.oids.iter().enumerate() {
-            if index.insert(*oid, node as Node).is_some() {
-                return None;
-            }
-        }
         let key_index = parts
             .keys
             .iter()
             .enumerate()
             .map(|(i, k)| (k.clone(), i as u32))
             .collect();
-        Some(Graph {
-            index,
-            oids: parts.oids,
+        let mut graph = Graph {
+            index: FastMap::default(),
+            collisions: FastMap::default(),
+            oids: Vec::with_capacity(n),
             times: parts.times,
             parent_start: parts.parent_start,
             parents: parts.parents,
@@ -573,7 +592,17 @@ impl Graph {
             key_index,
             paths: parts.paths,
             dirty: false,
-        })
+        };
+        graph.index.reserve(n);
+        for (node, oid) in parts.oids.iter().enumerate() {
+            if graph.node(oid).is_some() {
+                return None;
+            }
+            // `node` needs `oids[node]` to check a key's owner.
+            graph.oids.push(*oid);
+            graph.insert_index(*oid, node as Node);
+        }
+        Some(graph)
     }
 }
 
@@ -768,6 +797,32 @@ mod tests {
             graph.ensure(oid(1), &mut read),
             Err(LoadError::Inconsistent { .. })
         ));
+    }
+
+    #[test]
+    fn ids_sharing_their_first_eight_bytes_are_both_found() {
+        let twin = |last: u8| {
+            let mut bytes = [7u8; 20];
+            bytes[19] = last;
+            Oid::from_bytes(&bytes).expect("20 bytes")
+        };
+        let (a, b) = (twin(1), twin(2));
+        let mut graph = Graph::default();
+        let mut read = |id: Oid| -> Result<RawCommit, ()> {
+            Ok(RawCommit {
+                parents: if id == b { vec![a] } else { vec![] },
+                ..RawCommit::default()
+            })
+        };
+        graph.ensure(b, &mut read).expect("load");
+        assert_eq!(graph.node(&a), Some(0));
+        assert_eq!(graph.node(&b), Some(1));
+        assert_eq!(graph.node(&twin(3)), None);
+        let copy = Graph::from_parts(graph.parts()).expect("valid parts");
+        assert_eq!((copy.node(&a), copy.node(&b)), (Some(0), Some(1)));
+        let mut twice = graph.parts();
+        twice.oids[1] = a;
+        assert!(Graph::from_parts(twice).is_none(), "an id numbered twice");
     }
 
     #[test]

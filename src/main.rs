@@ -1,6 +1,7 @@
 //! The `fleet-reconciler` command line: parses arguments, reads secrets from
 //! the environment, and calls into the library. Nothing else lives here.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -272,7 +273,11 @@ fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
 /// cannot be probed.
 fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
     match output {
-        Output::Json => println!("{}", report::to_json(fleet)),
+        Output::Json => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            // A closed stdout (`| head`) is the reader's choice, not our error.
+            let _ = report::write_json(&mut out, fleet).and_then(|()| out.flush());
+        }
         Output::Table => print!("{}", report::to_table(fleet)),
     }
     if fleet.is_coherent() {

@@ -2,11 +2,13 @@
 //!
 //! Pure functions over the config's rules (DESIGN §5): the first rule whose
 //! conditions all hold gives the level. It must never do I/O; it sees only
-//! what the overlay module measured.
+//! what the overlay module measured. It tells the overlay what to look for
+//! ([`signals`]: one signal per rule's trailer list and per rule's path
+//! globs) and reads the answers back by the same numbering.
 
 use crate::config::{Config, DEFAULT_POOL, SeverityRule};
 use crate::model::{PolicyAction, Severity};
-use crate::overlay::DriftRange;
+use crate::overlay::{DriftRange, SignalId, Signals};
 
 /// What is known about a drift when it is classified.
 #[derive(Clone, Copy, Debug)]
@@ -17,35 +19,73 @@ pub enum Drift<'a> {
     Range(&'a DriftRange),
 }
 
+/// The signals a rule's range conditions are answered by: its trailer keys
+/// and its path globs, each `None` when the rule has no such condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RuleSignals {
+    trailers: Option<SignalId>,
+    paths: Option<SignalId>,
+}
+
+/// Numbers the rules' conditions in rule order, trailers before paths: the
+/// one numbering both [`signals`] and [`classify`] use.
+fn rule_signals(rules: &[SeverityRule]) -> impl Iterator<Item = (&SeverityRule, RuleSignals)> {
+    let mut next = 0;
+    let mut take = move |present: bool| {
+        present.then(|| {
+            next += 1;
+            SignalId(next - 1)
+        })
+    };
+    rules.iter().map(move |rule| {
+        let trailers = take(!rule.trailers.is_empty());
+        let paths = take(rule.path_set.is_some());
+        (rule, RuleSignals { trailers, paths })
+    })
+}
+
+/// What the overlay must report for each drift range so that [`classify`]
+/// can evaluate `rules`. No path signal, hence no tree diff, unless some
+/// rule has `paths`.
+pub fn signals(rules: &[SeverityRule]) -> Signals {
+    let mut out = Signals::new();
+    for (rule, ids) in rule_signals(rules) {
+        if ids.trailers.is_some() {
+            let id = out.trailers(&rule.trailers);
+            debug_assert_eq!(Some(id), ids.trailers);
+        }
+        if let (Some(set), Some(_)) = (&rule.path_set, ids.paths) {
+            let id = out.paths(&rule.paths, set.clone());
+            debug_assert_eq!(Some(id), ids.paths);
+        }
+    }
+    out
+}
+
 /// First matching rule wins. With no match, a resolved drift is `low`; an
 /// unresolved ref is `critical`, because we cannot tell what it is missing.
+/// A range must come from an analysis with [`signals`]`(rules)`.
 pub fn classify(rules: &[SeverityRule], drift: Drift<'_>) -> Severity {
-    rules
-        .iter()
-        .find(|rule| matches(rule, drift))
-        .map(|rule| rule.level)
+    rule_signals(rules)
+        .find(|(rule, ids)| matches(rule, *ids, drift))
+        .map(|(rule, _)| rule.level)
         .unwrap_or(match drift {
             Drift::Unresolved => Severity::Critical,
             Drift::Range(_) => Severity::Low,
         })
 }
 
-fn matches(rule: &SeverityRule, drift: Drift<'_>) -> bool {
+fn matches(rule: &SeverityRule, ids: RuleSignals, drift: Drift<'_>) -> bool {
     match drift {
         Drift::Unresolved => rule.unknown_ref,
         Drift::Range(range) => {
             if rule.unknown_ref {
                 return false;
             }
-            let trailers_ok = rule.trailers.is_empty()
-                || range
-                    .trailers
-                    .iter()
-                    .any(|t| rule.trailers.contains(&t.trim().to_ascii_lowercase()));
-            let paths_ok = match &rule.path_set {
-                None => true,
-                Some(set) => range.paths.iter().any(|p| set.is_match(p)),
-            };
+            // Some commit in the range has one of the rule's trailer keys;
+            // some commit's own change touches a path the rule's globs match.
+            let trailers_ok = ids.trailers.is_none_or(|id| range.carries(id));
+            let paths_ok = ids.paths.is_none_or(|id| range.carries(id));
             let behind_ok = rule.min_commits_behind.is_none_or(|n| range.behind >= n);
             trailers_ok && paths_ok && behind_ok
         }
@@ -71,21 +111,61 @@ pub fn action_for(config: &Config, pool: &str, severity: Severity) -> PolicyActi
 mod tests {
     use super::*;
     use crate::config::default_severity_rules;
-    use std::collections::BTreeSet;
+    use crate::model::CommitId;
 
-    fn range(behind: u64, paths: &[&str], trailers: &[&str]) -> DriftRange {
-        DriftRange {
+    /// The range the overlay reports for commits that touched `paths` and
+    /// carry `trailers`: each rule's signal is raised exactly when the rule's
+    /// condition holds on those paths and keys.
+    fn range(rules: &[SeverityRule], behind: u64, paths: &[&str], trailers: &[&str]) -> DriftRange {
+        let evidence = CommitId::parse(&"e".repeat(40)).expect("commit id");
+        let mut range = DriftRange {
             behind,
-            ahead: 0,
-            paths: paths.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
-            trailers: trailers.iter().map(|s| s.to_string()).collect(),
+            ..DriftRange::default()
+        };
+        for (rule, ids) in rule_signals(rules) {
+            if let Some(id) = ids.trailers {
+                let normalized = trailers.iter().map(|t| t.trim().to_ascii_lowercase());
+                if normalized.into_iter().any(|t| rule.trailers.contains(&t)) {
+                    range.evidence.insert(id, evidence.clone());
+                }
+            }
+            if let (Some(id), Some(set)) = (ids.paths, &rule.path_set) {
+                if paths.iter().any(|p| set.is_match(p)) {
+                    range.evidence.insert(id, evidence.clone());
+                }
+            }
         }
+        range
+    }
+
+    #[test]
+    fn signals_are_numbered_as_classify_reads_them() {
+        let rules = default_severity_rules();
+        let signals = signals(&rules);
+        let ids: Vec<RuleSignals> = rule_signals(&rules).map(|(_, ids)| ids).collect();
+        let used = ids
+            .iter()
+            .flat_map(|ids| [ids.trailers, ids.paths])
+            .flatten()
+            .count();
+        assert_eq!(signals.len(), used);
+        assert!(signals.has_paths());
+        // Count rules alone ask nothing of the commits: no diffs, no trailers.
+        let counts: Vec<SeverityRule> = rules
+            .iter()
+            .filter(|r| r.trailers.is_empty() && r.path_set.is_none())
+            .cloned()
+            .collect();
+        assert!(!counts.is_empty());
+        assert!(super::signals(&counts).is_empty());
     }
 
     #[test]
     fn default_rules_follow_the_design_table() {
         let rules = default_severity_rules();
         let c = |r: &DriftRange| classify(&rules, Drift::Range(r));
+        let range =
+            |behind, paths: &[&str], trailers: &[&str]| range(&rules, behind, paths, trailers);
         assert_eq!(classify(&rules, Drift::Unresolved), Severity::Critical);
         assert_eq!(
             c(&range(1, &["skills/a.md"], &["Security"])),
@@ -133,6 +213,9 @@ paths = ["skills/**"]
 "#;
         let cfg = Config::parse(std::path::Path::new("t.toml"), text).unwrap();
         let c = |r: &DriftRange| classify(&cfg.severity, Drift::Range(r));
+        let range = |behind, paths: &[&str], trailers: &[&str]| {
+            range(&cfg.severity, behind, paths, trailers)
+        };
         assert_eq!(c(&range(3, &["skills/a.md"], &[])), Severity::Medium);
         // Both conditions of the first rule must hold.
         assert_eq!(c(&range(2, &["skills/a.md"], &[])), Severity::High);

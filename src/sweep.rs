@@ -200,7 +200,8 @@ impl Sweeper {
             refs.dedup();
             refs
         };
-        let analysis = self.overlay.analyze(&tip.commit, refs).await?;
+        let signals = severity::signals(&self.config.severity);
+        let analysis = self.overlay.analyze(&tip.commit, refs, &signals).await?;
 
         let reports = machines
             .into_iter()

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use fleet_reconciler::model::CommitId;
 use fleet_reconciler::overlay::{
-    DriftRange, Overlay, OverlayError, OverlaySource, RefAnalysis, Tip,
+    DriftRange, Overlay, OverlayError, OverlaySource, RefAnalysis, SignalId, Signals, Tip,
 };
 use git2::{Oid, Repository, Signature, Time};
+use globset::{GlobBuilder, GlobSetBuilder};
 use tempfile::TempDir;
 
 const RELEASE: &str = "release";
@@ -62,6 +63,19 @@ impl Upstream {
     /// three-way merge of its parents) with `changes` applied. Conflicting
     /// paths must be resolved by `changes`.
     fn commit(&mut self, parents: &[Oid], changes: &[Change<'_>], message: &str) -> Oid {
+        self.clock += 60;
+        let when = 1_760_000_000 + self.clock;
+        self.commit_at(parents, changes, message, when)
+    }
+
+    /// [`Upstream::commit`] with the committer time given: clocks lie.
+    fn commit_at(
+        &mut self,
+        parents: &[Oid],
+        changes: &[Change<'_>],
+        message: &str,
+        time: i64,
+    ) -> Oid {
         let resolved: HashSet<&str> = changes.iter().map(|(path, _)| *path).collect();
         let mut files = match parents {
             [] => BTreeMap::new(),
@@ -81,8 +95,7 @@ impl Upstream {
         }
         let tree_id = write_tree(&self.repo, &mut self.blobs, &files);
         let tree = self.repo.find_tree(tree_id).expect("tree");
-        self.clock += 60;
-        let when = Time::new(1_760_000_000 + self.clock, 0);
+        let when = Time::new(time, 0);
         let sig = Signature::new("Dev", "dev@example.com", &when).expect("signature");
         let parent_commits: Vec<_> = parents
             .iter()
@@ -229,9 +242,70 @@ fn short(oid: Oid, len: usize) -> String {
 }
 
 async fn analyze(overlay: &Overlay, tip: Oid, refs: &[String]) -> HashMap<String, RefAnalysis> {
-    within(overlay.analyze(&id(tip), refs.to_vec()))
+    analyze_for(overlay, tip, refs, &Signals::new()).await
+}
+
+async fn analyze_for(
+    overlay: &Overlay,
+    tip: Oid,
+    refs: &[String],
+    signals: &Signals,
+) -> HashMap<String, RefAnalysis> {
+    within(overlay.analyze(&id(tip), refs.to_vec(), signals))
         .await
         .expect("analyze")
+}
+
+/// Named signals, so a range's evidence reads back as the names raised.
+struct Probe {
+    signals: Signals,
+    names: Vec<(SignalId, String)>,
+}
+
+impl Probe {
+    fn new() -> Probe {
+        Probe {
+            signals: Signals::new(),
+            names: Vec::new(),
+        }
+    }
+
+    /// A path signal for these globs (compiled as the config compiles them).
+    fn globs(mut self, name: &str, globs: &[&str]) -> Probe {
+        let mut set = GlobSetBuilder::new();
+        for g in globs {
+            set.add(
+                GlobBuilder::new(g)
+                    .literal_separator(true)
+                    .build()
+                    .expect("glob"),
+            );
+        }
+        let globs: Vec<String> = globs.iter().map(|g| (*g).to_owned()).collect();
+        let id = self.signals.paths(&globs, set.build().expect("glob set"));
+        self.names.push((id, name.to_owned()));
+        self
+    }
+
+    /// One path signal per literal path: the evidence then says exactly
+    /// which of these paths the missing commits changed.
+    fn paths(self, paths: &[&str]) -> Probe {
+        paths.iter().fold(self, |probe, p| probe.globs(p, &[p]))
+    }
+
+    fn trailer(mut self, key: &str) -> Probe {
+        let id = self.signals.trailers([key]);
+        self.names.push((id, key.to_owned()));
+        self
+    }
+
+    fn raised(&self, range: &DriftRange) -> BTreeSet<String> {
+        self.names
+            .iter()
+            .filter(|(id, _)| range.carries(*id))
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
 }
 
 /// The drift range of `reported`, failing unless it is `Drifted` to it.
@@ -315,7 +389,8 @@ async fn linear_history_counts_behind_and_resolves_abbreviations() {
         short(c[0], 4),
         hex(c[3]),
     ];
-    let results = analyze(&overlay, c[4], &refs).await;
+    let probe = Probe::new().paths(&["0.txt", "1.txt", "2.txt", "3.txt", "4.txt"]);
+    let results = analyze_for(&overlay, c[4], &refs, &probe.signals).await;
     assert_eq!(results.len(), 6, "one entry per distinct ref");
     for on_tip in [hex(c[4]), short(c[4], 7)] {
         assert_eq!(results[&on_tip], RefAnalysis::OnTip { commit: id(c[4]) });
@@ -330,7 +405,7 @@ async fn linear_history_counts_behind_and_resolves_abbreviations() {
         assert_eq!((range.behind, range.ahead), (behind, 0), "{reported}");
     }
     assert_eq!(
-        drifted(&results, &short(c[2], 7), c[2]).paths,
+        probe.raised(&drifted(&results, &short(c[2], 7), c[2])),
         set(&["3.txt", "4.txt"])
     );
 }
@@ -487,7 +562,8 @@ async fn merge_history_counts_match_breadth_first_ancestor_sets() {
     within(overlay.fetch()).await.expect("fetch");
     let reported = [a, b, c, f1, f2, m1, d, s1, m2, k1, k2];
     let refs: Vec<String> = reported.iter().map(|o| hex(*o)).collect();
-    let results = analyze(&overlay, e, &refs).await;
+    let probe = Probe::new().paths(&["a", "b", "c", "f1", "f2", "d", "s1", "e", "k1", "k2"]);
+    let results = analyze_for(&overlay, e, &refs, &probe.signals).await;
     for commit in reported {
         let range = drifted(&results, &hex(commit), commit);
         assert_eq!(
@@ -508,7 +584,7 @@ async fn merge_history_counts_match_breadth_first_ancestor_sets() {
     // Merges add nothing of their own here, so the paths are exactly the
     // files of the non-merge commits the machine lacks.
     assert_eq!(
-        drifted(&results, &hex(k2), k2).paths,
+        probe.raised(&drifted(&results, &hex(k2), k2)),
         set(&["d", "e", "f1", "f2", "s1"])
     );
 }
@@ -568,7 +644,10 @@ async fn random_merge_dag_matches_independent_counts_and_paths() {
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
     let refs: Vec<String> = commits.iter().map(|o| hex(*o)).collect();
-    let results = analyze(&overlay, tip, &refs).await;
+    let files: Vec<String> = (0..commits.len()).map(|i| format!("f{i}")).collect();
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
+    let probe = Probe::new().paths(&files);
+    let results = analyze_for(&overlay, tip, &refs, &probe.signals).await;
 
     let mut diverged = 0;
     let tip_ancestors = ancestors(&up.repo, tip);
@@ -584,7 +663,7 @@ async fn random_merge_dag_matches_independent_counts_and_paths() {
             .difference(&has)
             .map(|o| file_of[o].clone())
             .collect();
-        assert_eq!(range.paths, expected, "{commit}");
+        assert_eq!(probe.raised(&range), expected, "{commit}");
     }
     assert!(merges >= 10, "the DAG should have merges, has {merges}");
     assert!(
@@ -629,9 +708,19 @@ async fn paths_cover_the_range_renames_deletions_and_root_commits() {
 
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
-    let results = analyze(&overlay, c4, &[hex(c2), hex(orphan)]).await;
+    let probe = Probe::new().paths(&[
+        "README",
+        "LICENSE",
+        "policies/old.yaml",
+        "policies/new.yaml",
+        "policies/x.yaml",
+        "guards/x.yaml",
+        "old/y.txt",
+        "orphan.txt",
+    ]);
+    let results = analyze_for(&overlay, c4, &[hex(c2), hex(orphan)], &probe.signals).await;
     assert_eq!(
-        drifted(&results, &hex(c2), c2).paths,
+        probe.raised(&drifted(&results, &hex(c2), c2)),
         set(&[
             "guards/x.yaml",
             "policies/new.yaml",
@@ -643,10 +732,11 @@ async fn paths_cover_the_range_renames_deletions_and_root_commits() {
     // empty tree.
     let range = drifted(&results, &hex(orphan), orphan);
     assert_eq!((range.behind, range.ahead), (5, 1));
-    assert!(range.paths.contains("LICENSE"), "{:?}", range.paths);
-    assert!(range.paths.contains("README"), "{:?}", range.paths);
-    assert!(range.paths.contains("old/y.txt"), "{:?}", range.paths);
-    assert!(!range.paths.contains("orphan.txt"), "{:?}", range.paths);
+    let paths = probe.raised(&range);
+    assert!(paths.contains("LICENSE"), "{paths:?}");
+    assert!(paths.contains("README"), "{paths:?}");
+    assert!(paths.contains("old/y.txt"), "{paths:?}");
+    assert!(!paths.contains("orphan.txt"), "{paths:?}");
 }
 
 #[tokio::test]
@@ -676,17 +766,21 @@ async fn merges_are_blamed_only_for_what_they_introduce() {
     within(overlay.fetch()).await.expect("fetch");
 
     // The machine on s1 already has the side change; only m1 is missing.
-    let results = analyze(&overlay, merge, &[hex(s1), hex(m1)]).await;
+    let probe = Probe::new().paths(&["main.txt", "skills/a.md", "guards/g.yaml"]);
+    let results = analyze_for(&overlay, merge, &[hex(s1), hex(m1)], &probe.signals).await;
     let on_side = drifted(&results, &hex(s1), s1);
     assert_eq!((on_side.behind, on_side.ahead), (2, 0));
-    assert_eq!(on_side.paths, set(&["main.txt"]));
+    assert_eq!(probe.raised(&on_side), set(&["main.txt"]));
     // The machine on m1 lacks the side change, which comes with s1.
-    assert_eq!(drifted(&results, &hex(m1), m1).paths, set(&["skills/a.md"]));
+    assert_eq!(
+        probe.raised(&drifted(&results, &hex(m1), m1)),
+        set(&["skills/a.md"])
+    );
 
     // An evil merge's own edit is its own.
-    let results = analyze(&overlay, evil, &[hex(s1)]).await;
+    let results = analyze_for(&overlay, evil, &[hex(s1)], &probe.signals).await;
     assert_eq!(
-        drifted(&results, &hex(s1), s1).paths,
+        probe.raised(&drifted(&results, &hex(s1), s1)),
         set(&["guards/g.yaml", "main.txt"])
     );
 }
@@ -711,15 +805,19 @@ async fn trailers_come_only_from_commits_in_the_range() {
 
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
-    let results = analyze(&overlay, t4, &[hex(t2), hex(t3), hex(t0)]).await;
+    let probe = Probe::new()
+        .trailer("Security")
+        .trailer("Signed-off-by")
+        .trailer("Old-Key");
+    let results = analyze_for(&overlay, t4, &[hex(t2), hex(t3), hex(t0)], &probe.signals).await;
     assert_eq!(
-        drifted(&results, &hex(t2), t2).trailers,
+        probe.raised(&drifted(&results, &hex(t2), t2)),
         set(&["Security", "Signed-off-by"])
     );
     // t3 already has the security fix: nothing in t4 ^t3 carries a trailer.
-    assert_eq!(drifted(&results, &hex(t3), t3).trailers, set(&[]));
+    assert_eq!(probe.raised(&drifted(&results, &hex(t3), t3)), set(&[]));
     assert_eq!(
-        drifted(&results, &hex(t0), t0).trailers,
+        probe.raised(&drifted(&results, &hex(t0), t0)),
         set(&["Old-Key", "Security", "Signed-off-by"])
     );
 }
@@ -769,17 +867,21 @@ async fn unchanged_fleet_costs_no_range_work_on_the_next_sweep() {
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
     let refs = vec![hex(c[0]), short(c[1], 7), hex(c[2]), hex(c[0]), hex(c[4])];
+    let probe = Probe::new().globs("any", &["*.txt"]);
 
-    let first = analyze(&overlay, c[4], &refs).await;
+    let first = analyze_for(&overlay, c[4], &refs, &probe.signals).await;
     let after_first = overlay.stats();
     assert_eq!(after_first.range_computations, 3);
+    assert_eq!(after_first.walks, 1, "one walk for every distinct commit");
+    assert_eq!(after_first.commits_read, 5, "c0..c4, each once");
     assert_eq!(after_first.ref_lookups, 4);
     assert_eq!(after_first.commits_diffed, 4, "c1..c4, each once");
 
-    let second = analyze(&overlay, c[4], &refs).await;
+    let second = analyze_for(&overlay, c[4], &refs, &probe.signals).await;
     let after_second = overlay.stats();
     assert_eq!(first, second);
     assert_eq!(after_second.range_computations, 3, "no range recomputed");
+    assert_eq!(after_second.walks, 1, "no walk");
     assert_eq!(after_second.ref_lookups, 4, "no ref looked up again");
     assert_eq!(
         after_second.range_cache_hits,
@@ -787,13 +889,15 @@ async fn unchanged_fleet_costs_no_range_work_on_the_next_sweep() {
     );
     assert_eq!(after_second.ref_cache_hits, after_first.ref_cache_hits + 4);
 
-    // A new tip recomputes the ranges but diffs only the new commit.
+    // A new tip recomputes the ranges but reads and diffs only the new commit.
     let c5 = up.commit(&[c[4]], &[("5.txt", Some("5"))], "c5");
     up.branch(RELEASE, c5);
     within(overlay.fetch()).await.expect("fetch");
-    let third = analyze(&overlay, c5, &refs).await;
+    let third = analyze_for(&overlay, c5, &refs, &probe.signals).await;
     let after_third = overlay.stats();
     assert_eq!(after_third.range_computations, 3 + 4);
+    assert_eq!(after_third.walks, 2);
+    assert_eq!(after_third.commits_read, 5 + 1);
     assert_eq!(after_third.commits_diffed, 4 + 1);
     assert_eq!(drifted(&third, &hex(c[0]), c[0]).behind, 5);
 }
@@ -904,7 +1008,7 @@ async fn a_tip_outside_the_mirror_is_an_error() {
     let (_mirror, overlay) = open_mirror(&up).await;
     within(overlay.fetch()).await.expect("fetch");
     let stranger = CommitId::parse(&"ab".repeat(20)).expect("commit id");
-    let err = within(overlay.analyze(&stranger, vec![hex(c[0])]))
+    let err = within(overlay.analyze(&stranger, vec![hex(c[0])], &Signals::new()))
         .await
         .expect_err("tip not in mirror");
     match &err {
@@ -1049,4 +1153,364 @@ fn base64_helper_matches_rfc_4648_vectors() {
     ] {
         assert_eq!(base64(plain.as_bytes()), encoded);
     }
+}
+
+// ------------------------------------------------- graph walk at scale
+
+/// A random DAG as parent positions (parents before children) with random
+/// committer times, some far in the past: clocks on real machines lie.
+fn random_dag() -> impl proptest::strategy::Strategy<Value = Vec<(Vec<usize>, i64)>> {
+    use proptest::prelude::*;
+    (2usize..36).prop_flat_map(|n| {
+        proptest::collection::vec(
+            (
+                proptest::collection::vec(any::<proptest::sample::Index>(), 1..4),
+                0u8..10,
+                -100_000i64..100_000,
+            ),
+            n,
+        )
+        .prop_map(|spec| {
+            spec.iter()
+                .enumerate()
+                .map(|(i, (picks, kind, skew))| {
+                    let mut parents = Vec::new();
+                    // Mostly a chain with side branches; now and then a new
+                    // root (unrelated history) or an octopus merge.
+                    if i > 0 && *kind != 0 {
+                        parents.push(i - 1 - picks[0].index(i.min(4)));
+                        let extra = match kind {
+                            1..=3 => 1,
+                            4 => 2,
+                            _ => 0,
+                        };
+                        for p in picks.iter().skip(1).take(extra) {
+                            let q = p.index(i);
+                            if !parents.contains(&q) {
+                                parents.push(q);
+                            }
+                        }
+                    }
+                    let time =
+                        1_760_000_000 + i as i64 * 60 + if kind % 3 == 0 { *skew } else { 0 };
+                    (parents, time)
+                })
+                .collect()
+        })
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(24))]
+
+    /// Every behind/ahead, for every commit against several tips in turn on
+    /// one overlay (so the graph is extended and reused, never rebuilt), is
+    /// what breadth-first search over parent ids counts.
+    #[test]
+    fn counts_match_breadth_first_search_on_random_dags_and_tips(
+        dag in random_dag(),
+        first_tip in proptest::prelude::any::<proptest::sample::Index>(),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut up = Upstream::new();
+            let mut commits: Vec<Oid> = Vec::new();
+            for (i, (parents, time)) in dag.iter().enumerate() {
+                let parents: Vec<Oid> = parents.iter().map(|p| commits[*p]).collect();
+                let path = format!("f{i}");
+                commits.push(up.commit_at(&parents, &[(&path, Some("x"))], &format!("c{i}"), *time));
+            }
+            for (i, oid) in commits.iter().enumerate() {
+                up.branch(&format!("b{i}"), *oid);
+            }
+            let last = commits.len() - 1;
+            let tips = [commits[first_tip.index(commits.len())], commits[last], commits[0]];
+            up.branch(RELEASE, tips[0]);
+            let (_mirror, overlay) = open_mirror(&up).await;
+            within(overlay.fetch()).await.expect("fetch");
+            let refs: Vec<String> = commits.iter().map(|o| hex(*o)).collect();
+            for tip in tips {
+                let results = analyze(&overlay, tip, &refs).await;
+                for commit in &commits {
+                    match &results[&hex(*commit)] {
+                        RefAnalysis::OnTip { .. } => assert_eq!(*commit, tip),
+                        RefAnalysis::Drifted { range, .. } => assert_eq!(
+                            (range.behind, range.ahead),
+                            expected_counts(&up.repo, tip, *commit),
+                            "{commit} against {tip}"
+                        ),
+                        other => panic!("{commit}: {other:?}"),
+                    }
+                }
+            }
+            let stats = overlay.stats();
+            assert!(
+                stats.commits_read <= commits.len() as u64,
+                "each commit read once: {stats:?}"
+            );
+        });
+    }
+}
+
+#[tokio::test]
+async fn commit_dates_that_lie_do_not_change_the_counts() {
+    //  O - M - T                      release   (honest clocks)
+    //       \
+    //        X10 - X9 - … - X1 - R    canary    (X dated 1970, R today)
+    //
+    // A walk ordered by date hides R, reaches X1 and then, with nothing
+    // interesting left in its queue, stops a few commits later, before it
+    // learns that M and O are R's too; it would count them behind.
+    let mut up = Upstream::new();
+    let o = up.commit_at(&[], &[("o", Some("o"))], "o", 1_760_000_400);
+    let m = up.commit_at(&[o], &[("m", Some("m"))], "m", 1_760_000_500);
+    let t = up.commit_at(&[m], &[("t", Some("t"))], "t", 1_760_000_900);
+    let mut x = m;
+    for i in (1..=10).rev() {
+        let path = format!("x{i}");
+        x = up.commit_at(&[x], &[(&path, Some("x"))], &path, i);
+    }
+    let r = up.commit_at(&[x], &[("r", Some("r"))], "r", 1_760_001_000);
+    up.branch(RELEASE, t);
+    up.branch("canary", r);
+
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+    let results = analyze(&overlay, t, &[hex(r)]).await;
+    let range = drifted(&results, &hex(r), r);
+    assert_eq!(expected_counts(&up.repo, t, r), (1, 11));
+    assert_eq!((range.behind, range.ahead), (1, 11));
+}
+
+#[tokio::test]
+async fn a_new_process_starts_from_the_saved_graph_and_diffs_nothing() {
+    let mut up = Upstream::new();
+    let c = up.linear(6);
+    up.branch(RELEASE, c[5]);
+    let mirror = tempfile::tempdir().expect("tempdir");
+    let refs = vec![hex(c[0]), hex(c[2]), short(c[3], 8)];
+    let probe = Probe::new().paths(&["1.txt", "4.txt"]).trailer("Security");
+
+    let first = within(Overlay::open(source(up.path(), mirror.path())))
+        .await
+        .expect("open");
+    within(first.fetch()).await.expect("fetch");
+    let before = analyze_for(&first, c[5], &refs, &probe.signals).await;
+    assert_eq!(first.stats().commits_read, 6);
+    assert_eq!(first.stats().commits_diffed, 5, "c1..c5");
+    drop(first);
+
+    let second = within(Overlay::open(source(up.path(), mirror.path())))
+        .await
+        .expect("reopen");
+    let after = analyze_for(&second, c[5], &refs, &probe.signals).await;
+    assert_eq!(after, before);
+    let stats = second.stats();
+    assert_eq!(stats.commits_loaded, 6);
+    assert_eq!(stats.commits_read, 0, "no commit read again");
+    assert_eq!(stats.commits_diffed, 0, "no tree diffed again");
+
+    // Other path signals: the saved path facts no longer apply, the graph does.
+    let other = Probe::new().paths(&["2.txt"]);
+    let changed = analyze_for(&second, c[5], &refs, &other.signals).await;
+    assert_eq!(
+        other.raised(&drifted(&changed, &hex(c[0]), c[0])),
+        set(&["2.txt"])
+    );
+    assert_eq!(second.stats().commits_read, 0);
+    assert_eq!(second.stats().commits_diffed, 5);
+
+    // A damaged file is ignored: the history is read again.
+    let file = mirror
+        .path()
+        .join("overlay.git")
+        .join("fleet-reconciler-graph");
+    std::fs::write(&file, b"not a graph").expect("damage the saved graph");
+    let third = within(Overlay::open(source(up.path(), mirror.path())))
+        .await
+        .expect("reopen");
+    assert_eq!(
+        analyze_for(&third, c[5], &refs, &probe.signals).await,
+        before
+    );
+    assert_eq!(third.stats().commits_loaded, 0);
+    assert_eq!(third.stats().commits_read, 6);
+}
+
+#[tokio::test]
+async fn without_path_signals_no_tree_is_diffed() {
+    let mut up = Upstream::new();
+    let t0 = up.commit(&[], &[("a", Some("0"))], "root");
+    let t1 = up.commit(&[t0], &[("a", Some("1"))], "fix\n\nSecurity: yes\n");
+    let t2 = up.commit(&[t1], &[("b", Some("2"))], "more");
+    up.branch(RELEASE, t2);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+
+    let counts_only = analyze(&overlay, t2, &[hex(t0)]).await;
+    assert_eq!(drifted(&counts_only, &hex(t0), t0).behind, 2);
+    let probe = Probe::new().trailer("security");
+    let trailers = analyze_for(&overlay, t2, &[hex(t0)], &probe.signals).await;
+    assert_eq!(
+        probe.raised(&drifted(&trailers, &hex(t0), t0)),
+        set(&["security"])
+    );
+    assert_eq!(overlay.stats().commits_diffed, 0);
+}
+
+#[tokio::test]
+async fn path_signals_look_only_under_their_prefixes_and_match_like_the_config() {
+    let mut up = Upstream::new();
+    let base = up.commit(&[], &[("README", Some("r"))], "base");
+    let mut tip = base;
+    let mut commit_of = HashMap::new();
+    for path in [
+        "skills/a.md",
+        "skills/deep/b.md",
+        "skillsX/c.md",
+        "policies/deep/x.yaml",
+        "top.md",
+        "docs/policies/readme.md",
+    ] {
+        tip = up.commit(&[tip], &[(path, Some("v"))], path);
+        commit_of.insert(path, tip);
+    }
+    up.branch(RELEASE, tip);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+
+    // Each commit alone: measured against its parent with itself as the tip.
+    async fn raised_by_each(
+        up: &Upstream,
+        overlay: &Overlay,
+        commit_of: &HashMap<&str, Oid>,
+        probe: &Probe,
+    ) -> HashMap<String, BTreeSet<String>> {
+        let mut raised = HashMap::new();
+        for (path, commit) in commit_of {
+            let parent = up
+                .repo
+                .find_commit(*commit)
+                .expect("commit")
+                .parent_id(0)
+                .expect("parent");
+            let results = analyze_for(overlay, *commit, &[hex(parent)], &probe.signals).await;
+            let range = drifted(&results, &hex(parent), parent);
+            assert_eq!(range.behind, 1);
+            raised.insert((*path).to_owned(), probe.raised(&range));
+        }
+        raised
+    }
+
+    // Literal prefixes `skills` and `policies`: only those subtrees are diffed.
+    let limited = Probe::new()
+        .globs("skills-md", &["skills/*.md"])
+        .globs("skills-any", &["skills/**"])
+        .globs("policies", &["policies/**"]);
+    let raised = raised_by_each(&up, &overlay, &commit_of, &limited).await;
+    assert_eq!(raised["skills/a.md"], set(&["skills-md", "skills-any"]));
+    assert_eq!(
+        raised["skills/deep/b.md"],
+        set(&["skills-any"]),
+        "`*` stays in one directory"
+    );
+    assert_eq!(
+        raised["skillsX/c.md"],
+        set(&[]),
+        "a sibling is not under `skills`"
+    );
+    assert_eq!(raised["policies/deep/x.yaml"], set(&["policies"]));
+    assert_eq!(raised["top.md"], set(&[]));
+    assert_eq!(
+        raised["docs/policies/readme.md"],
+        set(&[]),
+        "anchored at the root"
+    );
+
+    // Globs without a literal prefix look at the whole tree.
+    let whole = Probe::new()
+        .globs("root-md", &["*.md"])
+        .globs("any-md", &["**/*.md"]);
+    let raised = raised_by_each(&up, &overlay, &commit_of, &whole).await;
+    assert_eq!(raised["skills/a.md"], set(&["any-md"]));
+    assert_eq!(raised["skillsX/c.md"], set(&["any-md"]));
+    assert_eq!(raised["policies/deep/x.yaml"], set(&[]));
+    assert_eq!(raised["top.md"], set(&["root-md", "any-md"]));
+}
+
+#[tokio::test]
+async fn evidence_names_the_newest_missing_commit_that_carries_the_signal() {
+    let mut up = Upstream::new();
+    let c0 = up.commit(&[], &[("a", Some("0"))], "root");
+    let c1 = up.commit(
+        &[c0],
+        &[("policies/p", Some("1"))],
+        "first policy\n\nSecurity: a\n",
+    );
+    let c2 = up.commit(
+        &[c1],
+        &[("policies/p", Some("2"))],
+        "second policy\n\nSecurity: b\n",
+    );
+    let c3 = up.commit(&[c2], &[("other", Some("3"))], "unrelated");
+    up.branch(RELEASE, c3);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+    let probe = Probe::new()
+        .globs("policies", &["policies/**"])
+        .trailer("security");
+    let results = analyze_for(&overlay, c3, &[hex(c0), hex(c1), hex(c2)], &probe.signals).await;
+    for (machine, evidence) in [(c0, Some(c2)), (c1, Some(c2)), (c2, None)] {
+        let range = drifted(&results, &hex(machine), machine);
+        for (signal, _) in &probe.names {
+            assert_eq!(
+                range.evidence.get(signal),
+                evidence.map(id).as_ref(),
+                "{machine}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_new_mirror_of_a_local_repository_takes_its_packs_not_each_object() {
+    let mut up = Upstream::new();
+    let c = up.linear(30);
+    up.branch(RELEASE, c[29]);
+    // Pack the history, as a repository that has been pushed to or gc'd is.
+    {
+        let mut walk = up.repo.revwalk().expect("revwalk");
+        walk.push(c[29]).expect("push");
+        let mut pack = up.repo.packbuilder().expect("packbuilder");
+        pack.insert_walk(&mut walk).expect("insert");
+        pack.write(&up.dir.path().join("objects").join("pack"), 0o444)
+            .expect("write pack");
+    }
+
+    let (_mirror, overlay) = open_mirror(&up).await;
+    assert_eq!(
+        within(overlay.fetch()).await.expect("fetch").commit,
+        id(c[29])
+    );
+    let stats = overlay.stats();
+    assert_eq!(stats.packs_seeded, 1);
+    assert_eq!(stats.objects_received, 0, "every object came with the pack");
+    let results = analyze(&overlay, c[29], &[hex(c[0])]).await;
+    assert_eq!(drifted(&results, &hex(c[0]), c[0]).behind, 29);
+
+    // Later fetches are ordinary: only what is new, no seeding.
+    let next = up.commit(&[c[29]], &[("new.txt", Some("n"))], "new");
+    up.branch(RELEASE, next);
+    assert_eq!(
+        within(overlay.fetch()).await.expect("fetch").commit,
+        id(next)
+    );
+    let stats = overlay.stats();
+    assert_eq!(stats.packs_seeded, 1);
+    assert!(stats.objects_received > 0);
+    let results = analyze(&overlay, next, &[hex(c[0])]).await;
+    assert_eq!(drifted(&results, &hex(c[0]), c[0]).behind, 30);
 }

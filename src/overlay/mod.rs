@@ -1,24 +1,41 @@
 //! The overlay git mirror: fetch, release tip, ref resolution, drift ranges.
 //!
 //! Owns a bare mirror of the overlay repository (every `refs/heads/*`) and
-//! answers "how far does this reported ref trail the tip, and what did the
-//! missing commits touch". All git2 work runs in `spawn_blocking` and returns
-//! owned values; no git2 handle crosses an `.await`. It must never decide
-//! severity or policy, and never talk to Fly or agents.
+//! answers "how far does this reported ref trail the tip, and which of the
+//! caller's [`Signals`] do the missing commits carry". All git2 work runs in
+//! `spawn_blocking` and returns owned values; no git2 handle crosses an
+//! `.await`. It must never decide severity or policy (a signal is a
+//! question the severity module asks), and never talk to Fly or agents.
 //!
 //! It must also never leak the overlay token: errors carry the repository
 //! with its userinfo stripped and libgit2 messages with every secret
 //! replaced, and [`OverlaySource`]'s `Debug` hides the token. It never
-//! writes to the source repository; the only thing it writes is the mirror.
+//! writes to the source repository; it writes only the mirror and, inside
+//! it, the saved commit graph ([`store`]).
 //!
-//! Costs are shaped for a 10,000-machine sweep: one blocking task per batch,
-//! each distinct ref resolved once, and drift ranges cached per
-//! (tip, commit). Commit graphs are immutable, so a range never goes stale;
-//! prefix resolutions can (a fetch may bring an object that makes a prefix
-//! known or ambiguous), so that cache is dropped whenever the refs change.
+//! Costs are shaped for a 10,000-machine sweep and a long history:
+//!
+//! - one blocking task per batch, each distinct ref resolved once;
+//! - one walk of the commit graph per batch of distinct commits
+//!   ([`graph`]), not one revwalk per ref, over commits kept in memory
+//!   numbered parents-first, so the walk is exact whatever the commit dates;
+//! - per-commit facts (trailer keys; path signals, only when a signal asks
+//!   about paths, from diffs limited to the globs' literal prefixes) computed
+//!   once per commit and kept across tips: a new tip reads and diffs only the
+//!   commits new since the last one;
+//! - results cached per (tip, commit, signals). Commit graphs are immutable,
+//!   so neither the graph nor a range goes stale; prefix resolutions can (a
+//!   fetch may bring an object that makes a prefix known or ambiguous), so
+//!   that cache is dropped whenever the refs change.
+
+mod facts;
+mod graph;
+mod seed;
+mod signals;
+mod store;
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -27,10 +44,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use git2::{
     AutotagOption, Cred, CredentialType, ErrorCode, FetchOptions, FetchPrune, ObjectType, Oid,
-    RemoteCallbacks, Repository, Tree,
+    RemoteCallbacks, Repository,
 };
 
 use crate::model::CommitId;
+use graph::{FastMap, Graph, LoadError, Node};
+pub use signals::{SignalId, Signals};
 
 /// The remote the mirror fetches from.
 const REMOTE: &str = "origin";
@@ -48,21 +67,36 @@ const TOKEN_USERNAME: &str = "x-access-token";
 /// it; it only caps memory when refs churn (e.g. agents reporting garbage).
 const MAX_CACHED_RANGES: usize = 10_000;
 const MAX_CACHED_RESOLUTIONS: usize = 20_000;
-const MAX_CACHED_COMMITS: usize = 50_000;
+/// Targets per walk: each walked commit carries one bit per target, so this
+/// bounds a walk's memory (128 bytes per commit) however many distinct refs
+/// the fleet reports; more targets take more walks.
+const MAX_WALK_TARGETS: usize = 1023;
+/// libgit2 keeps parsed objects in a per-repository cache (256 MiB by
+/// default) and maps pack files in windows (up to 8 GiB by default, every
+/// touched page resident). Reading a long history once would otherwise park
+/// most of it in memory; these bound both, for the whole process. Commits
+/// are not cached at all: the graph reads each exactly once, and evicting
+/// them from a full cache cost more than reading them (0.8 s per 100,000).
+/// Trees stay cached, for diffs of a commit against its parents.
+const GIT_CACHE_MAX_BYTES: usize = 8 << 20;
+const GIT_MWINDOW_BYTES: usize = 1 << 20;
+const GIT_MWINDOW_MAPPED_LIMIT_BYTES: usize = 8 << 20;
 const REDACTED: &str = "[redacted]";
 /// libgit2 waits forever on a stalled https server by default; a hung fetch
 /// would hold the fetch lock and a blocking thread for good.
 const GIT_CONNECT_TIMEOUT_MS: i32 = 10_000;
 const GIT_IO_TIMEOUT_MS: i32 = 60_000;
 
-/// Sets libgit2's process-wide network timeouts, once, before any fetch.
-fn set_network_timeouts() {
+/// Sets libgit2's process-wide network timeouts and memory bounds, once,
+/// before any fetch or read.
+fn set_libgit2_options() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: libgit2 requires these globals be set while no other thread
-        // is using its network layer. Every fetch in this process goes through
-        // an `Overlay`, and every `Overlay` is created by `open`, which runs
-        // this `Once` to completion before its first fetch can start.
+        // is using its network layer or object database. Every git2 call in
+        // this process goes through an `Overlay`, and every `Overlay` is
+        // created by `open`, which runs this `Once` to completion before its
+        // first repository is opened.
         unsafe {
             let connect =
                 git2::opts::set_server_connect_timeout_in_milliseconds(GIT_CONNECT_TIMEOUT_MS);
@@ -71,6 +105,15 @@ fn set_network_timeouts() {
                 tracing::warn!(
                     "cannot set libgit2 network timeouts; a stalled git server may hang fetches"
                 );
+            }
+            let memory = [
+                git2::opts::set_cache_max_size(GIT_CACHE_MAX_BYTES as isize),
+                git2::opts::set_cache_object_limit(ObjectType::Commit, 0),
+                git2::opts::set_mwindow_size(GIT_MWINDOW_BYTES),
+                git2::opts::set_mwindow_mapped_limit(GIT_MWINDOW_MAPPED_LIMIT_BYTES),
+            ];
+            if memory.iter().any(Result::is_err) {
+                tracing::warn!("cannot bound libgit2 memory; reading a long history may use more");
             }
         }
     });
@@ -109,17 +152,25 @@ pub struct Tip {
     pub commit: CommitId,
 }
 
-/// What the commits in `tip ^commit` did.
+/// How far a reported commit is from the tip, and what the commits it lacks
+/// (`tip ^commit`) carry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DriftRange {
     /// Commits reachable from the tip but not from the reported commit.
     pub behind: u64,
     /// Commits reachable from the reported commit but not from the tip.
     pub ahead: u64,
-    /// Paths changed by the commits in `tip ^commit`.
-    pub paths: BTreeSet<String>,
-    /// Trailer keys (e.g. `Security`) found in those commits' messages.
-    pub trailers: BTreeSet<String>,
+    /// Each signal some commit in `tip ^commit` carries, with one such
+    /// commit as evidence: the newest by committer time (ties: lowest id),
+    /// so the same range always names the same commit.
+    pub evidence: BTreeMap<SignalId, CommitId>,
+}
+
+impl DriftRange {
+    /// Whether some commit the machine lacks carries `signal`.
+    pub fn carries(&self, signal: SignalId) -> bool {
+        self.evidence.contains_key(&signal)
+    }
 }
 
 /// The overlay's verdict on one reported ref.
@@ -139,7 +190,7 @@ pub enum RefAnalysis {
 /// Work counters, so callers and tests can see what a sweep cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OverlayStats {
-    /// Drift ranges computed with a revwalk (cache misses).
+    /// Drift ranges computed by a graph walk (cache misses).
     pub range_computations: u64,
     /// Drift ranges served from the cache.
     pub range_cache_hits: u64,
@@ -147,8 +198,20 @@ pub struct OverlayStats {
     pub ref_lookups: u64,
     /// Reported refs answered from the resolution cache.
     pub ref_cache_hits: u64,
-    /// Commits whose changed paths and trailers were computed (tree diffs).
+    /// Graph walks (one per batch of up to 1,023 uncached commits).
+    pub walks: u64,
+    /// Commits the walks took (their cost).
+    pub commits_walked: u64,
+    /// Commits read from the object database into the graph.
+    pub commits_read: u64,
+    /// Commits loaded from the saved graph instead.
+    pub commits_loaded: u64,
+    /// Commits whose path signals were computed (tree diffs).
     pub commits_diffed: u64,
+    /// Pack files a new mirror took from a local source (linked or copied).
+    pub packs_seeded: u64,
+    /// Objects fetches received through libgit2.
+    pub objects_received: u64,
 }
 
 /// A libgit2 failure with every secret removed from its message.
@@ -235,10 +298,20 @@ pub enum OverlayError {
         #[source]
         source: GitCause,
     },
-    #[error("cannot compute drift range {tip}..{commit} in overlay mirror {path}: {source}")]
-    Range {
-        tip: CommitId,
-        commit: CommitId,
+    #[error("cannot read commit {commit} in overlay mirror {path}: {source}")]
+    ReadCommit {
+        commit: String,
+        path: PathBuf,
+        #[source]
+        source: GitCause,
+    },
+    #[error("commit {commit} in overlay mirror {path} is malformed or contradicts its history")]
+    MalformedCommit { commit: String, path: PathBuf },
+    #[error("overlay mirror {path} has more commits than one graph can number")]
+    HistoryTooLarge { path: PathBuf },
+    #[error("cannot diff commit {commit} in overlay mirror {path}: {source}")]
+    Diff {
+        commit: String,
         path: PathBuf,
         #[source]
         source: GitCause,
@@ -267,7 +340,10 @@ impl OverlayError {
             OverlayError::ReadRefs { .. } => "read_refs",
             OverlayError::TipMissing { .. } => "tip_missing",
             OverlayError::Resolve { .. } => "resolve",
-            OverlayError::Range { .. } => "range",
+            OverlayError::ReadCommit { .. } => "read_commit",
+            OverlayError::MalformedCommit { .. } => "malformed_commit",
+            OverlayError::HistoryTooLarge { .. } => "history_too_large",
+            OverlayError::Diff { .. } => "diff",
             OverlayError::ObjectFormat { .. } => "object_format",
             OverlayError::Task { .. } => "task",
         }
@@ -302,7 +378,16 @@ struct Inner {
     /// Two fetches into one mirror would race on ref lock files.
     fetch_lock: Mutex<()>,
     caches: Mutex<Caches>,
+    /// Held for a whole walk: analyses of one mirror run one at a time.
+    graph: Mutex<GraphState>,
     counters: Counters,
+}
+
+#[derive(Default)]
+struct GraphState {
+    graph: Graph,
+    /// Whether the saved graph has been read (once per process).
+    loaded: bool,
 }
 
 #[derive(Default)]
@@ -313,10 +398,9 @@ struct Caches {
     /// Fingerprint of every ref in the mirror when the resolutions were made.
     refs_fingerprint: Option<u64>,
     resolutions: HashMap<String, Resolution>,
+    /// Ranges per (tip, commit), for the signals with this fingerprint.
     ranges: HashMap<(Oid, Oid), Arc<DriftRange>>,
-    /// What each commit changed on its own; shared by every range through it,
-    /// so a moved tip only diffs the new commits.
-    commits: HashMap<Oid, Arc<CommitChange>>,
+    ranges_signals: u64,
 }
 
 impl Caches {
@@ -333,7 +417,19 @@ struct Counters {
     range_cache_hits: AtomicU64,
     ref_lookups: AtomicU64,
     ref_cache_hits: AtomicU64,
+    walks: AtomicU64,
+    commits_walked: AtomicU64,
+    commits_read: AtomicU64,
+    commits_loaded: AtomicU64,
     commits_diffed: AtomicU64,
+    packs_seeded: AtomicU64,
+    objects_received: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,18 +439,12 @@ enum Resolution {
     Ambiguous,
 }
 
-/// Paths and trailer keys one commit contributes to a range.
-struct CommitChange {
-    paths: BTreeSet<String>,
-    trailers: BTreeSet<String>,
-}
-
 impl Overlay {
     /// Opens the mirror at `mirror_dir`, creating a bare one if the directory
     /// is missing or empty, and points its `origin` at `source.repo`. Does not
     /// fetch.
     pub async fn open(source: OverlaySource) -> Result<Overlay, OverlayError> {
-        set_network_timeouts();
+        set_libgit2_options();
         let inner = spawn(move || open_blocking(source)).await?;
         Ok(Overlay {
             inner: Arc::new(inner),
@@ -379,16 +469,20 @@ impl Overlay {
     }
 
     /// Resolves each distinct reported ref (lowercase hex, full or
-    /// abbreviated) and measures its drift from `tip`. One blocking task for
-    /// the whole batch; repeated refs and ranges come from the caches.
+    /// abbreviated) and measures its drift from `tip`, reporting which of
+    /// `signals` the missing commits carry. One blocking task and one graph
+    /// walk for the whole batch; repeated refs and ranges come from the
+    /// caches.
     pub async fn analyze(
         &self,
         tip: &CommitId,
         refs: Vec<String>,
+        signals: &Signals,
     ) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
         let inner = Arc::clone(&self.inner);
         let tip = tip.clone();
-        spawn(move || inner.analyze_blocking(&tip, refs)).await
+        let signals = signals.clone();
+        spawn(move || inner.analyze_blocking(&tip, refs, &signals)).await
     }
 
     /// Work done so far (cumulative since `open`).
@@ -399,8 +493,25 @@ impl Overlay {
             range_cache_hits: c.range_cache_hits.load(Ordering::Relaxed),
             ref_lookups: c.ref_lookups.load(Ordering::Relaxed),
             ref_cache_hits: c.ref_cache_hits.load(Ordering::Relaxed),
+            walks: c.walks.load(Ordering::Relaxed),
+            commits_walked: c.commits_walked.load(Ordering::Relaxed),
+            commits_read: c.commits_read.load(Ordering::Relaxed),
+            commits_loaded: c.commits_loaded.load(Ordering::Relaxed),
             commits_diffed: c.commits_diffed.load(Ordering::Relaxed),
+            packs_seeded: c.packs_seeded.load(Ordering::Relaxed),
+            objects_received: c.objects_received.load(Ordering::Relaxed),
         }
+    }
+
+    /// Commits in the in-memory graph and the bytes it holds (approximate).
+    pub async fn graph_size(&self) -> (usize, usize) {
+        let inner = Arc::clone(&self.inner);
+        spawn(move || {
+            let state = inner.graph_state();
+            Ok((state.graph.len(), state.graph.heap_bytes()))
+        })
+        .await
+        .unwrap_or((0, 0))
     }
 
     /// The overlay repository, safe to log (no userinfo, no query).
@@ -475,6 +586,7 @@ fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
         redactor,
         fetch_lock: Mutex::new(()),
         caches: Mutex::new(Caches::default()),
+        graph: Mutex::new(GraphState::default()),
         counters: Counters::default(),
     })
 }
@@ -519,17 +631,45 @@ impl Inner {
         self.caches.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn graph_state(&self) -> MutexGuard<'_, GraphState> {
+        // Likewise: a node is pushed whole or not at all, and a path mask is
+        // written before it is marked known.
+        self.graph.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn fetch_blocking(&self) -> Result<Tip, OverlayError> {
         let _fetching = self
             .fetch_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if local_path(&self.url).is_some_and(|local| !local.exists()) {
+        let local = local_path(&self.url);
+        if local.as_ref().is_some_and(|local| !local.exists()) {
             return Err(OverlayError::SourceMissing {
                 repo: self.shown_repo.clone(),
             });
         }
-        let repo = self.open_repo()?;
+        let mut repo = self.open_repo()?;
+        if let Some(local) = &local {
+            if has_no_refs(&repo) {
+                match seed::seed_packs(local, &self.mirror_dir) {
+                    Ok(0) => {}
+                    Ok(packs) => {
+                        Counters::add(&self.counters.packs_seeded, packs);
+                        tracing::info!(
+                            packs,
+                            mirror = %self.mirror_dir.display(),
+                            "Seeded the new overlay mirror with the source's pack files."
+                        );
+                        // Opened again so the object database sees them.
+                        repo = self.open_repo()?;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot seed the overlay mirror from the local source; fetching every object instead"
+                    ),
+                }
+            }
+        }
         let fetch_err = |e: git2::Error| OverlayError::Fetch {
             repo: self.shown_repo.clone(),
             source: self.redactor.cause(&e),
@@ -577,6 +717,7 @@ impl Inner {
             Some("fleet-reconciler: fetch"),
         );
         let received = remote.stats().received_objects();
+        Counters::add(&self.counters.objects_received, received);
         drop(remote);
         // Objects may have landed even when the fetch failed part-way; any
         // new object can change what a prefix resolves to.
@@ -587,6 +728,7 @@ impl Inner {
         self.note_refs(&repo)?;
 
         let tip = self.branch_tip(&repo)?;
+        self.extend_graph(&repo, &tip);
         tracing::debug!(
             repo = %self.shown_repo,
             branch = %tip.branch,
@@ -646,6 +788,7 @@ impl Inner {
         &self,
         tip: &CommitId,
         refs: Vec<String>,
+        signals: &Signals,
     ) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
         let repo = self.open_repo()?;
         let tip_missing = || OverlayError::TipMissing {
@@ -657,22 +800,79 @@ impl Inner {
         self.note_refs(&repo)?;
         let generation = self.caches().generation;
 
-        let mut out = HashMap::with_capacity(refs.len());
-        for reference in refs {
-            if out.contains_key(&reference) {
-                continue;
+        let mut resolved: Vec<(String, Resolution)> = Vec::with_capacity(refs.len());
+        let mut seen: HashSet<String> = HashSet::with_capacity(refs.len());
+        {
+            let mut state = self.graph_state();
+            self.load_saved_graph(&mut state);
+            for reference in refs {
+                if seen.contains(&reference) {
+                    continue;
+                }
+                let resolution = self.resolve(&repo, &state.graph, &reference, generation)?;
+                seen.insert(reference.clone());
+                resolved.push((reference, resolution));
             }
-            let analysis = match self.resolve(&repo, &reference, generation)? {
+        }
+
+        // Ranges from the cache; every other distinct commit in one walk.
+        let fingerprint = signals.fingerprint();
+        let mut ranges: HashMap<Oid, Arc<DriftRange>> = HashMap::new();
+        let mut uncached: Vec<Oid> = Vec::new();
+        {
+            let mut caches = self.caches();
+            if caches.ranges_signals != fingerprint {
+                caches.ranges.clear();
+                caches.ranges_signals = fingerprint;
+            }
+            for (_, resolution) in &resolved {
+                let Resolution::Commit(oid) = *resolution else {
+                    continue;
+                };
+                if oid == tip_oid || ranges.contains_key(&oid) || uncached.contains(&oid) {
+                    continue;
+                }
+                match caches.ranges.get(&(tip_oid, oid)) {
+                    Some(hit) => {
+                        ranges.insert(oid, Arc::clone(hit));
+                    }
+                    None => uncached.push(oid),
+                }
+            }
+        }
+        Counters::add(&self.counters.range_cache_hits, ranges.len());
+        if !uncached.is_empty() {
+            Counters::add(&self.counters.range_computations, uncached.len());
+            let measured = self.measure(&repo, tip_oid, &uncached, signals)?;
+            let mut caches = self.caches();
+            // A concurrent analysis under other signals owns the cache now.
+            if caches.ranges_signals == fingerprint {
+                if caches.ranges.len() + measured.len() > MAX_CACHED_RANGES {
+                    caches.ranges.clear();
+                }
+                for (oid, range) in &measured {
+                    caches.ranges.insert((tip_oid, *oid), Arc::clone(range));
+                }
+            }
+            ranges.extend(measured);
+        }
+
+        let mut out = HashMap::with_capacity(resolved.len());
+        for (reference, resolution) in resolved {
+            let analysis = match resolution {
                 Resolution::Unknown => RefAnalysis::Unknown,
                 Resolution::Ambiguous => RefAnalysis::Ambiguous,
                 Resolution::Commit(oid) if oid == tip_oid => RefAnalysis::OnTip {
                     commit: commit_id(oid)?,
                 },
-                Resolution::Commit(oid) => {
-                    let commit = commit_id(oid)?;
-                    let range = self.range(&repo, (tip_oid, tip), (oid, &commit))?;
-                    RefAnalysis::Drifted { commit, range }
-                }
+                Resolution::Commit(oid) => match ranges.get(&oid) {
+                    Some(range) => RefAnalysis::Drifted {
+                        commit: commit_id(oid)?,
+                        range: Arc::clone(range),
+                    },
+                    // `measure` answers every commit it is given.
+                    None => RefAnalysis::Unknown,
+                },
             };
             out.insert(reference, analysis);
         }
@@ -682,6 +882,7 @@ impl Inner {
     fn resolve(
         &self,
         repo: &Repository,
+        graph: &Graph,
         reference: &str,
         generation: u64,
     ) -> Result<Resolution, OverlayError> {
@@ -690,11 +891,13 @@ impl Inner {
             return Ok(hit);
         }
         self.counters.ref_lookups.fetch_add(1, Ordering::Relaxed);
-        let resolution = resolve_in(repo, reference).map_err(|e| OverlayError::Resolve {
-            reference: reference.to_owned(),
-            path: self.mirror_dir.clone(),
-            source: self.redactor.cause(&e),
-        })?;
+        let known = |oid: &Oid| graph.node(oid).is_some();
+        let resolution =
+            resolve_in(repo, &known, reference).map_err(|e| OverlayError::Resolve {
+                reference: reference.to_owned(),
+                path: self.mirror_dir.clone(),
+                source: self.redactor.cause(&e),
+            })?;
         let mut caches = self.caches();
         // A fetch that ran meanwhile may have made this answer stale.
         if caches.generation == generation {
@@ -706,81 +909,200 @@ impl Inner {
         Ok(resolution)
     }
 
-    fn range(
-        &self,
-        repo: &Repository,
-        (tip, tip_id): (Oid, &CommitId),
-        (commit, commit_id): (Oid, &CommitId),
-    ) -> Result<Arc<DriftRange>, OverlayError> {
-        if let Some(hit) = self.caches().ranges.get(&(tip, commit)).cloned() {
-            self.counters
-                .range_cache_hits
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(hit);
-        }
-        self.counters
-            .range_computations
-            .fetch_add(1, Ordering::Relaxed);
-        let range = self
-            .compute_range(repo, tip, commit)
-            .map_err(|e| OverlayError::Range {
-                tip: tip_id.clone(),
-                commit: commit_id.clone(),
-                path: self.mirror_dir.clone(),
-                source: self.redactor.cause(&e),
-            })?;
-        let range = Arc::new(range);
-        let mut caches = self.caches();
-        if caches.ranges.len() >= MAX_CACHED_RANGES {
-            caches.ranges.clear();
-        }
-        caches.ranges.insert((tip, commit), Arc::clone(&range));
-        Ok(range)
-    }
-
-    fn compute_range(
+    /// Measures `targets` (distinct, none the tip) against `tip` in one walk
+    /// per [`MAX_WALK_TARGETS`], reading into the graph only the commits it
+    /// does not have yet and diffing only commits never diffed before.
+    fn measure(
         &self,
         repo: &Repository,
         tip: Oid,
-        commit: Oid,
-    ) -> Result<DriftRange, git2::Error> {
-        let mut range = DriftRange::default();
-
-        // `tip ^commit`: what the machine is missing. libgit2 limits a walk
-        // with hidden commits over the whole graph, so merges count right.
-        let mut missing = repo.revwalk()?;
-        missing.push(tip)?;
-        missing.hide(commit)?;
-        for oid in missing {
-            let change = self.commit_change(repo, oid?)?;
-            range.behind += 1;
-            range.paths.extend(change.paths.iter().cloned());
-            range.trailers.extend(change.trailers.iter().cloned());
+        targets: &[Oid],
+        signals: &Signals,
+    ) -> Result<Vec<(Oid, Arc<DriftRange>)>, OverlayError> {
+        let mut state = self.graph_state();
+        self.load_saved_graph(&mut state);
+        let graph = &mut state.graph;
+        if signals.has_paths() {
+            graph.use_path_signals(signals.path_fingerprint(), signals.words());
         }
 
-        // `commit ^tip`: what the machine has that the release does not.
-        let mut extra = repo.revwalk()?;
-        extra.push(commit)?;
-        extra.hide(tip)?;
-        for oid in extra {
-            oid?;
-            range.ahead += 1;
+        let odb = repo.odb().map_err(|e| self.read_err(tip, &e))?;
+        let before = graph.len();
+        let mut read = |oid: Oid| facts::read_commit(&odb, oid).map_err(|e| (oid, e));
+        let tip_node = self.ensure_node(graph, tip, &mut read)?;
+        let nodes = targets
+            .iter()
+            .map(|t| self.ensure_node(graph, *t, &mut read))
+            .collect::<Result<Vec<Node>, OverlayError>>()?;
+        Counters::add(&self.counters.commits_read, graph.len() - before);
+
+        let words = signals.words();
+        let table = graph.trailer_table(words, |key| {
+            signals
+                .iter()
+                .filter_map(|(id, signal)| match signal {
+                    signals::Signal::Trailers(keys) if keys.contains(key) => Some(id.0),
+                    _ => None,
+                })
+                .collect()
+        });
+        let prefixes = signals.prefixes();
+        let mut out = Vec::with_capacity(targets.len());
+        for (oids, nodes) in targets
+            .chunks(MAX_WALK_TARGETS)
+            .zip(nodes.chunks(MAX_WALK_TARGETS))
+        {
+            let walk = graph.walk(tip_node, nodes);
+            Counters::add(&self.counters.walks, 1);
+            Counters::add(&self.counters.commits_walked, walk.visited);
+
+            // The signal masks of the commits some target lacks; path facts
+            // are computed once per commit, ever, and kept in the graph.
+            let mut offsets: FastMap<Node, usize> = FastMap::default();
+            let mut masks: Vec<u64> = Vec::new();
+            if words > 0 {
+                let behind: Vec<Node> = walk.behind_nodes().collect();
+                let mut mask = vec![0u64; words];
+                for node in behind {
+                    mask.fill(0);
+                    graph.trailer_mask(node, &table, words, &mut mask);
+                    if signals.has_paths() {
+                        let paths = match graph.path_mask(node) {
+                            Some(known) => known.to_vec(),
+                            None => {
+                                let oid = graph.oid(node);
+                                let computed = facts::path_mask(repo, oid, signals, &prefixes)
+                                    .map_err(|e| OverlayError::Diff {
+                                        commit: oid.to_string(),
+                                        path: self.mirror_dir.clone(),
+                                        source: self.redactor.cause(&e),
+                                    })?;
+                                graph.set_path_mask(node, &computed);
+                                Counters::add(&self.counters.commits_diffed, 1);
+                                computed
+                            }
+                        };
+                        for (m, p) in mask.iter_mut().zip(&paths) {
+                            *m |= p;
+                        }
+                    }
+                    if mask.iter().any(|w| *w != 0) {
+                        offsets.insert(node, masks.len());
+                        masks.extend_from_slice(&mask);
+                    }
+                }
+            }
+            let none = vec![0u64; words];
+            let tallies = graph.tally(&walk, words, |node| match offsets.get(&node) {
+                Some(at) => &masks[*at..*at + words],
+                None => &none,
+            });
+            for (oid, tally) in oids.iter().zip(tallies) {
+                let mut evidence = BTreeMap::new();
+                for (signal, carrier) in tally.evidence.iter().enumerate() {
+                    if let Some(node) = carrier {
+                        evidence.insert(SignalId(signal), commit_id(graph.oid(*node))?);
+                    }
+                }
+                let range = DriftRange {
+                    behind: tally.behind,
+                    ahead: tally.ahead,
+                    evidence,
+                };
+                out.push((*oid, Arc::new(range)));
+            }
         }
-        Ok(range)
+        self.save_graph(graph);
+        Ok(out)
     }
 
-    fn commit_change(&self, repo: &Repository, oid: Oid) -> Result<Arc<CommitChange>, git2::Error> {
-        if let Some(hit) = self.caches().commits.get(&oid).cloned() {
-            return Ok(hit);
+    /// Reads into the graph the commits a fetch brought (and saves it), so
+    /// the next analysis starts with them — a new mirror's first fetch pays
+    /// for reading the history, not the first sweep. Best effort: a commit
+    /// that cannot be read fails the analysis that needs it, with its error.
+    fn extend_graph(&self, repo: &Repository, tip: &Tip) {
+        let Ok(oid) = Oid::from_str(tip.commit.as_str()) else {
+            return;
+        };
+        let mut state = self.graph_state();
+        self.load_saved_graph(&mut state);
+        let graph = &mut state.graph;
+        if graph.node(&oid).is_some() {
+            return;
         }
-        self.counters.commits_diffed.fetch_add(1, Ordering::Relaxed);
-        let change = Arc::new(commit_change_in(repo, oid)?);
-        let mut caches = self.caches();
-        if caches.commits.len() >= MAX_CACHED_COMMITS {
-            caches.commits.clear();
+        let Ok(odb) = repo.odb() else { return };
+        let before = graph.len();
+        let mut read = |oid: Oid| facts::read_commit(&odb, oid).map_err(|e| (oid, e));
+        if let Err(e) = self.ensure_node(graph, oid, &mut read) {
+            tracing::debug!(error = %e, "cannot read the fetched history yet");
         }
-        caches.commits.insert(oid, Arc::clone(&change));
-        Ok(change)
+        Counters::add(&self.counters.commits_read, graph.len() - before);
+        self.save_graph(graph);
+    }
+
+    fn ensure_node(
+        &self,
+        graph: &mut Graph,
+        oid: Oid,
+        read: &mut impl FnMut(Oid) -> Result<graph::RawCommit, (Oid, facts::ReadError)>,
+    ) -> Result<Node, OverlayError> {
+        graph.ensure(oid, read).map_err(|e| match e {
+            LoadError::Read((oid, facts::ReadError::Git(e))) => self.read_err(oid, &e),
+            LoadError::Read((oid, facts::ReadError::Malformed))
+            | LoadError::Inconsistent { commit: oid } => OverlayError::MalformedCommit {
+                commit: oid.to_string(),
+                path: self.mirror_dir.clone(),
+            },
+            LoadError::TooLarge => OverlayError::HistoryTooLarge {
+                path: self.mirror_dir.clone(),
+            },
+        })
+    }
+
+    fn read_err(&self, oid: Oid, e: &git2::Error) -> OverlayError {
+        OverlayError::ReadCommit {
+            commit: oid.to_string(),
+            path: self.mirror_dir.clone(),
+            source: self.redactor.cause(e),
+        }
+    }
+
+    /// Starts from the graph a previous process saved, once; a missing or
+    /// damaged file only means reading the history again.
+    fn load_saved_graph(&self, state: &mut GraphState) {
+        if state.loaded {
+            return;
+        }
+        state.loaded = true;
+        let path = store::path_in(&self.mirror_dir);
+        match store::load(&path) {
+            Ok(graph) => {
+                Counters::add(&self.counters.commits_loaded, graph.len());
+                tracing::debug!(commits = graph.len(), file = %path.display(), "Loaded saved commit graph.");
+                state.graph = graph;
+            }
+            Err(store::LoadFailure::Missing) => {}
+            Err(store::LoadFailure::Io(e)) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read the saved commit graph; reading the history instead");
+            }
+            Err(store::LoadFailure::Damaged) => {
+                tracing::warn!(file = %path.display(), "saved commit graph is damaged; reading the history instead");
+            }
+        }
+    }
+
+    /// Saves the graph if it changed; failing to is only a slower next start.
+    fn save_graph(&self, graph: &mut Graph) {
+        if !graph.is_dirty() {
+            return;
+        }
+        let path = store::path_in(&self.mirror_dir);
+        match store::save(&path, graph) {
+            Ok(()) => graph.mark_clean(),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot save the commit graph; the next start reads the history again");
+            }
+        }
     }
 }
 
@@ -791,8 +1113,14 @@ fn commit_id(oid: Oid) -> Result<CommitId, OverlayError> {
 
 /// Resolves one reported ref against the object database. `Err` only for a
 /// repository failure; anything the agent could have got wrong is a
-/// `Resolution`.
-fn resolve_in(repo: &Repository, reference: &str) -> Result<Resolution, git2::Error> {
+/// `Resolution`. `known` says which ids are commits already read into the
+/// graph: those need no object read at all, which for a fleet of full ids
+/// keeps most of the pack index and every pack window out of memory.
+fn resolve_in(
+    repo: &Repository,
+    known: &dyn Fn(&Oid) -> bool,
+    reference: &str,
+) -> Result<Resolution, git2::Error> {
     let name = reference.to_ascii_lowercase();
     if name.is_empty() || name.len() > FULL_ID_LEN || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(Resolution::Unknown);
@@ -800,12 +1128,22 @@ fn resolve_in(repo: &Repository, reference: &str) -> Result<Resolution, git2::Er
     if name.len() < MIN_PREFIX_LEN {
         return Ok(Resolution::Ambiguous);
     }
-    let found = if name.len() == FULL_ID_LEN {
-        Oid::from_str(&name).and_then(|oid| repo.find_object(oid, None))
+    // A full id names itself; a prefix must name exactly one object, of
+    // any kind (a blob sharing it makes it ambiguous, as it is for git).
+    let oid = if name.len() == FULL_ID_LEN {
+        Oid::from_str(&name)?
     } else {
-        repo.find_object_by_prefix(&name, None)
+        match repo.odb()?.exists_prefix(Oid::from_str(&name)?, name.len()) {
+            Ok(oid) => oid,
+            Err(e) if e.code() == ErrorCode::Ambiguous => return Ok(Resolution::Ambiguous),
+            Err(e) if e.code() == ErrorCode::NotFound => return Ok(Resolution::Unknown),
+            Err(e) => return Err(e),
+        }
     };
-    let object = match found {
+    if known(&oid) {
+        return Ok(Resolution::Commit(oid));
+    }
+    let object = match repo.find_object(oid, None) {
         Ok(object) => object,
         Err(e) if e.code() == ErrorCode::Ambiguous => return Ok(Resolution::Ambiguous),
         Err(e) if e.code() == ErrorCode::NotFound => return Ok(Resolution::Unknown),
@@ -831,57 +1169,11 @@ fn resolve_in(repo: &Repository, reference: &str) -> Result<Resolution, git2::Er
     }
 }
 
-/// What one commit contributes to a range: for a merge, only what differs
-/// from every parent (its own conflict resolutions or "evil" edits), so the
-/// side branch's changes are blamed on the side branch's commits — which the
-/// reported commit may already have.
-fn commit_change_in(repo: &Repository, oid: Oid) -> Result<CommitChange, git2::Error> {
-    let commit = repo.find_commit(oid)?;
-    let tree = commit.tree()?;
-    let paths = match commit.parent_count() {
-        0 => changed_paths(repo, None, &tree)?,
-        _ => {
-            let mut common: Option<BTreeSet<String>> = None;
-            for index in 0..commit.parent_count() {
-                let parent_tree = commit.parent(index)?.tree()?;
-                let changed = changed_paths(repo, Some(&parent_tree), &tree)?;
-                let narrowed = match common {
-                    None => changed,
-                    Some(common) => common.intersection(&changed).cloned().collect(),
-                };
-                let empty = narrowed.is_empty();
-                common = Some(narrowed);
-                if empty {
-                    break;
-                }
-            }
-            common.unwrap_or_default()
-        }
-    };
-    let trailers = git2::message_trailers_bytes(commit.message_bytes())?
-        .iter()
-        .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
-        .collect();
-    Ok(CommitChange { paths, trailers })
-}
-
-/// Paths that differ between two trees. Without rename detection a rename is
-/// a deletion plus an addition, so both its old and new path are reported.
-fn changed_paths(
-    repo: &Repository,
-    old: Option<&Tree<'_>>,
-    new: &Tree<'_>,
-) -> Result<BTreeSet<String>, git2::Error> {
-    let diff = repo.diff_tree_to_tree(old, Some(new), None)?;
-    let mut paths = BTreeSet::new();
-    for delta in diff.deltas() {
-        for file in [delta.old_file(), delta.new_file()] {
-            if let Some(path) = file.path_bytes() {
-                paths.insert(String::from_utf8_lossy(path).into_owned());
-            }
-        }
-    }
-    Ok(paths)
+/// A mirror that has never been fetched into (or was emptied).
+fn has_no_refs(repo: &Repository) -> bool {
+    repo.references()
+        .map(|mut refs| refs.next().is_none())
+        .unwrap_or(false)
 }
 
 fn refs_fingerprint(repo: &Repository) -> Result<u64, git2::Error> {
@@ -1169,7 +1461,7 @@ mod tests {
         ];
         for (reference, expected) in cases {
             assert_eq!(
-                resolve_in(&repo, reference).expect("resolve"),
+                resolve_in(&repo, &|_| false, reference).expect("resolve"),
                 expected,
                 "{reference:?}"
             );

@@ -153,3 +153,133 @@ format = "json"
         .unwrap();
     sim.shutdown().await;
 }
+
+/// The value of the series of `name` whose labels contain `labels`.
+fn gauge(text: &str, name: &str, labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// `run` after a release: the new tip is fetched and analysed while
+/// `/metrics` keeps serving the last sweep's figures, and then serves the new
+/// ones: no scrape in between finds the fleet's series missing, zeroed or
+/// half updated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_tip_is_analysed_while_the_last_figures_stay_served() {
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m2")),
+        ),
+    )
+    .await
+    .unwrap();
+    let text = format!(
+        r#"
+[fly]
+api_url = "{api}"
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+fetch_interval = "50ms"
+[sweep]
+interval = "50ms"
+[[apps]]
+name = "agents"
+health_url = "{health}"
+[pools.default]
+actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
+"#,
+        api = sim.api_url(),
+        repo = overlay.repo_path.display(),
+        mirror = overlay.dir.path().join("mirror.git").display(),
+        health = sim.health_url_template(),
+    );
+    let config = Arc::new(Config::parse(Path::new("service.toml"), &text).unwrap());
+    let secrets = ServiceSecrets {
+        core: Secrets {
+            fly_token: TOKEN.into(),
+            git_token: None,
+        },
+        ..ServiceSecrets::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(service::run(
+        config,
+        secrets,
+        listener,
+        "t".into(),
+        stop.clone(),
+        |_| {},
+    ));
+    let client = reqwest::Client::new();
+    let scrape = || async {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            client.get(&metrics_url).send().await?.text().await
+        })
+        .await
+        .expect("scrape timed out")
+        .unwrap_or_default()
+    };
+    let m1 = "machine_id=\"m1\"";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while gauge(&scrape().await, "fleet_overlay_commits_behind", m1) != Some(1.0) {
+        assert!(tokio::time::Instant::now() < deadline, "first sweep");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    // A release: three commits on top of the tip.
+    let repo = git2::Repository::open_bare(&overlay.repo_path).unwrap();
+    let mut parent = repo
+        .find_commit(git2::Oid::from_str(&overlay.tip()).unwrap())
+        .unwrap();
+    let sig = git2::Signature::now("Dev", "dev@example.com").unwrap();
+    for i in 0..3 {
+        let tree = parent.tree().unwrap();
+        let oid = repo
+            .commit(
+                Some("refs/heads/release"),
+                &sig,
+                &sig,
+                &format!("next {i}"),
+                &tree,
+                &[&parent],
+            )
+            .unwrap();
+        parent = repo.find_commit(oid).unwrap();
+    }
+
+    let mut scrapes = 0;
+    loop {
+        let text = scrape().await;
+        scrapes += 1;
+        let behind = gauge(&text, "fleet_overlay_commits_behind", m1);
+        let coherence = gauge(&text, "fleet_overlay_coherence_ratio", "app=\"agents\"");
+        // The last sweep before the release (m1 behind 1, m2 on the tip) or
+        // the first after it (m1 behind 4, m2 behind 3): never a gap.
+        match (behind, coherence) {
+            (Some(1.0), Some(0.5)) => {}
+            (Some(4.0), Some(0.0)) => break,
+            other => panic!("scrape {scrapes}: m1 behind and coherence {other:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "new tip never analysed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    sim.shutdown().await;
+}

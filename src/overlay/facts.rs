@@ -1,6 +1,7 @@
 //! Per-commit facts read from the mirror: parents, committer time and
 //! trailer keys from the raw commit, and the path signals a commit's own
-//! change carries, from tree diffs limited to the signals' literal prefixes.
+//! change carries, from tree comparisons limited to the signals' literal
+//! prefixes.
 //!
 //! Owns the only reads of commit and tree objects that the drift analysis
 //! does, so their cost is in one place: one object read per commit (never a
@@ -8,9 +9,9 @@
 //! asks about paths. It must never write to the repository, decide anything
 //! from a fact, or keep git2 handles beyond the call that was given them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use git2::{DiffOptions, ErrorCode, Odb, Oid, Repository, Tree};
+use git2::{ErrorCode, Odb, Oid, Repository, Tree};
 
 use super::graph::RawCommit;
 use super::signals::{Signals, normalize_trailer_key};
@@ -127,10 +128,16 @@ pub(crate) fn path_mask(
     Ok(mask)
 }
 
-/// Paths under `prefixes` that differ between two trees. A prefix whose
-/// subtree (or blob) id is the same on both sides is skipped without a diff:
-/// for most commits that is every prefix. Without rename detection a rename
-/// is a deletion plus an addition, so both paths are reported.
+/// A tree entry as a diff sees it: what it names and how.
+type Entry = (Oid, i32);
+
+const TREE_MODE: i32 = 0o040000;
+
+/// Paths under `prefixes` that differ between two trees, as a tree diff
+/// without rename detection reports them (a rename is its old and its new
+/// path; a file replaced by a directory is the file and every file under
+/// the directory). Only subtrees whose ids differ are read, so a commit
+/// that changed one file costs a few tree reads, however large the tree.
 fn changed_under(
     repo: &Repository,
     old: Option<&Tree<'_>>,
@@ -141,40 +148,74 @@ fn changed_under(
     if old.is_some_and(|old| old.id() == new.id()) {
         return Ok(changed);
     }
-    let mut options = DiffOptions::new();
-    let mut limited = false;
-    let whole_tree = prefixes.iter().any(String::is_empty);
-    if !whole_tree {
-        for prefix in prefixes {
-            if entry_id(old, prefix)? == entry_id(Some(new), prefix)? {
-                continue;
-            }
-            options.pathspec(prefix.as_str());
-            limited = true;
-        }
-        if !limited {
-            return Ok(changed);
-        }
-        // Literal paths (a directory covers what is under it), so libgit2
-        // skips every other subtree instead of matching each entry.
-        options.disable_pathspec_match(true);
-    }
-    let diff = repo.diff_tree_to_tree(old, Some(new), Some(&mut options))?;
-    for delta in diff.deltas() {
-        for file in [delta.old_file(), delta.new_file()] {
-            if let Some(path) = file.path_bytes() {
-                changed.insert(String::from_utf8_lossy(path).into_owned());
-            }
-        }
+    for prefix in prefixes {
+        let (was, is) = if prefix.is_empty() {
+            (
+                old.map(|t| (t.id(), TREE_MODE)),
+                Some((new.id(), TREE_MODE)),
+            )
+        } else {
+            (entry_at(old, prefix)?, entry_at(Some(new), prefix)?)
+        };
+        compare(repo, prefix, was, is, &mut changed)?;
     }
     Ok(changed)
 }
 
-/// The id of the tree entry at `path`, `None` if there is none.
-fn entry_id(tree: Option<&Tree<'_>>, path: &str) -> Result<Option<Oid>, git2::Error> {
+/// Adds to `out` every path at or under `path` where `old` and `new` differ.
+fn compare(
+    repo: &Repository,
+    path: &str,
+    old: Option<Entry>,
+    new: Option<Entry>,
+    out: &mut BTreeSet<String>,
+) -> Result<(), git2::Error> {
+    if old == new {
+        return Ok(());
+    }
+    let is_tree = |e: Option<Entry>| e.is_some_and(|(_, mode)| mode == TREE_MODE);
+    // A file (blob, link or submodule) on either side: that path changed.
+    if old.is_some_and(|_| !is_tree(old)) || new.is_some_and(|_| !is_tree(new)) {
+        out.insert(path.to_owned());
+    }
+    if !is_tree(old) && !is_tree(new) {
+        return Ok(());
+    }
+    // Trees (a missing or non-tree side counts as empty): entry by entry.
+    let mut entries: BTreeMap<Vec<u8>, (Option<Entry>, Option<Entry>)> = BTreeMap::new();
+    for (side, entry) in [(0, old), (1, new)] {
+        let Some((id, _)) = entry.filter(|_| is_tree(entry)) else {
+            continue;
+        };
+        for e in repo.find_tree(id)?.iter() {
+            let slot = entries.entry(e.name_bytes().to_vec()).or_default();
+            let value = Some((e.id(), e.filemode()));
+            if side == 0 {
+                slot.0 = value;
+            } else {
+                slot.1 = value;
+            }
+        }
+    }
+    for (name, (was, is)) in entries {
+        if was != is {
+            let name = String::from_utf8_lossy(&name);
+            let child = if path.is_empty() {
+                name.into_owned()
+            } else {
+                format!("{path}/{name}")
+            };
+            compare(repo, &child, was, is, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The entry at `path` (its id and mode), `None` if there is none.
+fn entry_at(tree: Option<&Tree<'_>>, path: &str) -> Result<Option<Entry>, git2::Error> {
     let Some(tree) = tree else { return Ok(None) };
     match tree.get_path(std::path::Path::new(path)) {
-        Ok(entry) => Ok(Some(entry.id())),
+        Ok(entry) => Ok(Some((entry.id(), entry.filemode()))),
         Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
         Err(e) => Err(e),
     }
@@ -202,6 +243,76 @@ Fix the sandbox\n\nSecurity: CVE-1\nSigned-off-by: Dev <dev@x>\n";
         );
         assert_eq!(commit.time, 1_700_000_123);
         assert_eq!(commit.trailers, vec!["security", "signed-off-by"]);
+    }
+
+    /// A random tree of depth ≤ 3 from a few names, files with one of two
+    /// contents and modes, now and then a symlink or a submodule.
+    fn next(seed: &mut u64, n: u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed % n
+    }
+
+    fn random_tree(repo: &Repository, seed: &mut u64, depth: u32) -> Oid {
+        let mut builder = repo.treebuilder(None).expect("treebuilder");
+        for name in ["a", "b", "c.md", "d"] {
+            let roll = next(seed, 10);
+            if roll < 2 {
+                continue;
+            }
+            let (id, mode) = match roll {
+                8 | 9 if depth > 0 => (random_tree(repo, seed, depth - 1), 0o040000),
+                6 => (repo.blob(b"target").expect("blob"), 0o120000),
+                7 => (Oid::from_str(&"c0".repeat(20)).expect("oid"), 0o160000),
+                _ => {
+                    let content = if next(seed, 2) == 0 { "x" } else { "y" };
+                    let mode = if next(seed, 4) == 0 {
+                        0o100755
+                    } else {
+                        0o100644
+                    };
+                    (repo.blob(content.as_bytes()).expect("blob"), mode)
+                }
+            };
+            builder.insert(name, id, mode).expect("insert");
+        }
+        builder.write().expect("write tree")
+    }
+
+    #[test]
+    fn tree_comparison_reports_what_a_libgit2_diff_reports() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init_bare(dir.path()).expect("init");
+        let mut seed = 0x2545_F491_4F6C_DD1D;
+        for case in 0..300 {
+            let old = random_tree(&repo, &mut seed, 3);
+            let new = random_tree(&repo, &mut seed, 3);
+            let (old, new) = (
+                repo.find_tree(old).expect("old"),
+                repo.find_tree(new).expect("new"),
+            );
+            let old = (case % 7 != 0).then_some(&old);
+            let diff = repo.diff_tree_to_tree(old, Some(&new), None).expect("diff");
+            let mut expected = BTreeSet::new();
+            for delta in diff.deltas() {
+                for file in [delta.old_file(), delta.new_file()] {
+                    if let Some(path) = file.path_bytes() {
+                        expected.insert(String::from_utf8_lossy(path).into_owned());
+                    }
+                }
+            }
+            let whole = changed_under(&repo, old, &new, &[String::new()]).expect("compare");
+            assert_eq!(whole, expected, "case {case}");
+            // Limited to a prefix: exactly the diff's paths under it.
+            let under_d = changed_under(&repo, old, &new, &["d".to_owned()]).expect("compare");
+            let expected_d: BTreeSet<String> = expected
+                .iter()
+                .filter(|p| *p == "d" || p.starts_with("d/"))
+                .cloned()
+                .collect();
+            assert_eq!(under_d, expected_d, "case {case} under d");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! --count tip...j` counts, merges and all, whatever the commit dates say.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use git2::Oid;
@@ -239,51 +239,87 @@ impl Graph {
             return Ok(node);
         }
         // Depth-first, parents before children, without recursion: a linear
-        // history is as deep as it is long.
+        // history is as deep as it is long, so a stack entry is kept small
+        // (the commit's parents and trailer keys go to arenas that shrink as
+        // entries are numbered: the last entry opened is the first done).
+        #[derive(Clone, Copy)]
+        struct Opened {
+            time: i64,
+            parents: (u32, u32),
+            trailers: (u32, u32),
+        }
         struct Pending {
             oid: Oid,
-            commit: Option<RawCommit>,
+            opened: Option<Opened>,
         }
-        let mut stack = vec![Pending { oid, commit: None }];
-        let mut opened: HashSet<Oid, BuildHasherDefault<OidHasher>> = HashSet::default();
-        while let Some(top) = stack.last_mut() {
-            if self.node(&top.oid).is_some() {
+        let span = |start: usize, len: usize| -> Result<(u32, u32), LoadError<E>> {
+            let start = u32::try_from(start).map_err(|_| LoadError::TooLarge)?;
+            let len = u32::try_from(len).map_err(|_| LoadError::TooLarge)?;
+            Ok((start, len))
+        };
+        let slice = |(start, len): (u32, u32)| start as usize..(start + len) as usize;
+        let mut parent_arena: Vec<Oid> = Vec::new();
+        let mut trailer_arena: Vec<String> = Vec::new();
+        // Opened (read, not yet numbered) commits by key: a parent among them
+        // would make a commit its own ancestor.
+        let mut opened_keys: FastMap<u64, u32> = FastMap::default();
+        let mut stack = vec![Pending { oid, opened: None }];
+        while let Some(top) = stack.last() {
+            let (id, opened) = (top.oid, top.opened);
+            if self.node(&id).is_some() {
                 stack.pop();
                 continue;
             }
-            match top.commit.take() {
+            match opened {
                 None => {
-                    let id = top.oid;
                     let commit = read(id).map_err(LoadError::Read)?;
-                    opened.insert(id);
-                    let missing: Vec<Oid> = commit
-                        .parents
-                        .iter()
-                        .filter(|p| self.node(p).is_none())
-                        .copied()
-                        .collect();
-                    top.commit = Some(commit);
-                    for parent in missing.into_iter().rev() {
-                        if opened.contains(&parent) {
+                    let parents = span(parent_arena.len(), commit.parents.len())?;
+                    let trailers = span(trailer_arena.len(), commit.trailers.len())?;
+                    parent_arena.extend_from_slice(&commit.parents);
+                    trailer_arena.extend(commit.trailers);
+                    if let Some(top) = stack.last_mut() {
+                        top.opened = Some(Opened {
+                            time: commit.time,
+                            parents,
+                            trailers,
+                        });
+                    }
+                    *opened_keys.entry(key(&id)).or_default() += 1;
+                    for &parent in commit.parents.iter().rev() {
+                        if self.node(&parent).is_some() {
+                            continue;
+                        }
+                        let suspect = opened_keys.get(&key(&parent)).is_some_and(|n| *n > 0);
+                        if suspect && stack.iter().any(|p| p.oid == parent && p.opened.is_some()) {
                             return Err(LoadError::Inconsistent { commit: parent });
                         }
                         stack.push(Pending {
                             oid: parent,
-                            commit: None,
+                            opened: None,
                         });
                     }
                 }
-                Some(commit) => {
-                    let id = top.oid;
+                Some(done) => {
                     stack.pop();
-                    let parents = commit
-                        .parents
+                    let parents = parent_arena[slice(done.parents)]
                         .iter()
                         .map(|p| self.node(p))
                         .collect::<Option<Vec<Node>>>()
                         .ok_or(LoadError::Inconsistent { commit: id })?;
-                    self.push(id, &parents, commit.time, &commit.trailers)?;
-                    opened.remove(&id);
+                    self.push(
+                        id,
+                        &parents,
+                        done.time,
+                        &trailer_arena[slice(done.trailers)],
+                    )?;
+                    parent_arena.truncate(done.parents.0 as usize);
+                    trailer_arena.truncate(done.trailers.0 as usize);
+                    if let Entry::Occupied(mut e) = opened_keys.entry(key(&id)) {
+                        *e.get_mut() -= 1;
+                        if *e.get() == 0 {
+                            e.remove();
+                        }
+                    }
                 }
             }
         }
@@ -658,7 +694,7 @@ pub(crate) struct Tally {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::VecDeque;
+    use std::collections::{HashSet, VecDeque};
 
     fn oid(i: usize) -> Oid {
         let mut bytes = [0u8; 20];

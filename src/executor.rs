@@ -639,6 +639,11 @@ impl Executor {
     /// reclaiming slots whose rotation is over.
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
+        let full = || Declined::PoolFull {
+            app: t.app.clone(),
+            pool: t.pool.clone(),
+            cap,
+        };
         let _turn = self.coordinator_gate.lock().await;
         let coordinator = self.acquire_coordinator().await?;
         let result = async {
@@ -661,12 +666,7 @@ impl Executor {
                 won = set.try_add(&t.app, &t.pool, slot, cap);
             }
             if !won && !reclaimed {
-                return Err(Declined::PoolFull {
-                    app: t.app.clone(),
-                    pool: t.pool.clone(),
-                    cap,
-                }
-                .into());
+                return Err(full().into());
             }
             lease.ensure()?;
             coordinator.ensure()?;
@@ -678,16 +678,7 @@ impl Executor {
                     return Err(e);
                 }
             }
-            if won {
-                Ok(())
-            } else {
-                Err(Declined::PoolFull {
-                    app: t.app.clone(),
-                    pool: t.pool.clone(),
-                    cap,
-                }
-                .into())
-            }
+            if won { Ok(()) } else { Err(full().into()) }
         }
         .await;
         self.release(coordinator).await;
@@ -890,7 +881,7 @@ fn approved(machine: &Machine, target: &str) -> Result<(), Declined> {
     machine
         .metadata(APPROVE_KEY)
         .and_then(Approval::parse)
-        .filter(|a| a.target.eq_ignore_ascii_case(target))
+        .filter(|a| a.approves(target))
         .map(drop)
         .ok_or_else(|| Declined::NotApproved {
             target: target.to_string(),

@@ -48,6 +48,11 @@ impl Approval {
     pub fn parse(value: &str) -> Option<Approval> {
         serde_json::from_str(value).ok()
     }
+
+    /// Whether this approval authorizes a rotation to `commit` (and only it).
+    pub fn approves(&self, commit: &str) -> bool {
+        self.target.eq_ignore_ascii_case(commit)
+    }
 }
 
 /// The hold value written by `hold`: who and why, for the next operator.

@@ -153,13 +153,6 @@ impl Step {
         }
     }
 
-    /// The rotation's tag (for the agent's drain/undrain).
-    pub fn tag(&self) -> Option<&str> {
-        self.new_marker()
-            .or(self.expected.as_ref())
-            .map(|m| m.tag.as_str())
-    }
-
     /// Keeping the probe-failure record, not a rotation step.
     pub fn is_bookkeeping(&self) -> bool {
         matches!(
@@ -350,7 +343,7 @@ pub struct PlanInput<'a> {
 }
 
 /// `t + d`, saturating: durations and timestamps may come from outside.
-pub(crate) fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     chrono::Duration::from_std(d)
         .ok()
         .and_then(|d| t.checked_add_signed(d))
@@ -411,9 +404,7 @@ fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
 impl OperatorState<'_> {
     /// An approval authorizes a rotation to the commit it names, only.
     fn approval_for(&self, commit: &str) -> Option<&Approval> {
-        self.approval
-            .as_ref()
-            .filter(|a| a.target.eq_ignore_ascii_case(commit))
+        self.approval.as_ref().filter(|a| a.approves(commit))
     }
 }
 
@@ -990,7 +981,7 @@ fn unprobed_bookkeeping(
             }
             _ => None,
         }
-    } else if op.unprobed.is_some() && m.status != MachineStatus::Unreachable {
+    } else if op.unprobed.is_some() {
         Some(step(StepKind::ClearUnprobed))
     } else {
         None
@@ -1115,11 +1106,9 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         })
     };
     let yield_ = |why: &'static str| {
-        let mut next = marker.clone();
-        next.retry_at = Some(after(now, rot.retry_after));
         let mut s = release(Ending::Yielded, why);
         if let StepKind::Release { marker: r, .. } = &mut s.kind {
-            r.retry_at = next.retry_at;
+            r.retry_at = Some(after(now, rot.retry_after));
         }
         s
     };

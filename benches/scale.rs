@@ -1022,35 +1022,62 @@ async fn bench(args: Args) -> Result<(), Error> {
     );
     report.info("   sweep at the new tip", secs(sweep_new));
 
-    // An agent on the root commit: the walk covers the whole history once.
+    // An agent on the root commit: its range is the whole history. The git
+    // work is timed directly (whole sweeps vary by more than it costs here).
     let root_machine = "m000001";
-    sim.set_loaded_ref(root_machine, &h.root);
+    let mut with_root_refs = refs.clone();
+    with_root_refs.push(h.root.clone());
+    let before = sweeper.overlay.stats();
     let started = Instant::now();
-    let root_report = sweeper.sweep(&new_tip).await?;
-    let with_root = started.elapsed();
-    let mut root_again = Duration::MAX;
+    sweeper
+        .overlay
+        .analyze(&new_tip.commit, with_root_refs.clone(), &signals)
+        .await?;
+    let root_first = started.elapsed();
+    let mut root_later = Duration::MAX;
     for _ in 0..3 {
         let started = Instant::now();
-        sweeper.sweep(&new_tip).await?;
-        root_again = root_again.min(started.elapsed());
+        sweeper
+            .overlay
+            .analyze(&new_tip.commit, with_root_refs.clone(), &signals)
+            .await?;
+        root_later = root_later.min(started.elapsed());
+    }
+    let after = sweeper.overlay.stats();
+    sim.set_loaded_ref(root_machine, &h.root);
+    let mut with_root = Duration::MAX;
+    let mut root_report = None;
+    for _ in 0..3 {
+        let started = Instant::now();
+        root_report = Some(sweeper.sweep(&new_tip).await?);
+        with_root = with_root.min(started.elapsed());
     }
     let behind = root_report
-        .machines
         .iter()
+        .flat_map(|r| r.machines.iter())
         .find(|m| m.machine_id == root_machine)
         .and_then(|m| m.commits_behind);
     report.row(
-        "4. agent on the root commit: extra on first sweep",
-        secs(with_root.saturating_sub(steady_sweep)),
+        "4. agent on the root commit: extra git work, first time",
+        secs(root_first),
         "≤ 1 s",
-        with_root.saturating_sub(steady_sweep) <= Duration::from_secs(1),
+        root_first <= Duration::from_secs(1),
     );
     report.row(
-        "4. … and on the next sweeps (best of 3)",
-        secs(root_again.saturating_sub(steady_sweep)),
+        "4. … on later sweeps (best of 3, cached)",
+        secs(root_later),
         "≈ 0",
-        root_again <= steady_sweep + Duration::from_millis(50),
+        root_later <= Duration::from_millis(50),
     );
+    report.info(
+        "     commits walked / read for it",
+        format!(
+            "{} / {}",
+            after.commits_walked - before.commits_walked,
+            after.commits_read - before.commits_read
+        ),
+    );
+    report.info("   sweeps with the root agent (best of 3)", secs(with_root));
     report.info("     root commit behind", format!("{behind:?}"));
     // With a paths rule the root's range needs every commit's diff, once.
     let paths_signals = severity::signals(

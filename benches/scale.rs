@@ -564,6 +564,7 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
         .local_addr()?
         .port();
     let base = h.repo.parent().ok_or("no parent")?;
+    let pid_file = scratch.join("git-daemon.pid");
     let mut daemon = Command::new("git")
         .args([
             "daemon",
@@ -571,16 +572,30 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
             "--reuseaddr",
             "--listen=127.0.0.1",
         ])
+        .arg(format!("--pid-file={}", pid_file.display()))
         .arg(format!("--port={port}"))
         .arg(format!("--base-path={}", base.display()))
         .arg(base)
         .stderr(Stdio::null())
         .spawn()?;
     let url = format!("git://127.0.0.1:{port}/source.git");
+    // `git daemon` runs `git-daemon` as its child: stopping the wrapper
+    // alone would leave the server running, so stop the one in the pid file.
+    let stop = |daemon: &mut std::process::Child| {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
+        {
+            // SAFETY: plain kill(2) of the server this function started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
-            let _ = daemon.kill();
+            stop(&mut daemon);
             return Err("git daemon did not start".into());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -602,8 +617,7 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
     }
     .await;
     let ours = started.elapsed();
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    stop(&mut daemon);
     cloned?;
     fetched?;
     report.info("git clone --mirror git://… (same server)", secs(git));

@@ -564,6 +564,7 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
         .local_addr()?
         .port();
     let base = h.repo.parent().ok_or("no parent")?;
+    let pid_file = scratch.join("git-daemon.pid");
     let mut daemon = Command::new("git")
         .args([
             "daemon",
@@ -571,16 +572,30 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
             "--reuseaddr",
             "--listen=127.0.0.1",
         ])
+        .arg(format!("--pid-file={}", pid_file.display()))
         .arg(format!("--port={port}"))
         .arg(format!("--base-path={}", base.display()))
         .arg(base)
         .stderr(Stdio::null())
         .spawn()?;
     let url = format!("git://127.0.0.1:{port}/source.git");
+    // `git daemon` runs `git-daemon` as its child: stopping the wrapper
+    // alone would leave the server running, so stop the one in the pid file.
+    let stop = |daemon: &mut std::process::Child| {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
+        {
+            // SAFETY: plain kill(2) of the server this function started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
-            let _ = daemon.kill();
+            stop(&mut daemon);
             return Err("git daemon did not start".into());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -602,8 +617,7 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
     }
     .await;
     let ours = started.elapsed();
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    stop(&mut daemon);
     cloned?;
     fetched?;
     report.info("git clone --mirror git://… (same server)", secs(git));
@@ -1022,35 +1036,62 @@ async fn bench(args: Args) -> Result<(), Error> {
     );
     report.info("   sweep at the new tip", secs(sweep_new));
 
-    // An agent on the root commit: the walk covers the whole history once.
+    // An agent on the root commit: its range is the whole history. The git
+    // work is timed directly (whole sweeps vary by more than it costs here).
     let root_machine = "m000001";
-    sim.set_loaded_ref(root_machine, &h.root);
+    let mut with_root_refs = refs.clone();
+    with_root_refs.push(h.root.clone());
+    let before = sweeper.overlay.stats();
     let started = Instant::now();
-    let root_report = sweeper.sweep(&new_tip).await?;
-    let with_root = started.elapsed();
-    let mut root_again = Duration::MAX;
+    sweeper
+        .overlay
+        .analyze(&new_tip.commit, with_root_refs.clone(), &signals)
+        .await?;
+    let root_first = started.elapsed();
+    let mut root_later = Duration::MAX;
     for _ in 0..3 {
         let started = Instant::now();
-        sweeper.sweep(&new_tip).await?;
-        root_again = root_again.min(started.elapsed());
+        sweeper
+            .overlay
+            .analyze(&new_tip.commit, with_root_refs.clone(), &signals)
+            .await?;
+        root_later = root_later.min(started.elapsed());
+    }
+    let after = sweeper.overlay.stats();
+    sim.set_loaded_ref(root_machine, &h.root);
+    let mut with_root = Duration::MAX;
+    let mut root_report = None;
+    for _ in 0..3 {
+        let started = Instant::now();
+        root_report = Some(sweeper.sweep(&new_tip).await?);
+        with_root = with_root.min(started.elapsed());
     }
     let behind = root_report
-        .machines
         .iter()
+        .flat_map(|r| r.machines.iter())
         .find(|m| m.machine_id == root_machine)
         .and_then(|m| m.commits_behind);
     report.row(
-        "4. agent on the root commit: extra on first sweep",
-        secs(with_root.saturating_sub(steady_sweep)),
+        "4. agent on the root commit: extra git work, first time",
+        secs(root_first),
         "≤ 1 s",
-        with_root.saturating_sub(steady_sweep) <= Duration::from_secs(1),
+        root_first <= Duration::from_secs(1),
     );
     report.row(
-        "4. … and on the next sweeps (best of 3)",
-        secs(root_again.saturating_sub(steady_sweep)),
+        "4. … on later sweeps (best of 3, cached)",
+        secs(root_later),
         "≈ 0",
-        root_again <= steady_sweep + Duration::from_millis(50),
+        root_later <= Duration::from_millis(50),
     );
+    report.info(
+        "     commits walked / read for it",
+        format!(
+            "{} / {}",
+            after.commits_walked - before.commits_walked,
+            after.commits_read - before.commits_read
+        ),
+    );
+    report.info("   sweeps with the root agent (best of 3)", secs(with_root));
     report.info("     root commit behind", format!("{behind:?}"));
     // With a paths rule the root's range needs every commit's diff, once.
     let paths_signals = severity::signals(

@@ -14,7 +14,7 @@
 //! | [`fly`] | Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
 //! | [`probe`] | concurrent, size- and time-bounded agent health polling |
-//! | [`overlay`] | the git mirror: tip, ref resolution, drift ranges, caches |
+//! | [`overlay`] | the git mirror: tip, ref resolution, one graph walk for every drift range, per-commit facts |
 //! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
 //! | [`rotation`] | the rotation marker persisted in machine metadata |
 //! | [`slots`] | pool slots on the coordination machine: exact caps across replicas |

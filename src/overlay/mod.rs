@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use git2::{
     AutotagOption, Cred, CredentialType, ErrorCode, FetchOptions, FetchPrune, ObjectType, Oid,
-    RemoteCallbacks, Repository,
+    RemoteCallbacks, RemoteRedirect, Repository,
 };
 
 use crate::model::CommitId;
@@ -677,8 +677,9 @@ impl Inner {
 
         let mut callbacks = RemoteCallbacks::new();
         let token = self.token.clone();
+        let configured = self.url.clone();
         let mut attempts = 0u32;
-        callbacks.credentials(move |_url, _username, allowed| {
+        callbacks.credentials(move |url, _username, allowed| {
             // libgit2 calls this again after every rejected credential, for
             // ever; a second call means the token was refused.
             attempts += 1;
@@ -686,6 +687,11 @@ impl Inner {
                 return Err(git2::Error::from_str(
                     "the overlay remote rejected the configured token",
                 ));
+            }
+            if token.is_some() {
+                if let Err(refusal) = token_may_go_to(&configured, url) {
+                    return Err(git2::Error::from_str(&refusal.to_string()));
+                }
             }
             match token.as_deref() {
                 Some(token) if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) => {
@@ -706,7 +712,11 @@ impl Inner {
             // Tags that point into the fetched history come along, so an
             // annotated tag id reported by an agent resolves to its commit.
             .download_tags(AutotagOption::Auto)
-            .update_fetchhead(false);
+            .update_fetchhead(false)
+            // No redirect to another host. libgit2 still follows one to
+            // another port or path of the same host, so the credentials
+            // callback checks the exact origin as well.
+            .follow_redirects(RemoteRedirect::None);
 
         // The refspec is passed explicitly so a mirror whose config was
         // created by hand (or by `git clone --mirror`) still mirrors heads.
@@ -1189,6 +1199,68 @@ fn refs_fingerprint(repo: &Repository) -> Result<u64, git2::Error> {
     Ok(hasher.finish())
 }
 
+/// Why the token is not sent where libgit2 asks for credentials.
+#[derive(Debug, PartialEq, Eq)]
+enum TokenRefusal {
+    /// The request goes to another scheme, host or port than configured.
+    OtherServer { asked: String, configured: String },
+    /// Plain `http` to a host off this machine would carry it in clear text.
+    PlainHttp { host: String },
+}
+
+impl fmt::Display for TokenRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenRefusal::OtherServer { asked, configured } => write!(
+                f,
+                "the overlay remote redirected to {asked}, which asks for credentials; the token goes only to the configured remote {configured}"
+            ),
+            TokenRefusal::PlainHttp { host } => write!(
+                f,
+                "the overlay remote {host} asks for the token over plain http; use https (plain http is allowed only to loopback)"
+            ),
+        }
+    }
+}
+
+/// The token goes only to the configured remote's own scheme, host and
+/// port, and only over https (or plain http to loopback, for a local git
+/// server). `asked` is the URL libgit2 is about to authenticate to.
+fn token_may_go_to(configured: &str, asked: &str) -> Result<(), TokenRefusal> {
+    let origin = |u: &str| {
+        url::Url::parse(u).ok().and_then(|u| {
+            let host = u.host_str()?.to_ascii_lowercase();
+            Some((u.scheme().to_owned(), host, u.port_or_known_default()))
+        })
+    };
+    let shown = |o: &Option<(String, String, Option<u16>)>, raw: &str| match o {
+        Some((scheme, host, Some(port))) => format!("{scheme}://{host}:{port}"),
+        Some((scheme, host, None)) => format!("{scheme}://{host}"),
+        None => display_repo(raw),
+    };
+    let (want, got) = (origin(configured), origin(asked));
+    if want.is_none() || want != got {
+        return Err(TokenRefusal::OtherServer {
+            asked: shown(&got, asked),
+            configured: shown(&want, configured),
+        });
+    }
+    match got {
+        Some((scheme, host, _)) if scheme == "http" && !is_loopback_host(&host) => {
+            Err(TokenRefusal::PlainHttp { host })
+        }
+        _ => Ok(()),
+    }
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn is_url(repo: &str) -> bool {
     repo.contains("://")
 }
@@ -1373,6 +1445,47 @@ mod tests {
         assert!(!shown.contains("ghp_secret_token"), "{shown}");
         assert!(!shown.contains("hunter2pw"), "{shown}");
         assert!(shown.contains("example.com/acme/overlay.git"), "{shown}");
+    }
+
+    #[test]
+    fn the_token_goes_only_to_the_configured_origin_over_https() {
+        let ok = |configured: &str, asked: &str| token_may_go_to(configured, asked).is_ok();
+        assert!(ok(
+            "https://git.example.com/org/overlay.git",
+            "https://git.example.com/org/overlay.git/info/refs?service=git-upload-pack"
+        ));
+        assert!(ok(
+            "https://git.example.com/o.git",
+            "https://GIT.example.com:443/o.git"
+        ));
+        assert!(ok("http://127.0.0.1:9418/o.git", "http://127.0.0.1:9418/o"));
+        assert!(ok("http://localhost:80/o.git", "http://localhost/o.git"));
+        assert!(ok("http://[::1]:8080/o.git", "http://[::1]:8080/x"));
+        // Another host, port or scheme: a redirect.
+        assert!(!ok(
+            "https://git.example.com/o.git",
+            "https://evil.example/o.git"
+        ));
+        assert!(!ok(
+            "https://git.example.com/o.git",
+            "https://git.example.com:8443/o.git"
+        ));
+        assert!(!ok(
+            "https://git.example.com/o.git",
+            "http://git.example.com/o.git"
+        ));
+        assert!(!ok("http://127.0.0.1:1/o.git", "http://127.0.0.1:2/o.git"));
+        assert!(!ok("https://git.example.com/o.git", "not a url"));
+        // Plain http off this machine: never, even to the configured host.
+        assert_eq!(
+            token_may_go_to(
+                "http://git.example.com/o.git",
+                "http://git.example.com/o.git"
+            ),
+            Err(TokenRefusal::PlainHttp {
+                host: "git.example.com".into()
+            })
+        );
     }
 
     #[test]

@@ -104,6 +104,10 @@ pub struct OverlayConfig {
     pub branch: String,
     #[serde(default = "secs::<60>", deserialize_with = "duration")]
     pub fetch_interval: Duration,
+    /// Deadline for one whole fetch (connect, negotiate, download). A fetch
+    /// past it is abandoned and counted as failed; sweeps go on meanwhile.
+    #[serde(default = "secs::<120>", deserialize_with = "duration")]
+    pub fetch_timeout: Duration,
     /// Bare mirror kept by the daemon.
     pub mirror_dir: PathBuf,
     /// Environment variable holding an https token for the repository.
@@ -632,6 +636,13 @@ impl Config {
         if raw.probe.timeout.is_zero() {
             return Err(invalid(
                 "probe.timeout".into(),
+                None,
+                "must be greater than zero".into(),
+            ));
+        }
+        if raw.overlay.fetch_timeout.is_zero() {
+            return Err(invalid(
+                "overlay.fetch_timeout".into(),
                 None,
                 "must be greater than zero".into(),
             ));

@@ -87,7 +87,11 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
 
 /// One fetch and one read-only sweep: the `check` command.
 pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
-    let tip = sweeper.overlay.fetch().await.map_err(CheckError::Fetch)?;
+    let tip = sweeper
+        .overlay
+        .fetch_within(sweeper.config.overlay.fetch_timeout)
+        .await
+        .map_err(CheckError::Fetch)?;
     Ok(sweeper.sweep(&tip).await?)
 }
 
@@ -113,7 +117,8 @@ pub struct Cycle {
     pub duration: Duration,
     /// When the overlay was last fetched successfully.
     pub tip_fetched_at: Option<DateTime<Utc>>,
-    /// Set when this sweep used a tip older than the last fetch attempt.
+    /// Set while the latest fetch failed or has not returned: the tip this
+    /// sweep used may be stale.
     pub fetch_error: Option<String>,
     pub now: DateTime<Utc>,
 }
@@ -128,63 +133,132 @@ pub struct LoopOptions<'a> {
     pub owner: String,
 }
 
-/// Sweeps every `sweep.interval` until `shutdown`: fetch the overlay when
-/// `fetch_interval` has passed (a failed fetch keeps the last known tip),
-/// sweep, plan, and (with an executor) act. `on_cycle` sees every outcome.
-/// On shutdown, steps in flight finish their short Fly calls and release
-/// their leases; markers were written before acting, so they stay consistent.
+/// What the fetcher last learned about the release tip; the sweeps read it.
+#[derive(Clone, Debug, Default)]
+struct FetchStatus {
+    /// The last known tip: from the last good fetch, or at start the one
+    /// the mirror already had.
+    tip: Option<Tip>,
+    /// When a fetch last succeeded (in this process).
+    fetched_at: Option<DateTime<Utc>>,
+    /// Why the latest attempt failed; `Some` while the tip may be stale,
+    /// including before the first attempt has returned.
+    error: Option<String>,
+}
+
+/// Sweeps every `sweep.interval` until `shutdown`, and beside them fetches
+/// the overlay every `overlay.fetch_interval` (each fetch bounded by
+/// `overlay.fetch_timeout`). Sweeps never wait for a fetch: they use the
+/// last known tip, and while fetches fail (or stall) the planner is told,
+/// so nothing starts rotating towards a tip that may be stale. Each sweep
+/// plans and (with an executor) acts; `on_cycle` sees every outcome. On
+/// shutdown, steps in flight finish their short Fly calls and release their
+/// leases; markers were written before acting, so they stay consistent. A
+/// fetch in flight is abandoned, never waited for.
 pub async fn reconcile_loop(
     sweeper: &Sweeper,
     options: LoopOptions<'_>,
     shutdown: CancellationToken,
+    on_cycle: impl FnMut(SweepOutcome),
+) {
+    let initial = FetchStatus {
+        // A tip the mirror already has lets sweeps report the fleet even
+        // when the git server is down at start; it counts as unconfirmed.
+        tip: sweeper.overlay.tip().await.ok(),
+        fetched_at: None,
+        error: Some("the first fetch has not finished yet".into()),
+    };
+    let (status_tx, status_rx) = tokio::sync::watch::channel(initial);
+    let sweep_now = Notify::new();
+    let refresh = options.refresh.clone().unwrap_or_default();
+    tokio::join!(
+        fetch_loop(sweeper, &refresh, &status_tx, &sweep_now, &shutdown),
+        sweep_loop(
+            sweeper, &options, status_rx, &sweep_now, &shutdown, on_cycle
+        ),
+    );
+}
+
+/// Fetches on `fetch_interval` and on refresh requests, publishing each
+/// result. Asks for a sweep at once when the tip changed or a refresh asked.
+async fn fetch_loop(
+    sweeper: &Sweeper,
+    refresh: &Notify,
+    status: &tokio::sync::watch::Sender<FetchStatus>,
+    sweep_now: &Notify,
+    shutdown: &CancellationToken,
+) {
+    let config = &sweeper.config.overlay;
+    let mut ticker = tokio::time::interval(config.fetch_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => false,
+            _ = refresh.notified() => true,
+        };
+        let fetched = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = sweeper.overlay.fetch_within(config.fetch_timeout) => r,
+        };
+        let mut changed = false;
+        status.send_modify(|s| match fetched {
+            Ok(tip) => {
+                if s.tip.as_ref() != Some(&tip) {
+                    tracing::info!(branch = %tip.branch, commit = %tip.commit, "overlay release tip");
+                    changed = true;
+                }
+                s.tip = Some(tip);
+                s.fetched_at = Some(Utc::now());
+                s.error = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "overlay fetch failed; keeping the last known tip");
+                s.error = Some(e.to_string());
+            }
+        });
+        if forced || changed {
+            sweep_now.notify_one();
+        }
+    }
+}
+
+/// Sweeps on `sweep.interval` (and when the fetcher asks), with the last
+/// known tip.
+async fn sweep_loop(
+    sweeper: &Sweeper,
+    options: &LoopOptions<'_>,
+    mut status: tokio::sync::watch::Receiver<FetchStatus>,
+    sweep_now: &Notify,
+    shutdown: &CancellationToken,
     mut on_cycle: impl FnMut(SweepOutcome),
 ) {
+    // The first sweep waits a little for the first fetch, so that a daemon
+    // with a reachable git server starts on the current tip.
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = status.changed() => {}
+        _ = tokio::time::sleep(sweeper.config.sweep.interval) => {}
+    }
     let mut ticker = tokio::time::interval(sweeper.config.sweep.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut tip: Option<Tip> = None;
-    let mut last_fetch: Option<Instant> = None;
-    let mut tip_fetched_at: Option<DateTime<Utc>> = None;
     let mut tracker = Tracker::default();
-    // Whether the latest fetch attempt failed (the tip may be stale).
-    let mut fetch_failing = false;
-    let refresh = options.refresh.clone().unwrap_or_default();
     loop {
-        let mut force_fetch = false;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
-            _ = refresh.notified() => force_fetch = true,
+            _ = sweep_now.notified() => {}
         }
         let started = Instant::now();
-        let mut fetch_error = None;
-        if force_fetch
-            || last_fetch.is_none_or(|t| t.elapsed() >= sweeper.config.overlay.fetch_interval)
-        {
-            last_fetch = Some(Instant::now());
-            match sweeper.overlay.fetch().await {
-                Ok(t) => {
-                    if tip.as_ref() != Some(&t) {
-                        tracing::info!(branch = %t.branch, commit = %t.commit, "overlay release tip");
-                    }
-                    tip = Some(t);
-                    tip_fetched_at = Some(Utc::now());
-                    fetch_failing = false;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "overlay fetch failed; keeping the last known tip");
-                    fetch_error = Some(e.to_string());
-                    fetch_failing = true;
-                }
-            }
-        }
-        let Some(current) = tip.clone() else {
+        let fetch = status.borrow_and_update().clone();
+        let Some(current) = fetch.tip.clone() else {
             on_cycle(SweepOutcome::Failed {
                 error: format!(
                     "no overlay tip yet: {}",
-                    fetch_error.unwrap_or_else(|| "fetch pending".into())
+                    fetch.error.as_deref().unwrap_or("fetch pending")
                 ),
                 kind: "overlay",
-                tip_fetched_at,
+                tip_fetched_at: fetch.fetched_at,
             });
             continue;
         };
@@ -199,7 +273,7 @@ pub async fn reconcile_loop(
                 on_cycle(SweepOutcome::Failed {
                     error: e.to_string(),
                     kind: e.kind(),
-                    tip_fetched_at,
+                    tip_fetched_at: fetch.fetched_at,
                 });
                 continue;
             }
@@ -212,14 +286,14 @@ pub async fn reconcile_loop(
             tracker: &tracker,
             owner: &options.owner,
             fetch: FetchState {
-                fetched_at: tip_fetched_at,
-                failing: fetch_failing,
+                fetched_at: fetch.fetched_at,
+                failing: fetch.error.is_some(),
             },
             now,
         });
         let steps = match options.executor {
             Some(executor) if !plan.steps.is_empty() && !shutdown.is_cancelled() => {
-                executor.execute(plan.steps.clone(), &shutdown).await
+                executor.execute(plan.steps.clone(), shutdown).await
             }
             _ => Vec::new(),
         };
@@ -228,8 +302,8 @@ pub async fn reconcile_loop(
             plan,
             steps,
             duration: started.elapsed(),
-            tip_fetched_at,
-            fetch_error,
+            tip_fetched_at: fetch.fetched_at,
+            fetch_error: fetch.error,
             now,
         })));
     }

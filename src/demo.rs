@@ -416,7 +416,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                 }
                 println!("(cycle took {} ms)", cycle.duration.as_millis());
                 if let Some(e) = &cycle.fetch_error {
-                    println!("warning: overlay fetch failed, using the last tip: {e}");
+                    println!("warning: overlay not fetched, using the last known tip: {e}");
                 }
                 // Settled: after the release, nothing in progress or planned for 3 sweeps.
                 let busy = !cycle.steps.is_empty() || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);

@@ -83,6 +83,10 @@ pub async fn run(
     let notifier = Notifier::new(&config.alerts, secrets.webhooks.clone())?;
     let view = FleetView::new(config.sweep.interval, Utc::now());
     view.set_coherence_threshold(config.alerts.coherence_threshold);
+    // A turn may wait out Fly calls and their retries (a slow API is not a
+    // stuck loop).
+    let fly_calls = config.fly.request_timeout * (config.fly.max_retries + 1);
+    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout);
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
         .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env);

@@ -207,3 +207,217 @@ async fn a_refused_token_is_sent_once_and_reported() {
     assert!(err.contains("rejected the configured token"), "{err}");
     assert!(!err.contains(GIT_TOKEN), "{err}");
 }
+
+/// A git "server" that accepts every connection, starts an HTTP answer and
+/// then trickles one header byte per second, for ever: each read succeeds,
+/// so libgit2's per-read timeout never fires.
+async fn trickling_git_server() -> String {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/overlay.git", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if socket
+                    .write_all(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    if socket.write_all(b"a").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Before: a git server that trickles bytes held the fetch, which ran inline
+/// before every sweep, for ever: no sweep, no `tip_stale`, `/healthz` "ok",
+/// and SIGTERM ignored. Now the fetch has a deadline and runs beside the
+/// sweeps, which go on with the mirror's last known tip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_git_server_neither_stops_sweeps_nor_shutdown() {
+    use std::time::{Duration, Instant};
+    let overlay = OverlayRepo::new();
+    let tip = overlay.tip();
+    let dir = tempfile::tempdir().unwrap();
+    let mirror = dir.path().join("mirror.git");
+    // The mirror as an earlier run left it: it knows the release tip.
+    {
+        use fleet_reconciler::overlay::{Overlay, OverlaySource};
+        let seeded = Overlay::open(OverlaySource {
+            repo: overlay.repo_path.display().to_string(),
+            branch: "release".into(),
+            mirror_dir: mirror.clone(),
+            token: None,
+        })
+        .await
+        .unwrap();
+        assert_eq!(seeded.fetch().await.unwrap().commit.as_str(), tip);
+    }
+    let sim = Sim::start(
+        SimFleet::new(TOKEN)
+            .release_tip(tip.clone())
+            .app(
+                SimApp::new("app")
+                    .machine(SimMachine::new("m1").loaded(tip.clone()))
+                    .machine(SimMachine::new("m2").loaded(overlay.behind(1))),
+            )
+            .app(SimApp::new("coord").machine(SimMachine::new("c0").stopped())),
+    )
+    .await
+    .unwrap();
+    let hooks = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = hooks.clone();
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: String| {
+            let sink = sink.clone();
+            async move {
+                sink.lock().unwrap().push(body);
+                "ok"
+            }
+        }),
+    );
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!("http://{}/hook", hook.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(hook, receiver).await.unwrap() });
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[fly]
+api_url = "{api}"
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+fetch_interval = "1s"
+fetch_timeout = "2s"
+[sweep]
+interval = "500ms"
+[[apps]]
+name = "app"
+health_url = "{health}"
+[rotation]
+coordinator = "coord/c0"
+[[alerts.webhooks]]
+url_env = "STALL_WEBHOOK_URL"
+format = "json"
+[server]
+listen = "127.0.0.1:{port}"
+"#,
+            api = sim.api_url(),
+            repo = trickling_git_server().await,
+            mirror = mirror.display(),
+            health = sim.health_url_template(),
+        ),
+    )
+    .unwrap();
+    let mut child = KilledOnDrop(
+        Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("FLY_API_TOKEN", TOKEN)
+            .env("STALL_WEBHOOK_URL", &hook_url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let log = || std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+
+    // Sweeps go on with the mirror's tip while every fetch stalls, and
+    // `tip_stale` fires (3 × max(fetch, sweep interval) = 3 s without a fetch).
+    let start = Instant::now();
+    let mut sweeps = 0.0;
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Ok(r) = http.get(format!("{base}/metrics")).send().await {
+            let text = r.text().await.unwrap_or_default();
+            sweeps = metric(&text, "fleet_sweeps_total{result=\"success\"}").unwrap_or(0.0);
+        }
+        let paged = hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|b| b.contains("tip_stale"));
+        if sweeps >= 5.0 && paged {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        sweeps >= 5.0,
+        "sweeps stopped behind the stalled fetch: {sweeps} successful\n{}",
+        log()
+    );
+    assert!(
+        hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|b| b.contains("tip_stale")),
+        "no tip_stale alert while every fetch stalls: {:?}",
+        hooks.lock().unwrap()
+    );
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert!(
+        health.status().is_success(),
+        "the loop is live: {}",
+        health.status()
+    );
+
+    // SIGTERM with a fetch stalled in flight: out within Fly's 5 s.
+    let pid = child.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break Some(status);
+        }
+        if signalled.elapsed() > Duration::from_secs(5) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let status = status.expect("still running 5 s after SIGTERM");
+    assert!(status.success(), "exit status {status}");
+    sim.shutdown().await;
+}

@@ -234,7 +234,8 @@ actions = {{ low = "observe", medium = "observe", high = "observe", critical = "
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 
-    // A release: three commits on top of the tip.
+    // A release: three commits on top of the tip, published at once (the
+    // fetcher runs beside the sweeps and could see a half-made release).
     let repo = git2::Repository::open_bare(&overlay.repo_path).unwrap();
     let mut parent = repo
         .find_commit(git2::Oid::from_str(&overlay.tip()).unwrap())
@@ -243,17 +244,12 @@ actions = {{ low = "observe", medium = "observe", high = "observe", critical = "
     for i in 0..3 {
         let tree = parent.tree().unwrap();
         let oid = repo
-            .commit(
-                Some("refs/heads/release"),
-                &sig,
-                &sig,
-                &format!("next {i}"),
-                &tree,
-                &[&parent],
-            )
+            .commit(None, &sig, &sig, &format!("next {i}"), &tree, &[&parent])
             .unwrap();
         parent = repo.find_commit(oid).unwrap();
     }
+    repo.reference("refs/heads/release", parent.id(), true, "release")
+        .unwrap();
 
     let mut scrapes = 0;
     loop {

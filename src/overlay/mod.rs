@@ -39,8 +39,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use git2::{
     AutotagOption, Cred, CredentialType, ErrorCode, FetchOptions, FetchPrune, ObjectType, Oid,
@@ -86,6 +88,9 @@ const REDACTED: &str = "[redacted]";
 /// would hold the fetch lock and a blocking thread for good.
 const GIT_CONNECT_TIMEOUT_MS: i32 = 10_000;
 const GIT_IO_TIMEOUT_MS: i32 = 60_000;
+/// [`Overlay::fetch`]'s deadline (the config's `overlay.fetch_timeout`
+/// default).
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Sets libgit2's process-wide network timeouts and memory bounds, once,
 /// before any fetch or read.
@@ -317,6 +322,22 @@ pub enum OverlayError {
     },
     #[error("object id {id} in overlay mirror is not a 40-hex SHA-1 commit id")]
     ObjectFormat { id: String },
+    #[error(
+        "fetching overlay from {repo} did not finish within {} (overlay.fetch_timeout); abandoned",
+        humantime::format_duration(*after)
+    )]
+    FetchTimedOut { repo: String, after: Duration },
+    #[error(
+        "a fetch from {repo} abandoned earlier has still not returned (the server keeps the connection open); not starting another"
+    )]
+    FetchBusy { repo: String },
+    #[error("cannot start the overlay fetch thread: {source}")]
+    FetchThread {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the overlay fetch thread stopped without an answer")]
+    FetchLost,
     #[error("overlay worker task failed: {source}")]
     Task {
         #[source]
@@ -344,6 +365,10 @@ impl OverlayError {
             OverlayError::HistoryTooLarge { .. } => "history_too_large",
             OverlayError::Diff { .. } => "diff",
             OverlayError::ObjectFormat { .. } => "object_format",
+            OverlayError::FetchTimedOut { .. }
+            | OverlayError::FetchBusy { .. }
+            | OverlayError::FetchThread { .. }
+            | OverlayError::FetchLost => "fetch",
             OverlayError::Task { .. } => "task",
         }
     }
@@ -451,10 +476,39 @@ impl Overlay {
     }
 
     /// Fetches every branch from origin (pruning deleted ones) and returns
-    /// the release branch tip.
+    /// the release branch tip, within [`DEFAULT_FETCH_TIMEOUT`].
     pub async fn fetch(&self) -> Result<Tip, OverlayError> {
+        self.fetch_within(DEFAULT_FETCH_TIMEOUT).await
+    }
+
+    /// [`Overlay::fetch`] with an overall deadline. libgit2's own timeouts
+    /// are per read, so a server that trickles a byte at a time would hold
+    /// a fetch for ever; past `limit` (or when this future is dropped) the
+    /// fetch is told to stop at libgit2's next callback and abandoned. It
+    /// runs on its own thread, not a runtime's blocking pool: the runtime
+    /// waits for its blocking tasks when it shuts down, and an abandoned
+    /// fetch must not hold up the process's exit. While it has not
+    /// returned, later fetches fail at once with [`OverlayError::FetchBusy`]
+    /// rather than pile up threads behind it.
+    pub async fn fetch_within(&self, limit: Duration) -> Result<Tip, OverlayError> {
         let inner = Arc::clone(&self.inner);
-        spawn(move || inner.fetch_blocking()).await
+        let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+        let flag = Arc::clone(&stop.0);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("overlay-fetch".into())
+            .spawn(move || {
+                let _ = answer.send(inner.fetch_blocking(&flag));
+            })
+            .map_err(|source| OverlayError::FetchThread { source })?;
+        match tokio::time::timeout(limit, answered).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(OverlayError::FetchLost),
+            Err(_) => Err(OverlayError::FetchTimedOut {
+                repo: self.inner.shown_repo.clone(),
+                after: limit,
+            }),
+        }
     }
 
     /// The release branch tip as the mirror has it now, without fetching.
@@ -525,6 +579,16 @@ impl Overlay {
 
     pub fn mirror_dir(&self) -> &Path {
         &self.inner.mirror_dir
+    }
+}
+
+/// Tells an abandoned fetch to stop when its future goes away, whether it
+/// finished, timed out or was cancelled by shutdown.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -636,11 +700,16 @@ impl Inner {
         self.graph.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn fetch_blocking(&self) -> Result<Tip, OverlayError> {
-        let _fetching = self
-            .fetch_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    fn fetch_blocking(&self, stop: &Arc<AtomicBool>) -> Result<Tip, OverlayError> {
+        let _fetching = match self.fetch_lock.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(OverlayError::FetchBusy {
+                    repo: self.shown_repo.clone(),
+                });
+            }
+        };
         let local = local_path(&self.url);
         if local.as_ref().is_some_and(|local| !local.exists()) {
             return Err(OverlayError::SourceMissing {
@@ -676,10 +745,18 @@ impl Inner {
         let mut remote = repo.find_remote(REMOTE).map_err(fetch_err)?;
 
         let mut callbacks = RemoteCallbacks::new();
+        // Every callback is a chance to stop an abandoned fetch.
+        let (stop_transfer, stop_sideband) = (Arc::clone(stop), Arc::clone(stop));
+        callbacks.transfer_progress(move |_| !stop_transfer.load(Ordering::Relaxed));
+        callbacks.sideband_progress(move |_| !stop_sideband.load(Ordering::Relaxed));
         let token = self.token.clone();
         let configured = self.url.clone();
         let mut attempts = 0u32;
+        let stop_auth = Arc::clone(stop);
         callbacks.credentials(move |url, _username, allowed| {
+            if stop_auth.load(Ordering::Relaxed) {
+                return Err(git2::Error::from_str("the fetch was abandoned"));
+            }
             // libgit2 calls this again after every rejected credential, for
             // ever; a second call means the token was refused.
             attempts += 1;

@@ -47,6 +47,10 @@ pub use page::render_status_page;
 
 /// Ready means a sweep succeeded within this many sweep intervals.
 pub const READY_INTERVALS: u32 = 3;
+/// `/healthz` fails when the loop has finished no turn (a sweep, or a sweep
+/// that failed as a whole) for this many sweep intervals plus
+/// [`Observed::turn_allowance`]: the loop itself is stuck.
+pub const LIVE_INTERVALS: u32 = 5;
 /// Largest body an admin POST may carry.
 const MAX_BODY_BYTES: usize = 16 * 1024;
 /// The `by` recorded when an admin request does not say who it is.
@@ -92,6 +96,11 @@ pub struct Observed {
     pub coherence_threshold: f64,
     /// When the server's view was created (readiness reasons, tip age).
     pub started_at: DateTime<Utc>,
+    /// When the loop last finished a turn, successful or not (liveness).
+    pub last_turn: Option<DateTime<Utc>>,
+    /// How long one turn may legitimately take beyond the interval (Fly
+    /// calls with their retries); added to the liveness window.
+    pub turn_allowance: Duration,
     /// First sweep that saw each started machine off the tip (the fallback
     /// for [`MachineExtra::drift_since`]); cleared when it is back or gone.
     pub off_tip_since: Arc<BTreeMap<String, DateTime<Utc>>>,
@@ -111,6 +120,22 @@ impl Observed {
         self.tip
             .as_deref()
             .or_else(|| self.report.as_ref().map(|r| r.tip.commit.as_str()))
+    }
+
+    /// `Ok` unless the loop has finished no turn for [`LIVE_INTERVALS`]
+    /// sweep intervals plus the turn allowance (counted from start before
+    /// the first turn).
+    pub fn liveness(&self, now: DateTime<Utc>) -> Result<(), String> {
+        let window = self.sweep_interval * LIVE_INTERVALS + self.turn_allowance;
+        let last = self.last_turn.unwrap_or(self.started_at);
+        if (now - last).to_std().unwrap_or_default() > window {
+            return Err(format!(
+                "the sweep loop has finished no sweep for {} (more than {})",
+                age(now, last),
+                humantime::format_duration(window)
+            ));
+        }
+        Ok(())
     }
 
     /// `Ok` when a sweep succeeded within [`READY_INTERVALS`] intervals of `now`.
@@ -155,6 +180,8 @@ impl FleetView {
                 tip: None,
                 coherence_threshold: 1.0,
                 started_at: now,
+                last_turn: None,
+                turn_allowance: Duration::ZERO,
                 off_tip_since: Arc::default(),
             })),
         }
@@ -185,13 +212,17 @@ impl FleetView {
             o.off_tip_since = Arc::new(since);
             o.report = Some(Arc::new(report));
             o.last_success = Some(at);
+            o.last_turn = Some(at);
         });
     }
 
     /// Records a sweep that failed as a whole; the last report stays shown.
     pub fn record_failure(&self, error: impl Into<String>, at: DateTime<Utc>) {
         let error = error.into();
-        self.update(|o| o.last_failure = Some(SweepFailure { at, error }));
+        self.update(|o| {
+            o.last_failure = Some(SweepFailure { at, error });
+            o.last_turn = Some(at);
+        });
     }
 
     /// Replaces the per-machine rotation data.
@@ -422,8 +453,11 @@ async fn metrics_text(State(state): State<ServerState>) -> Response {
     }
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(state): State<ServerState>) -> Response {
+    match state.view.snapshot().liveness(Utc::now()) {
+        Ok(()) => "ok\n".into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
 }
 
 async fn readyz(State(state): State<ServerState>) -> Response {
@@ -753,6 +787,22 @@ mod tests {
         let err = view.snapshot().readiness(later(91)).unwrap_err();
         assert!(err.contains("1m 31s ago"), "{err}");
         assert!(err.contains("cannot list machines of app a"), "{err}");
+    }
+
+    #[test]
+    fn liveness_needs_a_recent_turn_of_the_loop() {
+        let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
+        let view = FleetView::new(Duration::from_secs(30), t0);
+        view.update(|o| o.turn_allowance = Duration::from_secs(60));
+        let later = |s| t0 + chrono::TimeDelta::seconds(s);
+        // 5 intervals + the allowance from start, before any turn.
+        assert!(view.snapshot().liveness(later(210)).is_ok());
+        let err = view.snapshot().liveness(later(211)).unwrap_err();
+        assert!(err.contains("finished no sweep for 3m 31s"), "{err}");
+        // A failed sweep is a turn too: the loop is alive, only not ready.
+        view.record_failure("cannot list machines of app a", later(200));
+        assert!(view.snapshot().liveness(later(400)).is_ok());
+        assert!(view.snapshot().liveness(later(411)).is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! | [`model`] | shared vocabulary: `CommitId`, `MachineStatus`, `Severity`, `PolicyAction` |
 //! | [`fly`] | Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
+//! | [`logging`] | the log writer: one event per line, control characters escaped |
 //! | [`probe`] | concurrent, size- and time-bounded agent health polling |
 //! | [`overlay`] | the git mirror: tip, ref resolution, one graph walk for every drift range, per-commit facts |
 //! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
@@ -59,6 +60,7 @@ pub mod events;
 pub mod executor;
 pub mod fly;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod notify;

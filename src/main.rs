@@ -116,7 +116,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The error may quote outside text (a Fly or git server's message).
+            eprintln!("error: {}", report::printable(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
@@ -376,10 +377,11 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fleet_reconciler=info"));
     // Colour codes only for a terminal: a log file or Fly's log shipper
     // gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(fleet_reconciler::logging::EscapedStderr { keep_ansi: ansi });
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -421,3 +421,121 @@ listen = "127.0.0.1:{port}"
     assert!(status.success(), "exit status {status}");
     sim.shutdown().await;
 }
+
+/// A "Fly API" whose every answer is a 500 with an error message made to
+/// forge a log line and drive the terminal.
+const FORGED: &str =
+    "boom\r\n2026-12-01T00:00:00.000000Z ERROR forged: all clear\u{1b}]0;owned\u{7}";
+
+async fn hostile_fly_api() -> String {
+    let app = axum::Router::new().fallback(|| async {
+        (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "application/json")],
+            serde_json::json!({ "error": FORGED }).to_string(),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+fn assert_one_line_per_event(out: &str) {
+    assert!(
+        out.contains("forged: all clear"),
+        "the message was not shown at all: {out}"
+    );
+    for line in out.lines() {
+        assert!(
+            !line.starts_with("2026-12-01T00:00:00"),
+            "a forged log line: {out}"
+        );
+    }
+    for bad in ['\r', '\u{1b}', '\u{7}'] {
+        assert!(
+            !out.contains(bad),
+            "raw control character {bad:?} in: {out:?}"
+        );
+    }
+}
+
+/// Before: text from a peer went into the log and stderr raw; a CR/LF in a
+/// Fly error message forged a log line of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_text_cannot_forge_log_lines_or_drive_the_terminal() {
+    let overlay = OverlayRepo::new();
+    let api = hostile_fly_api().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[fly]
+api_url = "{api}"
+max_retries = 0
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "200ms"
+[[apps]]
+name = "app"
+health_url = "http://[{{private_ip}}]:8080/health"
+[pools.default]
+actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
+[server]
+listen = "127.0.0.1:{port}"
+"#,
+            repo = overlay.repo_path.display(),
+            mirror = dir.path().join("mirror.git").display(),
+        ),
+    )
+    .unwrap();
+
+    // `check`: the error it exits with.
+    let check = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || {
+            Command::new(BIN)
+                .args(["check", "--config"])
+                .arg(&config)
+                .env("FLY_API_TOKEN", TOKEN)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(check.status.code(), Some(2));
+    assert_one_line_per_event(&String::from_utf8_lossy(&check.stderr));
+
+    // `run`: the log line of each failed sweep.
+    let log_path = dir.path().join("stderr.log");
+    let mut child = KilledOnDrop(
+        Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("FLY_API_TOKEN", TOKEN)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    common::until(
+        "a failed sweep logged",
+        std::time::Duration::from_secs(20),
+        || log().contains("forged: all clear"),
+    )
+    .await;
+    let _ = child.0.kill();
+    assert_one_line_per_event(&log());
+}

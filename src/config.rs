@@ -108,6 +108,9 @@ pub struct OverlayConfig {
     /// past it is abandoned and counted as failed; sweeps go on meanwhile.
     #[serde(default = "secs::<120>", deserialize_with = "duration")]
     pub fetch_timeout: Duration,
+    /// Commits one sweep's analysis compares for `paths` rules, at most.
+    #[serde(default = "default_max_path_comparisons")]
+    pub max_path_comparisons: usize,
     /// Bare mirror kept by the daemon.
     pub mirror_dir: PathBuf,
     /// Environment variable holding an https token for the repository.
@@ -640,6 +643,13 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
+        if raw.overlay.max_path_comparisons == 0 {
+            return Err(invalid(
+                "overlay.max_path_comparisons".into(),
+                None,
+                "must be at least 1".into(),
+            ));
+        }
         if raw.overlay.fetch_timeout.is_zero() {
             return Err(invalid(
                 "overlay.fetch_timeout".into(),
@@ -854,6 +864,10 @@ fn default_api_url() -> String {
 fn default_fly_token_env() -> String {
     "FLY_API_TOKEN".into()
 }
+fn default_max_path_comparisons() -> usize {
+    crate::overlay::DEFAULT_DIFF_BUDGET
+}
+
 fn default_git_token_env() -> String {
     "OVERLAY_GIT_TOKEN".into()
 }

@@ -77,6 +77,7 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
         token: secrets.git_token.clone(),
     })
     .await?;
+    overlay.set_diff_budget(config.overlay.max_path_comparisons);
     Ok(Sweeper {
         config,
         fly,

@@ -297,7 +297,16 @@ impl Sweeper {
                         r.commit = Some(commit.to_string());
                         r.commits_behind = Some(range.behind);
                         r.commits_ahead = Some(range.ahead);
-                        severity::classify(&self.config.severity, Drift::Range(&range))
+                        let drift = severity::classify(&self.config.severity, Drift::Range(&range));
+                        if range.paths_incomplete {
+                            // Its severity may still rise: nothing acts on a
+                            // partial answer, later sweeps finish it.
+                            r.detail = Some(PATHS_INCOMPLETE.into());
+                            r.severity = Some(drift);
+                            r.action = Some(PolicyAction::Observe);
+                            return r;
+                        }
+                        drift
                     }
                     Some(RefAnalysis::Ambiguous) => {
                         r.status = MachineStatus::AmbiguousRef;
@@ -317,6 +326,10 @@ impl Sweeper {
         r
     }
 }
+
+/// The detail of a drifted machine whose range the path rules have not
+/// fully checked yet.
+pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing commit (git work per sweep is bounded); observed only until later sweeps finish";
 
 /// Folds machine reports into the fleet report: per-app and fleet coherence.
 pub fn build_report(config: &Config, tip: &Tip, machines: Vec<MachineReport>) -> FleetReport {

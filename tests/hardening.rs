@@ -539,3 +539,87 @@ listen = "127.0.0.1:{port}"
     let _ = child.0.kill();
     assert_one_line_per_event(&log());
 }
+
+/// An agent on the root commit, with a `paths` rule: the sweep compares at
+/// most `overlay.max_path_comparisons` commits, reports every machine, and
+/// only observes the one whose range it could not finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_far_behind_is_observed_until_its_range_is_checked() {
+    let overlay = OverlayRepo::new();
+    let root = overlay.history.release[0].to_string();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
+            SimApp::new("app")
+                .machine(SimMachine::new("far").loaded(root))
+                .machine(SimMachine::new("near").loaded(overlay.behind(1))),
+        ),
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[fly]
+api_url = "{api}"
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+max_path_comparisons = 1
+[[apps]]
+name = "app"
+health_url = "{health}"
+[pools.default]
+actions = {{ low = "restart", medium = "restart", high = "restart", critical = "restart" }}
+[[severity]]
+level = "high"
+paths = ["policies/**"]
+[[severity]]
+level = "low"
+min_commits_behind = 1
+"#,
+            api = sim.api_url(),
+            repo = overlay.repo_path.display(),
+            mirror = dir.path().join("mirror.git").display(),
+            health = sim.health_url_template(),
+        ),
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(["check", "--output", "json", "--config"])
+            .arg(&config)
+            .env("FLY_API_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let machine = |id: &str| {
+        doc["machines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["machine_id"] == id)
+            .cloned()
+            .unwrap()
+    };
+    let far = machine("far");
+    assert_eq!(far["action"], "observe", "{far}");
+    assert!(
+        far["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not yet checked"),
+        "{far}"
+    );
+    let near = machine("near");
+    assert_eq!(near["action"], "restart", "{near}");
+    assert!(near["detail"].is_null(), "{near}");
+    sim.shutdown().await;
+}

@@ -739,6 +739,62 @@ async fn paths_cover_the_range_renames_deletions_and_root_commits() {
     assert!(!paths.contains("orphan.txt"), "{paths:?}");
 }
 
+/// Issue 10 (an agent can make git analysis expensive): an agent on the root
+/// commit of a long history made one sweep compare every commit for the
+/// path rules. Now one analysis compares at most the budget, newest first:
+/// a recent ref is answered in full at once, the root's range is reported
+/// incomplete (exact counts, partial evidence) and finished by later
+/// analyses without comparing any commit twice.
+#[tokio::test]
+async fn path_comparisons_per_analysis_are_bounded_and_resumed() {
+    let mut up = Upstream::new();
+    let mut chain = vec![up.commit(&[], &[("policies/p0.yaml", Some("0"))], "root")];
+    for i in 1..40 {
+        let path = format!("policies/p{i}.yaml");
+        let parent = chain[i - 1];
+        chain.push(up.commit(&[parent], &[(path.as_str(), Some("x"))], "policy"));
+    }
+    let (root, tip) = (chain[0], chain[39]);
+    let recent = chain[36];
+    up.branch(RELEASE, tip);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    within(overlay.fetch()).await.expect("fetch");
+    overlay.set_diff_budget(10);
+    let probe = Probe::new().paths(&["policies/p1.yaml", "policies/p38.yaml"]);
+    let refs = [hex(root), hex(recent)];
+
+    let first = analyze_for(&overlay, tip, &refs, &probe.signals).await;
+    let recent_range = drifted(&first, &hex(recent), recent);
+    assert!(!recent_range.paths_incomplete, "3 commits fit the budget");
+    assert_eq!(probe.raised(&recent_range), set(&["policies/p38.yaml"]));
+    let root_range = drifted(&first, &hex(root), root);
+    assert!(root_range.paths_incomplete, "39 commits do not fit in 10");
+    assert_eq!(
+        root_range.behind, 39,
+        "counts are exact whatever the budget"
+    );
+    assert_eq!(probe.raised(&root_range), set(&["policies/p38.yaml"]));
+    assert_eq!(overlay.stats().commits_diffed, 10);
+
+    // Later analyses go on where the first stopped: 39 comparisons in all.
+    let mut analyses = 1;
+    let done = loop {
+        let next = analyze_for(&overlay, tip, &refs, &probe.signals).await;
+        analyses += 1;
+        let range = drifted(&next, &hex(root), root);
+        if !range.paths_incomplete {
+            break range;
+        }
+        assert!(analyses < 10, "the analysis never completes");
+    };
+    assert_eq!(analyses, 4);
+    assert_eq!(overlay.stats().commits_diffed, 39);
+    assert_eq!(
+        probe.raised(&done),
+        set(&["policies/p1.yaml", "policies/p38.yaml"])
+    );
+}
+
 #[tokio::test]
 async fn merges_are_blamed_only_for_what_they_introduce() {
     //  base - m1 ------- merge (release)    merge' = same + an evil edit (evil)

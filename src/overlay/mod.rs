@@ -40,7 +40,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -88,6 +88,11 @@ const REDACTED: &str = "[redacted]";
 /// would hold the fetch lock and a blocking thread for good.
 const GIT_CONNECT_TIMEOUT_MS: i32 = 10_000;
 const GIT_IO_TIMEOUT_MS: i32 = 60_000;
+/// Commits one analysis compares for path signals, at most (≈ 1 s at the
+/// 35–47 µs a comparison takes): an agent reporting a commit far back in a
+/// long history must not hold up the sweep of every other machine. Facts
+/// are kept, so the next analyses go on where this one stopped.
+pub const DEFAULT_DIFF_BUDGET: usize = 20_000;
 /// [`Overlay::fetch`]'s deadline (the config's `overlay.fetch_timeout`
 /// default).
 pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
@@ -168,6 +173,11 @@ pub struct DriftRange {
     /// commit as evidence: the newest by committer time (ties: lowest id),
     /// so the same range always names the same commit.
     pub evidence: BTreeMap<SignalId, CommitId>,
+    /// Some commit in `tip ^commit` has not been compared for the path
+    /// signals yet: the git work of one analysis is bounded
+    /// ([`Overlay::set_diff_budget`]), and later analyses go on where this
+    /// one stopped. `evidence` then holds only what was found so far.
+    pub paths_incomplete: bool,
 }
 
 impl DriftRange {
@@ -401,6 +411,8 @@ struct Inner {
     redactor: Redactor,
     /// Two fetches into one mirror would race on ref lock files.
     fetch_lock: Mutex<()>,
+    /// Path comparisons one analysis may make ([`Overlay::set_diff_budget`]).
+    diff_budget: AtomicUsize,
     caches: Mutex<Caches>,
     /// Held for a whole walk: analyses of one mirror run one at a time.
     graph: Mutex<GraphState>,
@@ -538,6 +550,13 @@ impl Overlay {
         spawn(move || inner.analyze_blocking(&tip, refs, &signals)).await
     }
 
+    /// Sets how many commits one analysis compares for path signals, at
+    /// most ([`DEFAULT_DIFF_BUDGET`]); ranges past it are reported with
+    /// [`DriftRange::paths_incomplete`] and finished by later analyses.
+    pub fn set_diff_budget(&self, commits: usize) {
+        self.inner.diff_budget.store(commits, Ordering::Relaxed);
+    }
+
     /// Work done so far (cumulative since `open`).
     pub fn stats(&self) -> OverlayStats {
         let c = &self.inner.counters;
@@ -648,6 +667,7 @@ fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
         token: source.token,
         redactor,
         fetch_lock: Mutex::new(()),
+        diff_budget: AtomicUsize::new(DEFAULT_DIFF_BUDGET),
         caches: Mutex::new(Caches::default()),
         graph: Mutex::new(GraphState::default()),
         counters: Counters::default(),
@@ -936,7 +956,8 @@ impl Inner {
                 if caches.ranges.len() + measured.len() > MAX_CACHED_RANGES {
                     caches.ranges.clear();
                 }
-                for (oid, range) in &measured {
+                // An incomplete range is measured again (and finished) later.
+                for (oid, range) in measured.iter().filter(|(_, r)| !r.paths_incomplete) {
                     caches.ranges.insert((tip_oid, *oid), Arc::clone(range));
                 }
             }
@@ -1033,6 +1054,15 @@ impl Inner {
                 .collect()
         });
         let prefixes = signals.prefixes();
+        let mut diffs_left = self.diff_budget.load(Ordering::Relaxed);
+        // One bit past the signals marks a commit whose path facts are not
+        // known yet (the budget ran out): a range carrying it is incomplete.
+        let incomplete_bit = signals.len();
+        let mask_words = if signals.has_paths() {
+            (incomplete_bit + 1).div_ceil(64)
+        } else {
+            words
+        };
         let mut out = Vec::with_capacity(targets.len());
         for (oids, nodes) in targets
             .chunks(MAX_WALK_TARGETS)
@@ -1047,15 +1077,22 @@ impl Inner {
             let mut offsets: FastMap<Node, usize> = FastMap::default();
             let mut masks: Vec<u64> = Vec::new();
             if words > 0 {
+                // Newest first: the commits most machines lack get their
+                // facts before a budget runs out.
                 let behind: Vec<Node> = walk.behind_nodes().collect();
-                let mut mask = vec![0u64; words];
+                let mut mask = vec![0u64; mask_words];
                 for node in behind {
                     mask.fill(0);
-                    graph.trailer_mask(node, &table, words, &mut mask);
+                    graph.trailer_mask(node, &table, words, &mut mask[..words]);
                     if signals.has_paths() {
                         let paths = match graph.path_mask(node) {
                             Some(known) => known.to_vec(),
+                            None if diffs_left == 0 => {
+                                mask[incomplete_bit / 64] |= 1 << (incomplete_bit % 64);
+                                Vec::new()
+                            }
                             None => {
+                                diffs_left -= 1;
                                 let oid = graph.oid(node);
                                 let computed = facts::path_mask(repo, oid, signals, &prefixes)
                                     .map_err(|e| OverlayError::Diff {
@@ -1078,22 +1115,30 @@ impl Inner {
                     }
                 }
             }
-            let none = vec![0u64; words];
-            let tallies = graph.tally(&walk, words, |node| match offsets.get(&node) {
-                Some(at) => &masks[*at..*at + words],
+            let none = vec![0u64; mask_words];
+            let tallies = graph.tally(&walk, mask_words, |node| match offsets.get(&node) {
+                Some(at) => &masks[*at..*at + mask_words],
                 None => &none,
             });
             for (oid, tally) in oids.iter().zip(tallies) {
                 let mut evidence = BTreeMap::new();
+                let mut paths_incomplete = false;
                 for (signal, carrier) in tally.evidence.iter().enumerate() {
-                    if let Some(node) = carrier {
-                        evidence.insert(SignalId(signal), commit_id(graph.oid(*node))?);
+                    match carrier {
+                        Some(_) if signal == incomplete_bit && signals.has_paths() => {
+                            paths_incomplete = true;
+                        }
+                        Some(node) => {
+                            evidence.insert(SignalId(signal), commit_id(graph.oid(*node))?);
+                        }
+                        None => {}
                     }
                 }
                 let range = DriftRange {
                     behind: tally.behind,
                     ahead: tally.ahead,
                     evidence,
+                    paths_incomplete,
                 };
                 out.push((*oid, Arc::new(range)));
             }

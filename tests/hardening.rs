@@ -623,3 +623,28 @@ min_commits_behind = 1
     assert!(near["detail"].is_null(), "{near}");
     sim.shutdown().await;
 }
+
+/// Before: the mirror was created with the process umask (0755 here), so
+/// other users could read the overlay and the remote URL in its config.
+#[tokio::test]
+async fn a_new_mirror_is_private_to_the_daemon() {
+    use fleet_reconciler::overlay::{Overlay, OverlaySource};
+    use std::os::unix::fs::PermissionsExt;
+    let overlay = OverlayRepo::new();
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.git");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for mirror in [dir.path().join("new/overlay.git"), empty] {
+        Overlay::open(OverlaySource {
+            repo: overlay.repo_path.display().to_string(),
+            branch: "release".into(),
+            mirror_dir: mirror.clone(),
+            token: None,
+        })
+        .await
+        .unwrap();
+        let mode = std::fs::metadata(&mirror).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", mirror.display());
+    }
+}

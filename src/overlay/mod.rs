@@ -642,7 +642,7 @@ fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
                     source: redactor.cause(&open_err),
                 });
             }
-            std::fs::create_dir_all(&path).map_err(|source| OverlayError::MirrorDir {
+            create_private_dir(&path).map_err(|source| OverlayError::MirrorDir {
                 path: path.clone(),
                 source,
             })?;
@@ -672,6 +672,18 @@ fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
         graph: Mutex::new(GraphState::default()),
         counters: Counters::default(),
     })
+}
+
+/// The mirror is this process's alone (its config holds the remote's URL,
+/// which may carry userinfo): created 0700, and an existing empty directory
+/// made so.
+fn create_private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
 }
 
 fn is_absent_or_empty(path: &Path) -> std::io::Result<bool> {

@@ -114,7 +114,7 @@ pub async fn run(
         machine_alerts: Vec::new(),
         counted: HashMap::new(),
     };
-    daemon::reconcile_loop(
+    let reconciling = daemon::reconcile_loop(
         &sweeper,
         LoopOptions {
             executor: Some(&executor),
@@ -126,18 +126,45 @@ pub async fn run(
             reporter.report(&outcome);
             observe(&outcome);
         },
-    )
-    .await;
-
-    tracing::info!("shutting down: leases released, markers consistent");
+    );
+    // Fly kills a machine 5 s after SIGTERM by default: steps in flight get
+    // a moment to finish their short calls and release their leases, then
+    // are dropped. That is as safe as a crash, which the protocol is built
+    // for: every marker was written before its action, and a lease not
+    // released expires with its TTL.
+    let steps_grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_STEPS_GRACE).await;
+    };
+    tokio::select! {
+        () = reconciling => {
+            tracing::info!("shutting down: leases released, markers consistent");
+        }
+        () = steps_grace => tracing::warn!(
+            grace = ?SHUTDOWN_STEPS_GRACE,
+            "shutting down with steps still in flight: their markers are written and their leases expire with their TTL"
+        ),
+    }
     notifier_stop.cancel();
-    let _ = delivery.await;
+    if tokio::time::timeout(SHUTDOWN_FLUSH_GRACE, delivery)
+        .await
+        .is_err()
+    {
+        tracing::warn!("webhook deliveries still in flight at shutdown were cut short");
+    }
     server_stop.cancel();
-    match server.await {
-        Ok(result) => result.map_err(ServiceError::Server),
-        Err(_) => Ok(()),
+    match tokio::time::timeout(SHUTDOWN_SERVER_GRACE, server).await {
+        Ok(Ok(result)) => result.map_err(ServiceError::Server),
+        Ok(Err(_)) | Err(_) => Ok(()),
     }
 }
+
+/// How long, after shutdown is asked for, steps in flight may take, then
+/// the webhook deliveries, then open HTTP requests: 4 s in all, inside the
+/// 5 s Fly waits between SIGTERM and SIGKILL.
+const SHUTDOWN_STEPS_GRACE: std::time::Duration = std::time::Duration::from_millis(2500);
+const SHUTDOWN_FLUSH_GRACE: std::time::Duration = std::time::Duration::from_millis(1000);
+const SHUTDOWN_SERVER_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// All alerts of a cycle: the machine alerts known last, then the fleet's.
 /// (The notifier logs each alert as it starts firing and as it clears.)

@@ -648,3 +648,98 @@ async fn a_new_mirror_is_private_to_the_daemon() {
         assert_eq!(mode, 0o700, "{} is {mode:o}", mirror.display());
     }
 }
+
+/// SIGTERM while a Fly call hangs in flight (here the restart request):
+/// out within Fly's 5 s, the step dropped as safely as a crash would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_within_five_seconds_with_a_fly_call_in_flight() {
+    use std::time::{Duration, Instant};
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN)
+            .release_tip(overlay.tip())
+            .app(SimApp::new("app").machine(SimMachine::new("m1").loaded(overlay.behind(1))))
+            .app(SimApp::new("coord").machine(SimMachine::new("c0").stopped())),
+    )
+    .await
+    .unwrap();
+    sim.hang_next_call("m1", "POST", "restart", Duration::from_secs(120));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[fly]
+api_url = "{api}"
+request_timeout = "60s"
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "300ms"
+[[apps]]
+name = "app"
+health_url = "{health}"
+[pools.default]
+actions = {{ low = "restart", medium = "restart", high = "restart", critical = "restart" }}
+[rotation]
+min_drift_age = "0s"
+coordinator = "coord/c0"
+"#,
+            api = sim.api_url(),
+            repo = overlay.repo_path.display(),
+            mirror = dir.path().join("mirror.git").display(),
+            health = sim.health_url_template(),
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let mut child = KilledOnDrop(
+        Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("FLY_API_TOKEN", TOKEN)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let restart_asked = || {
+        sim.requests()
+            .iter()
+            .any(|r| r.action.as_deref() == Some("restart") && r.method == "POST")
+    };
+    common::until(
+        "the restart call in flight",
+        Duration::from_secs(30),
+        restart_asked,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let pid = child.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break Some(status);
+        }
+        if signalled.elapsed() > Duration::from_secs(5) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("still running 5 s after SIGTERM\n{log}"));
+    assert!(status.success(), "exit status {status}\n{log}");
+    assert!(log.contains("steps still in flight"), "{log}");
+    sim.shutdown().await;
+}

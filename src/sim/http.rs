@@ -422,8 +422,8 @@ fn fly_gate(
             &t.machine_id == id && &t.action == action && t.method == parts.method.as_str()
         })
     {
-        let fault = world.targeted.remove(i).fault;
-        return gate_for(fault, 1, Duration::from_secs(3));
+        let targeted = world.targeted.remove(i);
+        return gate_for(targeted.fault, 1, targeted.hang);
     }
     if let (Some(id), Some(action)) = (&route.machine_id, &route.action) {
         let key = format!("{} {action}", parts.method);

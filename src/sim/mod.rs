@@ -133,6 +133,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// A running simulator. Dropping it stops the server (abruptly);
 /// [`Sim::shutdown`] stops it gracefully.
+/// How long a targeted hanging fault ([`Sim::fault_next_call`]) holds its answer.
+const TARGETED_HANG: Duration = Duration::from_secs(3);
+
 pub struct Sim {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -410,6 +413,19 @@ impl Sim {
             method: method.to_string(),
             action: action.to_string(),
             fault,
+            hang: TARGETED_HANG,
+        });
+    }
+
+    /// The next `method action` call on `machine_id` takes no effect and is
+    /// answered (503) only after `hang`: a Fly call stuck in flight.
+    pub fn hang_next_call(&self, machine_id: &str, method: &str, action: &str, hang: Duration) {
+        self.shared.lock().targeted.push(state::TargetedFault {
+            machine_id: machine_id.to_string(),
+            method: method.to_string(),
+            action: action.to_string(),
+            fault: ChaosFault::HangBefore,
+            hang,
         });
     }
 

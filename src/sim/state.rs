@@ -82,6 +82,8 @@ pub(crate) struct TargetedFault {
     pub(crate) method: String,
     pub(crate) action: String,
     pub(crate) fault: super::chaos::ChaosFault,
+    /// How long a hanging fault holds the answer.
+    pub(crate) hang: std::time::Duration,
 }
 
 #[derive(Clone, Copy, Debug)]

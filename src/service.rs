@@ -25,7 +25,7 @@ use crate::notify::{
     SinkSecrets,
 };
 use crate::operator::{MARKER_KEY, Operator};
-use crate::server::{self, FleetView, MachineExtra, ServerState};
+use crate::server::{self, FleetView, MachineExtra, ServerLimits, ServerState};
 
 /// Secrets for `run`, read from the environment by `main`.
 #[derive(Clone, Default)]
@@ -85,7 +85,8 @@ pub async fn run(
     view.set_coherence_threshold(config.alerts.coherence_threshold);
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
-        .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env);
+        .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env)
+        .with_limits(ServerLimits::from_config(&config.server));
     let refresh = state.refresh_requests();
 
     // The server and the notifier outlive the loop a little: the server stops

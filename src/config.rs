@@ -348,13 +348,44 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     #[serde(default = "default_admin_token_env")]
     pub admin_token_env: String,
+    /// How long a client may take to send a request's headers, and how long
+    /// an idle keep-alive connection stays open; then it is closed.
+    #[serde(default = "secs::<10>", deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    /// The most one request may take, body upload and handler included;
+    /// then it is answered 503.
+    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Connections served at once; further ones are answered 503 and closed.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: NonZeroUsize,
+    /// Largest request body; a larger one is answered 413.
+    #[serde(default = "default_server_max_body")]
+    pub max_body_bytes: NonZeroUsize,
+    /// Failed admin authentications one source (client IP) may make per
+    /// `admin_auth_window`; past that its admin requests are answered 429.
+    #[serde(default = "default_admin_auth_failures")]
+    pub admin_auth_failures: NonZeroU32,
+    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    pub admin_auth_window: Duration,
 }
+
+/// The most `server.max_connections` may be.
+pub const MAX_SERVER_CONNECTIONS: usize = 65_536;
+/// The most `server.max_body_bytes` may be (admin bodies are small JSON).
+pub const MAX_SERVER_BODY_BYTES: usize = 1024 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: default_listen(),
             admin_token_env: default_admin_token_env(),
+            header_read_timeout: secs::<10>(),
+            request_timeout: secs::<60>(),
+            max_connections: default_max_connections(),
+            max_body_bytes: default_server_max_body(),
+            admin_auth_failures: default_admin_auth_failures(),
+            admin_auth_window: secs::<60>(),
         }
     }
 }
@@ -664,6 +695,33 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
+        for (key, value) in [
+            ("server.header_read_timeout", raw.server.header_read_timeout),
+            ("server.request_timeout", raw.server.request_timeout),
+            ("server.admin_auth_window", raw.server.admin_auth_window),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(
+                    key.into(),
+                    None,
+                    "must be greater than zero".into(),
+                ));
+            }
+        }
+        if raw.server.max_connections.get() > MAX_SERVER_CONNECTIONS {
+            return Err(invalid(
+                "server.max_connections".into(),
+                None,
+                format!("must be at most {MAX_SERVER_CONNECTIONS}"),
+            ));
+        }
+        if raw.server.max_body_bytes.get() > MAX_SERVER_BODY_BYTES {
+            return Err(invalid(
+                "server.max_body_bytes".into(),
+                None,
+                format!("must be at most {MAX_SERVER_BODY_BYTES} (1 MiB)"),
+            ));
+        }
         if raw.overlay.branch.trim().is_empty() {
             return Err(invalid(
                 "overlay.branch".into(),
@@ -883,6 +941,15 @@ fn default_concurrency() -> NonZeroUsize {
 fn default_max_body() -> NonZeroUsize {
     NonZeroUsize::new(65536).unwrap_or(NonZeroUsize::MIN)
 }
+fn default_max_connections() -> NonZeroUsize {
+    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
+}
+fn default_server_max_body() -> NonZeroUsize {
+    NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN)
+}
+fn default_admin_auth_failures() -> NonZeroU32 {
+    NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN)
+}
 fn default_health_url() -> HealthUrlTemplate {
     HealthUrlTemplate("http://{machine_id}.vm.{app}.internal:8080/health".into())
 }
@@ -949,6 +1016,12 @@ name = "agents"
         assert_eq!(c.severity.len(), 5);
         assert_eq!(c.pool("anything").actions, ActionMap::default());
         assert_eq!(c.server.listen.port(), 9090);
+        assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.request_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.max_connections.get(), 256);
+        assert_eq!(c.server.max_body_bytes.get(), 16384);
+        assert_eq!(c.server.admin_auth_failures.get(), 10);
+        assert_eq!(c.server.admin_auth_window, Duration::from_secs(60));
         assert_eq!(c.alerts.coherence_threshold, 1.0);
         assert_eq!(c.alerts.coherence_for, Duration::from_secs(900));
         assert_eq!(c.rotation.coordinator, None);
@@ -1084,6 +1157,25 @@ name = "agents"
         assert!(e.contains("probe.concurrency"), "{e}");
         let e = err(&format!("{MINIMAL}\n[sweep]\ninterval = \"0s\"\n"));
         assert!(e.contains("sweep.interval"), "{e}");
+        for (key, value) in [
+            ("header_read_timeout", "\"0s\""),
+            ("request_timeout", "\"0s\""),
+            ("admin_auth_window", "\"0s\""),
+            ("header_read_timeout", "\"31days\""),
+            ("max_connections", "0"),
+            ("max_connections", "65537"),
+            ("max_body_bytes", "0"),
+            ("max_body_bytes", "1048577"),
+            ("admin_auth_failures", "0"),
+        ] {
+            let e = err(&format!("{MINIMAL}\n[server]\n{key} = {value}\n"));
+            assert!(e.contains(&format!("server.{key}")), "{key} = {value}: {e}");
+        }
+        let ok = parse(&format!(
+            "{MINIMAL}\n[server]\nheader_read_timeout = \"1s\"\nmax_connections = 65536\nmax_body_bytes = 1048576\nadmin_auth_failures = 1\n"
+        ))
+        .unwrap();
+        assert_eq!(ok.server.max_connections.get(), 65536);
     }
 
     #[test]

@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use prometheus::{
-    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::fly::RequestObserver;
@@ -56,6 +56,11 @@ pub const TIP_AGE_SECONDS: &str = "fleet_overlay_tip_age_seconds";
 pub const TIP_INFO: &str = "fleet_overlay_tip_info";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_webhook_deliveries_total";
 pub const BUILD_INFO: &str = "fleet_build_info";
+pub const ADMIN_AUTH_FAILURES_TOTAL: &str = "fleet_admin_auth_failures_total";
+pub const HTTP_CONNECTIONS_REJECTED_TOTAL: &str = "fleet_http_connections_rejected_total";
+
+/// `reason` values of `fleet_admin_auth_failures_total`.
+pub const ADMIN_AUTH_FAILURE_REASONS: [&str; 3] = ["missing_token", "wrong_token", "rate_limited"];
 
 /// The `app` label value of fleet-wide coherence (Fly app names cannot contain `*`).
 pub const FLEET_APP: &str = "*";
@@ -123,6 +128,8 @@ pub struct Metrics {
     tip_age: Gauge,
     tip_info: IntGaugeVec,
     webhook_deliveries: IntCounterVec,
+    admin_auth_failures: IntCounterVec,
+    connections_rejected: IntCounter,
     exported: Mutex<Exported>,
 }
 
@@ -279,6 +286,25 @@ impl Metrics {
             "Alert webhook deliveries by sink format and result (a failed delivery is retried).",
             &["format", "result"],
         )?;
+        let admin_auth_failures = counter_vec(
+            &r,
+            ADMIN_AUTH_FAILURES_TOTAL,
+            "Admin API requests refused for authentication, by reason: missing_token, \
+             wrong_token, or rate_limited (the source had too many failures in its window).",
+            &["reason"],
+        )?;
+        for reason in ADMIN_AUTH_FAILURE_REASONS {
+            admin_auth_failures.with_label_values(&[reason]);
+        }
+        let connections_rejected = {
+            let name = HTTP_CONNECTIONS_REJECTED_TOTAL;
+            let c = IntCounter::with_opts(Opts::new(
+                name,
+                "HTTP connections closed at once because server.max_connections were open.",
+            ))
+            .map_err(|source| MetricsError::Register { name, source })?;
+            register(&r, name, c)?
+        };
         let build_info = gauge_vec(
             &r,
             BUILD_INFO,
@@ -305,6 +331,8 @@ impl Metrics {
             tip_age,
             tip_info,
             webhook_deliveries,
+            admin_auth_failures,
+            connections_rejected,
             exported: Mutex::new(Exported::default()),
         })
     }
@@ -496,6 +524,17 @@ impl Metrics {
         self.webhook_deliveries
             .with_label_values(&[format, result])
             .inc_by(n);
+    }
+
+    /// Counts one admin request refused for authentication; `reason` is one
+    /// of [`ADMIN_AUTH_FAILURE_REASONS`].
+    pub fn record_admin_auth_failure(&self, reason: &str) {
+        self.admin_auth_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts one connection refused over `server.max_connections`.
+    pub fn record_connection_rejected(&self) {
+        self.connections_rejected.inc();
     }
 
     /// Counts one Fly API exchange (`op` from the client, `code` an HTTP

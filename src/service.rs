@@ -25,7 +25,7 @@ use crate::notify::{
     SinkSecrets,
 };
 use crate::operator::{MARKER_KEY, Operator};
-use crate::server::{self, FleetView, MachineExtra, ServerState};
+use crate::server::{self, FleetView, MachineExtra, ServerLimits, ServerState};
 
 /// Secrets for `run`, read from the environment by `main`.
 #[derive(Clone, Default)]
@@ -89,7 +89,8 @@ pub async fn run(
     view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout);
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
-        .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env);
+        .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env)
+        .with_limits(ServerLimits::from_config(&config.server));
     let refresh = state.refresh_requests();
 
     // The server and the notifier outlive the loop a little: the server stops

@@ -16,7 +16,9 @@ use fleet_reconciler::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
 };
 use fleet_reconciler::report;
-use fleet_reconciler::server::{self, FleetView, MachineExtra, ServerState, StatusError};
+use fleet_reconciler::server::{
+    self, FleetView, MachineExtra, ServerLimits, ServerState, StatusError,
+};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use fleet_reconciler::sweep::{FleetReport, Sweeper};
 use reqwest::StatusCode;
@@ -78,7 +80,8 @@ fn fleet(o: &Overlay) -> SimFleet {
         )
 }
 
-fn config(sim: &Sim, o: &Overlay) -> Config {
+/// The test config; `server` is the body of a `[server]` section (may be empty).
+fn config(sim: &Sim, o: &Overlay, server: &str) -> Config {
     let text = format!(
         r#"
 [fly]
@@ -105,6 +108,9 @@ health_url = "{health}"
 [[apps]]
 name = "beta"
 health_url = "{health}"
+
+[server]
+{server}
 "#,
         api = sim.api_url(),
         repo = o.repo_path.display(),
@@ -140,13 +146,22 @@ struct Harness {
 
 impl Harness {
     async fn start(admin: Option<&str>) -> Harness {
+        Harness::start_configured(admin, "").await
+    }
+
+    /// With `server` as the `[server]` section of the config (limits).
+    async fn start_configured(admin: Option<&str>, server: &str) -> Harness {
         let overlay = Overlay::new();
         let sim = Sim::start(fleet(&overlay)).await.unwrap();
-        Harness::start_with(overlay, sim, admin).await
+        Harness::start_full(overlay, sim, admin, server).await
     }
 
     async fn start_with(overlay: Overlay, sim: Sim, admin: Option<&str>) -> Harness {
-        let config = config(&sim, &overlay);
+        Harness::start_full(overlay, sim, admin, "").await
+    }
+
+    async fn start_full(overlay: Overlay, sim: Sim, admin: Option<&str>, server: &str) -> Harness {
+        let config = config(&sim, &overlay, server);
         let sweeper = connect(config).await;
         let metrics = Arc::new(Metrics::new(true).unwrap());
         let view = FleetView::new(sweeper.config.sweep.interval, Utc::now());
@@ -154,7 +169,8 @@ impl Harness {
             .with_lease_patience(Duration::from_secs(2));
         let state = ServerState::new(metrics, view)
             .with_operator(operator)
-            .with_admin_token(admin.map(str::to_string), "FLEET_ADMIN_TOKEN");
+            .with_admin_token(admin.map(str::to_string), "FLEET_ADMIN_TOKEN")
+            .with_limits(ServerLimits::from_config(&sweeper.config.server));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
@@ -366,7 +382,9 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_refuse_missing_and_wrong_tokens() {
-    let h = Harness::start(Some(ADMIN)).await;
+    // 20 refused attempts from one source: above the default limit of
+    // failures (10 a minute), which has a test of its own below.
+    let h = Harness::start_configured(Some(ADMIN), "admin_auth_failures = 100").await;
     h.sweep().await;
     let paths = [
         "/api/v1/machines/a-behind/approve",
@@ -850,4 +868,337 @@ async fn screenshot_server_over_the_demo_fleet() {
     shutdown.cancel();
     within(server).await.unwrap().unwrap();
     sim.shutdown().await;
+}
+
+// ---- limits: issue #10 item 5 --------------------------------------------------
+
+/// A raw loopback connection to the harness's server, for what an HTTP
+/// client will not do (send half a request, or nothing).
+async fn raw(h: &Harness) -> tokio::net::TcpStream {
+    let addr = h.base.trim_start_matches("http://");
+    within(tokio::net::TcpStream::connect(addr)).await.unwrap()
+}
+
+/// Reads until the server closes the connection (EOF or reset): what it
+/// sent and when it closed, or `None` if it was still open after `wait`.
+async fn read_until_closed(
+    s: &mut tokio::net::TcpStream,
+    wait: Duration,
+) -> Option<(String, Duration)> {
+    use tokio::io::AsyncReadExt;
+    let start = tokio::time::Instant::now();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(wait, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    closed
+        .ok()
+        .map(|()| (String::from_utf8_lossy(&got).into_owned(), start.elapsed()))
+}
+
+/// One series' value in a scrape.
+fn series(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)
+            .and_then(|v| v.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Before: a client that sent part of its headers and then nothing kept its
+/// connection (and a task) for as long as it liked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_header_is_cut_off_after_the_header_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start_configured(None, "header_read_timeout = \"1s\"").await;
+    let mut slow = raw(&h).await;
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: fleet\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let (sent, after) = read_until_closed(&mut slow, Duration::from_secs(6))
+        .await
+        .expect("a partial header held for 6 s was still open (header_read_timeout = 1s)");
+    assert!(
+        after >= Duration::from_millis(800),
+        "closed after {after:?}"
+    );
+    assert!(!sent.contains("200 OK"), "{sent}");
+
+    // A whole request sent in time is served; the kept-alive connection is
+    // then closed once it has been idle for the same timeout.
+    let mut prompt = raw(&h).await;
+    prompt
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: fleet\r\n\r\n")
+        .await
+        .unwrap();
+    let (sent, after) = read_until_closed(&mut prompt, Duration::from_secs(6))
+        .await
+        .expect("an idle kept-alive connection is closed after header_read_timeout");
+    assert!(sent.starts_with("HTTP/1.1 200 OK"), "{sent}");
+    assert!(sent.ends_with("ok\n"), "{sent}");
+    assert!(
+        after >= Duration::from_millis(800),
+        "closed after {after:?}"
+    );
+    h.stop().await;
+}
+
+/// Before: connections were unlimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused() {
+    use tokio::io::AsyncWriteExt;
+    let h =
+        Harness::start_configured(None, "max_connections = 3\nheader_read_timeout = \"30s\"").await;
+    // Three clients that never finish their headers hold every slot.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = raw(&h).await;
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    for _ in 0..2 {
+        let mut extra = raw(&h).await;
+        let (sent, _) = read_until_closed(&mut extra, Duration::from_secs(5))
+            .await
+            .expect("a fourth connection with max_connections = 3 was still open after 5 s");
+        assert!(
+            sent.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{sent:?}"
+        );
+        assert!(sent.contains("server.max_connections"), "{sent}");
+    }
+    // The held ones are still being served: they were not the ones closed.
+    held.truncate(1);
+    held[0].write_all(b"Host: fleet\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = within(tokio::io::AsyncReadExt::read(&mut held[0], &mut buf))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200 OK"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    drop(held);
+
+    // Once they are gone, new connections are served again, and the
+    // refusals were counted.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut served = None;
+    for _ in 0..50 {
+        if let Ok(r) = fresh.get(format!("{}/metrics", h.base)).send().await {
+            if r.status() == StatusCode::OK {
+                served = Some(text_of(r).await);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = served.expect("served again once the held connections closed");
+    assert_eq!(
+        series(&metrics, "fleet_http_connections_rejected_total"),
+        Some(2.0),
+        "{metrics}"
+    );
+    h.stop().await;
+}
+
+/// Before: a body over the limit was read up to 16 KiB by the routes that
+/// read one, and accepted by the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_to_an_admin_post_gets_413() {
+    let h = Harness::start_configured(Some(ADMIN), "max_body_bytes = 1024").await;
+    h.sweep().await;
+    let post = |path: &str, body: reqwest::Body| {
+        h.http
+            .post(format!("{}{path}", h.base))
+            .header("authorization", format!("Bearer {ADMIN}"))
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    // Declared too large (Content-Length): refused on every admin route,
+    // whether or not it reads a body.
+    let reason = "r".repeat(2000);
+    let big = json!({ "reason": reason }).to_string();
+    for path in [
+        "/api/v1/refresh",
+        "/api/v1/machines/a-behind/hold",
+        "/api/v1/machines/a-behind/release",
+        "/api/v1/machines/a-behind/approve",
+    ] {
+        let resp = within(post(path, big.clone().into()).send()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+        let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+        assert!(
+            err.contains("1024") && err.contains("server.max_body_bytes"),
+            "{err}"
+        );
+    }
+    // Streamed without a length: cut at the limit where a route reads it.
+    let chunks: Vec<Result<String, std::io::Error>> = vec![Ok(big.clone())];
+    let resp = within(
+        post(
+            "/api/v1/machines/a-behind/hold",
+            reqwest::Body::wrap_stream(futures::stream::iter(chunks)),
+        )
+        .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        !h.sim
+            .machine("a-behind")
+            .unwrap()
+            .metadata
+            .contains_key(HOLD_KEY),
+        "nothing was held by the refused requests"
+    );
+    // A body within the limit is served as before.
+    let small = json!({ "reason": "r".repeat(900) }).to_string();
+    let resp = within(post("/api/v1/machines/a-behind/hold", small.into()).send())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    h.stop().await;
+}
+
+/// A log capture for one current-thread test: everything the crate logs on
+/// this thread (the server's tasks run on it), at every level.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Before: 2,000 wrong tokens in 0.7 s were all answered 401, and nothing
+/// was logged or counted.
+#[tokio::test]
+async fn failed_admin_logins_are_limited_per_source_logged_and_counted() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("fleet_reconciler=trace")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let h = Harness::start_configured(
+        Some(ADMIN),
+        "admin_auth_failures = 5\nadmin_auth_window = \"1m\"",
+    )
+    .await;
+    const GUESS: &str = "guessed-admin-token-";
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        let token = format!("{GUESS}{i:04}");
+        let token = if i % 10 == 3 { None } else { Some(token) };
+        let resp = h.post("/api/v1/refresh", token.as_deref(), None).await;
+        let status = resp.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let retry: u64 = resp.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=60).contains(&retry), "Retry-After: {retry}");
+            let err = json_of(resp).await["error"].as_str().unwrap().to_string();
+            assert!(
+                err.contains("too many failed admin authentications"),
+                "{err}"
+            );
+        }
+        statuses.push(status);
+    }
+    let expected: Vec<StatusCode> = (0..40)
+        .map(|i| {
+            if i < 5 {
+                StatusCode::UNAUTHORIZED
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        })
+        .collect();
+    assert_eq!(statuses, expected);
+
+    // While limited, the source is refused even with the right token …
+    let resp = h.post("/api/v1/refresh", Some(ADMIN), None).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    // … but another source with the right token is served.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let resp = within(
+        other
+            .post(format!("{}/api/v1/refresh", h.base))
+            .bearer_auth(ADMIN)
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    // Reads are never limited.
+    assert_eq!(h.get("/healthz").await.status(), StatusCode::OK);
+
+    // Counted …
+    let metrics = text_of(h.get("/metrics").await).await;
+    let count = |reason: &str| {
+        series(
+            &metrics,
+            &format!("fleet_admin_auth_failures_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(count("wrong_token"), Some(4.0), "{metrics}");
+    assert_eq!(count("missing_token"), Some(1.0), "{metrics}");
+    assert_eq!(count("rate_limited"), Some(36.0), "{metrics}");
+
+    // … and logged: a line for the first failure of the window and one when
+    // the source was limited, with source and path, never a token.
+    let log = logs.text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("admin authentication"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    for l in &lines {
+        assert!(l.contains("WARN"), "{l}");
+        assert!(l.contains("127.0.0.1"), "{l}");
+        assert!(l.contains("/api/v1/refresh"), "{l}");
+    }
+    assert!(
+        lines[1].contains("429") || lines[1].contains("limited"),
+        "{}",
+        lines[1]
+    );
+    assert!(!log.contains(GUESS) && !log.contains("guessed"), "{log}");
+    assert!(!log.contains(ADMIN) && !log.contains(&ADMIN[..8]), "{log}");
+    drop(other);
+    h.stop().await;
 }

@@ -9,29 +9,38 @@
 //! token compared in constant time. It must never run a sweep, act on a
 //! machine beyond those metadata writes, echo a secret, or panic in a handler.
 //!
-//! Layout: this file (state, routes, handlers), `page` (the HTML status page)
-//! and `client` (the typed client the `status` command uses).
+//! It must also stay up for the fleet's reads while someone misbehaves:
+//! connections, header time, request time and bodies are bounded, and failed
+//! admin authentications are rate-limited per source, logged (never with a
+//! token) and counted (`limits`, `listen`).
+//!
+//! Layout: this file (state, routes, handlers), `listen` (the accept loop),
+//! `limits` (the limits and the admin-auth limiter), `page` (the HTML status
+//! page) and `client` (the typed client the `status` command uses).
 
 mod client;
+mod limits;
+mod listen;
 mod page;
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{self, Metrics};
 use crate::model::{CommitId, MachineStatus};
@@ -43,6 +52,10 @@ use crate::report;
 use crate::sweep::{FleetReport, MachineReport};
 
 pub use client::{StatusError, fetch_fleet, parse_fleet};
+pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
+pub use listen::serve;
+
+use limits::{AuthFailure, FailureLog};
 pub use page::render_status_page;
 
 /// Ready means a sweep succeeded within this many sweep intervals.
@@ -51,8 +64,8 @@ pub const READY_INTERVALS: u32 = 3;
 /// that failed as a whole) for this many sweep intervals plus
 /// [`Observed::turn_allowance`]: the loop itself is stuck.
 pub const LIVE_INTERVALS: u32 = 5;
-/// Largest body an admin POST may carry.
-const MAX_BODY_BYTES: usize = 16 * 1024;
+/// The longest path a log line carries.
+const MAX_LOGGED_PATH: usize = 200;
 /// The `by` recorded when an admin request does not say who it is.
 const DEFAULT_ACTOR: &str = "admin-api";
 
@@ -248,6 +261,10 @@ enum AdminAuth {
     Enabled { digest: [u8; 32] },
 }
 
+fn limiter(limits: &ServerLimits) -> AuthLimiter {
+    AuthLimiter::new(limits.admin_auth_failures, limits.admin_auth_window)
+}
+
 fn digest(token: &[u8]) -> [u8; 32] {
     Sha256::digest(token).into()
 }
@@ -260,6 +277,8 @@ pub struct ServerState {
     operator: Option<Operator>,
     admin: AdminAuth,
     refresh: Arc<Notify>,
+    limits: ServerLimits,
+    auth_limiter: Arc<AuthLimiter>,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -285,7 +304,21 @@ impl ServerState {
                 env: "FLEET_ADMIN_TOKEN".into(),
             },
             refresh: Arc::new(Notify::new()),
+            auth_limiter: Arc::new(limiter(&ServerLimits::default())),
+            limits: ServerLimits::default(),
         }
+    }
+
+    /// The connection, request and admin-authentication limits
+    /// (`server.*`; the defaults until this is called).
+    pub fn with_limits(mut self, limits: ServerLimits) -> ServerState {
+        self.auth_limiter = Arc::new(limiter(&limits));
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> &ServerLimits {
+        &self.limits
     }
 
     /// Enables hold / release / approve.
@@ -326,8 +359,15 @@ impl ServerState {
     }
 }
 
-/// The routes of DESIGN §8 over `state`.
+/// The routes of DESIGN §8 over `state`, with the request limits (timeout,
+/// body size) on every route and the admin authentication on the POSTs.
 pub fn router(state: ServerState) -> Router {
+    let admin = Router::new()
+        .route("/api/v1/machines/{id}/approve", post(approve))
+        .route("/api/v1/machines/{id}/hold", post(hold))
+        .route("/api/v1/machines/{id}/release", post(release))
+        .route("/api/v1/refresh", post(refresh))
+        .route_layer(middleware::from_fn_with_state(state.clone(), admin_auth));
     Router::new()
         .route("/", get(status_page))
         .route("/metrics", get(metrics_text))
@@ -335,27 +375,68 @@ pub fn router(state: ServerState) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/fleet", get(fleet))
         .route("/api/v1/machines/{id}", get(machine))
-        .route("/api/v1/machines/{id}/approve", post(approve))
-        .route("/api/v1/machines/{id}/hold", post(hold))
-        .route("/api/v1/machines/{id}/release", post(release))
-        .route("/api/v1/refresh", post(refresh))
+        .merge(admin)
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_limits,
+        ))
         .with_state(state)
 }
 
-/// Serves until `shutdown`, then lets in-flight requests finish.
-pub async fn serve(
-    listener: TcpListener,
-    state: ServerState,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "HTTP server listening");
+/// Every request: a declared body over `server.max_body_bytes` is refused
+/// before anything reads it (413); the whole request, body and handler, must
+/// finish within `server.request_timeout` (else 503; an admin write that was
+/// cut off may or may not have happened, and sending it again is safe).
+async fn request_limits(State(state): State<ServerState>, req: Request, next: Next) -> Response {
+    let limits = &state.limits;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return too_large(limits.max_body_bytes).into_response();
     }
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    let path = logged_path(req.uri().path());
+    let method = req.method().clone();
+    match tokio::time::timeout(limits.request_timeout, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let took = humantime::format_duration(limits.request_timeout);
+            tracing::warn!(%method, path = %path, timeout = %took, "HTTP request cut off at server.request_timeout");
+            let mut resp = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("request not completed within server.request_timeout ({took}); an admin request may or may not have taken effect and can be sent again"),
+            )
+            .into_response();
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp
+        }
+    }
+}
+
+fn too_large(max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body larger than server.max_body_bytes ({max} bytes)"),
+    )
+}
+
+/// The client address the accept loop recorded; the unspecified address
+/// when the router is served some other way. IPv4 clients of a dual-stack
+/// listener count as their IPv4 address.
+fn source_of(req: &Request) -> IpAddr {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip().to_canonical())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+fn logged_path(path: &str) -> String {
+    path.chars().take(MAX_LOGGED_PATH).collect()
 }
 
 // ---- errors ------------------------------------------------------------------
@@ -365,6 +446,8 @@ pub async fn serve(
 struct ApiError {
     status: StatusCode,
     message: String,
+    /// Seconds, for a `Retry-After` header.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -372,6 +455,7 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
 }
@@ -385,6 +469,10 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"fleet-reconciler admin\""),
             );
+        }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }
@@ -562,8 +650,23 @@ async fn machine(
 
 // ---- admin -----------------------------------------------------------------------
 
-/// Checks `Authorization: Bearer <token>` against the admin token.
-fn authorize(state: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// The admin POSTs' gate: refuses a source that failed too often (429),
+/// then checks `Authorization: Bearer <token>` against the admin token;
+/// failures are counted, rate-limited and logged without any token.
+async fn admin_auth(State(state): State<ServerState>, req: Request, next: Next) -> Response {
+    let source = source_of(&req);
+    match authorize(&state, &req, source, Instant::now()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn authorize(
+    state: &ServerState,
+    req: &Request,
+    source: IpAddr,
+    now: Instant,
+) -> Result<(), ApiError> {
     let expected = match &state.admin {
         AdminAuth::Disabled { env } => {
             return Err(ApiError::new(
@@ -573,7 +676,22 @@ fn authorize(state: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
         }
         AdminAuth::Enabled { digest } => digest,
     };
-    let presented = headers
+    if let Some(wait) = state.auth_limiter.check(source, now) {
+        state.metrics.record_admin_auth_failure("rate_limited");
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        return Err(ApiError {
+            retry_after: Some(secs.max(1)),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "too many failed admin authentications from {source}; admin requests from it are refused for {}s",
+                    secs.max(1)
+                ),
+            )
+        });
+    }
+    let presented = req
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
@@ -582,17 +700,39 @@ fn authorize(state: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
                 .eq_ignore_ascii_case("bearer")
                 .then(|| token.trim_start())
         });
-    let Some(token) = presented else {
-        return Err(ApiError::new(
+    let failure = match presented {
+        None => AuthFailure::MissingToken,
+        Some(token) if bool::from(digest(token.as_bytes()).ct_eq(expected)) => {
+            state.auth_limiter.record_success(source);
+            return Ok(());
+        }
+        Some(_) => AuthFailure::WrongToken,
+    };
+    state.metrics.record_admin_auth_failure(failure.as_str());
+    let (method, path) = (req.method(), logged_path(req.uri().path()));
+    let window = humantime::format_duration(state.limits.admin_auth_window);
+    match state.auth_limiter.record_failure(source, now) {
+        FailureLog::First => tracing::warn!(
+            source = %source, %method, path = %path, reason = failure.as_str(),
+            "admin authentication failed (further failures from this source in the next {window} are counted in fleet_admin_auth_failures_total, not logged)"
+        ),
+        FailureLog::NowLimited {
+            failures,
+            retry_after,
+        } => tracing::warn!(
+            source = %source, %method, path = %path, reason = failure.as_str(), failures,
+            retry_after_secs = retry_after.as_secs(),
+            "admin authentication failed {failures} times within {window}: source limited, its admin requests are answered 429 until its window ends"
+        ),
+        FailureLog::Quiet => {}
+    }
+    Err(match failure {
+        AuthFailure::MissingToken => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing admin token: send `Authorization: Bearer <token>`",
-        ));
-    };
-    if bool::from(digest(token.as_bytes()).ct_eq(expected)) {
-        Ok(())
-    } else {
-        Err(ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token"))
-    }
+        ),
+        AuthFailure::WrongToken => ApiError::new(StatusCode::UNAUTHORIZED, "wrong admin token"),
+    })
 }
 
 fn operator(state: &ServerState) -> Result<&Operator, ApiError> {
@@ -605,11 +745,18 @@ fn operator(state: &ServerState) -> Result<&Operator, ApiError> {
 }
 
 /// An optional JSON body; empty means all defaults, unknown fields are refused.
-fn body<T: for<'de> Deserialize<'de> + Default>(bytes: &Bytes) -> Result<T, ApiError> {
+fn body<T: for<'de> Deserialize<'de> + Default>(
+    state: &ServerState,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(state.limits.max_body_bytes),
+        status => ApiError::new(status, e.body_text()),
+    })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(bytes).map_err(|e| {
+    serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("request body is not valid: {e}"),
@@ -642,12 +789,10 @@ struct HoldBody {
 async fn approve(
     State(state): State<ServerState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let id = checked_id(&id)?;
-    let req: ApproveBody = body(&bytes)?;
+    let req: ApproveBody = body(&state, bytes)?;
     let operator = operator(&state)?;
     let target = match req.target {
         Some(t) => t,
@@ -692,12 +837,10 @@ async fn approve(
 async fn hold(
     State(state): State<ServerState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let id = checked_id(&id)?;
-    let req: HoldBody = body(&bytes)?;
+    let req: HoldBody = body(&state, bytes)?;
     let operator = operator(&state)?;
     let hold = Hold {
         by: actor(req.by),
@@ -721,9 +864,7 @@ async fn hold(
 async fn release(
     State(state): State<ServerState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let id = checked_id(&id)?;
     let operator = operator(&state)?;
     let app = operator.release(id).await.map_err(operator_error)?;
@@ -734,11 +875,7 @@ async fn release(
     ))
 }
 
-async fn refresh(
-    State(state): State<ServerState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
+async fn refresh(State(state): State<ServerState>) -> Result<Response, ApiError> {
     state.refresh.notify_one();
     tracing::info!("overlay refresh requested through the admin API");
     Ok(json_response(

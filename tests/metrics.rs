@@ -1,10 +1,9 @@
 //! Metrics against real sweeps: a git overlay built with git2, the simulated
-//! Fly API and agents over loopback, and `promtool` judging the scrape.
+//! Fly API and agents over loopback, and a strict exposition-format checker
+//! judging the scrape (CI runs `promtool check metrics` on the saved scrapes).
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +21,6 @@ mod common;
 use common::OverlayRepo as Fixture;
 
 const TOKEN: &str = "metrics-test-token";
-const PROMTOOL: &str = "/usr/bin/promtool";
 
 async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(30), f)
@@ -423,35 +421,77 @@ async fn fly_observer_counts_requests_by_op_and_code() {
     sim.shutdown().await;
 }
 
-/// Runs `promtool check metrics` on `text`; fails (never skips) without it.
-fn promtool_check(text: &str) {
-    let mut child = Command::new(PROMTOOL)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {PROMTOOL} ({e}); install Debian's `prometheus` package")
-        });
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stderr.trim().is_empty(),
-        "promtool rejected the scrape ({}):\n{stderr}{stdout}\n--- scrape ---\n{text}",
-        out.status
-    );
+/// Checks `text` with the strict in-test parser, and saves it as
+/// `<target>/tmp/scrapes/NAME.prom` for CI, which runs
+/// `promtool check metrics` on every saved scrape.
+fn exposition_check(name: &str, text: &str) {
+    if let Err(e) = common::exposition::check(text) {
+        panic!("the scrape is not valid exposition format: {e}\n--- scrape ---\n{text}");
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scrapes");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.prom")), text).unwrap();
+}
+
+/// The checker itself: each kind of mistake Prometheus or promtool would
+/// reject is rejected.
+#[test]
+fn the_exposition_checker_rejects_what_prometheus_would() {
+    let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"q\\\"\\\\\\n\"} 1\n\
+# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_sum 3.5\nh_count 2\n";
+    let samples = common::exposition::check(good).unwrap();
+    assert_eq!(samples[0].labels["x"], "q\"\\\n");
+    for (bad, why) in [
+        (
+            "# HELP a_total A.\n# TYPE a_total counter\na_total 1",
+            "newline",
+        ),
+        ("# TYPE a_total counter\na_total 1\n", "no HELP"),
+        ("# HELP a A.\n# TYPE a counter\na 1\n", "_total"),
+        ("# HELP a A.\n# TYPE a gauge\na 1\na 2\n", "twice"),
+        (
+            "# HELP a A.\n# TYPE a gauge\na{x=\"1\"} 1\n# HELP b B.\n# TYPE b gauge\nb 1\na{x=\"2\"} 1\n",
+            "split up",
+        ),
+        (
+            "# HELP a A.\n# TYPE a gauge\na 1\n# HELP a again\n",
+            "after the samples",
+        ),
+        ("# HELP a A.\n# TYPE a gauge\na{x=\"\\t\"} 1\n", "escape"),
+        (
+            "# HELP a A.\n# TYPE a gauge\na{__x=\"1\"} 1\n",
+            "label name",
+        ),
+        ("# HELP 1a A.\n# TYPE 1a gauge\n1a 1\n", "metric name"),
+        ("# HELP a A.\n# TYPE a gauge\na one\n", "not a number"),
+        (
+            "# HELP a A.\n# TYPE a gauge\na{x=\"1\" y=\"2\"} 1\n",
+            "commas",
+        ),
+        (
+            "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n",
+            "+Inf",
+        ),
+        (
+            "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n",
+            "decrease",
+        ),
+        (
+            "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 2\n",
+            "differs",
+        ),
+        (
+            "# HELP a A.\n# TYPE a gauge\n# TYPE a gauge\na 1\n",
+            "second TYPE",
+        ),
+    ] {
+        let err = common::exposition::check(bad).expect_err(why);
+        assert!(err.contains(why), "{why}: {err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn promtool_accepts_a_full_scrape() {
+async fn a_full_scrape_is_valid_exposition_format() {
     let fx = Fixture::new();
     let sim = Sim::start(mixed(&fx)).await.unwrap();
     let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
@@ -470,7 +510,7 @@ async fn promtool_accepts_a_full_scrape() {
     m.set_rotations_in_progress(&[("alpha", "default", 1), ("beta", "default", 0)]);
     m.record_webhook_delivery("pagerduty", "delivered");
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
-    promtool_check(&text);
+    exposition_check("full", &text);
 
     // Every series of DESIGN §7 is present, with help and type.
     for name in [
@@ -519,7 +559,7 @@ async fn promtool_accepts_a_full_scrape() {
 
     // A fresh registry (nothing recorded yet) is valid too.
     let fresh = Metrics::new(true).unwrap();
-    promtool_check(&fresh.render().unwrap());
+    exposition_check("fresh", &fresh.render().unwrap());
     sim.shutdown().await;
 }
 

@@ -5,6 +5,8 @@
 //! `dead_code` allowance (scoped to this module, not the crates).
 #![allow(dead_code)]
 
+pub mod exposition;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -38,6 +38,12 @@ pub enum ConfigError {
     },
 }
 
+/// Longest key path kept in a [`ConfigError::Invalid`] (an unknown key is
+/// quoted as written).
+pub const MAX_ERROR_KEY_CHARS: usize = 256;
+/// Longest message kept in a [`ConfigError::Invalid`].
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 1024;
+
 fn location(path: &Path, key: &str, line: Option<usize>) -> String {
     let mut s = path.display().to_string();
     if let Some(line) = line {
@@ -392,8 +398,23 @@ impl Default for ServerConfig {
 
 /// A health URL with `{machine_id}`, `{app}`, `{private_ip}`, `{region}`,
 /// `{name}` placeholders, checked at load to expand into a valid http(s) URL.
+///
+/// The values come from the Fly API (a machine's name is whatever its
+/// creator chose), so each is percent-encoded into its slot (RFC 3986
+/// unreserved characters are kept): `x@evil:1/` or `a/../../admin?` stays
+/// one host label or one path segment and can move neither the host nor
+/// the path the probe, and then the drain with the agent's bearer token,
+/// go to. A `{private_ip}` that is an IP address goes in as the address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HealthUrlTemplate(String);
+pub struct HealthUrlTemplate {
+    text: String,
+    /// Path segments of the URL the template expands to: values never add
+    /// one (a `/` is encoded), and `.` or `..` would remove one.
+    segments: usize,
+    /// The Fly API's host (set by [`Config::parse`] from `fly.api_url`): a
+    /// URL that expands to it is refused.
+    fly_host: Option<url::Host>,
+}
 
 /// The values a health URL template is expanded with.
 #[derive(Clone, Copy, Debug)]
@@ -404,6 +425,37 @@ pub struct UrlVars<'a> {
     pub region: &'a str,
     pub name: &'a str,
 }
+
+/// Why a machine's values do not make a usable health URL.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HealthUrlError {
+    #[error("health URL: this machine's values do not make a valid URL ({0})")]
+    Invalid(String),
+    #[error(
+        "health URL: a `.` or `..` value would change the URL's path (`{{name}}` {name:?}, `{{region}}` {region:?})"
+    )]
+    PathChanged { name: String, region: String },
+    #[error(
+        "health URL: the host {0} is the Fly API's host (fly.api_url); an agent's token is never sent there"
+    )]
+    FlyHost(String),
+}
+
+/// What a placeholder value keeps as is: RFC 3986 unreserved characters.
+const VALUE_ENCODE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// The values a template is checked with at load.
+const SAMPLE_VARS: UrlVars<'static> = UrlVars {
+    machine_id: "148e1234abcd56",
+    app: "app",
+    private_ip: "fdaa:0:1:a7b:1::2",
+    region: "iad",
+    name: "name",
+};
 
 impl HealthUrlTemplate {
     pub const PLACEHOLDERS: [&'static str; 5] =
@@ -425,33 +477,127 @@ impl HealthUrlTemplate {
             }
             rest = &after[close + 1..];
         }
-        let template = HealthUrlTemplate(s.to_string());
-        let sample = template.render(&UrlVars {
-            machine_id: "148e1234abcd56",
-            app: "app",
-            private_ip: "fdaa:0:1:a7b:1::2",
-            region: "iad",
-            name: "name",
-        });
-        let url = url::Url::parse(&sample)
+        let url = url::Url::parse(&expand(s, &SAMPLE_VARS))
             .map_err(|e| format!("health URL template {s:?} does not expand to a valid URL ({e}); an IPv6 {{private_ip}} needs brackets: http://[{{private_ip}}]:8080/health"))?;
         if url.scheme() != "http" && url.scheme() != "https" {
             return Err(format!("health URL template {s:?} must be http or https"));
         }
-        Ok(template)
+        Ok(HealthUrlTemplate {
+            text: s.to_string(),
+            segments: path_segments(&url),
+            fly_host: None,
+        })
+    }
+
+    /// Refuses URLs on the Fly API's host: now, for a template whose host
+    /// is written out, and at [`render`](Self::render) for one whose host
+    /// is made of placeholders. A loopback Fly API (the simulator, a local
+    /// proxy) is exempt: what goes there never leaves the machine.
+    fn refuse_host(&mut self, fly: &url::Host) -> Result<(), String> {
+        if is_loopback(fly) {
+            return Ok(());
+        }
+        if let Some(host) = url::Url::parse(&expand(&self.text, &SAMPLE_VARS))
+            .ok()
+            .and_then(|u| u.host().map(|h| h.to_owned()))
+            && same_host(&host, fly)
+        {
+            return Err(format!(
+                "health URL template {:?} points at {host}, the Fly API's host (fly.api_url): the agent token would be sent to Fly; use the agents' own addresses, e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
+                self.text
+            ));
+        }
+        self.fly_host = Some(fly.clone());
+        Ok(())
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
-    pub fn render(&self, vars: &UrlVars<'_>) -> String {
-        self.0
-            .replace("{machine_id}", vars.machine_id)
-            .replace("{app}", vars.app)
-            .replace("{private_ip}", vars.private_ip)
-            .replace("{region}", vars.region)
-            .replace("{name}", vars.name)
+    /// The health URL of one machine, each value percent-encoded into its
+    /// slot. Refused when the values make no valid URL, change the path
+    /// (a `.` or `..` segment), or land on the Fly API's host.
+    pub fn render(&self, vars: &UrlVars<'_>) -> Result<String, HealthUrlError> {
+        let expanded = expand(&self.text, vars);
+        let url = url::Url::parse(&expanded).map_err(|e| HealthUrlError::Invalid(e.to_string()))?;
+        if path_segments(&url) != self.segments {
+            return Err(HealthUrlError::PathChanged {
+                name: crate::probe::bounded(vars.name, 64),
+                region: crate::probe::bounded(vars.region, 64),
+            });
+        }
+        if let (Some(fly), Some(host)) = (&self.fly_host, url.host())
+            && same_host(&host.to_owned(), fly)
+        {
+            return Err(HealthUrlError::FlyHost(host.to_string()));
+        }
+        Ok(expanded)
+    }
+}
+
+/// One pass over the template (a value is never itself expanded), each
+/// value percent-encoded.
+fn expand(template: &str, vars: &UrlVars<'_>) -> String {
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            rest = &rest[open..];
+            break;
+        };
+        let value = match &after[..close] {
+            "machine_id" => vars.machine_id,
+            "app" => vars.app,
+            "private_ip" => match vars.private_ip.parse::<std::net::IpAddr>() {
+                // Hex, `:` and `.` only: an address is its own slot.
+                Ok(ip) => {
+                    out.push_str(&ip.to_string());
+                    rest = &after[close + 1..];
+                    continue;
+                }
+                Err(_) => vars.private_ip,
+            },
+            "region" => vars.region,
+            "name" => vars.name,
+            // `parse` admits no other placeholder.
+            other => {
+                out.push('{');
+                out.push_str(other);
+                out.push('}');
+                rest = &after[close + 1..];
+                continue;
+            }
+        };
+        out.extend(percent_encoding::utf8_percent_encode(value, VALUE_ENCODE));
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn path_segments(url: &url::Url) -> usize {
+    url.path_segments().map_or(0, Iterator::count)
+}
+
+fn is_loopback(host: &url::Host) -> bool {
+    match host {
+        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
+/// Hosts as the URL parser normalized them (lowercase, canonical
+/// addresses); a domain's trailing dot names the same host.
+fn same_host(a: &url::Host, b: &url::Host) -> bool {
+    match (a, b) {
+        (url::Host::Domain(a), url::Host::Domain(b)) => a
+            .trim_end_matches('.')
+            .eq_ignore_ascii_case(b.trim_end_matches('.')),
+        (a, b) => a == b,
     }
 }
 
@@ -464,7 +610,7 @@ impl<'de> Deserialize<'de> for HealthUrlTemplate {
 
 impl fmt::Display for HealthUrlTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -560,12 +706,14 @@ impl Config {
 
     /// Parses and validates config text; `path` is only used in messages.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        // Messages quote values and keys as written: bounded, so a
+        // megabyte-long value cannot make a megabyte-long error.
         let invalid = |key: String, span: Option<std::ops::Range<usize>>, message: String| {
             ConfigError::Invalid {
                 path: path.to_path_buf(),
-                key,
+                key: crate::probe::bounded(&key, MAX_ERROR_KEY_CHARS),
                 line: span.map(|s| line_of(text, s.start)),
-                message,
+                message: crate::probe::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
             }
         };
         let de = toml::de::Deserializer::parse(text)
@@ -586,10 +734,18 @@ impl Config {
                 "at least one [[apps]] entry is required".into(),
             ));
         }
+        let fly_host = url::Url::parse(&raw.fly.api_url)
+            .ok()
+            .and_then(|u| u.host().map(|h| h.to_owned()));
         let mut apps = Vec::with_capacity(raw.apps.len());
         for (i, app) in raw.apps.into_iter().enumerate() {
             let span = app.span();
-            let app = app.into_inner();
+            let mut app = app.into_inner();
+            if let Some(fly) = &fly_host {
+                app.health_url
+                    .refuse_host(fly)
+                    .map_err(|m| invalid(format!("apps[{i}].health_url"), Some(span.clone()), m))?;
+            }
             if app.name.trim().is_empty() {
                 return Err(invalid(
                     format!("apps[{i}].name"),
@@ -951,7 +1107,8 @@ fn default_admin_auth_failures() -> NonZeroU32 {
     NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN)
 }
 fn default_health_url() -> HealthUrlTemplate {
-    HealthUrlTemplate("http://{machine_id}.vm.{app}.internal:8080/health".into())
+    HealthUrlTemplate::parse("http://{machine_id}.vm.{app}.internal:8080/health")
+        .unwrap_or_else(|e| unreachable!("the default health URL is valid: {e}"))
 }
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 9090))
@@ -1115,7 +1272,107 @@ name = "agents"
             region: "ams",
             name: "n1",
         });
-        assert_eq!(url, "http://[fdaa::3]:8080/b/ams/n1");
+        assert_eq!(url.as_deref(), Ok("http://[fdaa::3]:8080/b/ams/n1"));
+    }
+
+    fn vars<'a>(machine_id: &'a str, name: &'a str) -> UrlVars<'a> {
+        UrlVars {
+            machine_id,
+            app: "agents",
+            private_ip: "fdaa:0:1:a7b:1::2",
+            region: "iad",
+            name,
+        }
+    }
+
+    #[test]
+    fn health_url_values_are_percent_encoded_into_their_slot() {
+        let host =
+            HealthUrlTemplate::parse("http://{machine_id}.vm.{app}.internal:8080/health").unwrap();
+        let path =
+            HealthUrlTemplate::parse("http://127.0.0.1:9/agents/{name}/health?r={region}").unwrap();
+        // Ordinary values are left as they are.
+        assert_eq!(
+            host.render(&vars("148e1234abcd56", "n")).as_deref(),
+            Ok("http://148e1234abcd56.vm.agents.internal:8080/health")
+        );
+        // Before: `http://x@evil:1/.vm.agents.internal:8080/health`, host evil:1.
+        let e = host.render(&vars("x@evil:1/", "n")).unwrap_err();
+        assert!(matches!(e, HealthUrlError::Invalid(_)), "{e}");
+        // Before: `/admin?/health`. Now one segment of its own slot.
+        assert_eq!(
+            path.render(&vars("m", "a/../../admin?")).as_deref(),
+            Ok("http://127.0.0.1:9/agents/a%2F..%2F..%2Fadmin%3F/health?r=iad")
+        );
+        assert_eq!(
+            path.render(&vars("m", "n#x&y=z @%")).as_deref(),
+            Ok("http://127.0.0.1:9/agents/n%23x%26y%3Dz%20%40%25/health?r=iad")
+        );
+        // A value is never expanded itself.
+        assert_eq!(
+            path.render(&vars("m", "{region}")).as_deref(),
+            Ok("http://127.0.0.1:9/agents/%7Bregion%7D/health?r=iad")
+        );
+        // `.` and `..` would drop a segment, however they are spelled.
+        for dots in [".", "..", "%2e%2e"] {
+            let r = path.render(&vars("m", dots));
+            if dots.starts_with('%') {
+                assert!(r.unwrap().contains("/agents/%252e%252e/"));
+            } else {
+                assert!(
+                    matches!(r, Err(HealthUrlError::PathChanged { .. })),
+                    "{dots}: {r:?}"
+                );
+            }
+        }
+        // An address goes in as an address; anything else in {private_ip} is encoded.
+        let ip = HealthUrlTemplate::parse("http://[{private_ip}]:8080/health").unwrap();
+        let mut v = vars("m", "n");
+        v.private_ip = "fdaa::2";
+        assert_eq!(ip.render(&v).as_deref(), Ok("http://[fdaa::2]:8080/health"));
+        v.private_ip = "::1]:9/x?";
+        assert!(ip.render(&v).is_err());
+    }
+
+    #[test]
+    fn health_url_on_the_fly_api_host_is_refused() {
+        for (api, template) in [
+            (
+                "https://api.machines.dev",
+                "https://api.machines.dev/agents/{name}/health",
+            ),
+            (
+                "https://api.machines.dev",
+                "http://API.Machines.dev.:8080/{name}",
+            ),
+            ("http://[fdaa::1]:4280", "http://[fdaa:0::1]/{machine_id}"),
+        ] {
+            let e = err(&format!(
+                "[fly]\napi_url = \"{api}\"\n{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"{template}\"\n"
+            ));
+            assert!(
+                e.contains("apps[1].health_url") && e.contains("Fly API's host"),
+                "{api} {template}: {e}"
+            );
+        }
+        // A host made of placeholders is checked per machine.
+        let c = parse(&format!(
+            "[fly]\napi_url = \"https://api.machines.dev\"\n{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"https://{{name}}.machines.dev/health\"\n"
+        ))
+        .unwrap();
+        let t = &c.apps[1].health_url;
+        assert!(t.render(&vars("m", "agent-1")).is_ok());
+        let e = t.render(&vars("m", "api")).unwrap_err();
+        assert_eq!(e, HealthUrlError::FlyHost("api.machines.dev".into()));
+        // The default template, and a loopback Fly API (the simulator
+        // serves agents beside it), are fine.
+        assert!(parse(MINIMAL).is_ok());
+        assert!(
+            parse(&format!(
+                "[fly]\napi_url = \"http://127.0.0.1:4280\"\n{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"http://127.0.0.1:4280/agents/{{machine_id}}/health\"\n"
+            ))
+            .is_ok()
+        );
     }
 
     #[test]

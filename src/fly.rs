@@ -4,8 +4,10 @@
 //! the OpenAPI spec in `shared/fly-machines-openapi.json`). It retries
 //! transient failures (408, 429, 5xx, connection refused) with jittered
 //! exponential backoff honouring `Retry-After`, but only where a retry cannot
-//! do the action twice. It must never decide anything, never log or return the
-//! token, and never steal or clear a lease it does not hold.
+//! do the action twice. It reads answers only up to a size cap
+//! ([`MAX_LIST_BODY_BYTES`], [`MAX_BODY_BYTES`]). It must never decide
+//! anything, never log or return the token, and never steal or clear a
+//! lease it does not hold.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +19,18 @@ use serde::{Deserialize, Serialize};
 
 /// Header carrying a lease nonce on every mutating call to a leased machine.
 pub const LEASE_NONCE_HEADER: &str = "fly-machine-lease-nonce";
+
+/// Largest `list_machines` answer read: 64 MiB. A Fly machine with its
+/// config and recent events is 2 to 4 KiB of JSON (the simulator's, 0.4
+/// KiB), so this holds an app of 10,000 machines at 6.5 KiB each, or 16,000
+/// at 4 KiB; the whole answer is buffered before it is decoded, so this is
+/// also the most memory one listing may take.
+pub const MAX_LIST_BODY_BYTES: usize = 64 << 20;
+/// Largest answer read from any other call (one machine, its metadata, a
+/// lease, an acknowledgement): 1 MiB.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Most of an error answer read: only its message is kept (200 characters).
+pub const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
 
 /// A machine as the list and get endpoints return it (only what we use).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -148,12 +162,29 @@ pub enum FlyError {
         app: String,
         machine: Option<String>,
     },
+    #[error("Fly API: {op} for app {app}{}: answer larger than {} ({limit} bytes), refused without reading the rest", machine_suffix(.machine), human_bytes(*.limit))]
+    TooLarge {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+        limit: usize,
+    },
     #[error("Fly API: {op} for app {app}: unexpected response body: {message}")]
     Decode {
         op: &'static str,
         app: String,
         message: String,
     },
+}
+
+fn human_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
 }
 
 fn machine_suffix(machine: &Option<String>) -> String {
@@ -175,6 +206,7 @@ impl FlyError {
             FlyError::Status { .. } => "status",
             FlyError::Transport { .. } => "transport",
             FlyError::OutcomeUnknown { .. } => "outcome_unknown",
+            FlyError::TooLarge { .. } => "too_large",
             FlyError::Decode { .. } => "decode",
         }
     }
@@ -245,6 +277,8 @@ struct Call<'a> {
     idempotence: Idempotence,
     /// Extra time on top of the request timeout (long-polls).
     extra_timeout: Duration,
+    /// Largest success answer read ([`MAX_BODY_BYTES`] unless raised).
+    max_body: usize,
 }
 
 impl<'a> Call<'a> {
@@ -260,6 +294,7 @@ impl<'a> Call<'a> {
             nonce: None,
             idempotence: Idempotence::Safe,
             extra_timeout: Duration::ZERO,
+            max_body: MAX_BODY_BYTES,
         }
     }
 }
@@ -323,9 +358,9 @@ impl FlyClient {
 
     /// Every machine of the app, with metadata (never `summary=true`, which drops it).
     pub async fn list_machines(&self, app: &str) -> Result<Vec<Machine>, FlyError> {
-        let body = self
-            .send(Call::new("list_machines", Method::GET, app, None))
-            .await?;
+        let mut call = Call::new("list_machines", Method::GET, app, None);
+        call.max_body = MAX_LIST_BODY_BYTES;
+        let body = self.send(call).await?;
         decode(&body, "list_machines", app)
     }
 
@@ -667,11 +702,19 @@ impl FlyClient {
                     let status = resp.status();
                     self.observe(call.op, status.as_str());
                     if status.is_success() {
-                        return resp.bytes().await.map_err(|e| FlyError::Transport {
-                            op: call.op,
-                            app: call.app.to_string(),
-                            machine: call.machine.map(str::to_string),
-                            message: crate::http::describe(&e),
+                        return read_capped(resp, call.max_body).await.map_err(|e| match e {
+                            Capped::TooLarge => FlyError::TooLarge {
+                                op: call.op,
+                                app: call.app.to_string(),
+                                machine: call.machine.map(str::to_string),
+                                limit: call.max_body,
+                            },
+                            Capped::Transport(e) => FlyError::Transport {
+                                op: call.op,
+                                app: call.app.to_string(),
+                                machine: call.machine.map(str::to_string),
+                                message: crate::http::describe(&e),
+                            },
                         });
                     }
                     let retry_after = parse_retry_after(resp.headers());
@@ -680,7 +723,7 @@ impl FlyClient {
                             && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
                                 || status.is_server_error()));
                     if !(transient && retries_left) {
-                        let text = resp.text().await.unwrap_or_default();
+                        let text = read_error_body(resp).await;
                         return Err(status_error(&call, status, &text));
                     }
                     (true, retry_after)
@@ -737,6 +780,45 @@ impl FlyClient {
     }
 }
 
+enum Capped {
+    TooLarge,
+    Transport(reqwest::Error),
+}
+
+/// The body, read chunk by chunk up to `limit` bytes: a longer one (by its
+/// announced length, or as it arrives) fails as soon as that is known, and
+/// dropping the response closes the connection, so the rest is never read.
+async fn read_capped(mut resp: reqwest::Response, limit: usize) -> Result<bytes::Bytes, Capped> {
+    let announced = resp.content_length();
+    if announced.is_some_and(|n| n > limit as u64) {
+        return Err(Capped::TooLarge);
+    }
+    let mut body = bytes::BytesMut::with_capacity(announced.map_or(0, |n| n as usize));
+    while let Some(chunk) = resp.chunk().await.map_err(Capped::Transport)? {
+        if body.len() + chunk.len() > limit {
+            return Err(Capped::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The start of an error answer ([`MAX_ERROR_BODY_BYTES`] at most), as text;
+/// a body that cannot be read is an empty message.
+async fn read_error_body(mut resp: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY_BYTES {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ERROR_BODY_BYTES - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
 /// Full-jitter exponential backoff; a server's `Retry-After` is a floor.
 pub(crate) fn backoff(
     attempt: u32,
@@ -776,6 +858,7 @@ fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
     let message = serde_json::from_str::<ErrorBody>(body)
         .ok()
         .and_then(|b| b.error)
+        .map(|m| crate::probe::bounded(&m, 200))
         .unwrap_or_else(|| body.chars().take(200).collect());
     let app = call.app.to_string();
     let machine = call.machine.map(str::to_string);
@@ -817,10 +900,11 @@ fn decode<T: serde::de::DeserializeOwned>(
     op: &'static str,
     app: &str,
 ) -> Result<T, FlyError> {
+    // serde quotes the offending value: bounded, whatever Fly sent.
     serde_json::from_slice(body).map_err(|e| FlyError::Decode {
         op,
         app: app.to_string(),
-        message: e.to_string(),
+        message: crate::probe::bounded(&e.to_string(), crate::probe::MAX_DETAIL_CHARS),
     })
 }
 

@@ -43,10 +43,32 @@ pub struct Approval {
     pub at: DateTime<Utc>,
 }
 
+/// Longest `target` an approval may name: a commit id (40 hex digits; 64
+/// for SHA-256 repositories). A longer one could approve no commit.
+pub const MAX_APPROVAL_TARGET_CHARS: usize = 64;
+/// Longest `by` kept from an approval; a longer one is cut (it is shown,
+/// never compared).
+pub const MAX_APPROVAL_BY_CHARS: usize = 256;
+
 impl Approval {
     /// Parses a metadata value; a malformed approval authorizes nothing.
     pub fn parse(value: &str) -> Option<Approval> {
-        serde_json::from_str(value).ok()
+        Approval::decode(value).ok()
+    }
+
+    /// [`Approval::parse`], saying why a value is not an approval (the field
+    /// at fault, in at most [`crate::probe::MAX_DETAIL_CHARS`] characters).
+    pub fn decode(value: &str) -> Result<Approval, String> {
+        let mut approval: Approval = crate::probe::decode_json(value)?;
+        if approval.target.chars().count() > MAX_APPROVAL_TARGET_CHARS {
+            return Err(format!(
+                "field `target`: longer than {MAX_APPROVAL_TARGET_CHARS} characters"
+            ));
+        }
+        if approval.by.chars().count() > MAX_APPROVAL_BY_CHARS {
+            approval.by = crate::probe::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
+        }
+        Ok(approval)
     }
 
     /// Whether this approval authorizes a rotation to `commit` (and only it).

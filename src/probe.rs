@@ -229,19 +229,35 @@ pub fn parse_report(body: &[u8]) -> ProbeOutcome {
     parse_unbounded(body).bounded()
 }
 
+/// Why a JSON text is not a `T`: the field at fault (dotted path) and what
+/// is wrong with it.
+fn json_error(e: serde_path_to_error::Error<serde_json::Error>, what: &str) -> String {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if path == "." {
+        format!("not a JSON {what}: {inner}")
+    } else {
+        format!("field `{path}`: {inner}")
+    }
+}
+
+/// Decodes a JSON value someone else may have written (machine metadata),
+/// naming the field at fault when it is not a `T`; the error is bounded to
+/// [`MAX_DETAIL_CHARS`].
+pub(crate) fn decode_json<T: serde::de::DeserializeOwned>(value: &str) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_str(value);
+    let decoded = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| bounded(&json_error(e, "value"), MAX_DETAIL_CHARS))?;
+    de.end()
+        .map_err(|_| "trailing data after the JSON value".to_string())?;
+    Ok(decoded)
+}
+
 fn parse_unbounded(body: &[u8]) -> ProbeOutcome {
     let mut de = serde_json::Deserializer::from_slice(body);
     let wire: WireReport = match serde_path_to_error::deserialize(&mut de) {
         Ok(w) => w,
-        Err(e) => {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            return ProbeOutcome::BadReport(if path == "." {
-                format!("not a JSON report: {inner}")
-            } else {
-                format!("field `{path}`: {inner}")
-            });
-        }
+        Err(e) => return ProbeOutcome::BadReport(json_error(e, "report")),
     };
     if de.end().is_err() {
         return ProbeOutcome::BadReport("trailing data after the JSON report".into());
@@ -269,17 +285,23 @@ fn parse_unbounded(body: &[u8]) -> ProbeOutcome {
         live_sessions: wire.live_sessions,
         last_input_at: wire.last_input_at,
         heartbeat_at: wire.heartbeat_at,
-        capabilities: wire
-            .capabilities
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|c| match c {
-                WireCapability::Known(c) => Some(c),
-                WireCapability::Other(_) => None,
-            })
-            .collect(),
+        capabilities: known_capabilities(wire.capabilities.unwrap_or_default()),
         rotation: wire.rotation,
     })
+}
+
+/// The capabilities this daemon knows, each once, in the order first
+/// listed: a report repeating one thousands of times stores it once.
+fn known_capabilities(listed: Vec<WireCapability>) -> Vec<Capability> {
+    let mut out = Vec::new();
+    for c in listed {
+        if let WireCapability::Known(c) = c
+            && !out.contains(&c)
+        {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -159,11 +159,40 @@ pub struct Marker {
     pub ending: Option<Ending>,
 }
 
+/// Longest `target` a marker may carry: a commit id (40 hex digits; 64 for
+/// SHA-256 repositories).
+pub const MAX_MARKER_TARGET_CHARS: usize = 64;
+/// Longest `owner` a marker may carry (ours are a host name and a pid).
+pub const MAX_MARKER_OWNER_CHARS: usize = 512;
+
 impl Marker {
     /// Parses a metadata value. `None` for anything malformed; callers treat a
     /// malformed marker as "someone's rotation we do not understand".
     pub fn parse(value: &str) -> Option<Marker> {
-        serde_json::from_str(value).ok()
+        Marker::decode(value).ok()
+    }
+
+    /// [`Marker::parse`], saying why a value is not a marker: the field at
+    /// fault and what is wrong with it, in at most
+    /// [`MAX_DETAIL_CHARS`](crate::probe::MAX_DETAIL_CHARS) characters.
+    /// Texts are bounded: a tag longer than
+    /// [`MAX_TAG_CHARS`](crate::probe::MAX_TAG_CHARS) (the longest checkpoint
+    /// an agent may report, so such a rotation could never be checkpointed),
+    /// a target or an owner longer than ours can be, make it malformed.
+    pub fn decode(value: &str) -> Result<Marker, String> {
+        let marker: Marker = crate::probe::decode_json(value)?;
+        let too_long =
+            |field: &str, max: usize| Err(format!("field `{field}`: longer than {max} characters"));
+        if marker.tag.chars().count() > crate::probe::MAX_TAG_CHARS {
+            return too_long("tag", crate::probe::MAX_TAG_CHARS);
+        }
+        if marker.target.chars().count() > MAX_MARKER_TARGET_CHARS {
+            return too_long("target", MAX_MARKER_TARGET_CHARS);
+        }
+        if marker.owner.chars().count() > MAX_MARKER_OWNER_CHARS {
+            return too_long("owner", MAX_MARKER_OWNER_CHARS);
+        }
+        Ok(marker)
     }
 
     pub fn to_value(&self) -> String {

@@ -168,24 +168,36 @@ impl Sweeper {
         let started: Vec<usize> = (0..machines.len())
             .filter(|&i| machines[i].1.is_started())
             .collect();
-        let urls: Vec<String> = started
-            .iter()
-            .map(|&i| {
-                let (app_index, m) = &machines[i];
-                let app = &self.config.apps[*app_index];
-                app.health_url.render(&UrlVars {
-                    machine_id: &m.id,
-                    app: &app.name,
-                    private_ip: &m.private_ip,
-                    region: &m.region,
-                    name: &m.name,
-                })
-            })
+        // A machine whose values make no safe URL is not probed (nor drained).
+        let mut url_of: HashMap<usize, String> = HashMap::new();
+        let mut probe_of: HashMap<usize, ProbeOutcome> = HashMap::new();
+        for &i in &started {
+            let (app_index, m) = &machines[i];
+            let app = &self.config.apps[*app_index];
+            let rendered = app.health_url.render(&UrlVars {
+                machine_id: &m.id,
+                app: &app.name,
+                private_ip: &m.private_ip,
+                region: &m.region,
+                name: &m.name,
+            });
+            match rendered {
+                Ok(url) => {
+                    url_of.insert(i, url);
+                }
+                Err(e) => {
+                    let why = crate::probe::bounded(&e.to_string(), crate::probe::MAX_DETAIL_CHARS);
+                    probe_of.insert(i, ProbeOutcome::Unreachable(why));
+                }
+            }
+        }
+        let probed: Vec<usize> = started
+            .into_iter()
+            .filter(|i| url_of.contains_key(i))
             .collect();
-        let outcomes = self.prober.probe_all(urls.clone()).await;
-        let mut url_of: HashMap<usize, String> = started.iter().copied().zip(urls).collect();
-        let mut probe_of: HashMap<usize, ProbeOutcome> =
-            started.into_iter().zip(outcomes).collect();
+        let urls: Vec<String> = probed.iter().map(|i| url_of[i].clone()).collect();
+        let outcomes = self.prober.probe_all(urls).await;
+        probe_of.extend(probed.into_iter().zip(outcomes));
 
         // Git: one batch for every distinct reported ref.
         let refs: Vec<String> = {

@@ -3,7 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
@@ -341,4 +345,133 @@ async fn unreachable_api_is_a_transport_error() {
     assert!(matches!(err, FlyError::Transport { .. }), "{err}");
     assert!(err.to_string().contains("unreachable"), "{err}");
     assert_eq!(err.kind(), "transport");
+}
+
+// ---- response size caps --------------------------------------------------------
+
+const MIB: usize = 1 << 20;
+const LIST_CAP: usize = fleet_reconciler::fly::MAX_LIST_BODY_BYTES;
+const OBJECT_CAP: usize = fleet_reconciler::fly::MAX_BODY_BYTES;
+
+/// A stand-in Fly API: every answer is `status` with `size` bytes of JSON
+/// whitespace and then `[]` (the length announced or not); counts the bytes
+/// it handed to the connection.
+async fn bloated_api(
+    size: usize,
+    announce: bool,
+    status: u16,
+) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    let handler = move || {
+        let counter = counter.clone();
+        async move {
+            let chunk = bytes::Bytes::from(vec![b' '; MIB]);
+            let chunks = (0..size / MIB).map(move |_| chunk.clone()).chain([
+                bytes::Bytes::from(vec![b' '; size % MIB]),
+                bytes::Bytes::from_static(b"[]"),
+            ]);
+            let stream = futures::stream::iter(chunks).map(move |c| {
+                counter.fetch_add(c.len(), Ordering::SeqCst);
+                Ok::<_, std::io::Error>(c)
+            });
+            let mut resp = axum::response::Response::builder()
+                .status(status)
+                .header("content-type", "application/json");
+            if announce {
+                resp = resp.header("content-length", size + 2);
+            }
+            resp.body(axum::body::Body::from_stream(stream)).unwrap()
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().fallback(handler);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, sent, task)
+}
+
+fn bloated_client(url: &str) -> FlyClient {
+    let mut config = FlyClientConfig::new(url);
+    config.max_retries = 0;
+    FlyClient::new(config, TOKEN).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_machine_list_is_refused_without_buffering_it() {
+    // Three times the cap, streamed without a length.
+    let (url, sent, server) = bloated_api(3 * LIST_CAP, false, 200).await;
+    let result = within(bloated_client(&url).list_machines("agents")).await;
+    let sent = sent.load(Ordering::SeqCst);
+    let err = match result {
+        Err(e) => e,
+        Ok(list) => panic!(
+            "a {} MiB answer was buffered and accepted ({} machines)",
+            sent / MIB,
+            list.len()
+        ),
+    };
+    assert_eq!(err.kind(), "too_large", "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("list_machines") && text.contains("agents") && text.contains("64 MiB"),
+        "{text}"
+    );
+    // Reading stopped at the cap: what the server got out is the cap plus
+    // what the sockets buffer, not the whole answer.
+    assert!(
+        sent < LIST_CAP + 32 * MIB,
+        "the server sent {} MiB",
+        sent / MIB
+    );
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoint() {
+    // An announced length over the cap fails before the body is read.
+    let (url, sent, server) = bloated_api(3 * LIST_CAP, true, 200).await;
+    let err = within(bloated_client(&url).list_machines("agents"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "too_large", "{err}");
+    assert!(
+        sent.load(Ordering::SeqCst) < 16 * MIB,
+        "{} MiB",
+        sent.load(Ordering::SeqCst) / MIB
+    );
+    server.abort();
+
+    // A single machine has a smaller cap than the list.
+    let (url, _, server) = bloated_api(2 * OBJECT_CAP, false, 200).await;
+    let err = within(bloated_client(&url).get_machine("agents", "m1"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "too_large", "{err}");
+    assert!(
+        err.to_string().contains("get_machine") && err.to_string().contains("m1"),
+        "{err}"
+    );
+    // …while a list of that size is fine.
+    let machines = within(bloated_client(&url).list_machines("agents"))
+        .await
+        .unwrap();
+    assert!(machines.is_empty());
+    server.abort();
+
+    // An error answer is read only as far as its message needs.
+    let (url, sent, server) = bloated_api(3 * LIST_CAP, false, 404).await;
+    let err = within(bloated_client(&url).get_machine("agents", "m1"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "not_found", "{err}");
+    assert!(err.to_string().len() < 1024, "{err}");
+    assert!(
+        sent.load(Ordering::SeqCst) < 16 * MIB,
+        "the server sent {} MiB of an error",
+        sent.load(Ordering::SeqCst) / MIB
+    );
+    server.abort();
 }

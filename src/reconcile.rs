@@ -359,9 +359,10 @@ fn verify_backoff(config: &Config, attempt: u32) -> Duration {
 }
 
 /// A machine's metadata, read once per sweep.
-struct OperatorState<'a> {
+struct OperatorState {
     held: bool,
-    marker: Option<Result<Marker, &'a str>>,
+    /// The marker, or why it cannot be one of ours (the field at fault).
+    marker: Option<Result<Marker, String>>,
     /// The approval on the machine, whatever commit it names.
     approval: Option<Approval>,
     has_approval_key: bool,
@@ -375,23 +376,27 @@ const MARKER_TIME_SPAN: chrono::TimeDelta = chrono::TimeDelta::days(366);
 
 /// A marker whose timestamps are far from `now` (year +262142, say) is not one
 /// of ours: left alone and reported like an unreadable one.
-fn plausible(marker: Marker, now: DateTime<Utc>) -> Option<Marker> {
+fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
     let near = |t: DateTime<Utc>| t.signed_duration_since(now).abs() <= MARKER_TIME_SPAN;
-    let times = [marker.started_at, marker.attempt_started_at]
-        .into_iter()
-        .chain(marker.restart_at)
-        .chain(marker.retry_at);
-    times.into_iter().all(near).then_some(marker)
+    let times = [
+        ("started_at", Some(marker.started_at)),
+        ("attempt_started_at", Some(marker.attempt_started_at)),
+        ("restart_at", marker.restart_at),
+        ("retry_at", marker.retry_at),
+    ];
+    match times.into_iter().find(|(_, t)| t.is_some_and(|t| !near(t))) {
+        Some((field, _)) => Err(format!("field `{field}`: more than a year away from now")),
+        None => Ok(marker),
+    }
 }
 
-fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
+fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState {
     OperatorState {
         held: m.metadata.contains_key(HOLD_KEY),
-        marker: m.metadata.get(MARKER_KEY).map(|v| {
-            Marker::parse(v)
-                .and_then(|mk| plausible(mk, now))
-                .ok_or(v.as_str())
-        }),
+        marker: m
+            .metadata
+            .get(MARKER_KEY)
+            .map(|v| Marker::decode(v).and_then(|mk| plausible(mk, now))),
         approval: m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)),
         has_approval_key: m.metadata.contains_key(APPROVE_KEY),
         unprobed: m
@@ -401,7 +406,7 @@ fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
     }
 }
 
-impl OperatorState<'_> {
+impl OperatorState {
     /// An approval authorizes a rotation to the commit it names, only.
     fn approval_for(&self, commit: &str) -> Option<&Approval> {
         self.approval.as_ref().filter(|a| a.approves(commit))
@@ -487,11 +492,7 @@ fn automatic(action: PolicyAction) -> bool {
 
 /// The probe-failure evidence for a machine without a usable report: the
 /// persisted record, else this run's memory.
-fn unprobed_evidence(
-    tracker: &Tracker,
-    m: &MachineReport,
-    op: &OperatorState<'_>,
-) -> Option<Unprobed> {
+fn unprobed_evidence(tracker: &Tracker, m: &MachineReport, op: &OperatorState) -> Option<Unprobed> {
     // Last seen drifted in this run, or mid-rotation (the marker says it was).
     let since = tracker.unprobed_since(&m.machine_id);
     let remembered = tracker
@@ -567,7 +568,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut plan = Plan::default();
 
     // Markers, holds and approvals, read once per machine.
-    let ops: Vec<OperatorState<'_>> = report
+    let ops: Vec<OperatorState> = report
         .machines
         .iter()
         .map(|m| operator_state(m, now))
@@ -650,7 +651,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             )
         };
         let step = match &op.marker {
-            Some(Err(_)) => {
+            Some(Err(why)) => {
                 plan.phases
                     .insert(m.machine_id.clone(), "unreadable marker".into());
                 plan.alerts.push(machine_alert(
@@ -659,7 +660,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     tip,
                     Severity::High,
                     format!(
-                        "{} has a rotation marker (metadata key {MARKER_KEY}) this reconciler cannot read or that names impossible times; not touching it",
+                        "{} has a rotation marker (metadata key {MARKER_KEY}) this reconciler cannot read ({why}); not touching it",
                         m.machine_id
                     ),
                 ));
@@ -856,7 +857,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 fn candidate<'a>(
     config: &Config,
     m: &'a MachineReport,
-    op: &OperatorState<'_>,
+    op: &OperatorState,
     evidence: Option<&Unprobed>,
     drift_since: Option<DateTime<Utc>>,
     drift_aged: bool,
@@ -961,7 +962,7 @@ fn candidate<'a>(
 /// Keeps the persisted probe-failure record in step with what is seen.
 fn unprobed_bookkeeping(
     m: &MachineReport,
-    op: &OperatorState<'_>,
+    op: &OperatorState,
     target: &Target,
     evidence: Option<&Unprobed>,
 ) -> Option<Step> {
@@ -1002,7 +1003,7 @@ fn release(
     target: &Target,
     marker: &Marker,
     m: &MachineReport,
-    op: &OperatorState<'_>,
+    op: &OperatorState,
     ending: Ending,
     why: &'static str,
 ) -> Step {
@@ -1036,7 +1037,7 @@ fn release(
 struct Ctx<'a> {
     config: &'a Config,
     m: &'a MachineReport,
-    op: &'a OperatorState<'a>,
+    op: &'a OperatorState,
     target: &'a Target,
     evidence: Option<&'a Unprobed>,
     fetch: FetchState,

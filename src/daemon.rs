@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
 use crate::overlay::{Overlay, OverlayError, OverlaySource, Tip};
 use crate::probe::{ProbeBuildError, Prober};
-use crate::sweep::{FleetReport, SweepError, Sweeper};
+use crate::sweep::{FleetReport, LastListings, SweepError, Sweeper};
 
 /// Secrets read from the environment at the binary's edge.
 #[derive(Clone, Default)]
@@ -145,6 +145,7 @@ pub async fn reconcile_loop(
     let mut last_fetch: Option<Instant> = None;
     let mut tip_fetched_at: Option<DateTime<Utc>> = None;
     let mut tracker = Tracker::default();
+    let mut listings = LastListings::default();
     // Whether the latest fetch attempt failed (the tip may be stale).
     let mut fetch_failing = false;
     let refresh = options.refresh.clone().unwrap_or_default();
@@ -192,7 +193,7 @@ pub async fn reconcile_loop(
             _ = shutdown.cancelled() => return,
             r = sweeper.sweep(&current) => r,
         };
-        let report = match swept {
+        let mut report = match swept {
             Ok(report) => report,
             Err(e) => {
                 tracing::warn!(error = %e, kind = e.kind(), "sweep failed");
@@ -205,6 +206,8 @@ pub async fn reconcile_loop(
             }
         };
         let now = Utc::now();
+        // An app this sweep could not list keeps its last listing, as stale.
+        listings.carry(&mut report, now);
         tracker.observe(&report, now);
         let plan = reconcile::plan(&PlanInput {
             config: &sweeper.config,

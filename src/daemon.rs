@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
 use crate::overlay::{Overlay, OverlayError, OverlaySource, Tip};
 use crate::probe::{ProbeBuildError, Prober};
-use crate::sweep::{FleetReport, SweepError, Sweeper};
+use crate::sweep::{FleetReport, LastListings, SweepError, Sweeper};
 
 /// Secrets read from the environment at the binary's edge.
 #[derive(Clone, Default)]
@@ -244,6 +244,7 @@ async fn sweep_loop(
     let mut ticker = tokio::time::interval(sweeper.config.sweep.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tracker = Tracker::default();
+    let mut listings = LastListings::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -267,7 +268,7 @@ async fn sweep_loop(
             _ = shutdown.cancelled() => return,
             r = sweeper.sweep(&current) => r,
         };
-        let report = match swept {
+        let mut report = match swept {
             Ok(report) => report,
             Err(e) => {
                 tracing::warn!(error = %e, kind = e.kind(), "sweep failed");
@@ -280,6 +281,8 @@ async fn sweep_loop(
             }
         };
         let now = Utc::now();
+        // An app this sweep could not list keeps its last listing, as stale.
+        listings.carry(&mut report, now);
         tracker.observe(&report, now);
         let plan = reconcile::plan(&PlanInput {
             config: &sweeper.config,

@@ -31,6 +31,9 @@ pub enum AlertKind {
     TipStale,
     /// Sweeps keep failing.
     SweepFailing,
+    /// One app's machines could not be listed for 3 sweep intervals: its
+    /// last listing is shown and nothing is done to its machines.
+    AppUnlistable,
 }
 
 impl AlertKind {
@@ -43,6 +46,7 @@ impl AlertKind {
             AlertKind::CoherenceBelowThreshold => "coherence_below_threshold",
             AlertKind::TipStale => "tip_stale",
             AlertKind::SweepFailing => "sweep_failing",
+            AlertKind::AppUnlistable => "app_unlistable",
         }
     }
 
@@ -55,6 +59,7 @@ impl AlertKind {
             AlertKind::CoherenceBelowThreshold => "coherence_restored",
             AlertKind::TipStale => "tip_fresh",
             AlertKind::SweepFailing => "sweep_recovered",
+            AlertKind::AppUnlistable => "app_listing_recovered",
         }
     }
 }

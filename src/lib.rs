@@ -39,8 +39,11 @@
 //!   reports, the repository) rather than reacting to events, so a missed
 //!   event or a restart of the daemon loses nothing.
 //! * **Per-machine trouble is data.** An agent that hangs, lies or answers
-//!   garbage gets a status in the report; only failures that make the whole
-//!   picture untrustworthy (an unlistable app, git failing) fail a sweep.
+//!   garbage gets a status in the report, and an app that cannot be listed
+//!   is reported stale (its last listing, the error, its age) while the
+//!   others are swept and reconciled as usual, and nothing is done to its
+//!   machines; only failures that make the whole picture untrustworthy (no
+//!   app can be listed, git failing) fail a sweep.
 //! * **State lives on the machines.** A rotation's marker, an operator's hold
 //!   and an approval are Fly machine metadata, not files of this process: a
 //!   restarted reconciler, or a second replica, reads the same truth and

@@ -48,7 +48,7 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
-    /// One read-only sweep: report drift. Exit 0 coherent, 1 drift or unprobeable machines, 2 error.
+    /// One read-only sweep: report drift. Exit 0 coherent, 1 drift or unprobeable machines, 2 error (an app that cannot be listed included).
     Check {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -271,7 +271,8 @@ fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
 }
 
 /// Prints a fleet report; exit 0 when coherent, 1 when anything drifts or
-/// cannot be probed.
+/// cannot be probed, 2 when an app could not be listed (its error on stderr,
+/// one line per app, after the report of the apps that could).
 fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
     match output {
         Output::Json => {
@@ -281,7 +282,18 @@ fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
         }
         Output::Table => print!("{}", report::to_table(fleet)),
     }
-    if fleet.is_coherent() {
+    let mut unlisted = false;
+    for (_, stale) in fleet.stale_apps() {
+        unlisted = true;
+        let shown = match stale.last_listed_at {
+            None => "its machines are not in the report".to_string(),
+            Some(at) => format!("showing its listing of {}", at.to_rfc3339()),
+        };
+        eprintln!("error: {}; {shown}", report::printable(&stale.error));
+    }
+    if unlisted {
+        ExitCode::from(2)
+    } else if fleet.is_coherent() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

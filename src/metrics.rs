@@ -24,6 +24,12 @@
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
 //! * `fleet_overlay_tip_age_seconds` is computed when scraped, so it keeps
 //!   growing while fetches fail or the loop is stuck.
+//! * `fleet_app_data_age_seconds` has one series per configured app, also
+//!   computed when scraped: seconds since the app was last listed. An app a
+//!   sweep could not list keeps exporting the figures of its last listing
+//!   (`fleet_machines`, coherence, severities, per-machine drift, and in the
+//!   fleet-wide coherence), marked by this age growing; an app never listed
+//!   since start exports no figures at all, only its age.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
@@ -53,6 +59,7 @@ pub const SWEEP_DURATION_SECONDS: &str = "fleet_sweep_duration_seconds";
 pub const SWEEPS_TOTAL: &str = "fleet_sweeps_total";
 pub const LAST_SWEEP_SUCCESS_TIMESTAMP: &str = "fleet_last_sweep_success_timestamp_seconds";
 pub const TIP_AGE_SECONDS: &str = "fleet_overlay_tip_age_seconds";
+pub const APP_DATA_AGE_SECONDS: &str = "fleet_app_data_age_seconds";
 pub const TIP_INFO: &str = "fleet_overlay_tip_info";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_webhook_deliveries_total";
 pub const BUILD_INFO: &str = "fleet_build_info";
@@ -108,6 +115,8 @@ struct Exported {
     tip: Option<(String, String)>,
     /// Last successful overlay fetch; before the first, process start.
     tip_fetched_at: Option<DateTime<Utc>>,
+    /// Per app: its last successful listing (`None`: never, since start).
+    app_listed_at: BTreeMap<String, Option<DateTime<Utc>>>,
 }
 
 /// Every series the daemon exports, in one registry.
@@ -126,6 +135,7 @@ pub struct Metrics {
     sweeps: IntCounterVec,
     last_success: Gauge,
     tip_age: Gauge,
+    app_age: GaugeVec,
     tip_info: IntGaugeVec,
     webhook_deliveries: IntCounterVec,
     admin_auth_failures: IntCounterVec,
@@ -259,7 +269,8 @@ impl Metrics {
             &r,
             SWEEPS_TOTAL,
             "Sweeps by result: \"success\", or the kind of failure that made the whole sweep \
-             untrustworthy (e.g. an app that cannot be listed, git failing).",
+             untrustworthy (e.g. no app could be listed, git failing). A sweep that could not \
+             list some apps succeeds; see fleet_app_data_age_seconds.",
             &["result"],
         )?;
         sweeps.with_label_values(&[SWEEP_SUCCESS]);
@@ -274,6 +285,21 @@ impl Metrics {
             "Seconds since the overlay release branch was last fetched successfully \
              (since the daemon started, before the first fetch); grows while fetches fail.",
         )?;
+        let app_age = {
+            let name = APP_DATA_AGE_SECONDS;
+            let vec = GaugeVec::new(
+                Opts::new(
+                    name,
+                    "Seconds since the app's machines were last listed successfully (since the \
+                     daemon started, before the first listing). Grows while the app cannot be \
+                     listed; its other series then show its last listing, and nothing is done \
+                     to its machines.",
+                ),
+                &["app"],
+            )
+            .map_err(|source| MetricsError::Register { name, source })?;
+            register(&r, name, vec)?
+        };
         let tip_info = gauge_vec(
             &r,
             TIP_INFO,
@@ -329,6 +355,7 @@ impl Metrics {
             sweeps,
             last_success,
             tip_age,
+            app_age,
             tip_info,
             webhook_deliveries,
             admin_auth_failures,
@@ -356,8 +383,33 @@ impl Metrics {
     pub fn record_sweep(&self, report: &FleetReport, duration: Duration, now: DateTime<Utc>) {
         let mut exported = self.exported();
 
-        // Apps: those the report summarises, plus any a machine names.
-        let mut apps: BTreeSet<String> = report.apps.iter().map(|a| a.name.clone()).collect();
+        // When each app was last listed: now, or the last listing a stale app shows.
+        let listed_at: BTreeMap<String, Option<DateTime<Utc>>> = report
+            .apps
+            .iter()
+            .map(|a| {
+                let at = match &a.stale {
+                    None => Some(now),
+                    Some(s) => s.last_listed_at,
+                };
+                (a.name.clone(), at)
+            })
+            .collect();
+        for gone in exported.app_listed_at.keys() {
+            if !listed_at.contains_key(gone) {
+                let _ = self.app_age.remove_label_values(&[gone.as_str()]);
+            }
+        }
+        exported.app_listed_at = listed_at;
+
+        // Apps: those the report summarises, plus any a machine names; not an
+        // app never listed (it has no figures, only its age).
+        let mut apps: BTreeSet<String> = report
+            .apps
+            .iter()
+            .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
+            .map(|a| a.name.clone())
+            .collect();
         apps.extend(report.machines.iter().map(|m| m.app.clone()));
 
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
@@ -389,7 +441,7 @@ impl Metrics {
             }
         }
         // Coherence exactly as the report computed it (on_tip ÷ started).
-        for summary in &report.apps {
+        for summary in report.apps.iter().filter(|a| apps.contains(&a.name)) {
             self.coherence
                 .with_label_values(&[summary.name.as_str()])
                 .set(summary.coherence);
@@ -552,13 +604,19 @@ impl Metrics {
     }
 
     /// The registry in the Prometheus text format, with clock-derived gauges
-    /// (tip age) computed for `now`.
+    /// (tip age, app data ages) computed for `now`.
     pub fn render_at(&self, now: DateTime<Utc>) -> Result<String, MetricsError> {
         {
             let exported = self.exported();
-            let since = exported.tip_fetched_at.unwrap_or(self.created_at);
-            let age = (now - since).num_milliseconds().max(0) as f64 / 1000.0;
-            self.tip_age.set(age);
+            let age =
+                |since: DateTime<Utc>| (now - since).num_milliseconds().max(0) as f64 / 1000.0;
+            self.tip_age
+                .set(age(exported.tip_fetched_at.unwrap_or(self.created_at)));
+            for (app, at) in &exported.app_listed_at {
+                self.app_age
+                    .with_label_values(&[app.as_str()])
+                    .set(age(at.unwrap_or(self.created_at)));
+            }
         }
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
@@ -631,6 +689,7 @@ mod tests {
                     } else {
                         on_tip as f64 / started as f64
                     },
+                    stale: None,
                 }
             })
             .collect();
@@ -689,6 +748,83 @@ mod tests {
         m.record_tip_fetched(at(1_050)); // out of order: ignored
         m.render_at(at(1_112)).unwrap();
         assert_eq!(m.tip_age.get(), 12.0);
+    }
+
+    #[test]
+    fn a_stale_app_keeps_its_figures_and_its_data_age_grows() {
+        let m = Metrics::new_at(true, at(1_000)).unwrap();
+        let listed = report(vec![
+            machine("a", "a1", MachineStatus::OnTip, Some(0)),
+            machine("b", "b1", MachineStatus::Drifted, Some(2)),
+            machine("b", "b2", MachineStatus::OnTip, Some(0)),
+        ]);
+        m.record_sweep(&listed, Duration::from_millis(10), at(1_010));
+        let text = m.render_at(at(1_012)).unwrap();
+        assert!(
+            text.contains("fleet_app_data_age_seconds{app=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fleet_app_data_age_seconds{app=\"b\"} 2"),
+            "{text}"
+        );
+
+        // b not listed, shown as of its listing at 1_010.
+        let mut carried = listed.clone();
+        carried.apps[1].stale = Some(crate::sweep::StaleApp {
+            error: "cannot list machines of app b: boom".into(),
+            kind: "status".into(),
+            last_listed_at: Some(at(1_010)),
+        });
+        m.record_sweep(&carried, Duration::from_millis(10), at(1_040));
+        let text = m.render_at(at(1_045)).unwrap();
+        assert!(
+            text.contains("fleet_app_data_age_seconds{app=\"a\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fleet_app_data_age_seconds{app=\"b\"} 35"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fleet_overlay_coherence_ratio{app=\"b\"} 0.5"),
+            "{text}"
+        );
+        assert!(text.contains("machine_id=\"b1\""), "{text}");
+        // Failed sweeps record nothing; the age keeps growing.
+        let text = m.render_at(at(1_100)).unwrap();
+        assert!(
+            text.contains("fleet_app_data_age_seconds{app=\"b\"} 90"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_app_never_listed_exports_only_its_age() {
+        let m = Metrics::new_at(true, at(1_000)).unwrap();
+        let mut r = report(vec![machine("a", "a1", MachineStatus::OnTip, Some(0))]);
+        r.apps.push(AppSummary {
+            name: "b".into(),
+            machines: 0,
+            on_tip: 0,
+            coherence: 1.0,
+            stale: Some(crate::sweep::StaleApp {
+                error: "cannot list machines of app b: boom".into(),
+                kind: "not_found".into(),
+                last_listed_at: None,
+            }),
+        });
+        m.record_sweep(&r, Duration::from_millis(10), at(1_010));
+        let text = m.render_at(at(1_030)).unwrap();
+        assert!(
+            text.contains("fleet_app_data_age_seconds{app=\"b\"} 30"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("fleet_overlay_coherence_ratio{app=\"b\"}"),
+            "{text}"
+        );
+        assert!(!text.contains("fleet_machines{app=\"b\""), "{text}");
     }
 
     #[test]

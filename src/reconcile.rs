@@ -6,7 +6,9 @@
 //! state machine. It is a pure function: no clients, no clock, no randomness;
 //! markers, slots and operator state come from the snapshot, and the only
 //! memory between sweeps is the `Tracker` (when drift and unprobeability
-//! began), which the caller passes in. It must never perform a step itself.
+//! began), which the caller passes in. It must never perform a step itself,
+//! nor plan one for a machine of an app the sweep could not list (its data is
+//! a past listing's; a rotation in progress there waits until the app lists).
 //!
 //! A snapshot can be tens of seconds old when its steps run, so every step
 //! that disrupts (cordon, drain, reload, restart) states the preconditions the
@@ -274,11 +276,18 @@ fn unprobeable(status: MachineStatus) -> bool {
 }
 
 impl Tracker {
-    /// Folds one sweep in. Machines absent from the report are forgotten.
+    /// Folds one sweep in. Machines absent from the report are forgotten;
+    /// machines of an app the sweep could not list are kept as they were
+    /// (nothing new is known of them).
     pub fn observe(&mut self, report: &FleetReport, now: DateTime<Utc>) {
+        let stale = report.stale_app_names();
         let mut next = HashMap::with_capacity(report.machines.len());
         for m in &report.machines {
             let mut seen = self.machines.remove(&m.machine_id).unwrap_or_default();
+            if stale.contains(m.app.as_str()) {
+                next.insert(m.machine_id.clone(), seen);
+                continue;
+            }
             match m.status {
                 s if s.is_classified() => {
                     seen.drift_since = seen.drift_since.or(Some(now));
@@ -591,8 +600,26 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 
     // New claims are ranked: most severe first, then oldest drift.
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
+    let stale = report.stale_app_names();
 
     for (m, op) in report.machines.iter().zip(&ops) {
+        // An app the sweep could not list is known only from an older
+        // listing: no step for its machines, not even an undo, and no alert
+        // of its own (the caller keeps those that were firing). A rotation in
+        // progress there waits, marker and slot as they are, until it lists.
+        if stale.contains(m.app.as_str()) {
+            let doing = match &op.marker {
+                _ if op.held => Some("held".to_string()),
+                Some(Ok(marker)) if marker.phase.holds_slot() => Some(phase_label(marker, m)),
+                _ => None,
+            };
+            let label = match doing {
+                Some(d) => format!("{d}; paused: app not listed"),
+                None => "paused: app not listed".to_string(),
+            };
+            plan.phases.insert(m.machine_id.clone(), label);
+            continue;
+        }
         let target = target_of(m);
         let drift_since = tracker.drift_since(&m.machine_id);
         let drift_aged =

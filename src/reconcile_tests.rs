@@ -1482,3 +1482,232 @@ fn an_unfinished_undo_is_retried_and_a_yield_keeps_its_retry_time() {
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).held().marker(&r));
     assert!(fx.plan_at(t0(), now).steps.is_empty());
 }
+
+// ---- an app the sweep could not list (issue 10 item 10) ----------------------
+
+impl M {
+    fn in_app(mut self, app: &str) -> M {
+        self.0.app = app.into();
+        self
+    }
+}
+
+/// Marks `app` as not listed by the sweep (its machines are its last listing).
+fn stale(mut report: FleetReport, app: &str) -> FleetReport {
+    let summary = report
+        .apps
+        .iter_mut()
+        .find(|a| a.name == app)
+        .expect("a configured app");
+    summary.stale = Some(crate::sweep::StaleApp {
+        error: format!(
+            "cannot list machines of app {app}: Fly API: list_machines for app {app} answered 503: unavailable"
+        ),
+        kind: "status".into(),
+        last_listed_at: Some(t0()),
+    });
+    report
+}
+
+/// In app `other`: a machine for every kind of step the planner makes.
+fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
+    let draining = marker("o-drain", Phase::Draining, RotationMode::Wait, t0());
+    let orphan = marker("o-orphan", Phase::Draining, RotationMode::Wait, t0());
+    let mut releasing = marker("o-undo", Phase::Releasing, RotationMode::Wait, t0());
+    releasing.ending = Some(Ending::Cancelled);
+    let mut restarting = marker("o-verify", Phase::Restarting, RotationMode::Wait, t0());
+    restarting.restart_at = Some(now - Cd::hours(1));
+    let unprobed = Unprobed {
+        since: t0(),
+        action: PolicyAction::AlertAndWait,
+        severity: Severity::Low,
+    };
+    let mut set = crate::slots::SlotSet::parse(None).unwrap();
+    for (id, m) in [
+        ("o-drain", &draining),
+        ("o-undo", &releasing),
+        ("o-verify", &restarting),
+    ] {
+        set.try_add(
+            "other",
+            "default",
+            crate::slots::Slot {
+                machine_id: id.into(),
+                tag: m.tag.clone(),
+                owner: "r1".into(),
+                since: t0(),
+            },
+            10,
+        );
+    }
+    let mut answers = M::on_tip("o-answers").in_app("other");
+    answers
+        .0
+        .metadata
+        .insert(UNPROBED_KEY.into(), unprobed.to_value());
+    let fx = Fx::new("[[apps]]\nname = \"other\"\npool_key = \"pool\"\n")
+        .with(M::drifted("a-drift", Severity::Low))
+        .with(
+            M::drifted("o-drift", Severity::Low)
+                .in_app("other")
+                .pool("wide", PolicyAction::AlertAndWait),
+        )
+        .with(
+            M::drifted("o-drain", Severity::Low)
+                .in_app("other")
+                .marker(&draining),
+        )
+        .with(
+            M::drifted("o-orphan", Severity::Low)
+                .in_app("other")
+                .marker(&orphan),
+        )
+        .with(
+            M::drifted("o-undo", Severity::Low)
+                .in_app("other")
+                .marker(&releasing),
+        )
+        .with(
+            M::drifted("o-verify", Severity::Low)
+                .in_app("other")
+                .marker(&restarting),
+        )
+        .with(
+            M::drifted("o-held", Severity::Low)
+                .in_app("other")
+                .held()
+                .marker(&marker("o-held", Phase::Draining, RotationMode::Wait, t0())),
+        )
+        .with(answers);
+    (fx, SlotsView::Known(set))
+}
+
+#[test]
+fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
+    let now = t0() + Cd::minutes(5);
+    let plan_for = |stale_other: bool| {
+        let (mut fx, slots) = busy_other_app(now);
+        let mut report = fx.report();
+        report.slots = slots;
+        if stale_other {
+            report = stale(report, "other");
+        }
+        fx.tracker.observe(&report, t0());
+        fx.tracker.observe(&report, now);
+        plan(&PlanInput {
+            config: &fx.config,
+            report: &report,
+            tracker: &fx.tracker,
+            owner: "r1",
+            fetch: fetched(),
+            now,
+        })
+    };
+
+    // Listed, `other` has work of every kind: a claim, a restart, two undos,
+    // a verify backoff, a bookkeeping step, and alerts.
+    let listed = plan_for(false);
+    let mut steps = kinds(&listed);
+    steps.sort_unstable();
+    assert_eq!(
+        steps,
+        [
+            ("a-drift", "claim"),
+            ("o-answers", "clear_unprobed"),
+            ("o-drain", "restart"),
+            ("o-drift", "claim"),
+            ("o-orphan", "cancel"),
+            ("o-undo", "cancel"),
+            ("o-verify", "advance"),
+        ],
+        "{listed:?}"
+    );
+    assert!(
+        listed
+            .alerts
+            .iter()
+            .any(|a| a.app.as_deref() == Some("other"))
+    );
+
+    // Not listed: nothing at all for `other` (not even the undos), while
+    // `app` is planned exactly as before.
+    let unlisted = plan_for(true);
+    assert_eq!(kinds(&unlisted), [("a-drift", "claim")], "{unlisted:?}");
+    assert!(
+        unlisted
+            .alerts
+            .iter()
+            .all(|a| a.app.as_deref() == Some("app")),
+        "no alert of its own: {:?}",
+        unlisted.alerts
+    );
+    assert_eq!(alerts(&unlisted, AlertKind::Drift), ["a-drift"]);
+    // The rotations in progress wait where they are, and say so.
+    assert_eq!(
+        unlisted.phases.get("o-drain").map(String::as_str),
+        Some("draining; paused: app not listed")
+    );
+    assert_eq!(
+        unlisted.phases.get("o-held").map(String::as_str),
+        Some("held; paused: app not listed")
+    );
+    assert_eq!(
+        unlisted.phases.get("o-drift").map(String::as_str),
+        Some("paused: app not listed")
+    );
+    // Their slots still count against their own pool, and only there.
+    assert_eq!(
+        unlisted
+            .rotations_in_progress
+            .get(&("other".into(), "default".into())),
+        Some(&5)
+    );
+    assert_eq!(
+        unlisted.phases.get("a-drift").map(String::as_str),
+        Some("claiming")
+    );
+}
+
+#[test]
+fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
+    let config = config("[[apps]]\nname = \"other\"\n");
+    let tip = crate::overlay::Tip {
+        branch: "release".into(),
+        commit: crate::model::CommitId::parse(TIP).unwrap(),
+    };
+    let report = |machines: Vec<M>| {
+        crate::sweep::build_report(&config, &tip, machines.into_iter().map(|m| m.0).collect())
+    };
+    let mut tracker = Tracker::default();
+    tracker.observe(
+        &report(vec![
+            M::drifted("d", Severity::Low).in_app("other"),
+            M::on_tip("u").in_app("other"),
+        ]),
+        t0(),
+    );
+    // Whatever a stale listing says, nothing new is known: no clock moves.
+    let later = t0() + Cd::minutes(10);
+    tracker.observe(
+        &stale(
+            report(vec![
+                M::on_tip("d").in_app("other"),
+                M::on_tip("u").in_app("other").unreachable(),
+            ]),
+            "other",
+        ),
+        later,
+    );
+    assert_eq!(tracker.drift_since("d"), Some(t0()));
+    assert_eq!(tracker.unprobed_since("u"), None);
+    // Listed again: the clocks follow the listing.
+    tracker.observe(
+        &report(vec![
+            M::on_tip("d").in_app("other"),
+            M::on_tip("u").in_app("other").unreachable(),
+        ]),
+        later,
+    );
+    assert_eq!(tracker.drift_since("d"), None);
+    assert_eq!(tracker.unprobed_since("u"), Some(later));
+}

@@ -23,6 +23,8 @@ pub fn write_json(out: &mut impl std::io::Write, report: &FleetReport) -> std::i
 }
 
 /// A readable table: one row per machine, then one coherence line per app.
+/// An app the sweep could not list says so, with the error, on its line; its
+/// rows (if any) are its last listing, marked `stale` in DETAIL.
 pub fn to_table(report: &FleetReport) -> String {
     to_table_with_phases(report, &BTreeMap::new())
 }
@@ -51,6 +53,7 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
         "STATUS", "PHASE", "DETAIL",
     ];
     let dash = || "-".to_string();
+    let stale = report.stale_app_names();
     let rows: Vec<[String; 13]> = report
         .machines
         .iter()
@@ -75,7 +78,11 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
                     m.status.to_string()
                 },
                 phases.get(&m.machine_id).cloned().unwrap_or_else(dash),
-                m.detail.clone().unwrap_or_default(),
+                match (stale.contains(m.app.as_str()), &m.detail) {
+                    (false, detail) => detail.clone().unwrap_or_default(),
+                    (true, None) => "stale (app not listed)".to_string(),
+                    (true, Some(d)) => format!("stale (app not listed); {d}"),
+                },
             ]
         })
         .collect();
@@ -122,10 +129,8 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
                 problems.push(format!("{n} {status}"));
             }
         }
-        let _ = writeln!(
-            out,
-            "{}: {}/{} started machines on tip, coherence {:.1}%{}",
-            app.name,
+        let figures = format!(
+            "{}/{} started machines on tip, coherence {:.1}%{}",
             app.on_tip,
             app.machines,
             app.coherence * 100.0,
@@ -135,13 +140,37 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
                 format!(" ({})", problems.join(", "))
             }
         );
+        let line = match &app.stale {
+            None => format!("{}: {figures}", app.name),
+            Some(s) => match s.last_listed_at {
+                None => format!("{}: not listed: {}", app.name, s.error),
+                Some(at) => format!(
+                    "{}: not listed, showing its listing of {}: {figures}; {}",
+                    app.name,
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    s.error
+                ),
+            },
+        };
+        let _ = writeln!(out, "{}", printable(&line));
     }
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
+    let mut unlisted: Vec<&str> = stale.into_iter().collect();
+    unlisted.sort_unstable();
     let _ = writeln!(
         out,
-        "fleet: {on_tip}/{started} started machines on tip, coherence {:.1}%",
-        report.coherence * 100.0
+        "fleet: {on_tip}/{started} started machines on tip, coherence {:.1}%{}",
+        report.coherence * 100.0,
+        if unlisted.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} app(s) not listed: {}",
+                unlisted.len(),
+                unlisted.join(", ")
+            )
+        }
     );
     out
 }
@@ -189,5 +218,77 @@ mod tests {
             "{table:?}"
         );
         assert!(table.contains("evil\\u{1b}]0;pwned\\u{7}"), "{table}");
+    }
+
+    #[test]
+    fn an_app_not_listed_says_so_with_the_error() {
+        let config = crate::config::Config::parse(
+            std::path::Path::new("t.toml"),
+            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
+             [[apps]]\nname = \"a\"\n[[apps]]\nname = \"b\"\n[[apps]]\nname = \"c\"\n",
+        )
+        .unwrap();
+        let machine = |app: &str, id: &str| crate::sweep::MachineReport {
+            app: app.into(),
+            machine_id: id.into(),
+            name: id.into(),
+            region: "iad".into(),
+            pool: "default".into(),
+            state: "started".into(),
+            status: MachineStatus::OnTip,
+            reported_ref: None,
+            commit: None,
+            commits_behind: None,
+            commits_ahead: None,
+            severity: None,
+            action: None,
+            detail: None,
+            report: None,
+            metadata: Default::default(),
+            version: String::new(),
+            health_url: None,
+        };
+        let tip = crate::overlay::Tip {
+            branch: "release".into(),
+            commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
+        };
+        let mut report =
+            crate::sweep::build_report(&config, &tip, vec![machine("a", "a1"), machine("b", "b1")]);
+        let stale = |app: &str, at| crate::sweep::StaleApp {
+            error: format!("cannot list machines of app {app}: answered 503"),
+            kind: "status".into(),
+            last_listed_at: at,
+        };
+        report.apps[1].stale = Some(stale(
+            "b",
+            chrono::DateTime::from_timestamp(1_800_000_000, 0),
+        ));
+        report.apps[2].stale = Some(stale("c", None));
+        let table = to_table(&report);
+        let line = |prefix: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("{prefix} in {table}"))
+                .to_string()
+        };
+        assert_eq!(
+            line("a:"),
+            "a: 1/1 started machines on tip, coherence 100.0%"
+        );
+        assert_eq!(
+            line("b:"),
+            "b: not listed, showing its listing of 2027-01-15T08:00:00Z: 1/1 started machines on tip, coherence 100.0%; cannot list machines of app b: answered 503"
+        );
+        assert_eq!(
+            line("c:"),
+            "c: not listed: cannot list machines of app c: answered 503"
+        );
+        assert!(
+            line("fleet:").ends_with("; 2 app(s) not listed: b, c"),
+            "{table}"
+        );
+        assert!(line("a ").trim_end().ends_with("on_tip  -"), "{table}");
+        assert!(line("b ").ends_with("stale (app not listed)"), "{table}");
     }
 }

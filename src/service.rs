@@ -185,7 +185,8 @@ struct Reporter<'a> {
     /// The planner's machine alerts of the last successful sweep. A failed
     /// sweep knows nothing new about machines, so they are carried over:
     /// sending only the fleet alerts would resolve every drift alert, and
-    /// page again once sweeps recover.
+    /// page again once sweeps recover. Likewise, per app, for the apps a
+    /// successful sweep could not list.
     machine_alerts: Vec<Alert>,
     /// Per webhook: (delivered, failed attempts, dropped) already counted.
     counted: HashMap<usize, (u64, u64, u64)>,
@@ -316,6 +317,7 @@ impl Reporter<'_> {
         }
 
         let sample = CoherenceSample::from_report(report);
+        self.fleet_alerts.observe_listings(report);
         let fleet = self.fleet_alerts.evaluate(
             &FleetAlertInput {
                 coherence: Some(&sample),
@@ -326,7 +328,14 @@ impl Reporter<'_> {
             },
             now,
         );
-        self.machine_alerts = plan.alerts.clone();
+        // Nothing new is known of the machines of an app this sweep could not
+        // list (the planner says nothing of them): their alerts stand.
+        let stale = report.stale_app_names();
+        let carried = self
+            .machine_alerts
+            .iter()
+            .filter(|a| a.app.as_deref().is_some_and(|app| stale.contains(app)));
+        self.machine_alerts = plan.alerts.iter().chain(carried).cloned().collect();
         self.notifier.update(
             &with_machine_alerts(&self.machine_alerts, fleet),
             &events,

@@ -3,13 +3,18 @@
 //! Owns the observe half of observe → decide → act: list every configured
 //! app's machines, probe the started ones, ask the overlay about each
 //! reported ref, classify drift, and compute coherence. Per-machine trouble
-//! becomes a per-machine status; only failures that make the whole picture
-//! untrustworthy (an app that cannot be listed, git failing) fail the sweep.
+//! becomes a per-machine status, and per-app trouble a per-app one: an app
+//! whose machines cannot be listed (deleted, a token without access to it, a
+//! partial Fly outage) is reported *stale* with the error, and never
+//! invalidates what the other apps' listings say. Only failures that make the
+//! whole picture untrustworthy (no app can be listed, git failing) fail the
+//! sweep. [`LastListings`] lets the daemon show a stale app's last listing.
 //! It must never mutate anything: no Fly writes, no agent POSTs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, UrlVars};
@@ -59,6 +64,25 @@ pub struct AppSummary {
     pub machines: usize,
     pub on_tip: usize,
     pub coherence: f64,
+    /// Set when this sweep could not list the app's machines; absent when it
+    /// could. The figures above and the app's machines are then those of its
+    /// last listing (none when there was none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<StaleApp>,
+}
+
+/// Why an app's entry is not from this sweep.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StaleApp {
+    /// The error, naming the app (`cannot list machines of app beta: …`).
+    pub error: String,
+    /// Its bounded kind: `not_found`, `unauthorized`, `status`, `transport`, …
+    pub kind: String,
+    /// When the app was last listed successfully (by this daemon): its
+    /// machines and figures in the report are from then, measured against
+    /// the tip of that sweep. `None` when it never was (`check`, or since the
+    /// daemon started): its machines are unknown and absent from the report.
+    pub last_listed_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -107,6 +131,51 @@ impl FleetReport {
             .filter(|m| app.is_none_or(|a| m.app == a) && m.status == status)
             .count()
     }
+
+    /// The apps this sweep could not list, with why.
+    pub fn stale_apps(&self) -> impl Iterator<Item = (&str, &StaleApp)> {
+        self.apps
+            .iter()
+            .filter_map(|a| a.stale.as_ref().map(|s| (a.name.as_str(), s)))
+    }
+
+    /// Names of the apps this sweep could not list.
+    pub fn stale_app_names(&self) -> HashSet<&str> {
+        self.stale_apps().map(|(name, _)| name).collect()
+    }
+
+    /// Recomputes per-app and fleet coherence from the machines.
+    fn summarize(&mut self) {
+        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
+        for m in &self.machines {
+            if m.status == MachineStatus::NotRunning {
+                continue;
+            }
+            let c = counts.entry(m.app.as_str()).or_default();
+            c.0 += 1;
+            if m.status == MachineStatus::OnTip {
+                c.1 += 1;
+            }
+        }
+        for app in &mut self.apps {
+            let (started, on_tip) = counts.get(app.name.as_str()).copied().unwrap_or_default();
+            app.machines = started;
+            app.on_tip = on_tip;
+            app.coherence = ratio(on_tip, started);
+        }
+        let started: usize = self.apps.iter().map(|a| a.machines).sum();
+        let on_tip: usize = self.apps.iter().map(|a| a.on_tip).sum();
+        self.coherence = ratio(on_tip, started);
+    }
+}
+
+/// On-tip ÷ started; 1.0 with no started machine.
+fn ratio(on_tip: usize, started: usize) -> f64 {
+    if started == 0 {
+        1.0
+    } else {
+        on_tip as f64 / started as f64
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,8 +211,9 @@ pub struct Sweeper {
 impl Sweeper {
     /// Observes the fleet against `tip`. Read-only.
     pub async fn sweep(&self, tip: &Tip) -> Result<FleetReport, SweepError> {
-        // Inventory: every app concurrently; one unlistable app fails the sweep,
-        // since a partial inventory would overstate coherence.
+        // Inventory: every app concurrently. An app that cannot be listed is
+        // reported stale (and counts for nothing); the others are swept as
+        // usual. With no app listed there is nothing to report.
         let listings = futures::future::join_all(
             self.config
                 .apps
@@ -152,12 +222,23 @@ impl Sweeper {
         )
         .await;
         let mut machines: Vec<(usize, Machine)> = Vec::new();
+        let mut unlisted: Vec<(usize, SweepError)> = Vec::new();
         for (app_index, (app, listing)) in listings.into_iter().enumerate() {
-            let listed = listing.map_err(|source| SweepError::Inventory {
-                app: app.name.clone(),
-                source,
-            })?;
-            machines.extend(listed.into_iter().map(|m| (app_index, m)));
+            match listing {
+                Ok(listed) => machines.extend(listed.into_iter().map(|m| (app_index, m))),
+                Err(source) => unlisted.push((
+                    app_index,
+                    SweepError::Inventory {
+                        app: app.name.clone(),
+                        source,
+                    },
+                )),
+            }
+        }
+        if unlisted.len() == self.config.apps.len()
+            && let Some((_, first)) = unlisted.drain(..).next()
+        {
+            return Err(first);
         }
         let slots = self.read_slots().await;
         machines.sort_by(|(a, ma), (b, mb)| {
@@ -232,6 +313,15 @@ impl Sweeper {
             })
             .collect();
         let mut report = build_report(&self.config, tip, reports);
+        for (app_index, e) in unlisted {
+            if let Some(app) = report.apps.get_mut(app_index) {
+                app.stale = Some(StaleApp {
+                    error: e.to_string(),
+                    kind: e.kind().to_string(),
+                    last_listed_at: None,
+                });
+            }
+        }
         report.slots = slots;
         Ok(report)
     }
@@ -345,43 +435,251 @@ pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing 
 
 /// Folds machine reports into the fleet report: per-app and fleet coherence.
 pub fn build_report(config: &Config, tip: &Tip, machines: Vec<MachineReport>) -> FleetReport {
-    let ratio = |on_tip: usize, started: usize| {
-        if started == 0 {
-            1.0
-        } else {
-            on_tip as f64 / started as f64
-        }
-    };
-    let apps: Vec<AppSummary> = config
-        .apps
-        .iter()
-        .map(|app| {
-            let started = machines
-                .iter()
-                .filter(|m| m.app == app.name && m.status != MachineStatus::NotRunning)
-                .count();
-            let on_tip = machines
-                .iter()
-                .filter(|m| m.app == app.name && m.status == MachineStatus::OnTip)
-                .count();
-            AppSummary {
-                name: app.name.clone(),
-                machines: started,
-                on_tip,
-                coherence: ratio(on_tip, started),
-            }
-        })
-        .collect();
-    let started: usize = apps.iter().map(|a| a.machines).sum();
-    let on_tip: usize = apps.iter().map(|a| a.on_tip).sum();
-    FleetReport {
+    let mut report = FleetReport {
         tip: TipReport {
             branch: tip.branch.clone(),
             commit: tip.commit.to_string(),
         },
-        coherence: ratio(on_tip, started),
-        apps,
+        coherence: 1.0,
+        apps: config
+            .apps
+            .iter()
+            .map(|app| AppSummary {
+                name: app.name.clone(),
+                machines: 0,
+                on_tip: 0,
+                coherence: 1.0,
+                stale: None,
+            })
+            .collect(),
         machines,
         slots: SlotsView::NotConfigured,
+    };
+    report.summarize();
+    report
+}
+
+/// Each app's last successful listing, kept by the daemon across sweeps: an
+/// app a sweep cannot list keeps its last known machines and figures in the
+/// report (marked stale, with when they were listed) rather than vanishing
+/// from the report, the metrics and the planner's memory. A provider error in
+/// one app never invalidates the data of the others, and never makes its own
+/// machines look gone.
+#[derive(Debug, Default)]
+pub struct LastListings {
+    apps: HashMap<String, Listing>,
+    /// Apps whose last listing failed, with the error logged.
+    failing: HashMap<String, String>,
+}
+
+#[derive(Debug)]
+struct Listing {
+    at: DateTime<Utc>,
+    machines: Vec<MachineReport>,
+}
+
+impl LastListings {
+    /// Folds the sweep that ended at `now` in: remembers every listed app's
+    /// machines, and gives every stale app its last listing (its machines,
+    /// recomputed figures and `last_listed_at`). Logs when an app stops and
+    /// starts being listable.
+    pub fn carry(&mut self, report: &mut FleetReport, now: DateTime<Utc>) {
+        let mut by_app: HashMap<String, Vec<MachineReport>> = HashMap::new();
+        let mut order: Vec<String> = Vec::new();
+        for m in std::mem::take(&mut report.machines) {
+            if !by_app.contains_key(&m.app) {
+                order.push(m.app.clone());
+            }
+            by_app.entry(m.app.clone()).or_default().push(m);
+        }
+        let mut machines = Vec::new();
+        let mut carried = false;
+        for app in &mut report.apps {
+            let listed = by_app.remove(&app.name).unwrap_or_default();
+            match &mut app.stale {
+                None => {
+                    if self.failing.remove(&app.name).is_some() {
+                        tracing::info!(app = %app.name, "app listed again: its machines are managed again");
+                    }
+                    self.apps.insert(
+                        app.name.clone(),
+                        Listing {
+                            at: now,
+                            machines: listed.clone(),
+                        },
+                    );
+                    machines.extend(listed);
+                }
+                Some(stale) => {
+                    if self.failing.get(&app.name) != Some(&stale.error) {
+                        tracing::warn!(
+                            app = %app.name, error = %stale.error, kind = %stale.kind,
+                            "cannot list the app's machines: its last listing is shown as stale and nothing is done to its machines until it lists again"
+                        );
+                        self.failing.insert(app.name.clone(), stale.error.clone());
+                    }
+                    machines.extend(listed);
+                    if let Some(last) = self.apps.get(&app.name) {
+                        stale.last_listed_at = Some(last.at);
+                        machines.extend(last.machines.iter().cloned());
+                        carried = true;
+                    }
+                }
+            }
+        }
+        // Machines of an app without a summary cannot come from `sweep`; keep them.
+        for app in order {
+            machines.extend(by_app.remove(&app).unwrap_or_default());
+        }
+        report.machines = machines;
+        if carried {
+            report.summarize();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::parse(
+            std::path::Path::new("t.toml"),
+            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
+             [[apps]]\nname = \"a\"\n[[apps]]\nname = \"b\"\n",
+        )
+        .unwrap()
+    }
+
+    fn machine(app: &str, id: &str, status: MachineStatus) -> MachineReport {
+        MachineReport {
+            app: app.into(),
+            machine_id: id.into(),
+            name: id.into(),
+            region: "iad".into(),
+            pool: "default".into(),
+            state: "started".into(),
+            status,
+            reported_ref: None,
+            commit: None,
+            commits_behind: None,
+            commits_ahead: None,
+            severity: None,
+            action: None,
+            detail: None,
+            report: None,
+            metadata: BTreeMap::new(),
+            version: String::new(),
+            health_url: None,
+        }
+    }
+
+    fn report(machines: Vec<MachineReport>, unlisted: &[&str]) -> FleetReport {
+        let tip = Tip {
+            branch: "release".into(),
+            commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
+        };
+        let mut r = build_report(&config(), &tip, machines);
+        for app in r
+            .apps
+            .iter_mut()
+            .filter(|a| unlisted.contains(&a.name.as_str()))
+        {
+            app.stale = Some(StaleApp {
+                error: format!("cannot list machines of app {}: boom", app.name),
+                kind: "status".into(),
+                last_listed_at: None,
+            });
+        }
+        r
+    }
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_stale_app_keeps_its_last_listing_and_the_others_are_fresh() {
+        let mut listings = LastListings::default();
+        let mut first = report(
+            vec![
+                machine("a", "a1", MachineStatus::OnTip),
+                machine("b", "b1", MachineStatus::Drifted),
+                machine("b", "b2", MachineStatus::OnTip),
+            ],
+            &[],
+        );
+        listings.carry(&mut first, at(0));
+        assert_eq!(first.machines.len(), 3);
+
+        // b cannot be listed; a changed meanwhile.
+        let mut second = report(vec![machine("a", "a1", MachineStatus::Drifted)], &["b"]);
+        assert_eq!(
+            second.apps[1].machines, 0,
+            "the sweep alone knows nothing of b"
+        );
+        listings.carry(&mut second, at(30));
+        let ids: Vec<&str> = second
+            .machines
+            .iter()
+            .map(|m| m.machine_id.as_str())
+            .collect();
+        assert_eq!(ids, ["a1", "b1", "b2"]);
+        assert_eq!(
+            second.machines[0].status,
+            MachineStatus::Drifted,
+            "a is fresh"
+        );
+        let b = &second.apps[1];
+        assert_eq!((b.machines, b.on_tip, b.coherence), (2, 1, 0.5));
+        let s = b.stale.as_ref().unwrap();
+        assert_eq!(s.last_listed_at, Some(at(0)));
+        assert!(s.error.contains("app b"));
+        assert!(second.apps[0].stale.is_none());
+        // Fleet figures: a now, b as last listed.
+        assert!((second.coherence - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(second.stale_app_names(), HashSet::from(["b"]));
+
+        // Still not listed: still the first listing, still dated then.
+        let mut third = report(vec![machine("a", "a1", MachineStatus::OnTip)], &["b"]);
+        listings.carry(&mut third, at(60));
+        assert_eq!(
+            third.apps[1].stale.as_ref().unwrap().last_listed_at,
+            Some(at(0))
+        );
+        assert_eq!(third.machines.len(), 3);
+
+        // Listed again: its new listing, nothing stale.
+        let mut fourth = report(
+            vec![
+                machine("a", "a1", MachineStatus::OnTip),
+                machine("b", "b2", MachineStatus::OnTip),
+            ],
+            &[],
+        );
+        listings.carry(&mut fourth, at(90));
+        assert_eq!(fourth.machines.len(), 2);
+        assert_eq!(fourth.stale_apps().count(), 0);
+        assert_eq!(fourth.coherence, 1.0);
+    }
+
+    #[test]
+    fn an_app_never_listed_has_no_machines_and_no_date() {
+        let mut listings = LastListings::default();
+        let mut r = report(vec![machine("a", "a1", MachineStatus::OnTip)], &["b"]);
+        listings.carry(&mut r, at(0));
+        assert_eq!(r.machines.len(), 1);
+        let b = &r.apps[1];
+        assert_eq!((b.machines, b.on_tip), (0, 0));
+        assert_eq!(b.stale.as_ref().unwrap().last_listed_at, None);
+        // The JSON names it and says why; a listed app's entry is unchanged.
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert!(v["apps"][0].get("stale").is_none());
+        assert_eq!(v["apps"][1]["stale"]["kind"], "status");
+        assert!(v["apps"][1]["stale"]["last_listed_at"].is_null());
+        // …and reads back (`status` parses a daemon's document).
+        let back: FleetReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back.apps[1].stale, r.apps[1].stale);
+        assert!(back.apps[0].stale.is_none());
     }
 }

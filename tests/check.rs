@@ -613,3 +613,120 @@ async fn validate_config_accepts_every_shipped_file_and_rejects_bad_ones() {
         "{err}"
     );
 }
+
+/// One app that cannot be listed (deleted, no access, a partial outage) does
+/// not hide the others: `check` reports every app it could list, names the
+/// one it could not with the error, and exits 2. Only when no app can be
+/// listed does the sweep fail as a whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlistable_app_is_named_and_the_others_are_reported() {
+    let fx = overlay_fixture();
+    let h = &fx.history;
+    let s = tip(h).to_string();
+    let fleet = SimFleet::new(TOKEN)
+        .release_tip(s.clone())
+        .app(
+            SimApp::new("dispatch")
+                .machine(SimMachine::new("d-tip").loaded(s.clone()))
+                .machine(
+                    SimMachine::new("d-old").loaded(h.release[h.release.len() - 2].to_string()),
+                ),
+        )
+        .app(
+            SimApp::new("chat")
+                .machine(SimMachine::new("c-tip").loaded(s.clone()))
+                .machine(SimMachine::new("c-old").loaded(h.release[1].to_string())),
+        );
+    let sim = Sim::start(fleet).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &config_text(&sim, &fx, ""));
+
+    // A deleted app: Fly answers 404 for its machine list.
+    sim.fail_app("chat", Some(404));
+    let (code, stdout, stderr) = run_check_async(config.clone(), Some(TOKEN), &[]).await;
+    assert_eq!(code, 2, "an app could not be listed: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("d-tip") && stdout.contains("d-old"),
+        "the listed app's machines are reported: {stdout}"
+    );
+    assert!(
+        stdout.contains("dispatch: 1/2 started machines on tip"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("c-tip") && !stdout.contains("c-old"),
+        "{stdout}"
+    );
+    let chat_line = stdout
+        .lines()
+        .find(|l| l.starts_with("chat:"))
+        .unwrap_or_else(|| panic!("a line for chat: {stdout}"));
+    assert!(
+        chat_line.contains("not listed") && chat_line.contains("not found"),
+        "{chat_line}"
+    );
+    assert!(
+        stderr.lines().any(|l| l.starts_with("error: ")
+            && l.contains("cannot list machines of app chat")
+            && l.contains("not found")),
+        "{stderr}"
+    );
+
+    // A token without access to the app (403), as JSON: the document says
+    // which app is missing and why.
+    sim.fail_app("chat", Some(403));
+    let (code, stdout, stderr) =
+        run_check_async(config.clone(), Some(TOKEN), &["--output", "json"]).await;
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let ids: Vec<&str> = v["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["machine_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["d-old", "d-tip"]);
+    let app = |name: &str| {
+        v["apps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap_or_else(|| panic!("app {name} in {v}"))
+            .clone()
+    };
+    assert!(app("dispatch").get("stale").is_none_or(|s| s.is_null()));
+    let chat = app("chat");
+    let error = chat["stale"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("chat") && error.contains("403"), "{chat}");
+    assert_eq!(chat["stale"]["kind"], "unauthorized");
+    assert!(chat["stale"]["last_listed_at"].is_null(), "{chat}");
+    assert_eq!(v["coherence"], 0.5, "only what was listed counts");
+    assert!(
+        stderr.contains("cannot list machines of app chat"),
+        "{stderr}"
+    );
+
+    // Listed again: exit code and report as usual.
+    sim.fail_app("chat", None);
+    let (code, stdout, _) = run_check_async(config.clone(), Some(TOKEN), &[]).await;
+    assert_eq!(code, 1, "drift, nothing missing: {stdout}");
+    assert!(
+        stdout.contains("c-old") && stdout.contains("chat: 1/2"),
+        "{stdout}"
+    );
+
+    // No app can be listed: the sweep fails as a whole, as before.
+    sim.fail_app("chat", Some(500));
+    sim.fail_app("dispatch", Some(404));
+    let (code, stdout, stderr) = run_check_async(config, Some(TOKEN), &[]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty(), "no report without any listing: {stdout}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("error: ") && l.contains("cannot list machines of app")),
+        "{stderr}"
+    );
+    sim.shutdown().await;
+}

@@ -1,8 +1,10 @@
-//! Fleet-level alert conditions: coherence below threshold, sweeps failing, tip stale.
+//! Fleet-level alert conditions: coherence below threshold, sweeps failing,
+//! tip stale, an app that cannot be listed.
 //!
 //! Owns the rules that turn per-sweep facts (coherence, last successful sweep,
-//! last successful fetch) into `Alert`s, and the little state those rules need
-//! (since when coherence has been below the threshold). It must never read the
+//! last successful fetch, apps not listed) into `Alert`s, and the little state
+//! those rules need (since when coherence has been below the threshold, which
+//! apps the last sweep could not list). It must never read the
 //! clock or do I/O: `now` and every timestamp are arguments, so the rules are
 //! tested by driving time forward.
 
@@ -14,7 +16,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use crate::config::Config;
 use crate::events::{Alert, AlertKind};
 use crate::model::Severity;
-use crate::sweep::FleetReport;
+use crate::sweep::{FleetReport, StaleApp};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -22,6 +24,10 @@ pub const COHERENCE_SEVERITY: Severity = Severity::High;
 pub const SWEEP_FAILING_SEVERITY: Severity = Severity::Critical;
 /// Severity of the tip-stale alert.
 pub const TIP_STALE_SEVERITY: Severity = Severity::High;
+/// Severity of the app-unlistable alert: that app's machines are unmanaged.
+pub const APP_UNLISTABLE_SEVERITY: Severity = Severity::High;
+/// Longest error text an alert carries (the Fly error naming the app).
+const ERROR_MAX_CHARS: usize = 300;
 
 /// The thresholds of the fleet-level alerts.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +69,11 @@ impl FleetAlertRules {
     /// interval is effectively the sweep interval.
     pub fn tip_stale_after(&self) -> Duration {
         self.fetch_interval.max(self.sweep_interval) * self.stale_intervals
+    }
+
+    /// An app not listed successfully for longer than this fires `app_unlistable`.
+    pub fn app_stale_after(&self) -> Duration {
+        self.sweep_interval * self.stale_intervals
     }
 }
 
@@ -139,6 +150,9 @@ pub struct FleetAlertTracker {
     apps_below: BTreeMap<String, Below>,
     /// Number of apps in the last sample (the fleet-wide alert is redundant for one).
     app_count: usize,
+    /// The apps the last successful sweep could not list, and how many of
+    /// their machines it shows from their last listing.
+    unlisted: BTreeMap<String, (StaleApp, usize)>,
 }
 
 impl FleetAlertTracker {
@@ -149,11 +163,25 @@ impl FleetAlertTracker {
             fleet_below: None,
             apps_below: BTreeMap::new(),
             app_count: 0,
+            unlisted: BTreeMap::new(),
         }
     }
 
     pub fn rules(&self) -> &FleetAlertRules {
         &self.rules
+    }
+
+    /// Records which apps a successful sweep could not list; call before
+    /// [`FleetAlertTracker::evaluate`]. A failed sweep lists nothing: without
+    /// this call the last known set stands (and keeps ageing).
+    pub fn observe_listings(&mut self, report: &FleetReport) {
+        self.unlisted = report
+            .stale_apps()
+            .map(|(name, stale)| {
+                let shown = report.machines.iter().filter(|m| m.app == name).count();
+                (name.to_owned(), (stale.clone(), shown))
+            })
+            .collect();
     }
 
     /// The fleet-level alerts that hold at `now`. Call once per sweep (also
@@ -174,7 +202,50 @@ impl FleetAlertTracker {
         }
         alerts.extend(self.sweep_failing(input, started, now));
         alerts.extend(self.tip_stale(input, started, now));
+        alerts.extend(self.apps_unlistable(started, now));
         alerts
+    }
+
+    /// One alert per app not listed for longer than
+    /// [`FleetAlertRules::app_stale_after`] (measured from its last listing,
+    /// or from the first evaluation when it never was).
+    fn apps_unlistable(&self, started: DateTime<Utc>, now: DateTime<Utc>) -> Vec<Alert> {
+        self.unlisted
+            .iter()
+            .filter_map(|(app, (stale, shown))| {
+                let since = elapsed(stale.last_listed_at.unwrap_or(started), now);
+                if since <= self.rules.app_stale_after() {
+                    return None;
+                }
+                let error: String = stale.error.chars().take(ERROR_MAX_CHARS).collect();
+                let shown = match stale.last_listed_at {
+                    Some(at) => format!(
+                        "its {shown} machine(s) are shown as last listed ({})",
+                        rfc3339(at)
+                    ),
+                    None => "its machines are unknown".to_owned(),
+                };
+                Some(Alert {
+                    kind: AlertKind::AppUnlistable,
+                    app: Some(app.clone()),
+                    machine_id: None,
+                    commit: None,
+                    severity: APP_UNLISTABLE_SEVERITY,
+                    summary: format!(
+                        "App {app} has not been listed for {}: {error}; {shown}, and nothing is done to them until it lists again",
+                        human(since),
+                    ),
+                    details: BTreeMap::from([
+                        ("error".to_owned(), error),
+                        ("kind".to_owned(), stale.kind.clone()),
+                        (
+                            "last_listed".to_owned(),
+                            stale.last_listed_at.map_or("never".to_owned(), rfc3339),
+                        ),
+                    ]),
+                })
+            })
+            .collect()
     }
 
     fn observe(&mut self, sample: &CoherenceSample, now: DateTime<Utc>) {
@@ -342,4 +413,133 @@ fn human(d: Duration) -> humantime::FormattedDuration {
 
 fn percent(ratio: f64) -> String {
     format!("{:.1}%", ratio * 100.0).replace(".0%", "%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::{AppSummary, TipReport};
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
+    }
+
+    fn rules() -> FleetAlertRules {
+        FleetAlertRules {
+            coherence_threshold: 0.0,
+            coherence_for: Duration::from_secs(900),
+            sweep_interval: Duration::from_secs(30),
+            fetch_interval: Duration::from_secs(30),
+            max_consecutive_sweep_failures: 3,
+            stale_intervals: 3,
+        }
+    }
+
+    /// A report of apps `a` and `b`, `b` not listed since `b_listed` (`Some(None)`: never).
+    fn report(b_unlisted: Option<Option<DateTime<Utc>>>) -> FleetReport {
+        let app = |name: &str, stale: Option<StaleApp>| AppSummary {
+            name: name.into(),
+            machines: 0,
+            on_tip: 0,
+            coherence: 1.0,
+            stale,
+        };
+        FleetReport {
+            tip: TipReport {
+                branch: "release".into(),
+                commit: "a".repeat(40),
+            },
+            coherence: 1.0,
+            apps: vec![
+                app("a", None),
+                app(
+                    "b",
+                    b_unlisted.map(|last_listed_at| StaleApp {
+                        error: "cannot list machines of app b: Fly API: list_machines for app b answered 503: down".into(),
+                        kind: "status".into(),
+                        last_listed_at,
+                    }),
+                ),
+            ],
+            machines: Vec::new(),
+            slots: Default::default(),
+        }
+    }
+
+    fn input(now: DateTime<Utc>) -> FleetAlertInput<'static> {
+        FleetAlertInput {
+            coherence: None,
+            last_sweep_success: Some(now),
+            consecutive_sweep_failures: 0,
+            last_tip_fetch: Some(now),
+            tip_commit: None,
+        }
+    }
+
+    fn unlistable(alerts: &[Alert]) -> Vec<String> {
+        alerts
+            .iter()
+            .filter(|a| a.kind == AlertKind::AppUnlistable)
+            .map(Alert::dedup_key)
+            .collect()
+    }
+
+    #[test]
+    fn app_unlistable_fires_after_three_intervals_and_resolves_when_listed() {
+        let mut tracker = FleetAlertTracker::new(rules());
+        tracker.observe_listings(&report(None));
+        assert!(unlistable(&tracker.evaluate(&input(t(0)), t(0))).is_empty());
+        // b's last listing was at t(0); it fails from the next sweep on.
+        for s in [30, 60, 90] {
+            tracker.observe_listings(&report(Some(Some(t(0)))));
+            assert!(
+                unlistable(&tracker.evaluate(&input(t(s)), t(s))).is_empty(),
+                "{s}"
+            );
+        }
+        tracker.observe_listings(&report(Some(Some(t(0)))));
+        let firing = tracker.evaluate(&input(t(120)), t(120));
+        assert_eq!(
+            unlistable(&firing),
+            ["fleet-reconciler/app_unlistable/b/*/*"]
+        );
+        let alert = firing
+            .iter()
+            .find(|a| a.kind == AlertKind::AppUnlistable)
+            .unwrap();
+        assert_eq!(alert.severity, APP_UNLISTABLE_SEVERITY);
+        assert!(
+            alert.summary.contains("App b has not been listed for 2m"),
+            "{}",
+            alert.summary
+        );
+        assert!(alert.summary.contains("503"), "{}", alert.summary);
+        assert_eq!(alert.details["last_listed"], "2027-01-15T08:00:00Z");
+        assert_eq!(alert.details["kind"], "status");
+        // A failed sweep lists nothing: the alert holds.
+        assert_eq!(
+            unlistable(&tracker.evaluate(&input(t(150)), t(150))),
+            ["fleet-reconciler/app_unlistable/b/*/*"]
+        );
+        // Listed again: resolved at once.
+        tracker.observe_listings(&report(None));
+        assert!(unlistable(&tracker.evaluate(&input(t(180)), t(180))).is_empty());
+    }
+
+    #[test]
+    fn an_app_never_listed_counts_from_the_start() {
+        let mut tracker = FleetAlertTracker::new(rules());
+        tracker.observe_listings(&report(Some(None)));
+        assert!(unlistable(&tracker.evaluate(&input(t(0)), t(0))).is_empty());
+        assert!(unlistable(&tracker.evaluate(&input(t(90)), t(90))).is_empty());
+        let firing = tracker.evaluate(&input(t(91)), t(91));
+        assert_eq!(unlistable(&firing).len(), 1);
+        let alert = &firing[0];
+        assert_eq!(alert.details["last_listed"], "never");
+        assert!(
+            alert.summary.contains("its machines are unknown"),
+            "{}",
+            alert.summary
+        );
+    }
 }

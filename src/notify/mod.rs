@@ -54,8 +54,8 @@ use crate::events::{ActionEvent, Alert, EventKind};
 use crate::model::Severity;
 
 pub use fleet::{
-    COHERENCE_SEVERITY, Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules,
-    FleetAlertTracker, SWEEP_FAILING_SEVERITY, TIP_STALE_SEVERITY,
+    APP_UNLISTABLE_SEVERITY, COHERENCE_SEVERITY, Coherence, CoherenceSample, FleetAlertInput,
+    FleetAlertRules, FleetAlertTracker, SWEEP_FAILING_SEVERITY, TIP_STALE_SEVERITY,
 };
 pub use format::{
     JSON_SCHEMA_VERSION, PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, SIGNATURE_HEADER,

@@ -49,7 +49,7 @@ use crate::operator::{
 };
 use crate::probe::AgentReport;
 use crate::report;
-use crate::sweep::{FleetReport, MachineReport};
+use crate::sweep::{FleetReport, MachineReport, StaleApp};
 
 pub use client::{StatusError, fetch_fleet, parse_fleet};
 pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
@@ -608,6 +608,10 @@ struct MachineDetail<'a> {
     /// The release tip the report measured against.
     tip: &'a str,
     swept_at: Option<DateTime<Utc>>,
+    /// Set when the last sweep could not list the machine's app: this is
+    /// its last listing, and nothing is done to it meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    app_stale: Option<&'a StaleApp>,
 }
 
 /// A metadata value as JSON when it parses, else as a string.
@@ -644,6 +648,11 @@ async fn machine(
         drift_since: observed.drift_since(id),
         tip: &report.tip.commit,
         swept_at: observed.last_success,
+        app_stale: report
+            .apps
+            .iter()
+            .find(|a| a.name == m.app)
+            .and_then(|a| a.stale.as_ref()),
     };
     Ok(json_response(StatusCode::OK, &detail))
 }

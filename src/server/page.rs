@@ -138,6 +138,7 @@ pub fn render_status_page(observed: &Observed, now: DateTime<Utc>) -> String {
     );
     header(&mut out, observed, now);
     banners(&mut out, observed, now);
+    unlisted_banners(&mut out, observed, now);
     match &observed.report {
         None => {
             out.push_str(
@@ -211,6 +212,30 @@ fn banners(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
     }
 }
 
+/// One banner per app the last sweep could not list: the error, and what is
+/// shown of it instead.
+fn unlisted_banners(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+    let Some(report) = &observed.report else {
+        return;
+    };
+    for (app, stale) in report.stale_apps() {
+        let shown = match stale.last_listed_at {
+            Some(at) => format!(
+                "its machines and figures below are from its last listing, {} ago",
+                age(now, at)
+            ),
+            None => "its machines are unknown and not shown".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "<div class=\"banner warn\">App <b>{}</b> could not be listed: {}. Shown stale: {shown}; \
+             nothing is done to its machines until it lists again.</div>",
+            esc(app),
+            esc(&stale.error),
+        );
+    }
+}
+
 fn card(out: &mut String, class: &str, name: &str, coherence: f64, sub: &str, chips: &str) {
     let _ = writeln!(
         out,
@@ -262,14 +287,21 @@ fn cards(out: &mut String, report: &FleetReport, threshold: f64) {
         if !chips.is_empty() {
             chips = format!("<div class=\"chips\">{chips}</div>");
         }
-        card(
-            out,
-            level(app.coherence, threshold),
-            &app.name,
-            app.coherence,
-            &format!("{} of {} started machines on tip", app.on_tip, app.machines),
-            &chips,
-        );
+        let (class, sub) = match &app.stale {
+            None => (
+                level(app.coherence, threshold),
+                format!("{} of {} started machines on tip", app.on_tip, app.machines),
+            ),
+            Some(s) if s.last_listed_at.is_some() => (
+                "warn",
+                format!(
+                    "{} of {} started machines on tip · stale: not listed",
+                    app.on_tip, app.machines
+                ),
+            ),
+            Some(_) => ("warn", "not listed: machines unknown".to_string()),
+        };
+        card(out, class, &app.name, app.coherence, &sub, &chips);
     }
     out.push_str("</section>\n");
 }

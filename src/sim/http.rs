@@ -408,6 +408,12 @@ fn fly_gate(
             "unauthorized: missing or invalid Authorization token",
         ));
     }
+    if let Some(status) = route.app.as_ref().and_then(|a| world.failing_apps.get(a)) {
+        return Gate::Refuse(ApiError::with_code(
+            *status,
+            "injected failure: app unavailable",
+        ));
+    }
     if let Some(InjectedFailure {
         status,
         retry_after,

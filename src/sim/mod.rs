@@ -46,7 +46,9 @@
 //!   Re-acquiring with a stale nonce when no lease is held takes a new lease.
 //!   A nonce header on an unleased machine is ignored.
 //! - **Injected faults** ([`Sim::fail_next`]) and the optional rate limit apply
-//!   to authenticated Fly API requests only, after the token check.
+//!   to authenticated Fly API requests only, after the token check. A failing
+//!   app ([`Sim::fail_app`]) refuses every such request naming it before
+//!   either (it consumes no queued fault).
 //! - **Chaos** ([`Sim::set_chaos`]) applies to the same requests (long-polls
 //!   and lease calls included), after queued faults and the rate limit: a
 //!   request refused by either never reaches the RNG. Each remaining request
@@ -402,6 +404,18 @@ impl Sim {
             retry_after,
         };
         world.failures.extend(std::iter::repeat_n(failure, n));
+    }
+
+    /// Until called again with `None`, every authenticated Fly API request
+    /// naming `app` (listing its machines, or any call on one of them) answers
+    /// `status` without taking effect: a deleted app (404), a token without
+    /// access to it (403), a partial outage (500, 503). Other apps answer as usual.
+    pub fn fail_app(&self, app: &str, status: Option<u16>) {
+        let mut world = self.shared.lock();
+        match status {
+            Some(s) => world.failing_apps.insert(app.to_string(), s),
+            None => world.failing_apps.remove(app),
+        };
     }
 
     /// The next `method action` call on `machine_id` (e.g. `"POST"`,

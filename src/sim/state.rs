@@ -110,6 +110,8 @@ pub(crate) struct World {
     pub(crate) failures: VecDeque<InjectedFailure>,
     /// Faults aimed at one kind of call of one machine ([`super::Sim::fault_next_call`]).
     pub(crate) targeted: Vec<TargetedFault>,
+    /// App name → the status every Fly API call naming the app answers ([`super::Sim::fail_app`]).
+    pub(crate) failing_apps: HashMap<String, u16>,
     /// Statuses the next cooperative calls of one agent answer ([`super::Sim::fail_next_agent_call`]).
     pub(crate) agent_failures: Vec<(String, String, u16)>,
     pub(crate) rate_limit: Option<RateLimit>,
@@ -191,6 +193,7 @@ impl World {
             next_seq: 0,
             failures: VecDeque::new(),
             targeted: Vec::new(),
+            failing_apps: HashMap::new(),
             agent_failures: Vec::new(),
             rate_limit: fleet.rate_limit,
             buckets: HashMap::new(),

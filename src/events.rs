@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{PolicyAction, Severity};
 
 /// Conditions that fire while they hold and resolve when they clear.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AlertKind {
     /// A machine has trailed the tip for longer than `min_drift_age`
@@ -31,6 +31,9 @@ pub enum AlertKind {
     TipStale,
     /// Sweeps keep failing.
     SweepFailing,
+    /// A webhook is dead-lettering what it is sent (raised by the notifier
+    /// itself, delivered to the other webhooks).
+    SinkFailing,
 }
 
 impl AlertKind {
@@ -43,6 +46,7 @@ impl AlertKind {
             AlertKind::CoherenceBelowThreshold => "coherence_below_threshold",
             AlertKind::TipStale => "tip_stale",
             AlertKind::SweepFailing => "sweep_failing",
+            AlertKind::SinkFailing => "alert_sink_failing",
         }
     }
 
@@ -55,6 +59,7 @@ impl AlertKind {
             AlertKind::CoherenceBelowThreshold => "coherence_restored",
             AlertKind::TipStale => "tip_fresh",
             AlertKind::SweepFailing => "sweep_recovered",
+            AlertKind::SinkFailing => "alert_sink_recovered",
         }
     }
 }
@@ -66,7 +71,7 @@ impl fmt::Display for AlertKind {
 }
 
 /// A condition that holds now.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Alert {
     pub kind: AlertKind,
     pub app: Option<String>,

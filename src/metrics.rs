@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use prometheus::{
-    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::fly::RequestObserver;
@@ -55,6 +55,9 @@ pub const LAST_SWEEP_SUCCESS_TIMESTAMP: &str = "fleet_last_sweep_success_timesta
 pub const TIP_AGE_SECONDS: &str = "fleet_overlay_tip_age_seconds";
 pub const TIP_INFO: &str = "fleet_overlay_tip_info";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_webhook_deliveries_total";
+pub const WEBHOOK_DEAD_LETTERS: &str = "fleet_webhook_dead_letters";
+pub const WEBHOOK_SINK_FAILING: &str = "fleet_webhook_sink_failing";
+pub const ALERT_STATE_WRITE_FAILURES_TOTAL: &str = "fleet_alert_state_write_failures_total";
 pub const BUILD_INFO: &str = "fleet_build_info";
 
 /// The `app` label value of fleet-wide coherence (Fly app names cannot contain `*`).
@@ -123,6 +126,9 @@ pub struct Metrics {
     tip_age: Gauge,
     tip_info: IntGaugeVec,
     webhook_deliveries: IntCounterVec,
+    webhook_dead_letters: IntGaugeVec,
+    webhook_sink_failing: IntGaugeVec,
+    alert_state_write_failures: IntCounter,
     exported: Mutex<Exported>,
 }
 
@@ -276,8 +282,33 @@ impl Metrics {
         let webhook_deliveries = counter_vec(
             &r,
             WEBHOOK_DELIVERIES_TOTAL,
-            "Alert webhook deliveries by sink format and result (a failed delivery is retried).",
+            "Alert webhook deliveries by sink format and result: delivered and dead_lettered \
+             notifications, failed attempts (retried unless dead-lettered), dropped on a full queue.",
             &["format", "result"],
+        )?;
+        let webhook_dead_letters = gauge_vec(
+            &r,
+            WEBHOOK_DEAD_LETTERS,
+            "Notifications a webhook could not take, set aside in the alert state file.",
+            &["sink", "format"],
+        )?;
+        let webhook_sink_failing = gauge_vec(
+            &r,
+            WEBHOOK_SINK_FAILING,
+            "1 while a webhook dead-letters what it is sent (permanent refusal or failing for long), else 0.",
+            &["sink", "format"],
+        )?;
+        let alert_state_write_failures = register(
+            &r,
+            ALERT_STATE_WRITE_FAILURES_TOTAL,
+            IntCounter::new(
+                ALERT_STATE_WRITE_FAILURES_TOTAL,
+                "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
+            )
+            .map_err(|source| MetricsError::Register {
+                name: ALERT_STATE_WRITE_FAILURES_TOTAL,
+                source,
+            })?,
         )?;
         let build_info = gauge_vec(
             &r,
@@ -305,6 +336,9 @@ impl Metrics {
             tip_age,
             tip_info,
             webhook_deliveries,
+            webhook_dead_letters,
+            webhook_sink_failing,
+            alert_state_write_failures,
             exported: Mutex::new(Exported::default()),
         })
     }
@@ -496,6 +530,22 @@ impl Metrics {
         self.webhook_deliveries
             .with_label_values(&[format, result])
             .inc_by(n);
+    }
+
+    /// Publishes one webhook's dead letters kept and whether it is failing.
+    pub fn set_webhook_sink(&self, index: usize, format: &str, dead_letters: usize, failing: bool) {
+        let sink = index.to_string();
+        self.webhook_dead_letters
+            .with_label_values(&[sink.as_str(), format])
+            .set(i64::try_from(dead_letters).unwrap_or(i64::MAX));
+        self.webhook_sink_failing
+            .with_label_values(&[sink.as_str(), format])
+            .set(i64::from(failing));
+    }
+
+    /// Counts failed writes of the alert state file.
+    pub fn add_alert_state_write_failures(&self, n: u64) {
+        self.alert_state_write_failures.inc_by(n);
     }
 
     /// Counts one Fly API exchange (`op` from the client, `code` an HTTP

@@ -296,6 +296,11 @@ pub struct AlertsConfig {
     pub coherence_threshold: f64,
     #[serde(default = "secs::<900>", deserialize_with = "duration")]
     pub coherence_for: Duration,
+    /// Where the webhooks' alert state and delivery queues persist
+    /// (`alerts.state_file`); `None`: beside `overlay.mirror_dir`, see
+    /// [`Config::alert_state_file`].
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
     #[serde(default)]
     pub webhooks: Vec<WebhookConfig>,
 }
@@ -305,10 +310,14 @@ impl Default for AlertsConfig {
         AlertsConfig {
             coherence_threshold: 1.0,
             coherence_for: Duration::from_secs(900),
+            state_file: None,
             webhooks: Vec::new(),
         }
     }
 }
+
+/// File name of the alert state when `alerts.state_file` is not set.
+pub const DEFAULT_ALERT_STATE_FILE: &str = "alert-state.json";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -649,6 +658,8 @@ struct RawAlerts {
     #[serde(default = "secs::<900>", deserialize_with = "duration")]
     coherence_for: Duration,
     #[serde(default)]
+    state_file: Option<PathBuf>,
+    #[serde(default)]
     webhooks: Vec<toml::Spanned<WebhookConfig>>,
 }
 
@@ -660,6 +671,7 @@ impl Default for RawAlerts {
         RawAlerts {
             coherence_threshold: d.coherence_threshold,
             coherence_for: d.coherence_for,
+            state_file: None,
             webhooks: Vec::new(),
         }
     }
@@ -816,6 +828,19 @@ impl Config {
             webhooks.push(hook);
         }
 
+        if raw
+            .alerts
+            .state_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty() || p.file_name().is_none())
+        {
+            return Err(invalid(
+                "alerts.state_file".into(),
+                None,
+                "must name a file (e.g. \"/data/alert-state.json\"); leave it out for the default beside overlay.mirror_dir".into(),
+            ));
+        }
+
         if raw.sweep.interval.is_zero() {
             return Err(invalid(
                 "sweep.interval".into(),
@@ -902,6 +927,7 @@ impl Config {
             alerts: AlertsConfig {
                 coherence_threshold: raw.alerts.coherence_threshold,
                 coherence_for: raw.alerts.coherence_for,
+                state_file: raw.alerts.state_file,
                 webhooks,
             },
             metrics: raw.metrics,
@@ -928,6 +954,22 @@ impl Config {
                 .any(|s| p.actions.for_severity(*s) != PolicyAction::Observe)
         };
         self.pools.values().any(acts) || acts(&self.pool(DEFAULT_POOL))
+    }
+
+    /// Where the webhooks' alert state persists: `alerts.state_file`, or
+    /// `alert-state.json` in the directory that holds `overlay.mirror_dir`
+    /// (on Fly, the volume: `/data/alert-state.json`).
+    pub fn alert_state_file(&self) -> PathBuf {
+        if let Some(path) = &self.alerts.state_file {
+            return path.clone();
+        }
+        let dir = self
+            .overlay
+            .mirror_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        dir.join(DEFAULT_ALERT_STATE_FILE)
     }
 
     pub fn app(&self, name: &str) -> Option<&AppConfig> {
@@ -1388,6 +1430,28 @@ name = "agents"
             "{MINIMAL}\n[[severity]]\nlevel = \"low\"\npaths = [\"a/[\"]\n"
         ));
         assert!(e.contains("invalid path glob"), "{e}");
+    }
+
+    #[test]
+    fn alert_state_lives_beside_the_mirror_unless_configured() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.alerts.state_file, None);
+        assert_eq!(
+            c.alert_state_file(),
+            PathBuf::from("/data/alert-state.json")
+        );
+        let c = parse(&MINIMAL.replace("\"/data/overlay.git\"", "\"overlay.git\"")).unwrap();
+        assert_eq!(c.alert_state_file(), PathBuf::from("./alert-state.json"));
+        let c = parse(&format!(
+            "{MINIMAL}\n[alerts]\nstate_file = \"/var/lib/fr/alerts.json\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.alert_state_file(),
+            PathBuf::from("/var/lib/fr/alerts.json")
+        );
+        let e = err(&format!("{MINIMAL}\n[alerts]\nstate_file = \"\"\n"));
+        assert!(e.contains("alerts.state_file"), "{e}");
     }
 
     #[test]

@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{PolicyAction, Severity};
 
 /// Conditions that fire while they hold and resolve when they clear.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AlertKind {
     /// A machine has trailed the tip for longer than `min_drift_age`
@@ -34,6 +34,9 @@ pub enum AlertKind {
     /// One app's machines could not be listed for 3 sweep intervals: its
     /// last listing is shown and nothing is done to its machines.
     AppUnlistable,
+    /// A webhook is dead-lettering what it is sent (raised by the notifier
+    /// itself, delivered to the other webhooks).
+    SinkFailing,
 }
 
 impl AlertKind {
@@ -47,6 +50,7 @@ impl AlertKind {
             AlertKind::TipStale => "tip_stale",
             AlertKind::SweepFailing => "sweep_failing",
             AlertKind::AppUnlistable => "app_unlistable",
+            AlertKind::SinkFailing => "alert_sink_failing",
         }
     }
 
@@ -60,6 +64,7 @@ impl AlertKind {
             AlertKind::TipStale => "tip_fresh",
             AlertKind::SweepFailing => "sweep_recovered",
             AlertKind::AppUnlistable => "app_listing_recovered",
+            AlertKind::SinkFailing => "alert_sink_recovered",
         }
     }
 }
@@ -71,7 +76,7 @@ impl fmt::Display for AlertKind {
 }
 
 /// A condition that holds now.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Alert {
     pub kind: AlertKind,
     pub app: Option<String>,

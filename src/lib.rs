@@ -25,7 +25,7 @@
 //! | [`daemon`] | wiring from config + secrets, and the reconcile loop (fetch, sweep, plan, act) |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`operator`] | hold / release / approve as Fly metadata writes |
-//! | [`notify`] | webhook alerts: dedupe, repeat, resolve; json/slack/pagerduty delivery with retries |
+//! | [`notify`] | webhook alerts: dedupe, repeat, resolve; json/slack/pagerduty delivery with retries and dead letters; the alert state file that carries them over restarts |
 //! | [`metrics`] | the Prometheus registry: every series of DESIGN §7, one struct |
 //! | [`report`] | the table and JSON renderings of a `FleetReport` |
 //! | [`server`] | axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status page |

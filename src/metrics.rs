@@ -62,6 +62,9 @@ pub const TIP_AGE_SECONDS: &str = "fleet_overlay_tip_age_seconds";
 pub const APP_DATA_AGE_SECONDS: &str = "fleet_app_data_age_seconds";
 pub const TIP_INFO: &str = "fleet_overlay_tip_info";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_webhook_deliveries_total";
+pub const WEBHOOK_DEAD_LETTERS: &str = "fleet_webhook_dead_letters";
+pub const WEBHOOK_SINK_FAILING: &str = "fleet_webhook_sink_failing";
+pub const ALERT_STATE_WRITE_FAILURES_TOTAL: &str = "fleet_alert_state_write_failures_total";
 pub const BUILD_INFO: &str = "fleet_build_info";
 pub const ADMIN_AUTH_FAILURES_TOTAL: &str = "fleet_admin_auth_failures_total";
 pub const HTTP_CONNECTIONS_REJECTED_TOTAL: &str = "fleet_http_connections_rejected_total";
@@ -140,6 +143,9 @@ pub struct Metrics {
     webhook_deliveries: IntCounterVec,
     admin_auth_failures: IntCounterVec,
     connections_rejected: IntCounter,
+    webhook_dead_letters: IntGaugeVec,
+    webhook_sink_failing: IntGaugeVec,
+    alert_state_write_failures: IntCounter,
     exported: Mutex<Exported>,
 }
 
@@ -309,7 +315,8 @@ impl Metrics {
         let webhook_deliveries = counter_vec(
             &r,
             WEBHOOK_DELIVERIES_TOTAL,
-            "Alert webhook deliveries by sink format and result (a failed delivery is retried).",
+            "Alert webhook deliveries by sink format and result: delivered and dead_lettered \
+             notifications, failed attempts (retried unless dead-lettered), dropped on a full queue.",
             &["format", "result"],
         )?;
         let admin_auth_failures = counter_vec(
@@ -331,6 +338,30 @@ impl Metrics {
             .map_err(|source| MetricsError::Register { name, source })?;
             register(&r, name, c)?
         };
+        let webhook_dead_letters = gauge_vec(
+            &r,
+            WEBHOOK_DEAD_LETTERS,
+            "Notifications a webhook could not take, set aside in the alert state file.",
+            &["sink", "format"],
+        )?;
+        let webhook_sink_failing = gauge_vec(
+            &r,
+            WEBHOOK_SINK_FAILING,
+            "1 while a webhook dead-letters what it is sent (permanent refusal or failing for long), else 0.",
+            &["sink", "format"],
+        )?;
+        let alert_state_write_failures = register(
+            &r,
+            ALERT_STATE_WRITE_FAILURES_TOTAL,
+            IntCounter::new(
+                ALERT_STATE_WRITE_FAILURES_TOTAL,
+                "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
+            )
+            .map_err(|source| MetricsError::Register {
+                name: ALERT_STATE_WRITE_FAILURES_TOTAL,
+                source,
+            })?,
+        )?;
         let build_info = gauge_vec(
             &r,
             BUILD_INFO,
@@ -360,6 +391,9 @@ impl Metrics {
             webhook_deliveries,
             admin_auth_failures,
             connections_rejected,
+            webhook_dead_letters,
+            webhook_sink_failing,
+            alert_state_write_failures,
             exported: Mutex::new(Exported::default()),
         })
     }
@@ -587,6 +621,22 @@ impl Metrics {
     /// Counts one connection refused over `server.max_connections`.
     pub fn record_connection_rejected(&self) {
         self.connections_rejected.inc();
+    }
+
+    /// Publishes one webhook's dead letters kept and whether it is failing.
+    pub fn set_webhook_sink(&self, index: usize, format: &str, dead_letters: usize, failing: bool) {
+        let sink = index.to_string();
+        self.webhook_dead_letters
+            .with_label_values(&[sink.as_str(), format])
+            .set(i64::try_from(dead_letters).unwrap_or(i64::MAX));
+        self.webhook_sink_failing
+            .with_label_values(&[sink.as_str(), format])
+            .set(i64::from(failing));
+    }
+
+    /// Counts failed writes of the alert state file.
+    pub fn add_alert_state_write_failures(&self, n: u64) {
+        self.alert_state_write_failures.inc_by(n);
     }
 
     /// Counts one Fly API exchange (`op` from the client, `code` an HTTP

@@ -21,8 +21,8 @@ use crate::events::Alert;
 use crate::executor::{Executor, ExecutorConfig};
 use crate::metrics::{Metrics, MetricsError};
 use crate::notify::{
-    CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier, NotifyError,
-    SinkSecrets,
+    CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
+    NotifierOptions, NotifyError, RestoredMachineAlerts, SinkSecrets,
 };
 use crate::operator::{MARKER_KEY, Operator};
 use crate::server::{self, FleetView, MachineExtra, ServerLimits, ServerState};
@@ -80,7 +80,16 @@ pub async fn run(
         secrets.agent_tokens.clone(),
         ExecutorConfig::new(&owner),
     )?;
-    let notifier = Notifier::new(&config.alerts, secrets.webhooks.clone())?;
+    // Alert state on the data volume: a restart neither re-pages what still
+    // fires nor forgets to resolve what cleared, nor loses what was queued.
+    let notifier = Notifier::with_options(
+        &config.alerts,
+        secrets.webhooks.clone(),
+        NotifierOptions {
+            state_file: Some(config.alert_state_file()),
+            ..NotifierOptions::default()
+        },
+    )?;
     let view = FleetView::new(config.sweep.interval, Utc::now());
     view.set_coherence_threshold(config.alerts.coherence_threshold);
     // A turn may wait out Fly calls and their retries (a slow API is not a
@@ -104,16 +113,27 @@ pub async fn run(
     };
 
     tracing::info!(owner = %owner, apps = config.apps.len(), "fleet-reconciler running");
+    // Alerts firing before a restart keep firing until this run's evidence
+    // confirms or clears them (the planner's drift clocks start over).
+    let mut fleet_alerts = FleetAlertTracker::new(FleetAlertRules::from_config(&config));
+    fleet_alerts.restore(notifier.restored_alerts());
+    let restored = RestoredMachineAlerts::new(
+        notifier.restored_alerts(),
+        config.rotation.min_drift_age + config.sweep.interval * 2,
+    );
     let mut reporter = Reporter {
         metrics: &metrics,
         view: &view,
         notifier: &notifier,
-        fleet_alerts: FleetAlertTracker::new(FleetAlertRules::from_config(&config)),
+        fleet_alerts,
         last_success: None,
         failures: 0,
         history: HashMap::new(),
-        machine_alerts: Vec::new(),
+        // Until the first good sweep, what was known before the restart.
+        machine_alerts: restored.carried(),
+        restored,
         counted: HashMap::new(),
+        state_write_failures: 0,
     };
     let reconciling = daemon::reconcile_loop(
         &sweeper,
@@ -152,6 +172,10 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("webhook deliveries still in flight at shutdown were cut short");
+        // What was not delivered is kept for the next start.
+        if let Err(e) = notifier.save() {
+            tracing::warn!(error = %e, "cannot write the alert state file at shutdown");
+        }
     }
     server_stop.cancel();
     match tokio::time::timeout(SHUTDOWN_SERVER_GRACE, server).await {
@@ -188,8 +212,12 @@ struct Reporter<'a> {
     /// page again once sweeps recover. Likewise, per app, for the apps a
     /// successful sweep could not list.
     machine_alerts: Vec<Alert>,
-    /// Per webhook: (delivered, failed attempts, dropped) already counted.
-    counted: HashMap<usize, (u64, u64, u64)>,
+    /// Machine alerts from before a restart, until the planner has caught up.
+    restored: RestoredMachineAlerts,
+    /// Per webhook: (delivered, failed attempts, dropped, dead-lettered) already counted.
+    counted: HashMap<usize, (u64, u64, u64, u64)>,
+    /// Failed writes of the alert state file already counted.
+    state_write_failures: u64,
 }
 
 impl Reporter<'_> {
@@ -222,15 +250,22 @@ impl Reporter<'_> {
         }
     }
 
-    /// Moves the notifier's delivery counts into `fleet_webhook_deliveries_total`.
+    /// Moves the notifier's delivery counts into `fleet_webhook_deliveries_total`,
+    /// and its dead letters and state-file health into their series.
     fn count_deliveries(&mut self) {
         for sink in self.notifier.stats() {
             let seen = self.counted.entry(sink.index).or_default();
-            let now = (sink.delivered, sink.failed_attempts, sink.dropped);
+            let now = (
+                sink.delivered,
+                sink.failed_attempts,
+                sink.dropped,
+                sink.dead_lettered,
+            );
             for (result, new, old) in [
                 ("delivered", now.0, seen.0),
                 ("failed", now.1, seen.1),
                 ("dropped", now.2, seen.2),
+                ("dead_lettered", now.3, seen.3),
             ] {
                 if new > old {
                     self.metrics
@@ -238,6 +273,14 @@ impl Reporter<'_> {
                 }
             }
             *seen = now;
+            self.metrics
+                .set_webhook_sink(sink.index, sink.format, sink.dead_letters, sink.failing);
+        }
+        let failures = self.notifier.state_write_failures();
+        if failures > self.state_write_failures {
+            self.metrics
+                .add_alert_state_write_failures(failures - self.state_write_failures);
+            self.state_write_failures = failures;
         }
     }
 
@@ -331,11 +374,17 @@ impl Reporter<'_> {
         // Nothing new is known of the machines of an app this sweep could not
         // list (the planner says nothing of them): their alerts stand.
         let stale = report.stale_app_names();
-        let carried = self
-            .machine_alerts
-            .iter()
-            .filter(|a| a.app.as_deref().is_some_and(|app| stale.contains(app)));
-        self.machine_alerts = plan.alerts.iter().chain(carried).cloned().collect();
+        let mut alerts: Vec<Alert> = plan.alerts.clone();
+        alerts.extend(
+            self.machine_alerts
+                .iter()
+                .filter(|a| a.app.as_deref().is_some_and(|app| stale.contains(app)))
+                .cloned(),
+        );
+        // Alerts from before a restart, until this run's evidence settles them.
+        let restored = self.restored.after_sweep(report, &alerts, now);
+        alerts.extend(restored);
+        self.machine_alerts = alerts;
         self.notifier.update(
             &with_machine_alerts(&self.machine_alerts, fleet),
             &events,

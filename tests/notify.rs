@@ -20,8 +20,9 @@ use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind};
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::notify::{
     Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
-    NotifierOptions, SinkSecrets, sink_secrets_from_env,
+    NotifierOptions, RestoredMachineAlerts, SinkSecrets, sink_secrets_from_env,
 };
+use fleet_reconciler::sweep::FleetReport;
 use hmac::{Hmac, Mac};
 use serde_json::Value;
 use sha2::Sha256;
@@ -197,6 +198,7 @@ fn fast() -> NotifierOptions {
         request_timeout: Duration::from_secs(5),
         queue_capacity: 1000,
         flush_deadline: Duration::from_millis(500),
+        ..NotifierOptions::default()
     }
 }
 
@@ -368,11 +370,14 @@ async fn json_body_follows_the_schema_and_is_signed() {
     assert_eq!(r["dedup_key"], alert.dedup_key());
     assert_eq!(r["at"], "2026-05-01T12:02:00Z");
 
-    // The signature is an HMAC-SHA256 of the exact body bytes, recomputed here.
+    // The signature is an HMAC-SHA256 of "<timestamp>.<exact body bytes>",
+    // recomputed here.
     for req in rx.accepted() {
         assert_eq!(req.headers[header::CONTENT_TYPE], "application/json");
         let sig = req.headers["x-fleet-signature"].to_str().unwrap();
+        let ts = req.headers["x-fleet-timestamp"].to_str().unwrap();
         let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(format!("{ts}.").as_bytes());
         mac.update(&req.body);
         let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
         assert_eq!(sig, expected);
@@ -394,6 +399,7 @@ async fn unsigned_json_has_no_signature_header() {
     n.update(&[drift("m1", Severity::Low)], t(0));
     rx.expect(1).await;
     assert!(!rx.accepted()[0].headers.contains_key("x-fleet-signature"));
+    assert!(!rx.accepted()[0].headers.contains_key("x-fleet-timestamp"));
     n.stop().await;
 }
 
@@ -1225,4 +1231,597 @@ async fn fleet_alerts_reach_pagerduty_and_resolve() {
     assert_eq!(bodies[1]["event_action"], "resolve");
     assert_eq!(bodies[0]["dedup_key"], bodies[1]["dedup_key"]);
     n.stop().await;
+}
+
+// ------------------------------------------------------------------ transport
+
+/// Routing keys and signed bodies must not travel in clear text: `http://`
+/// is refused at startup except to a loopback receiver.
+#[test]
+fn plain_http_is_refused_except_on_loopback() {
+    let config = AlertsConfig {
+        webhooks: vec![hook(WebhookFormat::Pagerduty, Severity::High)],
+        ..AlertsConfig::default()
+    };
+    let pd = |url: &str| SinkSecrets {
+        url: url.into(),
+        routing_key: Some("rk".into()),
+        hmac_secret: None,
+    };
+    for url in [
+        "http://events.pagerduty.com/v2/enqueue",
+        "http://10.0.0.7:8080/hook",
+        "http://[fd00::1]/hook",
+        "http://localhost.example.com/hook",
+        "HTTP://hooks.example.com/hook",
+    ] {
+        let e = Notifier::new(&config, vec![pd(url)])
+            .expect_err(url)
+            .to_string();
+        assert!(
+            e.contains("alerts.webhooks[0]") && e.contains("WEBHOOK_URL") && e.contains("https"),
+            "{url}: {e}"
+        );
+        assert!(
+            !e.contains("pagerduty.com") && !e.contains("example.com"),
+            "{e}"
+        );
+    }
+    for url in [
+        "https://events.pagerduty.com/v2/enqueue",
+        "http://127.0.0.1:9/hook",
+        "http://127.8.9.10/hook",
+        "http://[::1]:9/hook",
+        "http://localhost:9/hook",
+        "http://LOCALHOST/hook",
+    ] {
+        assert!(Notifier::new(&config, vec![pd(url)]).is_ok(), "{url}");
+    }
+}
+
+/// A replayed request must be detectable: the signature covers a timestamp
+/// header, `HMAC(secret, "<timestamp>.<body>")`.
+#[tokio::test]
+async fn the_signature_covers_a_timestamp() {
+    let rx = Receiver::start().await;
+    let secret = "whsec-replay-0002";
+    let mut json = hook(WebhookFormat::Json, Severity::Low);
+    json.secret_env = Some("WEBHOOK_SECRET".into());
+    let sink = SinkSecrets {
+        hmac_secret: Some(secret.into()),
+        ..plain(rx.url("/hook"))
+    };
+    let n = Running::start(vec![(json, sink)], fast());
+    n.update(&[drift("m1", Severity::High)], t(0));
+    rx.expect(1).await;
+    n.stop().await;
+
+    let req = &rx.accepted()[0];
+    let ts = req
+        .headers
+        .get("x-fleet-timestamp")
+        .expect("an X-Fleet-Timestamp header")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let sent: i64 = ts.parse().expect("unix seconds");
+    let age = Utc::now().timestamp() - sent;
+    assert!(
+        (0..60).contains(&age),
+        "timestamp {sent} is the time of sending"
+    );
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(ts.as_bytes());
+    mac.update(b".");
+    mac.update(&req.body);
+    let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    assert_eq!(req.headers["x-fleet-signature"], expected.as_str());
+    // The body alone no longer verifies: a replay with a new timestamp fails.
+    let mut body_only = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    body_only.update(&req.body);
+    let body_only = format!("sha256={}", hex::encode(body_only.finalize().into_bytes()));
+    assert_ne!(req.headers["x-fleet-signature"], body_only.as_str());
+}
+
+// ------------------------------------------------------------------ dead letters
+
+/// A receiver that answers 404 (or 410) is not retried forever at the head of
+/// its queue: each notification gets one attempt and is dead-lettered, the
+/// other webhooks get `alert_sink_failing`, and later alerts still go out.
+#[tokio::test]
+async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
+    let gone = Receiver::start().await;
+    gone.set(Mode::Fail(404));
+    let ok = Receiver::start().await;
+    let n = Running::start(
+        vec![
+            (
+                hook(WebhookFormat::Json, Severity::Low),
+                plain(gone.url("/h")),
+            ),
+            (
+                hook(WebhookFormat::Json, Severity::Low),
+                plain(ok.url("/h")),
+            ),
+        ],
+        fast(),
+    );
+    let (a, b) = (drift("a", Severity::High), drift("b", Severity::High));
+    n.update(std::slice::from_ref(&a), t(0));
+    eventually("a's trigger tried", || gone.attempts() >= 1).await;
+    // Once tried, never retried (several retry intervals go by).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(gone.attempts(), 1, "a 404 is not retried");
+
+    // The next sweep tells the other webhook, and b still reaches `gone`'s queue.
+    n.update(&[a.clone(), b.clone()], t(1));
+    let bodies = ok.expect(3).await;
+    let failing: Vec<&Value> = bodies
+        .iter()
+        .filter(|b| b["event"] == "alert_sink_failing")
+        .collect();
+    assert_eq!(failing.len(), 1, "{bodies:#?}");
+    let f = failing[0];
+    assert_eq!(
+        (&f["status"], &f["severity"]),
+        (&"firing".into(), &"high".into())
+    );
+    let summary = f["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("json") && summary.contains("HTTP 404"),
+        "{summary}"
+    );
+    assert!(!summary.contains("127.0.0.1"), "no URL: {summary}");
+    eventually("b's trigger tried", || gone.attempts() >= 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(gone.attempts(), 2);
+
+    // The receiver is fixed: the next alert goes out at once, the dead ones do
+    // not come back, and the still-firing alerts are triggered again for it.
+    gone.set(Mode::Accept);
+    let c = drift("c", Severity::High);
+    n.update(&[a.clone(), b.clone(), c.clone()], t(2));
+    let got = gone.expect(1).await;
+    assert_eq!(seq(&got)[0], s("drift_detected", "firing", "c", false));
+    eventually("the delivery counted", || {
+        n.notifier.stats()[0].delivered >= 1
+    })
+    .await;
+    n.update(&[a.clone(), b.clone(), c.clone()], t(3));
+    let got = seq(&gone.expect(3).await);
+    assert_eq!(
+        got[1..],
+        [
+            s("drift_detected", "firing", "a", false),
+            s("drift_detected", "firing", "b", false),
+        ]
+    );
+    // …and the other webhook hears that it recovered.
+    let resolved = ok.expect(5).await;
+    assert!(
+        resolved
+            .iter()
+            .any(|b| b["event"] == "alert_sink_recovered" && b["status"] == "resolved"),
+        "{resolved:#?}"
+    );
+    n.stop().await;
+}
+
+// ------------------------------------------------------------------ restarts
+
+/// `fast()` with the state in `path`.
+fn persisted(path: &std::path::Path) -> NotifierOptions {
+    NotifierOptions {
+        state_file: Some(path.to_owned()),
+        save_interval: Duration::from_millis(20),
+        ..fast()
+    }
+}
+
+fn json_sink(rx: &Receiver) -> (WebhookConfig, SinkSecrets) {
+    (
+        hook(WebhookFormat::Json, Severity::Low),
+        plain(rx.url("/h")),
+    )
+}
+
+/// Two notifiers, one after the other, sharing a state file: what the first
+/// paged is not paged again by the second, and what cleared in between is
+/// resolved by it.
+#[tokio::test]
+async fn a_restart_resolves_what_cleared_and_pages_nothing_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("alert-state.json");
+    let rx = Receiver::start().await;
+    let (a, b) = (drift("a", Severity::High), drift("b", Severity::High));
+
+    let first = Running::start(vec![json_sink(&rx)], persisted(&state));
+    first.update(&[a.clone(), b.clone()], t(0));
+    rx.expect(2).await;
+    first.stop().await;
+
+    // Meanwhile `a` reached the tip; `b` still drifts.
+    let second = Running::start(vec![json_sink(&rx)], persisted(&state));
+    assert_eq!(second.notifier.restored_alerts(), [a.clone(), b.clone()]);
+    assert_eq!(second.notifier.stats()[0].firing, 2);
+    second.update(std::slice::from_ref(&b), t(5));
+    let got = seq(&rx.expect(3).await);
+    assert_eq!(got[2], s("drift_resolved", "resolved", "a", false));
+    // `b` was notified at t(0): its repeat is due at t(30), not before.
+    second.update(std::slice::from_ref(&b), t(29));
+    second.update(std::slice::from_ref(&b), t(30));
+    let got = seq(&rx.expect(4).await);
+    assert_eq!(got[3], s("drift_detected", "firing", "b", true));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rx.accepted().len(), 4, "{:#?}", rx.bodies());
+    second.stop().await;
+}
+
+/// What could not be delivered before shutdown (receiver down, flush
+/// deadline passed) is delivered by the next notifier, in order, one-shot
+/// events included, without waiting for a sweep.
+#[tokio::test]
+async fn notifications_queued_at_shutdown_are_delivered_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("alert-state.json");
+    let rx = Receiver::start().await;
+    rx.set(Mode::Fail(503));
+
+    let first = Running::start(vec![json_sink(&rx)], persisted(&state));
+    let a = drift("a", Severity::High);
+    first.notifier.update(
+        std::slice::from_ref(&a),
+        &[event(EventKind::ActionFailed, "a")],
+        t(0),
+    );
+    eventually("an attempt", || rx.attempts() >= 1).await;
+    first.stop().await;
+    assert!(rx.accepted().is_empty());
+
+    rx.set(Mode::Accept);
+    let second = Running::start(vec![json_sink(&rx)], persisted(&state));
+    assert_eq!(second.notifier.queued(), 2);
+    let bodies = rx.expect(2).await;
+    assert_eq!(
+        seq(&bodies),
+        [
+            s("drift_detected", "firing", "a", false),
+            s("action_failed", "event", "a", false),
+        ]
+    );
+    assert_eq!(
+        bodies[0]["at"], "2026-05-01T12:00:00Z",
+        "the original trigger"
+    );
+    // Still firing: nothing new.
+    second.update(std::slice::from_ref(&a), t(1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rx.accepted().len(), 2);
+    second.stop().await;
+}
+
+/// A state file that cannot be used (not JSON, another document, another
+/// version) is moved aside with a WARN naming it, and the notifier starts
+/// with empty state and writes a valid file.
+#[tokio::test]
+async fn an_unusable_state_file_is_moved_aside_and_named() {
+    let logs = captured_logs();
+    for (i, content) in [
+        "{\"kind\": \"fleet-reconciler/alert-st",
+        "{\"kind\": \"fleet-reconciler/alert-state\", \"version\": 99}",
+        "[1, 2, 3]",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join(format!("state-{i}.json"));
+        std::fs::write(&state, content).unwrap();
+        let rx = Receiver::start().await;
+        let n = Running::start(vec![json_sink(&rx)], persisted(&state));
+        assert!(n.notifier.restored_alerts().is_empty());
+        assert_eq!(n.notifier.stats()[0].firing, 0);
+        let aside: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), content);
+        let logged = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        let line = logged
+            .lines()
+            .find(|l| l.contains("moved aside") && l.contains(&*state.to_string_lossy()))
+            .unwrap_or_else(|| panic!("no WARN naming {}:\n{logged}", state.display()));
+        assert!(
+            line.contains("WARN") && line.contains(&*aside[0].to_string_lossy()),
+            "{line}"
+        );
+        if i == 1 {
+            assert!(line.contains("unknown version Some(99)"), "{line}");
+        }
+
+        n.update(&[drift("a", Severity::High)], t(0));
+        rx.expect(1).await;
+        n.stop().await;
+        let saved: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        assert_eq!(saved["kind"], "fleet-reconciler/alert-state");
+        assert_eq!(saved["version"], 1);
+        assert_eq!(saved["sinks"][0]["firing"].as_object().unwrap().len(), 1);
+    }
+}
+
+/// The file is private (0600, in a 0700 directory it creates), written by
+/// rename (no temp file left), and names webhooks only by format and variable.
+#[tokio::test]
+async fn the_state_file_is_private_and_holds_no_secret() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("new/alerts/state.json");
+    let rx = Receiver::start().await;
+    let mut signed = hook(WebhookFormat::Json, Severity::Low);
+    signed.secret_env = Some("WEBHOOK_SECRET".into());
+    let sink = SinkSecrets {
+        hmac_secret: Some("hmac-sekrit-in-state".into()),
+        ..plain(rx.url("/hooks/SEKRIT-PATH"))
+    };
+    let n = Running::start(vec![(signed, sink)], persisted(&state));
+    n.update(&[drift("a", Severity::High)], t(0));
+    rx.expect(1).await;
+    n.stop().await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&state), 0o600);
+    assert_eq!(mode(&dir.path().join("new/alerts")), 0o700);
+    assert_eq!(mode(&dir.path().join("new")), 0o700);
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("new/alerts"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["state.json"]);
+    let text = std::fs::read_to_string(&state).unwrap();
+    for secret in ["SEKRIT-PATH", "hmac-sekrit-in-state", "127.0.0.1"] {
+        assert!(!text.contains(secret), "{secret} in the state file");
+    }
+    let saved: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(saved["sinks"][0]["format"], "json");
+    assert_eq!(saved["sinks"][0]["url_env"], "WEBHOOK_URL");
+}
+
+/// Dead letters are counted, kept in the state file with their error, and
+/// survive a restart, as does the failing state (no second page of
+/// `alert_sink_failing`).
+#[tokio::test]
+async fn dead_letters_are_counted_kept_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("alert-state.json");
+    let gone = Receiver::start().await;
+    gone.set(Mode::Fail(410));
+    let ok = Receiver::start().await;
+    let mut pd = hook(WebhookFormat::Slack, Severity::Low);
+    pd.url_env = "GONE_URL".into();
+    let sinks = || {
+        vec![
+            (pd.clone(), plain(gone.url("/h"))),
+            (
+                hook(WebhookFormat::Json, Severity::Low),
+                plain(ok.url("/h")),
+            ),
+        ]
+    };
+    let first = Running::start(sinks(), persisted(&state));
+    let a = drift("a", Severity::High);
+    first.update(std::slice::from_ref(&a), t(0));
+    eventually("dead-lettered", || first.notifier.stats()[0].failing).await;
+    let stats = &first.notifier.stats()[0];
+    assert_eq!(
+        (
+            stats.dead_lettered,
+            stats.dead_letters,
+            stats.queued,
+            stats.failed_attempts
+        ),
+        (1, 1, 0, 1),
+        "{stats:?}"
+    );
+    first.update(std::slice::from_ref(&a), t(1));
+    let bodies = ok.expect(2).await;
+    assert_eq!(bodies[1]["event"], "alert_sink_failing");
+    assert_eq!(bodies[1]["details"]["sinks"], "0:slack:GONE_URL");
+    assert_eq!(bodies[1]["details"]["dead_letters"], "1");
+    first.stop().await;
+
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let dead = &saved["sinks"][0]["dead_letters"];
+    assert_eq!(dead.as_array().unwrap().len(), 1, "{saved:#}");
+    assert_eq!(dead[0]["error"], "HTTP 410");
+    assert_eq!(dead[0]["notification"]["event"], "drift_detected");
+    assert_eq!(saved["sinks"][0]["failing"]["reason"], "HTTP 410");
+
+    let second = Running::start(sinks(), persisted(&state));
+    let stats = &second.notifier.stats()[0];
+    assert!(stats.failing && stats.dead_letters == 1, "{stats:?}");
+    second.update(std::slice::from_ref(&a), t(2));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        ok.accepted().len(),
+        2,
+        "nothing paged again: {:#?}",
+        ok.bodies()
+    );
+    assert_eq!(gone.attempts(), 1, "nothing new for the failing sink");
+    second.stop().await;
+}
+
+/// A sink that keeps failing transiently is declared failing after
+/// `dead_letter_after` attempts in a row; then each notification gets one
+/// attempt, and nothing waits at the head of its queue.
+#[tokio::test]
+async fn a_receiver_failing_for_long_is_dead_lettered_after_the_bound() {
+    let rx = Receiver::start().await;
+    rx.set(Mode::Fail(503));
+    let options = NotifierOptions {
+        dead_letter_after: 3,
+        ..fast()
+    };
+    let n = Running::start(vec![json_sink(&rx)], options);
+    n.update(
+        &[drift("a", Severity::High), drift("b", Severity::High)],
+        t(0),
+    );
+    eventually("both dead-lettered", || {
+        n.notifier.stats()[0].dead_letters == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rx.attempts(), 4, "a: 3 attempts, then b: 1");
+    let stats = &n.notifier.stats()[0];
+    assert!(stats.failing && stats.queued == 0, "{stats:?}");
+    n.stop().await;
+}
+
+// ------------------------------------------------------------------ carried over a restart
+
+/// A sweep report with these (machine, status) in app agents-prod, tip COMMIT.
+fn report(machines: &[(&str, &str)]) -> FleetReport {
+    let machines: Vec<Value> = machines
+        .iter()
+        .map(|(id, status)| {
+            serde_json::json!({
+                "app": "agents-prod", "machine_id": id, "name": id, "region": "ams",
+                "pool": "default", "state": "started", "status": status,
+                "reported_ref": null, "commit": null, "commits_behind": null,
+                "commits_ahead": null, "severity": null, "action": null,
+            })
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "tip": {"branch": "release", "commit": COMMIT},
+        "coherence": 0.0,
+        "apps": [],
+        "machines": machines,
+    }))
+    .unwrap()
+}
+
+/// After a restart the planner raises a drift alert only `min_drift_age`
+/// after it sees the drift again: until then the alert from before is
+/// carried, unless the sweep shows it cleared.
+#[test]
+fn restored_machine_alerts_are_carried_until_confirmed_or_cleared() {
+    let restored = [
+        drift("on-tip", Severity::High),
+        drift("gone", Severity::High),
+        drift("stopped", Severity::High),
+        drift("drifting", Severity::High),
+        drift("unreachable", Severity::High),
+        Alert {
+            commit: Some("an-older-tip".into()),
+            ..drift("old-tip", Severity::High)
+        },
+        // Fleet-level: not carried here (see FleetAlertTracker::restore).
+        Alert {
+            app: None,
+            machine_id: None,
+            commit: None,
+            ..drift("x", Severity::High)
+        },
+    ];
+    let mut carry = RestoredMachineAlerts::new(&restored, Duration::from_secs(150));
+    assert_eq!(carry.carried().len(), 6, "failed sweeps carry all of them");
+    let sweep = report(&[
+        ("on-tip", "on_tip"),
+        ("stopped", "not_running"),
+        ("drifting", "drifted"),
+        ("unreachable", "unreachable"),
+        ("old-tip", "drifted"),
+    ]);
+    let machines = |alerts: Vec<Alert>| -> Vec<String> {
+        alerts.into_iter().filter_map(|a| a.machine_id).collect()
+    };
+    assert_eq!(
+        machines(carry.after_sweep(&sweep, &[], t(0))),
+        ["drifting", "unreachable"]
+    );
+    // Still within min_drift_age + margin of the first sweep that saw it drifted.
+    assert_eq!(
+        machines(carry.after_sweep(&sweep, &[], t(2))),
+        ["drifting", "unreachable"]
+    );
+    // The planner raises it: it is the planner's again.
+    let planned = [drift("drifting", Severity::High)];
+    assert_eq!(
+        machines(carry.after_sweep(&sweep, &planned, t(2))),
+        ["unreachable"]
+    );
+    assert_eq!(machines(carry.carried()), ["unreachable"]);
+
+    // Not raised within the grace: dropped (so resolved).
+    let mut carry = RestoredMachineAlerts::new(&restored, Duration::from_secs(150));
+    carry.after_sweep(&sweep, &[], t(0));
+    assert_eq!(
+        machines(carry.after_sweep(&sweep, &[], t(3))),
+        ["unreachable"]
+    );
+}
+
+/// Fleet alerts from before a restart: coherence keeps its clock (no new
+/// wait of `coherence_for`), sweep_failing holds until a sweep succeeds and
+/// tip_stale until a fetch does.
+#[test]
+fn restored_fleet_alerts_keep_firing_until_the_evidence_clears_them() {
+    let c = sample(&[("a", 1, 2), ("b", 2, 2)]);
+    let mut before = FleetAlertTracker::new(rules());
+    before.evaluate(&healthy(&c, t(0)), t(0));
+    let firing = before.evaluate(&healthy(&c, t(20)), t(20));
+    assert_eq!(
+        keys(&firing),
+        [
+            "fleet-reconciler/coherence_below_threshold/*/*/*",
+            "fleet-reconciler/coherence_below_threshold/a/*/*",
+        ]
+    );
+    let failing = Alert {
+        kind: AlertKind::SweepFailing,
+        ..firing[0].clone()
+    };
+    let stale = Alert {
+        kind: AlertKind::TipStale,
+        ..firing[0].clone()
+    };
+    let restored = [firing.clone(), vec![failing, stale]].concat();
+
+    // A failed sweep first: everything still fires.
+    let mut after = FleetAlertTracker::new(rules());
+    after.restore(&restored);
+    let failed = FleetAlertInput {
+        coherence: None,
+        last_sweep_success: None,
+        consecutive_sweep_failures: 1,
+        last_tip_fetch: None,
+        tip_commit: None,
+    };
+    let got = after.evaluate(&failed, t(30));
+    assert_eq!(
+        keys(&got),
+        [
+            "fleet-reconciler/coherence_below_threshold/*/*/*",
+            "fleet-reconciler/coherence_below_threshold/a/*/*",
+            "fleet-reconciler/sweep_failing/*/*/*",
+            "fleet-reconciler/tip_stale/*/*/*",
+        ]
+    );
+    assert_eq!(got[1].details["below_since"], "2026-05-01T12:00:00Z");
+    // A good sweep: coherence still below (keeps firing from its old clock),
+    // sweeps and fetches work again.
+    let got = after.evaluate(&healthy(&c, t(31)), t(31));
+    assert_eq!(
+        keys(&got),
+        [
+            "fleet-reconciler/coherence_below_threshold/*/*/*",
+            "fleet-reconciler/coherence_below_threshold/a/*/*",
+        ]
+    );
+    // And a sweep that sees coherence restored resolves it.
+    let ok = sample(&[("a", 2, 2), ("b", 2, 2)]);
+    assert!(after.evaluate(&healthy(&ok, t(32)), t(32)).is_empty());
 }

@@ -339,3 +339,151 @@ admin_token_env = "E2E_ADMIN_TOKEN"
     }
     sim.shutdown().await;
 }
+
+/// Issue 10, item 4 through the real binary: `run` pages, stops on SIGTERM,
+/// the agent reaches the tip meanwhile, and the second `run` resolves the
+/// alert from the state file it finds beside the mirror, without paging
+/// again what still drifts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_resolves_what_the_first_paged_and_pages_nothing_again() {
+    let overlay = OverlayRepo::new();
+    let (tip, old) = (overlay.tip(), overlay.behind(1));
+    let sim = Sim::start(
+        SimFleet::new(FLY_TOKEN).release_tip(tip.clone()).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(old.clone()))
+                .machine(SimMachine::new("m2").loaded(old.clone())),
+        ),
+    )
+    .await
+    .unwrap();
+    let received = Arc::new(Mutex::new(Vec::<serde_json::Value>::new()));
+    let sink = received.clone();
+    let app = Router::new().route(
+        "/hook",
+        post(move |body: String| {
+            let sink = sink.clone();
+            async move {
+                sink.lock()
+                    .unwrap()
+                    .push(serde_json::from_str(&body).unwrap());
+                "ok"
+            }
+        }),
+    );
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!("http://{}/hook", hook.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(hook, app).await.unwrap() });
+    let count = |event: &str, machine: &str| {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|b| b["event"] == event && b["machine_id"] == machine)
+            .count()
+    };
+
+    let config_path = overlay.dir.path().join("fleet-reconciler.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            r#"
+[fly]
+api_url = "{api}"
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "200ms"
+[[apps]]
+name = "agents"
+health_url = "{health}"
+[pools.default]
+actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
+[rotation]
+min_drift_age = "0s"
+[[alerts.webhooks]]
+url_env = "E2E_WEBHOOK_URL"
+format = "json"
+secret_env = "E2E_WEBHOOK_SECRET"
+[server]
+listen = "127.0.0.1:{port}"
+"#,
+            api = sim.api_url(),
+            repo = overlay.repo_path.display(),
+            mirror = overlay.dir.path().join("data/overlay.git").display(),
+            health = sim.health_url_template(),
+            port = free_port(),
+        ),
+    )
+    .unwrap();
+    let start = || {
+        Killed(
+            Command::new(BIN)
+                .arg("run")
+                .arg("--config")
+                .arg(&config_path)
+                .env("FLY_API_TOKEN", FLY_TOKEN)
+                .env("E2E_WEBHOOK_URL", &hook_url)
+                .env("E2E_WEBHOOK_SECRET", "hmac-secret-e2e")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let stop = async |mut child: Killed| {
+        let pid = child.0.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(s) = child.0.try_wait().unwrap() {
+                assert!(s.success(), "exit status {s}");
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "did not stop on SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+
+    let first = start();
+    until("m1 and m2 paged", Duration::from_secs(30), async || {
+        count("drift_detected", "m1") == 1 && count("drift_detected", "m2") == 1
+    })
+    .await;
+    stop(first).await;
+
+    sim.set_loaded_ref("m1", &tip);
+    let second = start();
+    until("m1 resolved", Duration::from_secs(30), async || {
+        count("drift_resolved", "m1") == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop(second).await;
+    assert_eq!(
+        count("drift_detected", "m2"),
+        1,
+        "m2 paged again after the restart"
+    );
+    assert_eq!(count("drift_detected", "m1"), 1);
+    assert_eq!(count("drift_resolved", "m2"), 0);
+    // The state file: beside the mirror, private, no secret in it.
+    let state = overlay.dir.path().join("data/alert-state.json");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let text = std::fs::read_to_string(&state).unwrap();
+    assert!(!text.contains("hmac-secret-e2e") && !text.contains(&hook_url));
+    sim.shutdown().await;
+}

@@ -279,3 +279,327 @@ actions = {{ low = "observe", medium = "observe", high = "observe", critical = "
         .unwrap();
     sim.shutdown().await;
 }
+
+// ------------------------------------------------------------ restarts
+
+/// A json webhook receiver on loopback that records what it accepts and
+/// answers `fail` (when non-zero) instead.
+struct Hook {
+    url: String,
+    accepted: Arc<Mutex<Vec<serde_json::Value>>>,
+    fail: Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl Hook {
+    async fn start() -> Hook {
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let fail = Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let (sink, status) = (accepted.clone(), fail.clone());
+        let app = Router::new().route(
+            "/hook",
+            post(move |body: String| {
+                let (sink, status) = (sink.clone(), status.clone());
+                async move {
+                    let code = status.load(std::sync::atomic::Ordering::SeqCst);
+                    if code != 0 {
+                        return axum::http::StatusCode::from_u16(code).unwrap();
+                    }
+                    sink.lock()
+                        .unwrap()
+                        .push(serde_json::from_str(&body).unwrap());
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Hook {
+            url,
+            accepted,
+            fail,
+        }
+    }
+
+    fn fail_with(&self, code: u16) {
+        self.fail.store(code, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn bodies(&self) -> Vec<serde_json::Value> {
+        self.accepted.lock().unwrap().clone()
+    }
+
+    /// Bodies of `event` for `machine`.
+    fn of(&self, event: &str, machine: &str) -> Vec<serde_json::Value> {
+        self.bodies()
+            .into_iter()
+            .filter(|b| b["event"] == event && b["machine_id"] == machine)
+            .collect()
+    }
+}
+
+/// `service::run` in a task, with one json webhook; the config keeps its
+/// mirror (and so, by default, the alert state) in `overlay.dir`.
+struct Service {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), service::ServiceError>>,
+    sweeps: Arc<Mutex<usize>>,
+}
+
+impl Service {
+    fn start(sim: &Sim, overlay: &OverlayRepo, hook: &Hook) -> Service {
+        Service::start_with(sim, overlay, hook, "0s")
+    }
+
+    fn start_with(sim: &Sim, overlay: &OverlayRepo, hook: &Hook, min_drift_age: &str) -> Service {
+        let text = format!(
+            r#"
+[fly]
+api_url = "{api}"
+max_retries = 0
+[overlay]
+repo = "{repo}"
+branch = "release"
+mirror_dir = "{mirror}"
+[sweep]
+interval = "200ms"
+[[apps]]
+name = "agents"
+health_url = "{health}"
+[pools.default]
+actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
+[rotation]
+min_drift_age = "{min_drift_age}"
+[[alerts.webhooks]]
+url_env = "HOOK"
+format = "json"
+"#,
+            api = sim.api_url(),
+            repo = overlay.repo_path.display(),
+            mirror = overlay.dir.path().join("mirror.git").display(),
+            health = sim.health_url_template(),
+        );
+        let config = Arc::new(Config::parse(Path::new("service.toml"), &text).unwrap());
+        let secrets = ServiceSecrets {
+            core: Secrets {
+                fly_token: TOKEN.into(),
+                git_token: None,
+            },
+            webhooks: vec![SinkSecrets {
+                url: hook.url.clone(),
+                routing_key: None,
+                hmac_secret: None,
+            }],
+            ..ServiceSecrets::default()
+        };
+        let stop = CancellationToken::new();
+        let sweeps = Arc::new(Mutex::new(0));
+        let counted = sweeps.clone();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let task = tokio::spawn(service::run(
+            config,
+            secrets,
+            listener,
+            "t".into(),
+            stop.clone(),
+            move |o| {
+                if matches!(o, fleet_reconciler::daemon::SweepOutcome::Swept(_)) {
+                    *counted.lock().unwrap() += 1;
+                }
+            },
+        ));
+        Service { stop, task, sweeps }
+    }
+
+    fn sweeps(&self) -> usize {
+        *self.sweeps.lock().unwrap()
+    }
+
+    async fn sweeps_after(&self, n: usize) {
+        let seen = *self.sweeps.lock().unwrap();
+        until("more sweeps", Duration::from_secs(15), || {
+            *self.sweeps.lock().unwrap() >= seen + n
+        })
+        .await;
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Issue 10, item 4: run 1 pages; it stops; meanwhile one agent reaches the
+/// tip. Run 2 resolves that alert, does not page again for the alerts still
+/// firing, and delivers what run 1 could not deliver before it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_state_survives_a_restart() {
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m2").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m3")),
+        ),
+    )
+    .await
+    .unwrap();
+    let hook = Hook::start().await;
+
+    // Run 1: m1 and m2 are paged; then the receiver fails, and m3's drift
+    // cannot be delivered before the daemon stops.
+    let run1 = Service::start(&sim, &overlay, &hook);
+    until("m1 and m2 paged", Duration::from_secs(15), || {
+        !hook.of("drift_detected", "m1").is_empty() && !hook.of("drift_detected", "m2").is_empty()
+    })
+    .await;
+    hook.fail_with(503);
+    sim.set_loaded_ref("m3", &overlay.behind(2));
+    run1.sweeps_after(3).await;
+    run1.stop().await;
+    let stopped = chrono::Utc::now();
+    assert!(hook.of("drift_detected", "m3").is_empty());
+    // Payload times have whole seconds: run 2's are all later than `stopped`.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // While it is down, m1 reaches the tip; the receiver is back.
+    sim.set_loaded_ref("m1", &overlay.tip());
+    hook.fail_with(0);
+
+    let run2 = Service::start(&sim, &overlay, &hook);
+    run2.sweeps_after(5).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    run2.stop().await;
+
+    let mut problems = Vec::new();
+    if hook.of("drift_resolved", "m1").len() != 1 {
+        problems.push(format!(
+            "m1 reached the tip while the daemon was down: expected one drift_resolved, got {}",
+            hook.of("drift_resolved", "m1").len()
+        ));
+    }
+    let m2 = hook.of("drift_detected", "m2");
+    if m2.len() != 1 {
+        problems.push(format!(
+            "m2 still drifts: paged once in run 1, expected no new page in run 2, got {} drift_detected",
+            m2.len()
+        ));
+    }
+    let m3 = hook.of("drift_detected", "m3");
+    let queued_in_run1 = m3.iter().any(|b| {
+        b["at"]
+            .as_str()
+            .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+            .is_some_and(|at| at <= stopped)
+    });
+    if m3.len() != 1 || !queued_in_run1 {
+        problems.push(format!(
+            "m3's trigger, queued when run 1 stopped, should be delivered once by run 2; got {m3:?}"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    sim.shutdown().await;
+}
+
+/// After a restart the planner raises a drift alert only `min_drift_age`
+/// after it sees the drift again, and the first sweeps may fail: neither
+/// resolves an alert that still holds (nor pages it again), while one the
+/// first good sweep shows cleared resolves at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m2").loaded(overlay.behind(1))),
+        ),
+    )
+    .await
+    .unwrap();
+    let hook = Hook::start().await;
+    let run1 = Service::start_with(&sim, &overlay, &hook, "2s");
+    until("m1 and m2 paged", Duration::from_secs(15), || {
+        !hook.of("drift_detected", "m1").is_empty() && !hook.of("drift_detected", "m2").is_empty()
+    })
+    .await;
+    run1.stop().await;
+
+    sim.set_loaded_ref("m1", &overlay.tip());
+    // The Fly API fails the first sweeps of run 2 (max_retries = 0).
+    sim.fail_next(4, 503, None);
+    let run2 = Service::start_with(&sim, &overlay, &hook, "2s");
+    until("Fly answers again", Duration::from_secs(15), || {
+        sim.pending_failures() == 0
+    })
+    .await;
+    let first_good = run2.sweeps();
+    until("m1 resolved", Duration::from_secs(15), || {
+        !hook.of("drift_resolved", "m1").is_empty()
+    })
+    .await;
+    assert!(
+        run2.sweeps() <= first_good + 3,
+        "m1 is on the tip: resolved by the first good sweep, not after a grace"
+    );
+    // Past min_drift_age: the planner raises m2's drift itself.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run2.sweeps_after(2).await;
+    run2.stop().await;
+    assert!(
+        hook.of("drift_resolved", "m2").is_empty(),
+        "m2 never reached the tip: {:#?}",
+        hook.bodies()
+    );
+    assert_eq!(hook.of("drift_detected", "m2").len(), 1, "paged once");
+    sim.shutdown().await;
+}
+
+/// A state file that cannot be read is moved aside (kept for a post-mortem)
+/// and the daemon starts with empty state, then writes a valid file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_alert_state_file_is_moved_aside() {
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN)
+            .release_tip(overlay.tip())
+            .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
+    )
+    .await
+    .unwrap();
+    let hook = Hook::start().await;
+    // The default: beside overlay.mirror_dir.
+    let state = overlay.dir.path().join("alert-state.json");
+    std::fs::write(&state, "{\"version\": 1, \"sinks\": [tr").unwrap();
+
+    let run = Service::start(&sim, &overlay, &hook);
+    until("m1 paged", Duration::from_secs(15), || {
+        !hook.of("drift_detected", "m1").is_empty()
+    })
+    .await;
+    run.sweeps_after(2).await;
+    run.stop().await;
+
+    let aside: Vec<_> = std::fs::read_dir(overlay.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("alert-state.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "moved aside: {aside:?}");
+    assert_eq!(
+        std::fs::read_to_string(overlay.dir.path().join(&aside[0])).unwrap(),
+        "{\"version\": 1, \"sinks\": [tr"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(saved["version"], 1);
+    sim.shutdown().await;
+}

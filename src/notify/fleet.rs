@@ -1,12 +1,15 @@
 //! Fleet-level alert conditions: coherence below threshold, sweeps failing,
-//! tip stale, an app that cannot be listed.
+//! tip stale, an app that cannot be listed; and what carries alerts over a
+//! restart.
 //!
 //! Owns the rules that turn per-sweep facts (coherence, last successful sweep,
-//! last successful fetch, apps not listed) into `Alert`s, and the little state
+//! last successful fetch, apps not listed) into `Alert`s, the little state
 //! those rules need (since when coherence has been below the threshold, which
-//! apps the last sweep could not list). It must never read the
-//! clock or do I/O: `now` and every timestamp are arguments, so the rules are
-//! tested by driving time forward.
+//! apps the last sweep could not list), and how alerts known before a restart
+//! keep firing until the evidence of this run confirms or clears them
+//! (`FleetAlertTracker::restore`, `RestoredMachineAlerts`). It must never read
+//! the clock or do I/O: `now` and every timestamp are arguments, so the rules
+//! are tested by driving time forward.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +18,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
 use crate::events::{Alert, AlertKind};
-use crate::model::Severity;
+use crate::model::{MachineStatus, Severity};
 use crate::sweep::{FleetReport, StaleApp};
 
 /// Severity of the coherence alert.
@@ -153,6 +156,10 @@ pub struct FleetAlertTracker {
     /// The apps the last successful sweep could not list, and how many of
     /// their machines it shows from their last listing.
     unlisted: BTreeMap<String, (StaleApp, usize)>,
+    /// `sweep_failing` fired before a restart: it holds until a sweep succeeds.
+    sweep_failing_carried: bool,
+    /// `tip_stale` fired before a restart: it holds until a fetch succeeds.
+    tip_stale_carried: bool,
 }
 
 impl FleetAlertTracker {
@@ -164,6 +171,8 @@ impl FleetAlertTracker {
             apps_below: BTreeMap::new(),
             app_count: 0,
             unlisted: BTreeMap::new(),
+            sweep_failing_carried: false,
+            tip_stale_carried: false,
         }
     }
 
@@ -184,6 +193,54 @@ impl FleetAlertTracker {
             .collect();
     }
 
+    /// Seeds the coherence clocks from the alerts that were firing before a
+    /// restart (`Notifier::restored_alerts`): a coherence alert that still
+    /// holds keeps firing from its original `below_since` instead of waiting
+    /// `coherence_for` again (which would resolve it, then page anew). The
+    /// first sweep that measures coherence stops or continues the clock as
+    /// usual.
+    ///
+    /// A `sweep_failing` from before keeps firing until a sweep succeeds, and
+    /// a `tip_stale` until a fetch succeeds, instead of resolving at the first
+    /// failed sweep of this run and firing again a few sweeps later.
+    pub fn restore(&mut self, alerts: &[Alert]) {
+        for alert in alerts {
+            match alert.kind {
+                AlertKind::SweepFailing => self.sweep_failing_carried = true,
+                AlertKind::TipStale => self.tip_stale_carried = true,
+                _ => {}
+            }
+            if alert.kind != AlertKind::CoherenceBelowThreshold {
+                continue;
+            }
+            let get = |k: &str| alert.details.get(k);
+            let since = get("below_since")
+                .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+                .map(|t| t.with_timezone(&Utc));
+            let ratio = get("coherence").and_then(|v| v.parse::<f64>().ok());
+            let count = |k: &str| get(k).and_then(|v| v.parse::<usize>().ok());
+            let (Some(since), Some(ratio), Some(on_tip), Some(machines)) =
+                (since, ratio, count("on_tip"), count("machines"))
+            else {
+                continue;
+            };
+            let below = Below {
+                since,
+                last: Coherence {
+                    ratio,
+                    on_tip,
+                    machines,
+                },
+            };
+            match &alert.app {
+                Some(app) => {
+                    self.apps_below.insert(app.clone(), below);
+                }
+                None => self.fleet_below = Some(below),
+            }
+        }
+    }
+
     /// The fleet-level alerts that hold at `now`. Call once per sweep (also
     /// after a failed one) and pass the result, with the planner's alerts, to
     /// `Notifier::update`.
@@ -191,6 +248,10 @@ impl FleetAlertTracker {
         let started = *self.started.get_or_insert(now);
         if let Some(sample) = input.coherence {
             self.observe(sample, now);
+            self.sweep_failing_carried = false;
+        }
+        if input.last_tip_fetch.is_some() {
+            self.tip_stale_carried = false;
         }
         let mut alerts = Vec::new();
         // With one app the fleet-wide condition is the app's: send it once.
@@ -324,7 +385,8 @@ impl FleetAlertTracker {
     ) -> Option<Alert> {
         let since = elapsed(input.last_sweep_success.unwrap_or(started), now);
         let failing = input.consecutive_sweep_failures >= self.rules.max_consecutive_sweep_failures
-            || since > self.rules.sweep_stale_after();
+            || since > self.rules.sweep_stale_after()
+            || self.sweep_failing_carried;
         if !failing {
             return None;
         }
@@ -359,7 +421,7 @@ impl FleetAlertTracker {
         now: DateTime<Utc>,
     ) -> Option<Alert> {
         let since = elapsed(input.last_tip_fetch.unwrap_or(started), now);
-        if since <= self.rules.tip_stale_after() {
+        if since <= self.rules.tip_stale_after() && !self.tip_stale_carried {
             return None;
         }
         let mut details = BTreeMap::from([(
@@ -378,6 +440,87 @@ impl FleetAlertTracker {
             ),
             details,
         ))
+    }
+}
+
+/// The machine alerts that were firing before a restart, carried over until
+/// this run's planner has caught up: its drift clocks start over, so a
+/// machine still drifting has no drift alert for `rotation.min_drift_age`,
+/// which without this would resolve the alert and page it again.
+///
+/// At each successful sweep, a restored alert is
+/// - dropped once the planner raises it itself, or when the sweep shows it
+///   cleared: the machine is gone, on the tip or stopped, or the release tip
+///   moved on (a new tip is a new alert);
+/// - carried while the machine gives no usable report (as the planner does
+///   for a drift it saw before);
+/// - carried for `grace` from the first sweep that saw the machine drifted
+///   again, then dropped (resolved) if the planner has not raised it.
+///
+/// Failed sweeps know nothing new: every restored alert still carried is.
+#[derive(Clone, Debug, Default)]
+pub struct RestoredMachineAlerts {
+    grace: Duration,
+    /// The alert, and when this run first saw its machine drifted.
+    alerts: BTreeMap<String, (Alert, Option<DateTime<Utc>>)>,
+}
+
+impl RestoredMachineAlerts {
+    /// The machine alerts among `restored` (those with a machine id);
+    /// `grace` is `rotation.min_drift_age` plus a margin of sweeps.
+    pub fn new(restored: &[Alert], grace: Duration) -> RestoredMachineAlerts {
+        RestoredMachineAlerts {
+            grace,
+            alerts: restored
+                .iter()
+                .filter(|a| a.machine_id.is_some())
+                .map(|a| (a.dedup_key(), (a.clone(), None)))
+                .collect(),
+        }
+    }
+
+    /// The restored alerts still carried (for a failed sweep).
+    pub fn carried(&self) -> Vec<Alert> {
+        self.alerts.values().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// After a successful sweep: the restored alerts to add to the planner's
+    /// `planned` ones.
+    pub fn after_sweep(
+        &mut self,
+        report: &FleetReport,
+        planned: &[Alert],
+        now: DateTime<Utc>,
+    ) -> Vec<Alert> {
+        if self.alerts.is_empty() {
+            return Vec::new();
+        }
+        let live: std::collections::HashSet<String> =
+            planned.iter().map(Alert::dedup_key).collect();
+        let grace = chrono::Duration::from_std(self.grace).unwrap_or(chrono::Duration::MAX);
+        let tip = report.tip.commit.as_str();
+        self.alerts.retain(|key, (alert, drifted_since)| {
+            if live.contains(key) || alert.commit.as_deref().is_some_and(|c| c != tip) {
+                return false;
+            }
+            let machine = alert.machine_id.as_deref();
+            let Some(m) = report.machines.iter().find(|m| {
+                Some(m.machine_id.as_str()) == machine && alert.app.as_deref() == Some(&m.app)
+            }) else {
+                return false; // gone
+            };
+            match m.status {
+                MachineStatus::OnTip | MachineStatus::NotRunning => false,
+                MachineStatus::Unreachable | MachineStatus::BadReport => true,
+                MachineStatus::Drifted
+                | MachineStatus::UnknownRef
+                | MachineStatus::AmbiguousRef => {
+                    let since = *drifted_since.get_or_insert(now);
+                    now - since < grace
+                }
+            }
+        });
+        self.carried()
     }
 }
 

@@ -19,8 +19,17 @@ use crate::model::Severity;
 /// Version of the generic JSON schema; bumped on an incompatible change.
 pub const JSON_SCHEMA_VERSION: u32 = 1;
 
-/// Header carrying `sha256=<hex HMAC-SHA256 of the body>` on signed JSON deliveries.
+/// Header carrying `sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">` on
+/// signed JSON deliveries.
 pub const SIGNATURE_HEADER: &str = "X-Fleet-Signature";
+
+/// Header carrying the signed timestamp (Unix seconds of the attempt) on
+/// signed JSON deliveries; receivers refuse a signature older than
+/// [`SIGNATURE_MAX_AGE`], so a captured request cannot be replayed later.
+pub const TIMESTAMP_HEADER: &str = "X-Fleet-Timestamp";
+
+/// The age (either way) past which receivers should refuse a signed request.
+pub const SIGNATURE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// PagerDuty rejects a `payload.summary` longer than this (characters).
 pub const PAGERDUTY_SUMMARY_MAX: usize = 1024;
@@ -33,19 +42,22 @@ const SLACK_HEADER_MAX: usize = 150;
 /// Slack's limit on a section's text (we stay well under its 3000).
 const SLACK_SECTION_MAX: usize = 2900;
 
-/// A rendered request: the exact body bytes and the signature header, if any.
+/// A rendered request: the exact body bytes and, when signed, the values of
+/// the timestamp and signature headers.
 pub(super) struct Rendered {
     pub body: Vec<u8>,
-    pub signature: Option<String>,
+    pub signature: Option<(String, String)>,
 }
 
 /// Renders `n` for a sink of `format`; `routing_key` (pagerduty) and
-/// `hmac_secret` (json) come from the sink's secrets.
+/// `hmac_secret` (json) come from the sink's secrets, `timestamp` (Unix
+/// seconds) is the time of this attempt.
 pub(super) fn render(
     format: WebhookFormat,
     n: &Notification,
     routing_key: Option<&str>,
     hmac_secret: Option<&str>,
+    timestamp: i64,
 ) -> Rendered {
     let body = match format {
         WebhookFormat::Json => to_vec(&json_body(n)),
@@ -53,7 +65,10 @@ pub(super) fn render(
         WebhookFormat::Pagerduty => pagerduty_body(n, routing_key.unwrap_or_default()),
     };
     let signature = match (format, hmac_secret) {
-        (WebhookFormat::Json, Some(secret)) => Some(sign(secret.as_bytes(), &body)),
+        (WebhookFormat::Json, Some(secret)) => Some((
+            timestamp.to_string(),
+            sign(secret.as_bytes(), timestamp, &body),
+        )),
         _ => None,
     };
     Rendered { body, signature }
@@ -64,9 +79,12 @@ fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("webhook bodies are plain JSON")
 }
 
-/// `sha256=<lowercase hex HMAC-SHA256(secret, body)>`.
-pub fn sign(secret: &[u8], body: &[u8]) -> String {
+/// `sha256=<lowercase hex HMAC-SHA256(secret, "<timestamp>.<body>")>`: the
+/// decimal timestamp, a dot, then the exact body bytes.
+pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts keys of any length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
@@ -115,7 +133,7 @@ struct JsonBody<'a> {
 fn json_body(n: &Notification) -> JsonBody<'_> {
     JsonBody {
         version: JSON_SCHEMA_VERSION,
-        event: n.event,
+        event: &n.event,
         status: n.status.as_str(),
         repeat: n.repeat,
         dedup_key: &n.dedup_key,
@@ -304,7 +322,7 @@ fn pagerduty_body(n: &Notification, routing_key: &str) -> Vec<u8> {
     }
     let mut custom_details = n.details.clone();
     let identity = [
-        ("event", Some(n.event)),
+        ("event", Some(n.event.as_str())),
         ("status", Some(n.status.as_str())),
         ("app", n.app.as_deref()),
         ("machine_id", n.machine_id.as_deref()),
@@ -333,7 +351,7 @@ fn pagerduty_body(n: &Notification, routing_key: &str) -> Vec<u8> {
             },
             component: n.machine_id.as_deref(),
             group: n.app.as_deref(),
-            class: n.event,
+            class: &n.event,
             timestamp: rfc3339(n),
             custom_details,
         },
@@ -349,7 +367,7 @@ mod tests {
     fn notification(status: Status) -> Notification {
         Notification {
             status,
-            event: "drift_detected",
+            event: "drift_detected".into(),
             repeat: false,
             dedup_key: "fleet-reconciler/drift_detected/agents/m1/abc".into(),
             app: Some("agents".into()),
@@ -391,6 +409,7 @@ mod tests {
             &notification(Status::Firing),
             None,
             None,
+            0,
         );
         let v = json(&r.body);
         let text = v["text"].as_str().unwrap();
@@ -404,7 +423,7 @@ mod tests {
     fn pagerduty_summary_is_capped() {
         let mut n = notification(Status::Firing);
         n.summary = "x".repeat(5000);
-        let v = json(&render(WebhookFormat::Pagerduty, &n, Some("rk"), None).body);
+        let v = json(&render(WebhookFormat::Pagerduty, &n, Some("rk"), None, 0).body);
         let summary = v["payload"]["summary"].as_str().unwrap();
         assert_eq!(summary.chars().count(), PAGERDUTY_SUMMARY_MAX);
     }
@@ -414,24 +433,41 @@ mod tests {
         let mut n = notification(Status::Firing);
         n.app = None;
         n.machine_id = None;
-        let v = json(&render(WebhookFormat::Pagerduty, &n, Some("rk"), None).body);
+        let v = json(&render(WebhookFormat::Pagerduty, &n, Some("rk"), None, 0).body);
         assert_eq!(v["payload"]["source"], "fleet-reconciler");
         assert!(v["payload"].get("component").is_none());
         assert!(v["payload"].get("group").is_none());
     }
 
     #[test]
-    fn signature_covers_the_exact_body() {
+    fn signature_covers_the_timestamp_and_the_exact_body() {
         let n = notification(Status::Firing);
-        let r = render(WebhookFormat::Json, &n, None, Some("s3cret"));
-        assert_eq!(
-            r.signature.as_deref(),
-            Some(sign(b"s3cret", &r.body).as_str())
-        );
-        let sig = r.signature.unwrap();
+        let r = render(WebhookFormat::Json, &n, None, Some("s3cret"), 1_777_000_000);
+        let (ts, sig) = r.signature.unwrap();
+        assert_eq!(ts, "1777000000");
+        assert_eq!(sig, sign(b"s3cret", 1_777_000_000, &r.body));
         assert!(sig.starts_with("sha256=") && sig.len() == 7 + 64);
+        // The signed message is `<timestamp>.<body>`.
+        let mut mac = Hmac::<Sha256>::new_from_slice(b"s3cret").unwrap();
+        mac.update(format!("{ts}.").as_bytes());
+        mac.update(&r.body);
+        assert_eq!(
+            sig,
+            format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+        );
         let mut tampered = r.body.clone();
         tampered.push(b' ');
-        assert_ne!(sign(b"s3cret", &tampered), sig);
+        assert_ne!(sign(b"s3cret", 1_777_000_000, &tampered), sig);
+        assert_ne!(
+            sign(b"s3cret", 1_777_000_001, &r.body),
+            sig,
+            "a replay with a new timestamp"
+        );
+        // Slack and PagerDuty are never signed.
+        assert!(
+            render(WebhookFormat::Slack, &n, None, Some("s3cret"), 0)
+                .signature
+                .is_none()
+        );
     }
 }

@@ -1,14 +1,18 @@
-//! The webhook notifier: alert state (dedupe, repeat, resolve) and delivery to sinks.
+//! The webhook notifier: alert state (dedupe, repeat, resolve), delivery to
+//! sinks, and the state file that carries both across restarts.
 //!
 //! Owns, per configured webhook, which alerts that sink has been told about,
-//! the queue of notifications not yet delivered, and the HTTP delivery with
-//! retries. The sweep hands it the *full* set of conditions that hold now
-//! (`update`, level-triggered, never blocking); a background task (`run`)
-//! delivers. It must never block or fail a sweep, never follow a redirect,
-//! and never write a webhook URL, routing key, HMAC secret or response body
-//! into a log line, an error or a payload. It never reads the environment
-//! (secrets arrive as `SinkSecrets`, see `sink_secrets_from_env`) and never
-//! reads the wall clock for alert decisions (`now` is an argument).
+//! the queue of notifications not yet delivered, the dead letters, and the
+//! HTTP delivery with retries. The sweep hands it the *full* set of
+//! conditions that hold now (`update`, level-triggered, never blocking); a
+//! background task (`run`) delivers and writes the state file. It must never
+//! block or fail a sweep, never follow a redirect, never send to a plain
+//! `http://` URL that is not loopback, and never write a webhook URL, routing
+//! key, HMAC secret or response body into a log line, an error, a payload or
+//! the state file. It never reads the environment (secrets arrive as
+//! `SinkSecrets`, see `sink_secrets_from_env`) and never reads the wall clock
+//! for alert decisions (`now` is an argument; the clock only stamps delivery
+//! attempts, signatures and dead letters).
 //!
 //! # Per-sink state machine (keyed by `Alert::dedup_key`)
 //!
@@ -29,38 +33,79 @@
 //! # Delivery
 //!
 //! One FIFO queue per sink, delivered in order: a resolve never overtakes its
-//! trigger. A failed attempt (connection error, timeout, 3xx, any non-2xx)
-//! pauses that sink for `retry_interval` and retries the same notification;
-//! nothing is dropped. A full queue refuses new alert transitions without
-//! recording them, so the next sweep (level-triggered) offers them again;
-//! one-shot events are the only thing an overflow can lose, and it says so in
-//! one ERROR line per overflow episode.
+//! trigger. A failed attempt (connection error, timeout, 3xx, 5xx, 408, 429)
+//! pauses that sink for `retry_interval` and retries the same notification.
+//! A full queue refuses new alert transitions without recording them, so the
+//! next sweep (level-triggered) offers them again; one-shot events are the
+//! only thing an overflow can lose, and it says so in one ERROR line per
+//! overflow episode.
+//!
+//! # Dead letters
+//!
+//! A permanent refusal (any other 4xx: 404 and 410 for a webhook that is
+//! gone, 401/403 for bad credentials, 400/413/422 for a body it rejects), or
+//! `dead_letter_after` failed attempts in a row, sets the notification aside
+//! as a *dead letter* and marks the sink *failing*. A failing sink gives each
+//! notification one attempt and dead-letters it if that fails, so nothing
+//! sits at the head of its queue; the other sinks are never held up (each has
+//! its own queue and loop) and receive one `alert_sink_failing` alert naming
+//! the failing sinks. The first delivery that succeeds ends the episode: the
+//! alert resolves, dead-lettered triggers of alerts still firing are sent
+//! again at the next sweep, and dead-lettered resolves of alerts that are no
+//! longer firing are queued again.
+//!
+//! # Restarts
+//!
+//! With a state file (`NotifierOptions::state_file`), `run` writes the state
+//! after changes (at most every `save_interval`) and when it ends; the next
+//! notifier reads it: what each sink was told, its queue, its dead letters.
+//! Alerts that still fire are therefore not paged again, undelivered
+//! notifications are delivered, and alerts that cleared while the daemon
+//! was down are resolved by the first `update`. `update` stays
+//! level-triggered: whoever calls it must pass the alerts that hold, also
+//! right after a restart when the planner's clocks start over;
+//! `restored_alerts` says what held before (see `RestoredMachineAlerts` and
+//! `FleetAlertTracker::restore`).
 
 mod fleet;
 mod format;
+mod store;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AlertsConfig, WebhookConfig, WebhookFormat};
-use crate::events::{ActionEvent, Alert, EventKind};
+use crate::events::{ActionEvent, Alert, AlertKind, EventKind};
 use crate::model::Severity;
+use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use fleet::{
     APP_UNLISTABLE_SEVERITY, COHERENCE_SEVERITY, Coherence, CoherenceSample, FleetAlertInput,
-    FleetAlertRules, FleetAlertTracker, SWEEP_FAILING_SEVERITY, TIP_STALE_SEVERITY,
+    FleetAlertRules, FleetAlertTracker, RestoredMachineAlerts, SWEEP_FAILING_SEVERITY,
+    TIP_STALE_SEVERITY,
 };
 pub use format::{
     JSON_SCHEMA_VERSION, PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, SIGNATURE_HEADER,
-    format_name, pagerduty_dedup_key, pagerduty_severity, sign,
+    SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, format_name, pagerduty_dedup_key, pagerduty_severity,
+    sign,
 };
+pub use store::{STATE_KIND, STATE_VERSION};
+
+/// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
+/// `min_severity = "high"` to hear that Slack is gone, and the reverse.
+pub const SINK_FAILING_SEVERITY: Severity = Severity::High;
+
+/// Dead letters kept per sink (the oldest are dropped beyond this; all are counted).
+pub const DEAD_LETTERS_KEPT: usize = 1000;
 
 /// The secrets of one webhook, resolved from the environment at the edge.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -174,6 +219,17 @@ pub struct NotifierOptions {
     pub queue_capacity: usize,
     /// How long `run` keeps delivering after shutdown is requested.
     pub flush_deadline: Duration,
+    /// Where the state persists across restarts; `None` keeps it in memory
+    /// (`run` uses `Config::alert_state_file`).
+    pub state_file: Option<PathBuf>,
+    /// Failed attempts in a row (of one sink, whatever the notification)
+    /// after which a sink that keeps failing transiently (5xx, timeouts,
+    /// redirects, connection errors) is declared failing and its notification
+    /// dead-lettered; 0: only permanent refusals dead-letter. The default, 60,
+    /// is about an hour of retries a minute apart.
+    pub dead_letter_after: u32,
+    /// The state file is written at most this often (and when `run` ends).
+    pub save_interval: Duration,
 }
 
 impl Default for NotifierOptions {
@@ -182,13 +238,19 @@ impl Default for NotifierOptions {
             retry_interval: Duration::from_secs(60),
             request_timeout: Duration::from_secs(10),
             queue_capacity: 10_000,
-            flush_deadline: Duration::from_secs(5),
+            // Inside the service's shutdown budget (Fly kills 5 s after
+            // SIGTERM); what is not flushed stays in the state file.
+            flush_deadline: Duration::from_millis(800),
+            state_file: None,
+            dead_letter_after: 60,
+            save_interval: Duration::from_secs(1),
         }
     }
 }
 
 /// What a notification says about its condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum Status {
     Firing,
     Resolved,
@@ -206,10 +268,10 @@ impl Status {
 }
 
 /// One message for one sink, format-independent.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Notification {
     pub(crate) status: Status,
-    pub(crate) event: &'static str,
+    pub(crate) event: String,
     pub(crate) repeat: bool,
     pub(crate) dedup_key: String,
     pub(crate) app: Option<String>,
@@ -225,7 +287,7 @@ impl Notification {
     fn trigger(alert: &Alert, key: &str, repeat: bool, now: DateTime<Utc>) -> Notification {
         Notification {
             status: Status::Firing,
-            event: alert.kind.trigger_name(),
+            event: alert.kind.trigger_name().to_owned(),
             repeat,
             dedup_key: key.to_owned(),
             app: alert.app.clone(),
@@ -241,7 +303,7 @@ impl Notification {
     fn resolve(last: &Alert, key: &str, now: DateTime<Utc>) -> Notification {
         Notification {
             status: Status::Resolved,
-            event: last.kind.resolve_name(),
+            event: last.kind.resolve_name().to_owned(),
             repeat: false,
             summary: format!("Resolved: {}", last.summary),
             ..Notification::trigger(last, key, false, now)
@@ -251,7 +313,7 @@ impl Notification {
     fn event(e: &ActionEvent) -> Notification {
         Notification {
             status: Status::Event,
-            event: e.kind.name(),
+            event: e.kind.name().to_owned(),
             repeat: false,
             dedup_key: event_key(e.kind, e),
             app: Some(e.app.clone()),
@@ -305,6 +367,12 @@ pub struct SinkStats {
     pub dropped: u64,
     /// Alert keys this sink has been sent a trigger for and not yet a resolve.
     pub firing: usize,
+    /// Notifications dead-lettered by this process.
+    pub dead_lettered: u64,
+    /// Dead letters kept (in the state file; at most `DEAD_LETTERS_KEPT`).
+    pub dead_letters: usize,
+    /// The sink is dead-lettering what it is sent.
+    pub failing: bool,
 }
 
 /// Sends alerts and action events to the configured webhooks. Cheap to clone
@@ -320,12 +388,18 @@ struct Shared {
     options: NotifierOptions,
     /// Every alert firing at the last `update`, for one log line per transition.
     fired: Mutex<BTreeMap<String, Alert>>,
+    /// The alerts the state file said were firing, as read.
+    restored: Vec<Alert>,
+    store: Option<Store>,
     running: AtomicBool,
 }
 
 struct Sink {
     index: usize,
     format: WebhookFormat,
+    /// The name of the URL's variable: with the format, the sink's identity
+    /// in the state file (the URL itself is a secret).
+    url_env: String,
     min_severity: Severity,
     /// Zero disables repeats.
     repeat_interval: Duration,
@@ -345,9 +419,16 @@ struct SinkState {
     pending: HashMap<String, usize>,
     /// Refusals in the current overflow episode (`None`: not overflowing).
     overflow: Option<u64>,
+    /// Set aside, newest last.
+    dead_letters: VecDeque<DeadLetter>,
+    /// `Some` while the sink dead-letters what it is sent.
+    failing: Option<Failing>,
+    /// Failed attempts since the last success.
+    consecutive_failures: u32,
     delivered: u64,
     failed_attempts: u64,
     dropped: u64,
+    dead_lettered: u64,
 }
 
 struct Tracked {
@@ -356,6 +437,9 @@ struct Tracked {
     /// The highest severity this sink was notified at since the last resolve.
     notified_severity: Severity,
     last_notified: DateTime<Utc>,
+    /// The last trigger (not a repeat) was dead-lettered: the receiver may
+    /// never have heard of the alert, so it is sent again once the sink recovers.
+    dead_lettered: bool,
 }
 
 impl fmt::Debug for Notifier {
@@ -378,12 +462,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The key of `alert_sink_failing` (one alert for all failing sinks).
+fn sink_failing_key() -> String {
+    sink_failing_alert(String::new(), BTreeMap::new()).dedup_key()
+}
+
+fn sink_failing_alert(summary: String, details: BTreeMap<String, String>) -> Alert {
+    Alert {
+        kind: AlertKind::SinkFailing,
+        app: None,
+        machine_id: None,
+        commit: None,
+        severity: SINK_FAILING_SEVERITY,
+        summary,
+        details,
+    }
+}
+
 impl Notifier {
     /// A notifier for `config.webhooks`, with `sinks[i]` the secrets of webhook `i`.
     pub fn new(config: &AlertsConfig, sinks: Vec<SinkSecrets>) -> Result<Notifier, NotifyError> {
         Notifier::with_options(config, sinks, NotifierOptions::default())
     }
 
+    /// As `new`; with `options.state_file` set, reads the state a previous
+    /// notifier left there (a missing file is a first start; an unusable one
+    /// is moved aside with a WARN and the notifier starts empty).
     pub fn with_options(
         config: &AlertsConfig,
         sinks: Vec<SinkSecrets>,
@@ -410,20 +518,45 @@ impl Notifier {
             .connect_timeout(options.request_timeout.min(Duration::from_secs(5)))
             .build()
             .map_err(|e| NotifyError::Client(crate::http::describe(&e)))?;
+        // Without webhooks there is nothing to deliver or resolve: no file.
+        let store = options
+            .state_file
+            .clone()
+            .filter(|_| !sinks.is_empty())
+            .map(Store::new);
+        let saved = store.as_ref().and_then(Store::load);
+        let mut restored = Vec::new();
+        if let Some(saved) = saved {
+            restored = saved.alerts;
+            restore_sinks(&sinks, saved.sinks);
+        }
+        let fired: BTreeMap<String, Alert> = restored
+            .iter()
+            .map(|a| (a.dedup_key(), a.clone()))
+            .collect();
         Ok(Notifier {
             shared: Arc::new(Shared {
                 sinks,
                 http,
                 options,
-                fired: Mutex::new(BTreeMap::new()),
+                fired: Mutex::new(fired),
+                restored,
+                store,
                 running: AtomicBool::new(false),
             }),
         })
     }
 
+    /// The alerts that were firing when the state file was written (empty
+    /// without one). `run` seeds the fleet-alert clocks with them and carries
+    /// the machine alerts until the planner has caught up.
+    pub fn restored_alerts(&self) -> &[Alert] {
+        &self.shared.restored
+    }
+
     /// Takes the full set of conditions that hold at `now` and the events of
     /// this sweep, and queues what each sink must be told. Never waits on the
-    /// network: it only takes short, uncontended locks and wakes `run`.
+    /// network or the disk: it only takes short, uncontended locks and wakes `run`.
     pub fn update(&self, firing: &[Alert], events: &[ActionEvent], now: DateTime<Utc>) {
         // One alert per key; if the planner sent a key twice, the more severe wins.
         let mut current: BTreeMap<String, &Alert> = BTreeMap::new();
@@ -437,6 +570,10 @@ impl Notifier {
                 })
                 .or_insert(alert);
         }
+        let failing = self.sink_failing();
+        if let Some(alert) = &failing {
+            current.insert(alert.dedup_key(), alert);
+        }
         self.log_transitions(&current);
         let capacity = self.shared.options.queue_capacity;
         for sink in &self.shared.sinks {
@@ -448,6 +585,48 @@ impl Notifier {
                 sink.wake.notify_one();
             }
         }
+        self.shared.touch();
+    }
+
+    /// `alert_sink_failing`, while any sink is failing.
+    fn sink_failing(&self) -> Option<Alert> {
+        let mut lines = Vec::new();
+        let mut names = Vec::new();
+        let mut dead = 0;
+        for sink in &self.shared.sinks {
+            let st = lock(&sink.state);
+            let Some(f) = &st.failing else { continue };
+            dead += st.dead_letters.len();
+            names.push(format!(
+                "{}:{}:{}",
+                sink.index,
+                format_name(sink.format),
+                sink.url_env
+            ));
+            lines.push(format!(
+                "webhook {} ({}, URL in {}) has failed since {}: {}; {} notification(s) dead-lettered",
+                sink.index,
+                format_name(sink.format),
+                sink.url_env,
+                rfc3339(f.since),
+                f.reason,
+                st.dead_letters.len()
+            ));
+        }
+        if lines.is_empty() {
+            return None;
+        }
+        let summary = format!(
+            "Alerts are not reaching every webhook: {}. The other webhooks still get everything; fix the receiver or its URL (then restart)",
+            lines.join("; ")
+        );
+        Some(sink_failing_alert(
+            summary,
+            BTreeMap::from([
+                ("sinks".to_owned(), names.join(",")),
+                ("dead_letters".to_owned(), dead.to_string()),
+            ]),
+        ))
     }
 
     /// One line per alert that started, changed severity or cleared.
@@ -456,6 +635,7 @@ impl Notifier {
         for (key, alert) in current {
             let previous = fired.get(key).map(|a| a.severity);
             if previous == Some(alert.severity) {
+                fired.insert(key.clone(), (*alert).clone());
                 continue;
             }
             let message = match previous {
@@ -475,8 +655,10 @@ impl Notifier {
     }
 
     /// Delivers queued notifications until `shutdown`, then tries to flush
-    /// what is left within `flush_deadline`. Run exactly one per notifier
-    /// (a second concurrent call returns at once), usually spawned:
+    /// what is left within `flush_deadline`; with a state file, writes the
+    /// state after changes and once more at the end (what could not be
+    /// flushed is delivered by the next notifier). Run exactly one per
+    /// notifier (a second concurrent call returns at once), usually spawned:
     /// `tokio::spawn({ let n = notifier.clone(); async move { n.run(token).await } })`.
     /// Webhooks are delivered concurrently, each in its own order.
     pub async fn run(&self, shutdown: CancellationToken) {
@@ -485,14 +667,25 @@ impl Notifier {
             return;
         }
         let shared = &self.shared;
-        futures::future::join_all(
-            shared
-                .sinks
-                .iter()
-                .map(|sink| shared.deliver(sink, shutdown.clone())),
-        )
-        .await;
+        let saver_stop = CancellationToken::new();
+        let deliveries = async {
+            futures::future::join_all(
+                shared
+                    .sinks
+                    .iter()
+                    .map(|sink| shared.deliver(sink, shutdown.clone())),
+            )
+            .await;
+            saver_stop.cancel();
+        };
+        tokio::join!(deliveries, shared.save_loop(saver_stop.clone()));
+        shared.save_in_background().await;
         self.shared.running.store(false, Ordering::SeqCst);
+    }
+
+    /// Writes the state file now (if there is one and anything changed).
+    pub fn save(&self) -> std::io::Result<()> {
+        self.shared.save()
     }
 
     /// Per-sink counters and queue depth.
@@ -510,9 +703,20 @@ impl Notifier {
                     failed_attempts: state.failed_attempts,
                     dropped: state.dropped,
                     firing: state.firing.len(),
+                    dead_lettered: state.dead_lettered,
+                    dead_letters: state.dead_letters.len(),
+                    failing: state.failing.is_some(),
                 }
             })
             .collect()
+    }
+
+    /// Writes of the state file that failed since start.
+    pub fn state_write_failures(&self) -> u64 {
+        self.shared
+            .store
+            .as_ref()
+            .map_or(0, |s| s.write_failures.load(Ordering::Relaxed))
     }
 
     /// Notifications not yet delivered, over all sinks.
@@ -522,6 +726,54 @@ impl Notifier {
             .iter()
             .map(|s| lock(&s.state).queue.len())
             .sum()
+    }
+}
+
+/// Gives each configured sink the saved state of the same format and URL
+/// variable (in order, when several share both); saved sinks no longer
+/// configured are dropped with a WARN.
+fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
+    let mut saved: Vec<Option<SavedSink>> = saved.into_iter().map(Some).collect();
+    for sink in sinks {
+        let slot = saved.iter_mut().find(|s| {
+            s.as_ref()
+                .is_some_and(|s| s.format == format_name(sink.format) && s.url_env == sink.url_env)
+        });
+        let Some(s) = slot.and_then(Option::take) else {
+            continue;
+        };
+        let mut st = lock(&sink.state);
+        st.firing = s
+            .firing
+            .into_iter()
+            .map(|(k, t)| {
+                let t = Tracked {
+                    alert: t.alert,
+                    notified_severity: t.notified_severity,
+                    last_notified: t.last_notified,
+                    dead_lettered: t.dead_lettered,
+                };
+                (k, t)
+            })
+            .collect();
+        st.open_failures = s.open_failures.into_iter().collect();
+        for n in s.queue {
+            *st.pending.entry(n.dedup_key.clone()).or_default() += 1;
+            st.queue.push_back(Arc::new(n));
+        }
+        st.dead_letters = s.dead_letters.into();
+        st.failing = s.failing;
+        st.consecutive_failures = s.consecutive_failures;
+    }
+    for s in saved.into_iter().flatten() {
+        tracing::warn!(
+            sink_format = %s.format,
+            url_env = %s.url_env,
+            queued = s.queue.len(),
+            firing = s.firing.len(),
+            dead_letters = s.dead_letters.len(),
+            "alert state of a webhook that is no longer configured is dropped"
+        );
     }
 }
 
@@ -549,6 +801,7 @@ impl Sink {
         Ok(Sink {
             index,
             format: hook.format,
+            url_env: hook.url_env.clone(),
             min_severity: hook.min_severity,
             repeat_interval: hook.repeat_interval,
             secrets,
@@ -569,12 +822,16 @@ impl Sink {
     ) -> usize {
         let mut queued = 0;
         let refused_before = st.dropped;
+        // A failing sink is not told about sinks failing (it would only
+        // dead-letter that too), nor that they recovered.
+        let frozen = st.failing.is_some().then(sink_failing_key);
+        let frozen = frozen.as_deref();
         // Resolves first: after a release, the old target's alerts clear
         // before the new target's fire.
         let cleared: Vec<String> = st
             .firing
             .keys()
-            .filter(|k| !current.contains_key(*k))
+            .filter(|k| !current.contains_key(*k) && Some(k.as_str()) != frozen)
             .cloned()
             .collect();
         for key in cleared {
@@ -586,6 +843,9 @@ impl Sink {
         }
         let repeat = chrono::Duration::from_std(self.repeat_interval).ok();
         for (key, alert) in current {
+            if Some(key.as_str()) == frozen {
+                continue;
+            }
             match st.firing.get(key) {
                 None if alert.severity < self.min_severity => {}
                 None => {
@@ -597,6 +857,7 @@ impl Sink {
                                 alert: (*alert).clone(),
                                 notified_severity: alert.severity,
                                 last_notified: now,
+                                dead_lettered: false,
                             },
                         );
                     }
@@ -620,6 +881,9 @@ impl Sink {
                     if sent {
                         t.last_notified = now;
                         t.notified_severity = t.notified_severity.max(alert.severity);
+                        if escalated {
+                            t.dead_lettered = false;
+                        }
                     }
                     if alert.severity < t.notified_severity && !escalated {
                         // Fell: remember, so that rising again re-notifies.
@@ -679,7 +943,7 @@ impl Sink {
                     sink_format = format_name(self.format),
                     sink_index = self.index,
                     capacity,
-                    event = n.event,
+                    event = n.event.as_str(),
                     "webhook queue full (receiver failing for long?): alert changes wait for a later sweep and one-shot events are dropped until it drains"
                 );
             }
@@ -706,19 +970,154 @@ impl Sink {
         lock(&self.state).queue.front().cloned()
     }
 
-    /// Removes the delivered head of the queue.
-    fn delivered(&self, n: &Arc<Notification>) {
-        let mut st = lock(&self.state);
-        if st.queue.front().is_some_and(|f| Arc::ptr_eq(f, n)) {
-            st.queue.pop_front();
-            if let Some(count) = st.pending.get_mut(&n.dedup_key) {
-                *count -= 1;
-                if *count == 0 {
-                    st.pending.remove(&n.dedup_key);
-                }
+    /// Removes `n` from the head of the queue (if it is still there).
+    fn pop(st: &mut SinkState, n: &Arc<Notification>) -> bool {
+        if !st.queue.front().is_some_and(|f| Arc::ptr_eq(f, n)) {
+            return false;
+        }
+        st.queue.pop_front();
+        if let Some(count) = st.pending.get_mut(&n.dedup_key) {
+            *count -= 1;
+            if *count == 0 {
+                st.pending.remove(&n.dedup_key);
             }
         }
+        true
+    }
+
+    /// Removes the delivered head of the queue; the first success of a
+    /// failing sink ends its episode.
+    fn delivered(&self, n: &Arc<Notification>) {
+        let mut st = lock(&self.state);
+        Sink::pop(&mut st, n);
         st.delivered += 1;
+        st.consecutive_failures = 0;
+        if st.failing.is_some() {
+            self.recover(&mut st);
+        }
+    }
+
+    /// A failed attempt of the head `n`: true when it was dead-lettered (the
+    /// sink goes on with the next notification), false to retry it later.
+    fn failed(&self, n: &Arc<Notification>, error: &str, permanent: bool, limit: u32) -> bool {
+        let mut st = lock(&self.state);
+        st.failed_attempts += 1;
+        st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+        let dead =
+            permanent || st.failing.is_some() || (limit > 0 && st.consecutive_failures >= limit);
+        if !dead {
+            return false;
+        }
+        if !Sink::pop(&mut st, n) {
+            return true;
+        }
+        let now = Utc::now();
+        if st.failing.is_none() {
+            tracing::error!(
+                sink_format = format_name(self.format),
+                sink_index = self.index,
+                url_env = %self.url_env,
+                error,
+                consecutive_failures = st.consecutive_failures,
+                "webhook is failing: its notifications are dead-lettered (one attempt each) until one is delivered; the other webhooks get alert_sink_failing"
+            );
+            st.failing = Some(Failing {
+                since: now,
+                reason: error.to_owned(),
+            });
+        }
+        if n.status == Status::Firing
+            && !n.repeat
+            && let Some(t) = st.firing.get_mut(&n.dedup_key)
+        {
+            t.dead_lettered = true;
+        }
+        tracing::warn!(
+            event = n.event.as_str(),
+            status = n.status.as_str(),
+            repeat = n.repeat,
+            app = Notification::field(&n.app),
+            machine_id = Notification::field(&n.machine_id),
+            commit = Notification::field(&n.commit),
+            severity = %n.severity,
+            sink_format = format_name(self.format),
+            sink_index = self.index,
+            error,
+            "webhook notification dead-lettered"
+        );
+        st.dead_letters.push_back(DeadLetter {
+            notification: (**n).clone(),
+            error: error.to_owned(),
+            at: now,
+        });
+        while st.dead_letters.len() > DEAD_LETTERS_KEPT {
+            st.dead_letters.pop_front();
+        }
+        st.dead_lettered += 1;
+        true
+    }
+
+    /// Ends a failing episode: dead-lettered triggers of alerts still firing
+    /// are forgotten (the next `update` triggers them again) and the last
+    /// dead-lettered resolve of each alert no longer firing is queued again.
+    fn recover(&self, st: &mut SinkState) {
+        let failing = st.failing.take();
+        let mut resolves: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, d) in st.dead_letters.iter().enumerate() {
+            let n = &d.notification;
+            if n.status == Status::Resolved && !st.firing.contains_key(&n.dedup_key) {
+                resolves.insert(n.dedup_key.clone(), i);
+            }
+        }
+        let mut again: Vec<usize> = resolves.into_values().collect();
+        again.sort_unstable();
+        for i in again.iter().rev() {
+            if let Some(d) = st.dead_letters.remove(*i) {
+                *st.pending
+                    .entry(d.notification.dedup_key.clone())
+                    .or_default() += 1;
+                // Behind what is queued: older than it, but about alerts that are not firing.
+                st.queue.push_back(Arc::new(d.notification));
+            }
+        }
+        let before = st.firing.len();
+        st.firing.retain(|_, t| !t.dead_lettered);
+        tracing::warn!(
+            sink_format = format_name(self.format),
+            sink_index = self.index,
+            failing_since = %failing.map(|f| rfc3339(f.since)).unwrap_or_default(),
+            dead_letters = st.dead_letters.len(),
+            resolves_requeued = again.len(),
+            triggers_resent = before - st.firing.len(),
+            "webhook recovered: delivering again"
+        );
+    }
+
+    /// This sink's part of the state file.
+    fn saved(&self) -> SavedSink {
+        let st = lock(&self.state);
+        SavedSink {
+            format: format_name(self.format).to_owned(),
+            url_env: self.url_env.clone(),
+            firing: st
+                .firing
+                .iter()
+                .map(|(k, t)| {
+                    let t = SavedTracked {
+                        alert: t.alert.clone(),
+                        notified_severity: t.notified_severity,
+                        last_notified: t.last_notified,
+                        dead_lettered: t.dead_lettered,
+                    };
+                    (k.clone(), t)
+                })
+                .collect(),
+            open_failures: st.open_failures.iter().cloned().collect(),
+            queue: st.queue.iter().map(|n| (**n).clone()).collect(),
+            dead_letters: st.dead_letters.iter().cloned().collect(),
+            failing: st.failing.clone(),
+            consecutive_failures: st.consecutive_failures,
+        }
     }
 }
 
@@ -728,8 +1127,15 @@ fn check_url(raw: &str) -> Result<(), &'static str> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err("is not an http(s) URL");
     }
-    if url.host().is_none() {
+    let Some(host) = url.host() else {
         return Err("has no host");
+    };
+    // Routing keys, signed bodies and Slack's URL-as-credential in clear text:
+    // only a receiver on this host may be plain http.
+    if url.scheme() == "http" && !is_loopback(&host) {
+        return Err(
+            "is http:// to a host that is not loopback: use https:// (plain http is only accepted for 127.0.0.0/8, ::1 and localhost)",
+        );
     }
     // Credentials in the authority would reach the HTTP client's debug logs.
     if !url.username().is_empty() || url.password().is_some() {
@@ -738,32 +1144,138 @@ fn check_url(raw: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+fn is_loopback(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
 /// How one attempt ended.
 enum Outcome {
-    Delivered(u16),
-    Failed(String),
+    Delivered,
+    /// `permanent`: the receiver refused this for good (a 4xx other than
+    /// 408 and 429); retrying the same request cannot help.
+    Failed {
+        error: String,
+        permanent: bool,
+    },
+    /// The shutdown flush deadline passed: not the receiver's fault, the
+    /// notification stays queued (and in the state file).
+    Interrupted,
 }
 
 impl Shared {
+    /// Marks the state changed and wakes the writer.
+    fn touch(&self) {
+        if let Some(store) = &self.store {
+            store.dirty.store(true, Ordering::SeqCst);
+            store.wake.notify_one();
+        }
+    }
+
+    fn snapshot(&self, now: DateTime<Utc>) -> StateFile {
+        let alerts = lock(&self.fired).values().cloned().collect();
+        StateFile {
+            kind: STATE_KIND.to_owned(),
+            version: STATE_VERSION,
+            saved_at: now,
+            alerts,
+            sinks: self.sinks.iter().map(Sink::saved).collect(),
+        }
+    }
+
+    /// Writes the state file if it changed since the last write; logs one
+    /// ERROR per episode of failing writes (and a WARN when they work again).
+    fn save(&self) -> std::io::Result<()> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let _serial = lock(&store.save_lock);
+        if !store.dirty.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let file = self.snapshot(Utc::now());
+        match store.write(&file) {
+            Ok(()) => {
+                if store.failing.swap(false, Ordering::SeqCst) {
+                    tracing::warn!(path = %store.path.display(), "alert state file written again");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                store.dirty.store(true, Ordering::SeqCst);
+                store.write_failures.fetch_add(1, Ordering::Relaxed);
+                if !store.failing.swap(true, Ordering::SeqCst) {
+                    tracing::error!(
+                        path = %store.path.display(),
+                        error = %e,
+                        "cannot write the alert state file: alerts keep being delivered, but a restart now would forget what was sent"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn save_in_background(self: &Arc<Self>) {
+        if self.store.is_none() {
+            return;
+        }
+        let shared = self.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.save()).await;
+    }
+
+    /// Writes the state file after changes, at most every `save_interval`,
+    /// until `stop`.
+    async fn save_loop(self: &Arc<Self>, stop: CancellationToken) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = store.wake.notified() => {}
+                _ = stop.cancelled() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.options.save_interval) => {}
+                _ = stop.cancelled() => return,
+            }
+            self.save_in_background().await;
+        }
+    }
+
     /// The delivery loop of one sink.
     async fn deliver(&self, sink: &Sink, shutdown: CancellationToken) {
         // Set once shutdown is requested: the end of the final flush.
         let mut deadline: Option<Instant> = None;
         loop {
-            let mut failed = false;
+            let mut paused = false;
             while let Some(n) = sink.front() {
                 match self.attempt(sink, &n, &shutdown, &mut deadline).await {
-                    Outcome::Delivered(_) => sink.delivered(&n),
-                    Outcome::Failed(_) => {
-                        failed = true;
+                    Outcome::Delivered => sink.delivered(&n),
+                    Outcome::Interrupted => {
+                        paused = true;
                         break;
                     }
+                    Outcome::Failed { error, permanent } => {
+                        let dead =
+                            sink.failed(&n, &error, permanent, self.options.dead_letter_after);
+                        if !dead {
+                            self.log_failure(sink, &n, &error);
+                            self.touch();
+                            paused = true;
+                            break;
+                        }
+                    }
                 }
+                self.touch();
             }
             if deadline.is_some() {
                 break;
             }
-            if failed {
+            if paused {
                 tokio::select! {
                     _ = tokio::time::sleep(self.options.retry_interval) => {}
                     _ = shutdown.cancelled() => {
@@ -781,16 +1293,41 @@ impl Shared {
         }
         let left = lock(&sink.state).queue.len();
         if left > 0 {
+            let kept = if self.store.is_some() {
+                "kept in the alert state file for the next start"
+            } else {
+                "lost (no alert state file)"
+            };
             tracing::warn!(
                 sink_format = format_name(sink.format),
                 sink_index = sink.index,
                 undelivered = left,
-                "webhook notifications left undelivered at shutdown"
+                "webhook notifications left undelivered at shutdown: {kept}"
             );
         }
     }
 
-    /// One delivery attempt of `n`, logged as one line.
+    fn log_failure(&self, sink: &Sink, n: &Notification, error: &str) {
+        let queued = lock(&sink.state).queue.len();
+        tracing::warn!(
+            event = n.event.as_str(),
+            status = n.status.as_str(),
+            repeat = n.repeat,
+            app = Notification::field(&n.app),
+            machine_id = Notification::field(&n.machine_id),
+            commit = Notification::field(&n.commit),
+            severity = %n.severity,
+            sink_format = format_name(sink.format),
+            sink_index = sink.index,
+            error = %error,
+            queued,
+            retry_in = %humantime::format_duration(self.options.retry_interval),
+            "webhook delivery failed; will retry"
+        );
+    }
+
+    /// One delivery attempt of `n`; a delivery is logged here, a failure by
+    /// the caller (which knows whether it is retried or dead-lettered).
     async fn attempt(
         &self,
         sink: &Sink,
@@ -803,14 +1340,17 @@ impl Shared {
             n,
             sink.secrets.routing_key.as_deref(),
             sink.secrets.hmac_secret.as_deref(),
+            Utc::now().timestamp(),
         );
         let mut request = self
             .http
             .post(&sink.secrets.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(rendered.body);
-        if let Some(signature) = rendered.signature {
-            request = request.header(SIGNATURE_HEADER, signature);
+        if let Some((timestamp, signature)) = rendered.signature {
+            request = request
+                .header(TIMESTAMP_HEADER, timestamp)
+                .header(SIGNATURE_HEADER, signature);
         }
         let send = request.send();
         tokio::pin!(send);
@@ -828,28 +1368,17 @@ impl Shared {
             },
         };
         // The response body is never read: it may echo what we sent.
-        let outcome = match result {
-            None => Outcome::Failed("shutdown flush deadline passed".to_owned()),
-            Some(Ok(resp)) if resp.status().is_success() => {
-                Outcome::Delivered(resp.status().as_u16())
-            }
-            Some(Ok(resp)) if resp.status().is_redirection() => Outcome::Failed(format!(
-                "HTTP {}: redirect refused (update the webhook URL)",
-                resp.status().as_u16()
-            )),
-            Some(Ok(resp)) => Outcome::Failed(format!("HTTP {}", resp.status().as_u16())),
-            Some(Err(e)) => Outcome::Failed(crate::http::describe(&e)),
+        let failed = |error: String, permanent| Outcome::Failed { error, permanent };
+        let resp = match result {
+            None => return Outcome::Interrupted,
+            Some(Err(e)) => return failed(crate::http::describe(&e), false),
+            Some(Ok(resp)) => resp,
         };
-        let queued = {
-            let mut st = lock(&sink.state);
-            if matches!(outcome, Outcome::Failed(_)) {
-                st.failed_attempts += 1;
-            }
-            st.queue.len()
-        };
-        match &outcome {
-            Outcome::Delivered(code) => tracing::info!(
-                event = n.event,
+        let status = resp.status();
+        let code = status.as_u16();
+        if status.is_success() {
+            tracing::info!(
+                event = n.event.as_str(),
                 status = n.status.as_str(),
                 repeat = n.repeat,
                 app = Notification::field(&n.app),
@@ -860,24 +1389,19 @@ impl Shared {
                 sink_index = sink.index,
                 http_status = code,
                 "webhook delivered"
-            ),
-            Outcome::Failed(error) => tracing::warn!(
-                event = n.event,
-                status = n.status.as_str(),
-                repeat = n.repeat,
-                app = Notification::field(&n.app),
-                machine_id = Notification::field(&n.machine_id),
-                commit = Notification::field(&n.commit),
-                severity = %n.severity,
-                sink_format = format_name(sink.format),
-                sink_index = sink.index,
-                error = %error,
-                queued,
-                retry_in = %humantime::format_duration(self.options.retry_interval),
-                "webhook delivery failed; will retry"
-            ),
+            );
+            return Outcome::Delivered;
         }
-        outcome
+        if status.is_redirection() {
+            return failed(
+                format!("HTTP {code}: redirect refused (update the webhook URL)"),
+                false,
+            );
+        }
+        // 404/410: the webhook is gone; 401/403: refused credentials;
+        // 400/413/422: this body is refused. 408 and 429 ask for a retry.
+        let permanent = status.is_client_error() && !matches!(code, 408 | 429);
+        failed(format!("HTTP {code}"), permanent)
     }
 }
 

@@ -96,6 +96,15 @@ pub enum OperatorError {
         machine_id: String,
         waited: Duration,
     },
+    #[error(
+        "machine {machine_id} is in no app that could be searched; {unsearched} could not be: {first_error}"
+    )]
+    Unsearched {
+        machine_id: String,
+        /// The apps whose lookup failed (comma-separated).
+        unsearched: String,
+        first_error: FlyError,
+    },
     #[error(transparent)]
     Fly(#[from] FlyError),
 }
@@ -125,17 +134,32 @@ impl Operator {
 
     /// Finds the machine in the configured apps.
     pub async fn locate(&self, machine_id: &str) -> Result<(String, Machine), OperatorError> {
+        // One app that cannot be read (deleted, no access, an outage) must
+        // not stop a hold on a machine of another.
+        let mut failed: Vec<(&str, FlyError)> = Vec::new();
         for app in &self.apps {
             match self.fly.get_machine(app, machine_id).await {
                 Ok(m) => return Ok((app.clone(), m)),
                 Err(FlyError::NotFound { .. }) => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => failed.push((app, e)),
             }
         }
-        Err(OperatorError::UnknownMachine {
-            machine_id: machine_id.to_string(),
-            apps: self.apps.join(", "),
-        })
+        let unsearched = failed
+            .iter()
+            .map(|(app, _)| *app)
+            .collect::<Vec<_>>()
+            .join(", ");
+        match failed.into_iter().next() {
+            None => Err(OperatorError::UnknownMachine {
+                machine_id: machine_id.to_string(),
+                apps: self.apps.join(", "),
+            }),
+            Some((_, first_error)) => Err(OperatorError::Unsearched {
+                machine_id: machine_id.to_string(),
+                unsearched,
+                first_error,
+            }),
+        }
     }
 
     /// Puts a hold on the machine: no reconciler acts on it until `release`.

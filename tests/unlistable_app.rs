@@ -370,3 +370,54 @@ format = "json"
         .unwrap();
     sim.shutdown().await;
 }
+
+/// Before: `hold`/`release`/`approve` looked the machine up app by app and
+/// stopped at the first app that answered anything but 404, so one
+/// unreadable app blocked a hold on a machine of another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
+    use fleet_reconciler::operator::{HOLD_KEY, Operator, OperatorError};
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(TOKEN)
+            .release_tip(overlay.tip())
+            .app(SimApp::new("alpha").machine(SimMachine::new("a1").loaded(overlay.tip())))
+            .app(SimApp::new("beta").machine(SimMachine::new("b1").loaded(overlay.tip()))),
+    )
+    .await
+    .unwrap();
+    sim.fail_app("alpha", Some(403));
+    let text = format!(
+        "[fly]\napi_url = \"{}\"\nmax_retries = 0\n[overlay]\nrepo = \"{}\"\nbranch = \"release\"\nmirror_dir = \"{}\"\n[[apps]]\nname = \"alpha\"\n[[apps]]\nname = \"beta\"\n",
+        sim.api_url(),
+        overlay.repo_path.display(),
+        overlay.dir.path().join("mirror.git").display(),
+    );
+    let config = Config::parse(Path::new("operator.toml"), &text).unwrap();
+    let secrets = Secrets {
+        fly_token: TOKEN.into(),
+        git_token: None,
+    };
+    let operator = Operator::new(
+        fleet_reconciler::daemon::fly_client(&config, &secrets).unwrap(),
+        &config,
+    );
+    let app = operator
+        .hold("b1", "oncall", "investigating", chrono::Utc::now())
+        .await
+        .expect("the hold reaches beta's machine");
+    assert_eq!(app, "beta");
+    assert!(sim.machine("b1").unwrap().metadata.contains_key(HOLD_KEY));
+
+    // A machine in no readable app: the error names the app not searched.
+    let err = operator
+        .hold("zz", "oncall", "x", chrono::Utc::now())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, OperatorError::Unsearched { unsearched, .. } if unsearched == "alpha"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("alpha"), "{err}");
+    sim.shutdown().await;
+}

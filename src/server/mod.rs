@@ -482,7 +482,7 @@ fn operator_error(e: OperatorError) -> ApiError {
     let status = match &e {
         OperatorError::UnknownMachine { .. } => StatusCode::NOT_FOUND,
         OperatorError::Leased { .. } => StatusCode::CONFLICT,
-        OperatorError::Fly(_) => StatusCode::BAD_GATEWAY,
+        OperatorError::Fly(_) | OperatorError::Unsearched { .. } => StatusCode::BAD_GATEWAY,
     };
     ApiError::new(status, e.to_string())
 }

@@ -10,10 +10,10 @@
 # dependencies CI tested.
 #
 # The runtime image is Debian slim with what the binary links dynamically
-# (`ldd target/release/fleet-reconciler`: libssl3/libcrypto for git's https
-# transport, zlib, libgcc, glibc) and the CA bundle git uses to verify the
-# overlay host. libgit2 itself is vendored and linked statically. The Fly
-# Machines API client uses rustls with bundled roots.
+# (`ldd target/release/fleet-reconciler`: zlib, libgcc, glibc) and the CA
+# bundle git uses to verify the overlay host (found at start in the usual
+# places, /etc/ssl/certs here). libgit2 and OpenSSL are vendored and linked
+# statically. The Fly Machines API client uses rustls with bundled roots.
 #
 # No HEALTHCHECK: Fly ignores it. fly.toml's [checks] probe /healthz instead.
 
@@ -22,15 +22,8 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS builder
 
-# pkg-config and the OpenSSL headers for git2's https transport; cc for the
-# vendored libgit2 comes with the rust image.
-# DL3008 (pin apt versions) is ignored on purpose, here and below: the base
-# image pins the Debian release, and exact package pins break the build as
-# soon as the security archive moves on (it keeps only the newest version).
-# hadolint ignore=DL3008
-RUN apt-get update \
- && apt-get install -y --no-install-recommends pkg-config libssl-dev \
- && rm -rf /var/lib/apt/lists/*
+# Nothing to install: cc, perl and make for the vendored libgit2 and OpenSSL
+# come with the rust image.
 
 WORKDIR /build
 
@@ -57,10 +50,13 @@ RUN touch src/main.rs src/lib.rs \
 
 FROM ${RUNTIME_IMAGE}
 
-# The CA bundle and libssl3 for git's https transport; unpinned as above.
+# The CA bundle for git's https transport. DL3008 (pin apt versions) is
+# ignored on purpose: the base image pins the Debian release, and exact
+# package pins break the build as soon as the security archive moves on (it
+# keeps only the newest version).
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+ && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
 # A fixed, numeric, unprivileged user. Fly mounts the volume for the image's

@@ -246,6 +246,49 @@ impl Drop for KilledOnDrop {
     }
 }
 
+/// `fleet-reconciler run --config CONFIG` with the test's Fly token and
+/// `env`, its log (stderr) written to `log`.
+fn spawn_run(
+    config: &std::path::Path,
+    log: &std::path::Path,
+    env: &[(&str, &str)],
+) -> KilledOnDrop {
+    let mut command = Command::new(BIN);
+    command
+        .args(["run", "--config"])
+        .arg(config)
+        .env("FLY_API_TOKEN", TOKEN)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    KilledOnDrop(command.spawn().unwrap())
+}
+
+/// Sends SIGTERM to the child and waits up to `within` for it to exit.
+async fn sigterm_and_wait(
+    child: &mut KilledOnDrop,
+    within: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    let pid = child.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let signalled = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            return Some(status);
+        }
+        if signalled.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name))
@@ -343,18 +386,9 @@ listen = "127.0.0.1:{port}"
         ),
     )
     .unwrap();
-    let mut child = KilledOnDrop(
-        Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("FLY_API_TOKEN", TOKEN)
-            .env("STALL_WEBHOOK_URL", &hook_url)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let log = || std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
+    let log_path = dir.path().join("stderr.log");
+    let mut child = spawn_run(&config, &log_path, &[("STALL_WEBHOOK_URL", &hook_url)]);
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
 
@@ -399,24 +433,7 @@ listen = "127.0.0.1:{port}"
     );
 
     // SIGTERM with a fetch stalled in flight: out within Fly's 5 s.
-    let pid = child.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let signalled = Instant::now();
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break Some(status);
-        }
-        if signalled.elapsed() > Duration::from_secs(5) {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = sigterm_and_wait(&mut child, Duration::from_secs(5)).await;
     let status = status.expect("still running 5 s after SIGTERM");
     assert!(status.success(), "exit status {status}");
     sim.shutdown().await;
@@ -519,16 +536,7 @@ listen = "127.0.0.1:{port}"
 
     // `run`: the log line of each failed sweep.
     let log_path = dir.path().join("stderr.log");
-    let mut child = KilledOnDrop(
-        Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("FLY_API_TOKEN", TOKEN)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = spawn_run(&config, &log_path, &[]);
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     common::until(
         "a failed sweep logged",
@@ -653,7 +661,7 @@ async fn a_new_mirror_is_private_to_the_daemon() {
 /// out within Fly's 5 s, the step dropped as safely as a crash would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_within_five_seconds_with_a_fly_call_in_flight() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
         SimFleet::new(TOKEN)
@@ -696,16 +704,7 @@ coordinator = "coord/c0"
     )
     .unwrap();
     let log_path = dir.path().join("stderr.log");
-    let mut child = KilledOnDrop(
-        Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("FLY_API_TOKEN", TOKEN)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = spawn_run(&config, &log_path, &[]);
     let restart_asked = || {
         sim.requests()
             .iter()
@@ -719,24 +718,7 @@ coordinator = "coord/c0"
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let pid = child.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let signalled = Instant::now();
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break Some(status);
-        }
-        if signalled.elapsed() > Duration::from_secs(5) {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = sigterm_and_wait(&mut child, Duration::from_secs(5)).await;
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let status = status.unwrap_or_else(|| panic!("still running 5 s after SIGTERM\n{log}"));
     assert!(status.success(), "exit status {status}\n{log}");

@@ -1,4 +1,4 @@
-//! Sweep benchmark: one process sweeping 10,000 machines (DESIGN §9).
+//! Sweep benchmark: one process sweeping 10,000 machines (docs/design.md §9).
 //!
 //! Run with `cargo bench --bench sweep` (optionally `-- 20000` for another
 //! fleet size). Prints wall time per sweep (cold: first git analysis; warm:

@@ -17,9 +17,14 @@ the files agree with each other and with the config the image ships:
 * Every alert rule has severity/team labels, summary/description/runbook_url
   annotations, a runbook anchor that exists in docs/operations.md, and unit
   tests both firing and not firing.
-* The Grafana dashboard parses, uses only fleet_* metrics of DESIGN §7, and
-  every panel query is valid PromQL (checked by promtool as recording rules).
-* Relative links of the deployment docs reach existing files and headings.
+* The Grafana dashboard parses, uses only fleet_* metrics of docs/design.md
+  §7, and every panel query is valid PromQL (checked by promtool as
+  recording rules).
+* Relative links of the README and the docs reach existing files and headings.
+* Every reference to a design section ("docs/design.md §6.2", "design §5")
+  in the README, the docs, the sources, tests, examples, benches and
+  deploy/ names a numbered section of docs/design.md, and none points at the
+  product spec outside the repository ("DESIGN §n", "shared/DESIGN.md").
 
 Usage: python3 deploy/check.py   (from the repository root; Python >= 3.11)
 """
@@ -266,11 +271,21 @@ def check_dashboard() -> None:
         fail("dashboard queries are not valid PromQL:\n" + r.stdout + r.stderr)
 
 
-DOCS = ["docs/deploy.md", "docs/operations.md", "docs/agent-contract.md", "deploy/README.md"]
+DOCS = [
+    "README.md",
+    "deploy/README.md",
+    "docs/agent-contract.md",
+    "docs/alerts.md",
+    "docs/deploy.md",
+    "docs/design.md",
+    "docs/observability.md",
+    "docs/operations.md",
+    "docs/safety.md",
+]
 
 
 def check_doc_links() -> None:
-    """Relative links of the deployment docs point at files and headings that exist."""
+    """Relative links of the README and the docs point at files and headings that exist."""
     for doc in DOCS:
         path = ROOT / doc
         text = path.read_text()
@@ -289,6 +304,34 @@ def check_doc_links() -> None:
                     fail(f"{doc}: link to {target}: no such heading")
 
 
+DESIGN_REF_GLOBS = ["README.md", "docs/*.md", "src/**/*.rs", "tests/**/*.rs", "examples/*.rs", "benches/*.rs", "deploy/**/*"]
+
+
+def design_sections(markdown: str) -> set[str]:
+    """Section numbers of docs/design.md: `## 6. Rotation` gives 6, `### 6.2 Phases` 6.2."""
+    return set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", markdown, flags=re.M))
+
+
+def check_design_refs() -> None:
+    """References to design sections resolve inside the repository."""
+    sections = design_sections((ROOT / "docs/design.md").read_text())
+    files = sorted({p for g in DESIGN_REF_GLOBS for p in ROOT.glob(g) if p.is_file()})
+    for path in files:
+        if path == Path(__file__).resolve():
+            continue  # this file names the patterns it looks for
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        rel = path.relative_to(ROOT)
+        for n, line in enumerate(text.splitlines(), 1):
+            if re.search(r"DESIGN §|shared/DESIGN\.md", line):
+                fail(f"{rel}:{n}: refers to the product spec outside the repository; point it at docs/design.md")
+            for sec in re.findall(r"design(?:\.md)?\]?(?:\([^)]*\))? §(\d+(?:\.\d+)?)", line):
+                if sec not in sections:
+                    fail(f"{rel}:{n}: docs/design.md has no section §{sec}")
+
+
 def main() -> int:
     config = check_fly_toml()
     if config:
@@ -296,11 +339,12 @@ def main() -> int:
     check_rules()
     check_dashboard()
     check_doc_links()
+    check_design_refs()
     if errors:
         for e in errors:
             print(f"deploy/check.py: {e}", file=sys.stderr)
         return 1
-    print("deploy/check.py: fly.toml, Dockerfile, config, alert rules, runbooks and dashboard agree")
+    print("deploy/check.py: fly.toml, Dockerfile, config, alert rules, runbooks, dashboard, doc links and design references agree")
     return 0
 
 

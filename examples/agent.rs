@@ -1,6 +1,6 @@
 //! A reference agent: the smallest process that meets fleet-reconciler's agent contract.
 //!
-//! It serves what `docs/agent-contract.md` asks of an agent (DESIGN §4):
+//! It serves what `docs/agent-contract.md` asks of an agent (docs/design.md §4):
 //!
 //! * `GET /health`: the overlay commit it loaded, whether a turn is in
 //!   progress, its live work, its last input and a heartbeat, the optional
@@ -70,7 +70,7 @@ struct Args {
     checkpoint_dir: Option<PathBuf>,
 }
 
-/// What a `GET /health` answers (DESIGN §4).
+/// What a `GET /health` answers (docs/design.md §4).
 #[derive(Serialize)]
 struct HealthReport {
     overlay_ref: String,

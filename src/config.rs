@@ -1,4 +1,4 @@
-//! Configuration: the TOML file of DESIGN §8, parsed and validated at load.
+//! Configuration: the TOML file of docs/design.md §8.2, parsed and validated at load.
 //!
 //! Owns the shape of the config and every rule about what a valid one is, so
 //! an invalid `Config` cannot exist past `Config::load`. Values are checked
@@ -1015,7 +1015,7 @@ fn compile_rule(raw: RawSeverityRule) -> Result<SeverityRule, String> {
     })
 }
 
-/// The rules of DESIGN §5, used when the file has no `[[severity]]`.
+/// The built-in rules of docs/design.md §5.2, used when the file has no `[[severity]]`.
 pub fn default_severity_rules() -> Vec<SeverityRule> {
     let rule = |level, unknown_ref, trailers: &[&str], paths: &[&str], min: Option<u64>| {
         compile_rule(RawSeverityRule {

@@ -40,7 +40,7 @@ pub enum AlertKind {
 }
 
 impl AlertKind {
-    /// The event name sent when the alert starts firing (DESIGN §7).
+    /// The event name sent when the alert starts firing (docs/design.md §7, docs/alerts.md).
     pub fn trigger_name(self) -> &'static str {
         match self {
             AlertKind::Drift => "drift_detected",

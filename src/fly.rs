@@ -1,7 +1,7 @@
 //! Fly Machines API client: typed requests and responses, retries, leases.
 //!
-//! Owns every byte the daemon sends to Fly's control plane (DESIGN §3, and
-//! the OpenAPI spec in `shared/fly-machines-openapi.json`). It retries
+//! Owns every byte the daemon sends to Fly's control plane (docs/design.md
+//! §3, which names the OpenAPI spec it follows). It retries
 //! transient failures (408, 429, 5xx, connection refused) with jittered
 //! exponential backoff honouring `Retry-After`, but only where a retry cannot
 //! do the action twice. It reads answers only up to a size cap
@@ -315,7 +315,7 @@ impl FlyClient {
         if token.is_empty() {
             return Err(FlyClientBuildError::BadToken);
         }
-        // DESIGN §3: a `FlyV1 …` macaroon goes verbatim, anything else as Bearer.
+        // docs/design.md §3: a `FlyV1 …` macaroon goes verbatim, anything else as Bearer.
         let value = if token.starts_with("FlyV1 ") {
             token.to_string()
         } else {

@@ -3,7 +3,8 @@
 //! Agents load an overlay commit (skills, connectors, security policies) at
 //! start and run for days; this daemon finds the ones that trail the release
 //! branch and reports (and, per policy, remediates) the drift. See
-//! `shared/DESIGN.md` for the product design.
+//! `docs/design.md` for the design (architecture, contracts, the rotation
+//! state machine).
 //!
 //! # Layout: observe → decide → act
 //!
@@ -26,7 +27,7 @@
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`operator`] | hold / release / approve as Fly metadata writes |
 //! | [`notify`] | webhook alerts: dedupe, repeat, resolve; json/slack/pagerduty delivery with retries and dead letters; the alert state file that carries them over restarts |
-//! | [`metrics`] | the Prometheus registry: every series of DESIGN §7, one struct |
+//! | [`metrics`] | the Prometheus registry: every series of docs/design.md §7, one struct |
 //! | [`report`] | the table and JSON renderings of a `FleetReport` |
 //! | [`server`] | axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status page |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |

@@ -1,6 +1,6 @@
 //! Prometheus metrics: one [`Metrics`] struct owning its own registry.
 //!
-//! Owns every series of DESIGN §7 (names as constants, help texts written for
+//! Owns every series of docs/design.md §7 (names as constants, help texts written for
 //! an operator, label sets bounded by configuration and fixed vocabularies)
 //! and their text rendering for `GET /metrics`. The daemon loop feeds it
 //! results ([`Metrics::record_sweep`], [`Metrics::record_action`], …); it

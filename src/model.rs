@@ -73,7 +73,7 @@ impl MachineStatus {
         }
     }
 
-    /// Statuses for which a severity and an action are computed (DESIGN §8).
+    /// Statuses for which a severity and an action are computed (docs/design.md §5.2).
     pub fn is_classified(self) -> bool {
         matches!(
             self,
@@ -122,7 +122,7 @@ impl fmt::Display for Severity {
     }
 }
 
-/// What a pool's policy does about a drifted machine (DESIGN §5).
+/// What a pool's policy does about a drifted machine (docs/design.md §5.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyAction {

@@ -1,6 +1,6 @@
 //! Operator controls: hold, release and approve, as Fly metadata writes.
 //!
-//! Owns the metadata keys operators write and their formats (DESIGN §6), so
+//! Owns the metadata keys operators write and their formats (docs/design.md §6.6), so
 //! the CLI, the admin API and any number of reconciler replicas agree. A hold
 //! is only ever written and cleared here, by an operator; the daemon reads it
 //! and never clears it. It must never touch the rotation marker.

@@ -1,6 +1,6 @@
 //! Health probes: concurrent, bounded polling of agents' health endpoints.
 //!
-//! Owns the agent side of DESIGN §4: one GET per started machine, bounded
+//! Owns the agent side of docs/design.md §4: one GET per started machine, bounded
 //! concurrency over one connection pool, a per-request deadline covering the
 //! whole exchange, a body cap enforced while reading (the rest is never
 //! buffered), and strict parsing of the report. A bad agent yields a
@@ -54,7 +54,7 @@ pub struct AgentReport {
 }
 
 impl AgentReport {
-    /// DESIGN §5: live work is open sessions or a turn in progress.
+    /// docs/design.md §4: live work is open sessions or a turn in progress.
     pub fn has_live_work(&self) -> bool {
         self.live_sessions.unwrap_or(0) > 0 || self.activity == Some(Activity::Busy)
     }
@@ -223,7 +223,7 @@ impl ProbeOutcome {
     }
 }
 
-/// Parses and validates a report body (DESIGN §4). Texts are bounded
+/// Parses and validates a report body (docs/design.md §4). Texts are bounded
 /// ([`MAX_DETAIL_CHARS`], [`MAX_TAG_CHARS`]).
 pub fn parse_report(body: &[u8]) -> ProbeOutcome {
     parse_unbounded(body).bounded()

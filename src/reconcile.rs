@@ -1,6 +1,6 @@
 //! The planner: snapshot + markers + operator state + `now` → steps and alerts.
 //!
-//! Owns every policy decision of DESIGN §5 and §6: the drift grace period,
+//! Owns every policy decision of docs/design.md §5 and §6: the drift grace period,
 //! holds, approvals, pool caps, the live-work and recent-input guards, the
 //! cooperative handshake, and every ceiling and deadline of the rotation
 //! state machine. It is a pure function: no clients, no clock, no randomness;

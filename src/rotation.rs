@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{PolicyAction, Severity};
 
-/// Where a rotation stands (DESIGN §6).
+/// Where a rotation stands (docs/design.md §6.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {

@@ -1,6 +1,6 @@
 //! Severity and policy: drift → severity (ordered rules) → the pool's action.
 //!
-//! Pure functions over the config's rules (DESIGN §5): the first rule whose
+//! Pure functions over the config's rules (docs/design.md §5.2): the first rule whose
 //! conditions all hold gives the level. It must never do I/O; it sees only
 //! what the overlay module measured. It tells the overlay what to look for
 //! ([`signals`]: one signal per rule's trailer list and per rule's path

@@ -512,7 +512,7 @@ async fn a_full_scrape_is_valid_exposition_format() {
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
     exposition_check("full", &text);
 
-    // Every series of DESIGN §7 is present, with help and type.
+    // Every series of docs/design.md §7 is present, with help and type.
     for name in [
         metrics::COHERENCE_RATIO,
         metrics::MACHINES,

@@ -1,6 +1,6 @@
-//! Remediation against the simulated fleet: the safety properties of DESIGN
-//! §5 and §6, each as an explicit test of the real loop (sweep → plan →
-//! execute) over loopback HTTP, with real git underneath.
+//! Remediation against the simulated fleet: the safety properties of
+//! docs/design.md §5 and §6, each as an explicit test of the real loop
+//! (sweep → plan → execute) over loopback HTTP, with real git underneath.
 
 use std::collections::HashMap;
 use std::path::Path;

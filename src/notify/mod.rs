@@ -211,7 +211,7 @@ pub fn sink_secrets_from_env(
 /// Delivery tuning; the defaults are the production values.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotifierOptions {
-    /// Pause of a sink after a failed attempt (DESIGN §7: "the next minute").
+    /// Pause of a sink after a failed attempt (docs/design.md §7: retried a minute later).
     pub retry_interval: Duration,
     /// Whole-request deadline of one delivery attempt.
     pub request_timeout: Duration,

@@ -1,7 +1,7 @@
 //! The daemon's HTTP server (axum): metrics, health, the fleet API, operator
 //! controls and the status page.
 //!
-//! Owns the routes of DESIGN §8 and the shared [`FleetView`] the sweep loop
+//! Owns the routes of docs/design.md §8.4 and the shared [`FleetView`] the sweep loop
 //! publishes into. Reads are served from the last sweep and never trigger
 //! one; the only ways it touches the world are the admin POSTs, which write
 //! operator metadata through [`Operator`] (hold / release / approve) or wake
@@ -73,7 +73,7 @@ const DEFAULT_ACTOR: &str = "admin-api";
 /// machine id): the planner/executor fill it; every field is optional.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct MachineExtra {
-    /// The rotation marker (DESIGN §6), as JSON.
+    /// The rotation marker (docs/design.md §6.1), as JSON.
     pub rotation: Option<serde_json::Value>,
     /// The rotation phase in words (`draining`, `restarting`, …).
     pub phase: Option<String>,
@@ -359,7 +359,7 @@ impl ServerState {
     }
 }
 
-/// The routes of DESIGN §8 over `state`, with the request limits (timeout,
+/// The routes of docs/design.md §8.4 over `state`, with the request limits (timeout,
 /// body size) on every route and the admin authentication on the POSTs.
 pub fn router(state: ServerState) -> Router {
     let admin = Router::new()

@@ -1,5 +1,5 @@
 //! Handlers for the simulated agents: `GET /agents/{id}/health` and the
-//! cooperative `POST /agents/{id}/overlay/{drain,undrain,reload}` (DESIGN §4).
+//! cooperative `POST /agents/{id}/overlay/{drain,undrain,reload}` (docs/design.md §4).
 //!
 //! An agent on a machine that is not `started` answers 503: on Fly its
 //! `.vm.<app>.internal` name would not resolve, and 503 is the closest an

@@ -19,7 +19,7 @@ use super::state::MachineState;
 pub(crate) const MAX_AUDIT_EVENTS: usize = 10_000;
 /// Pool of a machine without the pool key (the daemon's `severity::DEFAULT_POOL`).
 const DEFAULT_POOL: &str = "default";
-/// The daemon's operator-hold key (DESIGN §6, `operator::HOLD_KEY`).
+/// The daemon's operator-hold key (docs/design.md §6.6, `operator::HOLD_KEY`).
 const HOLD_KEY: &str = "fleet_reconciler_hold";
 /// The daemon's rotation-marker key (`operator::MARKER_KEY`).
 const MARKER_KEY: &str = "fleet_reconciler_rotation";

@@ -15,9 +15,9 @@ pub const DEFAULT_TOKEN: &str = "sim-fly-token";
 pub const DEFAULT_LEASE_OWNER: &str = "reconciler@tokens.fly.io";
 /// Release tip when the fixture does not name one (40 hex digits).
 pub const DEFAULT_RELEASE_TIP: &str = "c0ffee0000000000000000000000000000000001";
-/// Capability advertising `POST overlay/drain` and `overlay/undrain` (DESIGN §4).
+/// Capability advertising `POST overlay/drain` and `overlay/undrain` (docs/design.md §4).
 pub const CAP_DRAIN: &str = "drain";
-/// Capability advertising `POST overlay/reload` (DESIGN §4).
+/// Capability advertising `POST overlay/reload` (docs/design.md §4).
 pub const CAP_RELOAD: &str = "reload";
 /// The ref a [`Behaviour::NonHexRef`] agent reports: a branch-like name, not a commit.
 pub const NON_HEX_REF: &str = "release-2026-11";
@@ -53,7 +53,7 @@ pub enum Behaviour {
     HttpError(u16),
 }
 
-/// Token-bucket limit per machine per action, as Fly applies (DESIGN §3:
+/// Token-bucket limit per machine per action, as Fly applies (docs/design.md §3:
 /// about 1 request/s per action per machine, bursts of 3). Off by default.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RateLimit {

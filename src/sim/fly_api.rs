@@ -2,7 +2,7 @@
 //!
 //! Shapes follow the OpenAPI `Machine`, `WaitMachineResponse` and
 //! `ErrorResponse` schemas; leases use the envelope the real API answers with
-//! (DESIGN §3), not the spec's flat `Lease`.
+//! (docs/design.md §3), not the spec's flat `Lease`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

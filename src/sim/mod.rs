@@ -5,10 +5,10 @@
 //!
 //! - the Fly Machines API under `/v1` (list, get, update, restart, stop,
 //!   start, wait, cordon, uncordon, leases, metadata), with the shapes of the
-//!   official OpenAPI spec and the real lease envelope of DESIGN §3;
+//!   official OpenAPI spec and the real lease envelope of docs/design.md §3;
 //! - one agent per machine under `/agents/{machine_id}/` (`health`, and
 //!   `overlay/drain|undrain|reload` for agents that advertise them), per the
-//!   agent contract of DESIGN §4, including the misbehaviours in [`Behaviour`].
+//!   agent contract of docs/design.md §4, including the misbehaviours in [`Behaviour`].
 //!
 //! The daemon's safety (never restart live work, never act without its lease,
 //! never steal a lease, fail closed on bad reports) is tested against this

@@ -346,7 +346,7 @@ impl MachineState {
         self.generation
     }
 
-    /// The agent process starts: it loads the release tip once (DESIGN §1) and
+    /// The agent process starts: it loads the release tip once (docs/design.md §1) and
     /// has no work, no sessions, no fence. Cordon, metadata and lease are Fly's
     /// and survive.
     pub(crate) fn boot(&mut self, release_tip: &str, now: DateTime<Utc>) {
@@ -497,7 +497,7 @@ impl AgentState {
         })
     }
 
-    /// The agent's health report (DESIGN §4) as JSON.
+    /// The agent's health report (docs/design.md §4) as JSON.
     pub(crate) fn report_json(&self, now: DateTime<Utc>, ref_field: RefField) -> String {
         let report = HealthReport {
             overlay_ref: match ref_field {

@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::operator::{Approval, ApprovalMode, Operator};
+use fleet_reconciler::config::{Config, ConfigError};
+use fleet_reconciler::daemon::{self, Secrets, SetupError};
+use fleet_reconciler::fly::FlyClientBuildError;
+use fleet_reconciler::operator::{Approval, ApprovalMode, HOLD_KEY, Hold, Operator, OperatorError};
+use fleet_reconciler::overlay::OverlayError;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sweep::FleetReport;
 use fleet_reconciler::{demo, notify, report, server};
@@ -46,6 +48,15 @@ enum Output {
     Json,
 }
 
+/// How `approve`, `hold`, `release` and `validate-config` report: a line of
+/// text, or one JSON object on stdout (success or failure; see README
+/// "Commands").
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ActionOutput {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// One read-only sweep: report drift. Exit 0 coherent, 1 drift or unprobeable machines, 2 error (an app that cannot be listed included).
@@ -53,8 +64,11 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Parse and validate the config file, then exit.
-    ValidateConfig,
+    /// Parse and validate the config file, then exit (0 valid, 2 not).
+    ValidateConfig {
+        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
+        output: ActionOutput,
+    },
     /// The daemon: sweep, remediate per policy, serve metrics, the API and the status page.
     Run,
     /// Ask a running daemon for the fleet (the `check` table, from its last sweep).
@@ -78,6 +92,8 @@ enum Command {
         /// Who approves (recorded in the approval).
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
+        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
+        output: ActionOutput,
     },
     /// Put an operator hold on a machine: no reconciler acts on it until `release`.
     Hold {
@@ -86,9 +102,15 @@ enum Command {
         reason: String,
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
+        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
+        output: ActionOutput,
     },
     /// Clear an operator hold.
-    Release { machine: String },
+    Release {
+        machine: String,
+        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
+        output: ActionOutput,
+    },
     /// Run against a built-in simulated fleet (no credentials, loopback only).
     Demo {
         /// Sweeps to run before exiting (0 = until the fleet settles, or ctrl-c).
@@ -125,18 +147,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::ValidateConfig => {
-            let config = Config::load(&cli.config)?;
-            println!(
-                "{}: ok ({} app(s), {} pool(s), {} severity rule(s), {} webhook(s))",
-                cli.config.display(),
-                config.apps.len(),
-                config.pools.len(),
-                config.severity.len(),
-                config.alerts.webhooks.len()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::ValidateConfig { output } => finish(output, validate_config(&cli.config)),
         Command::Run => {
             let config = Arc::new(Config::load(&cli.config)?);
             let secrets = service_secrets_from_env(&config)?;
@@ -178,65 +189,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             when_idle,
             commit,
             by,
+            output,
         } => {
-            let config = Arc::new(Config::load(&cli.config)?);
-            let secrets = secrets_from_env(&config)?;
-            let target = match commit {
-                Some(c) => fleet_reconciler::model::CommitId::parse(&c)
-                    .with_context(|| format!("--commit {c:?} is not a full 40-hex commit id"))?
-                    .to_string(),
-                None => {
-                    let sweeper = daemon::connect(config.clone(), &secrets).await?;
-                    sweeper
-                        .overlay
-                        .fetch()
-                        .await
-                        .context("cannot fetch the release tip to approve (or pass --commit)")?
-                        .commit
-                        .to_string()
-                }
+            let mode = if when_idle {
+                ApprovalMode::WhenIdle
+            } else {
+                ApprovalMode::Now
             };
-            let approval = Approval {
-                target: target.clone(),
-                mode: if when_idle {
-                    ApprovalMode::WhenIdle
-                } else {
-                    ApprovalMode::Now
-                },
-                by,
-                at: chrono::Utc::now(),
-            };
-            let app = operator(&config, &secrets)?
-                .approve(&machine, &approval)
-                .await?;
-            println!(
-                "approved: {app}/{machine} may rotate to {} ({})",
-                &target[..12],
-                if when_idle { "when idle" } else { "now" }
-            );
-            Ok(ExitCode::SUCCESS)
+            let done = approve(&cli.config, &machine, mode, commit, by).await;
+            finish(output, done)
         }
         Command::Hold {
             machine,
             reason,
             by,
-        } => {
-            let config = Config::load(&cli.config)?;
-            let secrets = secrets_from_env(&config)?;
-            let app = operator(&config, &secrets)?
-                .hold(&machine, &by, &reason, chrono::Utc::now())
-                .await?;
-            println!(
-                "held: {app}/{machine}; no reconciler acts on it until `fleet-reconciler release {machine}`"
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Release { machine } => {
-            let config = Config::load(&cli.config)?;
-            let secrets = secrets_from_env(&config)?;
-            let app = operator(&config, &secrets)?.release(&machine).await?;
-            println!("released: {app}/{machine} is managed again");
-            Ok(ExitCode::SUCCESS)
+            output,
+        } => finish(output, hold(&cli.config, &machine, by, reason).await),
+        Command::Release { machine, output } => {
+            finish(output, release(&cli.config, &machine).await)
         }
         Command::Check { output } => {
             let config = Arc::new(Config::load(&cli.config)?);
@@ -264,6 +234,276 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What `approve`, `hold`, `release` or `validate-config` did: the human
+/// line and the JSON object of `--output json`.
+struct Done {
+    text: String,
+    json: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Done {
+    fn new(command: &'static str, text: String, json: serde_json::Value) -> Done {
+        let mut object = serde_json::Map::new();
+        object.insert("command".into(), command.into());
+        if let serde_json::Value::Object(fields) = json {
+            object.extend(fields);
+        }
+        Done { text, json: object }
+    }
+}
+
+/// A failed `approve`, `hold`, `release` or `validate-config`: the command
+/// it was, for the JSON error object.
+struct Failed {
+    command: &'static str,
+    source: anyhow::Error,
+}
+
+/// Failures of the command line itself (not of the library).
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("{var} is not set: export an org-scoped Fly token (`fly tokens create org`)")]
+    FlyTokenMissing { var: String },
+    #[error("--commit {0:?} is not a full 40-hex commit id")]
+    BadCommit(String),
+}
+
+/// Prints what a command did. The convention for all four commands: with
+/// `--output json`, stdout carries exactly one JSON object, on success what
+/// was done, on failure `{"command", "error", "kind", …}`; the human error
+/// line still goes to stderr and the exit code is the same as with text
+/// (0 done, 2 not).
+fn finish(output: ActionOutput, done: Result<Done, Failed>) -> anyhow::Result<ExitCode> {
+    match done {
+        Ok(done) => {
+            match output {
+                ActionOutput::Text => println!("{}", done.text),
+                ActionOutput::Json => print_json(&done.json),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(failed) => {
+            if output == ActionOutput::Json {
+                print_json(&error_object(&failed));
+            }
+            Err(failed.source)
+        }
+    }
+}
+
+fn print_json(object: &serde_json::Map<String, serde_json::Value>) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (`| head`) is the reader's choice, not our error.
+    let _ = serde_json::to_writer(&mut out, object)
+        .map_err(std::io::Error::from)
+        .and_then(|()| writeln!(out))
+        .and_then(|()| out.flush());
+}
+
+/// The JSON error object: the message of the human line, a stable `kind`,
+/// and for a config error the file, key and line it names (`validate-config`
+/// adds `"valid": false`).
+fn error_object(failed: &Failed) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::{Value, json};
+    let mut object = serde_json::Map::new();
+    object.insert("command".into(), failed.command.into());
+    if failed.command == "validate-config" {
+        object.insert("valid".into(), false.into());
+    }
+    object.insert(
+        "error".into(),
+        report::printable(&format!("{:#}", failed.source)).into(),
+    );
+    let mut kind: String = "error".into();
+    for cause in failed.source.chain() {
+        if let Some(e) = cause.downcast_ref::<ConfigError>() {
+            let (k, path, key, line) = match e {
+                ConfigError::Read { path, .. } => ("config_unreadable", path, None, None),
+                ConfigError::Invalid {
+                    path, key, line, ..
+                } => (
+                    "config_invalid",
+                    path,
+                    Some(key.as_str()).filter(|k| !k.is_empty()),
+                    *line,
+                ),
+            };
+            kind = k.into();
+            object.insert("config".into(), json!(path.display().to_string()));
+            object.insert("key".into(), json!(key));
+            object.insert("line".into(), json!(line));
+        } else if let Some(e) = cause.downcast_ref::<OperatorError>() {
+            kind = match e {
+                OperatorError::UnknownMachine { .. } => "unknown_machine".into(),
+                OperatorError::Leased { .. } => "leased".into(),
+                OperatorError::Unsearched { .. } => "unsearched".into(),
+                OperatorError::Fly(e) => format!("fly_{}", e.kind()),
+            };
+            if let OperatorError::UnknownMachine { machine_id, .. }
+            | OperatorError::Leased { machine_id, .. }
+            | OperatorError::Unsearched { machine_id, .. } = e
+            {
+                object.insert("machine_id".into(), Value::from(machine_id.as_str()));
+            }
+        } else if let Some(e) = cause.downcast_ref::<SetupError>() {
+            kind = match e {
+                SetupError::Overlay(e) => format!("overlay_{}", e.kind()),
+                SetupError::Fly(_) | SetupError::Probe(_) => "setup".into(),
+            };
+        } else if let Some(e) = cause.downcast_ref::<OverlayError>() {
+            kind = format!("overlay_{}", e.kind());
+        } else if cause.is::<FlyClientBuildError>() {
+            kind = "setup".into();
+        } else if let Some(e) = cause.downcast_ref::<CliError>() {
+            kind = match e {
+                CliError::FlyTokenMissing { .. } => "fly_token_missing".into(),
+                CliError::BadCommit(_) => "bad_commit".into(),
+            };
+        } else {
+            continue;
+        }
+        break;
+    }
+    object.insert("kind".into(), kind.into());
+    object
+}
+
+fn validate_config(path: &std::path::Path) -> Result<Done, Failed> {
+    let failed = |source: anyhow::Error| Failed {
+        command: "validate-config",
+        source,
+    };
+    let config = Config::load(path).map_err(|e| failed(e.into()))?;
+    let text = format!(
+        "{}: ok ({} app(s), {} pool(s), {} severity rule(s), {} webhook(s))",
+        path.display(),
+        config.apps.len(),
+        config.pools.len(),
+        config.severity.len(),
+        config.alerts.webhooks.len()
+    );
+    let json = serde_json::json!({
+        "valid": true,
+        "config": path.display().to_string(),
+        "apps": config.apps.len(),
+        "pools": config.pools.keys().collect::<Vec<_>>(),
+        "severity_rules": config.severity.len(),
+        "webhooks": config.alerts.webhooks.len(),
+    });
+    Ok(Done::new("validate-config", text, json))
+}
+
+async fn approve(
+    config_path: &std::path::Path,
+    machine: &str,
+    mode: ApprovalMode,
+    commit: Option<String>,
+    by: String,
+) -> Result<Done, Failed> {
+    let run = async {
+        let config = Arc::new(Config::load(config_path)?);
+        let secrets = secrets_from_env(&config)?;
+        let target = match commit {
+            Some(c) => fleet_reconciler::model::CommitId::parse(&c)
+                .ok_or(CliError::BadCommit(c))?
+                .to_string(),
+            None => {
+                let sweeper = daemon::connect(config.clone(), &secrets).await?;
+                sweeper
+                    .overlay
+                    .fetch()
+                    .await
+                    .context("cannot fetch the release tip to approve (or pass --commit)")?
+                    .commit
+                    .to_string()
+            }
+        };
+        let approval = Approval {
+            target,
+            mode,
+            by,
+            at: chrono::Utc::now(),
+        };
+        let app = operator(&config, &secrets)?
+            .approve(machine, &approval)
+            .await?;
+        let text = format!(
+            "approved: {app}/{machine} may rotate to {} ({})",
+            &approval.target[..12],
+            match mode {
+                ApprovalMode::WhenIdle => "when idle",
+                ApprovalMode::Now => "now",
+            }
+        );
+        let json = serde_json::json!({ "app": app, "machine_id": machine, "approval": approval });
+        anyhow::Ok(Done::new("approve", text, json))
+    };
+    run.await.map_err(|source| Failed {
+        command: "approve",
+        source,
+    })
+}
+
+async fn hold(
+    config_path: &std::path::Path,
+    machine: &str,
+    by: String,
+    reason: String,
+) -> Result<Done, Failed> {
+    let run = async {
+        let config = Config::load(config_path)?;
+        let secrets = secrets_from_env(&config)?;
+        let hold = Hold {
+            by,
+            reason,
+            at: chrono::Utc::now(),
+        };
+        let app = operator(&config, &secrets)?
+            .hold(machine, &hold.by, &hold.reason, hold.at)
+            .await?;
+        let text = format!(
+            "held: {app}/{machine}; no reconciler acts on it until `fleet-reconciler release {machine}`"
+        );
+        let json = serde_json::json!({ "app": app, "machine_id": machine, "hold": hold });
+        anyhow::Ok(Done::new("hold", text, json))
+    };
+    run.await.map_err(|source| Failed {
+        command: "hold",
+        source,
+    })
+}
+
+async fn release(config_path: &std::path::Path, machine: &str) -> Result<Done, Failed> {
+    let run = async {
+        let config = Config::load(config_path)?;
+        let secrets = secrets_from_env(&config)?;
+        let operator = operator(&config, &secrets)?;
+        // The hold as it stands just before it is cleared, to say what was
+        // removed (a hold written by `hold` or the admin API is a JSON
+        // object; any other value is shown as the string it is).
+        let (_, found) = operator.locate(machine).await?;
+        let removed = found.metadata(HOLD_KEY).map(|v| {
+            serde_json::from_str::<Hold>(v)
+                .ok()
+                .and_then(|h| serde_json::to_value(h).ok())
+                .unwrap_or_else(|| v.into())
+        });
+        let app = operator.release(machine).await?;
+        let text = format!("released: {app}/{machine} is managed again");
+        let json = serde_json::json!({
+            "app": app,
+            "machine_id": machine,
+            "released": true,
+            "hold": removed,
+        });
+        anyhow::Ok(Done::new("release", text, json))
+    };
+    run.await.map_err(|source| Failed {
+        command: "release",
+        source,
+    })
 }
 
 fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
@@ -369,11 +609,8 @@ fn secrets_from_env(config: &Config) -> anyhow::Result<Secrets> {
     let fly_token = std::env::var(&config.fly.token_env)
         .ok()
         .filter(|t| !t.trim().is_empty())
-        .with_context(|| {
-            format!(
-                "{} is not set: export an org-scoped Fly token (`fly tokens create org`)",
-                config.fly.token_env
-            )
+        .ok_or_else(|| CliError::FlyTokenMissing {
+            var: config.fly.token_env.clone(),
         })?;
     let git_token = std::env::var(&config.overlay.token_env)
         .ok()

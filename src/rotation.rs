@@ -129,7 +129,7 @@ pub struct Marker {
     /// The pool policy's action that started it (for reports and events).
     pub action: PolicyAction,
     pub severity: Severity,
-    /// When the slot was claimed; ranks claims.
+    /// When the rotation was claimed (reports and the rotation history).
     pub started_at: DateTime<Utc>,
     /// When the current attempt (drain, reload, restart) began; deadlines count from here.
     pub attempt_started_at: DateTime<Utc>,

@@ -503,7 +503,7 @@ impl HealthUrlTemplate {
     /// is made of placeholders. A loopback Fly API (the simulator, a local
     /// proxy) is exempt: what goes there never leaves the machine.
     fn refuse_host(&mut self, fly: &url::Host) -> Result<(), String> {
-        if is_loopback(fly) {
+        if crate::http::is_loopback(fly) {
             return Ok(());
         }
         if let Some(host) = url::Url::parse(&expand(&self.text, &SAMPLE_VARS))
@@ -589,14 +589,6 @@ fn expand(template: &str, vars: &UrlVars<'_>) -> String {
 
 fn path_segments(url: &url::Url) -> usize {
     url.path_segments().map_or(0, Iterator::count)
-}
-
-fn is_loopback(host: &url::Host) -> bool {
-    match host {
-        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
-    }
 }
 
 /// Hosts as the URL parser normalized them (lowercase, canonical

@@ -1,7 +1,8 @@
 //! Small helpers shared by the outbound HTTP clients (Fly API, agent probes).
 //!
 //! Owns how we name ourselves, that no client goes through an environment
-//! proxy, and how a transport failure is described. It
+//! proxy, which hosts count as loopback (where plain http may carry a
+//! secret), and how a transport failure is described. It
 //! must never put a URL in a description: the caller says which machine or
 //! app it was talking to, and URLs may carry what logs should not.
 
@@ -14,6 +15,16 @@ pub const USER_AGENT: &str = concat!("fleet-reconciler/", env!("CARGO_PKG_VERSIO
 /// whatever proxy it names.
 pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().user_agent(USER_AGENT).no_proxy()
+}
+
+/// Whether a URL's host is this machine (`localhost`, 127.0.0.0/8, `::1`):
+/// the one place plain http may carry a secret.
+pub fn is_loopback<S: AsRef<str>>(host: &url::Host<S>) -> bool {
+    match host {
+        url::Host::Domain(d) => d.as_ref().eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
 }
 
 /// A transport failure and its causes, without the URL reqwest would print.

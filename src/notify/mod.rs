@@ -1132,7 +1132,7 @@ fn check_url(raw: &str) -> Result<(), &'static str> {
     };
     // Routing keys, signed bodies and Slack's URL-as-credential in clear text:
     // only a receiver on this host may be plain http.
-    if url.scheme() == "http" && !is_loopback(&host) {
+    if url.scheme() == "http" && !crate::http::is_loopback(&host) {
         return Err(
             "is http:// to a host that is not loopback: use https:// (plain http is only accepted for 127.0.0.0/8, ::1 and localhost)",
         );
@@ -1142,14 +1142,6 @@ fn check_url(raw: &str) -> Result<(), &'static str> {
         return Err("carries user credentials, which are not supported");
     }
     Ok(())
-}
-
-fn is_loopback(host: &url::Host<&str>) -> bool {
-    match host {
-        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
-    }
 }
 
 /// How one attempt ended.

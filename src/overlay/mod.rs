@@ -1363,11 +1363,11 @@ impl fmt::Display for TokenRefusal {
 fn token_may_go_to(configured: &str, asked: &str) -> Result<(), TokenRefusal> {
     let origin = |u: &str| {
         url::Url::parse(u).ok().and_then(|u| {
-            let host = u.host_str()?.to_ascii_lowercase();
+            let host = u.host()?.to_owned();
             Some((u.scheme().to_owned(), host, u.port_or_known_default()))
         })
     };
-    let shown = |o: &Option<(String, String, Option<u16>)>, raw: &str| match o {
+    let shown = |o: &Option<(String, url::Host, Option<u16>)>, raw: &str| match o {
         Some((scheme, host, Some(port))) => format!("{scheme}://{host}:{port}"),
         Some((scheme, host, None)) => format!("{scheme}://{host}"),
         None => display_repo(raw),
@@ -1380,19 +1380,13 @@ fn token_may_go_to(configured: &str, asked: &str) -> Result<(), TokenRefusal> {
         });
     }
     match got {
-        Some((scheme, host, _)) if scheme == "http" && !is_loopback_host(&host) => {
-            Err(TokenRefusal::PlainHttp { host })
+        Some((scheme, host, _)) if scheme == "http" && !crate::http::is_loopback(&host) => {
+            Err(TokenRefusal::PlainHttp {
+                host: host.to_string(),
+            })
         }
         _ => Ok(()),
     }
-}
-
-fn is_loopback_host(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare == "localhost"
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn is_url(repo: &str) -> bool {

@@ -29,128 +29,39 @@ async fn failing_sweeps_do_not_resolve_machine_alerts() {
     )
     .await
     .unwrap();
+    let hook = Hook::start().await;
+    let service = Service::start(&sim, &overlay, &hook);
 
-    let received = Arc::new(Mutex::new(Vec::<String>::new()));
-    let sink = received.clone();
-    let app = Router::new().route(
-        "/hook",
-        post(move |body: String| {
-            let sink = sink.clone();
-            async move {
-                sink.lock().unwrap().push(body);
-                "ok"
-            }
-        }),
-    );
-    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook_url = format!("http://{}/hook", hook.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(hook, app).await.unwrap() });
-
-    let text = format!(
-        r#"
-[fly]
-api_url = "{api}"
-max_retries = 0
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
-[sweep]
-interval = "200ms"
-[[apps]]
-name = "agents"
-health_url = "{health}"
-[pools.default]
-actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
-[rotation]
-min_drift_age = "0s"
-[[alerts.webhooks]]
-url_env = "HOOK"
-format = "json"
-"#,
-        api = sim.api_url(),
-        repo = overlay.repo_path.display(),
-        mirror = overlay.dir.path().join("mirror.git").display(),
-        health = sim.health_url_template(),
-    );
-    let config = Arc::new(Config::parse(Path::new("service.toml"), &text).unwrap());
-    let secrets = ServiceSecrets {
-        core: Secrets {
-            fly_token: TOKEN.into(),
-            git_token: None,
-        },
-        webhooks: vec![SinkSecrets {
-            url: hook_url,
-            routing_key: None,
-            hmac_secret: None,
-        }],
-        ..ServiceSecrets::default()
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let stop = CancellationToken::new();
-    let sweeps = Arc::new(Mutex::new((0usize, 0usize)));
-    let counts = sweeps.clone();
-    let task = tokio::spawn(service::run(
-        config,
-        secrets,
-        listener,
-        "t".into(),
-        stop.clone(),
-        move |o| {
-            let mut c = counts.lock().unwrap();
-            match o {
-                fleet_reconciler::daemon::SweepOutcome::Swept(_) => c.0 += 1,
-                fleet_reconciler::daemon::SweepOutcome::Failed { .. } => c.1 += 1,
-            }
-        },
-    ));
-
-    let has = |event: &str| {
-        received
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|b| b.contains(&format!("\"event\":\"{event}\"")))
-    };
+    let delivered = |event: &str| hook.bodies().iter().filter(|b| b["event"] == event).count();
     until("drift_detected delivered", Duration::from_secs(15), || {
-        has("drift_detected")
+        delivered("drift_detected") > 0
     })
     .await;
     // The Fly API fails for a few sweeps: nothing is known about m1 meanwhile.
-    let failed_before = sweeps.lock().unwrap().1;
+    let failed_before = service.failed();
     sim.fail_next(6, 503, None);
     until("sweeps failed", Duration::from_secs(15), || {
-        sweeps.lock().unwrap().1 >= failed_before + 3
+        service.failed() >= failed_before + 3
     })
     .await;
     until("sweeps recovered", Duration::from_secs(15), || {
         sim.pending_failures() == 0
     })
     .await;
-    let ok_after = sweeps.lock().unwrap().0;
-    until("a good sweep after", Duration::from_secs(15), || {
-        sweeps.lock().unwrap().0 >= ok_after + 2
-    })
-    .await;
+    service.sweeps_after(2).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !has("drift_resolved"),
+    assert_eq!(
+        delivered("drift_resolved"),
+        0,
         "a failed sweep resolved a drift that never cleared"
     );
-    let triggers = received
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|b| b.contains("\"event\":\"drift_detected\""))
-        .count();
-    assert_eq!(triggers, 1, "paged once, not again after the failures");
+    assert_eq!(
+        delivered("drift_detected"),
+        1,
+        "paged once, not again after the failures"
+    );
 
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    service.stop().await;
     sim.shutdown().await;
 }
 
@@ -344,6 +255,8 @@ struct Service {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), service::ServiceError>>,
     sweeps: Arc<Mutex<usize>>,
+    /// Sweeps that failed as a whole.
+    failed: Arc<Mutex<usize>>,
 }
 
 impl Service {
@@ -393,8 +306,8 @@ format = "json"
             ..ServiceSecrets::default()
         };
         let stop = CancellationToken::new();
-        let sweeps = Arc::new(Mutex::new(0));
-        let counted = sweeps.clone();
+        let (sweeps, failed) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
+        let (counted, counted_failed) = (sweeps.clone(), failed.clone());
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
@@ -404,13 +317,23 @@ format = "json"
             listener,
             "t".into(),
             stop.clone(),
-            move |o| {
-                if matches!(o, fleet_reconciler::daemon::SweepOutcome::Swept(_)) {
-                    *counted.lock().unwrap() += 1;
+            move |o| match o {
+                fleet_reconciler::daemon::SweepOutcome::Swept(_) => *counted.lock().unwrap() += 1,
+                fleet_reconciler::daemon::SweepOutcome::Failed { .. } => {
+                    *counted_failed.lock().unwrap() += 1;
                 }
             },
         ));
-        Service { stop, task, sweeps }
+        Service {
+            stop,
+            task,
+            sweeps,
+            failed,
+        }
+    }
+
+    fn failed(&self) -> usize {
+        *self.failed.lock().unwrap()
     }
 
     fn sweeps(&self) -> usize {

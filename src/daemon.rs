@@ -96,6 +96,55 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
     Ok(sweeper.sweep(&tip).await?)
 }
 
+/// One fetch, one read-only sweep and the plan a daemon would make from it:
+/// the `plan` command. Nothing is written anywhere.
+///
+/// A one-shot process has no memory of earlier sweeps, so it plans as a
+/// daemon that has seen every drift and every unanswered probe for
+/// `rotation.min_drift_age` already (the persisted probe-failure records
+/// still count from their own time); the fetch it just made confirms any
+/// unknown ref. A running daemon's own decisions are at
+/// `/api/v1/machines/{id}` (`status MACHINE`).
+pub async fn plan_once(sweeper: &Sweeper, owner: &str) -> Result<(FleetReport, Plan), CheckError> {
+    let tip = sweeper
+        .overlay
+        .fetch_within(sweeper.config.overlay.fetch_timeout)
+        .await
+        .map_err(CheckError::Fetch)?;
+    let report = sweeper.sweep(&tip).await?;
+    let now = Utc::now();
+    let plan = plan_as_seen_before(&sweeper.config, &report, owner, now);
+    Ok((report, plan))
+}
+
+/// The plan for `report` at `now` of a daemon that first saw it
+/// `rotation.min_drift_age` ago and fetched the overlay just now.
+pub fn plan_as_seen_before(
+    config: &Config,
+    report: &FleetReport,
+    owner: &str,
+    now: DateTime<Utc>,
+) -> Plan {
+    let mut tracker = Tracker::default();
+    let first_seen = chrono::Duration::from_std(config.rotation.min_drift_age)
+        .ok()
+        .and_then(|age| now.checked_sub_signed(age))
+        .unwrap_or(now);
+    tracker.observe(report, first_seen);
+    tracker.observe(report, now);
+    reconcile::plan(&PlanInput {
+        config,
+        report,
+        tracker: &tracker,
+        owner,
+        fetch: FetchState {
+            fetched_at: Some(now),
+            failing: false,
+        },
+        now,
+    })
+}
+
 /// What one turn of the loop produced.
 #[derive(Debug)]
 pub enum SweepOutcome {

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthUrlTemplate};
 use crate::daemon::{self, Secrets, SweepOutcome};
+use crate::decision::Decision;
 use crate::operator::{Approval, ApprovalMode, Operator};
 use crate::report;
 use crate::service::{self, ServiceSecrets};
@@ -410,7 +411,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                print!("{}", report::to_table_with_phases(&cycle.report, &cycle.plan.phases));
+                print!("{}", report::to_table_with_decisions(&cycle.report, &cycle.plan.decisions));
                 for s in &cycle.steps {
                     println!("  {} → {}", s.step, s.outcome);
                 }
@@ -423,7 +424,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                 quiet = if busy || released_at.is_none() { 0 } else { quiet + 1 };
                 // Play the operator once: approve one machine that waits for it.
                 if !approved && released_at.is_some_and(|r| shown >= r + 3) {
-                    if let Some((id, _)) = cycle.plan.phases.iter().find(|(_, p)| p.as_str() == "awaiting approval") {
+                    if let Some((id, _)) = cycle.plan.decisions.iter().find(|(_, d)| matches!(d, Decision::AwaitingApproval { .. })) {
                         approved = true;
                         let approval = Approval {
                             target: cycle.report.tip.commit.clone(),

@@ -564,10 +564,10 @@ impl Executor {
                 match guard {
                     RestartGuard::MayInterrupt => Ok(()),
                     RestartGuard::Idle => reconcile::restart_allowed(&self.config, &r, marker, now)
-                        .map_err(|why| Declined::NotIdle(why).into()),
+                        .map_err(|why| Declined::NotIdle(why.as_str()).into()),
                     RestartGuard::Unprobeable => {
                         reconcile::restart_allowed(&self.config, &r, marker, now)
-                            .map_err(|why| Declined::AgentAnswers(why).into())
+                            .map_err(|why| Declined::AgentAnswers(why.as_str()).into())
                     }
                 }
             }

@@ -20,7 +20,8 @@
 //! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
 //! | [`rotation`] | the rotation marker persisted in machine metadata |
 //! | [`slots`] | pool slots on the coordination machine: exact caps across replicas |
-//! | [`reconcile`] | the pure planner: snapshot + markers + now → steps and alerts |
+//! | [`reconcile`] | the pure planner: snapshot + markers + now → steps, alerts and a decision per machine |
+//! | [`decision`] | the planner's typed decision per machine, which every view renders |
 //! | [`executor`] | carries out steps under Fly leases; writes markers before acting |
 //! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
 //! | [`daemon`] | wiring from config + secrets, and the reconcile loop (fetch, sweep, plan, act) |
@@ -59,6 +60,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod decision;
 pub mod demo;
 pub mod events;
 pub mod executor;

@@ -64,6 +64,11 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Read-only: one sweep, then each machine's decision and the steps a daemon would take now. Exit codes like `check`.
+    Plan {
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Parse and validate the config file, then exit (0 valid, 2 not).
     ValidateConfig {
         #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
@@ -214,6 +219,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let sweeper = daemon::connect(config, &secrets).await?;
             let fleet = daemon::check(&sweeper).await?;
             Ok(print_fleet(&fleet, output))
+        }
+        Command::Plan { output } => {
+            let config = Arc::new(Config::load(&cli.config)?);
+            let secrets = secrets_from_env(&config)?;
+            let sweeper = daemon::connect(config, &secrets).await?;
+            let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id()).await?;
+            match output {
+                Output::Json => {
+                    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                    let doc = report::plan_to_json(&fleet, &plan);
+                    // A closed stdout (`| head`) is the reader's choice, not our error.
+                    let _ = serde_json::to_writer_pretty(&mut out, &doc)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| writeln!(out))
+                        .and_then(|()| out.flush());
+                }
+                Output::Table => {
+                    eprintln!(
+                        "(a one-shot plan: drift is taken as seen for rotation.min_drift_age; nothing is written)"
+                    );
+                    print!("{}", report::plan_to_table(&fleet, &plan));
+                }
+            }
+            Ok(exit_code_of(&fleet))
         }
         Command::Demo {
             sweeps,
@@ -522,6 +551,12 @@ fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
         }
         Output::Table => print!("{}", report::to_table(fleet)),
     }
+    exit_code_of(fleet)
+}
+
+/// `check`'s exit code: 2 when an app could not be listed (said on stderr),
+/// else 0 coherent, 1 drift or unprobeable machines.
+fn exit_code_of(fleet: &FleetReport) -> ExitCode {
     let mut unlisted = false;
     for (_, stale) in fleet.stale_apps() {
         unlisted = true;

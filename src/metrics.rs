@@ -22,6 +22,7 @@
 //!   next sweep, never left stale.
 //! * `fleet_rotations_in_progress` is replaced as a whole by
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
+//!   So is `fleet_machine_decisions` by [`Metrics::set_decisions`].
 //! * `fleet_overlay_tip_age_seconds` is computed when scraped, so it keeps
 //!   growing while fetches fail or the loop is stuck.
 //! * `fleet_app_data_age_seconds` has one series per configured app, also
@@ -41,6 +42,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::decision::Decision;
 use crate::fly::RequestObserver;
 use crate::model::{MachineStatus, Severity};
 use crate::sweep::FleetReport;
@@ -53,6 +55,7 @@ pub const MACHINES: &str = "fleet_machines";
 pub const COMMITS_BEHIND: &str = "fleet_overlay_commits_behind";
 pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_drift_severity_machines";
 pub const ROTATIONS_IN_PROGRESS: &str = "fleet_rotations_in_progress";
+pub const MACHINE_DECISIONS: &str = "fleet_machine_decisions";
 pub const ACTIONS_TOTAL: &str = "fleet_actions_total";
 pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_fly_api_requests_total";
 pub const SWEEP_DURATION_SECONDS: &str = "fleet_sweep_duration_seconds";
@@ -114,6 +117,8 @@ struct Exported {
     machines: BTreeSet<(String, String, String)>,
     /// (app, pool)
     rotations: BTreeSet<(String, String)>,
+    /// Apps with `fleet_machine_decisions` series.
+    decision_apps: BTreeSet<String>,
     /// (branch, commit)
     tip: Option<(String, String)>,
     /// Last successful overlay fetch; before the first, process start.
@@ -132,6 +137,7 @@ pub struct Metrics {
     commits_behind: IntGaugeVec,
     drift_severity: IntGaugeVec,
     rotations: IntGaugeVec,
+    decisions: IntGaugeVec,
     actions: IntCounterVec,
     fly_requests: IntCounterVec,
     sweep_duration: Histogram,
@@ -245,6 +251,13 @@ impl Metrics {
             ROTATIONS_IN_PROGRESS,
             "Rotations (drain, restart, verify) holding a slot of the pool's concurrency cap.",
             &["app", "pool"],
+        )?;
+        let decisions = gauge_vec(
+            &r,
+            MACHINE_DECISIONS,
+            "Machines per app by what the planner decided for them in the last sweep \
+             (on_tip, drift_young, awaiting_approval, waiting_for_slot, live_work, held, ...).",
+            &["app", "decision"],
         )?;
         let actions = counter_vec(
             &r,
@@ -380,6 +393,7 @@ impl Metrics {
             commits_behind,
             drift_severity,
             rotations,
+            decisions,
             actions,
             fly_requests,
             sweep_duration,
@@ -597,6 +611,31 @@ impl Metrics {
                 .remove_label_values(&[app.as_str(), pool.as_str()]);
         }
         exported.rotations = current;
+    }
+
+    /// Replaces the machines-per-decision counts: for every app passed,
+    /// every decision kind ([`Decision::KINDS`], zeros included); apps not
+    /// passed are removed.
+    pub fn set_decisions<'a>(&self, decisions: impl IntoIterator<Item = (&'a str, &'a Decision)>) {
+        let mut counts: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
+        for (app, d) in decisions {
+            *counts.entry(app).or_default().entry(d.kind()).or_default() += 1;
+        }
+        let mut exported = self.exported();
+        for (app, per_kind) in &counts {
+            for kind in Decision::KINDS {
+                self.decisions
+                    .with_label_values(&[*app, kind])
+                    .set(per_kind.get(kind).copied().unwrap_or(0));
+            }
+        }
+        let current: BTreeSet<String> = counts.keys().map(|a| a.to_string()).collect();
+        for app in exported.decision_apps.difference(&current) {
+            for kind in Decision::KINDS {
+                let _ = self.decisions.remove_label_values(&[app.as_str(), kind]);
+            }
+        }
+        exported.decision_apps = current;
     }
 
     /// Counts one webhook delivery attempt; `format` is the sink format
@@ -875,6 +914,51 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("fleet_machines{app=\"b\""), "{text}");
+    }
+
+    #[test]
+    fn decisions_are_counted_per_app_with_every_kind_and_replaced_as_a_set() {
+        let m = Metrics::new(false).unwrap();
+        let held = Decision::Held {
+            by: None,
+            since: None,
+            reason: None,
+            phase: None,
+        };
+        m.set_decisions([
+            ("a", &Decision::OnTip),
+            ("a", &Decision::OnTip),
+            ("a", &held),
+            ("b", &Decision::OnTip),
+        ]);
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("fleet_machine_decisions{app=\"a\",decision=\"on_tip\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fleet_machine_decisions{app=\"a\",decision=\"held\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fleet_machine_decisions{app=\"a\",decision=\"live_work\"} 0"),
+            "{text}"
+        );
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("fleet_machine_decisions{app=\"a\""))
+            .count();
+        assert_eq!(series, Decision::KINDS.len());
+        m.set_decisions([("a", &Decision::OnTip)]);
+        let text = m.render().unwrap();
+        assert!(
+            !text.contains("fleet_machine_decisions{app=\"b\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("fleet_machine_decisions{app=\"a\",decision=\"held\"} 0"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -24,9 +24,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
+use crate::decision::Decision;
 use crate::events::{Alert, AlertKind};
 use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
+use crate::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, UNPROBED_KEY,
+};
 use crate::probe::{AgentReport, Capability};
 use crate::rotation::{Ending, Marker, Phase, RotationMode};
 use crate::sweep::{FleetReport, MachineReport, SlotsView};
@@ -241,8 +244,11 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// Machine-level conditions that hold now (drift, approval needed, stuck).
     pub alerts: Vec<Alert>,
-    /// Per machine: the phase to show (`draining`, `verifying`, `held`, …).
-    pub phases: BTreeMap<String, String>,
+    /// Per machine of the report: what is decided for it, and why.
+    pub decisions: BTreeMap<String, Decision>,
+    /// Per drifted machine: when this run first saw its current drift (the
+    /// one drift clock; every view shows this one).
+    pub drift_since: BTreeMap<String, DateTime<Utc>>,
     /// Rotations holding a slot, per (app, pool).
     pub rotations_in_progress: BTreeMap<(String, String), usize>,
 }
@@ -370,6 +376,8 @@ fn verify_backoff(config: &Config, attempt: u32) -> Duration {
 /// A machine's metadata, read once per sweep.
 struct OperatorState {
     held: bool,
+    /// The hold, when its value is one of ours.
+    hold: Option<Hold>,
     /// The marker, or why it cannot be one of ours (the field at fault).
     marker: Option<Result<Marker, String>>,
     /// The approval on the machine, whatever commit it names.
@@ -402,6 +410,10 @@ fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
 fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState {
     OperatorState {
         held: m.metadata.contains_key(HOLD_KEY),
+        hold: m
+            .metadata
+            .get(HOLD_KEY)
+            .and_then(|v| serde_json::from_str(v).ok()),
         marker: m
             .metadata
             .get(MARKER_KEY)
@@ -422,23 +434,52 @@ impl OperatorState {
     }
 }
 
-/// Why a report does or does not allow a restart without interrupting work.
+/// What keeps an agent's report from allowing a restart that interrupts no work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotIdle {
+    StaleHeartbeat,
+    LiveWork,
+    RecentInput,
+    /// A drain was requested and the agent has not checkpointed this rotation.
+    NoCheckpoint,
+    CheckpointWithoutHeartbeat,
+}
+
+impl NotIdle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotIdle::StaleHeartbeat => "stale heartbeat",
+            NotIdle::LiveWork => "live work",
+            NotIdle::RecentInput => "recent input",
+            NotIdle::NoCheckpoint => "waiting for the agent's checkpoint",
+            NotIdle::CheckpointWithoutHeartbeat => "checkpoint without a fresh heartbeat",
+        }
+    }
+}
+
+impl fmt::Display for NotIdle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a report allows a restart without interrupting work, and if not why.
 /// The executor applies it again to a fresh probe made under the lease.
 pub fn restart_allowed(
     config: &Config,
     r: &AgentReport,
     marker: &Marker,
     now: DateTime<Utc>,
-) -> Result<(), &'static str> {
+) -> Result<(), NotIdle> {
     let fresh_heartbeat = |r: &AgentReport| r.heartbeat_at.is_some_and(|h| fresh(config, h, now));
     if r.heartbeat_at.is_some() && !fresh_heartbeat(r) {
-        return Err("stale heartbeat");
+        return Err(NotIdle::StaleHeartbeat);
     }
     if r.has_live_work() {
-        return Err("live work");
+        return Err(NotIdle::LiveWork);
     }
     if recent_input(config, r, now) {
-        return Err("recent input");
+        return Err(NotIdle::RecentInput);
     }
     if marker.drain_requested {
         // A drain was requested: only the agent's own checkpoint authorizes the
@@ -447,10 +488,10 @@ pub fn restart_allowed(
             rot.fenced && rot.checkpoint.as_deref() == Some(marker.tag.as_str())
         });
         if !checkpointed {
-            return Err("waiting for the agent's checkpoint");
+            return Err(NotIdle::NoCheckpoint);
         }
         if !fresh_heartbeat(r) {
-            return Err("checkpoint without a fresh heartbeat");
+            return Err(NotIdle::CheckpointWithoutHeartbeat);
         }
     }
     Ok(())
@@ -476,6 +517,16 @@ fn recent_input(config: &Config, r: &AgentReport, now: DateTime<Utc>) -> bool {
             // Input "from the future" (clock skew) counts as recent.
             .unwrap_or(true)
     })
+}
+
+/// Until when recent input keeps the agent out of a rotation, if it does now.
+fn recent_input_until(
+    config: &Config,
+    r: &AgentReport,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let t = r.last_input_at?;
+    recent_input(config, r, now).then(|| after(t, config.rotation.recent_input_guard).max(now))
 }
 
 /// The report of a started machine, if this sweep has one.
@@ -557,12 +608,6 @@ struct Candidate<'a> {
     expected: Option<Marker>,
 }
 
-/// Why a machine does not start a rotation this sweep (shown as its phase).
-enum NoClaim {
-    Quiet,
-    Show(&'static str),
-}
-
 /// Plans one sweep.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let PlanInput {
@@ -603,21 +648,23 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let stale = report.stale_app_names();
 
     for (m, op) in report.machines.iter().zip(&ops) {
+        if let Some(t) = tracker.drift_since(&m.machine_id) {
+            plan.drift_since.insert(m.machine_id.clone(), t);
+        }
+        let rotating = match &op.marker {
+            Some(Ok(marker)) if marker.phase.holds_slot() => Some(marker.phase),
+            _ => None,
+        };
         // An app the sweep could not list is known only from an older
         // listing: no step for its machines, not even an undo, and no alert
         // of its own (the caller keeps those that were firing). A rotation in
         // progress there waits, marker and slot as they are, until it lists.
         if stale.contains(m.app.as_str()) {
-            let doing = match &op.marker {
-                _ if op.held => Some("held".to_string()),
-                Some(Ok(marker)) if marker.phase.holds_slot() => Some(phase_label(marker, m)),
-                _ => None,
+            let decision = Decision::AppNotListed {
+                held: op.held,
+                phase: rotating,
             };
-            let label = match doing {
-                Some(d) => format!("{d}; paused: app not listed"),
-                None => "paused: app not listed".to_string(),
-            };
-            plan.phases.insert(m.machine_id.clone(), label);
+            plan.decisions.insert(m.machine_id.clone(), decision);
             continue;
         }
         let target = target_of(m);
@@ -640,7 +687,14 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             ));
         }
         if op.held {
-            plan.phases.insert(m.machine_id.clone(), "held".into());
+            let hold = op.hold.as_ref();
+            let decision = Decision::Held {
+                by: hold.map(|h| h.by.clone()),
+                since: hold.map(|h| h.at),
+                reason: hold.map(|h| h.reason.clone()),
+                phase: rotating,
+            };
+            plan.decisions.insert(m.machine_id.clone(), decision);
             if let Some(Ok(marker)) = &op.marker
                 && marker.phase.holds_slot()
             {
@@ -663,24 +717,24 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             continue; // never act on a held machine, never clear its hold
         }
 
-        let pick = |plan: &mut Plan| {
-            candidate(
-                config,
-                m,
-                op,
-                evidence.as_ref(),
-                drift_since,
-                drift_aged,
-                fetch,
-                now,
-                tip,
-                plan,
-            )
+        let ctx = Ctx {
+            config,
+            m,
+            op,
+            target: &target,
+            evidence: evidence.as_ref(),
+            drift_since,
+            unprobed_since: tracker.unprobed_since(&m.machine_id),
+            fetch,
+            now,
+            tip,
+        };
+        let mut decide = |d: Decision| {
+            plan.decisions.insert(m.machine_id.clone(), d);
         };
         let step = match &op.marker {
             Some(Err(why)) => {
-                plan.phases
-                    .insert(m.machine_id.clone(), "unreadable marker".into());
+                decide(Decision::UnreadableMarker { why: why.clone() });
                 plan.alerts.push(machine_alert(
                     AlertKind::RotationStuck,
                     m,
@@ -694,8 +748,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 None
             }
             Some(Ok(marker)) if marker.phase.holds_slot() => {
-                plan.phases
-                    .insert(m.machine_id.clone(), phase_label(marker, m));
+                decide(rotation_decision(&ctx, marker));
                 let orphan = matches!(&report.slots, SlotsView::Known(set)
                     if !set.holds(&m.app, &m.pool, &m.machine_id, &marker.tag));
                 if orphan && marker.phase != Phase::Releasing {
@@ -708,16 +761,6 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         "the rotation holds no slot in the coordinator",
                     ))
                 } else {
-                    let ctx = Ctx {
-                        config,
-                        m,
-                        op,
-                        target: &target,
-                        evidence: evidence.as_ref(),
-                        fetch,
-                        now,
-                        tip,
-                    };
                     advance(&ctx, marker, &mut plan.alerts)
                 }
             }
@@ -725,6 +768,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                 // `claiming` (ours, unfinished) or `yielded`.
                 let yielded = marker.phase == Phase::Yielded;
                 if yielded && m.status == MachineStatus::OnTip {
+                    decide(Decision::OnTip);
                     Some(release(
                         &target,
                         marker,
@@ -734,7 +778,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                         "on the tip",
                     ))
                 } else if yielded && marker.retry_at.is_none_or(|t| t > now) {
-                    plan.phases.insert(m.machine_id.clone(), "yielded".into());
+                    decide(Decision::Yielded {
+                        retry_at: marker.retry_at,
+                    });
                     plan.alerts.push(machine_alert(
                         AlertKind::RotationStuck,
                         m,
@@ -748,37 +794,31 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     ));
                     None
                 } else {
-                    let pick = pick(&mut plan);
-                    match pick {
+                    match candidate(&ctx, m, &mut plan.alerts) {
                         Ok(mut c) => {
                             c.expected = Some(marker.clone());
                             candidates.push(c);
                             None
                         }
-                        // A claim that cannot go on is withdrawn; a yielded
-                        // marker simply waits (it holds nothing).
-                        Err(_) if !yielded => Some(Step {
-                            target: target.clone(),
-                            expected: Some(marker.clone()),
-                            kind: StepKind::Withdraw {
-                                why: "the machine no longer qualifies for a rotation",
-                            },
-                        }),
-                        Err(NoClaim::Show(why)) => {
-                            plan.phases.insert(m.machine_id.clone(), why.into());
-                            None
+                        Err(d) => {
+                            decide(d);
+                            // A claim that cannot go on is withdrawn; a yielded
+                            // marker simply waits (it holds nothing).
+                            (!yielded).then(|| Step {
+                                target: target.clone(),
+                                expected: Some(marker.clone()),
+                                kind: StepKind::Withdraw {
+                                    why: "the machine no longer qualifies for a rotation",
+                                },
+                            })
                         }
-                        Err(NoClaim::Quiet) => None,
                     }
                 }
             }
             None => {
-                match pick(&mut plan) {
+                match candidate(&ctx, m, &mut plan.alerts) {
                     Ok(c) => candidates.push(c),
-                    Err(NoClaim::Show(why)) => {
-                        plan.phases.insert(m.machine_id.clone(), why.into());
-                    }
-                    Err(NoClaim::Quiet) => {}
+                    Err(d) => decide(d),
                 }
                 None
             }
@@ -812,8 +852,12 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         let used = in_use.entry(key).or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
-            plan.phases
-                .insert(m.machine_id.clone(), "waiting for a slot".into());
+            let decision = Decision::WaitingForSlot {
+                pool: m.pool.clone(),
+                in_use: *used,
+                cap,
+            };
+            plan.decisions.insert(m.machine_id.clone(), decision);
             // Our unfinished claim must not linger as if it could go on.
             if let Some(mine) = claiming {
                 plan.steps.push(Step {
@@ -855,7 +899,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             cordoned: Some(false),
             ending: None,
         };
-        plan.phases.insert(m.machine_id.clone(), "claiming".into());
+        plan.decisions
+            .insert(m.machine_id.clone(), Decision::Claiming { mode });
         plan.steps.push(Step {
             target: target_of(m),
             expected,
@@ -879,22 +924,37 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     plan
 }
 
-/// Whether a machine with no rotation in progress qualifies for a claim.
-#[allow(clippy::too_many_arguments)]
+/// What a machine that is neither drifted nor unprobeable is doing.
+fn resting(m: &MachineReport) -> Decision {
+    if m.state != "started" || m.status == MachineStatus::NotRunning {
+        Decision::NotRunning {
+            state: m.state.clone(),
+        }
+    } else {
+        Decision::OnTip
+    }
+}
+
+/// Whether a machine with no rotation in progress qualifies for a claim, and
+/// if not, what is decided for it instead.
 fn candidate<'a>(
-    config: &Config,
+    ctx: &Ctx<'_>,
     m: &'a MachineReport,
-    op: &OperatorState,
-    evidence: Option<&Unprobed>,
-    drift_since: Option<DateTime<Utc>>,
-    drift_aged: bool,
-    fetch: FetchState,
-    now: DateTime<Utc>,
-    tip: &str,
-    plan: &mut Plan,
-) -> Result<Candidate<'a>, NoClaim> {
-    if m.state != "started" {
-        return Err(NoClaim::Quiet);
+    alerts: &mut Vec<Alert>,
+) -> Result<Candidate<'a>, Decision> {
+    let Ctx {
+        config,
+        op,
+        evidence,
+        drift_since,
+        unprobed_since,
+        fetch,
+        now,
+        tip,
+        ..
+    } = *ctx;
+    if !(m.status.is_classified() || unprobeable(m.status)) || m.state != "started" {
+        return Err(resting(m));
     }
     let mode_for = |action: PolicyAction, report: Option<&AgentReport>| match action {
         PolicyAction::AlertAndWait => Some(RotationMode::Wait),
@@ -907,10 +967,8 @@ fn candidate<'a>(
     };
     // The tip may be stale: drift measured against it is no evidence to act on.
     if fetch.failing {
-        return Err(if m.status.is_classified() || unprobeable(m.status) {
-            NoClaim::Show("tip uncertain (overlay fetch failing)")
-        } else {
-            NoClaim::Quiet
+        return Err(Decision::TipUncertain {
+            fetched_at: fetch.fetched_at,
         });
     }
     if unprobeable(m.status) {
@@ -931,13 +989,22 @@ fn candidate<'a>(
                 expected: None,
             });
         }
-        return Err(NoClaim::Quiet);
-    }
-    if !drift_aged {
-        return Err(NoClaim::Quiet);
+        return Err(Decision::Unprobeable {
+            since: evidence.map(|e| e.since).or(unprobed_since),
+            ceiling_at: probe_ceiling_at(config, &m.pool, evidence),
+        });
     }
     let Some(sev) = m.severity else {
-        return Err(NoClaim::Quiet);
+        // A classified machine always has a severity; nothing to act on without one.
+        return Err(resting(m));
+    };
+    let min_age = config.rotation.min_drift_age;
+    let Some(since) = drift_since.filter(|t| after(*t, min_age) <= now) else {
+        let since = drift_since.unwrap_or(now);
+        return Err(Decision::DriftYoung {
+            since,
+            until: after(since, min_age),
+        });
     };
     // A ref the mirror cannot resolve may be newer than our tip: act on it
     // only once a fetch after we first saw it still cannot resolve it.
@@ -946,15 +1013,15 @@ fn candidate<'a>(
         MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
     ) && !matches!((fetch.fetched_at, drift_since), (Some(f), Some(d)) if f > d)
     {
-        return Err(NoClaim::Show("unknown ref: waiting for a fetch to confirm"));
+        return Err(Decision::UnconfirmedRef { since: drift_since });
     }
     let action = m.action.unwrap_or(PolicyAction::Observe);
     let report = usable_report(m);
     let mode = match action {
-        PolicyAction::Observe => return Err(NoClaim::Quiet),
+        PolicyAction::Observe => return Err(Decision::ObserveOnly { severity: sev }),
         PolicyAction::Manual => match op.approval_for(tip) {
             None => {
-                plan.alerts.push(machine_alert(
+                alerts.push(machine_alert(
                     AlertKind::ManualApprovalRequired,
                     m,
                     tip,
@@ -964,7 +1031,10 @@ fn candidate<'a>(
                         m.machine_id, m.machine_id
                     ),
                 ));
-                return Err(NoClaim::Show("awaiting approval"));
+                return Err(Decision::AwaitingApproval {
+                    target: tip.to_string(),
+                    severity: sev,
+                });
             }
             Some(a) if a.mode == ApprovalMode::Now => RotationMode::Now,
             Some(_) => RotationMode::Wait,
@@ -973,17 +1043,83 @@ fn candidate<'a>(
     };
     // Input newer than the guard keeps a machine out of rotation, unless an
     // operator said "now".
-    if mode != RotationMode::Now && report.is_some_and(|r| recent_input(config, r, now)) {
-        return Err(NoClaim::Show("recent input"));
+    if mode != RotationMode::Now
+        && let Some(until) = report.and_then(|r| recent_input_until(config, r, now))
+    {
+        return Err(Decision::RecentInput { until });
     }
     Ok(Candidate {
         severity: sev,
-        since: drift_since.unwrap_or(now),
+        since,
         m,
         mode,
         action,
         expected: None,
     })
+}
+
+/// When the probe-failure ceiling lets the pool's own policy restart an
+/// unprobeable machine: only for evidence of a drift under a policy that acts
+/// by itself, then and now.
+fn probe_ceiling_at(
+    config: &Config,
+    pool: &str,
+    evidence: Option<&Unprobed>,
+) -> Option<DateTime<Utc>> {
+    evidence
+        .filter(|e| {
+            automatic(e.action) && automatic(config.pool(pool).actions.for_severity(e.severity))
+        })
+        .map(|e| after(e.since, config.rotation.probe_failure_ceiling))
+}
+
+/// The agent has reported this rotation's checkpoint.
+fn checkpointed(report: Option<&AgentReport>, marker: &Marker) -> bool {
+    report
+        .and_then(|r| r.rotation.as_ref())
+        .is_some_and(|r| r.checkpoint.as_deref() == Some(marker.tag.as_str()))
+}
+
+/// What a rotation that holds a slot is waiting for, and until when.
+fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
+    let Ctx { config, m, now, .. } = *ctx;
+    let rot = &config.rotation;
+    let report = usable_report(m);
+    let in_rotation = |deadline| Decision::InRotation {
+        phase: marker.phase,
+        deadline,
+        verifying: false,
+    };
+    match marker.phase {
+        Phase::Draining => {
+            let since = marker.attempt_started_at;
+            let mut deadline = after(since, rot.drain_ceiling);
+            if marker.drain_requested && !checkpointed(report, marker) {
+                deadline = deadline.min(after(since, rot.checkpoint_deadline));
+            }
+            match report.map(|r| (r, restart_allowed(config, r, marker, now))) {
+                Some((_, Err(NotIdle::LiveWork))) => Decision::LiveWork { since, deadline },
+                Some((r, Err(NotIdle::RecentInput))) => match recent_input_until(config, r, now) {
+                    Some(until) => Decision::RecentInput { until },
+                    None => in_rotation(Some(deadline)),
+                },
+                _ => in_rotation(Some(deadline)),
+            }
+        }
+        Phase::Reloading => {
+            in_rotation(Some(after(marker.attempt_started_at, rot.verify_deadline)))
+        }
+        Phase::Restarting => Decision::InRotation {
+            phase: marker.phase,
+            deadline: Some(after(
+                marker.restart_at.unwrap_or(marker.attempt_started_at),
+                rot.verify_deadline,
+            )),
+            verifying: m.state == "started",
+        },
+        Phase::Backoff => in_rotation(marker.retry_at),
+        Phase::Claiming | Phase::Yielded | Phase::Releasing => in_rotation(None),
+    }
 }
 
 /// Keeps the persisted probe-failure record in step with what is seen.
@@ -1067,6 +1203,10 @@ struct Ctx<'a> {
     op: &'a OperatorState,
     target: &'a Target,
     evidence: Option<&'a Unprobed>,
+    /// When this run first saw the machine's current drift.
+    drift_since: Option<DateTime<Utc>>,
+    /// When this run first saw it without a usable report.
+    unprobed_since: Option<DateTime<Utc>>,
     fetch: FetchState,
     now: DateTime<Utc>,
     tip: &'a str,
@@ -1083,6 +1223,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         fetch,
         now,
         tip,
+        ..
     } = *ctx;
     let rot = &config.rotation;
     let step = |kind: StepKind| Step {
@@ -1287,13 +1428,6 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
             None
         }
         Phase::Claiming | Phase::Yielded | Phase::Releasing => None,
-    }
-}
-
-fn phase_label(marker: &Marker, m: &MachineReport) -> String {
-    match marker.phase {
-        Phase::Restarting if m.state == "started" => "verifying".into(),
-        p => p.as_str().into(),
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::Path;
 use chrono::{DateTime, Duration as Cd, Utc};
 
 use super::*;
+use crate::decision::Decision;
 use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::probe::{Activity, AgentReport, Capability, RotationState};
 use crate::rotation::{Ending, Marker, Phase, RotationMode};
@@ -406,7 +407,10 @@ fn a_held_machine_is_never_acted_on_and_its_hold_never_cleared() {
             "held machine got steps: {:?}",
             plan.steps
         );
-        assert_eq!(plan.phases.get("m1").map(String::as_str), Some("held"));
+        assert_eq!(
+            plan.decisions.get("m1").map(Decision::label).as_deref(),
+            Some("held")
+        );
     }
     // It is still reported as drifting.
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).held());
@@ -553,7 +557,7 @@ fn recent_input_keeps_a_machine_out_of_rotation() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps.is_empty());
     assert_eq!(
-        plan.phases.get("m1").map(String::as_str),
+        plan.decisions.get("m1").map(Decision::label).as_deref(),
         Some("recent input")
     );
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).input_at(now - Cd::minutes(11)));
@@ -619,7 +623,7 @@ fn a_due_retry_waits_for_a_slot_like_any_claim() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps.is_empty(), "{:?}", plan.steps);
     assert_eq!(
-        plan.phases.get("y").map(String::as_str),
+        plan.decisions.get("y").map(Decision::label).as_deref(),
         Some("waiting for a slot")
     );
 }
@@ -770,7 +774,7 @@ fn pool_caps_hold_and_the_most_severe_go_first() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps.is_empty(), "{:?}", plan.steps);
     assert_eq!(
-        plan.phases.get("a").map(String::as_str),
+        plan.decisions.get("a").map(Decision::label).as_deref(),
         Some("waiting for a slot")
     );
     assert_eq!(
@@ -1351,7 +1355,7 @@ fn a_hold_mid_rotation_keeps_its_slot_and_says_what_waits_on_it() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps.is_empty(), "{:?}", plan.steps);
     assert_eq!(
-        plan.phases.get("a").map(String::as_str),
+        plan.decisions.get("a").map(Decision::label).as_deref(),
         Some("waiting for a slot")
     );
     let stuck: Vec<&Alert> = plan
@@ -1644,15 +1648,34 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     assert_eq!(alerts(&unlisted, AlertKind::Drift), ["a-drift"]);
     // The rotations in progress wait where they are, and say so.
     assert_eq!(
-        unlisted.phases.get("o-drain").map(String::as_str),
+        unlisted.decisions.get("o-drain"),
+        Some(&Decision::AppNotListed {
+            held: false,
+            phase: Some(Phase::Draining)
+        })
+    );
+    assert_eq!(
+        unlisted
+            .decisions
+            .get("o-drain")
+            .map(Decision::label)
+            .as_deref(),
         Some("draining; paused: app not listed")
     );
     assert_eq!(
-        unlisted.phases.get("o-held").map(String::as_str),
+        unlisted
+            .decisions
+            .get("o-held")
+            .map(Decision::label)
+            .as_deref(),
         Some("held; paused: app not listed")
     );
     assert_eq!(
-        unlisted.phases.get("o-drift").map(String::as_str),
+        unlisted
+            .decisions
+            .get("o-drift")
+            .map(Decision::label)
+            .as_deref(),
         Some("paused: app not listed")
     );
     // Their slots still count against their own pool, and only there.
@@ -1663,7 +1686,11 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
         Some(&5)
     );
     assert_eq!(
-        unlisted.phases.get("a-drift").map(String::as_str),
+        unlisted
+            .decisions
+            .get("a-drift")
+            .map(Decision::label)
+            .as_deref(),
         Some("claiming")
     );
 }
@@ -1710,4 +1737,385 @@ fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
     );
     assert_eq!(tracker.drift_since("d"), None);
     assert_eq!(tracker.unprobed_since("u"), Some(later));
+}
+
+// ---- decisions: one fixture per variant (issue 11) -------------------------------
+
+/// The decision the planner makes for `id` when `fx` is first seen at
+/// `first_seen` and planned at `now`.
+fn decision_of(fx: &mut Fx, id: &str, first_seen: DateTime<Utc>, now: DateTime<Utc>) -> Decision {
+    let plan = fx.plan_at(first_seen, now);
+    plan.decisions
+        .get(id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no decision for {id}: {plan:?}"))
+}
+
+#[test]
+fn every_machine_of_the_report_gets_a_decision() {
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("")
+        .with(M::on_tip("a"))
+        .with(M::drifted("b", Severity::Low))
+        .with(M::drifted("c", Severity::High).held())
+        .with(M::on_tip("d").unreachable());
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        plan.decisions
+            .keys()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        ["a", "b", "c", "d"]
+    );
+    // The one drift clock: the tracker's, for the machines off the tip.
+    assert_eq!(plan.drift_since.get("b"), Some(&t0()));
+    assert_eq!(plan.drift_since.get("c"), Some(&t0()));
+    assert_eq!(plan.drift_since.get("a"), None);
+}
+
+#[test]
+fn decision_on_tip() {
+    let mut fx = Fx::new("").with(M::on_tip("m1"));
+    assert_eq!(decision_of(&mut fx, "m1", t0(), t0()), Decision::OnTip);
+}
+
+#[test]
+fn decision_not_running() {
+    let mut m = M::on_tip("m1");
+    m.0.state = "stopped".into();
+    m.0.status = MachineStatus::NotRunning;
+    m.0.report = None;
+    let mut fx = Fx::new("").with(m);
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
+        Decision::NotRunning {
+            state: "stopped".into()
+        }
+    );
+}
+
+#[test]
+fn decision_drift_younger_than_min_drift_age() {
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
+    // min_drift_age defaults to 2m.
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::seconds(30)),
+        Decision::DriftYoung {
+            since: t0(),
+            until: t0() + Cd::minutes(2)
+        }
+    );
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
+    assert!(matches!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::minutes(2)),
+        Decision::Claiming { .. }
+    ));
+}
+
+#[test]
+fn decision_observe_only() {
+    let mut fx =
+        Fx::new("").with(M::drifted("w", Severity::Low).pool("wide", PolicyAction::Observe));
+    assert_eq!(
+        decision_of(&mut fx, "w", t0(), t0() + Cd::hours(1)),
+        Decision::ObserveOnly {
+            severity: Severity::Low
+        }
+    );
+}
+
+#[test]
+fn decision_held_by_whom_since_when_and_mid_which_phase() {
+    let hold = crate::operator::Hold {
+        by: "alice".into(),
+        reason: "incident 42".into(),
+        at: t0() - Cd::minutes(3),
+    };
+    let mut m = M::drifted("m1", Severity::Low).marker(&marker(
+        "m1",
+        Phase::Draining,
+        RotationMode::Wait,
+        t0(),
+    ));
+    m.0.metadata
+        .insert(HOLD_KEY.into(), serde_json::to_string(&hold).unwrap());
+    let mut fx = Fx::new("").with(m);
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
+        Decision::Held {
+            by: Some("alice".into()),
+            since: Some(t0() - Cd::minutes(3)),
+            reason: Some("incident 42".into()),
+            phase: Some(Phase::Draining),
+        }
+    );
+    // A hold value that is not ours still holds; who and why are unknown.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).held());
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
+        Decision::Held {
+            by: None,
+            since: None,
+            reason: None,
+            phase: None
+        }
+    );
+}
+
+#[test]
+fn decision_awaiting_approval_of_the_tip() {
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
+        Decision::AwaitingApproval {
+            target: TIP.into(),
+            severity: Severity::High
+        }
+    );
+    // An approval of another commit leaves it waiting.
+    let mut fx =
+        Fx::new("").with(M::drifted("m1", Severity::High).approved(OLD, ApprovalMode::Now));
+    assert!(matches!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
+        Decision::AwaitingApproval { .. }
+    ));
+}
+
+#[test]
+fn decision_waiting_for_a_slot_names_the_pool_and_its_use() {
+    let now = t0() + Cd::hours(1);
+    let x = marker(
+        "x",
+        Phase::Draining,
+        RotationMode::Wait,
+        now - Cd::minutes(10),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("x", Severity::Low).busy().marker(&x))
+        .with(M::drifted("a", Severity::Low));
+    assert_eq!(
+        decision_of(&mut fx, "a", t0(), now),
+        Decision::WaitingForSlot {
+            pool: "default".into(),
+            in_use: 1,
+            cap: 1
+        }
+    );
+    // Two claims for the wide pool's two slots, the third waits on both.
+    let mut fx = Fx::new("")
+        .with(M::drifted("w1", Severity::High).pool("wide", PolicyAction::AlertAndWait))
+        .with(M::drifted("w2", Severity::Medium).pool("wide", PolicyAction::AlertAndWait))
+        .with(M::drifted("w3", Severity::Low).pool("wide", PolicyAction::AlertAndWait));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        plan.decisions.get("w3"),
+        Some(&Decision::WaitingForSlot {
+            pool: "wide".into(),
+            in_use: 2,
+            cap: 2
+        })
+    );
+}
+
+#[test]
+fn decision_recent_input_until_the_guard_passes() {
+    let now = t0() + Cd::hours(1);
+    let input = now - Cd::minutes(9);
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).input_at(input));
+    // recent_input_guard defaults to 10m.
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::RecentInput {
+            until: input + Cd::minutes(10)
+        }
+    );
+    // Mid-drain, the same guard shows as the same decision.
+    let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let draining = t0() + Cd::minutes(30);
+    let input = draining - Cd::minutes(1);
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).input_at(input).marker(&m));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), draining),
+        Decision::RecentInput {
+            until: input + Cd::minutes(10)
+        }
+    );
+}
+
+#[test]
+fn decision_live_work_since_the_drain_and_until_its_ceiling() {
+    let now = t0() + Cd::minutes(5);
+    let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).busy().marker(&m));
+    // drain_ceiling defaults to 1h.
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::LiveWork {
+            since: t0(),
+            deadline: t0() + Cd::hours(1)
+        }
+    );
+    // A requested drain without a checkpoint yields at the earlier checkpoint deadline (20m).
+    let mut m = m;
+    m.drain_requested = true;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .busy()
+            .cooperative(None, now)
+            .marker(&m),
+    );
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::LiveWork {
+            since: t0(),
+            deadline: t0() + Cd::minutes(20)
+        }
+    );
+}
+
+#[test]
+fn decision_claiming_with_its_mode() {
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::Claiming {
+            mode: RotationMode::Wait
+        }
+    );
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Medium));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::Claiming {
+            mode: RotationMode::Grace
+        }
+    );
+}
+
+#[test]
+fn decision_in_rotation_with_the_phase_and_its_deadline() {
+    // Restarted and back up: verifying until the verify deadline (5m).
+    let r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&r));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::minutes(1)),
+        Decision::InRotation {
+            phase: Phase::Restarting,
+            deadline: Some(t0() + Cd::minutes(5)),
+            verifying: true
+        }
+    );
+    // Backing off: until the retry.
+    let mut b = marker("m1", Phase::Backoff, RotationMode::Wait, t0());
+    b.retry_at = Some(t0() + Cd::minutes(40));
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&b));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::minutes(10)),
+        Decision::InRotation {
+            phase: Phase::Backoff,
+            deadline: Some(t0() + Cd::minutes(40)),
+            verifying: false
+        }
+    );
+    // Draining an idle cooperative agent: waiting for its checkpoint.
+    let mut d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    d.drain_requested = true;
+    let now = t0() + Cd::minutes(5);
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .cooperative(None, now)
+            .marker(&d),
+    );
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::InRotation {
+            phase: Phase::Draining,
+            deadline: Some(t0() + Cd::minutes(20)),
+            verifying: false
+        }
+    );
+}
+
+#[test]
+fn decision_yielded_until_its_retry() {
+    let now = t0() + Cd::hours(1);
+    let mut y = marker("m1", Phase::Yielded, RotationMode::Wait, t0());
+    y.retry_at = Some(now + Cd::minutes(30));
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&y));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::Yielded {
+            retry_at: Some(now + Cd::minutes(30))
+        }
+    );
+}
+
+#[test]
+fn decision_unprobeable_since_and_ceiling() {
+    let now = t0() + Cd::hours(1);
+    // Seen drifted under alert-and-wait (the persisted record): the ceiling (4h) applies.
+    let since = t0() - Cd::minutes(10);
+    let mut fx = Fx::new("").with(M::on_tip("m1").unreachable().unprobed_since(since));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::Unprobeable {
+            since: Some(since),
+            ceiling_at: Some(since + Cd::hours(4))
+        }
+    );
+    // Never seen drifted: no ceiling, only the clock of this run.
+    let mut fx = Fx::new("").with(M::on_tip("m1").bad_report());
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), now),
+        Decision::Unprobeable {
+            since: Some(t0()),
+            ceiling_at: None
+        }
+    );
+}
+
+#[test]
+fn decision_tip_uncertain_and_unconfirmed_ref() {
+    let now = t0() + Cd::hours(1);
+    let failing = FetchState {
+        fetched_at: Some(t0() - Cd::hours(1)),
+        failing: true,
+    };
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
+    let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
+    assert_eq!(
+        plan.decisions.get("m1"),
+        Some(&Decision::TipUncertain {
+            fetched_at: Some(t0() - Cd::hours(1))
+        })
+    );
+    // A machine on the tip is on the tip, whatever the fetch does.
+    let mut fx = Fx::new("").with(M::on_tip("m1"));
+    let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
+    assert_eq!(plan.decisions.get("m1"), Some(&Decision::OnTip));
+
+    let mut unknown = M::drifted("m1", Severity::Critical);
+    unknown.0.status = MachineStatus::UnknownRef;
+    unknown.0.commits_behind = None;
+    let stale_ok = FetchState {
+        fetched_at: Some(t0() - Cd::minutes(1)),
+        failing: false,
+    };
+    let mut fx = Fx::new("").with(unknown);
+    let plan = fx.plan_with(t0(), now, stale_ok, SlotsView::NotConfigured);
+    assert_eq!(
+        plan.decisions.get("m1"),
+        Some(&Decision::UnconfirmedRef { since: Some(t0()) })
+    );
+}
+
+#[test]
+fn decision_unreadable_marker_names_the_field() {
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.retry_at = Some(t0() + Cd::days(5000));
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
+    match decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)) {
+        Decision::UnreadableMarker { why } => assert!(why.contains("retry_at"), "{why}"),
+        other => panic!("{other:?}"),
+    }
 }

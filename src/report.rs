@@ -6,7 +6,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::model::MachineStatus;
+use serde::Serialize;
+
+use crate::decision::Decision;
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::reconcile::Plan;
 use crate::sweep::FleetReport;
 
 /// The `check --output json` document.
@@ -26,11 +30,9 @@ pub fn write_json(out: &mut impl std::io::Write, report: &FleetReport) -> std::i
 /// An app the sweep could not list says so, with the error, on its line; its
 /// rows (if any) are its last listing, marked `stale` in DETAIL.
 pub fn to_table(report: &FleetReport) -> String {
-    to_table_with_phases(report, &BTreeMap::new())
+    to_table_with_decisions(report, &BTreeMap::new())
 }
 
-/// The table with a rotation PHASE column (machine id → phase), as `run` and
-/// `demo` show it.
 /// `s` with every control character escaped (`\u{1b}`).
 pub fn printable(s: &str) -> String {
     if !s.chars().any(char::is_control) {
@@ -47,10 +49,15 @@ pub fn printable(s: &str) -> String {
         .collect()
 }
 
-pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, String>) -> String {
+/// The table with the planner's DECISION per machine (its short label), as
+/// `plan` and `demo` show it.
+pub fn to_table_with_decisions(
+    report: &FleetReport,
+    decisions: &BTreeMap<String, Decision>,
+) -> String {
     let headers = [
         "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
-        "STATUS", "PHASE", "DETAIL",
+        "STATUS", "DECISION", "DETAIL",
     ];
     let dash = || "-".to_string();
     let stale = report.stale_app_names();
@@ -77,7 +84,10 @@ pub fn to_table_with_phases(report: &FleetReport, phases: &BTreeMap<String, Stri
                 } else {
                     m.status.to_string()
                 },
-                phases.get(&m.machine_id).cloned().unwrap_or_else(dash),
+                decisions
+                    .get(&m.machine_id)
+                    .map(Decision::label)
+                    .unwrap_or_else(dash),
                 match (stale.contains(m.app.as_str()), &m.detail) {
                     (false, detail) => detail.clone().unwrap_or_default(),
                     (true, None) => "stale (app not listed)".to_string(),
@@ -291,4 +301,108 @@ mod tests {
         assert!(line("a ").trim_end().ends_with("on_tip  -"), "{table}");
         assert!(line("b ").ends_with("stale (app not listed)"), "{table}");
     }
+}
+
+/// `plan --output json`: the tip, each machine's decision (typed, with its
+/// sentence) and the steps a daemon would take now.
+#[derive(Serialize)]
+pub struct PlanJson<'a> {
+    pub tip: &'a str,
+    pub branch: &'a str,
+    pub coherent: bool,
+    pub machines: Vec<PlannedMachine<'a>>,
+    pub steps: Vec<PlannedStep>,
+}
+
+#[derive(Serialize)]
+pub struct PlannedMachine<'a> {
+    pub app: &'a str,
+    pub machine_id: &'a str,
+    pub name: &'a str,
+    pub pool: &'a str,
+    pub status: MachineStatus,
+    pub severity: Option<Severity>,
+    pub action: Option<PolicyAction>,
+    pub decision: Option<&'a Decision>,
+    /// The decision as a sentence.
+    pub summary: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct PlannedStep {
+    pub app: String,
+    pub machine_id: String,
+    /// `claim`, `restart`, `finish`, … (the `action` label of `fleet_actions_total`).
+    pub kind: &'static str,
+    pub description: String,
+}
+
+pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a> {
+    PlanJson {
+        tip: report.tip.commit.as_str(),
+        branch: &report.tip.branch,
+        coherent: report.is_coherent(),
+        machines: report
+            .machines
+            .iter()
+            .map(|m| {
+                let decision = plan.decisions.get(&m.machine_id);
+                PlannedMachine {
+                    app: &m.app,
+                    machine_id: &m.machine_id,
+                    name: &m.name,
+                    pool: &m.pool,
+                    status: m.status,
+                    severity: m.severity,
+                    action: m.action,
+                    decision,
+                    summary: decision.map(ToString::to_string),
+                }
+            })
+            .collect(),
+        steps: plan
+            .steps
+            .iter()
+            .map(|s| PlannedStep {
+                app: s.target.app.clone(),
+                machine_id: s.target.machine_id.clone(),
+                kind: s.kind(),
+                description: s.to_string(),
+            })
+            .collect(),
+    }
+}
+
+/// `plan`'s table: the fleet with each machine's decision, then why for every
+/// machine that is not on the tip, then the steps a daemon would take now.
+pub fn plan_to_table(report: &FleetReport, plan: &Plan) -> String {
+    let mut out = to_table_with_decisions(report, &plan.decisions);
+    let why: Vec<String> = report
+        .machines
+        .iter()
+        .filter_map(|m| {
+            let d = plan.decisions.get(&m.machine_id)?;
+            (*d != Decision::OnTip)
+                .then(|| printable(&format!("  {}/{}: {d}", m.app, m.machine_id)))
+        })
+        .collect();
+    if !why.is_empty() {
+        out.push_str("\nDecisions:\n");
+        for line in why {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if plan.steps.is_empty() {
+        out.push_str("\nNo steps: a daemon would do nothing now.\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "\nSteps a daemon would take now ({}):",
+            plan.steps.len()
+        );
+        for s in &plan.steps {
+            let _ = writeln!(out, "  {}", printable(&s.to_string()));
+        }
+    }
+    out
 }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
+use crate::decision::Decision;
 use crate::events::Alert;
 use crate::executor::{Executor, ExecutorConfig};
 use crate::metrics::{Metrics, MetricsError};
@@ -129,6 +130,7 @@ pub async fn run(
         last_success: None,
         failures: 0,
         history: HashMap::new(),
+        decision_kinds: HashMap::new(),
         // Until the first good sweep, what was known before the restart.
         machine_alerts: restored.carried(),
         restored,
@@ -206,6 +208,8 @@ struct Reporter<'a> {
     last_success: Option<DateTime<Utc>>,
     failures: u32,
     history: HashMap<String, VecDeque<String>>,
+    /// Each machine's decision kind in the last sweep: a change is logged.
+    decision_kinds: HashMap<String, &'static str>,
     /// The planner's machine alerts of the last successful sweep. A failed
     /// sweep knows nothing new about machines, so they are carried over:
     /// sending only the fleet alerts would resolve every drift alert, and
@@ -284,6 +288,22 @@ impl Reporter<'_> {
         }
     }
 
+    /// One INFO line per machine whose kind of decision changed (a machine
+    /// first seen on the tip is not news), so a log search for a machine id
+    /// tells its story.
+    fn log_decisions(&mut self, plan: &crate::reconcile::Plan) {
+        let mut next = HashMap::with_capacity(plan.decisions.len());
+        for (id, d) in &plan.decisions {
+            let kind = d.kind();
+            let before = self.decision_kinds.get(id).copied();
+            if before != Some(kind) && !(before.is_none() && *d == Decision::OnTip) {
+                tracing::info!(machine = %id, decision = kind, was = before.unwrap_or("-"), "{d}");
+            }
+            next.insert(id.clone(), kind);
+        }
+        self.decision_kinds = next;
+    }
+
     fn swept(&mut self, cycle: &Cycle) {
         let Cycle {
             report,
@@ -314,6 +334,13 @@ impl Reporter<'_> {
         let rotations: Vec<(&str, &str, usize)> =
             pools.into_iter().map(|((a, p), n)| (a, p, n)).collect();
         self.metrics.set_rotations_in_progress(&rotations);
+        self.log_decisions(plan);
+        self.metrics
+            .set_decisions(report.machines.iter().filter_map(|m| {
+                plan.decisions
+                    .get(&m.machine_id)
+                    .map(|d| (m.app.as_str(), d))
+            }));
 
         let mut events = Vec::new();
         for s in steps {
@@ -346,13 +373,13 @@ impl Reporter<'_> {
                     .metadata
                     .get(MARKER_KEY)
                     .and_then(|v| serde_json::from_str(v).ok()),
-                phase: plan.phases.get(&m.machine_id).cloned(),
+                decision: plan.decisions.get(&m.machine_id).cloned(),
                 history: self
                     .history
                     .get(&m.machine_id)
                     .map(|h| h.iter().cloned().collect())
                     .unwrap_or_default(),
-                drift_since: None,
+                drift_since: plan.drift_since.get(&m.machine_id).copied(),
             };
             if extra != MachineExtra::default() {
                 extras.insert(m.machine_id.clone(), extra);

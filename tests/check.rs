@@ -730,3 +730,134 @@ async fn an_unlistable_app_is_named_and_the_others_are_reported() {
     );
     sim.shutdown().await;
 }
+
+/// Runs `fleet-reconciler plan` (any extra `args`) against `config`.
+async fn run_plan(config: PathBuf, args: &'static [&'static str]) -> (i32, String, String) {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(BIN)
+                .arg("plan")
+                .arg("--config")
+                .arg(&config)
+                .args(args)
+                .env("FLY_API_TOKEN", TOKEN)
+                .output()
+                .unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }),
+    )
+    .await
+    .expect("plan finished in time")
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_shows_each_decision_and_the_steps_and_writes_nothing() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &config_text(&sim, &fx, ""));
+    let tip = tip(&fx.history).to_string();
+
+    let (code, stdout, stderr) = run_plan(config.clone(), &["--output", "json"]).await;
+    assert_eq!(code, 1, "drift, like check: {stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["tip"], tip);
+    let machines = v["machines"].as_array().unwrap();
+    let of = |id: &str| {
+        machines
+            .iter()
+            .find(|m| m["machine_id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing in {v}"))
+    };
+    let kind = |id: &str| of(id)["decision"]["kind"].as_str().unwrap().to_string();
+    assert_eq!(kind("on-tip"), "on_tip");
+    assert_eq!(kind("abbrev"), "on_tip");
+    assert_eq!(kind("stopped"), "not_running");
+    assert_eq!(of("stopped")["decision"]["state"], "stopped");
+    // A security fix is critical; the default pool's critical is manual.
+    assert_eq!(kind("pre-security"), "awaiting_approval");
+    assert_eq!(of("pre-security")["decision"]["target"], tip);
+    assert!(
+        of("pre-security")["summary"]
+            .as_str()
+            .unwrap()
+            .contains("awaiting approval"),
+        "{}",
+        of("pre-security")
+    );
+    for id in [
+        "hang",
+        "http-500",
+        "garbage",
+        "oversized",
+        "no-ref",
+        "non-hex",
+    ] {
+        assert_eq!(kind(id), "unprobeable", "{id}");
+    }
+    // Observe-only pools are never acted on; every decision follows the action.
+    for m in machines {
+        if m["action"] == "observe" {
+            assert_eq!(m["decision"]["kind"], "observe_only", "{m}");
+        }
+    }
+    // At most one claim per (app, pool) (cap 1); the others wait for it.
+    let mut claims: HashMap<(String, String), usize> = HashMap::new();
+    for m in machines {
+        let pool = (m["app"].to_string(), m["pool"].to_string());
+        match m["decision"]["kind"].as_str().unwrap() {
+            "claiming" => *claims.entry(pool).or_default() += 1,
+            "waiting_for_slot" => {
+                assert_eq!(m["decision"]["cap"], 1, "{m}");
+                assert_eq!(m["decision"]["in_use"], 1, "{m}");
+                assert_eq!(m["decision"]["pool"], m["pool"], "{m}");
+            }
+            _ => {}
+        }
+    }
+    assert!(claims.values().all(|n| *n == 1), "{claims:?}");
+    assert!(!claims.is_empty(), "{v}");
+    // The steps are exactly the claims the decisions announce.
+    let steps: HashSet<String> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .inspect(|s| assert_eq!(s["kind"], "claim", "{s}"))
+        .map(|s| s["machine_id"].as_str().unwrap().to_string())
+        .collect();
+    let claiming: HashSet<String> = machines
+        .iter()
+        .filter(|m| m["decision"]["kind"] == "claiming")
+        .map(|m| m["machine_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(steps, claiming);
+
+    // The table says the same, with each decision's sentence and the steps.
+    let (code, table, _) = run_plan(config, &[]).await;
+    assert_eq!(code, 1);
+    assert!(table.contains("DECISION"), "{table}");
+    assert!(table.contains("awaiting approval"), "{table}");
+    assert!(table.contains("Steps a daemon would take now"), "{table}");
+    for id in &steps {
+        assert!(
+            table.contains(&format!("dispatch/{id}")) || table.contains(&format!("chat/{id}")),
+            "{table}"
+        );
+    }
+
+    // Read-only: nothing but reads reached Fly or the agents.
+    let writes: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET")
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(writes.is_empty(), "plan wrote: {writes:?}");
+    sim.shutdown().await;
+}

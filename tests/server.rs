@@ -10,12 +10,15 @@ use std::time::Duration;
 use chrono::{TimeDelta, Utc};
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
 use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decision::Decision;
 use fleet_reconciler::demo;
 use fleet_reconciler::metrics::Metrics;
+use fleet_reconciler::model::Severity;
 use fleet_reconciler::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
 };
 use fleet_reconciler::report;
+use fleet_reconciler::rotation::Phase;
 use fleet_reconciler::server::{
     self, FleetView, MachineExtra, ServerLimits, ServerState, StatusError,
 };
@@ -338,7 +341,11 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
         "a-behind".to_string(),
         MachineExtra {
             rotation: Some(json!({"phase": "restarting"})),
-            phase: Some("restarting".into()),
+            decision: Some(Decision::InRotation {
+                phase: Phase::Restarting,
+                deadline: None,
+                verifying: true,
+            }),
             history: vec!["claimed slot".into(), "cordoned".into()],
             drift_since: Some(since),
         },
@@ -351,19 +358,20 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     assert_eq!(body["machine"]["status"], "drifted");
     assert_eq!(body["machine"]["commits_behind"], 3);
     assert_eq!(body["agent_report"]["overlay_ref"], h.overlay.behind(3));
-    assert_eq!(body["phase"], "restarting");
+    assert_eq!(body["decision"]["kind"], "in_rotation");
+    assert_eq!(body["decision"]["phase"], "restarting");
     assert_eq!(body["rotation"]["phase"], "restarting");
     assert_eq!(body["history"], json!(["claimed slot", "cordoned"]));
     let got: chrono::DateTime<Utc> = serde_json::from_value(body["drift_since"].clone()).unwrap();
     assert_eq!(got, since);
     assert_eq!(body["tip"], h.overlay.tip());
 
-    // Without extras: the marker comes from Fly metadata, drift age from the
-    // first sweep that saw the machine off the tip.
+    // Without extras: the marker comes from Fly metadata; the server keeps no
+    // drift clock of its own (the planner's is the only one).
     let body = json_of(h.get("/api/v1/machines/a-crit").await).await;
     assert_eq!(body["machine"]["severity"], "critical");
     assert_eq!(body["rotation"], marker);
-    assert!(body["drift_since"].is_string(), "{body}");
+    assert!(body["drift_since"].is_null(), "{body}");
     assert_eq!(body["history"], json!([]));
 
     // An unreachable machine has no agent report.
@@ -622,7 +630,10 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     h.state.view().set_extras(BTreeMap::from([(
         "a-crit".to_string(),
         MachineExtra {
-            phase: Some("awaiting approval".into()),
+            decision: Some(Decision::AwaitingApproval {
+                target: h.overlay.tip(),
+                severity: Severity::Critical,
+            }),
             ..MachineExtra::default()
         },
     )]));
@@ -838,18 +849,29 @@ async fn screenshot_server_over_the_demo_fleet() {
         .filter(|m| m.severity.is_some())
         .enumerate()
     {
-        let phase = match (m.action.map(|a| a.as_str()), k % 3) {
-            (Some("manual"), _) => Some("awaiting approval"),
-            (Some("restart"), 0) => Some("restarting"),
-            (Some("restart"), _) => Some("draining"),
-            (Some("alert-and-wait"), 1) => Some("draining"),
-            (Some("alert-and-wait"), _) => Some("waiting for idle"),
+        let rotating = |phase| Decision::InRotation {
+            phase,
+            deadline: None,
+            verifying: false,
+        };
+        let decision = match (m.action.map(|a| a.as_str()), k % 3) {
+            (Some("manual"), _) => Some(Decision::AwaitingApproval {
+                target: report.tip.commit.to_string(),
+                severity: m.severity.unwrap_or(Severity::High),
+            }),
+            (Some("restart"), 0) => Some(rotating(Phase::Restarting)),
+            (Some("restart"), _) => Some(rotating(Phase::Draining)),
+            (Some("alert-and-wait"), 1) => Some(rotating(Phase::Draining)),
+            (Some("alert-and-wait"), _) => Some(Decision::LiveWork {
+                since: now - TimeDelta::minutes(3),
+                deadline: now + TimeDelta::minutes(57),
+            }),
             _ => None,
         };
         extras.insert(
             m.machine_id.clone(),
             MachineExtra {
-                phase: phase.map(str::to_string),
+                decision,
                 drift_since: Some(now - TimeDelta::minutes(7 + 23 * k as i64)),
                 ..MachineExtra::default()
             },

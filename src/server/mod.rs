@@ -42,8 +42,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 
+use crate::decision::Decision;
 use crate::metrics::{self, Metrics};
-use crate::model::{CommitId, MachineStatus};
+use crate::model::CommitId;
 use crate::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
 };
@@ -75,12 +76,12 @@ const DEFAULT_ACTOR: &str = "admin-api";
 pub struct MachineExtra {
     /// The rotation marker (docs/design.md §6.1), as JSON.
     pub rotation: Option<serde_json::Value>,
-    /// The rotation phase in words (`draining`, `restarting`, …).
-    pub phase: Option<String>,
+    /// What the planner decided for the machine in the last sweep.
+    pub decision: Option<Decision>,
     /// Recent rotation history, oldest first, one line per step.
     pub history: Vec<String>,
-    /// When the machine started drifting; when unset, the server falls back
-    /// to the first sweep in which it saw the machine off the tip.
+    /// When the planner first saw the machine's current drift (its clock:
+    /// the server keeps none of its own).
     pub drift_since: Option<DateTime<Utc>>,
 }
 
@@ -114,18 +115,12 @@ pub struct Observed {
     /// How long one turn may legitimately take beyond the interval (Fly
     /// calls with their retries); added to the liveness window.
     pub turn_allowance: Duration,
-    /// First sweep that saw each started machine off the tip (the fallback
-    /// for [`MachineExtra::drift_since`]); cleared when it is back or gone.
-    pub off_tip_since: Arc<BTreeMap<String, DateTime<Utc>>>,
 }
 
 impl Observed {
     /// When the machine's current drift (or trouble) started, if known.
     pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
-        self.extras
-            .get(machine_id)
-            .and_then(|e| e.drift_since)
-            .or_else(|| self.off_tip_since.get(machine_id).copied())
+        self.extras.get(machine_id).and_then(|e| e.drift_since)
     }
 
     /// The commit approvals target: the last fetched tip, else the report's.
@@ -195,7 +190,6 @@ impl FleetView {
                 started_at: now,
                 last_turn: None,
                 turn_allowance: Duration::ZERO,
-                off_tip_since: Arc::default(),
             })),
         }
     }
@@ -214,15 +208,6 @@ impl FleetView {
     /// Publishes a successful sweep that finished at `at`.
     pub fn record_sweep(&self, report: FleetReport, at: DateTime<Utc>) {
         self.update(|o| {
-            let mut since = BTreeMap::new();
-            for m in &report.machines {
-                if matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
-                    continue;
-                }
-                let first = o.off_tip_since.get(&m.machine_id).copied().unwrap_or(at);
-                since.insert(m.machine_id.clone(), first);
-            }
-            o.off_tip_since = Arc::new(since);
             o.report = Some(Arc::new(report));
             o.last_success = Some(at);
             o.last_turn = Some(at);
@@ -602,7 +587,8 @@ struct MachineDetail<'a> {
     approval: Option<serde_json::Value>,
     /// The rotation marker: from the daemon's loop, else from Fly metadata.
     rotation: Option<serde_json::Value>,
-    phase: Option<&'a str>,
+    /// What the planner decided for it in the last sweep (docs/design.md §6.2).
+    decision: Option<&'a Decision>,
     history: &'a [String],
     drift_since: Option<DateTime<Utc>>,
     /// The release tip the report measured against.
@@ -643,7 +629,7 @@ async fn machine(
         rotation: extra
             .and_then(|e| e.rotation.clone())
             .or_else(|| metadata_json(m, MARKER_KEY)),
-        phase: extra.and_then(|e| e.phase.as_deref()),
+        decision: extra.and_then(|e| e.decision.as_ref()),
         history: extra.map(|e| e.history.as_slice()).unwrap_or(&[]),
         drift_since: observed.drift_since(id),
         tip: &report.tip.commit,

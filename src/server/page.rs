@@ -394,9 +394,13 @@ fn row(out: &mut String, m: &MachineReport, observed: &Observed, now: DateTime<U
     if let Some(phase) = observed
         .extras
         .get(&m.machine_id)
-        .and_then(|e| e.phase.as_deref())
+        .and_then(|e| e.decision.as_ref())
     {
-        let _ = write!(rotation, "<span class=\"tag\">{}</span> ", esc(phase));
+        let _ = write!(
+            rotation,
+            "<span class=\"tag\">{}</span> ",
+            esc(&phase.label())
+        );
     }
     if let Some(v) = m.metadata.get(HOLD_KEY) {
         let (label, why) = match serde_json::from_str::<Hold>(v) {

@@ -1,0 +1,384 @@
+//! What the planner decided for one machine this sweep, and why: one typed
+//! value per machine that every view renders (the tables of `check`, `run`,
+//! `plan` and `demo`, the status page, the API, the logs, the metrics).
+//!
+//! Owns the vocabulary of decisions and their renderings (a short label, a
+//! sentence, a metric label). It must never decide anything itself: the
+//! planner ([`crate::reconcile::plan`]) builds every value; views only show
+//! it, so they cannot disagree with the planner (no second drift clock, no
+//! free-text phase).
+
+use std::fmt;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Severity;
+use crate::rotation::{Phase, RotationMode};
+
+/// One machine's decision. Times are absolute (UTC), so a rendering made
+/// later still says when something happens, and the planner's `now` is the
+/// only clock behind them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// Runs the release tip: nothing to do.
+    OnTip,
+    /// Not `started` on Fly: not probed, not rotated; its drift clock starts
+    /// over when it runs.
+    NotRunning { state: String },
+    /// Drifted, but the drift is younger than `rotation.min_drift_age`:
+    /// nothing is done (and no alert fires) before `until`.
+    DriftYoung {
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+    },
+    /// The pool's policy for this severity is `observe`: reported, never acted on.
+    ObserveOnly { severity: Severity },
+    /// An operator hold: no reconciler acts on the machine until `release`.
+    /// `phase` is the rotation it holds mid-way, if any. `by`/`since`/`reason`
+    /// are absent when the hold's value is not one of ours.
+    Held {
+        by: Option<String>,
+        since: Option<DateTime<Utc>>,
+        reason: Option<String>,
+        phase: Option<Phase>,
+    },
+    /// The pool's policy is `manual`: the rotation waits for
+    /// `fleet-reconciler approve` of `target` (the release tip).
+    AwaitingApproval { target: String, severity: Severity },
+    /// Qualifies for a rotation, but the pool's rotations are at its cap.
+    WaitingForSlot {
+        pool: String,
+        in_use: usize,
+        cap: usize,
+    },
+    /// The agent saw input within `rotation.recent_input_guard`: no rotation
+    /// starts (or restart happens) before `until`.
+    RecentInput { until: DateTime<Utc> },
+    /// Draining: the agent has live work (open sessions or a turn in
+    /// progress) since the drain began; restarted only when idle, and the
+    /// rotation yields at `deadline` instead of interrupting it.
+    LiveWork {
+        since: DateTime<Utc>,
+        deadline: DateTime<Utc>,
+    },
+    /// This sweep claims a pool slot to start a rotation.
+    Claiming { mode: RotationMode },
+    /// A rotation holds a slot and is in `phase`; `deadline` is when the
+    /// phase's next ceiling (drain, checkpoint, verify, backoff) falls due.
+    /// `verifying`: restarted and back up, waiting for a report of the target.
+    InRotation {
+        phase: Phase,
+        deadline: Option<DateTime<Utc>>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        verifying: bool,
+    },
+    /// A rotation gave up without interrupting work; it retries at `retry_at`.
+    Yielded { retry_at: Option<DateTime<Utc>> },
+    /// No usable health report since `since` (this run's memory or the
+    /// persisted record). `ceiling_at`: when `rotation.probe_failure_ceiling`
+    /// lets an automatic policy restart it (none for observe/manual pools,
+    /// or when it was never seen drifted).
+    Unprobeable {
+        since: Option<DateTime<Utc>>,
+        ceiling_at: Option<DateTime<Utc>>,
+    },
+    /// The last overlay fetch failed: the tip may be stale, so drift measured
+    /// against it starts no rotation. `fetched_at`: the last good fetch.
+    TipUncertain { fetched_at: Option<DateTime<Utc>> },
+    /// The reported ref does not resolve in the mirror (seen since `since`):
+    /// it may be newer than the tip, so nothing is done until a later fetch
+    /// still cannot resolve it.
+    UnconfirmedRef { since: Option<DateTime<Utc>> },
+    /// A rotation marker this reconciler cannot read (the field at fault):
+    /// someone else's, left alone, and its slot counted as taken.
+    UnreadableMarker { why: String },
+    /// The last sweep could not list the machine's app: its data is an older
+    /// listing and nothing is done to it. `held`/`phase` are as last listed.
+    AppNotListed { held: bool, phase: Option<Phase> },
+}
+
+impl Decision {
+    /// Every kind, in declaration order (the metric's label values).
+    pub const KINDS: [&'static str; 17] = [
+        "on_tip",
+        "not_running",
+        "drift_young",
+        "observe_only",
+        "held",
+        "awaiting_approval",
+        "waiting_for_slot",
+        "recent_input",
+        "live_work",
+        "claiming",
+        "in_rotation",
+        "yielded",
+        "unprobeable",
+        "tip_uncertain",
+        "unconfirmed_ref",
+        "unreadable_marker",
+        "app_not_listed",
+    ];
+
+    /// The kind as a stable snake_case word: the JSON `kind` and the metric label.
+    pub fn kind(&self) -> &'static str {
+        let i = match self {
+            Decision::OnTip => 0,
+            Decision::NotRunning { .. } => 1,
+            Decision::DriftYoung { .. } => 2,
+            Decision::ObserveOnly { .. } => 3,
+            Decision::Held { .. } => 4,
+            Decision::AwaitingApproval { .. } => 5,
+            Decision::WaitingForSlot { .. } => 6,
+            Decision::RecentInput { .. } => 7,
+            Decision::LiveWork { .. } => 8,
+            Decision::Claiming { .. } => 9,
+            Decision::InRotation { .. } => 10,
+            Decision::Yielded { .. } => 11,
+            Decision::Unprobeable { .. } => 12,
+            Decision::TipUncertain { .. } => 13,
+            Decision::UnconfirmedRef { .. } => 14,
+            Decision::UnreadableMarker { .. } => 15,
+            Decision::AppNotListed { .. } => 16,
+        };
+        Self::KINDS[i]
+    }
+
+    /// A short label for a table column (`draining`, `held`, `awaiting approval`).
+    pub fn label(&self) -> String {
+        match self {
+            Decision::OnTip => "on tip".into(),
+            Decision::NotRunning { state } => format!("not running ({state})"),
+            Decision::DriftYoung { .. } => "drift settling".into(),
+            Decision::ObserveOnly { .. } => "observe only".into(),
+            Decision::Held { .. } => "held".into(),
+            Decision::AwaitingApproval { .. } => "awaiting approval".into(),
+            Decision::WaitingForSlot { .. } => "waiting for a slot".into(),
+            Decision::RecentInput { .. } => "recent input".into(),
+            Decision::LiveWork { .. } => "draining: live work".into(),
+            Decision::Claiming { .. } => "claiming".into(),
+            Decision::InRotation {
+                verifying: true, ..
+            } => "verifying".into(),
+            Decision::InRotation { phase, .. } => phase.as_str().into(),
+            Decision::Yielded { .. } => "yielded".into(),
+            Decision::Unprobeable { .. } => "unprobeable".into(),
+            Decision::TipUncertain { .. } => "tip uncertain".into(),
+            Decision::UnconfirmedRef { .. } => "unknown ref: unconfirmed".into(),
+            Decision::UnreadableMarker { .. } => "unreadable marker".into(),
+            Decision::AppNotListed {
+                held: true,
+                phase: _,
+            } => "held; paused: app not listed".into(),
+            Decision::AppNotListed { phase: Some(p), .. } => {
+                format!("{p}; paused: app not listed")
+            }
+            Decision::AppNotListed { .. } => "paused: app not listed".into(),
+        }
+    }
+
+    /// Whether a person should look (or will have to act) soon: shown first.
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            Decision::Held { .. }
+                | Decision::AwaitingApproval { .. }
+                | Decision::UnreadableMarker { .. }
+                | Decision::Yielded { .. }
+        )
+    }
+}
+
+fn at(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn opt_at(t: &Option<DateTime<Utc>>) -> String {
+    t.as_ref()
+        .map(at)
+        .unwrap_or_else(|| "an unknown time".into())
+}
+
+/// The full sentence: the label and the data it carries.
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::OnTip => f.write_str("on the release tip"),
+            Decision::NotRunning { state } => {
+                write!(f, "not running (Fly state {state}); not probed or rotated")
+            }
+            Decision::DriftYoung { since, until } => write!(
+                f,
+                "drifted since {}; younger than rotation.min_drift_age, nothing is done before {}",
+                at(since),
+                at(until)
+            ),
+            Decision::ObserveOnly { severity } => write!(
+                f,
+                "{severity} drift; the pool's policy is observe: reported, never acted on"
+            ),
+            Decision::Held {
+                by,
+                since,
+                reason,
+                phase,
+            } => {
+                write!(f, "held")?;
+                if let Some(by) = by {
+                    write!(f, " by {by}")?;
+                }
+                if let Some(since) = since {
+                    write!(f, " since {}", at(since))?;
+                }
+                if let Some(reason) = reason {
+                    write!(f, " ({reason})")?;
+                }
+                if let Some(p) = phase {
+                    write!(f, "; its rotation waits in phase {p}")?;
+                }
+                f.write_str("; nothing is done until `release`")
+            }
+            Decision::AwaitingApproval { target, severity } => write!(
+                f,
+                "{severity} drift in a manual pool: awaiting approval of {}",
+                target.get(..12).unwrap_or(target)
+            ),
+            Decision::WaitingForSlot { pool, in_use, cap } => write!(
+                f,
+                "waiting for a slot: pool {pool} has {in_use} of {cap} rotation(s) in progress"
+            ),
+            Decision::RecentInput { until } => write!(
+                f,
+                "recent input: the agent is left alone until {}",
+                at(until)
+            ),
+            Decision::LiveWork { since, deadline } => write!(
+                f,
+                "draining since {}: live work, restarted only when idle; yields at {} rather than interrupt it",
+                at(since),
+                at(deadline)
+            ),
+            Decision::Claiming { mode } => {
+                write!(
+                    f,
+                    "claiming a pool slot for a rotation (mode {})",
+                    mode.as_str()
+                )
+            }
+            Decision::InRotation {
+                phase,
+                deadline,
+                verifying,
+            } => {
+                if *verifying {
+                    write!(f, "restarted; verifying it reports the target")?;
+                } else {
+                    write!(f, "rotation in phase {phase}")?;
+                }
+                if let Some(d) = deadline {
+                    write!(f, "; next deadline {}", at(d))?;
+                }
+                Ok(())
+            }
+            Decision::Yielded { retry_at } => write!(
+                f,
+                "the rotation yielded without interrupting work; it retries at {}",
+                opt_at(retry_at)
+            ),
+            Decision::Unprobeable { since, ceiling_at } => {
+                write!(f, "no usable health report since {}", opt_at(since))?;
+                match ceiling_at {
+                    Some(c) => write!(f, "; the probe-failure ceiling falls at {}", at(c)),
+                    None => f.write_str("; no restart for it (its policy does not act by itself, or no drift was seen)"),
+                }
+            }
+            Decision::TipUncertain { fetched_at } => write!(
+                f,
+                "the overlay fetch is failing (last good fetch {}): no rotation starts toward a tip that may be stale",
+                opt_at(fetched_at)
+            ),
+            Decision::UnconfirmedRef { since } => write!(
+                f,
+                "reports a ref the mirror cannot resolve (since {}); waiting for a later fetch to confirm",
+                opt_at(since)
+            ),
+            Decision::UnreadableMarker { why } => write!(
+                f,
+                "a rotation marker this reconciler cannot read ({why}); not touching it"
+            ),
+            Decision::AppNotListed { .. } => write!(
+                f,
+                "{}; the last sweep could not list its app, nothing is done to it",
+                self.label()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_match_the_json_tag() {
+        let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("time");
+        let all = [
+            Decision::OnTip,
+            Decision::NotRunning {
+                state: "stopped".into(),
+            },
+            Decision::DriftYoung { since: t, until: t },
+            Decision::ObserveOnly {
+                severity: Severity::Low,
+            },
+            Decision::Held {
+                by: None,
+                since: None,
+                reason: None,
+                phase: None,
+            },
+            Decision::AwaitingApproval {
+                target: "ab".into(),
+                severity: Severity::High,
+            },
+            Decision::WaitingForSlot {
+                pool: "default".into(),
+                in_use: 1,
+                cap: 1,
+            },
+            Decision::RecentInput { until: t },
+            Decision::LiveWork {
+                since: t,
+                deadline: t,
+            },
+            Decision::Claiming {
+                mode: RotationMode::Wait,
+            },
+            Decision::InRotation {
+                phase: Phase::Draining,
+                deadline: None,
+                verifying: false,
+            },
+            Decision::Yielded { retry_at: None },
+            Decision::Unprobeable {
+                since: None,
+                ceiling_at: None,
+            },
+            Decision::TipUncertain { fetched_at: None },
+            Decision::UnconfirmedRef { since: None },
+            Decision::UnreadableMarker { why: "x".into() },
+            Decision::AppNotListed {
+                held: false,
+                phase: None,
+            },
+        ];
+        assert_eq!(all.len(), Decision::KINDS.len());
+        for d in all {
+            let json = serde_json::to_value(&d).expect("json");
+            assert_eq!(json["kind"], d.kind(), "{d:?}");
+            let back: Decision = serde_json::from_value(json).expect("round trip");
+            assert_eq!(back, d);
+        }
+    }
+}

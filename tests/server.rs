@@ -652,7 +652,7 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     );
     // the hostile name is shown, escaped, never as markup
     assert!(!page.contains(HOSTILE), "raw agent data in the page");
-    assert!(page.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"));
+    assert!(page.contains("&lt;script&gt;alert('pwned')&lt;/script&gt;"));
     assert!(!page.contains("<script"));
     h.stop().await;
 }

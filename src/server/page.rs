@@ -3,15 +3,16 @@
 //! Owns presentation of the last sweep for a person at a laptop: coherence
 //! per app at a glance, then the machines that need attention, most severe
 //! first. No scripts, no external assets, no build step; it reloads itself
-//! once per sweep interval. Every string that came from an agent, Fly or the
-//! config is HTML-escaped here. It must never compute a status, severity or
-//! action the sweep did not already decide.
+//! once per sweep interval. Built with `maud`: every interpolated string (from
+//! an agent, Fly or the config) is HTML-escaped by the template itself, and
+//! markup is only ever what the templates here spell out. It must never
+//! compute a status, severity or action the sweep did not already decide.
 
 use std::cmp::Reverse;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::model::{MachineStatus, Severity};
 use crate::operator::{APPROVE_KEY, Approval, HOLD_KEY, Hold};
@@ -21,22 +22,6 @@ use super::{Observed, age};
 
 /// Beyond this many rows the page points at the JSON API instead.
 const MAX_ROWS: usize = 500;
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// Colour class of a coherence value: at or above the alert threshold is
 /// fine; within three quarters of it is a warning; below that is bad.
@@ -122,188 +107,173 @@ footer a { color:var(--low); }
 
 /// Renders the page for `observed` as of `now`.
 pub fn render_status_page(observed: &Observed, now: DateTime<Utc>) -> String {
-    let mut out = String::with_capacity(16 * 1024);
     let title = match &observed.report {
         Some(r) => format!("{} coherent · fleet-reconciler", percent(r.coherence)),
         None => "fleet-reconciler".to_string(),
     };
-    let _ = write!(
-        out,
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta http-equiv=\"refresh\" content=\"{}\">\
-         <title>{}</title><style>{STYLE}</style></head><body><main>\n",
-        refresh_seconds(observed.sweep_interval),
-        esc(&title),
-    );
-    header(&mut out, observed, now);
-    banners(&mut out, observed, now);
-    unlisted_banners(&mut out, observed, now);
-    match &observed.report {
-        None => {
-            out.push_str(
-                "<div class=\"banner warn\">Waiting for the first sweep; this page reloads by itself.</div>\n",
-            );
+    let body = html! {
+        (header(observed, now))
+        (banners(observed, now))
+        (unlisted_banners(observed, now))
+        @match &observed.report {
+            None => div.banner.warn { "Waiting for the first sweep; this page reloads by itself." }
+            Some(report) => {
+                (cards(report, observed.coherence_threshold))
+                (attention(report, observed, now))
+            }
         }
-        Some(report) => {
-            cards(&mut out, report, observed.coherence_threshold);
-            attention(&mut out, report, observed, now);
-        }
-    }
-    footer(&mut out, observed, now);
-    out.push_str("</main></body></html>\n");
-    out
+        (footer(observed, now))
+    };
+    document(&title, Some(refresh_seconds(observed.sweep_interval)), body)
 }
 
-fn header(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
-    out.push_str("<header><h1>fleet-reconciler</h1><div class=\"meta\">");
-    if let Some(r) = &observed.report {
-        let _ = write!(
-            out,
-            "release tip <b>{}</b> @ <code title=\"{}\">{}</code>",
-            esc(&r.tip.branch),
-            esc(&r.tip.commit),
-            esc(short(&r.tip.commit)),
-        );
-        if let Some(fetched) = observed.tip.as_deref().filter(|t| *t != r.tip.commit) {
-            let _ = write!(
-                out,
-                " (fetched <code title=\"{}\">{}</code>, not swept yet)",
-                esc(fetched),
-                esc(short(fetched)),
-            );
+/// The HTML document around `body`: styles inline, no scripts; `refresh`
+/// makes it reload itself every so many seconds.
+fn document(title: &str, refresh: Option<u64>, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(secs) = refresh {
+                    meta http-equiv="refresh" content=(secs);
+                }
+                title { (title) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body { main { (body) } }
         }
     }
-    if let Some(at) = observed.last_success {
-        let _ = write!(
-            out,
-            " · last sweep <b>{} ago</b> ({})",
-            age(now, at),
-            at.format("%Y-%m-%d %H:%M:%S UTC"),
-        );
-    }
-    let _ = writeln!(
-        out,
-        " · sweeps every {}</div></header>",
-        humantime::format_duration(observed.sweep_interval),
-    );
+    .into_string()
 }
 
-fn banners(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+fn header(observed: &Observed, now: DateTime<Utc>) -> Markup {
+    html! {
+        header {
+            h1 { "fleet-reconciler" }
+            div.meta {
+                @if let Some(r) = &observed.report {
+                    "release tip " b { (r.tip.branch) } " @ "
+                    code title=(r.tip.commit) { (short(&r.tip.commit)) }
+                    @if let Some(fetched) = observed.tip.as_deref().filter(|t| *t != r.tip.commit) {
+                        " (fetched " code title=(fetched) { (short(fetched)) } ", not swept yet)"
+                    }
+                }
+                @if let Some(at) = observed.last_success {
+                    " · last sweep " b { (age(now, at)) " ago" }
+                    " (" (at.format("%Y-%m-%d %H:%M:%S UTC")) ")"
+                }
+                " · sweeps every " (humantime::format_duration(observed.sweep_interval))
+            }
+        }
+    }
+}
+
+fn banners(observed: &Observed, now: DateTime<Utc>) -> Markup {
     if observed.report.is_some() {
         if let Err(reason) = observed.readiness(now) {
-            let _ = writeln!(
-                out,
-                "<div class=\"banner bad\">Stale: {}. The figures below may no longer be true.</div>",
-                esc(&reason)
-            );
-            return;
+            return html! {
+                div.banner.bad { "Stale: " (reason) ". The figures below may no longer be true." }
+            };
         }
     }
-    if let Some(f) = &observed.last_failure {
-        if observed.last_success.is_none_or(|s| f.at > s) {
-            let _ = writeln!(
-                out,
-                "<div class=\"banner warn\">Last sweep failed {} ago: {}</div>",
-                age(now, f.at),
-                esc(&f.error)
-            );
+    html! {
+        @if let Some(f) = &observed.last_failure {
+            @if observed.last_success.is_none_or(|s| f.at > s) {
+                div.banner.warn { "Last sweep failed " (age(now, f.at)) " ago: " (f.error) }
+            }
         }
     }
 }
 
 /// One banner per app the last sweep could not list: the error, and what is
 /// shown of it instead.
-fn unlisted_banners(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+fn unlisted_banners(observed: &Observed, now: DateTime<Utc>) -> Markup {
     let Some(report) = &observed.report else {
-        return;
+        return html! {};
     };
-    for (app, stale) in report.stale_apps() {
-        let shown = match stale.last_listed_at {
-            Some(at) => format!(
-                "its machines and figures below are from its last listing, {} ago",
-                age(now, at)
-            ),
-            None => "its machines are unknown and not shown".to_string(),
-        };
-        let _ = writeln!(
-            out,
-            "<div class=\"banner warn\">App <b>{}</b> could not be listed: {}. Shown stale: {shown}; \
-             nothing is done to its machines until it lists again.</div>",
-            esc(app),
-            esc(&stale.error),
-        );
+    html! {
+        @for (app, stale) in report.stale_apps() {
+            div.banner.warn {
+                "App " b { (app) } " could not be listed: " (stale.error) ". Shown stale: "
+                @match stale.last_listed_at {
+                    Some(at) => { "its machines and figures below are from its last listing, " (age(now, at)) " ago" }
+                    None => "its machines are unknown and not shown",
+                }
+                "; nothing is done to its machines until it lists again."
+            }
+        }
     }
 }
 
-fn card(out: &mut String, class: &str, name: &str, coherence: f64, sub: &str, chips: &str) {
-    let _ = writeln!(
-        out,
-        "<div class=\"card {class}\"><div class=\"name\">{}</div>\
-         <div class=\"big\">{}</div>\
-         <div class=\"bar\"><i style=\"width:{:.1}%\"></i></div>\
-         <div class=\"sub\">{sub}</div>{chips}</div>",
-        esc(name),
-        percent(coherence),
-        (coherence * 100.0).clamp(0.0, 100.0),
-    );
+fn card(class: &str, name: &str, coherence: f64, sub: &str, chips: Markup) -> Markup {
+    html! {
+        div class={ "card " (class) } {
+            div.name { (name) }
+            div.big { (percent(coherence)) }
+            div.bar { i style={ "width:" (format!("{:.1}", (coherence * 100.0).clamp(0.0, 100.0))) "%" } {} }
+            div.sub { (sub) }
+            (chips)
+        }
+    }
 }
 
-fn cards(out: &mut String, report: &FleetReport, threshold: f64) {
-    out.push_str("<section class=\"cards\">\n");
+fn cards(report: &FleetReport, threshold: f64) -> Markup {
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
-    card(
-        out,
-        &format!("fleet {}", level(report.coherence, threshold)),
-        "Fleet coherence",
-        report.coherence,
-        &format!(
-            "{on_tip} of {started} started machines on the release tip · {} apps",
-            report.apps.len()
-        ),
-        "",
-    );
-    for app in &report.apps {
-        let mut chips = String::new();
-        for status in MachineStatus::ALL {
-            if status == MachineStatus::OnTip {
-                continue;
-            }
-            let n = report.count(Some(&app.name), status);
-            if n > 0 {
-                let class = if status == MachineStatus::NotRunning {
-                    "chip"
-                } else {
-                    "chip n"
-                };
-                let _ = write!(
-                    chips,
-                    "<span class=\"{class}\">{n} {}</span>",
-                    status.as_str().replace('_', " ")
-                );
-            }
-        }
-        if !chips.is_empty() {
-            chips = format!("<div class=\"chips\">{chips}</div>");
-        }
-        let (class, sub) = match &app.stale {
-            None => (
-                level(app.coherence, threshold),
-                format!("{} of {} started machines on tip", app.on_tip, app.machines),
-            ),
-            Some(s) if s.last_listed_at.is_some() => (
-                "warn",
-                format!(
-                    "{} of {} started machines on tip · stale: not listed",
-                    app.on_tip, app.machines
+    html! {
+        section.cards {
+            (card(
+                &format!("fleet {}", level(report.coherence, threshold)),
+                "Fleet coherence",
+                report.coherence,
+                &format!(
+                    "{on_tip} of {started} started machines on the release tip · {} apps",
+                    report.apps.len()
                 ),
-            ),
-            Some(_) => ("warn", "not listed: machines unknown".to_string()),
-        };
-        card(out, class, &app.name, app.coherence, &sub, &chips);
+                html! {},
+            ))
+            @for app in &report.apps {
+                @let (class, sub) = match &app.stale {
+                    None => (
+                        level(app.coherence, threshold),
+                        format!("{} of {} started machines on tip", app.on_tip, app.machines),
+                    ),
+                    Some(s) if s.last_listed_at.is_some() => (
+                        "warn",
+                        format!(
+                            "{} of {} started machines on tip · stale: not listed",
+                            app.on_tip, app.machines
+                        ),
+                    ),
+                    Some(_) => ("warn", "not listed: machines unknown".to_string()),
+                };
+                (card(class, &app.name, app.coherence, &sub, status_chips(report, &app.name)))
+            }
+        }
     }
-    out.push_str("</section>\n");
+}
+
+/// Counts of an app's machines per status other than on the tip.
+fn status_chips(report: &FleetReport, app: &str) -> Markup {
+    let counts: Vec<(MachineStatus, usize)> = MachineStatus::ALL
+        .into_iter()
+        .filter(|s| *s != MachineStatus::OnTip)
+        .map(|s| (s, report.count(Some(app), s)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    html! {
+        @if !counts.is_empty() {
+            div.chips {
+                @for (status, n) in counts {
+                    span.chip.n[status != MachineStatus::NotRunning] {
+                        (n) " " (status.as_str().replace('_', " "))
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Most urgent first: critical → low, then machines that could not be
@@ -320,7 +290,7 @@ fn urgency(m: &MachineReport) -> (Reverse<u8>, Reverse<u64>) {
     (Reverse(rank), Reverse(m.commits_behind.unwrap_or(0)))
 }
 
-fn attention(out: &mut String, report: &FleetReport, observed: &Observed, now: DateTime<Utc>) {
+fn attention(report: &FleetReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let mut rows: Vec<&MachineReport> = report
         .machines
         .iter()
@@ -328,12 +298,12 @@ fn attention(out: &mut String, report: &FleetReport, observed: &Observed, now: D
         .collect();
     if rows.is_empty() {
         let started: usize = report.apps.iter().map(|a| a.machines).sum();
-        let _ = writeln!(
-            out,
-            "<h2>Machines needing attention</h2><div class=\"allgood\">✓ All coherent: \
-             every started machine ({started}) runs the release tip.</div>"
-        );
-        return;
+        return html! {
+            h2 { "Machines needing attention" }
+            div.allgood {
+                "✓ All coherent: every started machine (" (started) ") runs the release tip."
+            }
+        };
     }
     rows.sort_by(|a, b| {
         urgency(a)
@@ -341,128 +311,151 @@ fn attention(out: &mut String, report: &FleetReport, observed: &Observed, now: D
             .then_with(|| a.app.cmp(&b.app))
             .then_with(|| a.name.cmp(&b.name))
     });
-    let _ = writeln!(
-        out,
-        "<h2>Machines needing attention ({})</h2>\n<table><thead><tr>\
-         <th>Severity</th><th>Machine</th><th>App · pool</th><th>Status</th><th>Ref</th>\
-         <th>Behind</th><th>Drifting for</th><th>Action</th><th>Rotation</th><th>Detail</th>\
-         </tr></thead><tbody>",
-        rows.len()
-    );
-    for m in rows.iter().take(MAX_ROWS) {
-        row(out, m, observed, now);
-    }
-    out.push_str("</tbody></table>\n");
-    if rows.len() > MAX_ROWS {
-        let _ = writeln!(
-            out,
-            "<p class=\"meta\">… and {} more; see <a href=\"/api/v1/fleet\">/api/v1/fleet</a>.</p>",
-            rows.len() - MAX_ROWS
-        );
+    html! {
+        h2 { "Machines needing attention (" (rows.len()) ")" }
+        table {
+            thead {
+                tr {
+                    th { "Severity" } th { "Machine" } th { "App · pool" } th { "Status" } th { "Ref" }
+                    th { "Behind" } th { "Drifting for" } th { "Action" } th { "Rotation" } th { "Detail" }
+                }
+            }
+            tbody {
+                @for m in rows.iter().take(MAX_ROWS) {
+                    (row(m, observed, now))
+                }
+            }
+        }
+        @if rows.len() > MAX_ROWS {
+            p.meta {
+                "… and " (rows.len() - MAX_ROWS) " more; see "
+                a href="/api/v1/fleet" { "/api/v1/fleet" } "."
+            }
+        }
     }
 }
 
-fn row(out: &mut String, m: &MachineReport, observed: &Observed, now: DateTime<Utc>) {
-    let dash = || "–".to_string();
-    let severity = match m.severity {
-        Some(s) => format!("<span class=\"sev {s}\">{s}</span>"),
-        None => "<span class=\"sev probe\" title=\"no usable report: the overlay it runs is not known\">unverified</span>".to_string(),
-    };
-    let reported = m
-        .reported_ref
-        .as_deref()
-        .map(|r| format!("<code>{}</code>", esc(short(r))))
-        .unwrap_or_else(dash);
-    let behind = match (m.commits_behind, m.commits_ahead) {
-        (Some(b), Some(a)) if a > 0 => format!("{b}<div class=\"id\">+{a} ahead</div>"),
-        (Some(b), _) => b.to_string(),
-        (None, _) => dash(),
-    };
-    let since = observed
-        .drift_since(&m.machine_id)
-        .map(|t| {
-            format!(
-                "<span title=\"since {}\">{}</span>",
-                t.format("%Y-%m-%d %H:%M:%S UTC"),
-                age(now, t)
-            )
-        })
-        .unwrap_or_else(dash);
-    let action = m.action.map(|a| a.to_string()).unwrap_or_else(dash);
-
-    let mut rotation = String::new();
-    if let Some(phase) = observed
-        .extras
-        .get(&m.machine_id)
-        .and_then(|e| e.phase.as_deref())
-    {
-        let _ = write!(rotation, "<span class=\"tag\">{}</span> ", esc(phase));
-    }
-    if let Some(v) = m.metadata.get(HOLD_KEY) {
-        let (label, why) = match serde_json::from_str::<Hold>(v) {
-            Ok(h) => (format!("held by {}", h.by), h.reason),
-            Err(_) => ("held".to_string(), v.clone()),
-        };
-        let _ = write!(
-            rotation,
-            "<span class=\"tag hold\" title=\"{}\">{}</span> ",
-            esc(&why),
-            esc(&label),
-        );
-    }
-    if let Some(a) = m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)) {
-        let _ = write!(
-            rotation,
-            "<span class=\"tag approved\" title=\"approved by {} for {}\">approved</span> ",
-            esc(&a.by),
-            esc(short(&a.target)),
-        );
-    }
-    if rotation.is_empty() {
-        rotation = dash();
-    }
-    let status = m.status.as_str().replace('_', " ");
-    let _ = writeln!(
-        out,
-        "<tr><td>{severity}</td><td>{}<div class=\"id\"><span class=\"mono\">{}</span> · {}</div></td>\
-         <td>{}<div class=\"id\">{}</div></td><td>{status}</td><td>{reported}</td><td class=\"num\">{behind}</td>\
-         <td>{since}</td><td>{action}</td><td class=\"rot\">{rotation}</td><td class=\"detail\">{}</td></tr>",
-        esc(&m.name),
-        esc(&m.machine_id),
-        esc(&m.region),
-        esc(&m.app),
-        esc(&m.pool),
-        esc(m.detail.as_deref().unwrap_or("")),
-    );
+fn dash() -> Markup {
+    html! { "–" }
 }
 
-fn footer(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+fn severity_badge(severity: Option<Severity>) -> Markup {
+    html! {
+        @match severity {
+            Some(s) => span class={ "sev " (s) } { (s) },
+            None => span.sev.probe title="no usable report: the overlay it runs is not known" { "unverified" },
+        }
+    }
+}
+
+/// How far behind (and ahead) the report says the machine is.
+fn behind_ahead(m: &MachineReport) -> Markup {
+    html! {
+        @match (m.commits_behind, m.commits_ahead) {
+            (Some(b), Some(a)) if a > 0 => { (b) div.id { "+" (a) " ahead" } }
+            (Some(b), _) => (b),
+            (None, _) => (dash()),
+        }
+    }
+}
+
+/// "Drift since", as both pages show it: the age, the instant in its title.
+fn drift_since(observed: &Observed, machine_id: &str, now: DateTime<Utc>) -> Markup {
+    match observed.drift_since(machine_id) {
+        Some(t) => html! {
+            span title={ "since " (t.format("%Y-%m-%d %H:%M:%S UTC")) } { (age(now, t)) }
+        },
+        None => dash(),
+    }
+}
+
+/// The machine's decision for this sweep, as the loop published it (today
+/// its rotation phase in words); nothing when there is none.
+fn decision(observed: &Observed, machine_id: &str) -> Option<Markup> {
+    let phase = observed.extras.get(machine_id)?.phase.as_deref()?;
+    Some(html! { span.tag { (phase) } })
+}
+
+/// The operator hold and a pending approval, as tags.
+fn operator_tags(m: &MachineReport) -> Markup {
+    html! {
+        @if let Some(v) = m.metadata.get(HOLD_KEY) {
+            @let (label, why) = match serde_json::from_str::<Hold>(v) {
+                Ok(h) => (format!("held by {}", h.by), h.reason),
+                Err(_) => ("held".to_string(), v.clone()),
+            };
+            span.tag.hold title=(why) { (label) } " "
+        }
+        @if let Some(a) = m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)) {
+            span.tag.approved title={ "approved by " (a.by) " for " (short(&a.target)) } { "approved" } " "
+        }
+    }
+}
+
+fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    let decided = decision(observed, &m.machine_id);
+    let tagged = m.metadata.contains_key(HOLD_KEY)
+        || m.metadata
+            .get(APPROVE_KEY)
+            .and_then(|v| Approval::parse(v))
+            .is_some();
+    html! {
+        tr {
+            td { (severity_badge(m.severity)) }
+            td {
+                (m.name)
+                div.id { span.mono { (m.machine_id) } " · " (m.region) }
+            }
+            td { (m.app) div.id { (m.pool) } }
+            td { (m.status.as_str().replace('_', " ")) }
+            td {
+                @match m.reported_ref.as_deref() {
+                    Some(r) => code { (short(r)) },
+                    None => (dash()),
+                }
+            }
+            td.num { (behind_ahead(m)) }
+            td { (drift_since(observed, &m.machine_id, now)) }
+            td {
+                @match m.action {
+                    Some(a) => (a),
+                    None => (dash()),
+                }
+            }
+            td.rot {
+                @if decided.is_none() && !tagged {
+                    (dash())
+                } @else {
+                    @if let Some(d) = decided { (d) " " }
+                    (operator_tags(m))
+                }
+            }
+            td.detail { (m.detail.as_deref().unwrap_or("")) }
+        }
+    }
+}
+
+fn footer(observed: &Observed, now: DateTime<Utc>) -> Markup {
     let not_running = observed
         .report
         .as_ref()
         .map(|r| r.count(None, MachineStatus::NotRunning))
         .unwrap_or(0);
-    let _ = writeln!(
-        out,
-        "<footer>{not_running} machines not running (not counted) · \
-         <a href=\"/api/v1/fleet\">fleet JSON</a> · <a href=\"/metrics\">metrics</a> · \
-         <a href=\"/readyz\">readiness</a> · rendered {} · reloads every {}s</footer>",
-        now.format("%H:%M:%S UTC"),
-        refresh_seconds(observed.sweep_interval),
-    );
+    html! {
+        footer {
+            (not_running) " machines not running (not counted) · "
+            a href="/api/v1/fleet" { "fleet JSON" } " · "
+            a href="/metrics" { "metrics" } " · "
+            a href="/readyz" { "readiness" }
+            " · rendered " (now.format("%H:%M:%S UTC"))
+            " · reloads every " (refresh_seconds(observed.sweep_interval)) "s"
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escapes_markup_and_quotes() {
-        assert_eq!(
-            esc("<script>alert('x') & \"y\"</script>"),
-            "&lt;script&gt;alert(&#39;x&#39;) &amp; &quot;y&quot;&lt;/script&gt;"
-        );
-    }
 
     #[test]
     fn colours_follow_the_threshold() {

@@ -16,12 +16,15 @@
 //!
 //! Layout: this file (state, routes, handlers), `listen` (the accept loop),
 //! `limits` (the limits and the admin-auth limiter), `page` (the HTML status
-//! page) and `client` (the typed client the `status` command uses).
+//! page and the per-machine pages), `trend` (the ring of recent sweeps'
+//! coherence the status page draws) and `client` (the typed client the
+//! `status` command uses).
 
 mod client;
 mod limits;
 mod listen;
 mod page;
+mod trend;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -56,7 +59,8 @@ pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
 pub use listen::serve;
 
 use limits::{AuthFailure, FailureLog};
-pub use page::render_status_page;
+pub use page::{render_machine_page, render_status_page};
+pub use trend::{AppPoint, CoherenceTrend, TREND_SAMPLES, TrendSample};
 
 /// Ready means a sweep succeeded within this many sweep intervals.
 pub const READY_INTERVALS: u32 = 3;
@@ -117,6 +121,9 @@ pub struct Observed {
     /// First sweep that saw each started machine off the tip (the fallback
     /// for [`MachineExtra::drift_since`]); cleared when it is back or gone.
     pub off_tip_since: Arc<BTreeMap<String, DateTime<Utc>>>,
+    /// The coherence figures of the last [`TREND_SAMPLES`] sweeps (the
+    /// status page's chart); filled by [`FleetView::record_sweep`].
+    pub trend: Arc<CoherenceTrend>,
 }
 
 impl Observed {
@@ -196,6 +203,7 @@ impl FleetView {
                 last_turn: None,
                 turn_allowance: Duration::ZERO,
                 off_tip_since: Arc::default(),
+                trend: Arc::default(),
             })),
         }
     }
@@ -223,6 +231,7 @@ impl FleetView {
                 since.insert(m.machine_id.clone(), first);
             }
             o.off_tip_since = Arc::new(since);
+            Arc::make_mut(&mut o.trend).push(TrendSample::of(&report, at));
             o.report = Some(Arc::new(report));
             o.last_success = Some(at);
             o.last_turn = Some(at);
@@ -370,6 +379,7 @@ pub fn router(state: ServerState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), admin_auth));
     Router::new()
         .route("/", get(status_page))
+        .route("/machines/{id}", get(machine_page))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -529,6 +539,38 @@ async fn not_found() -> ApiError {
 
 async fn status_page(State(state): State<ServerState>) -> Html<String> {
     Html(render_status_page(&state.view.snapshot(), Utc::now()))
+}
+
+/// `GET /machines/{id}`: the machine's page (HTML), read-only. A bad id is
+/// 400, no sweep yet 503, a machine not in the last sweep 404, each as a
+/// small HTML page.
+async fn machine_page(State(state): State<ServerState>, Path(id): Path<String>) -> Response {
+    let observed = state.view.snapshot();
+    let now = Utc::now();
+    let (status, page) = match checked_id(&id) {
+        Err(e) => (
+            e.status,
+            page::render_message_page("Bad machine id", &e.message),
+        ),
+        Ok(id) => match render_machine_page(&observed, id, now) {
+            Some(page) => (StatusCode::OK, page),
+            None if observed.report.is_none() => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                page::render_message_page(
+                    "No sweep yet",
+                    "No sweep has completed yet; this page shows machines after the first sweep.",
+                ),
+            ),
+            None => (
+                StatusCode::NOT_FOUND,
+                page::render_message_page(
+                    "Unknown machine",
+                    &format!("Machine {id} is not in the last sweep of any configured app."),
+                ),
+            ),
+        },
+    };
+    (status, Html(page)).into_response()
 }
 
 async fn metrics_text(State(state): State<ServerState>) -> Response {

@@ -1,9 +1,13 @@
-//! The status page at `GET /`: one server-rendered HTML document.
+//! The status page at `GET /` and a page per machine at `GET /machines/{id}`:
+//! server-rendered HTML documents.
 //!
 //! Owns presentation of the last sweep for a person at a laptop: coherence
-//! per app at a glance, then the machines that need attention, most severe
-//! first. No scripts, no external assets, no build step; it reloads itself
-//! once per sweep interval. Built with `maud`: every interpolated string (from
+//! per app at a glance with its trend over the last sweeps (inline SVG), then
+//! the machines that need attention, most severe first, each linking to its
+//! page (its report, the agent's, its rotation, and the CLI commands for the
+//! operator actions that apply; read-only: a browser never acts). No
+//! scripts, no external assets, no build step; pages reload themselves once
+//! per sweep interval. Built with `maud`: every interpolated string (from
 //! an agent, Fly or the config) is HTML-escaped by the template itself, and
 //! markup is only ever what the templates here spell out. It must never
 //! compute a status, severity or action the sweep did not already decide.
@@ -14,11 +18,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::model::{MachineStatus, Severity};
-use crate::operator::{APPROVE_KEY, Approval, HOLD_KEY, Hold};
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
+use crate::probe::{Activity, AgentReport};
 use crate::sweep::{FleetReport, MachineReport};
 
-use super::{Observed, age};
+use super::trend::CoherenceTrend;
+use super::{Observed, age, checked_id, metadata_json};
 
 /// Beyond this many rows the page points at the JSON API instead.
 const MAX_ROWS: usize = 500;
@@ -103,6 +109,26 @@ td.rot { white-space:normal; min-width:120px; }
   padding:22px; font-size:19px; font-weight:600; text-align:center; }
 footer { margin-top:22px; color:var(--muted); font-size:13px; }
 footer a { color:var(--low); }
+.spark { display:block; width:100%; height:36px; margin:2px 0 4px; color:var(--muted); }
+.ok .spark { color:var(--ok); } .warn .spark { color:var(--warn); } .bad .spark { color:var(--bad); }
+.spark polyline { fill:none; stroke:currentColor; stroke-width:2; stroke-linecap:round; stroke-linejoin:round; }
+.spark line { stroke:#c3cad4; stroke-width:1; stroke-dasharray:3 3; }
+.trend { color:var(--muted); font-size:12px; margin-bottom:6px; }
+a.m { color:inherit; text-decoration:none; border-bottom:1px dotted var(--muted); }
+a.m:hover { color:var(--low); border-bottom-color:var(--low); }
+.meta a { color:var(--low); }
+.grid { display:grid; grid-template-columns:repeat(auto-fit,minmax(420px,1fr)); gap:14px; }
+.box { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:12px 16px 14px; }
+.box h2 { margin:0 0 10px; font-size:15px; }
+.box h3 { margin:12px 0 6px; font-size:13px; color:var(--muted); text-transform:uppercase; letter-spacing:.04em; }
+dl.kv { display:grid; grid-template-columns:max-content 1fr; gap:5px 16px; margin:0; }
+dl.kv dt { color:var(--muted); font-size:13px; padding-top:1px; }
+dl.kv dd { margin:0; overflow-wrap:anywhere; }
+pre { background:#f3f5f8; border:1px solid var(--line); border-radius:6px; padding:8px 10px; margin:4px 0 0;
+  overflow-x:auto; font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,"Liberation Mono",monospace; font-size:13px; }
+ol.history { margin:0; padding-left:22px; font-size:13px; }
+.cmd p { margin:10px 0 3px; color:var(--muted); font-size:13px; }
+.cmd p:first-of-type { margin-top:0; }
 "#;
 
 /// Renders the page for `observed` as of `now`.
@@ -118,7 +144,7 @@ pub fn render_status_page(observed: &Observed, now: DateTime<Utc>) -> String {
         @match &observed.report {
             None => div.banner.warn { "Waiting for the first sweep; this page reloads by itself." }
             Some(report) => {
-                (cards(report, observed.coherence_threshold))
+                (cards(report, &observed.trend, observed.coherence_threshold))
                 (attention(report, observed, now))
             }
         }
@@ -207,19 +233,27 @@ fn unlisted_banners(observed: &Observed, now: DateTime<Utc>) -> Markup {
     }
 }
 
-fn card(class: &str, name: &str, coherence: f64, sub: &str, chips: Markup) -> Markup {
+fn card(
+    class: &str,
+    name: &str,
+    coherence: f64,
+    sub: &str,
+    trend: Markup,
+    chips: Markup,
+) -> Markup {
     html! {
         div class={ "card " (class) } {
             div.name { (name) }
             div.big { (percent(coherence)) }
             div.bar { i style={ "width:" (format!("{:.1}", (coherence * 100.0).clamp(0.0, 100.0))) "%" } {} }
             div.sub { (sub) }
+            (trend)
             (chips)
         }
     }
 }
 
-fn cards(report: &FleetReport, threshold: f64) -> Markup {
+fn cards(report: &FleetReport, trend: &CoherenceTrend, threshold: f64) -> Markup {
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
     html! {
@@ -232,6 +266,7 @@ fn cards(report: &FleetReport, threshold: f64) -> Markup {
                     "{on_tip} of {started} started machines on the release tip · {} apps",
                     report.apps.len()
                 ),
+                trend_chart(trend, None, threshold),
                 html! {},
             ))
             @for app in &report.apps {
@@ -249,7 +284,14 @@ fn cards(report: &FleetReport, threshold: f64) -> Markup {
                     ),
                     Some(_) => ("warn", "not listed: machines unknown".to_string()),
                 };
-                (card(class, &app.name, app.coherence, &sub, status_chips(report, &app.name)))
+                (card(
+                    class,
+                    &app.name,
+                    app.coherence,
+                    &sub,
+                    trend_chart(trend, Some(&app.name), threshold),
+                    status_chips(report, &app.name),
+                ))
             }
         }
     }
@@ -403,7 +445,7 @@ fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
         tr {
             td { (severity_badge(m.severity)) }
             td {
-                (m.name)
+                (machine_link(m))
                 div.id { span.mono { (m.machine_id) } " · " (m.region) }
             }
             td { (m.app) div.id { (m.pool) } }
@@ -435,6 +477,18 @@ fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     }
 }
 
+/// The machine's name, linking to its page when its id is one the page
+/// route accepts.
+fn machine_link(m: &MachineReport) -> Markup {
+    html! {
+        @if checked_id(&m.machine_id).is_ok() {
+            a.m href={ "/machines/" (m.machine_id) } { (m.name) }
+        } @else {
+            (m.name)
+        }
+    }
+}
+
 fn footer(observed: &Observed, now: DateTime<Utc>) -> Markup {
     let not_running = observed
         .report
@@ -453,9 +507,541 @@ fn footer(observed: &Observed, now: DateTime<Utc>) -> Markup {
     }
 }
 
+// ---- coherence over time -------------------------------------------------------
+
+/// The chart's viewBox: width and height, and the margin above 100% and
+/// below 0%.
+const CHART_W: f64 = 240.0;
+const CHART_H: f64 = 36.0;
+const CHART_PAD: f64 = 3.0;
+
+/// The height of a coherence value in the chart (100% at the top).
+fn chart_y(coherence: f64) -> f64 {
+    CHART_PAD + (1.0 - coherence.clamp(0.0, 1.0)) * (CHART_H - 2.0 * CHART_PAD)
+}
+
+/// The points of `series` (one value per sample, oldest first) in the
+/// chart's viewBox: samples spread over the width, oldest at the left, a
+/// lone sample at the right edge; a missing value splits the line.
+fn chart_segments(series: &[Option<f64>]) -> Vec<Vec<(f64, f64)>> {
+    let n = series.len();
+    let x = |i: usize| {
+        if n <= 1 {
+            CHART_W
+        } else {
+            i as f64 * CHART_W / (n - 1) as f64
+        }
+    };
+    let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut current = Vec::new();
+    for (i, value) in series.iter().enumerate() {
+        match value {
+            Some(c) => current.push((x(i), chart_y(*c))),
+            None if !current.is_empty() => segments.push(std::mem::take(&mut current)),
+            None => {}
+        }
+    }
+    if !current.is_empty() {
+        segments.push(current);
+    }
+    segments
+}
+
+fn svg_points(segment: &[(f64, f64)]) -> String {
+    let mut points: Vec<String> = segment
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    if let [only] = segment {
+        // A lone point: a zero-length line, drawn as a dot by its round cap.
+        points.push(format!("{:.1},{:.1}", only.0, only.1));
+    }
+    points.join(" ")
+}
+
+fn sweeps(n: usize) -> String {
+    if n == 1 {
+        "sweep".to_string()
+    } else {
+        format!("{n} sweeps")
+    }
+}
+
+/// What the chart shows, in words: its accessible name and tooltip.
+fn trend_label(trend: &CoherenceTrend, app: Option<&str>) -> String {
+    let what = match app {
+        Some(name) => format!("Coherence of {name}"),
+        None => "Fleet coherence".to_string(),
+    };
+    let (Some(first), Some(latest)) = (trend.first(), trend.latest()) else {
+        return format!("{what}: no sweep recorded yet");
+    };
+    let values: Vec<f64> = trend.series(app).into_iter().flatten().collect();
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let now = match app {
+        None => percent(latest.fleet),
+        Some(name) => match latest.apps.get(name) {
+            Some(p) => format!(
+                "{} ({} of {} on tip)",
+                percent(p.coherence),
+                p.on_tip,
+                p.machines
+            ),
+            None => "not in the latest sweep".to_string(),
+        },
+    };
+    let range = if values.is_empty() {
+        String::new()
+    } else {
+        format!(", lowest {}, highest {}", percent(lowest), percent(highest))
+    };
+    format!(
+        "{what} over the last {} ({} – {}): latest {now}{range}",
+        sweeps(trend.len()),
+        first.at.format("%H:%M:%S"),
+        latest.at.format("%H:%M:%S UTC"),
+    )
+}
+
+/// Coherence over the ring's sweeps as an inline SVG line (the fleet's, or
+/// `app`'s), with the alert threshold dashed; its text alternative is its
+/// `title` and `aria-label`, and a caption repeats the range.
+fn trend_chart(trend: &CoherenceTrend, app: Option<&str>, threshold: f64) -> Markup {
+    let label = trend_label(trend, app);
+    let series = trend.series(app);
+    let values: Vec<f64> = series.iter().copied().flatten().collect();
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let y = format!("{:.1}", chart_y(threshold));
+    html! {
+        svg.spark viewBox={ "0 0 " (CHART_W) " " (CHART_H) } preserveAspectRatio="none"
+            role="img" aria-label=(label) {
+            title { (label) }
+            line x1="0" x2=(CHART_W) y1=(y) y2=(y) vector-effect="non-scaling-stroke" {}
+            @for segment in chart_segments(&series) {
+                polyline points=(svg_points(&segment)) vector-effect="non-scaling-stroke" {}
+            }
+        }
+        div.trend {
+            @if values.is_empty() {
+                "trend: no sweep recorded yet"
+            } @else {
+                "trend: " (sweeps(trend.len())) " · lowest " (percent(lowest))
+            }
+        }
+    }
+}
+
+// ---- the machine page ---------------------------------------------------------
+
+/// A short page saying `message` (an unknown machine, no sweep yet).
+pub(crate) fn render_message_page(title: &str, message: &str) -> String {
+    let body = html! {
+        header { h1 { "fleet-reconciler" } div.meta { a href="/" { "← fleet status" } } }
+        div.banner.warn { (message) }
+    };
+    document(&format!("{title} · fleet-reconciler"), None, body)
+}
+
+/// The page of machine `id` as of the last sweep; `None` when there is no
+/// sweep yet or the machine is not in it.
+pub fn render_machine_page(observed: &Observed, id: &str, now: DateTime<Utc>) -> Option<String> {
+    let report = observed.report.as_ref()?;
+    let m = report.machines.iter().find(|m| m.machine_id == id)?;
+    let stale = report
+        .apps
+        .iter()
+        .find(|a| a.name == m.app)
+        .and_then(|a| a.stale.as_ref());
+    let body = html! {
+        header {
+            h1 { (m.name) }
+            div.meta {
+                a href="/" { "← fleet" } " · "
+                span.mono { (m.machine_id) } " · app " b { (m.app) } " · pool " b { (m.pool) }
+                " · " (m.region)
+                @if let Some(at) = observed.last_success {
+                    " · swept " b { (age(now, at)) " ago" }
+                }
+                " · release tip " code title=(report.tip.commit) { (short(&report.tip.commit)) }
+            }
+        }
+        (banners(observed, now))
+        @if let Some(s) = stale {
+            div.banner.warn {
+                "App " b { (m.app) } " could not be listed in the last sweep: " (s.error)
+                ". This is the machine as last listed; nothing is done to it until the app lists again."
+            }
+        }
+        div.grid {
+            (report_section(m, observed, now))
+            (rotation_section(m, observed, now))
+            (reason_section(m))
+            (agent_section(m, now))
+            (commands_section(m))
+        }
+        footer {
+            a href={ "/api/v1/machines/" (m.machine_id) } { "this machine as JSON" } " · "
+            a href="/" { "fleet status" }
+            " · rendered " (now.format("%H:%M:%S UTC"))
+            " · reloads every " (refresh_seconds(observed.sweep_interval)) "s"
+        }
+    };
+    let title = format!("{} · {} · fleet-reconciler", m.name, m.app);
+    Some(document(
+        &title,
+        Some(refresh_seconds(observed.sweep_interval)),
+        body,
+    ))
+}
+
+fn code_or_dash(value: Option<&str>) -> Markup {
+    html! {
+        @match value {
+            Some(v) => code { (v) },
+            None => (dash()),
+        }
+    }
+}
+
+fn instant(t: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
+    html! { (t.format("%Y-%m-%d %H:%M:%S UTC")) " (" (age(now, t)) " ago)" }
+}
+
+/// The machine's row of the sweep, every field.
+fn report_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    html! {
+        section.box #report {
+            h2 { "Report" }
+            dl.kv {
+                dt { "App" } dd { (m.app) }
+                dt { "Name" } dd { (m.name) }
+                dt { "Machine" } dd { span.mono { (m.machine_id) } }
+                dt { "Region" } dd { (m.region) }
+                dt { "Pool" } dd { (m.pool) }
+                dt { "State" } dd { (m.state) }
+                dt { "Status" } dd { (m.status.as_str().replace('_', " ")) }
+                dt { "Ref" } dd { (code_or_dash(m.reported_ref.as_deref())) }
+                dt { "Commit" } dd { (code_or_dash(m.commit.as_deref())) }
+                dt { "Behind / ahead" } dd {
+                    @match (m.commits_behind, m.commits_ahead) {
+                        (None, None) => (dash()),
+                        (b, a) => {
+                            (b.map_or("–".to_string(), |b| b.to_string())) " behind · "
+                            (a.map_or("–".to_string(), |a| a.to_string())) " ahead"
+                        }
+                    }
+                }
+                dt { "Severity" } dd { (severity_badge(m.severity)) }
+                dt { "Action" } dd {
+                    @match m.action {
+                        Some(a) => (a),
+                        None => (dash()),
+                    }
+                }
+                dt { "Drifting for" } dd { (drift_since(observed, &m.machine_id, now)) }
+                dt { "Detail" } dd { (m.detail.as_deref().unwrap_or("–")) }
+            }
+        }
+    }
+}
+
+/// The rotation: the decision, hold, approval, marker and history.
+fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    let extra = observed.extras.get(&m.machine_id);
+    let marker = extra
+        .and_then(|e| e.rotation.clone())
+        .or_else(|| metadata_json(m, MARKER_KEY))
+        .and_then(|v| serde_json::to_string_pretty(&v).ok());
+    let history = extra.map(|e| e.history.as_slice()).unwrap_or(&[]);
+    html! {
+        section.box #rotation {
+            h2 { "Rotation" }
+            dl.kv {
+                dt { "Decision" } dd {
+                    @match decision(observed, &m.machine_id) {
+                        Some(d) => (d),
+                        None => (dash()),
+                    }
+                }
+                dt { "Drifting for" } dd { (drift_since(observed, &m.machine_id, now)) }
+                dt { "Hold" } dd {
+                    @match m.metadata.get(HOLD_KEY) {
+                        None => "none",
+                        Some(v) => @match serde_json::from_str::<Hold>(v) {
+                            Ok(h) => { span.tag.hold { "held by " (h.by) } " " (h.reason) " · since " (instant(h.at, now)) }
+                            Err(_) => { span.tag.hold { "held" } " " code { (v) } }
+                        },
+                    }
+                }
+                dt { "Approval" } dd {
+                    @match m.metadata.get(APPROVE_KEY) {
+                        None => "none",
+                        Some(v) => @match Approval::decode(v) {
+                            Ok(a) => {
+                                span.tag.approved { "approved" } " by " (a.by) " for "
+                                code title=(a.target) { (short(&a.target)) }
+                                @match a.mode {
+                                    ApprovalMode::Now => " (now)",
+                                    ApprovalMode::WhenIdle => " (when idle)",
+                                }
+                                " · " (instant(a.at, now))
+                            }
+                            Err(why) => { "unreadable (" (why) "): " code { (v) } }
+                        },
+                    }
+                }
+            }
+            h3 { "Marker" }
+            @match marker {
+                Some(text) => pre { (text) },
+                None => p.meta { "No rotation marker." },
+            }
+            h3 { "History" }
+            @if history.is_empty() {
+                p.meta { "No rotation steps recorded." }
+            } @else {
+                ol.history { @for line in history { li { (line) } } }
+            }
+        }
+    }
+}
+
+/// Why the machine drifts as it does: the matched severity rule, the commit
+/// that is its evidence, the newest missing commits. THE REASON SECTION GOES
+/// HERE once the sweep reports one per machine; until then it renders
+/// nothing.
+fn reason_section(_m: &MachineReport) -> Markup {
+    html! {}
+}
+
+fn activity(a: Option<Activity>) -> &'static str {
+    match a {
+        Some(Activity::Idle) => "idle",
+        Some(Activity::Busy) => "busy",
+        None => "not reported",
+    }
+}
+
+/// The agent's last parsed health report.
+fn agent_section(m: &MachineReport, now: DateTime<Utc>) -> Markup {
+    html! {
+        section.box #agent {
+            h2 { "Agent report" }
+            @match &m.report {
+                None => p.meta {
+                    "No usable report (" (m.status.as_str().replace('_', " ")) ")"
+                    @if let Some(d) = &m.detail { ": " (d) }
+                    "."
+                },
+                Some(r) => (agent_report(r, now)),
+            }
+        }
+    }
+}
+
+fn agent_report(r: &AgentReport, now: DateTime<Utc>) -> Markup {
+    html! {
+        dl.kv {
+            dt { "Overlay ref" } dd { code { (r.overlay_ref) } }
+            dt { "Activity" } dd { (activity(r.activity)) }
+            dt { "Live sessions" } dd {
+                @match r.live_sessions {
+                    Some(n) => (n),
+                    None => "not reported",
+                }
+            }
+            dt { "Last input" } dd {
+                @match r.last_input_at {
+                    Some(t) => (instant(t, now)),
+                    None => "not reported",
+                }
+            }
+            dt { "Heartbeat" } dd {
+                @match r.heartbeat_at {
+                    Some(t) => (instant(t, now)),
+                    None => "not reported",
+                }
+            }
+            dt { "Capabilities" } dd {
+                @if r.capabilities.is_empty() {
+                    "none"
+                } @else {
+                    @for (i, c) in r.capabilities.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        (serde_json::to_value(c).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+                    }
+                }
+            }
+            dt { "Rotation" } dd {
+                @match &r.rotation {
+                    None => "not reported",
+                    Some(rot) => {
+                        (if rot.fenced { "fenced" } else { "not fenced" })
+                        @if let Some(c) = &rot.checkpoint { " · checkpoint " code { (c) } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The operator commands that apply to `m` now, each with why: approve
+/// when its drift waits for one (the sweep's action is `manual`), release
+/// when held, else hold; and the fleet's table.
+pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)> {
+    let id = &m.machine_id;
+    let mut out = Vec::new();
+    if m.action == Some(PolicyAction::Manual) {
+        out.push((
+            "Approve the rotation to the release tip now:",
+            format!("fleet-reconciler approve {id}"),
+        ));
+        out.push((
+            "Or approve it for the first moment it has no live work:",
+            format!("fleet-reconciler approve {id} --when-idle"),
+        ));
+    }
+    if m.metadata.contains_key(HOLD_KEY) {
+        out.push((
+            "Release the hold (reconcilers may act on it again):",
+            format!("fleet-reconciler release {id}"),
+        ));
+    } else {
+        out.push((
+            "Hold it (no reconciler acts on it until released):",
+            format!("fleet-reconciler hold {id} --reason \"…\""),
+        ));
+    }
+    out.push((
+        "The fleet's table from this daemon:",
+        "fleet-reconciler status".to_string(),
+    ));
+    out
+}
+
+fn commands_section(m: &MachineReport) -> Markup {
+    html! {
+        section.box.cmd #actions {
+            h2 { "Operator actions" }
+            @for (why, command) in operator_commands(m) {
+                p { (why) }
+                pre { code { (command) } }
+            }
+            p { "Run them where the daemon's config is (add " code { "--config PATH" } " otherwise); this page never acts." }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::server::trend::{AppPoint, TrendSample};
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
+    }
+
+    fn ring(points: &[(f64, Option<f64>)]) -> CoherenceTrend {
+        let mut ring = CoherenceTrend::default();
+        for (i, (fleet, app)) in points.iter().enumerate() {
+            let apps = app
+                .map(|c| {
+                    let point = AppPoint {
+                        coherence: c,
+                        on_tip: (c * 4.0) as usize,
+                        machines: 4,
+                    };
+                    ("<b>app</b>".to_string(), point)
+                })
+                .into_iter()
+                .collect();
+            ring.push(TrendSample {
+                at: t(30 * i as i64),
+                fleet: *fleet,
+                apps,
+            });
+        }
+        ring
+    }
+
+    #[test]
+    fn chart_values_map_to_coordinates() {
+        // 100% at the top (the margin), 0% at the bottom, oldest at the left.
+        assert_eq!(
+            chart_segments(&[Some(1.0), Some(0.0), Some(0.5)]),
+            [vec![(0.0, 3.0), (120.0, 33.0), (240.0, 18.0)]]
+        );
+        // Out-of-range values stay inside the chart.
+        assert_eq!(
+            chart_segments(&[Some(1.5), Some(-1.0)]),
+            [vec![(0.0, 3.0), (240.0, 33.0)]]
+        );
+        // A gap splits the line; a lone sample sits at the right edge.
+        assert_eq!(
+            chart_segments(&[Some(1.0), None, None, Some(0.5), Some(0.5)]),
+            [vec![(0.0, 3.0)], vec![(180.0, 18.0), (240.0, 18.0)]]
+        );
+        assert_eq!(chart_segments(&[Some(0.0)]), [vec![(240.0, 33.0)]]);
+        assert!(chart_segments(&[]).is_empty());
+        assert!(chart_segments(&[None, None]).is_empty());
+        assert_eq!(svg_points(&[(240.0, 33.0)]), "240.0,33.0 240.0,33.0");
+        assert_eq!(
+            svg_points(&[(0.0, 3.0), (120.0, 18.0)]),
+            "0.0,3.0 120.0,18.0"
+        );
+    }
+
+    #[test]
+    fn an_empty_ring_draws_an_empty_chart_that_says_so() {
+        let svg = trend_chart(&CoherenceTrend::default(), None, 1.0).into_string();
+        assert!(svg.starts_with("<svg class=\"spark\""), "{svg}");
+        assert!(
+            svg.contains("aria-label=\"Fleet coherence: no sweep recorded yet\""),
+            "{svg}"
+        );
+        assert!(svg.contains("<title>Fleet coherence: no sweep recorded yet</title>"));
+        assert!(!svg.contains("<polyline"), "{svg}");
+        assert!(svg.contains("no sweep recorded yet</div>"), "{svg}");
+    }
+
+    #[test]
+    fn the_chart_draws_the_ring_and_names_its_figures() {
+        let ring = ring(&[(1.0, Some(1.0)), (0.5, None), (0.75, Some(0.5))]);
+        let fleet = trend_chart(&ring, None, 0.9).into_string();
+        assert!(
+            fleet.contains("<polyline points=\"0.0,3.0 120.0,18.0 240.0,10.5\""),
+            "{fleet}"
+        );
+        assert!(
+            fleet.contains(
+                "Fleet coherence over the last 3 sweeps (08:00:00 – 08:01:00 UTC): \
+                 latest 75%, lowest 50%, highest 100%"
+            ),
+            "{fleet}"
+        );
+        // The threshold, dashed: 90% is 3 px below the top margin.
+        assert!(fleet.contains("y1=\"6.0\" y2=\"6.0\""), "{fleet}");
+        // The app is missing from the middle sweep: two pieces; its name is
+        // escaped in the label.
+        let app = trend_chart(&ring, Some("<b>app</b>"), 0.9).into_string();
+        assert_eq!(app.matches("<polyline").count(), 2, "{app}");
+        assert!(app.contains("points=\"0.0,3.0 0.0,3.0\""), "{app}");
+        assert!(app.contains("points=\"240.0,18.0 240.0,18.0\""), "{app}");
+        assert!(
+            app.contains("Coherence of &lt;b&gt;app&lt;/b&gt; over the last 3 sweeps"),
+            "{app}"
+        );
+        assert!(app.contains("latest 50% (2 of 4 on tip)"), "{app}");
+        assert!(!app.contains("<b>"), "{app}");
+        let one = trend_chart(&ring_of_one(), None, 1.0).into_string();
+        assert!(one.contains("over the last sweep ("), "{one}");
+    }
+
+    fn ring_of_one() -> CoherenceTrend {
+        ring(&[(1.0, None)])
+    }
 
     #[test]
     fn colours_follow_the_threshold() {

@@ -129,6 +129,7 @@ pre { background:#f3f5f8; border:1px solid var(--line); border-radius:6px; paddi
 ol.history { margin:0; padding-left:22px; font-size:13px; }
 .cmd p { margin:10px 0 3px; color:var(--muted); font-size:13px; }
 .cmd p:first-of-type { margin-top:0; }
+.box.cmd { grid-column:1 / -1; }
 "#;
 
 /// Renders the page for `observed` as of `now`.
@@ -674,7 +675,7 @@ pub fn render_machine_page(observed: &Observed, id: &str, now: DateTime<Utc>) ->
             }
         }
         div.grid {
-            (report_section(m, observed, now))
+            (report_section(m))
             (rotation_section(m, observed, now))
             (reason_section(m))
             (agent_section(m, now))
@@ -709,7 +710,7 @@ fn instant(t: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
 }
 
 /// The machine's row of the sweep, every field.
-fn report_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+fn report_section(m: &MachineReport) -> Markup {
     html! {
         section.box #report {
             h2 { "Report" }
@@ -739,7 +740,6 @@ fn report_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) ->
                         None => (dash()),
                     }
                 }
-                dt { "Drifting for" } dd { (drift_since(observed, &m.machine_id, now)) }
                 dt { "Detail" } dd { (m.detail.as_deref().unwrap_or("–")) }
             }
         }

@@ -93,8 +93,9 @@ def main():
     text = " ".join("".join(status.text).split())
     if "Fleet coherence" not in text:
         fail("status page: no fleet coherence card")
-    figures = re.findall(r"\d+(?:\.\d)?%", text)
-    if len(figures) < 3:
+    # The big number of each card: the fleet's and one per app.
+    figures = re.findall(r'<div class="big">([^<]*)</div>', raw)
+    if len(figures) < 3 or not all(re.fullmatch(r"\d+(?:\.\d)?%", f) for f in figures):
         fail(f"status page: coherence figures missing (found {figures})")
     for app in ("agents-dispatch", "agents-chat"):
         if app not in text:
@@ -131,7 +132,7 @@ def main():
     markup_is_text("machine page", raw, machine, markup)
 
     print(
-        f"check_pages: ok: status page ({len(charts)} charts, figures {figures[:3]}), "
+        f"check_pages: ok: status page ({len(charts)} charts, coherence {' / '.join(figures)}), "
         f"machine page of {machine_id} (status {fields['Status']!r}, "
         f"decision {fields['Decision']!r}); {markup!r} shown as text on both"
     )

@@ -187,6 +187,58 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_keeps_the_sweeps_figures_and_skips_apps_never_listed() {
+        use crate::sweep::{AppSummary, StaleApp, TipReport};
+        let app = |name: &str, on_tip, machines, stale: Option<Option<DateTime<Utc>>>| AppSummary {
+            name: name.into(),
+            machines,
+            on_tip,
+            coherence: if machines == 0 {
+                1.0
+            } else {
+                on_tip as f64 / machines as f64
+            },
+            stale: stale.map(|last_listed_at| StaleApp {
+                error: format!("cannot list machines of app {name}"),
+                kind: "transport".into(),
+                last_listed_at,
+            }),
+        };
+        let report = FleetReport {
+            tip: TipReport {
+                branch: "release".into(),
+                commit: "c0ffee".into(),
+            },
+            coherence: 0.6,
+            apps: vec![
+                app("a", 1, 4, None),
+                app("b", 2, 2, Some(Some(t(-60)))),
+                app("c", 0, 0, Some(None)),
+            ],
+            machines: Vec::new(),
+            slots: Default::default(),
+        };
+        let s = TrendSample::of(&report, t(5));
+        assert_eq!((s.at, s.fleet), (t(5), 0.6));
+        let a = AppPoint {
+            coherence: 0.25,
+            on_tip: 1,
+            machines: 4,
+        };
+        // A stale app shown from its last listing keeps those figures; one
+        // never listed has none (a gap).
+        let b = AppPoint {
+            coherence: 1.0,
+            on_tip: 2,
+            machines: 2,
+        };
+        assert_eq!(
+            s.apps,
+            BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)])
+        );
+    }
+
+    #[test]
     fn apps_that_appear_and_disappear_leave_gaps() {
         let mut ring = CoherenceTrend::with_capacity(10);
         ring.push(sample(0, 1.0, &[("a", 1.0)]));

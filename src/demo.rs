@@ -24,6 +24,11 @@ use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 /// The built-in demo config (`config/demo.toml`).
 pub const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
 
+/// What one demo agent reports as its overlay ref: not a commit id, and
+/// markup (a bad report whose detail quotes it; the status and machine pages
+/// must show it escaped).
+pub const DEMO_MARKUP_REF: &str = "<script>alert(1)</script>";
+
 pub struct DemoOptions {
     pub config_path: PathBuf,
     pub config_text: String,
@@ -261,7 +266,8 @@ fn demo_machines(app_index: usize, pool: &str, h: &DemoHistory) -> Vec<SimMachin
         specs.push((tip.to_string(), None, Behaviour::Hang));
         specs.push((tip.to_string(), None, Behaviour::Garbage));
     } else {
-        specs.push((tip.to_string(), None, Behaviour::NonHexRef));
+        // A ref that is not hex, and is markup: the pages must show it as text.
+        specs.push((DEMO_MARKUP_REF.to_string(), None, Behaviour::Normal));
         specs.push((tip.to_string(), None, Behaviour::MissingRef));
         specs.push((at(3), Some(7), Behaviour::Normal));
         specs.push((tip.to_string(), None, Behaviour::Oversized));

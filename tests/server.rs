@@ -663,8 +663,219 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     );
     // the hostile name is shown, escaped, never as markup
     assert!(!page.contains(HOSTILE), "raw agent data in the page");
-    assert!(page.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"));
+    assert!(page.contains("&lt;script&gt;alert('pwned')&lt;/script&gt;"));
     assert!(!page.contains("<script"));
+    h.stop().await;
+}
+
+/// A ref an agent reports with markup in it, and one with every character
+/// HTML gives a meaning: both are bad reports whose detail quotes them.
+const SCRIPT_REF: &str = "<script>alert(1)</script>";
+const QUOTES_REF: &str = "\"'&<>";
+
+/// alpha: critical (manual: waits for approval), one held machine behind,
+/// two agents reporting markup, one on tip.
+async fn page_harness() -> Harness {
+    let o = Overlay::new();
+    let h = &o.history;
+    let fleet = SimFleet::new(FLY_TOKEN).release_tip(o.tip()).app(
+        SimApp::new("alpha")
+            .machine(SimMachine::new("a1").name("alpha-ok").loaded(o.tip()))
+            .machine(
+                SimMachine::new("a-crit")
+                    .name("alpha-critical")
+                    .region("fra")
+                    .loaded(h.release[h.security_fix - 1].to_string()),
+            )
+            .machine(
+                SimMachine::new("a-held")
+                    .name("alpha-held")
+                    .region("ams")
+                    .loaded(o.behind(3)),
+            )
+            .machine(
+                SimMachine::new("a-script")
+                    .name("alpha-script")
+                    .loaded(SCRIPT_REF),
+            )
+            .machine(
+                SimMachine::new("a-quotes")
+                    .name("alpha-quotes")
+                    .loaded(QUOTES_REF),
+            ),
+    );
+    let sim = Sim::start(fleet).await.unwrap();
+    let hold = Hold {
+        by: "alice".into(),
+        reason: "INC-7: keep for <forensics>".into(),
+        at: Utc::now(),
+    };
+    assert!(sim.set_metadata("a-held", HOLD_KEY, &serde_json::to_string(&hold).unwrap()));
+    Harness::start_with(o, sim, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_pages_show_the_report_and_the_commands_that_apply() {
+    let h = page_harness().await;
+    let resp = h.get("/machines/a-crit").await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(content_type(&resp).starts_with("text/html"));
+    assert!(text_of(resp).await.contains("No sweep has completed yet"));
+
+    h.sweep().await;
+    h.state.view().set_extras(BTreeMap::from([(
+        "a-held".to_string(),
+        MachineExtra {
+            decision: Some(Decision::Held {
+                by: Some("alice".into()),
+                since: None,
+                reason: Some("INC-7: keep for <forensics>".into()),
+                phase: None,
+            }),
+            history: vec!["claimed slot".into(), "cordoned".into()],
+            ..MachineExtra::default()
+        },
+    )]));
+
+    // Every machine row of the front page links to its page.
+    let front = text_of(h.get("/").await).await;
+    for id in ["a-crit", "a-held", "a-script", "a-quotes"] {
+        assert!(
+            front.contains(&format!("href=\"/machines/{id}\"")),
+            "{id}: {front}"
+        );
+    }
+
+    // A manual (critical) drift: approve, now or when idle; not held: hold.
+    let resp = h.get("/machines/a-crit").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(content_type(&resp).starts_with("text/html"));
+    let page = text_of(resp).await;
+    let security_parent = h.overlay.history.release[h.overlay.history.security_fix - 1].to_string();
+    for field in [
+        "<h1>alpha-critical</h1>",
+        "<dd>alpha</dd>",
+        "<dd>fra</dd>",
+        "<dd>default</dd>",
+        "<dd>started</dd>",
+        "<dd>drifted</dd>",
+        "<span class=\"sev critical\">critical</span>",
+        "<dd>manual</dd>",
+        &format!("<code>{security_parent}</code>"),
+        "behind · 0 ahead",
+        "<meta http-equiv=\"refresh\" content=\"30\">",
+    ] {
+        assert!(page.contains(field), "{field} missing: {page}");
+    }
+    assert!(
+        page.contains("<code>fleet-reconciler approve a-crit</code>"),
+        "{page}"
+    );
+    assert!(page.contains("<code>fleet-reconciler approve a-crit --when-idle</code>"));
+    assert!(page.contains("<code>fleet-reconciler hold a-crit --reason &quot;…&quot;</code>"));
+    assert!(page.contains("<code>fleet-reconciler status</code>"));
+    assert!(!page.contains("fleet-reconciler release a-crit"));
+    // The agent's report, and no form or script: the page never acts.
+    assert!(page.contains(&format!(
+        "<dt>Overlay ref</dt><dd><code>{security_parent}</code>"
+    )));
+    assert!(!page.contains("<form") && !page.contains("<script"));
+
+    // Held (low drift, alert-and-wait): release, not hold, no approve; the
+    // hold, the decision and the history are shown.
+    let page = text_of(h.get("/machines/a-held").await).await;
+    assert!(
+        page.contains("<code>fleet-reconciler release a-held</code>"),
+        "{page}"
+    );
+    assert!(!page.contains("fleet-reconciler hold a-held"));
+    assert!(!page.contains("fleet-reconciler approve a-held"));
+    assert!(page.contains("held by alice"), "{page}");
+    assert!(page.contains("INC-7: keep for &lt;forensics&gt;"), "{page}");
+    // The planner's decision: its label, and its sentence (escaped).
+    assert!(page.contains("<span class=\"tag\">held</span>"), "{page}");
+    assert!(
+        page.contains(
+            "held by alice (INC-7: keep for &lt;forensics&gt;); nothing is done until `release`"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("<li>claimed slot</li><li>cordoned</li>"),
+        "{page}"
+    );
+    assert!(page.contains("<dd>alert-and-wait</dd>"), "{page}");
+    assert!(page.contains("3 behind · 0 ahead"), "{page}");
+
+    // Unknown and invalid ids: small HTML pages, never the id as markup.
+    let resp = h.get("/machines/nope").await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(content_type(&resp).starts_with("text/html"));
+    assert!(
+        text_of(resp)
+            .await
+            .contains("Machine nope is not in the last sweep")
+    );
+    let resp = h.get("/machines/%3Cscript%3E").await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert!(content_type(&resp).starts_with("text/html"));
+    assert!(!text_of(resp).await.contains("<script"));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_markup_is_escaped_on_the_status_and_machine_pages() {
+    let h = page_harness().await;
+    h.sweep().await;
+    let script = "&lt;script&gt;alert(1)&lt;/script&gt;";
+    let quotes = "\\&quot;'&amp;&lt;&gt;";
+    for path in ["/", "/machines/a-script", "/machines/a-quotes"] {
+        let page = text_of(h.get(path).await).await;
+        assert!(!page.contains("<script"), "{path}: {page}");
+        assert!(!page.contains("'&<>"), "{path}: {page}");
+        if path != "/machines/a-quotes" {
+            assert!(page.contains(script), "{path}: {page}");
+        }
+        if path != "/machines/a-script" {
+            assert!(page.contains(quotes), "{path}: {page}");
+        }
+    }
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_draws_coherence_over_the_last_sweeps() {
+    let h = Harness::start(None).await;
+    h.sweep().await;
+    let page = text_of(h.get("/").await).await;
+    assert!(page.contains("<svg class=\"spark\""), "{page}");
+    assert!(
+        page.contains("Coherence of alpha over the last sweep ("),
+        "{page}"
+    );
+    for _ in 0..2 {
+        h.sweep().await;
+    }
+    assert_eq!(h.state.view().snapshot().trend.len(), 3);
+    let page = text_of(h.get("/").await).await;
+    // One chart per card (the fleet, alpha, beta), each a line of 3 points.
+    assert_eq!(page.matches("<svg class=\"spark\"").count(), 3, "{page}");
+    assert!(page.contains("role=\"img\""));
+    assert!(
+        page.contains("<polyline points=\"0.0,3.0 120.0,3.0 240.0,3.0\""),
+        "beta: 100% three times: {page}"
+    );
+    for label in [
+        "Fleet coherence over the last 3 sweeps",
+        "latest 33.3%, lowest 33.3%, highest 33.3%",
+        "Coherence of alpha over the last 3 sweeps",
+        "latest 20% (1 of 5 on tip), lowest 20%, highest 20%",
+        "Coherence of beta over the last 3 sweeps",
+        "latest 100% (1 of 1 on tip)",
+    ] {
+        assert!(page.contains(label), "{label} missing: {page}");
+    }
+    assert!(page.contains("trend: 3 sweeps · lowest 20%"), "{page}");
     h.stop().await;
 }
 

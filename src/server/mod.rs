@@ -16,12 +16,15 @@
 //!
 //! Layout: this file (state, routes, handlers), `listen` (the accept loop),
 //! `limits` (the limits and the admin-auth limiter), `page` (the HTML status
-//! page) and `client` (the typed client the `status` command uses).
+//! page and the per-machine pages), `trend` (the ring of recent sweeps'
+//! coherence the status page draws) and `client` (the typed client the
+//! `status` command uses).
 
 mod client;
 mod limits;
 mod listen;
 mod page;
+mod trend;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -57,7 +60,8 @@ pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
 pub use listen::serve;
 
 use limits::{AuthFailure, FailureLog};
-pub use page::render_status_page;
+pub use page::{render_machine_page, render_status_page};
+pub use trend::{AppPoint, CoherenceTrend, TREND_SAMPLES, TrendSample};
 
 /// Ready means a sweep succeeded within this many sweep intervals.
 pub const READY_INTERVALS: u32 = 3;
@@ -115,6 +119,9 @@ pub struct Observed {
     /// How long one turn may legitimately take beyond the interval (Fly
     /// calls with their retries); added to the liveness window.
     pub turn_allowance: Duration,
+    /// The coherence figures of the last [`TREND_SAMPLES`] sweeps (the
+    /// status page's chart); filled by [`FleetView::record_sweep`].
+    pub trend: Arc<CoherenceTrend>,
 }
 
 impl Observed {
@@ -190,6 +197,7 @@ impl FleetView {
                 started_at: now,
                 last_turn: None,
                 turn_allowance: Duration::ZERO,
+                trend: Arc::default(),
             })),
         }
     }
@@ -208,6 +216,7 @@ impl FleetView {
     /// Publishes a successful sweep that finished at `at`.
     pub fn record_sweep(&self, report: FleetReport, at: DateTime<Utc>) {
         self.update(|o| {
+            Arc::make_mut(&mut o.trend).push(TrendSample::of(&report, at));
             o.report = Some(Arc::new(report));
             o.last_success = Some(at);
             o.last_turn = Some(at);
@@ -355,6 +364,7 @@ pub fn router(state: ServerState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), admin_auth));
     Router::new()
         .route("/", get(status_page))
+        .route("/machines/{id}", get(machine_page))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -514,6 +524,38 @@ async fn not_found() -> ApiError {
 
 async fn status_page(State(state): State<ServerState>) -> Html<String> {
     Html(render_status_page(&state.view.snapshot(), Utc::now()))
+}
+
+/// `GET /machines/{id}`: the machine's page (HTML), read-only. A bad id is
+/// 400, no sweep yet 503, a machine not in the last sweep 404, each as a
+/// small HTML page.
+async fn machine_page(State(state): State<ServerState>, Path(id): Path<String>) -> Response {
+    let observed = state.view.snapshot();
+    let now = Utc::now();
+    let (status, page) = match checked_id(&id) {
+        Err(e) => (
+            e.status,
+            page::render_message_page("Bad machine id", &e.message),
+        ),
+        Ok(id) => match render_machine_page(&observed, id, now) {
+            Some(page) => (StatusCode::OK, page),
+            None if observed.report.is_none() => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                page::render_message_page(
+                    "No sweep yet",
+                    "No sweep has completed yet; this page shows machines after the first sweep.",
+                ),
+            ),
+            None => (
+                StatusCode::NOT_FOUND,
+                page::render_message_page(
+                    "Unknown machine",
+                    &format!("Machine {id} is not in the last sweep of any configured app."),
+                ),
+            ),
+        },
+    };
+    (status, Html(page)).into_response()
 }
 
 async fn metrics_text(State(state): State<ServerState>) -> Response {

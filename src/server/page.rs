@@ -1,42 +1,34 @@
-//! The status page at `GET /`: one server-rendered HTML document.
+//! The status page at `GET /` and a page per machine at `GET /machines/{id}`:
+//! server-rendered HTML documents.
 //!
 //! Owns presentation of the last sweep for a person at a laptop: coherence
-//! per app at a glance, then the machines that need attention, most severe
-//! first. No scripts, no external assets, no build step; it reloads itself
-//! once per sweep interval. Every string that came from an agent, Fly or the
-//! config is HTML-escaped here. It must never compute a status, severity or
-//! action the sweep did not already decide.
+//! per app at a glance with its trend over the last sweeps (inline SVG), then
+//! the machines that need attention, most severe first, each linking to its
+//! page (its report, the agent's, its rotation, and the CLI commands for the
+//! operator actions that apply; read-only: a browser never acts). No
+//! scripts, no external assets, no build step; pages reload themselves once
+//! per sweep interval. Built with `maud`: every interpolated string (from
+//! an agent, Fly or the config) is HTML-escaped by the template itself, and
+//! markup is only ever what the templates here spell out. It must never
+//! compute a status, severity or action the sweep did not already decide.
 
 use std::cmp::Reverse;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::model::{MachineStatus, Severity};
-use crate::operator::{APPROVE_KEY, Approval, HOLD_KEY, Hold};
+use crate::decision::Decision;
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
+use crate::probe::{Activity, AgentReport};
 use crate::sweep::{FleetReport, MachineReport};
 
-use super::{Observed, age};
+use super::trend::CoherenceTrend;
+use super::{Observed, age, checked_id, metadata_json};
 
 /// Beyond this many rows the page points at the JSON API instead.
 const MAX_ROWS: usize = 500;
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// Colour class of a coherence value: at or above the alert threshold is
 /// fine; within three quarters of it is a warning; below that is bad.
@@ -118,192 +110,214 @@ td.rot { white-space:normal; min-width:120px; }
   padding:22px; font-size:19px; font-weight:600; text-align:center; }
 footer { margin-top:22px; color:var(--muted); font-size:13px; }
 footer a { color:var(--low); }
+.spark { display:block; width:100%; height:36px; margin:2px 0 4px; color:var(--muted); }
+.ok .spark { color:var(--ok); } .warn .spark { color:var(--warn); } .bad .spark { color:var(--bad); }
+.spark polyline { fill:none; stroke:currentColor; stroke-width:2; stroke-linecap:round; stroke-linejoin:round; }
+.spark line { stroke:#c3cad4; stroke-width:1; stroke-dasharray:3 3; }
+.trend { color:var(--muted); font-size:12px; margin-bottom:6px; }
+a.m { color:inherit; text-decoration:none; border-bottom:1px dotted var(--muted); }
+a.m:hover { color:var(--low); border-bottom-color:var(--low); }
+.meta a { color:var(--low); }
+.grid { display:grid; grid-template-columns:repeat(auto-fit,minmax(420px,1fr)); gap:14px; }
+.box { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:12px 16px 14px; }
+.box h2 { margin:0 0 10px; font-size:15px; }
+.box h3 { margin:12px 0 6px; font-size:13px; color:var(--muted); text-transform:uppercase; letter-spacing:.04em; }
+dl.kv { display:grid; grid-template-columns:max-content 1fr; gap:5px 16px; margin:0; }
+dl.kv dt { color:var(--muted); font-size:13px; padding-top:1px; }
+dl.kv dd { margin:0; overflow-wrap:anywhere; }
+pre { background:#f3f5f8; border:1px solid var(--line); border-radius:6px; padding:8px 10px; margin:4px 0 0;
+  overflow-x:auto; font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,"Liberation Mono",monospace; font-size:13px; }
+ol.history { margin:0; padding-left:22px; font-size:13px; }
+.cmd p { margin:10px 0 3px; color:var(--muted); font-size:13px; }
+.cmd p:first-of-type { margin-top:0; }
+.box.cmd { grid-column:1 / -1; }
 "#;
 
 /// Renders the page for `observed` as of `now`.
 pub fn render_status_page(observed: &Observed, now: DateTime<Utc>) -> String {
-    let mut out = String::with_capacity(16 * 1024);
     let title = match &observed.report {
         Some(r) => format!("{} coherent · fleet-reconciler", percent(r.coherence)),
         None => "fleet-reconciler".to_string(),
     };
-    let _ = write!(
-        out,
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta http-equiv=\"refresh\" content=\"{}\">\
-         <title>{}</title><style>{STYLE}</style></head><body><main>\n",
-        refresh_seconds(observed.sweep_interval),
-        esc(&title),
-    );
-    header(&mut out, observed, now);
-    banners(&mut out, observed, now);
-    unlisted_banners(&mut out, observed, now);
-    match &observed.report {
-        None => {
-            out.push_str(
-                "<div class=\"banner warn\">Waiting for the first sweep; this page reloads by itself.</div>\n",
-            );
+    let body = html! {
+        (header(observed, now))
+        (banners(observed, now))
+        (unlisted_banners(observed, now))
+        @match &observed.report {
+            None => div.banner.warn { "Waiting for the first sweep; this page reloads by itself." }
+            Some(report) => {
+                (cards(report, &observed.trend, observed.coherence_threshold))
+                (attention(report, observed, now))
+            }
         }
-        Some(report) => {
-            cards(&mut out, report, observed.coherence_threshold);
-            attention(&mut out, report, observed, now);
-        }
-    }
-    footer(&mut out, observed, now);
-    out.push_str("</main></body></html>\n");
-    out
+        (footer(observed, now))
+    };
+    document(&title, Some(refresh_seconds(observed.sweep_interval)), body)
 }
 
-fn header(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
-    out.push_str("<header><h1>fleet-reconciler</h1><div class=\"meta\">");
-    if let Some(r) = &observed.report {
-        let _ = write!(
-            out,
-            "release tip <b>{}</b> @ <code title=\"{}\">{}</code>",
-            esc(&r.tip.branch),
-            esc(&r.tip.commit),
-            esc(short(&r.tip.commit)),
-        );
-        if let Some(fetched) = observed.tip.as_deref().filter(|t| *t != r.tip.commit) {
-            let _ = write!(
-                out,
-                " (fetched <code title=\"{}\">{}</code>, not swept yet)",
-                esc(fetched),
-                esc(short(fetched)),
-            );
+/// The HTML document around `body`: styles inline, no scripts; `refresh`
+/// makes it reload itself every so many seconds.
+fn document(title: &str, refresh: Option<u64>, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(secs) = refresh {
+                    meta http-equiv="refresh" content=(secs);
+                }
+                title { (title) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body { main { (body) } }
         }
     }
-    if let Some(at) = observed.last_success {
-        let _ = write!(
-            out,
-            " · last sweep <b>{} ago</b> ({})",
-            age(now, at),
-            at.format("%Y-%m-%d %H:%M:%S UTC"),
-        );
-    }
-    let _ = writeln!(
-        out,
-        " · sweeps every {}</div></header>",
-        humantime::format_duration(observed.sweep_interval),
-    );
+    .into_string()
 }
 
-fn banners(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+fn header(observed: &Observed, now: DateTime<Utc>) -> Markup {
+    html! {
+        header {
+            h1 { "fleet-reconciler" }
+            div.meta {
+                @if let Some(r) = &observed.report {
+                    "release tip " b { (r.tip.branch) } " @ "
+                    code title=(r.tip.commit) { (short(&r.tip.commit)) }
+                    @if let Some(fetched) = observed.tip.as_deref().filter(|t| *t != r.tip.commit) {
+                        " (fetched " code title=(fetched) { (short(fetched)) } ", not swept yet)"
+                    }
+                }
+                @if let Some(at) = observed.last_success {
+                    " · last sweep " b { (age(now, at)) " ago" }
+                    " (" (at.format("%Y-%m-%d %H:%M:%S UTC")) ")"
+                }
+                " · sweeps every " (humantime::format_duration(observed.sweep_interval))
+            }
+        }
+    }
+}
+
+fn banners(observed: &Observed, now: DateTime<Utc>) -> Markup {
     if observed.report.is_some() {
         if let Err(reason) = observed.readiness(now) {
-            let _ = writeln!(
-                out,
-                "<div class=\"banner bad\">Stale: {}. The figures below may no longer be true.</div>",
-                esc(&reason)
-            );
-            return;
+            return html! {
+                div.banner.bad { "Stale: " (reason) ". The figures below may no longer be true." }
+            };
         }
     }
-    if let Some(f) = &observed.last_failure {
-        if observed.last_success.is_none_or(|s| f.at > s) {
-            let _ = writeln!(
-                out,
-                "<div class=\"banner warn\">Last sweep failed {} ago: {}</div>",
-                age(now, f.at),
-                esc(&f.error)
-            );
+    html! {
+        @if let Some(f) = &observed.last_failure {
+            @if observed.last_success.is_none_or(|s| f.at > s) {
+                div.banner.warn { "Last sweep failed " (age(now, f.at)) " ago: " (f.error) }
+            }
         }
     }
 }
 
 /// One banner per app the last sweep could not list: the error, and what is
 /// shown of it instead.
-fn unlisted_banners(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+fn unlisted_banners(observed: &Observed, now: DateTime<Utc>) -> Markup {
     let Some(report) = &observed.report else {
-        return;
+        return html! {};
     };
-    for (app, stale) in report.stale_apps() {
-        let shown = match stale.last_listed_at {
-            Some(at) => format!(
-                "its machines and figures below are from its last listing, {} ago",
-                age(now, at)
-            ),
-            None => "its machines are unknown and not shown".to_string(),
-        };
-        let _ = writeln!(
-            out,
-            "<div class=\"banner warn\">App <b>{}</b> could not be listed: {}. Shown stale: {shown}; \
-             nothing is done to its machines until it lists again.</div>",
-            esc(app),
-            esc(&stale.error),
-        );
+    html! {
+        @for (app, stale) in report.stale_apps() {
+            div.banner.warn {
+                "App " b { (app) } " could not be listed: " (stale.error) ". Shown stale: "
+                @match stale.last_listed_at {
+                    Some(at) => { "its machines and figures below are from its last listing, " (age(now, at)) " ago" }
+                    None => "its machines are unknown and not shown",
+                }
+                "; nothing is done to its machines until it lists again."
+            }
+        }
     }
 }
 
-fn card(out: &mut String, class: &str, name: &str, coherence: f64, sub: &str, chips: &str) {
-    let _ = writeln!(
-        out,
-        "<div class=\"card {class}\"><div class=\"name\">{}</div>\
-         <div class=\"big\">{}</div>\
-         <div class=\"bar\"><i style=\"width:{:.1}%\"></i></div>\
-         <div class=\"sub\">{sub}</div>{chips}</div>",
-        esc(name),
-        percent(coherence),
-        (coherence * 100.0).clamp(0.0, 100.0),
-    );
+fn card(
+    class: &str,
+    name: &str,
+    coherence: f64,
+    sub: &str,
+    trend: Markup,
+    chips: Markup,
+) -> Markup {
+    html! {
+        div class={ "card " (class) } {
+            div.name { (name) }
+            div.big { (percent(coherence)) }
+            div.bar { i style={ "width:" (format!("{:.1}", (coherence * 100.0).clamp(0.0, 100.0))) "%" } {} }
+            div.sub { (sub) }
+            (trend)
+            (chips)
+        }
+    }
 }
 
-fn cards(out: &mut String, report: &FleetReport, threshold: f64) {
-    out.push_str("<section class=\"cards\">\n");
+fn cards(report: &FleetReport, trend: &CoherenceTrend, threshold: f64) -> Markup {
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
-    card(
-        out,
-        &format!("fleet {}", level(report.coherence, threshold)),
-        "Fleet coherence",
-        report.coherence,
-        &format!(
-            "{on_tip} of {started} started machines on the release tip · {} apps",
-            report.apps.len()
-        ),
-        "",
-    );
-    for app in &report.apps {
-        let mut chips = String::new();
-        for status in MachineStatus::ALL {
-            if status == MachineStatus::OnTip {
-                continue;
-            }
-            let n = report.count(Some(&app.name), status);
-            if n > 0 {
-                let class = if status == MachineStatus::NotRunning {
-                    "chip"
-                } else {
-                    "chip n"
-                };
-                let _ = write!(
-                    chips,
-                    "<span class=\"{class}\">{n} {}</span>",
-                    status.as_str().replace('_', " ")
-                );
-            }
-        }
-        if !chips.is_empty() {
-            chips = format!("<div class=\"chips\">{chips}</div>");
-        }
-        let (class, sub) = match &app.stale {
-            None => (
-                level(app.coherence, threshold),
-                format!("{} of {} started machines on tip", app.on_tip, app.machines),
-            ),
-            Some(s) if s.last_listed_at.is_some() => (
-                "warn",
-                format!(
-                    "{} of {} started machines on tip · stale: not listed",
-                    app.on_tip, app.machines
+    html! {
+        section.cards {
+            (card(
+                &format!("fleet {}", level(report.coherence, threshold)),
+                "Fleet coherence",
+                report.coherence,
+                &format!(
+                    "{on_tip} of {started} started machines on the release tip · {} apps",
+                    report.apps.len()
                 ),
-            ),
-            Some(_) => ("warn", "not listed: machines unknown".to_string()),
-        };
-        card(out, class, &app.name, app.coherence, &sub, &chips);
+                trend_chart(trend, None, threshold),
+                html! {},
+            ))
+            @for app in &report.apps {
+                @let (class, sub) = match &app.stale {
+                    None => (
+                        level(app.coherence, threshold),
+                        format!("{} of {} started machines on tip", app.on_tip, app.machines),
+                    ),
+                    Some(s) if s.last_listed_at.is_some() => (
+                        "warn",
+                        format!(
+                            "{} of {} started machines on tip · stale: not listed",
+                            app.on_tip, app.machines
+                        ),
+                    ),
+                    Some(_) => ("warn", "not listed: machines unknown".to_string()),
+                };
+                (card(
+                    class,
+                    &app.name,
+                    app.coherence,
+                    &sub,
+                    trend_chart(trend, Some(&app.name), threshold),
+                    status_chips(report, &app.name),
+                ))
+            }
+        }
     }
-    out.push_str("</section>\n");
+}
+
+/// Counts of an app's machines per status other than on the tip.
+fn status_chips(report: &FleetReport, app: &str) -> Markup {
+    let counts: Vec<(MachineStatus, usize)> = MachineStatus::ALL
+        .into_iter()
+        .filter(|s| *s != MachineStatus::OnTip)
+        .map(|s| (s, report.count(Some(app), s)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    html! {
+        @if !counts.is_empty() {
+            div.chips {
+                @for (status, n) in counts {
+                    span.chip.n[status != MachineStatus::NotRunning] {
+                        (n) " " (status.as_str().replace('_', " "))
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Most urgent first: critical → low, then machines that could not be
@@ -320,7 +334,7 @@ fn urgency(m: &MachineReport) -> (Reverse<u8>, Reverse<u64>) {
     (Reverse(rank), Reverse(m.commits_behind.unwrap_or(0)))
 }
 
-fn attention(out: &mut String, report: &FleetReport, observed: &Observed, now: DateTime<Utc>) {
+fn attention(report: &FleetReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let mut rows: Vec<&MachineReport> = report
         .machines
         .iter()
@@ -328,12 +342,12 @@ fn attention(out: &mut String, report: &FleetReport, observed: &Observed, now: D
         .collect();
     if rows.is_empty() {
         let started: usize = report.apps.iter().map(|a| a.machines).sum();
-        let _ = writeln!(
-            out,
-            "<h2>Machines needing attention</h2><div class=\"allgood\">✓ All coherent: \
-             every started machine ({started}) runs the release tip.</div>"
-        );
-        return;
+        return html! {
+            h2 { "Machines needing attention" }
+            div.allgood {
+                "✓ All coherent: every started machine (" (started) ") runs the release tip."
+            }
+        };
     }
     rows.sort_by(|a, b| {
         urgency(a)
@@ -341,131 +355,701 @@ fn attention(out: &mut String, report: &FleetReport, observed: &Observed, now: D
             .then_with(|| a.app.cmp(&b.app))
             .then_with(|| a.name.cmp(&b.name))
     });
-    let _ = writeln!(
-        out,
-        "<h2>Machines needing attention ({})</h2>\n<table><thead><tr>\
-         <th>Severity</th><th>Machine</th><th>App · pool</th><th>Status</th><th>Ref</th>\
-         <th>Behind</th><th>Drifting for</th><th>Action</th><th>Rotation</th><th>Detail</th>\
-         </tr></thead><tbody>",
-        rows.len()
-    );
-    for m in rows.iter().take(MAX_ROWS) {
-        row(out, m, observed, now);
-    }
-    out.push_str("</tbody></table>\n");
-    if rows.len() > MAX_ROWS {
-        let _ = writeln!(
-            out,
-            "<p class=\"meta\">… and {} more; see <a href=\"/api/v1/fleet\">/api/v1/fleet</a>.</p>",
-            rows.len() - MAX_ROWS
-        );
+    html! {
+        h2 { "Machines needing attention (" (rows.len()) ")" }
+        table {
+            thead {
+                tr {
+                    th { "Severity" } th { "Machine" } th { "App · pool" } th { "Status" } th { "Ref" }
+                    th { "Behind" } th { "Drifting for" } th { "Action" } th { "Rotation" } th { "Detail" }
+                }
+            }
+            tbody {
+                @for m in rows.iter().take(MAX_ROWS) {
+                    (row(m, observed, now))
+                }
+            }
+        }
+        @if rows.len() > MAX_ROWS {
+            p.meta {
+                "… and " (rows.len() - MAX_ROWS) " more; see "
+                a href="/api/v1/fleet" { "/api/v1/fleet" } "."
+            }
+        }
     }
 }
 
-fn row(out: &mut String, m: &MachineReport, observed: &Observed, now: DateTime<Utc>) {
-    let dash = || "–".to_string();
-    let severity = match m.severity {
-        Some(s) => format!("<span class=\"sev {s}\">{s}</span>"),
-        None => "<span class=\"sev probe\" title=\"no usable report: the overlay it runs is not known\">unverified</span>".to_string(),
-    };
-    let reported = m
-        .reported_ref
-        .as_deref()
-        .map(|r| format!("<code>{}</code>", esc(short(r))))
-        .unwrap_or_else(dash);
-    let behind = match (m.commits_behind, m.commits_ahead) {
-        (Some(b), Some(a)) if a > 0 => format!("{b}<div class=\"id\">+{a} ahead</div>"),
-        (Some(b), _) => b.to_string(),
-        (None, _) => dash(),
-    };
-    let since = observed
-        .drift_since(&m.machine_id)
-        .map(|t| {
-            format!(
-                "<span title=\"since {}\">{}</span>",
-                t.format("%Y-%m-%d %H:%M:%S UTC"),
-                age(now, t)
-            )
-        })
-        .unwrap_or_else(dash);
-    let action = m.action.map(|a| a.to_string()).unwrap_or_else(dash);
+fn dash() -> Markup {
+    html! { "–" }
+}
 
-    let mut rotation = String::new();
-    if let Some(phase) = observed
+fn severity_badge(severity: Option<Severity>) -> Markup {
+    html! {
+        @match severity {
+            Some(s) => span class={ "sev " (s) } { (s) },
+            None => span.sev.probe title="no usable report: the overlay it runs is not known" { "unverified" },
+        }
+    }
+}
+
+/// How far behind (and ahead) the report says the machine is.
+fn behind_ahead(m: &MachineReport) -> Markup {
+    html! {
+        @match (m.commits_behind, m.commits_ahead) {
+            (Some(b), Some(a)) if a > 0 => { (b) div.id { "+" (a) " ahead" } }
+            (Some(b), _) => (b),
+            (None, _) => (dash()),
+        }
+    }
+}
+
+/// "Drift since", as both pages show it: the age, the instant in its title.
+fn drift_since(observed: &Observed, machine_id: &str, now: DateTime<Utc>) -> Markup {
+    match observed.drift_since(machine_id) {
+        Some(t) => html! {
+            span title={ "since " (t.format("%Y-%m-%d %H:%M:%S UTC")) } { (age(now, t)) }
+        },
+        None => dash(),
+    }
+}
+
+/// The planner's decision for the machine in the last sweep, as a tag (its
+/// short label; the full sentence in the title); nothing for a machine on
+/// the tip or without one.
+fn decision(observed: &Observed, machine_id: &str) -> Option<Markup> {
+    let d = observed.extras.get(machine_id)?.decision.as_ref()?;
+    (*d != Decision::OnTip).then(|| html! { span.tag title=(d) { (d.label()) } })
+}
+
+/// The decision as the machine page shows it: the tag and the sentence.
+fn decision_detail(observed: &Observed, machine_id: &str) -> Markup {
+    match observed
         .extras
-        .get(&m.machine_id)
+        .get(machine_id)
         .and_then(|e| e.decision.as_ref())
     {
-        let _ = write!(
-            rotation,
-            "<span class=\"tag\">{}</span> ",
-            esc(&phase.label())
-        );
+        Some(d) => html! { span.tag { (d.label()) } " " (d) },
+        None => dash(),
     }
-    if let Some(v) = m.metadata.get(HOLD_KEY) {
-        let (label, why) = match serde_json::from_str::<Hold>(v) {
-            Ok(h) => (format!("held by {}", h.by), h.reason),
-            Err(_) => ("held".to_string(), v.clone()),
-        };
-        let _ = write!(
-            rotation,
-            "<span class=\"tag hold\" title=\"{}\">{}</span> ",
-            esc(&why),
-            esc(&label),
-        );
-    }
-    if let Some(a) = m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)) {
-        let _ = write!(
-            rotation,
-            "<span class=\"tag approved\" title=\"approved by {} for {}\">approved</span> ",
-            esc(&a.by),
-            esc(short(&a.target)),
-        );
-    }
-    if rotation.is_empty() {
-        rotation = dash();
-    }
-    let status = m.status.as_str().replace('_', " ");
-    let _ = writeln!(
-        out,
-        "<tr><td>{severity}</td><td>{}<div class=\"id\"><span class=\"mono\">{}</span> · {}</div></td>\
-         <td>{}<div class=\"id\">{}</div></td><td>{status}</td><td>{reported}</td><td class=\"num\">{behind}</td>\
-         <td>{since}</td><td>{action}</td><td class=\"rot\">{rotation}</td><td class=\"detail\">{}</td></tr>",
-        esc(&m.name),
-        esc(&m.machine_id),
-        esc(&m.region),
-        esc(&m.app),
-        esc(&m.pool),
-        esc(m.detail.as_deref().unwrap_or("")),
-    );
 }
 
-fn footer(out: &mut String, observed: &Observed, now: DateTime<Utc>) {
+/// The operator hold and a pending approval, as tags.
+fn operator_tags(m: &MachineReport) -> Markup {
+    html! {
+        @if let Some(v) = m.metadata.get(HOLD_KEY) {
+            @let (label, why) = match serde_json::from_str::<Hold>(v) {
+                Ok(h) => (format!("held by {}", h.by), h.reason),
+                Err(_) => ("held".to_string(), v.clone()),
+            };
+            span.tag.hold title=(why) { (label) } " "
+        }
+        @if let Some(a) = m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)) {
+            span.tag.approved title={ "approved by " (a.by) " for " (short(&a.target)) } { "approved" } " "
+        }
+    }
+}
+
+fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    let decided = decision(observed, &m.machine_id);
+    let tagged = m.metadata.contains_key(HOLD_KEY)
+        || m.metadata
+            .get(APPROVE_KEY)
+            .and_then(|v| Approval::parse(v))
+            .is_some();
+    html! {
+        tr {
+            td { (severity_badge(m.severity)) }
+            td {
+                (machine_link(m))
+                div.id { span.mono { (m.machine_id) } " · " (m.region) }
+            }
+            td { (m.app) div.id { (m.pool) } }
+            td { (m.status.as_str().replace('_', " ")) }
+            td {
+                @match m.reported_ref.as_deref() {
+                    Some(r) => code { (short(r)) },
+                    None => (dash()),
+                }
+            }
+            td.num { (behind_ahead(m)) }
+            td { (drift_since(observed, &m.machine_id, now)) }
+            td {
+                @match m.action {
+                    Some(a) => (a),
+                    None => (dash()),
+                }
+            }
+            td.rot {
+                @if decided.is_none() && !tagged {
+                    (dash())
+                } @else {
+                    @if let Some(d) = decided { (d) " " }
+                    (operator_tags(m))
+                }
+            }
+            td.detail { (m.detail.as_deref().unwrap_or("")) }
+        }
+    }
+}
+
+/// The machine's name, linking to its page when its id is one the page
+/// route accepts.
+fn machine_link(m: &MachineReport) -> Markup {
+    html! {
+        @if checked_id(&m.machine_id).is_ok() {
+            a.m href={ "/machines/" (m.machine_id) } { (m.name) }
+        } @else {
+            (m.name)
+        }
+    }
+}
+
+fn footer(observed: &Observed, now: DateTime<Utc>) -> Markup {
     let not_running = observed
         .report
         .as_ref()
         .map(|r| r.count(None, MachineStatus::NotRunning))
         .unwrap_or(0);
-    let _ = writeln!(
-        out,
-        "<footer>{not_running} machines not running (not counted) · \
-         <a href=\"/api/v1/fleet\">fleet JSON</a> · <a href=\"/metrics\">metrics</a> · \
-         <a href=\"/readyz\">readiness</a> · rendered {} · reloads every {}s</footer>",
-        now.format("%H:%M:%S UTC"),
-        refresh_seconds(observed.sweep_interval),
-    );
+    html! {
+        footer {
+            (not_running) " machines not running (not counted) · "
+            a href="/api/v1/fleet" { "fleet JSON" } " · "
+            a href="/metrics" { "metrics" } " · "
+            a href="/readyz" { "readiness" }
+            " · rendered " (now.format("%H:%M:%S UTC"))
+            " · reloads every " (refresh_seconds(observed.sweep_interval)) "s"
+        }
+    }
+}
+
+// ---- coherence over time -------------------------------------------------------
+
+/// The chart's viewBox: width and height, and the margin above 100% and
+/// below 0%.
+const CHART_W: f64 = 240.0;
+const CHART_H: f64 = 36.0;
+const CHART_PAD: f64 = 3.0;
+
+/// The height of a coherence value in the chart (100% at the top).
+fn chart_y(coherence: f64) -> f64 {
+    CHART_PAD + (1.0 - coherence.clamp(0.0, 1.0)) * (CHART_H - 2.0 * CHART_PAD)
+}
+
+/// The points of `series` (one value per sample, oldest first) in the
+/// chart's viewBox: samples spread over the width, oldest at the left, a
+/// lone sample at the right edge; a missing value splits the line.
+fn chart_segments(series: &[Option<f64>]) -> Vec<Vec<(f64, f64)>> {
+    let n = series.len();
+    let x = |i: usize| {
+        if n <= 1 {
+            CHART_W
+        } else {
+            i as f64 * CHART_W / (n - 1) as f64
+        }
+    };
+    let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut current = Vec::new();
+    for (i, value) in series.iter().enumerate() {
+        match value {
+            Some(c) => current.push((x(i), chart_y(*c))),
+            None if !current.is_empty() => segments.push(std::mem::take(&mut current)),
+            None => {}
+        }
+    }
+    if !current.is_empty() {
+        segments.push(current);
+    }
+    segments
+}
+
+fn svg_points(segment: &[(f64, f64)]) -> String {
+    let mut points: Vec<String> = segment
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    if let [only] = segment {
+        // A lone point: a zero-length line, drawn as a dot by its round cap.
+        points.push(format!("{:.1},{:.1}", only.0, only.1));
+    }
+    points.join(" ")
+}
+
+fn sweeps(n: usize) -> String {
+    if n == 1 {
+        "sweep".to_string()
+    } else {
+        format!("{n} sweeps")
+    }
+}
+
+/// What the chart shows, in words: its accessible name and tooltip.
+fn trend_label(trend: &CoherenceTrend, app: Option<&str>) -> String {
+    let what = match app {
+        Some(name) => format!("Coherence of {name}"),
+        None => "Fleet coherence".to_string(),
+    };
+    let (Some(first), Some(latest)) = (trend.first(), trend.latest()) else {
+        return format!("{what}: no sweep recorded yet");
+    };
+    let values: Vec<f64> = trend.series(app).into_iter().flatten().collect();
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let now = match app {
+        None => percent(latest.fleet),
+        Some(name) => match latest.apps.get(name) {
+            Some(p) => format!(
+                "{} ({} of {} on tip)",
+                percent(p.coherence),
+                p.on_tip,
+                p.machines
+            ),
+            None => "not in the latest sweep".to_string(),
+        },
+    };
+    let range = if values.is_empty() {
+        String::new()
+    } else {
+        format!(", lowest {}, highest {}", percent(lowest), percent(highest))
+    };
+    format!(
+        "{what} over the last {} ({} – {}): latest {now}{range}",
+        sweeps(trend.len()),
+        first.at.format("%H:%M:%S"),
+        latest.at.format("%H:%M:%S UTC"),
+    )
+}
+
+/// Coherence over the ring's sweeps as an inline SVG line (the fleet's, or
+/// `app`'s), with the alert threshold dashed; its text alternative is its
+/// `title` and `aria-label`, and a caption repeats the range.
+fn trend_chart(trend: &CoherenceTrend, app: Option<&str>, threshold: f64) -> Markup {
+    let label = trend_label(trend, app);
+    let series = trend.series(app);
+    let values: Vec<f64> = series.iter().copied().flatten().collect();
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let y = format!("{:.1}", chart_y(threshold));
+    html! {
+        svg.spark viewBox={ "0 0 " (CHART_W) " " (CHART_H) } preserveAspectRatio="none"
+            role="img" aria-label=(label) {
+            title { (label) }
+            line x1="0" x2=(CHART_W) y1=(y) y2=(y) vector-effect="non-scaling-stroke" {}
+            @for segment in chart_segments(&series) {
+                polyline points=(svg_points(&segment)) vector-effect="non-scaling-stroke" {}
+            }
+        }
+        div.trend {
+            @if values.is_empty() {
+                "trend: no sweep recorded yet"
+            } @else {
+                "trend: " (sweeps(trend.len())) " · lowest " (percent(lowest))
+            }
+        }
+    }
+}
+
+// ---- the machine page ---------------------------------------------------------
+
+/// A short page saying `message` (an unknown machine, no sweep yet).
+pub(crate) fn render_message_page(title: &str, message: &str) -> String {
+    let body = html! {
+        header { h1 { "fleet-reconciler" } div.meta { a href="/" { "← fleet status" } } }
+        div.banner.warn { (message) }
+    };
+    document(&format!("{title} · fleet-reconciler"), None, body)
+}
+
+/// The page of machine `id` as of the last sweep; `None` when there is no
+/// sweep yet or the machine is not in it.
+pub fn render_machine_page(observed: &Observed, id: &str, now: DateTime<Utc>) -> Option<String> {
+    let report = observed.report.as_ref()?;
+    let m = report.machines.iter().find(|m| m.machine_id == id)?;
+    let stale = report
+        .apps
+        .iter()
+        .find(|a| a.name == m.app)
+        .and_then(|a| a.stale.as_ref());
+    let body = html! {
+        header {
+            h1 { (m.name) }
+            div.meta {
+                a href="/" { "← fleet" } " · "
+                span.mono { (m.machine_id) } " · app " b { (m.app) } " · pool " b { (m.pool) }
+                " · " (m.region)
+                @if let Some(at) = observed.last_success {
+                    " · swept " b { (age(now, at)) " ago" }
+                }
+                " · release tip " code title=(report.tip.commit) { (short(&report.tip.commit)) }
+            }
+        }
+        (banners(observed, now))
+        @if let Some(s) = stale {
+            div.banner.warn {
+                "App " b { (m.app) } " could not be listed in the last sweep: " (s.error)
+                ". This is the machine as last listed; nothing is done to it until the app lists again."
+            }
+        }
+        div.grid {
+            (report_section(m))
+            (rotation_section(m, observed, now))
+            (reason_section(m))
+            (agent_section(m, now))
+            (commands_section(m))
+        }
+        footer {
+            a href={ "/api/v1/machines/" (m.machine_id) } { "this machine as JSON" } " · "
+            a href="/" { "fleet status" }
+            " · rendered " (now.format("%H:%M:%S UTC"))
+            " · reloads every " (refresh_seconds(observed.sweep_interval)) "s"
+        }
+    };
+    let title = format!("{} · {} · fleet-reconciler", m.name, m.app);
+    Some(document(
+        &title,
+        Some(refresh_seconds(observed.sweep_interval)),
+        body,
+    ))
+}
+
+fn code_or_dash(value: Option<&str>) -> Markup {
+    html! {
+        @match value {
+            Some(v) => code { (v) },
+            None => (dash()),
+        }
+    }
+}
+
+fn instant(t: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
+    html! { (t.format("%Y-%m-%d %H:%M:%S UTC")) " (" (age(now, t)) " ago)" }
+}
+
+/// The machine's row of the sweep, every field.
+fn report_section(m: &MachineReport) -> Markup {
+    html! {
+        section.box #report {
+            h2 { "Report" }
+            dl.kv {
+                dt { "App" } dd { (m.app) }
+                dt { "Name" } dd { (m.name) }
+                dt { "Machine" } dd { span.mono { (m.machine_id) } }
+                dt { "Region" } dd { (m.region) }
+                dt { "Pool" } dd { (m.pool) }
+                dt { "State" } dd { (m.state) }
+                dt { "Status" } dd { (m.status.as_str().replace('_', " ")) }
+                dt { "Ref" } dd { (code_or_dash(m.reported_ref.as_deref())) }
+                dt { "Commit" } dd { (code_or_dash(m.commit.as_deref())) }
+                dt { "Behind / ahead" } dd {
+                    @match (m.commits_behind, m.commits_ahead) {
+                        (None, None) => (dash()),
+                        (b, a) => {
+                            (b.map_or("–".to_string(), |b| b.to_string())) " behind · "
+                            (a.map_or("–".to_string(), |a| a.to_string())) " ahead"
+                        }
+                    }
+                }
+                dt { "Severity" } dd { (severity_badge(m.severity)) }
+                dt { "Action" } dd {
+                    @match m.action {
+                        Some(a) => (a),
+                        None => (dash()),
+                    }
+                }
+                dt { "Detail" } dd { (m.detail.as_deref().unwrap_or("–")) }
+            }
+        }
+    }
+}
+
+/// The rotation: the decision, hold, approval, marker and history.
+fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    let extra = observed.extras.get(&m.machine_id);
+    let marker = extra
+        .and_then(|e| e.rotation.clone())
+        .or_else(|| metadata_json(m, MARKER_KEY))
+        .and_then(|v| serde_json::to_string_pretty(&v).ok());
+    let history = extra.map(|e| e.history.as_slice()).unwrap_or(&[]);
+    html! {
+        section.box #rotation {
+            h2 { "Rotation" }
+            dl.kv {
+                dt { "Decision" } dd { (decision_detail(observed, &m.machine_id)) }
+                dt { "Drifting for" } dd { (drift_since(observed, &m.machine_id, now)) }
+                dt { "Hold" } dd {
+                    @match m.metadata.get(HOLD_KEY) {
+                        None => "none",
+                        Some(v) => @match serde_json::from_str::<Hold>(v) {
+                            Ok(h) => { span.tag.hold { "held by " (h.by) } " " (h.reason) " · since " (instant(h.at, now)) }
+                            Err(_) => { span.tag.hold { "held" } " " code { (v) } }
+                        },
+                    }
+                }
+                dt { "Approval" } dd {
+                    @match m.metadata.get(APPROVE_KEY) {
+                        None => "none",
+                        Some(v) => @match Approval::decode(v) {
+                            Ok(a) => {
+                                span.tag.approved { "approved" } " by " (a.by) " for "
+                                code title=(a.target) { (short(&a.target)) }
+                                @match a.mode {
+                                    ApprovalMode::Now => " (now)",
+                                    ApprovalMode::WhenIdle => " (when idle)",
+                                }
+                                " · " (instant(a.at, now))
+                            }
+                            Err(why) => { "unreadable (" (why) "): " code { (v) } }
+                        },
+                    }
+                }
+            }
+            h3 { "Marker" }
+            @match marker {
+                Some(text) => pre { (text) },
+                None => p.meta { "No rotation marker." },
+            }
+            h3 { "History" }
+            @if history.is_empty() {
+                p.meta { "No rotation steps recorded." }
+            } @else {
+                ol.history { @for line in history { li { (line) } } }
+            }
+        }
+    }
+}
+
+/// Why the machine drifts as it does: the matched severity rule, the commit
+/// that is its evidence, the newest missing commits. THE REASON SECTION GOES
+/// HERE once the sweep reports one per machine; until then it renders
+/// nothing.
+fn reason_section(_m: &MachineReport) -> Markup {
+    html! {}
+}
+
+fn activity(a: Option<Activity>) -> &'static str {
+    match a {
+        Some(Activity::Idle) => "idle",
+        Some(Activity::Busy) => "busy",
+        None => "not reported",
+    }
+}
+
+/// The agent's last parsed health report.
+fn agent_section(m: &MachineReport, now: DateTime<Utc>) -> Markup {
+    html! {
+        section.box #agent {
+            h2 { "Agent report" }
+            @match &m.report {
+                None => p.meta {
+                    "No usable report (" (m.status.as_str().replace('_', " ")) ")"
+                    @if let Some(d) = &m.detail { ": " (d) }
+                    "."
+                },
+                Some(r) => (agent_report(r, now)),
+            }
+        }
+    }
+}
+
+fn agent_report(r: &AgentReport, now: DateTime<Utc>) -> Markup {
+    html! {
+        dl.kv {
+            dt { "Overlay ref" } dd { code { (r.overlay_ref) } }
+            dt { "Activity" } dd { (activity(r.activity)) }
+            dt { "Live sessions" } dd {
+                @match r.live_sessions {
+                    Some(n) => (n),
+                    None => "not reported",
+                }
+            }
+            dt { "Last input" } dd {
+                @match r.last_input_at {
+                    Some(t) => (instant(t, now)),
+                    None => "not reported",
+                }
+            }
+            dt { "Heartbeat" } dd {
+                @match r.heartbeat_at {
+                    Some(t) => (instant(t, now)),
+                    None => "not reported",
+                }
+            }
+            dt { "Capabilities" } dd {
+                @if r.capabilities.is_empty() {
+                    "none"
+                } @else {
+                    @for (i, c) in r.capabilities.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        (serde_json::to_value(c).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+                    }
+                }
+            }
+            dt { "Rotation" } dd {
+                @match &r.rotation {
+                    None => "not reported",
+                    Some(rot) => {
+                        (if rot.fenced { "fenced" } else { "not fenced" })
+                        @if let Some(c) = &rot.checkpoint { " · checkpoint " code { (c) } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The operator commands that apply to `m` now, each with why: approve
+/// when its drift waits for one (the sweep's action is `manual`), release
+/// when held, else hold; and the fleet's table.
+pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)> {
+    let id = &m.machine_id;
+    let mut out = Vec::new();
+    if m.action == Some(PolicyAction::Manual) {
+        out.push((
+            "Approve the rotation to the release tip now:",
+            format!("fleet-reconciler approve {id}"),
+        ));
+        out.push((
+            "Or approve it for the first moment it has no live work:",
+            format!("fleet-reconciler approve {id} --when-idle"),
+        ));
+    }
+    if m.metadata.contains_key(HOLD_KEY) {
+        out.push((
+            "Release the hold (reconcilers may act on it again):",
+            format!("fleet-reconciler release {id}"),
+        ));
+    } else {
+        out.push((
+            "Hold it (no reconciler acts on it until released):",
+            format!("fleet-reconciler hold {id} --reason \"…\""),
+        ));
+    }
+    out.push((
+        "The fleet's table from this daemon:",
+        "fleet-reconciler status".to_string(),
+    ));
+    out
+}
+
+fn commands_section(m: &MachineReport) -> Markup {
+    html! {
+        section.box.cmd #actions {
+            h2 { "Operator actions" }
+            @for (why, command) in operator_commands(m) {
+                p { (why) }
+                pre { code { (command) } }
+            }
+            p { "Run them where the daemon's config is (add " code { "--config PATH" } " otherwise); this page never acts." }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::server::trend::{AppPoint, TrendSample};
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
+    }
+
+    fn ring(points: &[(f64, Option<f64>)]) -> CoherenceTrend {
+        let mut ring = CoherenceTrend::default();
+        for (i, (fleet, app)) in points.iter().enumerate() {
+            let apps = app
+                .map(|c| {
+                    let point = AppPoint {
+                        coherence: c,
+                        on_tip: (c * 4.0) as usize,
+                        machines: 4,
+                    };
+                    ("<b>app</b>".to_string(), point)
+                })
+                .into_iter()
+                .collect();
+            ring.push(TrendSample {
+                at: t(30 * i as i64),
+                fleet: *fleet,
+                apps,
+            });
+        }
+        ring
+    }
+
     #[test]
-    fn escapes_markup_and_quotes() {
+    fn chart_values_map_to_coordinates() {
+        // 100% at the top (the margin), 0% at the bottom, oldest at the left.
         assert_eq!(
-            esc("<script>alert('x') & \"y\"</script>"),
-            "&lt;script&gt;alert(&#39;x&#39;) &amp; &quot;y&quot;&lt;/script&gt;"
+            chart_segments(&[Some(1.0), Some(0.0), Some(0.5)]),
+            [vec![(0.0, 3.0), (120.0, 33.0), (240.0, 18.0)]]
         );
+        // Out-of-range values stay inside the chart.
+        assert_eq!(
+            chart_segments(&[Some(1.5), Some(-1.0)]),
+            [vec![(0.0, 3.0), (240.0, 33.0)]]
+        );
+        // A gap splits the line; a lone sample sits at the right edge.
+        assert_eq!(
+            chart_segments(&[Some(1.0), None, None, Some(0.5), Some(0.5)]),
+            [vec![(0.0, 3.0)], vec![(180.0, 18.0), (240.0, 18.0)]]
+        );
+        assert_eq!(chart_segments(&[Some(0.0)]), [vec![(240.0, 33.0)]]);
+        assert!(chart_segments(&[]).is_empty());
+        assert!(chart_segments(&[None, None]).is_empty());
+        assert_eq!(svg_points(&[(240.0, 33.0)]), "240.0,33.0 240.0,33.0");
+        assert_eq!(
+            svg_points(&[(0.0, 3.0), (120.0, 18.0)]),
+            "0.0,3.0 120.0,18.0"
+        );
+    }
+
+    #[test]
+    fn an_empty_ring_draws_an_empty_chart_that_says_so() {
+        let svg = trend_chart(&CoherenceTrend::default(), None, 1.0).into_string();
+        assert!(svg.starts_with("<svg class=\"spark\""), "{svg}");
+        assert!(
+            svg.contains("aria-label=\"Fleet coherence: no sweep recorded yet\""),
+            "{svg}"
+        );
+        assert!(svg.contains("<title>Fleet coherence: no sweep recorded yet</title>"));
+        assert!(!svg.contains("<polyline"), "{svg}");
+        assert!(svg.contains("no sweep recorded yet</div>"), "{svg}");
+    }
+
+    #[test]
+    fn the_chart_draws_the_ring_and_names_its_figures() {
+        let ring = ring(&[(1.0, Some(1.0)), (0.5, None), (0.75, Some(0.5))]);
+        let fleet = trend_chart(&ring, None, 0.9).into_string();
+        assert!(
+            fleet.contains("<polyline points=\"0.0,3.0 120.0,18.0 240.0,10.5\""),
+            "{fleet}"
+        );
+        assert!(
+            fleet.contains(
+                "Fleet coherence over the last 3 sweeps (08:00:00 – 08:01:00 UTC): \
+                 latest 75%, lowest 50%, highest 100%"
+            ),
+            "{fleet}"
+        );
+        // The threshold, dashed: 90% is 3 px below the top margin.
+        assert!(fleet.contains("y1=\"6.0\" y2=\"6.0\""), "{fleet}");
+        // The app is missing from the middle sweep: two pieces; its name is
+        // escaped in the label.
+        let app = trend_chart(&ring, Some("<b>app</b>"), 0.9).into_string();
+        assert_eq!(app.matches("<polyline").count(), 2, "{app}");
+        assert!(app.contains("points=\"0.0,3.0 0.0,3.0\""), "{app}");
+        assert!(app.contains("points=\"240.0,18.0 240.0,18.0\""), "{app}");
+        assert!(
+            app.contains("Coherence of &lt;b&gt;app&lt;/b&gt; over the last 3 sweeps"),
+            "{app}"
+        );
+        assert!(app.contains("latest 50% (2 of 4 on tip)"), "{app}");
+        assert!(!app.contains("<b>"), "{app}");
+        let one = trend_chart(&ring_of_one(), None, 1.0).into_string();
+        assert!(one.contains("over the last sweep ("), "{one}");
+    }
+
+    fn ring_of_one() -> CoherenceTrend {
+        ring(&[(1.0, None)])
     }
 
     #[test]

@@ -366,10 +366,20 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     assert!(body["drift_since"].is_string(), "{body}");
     assert_eq!(body["history"], json!([]));
 
-    // An unreachable machine has no agent report.
+    // Its reason: the built-in Security rule, and the commit carrying it.
+    let reason = &body["machine"]["reason"];
+    assert_eq!(reason["rule"]["kind"], "matched");
+    assert_eq!(reason["rule"]["index"], 1);
+    assert_eq!(reason["evidence"][0]["kind"], "trailer");
+    let fix = h.overlay.history.release[h.overlay.history.security_fix].to_string();
+    assert_eq!(reason["evidence"][0]["commit"], fix.as_str());
+    assert_eq!(reason["missing"].as_array().map(Vec::len), Some(20));
+
+    // An unreachable machine has no agent report, and no reason.
     let body = json_of(h.get("/api/v1/machines/a-500").await).await;
     assert_eq!(body["machine"]["status"], "unreachable");
     assert!(body["agent_report"].is_null());
+    assert!(body["machine"]["reason"].is_null());
 
     let resp = h.get("/api/v1/machines/nope").await;
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
@@ -712,6 +722,87 @@ async fn status_client_prints_the_check_table() {
     .await
     .unwrap_err();
     assert_eq!(err.kind(), "transport", "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_client_reads_one_machine_and_its_reason() {
+    let h = Harness::start(None).await;
+    match within(server::fetch_machine(
+        &h.base,
+        "a-crit",
+        Duration::from_secs(5),
+    ))
+    .await
+    {
+        Err(StatusError::NotReady(msg)) => assert!(msg.contains("no sweep"), "{msg}"),
+        other => panic!("expected NotReady, got {other:?}"),
+    }
+    let report = h.sweep().await;
+    let (view, json) = within(server::fetch_machine(
+        &h.base,
+        "a-behind",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let row = report
+        .machines
+        .iter()
+        .find(|m| m.machine_id == "a-behind")
+        .unwrap();
+    assert_eq!(view.machine.machine_id, "a-behind");
+    assert_eq!(view.machine.reason, row.reason);
+    assert_eq!(json["machine"]["commits_behind"], 3);
+    let text = view.render();
+    for expected in [
+        "machine:  a-behind (alpha-behind)",
+        "status:   drifted",
+        "behind:   3, ahead 0",
+        "reason:",
+        "  no rule matched: the default level, low",
+        "  missing: 3 commit(s), newest 3 shown:",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    let reason = row.reason.as_deref().unwrap();
+    for c in &reason.missing {
+        assert!(text.contains(&c.commit.as_str()[..12]), "{text}");
+    }
+
+    // The critical one: its rule and evidence.
+    let (view, _) = within(server::fetch_machine(
+        &h.base,
+        "a-crit",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let text = view.render();
+    assert!(
+        text.contains(r#"  rule #1: level = "critical", trailers = ["security"]"#),
+        "{text}"
+    );
+    assert!(text.contains("  evidence: trailer Security in "), "{text}");
+
+    // An unknown machine is named.
+    let err = within(server::fetch_machine(
+        &h.base,
+        "nope",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), "unknown_machine");
+    assert!(err.to_string().contains("machine nope"), "{err}");
+    let err = within(server::fetch_machine(
+        &h.base,
+        "../fleet",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), "unknown_machine", "{err}");
+    h.stop().await;
 }
 
 /// A loopback address where nothing listens.

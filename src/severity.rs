@@ -4,7 +4,10 @@
 //! conditions all hold gives the level. It must never do I/O; it sees only
 //! what the overlay module measured. It tells the overlay what to look for
 //! ([`signals`]: one signal per rule's trailer list and per rule's path
-//! globs) and reads the answers back by the same numbering.
+//! globs) and reads the answers back by the same numbering. It also says
+//! why ([`explain`]): the rule that matched, by its index and text, its
+//! evidence and the newest missing commits, as a typed [`Reason`] the
+//! report carries on every drifted row (docs/design.md §5.2).
 
 use std::sync::Arc;
 

@@ -805,6 +805,28 @@ async fn status_client_reads_one_machine_and_its_reason() {
     h.stop().await;
 }
 
+/// A daemon (or something posing as one) cannot make `status` read without
+/// bound: past the cap the client stops reading and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_client_stops_reading_past_its_cap() {
+    let huge = "x".repeat(server::MAX_MACHINE_BODY_BYTES + 1);
+    let app = axum::Router::new().route(
+        "/api/v1/machines/{id}",
+        axum::routing::get(move || {
+            let huge = huge.clone();
+            async move { huge }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+    let err = within(server::fetch_machine(&base, "m1", Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "too_large", "{err}");
+    serving.abort();
+}
+
 /// A loopback address where nothing listens.
 async fn h_base_closed() -> String {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Asserts on the status page and one machine page as a browser rendered them.
 
-Usage: check_pages.py STATUS_DOM MACHINE_DOM MACHINE_ID MARKUP
+Usage: check_pages.py STATUS_DOM MACHINE_DOM MACHINE_ID MARKUP DRIFTED_DOM DRIFTED_ID
 
 STATUS_DOM and MACHINE_DOM are `chromium --headless --dump-dom` output of
 `GET /` and `GET /machines/MACHINE_ID` of a running `fleet-reconciler demo`;
@@ -9,7 +9,9 @@ MARKUP is a string with markup one demo agent reports (its ref). Checks:
 coherence figures and their charts are on the status page; the machine page
 is that machine's, with its report fields and decision; the agent's markup
 is text on both pages (escaped in the serialized DOM), never an element; and
-neither page has a script or a form.
+neither page has a script or a form. DRIFTED_DOM is the page of DRIFTED_ID,
+a machine with critical drift: it shows the planner's decision and the
+sweep's reason (the matched rule, its evidence, the missing commits).
 """
 
 import re
@@ -85,9 +87,9 @@ def markup_is_text(name, raw, doc, markup):
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) != 7:
         fail(__doc__.strip().splitlines()[2])
-    status_path, machine_path, machine_id, markup = sys.argv[1:]
+    status_path, machine_path, machine_id, markup, drifted_path, drifted_id = sys.argv[1:]
 
     raw, status = parse(status_path)
     text = " ".join("".join(status.text).split())
@@ -125,16 +127,39 @@ def main():
             fail(f"machine page: no {field!r} field (have {sorted(fields)})")
     if not fields["Status"]:
         fail("machine page: empty status")
+    if fields["Decision"] in ("", "–", "-"):
+        fail("machine page: no decision")
     commands = " ".join("".join(machine.text).split())
     if f"fleet-reconciler hold {machine_id} --reason" not in commands:
         fail("machine page: no hold command for a machine without a hold")
     no_active_content("machine page", machine)
     markup_is_text("machine page", raw, machine, markup)
 
+    raw, drifted = parse(drifted_path)
+    fields = drifted.fields
+    if fields.get("Machine") != drifted_id:
+        fail(f"drifted page: Machine is {fields.get('Machine')!r}, want {drifted_id!r}")
+    if fields.get("Status") != "drifted":
+        fail(f"drifted page: status {fields.get('Status')!r}, want 'drifted'")
+    if fields.get("Decision") in (None, "", "–", "-"):
+        fail("drifted page: no decision")
+    rule = fields.get("Rule", "")
+    if not re.match(r"rule #\d+: level = ", rule):
+        fail(f"drifted page: no matched rule in the reason (Rule {rule!r})")
+    evidence = fields.get("Evidence", "")
+    if not re.match(r"(trailer|path) \S+ (in|changed by) [0-9a-f]{12} ", evidence):
+        fail(f"drifted page: no evidence commit (Evidence {evidence!r})")
+    text = " ".join("".join(drifted.text).split())
+    missing = re.search(r"Missing commits \((\d+), newest (\d+) shown\)", text)
+    if not missing or int(missing.group(2)) == 0 or int(missing.group(2)) > 20:
+        fail("drifted page: no list of missing commits (at most 20)")
+    no_active_content("drifted page", drifted)
+
     print(
         f"check_pages: ok: status page ({len(charts)} charts, coherence {' / '.join(figures)}), "
-        f"machine page of {machine_id} (status {fields['Status']!r}, "
-        f"decision {fields['Decision']!r}); {markup!r} shown as text on both"
+        f"machine page of {machine_id} (status {machine.fields['Status']!r}, "
+        f"decision {machine.fields['Decision']!r}); {markup!r} shown as text on both; "
+        f"{drifted_id}: {rule!r}, evidence {evidence!r}, {missing.group(1)} missing"
     )
 
 

@@ -17,7 +17,7 @@
 //! | [`logging`] | the log writer: one event per line, control characters escaped |
 //! | [`probe`] | concurrent, size- and time-bounded agent health polling |
 //! | [`overlay`] | the git mirror: tip, ref resolution, one graph walk for every drift range, per-commit facts |
-//! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure) |
+//! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure), and the reason: rule, evidence, missing commits |
 //! | [`rotation`] | the rotation marker persisted in machine metadata |
 //! | [`slots`] | pool slots on the coordination machine: exact caps across replicas |
 //! | [`reconcile`] | the pure planner: snapshot + markers + now → steps, alerts and a decision per machine |

@@ -76,8 +76,10 @@ enum Command {
     },
     /// The daemon: sweep, remediate per policy, serve metrics, the API and the status page.
     Run,
-    /// Ask a running daemon for the fleet (the `check` table, from its last sweep).
+    /// Ask a running daemon for the fleet (the `check` table, from its last sweep), or with MACHINE for one machine's detail and the reason for its severity.
     Status {
+        /// A machine id: show its detail (`GET /api/v1/machines/{id}`) instead of the fleet.
+        machine: Option<String>,
         /// The daemon's HTTP address (default: server.listen of --config).
         #[arg(long)]
         url: Option<String>,
@@ -167,7 +169,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             service::run(config, secrets, listener, owner, shutdown, |_| {}).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { url, output } => {
+        Command::Status {
+            machine,
+            url,
+            output,
+        } => {
             let url = match url {
                 Some(u) => u,
                 None => {
@@ -186,7 +192,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     format!("http://{host}:{}", addr.port())
                 }
             };
-            let fleet = server::fetch_fleet(&url, std::time::Duration::from_secs(10)).await?;
+            let timeout = std::time::Duration::from_secs(10);
+            if let Some(machine) = machine {
+                let (view, json) = server::fetch_machine(&url, &machine, timeout).await?;
+                return Ok(print_machine(&view, &json, output));
+            }
+            let fleet = server::fetch_fleet(&url, timeout).await?;
             Ok(print_fleet(&fleet, output))
         }
         Command::Approve {
@@ -542,6 +553,32 @@ fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
 /// Prints a fleet report; exit 0 when coherent, 1 when anything drifts or
 /// cannot be probed, 2 when an app could not be listed (its error on stderr,
 /// one line per app, after the report of the apps that could).
+/// `status MACHINE`: the daemon's JSON, or the detail for people; exit as
+/// `check` would for that one machine (0 on the tip or not running, 1
+/// otherwise, 2 when its app could not be listed).
+fn print_machine(view: &server::MachineView, json: &serde_json::Value, output: Output) -> ExitCode {
+    match output {
+        Output::Json => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            // A closed stdout (`| head`) is the reader's choice, not our error.
+            let _ = serde_json::to_writer_pretty(&mut out, json)
+                .map_err(std::io::Error::from)
+                .and_then(|()| writeln!(out))
+                .and_then(|()| out.flush());
+        }
+        Output::Table => print!("{}", view.render()),
+    }
+    if let Some(stale) = &view.app_stale {
+        eprintln!("error: {}", report::printable(&stale.error));
+        return ExitCode::from(2);
+    }
+    use fleet_reconciler::model::MachineStatus;
+    match view.machine.status {
+        MachineStatus::OnTip | MachineStatus::NotRunning => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
+    }
+}
+
 fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
     match output {
         Output::Json => {

@@ -748,6 +748,7 @@ mod tests {
             severity: status.is_classified().then_some(Severity::Medium),
             action: status.is_classified().then_some(PolicyAction::AlertAndWait),
             detail: None,
+            reason: None,
             report: None,
             metadata: Default::default(),
             version: String::new(),

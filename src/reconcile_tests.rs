@@ -62,6 +62,7 @@ impl M {
             severity: None,
             action: None,
             detail: None,
+            reason: None,
             report: Some(AgentReport {
                 overlay_ref: TIP.into(),
                 activity: Some(Activity::Idle),

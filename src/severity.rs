@@ -4,19 +4,201 @@
 //! conditions all hold gives the level. It must never do I/O; it sees only
 //! what the overlay module measured. It tells the overlay what to look for
 //! ([`signals`]: one signal per rule's trailer list and per rule's path
-//! globs) and reads the answers back by the same numbering.
+//! globs) and reads the answers back by the same numbering. It also says
+//! why ([`explain`]): the rule that matched, by its index and text, its
+//! evidence and the newest missing commits, as a typed [`Reason`] the
+//! report carries on every drifted row (docs/design.md §5.2).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, DEFAULT_POOL, SeverityRule};
-use crate::model::{PolicyAction, Severity};
+use crate::model::{CommitId, PolicyAction, Severity};
 use crate::overlay::{DriftRange, SignalId, Signals};
 
 /// What is known about a drift when it is classified.
 #[derive(Clone, Copy, Debug)]
 pub enum Drift<'a> {
-    /// The reported ref did not resolve to one commit (unknown or ambiguous).
-    Unresolved,
+    /// The reported ref did not resolve to one commit.
+    Unresolved(Unresolved),
     /// The reported commit and what `tip ^commit` contains.
     Range(&'a DriftRange),
+}
+
+/// How a reported ref failed to resolve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unresolved {
+    /// Not a commit of any branch (or a non-commit object).
+    Unknown,
+    /// The abbreviation matches several objects, or is too short.
+    Ambiguous,
+}
+
+/// The level a drift gets, and which rule gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classification {
+    pub severity: Severity,
+    /// The matching rule's index in the configured list; `None` when no
+    /// rule matched and the default level applies (`low` for a resolved
+    /// range, `critical` for an unresolved ref).
+    pub rule: Option<usize>,
+}
+
+/// Why a drifted machine has its severity: the rule that matched (or that
+/// none did), what made its conditions hold, and the newest commits the
+/// machine lacks. Shown on every drifted row of the report (`reason`).
+///
+/// Commit subjects are outside text (agents and repository authors choose
+/// them): bounded by the overlay (200 characters), escaped when printed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    pub rule: RuleMatch,
+    /// One entry per condition of the matching rule, in the order the
+    /// rule's keys are documented (`unknown_ref`, `trailers`, `paths`,
+    /// `min_commits_behind`); for a ref that did not resolve, that it did
+    /// not, whether a rule matched or not. Empty when no rule matched a
+    /// resolved range.
+    pub evidence: Vec<Evidence>,
+    /// Commits in `tip ^commit` in all; `None` for a ref that did not resolve.
+    pub behind: Option<u64>,
+    /// The newest of them, newest first by committer time (ties: lowest
+    /// id), at most [`crate::overlay::MAX_SHOWN_MISSING`].
+    pub missing: Vec<ShownCommit>,
+    /// Path rules have not been checked on every missing commit yet (git
+    /// work per sweep is bounded): a `paths` rule may still match, and
+    /// path evidence may be missing. Later sweeps finish it.
+    pub evidence_partial: bool,
+}
+
+/// A [`Reason`] shared by every machine on the same ref (cloning a report
+/// copies a pointer); serializes as the reason itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedReason(pub Arc<Reason>);
+
+impl std::ops::Deref for SharedReason {
+    type Target = Reason;
+    fn deref(&self) -> &Reason {
+        &self.0
+    }
+}
+
+impl Serialize for SharedReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedReason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Reason::deserialize(d).map(|r| SharedReason(Arc::new(r)))
+    }
+}
+
+/// The rule that gave the level.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RuleMatch {
+    /// The configured rule at `index` (0-based, `[[severity]]` order or
+    /// the built-in list's), written as its TOML keys ([`rule_text`]).
+    Matched { index: usize, text: String },
+    /// No rule matched: the default level.
+    NoMatch { level: Severity },
+}
+
+/// What made one condition of the matching rule hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Evidence {
+    /// A missing commit with one of the rule's trailer keys (the newest
+    /// such commit): its trailer key as the commit writes it.
+    Trailer {
+        commit: CommitId,
+        subject: String,
+        trailer: Option<String>,
+    },
+    /// A missing commit whose own change touches a path the rule's globs
+    /// match (the newest such commit), and the first such path.
+    Path {
+        commit: CommitId,
+        subject: String,
+        path: Option<String>,
+    },
+    /// The count that reached `min_commits_behind`.
+    CommitsBehind {
+        behind: u64,
+        min_commits_behind: u64,
+    },
+    /// The reported ref did not resolve.
+    UnresolvedRef { resolution: Unresolved },
+}
+
+impl std::fmt::Display for RuleMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuleMatch::Matched { index, text } => write!(f, "rule #{index}: {text}"),
+            RuleMatch::NoMatch { level } => {
+                write!(f, "no rule matched: the default level, {level}")
+            }
+        }
+    }
+}
+
+/// The first 12 digits of a commit id, as tables show them.
+fn short(id: &CommitId) -> &str {
+    id.as_str().get(..12).unwrap_or(id.as_str())
+}
+
+/// One line per piece of evidence, as `status MACHINE` and the machine
+/// page show it (outside text unescaped: each view escapes for its medium).
+impl std::fmt::Display for Evidence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Evidence::Trailer {
+                commit,
+                subject,
+                trailer,
+            } => write!(
+                f,
+                "trailer {} in {} {subject}",
+                trailer.as_deref().unwrap_or("-"),
+                short(commit)
+            ),
+            Evidence::Path {
+                commit,
+                subject,
+                path,
+            } => write!(
+                f,
+                "path {} changed by {} {subject}",
+                path.as_deref().unwrap_or("-"),
+                short(commit)
+            ),
+            Evidence::CommitsBehind {
+                behind,
+                min_commits_behind,
+            } => write!(
+                f,
+                "{behind} commits behind (rule: at least {min_commits_behind})"
+            ),
+            Evidence::UnresolvedRef {
+                resolution: Unresolved::Unknown,
+            } => f.write_str(
+                "the reported ref did not resolve: not a commit of the overlay repository",
+            ),
+            Evidence::UnresolvedRef {
+                resolution: Unresolved::Ambiguous,
+            } => f.write_str("the reported ref did not resolve: it matches more than one object"),
+        }
+    }
+}
+
+/// A missing commit as a reason lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShownCommit {
+    pub commit: CommitId,
+    pub subject: String,
 }
 
 /// The signals a rule's range conditions are answered by: its trailer keys
@@ -65,19 +247,143 @@ pub fn signals(rules: &[SeverityRule]) -> Signals {
 /// First matching rule wins. With no match, a resolved drift is `low`; an
 /// unresolved ref is `critical`, because we cannot tell what it is missing.
 /// A range must come from an analysis with [`signals`]`(rules)`.
-pub fn classify(rules: &[SeverityRule], drift: Drift<'_>) -> Severity {
-    rule_signals(rules)
-        .find(|(rule, ids)| matches(rule, *ids, drift))
-        .map(|(rule, _)| rule.level)
-        .unwrap_or(match drift {
-            Drift::Unresolved => Severity::Critical,
-            Drift::Range(_) => Severity::Low,
-        })
+pub fn classify(rules: &[SeverityRule], drift: Drift<'_>) -> Classification {
+    match rule_signals(rules)
+        .enumerate()
+        .find(|(_, (rule, ids))| matches(rule, *ids, drift))
+    {
+        Some((index, (rule, _))) => Classification {
+            severity: rule.level,
+            rule: Some(index),
+        },
+        None => Classification {
+            severity: default_level(drift),
+            rule: None,
+        },
+    }
+}
+
+fn default_level(drift: Drift<'_>) -> Severity {
+    match drift {
+        Drift::Unresolved(_) => Severity::Critical,
+        Drift::Range(_) => Severity::Low,
+    }
+}
+
+/// The reason for `classification` (which [`classify`]`(rules, drift)`
+/// returned): the rule, its evidence from the range, the newest missing
+/// commits. Pure; everything it shows the overlay measured.
+pub fn explain(rules: &[SeverityRule], drift: Drift<'_>, classification: Classification) -> Reason {
+    let matched = classification.rule.and_then(|index| {
+        rule_signals(rules)
+            .nth(index)
+            .map(|(rule, ids)| (index, rule, ids))
+    });
+    let rule = match matched {
+        Some((index, rule, _)) => RuleMatch::Matched {
+            index,
+            text: rule_text(rule),
+        },
+        None => RuleMatch::NoMatch {
+            level: default_level(drift),
+        },
+    };
+    let mut evidence = Vec::new();
+    match drift {
+        Drift::Unresolved(resolution) => {
+            evidence.push(Evidence::UnresolvedRef { resolution });
+            Reason {
+                rule,
+                evidence,
+                behind: None,
+                missing: Vec::new(),
+                evidence_partial: false,
+            }
+        }
+        Drift::Range(range) => {
+            if let Some((_, rule, ids)) = matched {
+                if let Some(id) = ids.trailers {
+                    if let Some((commit, subject, matched)) = carrier(range, id) {
+                        evidence.push(Evidence::Trailer {
+                            commit,
+                            subject,
+                            trailer: matched,
+                        });
+                    }
+                }
+                if let Some(id) = ids.paths {
+                    if let Some((commit, subject, matched)) = carrier(range, id) {
+                        evidence.push(Evidence::Path {
+                            commit,
+                            subject,
+                            path: matched,
+                        });
+                    }
+                }
+                if let Some(min) = rule.min_commits_behind {
+                    evidence.push(Evidence::CommitsBehind {
+                        behind: range.behind,
+                        min_commits_behind: min,
+                    });
+                }
+            }
+            Reason {
+                rule,
+                evidence,
+                behind: Some(range.behind),
+                missing: range
+                    .newest
+                    .iter()
+                    .map(|m| ShownCommit {
+                        commit: m.commit.clone(),
+                        subject: m.subject.clone(),
+                    })
+                    .collect(),
+                evidence_partial: range.paths_incomplete,
+            }
+        }
+    }
+}
+
+/// The evidence commit of `signal` in `range`, its subject and what matched.
+fn carrier(range: &DriftRange, signal: SignalId) -> Option<(CommitId, String, Option<String>)> {
+    let commit = range.evidence.get(&signal)?;
+    let detail = range.evidence_detail.get(&signal);
+    Some((
+        commit.clone(),
+        detail.map(|d| d.subject.clone()).unwrap_or_default(),
+        detail.and_then(|d| d.matched.clone()),
+    ))
+}
+
+/// A rule as its `[[severity]]` table would write it, keys in the order
+/// the README documents them: `level = "critical", trailers = ["security"]`.
+/// Trailer keys appear normalised (lowercase), as they are compared.
+pub fn rule_text(rule: &SeverityRule) -> String {
+    let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
+    let list = |items: &[String]| {
+        let quoted: Vec<String> = items.iter().map(|s| quote(s)).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let mut parts = vec![format!("level = {}", quote(rule.level.as_str()))];
+    if rule.unknown_ref {
+        parts.push("unknown_ref = true".to_owned());
+    }
+    if !rule.trailers.is_empty() {
+        parts.push(format!("trailers = {}", list(&rule.trailers)));
+    }
+    if !rule.paths.is_empty() {
+        parts.push(format!("paths = {}", list(&rule.paths)));
+    }
+    if let Some(n) = rule.min_commits_behind {
+        parts.push(format!("min_commits_behind = {n}"));
+    }
+    parts.join(", ")
 }
 
 fn matches(rule: &SeverityRule, ids: RuleSignals, drift: Drift<'_>) -> bool {
     match drift {
-        Drift::Unresolved => rule.unknown_ref,
+        Drift::Unresolved(_) => rule.unknown_ref,
         Drift::Range(range) => {
             if rule.unknown_ref {
                 return false;
@@ -163,10 +469,13 @@ mod tests {
     #[test]
     fn default_rules_follow_the_design_table() {
         let rules = default_severity_rules();
-        let c = |r: &DriftRange| classify(&rules, Drift::Range(r));
+        let c = |r: &DriftRange| classify(&rules, Drift::Range(r)).severity;
         let range =
             |behind, paths: &[&str], trailers: &[&str]| range(&rules, behind, paths, trailers);
-        assert_eq!(classify(&rules, Drift::Unresolved), Severity::Critical);
+        assert_eq!(
+            classify(&rules, Drift::Unresolved(Unresolved::Unknown)).severity,
+            Severity::Critical
+        );
         assert_eq!(
             c(&range(1, &["skills/a.md"], &["Security"])),
             Severity::Critical
@@ -212,7 +521,7 @@ level = "high"
 paths = ["skills/**"]
 "#;
         let cfg = Config::parse(std::path::Path::new("t.toml"), text).unwrap();
-        let c = |r: &DriftRange| classify(&cfg.severity, Drift::Range(r));
+        let c = |r: &DriftRange| classify(&cfg.severity, Drift::Range(r)).severity;
         let range = |behind, paths: &[&str], trailers: &[&str]| {
             range(&cfg.severity, behind, paths, trailers)
         };
@@ -224,8 +533,154 @@ paths = ["skills/**"]
         assert_eq!(c(&range(9, &["other"], &[])), Severity::Low);
         // No rule for unknown refs: fail closed.
         assert_eq!(
-            classify(&cfg.severity, Drift::Unresolved),
-            Severity::Critical
+            classify(&cfg.severity, Drift::Unresolved(Unresolved::Ambiguous)),
+            Classification {
+                severity: Severity::Critical,
+                rule: None
+            }
+        );
+    }
+
+    #[test]
+    fn reasons_name_the_rule_and_the_evidence_of_each_condition() {
+        use crate::overlay::{EvidenceDetail, MissingCommit};
+        let rules = default_severity_rules();
+        let commit = CommitId::parse(&"e".repeat(40)).expect("commit id");
+        let explained = |r: &DriftRange| {
+            let class = classify(&rules, Drift::Range(r));
+            (class, explain(&rules, Drift::Range(r), class))
+        };
+        let with_detail = |mut r: DriftRange, matched: &str| {
+            for id in r.evidence.keys().copied().collect::<Vec<_>>() {
+                r.evidence_detail.insert(
+                    id,
+                    EvidenceDetail {
+                        subject: "Fix it".into(),
+                        matched: Some(matched.into()),
+                    },
+                );
+            }
+            r.newest = vec![MissingCommit {
+                commit: commit.clone(),
+                subject: "Fix it".into(),
+            }];
+            r
+        };
+
+        let (class, reason) = explained(&with_detail(
+            range(&rules, 30, &[], &["Security"]),
+            "Security",
+        ));
+        assert_eq!(class.rule, Some(1));
+        assert_eq!(
+            reason.rule,
+            RuleMatch::Matched {
+                index: 1,
+                text: r#"level = "critical", trailers = ["security"]"#.into()
+            }
+        );
+        assert_eq!(
+            reason.evidence,
+            [Evidence::Trailer {
+                commit: commit.clone(),
+                subject: "Fix it".into(),
+                trailer: Some("Security".into())
+            }]
+        );
+        assert_eq!((reason.behind, reason.missing.len()), (Some(30), 1));
+
+        let (_, reason) = explained(&with_detail(
+            range(&rules, 2, &["guards/x.yaml"], &[]),
+            "guards/x.yaml",
+        ));
+        assert_eq!(
+            reason.rule,
+            RuleMatch::Matched {
+                index: 2,
+                text: r#"level = "high", paths = ["policies/**", "guards/**"]"#.into()
+            }
+        );
+        assert!(matches!(
+            &reason.evidence[..],
+            [Evidence::Path { path: Some(p), .. }] if p == "guards/x.yaml"
+        ));
+
+        let (class, reason) = explained(&range(&rules, 20, &[], &[]));
+        assert_eq!(
+            class,
+            Classification {
+                severity: Severity::High,
+                rule: Some(3)
+            }
+        );
+        assert_eq!(
+            reason.evidence,
+            [Evidence::CommitsBehind {
+                behind: 20,
+                min_commits_behind: 20
+            }]
+        );
+
+        let (class, reason) = explained(&range(&rules, 4, &["skills/a.md"], &[]));
+        assert_eq!(
+            class,
+            Classification {
+                severity: Severity::Low,
+                rule: None
+            }
+        );
+        assert_eq!(
+            reason.rule,
+            RuleMatch::NoMatch {
+                level: Severity::Low
+            }
+        );
+        assert!(reason.evidence.is_empty());
+
+        // A partial answer says so.
+        let mut partial = range(&rules, 4, &[], &[]);
+        partial.paths_incomplete = true;
+        assert!(explained(&partial).1.evidence_partial);
+
+        let drift = Drift::Unresolved(Unresolved::Ambiguous);
+        let class = classify(&rules, drift);
+        let reason = explain(&rules, drift, class);
+        assert_eq!(class.rule, Some(0));
+        assert_eq!(
+            reason.evidence,
+            [Evidence::UnresolvedRef {
+                resolution: Unresolved::Ambiguous
+            }]
+        );
+        assert_eq!((reason.behind, reason.missing.len()), (None, 0));
+        // The JSON is tagged and reads back.
+        let json = serde_json::to_value(&reason).expect("json");
+        assert_eq!(json["rule"]["kind"], "matched");
+        assert_eq!(json["evidence"][0]["kind"], "unresolved_ref");
+        assert_eq!(json["evidence"][0]["resolution"], "ambiguous");
+        let back: Reason = serde_json::from_value(json).expect("reads back");
+        assert_eq!(back, reason);
+    }
+
+    #[test]
+    fn rule_text_writes_every_condition_as_toml() {
+        let text = r#"
+[overlay]
+repo = "/r"
+branch = "release"
+mirror_dir = "/m"
+[[apps]]
+name = "a"
+[[severity]]
+level = "medium"
+trailers = ["Reviewed-By", "Security"]
+paths = ["skills/*.md"]
+min_commits_behind = 3
+"#;
+        let cfg = Config::parse(std::path::Path::new("t.toml"), text).unwrap();
+        assert_eq!(
+            rule_text(&cfg.severity[0]),
+            r#"level = "medium", trailers = ["reviewed-by", "security"], paths = ["skills/*.md"], min_commits_behind = 3"#
         );
     }
 

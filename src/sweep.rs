@@ -22,7 +22,7 @@ use crate::fly::{FlyClient, FlyError, Machine};
 use crate::model::{MachineStatus, PolicyAction, Severity};
 use crate::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
 use crate::probe::{AgentReport, ProbeOutcome, Prober};
-use crate::severity::{self, Drift};
+use crate::severity::{self, Classification, Drift, SharedReason, Unresolved};
 use crate::slots::{SLOTS_KEY, SlotSet};
 
 /// The result of one sweep; serializes as the `check --output json` document
@@ -103,6 +103,11 @@ pub struct MachineReport {
     /// Why a machine is unreachable or its report bad; null otherwise.
     #[serde(default)]
     pub detail: Option<String>,
+    /// Why a drifted machine (`drifted`, `unknown_ref`, `ambiguous_ref`)
+    /// has its severity: the rule, its evidence, the newest missing
+    /// commits. Null otherwise. Shared by every machine on the same ref.
+    #[serde(default)]
+    pub reason: Option<SharedReason>,
     /// The agent's parsed report, for the planner (not part of the JSON).
     #[serde(skip)]
     pub report: Option<AgentReport>,
@@ -296,6 +301,8 @@ impl Sweeper {
         let signals = severity::signals(&self.config.severity);
         let analysis = self.overlay.analyze(&tip.commit, refs, &signals).await?;
 
+        // One classification and reason per distinct reported ref.
+        let mut reasons = Reasons::default();
         let reports = machines
             .into_iter()
             .enumerate()
@@ -307,6 +314,7 @@ impl Sweeper {
                     m,
                     probe_of.remove(&i),
                     &analysis,
+                    &mut reasons,
                 );
                 r.health_url = url_of.remove(&i);
                 r
@@ -347,6 +355,7 @@ impl Sweeper {
         m: Machine,
         probe: Option<ProbeOutcome>,
         analysis: &HashMap<String, RefAnalysis>,
+        reasons: &mut Reasons,
     ) -> MachineReport {
         let metadata = m.config.map(|c| c.metadata).unwrap_or_default();
         let pool = severity::pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
@@ -365,6 +374,7 @@ impl Sweeper {
             severity: None,
             action: None,
             detail: None,
+            reason: None,
             report: None,
             metadata,
             version: m.instance_id,
@@ -399,26 +409,34 @@ impl Sweeper {
                         r.commit = Some(commit.to_string());
                         r.commits_behind = Some(range.behind);
                         r.commits_ahead = Some(range.ahead);
-                        let drift = severity::classify(&self.config.severity, Drift::Range(&range));
+                        let (class, reason) =
+                            reasons.get(&self.config, &report_ref(&r), Drift::Range(&range));
+                        r.reason = Some(reason);
                         if range.paths_incomplete {
                             // Its severity may still rise: nothing acts on a
                             // partial answer, later sweeps finish it.
                             r.detail = Some(PATHS_INCOMPLETE.into());
-                            r.severity = Some(drift);
+                            r.severity = Some(class.severity);
                             r.action = Some(PolicyAction::Observe);
                             return r;
                         }
-                        drift
+                        class.severity
                     }
                     Some(RefAnalysis::Ambiguous) => {
                         r.status = MachineStatus::AmbiguousRef;
                         r.detail = Some("abbreviated ref matches more than one object".into());
-                        severity::classify(&self.config.severity, Drift::Unresolved)
+                        let drift = Drift::Unresolved(Unresolved::Ambiguous);
+                        let (class, reason) = reasons.get(&self.config, &report_ref(&r), drift);
+                        r.reason = Some(reason);
+                        class.severity
                     }
                     Some(RefAnalysis::Unknown) | None => {
                         r.status = MachineStatus::UnknownRef;
                         r.detail = Some("ref is not a commit of the overlay repository".into());
-                        severity::classify(&self.config.severity, Drift::Unresolved)
+                        let drift = Drift::Unresolved(Unresolved::Unknown);
+                        let (class, reason) = reasons.get(&self.config, &report_ref(&r), drift);
+                        r.reason = Some(reason);
+                        class.severity
                     }
                 }
             }
@@ -426,6 +444,35 @@ impl Sweeper {
         r.severity = Some(drift);
         r.action = Some(severity::action_for(&self.config, &r.pool, drift));
         r
+    }
+}
+
+fn report_ref(r: &MachineReport) -> String {
+    r.reported_ref.clone().unwrap_or_default()
+}
+
+/// Classifications and reasons of one sweep, once per distinct reported
+/// ref: a fleet on a few refs shares a few reasons.
+#[derive(Default)]
+struct Reasons {
+    by_ref: HashMap<String, (Classification, SharedReason)>,
+}
+
+impl Reasons {
+    fn get(
+        &mut self,
+        config: &Config,
+        reported_ref: &str,
+        drift: Drift<'_>,
+    ) -> (Classification, SharedReason) {
+        if let Some((class, reason)) = self.by_ref.get(reported_ref) {
+            return (*class, reason.clone());
+        }
+        let class = severity::classify(&config.severity, drift);
+        let reason = SharedReason(Arc::new(severity::explain(&config.severity, drift, class)));
+        self.by_ref
+            .insert(reported_ref.to_owned(), (class, reason.clone()));
+        (class, reason)
     }
 }
 
@@ -567,6 +614,7 @@ mod tests {
             severity: None,
             action: None,
             detail: None,
+            reason: None,
             report: None,
             metadata: BTreeMap::new(),
             version: String::new(),

@@ -10,7 +10,8 @@ use std::time::Duration;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
-use fleet_reconciler::model::{MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::severity::{Evidence, Reason, RuleMatch, ShownCommit, Unresolved};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use fleet_reconciler::sweep::{FleetReport, MachineReport};
 use git2::{Oid, Repository};
@@ -139,7 +140,11 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 }
 
 async fn sweep(sim: &Sim, fx: &Fixture) -> FleetReport {
-    let config = Config::parse(Path::new("test.toml"), &config_text(sim, fx, "")).unwrap();
+    sweep_with(sim, fx, "").await
+}
+
+async fn sweep_with(sim: &Sim, fx: &Fixture, extra: &str) -> FleetReport {
+    let config = Config::parse(Path::new("test.toml"), &config_text(sim, fx, extra)).unwrap();
     let sweeper = daemon::connect(
         Arc::new(config),
         &Secrets {
@@ -153,6 +158,41 @@ async fn sweep(sim: &Sim, fx: &Fixture) -> FleetReport {
         .await
         .expect("check finished in time")
         .unwrap()
+}
+
+/// The newest commits of `tip ^commit` (at most `n`), newest first by
+/// committer time (ties: lowest id), with their subjects: from libgit2's
+/// revwalk with `hide`, independent of the daemon's graph walk.
+fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<ShownCommit> {
+    let mut walk = repo.revwalk().unwrap();
+    walk.push(tip).unwrap();
+    walk.hide(commit).unwrap();
+    let mut all: Vec<(i64, Oid)> = walk
+        .map(|o| {
+            let o = o.unwrap();
+            (repo.find_commit(o).unwrap().time().seconds(), o)
+        })
+        .collect();
+    all.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    all.into_iter()
+        .take(n)
+        .map(|(_, o)| ShownCommit {
+            commit: CommitId::parse(&o.to_string()).unwrap(),
+            subject: subject(repo, o),
+        })
+        .collect()
+}
+
+fn subject(repo: &Repository, oid: Oid) -> String {
+    let commit = repo.find_commit(oid).unwrap();
+    commit.message().unwrap().lines().next().unwrap().to_owned()
+}
+
+fn reason<'a>(report: &'a FleetReport, id: &str) -> &'a Reason {
+    by_id(report, id)
+        .reason
+        .as_deref()
+        .unwrap_or_else(|| panic!("{id} has no reason"))
 }
 
 fn by_id<'a>(report: &'a FleetReport, id: &str) -> &'a MachineReport {
@@ -360,6 +400,94 @@ async fn every_status_is_reported_correctly() {
     let m = expect("stopped", MachineStatus::NotRunning);
     assert_eq!((m.reported_ref.as_deref(), m.commits_behind), (None, None));
 
+    // Reasons (built-in rules): the newest missing commits agree with a
+    // revwalk of the same range, at most 20 of them.
+    for (id, commit) in [
+        ("behind-1", h.release[n - 2]),
+        ("behind-6", h.release[n - 7]),
+        ("pre-policy", h.release[h.policy_change - 1]),
+        ("pre-security", h.release[h.security_fix - 1]),
+        ("canary", h.canary),
+    ] {
+        let r = reason(&report, id);
+        assert_eq!(r.behind, by_id(&report, id).commits_behind, "{id}");
+        assert_eq!(
+            r.missing,
+            expected_missing(&repo, tip(h), commit, 20),
+            "{id}"
+        );
+        assert!(!r.evidence_partial);
+    }
+    let long = reason(&report, "pre-policy");
+    assert!(long.behind.unwrap() > 20, "the bound is exercised");
+    assert_eq!(long.missing.len(), 20);
+    let rule = |index: usize, text: &str| RuleMatch::Matched {
+        index,
+        text: text.to_owned(),
+    };
+    let r = reason(&report, "pre-security");
+    assert_eq!(
+        r.rule,
+        rule(1, r#"level = "critical", trailers = ["security"]"#)
+    );
+    let security = h.release[h.security_fix];
+    assert_eq!(
+        r.evidence,
+        [Evidence::Trailer {
+            commit: CommitId::parse(&security.to_string()).unwrap(),
+            subject: subject(&repo, security),
+            trailer: Some("Security".into()),
+        }]
+    );
+    let r = reason(&report, "behind-6");
+    assert_eq!(
+        r.rule,
+        rule(4, r#"level = "medium", min_commits_behind = 5"#)
+    );
+    assert_eq!(
+        r.evidence,
+        [Evidence::CommitsBehind {
+            behind: 6,
+            min_commits_behind: 5
+        }]
+    );
+    let r = reason(&report, "behind-1");
+    assert_eq!(
+        r.rule,
+        RuleMatch::NoMatch {
+            level: Severity::Low
+        }
+    );
+    assert!(r.evidence.is_empty());
+    let r = reason(&report, "unknown");
+    assert_eq!(r.rule, rule(0, r#"level = "critical", unknown_ref = true"#));
+    assert_eq!(
+        r.evidence,
+        [Evidence::UnresolvedRef {
+            resolution: Unresolved::Unknown
+        }]
+    );
+    assert_eq!((r.behind, r.missing.len()), (None, 0));
+    assert_eq!(
+        reason(&report, "ambiguous").evidence,
+        [Evidence::UnresolvedRef {
+            resolution: Unresolved::Ambiguous
+        }]
+    );
+    for id in [
+        "on-tip",
+        "abbrev",
+        "hang",
+        "http-500",
+        "garbage",
+        "oversized",
+        "no-ref",
+        "non-hex",
+        "stopped",
+    ] {
+        assert!(by_id(&report, id).reason.is_none(), "{id}");
+    }
+
     // Coherence: on-tip ÷ started, per app and fleet.
     let dispatch = report.apps.iter().find(|a| a.name == "dispatch").unwrap();
     assert_eq!((dispatch.machines, dispatch.on_tip), (7, 2));
@@ -399,6 +527,7 @@ async fn json_output_has_the_documented_shape() {
         "machine_id",
         "name",
         "pool",
+        "reason",
         "region",
         "reported_ref",
         "severity",
@@ -425,6 +554,142 @@ async fn json_output_has_the_documented_shape() {
         .unwrap();
     assert_eq!(stopped["status"], "not_running");
     assert!(stopped["reported_ref"].is_null() && stopped["severity"].is_null());
+    assert!(stopped["reason"].is_null());
+    // A drifted row's reason: typed, tagged, and it reads back.
+    let reason = &canary["reason"];
+    assert_eq!(
+        keys(reason),
+        ["behind", "evidence", "evidence_partial", "missing", "rule"]
+    );
+    assert!(reason["rule"]["kind"].is_string());
+    assert_eq!(reason["behind"], canary["commits_behind"]);
+    assert_eq!(keys(&reason["missing"][0]), ["commit", "subject"]);
+    let back = fleet_reconciler::server::parse_fleet(&v.to_string()).unwrap();
+    let canary_back = back
+        .machines
+        .iter()
+        .find(|m| m.machine_id == "canary")
+        .unwrap();
+    assert_eq!(
+        canary_back.reason.as_deref(),
+        by_id(&report, "canary").reason.as_deref()
+    );
+    sim.shutdown().await;
+}
+
+/// Each kind of rule, in a configured order: the reason names the rule by
+/// its index and text, and its evidence (commit, subject, key or path, or
+/// the count against its threshold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasons_name_the_matching_rule_and_its_evidence() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let rules = r#"
+[[severity]]
+level = "critical"
+unknown_ref = true
+[[severity]]
+level = "high"
+paths = ["policies/**"]
+[[severity]]
+level = "critical"
+trailers = ["Security", "CVE"]
+[[severity]]
+level = "medium"
+min_commits_behind = 5
+"#;
+    let report = sweep_with(&sim, &fx, rules).await;
+    let h = &fx.history;
+    let repo = Repository::open_bare(&fx.repo_path).unwrap();
+    let id_of = |o: Oid| CommitId::parse(&o.to_string()).unwrap();
+
+    // pre-policy lacks the policy change (and the security fix after it):
+    // the path rule comes first.
+    let r = reason(&report, "pre-policy");
+    assert_eq!(
+        r.rule,
+        RuleMatch::Matched {
+            index: 1,
+            text: r#"level = "high", paths = ["policies/**"]"#.into()
+        }
+    );
+    let policy = h.release[h.policy_change];
+    assert_eq!(
+        r.evidence,
+        [Evidence::Path {
+            commit: id_of(policy),
+            subject: subject(&repo, policy),
+            path: Some("policies/tools.yaml".into()),
+        }]
+    );
+    assert_eq!(by_id(&report, "pre-policy").severity, Some(Severity::High));
+
+    let r = reason(&report, "pre-security");
+    assert_eq!(
+        r.rule,
+        RuleMatch::Matched {
+            index: 2,
+            text: r#"level = "critical", trailers = ["security", "cve"]"#.into()
+        }
+    );
+    let security = h.release[h.security_fix];
+    assert!(matches!(
+        &r.evidence[..],
+        [Evidence::Trailer { commit, trailer: Some(t), .. }] if *commit == id_of(security) && t == "Security"
+    ));
+
+    let r = reason(&report, "behind-6");
+    assert!(matches!(r.rule, RuleMatch::Matched { index: 3, .. }));
+    assert_eq!(
+        r.evidence,
+        [Evidence::CommitsBehind {
+            behind: 6,
+            min_commits_behind: 5
+        }]
+    );
+    let r = reason(&report, "behind-1");
+    assert_eq!(
+        (&r.rule, r.evidence.len()),
+        (
+            &RuleMatch::NoMatch {
+                level: Severity::Low
+            },
+            0
+        )
+    );
+    assert_eq!(
+        r.missing,
+        expected_missing(&repo, tip(h), h.release[h.release.len() - 2], 20)
+    );
+    assert!(matches!(
+        reason(&report, "unknown").rule,
+        RuleMatch::Matched { index: 0, .. }
+    ));
+    sim.shutdown().await;
+}
+
+/// With no rule for unknown refs, an unresolved ref still says why it is
+/// critical: no rule matched, and the ref did not resolve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_ref_no_rule_matches_is_critical_by_default_and_says_so() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let rules = "[[severity]]\nlevel = \"medium\"\nmin_commits_behind = 5\n";
+    let report = sweep_with(&sim, &fx, rules).await;
+    let r = reason(&report, "unknown");
+    assert_eq!(
+        r.rule,
+        RuleMatch::NoMatch {
+            level: Severity::Critical
+        }
+    );
+    assert_eq!(
+        r.evidence,
+        [Evidence::UnresolvedRef {
+            resolution: Unresolved::Unknown
+        }]
+    );
+    assert_eq!(by_id(&report, "unknown").severity, Some(Severity::Critical));
     sim.shutdown().await;
 }
 

@@ -346,6 +346,44 @@ fn expected_counts(repo: &Repository, tip: Oid, commit: Oid) -> (u64, u64) {
     )
 }
 
+/// The newest commits of `tip ^commit` (at most `n`), newest first by
+/// committer time, ties by lowest id, with their subjects (the message's
+/// first line): computed with libgit2's revwalk, independent of the graph.
+fn expected_newest(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<(CommitId, String)> {
+    let mut walk = repo.revwalk().expect("revwalk");
+    walk.push(tip).expect("push");
+    walk.hide(commit).expect("hide");
+    let mut all: Vec<(i64, Oid)> = walk
+        .map(|o| {
+            let o = o.expect("walk");
+            (repo.find_commit(o).expect("commit").time().seconds(), o)
+        })
+        .collect();
+    all.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    all.into_iter()
+        .take(n)
+        .map(|(_, o)| {
+            let c = repo.find_commit(o).expect("commit");
+            let subject = c
+                .message()
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            (id(o), subject)
+        })
+        .collect()
+}
+
+fn shown_newest(range: &DriftRange) -> Vec<(CommitId, String)> {
+    range
+        .newest
+        .iter()
+        .map(|m| (m.commit.clone(), m.subject.clone()))
+        .collect()
+}
+
 fn error_chain(err: &OverlayError) -> String {
     let mut text = format!("{err} | {err:?}");
     let mut source = std::error::Error::source(err);
@@ -587,6 +625,50 @@ async fn merge_history_counts_match_breadth_first_ancestor_sets() {
         probe.raised(&drifted(&results, &hex(k2), k2)),
         set(&["d", "e", "f1", "f2", "s1"])
     );
+    // The newest missing commits, from the same walk, match a revwalk; each
+    // evidence commit is the newest carrier and names the path it touched.
+    let file_of: HashMap<Oid, &str> = [
+        (a, "a"),
+        (b, "b"),
+        (c, "c"),
+        (f1, "f1"),
+        (f2, "f2"),
+        (d, "d"),
+        (s1, "s1"),
+        (e, "e"),
+        (k1, "k1"),
+        (k2, "k2"),
+    ]
+    .into_iter()
+    .collect();
+    for commit in reported {
+        let range = drifted(&results, &hex(commit), commit);
+        assert_eq!(
+            shown_newest(&range),
+            expected_newest(
+                &up.repo,
+                e,
+                commit,
+                fleet_reconciler::overlay::MAX_SHOWN_MISSING
+            ),
+            "{commit}"
+        );
+        assert_eq!(range.evidence.len(), range.evidence_detail.len());
+        for (signal, name) in &probe.names {
+            let Some(carrier) = range.evidence.get(signal) else {
+                continue;
+            };
+            let oid = Oid::from_str(carrier.as_str()).expect("oid");
+            assert_eq!(file_of.get(&oid), Some(&name.as_str()), "{commit} {name}");
+            let detail = &range.evidence_detail[signal];
+            assert_eq!(detail.matched.as_deref(), Some(name.as_str()));
+            assert_eq!(detail.subject, name.as_str(), "subjects are the file names");
+        }
+    }
+    assert_eq!(
+        shown_newest(&drifted(&results, &hex(m2), m2)),
+        vec![(id(e), "e".to_owned())]
+    );
 }
 
 /// A tiny deterministic generator, so the random DAG is the same every run.
@@ -664,6 +746,18 @@ async fn random_merge_dag_matches_independent_counts_and_paths() {
             .map(|o| file_of[o].clone())
             .collect();
         assert_eq!(probe.raised(&range), expected, "{commit}");
+        // At most 20 newest, as a revwalk over the same range finds them.
+        assert!(range.newest.len() <= 20);
+        assert_eq!(
+            range.newest.len() as u64,
+            behind.min(20),
+            "{commit}: bounded, never short"
+        );
+        assert_eq!(
+            shown_newest(&range),
+            expected_newest(&up.repo, tip, *commit, 20),
+            "{commit}"
+        );
     }
     assert!(merges >= 10, "the DAG should have merges, has {merges}");
     assert!(
@@ -875,6 +969,19 @@ async fn trailers_come_only_from_commits_in_the_range() {
     assert_eq!(
         probe.raised(&drifted(&results, &hex(t0), t0)),
         set(&["Old-Key", "Security", "Signed-off-by"])
+    );
+    // The evidence names its commit, subject and the key as written.
+    let range = drifted(&results, &hex(t0), t0);
+    let security = probe.names[0].0;
+    assert_eq!(range.evidence[&security], id(t3));
+    let detail = &range.evidence_detail[&security];
+    assert_eq!(detail.subject, "Patch the sandbox");
+    assert_eq!(detail.matched.as_deref(), Some("Security"));
+    let old_key = probe.names[2].0;
+    assert_eq!(range.evidence[&old_key], id(t1));
+    assert_eq!(
+        range.evidence_detail[&old_key].matched.as_deref(),
+        Some("Old-Key")
     );
 }
 

@@ -307,6 +307,7 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
         severity: classified.then_some(m.severity),
         action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
         detail: None,
+        reason: None,
         report: (usable && m.started).then_some(report),
         metadata,
         version: "v".into(),

@@ -257,6 +257,41 @@ admin_token_env = "E2E_ADMIN_TOKEN"
     let (code, out, _) = cli(&["status", "--url", &base]);
     assert_eq!(code, Some(1), "busy still drifts: {out}");
     assert!(out.contains("busy") && out.contains("drifted"), "{out}");
+    // One machine: its detail and why it has its severity.
+    let (code, out, err) = cli(&["status", "busy", "--url", &base]);
+    assert_eq!(code, Some(1), "busy drifts: {out}{err}");
+    for expected in [
+        "machine:  busy",
+        "app:      agents",
+        "status:   drifted",
+        "behind:   1, ahead 0",
+        "severity: low",
+        "action:   alert-and-wait",
+        "reason:\n  no rule matched: the default level, low",
+        "  missing: 1 commit(s), newest 1 shown:",
+        &format!("    {} ", &tip[..12]),
+    ] {
+        assert!(out.contains(expected), "{expected:?} in\n{out}");
+    }
+    let (code, out, err) = cli(&["status", "busy", "--url", &base, "--output", "json"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    let detail: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(detail["machine"]["machine_id"], "busy");
+    assert_eq!(detail["machine"]["reason"]["behind"], 1);
+    assert_eq!(
+        detail["machine"]["reason"]["missing"][0]["commit"],
+        tip.as_str()
+    );
+    assert_eq!(detail["tip"], tip.as_str());
+    let (code, out, err) = cli(&["status", "m2", "--url", &base]);
+    assert_eq!(code, Some(0), "m2 is on the tip: {out}{err}");
+    assert!(!out.contains("reason:"), "{out}");
+    let (code, out, err) = cli(&["status", "nope", "--url", &base]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        err.contains("machine nope is not known to the daemon"),
+        "{err}"
+    );
 
     // A webhook arrived (drift of busy), signed.
     until("webhook delivered", Duration::from_secs(15), async || {

@@ -374,10 +374,20 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     assert!(body["drift_since"].is_null(), "{body}");
     assert_eq!(body["history"], json!([]));
 
-    // An unreachable machine has no agent report.
+    // Its reason: the built-in Security rule, and the commit carrying it.
+    let reason = &body["machine"]["reason"];
+    assert_eq!(reason["rule"]["kind"], "matched");
+    assert_eq!(reason["rule"]["index"], 1);
+    assert_eq!(reason["evidence"][0]["kind"], "trailer");
+    let fix = h.overlay.history.release[h.overlay.history.security_fix].to_string();
+    assert_eq!(reason["evidence"][0]["commit"], fix.as_str());
+    assert_eq!(reason["missing"].as_array().map(Vec::len), Some(20));
+
+    // An unreachable machine has no agent report, and no reason.
     let body = json_of(h.get("/api/v1/machines/a-500").await).await;
     assert_eq!(body["machine"]["status"], "unreachable");
     assert!(body["agent_report"].is_null());
+    assert!(body["machine"]["reason"].is_null());
 
     let resp = h.get("/api/v1/machines/nope").await;
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
@@ -668,6 +678,14 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     h.stop().await;
 }
 
+/// `s` as maud escapes element text.
+fn html_text(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 /// A ref an agent reports with markup in it, and one with every character
 /// HTML gives a meaning: both are bad reports whose detail quotes them.
 const SCRIPT_REF: &str = "<script>alert(1)</script>";
@@ -773,7 +791,46 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
     );
     assert!(page.contains("<code>fleet-reconciler approve a-crit --when-idle</code>"));
     assert!(page.contains("<code>fleet-reconciler hold a-crit --reason &quot;…&quot;</code>"));
-    assert!(page.contains("<code>fleet-reconciler status</code>"));
+    assert!(page.contains("<code>fleet-reconciler status a-crit</code>"));
+    assert!(page.contains("<code>fleet-reconciler plan</code>"));
+    // Why it is critical: the rule, the security commit it lacks, and the
+    // newest missing commits, as the sweep's reason says.
+    let reason = h
+        .state
+        .view()
+        .snapshot()
+        .report
+        .unwrap()
+        .machines
+        .iter()
+        .find(|m| m.machine_id == "a-crit")
+        .and_then(|m| m.reason.clone())
+        .expect("a reason");
+    assert!(
+        page.contains("<section class=\"box\" id=\"reason\">"),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("<dd>{}</dd>", html_text(&reason.rule.to_string()))),
+        "{page}"
+    );
+    assert!(!reason.evidence.is_empty() && !reason.missing.is_empty());
+    for e in &reason.evidence {
+        assert!(
+            page.contains(&format!(
+                "<dt>Evidence</dt><dd>{}</dd>",
+                html_text(&e.to_string())
+            )),
+            "{e}: {page}"
+        );
+    }
+    for c in &reason.missing {
+        assert!(
+            page.contains(&html_text(&c.subject)),
+            "{}: {page}",
+            c.subject
+        );
+    }
     assert!(!page.contains("fleet-reconciler release a-crit"));
     // The agent's report, and no form or script: the page never acts.
     assert!(page.contains(&format!(
@@ -934,6 +991,109 @@ async fn status_client_prints_the_check_table() {
     .await
     .unwrap_err();
     assert_eq!(err.kind(), "transport", "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_client_reads_one_machine_and_its_reason() {
+    let h = Harness::start(None).await;
+    match within(server::fetch_machine(
+        &h.base,
+        "a-crit",
+        Duration::from_secs(5),
+    ))
+    .await
+    {
+        Err(StatusError::NotReady(msg)) => assert!(msg.contains("no sweep"), "{msg}"),
+        other => panic!("expected NotReady, got {other:?}"),
+    }
+    let report = h.sweep().await;
+    let (view, json) = within(server::fetch_machine(
+        &h.base,
+        "a-behind",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let row = report
+        .machines
+        .iter()
+        .find(|m| m.machine_id == "a-behind")
+        .unwrap();
+    assert_eq!(view.machine.machine_id, "a-behind");
+    assert_eq!(view.machine.reason, row.reason);
+    assert_eq!(json["machine"]["commits_behind"], 3);
+    let text = view.render();
+    for expected in [
+        "machine:  a-behind (alpha-behind)",
+        "status:   drifted",
+        "behind:   3, ahead 0",
+        "reason:",
+        "  no rule matched: the default level, low",
+        "  missing: 3 commit(s), newest 3 shown:",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    let reason = row.reason.as_deref().unwrap();
+    for c in &reason.missing {
+        assert!(text.contains(&c.commit.as_str()[..12]), "{text}");
+    }
+
+    // The critical one: its rule and evidence.
+    let (view, _) = within(server::fetch_machine(
+        &h.base,
+        "a-crit",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let text = view.render();
+    assert!(
+        text.contains(r#"  rule #1: level = "critical", trailers = ["security"]"#),
+        "{text}"
+    );
+    assert!(text.contains("  evidence: trailer Security in "), "{text}");
+
+    // An unknown machine is named.
+    let err = within(server::fetch_machine(
+        &h.base,
+        "nope",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), "unknown_machine");
+    assert!(err.to_string().contains("machine nope"), "{err}");
+    let err = within(server::fetch_machine(
+        &h.base,
+        "../fleet",
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), "unknown_machine", "{err}");
+    h.stop().await;
+}
+
+/// A daemon (or something posing as one) cannot make `status` read without
+/// bound: past the cap the client stops reading and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_client_stops_reading_past_its_cap() {
+    let huge = "x".repeat(server::MAX_MACHINE_BODY_BYTES + 1);
+    let app = axum::Router::new().route(
+        "/api/v1/machines/{id}",
+        axum::routing::get(move || {
+            let huge = huge.clone();
+            async move { huge }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+    let err = within(server::fetch_machine(&base, "m1", Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "too_large", "{err}");
+    serving.abort();
 }
 
 /// A loopback address where nothing listens.

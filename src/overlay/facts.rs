@@ -99,6 +99,36 @@ pub(crate) fn path_mask(
     prefixes: &[String],
 ) -> Result<Vec<u64>, git2::Error> {
     let mut mask = vec![0u64; signals.words()];
+    let changed = own_changes(repo, oid, prefixes)?;
+    for (id, signal) in signals.path_signals() {
+        if changed.iter().any(|p| signal.set.is_match(p)) {
+            mask[id.0 / 64] |= 1 << (id.0 % 64);
+        }
+    }
+    Ok(mask)
+}
+
+/// The first path (in byte order) under `prefixes` that one commit's own
+/// change touches and `matches` accepts, as [`path_mask`] judges it: the
+/// path that raised a path signal, for the few commits shown as evidence.
+pub(crate) fn first_matching_path(
+    repo: &Repository,
+    oid: Oid,
+    prefixes: &[String],
+    matches: impl Fn(&str) -> bool,
+) -> Result<Option<String>, git2::Error> {
+    Ok(own_changes(repo, oid, prefixes)?
+        .into_iter()
+        .find(|p| matches(p)))
+}
+
+/// What a commit itself changed under `prefixes`: against its only parent
+/// (or the empty tree), or for a merge what differs from every parent.
+fn own_changes(
+    repo: &Repository,
+    oid: Oid,
+    prefixes: &[String],
+) -> Result<BTreeSet<String>, git2::Error> {
     let commit = repo.find_commit(oid)?;
     let tree = commit.tree()?;
     let changed = if commit.parent_count() == 0 {
@@ -120,12 +150,65 @@ pub(crate) fn path_mask(
         }
         common.unwrap_or_default()
     };
-    for (id, signal) in signals.path_signals() {
-        if changed.iter().any(|p| signal.set.is_match(p)) {
-            mask[id.0 / 64] |= 1 << (id.0 % 64);
-        }
+    Ok(changed)
+}
+
+/// What a commit says about itself, for the few commits a drift's reason
+/// shows: its subject and its trailers' keys as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CommitText {
+    /// The message's first line, at most [`MAX_SUBJECT_CHARS`] characters
+    /// (cut ones end in `…`). Outside text: shown escaped, never trusted.
+    pub subject: String,
+    /// Trailer keys, trimmed but in their own case.
+    pub trailer_keys: Vec<String>,
+}
+
+/// The longest subject kept: one hostile commit message must not bloat
+/// every report that shows it.
+pub(crate) const MAX_SUBJECT_CHARS: usize = 200;
+
+pub(crate) fn read_text(odb: &Odb<'_>, oid: Oid) -> Result<CommitText, ReadError> {
+    let object = odb.read(oid).map_err(ReadError::Git)?;
+    if object.kind() != git2::ObjectType::Commit {
+        return Err(ReadError::Malformed);
     }
-    Ok(mask)
+    Ok(parse_text(object.data()))
+}
+
+pub(crate) fn parse_text(data: &[u8]) -> CommitText {
+    let message = match find(data, b"\n\n") {
+        Some(at) => &data[at + 2..],
+        None => &[][..],
+    };
+    // As C reads it (and as the trailer keys were read): up to a NUL.
+    let message = match message.iter().position(|b| *b == 0) {
+        Some(nul) => &message[..nul],
+        None => message,
+    };
+    let first = message.split(|b| *b == b'\n').next().unwrap_or_default();
+    let first = String::from_utf8_lossy(first);
+    let first = first.trim_end();
+    let mut subject: String = first.chars().take(MAX_SUBJECT_CHARS).collect();
+    if first.chars().nth(MAX_SUBJECT_CHARS).is_some() {
+        subject.pop();
+        subject.push('…');
+    }
+    let trailer_keys = if message.contains(&b':') {
+        git2::message_trailers_bytes(message)
+            .map(|t| {
+                t.iter()
+                    .map(|(key, _)| String::from_utf8_lossy(key).trim().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    CommitText {
+        subject,
+        trailer_keys,
+    }
 }
 
 /// A tree entry as a diff sees it: what it names and how.
@@ -313,6 +396,26 @@ Fix the sandbox\n\nSecurity: CVE-1\nSigned-off-by: Dev <dev@x>\n";
                 .collect();
             assert_eq!(under_d, expected_d, "case {case} under d");
         }
+    }
+
+    #[test]
+    fn subjects_are_the_first_line_bounded_and_keys_keep_their_case() {
+        let text = parse_text(
+            b"tree x\ncommitter C <c@x> 1 +0000\n\nFix the sandbox\r\nmore\n\nSecurity-Fix: CVE-1\n",
+        );
+        assert_eq!(text.subject, "Fix the sandbox");
+        assert_eq!(text.trailer_keys, vec!["Security-Fix"]);
+        let long = format!("tree x\n\n{}\n", "é".repeat(5000));
+        let text = parse_text(long.as_bytes());
+        assert_eq!(text.subject.chars().count(), MAX_SUBJECT_CHARS);
+        assert!(text.subject.ends_with('…'));
+        let exact = format!("tree x\n\n{}", "a".repeat(MAX_SUBJECT_CHARS));
+        assert_eq!(
+            parse_text(exact.as_bytes()).subject.len(),
+            MAX_SUBJECT_CHARS
+        );
+        assert_eq!(parse_text(b"tree x\n").subject, "");
+        assert_eq!(parse_text(b"tree x\n\nhalf\0hidden\n").subject, "half");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! the tip's is in `j ^tip` (ahead): the sets `git rev-list --left-right
 //! --count tip...j` counts, merges and all, whatever the commit dates say.
 
+use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -461,11 +462,15 @@ impl Graph {
     }
 
     /// Counts and collects a walk's results. `masks` gives the signal mask
-    /// (`words` long) of a node in `tip ^target` for some target.
+    /// (`words` long) of a node in `tip ^target` for some target. Each
+    /// tally also lists the `newest` newest commits of its `tip ^target`
+    /// (by committer time, ties: lowest id), from one sort of the walk's
+    /// region: at most `newest` entries per target however long the range.
     pub fn tally<'m>(
         &self,
         walk: &Walk,
         signal_words: usize,
+        newest: usize,
         mut masks: impl FnMut(Node) -> &'m [u64],
     ) -> Vec<Tally> {
         let mut out: Vec<Tally> = (0..walk.targets)
@@ -473,6 +478,7 @@ impl Graph {
                 behind: 0,
                 ahead: 0,
                 evidence: vec![None; signal_words * 64],
+                newest: Vec::new(),
             })
             .collect();
         let words = walk.words;
@@ -509,7 +515,44 @@ impl Graph {
                 }
             }
         }
+        if newest > 0 {
+            // The tip side of the region, newest first, once; then each
+            // target takes the first of them it lacks, and stops when it has
+            // `newest` (or all it lacks). A target's missing commits are
+            // its descendants' side of the history, so they are mostly the
+            // newest: the scan is short however long the range (a range of
+            // 100,000 commits costs 20 steps, not 100,000).
+            let mut order: Vec<(Recency, u32)> = walk
+                .region
+                .iter()
+                .filter(|(_, slot)| walk.bits[*slot as usize * words] & 1 == 1)
+                .map(|(node, slot)| (self.recency(*node), *slot))
+                .collect();
+            order.sort_unstable_by_key(|(recency, _)| Reverse(*recency));
+            for (j, tally) in out.iter_mut().enumerate() {
+                let bit = j + 1;
+                let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+                let wanted = usize::try_from(tally.behind).map_or(newest, |b| b.min(newest));
+                tally.newest = order
+                    .iter()
+                    .filter(|(_, slot)| walk.bits[*slot as usize * words + word] & mask == 0)
+                    .take(wanted)
+                    .map(|(r, _)| r.node)
+                    .collect();
+            }
+        }
         out
+    }
+
+    /// How recent a commit is, for [`Graph::tally`]'s newest commits: later
+    /// committer time first, then the lowest id (as evidence is chosen), so
+    /// the order does not depend on how commits were numbered.
+    fn recency(&self, node: Node) -> Recency {
+        Recency {
+            time: self.times[node as usize],
+            id: Reverse(self.oid(node)),
+            node,
+        }
     }
 
     /// Keeps, per signal, the newest commit carrying it (ties: lowest id),
@@ -688,6 +731,18 @@ pub(crate) struct Tally {
     pub behind: u64,
     pub ahead: u64,
     pub evidence: Vec<Option<Node>>,
+    /// The newest commits of `tip ^target`, newest first (at most the
+    /// `newest` asked of [`Graph::tally`]).
+    pub newest: Vec<Node>,
+}
+
+/// A node ranked by [`Graph::recency`]: greater is newer (the node breaks
+/// no tie: ids are unique).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Recency {
+    time: i64,
+    id: Reverse<Oid>,
+    node: Node,
 }
 
 #[cfg(test)]
@@ -770,6 +825,7 @@ mod tests {
             parents in dag(),
             tip_pick in any::<prop::sample::Index>(),
             picks in proptest::collection::vec(any::<prop::sample::Index>(), 1..12),
+            newest in 0usize..6,
         ) {
             let n = parents.len();
             let tip = tip_pick.index(n);
@@ -781,12 +837,22 @@ mod tests {
             let node = |i: usize| graph.node(&oid(i)).expect("loaded");
             let nodes: Vec<Node> = targets.iter().map(|t| node(*t)).collect();
             let walk = graph.walk(node(tip), &nodes);
-            let tallies = graph.tally(&walk, 0, |_| &[]);
+            let tallies = graph.tally(&walk, 0, newest, |_| &[]);
             let tip_set = ancestors(&parents, tip);
             for (t, tally) in targets.iter().zip(&tallies) {
                 let set = ancestors(&parents, *t);
                 prop_assert_eq!(tally.behind, tip_set.difference(&set).count() as u64, "behind {}", t);
                 prop_assert_eq!(tally.ahead, set.difference(&tip_set).count() as u64, "ahead {}", t);
+                // `load` gives commit i the time i: the newest are the highest.
+                let mut missing: Vec<usize> = tip_set.difference(&set).copied().collect();
+                missing.sort_by(|a, b| b.cmp(a));
+                missing.truncate(newest);
+                let shown: Vec<usize> = tally
+                    .newest
+                    .iter()
+                    .map(|node| (0..n).find(|i| oid(*i) == graph.oid(*node)).expect("known"))
+                    .collect();
+                prop_assert_eq!(shown, missing, "newest of {}", t);
             }
         }
     }
@@ -874,6 +940,35 @@ mod tests {
     }
 
     #[test]
+    fn newest_missing_commits_are_bounded_and_break_time_ties_by_id() {
+        // A line 0 - 1 - … - 29 (tip); every commit has the same time, but
+        // 25..29 are an hour later. Target 0 lacks 1..=29.
+        let parents: Vec<Vec<usize>> = (0..30)
+            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+            .collect();
+        let mut graph = Graph::default();
+        let mut read = |id: Oid| -> Result<RawCommit, ()> {
+            let i = (0..parents.len()).find(|i| oid(*i) == id).ok_or(())?;
+            Ok(RawCommit {
+                parents: parents[i].iter().map(|p| oid(*p)).collect(),
+                time: if i >= 25 { 3600 } else { 0 },
+                trailers: Vec::new(),
+            })
+        };
+        graph.ensure(oid(29), &mut read).expect("load");
+        let node = |i: usize| graph.node(&oid(i)).expect("loaded");
+        let walk = graph.walk(node(29), &[node(0)]);
+        let tally = &graph.tally(&walk, 0, 7, |_| &[])[0];
+        assert_eq!(tally.behind, 29);
+        let shown: Vec<Oid> = tally.newest.iter().map(|n| graph.oid(*n)).collect();
+        // The five late ones by id (ids grow with i here), then the lowest
+        // ids of the rest: 1 and 2.
+        let expected: Vec<Oid> = [25, 26, 27, 28, 29, 1, 2].iter().map(|i| oid(*i)).collect();
+        assert_eq!(shown, expected);
+        assert!(graph.tally(&walk, 0, 0, |_| &[])[0].newest.is_empty());
+    }
+
+    #[test]
     fn evidence_is_the_newest_commit_carrying_the_signal() {
         // 0 - 1 - 2 - 3 (tip); target 0; commits 1 and 2 carry signal 0.
         let parents = vec![vec![], vec![0], vec![1], vec![2]];
@@ -882,7 +977,7 @@ mod tests {
         let walk = graph.walk(node(3), &[node(0)]);
         let carries = [0u64, 1, 1, 0];
         let masks: Vec<[u64; 1]> = (0..4).map(|i| [carries[i]]).collect();
-        let tally = graph.tally(&walk, 1, |n| &masks[n as usize][..]);
+        let tally = graph.tally(&walk, 1, 0, |n| &masks[n as usize][..]);
         assert_eq!(tally[0].behind, 3);
         assert_eq!(tally[0].evidence[0], Some(node(2)));
         assert_eq!(tally[0].evidence[1], None);

@@ -69,6 +69,8 @@ const TOKEN_USERNAME: &str = "x-access-token";
 /// it; it only caps memory when refs churn (e.g. agents reporting garbage).
 const MAX_CACHED_RANGES: usize = 10_000;
 const MAX_CACHED_RESOLUTIONS: usize = 20_000;
+/// Commit texts (subject ≤ 200 characters, trailer keys) kept for reasons.
+const MAX_CACHED_TEXTS: usize = 10_000;
 /// Targets per walk: each walked commit carries one bit per target, so this
 /// bounds a walk's memory (128 bytes per commit) however many distinct refs
 /// the fleet reports; more targets take more walks.
@@ -178,6 +180,42 @@ pub struct DriftRange {
     /// ([`Overlay::set_diff_budget`]), and later analyses go on where this
     /// one stopped. `evidence` then holds only what was found so far.
     pub paths_incomplete: bool,
+    /// The newest commits of `tip ^commit`, newest first by committer time
+    /// (ties: lowest id), at most [`MAX_SHOWN_MISSING`]; `behind` says how
+    /// many there are in all. Collected by the same walk that counts them.
+    pub newest: Vec<MissingCommit>,
+    /// What each evidence commit carries that raised its signal, by the same
+    /// signal ids as `evidence`.
+    pub evidence_detail: BTreeMap<SignalId, EvidenceDetail>,
+}
+
+/// The newest missing commits a drift range lists, at most.
+pub const MAX_SHOWN_MISSING: usize = 20;
+
+/// The longest commit subject the overlay reports (characters; a longer
+/// one is cut and ends in `…`).
+pub const MAX_SUBJECT_CHARS: usize = facts::MAX_SUBJECT_CHARS;
+
+/// One commit a machine lacks, as a drift's reason shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingCommit {
+    pub commit: CommitId,
+    /// The first line of its message, bounded ([`MAX_SUBJECT_CHARS`]).
+    /// Outside text: escape it before printing it to a terminal.
+    pub subject: String,
+}
+
+/// Why an evidence commit carries its signal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvidenceDetail {
+    /// The commit's subject, bounded ([`MAX_SUBJECT_CHARS`]).
+    pub subject: String,
+    /// What raised the signal: for a trailer signal the commit's trailer
+    /// key as written (`Security`), for a path signal the first path (in
+    /// byte order) its own change touches that the globs match. `None`
+    /// only if the commit no longer shows it, which a consistent
+    /// repository cannot do.
+    pub matched: Option<String>,
 }
 
 impl DriftRange {
@@ -437,6 +475,9 @@ struct Caches {
     /// Ranges per (tip, commit), for the signals with this fingerprint.
     ranges: HashMap<(Oid, Oid), Arc<DriftRange>>,
     ranges_signals: u64,
+    /// Subjects and trailer keys of the commits reasons have shown: the
+    /// newest commits of most ranges are the same few near the tip.
+    texts: HashMap<Oid, Arc<facts::CommitText>>,
 }
 
 impl Caches {
@@ -1076,6 +1117,9 @@ impl Inner {
             words
         };
         let mut out = Vec::with_capacity(targets.len());
+        // Evidence details once per (commit, signal) in this analysis: many
+        // ranges name the same evidence commit.
+        let mut details: HashMap<(Oid, SignalId), EvidenceDetail> = HashMap::new();
         for (oids, nodes) in targets
             .chunks(MAX_WALK_TARGETS)
             .zip(nodes.chunks(MAX_WALK_TARGETS))
@@ -1128,12 +1172,15 @@ impl Inner {
                 }
             }
             let none = vec![0u64; mask_words];
-            let tallies = graph.tally(&walk, mask_words, |node| match offsets.get(&node) {
-                Some(at) => &masks[*at..*at + mask_words],
-                None => &none,
+            let tallies = graph.tally(&walk, mask_words, MAX_SHOWN_MISSING, |node| {
+                match offsets.get(&node) {
+                    Some(at) => &masks[*at..*at + mask_words],
+                    None => &none,
+                }
             });
             for (oid, tally) in oids.iter().zip(tallies) {
                 let mut evidence = BTreeMap::new();
+                let mut evidence_detail = BTreeMap::new();
                 let mut paths_incomplete = false;
                 for (signal, carrier) in tally.evidence.iter().enumerate() {
                     match carrier {
@@ -1141,22 +1188,109 @@ impl Inner {
                             paths_incomplete = true;
                         }
                         Some(node) => {
-                            evidence.insert(SignalId(signal), commit_id(graph.oid(*node))?);
+                            let carrier = graph.oid(*node);
+                            let id = SignalId(signal);
+                            evidence.insert(id, commit_id(carrier)?);
+                            let detail = match details.get(&(carrier, id)) {
+                                Some(known) => known.clone(),
+                                None => {
+                                    let found =
+                                        self.evidence_detail(repo, &odb, carrier, id, signals)?;
+                                    details.insert((carrier, id), found.clone());
+                                    found
+                                }
+                            };
+                            evidence_detail.insert(id, detail);
                         }
                         None => {}
                     }
                 }
+                let newest = tally
+                    .newest
+                    .iter()
+                    .map(|node| {
+                        let oid = graph.oid(*node);
+                        Ok(MissingCommit {
+                            commit: commit_id(oid)?,
+                            subject: self.commit_text(&odb, oid)?.subject.clone(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, OverlayError>>()?;
                 let range = DriftRange {
                     behind: tally.behind,
                     ahead: tally.ahead,
                     evidence,
                     paths_incomplete,
+                    newest,
+                    evidence_detail,
                 };
                 out.push((*oid, Arc::new(range)));
             }
         }
         self.save_graph(graph);
         Ok(out)
+    }
+
+    /// A commit's subject and trailer keys, read once and kept (bounded):
+    /// the reasons of many ranges show the same commits near the tip.
+    fn commit_text(
+        &self,
+        odb: &git2::Odb<'_>,
+        oid: Oid,
+    ) -> Result<Arc<facts::CommitText>, OverlayError> {
+        if let Some(hit) = self.caches().texts.get(&oid) {
+            return Ok(Arc::clone(hit));
+        }
+        let text = facts::read_text(odb, oid).map_err(|e| match e {
+            facts::ReadError::Git(e) => self.read_err(oid, &e),
+            facts::ReadError::Malformed => OverlayError::MalformedCommit {
+                commit: oid.to_string(),
+                path: self.mirror_dir.clone(),
+            },
+        })?;
+        let text = Arc::new(text);
+        let mut caches = self.caches();
+        if caches.texts.len() >= MAX_CACHED_TEXTS {
+            caches.texts.clear();
+        }
+        caches.texts.insert(oid, Arc::clone(&text));
+        Ok(text)
+    }
+
+    /// What `commit` carries that raised `signal`: the trailer key as the
+    /// message writes it, or the first touched path the globs match (one
+    /// tree comparison, for an evidence commit only).
+    fn evidence_detail(
+        &self,
+        repo: &Repository,
+        odb: &git2::Odb<'_>,
+        commit: Oid,
+        signal: SignalId,
+        signals: &Signals,
+    ) -> Result<EvidenceDetail, OverlayError> {
+        let text = self.commit_text(odb, commit)?;
+        let matched = match signals.get(signal) {
+            Some(signals::Signal::Trailers(keys)) => text
+                .trailer_keys
+                .iter()
+                .find(|k| keys.contains(&signals::normalize_trailer_key(k)))
+                .cloned(),
+            Some(signals::Signal::Paths(p)) => {
+                let prefixes: Vec<String> =
+                    p.globs.iter().map(|g| signals::literal_prefix(g)).collect();
+                facts::first_matching_path(repo, commit, &prefixes, |path| p.set.is_match(path))
+                    .map_err(|e| OverlayError::Diff {
+                        commit: commit.to_string(),
+                        path: self.mirror_dir.clone(),
+                        source: self.redactor.cause(&e),
+                    })?
+            }
+            None => None,
+        };
+        Ok(EvidenceDetail {
+            subject: text.subject.clone(),
+            matched,
+        })
     }
 
     /// Reads into the graph the commits a fetch brought (and saves it), so

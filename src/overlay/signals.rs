@@ -86,6 +86,10 @@ impl Signals {
         self.list.len().div_ceil(64)
     }
 
+    pub(crate) fn get(&self, id: SignalId) -> Option<&Signal> {
+        self.list.get(id.0)
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SignalId, &Signal)> {
         self.list.iter().enumerate().map(|(i, s)| (SignalId(i), s))
     }

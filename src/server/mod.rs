@@ -55,7 +55,10 @@ use crate::probe::AgentReport;
 use crate::report;
 use crate::sweep::{FleetReport, MachineReport, StaleApp};
 
-pub use client::{StatusError, fetch_fleet, parse_fleet};
+pub use client::{
+    MAX_FLEET_BODY_BYTES, MAX_MACHINE_BODY_BYTES, MachineView, StatusError, fetch_fleet,
+    fetch_machine, parse_fleet,
+};
 pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
 pub use listen::serve;
 

@@ -816,12 +816,35 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
     }
 }
 
-/// Why the machine drifts as it does: the matched severity rule, the commit
-/// that is its evidence, the newest missing commits. THE REASON SECTION GOES
-/// HERE once the sweep reports one per machine; until then it renders
-/// nothing.
-fn reason_section(_m: &MachineReport) -> Markup {
-    html! {}
+/// Why the machine has its severity, as the sweep explained it: the
+/// matched rule, its evidence, the newest missing commits. Nothing for a
+/// machine without drift.
+fn reason_section(m: &MachineReport) -> Markup {
+    let Some(reason) = m.reason.as_deref() else {
+        return html! {};
+    };
+    html! {
+        section.box #reason {
+            h2 { "Why " (severity_badge(m.severity)) }
+            dl.kv {
+                dt { "Rule" } dd { (reason.rule) }
+                @for e in &reason.evidence {
+                    dt { "Evidence" } dd { (e) }
+                }
+            }
+            @if reason.evidence_partial {
+                p.meta { "Path rules are not yet checked on every missing commit (overlay.max_path_comparisons): a path rule may still match." }
+            }
+            @if let Some(behind) = reason.behind {
+                h3 { "Missing commits (" (behind) ", newest " (reason.missing.len()) " shown)" }
+                ol.history {
+                    @for c in &reason.missing {
+                        li { code title=(c.commit) { (short(c.commit.as_str())) } " " (c.subject) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn activity(a: Option<Activity>) -> &'static str {
@@ -923,8 +946,12 @@ pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)
         ));
     }
     out.push((
-        "The fleet's table from this daemon:",
-        "fleet-reconciler status".to_string(),
+        "This machine as the daemon sees it (decision, reason, marker):",
+        format!("fleet-reconciler status {id}"),
+    ));
+    out.push((
+        "What a daemon would do now, for the whole fleet (writes nothing):",
+        "fleet-reconciler plan".to_string(),
     ));
     out
 }

@@ -747,7 +747,14 @@ fn report_section(m: &MachineReport) -> Markup {
                         }
                     }
                 }
-                dt { "Severity" } dd { (severity_badge(m.severity)) }
+                dt { "Severity" } dd {
+                    // "unverified" only where a report was wanted and not usable.
+                    @if m.severity.is_none() && matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
+                        (dash())
+                    } @else {
+                        (severity_badge(m.severity))
+                    }
+                }
                 dt { "Action" } dd {
                     @match m.action {
                         Some(a) => (a),

@@ -64,8 +64,10 @@ pub struct Reason {
     /// Commits in `tip ^commit` in all; `None` for a ref that did not resolve.
     pub behind: Option<u64>,
     /// The newest of them, newest first by committer time (ties: lowest
-    /// id), at most [`crate::overlay::MAX_SHOWN_MISSING`].
-    pub missing: Vec<ShownCommit>,
+    /// id), at most [`crate::overlay::MAX_SHOWN_MISSING`]. Shared with the
+    /// overlay's cached range: a list costs a pointer per commit.
+    #[serde(with = "shared_list")]
+    pub missing: Vec<Arc<ShownCommit>>,
     /// Path rules have not been checked on every missing commit yet (git
     /// work per sweep is bounded): a `paths` rule may still match, and
     /// path evidence may be missing. Later sweeps finish it.
@@ -194,11 +196,31 @@ impl std::fmt::Display for Evidence {
     }
 }
 
-/// A missing commit as a reason lists it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShownCommit {
-    pub commit: CommitId,
-    pub subject: String,
+/// A missing commit as a reason lists it: `{"commit", "subject"}`.
+pub use crate::overlay::MissingCommit as ShownCommit;
+
+/// `Vec<Arc<T>>` (de)serialized as a plain list of `T`, without serde's
+/// `rc` feature.
+mod shared_list {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(
+        list: &[Arc<T>],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(list.iter().map(|item| &**item))
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<Arc<T>>, D::Error> {
+        Ok(Vec::<T>::deserialize(d)?
+            .into_iter()
+            .map(Arc::new)
+            .collect())
+    }
 }
 
 /// The signals a rule's range conditions are answered by: its trailer keys
@@ -331,14 +353,7 @@ pub fn explain(rules: &[SeverityRule], drift: Drift<'_>, classification: Classif
                 rule,
                 evidence,
                 behind: Some(range.behind),
-                missing: range
-                    .newest
-                    .iter()
-                    .map(|m| ShownCommit {
-                        commit: m.commit.clone(),
-                        subject: m.subject.clone(),
-                    })
-                    .collect(),
+                missing: range.newest.clone(),
                 evidence_partial: range.paths_incomplete,
             }
         }
@@ -560,10 +575,10 @@ paths = ["skills/**"]
                     },
                 );
             }
-            r.newest = vec![MissingCommit {
+            r.newest = vec![Arc::new(MissingCommit {
                 commit: commit.clone(),
                 subject: "Fix it".into(),
-            }];
+            })];
             r
         };
 

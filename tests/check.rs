@@ -163,7 +163,7 @@ async fn sweep_with(sim: &Sim, fx: &Fixture, extra: &str) -> FleetReport {
 /// The newest commits of `tip ^commit` (at most `n`), newest first by
 /// committer time (ties: lowest id), with their subjects: from libgit2's
 /// revwalk with `hide`, independent of the daemon's graph walk.
-fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<ShownCommit> {
+fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<Arc<ShownCommit>> {
     let mut walk = repo.revwalk().unwrap();
     walk.push(tip).unwrap();
     walk.hide(commit).unwrap();
@@ -176,9 +176,11 @@ fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<S
     all.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     all.into_iter()
         .take(n)
-        .map(|(_, o)| ShownCommit {
-            commit: CommitId::parse(&o.to_string()).unwrap(),
-            subject: subject(repo, o),
+        .map(|(_, o)| {
+            Arc::new(ShownCommit {
+                commit: CommitId::parse(&o.to_string()).unwrap(),
+                subject: subject(repo, o),
+            })
         })
         .collect()
 }

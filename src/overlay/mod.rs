@@ -183,7 +183,8 @@ pub struct DriftRange {
     /// The newest commits of `tip ^commit`, newest first by committer time
     /// (ties: lowest id), at most [`MAX_SHOWN_MISSING`]; `behind` says how
     /// many there are in all. Collected by the same walk that counts them.
-    pub newest: Vec<MissingCommit>,
+    /// Shared: the same commits near the tip are the newest of most ranges.
+    pub newest: Vec<Arc<MissingCommit>>,
     /// What each evidence commit carries that raised its signal, by the same
     /// signal ids as `evidence`.
     pub evidence_detail: BTreeMap<SignalId, EvidenceDetail>,
@@ -197,7 +198,7 @@ pub const MAX_SHOWN_MISSING: usize = 20;
 pub const MAX_SUBJECT_CHARS: usize = facts::MAX_SUBJECT_CHARS;
 
 /// One commit a machine lacks, as a drift's reason shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MissingCommit {
     pub commit: CommitId,
     /// The first line of its message, bounded ([`MAX_SUBJECT_CHARS`]).
@@ -478,6 +479,9 @@ struct Caches {
     /// Subjects and trailer keys of the commits reasons have shown: the
     /// newest commits of most ranges are the same few near the tip.
     texts: HashMap<Oid, Arc<facts::CommitText>>,
+    /// The same commits as ranges list them, one allocation each however
+    /// many ranges (and reasons) list them.
+    shown: HashMap<Oid, Arc<MissingCommit>>,
 }
 
 impl Caches {
@@ -1208,13 +1212,7 @@ impl Inner {
                 let newest = tally
                     .newest
                     .iter()
-                    .map(|node| {
-                        let oid = graph.oid(*node);
-                        Ok(MissingCommit {
-                            commit: commit_id(oid)?,
-                            subject: self.commit_text(&odb, oid)?.subject.clone(),
-                        })
-                    })
+                    .map(|node| self.shown_commit(&odb, graph.oid(*node)))
                     .collect::<Result<Vec<_>, OverlayError>>()?;
                 let range = DriftRange {
                     behind: tally.behind,
@@ -1255,6 +1253,27 @@ impl Inner {
         }
         caches.texts.insert(oid, Arc::clone(&text));
         Ok(text)
+    }
+
+    /// A missing commit as ranges list it, built once per commit (bounded).
+    fn shown_commit(
+        &self,
+        odb: &git2::Odb<'_>,
+        oid: Oid,
+    ) -> Result<Arc<MissingCommit>, OverlayError> {
+        if let Some(hit) = self.caches().shown.get(&oid) {
+            return Ok(Arc::clone(hit));
+        }
+        let shown = Arc::new(MissingCommit {
+            commit: commit_id(oid)?,
+            subject: self.commit_text(odb, oid)?.subject.clone(),
+        });
+        let mut caches = self.caches();
+        if caches.shown.len() >= MAX_CACHED_TEXTS {
+            caches.shown.clear();
+        }
+        caches.shown.insert(oid, Arc::clone(&shown));
+        Ok(shown)
     }
 
     /// What `commit` carries that raised `signal`: the trailer key as the

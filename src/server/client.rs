@@ -230,7 +230,13 @@ impl MachineView {
             or_dash(self.decision.as_ref().map(|d| p(&d.to_string()))),
         );
         if let Some(at) = self.drift_since {
-            line("drifting", format!("since {}", at.to_rfc3339()));
+            line(
+                "drifting",
+                format!(
+                    "since {}",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            );
         }
         let json = |v: &serde_json::Value| p(&v.to_string());
         if let Some(hold) = &self.hold {
@@ -246,7 +252,10 @@ impl MachineView {
             line("stale", p(&stale.error));
         }
         if let Some(at) = self.swept_at {
-            line("swept", at.to_rfc3339());
+            line(
+                "swept",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            );
         }
         if let Some(reason) = &m.reason {
             let _ = writeln!(out, "reason:");

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{Clock, SharedClock};
 use crate::executor::{Executor, StepReport};
 use crate::reconcile::{self, FetchState, Plan, PlanInput, Tracker};
 
@@ -105,14 +106,18 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
 /// still count from their own time); the fetch it just made confirms any
 /// unknown ref. A running daemon's own decisions are at
 /// `/api/v1/machines/{id}` (`status MACHINE`).
-pub async fn plan_once(sweeper: &Sweeper, owner: &str) -> Result<(FleetReport, Plan), CheckError> {
+pub async fn plan_once(
+    sweeper: &Sweeper,
+    owner: &str,
+    clock: &dyn Clock,
+) -> Result<(FleetReport, Plan), CheckError> {
     let tip = sweeper
         .overlay
         .fetch_within(sweeper.config.overlay.fetch_timeout)
         .await
         .map_err(CheckError::Fetch)?;
     let report = sweeper.sweep(&tip).await?;
-    let now = Utc::now();
+    let now = clock.now();
     let plan = plan_as_seen_before(&sweeper.config, &report, owner, now);
     Ok((report, plan))
 }
@@ -154,6 +159,8 @@ pub enum SweepOutcome {
         kind: &'static str,
         /// When the overlay was last fetched successfully.
         tip_fetched_at: Option<DateTime<Utc>>,
+        /// When the turn failed (the loop's clock).
+        at: DateTime<Utc>,
     },
 }
 
@@ -181,6 +188,8 @@ pub struct LoopOptions<'a> {
     pub refresh: Option<Arc<Notify>>,
     /// This reconciler's identity, written into markers.
     pub owner: String,
+    /// Where the loop reads the time (sweeps, fetches, failures).
+    pub clock: SharedClock,
 }
 
 /// What the fetcher last learned about the release tip; the sweeps read it.
@@ -222,7 +231,14 @@ pub async fn reconcile_loop(
     let sweep_now = Notify::new();
     let refresh = options.refresh.clone().unwrap_or_default();
     tokio::join!(
-        fetch_loop(sweeper, &refresh, &status_tx, &sweep_now, &shutdown),
+        fetch_loop(
+            sweeper,
+            &*options.clock,
+            &refresh,
+            &status_tx,
+            &sweep_now,
+            &shutdown
+        ),
         sweep_loop(
             sweeper, &options, status_rx, &sweep_now, &shutdown, on_cycle
         ),
@@ -233,6 +249,7 @@ pub async fn reconcile_loop(
 /// result. Asks for a sweep at once when the tip changed or a refresh asked.
 async fn fetch_loop(
     sweeper: &Sweeper,
+    clock: &dyn Clock,
     refresh: &Notify,
     status: &tokio::sync::watch::Sender<FetchStatus>,
     sweep_now: &Notify,
@@ -259,7 +276,7 @@ async fn fetch_loop(
                     changed = true;
                 }
                 s.tip = Some(tip);
-                s.fetched_at = Some(Utc::now());
+                s.fetched_at = Some(clock.now());
                 s.error = None;
             }
             Err(e) => {
@@ -310,6 +327,7 @@ async fn sweep_loop(
                 ),
                 kind: "overlay",
                 tip_fetched_at: fetch.fetched_at,
+                at: options.clock.now(),
             });
             continue;
         };
@@ -325,11 +343,12 @@ async fn sweep_loop(
                     error: e.to_string(),
                     kind: e.kind(),
                     tip_fetched_at: fetch.fetched_at,
+                    at: options.clock.now(),
                 });
                 continue;
             }
         };
-        let now = Utc::now();
+        let now = options.clock.now();
         // An app this sweep could not list keeps its last listing, as stale.
         listings.carry(&mut report, now);
         tracker.observe(&report, now);

@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
@@ -50,6 +51,8 @@ pub struct ExecutorConfig {
     pub concurrency: usize,
     /// This reconciler's identity (lease description, marker owner).
     pub owner: String,
+    /// Where steps read the time (markers, events, deadlines re-checked).
+    pub clock: SharedClock,
 }
 
 impl ExecutorConfig {
@@ -61,6 +64,7 @@ impl ExecutorConfig {
             start_wait: Duration::from_secs(30),
             concurrency: 16,
             owner: owner.to_string(),
+            clock: crate::clock::system(),
         }
     }
 }
@@ -254,7 +258,7 @@ impl Executor {
                         Err(e) => Outcome::Failed(e.to_string()),
                     }
                 };
-                let events = events_for(&step, &outcome, Utc::now());
+                let events = events_for(&step, &outcome, self.tuning.clock.now());
                 log_step(&step, &outcome);
                 StepReport {
                     step,
@@ -366,7 +370,7 @@ impl Executor {
                 self.fresh_probe(t, expected, &marker.target, *guard)
                     .await?;
                 let mut marker = marker.clone();
-                let now = Utc::now();
+                let now = self.tuning.clock.now();
                 marker.restart_at = Some(now);
                 marker.attempt_started_at = now;
                 // Marker first: if we die between here and the restart, the next
@@ -424,7 +428,7 @@ impl Executor {
         reload: bool,
         lease: &Held,
     ) -> Result<(), StepError> {
-        let now = Utc::now();
+        let now = self.tuning.clock.now();
         let mut marker = match &step.expected {
             // Our unfinished claim: its slot may already be won under its tag.
             Some(m) if m.phase == Phase::Claiming && m.tag == planned.tag => m.clone(),
@@ -455,7 +459,7 @@ impl Executor {
             }
             Err(e) => return Err(e),
         }
-        let now = Utc::now();
+        let now = self.tuning.clock.now();
         marker.phase = if reload {
             Phase::Reloading
         } else {
@@ -554,7 +558,7 @@ impl Executor {
             Some(url) => self.prober.probe(url).await,
             None => ProbeOutcome::Unreachable("no health URL".into()),
         };
-        let now = Utc::now();
+        let now = self.tuning.clock.now();
         match outcome {
             ProbeOutcome::Report(r) => {
                 let reported = r.overlay_ref.to_ascii_lowercase();
@@ -655,7 +659,7 @@ impl Executor {
                 machine_id: t.machine_id.clone(),
                 tag: marker.tag.clone(),
                 owner: self.tuning.owner.clone(),
-                since: Utc::now(),
+                since: self.tuning.clock.now(),
             };
             let mut won = set.try_add(&t.app, &t.pool, slot.clone(), cap);
             let mut reclaimed = false;

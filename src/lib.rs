@@ -10,6 +10,7 @@
 //!
 //! | module | concern |
 //! | --- | --- |
+//! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`model`] | shared vocabulary: `CommitId`, `MachineStatus`, `Severity`, `PolicyAction` |
 //! | [`fly`] | Fly Machines API client: typed calls, retries, leases, metadata |
@@ -58,6 +59,7 @@
 //! * **Secrets stay at the edge.** The config names environment variables;
 //!   `main` reads them and hands them to the clients, which never log them.
 
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod decision;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
 use fleet_reconciler::daemon::{self, Secrets, SetupError};
 use fleet_reconciler::fly::FlyClientBuildError;
@@ -235,7 +236,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = Arc::new(Config::load(&cli.config)?);
             let secrets = secrets_from_env(&config)?;
             let sweeper = daemon::connect(config, &secrets).await?;
-            let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id()).await?;
+            let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
             match output {
                 Output::Json => {
                     let mut out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
 use crate::decision::Decision;
@@ -70,6 +71,29 @@ pub async fn run(
     listener: TcpListener,
     owner: String,
     shutdown: CancellationToken,
+    observe: impl FnMut(&SweepOutcome),
+) -> Result<(), ServiceError> {
+    run_with_clock(
+        config,
+        secrets,
+        listener,
+        owner,
+        shutdown,
+        crate::clock::system(),
+        observe,
+    )
+    .await
+}
+
+/// [`run`] with the loop, executor and service reading `clock` (a test's
+/// [`crate::clock::TokioClock`] on paused time).
+pub async fn run_with_clock(
+    config: Arc<Config>,
+    secrets: ServiceSecrets,
+    listener: TcpListener,
+    owner: String,
+    shutdown: CancellationToken,
+    clock: SharedClock,
     mut observe: impl FnMut(&SweepOutcome),
 ) -> Result<(), ServiceError> {
     let metrics = Arc::new(Metrics::new(config.metrics.per_machine)?);
@@ -79,7 +103,10 @@ pub async fn run(
         sweeper.fly.clone(),
         config.clone(),
         secrets.agent_tokens.clone(),
-        ExecutorConfig::new(&owner),
+        ExecutorConfig {
+            clock: clock.clone(),
+            ..ExecutorConfig::new(&owner)
+        },
     )?;
     // Alert state on the data volume: a restart neither re-pages what still
     // fires nor forgets to resolve what cleared, nor loses what was queued.
@@ -91,7 +118,7 @@ pub async fn run(
             ..NotifierOptions::default()
         },
     )?;
-    let view = FleetView::new(config.sweep.interval, Utc::now());
+    let view = FleetView::new(config.sweep.interval, clock.now());
     view.set_coherence_threshold(config.alerts.coherence_threshold);
     // A turn may wait out Fly calls and their retries (a slow API is not a
     // stuck loop).
@@ -143,6 +170,7 @@ pub async fn run(
             executor: Some(&executor),
             refresh: Some(refresh),
             owner: owner.clone(),
+            clock,
         },
         shutdown.clone(),
         |outcome| {
@@ -233,8 +261,9 @@ impl Reporter<'_> {
                 error,
                 kind,
                 tip_fetched_at,
+                at,
             } => {
-                let now = Utc::now();
+                let now = *at;
                 self.failures += 1;
                 self.metrics.record_sweep_failure(kind);
                 self.view.record_failure(error.clone(), now);

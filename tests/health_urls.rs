@@ -159,6 +159,7 @@ coordinator = "coord/c0"
                 executor: Some(&executor),
                 refresh: None,
                 owner: "r1".into(),
+                clock: fleet_reconciler::clock::system(),
             };
             daemon::reconcile_loop(&sweeper, options, stop, |outcome| {
                 if let SweepOutcome::Swept(cycle) = outcome {

@@ -139,6 +139,7 @@ impl Daemon {
                 executor: Some(&executor),
                 refresh: None,
                 owner,
+                clock: fleet_reconciler::clock::system(),
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();

@@ -13,7 +13,7 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::model::Severity;
+use crate::model::{Severity, short_commit};
 use crate::rotation::{Phase, RotationMode};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made
@@ -242,7 +242,7 @@ impl fmt::Display for Decision {
             Decision::AwaitingApproval { target, severity } => write!(
                 f,
                 "{severity} drift in a manual pool: awaiting approval of {}",
-                target.get(..12).unwrap_or(target)
+                short_commit(target)
             ),
             Decision::WaitingForSlot { pool, in_use, cap } => write!(
                 f,

@@ -238,15 +238,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let sweeper = daemon::connect(config, &secrets).await?;
             let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
             match output {
-                Output::Json => {
-                    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                    let doc = report::plan_to_json(&fleet, &plan);
-                    // A closed stdout (`| head`) is the reader's choice, not our error.
-                    let _ = serde_json::to_writer_pretty(&mut out, &doc)
-                        .map_err(std::io::Error::from)
-                        .and_then(|()| writeln!(out))
-                        .and_then(|()| out.flush());
-                }
+                Output::Json => print_document(&report::plan_to_json(&fleet, &plan)),
                 Output::Table => {
                     eprintln!(
                         "(a one-shot plan: drift is taken as seen for rotation.min_drift_age; nothing is written)"
@@ -580,13 +572,17 @@ fn print_machine(view: &server::MachineView, json: &serde_json::Value, output: O
     }
 }
 
+/// A JSON document (`check`, `plan`) on stdout, pretty and streamed; the
+/// operator commands' one-line objects are [`print_json`]'s. A closed stdout
+/// (`| head`) is the reader's choice, not our error.
+fn print_document(doc: &impl serde::Serialize) {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let _ = report::write_json(&mut out, doc).and_then(|()| out.flush());
+}
+
 fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
     match output {
-        Output::Json => {
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            // A closed stdout (`| head`) is the reader's choice, not our error.
-            let _ = report::write_json(&mut out, fleet).and_then(|()| out.flush());
-        }
+        Output::Json => print_document(fleet),
         Output::Table => print!("{}", report::to_table(fleet)),
     }
     exit_code_of(fleet)

@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 #[serde(transparent)]
 pub struct CommitId(String);
 
+/// The first 12 digits of a commit id, as every view shows one (the whole
+/// text when it is shorter, or not cut at a character boundary).
+pub fn short_commit(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
 impl CommitId {
     /// Accepts exactly 40 hex digits (any case) and normalises to lowercase.
     pub fn parse(s: &str) -> Option<CommitId> {

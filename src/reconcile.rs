@@ -1326,11 +1326,8 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
             if after(since, rot.drain_ceiling) <= now {
                 return Some(yield_("drain ceiling reached"));
             }
-            let checkpointed = report
-                .and_then(|r| r.rotation.as_ref())
-                .is_some_and(|r| r.checkpoint.as_deref() == Some(marker.tag.as_str()));
             if marker.drain_requested
-                && !checkpointed
+                && !checkpointed(report, marker)
                 && after(since, rot.checkpoint_deadline) <= now
             {
                 return Some(yield_("checkpoint deadline reached"));

@@ -19,10 +19,11 @@ pub fn to_json(report: &FleetReport) -> String {
     serde_json::to_string_pretty(report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
-/// [`to_json`] written to `out` as it is serialized, followed by a newline:
-/// a 10,000-machine document is megabytes that need not sit in memory.
-pub fn write_json(out: &mut impl std::io::Write, report: &FleetReport) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, report)?;
+/// A document (the [`to_json`] report, [`plan_to_json`]'s) written to `out`
+/// as it is serialized, followed by a newline: a 10,000-machine document is
+/// megabytes that need not sit in memory.
+pub fn write_json(out: &mut impl std::io::Write, doc: &impl Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, doc)?;
     out.write_all(b"\n")
 }
 

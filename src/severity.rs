@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, DEFAULT_POOL, SeverityRule};
-use crate::model::{CommitId, PolicyAction, Severity};
+use crate::model::{CommitId, PolicyAction, Severity, short_commit};
 use crate::overlay::{DriftRange, SignalId, Signals};
 
 /// What is known about a drift when it is classified.
@@ -147,11 +147,6 @@ impl std::fmt::Display for RuleMatch {
     }
 }
 
-/// The first 12 digits of a commit id, as tables show them.
-fn short(id: &CommitId) -> &str {
-    id.as_str().get(..12).unwrap_or(id.as_str())
-}
-
 /// One line per piece of evidence, as `status MACHINE` and the machine
 /// page show it (outside text unescaped: each view escapes for its medium).
 impl std::fmt::Display for Evidence {
@@ -165,7 +160,7 @@ impl std::fmt::Display for Evidence {
                 f,
                 "trailer {} in {} {subject}",
                 trailer.as_deref().unwrap_or("-"),
-                short(commit)
+                short_commit(commit.as_str())
             ),
             Evidence::Path {
                 commit,
@@ -175,7 +170,7 @@ impl std::fmt::Display for Evidence {
                 f,
                 "path {} changed by {} {subject}",
                 path.as_deref().unwrap_or("-"),
-                short(commit)
+                short_commit(commit.as_str())
             ),
             Evidence::CommitsBehind {
                 behind,

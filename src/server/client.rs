@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::decision::Decision;
+use crate::model::short_commit as short;
 use crate::sweep::{FleetReport, MachineReport, StaleApp};
 
 /// The largest fleet document read: a 10,000-machine fleet with reasons is
@@ -288,9 +289,4 @@ impl MachineView {
         }
         out
     }
-}
-
-/// The first 12 digits of a commit id (as the table shows refs).
-fn short(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
 }

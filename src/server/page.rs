@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::decision::Decision;
+use crate::model::short_commit as short;
 use crate::model::{MachineStatus, PolicyAction, Severity};
 use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
 use crate::probe::{Activity, AgentReport};
@@ -54,10 +55,6 @@ fn percent(ratio: f64) -> String {
 /// Seconds between reloads: once per sweep, but not more than every 5 s.
 fn refresh_seconds(interval: Duration) -> u64 {
     interval.as_secs().clamp(5, 300)
-}
-
-fn short(commit: &str) -> &str {
-    commit.get(..12).unwrap_or(commit)
 }
 
 const STYLE: &str = r#"

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
-use fleet_reconciler::probe::Prober;
-use fleet_reconciler::severity;
+use fleet_reconciler::decide::severity;
+use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
+use fleet_reconciler::observe::probe::Prober;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use futures::StreamExt;
 use rand::rngs::StdRng;

@@ -95,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         // The planner over the same 10k-machine snapshot (pure, no I/O).
         let report = sweeper.sweep(&tip).await?;
-        let mut tracker = fleet_reconciler::reconcile::Tracker::default();
+        let mut tracker = fleet_reconciler::decide::planner::Tracker::default();
         let now = chrono::Utc::now();
         tracker.observe(&report, now - chrono::Duration::hours(1));
         tracker.observe(&report, now);
@@ -103,12 +103,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let rounds = 20;
         let mut steps = 0;
         for _ in 0..rounds {
-            let plan = fleet_reconciler::reconcile::plan(&fleet_reconciler::reconcile::PlanInput {
+            let plan = fleet_reconciler::decide::planner::plan(&fleet_reconciler::decide::planner::PlanInput {
                 config: &sweeper.config,
                 report: &report,
                 tracker: &tracker,
                 owner: "bench",
-                fetch: fleet_reconciler::reconcile::FetchState {
+                fetch: fleet_reconciler::decide::planner::FetchState {
                     fetched_at: Some(now),
                     failing: false,
                 },

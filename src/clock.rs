@@ -2,7 +2,7 @@
 //!
 //! Owns the one way these read the wall clock, so that a test can run them
 //! on tokio's paused clock ([`TokioClock`]) instead of real time. It must
-//! never be read inside the planner: `reconcile::plan` takes `now` as input.
+//! never be read inside the planner: `planner::plan` takes `now` as input.
 
 use std::fmt;
 use std::sync::Arc;

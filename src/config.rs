@@ -267,9 +267,9 @@ pub struct RotationConfig {
     pub heartbeat_max_age: Duration,
     /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
     /// pool's rotation slots, so caps are exact across replicas (see
-    /// [`crate::slots`]). Required for `run` to act.
+    /// [`crate::act::slots`]). Required for `run` to act.
     #[serde(default, deserialize_with = "coordinator")]
-    pub coordinator: Option<crate::slots::Coordinator>,
+    pub coordinator: Option<crate::act::slots::Coordinator>,
 }
 
 impl Default for RotationConfig {
@@ -532,8 +532,8 @@ impl HealthUrlTemplate {
         let url = url::Url::parse(&expanded).map_err(|e| HealthUrlError::Invalid(e.to_string()))?;
         if path_segments(&url) != self.segments {
             return Err(HealthUrlError::PathChanged {
-                name: crate::probe::bounded(vars.name, 64),
-                region: crate::probe::bounded(vars.region, 64),
+                name: crate::observe::probe::bounded(vars.name, 64),
+                region: crate::observe::probe::bounded(vars.region, 64),
             });
         }
         if let (Some(fly), Some(host)) = (&self.fly_host, url.host())
@@ -715,9 +715,9 @@ impl Config {
         let invalid = |key: String, span: Option<std::ops::Range<usize>>, message: String| {
             ConfigError::Invalid {
                 path: path.to_path_buf(),
-                key: crate::probe::bounded(&key, MAX_ERROR_KEY_CHARS),
+                key: crate::observe::probe::bounded(&key, MAX_ERROR_KEY_CHARS),
                 line: span.map(|s| line_of(text, s.start)),
-                message: crate::probe::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
+                message: crate::observe::probe::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
             }
         };
         let de = toml::de::Deserializer::parse(text)
@@ -1075,7 +1075,7 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 
 fn coordinator<'de, D: Deserializer<'de>>(
     d: D,
-) -> Result<Option<crate::slots::Coordinator>, D::Error> {
+) -> Result<Option<crate::act::slots::Coordinator>, D::Error> {
     let s = String::deserialize(d)?;
     s.parse().map(Some).map_err(serde::de::Error::custom)
 }
@@ -1113,7 +1113,7 @@ fn default_fly_token_env() -> String {
     "FLY_API_TOKEN".into()
 }
 fn default_max_path_comparisons() -> usize {
-    crate::overlay::DEFAULT_DIFF_BUDGET
+    crate::observe::overlay::DEFAULT_DIFF_BUDGET
 }
 
 fn default_git_token_env() -> String {

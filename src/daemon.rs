@@ -14,15 +14,15 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::act::executor::{Executor, StepReport};
 use crate::clock::{Clock, SharedClock};
-use crate::executor::{Executor, StepReport};
-use crate::reconcile::{self, FetchState, Plan, PlanInput, Tracker};
+use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
 
 use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
-use crate::overlay::{Overlay, OverlayError, OverlaySource, Tip};
-use crate::probe::{ProbeBuildError, Prober};
-use crate::sweep::{FleetReport, LastListings, SweepError, Sweeper};
+use crate::observe::overlay::{Overlay, OverlayError, OverlaySource, Tip};
+use crate::observe::probe::{ProbeBuildError, Prober};
+use crate::observe::sweep::{FleetReport, LastListings, SweepError, Sweeper};
 
 /// Secrets read from the environment at the binary's edge.
 #[derive(Clone, Default)]
@@ -137,7 +137,7 @@ pub fn plan_as_seen_before(
         .unwrap_or(now);
     tracker.observe(report, first_seen);
     tracker.observe(report, now);
-    reconcile::plan(&PlanInput {
+    planner::plan(&PlanInput {
         config,
         report,
         tracker: &tracker,
@@ -352,7 +352,7 @@ async fn sweep_loop(
         // An app this sweep could not list keeps its last listing, as stale.
         listings.carry(&mut report, now);
         tracker.observe(&report, now);
-        let plan = reconcile::plan(&PlanInput {
+        let plan = planner::plan(&PlanInput {
             config: &sweeper.config,
             report: &report,
             tracker: &tracker,

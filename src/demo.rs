@@ -13,11 +13,11 @@ use anyhow::Context as _;
 use git2::{FileMode, Oid, Repository, Signature, Time};
 use tokio_util::sync::CancellationToken;
 
+use crate::act::operator::{Approval, ApprovalMode, Operator};
 use crate::config::{Config, HealthUrlTemplate};
 use crate::daemon::{self, Secrets, SweepOutcome};
-use crate::decision::Decision;
-use crate::operator::{Approval, ApprovalMode, Operator};
-use crate::report;
+use crate::decide::decision::Decision;
+use crate::report::render;
 use crate::service::{self, ServiceSecrets};
 use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
@@ -340,7 +340,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     }
     // The machine whose lease and metadata keep the rotation slots: a
     // stopped machine of the daemon's own app, as in a real deployment.
-    let coordinator = crate::slots::Coordinator {
+    let coordinator = crate::act::slots::Coordinator {
         app: "fleet-reconciler".into(),
         machine_id: "c00rd1na7e0".into(),
     };
@@ -417,7 +417,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                print!("{}", report::to_table_with_decisions(&cycle.report, &cycle.plan.decisions));
+                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions));
                 for s in &cycle.steps {
                     println!("  {} → {}", s.step, s.outcome);
                 }

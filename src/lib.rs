@@ -6,33 +6,28 @@
 //! `docs/design.md` for the design (architecture, contracts, the rotation
 //! state machine).
 //!
-//! # Layout: observe → decide → act
+//! # Layout: observe → decide → act → report
+//!
+//! One sweep, from `main`: [`service::run`] (or `check`/`plan` in
+//! [`daemon`]) drives [`daemon::reconcile_loop`], whose every turn fetches the
+//! overlay, calls [`observe`] for a snapshot, [`decide`] for a plan, and
+//! [`act`] for the steps; [`report`] shows the result.
 //!
 //! | module | concern |
 //! | --- | --- |
-//! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
+//! | [`observe`] | read-only: [`observe::sweep`] (one pass → `FleetReport`), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
+//! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders), [`decide::rotation`] (the rotation marker) |
+//! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting), [`act::slots`] (exact pool caps across replicas), [`act::operator`] (hold / release / approve) |
+//! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
+//! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
+//! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
+//! | [`fly`] | the Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`model`] | shared vocabulary: `CommitId`, `MachineStatus`, `Severity`, `PolicyAction` |
-//! | [`fly`] | Fly Machines API client: typed calls, retries, leases, metadata |
+//! | [`events`] | alerts (conditions) and one-shot action events for on-call |
+//! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
 //! | [`logging`] | the log writer: one event per line, control characters escaped |
-//! | [`probe`] | concurrent, size- and time-bounded agent health polling |
-//! | [`overlay`] | the git mirror: tip, ref resolution, one graph walk for every drift range, per-commit facts |
-//! | [`severity`] | drift → severity (ordered rules) → the pool's action (pure), and the reason: rule, evidence, missing commits |
-//! | [`rotation`] | the rotation marker persisted in machine metadata |
-//! | [`slots`] | pool slots on the coordination machine: exact caps across replicas |
-//! | [`reconcile`] | the pure planner: snapshot + markers + now → steps, alerts and a decision per machine |
-//! | [`decision`] | the planner's typed decision per machine, which every view renders |
-//! | [`executor`] | carries out steps under Fly leases; writes markers before acting |
-//! | [`sweep`] | one read-only pass over the fleet → `FleetReport` |
-//! | [`daemon`] | wiring from config + secrets, and the reconcile loop (fetch, sweep, plan, act) |
-//! | [`events`] | alerts (conditions) and one-shot action events for on-call |
-//! | [`operator`] | hold / release / approve as Fly metadata writes |
-//! | [`notify`] | webhook alerts: dedupe, repeat, resolve; json/slack/pagerduty delivery with retries and dead letters; the alert state file that carries them over restarts |
-//! | [`metrics`] | the Prometheus registry: every series of docs/design.md §7, one struct |
-//! | [`report`] | the table and JSON renderings of a `FleetReport` |
-//! | [`server`] | axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status page |
-//! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
 //! | [`demo`] | the `demo` command's scenario |
 //!
@@ -52,35 +47,26 @@
 //!   restarted reconciler, or a second replica, reads the same truth and
 //!   resumes each rotation with its original deadlines. Fly leases fence every
 //!   mutating sequence, and a slot set changed only under one coordination
-//!   machine's lease keeps pool caps exact across replicas (see [`slots`]).
-//! * **Pure planning.** [`reconcile::plan`] takes the snapshot, the markers
+//!   machine's lease keeps pool caps exact across replicas (see [`act::slots`]).
+//! * **Pure planning.** [`decide::planner::plan`] takes the snapshot, the markers
 //!   in it, a small in-memory tracker and `now`, and returns steps; no clock,
 //!   no network. The executor is the only code that writes to Fly or agents.
 //! * **Secrets stay at the edge.** The config names environment variables;
 //!   `main` reads them and hands them to the clients, which never log them.
 
+pub mod act;
+pub mod decide;
+pub mod observe;
+pub mod report;
+
 pub mod clock;
 pub mod config;
 pub mod daemon;
-pub mod decision;
 pub mod demo;
 pub mod events;
-pub mod executor;
 pub mod fly;
 pub mod http;
 pub mod logging;
-pub mod metrics;
 pub mod model;
-pub mod notify;
-pub mod operator;
-pub mod overlay;
-pub mod probe;
-pub mod reconcile;
-pub mod report;
-pub mod rotation;
-pub mod server;
 pub mod service;
-pub mod severity;
 pub mod sim;
-pub mod slots;
-pub mod sweep;

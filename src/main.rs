@@ -8,15 +8,18 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use fleet_reconciler::act::operator::{
+    Approval, ApprovalMode, HOLD_KEY, Hold, Operator, OperatorError,
+};
 use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
 use fleet_reconciler::daemon::{self, Secrets, SetupError};
+use fleet_reconciler::demo;
 use fleet_reconciler::fly::FlyClientBuildError;
-use fleet_reconciler::operator::{Approval, ApprovalMode, HOLD_KEY, Hold, Operator, OperatorError};
-use fleet_reconciler::overlay::OverlayError;
+use fleet_reconciler::observe::overlay::OverlayError;
+use fleet_reconciler::observe::sweep::FleetReport;
+use fleet_reconciler::report::{notify, render, server};
 use fleet_reconciler::service::{self, ServiceSecrets};
-use fleet_reconciler::sweep::FleetReport;
-use fleet_reconciler::{demo, notify, report, server};
 use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
 
@@ -147,7 +150,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // The error may quote outside text (a Fly or git server's message).
-            eprintln!("error: {}", report::printable(&format!("{e:#}")));
+            eprintln!("error: {}", render::printable(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
@@ -238,12 +241,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let sweeper = daemon::connect(config, &secrets).await?;
             let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
             match output {
-                Output::Json => print_document(&report::plan_to_json(&fleet, &plan)),
+                Output::Json => print_document(&render::plan_to_json(&fleet, &plan)),
                 Output::Table => {
                     eprintln!(
                         "(a one-shot plan: drift is taken as seen for rotation.min_drift_age; nothing is written)"
                     );
-                    print!("{}", report::plan_to_table(&fleet, &plan));
+                    print!("{}", render::plan_to_table(&fleet, &plan));
                 }
             }
             Ok(exit_code_of(&fleet))
@@ -347,7 +350,7 @@ fn error_object(failed: &Failed) -> serde_json::Map<String, serde_json::Value> {
     }
     object.insert(
         "error".into(),
-        report::printable(&format!("{:#}", failed.source)).into(),
+        render::printable(&format!("{:#}", failed.source)).into(),
     );
     let mut kind: String = "error".into();
     for cause in failed.source.chain() {
@@ -562,7 +565,7 @@ fn print_machine(view: &server::MachineView, json: &serde_json::Value, output: O
         Output::Table => print!("{}", view.render()),
     }
     if let Some(stale) = &view.app_stale {
-        eprintln!("error: {}", report::printable(&stale.error));
+        eprintln!("error: {}", render::printable(&stale.error));
         return ExitCode::from(2);
     }
     use fleet_reconciler::model::MachineStatus;
@@ -577,13 +580,13 @@ fn print_machine(view: &server::MachineView, json: &serde_json::Value, output: O
 /// (`| head`) is the reader's choice, not our error.
 fn print_document(doc: &impl serde::Serialize) {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let _ = report::write_json(&mut out, doc).and_then(|()| out.flush());
+    let _ = render::write_json(&mut out, doc).and_then(|()| out.flush());
 }
 
 fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
     match output {
         Output::Json => print_document(fleet),
-        Output::Table => print!("{}", report::to_table(fleet)),
+        Output::Table => print!("{}", render::to_table(fleet)),
     }
     exit_code_of(fleet)
 }
@@ -598,7 +601,7 @@ fn exit_code_of(fleet: &FleetReport) -> ExitCode {
             None => "its machines are not in the report".to_string(),
             Some(at) => format!("showing its listing of {}", at.to_rfc3339()),
         };
-        eprintln!("error: {}; {shown}", report::printable(&stale.error));
+        eprintln!("error: {}; {shown}", render::printable(&stale.error));
     }
     if unlisted {
         ExitCode::from(2)

@@ -15,19 +15,19 @@ use chrono::{DateTime, Utc};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::act::executor::{Executor, ExecutorConfig};
+use crate::act::operator::{MARKER_KEY, Operator};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
-use crate::decision::Decision;
+use crate::decide::decision::Decision;
 use crate::events::Alert;
-use crate::executor::{Executor, ExecutorConfig};
-use crate::metrics::{Metrics, MetricsError};
-use crate::notify::{
+use crate::report::metrics::{Metrics, MetricsError};
+use crate::report::notify::{
     CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
     NotifierOptions, NotifyError, RestoredMachineAlerts, SinkSecrets,
 };
-use crate::operator::{MARKER_KEY, Operator};
-use crate::server::{self, FleetView, MachineExtra, ServerLimits, ServerState};
+use crate::report::server::{self, FleetView, MachineExtra, ServerLimits, ServerState};
 
 /// Secrets for `run`, read from the environment by `main`.
 #[derive(Clone, Default)]
@@ -55,7 +55,7 @@ pub enum ServiceError {
     #[error("cannot set up webhooks: {0}")]
     Notify(#[from] NotifyError),
     #[error(transparent)]
-    Executor(#[from] crate::executor::ExecutorBuildError),
+    Executor(#[from] crate::act::executor::ExecutorBuildError),
     #[error("HTTP server failed: {0}")]
     Server(#[source] std::io::Error),
 }
@@ -320,7 +320,7 @@ impl Reporter<'_> {
     /// One INFO line per machine whose kind of decision changed (a machine
     /// first seen on the tip is not news), so a log search for a machine id
     /// tells its story.
-    fn log_decisions(&mut self, plan: &crate::reconcile::Plan) {
+    fn log_decisions(&mut self, plan: &crate::decide::planner::Plan) {
         let mut next = HashMap::with_capacity(plan.decisions.len());
         for (id, d) in &plan.decisions {
             let kind = d.kind();

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
-use fleet_reconciler::probe::{Activity, Capability, ProbeOutcome, parse_report};
+use fleet_reconciler::observe::probe::{Activity, Capability, ProbeOutcome, parse_report};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
 use serde_json::{Value, json};
@@ -206,7 +206,7 @@ async fn health_body(agent: &Agent) -> Vec<u8> {
 }
 
 /// The agent's report as the daemon's own parser reads it.
-async fn report(agent: &Agent) -> fleet_reconciler::probe::AgentReport {
+async fn report(agent: &Agent) -> fleet_reconciler::observe::probe::AgentReport {
     let body = health_body(agent).await;
     match parse_report(&body) {
         ProbeOutcome::Report(r) => r,
@@ -221,8 +221,8 @@ async fn report(agent: &Agent) -> fleet_reconciler::probe::AgentReport {
 async fn wait_for(
     agent: &Agent,
     what: &str,
-    done: impl Fn(&fleet_reconciler::probe::AgentReport) -> bool,
-) -> fleet_reconciler::probe::AgentReport {
+    done: impl Fn(&fleet_reconciler::observe::probe::AgentReport) -> bool,
+) -> fleet_reconciler::observe::probe::AgentReport {
     let deadline = Instant::now() + POLL_TIMEOUT;
     loop {
         let r = report(agent).await;

@@ -42,14 +42,16 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use fleet_reconciler::act::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY,
+};
+use fleet_reconciler::act::slots::{SLOTS_KEY, SlotSet};
+use fleet_reconciler::decide::rotation::{Marker, Phase, RotationMode};
 use fleet_reconciler::model::{PolicyAction, Severity};
-use fleet_reconciler::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
-use fleet_reconciler::rotation::{Marker, Phase, RotationMode};
 use fleet_reconciler::sim::{
     AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, OperatorWriteRefused,
     RecordedRequest, RequestTarget, Sim, SimApp, SimFleet, SimMachine, SimMachineView,
 };
-use fleet_reconciler::slots::{SLOTS_KEY, SlotSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

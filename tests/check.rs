@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decide::severity::{Evidence, Reason, RuleMatch, ShownCommit, Unresolved};
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
 use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
-use fleet_reconciler::severity::{Evidence, Reason, RuleMatch, ShownCommit, Unresolved};
+use fleet_reconciler::observe::sweep::{FleetReport, MachineReport};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
-use fleet_reconciler::sweep::{FleetReport, MachineReport};
 use git2::{Oid, Repository};
 
 const TOKEN: &str = "test-fly-token";
@@ -507,7 +507,7 @@ async fn json_output_has_the_documented_shape() {
     let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
     let report = sweep(&sim, &fx).await;
     let v: serde_json::Value =
-        serde_json::from_str(&fleet_reconciler::report::to_json(&report)).unwrap();
+        serde_json::from_str(&fleet_reconciler::report::render::to_json(&report)).unwrap();
     let keys = |v: &serde_json::Value| {
         let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         k.sort();
@@ -566,7 +566,7 @@ async fn json_output_has_the_documented_shape() {
     assert!(reason["rule"]["kind"].is_string());
     assert_eq!(reason["behind"], canary["commits_behind"]);
     assert_eq!(keys(&reason["missing"][0]), ["commit", "subject"]);
-    let back = fleet_reconciler::server::parse_fleet(&v.to_string()).unwrap();
+    let back = fleet_reconciler::report::server::parse_fleet(&v.to_string()).unwrap();
     let canary_back = back
         .machines
         .iter()

@@ -136,7 +136,7 @@ fn sent_authorization(heads: &[String]) -> bool {
 }
 
 async fn fetch_with_token(repo: String) -> Result<(), String> {
-    use fleet_reconciler::overlay::{Overlay, OverlaySource};
+    use fleet_reconciler::observe::overlay::{Overlay, OverlaySource};
     let dir = tempfile::tempdir().unwrap();
     let overlay = Overlay::open(OverlaySource {
         repo,
@@ -309,7 +309,7 @@ async fn a_stalled_git_server_neither_stops_sweeps_nor_shutdown() {
     let mirror = dir.path().join("mirror.git");
     // The mirror as an earlier run left it: it knows the release tip.
     {
-        use fleet_reconciler::overlay::{Overlay, OverlaySource};
+        use fleet_reconciler::observe::overlay::{Overlay, OverlaySource};
         let seeded = Overlay::open(OverlaySource {
             repo: overlay.repo_path.display().to_string(),
             branch: "release".into(),
@@ -636,7 +636,7 @@ min_commits_behind = 1
 /// other users could read the overlay and the remote URL in its config.
 #[tokio::test]
 async fn a_new_mirror_is_private_to_the_daemon() {
-    use fleet_reconciler::overlay::{Overlay, OverlaySource};
+    use fleet_reconciler::observe::overlay::{Overlay, OverlaySource};
     use std::os::unix::fs::PermissionsExt;
     let overlay = OverlayRepo::new();
     let dir = tempfile::tempdir().unwrap();

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
+use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
+use fleet_reconciler::act::operator::MARKER_KEY;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
-use fleet_reconciler::executor::{Executor, ExecutorConfig};
 use fleet_reconciler::model::MachineStatus;
-use fleet_reconciler::operator::MARKER_KEY;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use tokio_util::sync::CancellationToken;
 

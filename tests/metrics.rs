@@ -11,10 +11,10 @@ use chrono::{DateTime, TimeDelta, Utc};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
-use fleet_reconciler::metrics::{self, Metrics};
 use fleet_reconciler::model::MachineStatus;
+use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
+use fleet_reconciler::report::metrics::{self, Metrics};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
-use fleet_reconciler::sweep::{FleetReport, Sweeper};
 
 mod common;
 

@@ -18,11 +18,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use fleet_reconciler::config::{AlertsConfig, WebhookConfig, WebhookFormat};
 use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind};
 use fleet_reconciler::model::{PolicyAction, Severity};
-use fleet_reconciler::notify::{
+use fleet_reconciler::observe::sweep::FleetReport;
+use fleet_reconciler::report::notify::{
     Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
     NotifierOptions, RestoredMachineAlerts, SinkSecrets, sink_secrets_from_env,
 };
-use fleet_reconciler::sweep::FleetReport;
 use hmac::{Hmac, Mac};
 use serde_json::Value;
 use sha2::Sha256;

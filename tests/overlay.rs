@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_reconciler::model::CommitId;
-use fleet_reconciler::overlay::{
+use fleet_reconciler::observe::overlay::{
     DriftRange, Overlay, OverlayError, OverlaySource, RefAnalysis, SignalId, Signals, Tip,
 };
 use git2::{Oid, Repository, Signature, Time};
@@ -649,7 +649,7 @@ async fn merge_history_counts_match_breadth_first_ancestor_sets() {
                 &up.repo,
                 e,
                 commit,
-                fleet_reconciler::overlay::MAX_SHOWN_MISSING
+                fleet_reconciler::observe::overlay::MAX_SHOWN_MISSING
             ),
             "{commit}"
         );

@@ -14,18 +14,20 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
-use fleet_reconciler::config::{Config, ConfigError, HealthUrlTemplate, UrlVars};
-use fleet_reconciler::model::{PolicyAction, Severity};
-use fleet_reconciler::operator::{
+use fleet_reconciler::act::operator::{
     Approval, ApprovalMode, MAX_APPROVAL_BY_CHARS, MAX_APPROVAL_TARGET_CHARS,
 };
-use fleet_reconciler::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
-use fleet_reconciler::probe::{MAX_DETAIL_CHARS, MAX_TAG_CHARS, ProbeOutcome, parse_report};
-use fleet_reconciler::reconcile::Unprobed;
-use fleet_reconciler::rotation::{
+use fleet_reconciler::act::slots::{Coordinator, SlotSet};
+use fleet_reconciler::config::{Config, ConfigError, HealthUrlTemplate, UrlVars};
+use fleet_reconciler::decide::planner::Unprobed;
+use fleet_reconciler::decide::rotation::{
     MAX_MARKER_OWNER_CHARS, MAX_MARKER_TARGET_CHARS, Marker, Phase, RotationMode,
 };
-use fleet_reconciler::slots::{Coordinator, SlotSet};
+use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
+use fleet_reconciler::observe::probe::{
+    MAX_DETAIL_CHARS, MAX_TAG_CHARS, ProbeOutcome, parse_report,
+};
 use git2::{ObjectType, Oid, Repository, Signature, Time};
 use proptest::prelude::*;
 

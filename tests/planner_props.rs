@@ -8,19 +8,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use chrono::{DateTime, Duration as Cd, Utc};
-use fleet_reconciler::config::Config;
-use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
-use fleet_reconciler::operator::{
+use fleet_reconciler::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
 };
-use fleet_reconciler::overlay::Tip;
-use fleet_reconciler::probe::{Activity, AgentReport, Capability, RotationState};
-use fleet_reconciler::reconcile::{
+use fleet_reconciler::act::slots::{Slot, SlotSet};
+use fleet_reconciler::config::Config;
+use fleet_reconciler::decide::planner::{
     FetchState, PlanInput, RestartGuard, StepKind, Tracker, Unprobed, plan, restart_allowed,
 };
-use fleet_reconciler::rotation::{Ending, Marker, Phase, RotationMode};
-use fleet_reconciler::slots::{Slot, SlotSet};
-use fleet_reconciler::sweep::{MachineReport, SlotsView, build_report};
+use fleet_reconciler::decide::rotation::{Ending, Marker, Phase, RotationMode};
+use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::observe::overlay::Tip;
+use fleet_reconciler::observe::probe::{Activity, AgentReport, Capability, RotationState};
+use fleet_reconciler::observe::sweep::{MachineReport, SlotsView, build_report};
 use proptest::prelude::*;
 
 const TIP: &str = "1111111111111111111111111111111111111111";

@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::routing::get;
 use fleet_reconciler::config::ProbeConfig;
-use fleet_reconciler::probe::{ProbeOutcome, Prober};
+use fleet_reconciler::observe::probe::{ProbeOutcome, Prober};
 
 #[derive(Default)]
 struct Stats {

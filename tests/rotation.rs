@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
-use fleet_reconciler::events::AlertKind;
-use fleet_reconciler::executor::{Executor, ExecutorConfig};
-use fleet_reconciler::operator::{
+use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
+use fleet_reconciler::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
 };
-use fleet_reconciler::rotation::{Marker, Phase};
+use fleet_reconciler::config::Config;
+use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
+use fleet_reconciler::decide::rotation::{Marker, Phase};
+use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -891,10 +891,10 @@ fn sweeps(d: &Daemon) -> usize {
 
 /// Sweeps, plans and carries out one cycle by hand.
 struct Hand {
-    sweeper: fleet_reconciler::sweep::Sweeper,
+    sweeper: fleet_reconciler::observe::sweep::Sweeper,
     executor: Executor,
-    tracker: fleet_reconciler::reconcile::Tracker,
-    tip: fleet_reconciler::overlay::Tip,
+    tracker: fleet_reconciler::decide::planner::Tracker,
+    tip: fleet_reconciler::observe::overlay::Tip,
 }
 
 impl Hand {
@@ -918,8 +918,8 @@ impl Hand {
         }
     }
 
-    async fn plan(&mut self) -> fleet_reconciler::reconcile::Plan {
-        use fleet_reconciler::reconcile::{FetchState, PlanInput, plan};
+    async fn plan(&mut self) -> fleet_reconciler::decide::planner::Plan {
+        use fleet_reconciler::decide::planner::{FetchState, PlanInput, plan};
         let report = self.sweeper.sweep(&self.tip).await.unwrap();
         let now = Utc::now();
         self.tracker.observe(&report, now);
@@ -938,8 +938,8 @@ impl Hand {
 
     async fn run(
         &self,
-        plan: &fleet_reconciler::reconcile::Plan,
-    ) -> Vec<fleet_reconciler::executor::StepReport> {
+        plan: &fleet_reconciler::decide::planner::Plan,
+    ) -> Vec<fleet_reconciler::act::executor::StepReport> {
         self.executor
             .execute(plan.steps.clone(), &CancellationToken::new())
             .await
@@ -950,7 +950,7 @@ impl Hand {
 /// between the snapshot and the action was ignored and m1 restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
-    use fleet_reconciler::executor::{Declined, Outcome};
+    use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
     let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
         .await
@@ -984,7 +984,7 @@ async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
 /// both failed) and m2's real rotation were restarted together under cap 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
-    use fleet_reconciler::slots::{SLOTS_KEY, Slot, SlotSet};
+    use fleet_reconciler::act::slots::{SLOTS_KEY, Slot, SlotSet};
     let w = world();
     let sim = Sim::start(fleet(
         &w,
@@ -1000,7 +1000,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
         tag: format!("{id}-legacy"),
         target: w.tip.clone(),
         phase: Phase::Draining,
-        mode: fleet_reconciler::rotation::RotationMode::Wait,
+        mode: fleet_reconciler::decide::rotation::RotationMode::Wait,
         action: fleet_reconciler::model::PolicyAction::AlertAndWait,
         severity: fleet_reconciler::model::Severity::Low,
         started_at: now,
@@ -1114,7 +1114,7 @@ async fn scenario_4_a_yielded_rotation_whose_agent_hangs_does_not_block_its_pool
         tag: "m1-yielded".into(),
         target: w.tip.clone(),
         phase: Phase::Yielded,
-        mode: fleet_reconciler::rotation::RotationMode::Wait,
+        mode: fleet_reconciler::decide::rotation::RotationMode::Wait,
         action: fleet_reconciler::model::PolicyAction::AlertAndWait,
         severity: fleet_reconciler::model::Severity::Low,
         started_at: now,
@@ -1481,7 +1481,7 @@ async fn a_released_lease_is_never_taken_again_by_its_refresher() {
     let (done, ()) = tokio::join!(step, inject);
     assert_eq!(
         done[0].outcome,
-        fleet_reconciler::executor::Outcome::Done,
+        fleet_reconciler::act::executor::Outcome::Done,
         "{done:?}"
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -1543,7 +1543,7 @@ async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
 /// already gave for another commit stays for the rotation that needs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finishing_consumes_only_the_approval_of_its_own_commit() {
-    use fleet_reconciler::slots::{SLOTS_KEY, Slot, SlotSet};
+    use fleet_reconciler::act::slots::{SLOTS_KEY, Slot, SlotSet};
     let w = world();
     let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.tip.clone())]))
         .await
@@ -1553,7 +1553,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         tag: "m1-done".into(),
         target: w.tip.clone(),
         phase: Phase::Restarting,
-        mode: fleet_reconciler::rotation::RotationMode::Now,
+        mode: fleet_reconciler::decide::rotation::RotationMode::Now,
         action: fleet_reconciler::model::PolicyAction::Manual,
         severity: fleet_reconciler::model::Severity::High,
         started_at: now,

@@ -8,22 +8,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use fleet_reconciler::config::{Config, HealthUrlTemplate};
-use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::decision::Decision;
-use fleet_reconciler::demo;
-use fleet_reconciler::metrics::Metrics;
-use fleet_reconciler::model::Severity;
-use fleet_reconciler::operator::{
+use fleet_reconciler::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
 };
-use fleet_reconciler::report;
-use fleet_reconciler::rotation::Phase;
-use fleet_reconciler::server::{
+use fleet_reconciler::config::{Config, HealthUrlTemplate};
+use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decide::decision::Decision;
+use fleet_reconciler::decide::rotation::Phase;
+use fleet_reconciler::demo;
+use fleet_reconciler::model::Severity;
+use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
+use fleet_reconciler::report::metrics::Metrics;
+use fleet_reconciler::report::render;
+use fleet_reconciler::report::server::{
     self, FleetView, MachineExtra, ServerLimits, ServerState, StatusError,
 };
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
-use fleet_reconciler::sweep::{FleetReport, Sweeper};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -281,7 +281,7 @@ async fn health_readiness_and_fleet_before_and_after_a_sweep() {
     assert!(resp.headers().contains_key("last-modified"));
     let body = json_of(resp).await;
     // Exactly the `check --output json` document of that sweep.
-    let expected: Value = serde_json::from_str(&report::to_json(&report)).unwrap();
+    let expected: Value = serde_json::from_str(&render::to_json(&report)).unwrap();
     assert_eq!(body, expected);
     assert_eq!(body["tip"]["branch"], "release");
     assert_eq!(body["tip"]["commit"], h.overlay.tip());
@@ -973,8 +973,8 @@ async fn status_client_prints_the_check_table() {
     ))
     .await
     .unwrap();
-    assert_eq!(report::to_table(&fetched), report::to_table(&report));
-    assert_eq!(report::to_json(&fetched), report::to_json(&report));
+    assert_eq!(render::to_table(&fetched), render::to_table(&report));
+    assert_eq!(render::to_json(&fetched), render::to_json(&report));
     assert_eq!(fetched.is_coherent(), report.is_coherent());
 
     let err = within(server::fetch_fleet("ftp://x", Duration::from_secs(1)))

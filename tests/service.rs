@@ -8,7 +8,7 @@ use axum::Router;
 use axum::routing::post;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
-use fleet_reconciler::notify::SinkSecrets;
+use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use tokio_util::sync::CancellationToken;

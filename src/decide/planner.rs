@@ -23,16 +23,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
-use crate::decision::Decision;
-use crate::events::{Alert, AlertKind};
-use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::operator::{
+use crate::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, UNPROBED_KEY,
 };
-use crate::probe::{AgentReport, Capability};
-use crate::rotation::{Ending, Marker, Phase, RotationMode};
-use crate::sweep::{FleetReport, MachineReport, SlotsView};
+use crate::config::Config;
+use crate::decide::decision::Decision;
+use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
+use crate::events::{Alert, AlertKind};
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::observe::probe::{AgentReport, Capability};
+use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
 /// How far in the future a heartbeat may be (clock skew) and still count as fresh.
 pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
@@ -1470,5 +1470,5 @@ fn machine_alert(
 }
 
 #[cfg(test)]
-#[path = "reconcile_tests.rs"]
+#[path = "planner_tests.rs"]
 mod tests;

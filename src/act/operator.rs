@@ -19,7 +19,7 @@ pub const MARKER_KEY: &str = "fleet_reconciler_rotation";
 pub const HOLD_KEY: &str = "fleet_reconciler_hold";
 /// Metadata key of an operator approval (JSON [`Approval`]).
 pub const APPROVE_KEY: &str = "fleet_reconciler_approve";
-/// Metadata key of the probe-failure evidence (JSON `reconcile::Unprobed`,
+/// Metadata key of the probe-failure evidence (JSON `planner::Unprobed`,
 /// owned by the planner): when the agent stopped giving usable reports.
 pub const UNPROBED_KEY: &str = "fleet_reconciler_unprobed";
 
@@ -57,16 +57,16 @@ impl Approval {
     }
 
     /// [`Approval::parse`], saying why a value is not an approval (the field
-    /// at fault, in at most [`crate::probe::MAX_DETAIL_CHARS`] characters).
+    /// at fault, in at most [`crate::observe::probe::MAX_DETAIL_CHARS`] characters).
     pub fn decode(value: &str) -> Result<Approval, String> {
-        let mut approval: Approval = crate::probe::decode_json(value)?;
+        let mut approval: Approval = crate::observe::probe::decode_json(value)?;
         if approval.target.chars().count() > MAX_APPROVAL_TARGET_CHARS {
             return Err(format!(
                 "field `target`: longer than {MAX_APPROVAL_TARGET_CHARS} characters"
             ));
         }
         if approval.by.chars().count() > MAX_APPROVAL_BY_CHARS {
-            approval.by = crate::probe::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
+            approval.by = crate::observe::probe::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
         }
         Ok(approval)
     }

@@ -8,10 +8,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::decision::Decision;
+use crate::decide::decision::Decision;
+use crate::decide::planner::Plan;
 use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::reconcile::Plan;
-use crate::sweep::FleetReport;
+use crate::observe::sweep::FleetReport;
 
 /// The `check --output json` document.
 pub fn to_json(report: &FleetReport) -> String {
@@ -199,7 +199,7 @@ mod tests {
             "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"app\"\n",
         )
         .unwrap();
-        let machine = crate::sweep::MachineReport {
+        let machine = crate::observe::sweep::MachineReport {
             app: "app".into(),
             machine_id: "m1".into(),
             name: "evil\u{1b}]0;pwned\u{7}".into(),
@@ -220,11 +220,15 @@ mod tests {
             version: String::new(),
             health_url: None,
         };
-        let tip = crate::overlay::Tip {
+        let tip = crate::observe::overlay::Tip {
             branch: "release".into(),
             commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
         };
-        let table = to_table(&crate::sweep::build_report(&config, &tip, vec![machine]));
+        let table = to_table(&crate::observe::sweep::build_report(
+            &config,
+            &tip,
+            vec![machine],
+        ));
         assert!(
             !table.chars().any(|c| c.is_control() && c != '\n'),
             "{table:?}"
@@ -240,7 +244,7 @@ mod tests {
              [[apps]]\nname = \"a\"\n[[apps]]\nname = \"b\"\n[[apps]]\nname = \"c\"\n",
         )
         .unwrap();
-        let machine = |app: &str, id: &str| crate::sweep::MachineReport {
+        let machine = |app: &str, id: &str| crate::observe::sweep::MachineReport {
             app: app.into(),
             machine_id: id.into(),
             name: id.into(),
@@ -261,13 +265,16 @@ mod tests {
             version: String::new(),
             health_url: None,
         };
-        let tip = crate::overlay::Tip {
+        let tip = crate::observe::overlay::Tip {
             branch: "release".into(),
             commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
         };
-        let mut report =
-            crate::sweep::build_report(&config, &tip, vec![machine("a", "a1"), machine("b", "b1")]);
-        let stale = |app: &str, at| crate::sweep::StaleApp {
+        let mut report = crate::observe::sweep::build_report(
+            &config,
+            &tip,
+            vec![machine("a", "a1"), machine("b", "b1")],
+        );
+        let stale = |app: &str, at| crate::observe::sweep::StaleApp {
             error: format!("cannot list machines of app {app}: answered 503"),
             kind: "status".into(),
             last_listed_at: at,

@@ -9,7 +9,7 @@
 //! before the slot is taken, `cordoned` before the cordon, `restarting` before
 //! the restart), so a crash or a lost answer between any two calls leaves a
 //! marker that says what may have happened, and the next sweep can finish or
-//! undo it. Pool caps are kept by [`crate::slots`], not by the markers.
+//! undo it. Pool caps are kept by [`crate::act::slots`], not by the markers.
 
 use std::fmt;
 
@@ -174,17 +174,17 @@ impl Marker {
 
     /// [`Marker::parse`], saying why a value is not a marker: the field at
     /// fault and what is wrong with it, in at most
-    /// [`MAX_DETAIL_CHARS`](crate::probe::MAX_DETAIL_CHARS) characters.
+    /// [`MAX_DETAIL_CHARS`](crate::observe::probe::MAX_DETAIL_CHARS) characters.
     /// Texts are bounded: a tag longer than
-    /// [`MAX_TAG_CHARS`](crate::probe::MAX_TAG_CHARS) (the longest checkpoint
+    /// [`MAX_TAG_CHARS`](crate::observe::probe::MAX_TAG_CHARS) (the longest checkpoint
     /// an agent may report, so such a rotation could never be checkpointed),
     /// a target or an owner longer than ours can be, make it malformed.
     pub fn decode(value: &str) -> Result<Marker, String> {
-        let marker: Marker = crate::probe::decode_json(value)?;
+        let marker: Marker = crate::observe::probe::decode_json(value)?;
         let too_long =
             |field: &str, max: usize| Err(format!("field `{field}`: longer than {max} characters"));
-        if marker.tag.chars().count() > crate::probe::MAX_TAG_CHARS {
-            return too_long("tag", crate::probe::MAX_TAG_CHARS);
+        if marker.tag.chars().count() > crate::observe::probe::MAX_TAG_CHARS {
+            return too_long("tag", crate::observe::probe::MAX_TAG_CHARS);
         }
         if marker.target.chars().count() > MAX_MARKER_TARGET_CHARS {
             return too_long("target", MAX_MARKER_TARGET_CHARS);

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 
-use crate::sweep::FleetReport;
+use crate::observe::sweep::FleetReport;
 
 /// Samples kept: two hours of sweeps at a 30 s interval.
 pub const TREND_SAMPLES: usize = 240;
@@ -188,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_sample_keeps_the_sweeps_figures_and_skips_apps_never_listed() {
-        use crate::sweep::{AppSummary, StaleApp, TipReport};
+        use crate::observe::sweep::{AppSummary, StaleApp, TipReport};
         let app = |name: &str, on_tip, machines, stale: Option<Option<DateTime<Utc>>>| AppSummary {
             name: name.into(),
             machines,

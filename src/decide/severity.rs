@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, DEFAULT_POOL, SeverityRule};
 use crate::model::{CommitId, PolicyAction, Severity, short_commit};
-use crate::overlay::{DriftRange, SignalId, Signals};
+use crate::observe::overlay::{DriftRange, SignalId, Signals};
 
 /// What is known about a drift when it is classified.
 #[derive(Clone, Copy, Debug)]
@@ -64,7 +64,7 @@ pub struct Reason {
     /// Commits in `tip ^commit` in all; `None` for a ref that did not resolve.
     pub behind: Option<u64>,
     /// The newest of them, newest first by committer time (ties: lowest
-    /// id), at most [`crate::overlay::MAX_SHOWN_MISSING`]. Shared with the
+    /// id), at most [`crate::observe::overlay::MAX_SHOWN_MISSING`]. Shared with the
     /// overlay's cached range: a list costs a pointer per commit.
     #[serde(with = "shared_list")]
     pub missing: Vec<Arc<ShownCommit>>,
@@ -192,7 +192,7 @@ impl std::fmt::Display for Evidence {
 }
 
 /// A missing commit as a reason lists it: `{"commit", "subject"}`.
-pub use crate::overlay::MissingCommit as ShownCommit;
+pub use crate::observe::overlay::MissingCommit as ShownCommit;
 
 /// `Vec<Arc<T>>` (de)serialized as a plain list of `T`, without serde's
 /// `rc` feature.
@@ -553,7 +553,7 @@ paths = ["skills/**"]
 
     #[test]
     fn reasons_name_the_rule_and_the_evidence_of_each_condition() {
-        use crate::overlay::{EvidenceDetail, MissingCommit};
+        use crate::observe::overlay::{EvidenceDetail, MissingCommit};
         let rules = default_severity_rules();
         let commit = CommitId::parse(&"e".repeat(40)).expect("commit id");
         let explained = |r: &DriftRange| {

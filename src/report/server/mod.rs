@@ -45,15 +45,15 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 
-use crate::decision::Decision;
-use crate::metrics::{self, Metrics};
-use crate::model::CommitId;
-use crate::operator::{
+use crate::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
 };
-use crate::probe::AgentReport;
-use crate::report;
-use crate::sweep::{FleetReport, MachineReport, StaleApp};
+use crate::decide::decision::Decision;
+use crate::model::CommitId;
+use crate::observe::probe::AgentReport;
+use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
+use crate::report::metrics::{self, Metrics};
+use crate::report::render;
 
 pub use client::{
     MAX_FLEET_BODY_BYTES, MAX_MACHINE_BODY_BYTES, MachineView, StatusError, fetch_fleet,
@@ -607,7 +607,7 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
     let report = last_report(&observed)?;
     let mut resp = (
         [(header::CONTENT_TYPE, "application/json")],
-        report::to_json(&report) + "\n",
+        render::to_json(&report) + "\n",
     )
         .into_response();
     if let Some(at) = observed.last_success {

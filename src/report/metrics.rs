@@ -42,10 +42,10 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::decision::Decision;
+use crate::decide::decision::Decision;
 use crate::fly::RequestObserver;
 use crate::model::{MachineStatus, Severity};
-use crate::sweep::FleetReport;
+use crate::observe::sweep::FleetReport;
 
 /// Content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
@@ -726,7 +726,7 @@ fn unix_seconds(t: DateTime<Utc>) -> f64 {
 mod tests {
     use super::*;
     use crate::model::PolicyAction;
-    use crate::sweep::{AppSummary, MachineReport, TipReport};
+    use crate::observe::sweep::{AppSummary, MachineReport, TipReport};
 
     fn machine(app: &str, id: &str, status: MachineStatus, behind: Option<u64>) -> MachineReport {
         MachineReport {
@@ -861,7 +861,7 @@ mod tests {
 
         // b not listed, shown as of its listing at 1_010.
         let mut carried = listed.clone();
-        carried.apps[1].stale = Some(crate::sweep::StaleApp {
+        carried.apps[1].stale = Some(crate::observe::sweep::StaleApp {
             error: "cannot list machines of app b: boom".into(),
             kind: "status".into(),
             last_listed_at: Some(at(1_010)),
@@ -898,7 +898,7 @@ mod tests {
             machines: 0,
             on_tip: 0,
             coherence: 1.0,
-            stale: Some(crate::sweep::StaleApp {
+            stale: Some(crate::observe::sweep::StaleApp {
                 error: "cannot list machines of app b: boom".into(),
                 kind: "not_found".into(),
                 last_listed_at: None,

@@ -18,12 +18,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::decision::Decision;
+use crate::act::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
+use crate::decide::decision::Decision;
 use crate::model::short_commit as short;
 use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
-use crate::probe::{Activity, AgentReport};
-use crate::sweep::{FleetReport, MachineReport};
+use crate::observe::probe::{Activity, AgentReport};
+use crate::observe::sweep::{FleetReport, MachineReport};
 
 use super::trend::CoherenceTrend;
 use super::{Observed, age, checked_id, metadata_json};
@@ -977,7 +977,7 @@ fn commands_section(m: &MachineReport) -> Markup {
 mod tests {
     use super::*;
 
-    use crate::server::trend::{AppPoint, TrendSample};
+    use crate::report::server::trend::{AppPoint, TrendSample};
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()

@@ -1,6 +1,6 @@
 //! The executor: carries out planned steps through the Fly API and the agents.
 //!
-//! Owns leases, markers and the slot protocol of [`crate::slots`]. Every step
+//! Owns leases, markers and the slot protocol of [`crate::act::slots`]. Every step
 //! holds the machine's Fly lease (short TTL, refreshed while held, released on
 //! every exit path); a lease held by someone else means "skip this machine
 //! this sweep", never "take it". Under the lease it re-reads the machine and
@@ -25,16 +25,16 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::act::operator::{APPROVE_KEY, Approval, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
+use crate::act::slots::{Coordinator, SLOTS_KEY, Slot, SlotSet};
 use crate::clock::SharedClock;
 use crate::config::Config;
+use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
+use crate::decide::rotation::{Ending, Marker, Phase};
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
 use crate::model::PolicyAction;
-use crate::operator::{APPROVE_KEY, Approval, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
-use crate::probe::{ProbeBuildError, ProbeOutcome, Prober};
-use crate::reconcile::{self, RestartGuard, Step, StepKind, Target};
-use crate::rotation::{Ending, Marker, Phase};
-use crate::slots::{Coordinator, SLOTS_KEY, Slot, SlotSet};
+use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
 #[derive(Clone, Debug)]
@@ -567,10 +567,10 @@ impl Executor {
                 }
                 match guard {
                     RestartGuard::MayInterrupt => Ok(()),
-                    RestartGuard::Idle => reconcile::restart_allowed(&self.config, &r, marker, now)
+                    RestartGuard::Idle => planner::restart_allowed(&self.config, &r, marker, now)
                         .map_err(|why| Declined::NotIdle(why.as_str()).into()),
                     RestartGuard::Unprobeable => {
-                        reconcile::restart_allowed(&self.config, &r, marker, now)
+                        planner::restart_allowed(&self.config, &r, marker, now)
                             .map_err(|why| Declined::AgentAnswers(why.as_str()).into())
                     }
                 }

@@ -19,7 +19,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use crate::config::Config;
 use crate::events::{Alert, AlertKind};
 use crate::model::{MachineStatus, Severity};
-use crate::sweep::{FleetReport, StaleApp};
+use crate::observe::sweep::{FleetReport, StaleApp};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -561,7 +561,7 @@ fn percent(ratio: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::{AppSummary, TipReport};
+    use crate::observe::sweep::{AppSummary, TipReport};
 
     fn t(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()

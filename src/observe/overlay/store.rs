@@ -208,7 +208,7 @@ fn decode(bytes: &[u8]) -> Option<Graph> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::overlay::graph::RawCommit;
+    use crate::observe::overlay::graph::RawCommit;
 
     fn oid(i: u8) -> Oid {
         Oid::from_bytes(&[i; 20]).expect("20 bytes")

@@ -4,7 +4,7 @@
 //!
 //! Owns the vocabulary of decisions and their renderings (a short label, a
 //! sentence, a metric label). It must never decide anything itself: the
-//! planner ([`crate::reconcile::plan`]) builds every value; views only show
+//! planner ([`crate::decide::planner::plan`]) builds every value; views only show
 //! it, so they cannot disagree with the planner (no second drift clock, no
 //! free-text phase).
 
@@ -13,8 +13,8 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::decide::rotation::{Phase, RotationMode};
 use crate::model::{Severity, short_commit};
-use crate::rotation::{Phase, RotationMode};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made
 /// later still says when something happens, and the planner's `now` is the

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::act::slots::{SLOTS_KEY, SlotSet};
 use crate::config::{Config, UrlVars};
+use crate::decide::severity::{self, Classification, Drift, SharedReason, Unresolved};
 use crate::fly::{FlyClient, FlyError, Machine};
 use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
-use crate::probe::{AgentReport, ProbeOutcome, Prober};
-use crate::severity::{self, Classification, Drift, SharedReason, Unresolved};
-use crate::slots::{SLOTS_KEY, SlotSet};
+use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
+use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
 /// The result of one sweep; serializes as the `check --output json` document
 /// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`).
@@ -272,7 +272,10 @@ impl Sweeper {
                     url_of.insert(i, url);
                 }
                 Err(e) => {
-                    let why = crate::probe::bounded(&e.to_string(), crate::probe::MAX_DETAIL_CHARS);
+                    let why = crate::observe::probe::bounded(
+                        &e.to_string(),
+                        crate::observe::probe::MAX_DETAIL_CHARS,
+                    );
                     probe_of.insert(i, ProbeOutcome::Unreachable(why));
                 }
             }

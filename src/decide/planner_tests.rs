@@ -6,11 +6,13 @@ use std::path::Path;
 use chrono::{DateTime, Duration as Cd, Utc};
 
 use super::*;
-use crate::decision::Decision;
-use crate::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
-use crate::probe::{Activity, AgentReport, Capability, RotationState};
-use crate::rotation::{Ending, Marker, Phase, RotationMode};
-use crate::sweep::{FleetReport, MachineReport, SlotsView};
+use crate::act::operator::{
+    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
+};
+use crate::decide::decision::Decision;
+use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
+use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
+use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
@@ -218,9 +220,9 @@ impl Fx {
     }
 
     fn report(&self) -> FleetReport {
-        crate::sweep::build_report(
+        crate::observe::sweep::build_report(
             &self.config,
-            &crate::overlay::Tip {
+            &crate::observe::overlay::Tip {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(TIP).unwrap(),
             },
@@ -1427,7 +1429,7 @@ fn an_unfinished_claim_is_completed_or_withdrawn() {
 fn a_rotation_without_its_slot_is_undone() {
     let now = t0() + Cd::minutes(3);
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
-    let mut set = crate::slots::SlotSet::parse(None).unwrap();
+    let mut set = crate::act::slots::SlotSet::parse(None).unwrap();
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
     let plan = fx.plan_with(t0(), now, fetched(), SlotsView::Known(set.clone()));
     assert!(restart_of(&plan, "m1").is_none());
@@ -1437,7 +1439,7 @@ fn a_rotation_without_its_slot_is_undone() {
     set.try_add(
         "app",
         "default",
-        crate::slots::Slot {
+        crate::act::slots::Slot {
             machine_id: "m1".into(),
             tag: m.tag.clone(),
             owner: "r1".into(),
@@ -1504,7 +1506,7 @@ fn stale(mut report: FleetReport, app: &str) -> FleetReport {
         .iter_mut()
         .find(|a| a.name == app)
         .expect("a configured app");
-    summary.stale = Some(crate::sweep::StaleApp {
+    summary.stale = Some(crate::observe::sweep::StaleApp {
         error: format!(
             "cannot list machines of app {app}: Fly API: list_machines for app {app} answered 503: unavailable"
         ),
@@ -1527,7 +1529,7 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
         action: PolicyAction::AlertAndWait,
         severity: Severity::Low,
     };
-    let mut set = crate::slots::SlotSet::parse(None).unwrap();
+    let mut set = crate::act::slots::SlotSet::parse(None).unwrap();
     for (id, m) in [
         ("o-drain", &draining),
         ("o-undo", &releasing),
@@ -1536,7 +1538,7 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
         set.try_add(
             "other",
             "default",
-            crate::slots::Slot {
+            crate::act::slots::Slot {
                 machine_id: id.into(),
                 tag: m.tag.clone(),
                 owner: "r1".into(),
@@ -1699,12 +1701,16 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
 #[test]
 fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
     let config = config("[[apps]]\nname = \"other\"\n");
-    let tip = crate::overlay::Tip {
+    let tip = crate::observe::overlay::Tip {
         branch: "release".into(),
         commit: crate::model::CommitId::parse(TIP).unwrap(),
     };
     let report = |machines: Vec<M>| {
-        crate::sweep::build_report(&config, &tip, machines.into_iter().map(|m| m.0).collect())
+        crate::observe::sweep::build_report(
+            &config,
+            &tip,
+            machines.into_iter().map(|m| m.0).collect(),
+        )
     };
     let mut tracker = Tracker::default();
     tracker.observe(
@@ -1827,7 +1833,7 @@ fn decision_observe_only() {
 
 #[test]
 fn decision_held_by_whom_since_when_and_mid_which_phase() {
-    let hold = crate::operator::Hold {
+    let hold = crate::act::operator::Hold {
         by: "alice".into(),
         reason: "incident 42".into(),
         at: t0() - Cd::minutes(3),

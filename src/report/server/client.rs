@@ -2,7 +2,7 @@
 //! for the `status` command.
 //!
 //! Owns reading a running daemon's last sweep back into a [`FleetReport`], so
-//! `status` prints exactly the table `check` prints (`report::to_table`),
+//! `status` prints exactly the table `check` prints (`render::to_table`),
 //! and one machine's detail into a [`MachineView`] (`status MACHINE`). It
 //! must never follow a redirect, send credentials, read an answer past its
 //! bound ([`MAX_FLEET_BODY_BYTES`], [`MAX_MACHINE_BODY_BYTES`]), or put the
@@ -14,9 +14,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use crate::decision::Decision;
+use crate::decide::decision::Decision;
 use crate::model::short_commit as short;
-use crate::sweep::{FleetReport, MachineReport, StaleApp};
+use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
 
 /// The largest fleet document read: a 10,000-machine fleet with reasons is
 /// tens of MiB of pretty JSON.
@@ -194,10 +194,10 @@ async fn get_text(url: url::Url, timeout: Duration, limit: usize) -> Result<Stri
 impl MachineView {
     /// The detail for people: one `key: value` line each, then the reason
     /// (rule, evidence, missing commits), then the rotation's state. Every
-    /// outside string is escaped ([`crate::report::printable`]).
+    /// outside string is escaped ([`crate::report::render::printable`]).
     pub fn render(&self) -> String {
         use std::fmt::Write as _;
-        let p = |s: &str| crate::report::printable(s);
+        let p = |s: &str| crate::report::render::printable(s);
         let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
         let m = &self.machine;
         let mut out = String::new();

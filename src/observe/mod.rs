@@ -1,0 +1,12 @@
+//! Observe: what the fleet is, read-only.
+//!
+//! One sweep ([`sweep::Sweeper::sweep`]) lists every configured app's
+//! machines through [`crate::fly`], polls the started ones' health endpoints
+//! ([`probe`]) and asks the git mirror ([`overlay`]) how far each reported
+//! ref trails the release tip. The result is a [`sweep::FleetReport`]: the
+//! snapshot the planner decides on. Nothing under `observe` writes to Fly,
+//! POSTs to an agent, or decides what to do about what it saw.
+
+pub mod overlay;
+pub mod probe;
+pub mod sweep;

@@ -960,7 +960,7 @@ async fn bench(args: Args) -> Result<(), Error> {
     let mut sweep_times = Vec::new();
     for _ in 0..4 {
         let started = Instant::now();
-        sweeper.sweep(&tip).await?;
+        fleet_reconciler::daemon::sweep(&sweeper, &tip).await?;
         sweep_times.push(started.elapsed());
     }
     let steady_sweep = *sweep_times[1..].iter().min().ok_or("no sweep")?;
@@ -1017,7 +1017,7 @@ async fn bench(args: Args) -> Result<(), Error> {
     let analysis = started.elapsed();
     let after = sweeper.overlay.stats();
     let started = Instant::now();
-    sweeper.sweep(&new_tip).await?;
+    fleet_reconciler::daemon::sweep(&sweeper, &new_tip).await?;
     let sweep_new = started.elapsed();
     report.info("   10 commits made upstream (git fast-import)", secs(made));
     report.row(
@@ -1063,7 +1063,7 @@ async fn bench(args: Args) -> Result<(), Error> {
     let mut root_report = None;
     for _ in 0..3 {
         let started = Instant::now();
-        root_report = Some(sweeper.sweep(&new_tip).await?);
+        root_report = Some(fleet_reconciler::daemon::sweep(&sweeper, &new_tip).await?);
         with_root = with_root.min(started.elapsed());
     }
     let behind = root_report

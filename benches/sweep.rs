@@ -81,7 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("sweep benchmark: {machines} machines in {apps} apps, probe concurrency 256");
         for round in 0..4 {
             let started = Instant::now();
-            let report = sweeper.sweep(&tip).await?;
+            let report = fleet_reconciler::daemon::sweep(&sweeper, &tip).await?;
             let took = started.elapsed();
             println!(
                 "  sweep {} ({}): {:>8.1} ms  {:>9.0} machines/s  coherence {:.3}  ({} machines)",
@@ -94,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         // The planner over the same 10k-machine snapshot (pure, no I/O).
-        let report = sweeper.sweep(&tip).await?;
+        let report = fleet_reconciler::daemon::sweep(&sweeper, &tip).await?;
         let mut tracker = fleet_reconciler::decide::planner::Tracker::default();
         let now = chrono::Utc::now();
         tracker.observe(&report, now - chrono::Duration::hours(1));

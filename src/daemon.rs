@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::act::executor::{Executor, StepReport};
 use crate::clock::{Clock, SharedClock};
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
+use crate::decide::severity;
 
 use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
@@ -94,7 +95,15 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
         .fetch_within(sweeper.config.overlay.fetch_timeout)
         .await
         .map_err(CheckError::Fetch)?;
-    Ok(sweeper.sweep(&tip).await?)
+    Ok(sweep(sweeper, &tip).await?)
+}
+
+/// One sweep, judged: observe the fleet against `tip` (read-only), then
+/// decide each drift's severity, reason and action
+/// ([`severity::judge`]). The loop, `check` and `plan` all start here.
+pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<FleetReport, SweepError> {
+    let observation = sweeper.sweep(tip).await?;
+    Ok(severity::judge(&sweeper.config, observation))
 }
 
 /// One fetch, one read-only sweep and the plan a daemon would make from it:
@@ -116,7 +125,7 @@ pub async fn plan_once(
         .fetch_within(sweeper.config.overlay.fetch_timeout)
         .await
         .map_err(CheckError::Fetch)?;
-    let report = sweeper.sweep(&tip).await?;
+    let report = sweep(sweeper, &tip).await?;
     let now = clock.now();
     let plan = plan_as_seen_before(&sweeper.config, &report, owner, now);
     Ok((report, plan))
@@ -333,7 +342,7 @@ async fn sweep_loop(
         };
         let swept = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = sweeper.sweep(&current) => r,
+            r = sweep(sweeper, &current) => r,
         };
         let mut report = match swept {
             Ok(report) => report,

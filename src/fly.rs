@@ -17,6 +17,8 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 
+use crate::model::MachineState;
+
 /// Header carrying a lease nonce on every mutating call to a leased machine.
 pub const LEASE_NONCE_HEADER: &str = "fly-machine-lease-nonce";
 
@@ -39,7 +41,7 @@ pub struct Machine {
     #[serde(default)]
     pub name: String,
     #[serde(default)]
-    pub state: String,
+    pub state: MachineState,
     #[serde(default)]
     pub region: String,
     #[serde(default)]
@@ -63,7 +65,7 @@ impl Machine {
     }
 
     pub fn is_started(&self) -> bool {
-        self.state == "started"
+        self.state.is_started()
     }
 }
 

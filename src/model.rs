@@ -157,6 +157,99 @@ impl fmt::Display for PolicyAction {
     }
 }
 
+/// A Fly machine's state, as the Machines API names it. States this version
+/// does not know are kept by name (`Other`), so a new Fly state is shown as
+/// Fly wrote it and treated as "not started", never as an error.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum MachineState {
+    Created,
+    Starting,
+    Started,
+    Stopping,
+    Stopped,
+    Suspending,
+    Suspended,
+    Replacing,
+    Destroying,
+    Destroyed,
+    Failed,
+    /// Not reported (an empty `state` field).
+    #[default]
+    Unknown,
+    Other(String),
+}
+
+impl MachineState {
+    const NAMED: [(MachineState, &'static str); 12] = [
+        (MachineState::Created, "created"),
+        (MachineState::Starting, "starting"),
+        (MachineState::Started, "started"),
+        (MachineState::Stopping, "stopping"),
+        (MachineState::Stopped, "stopped"),
+        (MachineState::Suspending, "suspending"),
+        (MachineState::Suspended, "suspended"),
+        (MachineState::Replacing, "replacing"),
+        (MachineState::Destroying, "destroying"),
+        (MachineState::Destroyed, "destroyed"),
+        (MachineState::Failed, "failed"),
+        (MachineState::Unknown, ""),
+    ];
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            MachineState::Other(s) => s,
+            known => Self::NAMED
+                .iter()
+                .find(|(s, _)| s == known)
+                .map_or("", |(_, name)| name),
+        }
+    }
+
+    pub fn is_started(&self) -> bool {
+        *self == MachineState::Started
+    }
+
+    /// States a machine settles in when it is not coming back by itself.
+    pub fn is_settled_down(&self) -> bool {
+        matches!(
+            self,
+            MachineState::Stopped
+                | MachineState::Suspended
+                | MachineState::Failed
+                | MachineState::Destroyed
+                | MachineState::Destroying
+        )
+    }
+}
+
+impl From<String> for MachineState {
+    fn from(s: String) -> MachineState {
+        MachineState::from(s.as_str())
+    }
+}
+
+impl From<&str> for MachineState {
+    fn from(s: &str) -> MachineState {
+        Self::NAMED
+            .iter()
+            .find(|(_, name)| *name == s)
+            .map_or_else(|| MachineState::Other(s.to_string()), |(st, _)| st.clone())
+    }
+}
+
+impl From<MachineState> for String {
+    fn from(s: MachineState) -> String {
+        s.as_str().to_string()
+    }
+}
+
+impl fmt::Display for MachineState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +280,30 @@ mod tests {
                 format!("\"{}\"", st.as_str())
             );
         }
+    }
+
+    #[test]
+    fn machine_states_round_trip_by_fly_name_and_keep_unknown_ones() {
+        for name in [
+            "started",
+            "stopped",
+            "suspended",
+            "failed",
+            "",
+            "hibernating",
+        ] {
+            let st: MachineState = serde_json::from_value(serde_json::json!(name)).unwrap();
+            assert_eq!(st.as_str(), name);
+            assert_eq!(serde_json::to_value(&st).unwrap(), serde_json::json!(name));
+        }
+        assert!(MachineState::from("started").is_started());
+        assert_eq!(
+            MachineState::from("hibernating"),
+            MachineState::Other("hibernating".into())
+        );
+        assert!(!MachineState::from("hibernating").is_started());
+        assert!(!MachineState::from("hibernating").is_settled_down());
+        assert!(MachineState::from("destroying").is_settled_down());
+        assert_eq!(MachineState::from(""), MachineState::Unknown);
     }
 }

@@ -308,9 +308,9 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
         action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
         detail: None,
         reason: None,
+        analysis: None,
         report: (usable && m.started).then_some(report),
         metadata,
-        version: "v".into(),
         health_url: Some(format!("http://agents/m{i}/health")),
     }
 }

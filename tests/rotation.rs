@@ -920,7 +920,9 @@ impl Hand {
 
     async fn plan(&mut self) -> fleet_reconciler::decide::planner::Plan {
         use fleet_reconciler::decide::planner::{FetchState, PlanInput, plan};
-        let report = self.sweeper.sweep(&self.tip).await.unwrap();
+        let report = fleet_reconciler::daemon::sweep(&self.sweeper, &self.tip)
+            .await
+            .unwrap();
         let now = Utc::now();
         self.tracker.observe(&report, now);
         plan(&PlanInput {

@@ -33,7 +33,7 @@ use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
 use crate::decide::rotation::{Ending, Marker, Phase};
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
-use crate::model::PolicyAction;
+use crate::model::{MachineState, PolicyAction};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -82,7 +82,7 @@ pub enum Declined {
     #[error("no current approval names commit {target}")]
     NotApproved { target: String },
     #[error("the machine is {state}, not started")]
-    NotStarted { state: String },
+    NotStarted { state: MachineState },
     #[error("pool {pool} of {app} is at its cap of {cap}")]
     PoolFull {
         app: String,

@@ -14,7 +14,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::decide::rotation::{Phase, RotationMode};
-use crate::model::{Severity, short_commit};
+use crate::model::{MachineState, Severity, short_commit};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made
 /// later still says when something happens, and the planner's `now` is the
@@ -26,7 +26,7 @@ pub enum Decision {
     OnTip,
     /// Not `started` on Fly: not probed, not rotated; its drift clock starts
     /// over when it runs.
-    NotRunning { state: String },
+    NotRunning { state: MachineState },
     /// Drifted, but the drift is younger than `rotation.min_drift_age`:
     /// nothing is done (and no alert fires) before `until`.
     DriftYoung {

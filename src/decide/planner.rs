@@ -531,15 +531,7 @@ fn recent_input_until(
 
 /// The report of a started machine, if this sweep has one.
 fn usable_report(m: &MachineReport) -> Option<&AgentReport> {
-    m.report.as_ref().filter(|_| m.state == "started")
-}
-
-/// Fly states a machine settles in when it is not coming back by itself.
-fn settled_down(state: &str) -> bool {
-    matches!(
-        state,
-        "stopped" | "suspended" | "failed" | "destroyed" | "destroying"
-    )
+    m.report.as_ref().filter(|_| m.state.is_started())
 }
 
 /// Policies that act by themselves; only these may use the probe-failure ceiling.
@@ -926,7 +918,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 
 /// What a machine that is neither drifted nor unprobeable is doing.
 fn resting(m: &MachineReport) -> Decision {
-    if m.state != "started" || m.status == MachineStatus::NotRunning {
+    if !m.state.is_started() || m.status == MachineStatus::NotRunning {
         Decision::NotRunning {
             state: m.state.clone(),
         }
@@ -953,7 +945,7 @@ fn candidate<'a>(
         tip,
         ..
     } = *ctx;
-    if !(m.status.is_classified() || unprobeable(m.status)) || m.state != "started" {
+    if !(m.status.is_classified() || unprobeable(m.status)) || !m.state.is_started() {
         return Err(resting(m));
     }
     let mode_for = |action: PolicyAction, report: Option<&AgentReport>| match action {
@@ -1115,7 +1107,7 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
                 marker.restart_at.unwrap_or(marker.attempt_started_at),
                 rot.verify_deadline,
             )),
-            verifying: m.state == "started",
+            verifying: m.state.is_started(),
         },
         Phase::Backoff => in_rotation(marker.retry_at),
         Phase::Claiming | Phase::Yielded | Phase::Releasing => in_rotation(None),
@@ -1181,7 +1173,7 @@ fn release(
     }
     // A fence needs lifting only while the agent that was asked still runs
     // and does not report itself unfenced.
-    let proven_unfenced = m.state != "started"
+    let proven_unfenced = !m.state.is_started()
         || usable_report(m).is_some_and(|r| r.rotation.as_ref().is_none_or(|rot| !rot.fenced));
     let ending = next.ending.unwrap_or(ending);
     Step {
@@ -1283,7 +1275,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
     };
     let report = usable_report(m);
     match marker.phase {
-        Phase::Draining | Phase::Backoff | Phase::Reloading if settled_down(&m.state) => {
+        Phase::Draining | Phase::Backoff | Phase::Reloading if m.state.is_settled_down() => {
             Some(release(Ending::Cancelled, "the machine left `started`"))
         }
         Phase::Draining => {
@@ -1368,7 +1360,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
             if fetch.failing && m.status == MachineStatus::UnknownRef {
                 return None;
             }
-            if settled_down(&m.state) {
+            if m.state.is_settled_down() {
                 return Some(release(
                     Ending::Cancelled,
                     "the machine did not come back after its restart",

@@ -65,6 +65,7 @@ impl M {
             action: None,
             detail: None,
             reason: None,
+            analysis: None,
             report: Some(AgentReport {
                 overlay_ref: TIP.into(),
                 activity: Some(Activity::Idle),
@@ -75,7 +76,6 @@ impl M {
                 rotation: None,
             }),
             metadata: BTreeMap::new(),
-            version: "v1".into(),
             health_url: Some(format!("http://agents/{id}/health")),
         })
     }

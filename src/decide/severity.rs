@@ -8,14 +8,20 @@
 //! why ([`explain`]): the rule that matched, by its index and text, its
 //! evidence and the newest missing commits, as a typed [`Reason`] the
 //! report carries on every drifted row (docs/design.md §5.2).
+//!
+//! [`judge`] is where a sweep's observation becomes the judged report the
+//! planner and every view read: the sweep measures drift and decides
+//! nothing; each drifted row's severity, reason and action are set here.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, DEFAULT_POOL, SeverityRule};
 use crate::model::{CommitId, PolicyAction, Severity, short_commit};
-use crate::observe::overlay::{DriftRange, SignalId, Signals};
+use crate::observe::overlay::{DriftRange, RefAnalysis, SignalId, Signals};
+use crate::observe::sweep::{FleetReport, Observation};
 
 /// What is known about a drift when it is classified.
 #[derive(Clone, Copy, Debug)]
@@ -423,6 +429,61 @@ pub fn action_for(config: &Config, pool: &str, severity: Severity) -> PolicyActi
     config.pool(pool).actions.for_severity(severity)
 }
 
+/// Decides, for each machine of a sweep's observation whose ref is not the
+/// tip, its severity (the first matching rule), why (the [`Reason`], shared by
+/// every machine on the same ref) and its pool's action. A drift whose path
+/// rules are not yet checked on every missing commit is only observed:
+/// nothing acts on a partial answer, later sweeps finish it.
+pub fn judge(config: &Config, observation: Observation) -> FleetReport {
+    let mut report = observation.0;
+    let mut reasons = Reasons::default();
+    for m in &mut report.machines {
+        let (drift, partial) = match &m.analysis {
+            Some(RefAnalysis::Drifted { range, .. }) => {
+                (Drift::Range(range), range.paths_incomplete)
+            }
+            Some(RefAnalysis::Ambiguous) => (Drift::Unresolved(Unresolved::Ambiguous), false),
+            Some(RefAnalysis::Unknown) => (Drift::Unresolved(Unresolved::Unknown), false),
+            Some(RefAnalysis::OnTip { .. }) | None => continue,
+        };
+        let reported_ref = m.reported_ref.as_deref().unwrap_or_default();
+        let (class, reason) = reasons.get(config, reported_ref, drift);
+        m.severity = Some(class.severity);
+        m.reason = Some(reason);
+        m.action = Some(if partial {
+            PolicyAction::Observe
+        } else {
+            action_for(config, &m.pool, class.severity)
+        });
+    }
+    report
+}
+
+/// Classifications and reasons of one sweep, once per distinct reported
+/// ref: a fleet on a few refs shares a few reasons.
+#[derive(Default)]
+struct Reasons {
+    by_ref: HashMap<String, (Classification, SharedReason)>,
+}
+
+impl Reasons {
+    fn get(
+        &mut self,
+        config: &Config,
+        reported_ref: &str,
+        drift: Drift<'_>,
+    ) -> (Classification, SharedReason) {
+        if let Some((class, reason)) = self.by_ref.get(reported_ref) {
+            return (*class, reason.clone());
+        }
+        let class = classify(&config.severity, drift);
+        let reason = SharedReason(Arc::new(explain(&config.severity, drift, class)));
+        self.by_ref
+            .insert(reported_ref.to_owned(), (class, reason.clone()));
+        (class, reason)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,5 +767,88 @@ min_commits_behind = 3
         assert_eq!(pool_of(Some("pool"), md), "dispatch");
         assert_eq!(pool_of(Some("other"), md), "default");
         assert_eq!(pool_of(None, md), "default");
+    }
+
+    /// `judge` gives a drifted row the first matching rule's level, one
+    /// reason shared by every row on the same ref, and the pool's action;
+    /// a range whose path rules are unfinished is only observed; on-tip and
+    /// unprobed rows get nothing.
+    #[test]
+    fn judge_decides_severity_reason_and_action_per_ref() {
+        use crate::model::{MachineState, MachineStatus};
+        use crate::observe::sweep::{MachineReport, build_report};
+        let config = Config::parse(
+            std::path::Path::new("t.toml"),
+            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
+             [[apps]]\nname = \"a\"\n[pools.default.actions]\nlow = \"restart\"\n",
+        )
+        .expect("config");
+        let commit = CommitId::parse(&"c".repeat(40)).expect("commit id");
+        let drifted = |id: &str, r: &str, range: DriftRange| MachineReport {
+            status: MachineStatus::Drifted,
+            reported_ref: Some(r.into()),
+            analysis: Some(RefAnalysis::Drifted {
+                commit: commit.clone(),
+                range: Arc::new(range),
+            }),
+            ..MachineReport::listed("a", id, id, MachineState::Started)
+        };
+        let small = range(&config.severity, 1, &[], &[]);
+        let partial = DriftRange {
+            paths_incomplete: true,
+            ..small.clone()
+        };
+        let machines = vec![
+            drifted("m1", "r1", small.clone()),
+            drifted("m2", "r1", small),
+            drifted("m3", "r2", partial),
+            MachineReport {
+                status: MachineStatus::UnknownRef,
+                reported_ref: Some("nope".into()),
+                analysis: Some(RefAnalysis::Unknown),
+                ..MachineReport::listed("a", "m4", "m4", MachineState::Started)
+            },
+            MachineReport {
+                status: MachineStatus::OnTip,
+                analysis: Some(RefAnalysis::OnTip {
+                    commit: commit.clone(),
+                }),
+                ..MachineReport::listed("a", "m5", "m5", MachineState::Started)
+            },
+            MachineReport::listed("a", "m6", "m6", MachineState::Started),
+        ];
+        let tip = crate::observe::overlay::Tip {
+            branch: "release".into(),
+            commit: commit.clone(),
+        };
+        let report = judge(&config, Observation(build_report(&config, &tip, machines)));
+        let m = |id: &str| {
+            report
+                .machines
+                .iter()
+                .find(|m| m.machine_id == id)
+                .expect("machine")
+        };
+        let low = classify(
+            &config.severity,
+            Drift::Range(&range(&config.severity, 1, &[], &[])),
+        );
+        assert_eq!(m("m1").severity, Some(low.severity));
+        assert_eq!(
+            m("m1").action,
+            Some(action_for(&config, "default", low.severity))
+        );
+        assert_ne!(m("m1").action, Some(PolicyAction::Observe));
+        let (r1, r2) = (m("m1").reason.as_ref(), m("m2").reason.as_ref());
+        assert!(Arc::ptr_eq(&r1.expect("reason").0, &r2.expect("reason").0));
+        assert_eq!(m("m3").severity, Some(low.severity));
+        assert_eq!(m("m3").action, Some(PolicyAction::Observe));
+        let unknown = classify(&config.severity, Drift::Unresolved(Unresolved::Unknown));
+        assert_eq!(m("m4").severity, Some(unknown.severity));
+        assert!(m("m4").reason.is_some());
+        for id in ["m5", "m6"] {
+            assert_eq!((m(id).severity, m(id).action), (None, None), "{id}");
+            assert!(m(id).reason.is_none(), "{id}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Owns the observe half of observe → decide → act: list every configured
 //! app's machines, probe the started ones, ask the overlay about each
-//! reported ref, classify drift, and compute coherence. Per-machine trouble
+//! reported ref, and compute coherence. Per-machine trouble
 //! becomes a per-machine status, and per-app trouble a per-app one: an app
 //! whose machines cannot be listed (deleted, a token without access to it, a
 //! partial Fly outage) is reported *stale* with the error, and never
@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::act::slots::{SLOTS_KEY, SlotSet};
 use crate::config::{Config, UrlVars};
-use crate::decide::severity::{self, Classification, Drift, SharedReason, Unresolved};
+use crate::decide::severity::{self, SharedReason};
 use crate::fly::{FlyClient, FlyError, Machine};
-use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::model::{MachineState, MachineStatus, PolicyAction, Severity};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
@@ -39,6 +39,14 @@ pub struct FleetReport {
     #[serde(skip)]
     pub slots: SlotsView,
 }
+
+/// What one sweep saw, before any policy: each drifted row carries the
+/// overlay's analysis of its ref (`MachineReport::analysis`) and no severity,
+/// action or reason yet. Only [`crate::decide::severity::judge`] turns it into
+/// the `FleetReport` that is shown and planned on.
+#[derive(Debug)]
+#[must_use = "an observation is judged into a FleetReport"]
+pub struct Observation(pub(crate) FleetReport);
 
 /// What the sweep saw of the rotation slots.
 #[derive(Clone, Debug, Default)]
@@ -92,7 +100,7 @@ pub struct MachineReport {
     pub name: String,
     pub region: String,
     pub pool: String,
-    pub state: String,
+    pub state: MachineState,
     pub status: MachineStatus,
     pub reported_ref: Option<String>,
     pub commit: Option<String>,
@@ -108,18 +116,47 @@ pub struct MachineReport {
     /// commits. Null otherwise. Shared by every machine on the same ref.
     #[serde(default)]
     pub reason: Option<SharedReason>,
+    /// What the overlay said about the reported ref, for
+    /// [`crate::decide::severity::judge`] (not part of the JSON).
+    #[serde(skip)]
+    pub analysis: Option<RefAnalysis>,
     /// The agent's parsed report, for the planner (not part of the JSON).
     #[serde(skip)]
     pub report: Option<AgentReport>,
     /// The machine's Fly metadata, for the planner (not part of the JSON).
     #[serde(skip)]
     pub metadata: BTreeMap<String, String>,
-    /// The machine version (`instance_id`), for metadata compare-and-set.
-    #[serde(skip)]
-    pub version: String,
     /// The rendered health URL (started machines), for cooperative calls.
     #[serde(skip)]
     pub health_url: Option<String>,
+}
+
+impl MachineReport {
+    /// A machine as listed, before any probe or analysis: `not_running`,
+    /// region empty, pool `default`, nothing reported, nothing judged.
+    pub fn listed(app: &str, machine_id: &str, name: &str, state: MachineState) -> MachineReport {
+        MachineReport {
+            app: app.to_string(),
+            machine_id: machine_id.to_string(),
+            name: name.to_string(),
+            region: String::new(),
+            pool: crate::config::DEFAULT_POOL.to_string(),
+            state,
+            status: MachineStatus::NotRunning,
+            reported_ref: None,
+            commit: None,
+            commits_behind: None,
+            commits_ahead: None,
+            severity: None,
+            action: None,
+            detail: None,
+            reason: None,
+            analysis: None,
+            report: None,
+            metadata: BTreeMap::new(),
+            health_url: None,
+        }
+    }
 }
 
 impl FleetReport {
@@ -214,8 +251,10 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// Observes the fleet against `tip`. Read-only.
-    pub async fn sweep(&self, tip: &Tip) -> Result<FleetReport, SweepError> {
+    /// Observes the fleet against `tip`. Read-only, and decides nothing:
+    /// [`crate::decide::severity::judge`] gives the drifted rows their
+    /// severity, action and reason.
+    pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
         // Inventory: every app concurrently. An app that cannot be listed is
         // reported stale (and counts for nothing); the others are swept as
         // usual. With no app listed there is nothing to report.
@@ -304,8 +343,6 @@ impl Sweeper {
         let signals = severity::signals(&self.config.severity);
         let analysis = self.overlay.analyze(&tip.commit, refs, &signals).await?;
 
-        // One classification and reason per distinct reported ref.
-        let mut reasons = Reasons::default();
         let reports = machines
             .into_iter()
             .enumerate()
@@ -317,7 +354,6 @@ impl Sweeper {
                     m,
                     probe_of.remove(&i),
                     &analysis,
-                    &mut reasons,
                 );
                 r.health_url = url_of.remove(&i);
                 r
@@ -334,7 +370,7 @@ impl Sweeper {
             }
         }
         report.slots = slots;
-        Ok(report)
+        Ok(Observation(report))
     }
 
     /// The coordinator's slot set; trouble reading it is data, not a failed sweep.
@@ -358,124 +394,61 @@ impl Sweeper {
         m: Machine,
         probe: Option<ProbeOutcome>,
         analysis: &HashMap<String, RefAnalysis>,
-        reasons: &mut Reasons,
     ) -> MachineReport {
         let metadata = m.config.map(|c| c.metadata).unwrap_or_default();
         let pool = severity::pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
         let mut r = MachineReport {
-            app: app.to_string(),
-            machine_id: m.id,
-            name: m.name,
             region: m.region,
             pool,
-            state: m.state,
-            status: MachineStatus::NotRunning,
-            reported_ref: None,
-            commit: None,
-            commits_behind: None,
-            commits_ahead: None,
-            severity: None,
-            action: None,
-            detail: None,
-            reason: None,
-            report: None,
             metadata,
-            version: m.instance_id,
-            health_url: None,
+            ..MachineReport::listed(app, &m.id, &m.name, m.state)
         };
-        let drift = match probe {
-            None => return r,
+        match probe {
+            None => {}
             Some(ProbeOutcome::Unreachable(why)) => {
                 r.status = MachineStatus::Unreachable;
                 r.detail = Some(why);
-                return r;
             }
             Some(ProbeOutcome::BadReport(why)) => {
                 r.status = MachineStatus::BadReport;
                 r.detail = Some(why);
-                return r;
             }
             Some(ProbeOutcome::Report(report)) => {
                 r.reported_ref = Some(report.overlay_ref.clone());
-                let verdict = analysis.get(&report.overlay_ref).cloned();
+                let verdict = analysis
+                    .get(&report.overlay_ref)
+                    .cloned()
+                    .unwrap_or(RefAnalysis::Unknown);
                 r.report = Some(report);
-                match verdict {
-                    Some(RefAnalysis::OnTip { commit }) => {
+                match &verdict {
+                    RefAnalysis::OnTip { commit } => {
                         r.status = MachineStatus::OnTip;
                         r.commit = Some(commit.to_string());
                         r.commits_behind = Some(0);
                         r.commits_ahead = Some(0);
-                        return r;
                     }
-                    Some(RefAnalysis::Drifted { commit, range }) => {
+                    RefAnalysis::Drifted { commit, range } => {
                         r.status = MachineStatus::Drifted;
                         r.commit = Some(commit.to_string());
                         r.commits_behind = Some(range.behind);
                         r.commits_ahead = Some(range.ahead);
-                        let (class, reason) =
-                            reasons.get(&self.config, &report_ref(&r), Drift::Range(&range));
-                        r.reason = Some(reason);
                         if range.paths_incomplete {
-                            // Its severity may still rise: nothing acts on a
-                            // partial answer, later sweeps finish it.
                             r.detail = Some(PATHS_INCOMPLETE.into());
-                            r.severity = Some(class.severity);
-                            r.action = Some(PolicyAction::Observe);
-                            return r;
                         }
-                        class.severity
                     }
-                    Some(RefAnalysis::Ambiguous) => {
+                    RefAnalysis::Ambiguous => {
                         r.status = MachineStatus::AmbiguousRef;
                         r.detail = Some("abbreviated ref matches more than one object".into());
-                        let drift = Drift::Unresolved(Unresolved::Ambiguous);
-                        let (class, reason) = reasons.get(&self.config, &report_ref(&r), drift);
-                        r.reason = Some(reason);
-                        class.severity
                     }
-                    Some(RefAnalysis::Unknown) | None => {
+                    RefAnalysis::Unknown => {
                         r.status = MachineStatus::UnknownRef;
                         r.detail = Some("ref is not a commit of the overlay repository".into());
-                        let drift = Drift::Unresolved(Unresolved::Unknown);
-                        let (class, reason) = reasons.get(&self.config, &report_ref(&r), drift);
-                        r.reason = Some(reason);
-                        class.severity
                     }
                 }
+                r.analysis = Some(verdict);
             }
-        };
-        r.severity = Some(drift);
-        r.action = Some(severity::action_for(&self.config, &r.pool, drift));
-        r
-    }
-}
-
-fn report_ref(r: &MachineReport) -> String {
-    r.reported_ref.clone().unwrap_or_default()
-}
-
-/// Classifications and reasons of one sweep, once per distinct reported
-/// ref: a fleet on a few refs shares a few reasons.
-#[derive(Default)]
-struct Reasons {
-    by_ref: HashMap<String, (Classification, SharedReason)>,
-}
-
-impl Reasons {
-    fn get(
-        &mut self,
-        config: &Config,
-        reported_ref: &str,
-        drift: Drift<'_>,
-    ) -> (Classification, SharedReason) {
-        if let Some((class, reason)) = self.by_ref.get(reported_ref) {
-            return (*class, reason.clone());
         }
-        let class = severity::classify(&config.severity, drift);
-        let reason = SharedReason(Arc::new(severity::explain(&config.severity, drift, class)));
-        self.by_ref
-            .insert(reported_ref.to_owned(), (class, reason.clone()));
-        (class, reason)
+        r
     }
 }
 
@@ -603,25 +576,9 @@ mod tests {
 
     fn machine(app: &str, id: &str, status: MachineStatus) -> MachineReport {
         MachineReport {
-            app: app.into(),
-            machine_id: id.into(),
-            name: id.into(),
             region: "iad".into(),
-            pool: "default".into(),
-            state: "started".into(),
             status,
-            reported_ref: None,
-            commit: None,
-            commits_behind: None,
-            commits_ahead: None,
-            severity: None,
-            action: None,
-            detail: None,
-            reason: None,
-            report: None,
-            metadata: BTreeMap::new(),
-            version: String::new(),
-            health_url: None,
+            ..MachineReport::listed(app, id, id, MachineState::Started)
         }
     }
 

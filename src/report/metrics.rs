@@ -749,9 +749,9 @@ mod tests {
             action: status.is_classified().then_some(PolicyAction::AlertAndWait),
             detail: None,
             reason: None,
+            analysis: None,
             report: None,
             metadata: Default::default(),
-            version: String::new(),
             health_url: None,
         }
     }

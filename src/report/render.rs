@@ -215,9 +215,9 @@ mod tests {
             action: None,
             detail: Some("bad \u{1b}[31mred".into()),
             reason: None,
+            analysis: None,
             report: None,
             metadata: Default::default(),
-            version: String::new(),
             health_url: None,
         };
         let tip = crate::observe::overlay::Tip {
@@ -260,9 +260,9 @@ mod tests {
             action: None,
             detail: None,
             reason: None,
+            analysis: None,
             report: None,
             metadata: Default::default(),
-            version: String::new(),
             health_url: None,
         };
         let tip = crate::observe::overlay::Tip {

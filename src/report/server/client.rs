@@ -208,7 +208,7 @@ impl MachineView {
         line("app", p(&m.app));
         line("region", p(&m.region));
         line("pool", p(&m.pool));
-        line("state", p(&m.state));
+        line("state", p(m.state.as_str()));
         line("status", m.status.to_string());
         line("ref", or_dash(m.reported_ref.as_deref().map(p)));
         line("commit", or_dash(m.commit.clone()));

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::act::executor::{Executor, ExecutorConfig};
-use crate::act::operator::{MARKER_KEY, Operator};
+use crate::act::operator::Operator;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
@@ -398,10 +398,6 @@ impl Reporter<'_> {
         let mut extras = BTreeMap::new();
         for m in &report.machines {
             let extra = MachineExtra {
-                rotation: m
-                    .metadata
-                    .get(MARKER_KEY)
-                    .and_then(|v| serde_json::from_str(v).ok()),
                 decision: plan.decisions.get(&m.machine_id).cloned(),
                 history: self
                     .history

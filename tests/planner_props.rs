@@ -293,25 +293,23 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
         report.overlay_ref = TIP.into();
     }
     MachineReport {
-        app: "app".into(),
-        machine_id: format!("m{i}"),
-        name: format!("m{i}"),
         region: "iad".into(),
         pool: pool.into(),
         state: if m.started { "started" } else { "stopped" }.into(),
         status,
         reported_ref: (usable && m.started).then(|| report.overlay_ref.clone()),
         commit: (status == MachineStatus::Drifted).then(|| OLD.to_string()),
-        commits_behind: None,
-        commits_ahead: None,
         severity: classified.then_some(m.severity),
         action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
-        detail: None,
-        reason: None,
-        analysis: None,
         report: (usable && m.started).then_some(report),
         metadata,
         health_url: Some(format!("http://agents/m{i}/health")),
+        ..MachineReport::listed(
+            "app",
+            &format!("m{i}"),
+            &format!("m{i}"),
+            fleet_reconciler::model::MachineState::Stopped,
+        )
     }
 }
 

@@ -14,9 +14,9 @@ use fleet_reconciler::act::operator::{
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::decision::Decision;
-use fleet_reconciler::decide::rotation::Phase;
+use fleet_reconciler::decide::rotation::{Marker, Phase, RotationMode};
 use fleet_reconciler::demo;
-use fleet_reconciler::model::Severity;
+use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
 use fleet_reconciler::report::metrics::Metrics;
 use fleet_reconciler::report::render;
@@ -335,12 +335,30 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
         h.sim
             .set_metadata("a-crit", MARKER_KEY, &marker.to_string())
     );
+    // A marker of ours is shown as the sweep parsed it.
+    let ours = Marker {
+        tag: "a-behind-test".into(),
+        target: h.overlay.tip(),
+        phase: Phase::Restarting,
+        mode: RotationMode::Grace,
+        action: PolicyAction::Restart,
+        severity: Severity::Medium,
+        started_at: Utc::now(),
+        attempt_started_at: Utc::now(),
+        attempt: 0,
+        owner: "test".into(),
+        restart_at: None,
+        retry_at: None,
+        drain_requested: false,
+        cordoned: None,
+        ending: None,
+    };
+    assert!(h.sim.set_metadata("a-behind", MARKER_KEY, &ours.to_value()));
     h.sweep().await;
     let since = Utc::now() - TimeDelta::minutes(42);
     h.state.view().set_extras(BTreeMap::from([(
         "a-behind".to_string(),
         MachineExtra {
-            rotation: Some(json!({"phase": "restarting"})),
             decision: Some(Decision::InRotation {
                 phase: Phase::Restarting,
                 deadline: None,
@@ -366,8 +384,8 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     assert_eq!(got, since);
     assert_eq!(body["tip"], h.overlay.tip());
 
-    // Without extras: the marker comes from Fly metadata; the server keeps no
-    // drift clock of its own (the planner's is the only one).
+    // Without extras: a marker that is not ours is shown as written; the
+    // server keeps no drift clock of its own (the planner's is the only one).
     let body = json_of(h.get("/api/v1/machines/a-crit").await).await;
     assert_eq!(body["machine"]["severity"], "critical");
     assert_eq!(body["rotation"], marker);

@@ -8,6 +8,7 @@
 //! names a [`decision::Decision`] for each machine. Nothing under `decide`
 //! performs a step or reads the world itself.
 
+pub mod controls;
 pub mod decision;
 pub mod planner;
 pub mod rotation;

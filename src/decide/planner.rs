@@ -23,9 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, UNPROBED_KEY,
-};
+use crate::act::operator::{Approval, ApprovalMode, Hold, MARKER_KEY};
 use crate::config::Config;
 use crate::decide::decision::Decision;
 use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
@@ -373,7 +371,8 @@ fn verify_backoff(config: &Config, attempt: u32) -> Duration {
         .min(config.rotation.retry_after)
 }
 
-/// A machine's metadata, read once per sweep.
+/// A machine's controls ([`crate::decide::controls`]) as this plan reads
+/// them: the marker judged against `now`.
 struct OperatorState {
     held: bool,
     /// The hold, when its value is one of ours.
@@ -408,22 +407,17 @@ fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
 }
 
 fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState {
+    let c = &m.controls;
     OperatorState {
-        held: m.metadata.contains_key(HOLD_KEY),
-        hold: m
-            .metadata
-            .get(HOLD_KEY)
-            .and_then(|v| serde_json::from_str(v).ok()),
-        marker: m
-            .metadata
-            .get(MARKER_KEY)
-            .map(|v| Marker::decode(v).and_then(|mk| plausible(mk, now))),
-        approval: m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)),
-        has_approval_key: m.metadata.contains_key(APPROVE_KEY),
-        unprobed: m
-            .metadata
-            .get(UNPROBED_KEY)
-            .and_then(|v| Unprobed::parse(v)),
+        held: c.is_held(),
+        hold: c.hold().cloned(),
+        marker: c
+            .marker
+            .clone()
+            .map(|r| r.and_then(|mk| plausible(mk, now))),
+        approval: c.approval().cloned(),
+        has_approval_key: c.has_approval_key(),
+        unprobed: c.unprobed.clone(),
     }
 }
 

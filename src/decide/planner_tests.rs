@@ -50,22 +50,12 @@ struct M(MachineReport);
 impl M {
     fn on_tip(id: &str) -> M {
         M(MachineReport {
-            app: "app".into(),
-            machine_id: id.into(),
-            name: id.into(),
             region: "iad".into(),
-            pool: "default".into(),
-            state: "started".into(),
             status: MachineStatus::OnTip,
             reported_ref: Some(TIP.into()),
             commit: Some(TIP.into()),
             commits_behind: Some(0),
             commits_ahead: Some(0),
-            severity: None,
-            action: None,
-            detail: None,
-            reason: None,
-            analysis: None,
             report: Some(AgentReport {
                 overlay_ref: TIP.into(),
                 activity: Some(Activity::Idle),
@@ -77,6 +67,7 @@ impl M {
             }),
             metadata: BTreeMap::new(),
             health_url: Some(format!("http://agents/{id}/health")),
+            ..MachineReport::listed("app", id, id, crate::model::MachineState::Started)
         })
     }
 

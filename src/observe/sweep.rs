@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::act::slots::{SLOTS_KEY, SlotSet};
 use crate::config::{Config, UrlVars};
+use crate::decide::controls::Controls;
 use crate::decide::severity::{self, SharedReason};
 use crate::fly::{FlyClient, FlyError, Machine};
 use crate::model::{MachineState, MachineStatus, PolicyAction, Severity};
@@ -123,7 +124,11 @@ pub struct MachineReport {
     /// The agent's parsed report, for the planner (not part of the JSON).
     #[serde(skip)]
     pub report: Option<AgentReport>,
-    /// The machine's Fly metadata, for the planner (not part of the JSON).
+    /// The hold, approval, marker and probe-failure record in `metadata`,
+    /// parsed once by [`build_report`] (not part of the JSON).
+    #[serde(skip)]
+    pub controls: Controls,
+    /// The machine's Fly metadata, as listed (not part of the JSON).
     #[serde(skip)]
     pub metadata: BTreeMap<String, String>,
     /// The rendered health URL (started machines), for cooperative calls.
@@ -154,6 +159,7 @@ impl MachineReport {
             analysis: None,
             report: None,
             metadata: BTreeMap::new(),
+            controls: Controls::default(),
             health_url: None,
         }
     }
@@ -456,8 +462,12 @@ impl Sweeper {
 /// fully checked yet.
 pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing commit (git work per sweep is bounded); observed only until later sweeps finish";
 
-/// Folds machine reports into the fleet report: per-app and fleet coherence.
-pub fn build_report(config: &Config, tip: &Tip, machines: Vec<MachineReport>) -> FleetReport {
+/// Folds machine reports into the fleet report: per-app and fleet
+/// coherence, and each machine's [`Controls`] read from its metadata.
+pub fn build_report(config: &Config, tip: &Tip, mut machines: Vec<MachineReport>) -> FleetReport {
+    for m in &mut machines {
+        m.controls = Controls::parse(&m.metadata);
+    }
     let mut report = FleetReport {
         tip: TipReport {
             branch: tip.branch.clone(),

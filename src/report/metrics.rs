@@ -730,29 +730,23 @@ mod tests {
 
     fn machine(app: &str, id: &str, status: MachineStatus, behind: Option<u64>) -> MachineReport {
         MachineReport {
-            app: app.into(),
-            machine_id: id.into(),
-            name: format!("name-{id}"),
             region: "iad".into(),
-            pool: "default".into(),
             state: if status == MachineStatus::NotRunning {
                 "stopped".into()
             } else {
                 "started".into()
             },
             status,
-            reported_ref: None,
-            commit: None,
             commits_behind: behind,
             commits_ahead: behind.map(|_| 0),
             severity: status.is_classified().then_some(Severity::Medium),
             action: status.is_classified().then_some(PolicyAction::AlertAndWait),
-            detail: None,
-            reason: None,
-            analysis: None,
-            report: None,
-            metadata: Default::default(),
-            health_url: None,
+            ..MachineReport::listed(
+                app,
+                id,
+                &format!("name-{id}"),
+                crate::model::MachineState::Stopped,
+            )
         }
     }
 

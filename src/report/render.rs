@@ -200,25 +200,16 @@ mod tests {
         )
         .unwrap();
         let machine = crate::observe::sweep::MachineReport {
-            app: "app".into(),
-            machine_id: "m1".into(),
             name: "evil\u{1b}]0;pwned\u{7}".into(),
             region: "iad\r".into(),
-            pool: "default".into(),
-            state: "started".into(),
             status: MachineStatus::BadReport,
-            reported_ref: None,
-            commit: None,
-            commits_behind: None,
-            commits_ahead: None,
-            severity: None,
-            action: None,
             detail: Some("bad \u{1b}[31mred".into()),
-            reason: None,
-            analysis: None,
-            report: None,
-            metadata: Default::default(),
-            health_url: None,
+            ..crate::observe::sweep::MachineReport::listed(
+                "app",
+                "m1",
+                "",
+                crate::model::MachineState::Started,
+            )
         };
         let tip = crate::observe::overlay::Tip {
             branch: "release".into(),
@@ -245,25 +236,14 @@ mod tests {
         )
         .unwrap();
         let machine = |app: &str, id: &str| crate::observe::sweep::MachineReport {
-            app: app.into(),
-            machine_id: id.into(),
-            name: id.into(),
             region: "iad".into(),
-            pool: "default".into(),
-            state: "started".into(),
             status: MachineStatus::OnTip,
-            reported_ref: None,
-            commit: None,
-            commits_behind: None,
-            commits_ahead: None,
-            severity: None,
-            action: None,
-            detail: None,
-            reason: None,
-            analysis: None,
-            report: None,
-            metadata: Default::default(),
-            health_url: None,
+            ..crate::observe::sweep::MachineReport::listed(
+                app,
+                id,
+                id,
+                crate::model::MachineState::Started,
+            )
         };
         let tip = crate::observe::overlay::Tip {
             branch: "release".into(),

@@ -48,6 +48,7 @@ use tokio::sync::Notify;
 use crate::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
 };
+use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
 use crate::model::CommitId;
 use crate::observe::probe::AgentReport;
@@ -81,8 +82,6 @@ const DEFAULT_ACTOR: &str = "admin-api";
 /// machine id): the planner/executor fill it; every field is optional.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct MachineExtra {
-    /// The rotation marker (docs/design.md §6.1), as JSON.
-    pub rotation: Option<serde_json::Value>,
     /// What the planner decided for the machine in the last sweep.
     pub decision: Option<Decision>,
     /// Recent rotation history, oldest first, one line per step.
@@ -630,7 +629,7 @@ struct MachineDetail<'a> {
     hold: Option<serde_json::Value>,
     /// A pending approval, if any.
     approval: Option<serde_json::Value>,
-    /// The rotation marker: from the daemon's loop, else from Fly metadata.
+    /// The rotation marker (parsed; the raw value if it is not ours).
     rotation: Option<serde_json::Value>,
     /// What the planner decided for it in the last sweep (docs/design.md §6.2).
     decision: Option<&'a Decision>,
@@ -645,11 +644,39 @@ struct MachineDetail<'a> {
     app_stale: Option<&'a StaleApp>,
 }
 
-/// A metadata value as JSON when it parses, else as a string.
-fn metadata_json(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
+/// A metadata value that is not one of ours, shown as written: as JSON when
+/// it parses, else as a string.
+fn as_written(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
     m.metadata
         .get(key)
         .map(|v| serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone())))
+}
+
+/// A control the sweep parsed ([`crate::decide::controls`]): ours as its
+/// typed JSON, anything else as written.
+fn control_json<T: Serialize, E>(
+    m: &MachineReport,
+    key: &str,
+    parsed: Option<Result<&T, E>>,
+) -> Option<serde_json::Value> {
+    match parsed? {
+        Ok(value) => serde_json::to_value(value).ok(),
+        Err(_) => as_written(m, key),
+    }
+}
+
+/// The hold, approval and marker of the API's machine document.
+fn controls_json(m: &MachineReport) -> [Option<serde_json::Value>; 3] {
+    let c = &m.controls;
+    let hold = c.hold.as_ref().map(|h| match h {
+        HoldValue::Ours(h) => Ok(h),
+        HoldValue::Other(_) => Err(()),
+    });
+    [
+        control_json(m, HOLD_KEY, hold),
+        control_json(m, APPROVE_KEY, c.approval.as_ref().map(Result::as_ref)),
+        control_json(m, MARKER_KEY, c.marker.as_ref().map(Result::as_ref)),
+    ]
 }
 
 async fn machine(
@@ -666,14 +693,13 @@ async fn machine(
         ));
     };
     let extra = observed.extras.get(id);
+    let [hold, approval, rotation] = controls_json(m);
     let detail = MachineDetail {
         machine: m,
         agent_report: m.report.as_ref(),
-        hold: metadata_json(m, HOLD_KEY),
-        approval: metadata_json(m, APPROVE_KEY),
-        rotation: extra
-            .and_then(|e| e.rotation.clone())
-            .or_else(|| metadata_json(m, MARKER_KEY)),
+        hold,
+        approval,
+        rotation,
         decision: extra.and_then(|e| e.decision.as_ref()),
         history: extra.map(|e| e.history.as_slice()).unwrap_or(&[]),
         drift_since: observed.drift_since(id),

@@ -18,7 +18,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::act::operator::{APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY};
+use crate::act::operator::{APPROVE_KEY, ApprovalMode};
+use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
 use crate::model::short_commit as short;
 use crate::model::{MachineStatus, PolicyAction, Severity};
@@ -26,7 +27,7 @@ use crate::observe::probe::{Activity, AgentReport};
 use crate::observe::sweep::{FleetReport, MachineReport};
 
 use super::trend::CoherenceTrend;
-use super::{Observed, age, checked_id, metadata_json};
+use super::{Observed, age, checked_id, controls_json};
 
 /// Beyond this many rows the page points at the JSON API instead.
 const MAX_ROWS: usize = 500;
@@ -433,14 +434,14 @@ fn decision_detail(observed: &Observed, machine_id: &str) -> Markup {
 /// The operator hold and a pending approval, as tags.
 fn operator_tags(m: &MachineReport) -> Markup {
     html! {
-        @if let Some(v) = m.metadata.get(HOLD_KEY) {
-            @let (label, why) = match serde_json::from_str::<Hold>(v) {
-                Ok(h) => (format!("held by {}", h.by), h.reason),
-                Err(_) => ("held".to_string(), v.clone()),
+        @if let Some(hold) = &m.controls.hold {
+            @let (label, why) = match hold {
+                HoldValue::Ours(h) => (format!("held by {}", h.by), h.reason.clone()),
+                HoldValue::Other(v) => ("held".to_string(), v.clone()),
             };
             span.tag.hold title=(why) { (label) } " "
         }
-        @if let Some(a) = m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v)) {
+        @if let Some(a) = m.controls.approval() {
             span.tag.approved title={ "approved by " (a.by) " for " (short(&a.target)) } { "approved" } " "
         }
     }
@@ -448,11 +449,7 @@ fn operator_tags(m: &MachineReport) -> Markup {
 
 fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let decided = decision(observed, &m.machine_id);
-    let tagged = m.metadata.contains_key(HOLD_KEY)
-        || m.metadata
-            .get(APPROVE_KEY)
-            .and_then(|v| Approval::parse(v))
-            .is_some();
+    let tagged = m.controls.is_held() || m.controls.approval().is_some();
     html! {
         tr {
             td { (severity_badge(m.severity)) }
@@ -767,10 +764,8 @@ fn report_section(m: &MachineReport) -> Markup {
 /// The rotation: the decision, hold, approval, marker and history.
 fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let extra = observed.extras.get(&m.machine_id);
-    let marker = extra
-        .and_then(|e| e.rotation.clone())
-        .or_else(|| metadata_json(m, MARKER_KEY))
-        .and_then(|v| serde_json::to_string_pretty(&v).ok());
+    let [_, _, marker] = controls_json(m);
+    let marker = marker.and_then(|v| serde_json::to_string_pretty(&v).ok());
     let history = extra.map(|e| e.history.as_slice()).unwrap_or(&[]);
     html! {
         section.box #rotation {
@@ -779,18 +774,16 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
                 dt { "Decision" } dd { (decision_detail(observed, &m.machine_id)) }
                 dt { "Drifting for" } dd { (drift_since(observed, &m.machine_id, now)) }
                 dt { "Hold" } dd {
-                    @match m.metadata.get(HOLD_KEY) {
+                    @match &m.controls.hold {
                         None => "none",
-                        Some(v) => @match serde_json::from_str::<Hold>(v) {
-                            Ok(h) => { span.tag.hold { "held by " (h.by) } " " (h.reason) " · since " (instant(h.at, now)) }
-                            Err(_) => { span.tag.hold { "held" } " " code { (v) } }
-                        },
+                        Some(HoldValue::Ours(h)) => { span.tag.hold { "held by " (h.by) } " " (h.reason) " · since " (instant(h.at, now)) }
+                        Some(HoldValue::Other(v)) => { span.tag.hold { "held" } " " code { (v) } }
                     }
                 }
                 dt { "Approval" } dd {
-                    @match m.metadata.get(APPROVE_KEY) {
+                    @match &m.controls.approval {
                         None => "none",
-                        Some(v) => @match Approval::decode(v) {
+                        Some(parsed) => @match parsed {
                             Ok(a) => {
                                 span.tag.approved { "approved" } " by " (a.by) " for "
                                 code title=(a.target) { (short(&a.target)) }
@@ -800,7 +793,7 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
                                 }
                                 " · " (instant(a.at, now))
                             }
-                            Err(why) => { "unreadable (" (why) "): " code { (v) } }
+                            Err(why) => { "unreadable (" (why) "): " code { (m.metadata.get(APPROVE_KEY).map(String::as_str).unwrap_or_default()) } }
                         },
                     }
                 }
@@ -938,7 +931,7 @@ pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)
             format!("fleet-reconciler approve {id} --when-idle"),
         ));
     }
-    if m.metadata.contains_key(HOLD_KEY) {
+    if m.controls.is_held() {
         out.push((
             "Release the hold (reconcilers may act on it again):",
             format!("fleet-reconciler release {id}"),

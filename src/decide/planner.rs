@@ -16,7 +16,7 @@
 //! ([`RestartGuard`], the expected marker, the slot), and the pure checks the
 //! executor applies to a fresh probe live here too ([`restart_allowed`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -594,259 +594,347 @@ struct Candidate<'a> {
     expected: Option<Marker>,
 }
 
-/// Plans one sweep.
+/// Plans one sweep, in named steps over one [`Planning`] context:
+/// [`Planning::machine`] for each machine (its decision, its alerts, the step
+/// of a rotation in progress, or its candidacy for a claim), then
+/// [`Planning::claim_in_rank_order`] (new claims, within each pool's cap),
+/// then [`Planning::one_step_per_machine`].
 pub fn plan(input: &PlanInput<'_>) -> Plan {
-    let PlanInput {
-        config,
-        report,
-        tracker,
-        owner,
-        fetch,
-        now,
-    } = *input;
-    let tip = report.tip.commit.as_str();
-    let mut plan = Plan::default();
-
-    // Markers, holds and approvals, read once per machine.
-    let ops: Vec<OperatorState> = report
+    // Markers, holds and approvals as this plan reads them, once per machine.
+    let ops: Vec<OperatorState> = input
+        .report
         .machines
         .iter()
-        .map(|m| operator_state(m, now))
+        .map(|m| operator_state(m, input.now))
         .collect();
+    let mut planning = Planning::new(input, &ops);
+    for (m, op) in input.report.machines.iter().zip(&ops) {
+        planning.machine(m, op);
+    }
+    planning.claim_in_rank_order();
+    planning.one_step_per_machine();
+    planning.plan
+}
 
-    // Capacity out of each (app, pool): every marker that holds a slot, held
-    // machines and unreadable markers included (fail closed).
-    let mut in_use: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for (m, op) in report.machines.iter().zip(&ops) {
-        let holds = match &op.marker {
-            Some(Ok(marker)) => marker.phase.holds_slot(),
-            Some(Err(_)) => true,
-            None => false,
-        };
-        if holds {
-            *in_use.entry((m.app.clone(), m.pool.clone())).or_default() += 1;
+/// The one context of a plan's steps: what they read, and the plan they build.
+struct Planning<'a> {
+    config: &'a Config,
+    report: &'a FleetReport,
+    tracker: &'a Tracker,
+    owner: &'a str,
+    fetch: FetchState,
+    now: DateTime<Utc>,
+    tip: &'a str,
+    stale: HashSet<&'a str>,
+    /// Slots taken per (app, pool), claims of this plan included.
+    in_use: BTreeMap<(String, String), usize>,
+    /// Machines that may claim a slot this sweep, ranked once all are known.
+    candidates: Vec<Candidate<'a>>,
+    plan: Plan,
+}
+
+impl<'a> Planning<'a> {
+    fn new(input: &PlanInput<'a>, ops: &[OperatorState]) -> Planning<'a> {
+        let report = input.report;
+        let in_use = slots_in_use(report, ops);
+        Planning {
+            config: input.config,
+            report,
+            tracker: input.tracker,
+            owner: input.owner,
+            fetch: input.fetch,
+            now: input.now,
+            tip: report.tip.commit.as_str(),
+            stale: report.stale_app_names(),
+            plan: Plan {
+                rotations_in_progress: in_use.clone(),
+                ..Plan::default()
+            },
+            in_use,
+            candidates: Vec::new(),
         }
     }
-    plan.rotations_in_progress = in_use.clone();
 
-    // New claims are ranked: most severe first, then oldest drift.
-    let mut candidates: Vec<Candidate<'_>> = Vec::new();
-    let stale = report.stale_app_names();
+    fn decide(&mut self, m: &MachineReport, decision: Decision) {
+        self.plan.decisions.insert(m.machine_id.clone(), decision);
+    }
 
-    for (m, op) in report.machines.iter().zip(&ops) {
-        if let Some(t) = tracker.drift_since(&m.machine_id) {
-            plan.drift_since.insert(m.machine_id.clone(), t);
+    fn alert(&mut self, kind: AlertKind, m: &MachineReport, severity: Severity, summary: String) {
+        let alert = machine_alert(kind, m, self.tip, severity, summary);
+        self.plan.alerts.push(alert);
+    }
+
+    /// One machine: skipped while its app is not listed; its drift alert;
+    /// nothing more while it is held; else the step its marker calls for,
+    /// or its candidacy for a claim; then the probe-failure bookkeeping.
+    fn machine(&mut self, m: &'a MachineReport, op: &'a OperatorState) {
+        if let Some(t) = self.tracker.drift_since(&m.machine_id) {
+            self.plan.drift_since.insert(m.machine_id.clone(), t);
         }
-        let rotating = match &op.marker {
-            Some(Ok(marker)) if marker.phase.holds_slot() => Some(marker.phase),
-            _ => None,
-        };
-        // An app the sweep could not list is known only from an older
-        // listing: no step for its machines, not even an undo, and no alert
-        // of its own (the caller keeps those that were firing). A rotation in
-        // progress there waits, marker and slot as they are, until it lists.
-        if stale.contains(m.app.as_str()) {
-            let decision = Decision::AppNotListed {
-                held: op.held,
-                phase: rotating,
-            };
-            plan.decisions.insert(m.machine_id.clone(), decision);
-            continue;
+        if self.app_not_listed(m, op) {
+            return;
         }
-        let target = target_of(m);
-        let drift_since = tracker.drift_since(&m.machine_id);
-        let drift_aged =
-            drift_since.is_some_and(|t| after(t, config.rotation.min_drift_age) <= now);
         // Unprobeable now, drifted before: still drifting as far as anyone
         // knows, so its alert keeps firing (no flapping).
         let evidence = unprobeable(m.status)
-            .then(|| unprobed_evidence(tracker, m, op))
+            .then(|| unprobed_evidence(self.tracker, m, op))
             .flatten();
-        let alert_severity = m.severity.or(evidence.as_ref().map(|e| e.severity));
-        if let (Some(sev), true) = (alert_severity, drift_aged) {
-            plan.alerts.push(machine_alert(
-                AlertKind::Drift,
-                m,
-                tip,
-                sev,
-                drift_summary(m),
-            ));
+        self.drift_alert(m, evidence.as_ref());
+        if self.held(m, op) {
+            return; // never act on a held machine, never clear its hold
         }
-        if op.held {
-            let hold = op.hold.as_ref();
-            let decision = Decision::Held {
-                by: hold.map(|h| h.by.clone()),
-                since: hold.map(|h| h.at),
-                reason: hold.map(|h| h.reason.clone()),
-                phase: rotating,
-            };
-            plan.decisions.insert(m.machine_id.clone(), decision);
-            if let Some(Ok(marker)) = &op.marker
-                && marker.phase.holds_slot()
-            {
-                plan.alerts.push(machine_alert(
-                    AlertKind::RotationStuck,
-                    m,
-                    tip,
-                    marker.severity.max(Severity::High),
-                    format!(
-                        "{id} is held mid-rotation (phase {phase}{cordon}{fence}); pool {pool} of {app} waits on its slot; `fleet-reconciler release {id}` lets the rotation continue from phase {phase}",
-                        id = m.machine_id,
-                        phase = marker.phase,
-                        pool = m.pool,
-                        app = m.app,
-                        cordon = if marker.may_have_cordoned() { ", cordoned" } else { "" },
-                        fence = if marker.drain_requested { ", drain requested" } else { "" },
-                    ),
-                ));
-            }
-            continue; // never act on a held machine, never clear its hold
-        }
-
+        let target = target_of(m);
         let ctx = Ctx {
-            config,
+            config: self.config,
             m,
             op,
             target: &target,
             evidence: evidence.as_ref(),
-            drift_since,
-            unprobed_since: tracker.unprobed_since(&m.machine_id),
-            fetch,
-            now,
-            tip,
-        };
-        let mut decide = |d: Decision| {
-            plan.decisions.insert(m.machine_id.clone(), d);
+            drift_since: self.tracker.drift_since(&m.machine_id),
+            unprobed_since: self.tracker.unprobed_since(&m.machine_id),
+            fetch: self.fetch,
+            now: self.now,
+            tip: self.tip,
         };
         let step = match &op.marker {
-            Some(Err(why)) => {
-                decide(Decision::UnreadableMarker { why: why.clone() });
-                plan.alerts.push(machine_alert(
-                    AlertKind::RotationStuck,
-                    m,
-                    tip,
-                    Severity::High,
-                    format!(
-                        "{} has a rotation marker (metadata key {MARKER_KEY}) this reconciler cannot read ({why}); not touching it",
-                        m.machine_id
-                    ),
-                ));
-                None
-            }
+            Some(Err(why)) => self.unreadable_marker(m, why),
             Some(Ok(marker)) if marker.phase.holds_slot() => {
-                decide(rotation_decision(&ctx, marker));
-                let orphan = matches!(&report.slots, SlotsView::Known(set)
-                    if !set.holds(&m.app, &m.pool, &m.machine_id, &marker.tag));
-                if orphan && marker.phase != Phase::Releasing {
-                    Some(release(
-                        &target,
-                        marker,
-                        m,
-                        op,
-                        Ending::Cancelled,
-                        "the rotation holds no slot in the coordinator",
-                    ))
-                } else {
-                    advance(&ctx, marker, &mut plan.alerts)
-                }
+                self.rotation_in_progress(&ctx, marker)
             }
-            Some(Ok(marker)) => {
-                // `claiming` (ours, unfinished) or `yielded`.
-                let yielded = marker.phase == Phase::Yielded;
-                if yielded && m.status == MachineStatus::OnTip {
-                    decide(Decision::OnTip);
-                    Some(release(
-                        &target,
-                        marker,
-                        m,
-                        op,
-                        Ending::Finished,
-                        "on the tip",
-                    ))
-                } else if yielded && marker.retry_at.is_none_or(|t| t > now) {
-                    decide(Decision::Yielded {
-                        retry_at: marker.retry_at,
-                    });
-                    plan.alerts.push(machine_alert(
-                        AlertKind::RotationStuck,
-                        m,
-                        tip,
-                        marker.severity,
-                        format!(
-                            "rotation of {} yielded without interrupting work; retrying at {}",
-                            m.machine_id,
-                            marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
-                        ),
-                    ));
-                    None
-                } else {
-                    match candidate(&ctx, m, &mut plan.alerts) {
-                        Ok(mut c) => {
-                            c.expected = Some(marker.clone());
-                            candidates.push(c);
-                            None
-                        }
-                        Err(d) => {
-                            decide(d);
-                            // A claim that cannot go on is withdrawn; a yielded
-                            // marker simply waits (it holds nothing).
-                            (!yielded).then(|| Step {
-                                target: target.clone(),
-                                expected: Some(marker.clone()),
-                                kind: StepKind::Withdraw {
-                                    why: "the machine no longer qualifies for a rotation",
-                                },
-                            })
-                        }
-                    }
-                }
-            }
+            Some(Ok(marker)) => self.unfinished_claim_or_yielded(&ctx, m, marker),
             None => {
-                match candidate(&ctx, m, &mut plan.alerts) {
-                    Ok(c) => candidates.push(c),
-                    Err(d) => decide(d),
-                }
+                self.candidacy(&ctx, m, None);
                 None
             }
         };
         let step = step.or_else(|| unprobed_bookkeeping(m, op, &target, evidence.as_ref()));
         if let Some(step) = step {
-            plan.steps.push(step);
+            self.plan.steps.push(step);
         }
     }
 
-    candidates.sort_by(|a, b| {
-        b.severity
-            .cmp(&a.severity)
-            .then(a.since.cmp(&b.since))
-            .then(a.m.machine_id.cmp(&b.m.machine_id))
-    });
-    let owner_hash = owner
-        .bytes()
-        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-    for Candidate {
-        severity: sev,
-        m,
-        mode,
-        action,
-        expected,
-        ..
-    } in candidates
-    {
-        let key = (m.app.clone(), m.pool.clone());
-        let cap = config.pool(&m.pool).max_concurrent_rotations.get() as usize;
-        let used = in_use.entry(key).or_default();
+    /// An app the sweep could not list is known only from an older listing:
+    /// no step for its machines, not even an undo, and no alert of its own
+    /// (the caller keeps those that were firing). A rotation in progress
+    /// there waits, marker and slot as they are, until it lists.
+    fn app_not_listed(&mut self, m: &MachineReport, op: &OperatorState) -> bool {
+        if !self.stale.contains(m.app.as_str()) {
+            return false;
+        }
+        let decision = Decision::AppNotListed {
+            held: op.held,
+            phase: rotating(op),
+        };
+        self.decide(m, decision);
+        true
+    }
+
+    /// The drift alert, once the drift (or, unprobeable now, the last drift
+    /// seen) is older than `min_drift_age`.
+    fn drift_alert(&mut self, m: &MachineReport, evidence: Option<&Unprobed>) {
+        let aged = self
+            .tracker
+            .drift_since(&m.machine_id)
+            .is_some_and(|t| after(t, self.config.rotation.min_drift_age) <= self.now);
+        if let (Some(severity), true) = (m.severity.or(evidence.map(|e| e.severity)), aged) {
+            self.alert(AlertKind::Drift, m, severity, drift_summary(m));
+        }
+    }
+
+    /// A held machine: decided `held`, and a rotation it holds a slot for
+    /// is reported stuck. True when held.
+    fn held(&mut self, m: &MachineReport, op: &OperatorState) -> bool {
+        if !op.held {
+            return false;
+        }
+        let hold = op.hold.as_ref();
+        let decision = Decision::Held {
+            by: hold.map(|h| h.by.clone()),
+            since: hold.map(|h| h.at),
+            reason: hold.map(|h| h.reason.clone()),
+            phase: rotating(op),
+        };
+        self.decide(m, decision);
+        if let Some(Ok(marker)) = &op.marker
+            && marker.phase.holds_slot()
+        {
+            self.alert(
+                AlertKind::RotationStuck,
+                m,
+                marker.severity.max(Severity::High),
+                format!(
+                    "{id} is held mid-rotation (phase {phase}{cordon}{fence}); pool {pool} of {app} waits on its slot; `fleet-reconciler release {id}` lets the rotation continue from phase {phase}",
+                    id = m.machine_id,
+                    phase = marker.phase,
+                    pool = m.pool,
+                    app = m.app,
+                    cordon = if marker.may_have_cordoned() { ", cordoned" } else { "" },
+                    fence = if marker.drain_requested { ", drain requested" } else { "" },
+                ),
+            );
+        }
+        true
+    }
+
+    /// A marker this reconciler cannot read is left alone, and reported.
+    fn unreadable_marker(&mut self, m: &MachineReport, why: &str) -> Option<Step> {
+        self.decide(
+            m,
+            Decision::UnreadableMarker {
+                why: why.to_string(),
+            },
+        );
+        self.alert(
+            AlertKind::RotationStuck,
+            m,
+            Severity::High,
+            format!(
+                "{} has a rotation marker (metadata key {MARKER_KEY}) this reconciler cannot read ({why}); not touching it",
+                m.machine_id
+            ),
+        );
+        None
+    }
+
+    /// A rotation that holds a slot: cancelled when the coordinator has no
+    /// slot for it, else its next step.
+    fn rotation_in_progress(&mut self, ctx: &Ctx<'_>, marker: &Marker) -> Option<Step> {
+        let m = ctx.m;
+        self.decide(m, rotation_decision(ctx, marker));
+        let orphan = matches!(&self.report.slots, SlotsView::Known(set)
+            if !set.holds(&m.app, &m.pool, &m.machine_id, &marker.tag));
+        if orphan && marker.phase != Phase::Releasing {
+            Some(release(
+                ctx.target,
+                marker,
+                m,
+                ctx.op,
+                Ending::Cancelled,
+                "the rotation holds no slot in the coordinator",
+            ))
+        } else {
+            advance(ctx, marker, &mut self.plan.alerts)
+        }
+    }
+
+    /// A marker that holds no slot: our own unfinished `claiming`, or
+    /// `yielded` (finished on the tip, waiting for its retry, or due).
+    fn unfinished_claim_or_yielded(
+        &mut self,
+        ctx: &Ctx<'_>,
+        m: &'a MachineReport,
+        marker: &Marker,
+    ) -> Option<Step> {
+        let yielded = marker.phase == Phase::Yielded;
+        if yielded && m.status == MachineStatus::OnTip {
+            self.decide(m, Decision::OnTip);
+            return Some(release(
+                ctx.target,
+                marker,
+                m,
+                ctx.op,
+                Ending::Finished,
+                "on the tip",
+            ));
+        }
+        if yielded && marker.retry_at.is_none_or(|t| t > self.now) {
+            self.decide(
+                m,
+                Decision::Yielded {
+                    retry_at: marker.retry_at,
+                },
+            );
+            self.alert(
+                AlertKind::RotationStuck,
+                m,
+                marker.severity,
+                format!(
+                    "rotation of {} yielded without interrupting work; retrying at {}",
+                    m.machine_id,
+                    marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                ),
+            );
+            return None;
+        }
+        if self.candidacy(ctx, m, Some(marker)) || yielded {
+            return None;
+        }
+        // A claim that cannot go on is withdrawn; a yielded marker simply
+        // waits (it holds nothing).
+        Some(Step {
+            target: ctx.target.clone(),
+            expected: Some(marker.clone()),
+            kind: StepKind::Withdraw {
+                why: "the machine no longer qualifies for a rotation",
+            },
+        })
+    }
+
+    /// Whether the machine may claim a slot this sweep: a candidate (true),
+    /// or decided why not (false). `expected` is the marker the claim replaces.
+    fn candidacy(
+        &mut self,
+        ctx: &Ctx<'_>,
+        m: &'a MachineReport,
+        expected: Option<&Marker>,
+    ) -> bool {
+        match candidate(ctx, m, &mut self.plan.alerts) {
+            Ok(mut c) => {
+                c.expected = expected.cloned();
+                self.candidates.push(c);
+                true
+            }
+            Err(decision) => {
+                self.decide(m, decision);
+                false
+            }
+        }
+    }
+
+    /// New claims, most severe first, then oldest drift, each within its
+    /// pool's cap; the others wait for a slot (and our unfinished claim
+    /// among them is withdrawn).
+    fn claim_in_rank_order(&mut self) {
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.sort_by(|a, b| {
+            b.severity
+                .cmp(&a.severity)
+                .then(a.since.cmp(&b.since))
+                .then(a.m.machine_id.cmp(&b.m.machine_id))
+        });
+        for c in candidates {
+            self.claim(c);
+        }
+    }
+
+    fn claim(&mut self, c: Candidate<'a>) {
+        let Candidate {
+            severity,
+            m,
+            mode,
+            action,
+            expected,
+            ..
+        } = c;
+        let cap = self.config.pool(&m.pool).max_concurrent_rotations.get() as usize;
+        let used = self
+            .in_use
+            .entry((m.app.clone(), m.pool.clone()))
+            .or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
-            let decision = Decision::WaitingForSlot {
-                pool: m.pool.clone(),
-                in_use: *used,
-                cap,
-            };
-            plan.decisions.insert(m.machine_id.clone(), decision);
+            let in_use = *used;
+            self.decide(
+                m,
+                Decision::WaitingForSlot {
+                    pool: m.pool.clone(),
+                    in_use,
+                    cap,
+                },
+            );
             // Our unfinished claim must not linger as if it could go on.
             if let Some(mine) = claiming {
-                plan.steps.push(Step {
+                self.plan.steps.push(Step {
                     target: target_of(m),
                     expected: Some(mine.clone()),
                     kind: StepKind::Withdraw {
@@ -854,40 +942,44 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
                     },
                 });
             }
-            continue;
+            return;
         }
         *used += 1;
         let cooperative = usable_report(m).is_some_and(|r| r.can(Capability::Drain));
         let reload = mode == RotationMode::Reload;
+        let now = self.now;
         // An unfinished claim keeps its tag: its slot may already be won.
         let tag = claiming.map(|c| c.tag.clone()).unwrap_or_else(|| {
+            let owner_hash = self
+                .owner
+                .bytes()
+                .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
             Marker::new_tag(
                 &m.machine_id,
-                tip,
+                self.tip,
                 now,
                 now.timestamp_subsec_nanos() ^ owner_hash,
             )
         });
         let marker = Marker {
             tag,
-            target: tip.to_string(),
+            target: self.tip.to_string(),
             phase: Phase::Claiming,
             mode,
             action,
-            severity: sev,
+            severity,
             started_at: now,
             attempt_started_at: now,
             attempt: 0,
-            owner: owner.to_string(),
+            owner: self.owner.to_string(),
             restart_at: None,
             retry_at: None,
             drain_requested: cooperative && !reload,
             cordoned: Some(false),
             ending: None,
         };
-        plan.decisions
-            .insert(m.machine_id.clone(), Decision::Claiming { mode });
-        plan.steps.push(Step {
+        self.decide(m, Decision::Claiming { mode });
+        self.plan.steps.push(Step {
             target: target_of(m),
             expected,
             kind: StepKind::Claim {
@@ -897,17 +989,46 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             },
         });
     }
-    // One step per machine and sweep (steps of one machine would contend for
-    // its lease): a rotation step goes before the record's bookkeeping.
-    let busy: std::collections::HashSet<String> = plan
-        .steps
-        .iter()
-        .filter(|s| !s.is_bookkeeping())
-        .map(|s| s.target.machine_id.clone())
-        .collect();
-    plan.steps
-        .retain(|s| !s.is_bookkeeping() || !busy.contains(&s.target.machine_id));
-    plan
+
+    /// One step per machine and sweep (steps of one machine would contend
+    /// for its lease): a rotation step goes before the record's bookkeeping.
+    fn one_step_per_machine(&mut self) {
+        let busy: HashSet<String> = self
+            .plan
+            .steps
+            .iter()
+            .filter(|s| !s.is_bookkeeping())
+            .map(|s| s.target.machine_id.clone())
+            .collect();
+        self.plan
+            .steps
+            .retain(|s| !s.is_bookkeeping() || !busy.contains(&s.target.machine_id));
+    }
+}
+
+/// Capacity out of each (app, pool): every marker that holds a slot, held
+/// machines and unreadable markers included (fail closed).
+fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(String, String), usize> {
+    let mut in_use: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (m, op) in report.machines.iter().zip(ops) {
+        let holds = match &op.marker {
+            Some(Ok(marker)) => marker.phase.holds_slot(),
+            Some(Err(_)) => true,
+            None => false,
+        };
+        if holds {
+            *in_use.entry((m.app.clone(), m.pool.clone())).or_default() += 1;
+        }
+    }
+    in_use
+}
+
+/// The phase of a rotation that holds a slot, if the machine has one.
+fn rotating(op: &OperatorState) -> Option<Phase> {
+    match &op.marker {
+        Some(Ok(marker)) if marker.phase.holds_slot() => Some(marker.phase),
+        _ => None,
+    }
 }
 
 /// What a machine that is neither drifted nor unprobeable is doing.

@@ -16,14 +16,14 @@
 //! | module | concern |
 //! | --- | --- |
 //! | [`observe`] | read-only: [`observe::sweep`] (one pass → `FleetReport`), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
-//! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders), [`decide::rotation`] (the rotation marker) |
+//! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::controls`] (hold, approval, marker, probe record: parsed once), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders), [`decide::rotation`] (the rotation marker) |
 //! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting), [`act::slots`] (exact pool caps across replicas), [`act::operator`] (hold / release / approve) |
 //! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
 //! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`fly`] | the Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`config`] | the TOML config, validated while parsed |
-//! | [`model`] | shared vocabulary: `CommitId`, `MachineStatus`, `Severity`, `PolicyAction` |
+//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction` |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::daemon::{self, Cycle, LoopOptions, Secrets, SetupError, SweepOutcome};
 use crate::decide::decision::Decision;
 use crate::events::Alert;
+use crate::model::MachineId;
 use crate::report::metrics::{Metrics, MetricsError};
 use crate::report::notify::{
     CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
@@ -235,9 +236,9 @@ struct Reporter<'a> {
     fleet_alerts: FleetAlertTracker,
     last_success: Option<DateTime<Utc>>,
     failures: u32,
-    history: HashMap<String, VecDeque<String>>,
+    history: HashMap<MachineId, VecDeque<String>>,
     /// Each machine's decision kind in the last sweep: a change is logged.
-    decision_kinds: HashMap<String, &'static str>,
+    decision_kinds: HashMap<MachineId, &'static str>,
     /// The planner's machine alerts of the last successful sweep. A failed
     /// sweep knows nothing new about machines, so they are carried over:
     /// sending only the fleet alerts would resolve every drift alert, and

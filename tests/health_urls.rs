@@ -165,7 +165,7 @@ coordinator = "coord/c0"
                 if let SweepOutcome::Swept(cycle) = outcome {
                     let mut s = statuses.lock().unwrap();
                     for m in &cycle.report.machines {
-                        s.insert(m.machine_id.clone(), (m.status, m.detail.clone()));
+                        s.insert(m.machine_id.to_string(), (m.status, m.detail.clone()));
                     }
                 }
             })

@@ -357,7 +357,7 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     h.sweep().await;
     let since = Utc::now() - TimeDelta::minutes(42);
     h.state.view().set_extras(BTreeMap::from([(
-        "a-behind".to_string(),
+        "a-behind".into(),
         MachineExtra {
             decision: Some(Decision::InRotation {
                 phase: Phase::Restarting,
@@ -656,7 +656,7 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
 
     h.sweep().await;
     h.state.view().set_extras(BTreeMap::from([(
-        "a-crit".to_string(),
+        "a-crit".into(),
         MachineExtra {
             decision: Some(Decision::AwaitingApproval {
                 target: h.overlay.tip(),
@@ -760,7 +760,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
 
     h.sweep().await;
     h.state.view().set_extras(BTreeMap::from([(
-        "a-held".to_string(),
+        "a-held".into(),
         MachineExtra {
             decision: Some(Decision::Held {
                 by: Some("alice".into()),

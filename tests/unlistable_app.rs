@@ -142,13 +142,16 @@ format = "json"
                 if let SweepOutcome::Swept(cycle) = o
                     && watching.load(std::sync::atomic::Ordering::SeqCst)
                 {
-                    planned.lock().unwrap().extend(
-                        cycle
-                            .plan
-                            .steps
-                            .iter()
-                            .map(|s| (s.target.app.clone(), s.target.machine_id.clone(), s.kind())),
-                    );
+                    planned
+                        .lock()
+                        .unwrap()
+                        .extend(cycle.plan.steps.iter().map(|s| {
+                            (
+                                s.target.app.to_string(),
+                                s.target.machine_id.to_string(),
+                                s.kind(),
+                            )
+                        }));
                 }
             },
         ))

@@ -117,7 +117,26 @@ pub enum Outcome {
     /// Not done, harmlessly (see [`Declined`]).
     Skipped(Declined),
     /// Tried and failed; the marker says where the rotation stands.
-    Failed(String),
+    Failed(Failure),
+}
+
+/// What failed in a step that was tried: the Fly API or an agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A Fly API call: its bounded kind (`status`, `transport`, …) and the
+    /// error, which names the app and machine.
+    Fly { kind: &'static str, error: String },
+    /// A cooperative call to the agent.
+    Agent { endpoint: &'static str, why: String },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Fly { error, .. } => f.write_str(error),
+            Failure::Agent { endpoint, why } => write!(f, "agent {endpoint}: {why}"),
+        }
+    }
 }
 
 impl Outcome {
@@ -255,7 +274,13 @@ impl Executor {
                     match self.run(&step, shutdown).await {
                         Ok(()) => Outcome::Done,
                         Err(StepError::Declined(why)) => Outcome::Skipped(why),
-                        Err(e) => Outcome::Failed(e.to_string()),
+                        Err(StepError::Fly(e)) => Outcome::Failed(Failure::Fly {
+                            kind: e.kind(),
+                            error: e.to_string(),
+                        }),
+                        Err(StepError::Agent { endpoint, why }) => {
+                            Outcome::Failed(Failure::Agent { endpoint, why })
+                        }
                     }
                 };
                 let events = events_for(&step, &outcome, self.tuning.clock.now());
@@ -644,7 +669,7 @@ impl Executor {
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let full = || Declined::PoolFull {
-            app: t.app.clone(),
+            app: t.app.to_string(),
             pool: t.pool.clone(),
             cap,
         };
@@ -656,7 +681,7 @@ impl Executor {
                 return Ok(());
             }
             let slot = Slot {
-                machine_id: t.machine_id.clone(),
+                machine_id: t.machine_id.to_string(),
                 tag: marker.tag.clone(),
                 owner: self.tuning.owner.clone(),
                 since: self.tuning.clock.now(),
@@ -866,7 +891,7 @@ impl Executor {
             .and_then(|h| h.join(endpoint).ok())
             .ok_or_else(|| fail("no health URL to reach the agent".into()))?;
         let mut req = self.agents.post(url).json(&body);
-        if let Some(token) = self.agent_tokens.get(&t.app) {
+        if let Some(token) = self.agent_tokens.get(t.app.as_str()) {
             req = req.bearer_auth(token);
         }
         match req.send().await {
@@ -918,8 +943,8 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
     let t = &step.target;
     let event = |kind, summary: String| ActionEvent {
         kind,
-        app: t.app.clone(),
-        machine_id: t.machine_id.clone(),
+        app: t.app.to_string(),
+        machine_id: t.machine_id.to_string(),
         commit: marker.target.clone(),
         severity: marker.severity,
         action: marker.action,

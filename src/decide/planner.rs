@@ -28,7 +28,7 @@ use crate::config::Config;
 use crate::decide::decision::Decision;
 use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
 use crate::events::{Alert, AlertKind};
-use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{AgentReport, Capability};
 use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
@@ -38,8 +38,8 @@ pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
 /// Which machine a step is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
-    pub app: String,
-    pub machine_id: String,
+    pub app: AppName,
+    pub machine_id: MachineId,
     pub pool: String,
     /// The agent's health URL; cooperative endpoints resolve against it.
     pub health_url: Option<String>,
@@ -243,12 +243,12 @@ pub struct Plan {
     /// Machine-level conditions that hold now (drift, approval needed, stuck).
     pub alerts: Vec<Alert>,
     /// Per machine of the report: what is decided for it, and why.
-    pub decisions: BTreeMap<String, Decision>,
+    pub decisions: BTreeMap<MachineId, Decision>,
     /// Per drifted machine: when this run first saw its current drift (the
     /// one drift clock; every view shows this one).
-    pub drift_since: BTreeMap<String, DateTime<Utc>>,
+    pub drift_since: BTreeMap<MachineId, DateTime<Utc>>,
     /// Rotations holding a slot, per (app, pool).
-    pub rotations_in_progress: BTreeMap<(String, String), usize>,
+    pub rotations_in_progress: BTreeMap<(AppName, String), usize>,
 }
 
 /// Memory between sweeps: when each machine's drift and unprobeability began.
@@ -256,7 +256,7 @@ pub struct Plan {
 /// the probe-failure evidence is also persisted ([`Unprobed`]).
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
-    machines: HashMap<String, Seen>,
+    machines: HashMap<MachineId, Seen>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -627,7 +627,7 @@ struct Planning<'a> {
     tip: &'a str,
     stale: HashSet<&'a str>,
     /// Slots taken per (app, pool), claims of this plan included.
-    in_use: BTreeMap<(String, String), usize>,
+    in_use: BTreeMap<(AppName, String), usize>,
     /// Machines that may claim a slot this sweep, ranked once all are known.
     candidates: Vec<Candidate<'a>>,
     plan: Plan,
@@ -993,7 +993,7 @@ impl<'a> Planning<'a> {
     /// One step per machine and sweep (steps of one machine would contend
     /// for its lease): a rotation step goes before the record's bookkeeping.
     fn one_step_per_machine(&mut self) {
-        let busy: HashSet<String> = self
+        let busy: HashSet<MachineId> = self
             .plan
             .steps
             .iter()
@@ -1008,8 +1008,8 @@ impl<'a> Planning<'a> {
 
 /// Capacity out of each (app, pool): every marker that holds a slot, held
 /// machines and unreadable markers included (fail closed).
-fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(String, String), usize> {
-    let mut in_use: BTreeMap<(String, String), usize> = BTreeMap::new();
+fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppName, String), usize> {
+    let mut in_use: BTreeMap<(AppName, String), usize> = BTreeMap::new();
     for (m, op) in report.machines.iter().zip(ops) {
         let holds = match &op.marker {
             Some(Ok(marker)) => marker.phase.holds_slot(),
@@ -1567,8 +1567,8 @@ fn machine_alert(
     }
     Alert {
         kind,
-        app: Some(m.app.clone()),
-        machine_id: Some(m.machine_id.clone()),
+        app: Some(m.app.to_string()),
+        machine_id: Some(m.machine_id.to_string()),
         commit: Some(tip.to_string()),
         severity,
         summary,

@@ -773,7 +773,7 @@ fn pool_caps_hold_and_the_most_severe_go_first() {
     );
     assert_eq!(
         plan.rotations_in_progress
-            .get(&("app".to_string(), "default".to_string())),
+            .get(&("app".into(), "default".to_string())),
         Some(&1)
     );
 
@@ -1761,7 +1761,7 @@ fn every_machine_of_the_report_gets_a_decision() {
     assert_eq!(
         plan.decisions
             .keys()
-            .map(String::as_str)
+            .map(MachineId::as_str)
             .collect::<Vec<_>>(),
         ["a", "b", "c", "d"]
     );

@@ -22,7 +22,7 @@ use crate::config::{Config, UrlVars};
 use crate::decide::controls::Controls;
 use crate::decide::severity::{self, SharedReason};
 use crate::fly::{FlyClient, FlyError, Machine};
-use crate::model::{MachineState, MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, MachineId, MachineState, MachineStatus, PolicyAction, Severity};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
@@ -96,8 +96,8 @@ pub struct StaleApp {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MachineReport {
-    pub app: String,
-    pub machine_id: String,
+    pub app: AppName,
+    pub machine_id: MachineId,
     pub name: String,
     pub region: String,
     pub pool: String,
@@ -141,8 +141,8 @@ impl MachineReport {
     /// region empty, pool `default`, nothing reported, nothing judged.
     pub fn listed(app: &str, machine_id: &str, name: &str, state: MachineState) -> MachineReport {
         MachineReport {
-            app: app.to_string(),
-            machine_id: machine_id.to_string(),
+            app: app.into(),
+            machine_id: machine_id.into(),
             name: name.to_string(),
             region: String::new(),
             pool: crate::config::DEFAULT_POOL.to_string(),
@@ -517,8 +517,8 @@ impl LastListings {
     /// recomputed figures and `last_listed_at`). Logs when an app stops and
     /// starts being listable.
     pub fn carry(&mut self, report: &mut FleetReport, now: DateTime<Utc>) {
-        let mut by_app: HashMap<String, Vec<MachineReport>> = HashMap::new();
-        let mut order: Vec<String> = Vec::new();
+        let mut by_app: HashMap<AppName, Vec<MachineReport>> = HashMap::new();
+        let mut order: Vec<AppName> = Vec::new();
         for m in std::mem::take(&mut report.machines) {
             if !by_app.contains_key(&m.app) {
                 order.push(m.app.clone());
@@ -528,7 +528,7 @@ impl LastListings {
         let mut machines = Vec::new();
         let mut carried = false;
         for app in &mut report.apps {
-            let listed = by_app.remove(&app.name).unwrap_or_default();
+            let listed = by_app.remove(app.name.as_str()).unwrap_or_default();
             match &mut app.stale {
                 None => {
                     if self.failing.remove(&app.name).is_some() {

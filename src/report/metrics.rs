@@ -44,7 +44,7 @@ use prometheus::{
 
 use crate::decide::decision::Decision;
 use crate::fly::RequestObserver;
-use crate::model::{MachineStatus, Severity};
+use crate::model::{AppName, MachineId, MachineStatus, Severity};
 use crate::observe::sweep::FleetReport;
 
 /// Content type of [`Metrics::render`]'s output.
@@ -114,7 +114,7 @@ impl MetricsError {
 struct Exported {
     apps: BTreeSet<String>,
     /// (app, machine_id, region)
-    machines: BTreeSet<(String, String, String)>,
+    machines: BTreeSet<(AppName, MachineId, String)>,
     /// (app, pool)
     rotations: BTreeSet<(String, String)>,
     /// Apps with `fleet_machine_decisions` series.
@@ -458,7 +458,7 @@ impl Metrics {
             .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
             .map(|a| a.name.clone())
             .collect();
-        apps.extend(report.machines.iter().map(|m| m.app.clone()));
+        apps.extend(report.machines.iter().map(|m| m.app.to_string()));
 
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
@@ -540,7 +540,7 @@ impl Metrics {
                 }
                 let behind = m.commits_behind.unwrap_or(0);
                 self.commits_behind
-                    .with_label_values(&[&m.app, &m.machine_id, &m.region])
+                    .with_label_values(&[m.app.as_str(), m.machine_id.as_str(), &m.region])
                     .set(i64::try_from(behind).unwrap_or(i64::MAX));
                 current.insert((m.app.clone(), m.machine_id.clone(), m.region.clone()));
             }
@@ -751,7 +751,7 @@ mod tests {
     }
 
     fn report(machines: Vec<MachineReport>) -> FleetReport {
-        let mut apps: Vec<String> = machines.iter().map(|m| m.app.clone()).collect();
+        let mut apps: Vec<String> = machines.iter().map(|m| m.app.to_string()).collect();
         apps.dedup();
         let summaries: Vec<AppSummary> = apps
             .iter()

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
-use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::model::{MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::sweep::FleetReport;
 
 /// The `check --output json` document.
@@ -54,7 +54,7 @@ pub fn printable(s: &str) -> String {
 /// `plan` and `demo` show it.
 pub fn to_table_with_decisions(
     report: &FleetReport,
-    decisions: &BTreeMap<String, Decision>,
+    decisions: &BTreeMap<MachineId, Decision>,
 ) -> String {
     let headers = [
         "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
@@ -67,8 +67,8 @@ pub fn to_table_with_decisions(
         .iter()
         .map(|m| {
             [
-                m.app.clone(),
-                m.machine_id.clone(),
+                m.app.to_string(),
+                m.machine_id.to_string(),
                 m.name.clone(),
                 m.region.clone(),
                 m.pool.clone(),
@@ -354,8 +354,8 @@ pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a>
             .steps
             .iter()
             .map(|s| PlannedStep {
-                app: s.target.app.clone(),
-                machine_id: s.target.machine_id.clone(),
+                app: s.target.app.to_string(),
+                machine_id: s.target.machine_id.to_string(),
                 kind: s.kind(),
                 description: s.to_string(),
             })

@@ -50,7 +50,7 @@ use crate::act::operator::{
 };
 use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
-use crate::model::CommitId;
+use crate::model::{CommitId, MachineId};
 use crate::observe::probe::AgentReport;
 use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
 use crate::report::metrics::{self, Metrics};
@@ -108,7 +108,7 @@ pub struct Observed {
     /// `sweep.interval`: readiness allows [`READY_INTERVALS`] of them; the
     /// status page refreshes once per interval.
     pub sweep_interval: Duration,
-    pub extras: Arc<BTreeMap<String, MachineExtra>>,
+    pub extras: Arc<BTreeMap<MachineId, MachineExtra>>,
     /// The release tip most recently fetched (may be newer than the report's);
     /// approvals name it.
     pub tip: Option<String>,
@@ -235,7 +235,7 @@ impl FleetView {
     }
 
     /// Replaces the per-machine rotation data.
-    pub fn set_extras(&self, extras: BTreeMap<String, MachineExtra>) {
+    pub fn set_extras(&self, extras: BTreeMap<MachineId, MachineExtra>) {
         self.update(|o| o.extras = Arc::new(extras));
     }
 

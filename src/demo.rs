@@ -433,7 +433,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                     if let Some((id, _)) = cycle.plan.decisions.iter().find(|(_, d)| matches!(d, Decision::AwaitingApproval { .. })) {
                         approved = true;
                         let approval = Approval {
-                            target: cycle.report.tip.commit.clone(),
+                            target: cycle.report.tip.commit.to_string(),
                             mode: ApprovalMode::WhenIdle,
                             by: "demo-operator".into(),
                             at: cycle.now,

@@ -298,7 +298,9 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
         state: if m.started { "started" } else { "stopped" }.into(),
         status,
         reported_ref: (usable && m.started).then(|| report.overlay_ref.clone()),
-        commit: (status == MachineStatus::Drifted).then(|| OLD.to_string()),
+        commit: (status == MachineStatus::Drifted)
+            .then(|| fleet_reconciler::model::CommitId::parse(OLD))
+            .flatten(),
         severity: classified.then_some(m.severity),
         action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
         report: (usable && m.started).then_some(report),

@@ -11,6 +11,7 @@ use crate::act::operator::{
 };
 use crate::decide::decision::Decision;
 use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
+use crate::model::CommitId;
 use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
 use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
@@ -53,7 +54,7 @@ impl M {
             region: "iad".into(),
             status: MachineStatus::OnTip,
             reported_ref: Some(TIP.into()),
-            commit: Some(TIP.into()),
+            commit: CommitId::parse(TIP),
             commits_behind: Some(0),
             commits_ahead: Some(0),
             report: Some(AgentReport {
@@ -76,7 +77,7 @@ impl M {
         let mut m = M::on_tip(id);
         m.0.status = MachineStatus::Drifted;
         m.0.reported_ref = Some(OLD.into());
-        m.0.commit = Some(OLD.into());
+        m.0.commit = CommitId::parse(OLD);
         m.0.commits_behind = Some(3);
         m.0.severity = Some(severity);
         m.0.action = Some(config("").pool("default").actions.for_severity(severity));
@@ -1224,7 +1225,7 @@ fn scenario_7_an_approval_binds_one_rotation_to_one_commit() {
     let mut old = m.clone();
     old.target = OLD.into();
     let mut older = M::drifted("m1", Severity::High).manual_approved(OLD);
-    older.0.commit = Some("3333333333333333333333333333333333333333".into());
+    older.0.commit = CommitId::parse(&"3".repeat(40));
     let mut fx = Fx::new("").with(older.marker(&old));
     let plan = fx.plan_at(t0(), now);
     assert!(restart_of(&plan, "m1").is_none());

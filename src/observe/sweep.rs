@@ -22,7 +22,9 @@ use crate::config::{Config, UrlVars};
 use crate::decide::controls::Controls;
 use crate::decide::severity::{self, SharedReason};
 use crate::fly::{FlyClient, FlyError, Machine};
-use crate::model::{AppName, MachineId, MachineState, MachineStatus, PolicyAction, Severity};
+use crate::model::{
+    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
+};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
@@ -63,7 +65,7 @@ pub enum SlotsView {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TipReport {
     pub branch: String,
-    pub commit: String,
+    pub commit: CommitId,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -104,7 +106,7 @@ pub struct MachineReport {
     pub state: MachineState,
     pub status: MachineStatus,
     pub reported_ref: Option<String>,
-    pub commit: Option<String>,
+    pub commit: Option<CommitId>,
     pub commits_behind: Option<u64>,
     pub commits_ahead: Option<u64>,
     pub severity: Option<Severity>,
@@ -429,13 +431,13 @@ impl Sweeper {
                 match &verdict {
                     RefAnalysis::OnTip { commit } => {
                         r.status = MachineStatus::OnTip;
-                        r.commit = Some(commit.to_string());
+                        r.commit = Some(commit.clone());
                         r.commits_behind = Some(0);
                         r.commits_ahead = Some(0);
                     }
                     RefAnalysis::Drifted { commit, range } => {
                         r.status = MachineStatus::Drifted;
-                        r.commit = Some(commit.to_string());
+                        r.commit = Some(commit.clone());
                         r.commits_behind = Some(range.behind);
                         r.commits_ahead = Some(range.ahead);
                         if range.paths_incomplete {
@@ -471,7 +473,7 @@ pub fn build_report(config: &Config, tip: &Tip, mut machines: Vec<MachineReport>
     let mut report = FleetReport {
         tip: TipReport {
             branch: tip.branch.clone(),
-            commit: tip.commit.to_string(),
+            commit: tip.commit.clone(),
         },
         coherence: 1.0,
         apps: config

@@ -555,7 +555,7 @@ impl Metrics {
         exported.machines = current;
 
         // The tip the sweep measured against.
-        let tip = (report.tip.branch.clone(), report.tip.commit.clone());
+        let tip = (report.tip.branch.clone(), report.tip.commit.to_string());
         if exported.tip.as_ref() != Some(&tip) {
             if let Some((branch, commit)) = exported.tip.take() {
                 let _ = self
@@ -780,7 +780,7 @@ mod tests {
         FleetReport {
             tip: TipReport {
                 branch: "release".into(),
-                commit: "a".repeat(40),
+                commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
             },
             coherence: 0.5,
             apps: summaries,

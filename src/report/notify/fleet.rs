@@ -590,7 +590,7 @@ mod tests {
         FleetReport {
             tip: TipReport {
                 branch: "release".into(),
-                commit: "a".repeat(40),
+                commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
             },
             coherence: 1.0,
             apps: vec![

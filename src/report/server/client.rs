@@ -211,7 +211,10 @@ impl MachineView {
         line("state", p(m.state.as_str()));
         line("status", m.status.to_string());
         line("ref", or_dash(m.reported_ref.as_deref().map(p)));
-        line("commit", or_dash(m.commit.clone()));
+        line(
+            "commit",
+            or_dash(m.commit.as_ref().map(ToString::to_string)),
+        );
         line("tip", p(&self.tip));
         line(
             "behind",

@@ -182,7 +182,7 @@ fn header(observed: &Observed, now: DateTime<Utc>) -> Markup {
                 @if let Some(r) = &observed.report {
                     "release tip " b { (r.tip.branch) } " @ "
                     code title=(r.tip.commit) { (short(&r.tip.commit)) }
-                    @if let Some(fetched) = observed.tip.as_deref().filter(|t| *t != r.tip.commit) {
+                    @if let Some(fetched) = observed.tip.as_deref().filter(|t| r.tip.commit != *t) {
                         " (fetched " code title=(fetched) { (short(fetched)) } ", not swept yet)"
                     }
                 }

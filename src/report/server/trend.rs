@@ -207,7 +207,7 @@ mod tests {
         let report = FleetReport {
             tip: TipReport {
                 branch: "release".into(),
-                commit: "c0ffee".into(),
+                commit: crate::model::CommitId::parse(&"c0ffee".repeat(7)[..40]).unwrap(),
             },
             coherence: 0.6,
             apps: vec![

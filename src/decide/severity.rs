@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, DEFAULT_POOL, SeverityRule};
+use crate::config::{Config, SeverityRule};
 use crate::model::{CommitId, PolicyAction, Severity, short_commit};
 use crate::observe::overlay::{DriftRange, RefAnalysis, SignalId, Signals};
 use crate::observe::sweep::{FleetReport, Observation};
@@ -414,16 +414,6 @@ fn matches(rule: &SeverityRule, ids: RuleSignals, drift: Drift<'_>) -> bool {
     }
 }
 
-/// The pool a machine belongs to: the value of the app's pool key, or `default`.
-pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> String {
-    pool_key
-        .and_then(metadata)
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .unwrap_or(DEFAULT_POOL)
-        .to_string()
-}
-
 /// The action the pool's policy maps a severity to.
 pub fn action_for(config: &Config, pool: &str, severity: Severity) -> PolicyAction {
     config.pool(pool).actions.for_severity(severity)
@@ -753,20 +743,6 @@ min_commits_behind = 3
             rule_text(&cfg.severity[0]),
             r#"level = "medium", trailers = ["reviewed-by", "security"], paths = ["skills/*.md"], min_commits_behind = 3"#
         );
-    }
-
-    #[test]
-    fn pools_come_from_metadata_or_default() {
-        let md = |k: &str| {
-            if k == "pool" {
-                Some("dispatch")
-            } else {
-                Some(" ")
-            }
-        };
-        assert_eq!(pool_of(Some("pool"), md), "dispatch");
-        assert_eq!(pool_of(Some("other"), md), "default");
-        assert_eq!(pool_of(None, md), "default");
     }
 
     /// `judge` gives a drifted row the first matching rule's level, one

@@ -404,7 +404,7 @@ impl Sweeper {
         analysis: &HashMap<String, RefAnalysis>,
     ) -> MachineReport {
         let metadata = m.config.map(|c| c.metadata).unwrap_or_default();
-        let pool = severity::pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
+        let pool = pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
         let mut r = MachineReport {
             region: m.region,
             pool,
@@ -458,6 +458,16 @@ impl Sweeper {
         }
         r
     }
+}
+
+/// The pool a machine belongs to: the value of the app's pool key, or `default`.
+pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> String {
+    pool_key
+        .and_then(metadata)
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .unwrap_or(crate::config::DEFAULT_POOL)
+        .to_string()
 }
 
 /// The detail of a drifted machine whose range the path rules have not
@@ -701,5 +711,19 @@ mod tests {
         let back: FleetReport = serde_json::from_value(v).unwrap();
         assert_eq!(back.apps[1].stale, r.apps[1].stale);
         assert!(back.apps[0].stale.is_none());
+    }
+
+    #[test]
+    fn pools_come_from_metadata_or_default() {
+        let md = |k: &str| {
+            if k == "pool" {
+                Some("dispatch")
+            } else {
+                Some(" ")
+            }
+        };
+        assert_eq!(pool_of(Some("pool"), md), "dispatch");
+        assert_eq!(pool_of(Some("other"), md), "default");
+        assert_eq!(pool_of(None, md), "default");
     }
 }

@@ -81,6 +81,7 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
     .await?;
     overlay.set_diff_budget(config.overlay.max_path_comparisons);
     Ok(Sweeper {
+        signals: severity::signals(&config.severity),
         config,
         fly,
         prober,

@@ -20,12 +20,12 @@ use serde::{Deserialize, Serialize};
 use crate::act::slots::{SLOTS_KEY, SlotSet};
 use crate::config::{Config, UrlVars};
 use crate::decide::controls::Controls;
-use crate::decide::severity::{self, SharedReason};
+use crate::decide::severity::SharedReason;
 use crate::fly::{FlyClient, FlyError, Machine};
 use crate::model::{
     AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
 };
-use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Tip};
+use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
 /// The result of one sweep; serializes as the `check --output json` document
@@ -256,6 +256,10 @@ pub struct Sweeper {
     pub fly: FlyClient,
     pub prober: Prober,
     pub overlay: Overlay,
+    /// What the severity rules need measured on each drift range
+    /// ([`crate::decide::severity::signals`]): the sweep collects this
+    /// evidence and judges none of it.
+    pub signals: Signals,
 }
 
 impl Sweeper {
@@ -348,8 +352,10 @@ impl Sweeper {
             refs.dedup();
             refs
         };
-        let signals = severity::signals(&self.config.severity);
-        let analysis = self.overlay.analyze(&tip.commit, refs, &signals).await?;
+        let analysis = self
+            .overlay
+            .analyze(&tip.commit, refs, &self.signals)
+            .await?;
 
         let reports = machines
             .into_iter()

@@ -218,7 +218,13 @@ impl DemoRepo {
 }
 
 /// Machines of one demo app, spread over the history and every agent behaviour.
-fn demo_machines(app_index: usize, pool: &str, h: &DemoHistory) -> Vec<SimMachine> {
+/// `busy_while` is how long the agent that alert-and-wait waits for works.
+fn demo_machines(
+    app_index: usize,
+    pool: &str,
+    h: &DemoHistory,
+    busy_while: std::time::Duration,
+) -> Vec<SimMachine> {
     let n = h.release.len();
     let tip = h.release[n - 1];
     let regions = ["iad", "ams", "sin", "syd", "gru"];
@@ -235,11 +241,7 @@ fn demo_machines(app_index: usize, pool: &str, h: &DemoHistory) -> Vec<SimMachin
         ),
         (tip.to_string(), Some(7), Behaviour::Normal),
         // Busy for a while: in `default`, alert-and-wait waits for it.
-        (
-            tip.to_string(),
-            None,
-            Behaviour::BusyFor(std::time::Duration::from_secs(30)),
-        ),
+        (tip.to_string(), None, Behaviour::BusyFor(busy_while)),
         (tip.to_string(), Some(7), Behaviour::Normal),
         (at(1), Some(7), Behaviour::Normal),
         (at(2), None, Behaviour::Normal),
@@ -331,11 +333,15 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let mut fleet = SimFleet::new("demo-token")
         .release_tip(tip.to_string())
         .restart_delay(std::time::Duration::from_secs(1));
+    // The agent alert-and-wait waits for works three restart graces (30 s
+    // with the demo's own config), so it is still busy when it is claimed.
+    let busy_while = config.rotation.restart_grace.saturating_mul(3);
     for (i, app) in config.apps.iter().enumerate() {
         fleet = fleet.app(SimApp::new(app.name.clone()).machines(demo_machines(
             i,
             pools[i % 2],
             &history,
+            busy_while,
         )));
     }
     // The machine whose lease and metadata keep the rotation slots: a

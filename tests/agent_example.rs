@@ -7,7 +7,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,6 +18,10 @@ use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
 use serde_json::{Value, json};
 
+mod common;
+
+use common::{ChildGuard, eventually};
+
 const FLY_TOKEN: &str = "agent-example-fly-token";
 const AGENT_TOKEN: &str = "agent-example-control-token";
 const RECONCILER: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
@@ -26,16 +30,6 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(900);
 const PROCESS_TIMEOUT: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Kills and reaps a child process on every path out of a test.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Runs a command to completion with a deadline; the child is killed if it
 /// overruns (or if the test panics meanwhile). Returns (exit code, stdout, stderr).
@@ -223,18 +217,15 @@ async fn wait_for(
     what: &str,
     done: impl Fn(&fleet_reconciler::observe::probe::AgentReport) -> bool,
 ) -> fleet_reconciler::observe::probe::AgentReport {
-    let deadline = Instant::now() + POLL_TIMEOUT;
-    loop {
+    let mut last = None;
+    eventually(what, POLL_TIMEOUT, async || {
         let r = report(agent).await;
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let held = done(&r);
+        last = Some(r);
+        held
+    })
+    .await;
+    last.unwrap()
 }
 
 /// Commits reachable from `from` and not from `not`, by BFS over parents:

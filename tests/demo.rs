@@ -1,156 +1,297 @@
 //! `fleet-reconciler demo` end to end: the real binary, its simulated fleet and
-//! overlay repository, and the release that ships while it runs.
+//! overlay repository, and the release that ships while it runs. The tests
+//! read what the demo shows through its own HTTP API (`/api/v1/fleet`,
+//! `/api/v1/machines/{id}`) on a free loopback port, not its tables.
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use fleet_reconciler::decide::decision::Decision;
+use fleet_reconciler::model::{MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::observe::sweep::{FleetReport, MachineReport};
+use fleet_reconciler::report::server::{MachineView, StatusError, fetch_fleet, fetch_machine};
+
+mod common;
+
+use common::{ChildGuard, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 
-#[test]
-fn demo_detects_drift_and_the_release_it_ships() {
-    let dir = tempfile::tempdir().unwrap();
-    // The built-in demo config with a short interval, so the test is quick.
-    let config = fleet_reconciler::demo::DEMO_CONFIG
-        .replace("interval = \"3s\"", "interval = \"400ms\"")
-        .replace("fetch_interval = \"1s\"", "fetch_interval = \"10ms\"")
+/// The built-in demo config with `edits` applied (each must change it), and
+/// its status page on a free loopback port.
+fn demo_config(edits: &[(&str, &str)]) -> (String, u16) {
+    let mut config = fleet_reconciler::demo::DEMO_CONFIG.to_string();
+    let port = free_port();
+    let listen = format!("listen = \"127.0.0.1:{port}\"");
+    for (from, to) in edits
+        .iter()
+        .chain([&("listen = \"127.0.0.1:9090\"", listen.as_str())])
+    {
+        assert!(config.contains(from), "the demo config has no {from:?}");
+        config = config.replace(from, to);
+    }
+    (config, port)
+}
+
+/// A running `demo`, its output in files (a pipe nobody reads would fill
+/// and stall it).
+struct Demo {
+    child: ChildGuard,
+    dir: tempfile::TempDir,
+    base: String,
+}
+
+impl Demo {
+    fn start(config: &str, port: u16, sweeps: u32) -> Demo {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("demo.toml");
+        std::fs::write(&path, config).unwrap();
+        let child = Command::new(BIN)
+            .args(["demo", "--sweeps", &sweeps.to_string(), "--demo-config"])
+            .arg(&path)
+            .stdout(std::fs::File::create(dir.path().join("stdout.txt")).unwrap())
+            .stderr(std::fs::File::create(dir.path().join("stderr.txt")).unwrap())
+            .spawn()
+            .unwrap();
+        Demo {
+            child: ChildGuard(child),
+            dir,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    fn output(&self, name: &str) -> String {
+        let path: PathBuf = self.dir.path().join(name);
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.0.try_wait().unwrap()
+    }
+
+    /// The last sweep's report, once the demo serves one.
+    async fn fleet(&self) -> Option<FleetReport> {
+        not_yet(fetch_fleet(&self.base, Duration::from_secs(5)).await)
+    }
+
+    async fn machine(&self, id: &str) -> Option<MachineView> {
+        not_yet(fetch_machine(&self.base, id, Duration::from_secs(5)).await).map(|(view, _)| view)
+    }
+
+    /// Waits for the demo to exit by itself, then checks it succeeded without a panic.
+    async fn finished(&mut self) -> String {
+        common::eventually("the demo exits", Duration::from_secs(120), async || {
+            self.exited().is_some()
+        })
+        .await;
+        let status = self.exited().unwrap();
+        let (stdout, stderr) = (self.output("stdout.txt"), self.output("stderr.txt"));
+        assert!(status.success(), "{status}\n{stdout}\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stdout
+    }
+}
+
+/// An answer of the demo's API; `None` while it does not serve one yet (or
+/// no longer); any other failure fails the test.
+fn not_yet<T>(answer: Result<T, StatusError>) -> Option<T> {
+    match answer {
+        Ok(t) => Some(t),
+        Err(StatusError::Transport(_) | StatusError::NotReady(_)) => None,
+        Err(e) => panic!("the demo's API: {e}"),
+    }
+}
+
+fn row<'a>(report: &'a FleetReport, name: &str) -> &'a MachineReport {
+    report
+        .machines
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("{name} missing in {:?}", report.machines))
+}
+
+/// behind, ahead, severity, action, status: what a drifted row says.
+type Drift = (
+    Option<u64>,
+    Option<u64>,
+    Option<Severity>,
+    Option<PolicyAction>,
+    MachineStatus,
+);
+
+fn drift(m: &MachineReport) -> Drift {
+    (
+        m.commits_behind,
+        m.commits_ahead,
+        m.severity,
+        m.action,
+        m.status,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_detects_drift_and_the_release_it_ships() {
+    let (config, port) = demo_config(&[
+        ("interval = \"2s\"", "interval = \"500ms\""),
+        ("fetch_interval = \"1s\"", "fetch_interval = \"10ms\""),
+        // Every sweep waits this long for the demo's hanging agent.
+        ("timeout = \"1s\"", "timeout = \"300ms\""),
         // Detection only: drift never gets old enough to act on.
-        .replace("min_drift_age = \"4s\"", "min_drift_age = \"1h\"");
-    assert_ne!(
-        config,
-        fleet_reconciler::demo::DEMO_CONFIG,
-        "demo config has a 3s sweep interval"
-    );
-    let path = dir.path().join("demo.toml");
-    std::fs::write(&path, config).unwrap();
-
-    let started = Instant::now();
-    let out = Command::new(BIN)
-        .args(["demo", "--sweeps", "4", "--demo-config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+        ("min_drift_age = \"4s\"", "min_drift_age = \"1h\""),
+    ]);
+    // The release ships after the second sweep; six show it and then some.
+    let mut demo = Demo::start(&config, port, 6);
+    let mut before: Option<FleetReport> = None;
+    let mut after: Option<FleetReport> = None;
+    common::eventually(
+        "a report before and one after the release",
+        Duration::from_secs(60),
+        async || {
+            assert!(
+                demo.exited().is_none() || after.is_some(),
+                "{}",
+                demo.output("stdout.txt")
+            );
+            if let Some(r) = demo.fleet().await {
+                match &before {
+                    None => before = Some(r),
+                    Some(b) if b.tip.commit != r.tip.commit => after = Some(r),
+                    Some(_) => {}
+                }
+            }
+            after.is_some()
+        },
+    )
+    .await;
+    let (before, after) = (before.unwrap(), after.unwrap());
+    let stdout = demo.finished().await;
+    assert_eq!(stdout.matches("── sweep ").count(), 6, "{stdout}");
     assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let sweeps: Vec<&str> = stdout.split("── sweep ").skip(1).collect();
-    assert_eq!(sweeps.len(), 4, "{stdout}");
-    assert!(
-        stdout.contains(">>> release branch advanced to"),
+        stdout.contains(&format!(
+            ">>> release branch advanced to {}",
+            after.tip.commit
+        )),
         "{stdout}"
     );
 
-    let machine_row = |sweep: &str, name: &str| -> Vec<String> {
-        sweep
-            .lines()
-            .find(|l| l.split_whitespace().nth(2) == Some(name))
-            .unwrap_or_else(|| panic!("{name} missing in {sweep}"))
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
     // Before the release: agent-d-00 is on the tip, agent-d-07 one behind (low).
-    let before = machine_row(sweeps[0], "agent-d-00");
-    assert_eq!(before[10], "on_tip", "{before:?}");
-    let behind = machine_row(sweeps[0], "agent-d-07");
+    assert_eq!(row(&before, "agent-d-00").status, MachineStatus::OnTip);
     assert_eq!(
-        &behind[6..11],
-        ["1", "0", "low", "alert-and-wait", "drifted"],
-        "{behind:?}"
+        drift(row(&before, "agent-d-07")),
+        (
+            Some(1),
+            Some(0),
+            Some(Severity::Low),
+            Some(PolicyAction::AlertAndWait),
+            MachineStatus::Drifted
+        ),
     );
     // After it (a guards/ change): the old tip is one behind at high severity,
     // and the one-behind machine is now two behind.
-    let after = machine_row(sweeps[3], "agent-d-00");
     assert_eq!(
-        &after[6..11],
-        ["1", "0", "high", "restart", "drifted"],
-        "{after:?}"
+        drift(row(&after, "agent-d-00")),
+        (
+            Some(1),
+            Some(0),
+            Some(Severity::High),
+            Some(PolicyAction::Restart),
+            MachineStatus::Drifted
+        ),
     );
-    let behind = machine_row(sweeps[3], "agent-d-07");
-    assert_eq!(&behind[6..9], ["2", "0", "high"], "{behind:?}");
-    // Every per-machine status shows up, and nothing panicked.
+    let behind = row(&after, "agent-d-07");
+    assert_eq!(
+        (behind.commits_behind, behind.commits_ahead, behind.severity),
+        (Some(2), Some(0), Some(Severity::High))
+    );
+    // Every per-machine status shows up.
     for status in [
-        "on_tip",
-        "drifted",
-        "unknown_ref",
-        "unreachable",
-        "bad_report",
-        "not_running",
+        MachineStatus::OnTip,
+        MachineStatus::Drifted,
+        MachineStatus::UnknownRef,
+        MachineStatus::Unreachable,
+        MachineStatus::BadReport,
+        MachineStatus::NotRunning,
     ] {
-        assert!(sweeps[0].contains(status), "{status} in\n{}", sweeps[0]);
+        assert!(
+            before.machines.iter().any(|m| m.status == status),
+            "{status:?} in {:?}",
+            before.machines
+        );
     }
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
-#[test]
-fn demo_converges_waits_for_busy_agents_and_for_approval() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = fleet_reconciler::demo::DEMO_CONFIG
-        .replace("interval = \"2s\"", "interval = \"500ms\"")
-        .replace("min_drift_age = \"4s\"", "min_drift_age = \"1s\"")
-        .replace("restart_grace = \"10s\"", "restart_grace = \"3s\"");
-    let path = dir.path().join("demo.toml");
-    std::fs::write(&path, config).unwrap();
-    // Output goes to files: a pipe nobody reads would fill and stall the demo.
-    let out_path = dir.path().join("stdout.txt");
-    let err_path = dir.path().join("stderr.txt");
-    let mut child = Command::new(BIN)
-        .args(["demo", "--sweeps", "0", "--demo-config"])
-        .arg(&path)
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    // The demo stops by itself once settled; never let a regression hang CI.
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(180) {
-            let _ = child.kill();
-            panic!("demo did not settle within 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let status = child.wait().unwrap();
-    let stdout = std::fs::read_to_string(&out_path).unwrap();
-    let stderr = std::fs::read_to_string(&err_path).unwrap();
-    assert!(status.success(), "{stdout}\n{stderr}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_converges_waits_for_busy_agents_and_for_approval() {
+    // The demo's busy-for-a-while agent works for three restart graces.
+    let (config, port) = demo_config(&[
+        ("interval = \"2s\"", "interval = \"300ms\""),
+        ("timeout = \"1s\"", "timeout = \"300ms\""),
+        ("min_drift_age = \"4s\"", "min_drift_age = \"1s\""),
+        ("restart_grace = \"10s\"", "restart_grace = \"4s\""),
+    ]);
+    let mut demo = Demo::start(&config, port, 0);
+    // Watch the fleet until the demo stops by itself once settled; remember
+    // the last report and the decision for agent-c-00 at that moment.
+    let mut last: Option<FleetReport> = None;
+    let mut waiting: Option<Decision> = None;
+    let mut d05_drained_live_work = false;
+    common::eventually(
+        "the demo settles and exits",
+        Duration::from_secs(120),
+        async || {
+            if demo.exited().is_some() {
+                return true;
+            }
+            if let Some(r) = demo.fleet().await {
+                let c00 = row(&r, "agent-c-00").machine_id.clone();
+                if let Some(view) = demo.machine(&c00).await {
+                    waiting = view.decision;
+                }
+                let d05 = row(&r, "agent-d-05").machine_id.clone();
+                if let Some(view) = demo.machine(&d05).await {
+                    d05_drained_live_work |=
+                        matches!(view.decision, Some(Decision::LiveWork { .. }));
+                }
+                last = Some(r);
+            }
+            false
+        },
+    )
+    .await;
+    let stdout = demo.finished().await;
     assert!(stdout.contains("the fleet has settled"), "{stdout}");
-    let last = stdout.rsplit("── sweep ").next().unwrap();
-    let row = |name: &str| -> Vec<String> {
-        last.lines()
-            .find(|l| l.split_whitespace().nth(2) == Some(name))
-            .unwrap_or_else(|| panic!("{name} missing in {last}"))
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
-    // Every dispatch agent that policy lets rotate runs the new tip.
+    let last = last.expect("the demo served its fleet");
+
+    // Every dispatch agent that policy lets rotate runs the new tip, and so
+    // does the approved manual machine (agent-d-11: critical in the default pool).
     for i in 0..=13 {
-        let r = row(&format!("agent-d-{i:02}"));
-        if i == 11 {
-            continue; // critical in the default pool: manual, approved below
-        }
-        assert_eq!(r[10], "on_tip", "agent-d-{i:02}: {r:?}");
+        let m = row(&last, &format!("agent-d-{i:02}"));
+        assert_eq!(m.status, MachineStatus::OnTip, "agent-d-{i:02}: {m:?}");
     }
-    // The approved manual machine converged; unapproved ones still wait.
     assert!(
-        stdout.contains(">>> an operator approves 1115e1f000b"),
+        stdout.contains(&format!(
+            ">>> an operator approves {}",
+            row(&last, "agent-d-11").machine_id
+        )),
         "{stdout}"
     );
-    assert_eq!(row("agent-d-11")[10], "on_tip");
-    let waiting = row("agent-c-00");
-    assert_eq!(
-        &waiting[10..],
-        ["drifted", "awaiting", "approval"],
+    // Unapproved manual machines still wait.
+    let c00 = row(&last, "agent-c-00");
+    assert_eq!(c00.status, MachineStatus::Drifted);
+    assert_eq!(c00.action, Some(PolicyAction::Manual));
+    assert!(
+        matches!(waiting, Some(Decision::AwaitingApproval { .. })),
         "{waiting:?}"
     );
     // The hour-busy agent in `dispatch` (restart) was interrupted only after its
-    // grace; the one in `default` (alert-and-wait) was waited for.
+    // grace; the busy one in `default` (alert-and-wait, agent-d-05) was
+    // claimed while it worked and restarted only once it was idle.
     assert!(stdout.contains("restart agents-dispatch/1035e1f0003 (restart grace elapsed; live work may be interrupted)"), "{stdout}");
+    assert!(
+        d05_drained_live_work,
+        "agent-d-05 was never seen draining while busy: nothing was waited for"
+    );
     assert!(
         stdout.contains("restart agents-dispatch/1055e1f0005 (no live work)"),
         "{stdout}"

@@ -2,14 +2,17 @@
 //! the real binary, serves what Fly's checks and Prometheus scrape, on the
 //! port `fly.toml` names.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::demo::DemoRepo;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
+
+mod common;
+
+use common::{ChildGuard, eventually, free_port};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
@@ -78,24 +81,6 @@ fn fly_toml_matches_the_config_the_image_ships() {
     assert!(dockerfile.contains(&format!("COPY ${{FLEET_CONFIG}} {IMAGE_CONFIG}")));
     assert!(dockerfile.contains(&format!(r#"CMD ["run", "--config", "{IMAGE_CONFIG}"]"#)));
     assert!(dockerfile.contains(&format!("EXPOSE {port}")));
-}
-
-/// Kills and reaps the daemon on every path out of the test.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> Option<(u16, String)> {
@@ -182,18 +167,18 @@ async fn the_shipped_config_serves_fly_checks_and_metrics() {
         .build()
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
     // Ready = a sweep succeeded; then every path Fly uses answers.
-    loop {
-        if let Some((200, _)) = get(&client, &format!("{base}/readyz")).await {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon never became ready on {base}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        &format!("the daemon ready on {base}"),
+        Duration::from_secs(60),
+        async || {
+            matches!(
+                get(&client, &format!("{base}/readyz")).await,
+                Some((200, _))
+            )
+        },
+    )
+    .await;
     for check in fly["checks"].as_table().unwrap().values() {
         let path = check["path"].as_str().unwrap();
         let (status, _) = get(&client, &format!("{base}{path}"))

@@ -2,7 +2,6 @@
 //! shapes, the auth header rule, leases and nonces, metadata CAS, wait, retries.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,15 +11,13 @@ use futures::StreamExt;
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
 
+mod common;
+
+use common::within;
+
 const TOKEN: &str = "fly-test-token";
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
-
-async fn within<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("finished in time")
-}
 
 async fn sim() -> Sim {
     Sim::start(

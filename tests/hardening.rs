@@ -9,7 +9,7 @@ use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 
 mod common;
 
-use common::OverlayRepo;
+use common::{ChildGuard, ConfigToml, OverlayRepo, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const TOKEN: &str = "hardening-test-token";
@@ -44,18 +44,13 @@ async fn no_request_goes_through_a_proxy_from_the_environment() {
     .unwrap();
     let (proxy, offered) = counting_listener().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[fly]\napi_url = \"{}\"\n[overlay]\nrepo = \"{}\"\nbranch = \"release\"\nmirror_dir = \"{}\"\n[[apps]]\nname = \"app\"\nhealth_url = \"{}\"\n",
-            sim.api_url(),
-            overlay.repo_path.display(),
-            dir.path().join("mirror.git").display(),
-            sim.health_url_template(),
-        ),
+    let config = ConfigToml::new(
+        &sim.api_url(),
+        &overlay.repo_path,
+        dir.path().join("mirror.git"),
     )
-    .unwrap();
+    .app("app", Some(&sim.health_url_template()))
+    .write(dir.path().join("c.toml"));
     let out = tokio::task::spawn_blocking(move || {
         Command::new(BIN)
             .args(["check", "--config"])
@@ -237,22 +232,9 @@ async fn trickling_git_server() -> String {
     url
 }
 
-struct KilledOnDrop(std::process::Child);
-
-impl Drop for KilledOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `fleet-reconciler run --config CONFIG` with the test's Fly token and
 /// `env`, its log (stderr) written to `log`.
-fn spawn_run(
-    config: &std::path::Path,
-    log: &std::path::Path,
-    env: &[(&str, &str)],
-) -> KilledOnDrop {
+fn spawn_run(config: &std::path::Path, log: &std::path::Path, env: &[(&str, &str)]) -> ChildGuard {
     let mut command = Command::new(BIN);
     command
         .args(["run", "--config"])
@@ -261,12 +243,12 @@ fn spawn_run(
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
-    KilledOnDrop(command.spawn().unwrap())
+    ChildGuard(command.spawn().unwrap())
 }
 
 /// Sends SIGTERM to the child and waits up to `within` for it to exit.
 async fn sigterm_and_wait(
-    child: &mut KilledOnDrop,
+    child: &mut ChildGuard,
     within: std::time::Duration,
 ) -> Option<std::process::ExitStatus> {
     let pid = child.0.id().to_string();
@@ -348,11 +330,7 @@ async fn a_stalled_git_server_neither_stops_sweeps_nor_shutdown() {
     let hook_url = format!("http://{}/hook", hook.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(hook, receiver).await.unwrap() });
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = dir.path().join("c.toml");
     std::fs::write(
         &config,
@@ -484,11 +462,7 @@ async fn outside_text_cannot_forge_log_lines_or_drive_the_terminal() {
     let overlay = OverlayRepo::new();
     let api = hostile_fly_api().await;
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = dir.path().join("c.toml");
     std::fs::write(
         &config,
@@ -538,10 +512,10 @@ listen = "127.0.0.1:{port}"
     let log_path = dir.path().join("stderr.log");
     let mut child = spawn_run(&config, &log_path, &[]);
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    common::until(
+    common::eventually(
         "a failed sweep logged",
         std::time::Duration::from_secs(20),
-        || log().contains("forged: all clear"),
+        async || log().contains("forged: all clear"),
     )
     .await;
     let _ = child.0.kill();
@@ -710,10 +684,10 @@ coordinator = "coord/c0"
             .iter()
             .any(|r| r.action.as_deref() == Some("restart") && r.method == "POST")
     };
-    common::until(
+    common::eventually(
         "the restart call in flight",
         Duration::from_secs(30),
-        restart_asked,
+        async || restart_asked(),
     )
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
-use common::{OverlayRepo, until};
+use common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "health-url-test-token";
 const AGENT_TOKEN: &str = "agent-secret";
@@ -174,7 +174,7 @@ coordinator = "coord/c0"
     };
 
     // The honest machine is probed, drained and rotated through its URL.
-    until("m2 converges", Duration::from_secs(30), || {
+    eventually("m2 converges", Duration::from_secs(30), async || {
         sim.machine("m2").is_some_and(|m| {
             m.loaded_ref == tip && !m.cordoned && !m.metadata.contains_key(MARKER_KEY)
         })

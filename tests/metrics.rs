@@ -18,15 +18,9 @@ use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
 mod common;
 
-use common::OverlayRepo as Fixture;
+use common::{OverlayRepo as Fixture, within};
 
 const TOKEN: &str = "metrics-test-token";
-
-async fn within<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .expect("finished within 30 s")
-}
 
 // ---- a parsed scrape -----------------------------------------------------------
 

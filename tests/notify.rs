@@ -29,6 +29,10 @@ use sha2::Sha256;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+
+use common::eventually;
+
 /// Upper bound on every wait in this file.
 const WAIT: Duration = Duration::from_secs(10);
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -146,7 +150,7 @@ impl Receiver {
 
     /// Waits until `n` requests were accepted and returns their bodies.
     async fn expect(&self, n: usize) -> Vec<Value> {
-        eventually(&format!("{n} accepted requests"), || {
+        eventually(&format!("{n} accepted requests"), WAIT, async || {
             self.accepted().len() >= n
         })
         .await;
@@ -157,17 +161,6 @@ impl Receiver {
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let poll = async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    if tokio::time::timeout(WAIT, poll).await.is_err() {
-        panic!("timed out waiting for {what}");
     }
 }
 
@@ -713,7 +706,7 @@ async fn an_outage_loses_nothing_and_keeps_order() {
     n.update(std::slice::from_ref(&a), t(0));
     n.update(&[a.clone(), b.clone()], t(1));
     n.update(std::slice::from_ref(&b), t(2));
-    eventually("three failed attempts", || rx.attempts() >= 3).await;
+    eventually("three failed attempts", WAIT, async || rx.attempts() >= 3).await;
     assert!(rx.accepted().is_empty());
     assert_eq!(n.notifier.queued(), 3);
     rx.set(Mode::Accept);
@@ -748,7 +741,7 @@ async fn a_receiver_that_is_down_gets_everything_once_it_is_up() {
     let a = drift("a", Severity::High);
     n.update(std::slice::from_ref(&a), t(0));
     n.update(&[], t(1));
-    eventually("two refused attempts", || {
+    eventually("two refused attempts", WAIT, async || {
         n.notifier.stats()[0].failed_attempts >= 2
     })
     .await;
@@ -777,7 +770,10 @@ async fn redirects_are_refused() {
         fast(),
     );
     n.update(&[drift("a", Severity::High)], t(0));
-    eventually("a retried redirect", || redirecting.attempts() >= 2).await;
+    eventually("a retried redirect", WAIT, async || {
+        redirecting.attempts() >= 2
+    })
+    .await;
     assert_eq!(elsewhere.attempts(), 0, "the redirect was followed");
     let stats = &n.notifier.stats()[0];
     assert_eq!((stats.delivered, stats.queued), (0, 1), "{stats:?}");
@@ -806,7 +802,7 @@ async fn update_never_waits_for_a_hanging_receiver() {
         options,
     );
     n.update(&[drift("first", Severity::High)], t(0));
-    eventually("a request in flight", || rx.attempts() >= 1).await;
+    eventually("a request in flight", WAIT, async || rx.attempts() >= 1).await;
 
     let many: Vec<Alert> = (0..2000)
         .map(|i| drift(&format!("m{i}"), Severity::High))
@@ -815,7 +811,8 @@ async fn update_never_waits_for_a_hanging_receiver() {
         let started = Instant::now();
         n.update(&many, t(minute));
         let took = started.elapsed();
-        assert!(took < Duration::from_millis(500), "update took {took:?}");
+        // A blocked update would wait out the 60 s request timeout.
+        assert!(took < Duration::from_secs(10), "update took {took:?}");
     }
     // In flight: the first trigger; then its resolve (it cleared) and 2000 triggers.
     assert_eq!(n.notifier.queued(), 2002);
@@ -823,7 +820,8 @@ async fn update_never_waits_for_a_hanging_receiver() {
     // Shutdown gives up on the hanging request after the flush deadline.
     let started = Instant::now();
     n.stop().await;
-    assert!(started.elapsed() < Duration::from_secs(3));
+    // The flush deadline is 300 ms; waiting for the request would take 60 s.
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]
@@ -948,9 +946,9 @@ async fn secrets_stay_out_of_logs_errors_and_payloads() {
         &[event(EventKind::ActionFailed, "a")],
         t(1),
     );
-    eventually("failed attempts", || rx.attempts() >= 6).await;
+    eventually("failed attempts", WAIT, async || rx.attempts() >= 6).await;
     rx.set(Mode::Redirect(json_url.clone()));
-    eventually("redirected attempts", || rx.attempts() >= 12).await;
+    eventually("redirected attempts", WAIT, async || rx.attempts() >= 12).await;
     rx.set(Mode::Accept);
     notifier.update(&[], &[], t(40));
     // json: trigger, event, resolve; slack: the same; pagerduty: trigger, event trigger, resolve.
@@ -1348,7 +1346,7 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
     );
     let (a, b) = (drift("a", Severity::High), drift("b", Severity::High));
     n.update(std::slice::from_ref(&a), t(0));
-    eventually("a's trigger tried", || gone.attempts() >= 1).await;
+    eventually("a's trigger tried", WAIT, async || gone.attempts() >= 1).await;
     // Once tried, never retried (several retry intervals go by).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(gone.attempts(), 1, "a 404 is not retried");
@@ -1372,7 +1370,7 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
         "{summary}"
     );
     assert!(!summary.contains("127.0.0.1"), "no URL: {summary}");
-    eventually("b's trigger tried", || gone.attempts() >= 2).await;
+    eventually("b's trigger tried", WAIT, async || gone.attempts() >= 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(gone.attempts(), 2);
 
@@ -1383,7 +1381,7 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
     n.update(&[a.clone(), b.clone(), c.clone()], t(2));
     let got = gone.expect(1).await;
     assert_eq!(seq(&got)[0], s("drift_detected", "firing", "c", false));
-    eventually("the delivery counted", || {
+    eventually("the delivery counted", WAIT, async || {
         n.notifier.stats()[0].delivered >= 1
     })
     .await;
@@ -1474,7 +1472,7 @@ async fn notifications_queued_at_shutdown_are_delivered_after_a_restart() {
         &[event(EventKind::ActionFailed, "a")],
         t(0),
     );
-    eventually("an attempt", || rx.attempts() >= 1).await;
+    eventually("an attempt", WAIT, async || rx.attempts() >= 1).await;
     first.stop().await;
     assert!(rx.accepted().is_empty());
 
@@ -1611,7 +1609,10 @@ async fn dead_letters_are_counted_kept_and_survive_a_restart() {
     let first = Running::start(sinks(), persisted(&state));
     let a = drift("a", Severity::High);
     first.update(std::slice::from_ref(&a), t(0));
-    eventually("dead-lettered", || first.notifier.stats()[0].failing).await;
+    eventually("dead-lettered", WAIT, async || {
+        first.notifier.stats()[0].failing
+    })
+    .await;
     let stats = &first.notifier.stats()[0];
     assert_eq!(
         (
@@ -1668,7 +1669,7 @@ async fn a_receiver_failing_for_long_is_dead_lettered_after_the_bound() {
         &[drift("a", Severity::High), drift("b", Severity::High)],
         t(0),
     );
-    eventually("both dead-lettered", || {
+    eventually("both dead-lettered", WAIT, async || {
         n.notifier.stats()[0].dead_letters == 2
     })
     .await;

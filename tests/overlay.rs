@@ -6,12 +6,10 @@
 //! by breadth-first search over parent ids, never git2's revwalk).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use fleet_reconciler::model::CommitId;
 use fleet_reconciler::observe::overlay::{
@@ -20,6 +18,10 @@ use fleet_reconciler::observe::overlay::{
 use git2::{Oid, Repository, Signature, Time};
 use globset::{GlobBuilder, GlobSetBuilder};
 use tempfile::TempDir;
+
+mod common;
+
+use common::within;
 
 const RELEASE: &str = "release";
 
@@ -212,13 +214,6 @@ fn source(repo: String, mirror: &Path) -> OverlaySource {
         mirror_dir: mirror.join("overlay.git"),
         token: None,
     }
-}
-
-/// Every await in a test is bounded.
-async fn within<T>(work: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), work)
-        .await
-        .expect("overlay call timed out")
 }
 
 async fn open_mirror(up: &Upstream) -> (TempDir, Overlay) {

@@ -15,6 +15,10 @@ use axum::routing::get;
 use fleet_reconciler::config::ProbeConfig;
 use fleet_reconciler::observe::probe::{ProbeOutcome, Prober};
 
+mod common;
+
+use common::within;
+
 #[derive(Default)]
 struct Stats {
     in_flight: AtomicUsize,
@@ -112,12 +116,6 @@ fn prober(concurrency: usize, timeout: Duration, max_body: usize) -> Prober {
     .unwrap()
 }
 
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("finished in time")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_is_bounded_and_connections_reused() {
     let (base, stats) = server().await;
@@ -168,7 +166,8 @@ async fn deadline_covers_the_whole_exchange() {
         matches!(outcome, ProbeOutcome::Unreachable(ref why) if why.contains("400ms")),
         "{outcome:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
+    // The trickle never ends: only the 400 ms deadline can stop it this soon.
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

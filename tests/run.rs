@@ -3,7 +3,7 @@
 //! SIGTERM; and a trace-level log that must not contain any secret.
 
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,34 +14,12 @@ use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
 mod common;
 
-use common::OverlayRepo;
+use common::{ChildGuard, OverlayRepo, eventually, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-secret-token-e2e";
 const ADMIN_TOKEN: &str = "admin-secret-token-e2e";
 const HOOK_PATH: &str = "/hooks/T000/B000/secret-hook-path";
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-async fn until(what: &str, deadline: Duration, mut f: impl AsyncFnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_remediates_serves_and_stops_cleanly_without_leaking_secrets() {
@@ -127,7 +105,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
     let config_path = dir.path().join("fleet-reconciler.toml");
     std::fs::write(&config_path, config).unwrap();
 
-    let mut child = Killed(
+    let mut child = ChildGuard(
         Command::new(BIN)
             .arg("run")
             .arg("--config")
@@ -152,7 +130,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
 
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    until("ready", Duration::from_secs(30), async || {
+    eventually("ready", Duration::from_secs(30), async || {
         http.get(format!("{base}/readyz"))
             .send()
             .await
@@ -161,7 +139,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
     .await;
 
     // m1 (idle) converges; busy is waited for (cordoned, never restarted).
-    until("m1 on tip", Duration::from_secs(30), async || {
+    eventually("m1 on tip", Duration::from_secs(30), async || {
         sim.machine("m1").is_some_and(|m| {
             m.loaded_ref == tip && !m.cordoned && !m.metadata.contains_key(MARKER_KEY)
         })
@@ -294,7 +272,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
     );
 
     // A webhook arrived (drift of busy), signed.
-    until("webhook delivered", Duration::from_secs(15), async || {
+    eventually("webhook delivered", Duration::from_secs(15), async || {
         !received.lock().unwrap().is_empty()
     })
     .await;
@@ -305,7 +283,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
             .iter()
             .any(|b| b.contains("drift_detected"))
     );
-    until("delivery counted", Duration::from_secs(10), async || {
+    eventually("delivery counted", Duration::from_secs(10), async || {
         let m = http
             .get(format!("{base}/metrics"))
             .send()
@@ -454,7 +432,7 @@ listen = "127.0.0.1:{port}"
     )
     .unwrap();
     let start = || {
-        Killed(
+        ChildGuard(
             Command::new(BIN)
                 .arg("run")
                 .arg("--config")
@@ -468,7 +446,7 @@ listen = "127.0.0.1:{port}"
                 .unwrap(),
         )
     };
-    let stop = async |mut child: Killed| {
+    let stop = async |mut child: ChildGuard| {
         let pid = child.0.id().to_string();
         assert!(
             Command::new("kill")
@@ -492,7 +470,7 @@ listen = "127.0.0.1:{port}"
     };
 
     let first = start();
-    until("m1 and m2 paged", Duration::from_secs(30), async || {
+    eventually("m1 and m2 paged", Duration::from_secs(30), async || {
         count("drift_detected", "m1") == 1 && count("drift_detected", "m2") == 1
     })
     .await;
@@ -500,7 +478,7 @@ listen = "127.0.0.1:{port}"
 
     sim.set_loaded_ref("m1", &tip);
     let second = start();
-    until("m1 resolved", Duration::from_secs(30), async || {
+    eventually("m1 resolved", Duration::from_secs(30), async || {
         count("drift_resolved", "m1") == 1
     })
     .await;

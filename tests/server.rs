@@ -32,17 +32,11 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
-use common::OverlayRepo as Overlay;
+use common::{OverlayRepo as Overlay, within};
 
 const FLY_TOKEN: &str = "server-test-fly-token";
 const ADMIN: &str = "s3cret-admin-token-0123456789";
 const HOSTILE: &str = "<script>alert('pwned')</script>";
-
-async fn within<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .expect("finished within 30 s")
-}
 
 /// alpha: on tip, 3 behind (low), before the security fix (critical), a
 /// hostile name (1 behind), unreachable; beta: on tip, stopped.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
-use common::{OverlayRepo, until};
+use common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "service-test-token";
 
@@ -33,18 +33,20 @@ async fn failing_sweeps_do_not_resolve_machine_alerts() {
     let service = Service::start(&sim, &overlay, &hook);
 
     let delivered = |event: &str| hook.bodies().iter().filter(|b| b["event"] == event).count();
-    until("drift_detected delivered", Duration::from_secs(15), || {
-        delivered("drift_detected") > 0
-    })
+    eventually(
+        "drift_detected delivered",
+        Duration::from_secs(15),
+        async || delivered("drift_detected") > 0,
+    )
     .await;
     // The Fly API fails for a few sweeps: nothing is known about m1 meanwhile.
     let failed_before = service.failed();
     sim.fail_next(6, 503, None);
-    until("sweeps failed", Duration::from_secs(15), || {
+    eventually("sweeps failed", Duration::from_secs(15), async || {
         service.failed() >= failed_before + 3
     })
     .await;
-    until("sweeps recovered", Duration::from_secs(15), || {
+    eventually("sweeps recovered", Duration::from_secs(15), async || {
         sim.pending_failures() == 0
     })
     .await;
@@ -88,28 +90,19 @@ async fn a_new_tip_is_analysed_while_the_last_figures_stay_served() {
     )
     .await
     .unwrap();
-    let text = format!(
-        r#"
-[fly]
-api_url = "{api}"
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
-fetch_interval = "50ms"
+    let text = overlay
+        .config(&sim.api_url(), "mirror.git")
+        .overlay("fetch_interval = \"50ms\"")
+        .app("agents", Some(&sim.health_url_template()))
+        .with(
+            r#"
 [sweep]
 interval = "50ms"
-[[apps]]
-name = "agents"
-health_url = "{health}"
 [pools.default]
-actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
+actions = { low = "observe", medium = "observe", high = "observe", critical = "observe" }
 "#,
-        api = sim.api_url(),
-        repo = overlay.repo_path.display(),
-        mirror = overlay.dir.path().join("mirror.git").display(),
-        health = sim.health_url_template(),
-    );
+        )
+        .text();
     let config = Arc::new(Config::parse(Path::new("service.toml"), &text).unwrap());
     let secrets = ServiceSecrets {
         core: Secrets {
@@ -265,20 +258,14 @@ impl Service {
     }
 
     fn start_with(sim: &Sim, overlay: &OverlayRepo, hook: &Hook, min_drift_age: &str) -> Service {
-        let text = format!(
-            r#"
-[fly]
-api_url = "{api}"
-max_retries = 0
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
+        let text = overlay
+            .config(&sim.api_url(), "mirror.git")
+            .fly("max_retries = 0")
+            .app("agents", Some(&sim.health_url_template()))
+            .with(&format!(
+                r#"
 [sweep]
 interval = "200ms"
-[[apps]]
-name = "agents"
-health_url = "{health}"
 [pools.default]
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [rotation]
@@ -286,12 +273,9 @@ min_drift_age = "{min_drift_age}"
 [[alerts.webhooks]]
 url_env = "HOOK"
 format = "json"
-"#,
-            api = sim.api_url(),
-            repo = overlay.repo_path.display(),
-            mirror = overlay.dir.path().join("mirror.git").display(),
-            health = sim.health_url_template(),
-        );
+"#
+            ))
+            .text();
         let config = Arc::new(Config::parse(Path::new("service.toml"), &text).unwrap());
         let secrets = ServiceSecrets {
             core: Secrets {
@@ -342,7 +326,7 @@ format = "json"
 
     async fn sweeps_after(&self, n: usize) {
         let seen = *self.sweeps.lock().unwrap();
-        until("more sweeps", Duration::from_secs(15), || {
+        eventually("more sweeps", Duration::from_secs(15), async || {
             *self.sweeps.lock().unwrap() >= seen + n
         })
         .await;
@@ -379,7 +363,7 @@ async fn alert_state_survives_a_restart() {
     // Run 1: m1 and m2 are paged; then the receiver fails, and m3's drift
     // cannot be delivered before the daemon stops.
     let run1 = Service::start(&sim, &overlay, &hook);
-    until("m1 and m2 paged", Duration::from_secs(15), || {
+    eventually("m1 and m2 paged", Duration::from_secs(15), async || {
         !hook.of("drift_detected", "m1").is_empty() && !hook.of("drift_detected", "m2").is_empty()
     })
     .await;
@@ -449,7 +433,7 @@ async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
     .unwrap();
     let hook = Hook::start().await;
     let run1 = Service::start_with(&sim, &overlay, &hook, "2s");
-    until("m1 and m2 paged", Duration::from_secs(15), || {
+    eventually("m1 and m2 paged", Duration::from_secs(15), async || {
         !hook.of("drift_detected", "m1").is_empty() && !hook.of("drift_detected", "m2").is_empty()
     })
     .await;
@@ -459,12 +443,12 @@ async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
     // The Fly API fails the first sweeps of run 2 (max_retries = 0).
     sim.fail_next(4, 503, None);
     let run2 = Service::start_with(&sim, &overlay, &hook, "2s");
-    until("Fly answers again", Duration::from_secs(15), || {
+    eventually("Fly answers again", Duration::from_secs(15), async || {
         sim.pending_failures() == 0
     })
     .await;
     let first_good = run2.sweeps();
-    until("m1 resolved", Duration::from_secs(15), || {
+    eventually("m1 resolved", Duration::from_secs(15), async || {
         !hook.of("drift_resolved", "m1").is_empty()
     })
     .await;
@@ -503,7 +487,7 @@ async fn a_corrupt_alert_state_file_is_moved_aside() {
     std::fs::write(&state, "{\"version\": 1, \"sinks\": [tr").unwrap();
 
     let run = Service::start(&sim, &overlay, &hook);
-    until("m1 paged", Duration::from_secs(15), || {
+    eventually("m1 paged", Duration::from_secs(15), async || {
         !hook.of("drift_detected", "m1").is_empty()
     })
     .await;

@@ -4,7 +4,6 @@
 //! simulator fails a test instead of hanging the suite.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -15,19 +14,16 @@ use fleet_reconciler::sim::{
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
 
+mod common;
+
+use common::within;
+
 const TOKEN: &str = "test-fly-token";
 const AGENT_TOKEN: &str = "agent-secret";
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
 const NEW: &str = "3333333333333333333333333333333333333333";
 const APP: &str = "agents";
-const LIMIT: Duration = Duration::from_secs(10);
-
-async fn within<F: Future>(f: F) -> F::Output {
-    tokio::time::timeout(LIMIT, f)
-        .await
-        .expect("operation did not finish within the test limit")
-}
 
 fn fleet() -> SimFleet {
     SimFleet::new(TOKEN)
@@ -1434,7 +1430,8 @@ async fn a_hanging_fault_ends_promptly_on_shutdown() {
         }
     }
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        // The hangs last 600 s.
+        started.elapsed() < Duration::from_secs(20),
         "hangs end on shutdown"
     );
 }

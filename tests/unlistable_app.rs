@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
-use common::{OverlayRepo, until};
+use common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "unlistable-test-token";
 
@@ -178,7 +178,7 @@ format = "json"
 
     // A rotation is in progress in beta: b1 is claimed, cordoned and waits
     // for its live work to end.
-    until("b1 draining", Duration::from_secs(30), || {
+    eventually("b1 draining", Duration::from_secs(30), async || {
         sim.machine("b1").is_some_and(|m| {
             m.cordoned
                 && m.metadata
@@ -202,10 +202,10 @@ format = "json"
             })
             .count()
     };
-    until(
+    eventually(
         "two refused listings of beta",
         Duration::from_secs(15),
-        || refused_lists() >= 2,
+        async || refused_lists() >= 2,
     )
     .await;
     watching.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -216,10 +216,10 @@ format = "json"
     sim.set_behaviour("b1", Behaviour::Normal);
 
     // alpha is still swept and reconciled: a1 rotates back to the tip.
-    until(
+    eventually(
         "a1 rotated while beta cannot be listed",
         Duration::from_secs(30),
-        || {
+        async || {
             sim.machine("a1").is_some_and(|m| {
                 m.restart_count == 1
                     && m.loaded_ref == tip
@@ -289,9 +289,11 @@ format = "json"
     );
 
     // The alert, after three sweep intervals; only for beta.
-    until("app_unlistable for beta", Duration::from_secs(15), || {
-        events("app_unlistable", "beta") == 1
-    })
+    eventually(
+        "app_unlistable for beta",
+        Duration::from_secs(15),
+        async || events("app_unlistable", "beta") == 1,
+    )
     .await;
     assert_eq!(events("app_unlistable", "alpha"), 0);
     let alert = received
@@ -343,14 +345,16 @@ format = "json"
 
     // beta lists again: the alert resolves, and the rotation goes on.
     sim.fail_app("beta", None);
-    until("app_unlistable resolved", Duration::from_secs(15), || {
-        events("app_listing_recovered", "beta") == 1
-    })
+    eventually(
+        "app_unlistable resolved",
+        Duration::from_secs(15),
+        async || events("app_listing_recovered", "beta") == 1,
+    )
     .await;
-    until(
+    eventually(
         "b1 rotated once beta lists again",
         Duration::from_secs(30),
-        || {
+        async || {
             sim.machine("b1").is_some_and(|m| {
                 m.restart_count == 1
                     && m.loaded_ref == tip
@@ -390,12 +394,12 @@ async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
     .await
     .unwrap();
     sim.fail_app("alpha", Some(403));
-    let text = format!(
-        "[fly]\napi_url = \"{}\"\nmax_retries = 0\n[overlay]\nrepo = \"{}\"\nbranch = \"release\"\nmirror_dir = \"{}\"\n[[apps]]\nname = \"alpha\"\n[[apps]]\nname = \"beta\"\n",
-        sim.api_url(),
-        overlay.repo_path.display(),
-        overlay.dir.path().join("mirror.git").display(),
-    );
+    let text = overlay
+        .config(&sim.api_url(), "mirror.git")
+        .fly("max_retries = 0")
+        .app("alpha", None)
+        .app("beta", None)
+        .text();
     let config = Config::parse(Path::new("operator.toml"), &text).unwrap();
     let secrets = Secrets {
         fly_token: TOKEN.into(),

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: a real overlay repository with
-//! the demo's history, and polling with a deadline.
+//! the demo's history, a config for it, a guard for child processes, a free
+//! loopback port, and one way each to bound and to poll with a deadline.
 //!
 //! Each test crate includes this module and uses only part of it, hence the
 //! `dead_code` allowance (scoped to this module, not the crates).
@@ -7,10 +8,15 @@
 
 pub mod exposition;
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::process::Child;
 use std::time::Duration;
 
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
+
+/// How long [`within`] lets one operation run before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A bare overlay repository in a temp dir, holding the demo history.
 pub struct OverlayRepo {
@@ -44,12 +50,109 @@ impl OverlayRepo {
         let r = &self.history.release;
         r[r.len() - 1 - n].to_string()
     }
+
+    /// A config for this repository: `[fly]` at `api_url`, `[overlay]` on
+    /// the release branch with its mirror in `mirror` (under the temp dir).
+    pub fn config(&self, api_url: &str, mirror: &str) -> ConfigToml {
+        ConfigToml::new(api_url, &self.repo_path, self.dir.path().join(mirror))
+    }
+}
+
+/// A config file's text, built section by section: `[fly]` and `[overlay]`
+/// (the parts every daemon needs), then whatever the test adds verbatim.
+pub struct ConfigToml {
+    fly: String,
+    overlay: String,
+    rest: String,
+}
+
+impl ConfigToml {
+    pub fn new(api_url: &str, repo: &std::path::Path, mirror: PathBuf) -> ConfigToml {
+        ConfigToml {
+            fly: format!("api_url = \"{api_url}\"\n"),
+            overlay: format!(
+                "repo = \"{}\"\nbranch = \"release\"\nmirror_dir = \"{}\"\n",
+                repo.display(),
+                mirror.display()
+            ),
+            rest: String::new(),
+        }
+    }
+
+    /// More keys of `[fly]` (one `key = value` a line).
+    pub fn fly(mut self, keys: &str) -> ConfigToml {
+        self.fly.push_str(keys.trim());
+        self.fly.push('\n');
+        self
+    }
+
+    /// More keys of `[overlay]`.
+    pub fn overlay(mut self, keys: &str) -> ConfigToml {
+        self.overlay.push_str(keys.trim());
+        self.overlay.push('\n');
+        self
+    }
+
+    /// An `[[apps]]` entry; `health_url` `None` leaves the default.
+    pub fn app(mut self, name: &str, health_url: Option<&str>) -> ConfigToml {
+        self.rest
+            .push_str(&format!("[[apps]]\nname = \"{name}\"\n"));
+        if let Some(url) = health_url {
+            self.rest.push_str(&format!("health_url = \"{url}\"\n"));
+        }
+        self
+    }
+
+    /// Any further sections, verbatim.
+    pub fn with(mut self, toml: &str) -> ConfigToml {
+        self.rest.push_str(toml.trim());
+        self.rest.push('\n');
+        self
+    }
+
+    pub fn text(&self) -> String {
+        format!(
+            "[fly]\n{}[overlay]\n{}{}",
+            self.fly, self.overlay, self.rest
+        )
+    }
+
+    /// Writes the text to `path` and returns the path.
+    pub fn write(&self, path: impl Into<PathBuf>) -> PathBuf {
+        let path = path.into();
+        std::fs::write(&path, self.text()).unwrap();
+        path
+    }
+}
+
+/// Kills and reaps a child process on every path out of a test.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port nothing listens on (a moment ago).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Runs `f`, failing the test if it takes longer than [`DEADLINE`].
+pub async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, f)
+        .await
+        .unwrap_or_else(|_| panic!("did not finish within {DEADLINE:?}"))
 }
 
 /// Polls `f` every 25 ms until it holds; fails the test after `deadline`.
-pub async fn until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+/// `f` is async so that it can ask a server; a plain condition is `async || …`.
+pub async fn eventually(what: &str, deadline: Duration, mut f: impl AsyncFnMut() -> bool) {
     let start = tokio::time::Instant::now();
-    while !f() {
+    while !f().await {
         assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

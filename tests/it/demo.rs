@@ -12,9 +12,7 @@ use fleet_reconciler::model::{MachineStatus, PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::{FleetReport, MachineReport};
 use fleet_reconciler::report::server::{MachineView, StatusError, fetch_fleet, fetch_machine};
 
-mod common;
-
-use common::{ChildGuard, free_port};
+use crate::common::{ChildGuard, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 
@@ -81,7 +79,7 @@ impl Demo {
 
     /// Waits for the demo to exit by itself, then checks it succeeded without a panic.
     async fn finished(&mut self) -> String {
-        common::eventually("the demo exits", Duration::from_secs(120), async || {
+        crate::common::eventually("the demo exits", Duration::from_secs(120), async || {
             self.exited().is_some()
         })
         .await;
@@ -144,7 +142,7 @@ async fn demo_detects_drift_and_the_release_it_ships() {
     let mut demo = Demo::start(&config, port, 6);
     let mut before: Option<FleetReport> = None;
     let mut after: Option<FleetReport> = None;
-    common::eventually(
+    crate::common::eventually(
         "a report before and one after the release",
         Duration::from_secs(60),
         async || {
@@ -236,7 +234,7 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
     let mut last: Option<FleetReport> = None;
     let mut waiting: Option<Decision> = None;
     let mut d05_drained_live_work = false;
-    common::eventually(
+    crate::common::eventually(
         "the demo settles and exits",
         Duration::from_secs(120),
         async || {

@@ -26,9 +26,7 @@ use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, Sim
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-mod common;
-
-use common::{OverlayRepo, eventually};
+use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "rotation-test-token";
 /// The machine whose lease and metadata keep the pools' slots (stopped, as a
@@ -905,8 +903,14 @@ async fn a_cordon_whose_answer_was_lost_is_undone() {
     let start = tokio::time::Instant::now();
     let mut was_cordoned = false;
     loop {
-        let cordoned = sim.machine("m1").is_some_and(|m| m.cordoned);
-        let marker = marker_of(&sim, "m1");
+        // One read of the machine: the cordon and the marker as of the same
+        // instant (two reads could straddle the uncordon and its marker).
+        let machine = sim.machine("m1");
+        let cordoned = machine.as_ref().is_some_and(|m| m.cordoned);
+        let marker = machine
+            .as_ref()
+            .and_then(|m| m.metadata.get(MARKER_KEY))
+            .and_then(|v| Marker::parse(v));
         assert!(
             !cordoned || marker.as_ref().is_some_and(|m| m.may_have_cordoned()),
             "cordoned with no marker recording it: {marker:?}"

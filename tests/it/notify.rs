@@ -29,9 +29,7 @@ use sha2::Sha256;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-mod common;
-
-use common::eventually;
+use crate::common::eventually;
 
 /// Upper bound on every wait in this file.
 const WAIT: Duration = Duration::from_secs(10);

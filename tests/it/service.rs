@@ -13,9 +13,7 @@ use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use tokio_util::sync::CancellationToken;
 
-mod common;
-
-use common::{OverlayRepo, eventually};
+use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "service-test-token";
 

@@ -14,9 +14,7 @@ use fleet_reconciler::sim::{
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
 
-mod common;
-
-use common::within;
+use crate::common::within;
 
 const TOKEN: &str = "test-fly-token";
 const AGENT_TOKEN: &str = "agent-secret";

@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 
-mod common;
-
-use common::{ChildGuard, ConfigToml, OverlayRepo, free_port};
+use crate::common::{ChildGuard, ConfigToml, OverlayRepo, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const TOKEN: &str = "hardening-test-token";
@@ -512,7 +510,7 @@ listen = "127.0.0.1:{port}"
     let log_path = dir.path().join("stderr.log");
     let mut child = spawn_run(&config, &log_path, &[]);
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    common::eventually(
+    crate::common::eventually(
         "a failed sweep logged",
         std::time::Duration::from_secs(20),
         async || log().contains("forged: all clear"),
@@ -684,7 +682,7 @@ coordinator = "coord/c0"
             .iter()
             .any(|r| r.action.as_deref() == Some("restart") && r.method == "POST")
     };
-    common::eventually(
+    crate::common::eventually(
         "the restart call in flight",
         Duration::from_secs(30),
         async || restart_asked(),

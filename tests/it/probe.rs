@@ -15,9 +15,7 @@ use axum::routing::get;
 use fleet_reconciler::config::ProbeConfig;
 use fleet_reconciler::observe::probe::{ProbeOutcome, Prober};
 
-mod common;
-
-use common::within;
+use crate::common::within;
 
 #[derive(Default)]
 struct Stats {

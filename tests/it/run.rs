@@ -12,9 +12,7 @@ use axum::routing::post;
 use fleet_reconciler::act::operator::{HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
-mod common;
-
-use common::{ChildGuard, OverlayRepo, eventually, free_port};
+use crate::common::{ChildGuard, OverlayRepo, eventually, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-secret-token-e2e";

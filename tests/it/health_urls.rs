@@ -19,9 +19,7 @@ use fleet_reconciler::model::MachineStatus;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use tokio_util::sync::CancellationToken;
 
-mod common;
-
-use common::{OverlayRepo, eventually};
+use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "health-url-test-token";
 const AGENT_TOKEN: &str = "agent-secret";

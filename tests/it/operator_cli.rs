@@ -12,9 +12,7 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use serde_json::Value;
 
-mod common;
-
-use common::OverlayRepo;
+use crate::common::OverlayRepo;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-token-operator-cli";

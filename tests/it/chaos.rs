@@ -55,9 +55,7 @@ use fleet_reconciler::sim::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-mod common;
-
-use common::{OverlayRepo, free_port};
+use crate::common::{OverlayRepo, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "chaos-fly-token";

@@ -16,9 +16,7 @@ use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
 use fleet_reconciler::report::metrics::{self, Metrics};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
-mod common;
-
-use common::{OverlayRepo as Fixture, within};
+use crate::common::{OverlayRepo as Fixture, within};
 
 const TOKEN: &str = "metrics-test-token";
 
@@ -419,7 +417,7 @@ async fn fly_observer_counts_requests_by_op_and_code() {
 /// `<target>/tmp/scrapes/NAME.prom` for CI, which runs
 /// `promtool check metrics` on every saved scrape.
 fn exposition_check(name: &str, text: &str) {
-    if let Err(e) = common::exposition::check(text) {
+    if let Err(e) = crate::common::exposition::check(text) {
         panic!("the scrape is not valid exposition format: {e}\n--- scrape ---\n{text}");
     }
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scrapes");
@@ -433,7 +431,7 @@ fn exposition_check(name: &str, text: &str) {
 fn the_exposition_checker_rejects_what_prometheus_would() {
     let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"q\\\"\\\\\\n\"} 1\n\
 # HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_sum 3.5\nh_count 2\n";
-    let samples = common::exposition::check(good).unwrap();
+    let samples = crate::common::exposition::check(good).unwrap();
     assert_eq!(samples[0].labels["x"], "q\"\\\n");
     for (bad, why) in [
         (
@@ -479,7 +477,7 @@ fn the_exposition_checker_rejects_what_prometheus_would() {
             "second TYPE",
         ),
     ] {
-        let err = common::exposition::check(bad).expect_err(why);
+        let err = crate::common::exposition::check(bad).expect_err(why);
         assert!(err.contains(why), "{why}: {err}");
     }
 }

@@ -19,9 +19,7 @@ use git2::{Oid, Repository, Signature, Time};
 use globset::{GlobBuilder, GlobSetBuilder};
 use tempfile::TempDir;
 
-mod common;
-
-use common::within;
+use crate::common::within;
 
 const RELEASE: &str = "release";
 

@@ -10,9 +10,7 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::demo::DemoRepo;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 
-mod common;
-
-use common::{ChildGuard, eventually, free_port};
+use crate::common::{ChildGuard, eventually, free_port};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");

@@ -18,9 +18,7 @@ use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
 use serde_json::{Value, json};
 
-mod common;
-
-use common::{ChildGuard, eventually};
+use crate::common::{ChildGuard, eventually};
 
 const FLY_TOKEN: &str = "agent-example-fly-token";
 const AGENT_TOKEN: &str = "agent-example-control-token";

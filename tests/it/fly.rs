@@ -11,9 +11,7 @@ use futures::StreamExt;
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
 
-mod common;
-
-use common::within;
+use crate::common::within;
 
 const TOKEN: &str = "fly-test-token";
 const TIP: &str = "1111111111111111111111111111111111111111";

@@ -30,9 +30,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-mod common;
-
-use common::{OverlayRepo as Overlay, within};
+use crate::common::{OverlayRepo as Overlay, within};
 
 const FLY_TOKEN: &str = "server-test-fly-token";
 const ADMIN: &str = "s3cret-admin-token-0123456789";

@@ -1,0 +1,30 @@
+//! The integration tests, in one binary: one build and link instead of one
+//! per file, and one harness that runs every test of every file side by
+//! side (most of them wait on loopback HTTP, child processes and sweep
+//! intervals, not on the CPU). Each module is one former `tests/*.rs` file;
+//! `common` is their shared world (repositories, configs, polling, child
+//! guards).
+
+mod common;
+
+mod agent_example;
+mod chaos;
+mod check;
+mod demo;
+mod deploy;
+mod fly;
+mod hardening;
+mod health_urls;
+mod metrics;
+mod notify;
+mod operator_cli;
+mod overlay;
+mod parsers_props;
+mod planner_props;
+mod probe;
+mod rotation;
+mod run;
+mod server;
+mod service;
+mod sim;
+mod unlistable_app;

@@ -794,25 +794,25 @@ impl Inner {
             });
         }
         let mut repo = self.open_repo()?;
-        if let Some(local) = &local {
-            if has_no_refs(&repo) {
-                match seed::seed_packs(local, &self.mirror_dir) {
-                    Ok(0) => {}
-                    Ok(packs) => {
-                        Counters::add(&self.counters.packs_seeded, packs);
-                        tracing::info!(
-                            packs,
-                            mirror = %self.mirror_dir.display(),
-                            "Seeded the new overlay mirror with the source's pack files."
-                        );
-                        // Opened again so the object database sees them.
-                        repo = self.open_repo()?;
-                    }
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "cannot seed the overlay mirror from the local source; fetching every object instead"
-                    ),
+        if let Some(local) = &local
+            && has_no_refs(&repo)
+        {
+            match seed::seed_packs(local, &self.mirror_dir) {
+                Ok(0) => {}
+                Ok(packs) => {
+                    Counters::add(&self.counters.packs_seeded, packs);
+                    tracing::info!(
+                        packs,
+                        mirror = %self.mirror_dir.display(),
+                        "Seeded the new overlay mirror with the source's pack files."
+                    );
+                    // Opened again so the object database sees them.
+                    repo = self.open_repo()?;
                 }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "cannot seed the overlay mirror from the local source; fetching every object instead"
+                ),
             }
         }
         let fetch_err = |e: git2::Error| OverlayError::Fetch {
@@ -842,10 +842,10 @@ impl Inner {
                     "the overlay remote rejected the configured token",
                 ));
             }
-            if token.is_some() {
-                if let Err(refusal) = token_may_go_to(&configured, url) {
-                    return Err(git2::Error::from_str(&refusal.to_string()));
-                }
+            if token.is_some()
+                && let Err(refusal) = token_may_go_to(&configured, url)
+            {
+                return Err(git2::Error::from_str(&refusal.to_string()));
             }
             match token.as_deref() {
                 Some(token) if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) => {

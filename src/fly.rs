@@ -758,7 +758,7 @@ impl FlyClient {
                 self.config.base_backoff,
                 self.config.max_backoff,
                 wait_hint,
-                rand::random::<f64>(),
+                fastrand::f64(),
             );
             tracing::debug!(
                 op = call.op,

@@ -483,6 +483,8 @@ fn run_check(config: &Path, scratch: &Path) -> Result<CheckRun, Error> {
 
 /// `--measure-child REPORT PROGRAM ARGS…`: runs PROGRAM (inheriting stdio)
 /// and writes `peak-RSS-KiB wall-µs exit-code` to REPORT.
+// wait4(2) for the child's peak RSS has no safe std wrapper.
+#[allow(unsafe_code)]
 fn measure_child(args: &[String]) -> Result<(), Error> {
     let [report, program, rest @ ..] = args else {
         return Err("usage: --measure-child REPORT PROGRAM ARGS…".into());
@@ -587,7 +589,10 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
             .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
         {
             // SAFETY: plain kill(2) of the server this function started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGTERM)
+            };
         }
         let _ = daemon.kill();
         let _ = daemon.wait();

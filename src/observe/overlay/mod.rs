@@ -101,6 +101,8 @@ pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Sets libgit2's process-wide network timeouts and memory bounds, once,
 /// before any fetch or read.
+// git2 marks its global option setters unsafe (see the SAFETY note).
+#[allow(unsafe_code)]
 fn set_libgit2_options() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

@@ -611,7 +611,7 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
     )
         .into_response();
     if let Some(at) = observed.last_success {
-        let http_date = at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        let http_date = httpdate::fmt_http_date(at.into());
         if let Ok(v) = HeaderValue::from_str(&http_date) {
             resp.headers_mut().insert(header::LAST_MODIFIED, v);
         }

@@ -1191,6 +1191,83 @@ name = "agents"
         }
     }
 
+    /// Each default the README's configuration table states, written into
+    /// the minimal config, gives the same `Config` as leaving the key out:
+    /// the README cannot drift from the code's defaults.
+    #[test]
+    fn readme_defaults_are_the_parsed_defaults() {
+        let readme = include_str!("../README.md");
+        let defaults = format!("{:?}", parse(MINIMAL).unwrap());
+        let mut checked = Vec::new();
+        for row in readme.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let (Some(keys), Some(values)) = (cells.first(), cells.get(1)) else {
+                continue;
+            };
+            let keys = keys.trim_start_matches("| ");
+            let Some((section, _)) = keys.trim_matches('`').split_once('.') else {
+                continue;
+            };
+            // Rows like `rotation.*`: "`name value`, …".
+            let pairs: Vec<(String, String)> = if keys.ends_with(".*`") {
+                values
+                    .split(", ")
+                    .filter_map(|v| v.trim_matches('`').split_once(' '))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect()
+            } else {
+                // `a.b` / `c` with `x` / `y`: c is in a's section.
+                let keys = keys.split(" / ").map(|k| k.trim_matches('`'));
+                let values: Vec<&str> = values.split(" / ").collect();
+                let plain = |v: &&str| {
+                    v.len() > 2
+                        && v.starts_with('`')
+                        && v.ends_with('`')
+                        && !v[1..v.len() - 1].contains('`')
+                };
+                if !values.iter().all(plain) {
+                    continue; // required, none, prose
+                }
+                keys.zip(values)
+                    .map(|(k, v)| {
+                        let k = k.rsplit('.').next().unwrap_or(k);
+                        (k.to_owned(), v.trim_matches('`').to_owned())
+                    })
+                    .collect()
+            };
+            if section.contains('[') || section == "pools" || pairs.is_empty() {
+                continue;
+            }
+            for (key, value) in pairs {
+                let literal = if value.parse::<f64>().is_ok() || value == "true" || value == "false"
+                {
+                    value.clone()
+                } else {
+                    format!("{value:?}")
+                };
+                let mut doc: toml::Table = MINIMAL.parse().unwrap();
+                let value_doc: toml::Table = format!("v = {literal}").parse().unwrap();
+                let table = doc
+                    .entry(section)
+                    .or_insert_with(|| toml::Table::new().into());
+                if let Some(table) = table.as_table_mut() {
+                    table.insert(key.clone(), value_doc["v"].clone());
+                }
+                let text = toml::to_string(&doc).unwrap();
+                let stated = parse(&text)
+                    .unwrap_or_else(|e| panic!("README default {section}.{key} = {value}: {e}"));
+                assert_eq!(
+                    format!("{stated:?}"),
+                    defaults,
+                    "README says {section}.{key} defaults to {value}"
+                );
+                checked.push(format!("{section}.{key}"));
+            }
+        }
+        // The table's shape is what this test reads; make sure it still does.
+        assert!(checked.len() >= 30, "only {checked:?} read from README.md");
+    }
+
     #[test]
     fn minimal_config_gets_documented_defaults() {
         let c = parse(MINIMAL).unwrap();

@@ -48,6 +48,7 @@ use git2::{
     AutotagOption, Cred, CredentialType, ErrorCode, FetchOptions, FetchPrune, ObjectType, Oid,
     RemoteCallbacks, RemoteRedirect, Repository,
 };
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::model::CommitId;
 use graph::{FastMap, Graph, LoadError, Node};
@@ -142,7 +143,7 @@ pub struct OverlaySource {
     /// The bare mirror kept by the daemon.
     pub mirror_dir: PathBuf,
     /// Token for https remotes (from `OVERLAY_GIT_TOKEN`); never logged.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
 }
 
 // Hand-written so that `{:?}` of a config never prints the token or a
@@ -153,7 +154,7 @@ impl fmt::Debug for OverlaySource {
             .field("repo", &display_repo(&self.repo))
             .field("branch", &self.branch)
             .field("mirror_dir", &self.mirror_dir)
-            .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .field("token", &self.token)
             .finish()
     }
 }
@@ -448,7 +449,7 @@ struct Inner {
     shown_repo: String,
     branch: String,
     mirror_dir: PathBuf,
-    token: Option<String>,
+    token: Option<SecretString>,
     redactor: Redactor,
     /// Two fetches into one mirror would race on ref lock files.
     fetch_lock: Mutex<()>,
@@ -671,7 +672,10 @@ where
 fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
     let url = normalize_repo(&source.repo);
     let shown_repo = display_repo(&url);
-    let redactor = Redactor::new(&[&source.repo, &url], source.token.as_deref());
+    let redactor = Redactor::new(
+        &[&source.repo, &url],
+        source.token.as_ref().map(ExposeSecret::expose_secret),
+    );
     let path = source.mirror_dir;
 
     let repo = match Repository::open_bare(&path) {
@@ -849,7 +853,7 @@ impl Inner {
             {
                 return Err(git2::Error::from_str(&refusal.to_string()));
             }
-            match token.as_deref() {
+            match token.as_ref().map(ExposeSecret::expose_secret) {
                 Some(token) if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) => {
                     Cred::userpass_plaintext(TOKEN_USERNAME, token)
                 }

@@ -148,6 +148,7 @@ impl Severity {
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::VariantArray,
     strum::Display,
 )]
 #[serde(rename_all = "kebab-case")]
@@ -205,6 +206,7 @@ mod tests {
         use crate::decide::rotation::{Ending, Phase, RotationMode};
         use crate::events::EventKind;
         use crate::report::notify::Status;
+        use strum::VariantArray;
 
         fn same<T: Serialize>(values: &[T], name: impl Fn(&T) -> String) {
             for v in values {
@@ -215,42 +217,13 @@ mod tests {
         same(&MachineStatus::ALL, |v| v.to_string());
         same(&Severity::ALL, |v| v.as_str().to_owned());
         same(&Severity::ALL, |v| v.to_string());
-        let actions = [
-            PolicyAction::Observe,
-            PolicyAction::AlertAndWait,
-            PolicyAction::Restart,
-            PolicyAction::Manual,
-            PolicyAction::Reload,
-        ];
-        same(&actions, |v| v.as_str().to_owned());
-        same(&actions, |v| v.to_string());
-        let phases = [
-            Phase::Claiming,
-            Phase::Draining,
-            Phase::Reloading,
-            Phase::Restarting,
-            Phase::Backoff,
-            Phase::Releasing,
-            Phase::Yielded,
-        ];
-        same(&phases, |v| v.as_str().to_owned());
-        same(&phases, |v| v.to_string());
-        let endings = [Ending::Finished, Ending::Yielded, Ending::Cancelled];
-        same(&endings, |v| v.as_str().to_owned());
-        let modes = [
-            RotationMode::Wait,
-            RotationMode::Grace,
-            RotationMode::Now,
-            RotationMode::Reload,
-        ];
-        same(&modes, |v| v.as_str().to_owned());
-        let events = [
-            EventKind::ActionStarted,
-            EventKind::ActionSucceeded,
-            EventKind::ActionFailed,
-        ];
-        same(&events, |v| v.name().to_owned());
-        let statuses = [Status::Firing, Status::Resolved, Status::Event];
-        same(&statuses, |v| v.as_str().to_owned());
+        same(PolicyAction::VARIANTS, |v| v.as_str().to_owned());
+        same(PolicyAction::VARIANTS, |v| v.to_string());
+        same(Phase::VARIANTS, |v| v.as_str().to_owned());
+        same(Phase::VARIANTS, |v| v.to_string());
+        same(Ending::VARIANTS, |v| v.as_str().to_owned());
+        same(RotationMode::VARIANTS, |v| v.as_str().to_owned());
+        same(EventKind::VARIANTS, |v| v.name().to_owned());
+        same(Status::VARIANTS, |v| v.as_str().to_owned());
     }
 }

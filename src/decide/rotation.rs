@@ -27,6 +27,7 @@ use crate::model::{PolicyAction, Severity};
     Serialize,
     Deserialize,
     strum::IntoStaticStr,
+    strum::VariantArray,
     strum::Display,
 )]
 #[serde(rename_all = "snake_case")]
@@ -66,7 +67,18 @@ impl Phase {
 }
 
 /// How a `releasing` rotation ends once its undo succeeded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Ending {
@@ -86,7 +98,18 @@ impl Ending {
 }
 
 /// How the restart of this rotation is authorized.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum RotationMode {

@@ -483,6 +483,8 @@ fn run_check(config: &Path, scratch: &Path) -> Result<CheckRun, Error> {
 
 /// `--measure-child REPORT PROGRAM ARGS…`: runs PROGRAM (inheriting stdio)
 /// and writes `peak-RSS-KiB wall-µs exit-code` to REPORT.
+// wait4(2) for the child's peak RSS has no safe std wrapper.
+#[allow(unsafe_code)]
 fn measure_child(args: &[String]) -> Result<(), Error> {
     let [report, program, rest @ ..] = args else {
         return Err("usage: --measure-child REPORT PROGRAM ARGS…".into());
@@ -587,7 +589,10 @@ async fn network_cold_start(h: &History, scratch: &Path, report: &mut Report) ->
             .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
         {
             // SAFETY: plain kill(2) of the server this function started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGTERM)
+            };
         }
         let _ = daemon.kill();
         let _ = daemon.wait();
@@ -919,27 +924,27 @@ async fn bench(args: Args) -> Result<(), Error> {
         );
         by_size.push((size, run.peak_mib, run.wall));
     }
-    if let (Some(small), Some(large)) = (by_size.first(), by_size.last()) {
-        if large.0 > small.0 {
-            let slope = (large.1 - small.1) / ((large.0 - small.0) as f64 / 1000.0);
-            // Linear: each middle size within 15% of the line through its
-            // neighbours. The slope is printed for the reader to judge.
-            let linear = by_size.windows(3).all(|w| {
-                let predicted = w[0].1
-                    + (w[2].1 - w[0].1) * (w[1].0 - w[0].0) as f64 / (w[2].0 - w[0].0) as f64;
-                (w[1].1 - predicted).abs() <= 0.15 * w[1].1
-            });
-            report.info(
-                "   slope: MiB per 1,000 machines (all of it fleet data)",
-                format!("{slope:.2}"),
-            );
-            report.row(
-                "5. peak RSS linear in fleet size",
-                format!("{slope:.2} MiB/1k"),
-                "linear",
-                linear,
-            );
-        }
+    if let (Some(small), Some(large)) = (by_size.first(), by_size.last())
+        && large.0 > small.0
+    {
+        let slope = (large.1 - small.1) / ((large.0 - small.0) as f64 / 1000.0);
+        // Linear: each middle size within 15% of the line through its
+        // neighbours. The slope is printed for the reader to judge.
+        let linear = by_size.windows(3).all(|w| {
+            let predicted =
+                w[0].1 + (w[2].1 - w[0].1) * (w[1].0 - w[0].0) as f64 / (w[2].0 - w[0].0) as f64;
+            (w[1].1 - predicted).abs() <= 0.15 * w[1].1
+        });
+        report.info(
+            "   slope: MiB per 1,000 machines (all of it fleet data)",
+            format!("{slope:.2}"),
+        );
+        report.row(
+            "5. peak RSS linear in fleet size",
+            format!("{slope:.2} MiB/1k"),
+            "linear",
+            linear,
+        );
     }
 
     // ---- run: steady sweeps, a new tip, a root-commit agent

@@ -74,29 +74,28 @@ pub struct Config {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct FlyConfig {
     /// Machines API base (without `/v1`).
-    #[serde(default = "default_api_url", deserialize_with = "http_url")]
+    #[serde(deserialize_with = "http_url")]
     pub api_url: String,
     /// Environment variable holding the Fly API token.
-    #[serde(default = "default_fly_token_env")]
     pub token_env: String,
     /// Per-request timeout for Fly API calls (long-polls add their own wait).
-    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub request_timeout: Duration,
     /// Retries of a transient failure (408, 429, 5xx, connection error).
-    #[serde(default = "default_max_retries")]
     pub max_retries: u32,
 }
 
 impl Default for FlyConfig {
     fn default() -> Self {
         FlyConfig {
-            api_url: default_api_url(),
-            token_env: default_fly_token_env(),
+            api_url: "https://api.machines.dev".into(),
+            token_env: "FLY_API_TOKEN".into(),
             request_timeout: Duration::from_secs(30),
-            max_retries: default_max_retries(),
+            max_retries: 4,
         }
     }
 }
@@ -112,7 +111,7 @@ pub struct OverlayConfig {
     pub fetch_interval: Duration,
     /// Deadline for one whole fetch (connect, negotiate, download). A fetch
     /// past it is abandoned and counted as failed; sweeps go on meanwhile.
-    #[serde(default = "secs::<120>", deserialize_with = "duration")]
+    #[serde(default = "default_fetch_timeout", deserialize_with = "duration")]
     pub fetch_timeout: Duration,
     /// Commits one sweep's analysis compares for `paths` rules, at most.
     #[serde(default = "default_max_path_comparisons")]
@@ -125,9 +124,10 @@ pub struct OverlayConfig {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct SweepConfig {
-    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub interval: Duration,
 }
 
@@ -140,13 +140,12 @@ impl Default for SweepConfig {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct ProbeConfig {
-    #[serde(default = "secs::<5>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
-    #[serde(default = "default_concurrency")]
     pub concurrency: NonZeroUsize,
-    #[serde(default = "default_max_body")]
     pub max_body_bytes: NonZeroUsize,
 }
 
@@ -154,8 +153,8 @@ impl Default for ProbeConfig {
     fn default() -> Self {
         ProbeConfig {
             timeout: Duration::from_secs(5),
-            concurrency: default_concurrency(),
-            max_body_bytes: default_max_body(),
+            concurrency: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
+            max_body_bytes: NonZeroUsize::new(65536).unwrap_or(NonZeroUsize::MIN),
         }
     }
 }
@@ -176,18 +175,17 @@ pub struct AppConfig {
 
 /// Per-pool policy: severity → action, and the cap on concurrent rotations.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    #[serde(default = "one")]
     pub max_concurrent_rotations: NonZeroU32,
-    #[serde(default)]
     pub actions: ActionMap,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            max_concurrent_rotations: one(),
+            max_concurrent_rotations: NonZeroU32::MIN,
             actions: ActionMap::default(),
         }
     }
@@ -196,15 +194,12 @@ impl Default for PoolConfig {
 /// Severity → action. Levels left out keep the safe defaults: wait for a
 /// natural stop point, and ask an operator for critical drift.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct ActionMap {
-    #[serde(default = "alert_and_wait")]
     pub low: PolicyAction,
-    #[serde(default = "alert_and_wait")]
     pub medium: PolicyAction,
-    #[serde(default = "alert_and_wait")]
     pub high: PolicyAction,
-    #[serde(default = "manual")]
     pub critical: PolicyAction,
 }
 
@@ -245,30 +240,31 @@ pub struct SeverityRule {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct RotationConfig {
-    #[serde(default = "secs::<120>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub min_drift_age: Duration,
-    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub restart_grace: Duration,
-    #[serde(default = "secs::<3600>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub drain_ceiling: Duration,
-    #[serde(default = "secs::<1200>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub checkpoint_deadline: Duration,
-    #[serde(default = "secs::<3600>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub retry_after: Duration,
-    #[serde(default = "secs::<14400>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub probe_failure_ceiling: Duration,
-    #[serde(default = "secs::<300>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub verify_deadline: Duration,
-    #[serde(default = "secs::<600>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub recent_input_guard: Duration,
-    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub heartbeat_max_age: Duration,
     /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
     /// pool's rotation slots, so caps are exact across replicas (see
     /// [`crate::act::slots`]). Required for `run` to act.
-    #[serde(default, deserialize_with = "coordinator")]
+    #[serde(deserialize_with = "coordinator")]
     pub coordinator: Option<crate::act::slots::Coordinator>,
 }
 
@@ -290,18 +286,17 @@ impl Default for RotationConfig {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct AlertsConfig {
-    #[serde(default = "one_f64", deserialize_with = "ratio")]
+    #[serde(deserialize_with = "ratio")]
     pub coherence_threshold: f64,
-    #[serde(default = "secs::<900>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub coherence_for: Duration,
     /// Where the webhooks' alert state and delivery queues persist
     /// (`alerts.state_file`); `None`: beside `overlay.mirror_dir`, see
     /// [`Config::alert_state_file`].
-    #[serde(default)]
     pub state_file: Option<PathBuf>,
-    #[serde(default)]
     pub webhooks: Vec<WebhookConfig>,
 }
 
@@ -344,9 +339,9 @@ pub struct WebhookConfig {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
-    #[serde(default = "yes")]
     pub per_machine: bool,
 }
 
@@ -357,31 +352,27 @@ impl Default for MetricsConfig {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    #[serde(default = "default_admin_token_env")]
     pub admin_token_env: String,
     /// How long a client may take to send a request's headers, and how long
     /// an idle keep-alive connection stays open; then it is closed.
-    #[serde(default = "secs::<10>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub header_read_timeout: Duration,
     /// The most one request may take, body upload and handler included;
     /// then it is answered 503.
-    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub request_timeout: Duration,
     /// Connections served at once; further ones are answered 503 and closed.
-    #[serde(default = "default_max_connections")]
     pub max_connections: NonZeroUsize,
     /// Largest request body; a larger one is answered 413.
-    #[serde(default = "default_server_max_body")]
     pub max_body_bytes: NonZeroUsize,
     /// Failed admin authentications one source (client IP) may make per
     /// `admin_auth_window`; past that its admin requests are answered 429.
-    #[serde(default = "default_admin_auth_failures")]
     pub admin_auth_failures: NonZeroU32,
-    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub admin_auth_window: Duration,
 }
 
@@ -393,14 +384,14 @@ pub const MAX_SERVER_BODY_BYTES: usize = 1024 * 1024;
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            listen: default_listen(),
-            admin_token_env: default_admin_token_env(),
-            header_read_timeout: secs::<10>(),
-            request_timeout: secs::<60>(),
-            max_connections: default_max_connections(),
-            max_body_bytes: default_server_max_body(),
-            admin_auth_failures: default_admin_auth_failures(),
-            admin_auth_window: secs::<60>(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            admin_token_env: "FLEET_ADMIN_TOKEN".into(),
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            max_connections: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
+            max_body_bytes: NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN),
+            admin_auth_failures: NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN),
+            admin_auth_window: Duration::from_secs(60),
         }
     }
 }
@@ -643,20 +634,18 @@ struct RawConfig {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct RawAlerts {
-    #[serde(default = "one_f64", deserialize_with = "ratio")]
+    #[serde(deserialize_with = "ratio")]
     coherence_threshold: f64,
-    #[serde(default = "secs::<900>", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     coherence_for: Duration,
-    #[serde(default)]
     state_file: Option<PathBuf>,
-    #[serde(default)]
     webhooks: Vec<toml::Spanned<WebhookConfig>>,
 }
 
-// Not derived: a missing [alerts] section must get the documented defaults,
-// not zeros.
+// Not derived: missing keys (or a missing [alerts] section) get
+// `AlertsConfig`'s defaults, not zeros.
 impl Default for RawAlerts {
     fn default() -> Self {
         let d = AlertsConfig::default();
@@ -1106,11 +1095,8 @@ fn http_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 const fn secs<const N: u64>() -> Duration {
     Duration::from_secs(N)
 }
-fn default_api_url() -> String {
-    "https://api.machines.dev".into()
-}
-fn default_fly_token_env() -> String {
-    "FLY_API_TOKEN".into()
+fn default_fetch_timeout() -> Duration {
+    crate::observe::overlay::DEFAULT_FETCH_TIMEOUT
 }
 fn default_max_path_comparisons() -> usize {
     crate::observe::overlay::DEFAULT_DIFF_BUDGET
@@ -1119,51 +1105,12 @@ fn default_max_path_comparisons() -> usize {
 fn default_git_token_env() -> String {
     "OVERLAY_GIT_TOKEN".into()
 }
-fn default_admin_token_env() -> String {
-    "FLEET_ADMIN_TOKEN".into()
-}
-fn default_max_retries() -> u32 {
-    4
-}
-fn default_concurrency() -> NonZeroUsize {
-    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
-}
-fn default_max_body() -> NonZeroUsize {
-    NonZeroUsize::new(65536).unwrap_or(NonZeroUsize::MIN)
-}
-fn default_max_connections() -> NonZeroUsize {
-    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
-}
-fn default_server_max_body() -> NonZeroUsize {
-    NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN)
-}
-fn default_admin_auth_failures() -> NonZeroU32 {
-    NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN)
-}
 fn default_health_url() -> HealthUrlTemplate {
     HealthUrlTemplate::parse("http://{machine_id}.vm.{app}.internal:8080/health")
         .unwrap_or_else(|e| unreachable!("the default health URL is valid: {e}"))
 }
-fn default_listen() -> SocketAddr {
-    SocketAddr::from(([0, 0, 0, 0], 9090))
-}
-fn one() -> NonZeroU32 {
-    NonZeroU32::MIN
-}
-fn one_f64() -> f64 {
-    1.0
-}
-fn yes() -> bool {
-    true
-}
 fn low() -> Severity {
     Severity::Low
-}
-fn alert_and_wait() -> PolicyAction {
-    PolicyAction::AlertAndWait
-}
-fn manual() -> PolicyAction {
-    PolicyAction::Manual
 }
 
 #[cfg(test)]
@@ -1189,6 +1136,83 @@ name = "agents"
             Ok(_) => panic!("config should have been rejected:\n{text}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    /// Each default the README's configuration table states, written into
+    /// the minimal config, gives the same `Config` as leaving the key out:
+    /// the README cannot drift from the code's defaults.
+    #[test]
+    fn readme_defaults_are_the_parsed_defaults() {
+        let readme = include_str!("../README.md");
+        let defaults = format!("{:?}", parse(MINIMAL).unwrap());
+        let mut checked = Vec::new();
+        for row in readme.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let (Some(keys), Some(values)) = (cells.first(), cells.get(1)) else {
+                continue;
+            };
+            let keys = keys.trim_start_matches("| ");
+            let Some((section, _)) = keys.trim_matches('`').split_once('.') else {
+                continue;
+            };
+            // Rows like `rotation.*`: "`name value`, …".
+            let pairs: Vec<(String, String)> = if keys.ends_with(".*`") {
+                values
+                    .split(", ")
+                    .filter_map(|v| v.trim_matches('`').split_once(' '))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect()
+            } else {
+                // `a.b` / `c` with `x` / `y`: c is in a's section.
+                let keys = keys.split(" / ").map(|k| k.trim_matches('`'));
+                let values: Vec<&str> = values.split(" / ").collect();
+                let plain = |v: &&str| {
+                    v.len() > 2
+                        && v.starts_with('`')
+                        && v.ends_with('`')
+                        && !v[1..v.len() - 1].contains('`')
+                };
+                if !values.iter().all(plain) {
+                    continue; // required, none, prose
+                }
+                keys.zip(values)
+                    .map(|(k, v)| {
+                        let k = k.rsplit('.').next().unwrap_or(k);
+                        (k.to_owned(), v.trim_matches('`').to_owned())
+                    })
+                    .collect()
+            };
+            if section.contains('[') || section == "pools" || pairs.is_empty() {
+                continue;
+            }
+            for (key, value) in pairs {
+                let literal = if value.parse::<f64>().is_ok() || value == "true" || value == "false"
+                {
+                    value.clone()
+                } else {
+                    format!("{value:?}")
+                };
+                let mut doc: toml::Table = MINIMAL.parse().unwrap();
+                let value_doc: toml::Table = format!("v = {literal}").parse().unwrap();
+                let table = doc
+                    .entry(section)
+                    .or_insert_with(|| toml::Table::new().into());
+                if let Some(table) = table.as_table_mut() {
+                    table.insert(key.clone(), value_doc["v"].clone());
+                }
+                let text = toml::to_string(&doc).unwrap();
+                let stated = parse(&text)
+                    .unwrap_or_else(|e| panic!("README default {section}.{key} = {value}: {e}"));
+                assert_eq!(
+                    format!("{stated:?}"),
+                    defaults,
+                    "README says {section}.{key} defaults to {value}"
+                );
+                checked.push(format!("{section}.{key}"));
+            }
+        }
+        // The table's shape is what this test reads; make sure it still does.
+        assert!(checked.len() >= 30, "only {checked:?} read from README.md");
     }
 
     #[test]

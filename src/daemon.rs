@@ -6,11 +6,11 @@
 //! clock for decisions beyond scheduling: secrets come in as `Secrets`, and
 //! shutdown as a `CancellationToken`.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -25,17 +25,12 @@ use crate::observe::overlay::{Overlay, OverlayError, OverlaySource, Tip};
 use crate::observe::probe::{ProbeBuildError, Prober};
 use crate::observe::sweep::{FleetReport, LastListings, SweepError, Sweeper};
 
-/// Secrets read from the environment at the binary's edge.
-#[derive(Clone, Default)]
+/// Secrets read from the environment at the binary's edge; `Debug` shows
+/// neither (secrecy), and they are exposed only where sent.
+#[derive(Clone, Debug, Default)]
 pub struct Secrets {
-    pub fly_token: String,
-    pub git_token: Option<String>,
-}
-
-impl fmt::Debug for Secrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secrets { <redacted> }")
-    }
+    pub fly_token: SecretString,
+    pub git_token: Option<SecretString>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +59,7 @@ pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyCl
             max_retries: config.fly.max_retries,
             ..FlyClientConfig::new(&config.fly.api_url)
         },
-        &secrets.fly_token,
+        secrets.fly_token.expose_secret(),
     )
 }
 
@@ -388,5 +383,20 @@ async fn sweep_loop(
             fetch_error: fetch.error,
             now,
         })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_of_secrets_shows_no_token() {
+        let secrets = Secrets {
+            fly_token: "fly-sekrit".into(),
+            git_token: Some("git-sekrit".into()),
+        };
+        let shown = format!("{secrets:?}");
+        assert!(!shown.contains("sekrit"), "{shown}");
     }
 }

@@ -435,8 +435,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                 let busy = !cycle.steps.is_empty() || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);
                 quiet = if busy || released_at.is_none() { 0 } else { quiet + 1 };
                 // Play the operator once: approve one machine that waits for it.
-                if !approved && released_at.is_some_and(|r| shown >= r + 3) {
-                    if let Some((id, _)) = cycle.plan.decisions.iter().find(|(_, d)| matches!(d, Decision::AwaitingApproval { .. })) {
+                if !approved && released_at.is_some_and(|r| shown >= r + 3)
+                    && let Some((id, _)) = cycle.plan.decisions.iter().find(|(_, d)| matches!(d, Decision::AwaitingApproval { .. })) {
                         approved = true;
                         let approval = Approval {
                             target: cycle.report.tip.commit.to_string(),
@@ -452,7 +452,6 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                             }
                         });
                     }
-                }
             }
             SweepOutcome::Failed { error, .. } => println!("sweep failed: {error}"),
         }

@@ -105,8 +105,11 @@ impl Alert {
 }
 
 /// Things that happened once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, strum::IntoStaticStr, strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum EventKind {
     ActionStarted,
     ActionSucceeded,
@@ -115,11 +118,7 @@ pub enum EventKind {
 
 impl EventKind {
     pub fn name(self) -> &'static str {
-        match self {
-            EventKind::ActionStarted => "action_started",
-            EventKind::ActionSucceeded => "action_succeeded",
-            EventKind::ActionFailed => "action_failed",
-        }
+        self.into()
     }
 }
 

@@ -180,9 +180,9 @@ pub enum FlyError {
 }
 
 fn human_bytes(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} bytes")
@@ -371,39 +371,6 @@ impl FlyClient {
             .send(Call::new("get_machine", Method::GET, app, Some(machine)))
             .await?;
         decode(&body, "get_machine", app)
-    }
-
-    pub async fn get_metadata(
-        &self,
-        app: &str,
-        machine: &str,
-    ) -> Result<BTreeMap<String, String>, FlyError> {
-        let mut call = Call::new("get_metadata", Method::GET, app, Some(machine));
-        call.segments = &["metadata"];
-        let body = self.send(call).await?;
-        let map: Option<BTreeMap<String, String>> = decode(&body, "get_metadata", app)?;
-        Ok(map.unwrap_or_default())
-    }
-
-    /// One metadata value; `None` when the key is not set.
-    pub async fn get_metadata_key(
-        &self,
-        app: &str,
-        machine: &str,
-        key: &str,
-    ) -> Result<Option<String>, FlyError> {
-        #[derive(Deserialize)]
-        struct Value {
-            value: Option<String>,
-        }
-        let mut call = Call::new("get_metadata", Method::GET, app, Some(machine));
-        let segments = ["metadata", key];
-        call.segments = &segments;
-        match self.send(call).await {
-            Ok(body) => Ok(decode::<Value>(&body, "get_metadata", app)?.value),
-            Err(FlyError::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 
     // ---- machine lifecycle ---------------------------------------------------
@@ -623,29 +590,6 @@ impl FlyClient {
         }
     }
 
-    /// Sets (`Some`) and removes (`None`) several keys at once; with
-    /// `machine_version` this is a compare-and-set that fails with
-    /// `FlyError::StaleVersion` when the machine changed meanwhile.
-    pub async fn patch_metadata(
-        &self,
-        app: &str,
-        machine: &str,
-        updates: &BTreeMap<String, Option<String>>,
-        machine_version: Option<&str>,
-        nonce: Option<&str>,
-    ) -> Result<(), FlyError> {
-        let mut body = serde_json::json!({ "metadata": updates });
-        if let Some(v) = machine_version {
-            body["machine_version"] = serde_json::Value::String(v.to_string());
-        }
-        let mut call = Call::new("patch_metadata", Method::PATCH, app, Some(machine));
-        call.segments = &["metadata"];
-        call.body = Some(body);
-        call.nonce = nonce;
-        // A retried CAS that already applied answers 412: the caller re-reads.
-        self.send(call).await.map(drop)
-    }
-
     // ---- transport -------------------------------------------------------------
 
     fn url(&self, call: &Call<'_>) -> url::Url {
@@ -760,7 +704,7 @@ impl FlyClient {
                 self.config.base_backoff,
                 self.config.max_backoff,
                 wait_hint,
-                rand::random::<f64>(),
+                fastrand::f64(),
             );
             tracing::debug!(
                 op = call.op,

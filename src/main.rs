@@ -688,8 +688,8 @@ fn secrets_from_env(config: &Config) -> anyhow::Result<Secrets> {
         .ok()
         .filter(|t| !t.trim().is_empty());
     Ok(Secrets {
-        fly_token,
-        git_token,
+        fly_token: fly_token.into(),
+        git_token: git_token.map(Into::into),
     })
 }
 

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use strum::EnumCount;
 
 /// A full, lowercase, 40-hex git commit id.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -62,8 +63,23 @@ impl fmt::Display for CommitId {
 }
 
 /// What the overlay says about one reported ref, relative to the release tip.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumCount,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum MachineStatus {
     /// Started, probed, and reporting the release tip.
     OnTip,
@@ -82,7 +98,8 @@ pub enum MachineStatus {
 }
 
 impl MachineStatus {
-    pub const ALL: [MachineStatus; 7] = [
+    // Sized by strum's count, so a new variant cannot be left out.
+    pub const ALL: [MachineStatus; MachineStatus::COUNT] = [
         MachineStatus::OnTip,
         MachineStatus::Drifted,
         MachineStatus::Unreachable,
@@ -93,15 +110,7 @@ impl MachineStatus {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            MachineStatus::OnTip => "on_tip",
-            MachineStatus::Drifted => "drifted",
-            MachineStatus::Unreachable => "unreachable",
-            MachineStatus::BadReport => "bad_report",
-            MachineStatus::UnknownRef => "unknown_ref",
-            MachineStatus::AmbiguousRef => "ambiguous_ref",
-            MachineStatus::NotRunning => "not_running",
-        }
+        self.into()
     }
 
     /// Statuses for which a severity and an action are computed (docs/design.md §5.2).
@@ -113,15 +122,24 @@ impl MachineStatus {
     }
 }
 
-impl fmt::Display for MachineStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// Drift severity, ordered from least to most urgent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumCount,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Severity {
     Low,
     Medium,
@@ -130,7 +148,7 @@ pub enum Severity {
 }
 
 impl Severity {
-    pub const ALL: [Severity; 4] = [
+    pub const ALL: [Severity; Severity::COUNT] = [
         Severity::Low,
         Severity::Medium,
         Severity::High,
@@ -138,24 +156,28 @@ impl Severity {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Low => "low",
-            Severity::Medium => "medium",
-            Severity::High => "high",
-            Severity::Critical => "critical",
-        }
-    }
-}
-
-impl fmt::Display for Severity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
 /// What a pool's policy does about a drifted machine (docs/design.md §5.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum PolicyAction {
     Observe,
     AlertAndWait,
@@ -166,19 +188,7 @@ pub enum PolicyAction {
 
 impl PolicyAction {
     pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyAction::Observe => "observe",
-            PolicyAction::AlertAndWait => "alert-and-wait",
-            PolicyAction::Restart => "restart",
-            PolicyAction::Manual => "manual",
-            PolicyAction::Reload => "reload",
-        }
-    }
-}
-
-impl fmt::Display for PolicyAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
@@ -431,5 +441,33 @@ mod tests {
         assert!(!MachineState::from("hibernating").is_settled_down());
         assert!(MachineState::from("destroying").is_settled_down());
         assert_eq!(MachineState::from(""), MachineState::Unknown);
+    }
+
+    /// The strum-derived names (metric labels, tables, logs) are the serde
+    /// names (JSON, config, markers), for every enum that has both.
+    #[test]
+    fn strum_names_are_the_serde_names() {
+        use crate::decide::rotation::{Ending, Phase, RotationMode};
+        use crate::events::EventKind;
+        use crate::report::notify::Status;
+        use strum::VariantArray;
+
+        fn same<T: Serialize>(values: &[T], name: impl Fn(&T) -> String) {
+            for v in values {
+                assert_eq!(serde_json::to_value(v).unwrap(), name(v).as_str());
+            }
+        }
+        same(&MachineStatus::ALL, |v| v.as_str().to_owned());
+        same(&MachineStatus::ALL, |v| v.to_string());
+        same(&Severity::ALL, |v| v.as_str().to_owned());
+        same(&Severity::ALL, |v| v.to_string());
+        same(PolicyAction::VARIANTS, |v| v.as_str().to_owned());
+        same(PolicyAction::VARIANTS, |v| v.to_string());
+        same(Phase::VARIANTS, |v| v.as_str().to_owned());
+        same(Phase::VARIANTS, |v| v.to_string());
+        same(Ending::VARIANTS, |v| v.as_str().to_owned());
+        same(RotationMode::VARIANTS, |v| v.as_str().to_owned());
+        same(EventKind::VARIANTS, |v| v.name().to_owned());
+        same(Status::VARIANTS, |v| v.as_str().to_owned());
     }
 }

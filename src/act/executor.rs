@@ -782,7 +782,7 @@ impl Executor {
             match self.acquire(&c.app, &c.machine_id).await {
                 Ok(held) => return Ok(held),
                 Err(StepError::Declined(Declined::Leased)) if Instant::now() < give_up => {
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(50..300))).await;
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(50..300))).await;
                 }
                 Err(StepError::Declined(Declined::Leased)) => {
                     return Err(Declined::CoordinatorBusy(c.to_string()).into());

@@ -19,8 +19,11 @@ use crate::model::{MachineState, Severity, short_commit};
 /// One machine's decision. Times are absolute (UTC), so a rendering made
 /// later still says when something happens, and the planner's `now` is the
 /// only clock behind them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantNames,
+)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Decision {
     /// Runs the release tip: nothing to do.
     OnTip,
@@ -101,48 +104,11 @@ pub enum Decision {
 
 impl Decision {
     /// Every kind, in declaration order (the metric's label values).
-    pub const KINDS: [&'static str; 17] = [
-        "on_tip",
-        "not_running",
-        "drift_young",
-        "observe_only",
-        "held",
-        "awaiting_approval",
-        "waiting_for_slot",
-        "recent_input",
-        "live_work",
-        "claiming",
-        "in_rotation",
-        "yielded",
-        "unprobeable",
-        "tip_uncertain",
-        "unconfirmed_ref",
-        "unreadable_marker",
-        "app_not_listed",
-    ];
+    pub const KINDS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
 
     /// The kind as a stable snake_case word: the JSON `kind` and the metric label.
     pub fn kind(&self) -> &'static str {
-        let i = match self {
-            Decision::OnTip => 0,
-            Decision::NotRunning { .. } => 1,
-            Decision::DriftYoung { .. } => 2,
-            Decision::ObserveOnly { .. } => 3,
-            Decision::Held { .. } => 4,
-            Decision::AwaitingApproval { .. } => 5,
-            Decision::WaitingForSlot { .. } => 6,
-            Decision::RecentInput { .. } => 7,
-            Decision::LiveWork { .. } => 8,
-            Decision::Claiming { .. } => 9,
-            Decision::InRotation { .. } => 10,
-            Decision::Yielded { .. } => 11,
-            Decision::Unprobeable { .. } => 12,
-            Decision::TipUncertain { .. } => 13,
-            Decision::UnconfirmedRef { .. } => 14,
-            Decision::UnreadableMarker { .. } => 15,
-            Decision::AppNotListed { .. } => 16,
-        };
-        Self::KINDS[i]
+        self.into()
     }
 
     /// A short label for a table column (`draining`, `held`, `awaiting approval`).

@@ -11,16 +11,27 @@
 //! marker that says what may have happened, and the next sweep can finish or
 //! undo it. Pool caps are kept by [`crate::act::slots`], not by the markers.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{PolicyAction, Severity};
 
 /// Where a rotation stands (docs/design.md §6.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Phase {
     /// Intent written; the pool slot is not won yet. Permits no cordon, no
     /// drain, no restart, and holds no slot: it either wins a slot in the
@@ -45,15 +56,7 @@ pub enum Phase {
 
 impl Phase {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Claiming => "claiming",
-            Phase::Draining => "draining",
-            Phase::Reloading => "reloading",
-            Phase::Restarting => "restarting",
-            Phase::Backoff => "backoff",
-            Phase::Releasing => "releasing",
-            Phase::Yielded => "yielded",
-        }
+        self.into()
     }
 
     /// Whether the rotation holds one of its pool's slots: its machine's
@@ -63,15 +66,21 @@ impl Phase {
     }
 }
 
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// How a `releasing` rotation ends once its undo succeeded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Ending {
     /// The machine runs the target: marker (and approval) cleared.
     Finished,
@@ -84,17 +93,25 @@ pub enum Ending {
 
 impl Ending {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Ending::Finished => "finished",
-            Ending::Yielded => "yielded",
-            Ending::Cancelled => "cancelled",
-        }
+        self.into()
     }
 }
 
 /// How the restart of this rotation is authorized.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum RotationMode {
     /// Only at a fresh report with no live work (`alert-and-wait`, `approve --when-idle`).
     Wait,
@@ -108,12 +125,7 @@ pub enum RotationMode {
 
 impl RotationMode {
     pub fn as_str(self) -> &'static str {
-        match self {
-            RotationMode::Wait => "wait",
-            RotationMode::Grace => "grace",
-            RotationMode::Now => "now",
-            RotationMode::Reload => "reload",
-        }
+        self.into()
     }
 }
 

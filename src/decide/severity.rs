@@ -325,23 +325,23 @@ pub fn explain(rules: &[SeverityRule], drift: Drift<'_>, classification: Classif
         }
         Drift::Range(range) => {
             if let Some((_, rule, ids)) = matched {
-                if let Some(id) = ids.trailers {
-                    if let Some((commit, subject, matched)) = carrier(range, id) {
-                        evidence.push(Evidence::Trailer {
-                            commit,
-                            subject,
-                            trailer: matched,
-                        });
-                    }
+                if let Some(id) = ids.trailers
+                    && let Some((commit, subject, matched)) = carrier(range, id)
+                {
+                    evidence.push(Evidence::Trailer {
+                        commit,
+                        subject,
+                        trailer: matched,
+                    });
                 }
-                if let Some(id) = ids.paths {
-                    if let Some((commit, subject, matched)) = carrier(range, id) {
-                        evidence.push(Evidence::Path {
-                            commit,
-                            subject,
-                            path: matched,
-                        });
-                    }
+                if let Some(id) = ids.paths
+                    && let Some((commit, subject, matched)) = carrier(range, id)
+                {
+                    evidence.push(Evidence::Path {
+                        commit,
+                        subject,
+                        path: matched,
+                    });
                 }
                 if let Some(min) = rule.min_commits_behind {
                     evidence.push(Evidence::CommitsBehind {
@@ -496,10 +496,10 @@ mod tests {
                     range.evidence.insert(id, evidence.clone());
                 }
             }
-            if let (Some(id), Some(set)) = (ids.paths, &rule.path_set) {
-                if paths.iter().any(|p| set.is_match(p)) {
-                    range.evidence.insert(id, evidence.clone());
-                }
+            if let (Some(id), Some(set)) = (ids.paths, &rule.path_set)
+                && paths.iter().any(|p| set.is_match(p))
+            {
+                range.evidence.insert(id, evidence.clone());
             }
         }
         range

@@ -254,22 +254,22 @@ impl AuditState {
             let set = self.out.entry(key.clone()).or_default();
             if set.insert(m.id.clone()) {
                 *max = (*max).max(set.len());
-                if let Some(&cap) = self.config.caps.get(&key) {
-                    if set.len() > cap {
-                        let breach = CapBreach {
-                            at: now,
-                            app: key.0,
-                            pool: key.1,
-                            out: set.iter().cloned().collect(),
-                            cap,
-                        };
-                        let report = &mut self.report;
-                        push_bounded(
-                            &mut report.cap_breaches,
-                            &mut report.dropped_cap_breaches,
-                            breach,
-                        );
-                    }
+                if let Some(&cap) = self.config.caps.get(&key)
+                    && set.len() > cap
+                {
+                    let breach = CapBreach {
+                        at: now,
+                        app: key.0,
+                        pool: key.1,
+                        out: set.iter().cloned().collect(),
+                        cap,
+                    };
+                    let report = &mut self.report;
+                    push_bounded(
+                        &mut report.cap_breaches,
+                        &mut report.dropped_cap_breaches,
+                        breach,
+                    );
                 }
             }
         }

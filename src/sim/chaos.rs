@@ -15,9 +15,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
 /// Bound on the fault log, so a long `demo` run does not grow without limit.
 pub(crate) const MAX_CHAOS_EVENTS: usize = 10_000;
 
@@ -163,7 +160,7 @@ pub struct ChaosEvent {
 #[derive(Default)]
 pub(crate) struct ChaosState {
     /// Config and RNG while chaos is on.
-    active: Option<(Chaos, StdRng)>,
+    active: Option<(Chaos, fastrand::Rng)>,
     /// Cumulative over the simulator's life, across [`super::Sim::set_chaos`] calls.
     pub(crate) stats: ChaosStats,
     /// Newest last; the oldest are dropped beyond [`MAX_CHAOS_EVENTS`].
@@ -174,7 +171,7 @@ impl ChaosState {
     /// Turns chaos on (re-seeding the RNG) or off; stats and events are kept.
     pub(crate) fn set(&mut self, chaos: Option<Chaos>) {
         self.active = chaos.map(|c| {
-            let rng = StdRng::seed_from_u64(c.seed);
+            let rng = fastrand::Rng::with_seed(c.seed);
             (c, rng)
         });
     }
@@ -183,13 +180,13 @@ impl ChaosState {
     pub(crate) fn draw(&mut self) -> Option<(ChaosFault, &Chaos)> {
         let (chaos, rng) = self.active.as_mut()?;
         self.stats.eligible += 1;
-        // `random::<f64>()` is in [0, 1): rate 1.0 always faults, 0.0 never,
+        // `f64()` is in [0, 1): rate 1.0 always faults, 0.0 never,
         // and NaN never (every comparison with NaN is false).
-        let hit = rng.random::<f64>() < chaos.rate;
+        let hit = rng.f64() < chaos.rate;
         if !hit {
             return None;
         }
-        let fault = ChaosFault::ALL[rng.random_range(0..ChaosFault::ALL.len())];
+        let fault = ChaosFault::ALL[rng.usize(0..ChaosFault::ALL.len())];
         self.stats.bump(fault);
         Some((fault, chaos))
     }

@@ -226,13 +226,13 @@ pub(crate) async fn update_machine(
         what: "POST machine",
     };
     let (response, scheduled) = mutate(&shared, call, |m, ctx| {
-        if let Some(version) = request.current_version.filter(|v| !v.is_empty()) {
-            if version != m.instance_id {
-                return Err(ApiError::precondition(format!(
-                    "machine version {version} is not the current version {}",
-                    m.instance_id
-                )));
-            }
+        if let Some(version) = request.current_version.filter(|v| !v.is_empty())
+            && version != m.instance_id
+        {
+            return Err(ApiError::precondition(format!(
+                "machine version {version} is not the current version {}",
+                m.instance_id
+            )));
         }
         if let Some(image) = config.image {
             m.image = image;
@@ -673,13 +673,13 @@ pub(crate) async fn update_metadata(
         },
     };
     mutate(&shared, call, |m, ctx| {
-        if let Some(version) = request.machine_version.filter(|v| !v.is_empty()) {
-            if version != m.instance_id {
-                return Err(ApiError::precondition(format!(
-                    "failed_precondition: machine_version {version} is stale; current version is {}",
-                    m.instance_id
-                )));
-            }
+        if let Some(version) = request.machine_version.filter(|v| !v.is_empty())
+            && version != m.instance_id
+        {
+            return Err(ApiError::precondition(format!(
+                "failed_precondition: machine_version {version} is stale; current version is {}",
+                m.instance_id
+            )));
         }
         for (key, value) in changes {
             match value.filter(|v| !v.is_empty()) {

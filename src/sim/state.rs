@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
-use rand::Rng;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -542,7 +541,7 @@ pub(crate) fn rfc3339(t: DateTime<Utc>) -> String {
 /// A ULID-shaped id (26 Crockford base-32 characters), like Fly instance ids.
 pub(crate) fn new_instance_id() -> String {
     const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-    let mut v: u128 = rand::rng().random();
+    let mut v: u128 = fastrand::u128(..);
     let mut id = String::with_capacity(26);
     for _ in 0..26 {
         id.push(char::from(ALPHABET[(v & 31) as usize]));
@@ -552,7 +551,7 @@ pub(crate) fn new_instance_id() -> String {
 }
 
 pub(crate) fn new_nonce() -> String {
-    format!("{:032x}", rand::rng().random::<u128>())
+    format!("{:032x}", fastrand::u128(..))
 }
 
 /// A step of a delayed transition.

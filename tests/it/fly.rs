@@ -1,7 +1,6 @@
 //! The Fly Machines API client against the simulator over loopback: request
 //! shapes, the auth header rule, leases and nonces, metadata CAS, wait, retries.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -192,7 +191,7 @@ async fn leases_carry_nonces_and_are_never_stolen() {
 }
 
 #[tokio::test]
-async fn metadata_round_trip_and_compare_and_set() {
+async fn metadata_set_and_delete() {
     let sim = sim().await;
     let fly = client(&sim, TOKEN);
     within(fly.set_metadata(
@@ -205,20 +204,13 @@ async fn metadata_round_trip_and_compare_and_set() {
     .await
     .unwrap();
     assert_eq!(
-        within(fly.get_metadata_key("agents", "m1", "fleet_reconciler_hold"))
-            .await
+        sim.machine("m1")
             .unwrap()
-            .as_deref(),
+            .metadata
+            .get("fleet_reconciler_hold")
+            .map(String::as_str),
         Some("ops: incident 42")
     );
-    assert_eq!(
-        within(fly.get_metadata_key("agents", "m1", "absent"))
-            .await
-            .unwrap(),
-        None
-    );
-    let all = within(fly.get_metadata("agents", "m1")).await.unwrap();
-    assert_eq!(all.get("pool").map(String::as_str), Some("dispatch"));
     within(fly.delete_metadata("agents", "m1", "fleet_reconciler_hold", None))
         .await
         .unwrap();
@@ -228,34 +220,10 @@ async fn metadata_round_trip_and_compare_and_set() {
             .metadata
             .contains_key("fleet_reconciler_hold")
     );
-
-    let version = within(fly.get_machine("agents", "m1"))
-        .await
-        .unwrap()
-        .instance_id;
-    let mut updates = BTreeMap::new();
-    updates.insert("a".to_string(), Some("1".to_string()));
-    updates.insert("pool".to_string(), None);
-    within(fly.patch_metadata("agents", "m1", &updates, Some(&version), None))
+    // Deleting an absent key is not an error (a retried delete that applied).
+    within(fly.delete_metadata("agents", "m1", "fleet_reconciler_hold", None))
         .await
         .unwrap();
-    let md = sim.machine("m1").unwrap().metadata;
-    assert_eq!(md.get("a").map(String::as_str), Some("1"));
-    assert!(!md.contains_key("pool"), "null removes a key");
-    // The same version again is stale now: 412, typed, nothing written.
-    updates.insert("a".to_string(), Some("2".to_string()));
-    let err = within(fly.patch_metadata("agents", "m1", &updates, Some(&version), None))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, FlyError::StaleVersion { .. }), "{err}");
-    assert_eq!(
-        sim.machine("m1")
-            .unwrap()
-            .metadata
-            .get("a")
-            .map(String::as_str),
-        Some("1")
-    );
     sim.shutdown().await;
 }
 

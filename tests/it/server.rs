@@ -1400,11 +1400,11 @@ async fn connections_beyond_the_limit_are_refused() {
         .unwrap();
     let mut served = None;
     for _ in 0..50 {
-        if let Ok(r) = fresh.get(format!("{}/metrics", h.base)).send().await {
-            if r.status() == StatusCode::OK {
-                served = Some(text_of(r).await);
-                break;
-            }
+        if let Ok(r) = fresh.get(format!("{}/metrics", h.base)).send().await
+            && r.status() == StatusCode::OK
+        {
+            served = Some(text_of(r).await);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

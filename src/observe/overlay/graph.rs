@@ -412,7 +412,7 @@ impl Graph {
         let nbits = targets.len() + 1;
         let words = nbits.div_ceil(64);
         let mut full = vec![u64::MAX; words];
-        if nbits % 64 != 0 {
+        if !nbits.is_multiple_of(64) {
             full[words - 1] = (1u64 << (nbits % 64)) - 1;
         }
         let mut walk = Walk {

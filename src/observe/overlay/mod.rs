@@ -48,6 +48,7 @@ use git2::{
     AutotagOption, Cred, CredentialType, ErrorCode, FetchOptions, FetchPrune, ObjectType, Oid,
     RemoteCallbacks, RemoteRedirect, Repository,
 };
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::model::CommitId;
 use graph::{FastMap, Graph, LoadError, Node};
@@ -101,6 +102,8 @@ pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Sets libgit2's process-wide network timeouts and memory bounds, once,
 /// before any fetch or read.
+// git2 marks its global option setters unsafe (see the SAFETY note).
+#[allow(unsafe_code)]
 fn set_libgit2_options() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -140,7 +143,7 @@ pub struct OverlaySource {
     /// The bare mirror kept by the daemon.
     pub mirror_dir: PathBuf,
     /// Token for https remotes (from `OVERLAY_GIT_TOKEN`); never logged.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
 }
 
 // Hand-written so that `{:?}` of a config never prints the token or a
@@ -151,7 +154,7 @@ impl fmt::Debug for OverlaySource {
             .field("repo", &display_repo(&self.repo))
             .field("branch", &self.branch)
             .field("mirror_dir", &self.mirror_dir)
-            .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .field("token", &self.token)
             .finish()
     }
 }
@@ -446,7 +449,7 @@ struct Inner {
     shown_repo: String,
     branch: String,
     mirror_dir: PathBuf,
-    token: Option<String>,
+    token: Option<SecretString>,
     redactor: Redactor,
     /// Two fetches into one mirror would race on ref lock files.
     fetch_lock: Mutex<()>,
@@ -669,7 +672,10 @@ where
 fn open_blocking(source: OverlaySource) -> Result<Inner, OverlayError> {
     let url = normalize_repo(&source.repo);
     let shown_repo = display_repo(&url);
-    let redactor = Redactor::new(&[&source.repo, &url], source.token.as_deref());
+    let redactor = Redactor::new(
+        &[&source.repo, &url],
+        source.token.as_ref().map(ExposeSecret::expose_secret),
+    );
     let path = source.mirror_dir;
 
     let repo = match Repository::open_bare(&path) {
@@ -794,25 +800,25 @@ impl Inner {
             });
         }
         let mut repo = self.open_repo()?;
-        if let Some(local) = &local {
-            if has_no_refs(&repo) {
-                match seed::seed_packs(local, &self.mirror_dir) {
-                    Ok(0) => {}
-                    Ok(packs) => {
-                        Counters::add(&self.counters.packs_seeded, packs);
-                        tracing::info!(
-                            packs,
-                            mirror = %self.mirror_dir.display(),
-                            "Seeded the new overlay mirror with the source's pack files."
-                        );
-                        // Opened again so the object database sees them.
-                        repo = self.open_repo()?;
-                    }
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "cannot seed the overlay mirror from the local source; fetching every object instead"
-                    ),
+        if let Some(local) = &local
+            && has_no_refs(&repo)
+        {
+            match seed::seed_packs(local, &self.mirror_dir) {
+                Ok(0) => {}
+                Ok(packs) => {
+                    Counters::add(&self.counters.packs_seeded, packs);
+                    tracing::info!(
+                        packs,
+                        mirror = %self.mirror_dir.display(),
+                        "Seeded the new overlay mirror with the source's pack files."
+                    );
+                    // Opened again so the object database sees them.
+                    repo = self.open_repo()?;
                 }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "cannot seed the overlay mirror from the local source; fetching every object instead"
+                ),
             }
         }
         let fetch_err = |e: git2::Error| OverlayError::Fetch {
@@ -842,12 +848,12 @@ impl Inner {
                     "the overlay remote rejected the configured token",
                 ));
             }
-            if token.is_some() {
-                if let Err(refusal) = token_may_go_to(&configured, url) {
-                    return Err(git2::Error::from_str(&refusal.to_string()));
-                }
+            if token.is_some()
+                && let Err(refusal) = token_may_go_to(&configured, url)
+            {
+                return Err(git2::Error::from_str(&refusal.to_string()));
             }
-            match token.as_deref() {
+            match token.as_ref().map(ExposeSecret::expose_secret) {
                 Some(token) if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) => {
                     Cred::userpass_plaintext(TOKEN_USERNAME, token)
                 }
@@ -1688,26 +1694,9 @@ impl Redactor {
 
 /// `%40` → `@`: libgit2 may print the decoded form of a URL's password.
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]

@@ -82,11 +82,11 @@ fn objects_dir(path: &Path) -> std::io::Result<std::path::PathBuf> {
 fn place(from: &Path, to: &Path) -> std::io::Result<()> {
     let tmp = to.with_extension(format!("seed-tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    if std::fs::hard_link(from, &tmp).is_err() {
-        if let Err(e) = std::fs::copy(from, &tmp) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+    if std::fs::hard_link(from, &tmp).is_err()
+        && let Err(e) = std::fs::copy(from, &tmp)
+    {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
     std::fs::rename(&tmp, to).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);

@@ -249,8 +249,19 @@ impl Default for NotifierOptions {
 }
 
 /// What a notification says about its condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum Status {
     Firing,
     Resolved,
@@ -259,11 +270,7 @@ pub(crate) enum Status {
 
 impl Status {
     pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Status::Firing => "firing",
-            Status::Resolved => "resolved",
-            Status::Event => "event",
-        }
+        self.into()
     }
 }
 

@@ -71,7 +71,8 @@ impl Default for ServerLimits {
 
 /// Why an admin request was not authenticated (a label of
 /// `fleet_admin_auth_failures_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum AuthFailure {
     /// No `Authorization: Bearer …` header.
     MissingToken,
@@ -81,10 +82,7 @@ pub enum AuthFailure {
 
 impl AuthFailure {
     pub fn as_str(self) -> &'static str {
-        match self {
-            AuthFailure::MissingToken => "missing_token",
-            AuthFailure::WrongToken => "wrong_token",
-        }
+        self.into()
     }
 }
 

@@ -379,7 +379,39 @@ pub fn router(state: ServerState) -> Router {
             state.clone(),
             request_limits,
         ))
+        .layer(trace_layer())
         .with_state(state)
+}
+
+/// One DEBUG span per request with its method and bounded path, and DEBUG
+/// events for the answer and failures. Headers are never recorded (the
+/// admin bearer token), nor the query; a timeout is already logged at WARN
+/// by [`request_limits`], so failures stay at DEBUG.
+fn trace_layer() -> tower_http::trace::TraceLayer<
+    tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>,
+    impl Fn(&Request) -> tracing::Span + Clone,
+    (),
+    tower_http::trace::DefaultOnResponse,
+    (),
+    (),
+    tower_http::trace::DefaultOnFailure,
+> {
+    use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+    TraceLayer::new_for_http()
+        .make_span_with(|req: &Request| {
+            // tower-http's target, so `tower_http=debug` shows span and events.
+            tracing::debug_span!(
+                target: "tower_http::trace",
+                "http_request",
+                method = %req.method(),
+                path = %logged_path(req.uri().path()),
+            )
+        })
+        .on_request(())
+        .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+        .on_body_chunk(())
+        .on_eos(())
+        .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG))
 }
 
 /// Every request: a declared body over `server.max_body_bytes` is refused
@@ -610,7 +642,7 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
     )
         .into_response();
     if let Some(at) = observed.last_success {
-        let http_date = at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        let http_date = httpdate::fmt_http_date(at.into());
         if let Ok(v) = HeaderValue::from_str(&http_date) {
             resp.headers_mut().insert(header::LAST_MODIFIED, v);
         }

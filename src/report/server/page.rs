@@ -197,12 +197,12 @@ fn header(observed: &Observed, now: DateTime<Utc>) -> Markup {
 }
 
 fn banners(observed: &Observed, now: DateTime<Utc>) -> Markup {
-    if observed.report.is_some() {
-        if let Err(reason) = observed.readiness(now) {
-            return html! {
-                div.banner.bad { "Stale: " (reason) ". The figures below may no longer be true." }
-            };
-        }
+    if observed.report.is_some()
+        && let Err(reason) = observed.readiness(now)
+    {
+        return html! {
+            div.banner.bad { "Stale: " (reason) ". The figures below may no longer be true." }
+        };
     }
     html! {
         @if let Some(f) = &observed.last_failure {

@@ -121,15 +121,14 @@ fn family_index(
 /// `_sum` and `_count` belong to the declared base name.
 fn family_of(families: &[(String, Family)], index: &HashMap<String, usize>, name: &str) -> String {
     for suffix in ["_bucket", "_sum", "_count"] {
-        if let Some(base) = name.strip_suffix(suffix) {
-            if let Some(i) = index.get(base) {
-                if matches!(
-                    families[*i].1.kind.as_deref(),
-                    Some("histogram" | "summary")
-                ) {
-                    return base.to_string();
-                }
-            }
+        if let Some(base) = name.strip_suffix(suffix)
+            && let Some(i) = index.get(base)
+            && matches!(
+                families[*i].1.kind.as_deref(),
+                Some("histogram" | "summary")
+            )
+        {
+            return base.to_string();
         }
     }
     name.to_string()

@@ -128,7 +128,8 @@ pub async fn run_with_clock(
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
         .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env)
-        .with_limits(ServerLimits::from_config(&config.server));
+        .with_limits(ServerLimits::from_config(&config.server))
+        .with_clock(clock.clone());
     let refresh = state.refresh_requests();
 
     // The server and the notifier outlive the loop a little: the server stops

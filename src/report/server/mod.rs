@@ -48,6 +48,7 @@ use tokio::sync::Notify;
 use crate::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
 };
+use crate::clock::SharedClock;
 use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
 use crate::model::{CommitId, MachineId};
@@ -275,6 +276,9 @@ pub struct ServerState {
     refresh: Arc<Notify>,
     limits: ServerLimits,
     auth_limiter: Arc<AuthLimiter>,
+    /// The time every page, health answer and operator write is stamped
+    /// with: the service's clock (a paused one in tests).
+    clock: SharedClock,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -302,7 +306,14 @@ impl ServerState {
             refresh: Arc::new(Notify::new()),
             auth_limiter: Arc::new(limiter(&ServerLimits::default())),
             limits: ServerLimits::default(),
+            clock: crate::clock::system(),
         }
+    }
+
+    /// The clock the handlers read (the system clock until this is called).
+    pub fn with_clock(mut self, clock: SharedClock) -> ServerState {
+        self.clock = clock;
+        self
     }
 
     /// The connection, request and admin-authentication limits
@@ -557,7 +568,10 @@ async fn not_found() -> ApiError {
 // ---- reads ---------------------------------------------------------------------
 
 async fn status_page(State(state): State<ServerState>) -> Html<String> {
-    Html(render_status_page(&state.view.snapshot(), Utc::now()))
+    Html(render_status_page(
+        &state.view.snapshot(),
+        state.clock.now(),
+    ))
 }
 
 /// `GET /machines/{id}`: the machine's page (HTML), read-only. A bad id is
@@ -565,7 +579,7 @@ async fn status_page(State(state): State<ServerState>) -> Html<String> {
 /// small HTML page.
 async fn machine_page(State(state): State<ServerState>, Path(id): Path<String>) -> Response {
     let observed = state.view.snapshot();
-    let now = Utc::now();
+    let now = state.clock.now();
     let (status, page) = match checked_id(&id) {
         Err(e) => (
             e.status,
@@ -603,7 +617,7 @@ async fn metrics_text(State(state): State<ServerState>) -> Response {
 }
 
 async fn healthz(State(state): State<ServerState>) -> Response {
-    match state.view.snapshot().liveness(Utc::now()) {
+    match state.view.snapshot().liveness(state.clock.now()) {
         Ok(()) => "ok\n".into_response(),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
     }
@@ -611,7 +625,7 @@ async fn healthz(State(state): State<ServerState>) -> Response {
 
 async fn readyz(State(state): State<ServerState>) -> Response {
     let observed = state.view.snapshot();
-    match observed.readiness(Utc::now()) {
+    match observed.readiness(state.clock.now()) {
         Ok(at) => json_response(
             StatusCode::OK,
             &serde_json::json!({ "status": "ready", "last_sweep_success": at }),
@@ -916,7 +930,7 @@ async fn approve(
         target: target.to_string(),
         mode: req.mode.unwrap_or(ApprovalMode::Now),
         by: actor(req.by),
-        at: Utc::now(),
+        at: state.clock.now(),
     };
     let app = operator
         .approve(id, &approval)
@@ -946,7 +960,7 @@ async fn hold(
             .reason
             .map(|r| r.chars().take(500).collect())
             .unwrap_or_else(|| "held via the admin API".into()),
-        at: Utc::now(),
+        at: state.clock.now(),
     };
     let app = operator
         .hold(id, &hold.by, &hold.reason, hold.at)
@@ -1046,5 +1060,61 @@ mod tests {
         assert!(checked_id("").is_err());
         assert!(checked_id("<script>").is_err());
         assert!(checked_id(&"a".repeat(65)).is_err());
+    }
+
+    /// The health answers read the state's clock: on paused tokio time, a
+    /// loop that stops sweeping turns `/readyz` and then `/healthz` to 503
+    /// exactly when their windows pass, with no real waiting.
+    #[tokio::test(start_paused = true)]
+    async fn health_answers_follow_the_injected_clock_on_paused_time() {
+        let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
+        let clock: SharedClock = Arc::new(crate::clock::TokioClock::starting_at(t0));
+        let interval = Duration::from_secs(30);
+        let view = FleetView::new(interval, clock.now());
+        let metrics = Arc::new(Metrics::new(false).expect("metrics"));
+        let state = ServerState::new(metrics, view.clone()).with_clock(clock.clone());
+        let status = |r: Response| r.status();
+        let config = crate::config::Config::parse(
+            std::path::Path::new("t.toml"),
+            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"a\"\n",
+        )
+        .expect("config");
+        let tip = crate::observe::overlay::Tip {
+            branch: "release".into(),
+            commit: CommitId::parse(&"a".repeat(40)).expect("commit"),
+        };
+        let report = crate::observe::sweep::build_report(&config, &tip, Vec::new());
+
+        assert_eq!(
+            status(readyz(State(state.clone())).await),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        view.record_sweep(report, clock.now());
+        assert_eq!(status(readyz(State(state.clone())).await), StatusCode::OK);
+        assert_eq!(status(healthz(State(state.clone())).await), StatusCode::OK);
+
+        // Ready for READY_INTERVALS sweep intervals after the last success.
+        tokio::time::advance(interval * READY_INTERVALS).await;
+        assert_eq!(status(readyz(State(state.clone())).await), StatusCode::OK);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            status(readyz(State(state.clone())).await),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(status(healthz(State(state.clone())).await), StatusCode::OK);
+
+        // Live for LIVE_INTERVALS after the last turn of the loop.
+        tokio::time::advance(interval * (LIVE_INTERVALS - READY_INTERVALS)).await;
+        assert_eq!(
+            status(healthz(State(state.clone())).await),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // A turn that fails still proves the loop alive.
+        view.record_failure("cannot list machines of app a", clock.now());
+        assert_eq!(status(healthz(State(state.clone())).await), StatusCode::OK);
+        assert_eq!(
+            status(readyz(State(state)).await),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }

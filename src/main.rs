@@ -20,6 +20,7 @@ use fleet_reconciler::observe::overlay::OverlayError;
 use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::report::{notify, render, server};
 use fleet_reconciler::service::{self, ServiceSecrets};
+use secrecy::SecretString;
 use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
 
@@ -659,12 +660,13 @@ fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
                         app.name
                     )
                 })?;
-            agent_tokens.insert(app.name.clone(), token);
+            agent_tokens.insert(app.name.clone(), SecretString::from(token));
         }
     }
     let admin_token = std::env::var(&config.server.admin_token_env)
         .ok()
-        .filter(|t| !t.trim().is_empty());
+        .filter(|t| !t.trim().is_empty())
+        .map(SecretString::from);
     if admin_token.is_none() {
         tracing::warn!(env = %config.server.admin_token_env, "admin API disabled: the variable is not set");
     }

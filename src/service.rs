@@ -8,10 +8,10 @@
 //! the environment: secrets arrive in `ServiceSecrets`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fmt;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use secrecy::{ExposeSecret, SecretString};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -30,21 +30,16 @@ use crate::report::notify::{
 };
 use crate::report::server::{self, FleetView, MachineExtra, ServerLimits, ServerState};
 
-/// Secrets for `run`, read from the environment by `main`.
-#[derive(Clone, Default)]
+/// Secrets for `run`, read from the environment by `main`; `Debug` shows
+/// none of them (secrecy, and `SinkSecrets`' own redaction).
+#[derive(Clone, Debug, Default)]
 pub struct ServiceSecrets {
     pub core: Secrets,
     /// App name → bearer token for its agents' cooperative endpoints.
-    pub agent_tokens: HashMap<String, String>,
-    pub admin_token: Option<String>,
+    pub agent_tokens: HashMap<String, SecretString>,
+    pub admin_token: Option<SecretString>,
     /// One per `[[alerts.webhooks]]`, in order.
     pub webhooks: Vec<SinkSecrets>,
-}
-
-impl fmt::Debug for ServiceSecrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ServiceSecrets { <redacted> }")
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +122,13 @@ pub async fn run_with_clock(
     view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout);
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
-        .with_admin_token(secrets.admin_token.clone(), &config.server.admin_token_env)
+        .with_admin_token(
+            secrets
+                .admin_token
+                .as_ref()
+                .map(|t| t.expose_secret().to_string()),
+            &config.server.admin_token_env,
+        )
         .with_limits(ServerLimits::from_config(&config.server))
         .with_clock(clock.clone());
     let refresh = state.refresh_requests();
@@ -448,5 +449,31 @@ impl Reporter<'_> {
         self.view.set_tip(&report.tip.commit);
         self.view.set_extras(extras);
         self.view.record_sweep(report.clone(), now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_of_the_run_secrets_shows_none_of_them() {
+        let secrets = ServiceSecrets {
+            core: Secrets {
+                fly_token: "fly-s3cret".into(),
+                git_token: Some("git-s3cret".into()),
+            },
+            agent_tokens: HashMap::from([("app".to_string(), "agent-s3cret".into())]),
+            admin_token: Some("admin-s3cret".into()),
+            webhooks: vec![SinkSecrets {
+                url: "https://hooks.example/url-s3cret".into(),
+                routing_key: Some("routing-s3cret".into()),
+                hmac_secret: Some("hmac-s3cret".into()),
+            }],
+        };
+        let shown = format!("{secrets:?} {secrets:#?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        // What is not secret still shows: which app has a token.
+        assert!(shown.contains("app"), "{shown}");
     }
 }

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use secrecy::{ExposeSecret, SecretString};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -197,7 +198,7 @@ pub struct Executor {
     config: Arc<Config>,
     /// `None` only when no pool acts (observe-only fleets need no slots).
     coordinator: Option<Coordinator>,
-    agent_tokens: HashMap<String, String>,
+    agent_tokens: HashMap<String, SecretString>,
     tuning: ExecutorConfig,
     /// Steps of this process take the coordinator's lease one at a time:
     /// they queue here instead of spending Fly API calls on 409s.
@@ -239,7 +240,7 @@ impl Executor {
     pub fn new(
         fly: FlyClient,
         config: Arc<Config>,
-        agent_tokens: HashMap<String, String>,
+        agent_tokens: HashMap<String, SecretString>,
         tuning: ExecutorConfig,
     ) -> Result<Executor, ExecutorBuildError> {
         let coordinator = config.rotation.coordinator.clone();
@@ -892,7 +893,7 @@ impl Executor {
             .ok_or_else(|| fail("no health URL to reach the agent".into()))?;
         let mut req = self.agents.post(url).json(&body);
         if let Some(token) = self.agent_tokens.get(t.app.as_str()) {
-            req = req.bearer_auth(token);
+            req = req.bearer_auth(token.expose_secret());
         }
         match req.send().await {
             Ok(r) if r.status().is_success() => {

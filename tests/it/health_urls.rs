@@ -142,8 +142,8 @@ coordinator = "coord/c0"
     .await
     .unwrap();
     let tokens = HashMap::from([
-        ("app".to_string(), AGENT_TOKEN.to_string()),
-        ("edge".to_string(), AGENT_TOKEN.to_string()),
+        ("app".to_string(), AGENT_TOKEN.into()),
+        ("edge".to_string(), AGENT_TOKEN.into()),
     ]);
     let mut tuning = ExecutorConfig::new("r1");
     tuning.start_wait = Duration::from_secs(5);

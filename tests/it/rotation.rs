@@ -117,7 +117,7 @@ impl Daemon {
     async fn start_with(
         config: Arc<Config>,
         owner: &str,
-        agent_tokens: HashMap<String, String>,
+        agent_tokens: HashMap<String, secrecy::SecretString>,
     ) -> Daemon {
         let secrets = Secrets {
             fly_token: TOKEN.into(),
@@ -371,7 +371,7 @@ async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
     ))
     .await
     .unwrap();
-    let tokens = HashMap::from([("app".to_string(), "agent-secret".to_string())]);
+    let tokens = HashMap::from([("app".to_string(), "agent-secret".into())]);
     let d = Daemon::start_with(
         config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
         "r1",

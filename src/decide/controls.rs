@@ -64,6 +64,11 @@ impl Controls {
         }
     }
 
+    /// The marker, when it is one of ours.
+    pub fn marker(&self) -> Option<&Marker> {
+        self.marker.as_ref().and_then(|m| m.as_ref().ok())
+    }
+
     /// The approval on the machine, whatever commit it names.
     pub fn approval(&self) -> Option<&Approval> {
         self.approval.as_ref().and_then(|a| a.as_ref().ok())

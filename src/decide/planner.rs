@@ -23,8 +23,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::act::operator::{Approval, ApprovalMode, Hold, MARKER_KEY};
+use crate::act::operator::{ApprovalMode, MARKER_KEY};
 use crate::config::Config;
+use crate::decide::controls::Controls;
 use crate::decide::decision::Decision;
 use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
 use crate::events::{Alert, AlertKind};
@@ -372,17 +373,12 @@ fn verify_backoff(config: &Config, attempt: u32) -> Duration {
 }
 
 /// A machine's controls ([`crate::decide::controls`]) as this plan reads
-/// them: the marker judged against `now`.
-struct OperatorState {
-    held: bool,
-    /// The hold, when its value is one of ours.
-    hold: Option<Hold>,
-    /// The marker, or why it cannot be one of ours (the field at fault).
+/// them: the sweep's parse, and the marker judged against `now`.
+struct OperatorState<'a> {
+    controls: &'a Controls,
+    /// The marker, or why it cannot be one of ours (the field at fault, or
+    /// timestamps implausibly far from `now`).
     marker: Option<Result<Marker, String>>,
-    /// The approval on the machine, whatever commit it names.
-    approval: Option<Approval>,
-    has_approval_key: bool,
-    unprobed: Option<Unprobed>,
 }
 
 /// How far from `now` a marker's timestamps may be before the marker is
@@ -406,25 +402,14 @@ fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
     }
 }
 
-fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState {
-    let c = &m.controls;
+fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
     OperatorState {
-        held: c.is_held(),
-        hold: c.hold().cloned(),
-        marker: c
+        controls: &m.controls,
+        marker: m
+            .controls
             .marker
             .clone()
             .map(|r| r.and_then(|mk| plausible(mk, now))),
-        approval: c.approval().cloned(),
-        has_approval_key: c.has_approval_key(),
-        unprobed: c.unprobed.clone(),
-    }
-}
-
-impl OperatorState {
-    /// An approval authorizes a rotation to the commit it names, only.
-    fn approval_for(&self, commit: &str) -> Option<&Approval> {
-        self.approval.as_ref().filter(|a| a.approves(commit))
     }
 }
 
@@ -558,7 +543,7 @@ fn unprobed_evidence(tracker: &Tracker, m: &MachineReport, op: &OperatorState) -
             }),
             _ => None,
         });
-    match (&op.unprobed, remembered) {
+    match (&op.controls.unprobed, remembered) {
         // The older clock wins: a daemon restart never restarts the clock.
         (Some(p), Some(r)) if r.since < p.since => Some(r),
         (Some(p), _) => Some(p.clone()),
@@ -722,7 +707,7 @@ impl<'a> Planning<'a> {
             return false;
         }
         let decision = Decision::AppNotListed {
-            held: op.held,
+            held: op.controls.is_held(),
             phase: rotating(op),
         };
         self.decide(m, decision);
@@ -744,10 +729,10 @@ impl<'a> Planning<'a> {
     /// A held machine: decided `held`, and a rotation it holds a slot for
     /// is reported stuck. True when held.
     fn held(&mut self, m: &MachineReport, op: &OperatorState) -> bool {
-        if !op.held {
+        if !op.controls.is_held() {
             return false;
         }
-        let hold = op.hold.as_ref();
+        let hold = op.controls.hold();
         let decision = Decision::Held {
             by: hold.map(|h| h.by.clone()),
             since: hold.map(|h| h.at),
@@ -1126,7 +1111,7 @@ fn candidate<'a>(
     let report = usable_report(m);
     let mode = match action {
         PolicyAction::Observe => return Err(Decision::ObserveOnly { severity: sev }),
-        PolicyAction::Manual => match op.approval_for(tip) {
+        PolicyAction::Manual => match op.controls.approval_for(tip) {
             None => {
                 alerts.push(machine_alert(
                     AlertKind::ManualApprovalRequired,
@@ -1246,13 +1231,13 @@ fn unprobed_bookkeeping(
         return None;
     }
     if unprobeable(m.status) {
-        match (evidence, &op.unprobed) {
+        match (evidence, &op.controls.unprobed) {
             (Some(e), None) if automatic(e.action) => {
                 Some(step(StepKind::RecordUnprobed { record: e.clone() }))
             }
             _ => None,
         }
-    } else if op.unprobed.is_some() {
+    } else if op.controls.unprobed.is_some() {
         Some(step(StepKind::ClearUnprobed))
     } else {
         None
@@ -1296,7 +1281,7 @@ fn release(
         expected: Some(marker.clone()),
         kind: StepKind::Release {
             undrain: marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced,
-            clear_approval: ending == Ending::Finished && op.has_approval_key,
+            clear_approval: ending == Ending::Finished && op.controls.has_approval_key(),
             marker: next,
             why,
         },
@@ -1307,7 +1292,7 @@ fn release(
 struct Ctx<'a> {
     config: &'a Config,
     m: &'a MachineReport,
-    op: &'a OperatorState,
+    op: &'a OperatorState<'a>,
     target: &'a Target,
     evidence: Option<&'a Unprobed>,
     /// When this run first saw the machine's current drift.
@@ -1356,7 +1341,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
     // An approval binds one rotation to one commit: revoked, or overtaken by
     // a newer tip, the rotation stops before anything else is done.
     if manual && marker.phase != Phase::Restarting {
-        if op.approval_for(&marker.target).is_none() {
+        if op.controls.approval_for(&marker.target).is_none() {
             return Some(release(Ending::Cancelled, "the approval was revoked"));
         }
         if !marker.target.eq_ignore_ascii_case(tip) {
@@ -1409,6 +1394,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
             // commit, or a pool whose policy is still `restart`.
             let approved_now = manual
                 && op
+                    .controls
                     .approval_for(&marker.target)
                     .is_some_and(|a| a.mode == ApprovalMode::Now);
             let pool_restarts = marker.action == PolicyAction::Restart

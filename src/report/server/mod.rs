@@ -49,7 +49,6 @@ use crate::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
 };
 use crate::clock::SharedClock;
-use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
 use crate::model::{CommitId, MachineId};
 use crate::observe::probe::AgentReport;
@@ -698,31 +697,18 @@ fn as_written(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
         .map(|v| serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone())))
 }
 
-/// A control the sweep parsed ([`crate::decide::controls`]): ours as its
-/// typed JSON, anything else as written.
-fn control_json<T: Serialize, E>(
+/// A control under `key`: `ours` (as the sweep parsed it,
+/// [`crate::decide::controls`]) as its typed JSON, else the value as
+/// written, else nothing.
+fn control_json<T: Serialize>(
     m: &MachineReport,
     key: &str,
-    parsed: Option<Result<&T, E>>,
+    ours: Option<&T>,
 ) -> Option<serde_json::Value> {
-    match parsed? {
-        Ok(value) => serde_json::to_value(value).ok(),
-        Err(_) => as_written(m, key),
+    match ours {
+        Some(value) => serde_json::to_value(value).ok(),
+        None => as_written(m, key),
     }
-}
-
-/// The hold, approval and marker of the API's machine document.
-fn controls_json(m: &MachineReport) -> [Option<serde_json::Value>; 3] {
-    let c = &m.controls;
-    let hold = c.hold.as_ref().map(|h| match h {
-        HoldValue::Ours(h) => Ok(h),
-        HoldValue::Other(_) => Err(()),
-    });
-    [
-        control_json(m, HOLD_KEY, hold),
-        control_json(m, APPROVE_KEY, c.approval.as_ref().map(Result::as_ref)),
-        control_json(m, MARKER_KEY, c.marker.as_ref().map(Result::as_ref)),
-    ]
 }
 
 async fn machine(
@@ -739,13 +725,12 @@ async fn machine(
         ));
     };
     let extra = observed.extras.get(id);
-    let [hold, approval, rotation] = controls_json(m);
     let detail = MachineDetail {
         machine: m,
         agent_report: m.report.as_ref(),
-        hold,
-        approval,
-        rotation,
+        hold: control_json(m, HOLD_KEY, m.controls.hold()),
+        approval: control_json(m, APPROVE_KEY, m.controls.approval()),
+        rotation: control_json(m, MARKER_KEY, m.controls.marker()),
         decision: extra.and_then(|e| e.decision.as_ref()),
         history: extra.map(|e| e.history.as_slice()).unwrap_or(&[]),
         drift_since: observed.drift_since(id),

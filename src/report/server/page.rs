@@ -18,7 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::act::operator::{APPROVE_KEY, ApprovalMode};
+use crate::act::operator::{APPROVE_KEY, ApprovalMode, MARKER_KEY};
 use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
 use crate::model::short_commit as short;
@@ -27,7 +27,7 @@ use crate::observe::probe::{Activity, AgentReport};
 use crate::observe::sweep::{FleetReport, MachineReport};
 
 use super::trend::CoherenceTrend;
-use super::{Observed, age, checked_id, controls_json};
+use super::{Observed, age, checked_id, control_json};
 
 /// Beyond this many rows the page points at the JSON API instead.
 const MAX_ROWS: usize = 500;
@@ -764,8 +764,8 @@ fn report_section(m: &MachineReport) -> Markup {
 /// The rotation: the decision, hold, approval, marker and history.
 fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let extra = observed.extras.get(&m.machine_id);
-    let [_, _, marker] = controls_json(m);
-    let marker = marker.and_then(|v| serde_json::to_string_pretty(&v).ok());
+    let marker = control_json(m, MARKER_KEY, m.controls.marker())
+        .and_then(|v| serde_json::to_string_pretty(&v).ok());
     let history = extra.map(|e| e.history.as_slice()).unwrap_or(&[]);
     html! {
         section.box #rotation {

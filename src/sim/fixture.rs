@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::clock::SharedClock;
+
 /// Fly token the simulator accepts when the fixture does not name one.
 pub const DEFAULT_TOKEN: &str = "sim-fly-token";
 /// Lease owner the simulator derives from the fleet token (Fly names the token's user).
@@ -93,6 +95,10 @@ pub struct SimFleet {
     pub rate_limit: Option<RateLimit>,
     /// Record every request for [`super::Sim::requests`]; benchmarks may turn it off.
     pub record_requests: bool,
+    /// The wall clock the sim reads (lease expiry, busy periods, report and
+    /// request timestamps): the system's by default; a test on paused tokio
+    /// time hands the daemon and the sim one [`crate::clock::TokioClock`].
+    pub clock: SharedClock,
 }
 
 impl Default for SimFleet {
@@ -106,6 +112,7 @@ impl Default for SimFleet {
             reload_delay: Duration::from_millis(100),
             rate_limit: None,
             record_requests: true,
+            clock: crate::clock::system(),
         }
     }
 }
@@ -146,6 +153,12 @@ impl SimFleet {
 
     pub fn record_requests(mut self, on: bool) -> SimFleet {
         self.record_requests = on;
+        self
+    }
+
+    /// Reads `clock` instead of the system's (see [`SimFleet::clock`]).
+    pub fn clock(mut self, clock: SharedClock) -> SimFleet {
+        self.clock = clock;
         self
     }
 

@@ -90,7 +90,8 @@
 //!   too; the other behaviours affect only the health report. Undrain with a
 //!   different rotation tag than the fence's answers 409.
 //! - **Clock.** Lease expiry, busy periods and report timestamps use the sim
-//!   clock (wall clock plus [`Sim::advance_clock`]); delays (restart, reload,
+//!   clock ([`SimFleet::clock`], the system's by default, plus
+//!   [`Sim::advance_clock`]); delays (restart, reload,
 //!   `wait` deadlines, rate-limit refill) use tokio time, so paused-time tests
 //!   drive them with `tokio::time::advance`.
 //!
@@ -113,6 +114,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::SharedClock;
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -209,6 +211,12 @@ impl Sim {
 
     pub fn set_release_tip(&self, commit: &str) {
         self.shared.lock().release_tip = commit.to_string();
+    }
+
+    /// The wall clock the sim reads ([`SimFleet::clock`]), to share with a
+    /// daemon under test.
+    pub fn clock(&self) -> SharedClock {
+        self.shared.lock().clock.clone()
     }
 
     /// The sim clock (wall clock plus any [`Sim::advance_clock`]).

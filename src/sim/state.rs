@@ -20,6 +20,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::SharedClock;
+
 use super::audit::AuditState;
 use super::chaos::ChaosState;
 use super::fixture::{Behaviour, CAP_DRAIN, NON_HEX_REF, RateLimit, SimFleet};
@@ -97,6 +99,8 @@ pub(crate) struct World {
     pub(crate) release_tip: String,
     pub(crate) restart_delay: Duration,
     pub(crate) reload_delay: Duration,
+    /// The wall clock ([`SimFleet::clock`]).
+    pub(crate) clock: SharedClock,
     /// Added to the wall clock: lets tests expire leases and end busy periods without sleeping.
     pub(crate) clock_offset: TimeDelta,
     /// App name → machine ids in fixture order.
@@ -122,7 +126,7 @@ pub(crate) struct World {
 
 impl World {
     pub(crate) fn from_fleet(fleet: SimFleet) -> io::Result<World> {
-        let now = Utc::now();
+        let now = fleet.clock.now();
         let mut apps = BTreeMap::new();
         let mut machines = HashMap::new();
         let mut seen = HashSet::new();
@@ -184,6 +188,7 @@ impl World {
             release_tip: fleet.release_tip,
             restart_delay: fleet.restart_delay,
             reload_delay: fleet.reload_delay,
+            clock: fleet.clock,
             clock_offset: TimeDelta::zero(),
             apps,
             machines,
@@ -203,7 +208,9 @@ impl World {
 
     /// The sim clock: wall clock plus the offset tests advanced it by.
     pub(crate) fn now(&self) -> DateTime<Utc> {
-        Utc::now() + self.clock_offset
+        let now = self.clock.now();
+        now.checked_add_signed(self.clock_offset)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
     }
 
     pub(crate) fn machine(&self, app: &str, id: &str) -> Result<&MachineState, ApiError> {

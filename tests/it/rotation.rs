@@ -18,6 +18,7 @@ use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
 use fleet_reconciler::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
 };
+use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
 use fleet_reconciler::decide::rotation::{Marker, Phase};
@@ -35,6 +36,8 @@ const COORD_APP: &str = "coord";
 const COORD: &str = "c0";
 
 struct World {
+    /// The one wall clock of the sim and the daemons: tokio's paused time.
+    clock: SharedClock,
     overlay: OverlayRepo,
     repo: String,
     tip: String,
@@ -44,6 +47,7 @@ struct World {
 fn world() -> World {
     let overlay = OverlayRepo::new();
     World {
+        clock: Arc::new(TokioClock::starting_at(Utc::now())),
         repo: overlay.repo_path.display().to_string(),
         tip: overlay.tip(),
         // One commit behind, touching only skills/: severity low.
@@ -110,11 +114,12 @@ struct Daemon {
 }
 
 impl Daemon {
-    async fn start(config: Arc<Config>, owner: &str) -> Daemon {
-        Daemon::start_with(config, owner, HashMap::new()).await
+    async fn start(sim: &Sim, config: Arc<Config>, owner: &str) -> Daemon {
+        Daemon::start_with(sim, config, owner, HashMap::new()).await
     }
 
     async fn start_with(
+        sim: &Sim,
         config: Arc<Config>,
         owner: &str,
         agent_tokens: HashMap<String, secrecy::SecretString>,
@@ -126,17 +131,19 @@ impl Daemon {
         let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
         let mut tuning = ExecutorConfig::new(owner);
         tuning.start_wait = Duration::from_secs(5);
+        tuning.clock = sim.clock();
         let executor =
             Executor::new(sweeper.fly.clone(), config.clone(), agent_tokens, tuning).unwrap();
         let stop = CancellationToken::new();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (token, record, owner) = (stop.clone(), seen.clone(), owner.to_string());
+        let clock = sim.clock();
         let task = tokio::spawn(async move {
             let options = LoopOptions {
                 executor: Some(&executor),
                 refresh: None,
                 owner,
-                clock: fleet_reconciler::clock::system(),
+                clock,
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();
@@ -211,6 +218,7 @@ fn busy_for_an_hour(w: &World, id: &str) -> SimMachine {
 
 fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
     SimFleet::new(TOKEN)
+        .clock(w.clock.clone())
         .release_tip(w.tip.clone())
         .restart_delay(Duration::from_millis(200))
         .app(SimApp::new("app").machines(machines))
@@ -219,7 +227,7 @@ fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
 
 // ---- caps across replicas -----------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn two_daemons_never_exceed_a_pools_cap() {
     let w = world();
     let machines = (0..6)
@@ -234,11 +242,13 @@ async fn two_daemons_never_exceed_a_pools_cap() {
         .collect();
     let sim = Sim::start(fleet(&w, machines)).await.unwrap();
     let a = Daemon::start(
+        &sim,
         config(&sim, &w, "a", &all("alert-and-wait"), 2, ""),
         "replica-a",
     )
     .await;
     let b = Daemon::start(
+        &sim,
         config(&sim, &w, "b", &all("alert-and-wait"), 2, ""),
         "replica-b",
     )
@@ -283,14 +293,14 @@ async fn two_daemons_never_exceed_a_pools_cap() {
     sim.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_claim_that_cannot_be_verified_is_withdrawn() {
     let w = world();
     let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
         .await
         .unwrap();
     let cfg = config(&sim, &w, "m", &all("alert-and-wait"), 1, "");
-    let d = Daemon::start(cfg, "r1").await;
+    let d = Daemon::start(&sim, cfg, "r1").await;
     eventually("marker written", Duration::from_secs(10), async || {
         marker_of(&sim, "m1").is_some()
     })
@@ -328,7 +338,7 @@ async fn a_claim_that_cannot_be_verified_is_withdrawn() {
 
 // ---- resume after a crash -----------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_rotation_killed_after_its_restart_is_not_restarted_again() {
     let w = world();
     // The sim restarts slowly; the first daemon dies right after requesting it.
@@ -339,13 +349,13 @@ async fn a_rotation_killed_after_its_restart_is_not_restarted_again() {
     .await
     .unwrap();
     let cfg = config(&sim, &w, "m", &all("alert-and-wait"), 1, "");
-    let first = Daemon::start(cfg.clone(), "first").await;
+    let first = Daemon::start(&sim, cfg.clone(), "first").await;
     eventually("restart requested", Duration::from_secs(10), async || {
         !restarts(&sim, "m1").is_empty()
     })
     .await;
     first.stop().await;
-    let second = Daemon::start(cfg, "second").await;
+    let second = Daemon::start(&sim, cfg, "second").await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     assert_eq!(restarts(&sim, "m1").len(), 1);
     second.stop().await;
@@ -354,11 +364,11 @@ async fn a_rotation_killed_after_its_restart_is_not_restarted_again() {
 
 // ---- cooperating agents ------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
     let w = world();
     // Busy until 3 s from now: the agent reaches its checkpoint then.
-    let checkpoint = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let checkpoint = w.clock.now() + chrono::Duration::seconds(3);
     let sim = Sim::start(fleet(
         &w,
         vec![
@@ -373,6 +383,7 @@ async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
     .unwrap();
     let tokens = HashMap::from([("app".to_string(), "agent-secret".into())]);
     let d = Daemon::start_with(
+        &sim,
         config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
         "r1",
         tokens,
@@ -398,13 +409,13 @@ async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
 
 // ---- operators ---------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_manual_machine_is_touched_only_after_approve() {
     let w = world();
     let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
         .await
         .unwrap();
-    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
     eventually("approval requested", Duration::from_secs(10), async || {
         d.alerted(AlertKind::ManualApprovalRequired, "m1")
     })
@@ -421,7 +432,7 @@ async fn a_manual_machine_is_touched_only_after_approve() {
         target: w.tip.clone(),
         mode: ApprovalMode::Now,
         by: "alice".into(),
-        at: Utc::now(),
+        at: sim.now(),
     };
     sim.set_metadata(
         "m1",
@@ -443,7 +454,7 @@ async fn a_manual_machine_is_touched_only_after_approve() {
 
 // ---- leases ------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridden() {
     let w = world();
     let sim = Sim::start(fleet(
@@ -459,6 +470,7 @@ async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridde
         .acquire_lease_as("m2", "deployer@example.com", Duration::from_secs(3600))
         .unwrap();
     let d = Daemon::start(
+        &sim,
         config(&sim, &w, "m", &all("restart"), 2, "restart_grace = \"0s\""),
         "r1",
     )
@@ -546,14 +558,16 @@ struct Hand {
     executor: Executor,
     tracker: fleet_reconciler::decide::planner::Tracker,
     tip: fleet_reconciler::observe::overlay::Tip,
+    clock: SharedClock,
 }
 
 impl Hand {
-    async fn new(config: Arc<Config>) -> Hand {
-        Hand::with_tuning(config, ExecutorConfig::new("hand")).await
+    async fn new(sim: &Sim, config: Arc<Config>) -> Hand {
+        Hand::with_tuning(sim, config, ExecutorConfig::new("hand")).await
     }
 
-    async fn with_tuning(config: Arc<Config>, tuning: ExecutorConfig) -> Hand {
+    async fn with_tuning(sim: &Sim, config: Arc<Config>, mut tuning: ExecutorConfig) -> Hand {
+        tuning.clock = sim.clock();
         let secrets = Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
@@ -566,6 +580,7 @@ impl Hand {
             executor,
             tracker: Default::default(),
             tip,
+            clock: sim.clock(),
         }
     }
 
@@ -574,7 +589,7 @@ impl Hand {
         let report = fleet_reconciler::daemon::sweep(&self.sweeper, &self.tip)
             .await
             .unwrap();
-        let now = Utc::now();
+        let now = self.clock.now();
         self.tracker.observe(&report, now);
         plan(&PlanInput {
             config: &self.sweeper.config,
@@ -601,21 +616,17 @@ impl Hand {
 
 /// Before: the executor re-checked only its own marker, so a hold written
 /// between the snapshot and the action was ignored and m1 restarted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
     let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
         .await
         .unwrap();
-    let mut hand = Hand::new(config(
+    let mut hand = Hand::new(
         &sim,
-        &w,
-        "m",
-        &all("restart"),
-        1,
-        "restart_grace = \"0s\"",
-    ))
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
     .await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps.len(), 1, "{:?}", claim.steps);
@@ -635,7 +646,7 @@ async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
 /// Before: any marker counted as a won slot and `draining` never re-checked
 /// the cap, so a claim left unverified on m1 (its re-read and its withdrawal
 /// both failed) and m2's real rotation were restarted together under cap 1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
     use fleet_reconciler::act::slots::{SLOTS_KEY, Slot, SlotSet};
     let w = world();
@@ -648,7 +659,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
     ))
     .await
     .unwrap();
-    let now = Utc::now();
+    let now = sim.now();
     let drain = |id: &str| Marker {
         tag: format!("{id}-legacy"),
         target: w.tip.clone(),
@@ -683,6 +694,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
     sim.set_metadata("m1", MARKER_KEY, &drain("m1").to_value());
     sim.set_metadata("m2", MARKER_KEY, &drain("m2").to_value());
     let d = Daemon::start(
+        &sim,
         config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
         "replica-a",
     )
@@ -712,7 +724,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
 
 /// Before: finish uncordoned and deleted the marker, then called undrain
 /// once; one failed undrain left the agent fenced with nothing to retry from.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn scenario_5_a_failed_undrain_is_retried_before_the_marker_goes() {
     let w = world();
     let sim = Sim::start(fleet(
@@ -726,7 +738,12 @@ async fn scenario_5_a_failed_undrain_is_retried_before_the_marker_goes() {
     ))
     .await
     .unwrap();
-    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    let d = Daemon::start(
+        &sim,
+        config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
+        "r1",
+    )
+    .await;
     eventually("fenced", Duration::from_secs(10), async || {
         sim.machine("m1").is_some_and(|m| m.fence.is_some())
     })
@@ -754,7 +771,7 @@ async fn scenario_5_a_failed_undrain_is_retried_before_the_marker_goes() {
 /// Before: with the overlay fetch failing, machines that came back on the
 /// new release (a commit the mirror lacks) were `unknown_ref`, critical, and
 /// restarted again and again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn scenario_6_a_stale_mirror_starts_no_rotation() {
     let w = world();
     let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.tip.clone())]))
@@ -764,7 +781,7 @@ async fn scenario_6_a_stale_mirror_starts_no_rotation() {
         config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
         |c| c.overlay.fetch_interval = Duration::from_millis(100),
     );
-    let d = Daemon::start(cfg, "r1").await;
+    let d = Daemon::start(&sim, cfg, "r1").await;
     eventually("first sweep", Duration::from_secs(10), async || {
         sweeps(&d) >= 1
     })
@@ -785,7 +802,7 @@ async fn scenario_6_a_stale_mirror_starts_no_rotation() {
 
 /// Before: the approval was checked only at claim; a `when-idle` rotation
 /// restarted after the operator revoked it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
     let w = world();
     let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
@@ -795,7 +812,7 @@ async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
         target: w.tip.clone(),
         mode: ApprovalMode::WhenIdle,
         by: "alice".into(),
-        at: Utc::now(),
+        at: sim.now(),
     };
     sim.operator_set_metadata(
         "m1",
@@ -803,7 +820,7 @@ async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
         &serde_json::to_string(&approval).unwrap(),
     )
     .unwrap();
-    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
     eventually("claimed", Duration::from_secs(10), async || {
         marker_of(&sim, "m1").is_some_and(|m| m.phase == Phase::Draining)
     })
@@ -830,7 +847,7 @@ async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
 
 /// Before: the "last seen drifted" evidence lived in memory, so a daemon
 /// restarted while the agent was unreachable never applied the ceiling.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
     let w = world();
     let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
@@ -846,7 +863,7 @@ async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
     );
     // Recent input keeps it out of rotation while it answers.
     sim.set_last_input_at("m1", Some(sim.now()));
-    let first = Daemon::start(cfg.clone(), "first").await;
+    let first = Daemon::start(&sim, cfg.clone(), "first").await;
     eventually("seen drifted", Duration::from_secs(10), async || {
         sweeps(&first) >= 1
     })
@@ -858,7 +875,7 @@ async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
     })
     .await;
     first.stop().await;
-    let second = Daemon::start(cfg, "second").await;
+    let second = Daemon::start(&sim, cfg, "second").await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     eventually(
         "the record goes once the agent answers",
@@ -875,7 +892,7 @@ async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
 
 /// Before: a cordon whose answer was lost failed the claim, which was then
 /// withdrawn: a cordon stayed with no marker to undo it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_cordon_whose_answer_was_lost_is_undone() {
     use fleet_reconciler::sim::ChaosFault;
     let w = world();
@@ -887,6 +904,7 @@ async fn a_cordon_whose_answer_was_lost_is_undone() {
         sim.fault_next_call("m1", "POST", "cordon", ChaosFault::LostAfter);
     }
     let d = Daemon::start(
+        &sim,
         config(
             &sim,
             &w,
@@ -928,7 +946,7 @@ async fn a_cordon_whose_answer_was_lost_is_undone() {
 
 /// Before: a failed drain POST was never asked again, so the rotation
 /// waited for a checkpoint that could not come until its deadline.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_failed_drain_request_is_asked_again() {
     let w = world();
     let sim = Sim::start(fleet(
@@ -943,7 +961,12 @@ async fn a_failed_drain_request_is_asked_again() {
     .await
     .unwrap();
     sim.fail_next_agent_call("m1", "drain", 503);
-    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    let d = Daemon::start(
+        &sim,
+        config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
+        "r1",
+    )
+    .await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(15)).await;
     let drains = sim
         .requests()
@@ -960,7 +983,7 @@ async fn a_failed_drain_request_is_asked_again() {
 /// Before: releasing a lease did not wait for a refresh in flight; a refresh
 /// retried after a 429 landed after the release and took the lease again,
 /// locking operators out for a TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_released_lease_is_never_taken_again_by_its_refresher() {
     use fleet_reconciler::sim::ChaosFault;
     let w = world();
@@ -973,7 +996,7 @@ async fn a_released_lease_is_never_taken_again_by_its_refresher() {
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\"");
     let mut tuning = ExecutorConfig::new("hand");
     tuning.lease_refresh = Duration::from_millis(100);
-    let mut hand = Hand::with_tuning(cfg, tuning).await;
+    let mut hand = Hand::with_tuning(&sim, cfg, tuning).await;
     let claim = hand.plan().await;
     hand.run(&claim).await;
     let restart = hand.plan().await;
@@ -1004,7 +1027,7 @@ async fn a_released_lease_is_never_taken_again_by_its_refresher() {
 }
 
 /// Before: a step whose lease refresh failed went on acting on the machine.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
     use fleet_reconciler::sim::ChaosFault;
     let w = world();
@@ -1016,7 +1039,7 @@ async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
     });
     let mut tuning = ExecutorConfig::new("hand");
     tuning.lease_refresh = Duration::from_millis(100);
-    let mut hand = Hand::with_tuning(cfg, tuning).await;
+    let mut hand = Hand::with_tuning(&sim, cfg, tuning).await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps[0].kind(), "claim");
     // The coordinator is busy for a moment (another replica's claim), so the
@@ -1057,14 +1080,14 @@ async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
 
 /// Finishing a rotation consumes its own approval only: one an operator
 /// already gave for another commit stays for the rotation that needs it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn finishing_consumes_only_the_approval_of_its_own_commit() {
     use fleet_reconciler::act::slots::{SLOTS_KEY, Slot, SlotSet};
     let w = world();
     let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.tip.clone())]))
         .await
         .unwrap();
-    let now = Utc::now();
+    let now = sim.now();
     let restarting = Marker {
         tag: "m1-done".into(),
         target: w.tip.clone(),
@@ -1104,7 +1127,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
     };
     let other = serde_json::to_string(&other).unwrap();
     sim.set_metadata("m1", APPROVE_KEY, &other);
-    let d = Daemon::start(config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(10)).await;
     assert_eq!(
         sim.machine("m1").unwrap().metadata.get(APPROVE_KEY),
@@ -1130,7 +1153,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
 
 /// Before: a hold placed mid-rotation froze the cordon, the fence and the
 /// pool's slot with no alert.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_hold_mid_rotation_is_alerted_and_keeps_its_slot() {
     let w = world();
     let sim = Sim::start(fleet(
@@ -1143,7 +1166,12 @@ async fn a_hold_mid_rotation_is_alerted_and_keeps_its_slot() {
     .await
     .unwrap();
     sim.set_metadata("m2", "pool", "default");
-    let d = Daemon::start(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), "r1").await;
+    let d = Daemon::start(
+        &sim,
+        config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
+        "r1",
+    )
+    .await;
     eventually("one rotation", Duration::from_secs(10), async || {
         ["m1", "m2"]
             .iter()
@@ -1179,7 +1207,7 @@ async fn a_hold_mid_rotation_is_alerted_and_keeps_its_slot() {
 /// Before: a marker with a timestamp at the end of chrono's range (anyone
 /// who can write metadata can write one) made the planner panic on every
 /// sweep: a crash loop that stopped remediation fleet-wide.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
     let w = world();
     let sim = Sim::start(fleet(
@@ -1199,7 +1227,7 @@ async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
     );
     assert!(Marker::parse(&planted).is_some(), "a marker serde accepts");
     sim.set_metadata("m1", MARKER_KEY, &planted);
-    let d = Daemon::start(config(&sim, &w, "m", &all("restart"), 1, ""), "r1").await;
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("restart"), 1, ""), "r1").await;
     eventually("several sweeps", Duration::from_secs(10), async || {
         sweeps(&d) >= 3
     })

@@ -550,7 +550,17 @@ impl Overlay {
     /// fetch must not hold up the process's exit. While it has not
     /// returned, later fetches fail at once with [`OverlayError::FetchBusy`]
     /// rather than pile up threads behind it.
+    ///
+    /// A blocking-pool task idles beside the fetch until this future ends,
+    /// however it ends: tokio's paused clock (tests on paused time) does not
+    /// auto-advance while blocking work runs, so it cannot jump to `limit`
+    /// past a fetch it does not otherwise see. It ends with this future, so
+    /// it never holds up a shutdown.
     pub async fn fetch_within(&self, limit: Duration) -> Result<Tip, OverlayError> {
+        let (_release, released) = std::sync::mpsc::channel::<()>();
+        drop(tokio::task::spawn_blocking(move || {
+            let _ = released.recv();
+        }));
         let inner = Arc::clone(&self.inner);
         let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
         let flag = Arc::clone(&stop.0);

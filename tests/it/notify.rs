@@ -1,6 +1,10 @@
 //! The notifier against local webhook receivers on loopback: bodies of every
 //! format, dedupe/repeat/resolve, retries through an outage, refused redirects,
 //! secrets kept out of logs, a sweep never blocked; and the fleet-level alerts.
+//!
+//! Every test but the one about a hanging receiver (which measures real
+//! time) runs on tokio's paused clock with the shipped retry and timeout
+//! settings: a wait costs no real time, and none can flake on a busy machine.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -31,8 +35,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::eventually;
 
-/// Upper bound on every wait in this file.
-const WAIT: Duration = Duration::from_secs(10);
+/// Upper bound on every wait in this file: tokio's paused time (every test
+/// but one runs on it), so ten retries a minute apart fit in no real time.
+const WAIT: Duration = Duration::from_secs(15 * 60);
+/// How long a test waits to see that nothing more is sent: five retry
+/// intervals of the shipped options.
+const QUIET: Duration = Duration::from_secs(5 * 60);
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 // ------------------------------------------------------------------ receiver
@@ -183,14 +191,10 @@ fn plain(url: String) -> SinkSecrets {
     }
 }
 
-fn fast() -> NotifierOptions {
-    NotifierOptions {
-        retry_interval: Duration::from_millis(100),
-        request_timeout: Duration::from_secs(5),
-        queue_capacity: 1000,
-        flush_deadline: Duration::from_millis(500),
-        ..NotifierOptions::default()
-    }
+/// The shipped options (a minute between retries, 10 s per request): the
+/// tests run on paused tokio time, where those pass in no real time.
+fn shipped() -> NotifierOptions {
+    NotifierOptions::default()
 }
 
 /// A notifier whose delivery task is running.
@@ -287,7 +291,7 @@ fn s(event: &str, status: &str, machine: &str, repeat: bool) -> (String, String,
 
 // ------------------------------------------------------------------ formats
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn json_body_follows_the_schema_and_is_signed() {
     let rx = Receiver::start().await;
     let secret = "whsec-test-0001";
@@ -297,7 +301,7 @@ async fn json_body_follows_the_schema_and_is_signed() {
         hmac_secret: Some(secret.into()),
         ..plain(rx.url("/hook"))
     };
-    let n = Running::start(vec![(json, sink)], fast());
+    let n = Running::start(vec![(json, sink)], shipped());
 
     let alert = drift("m1", Severity::High);
     n.update(std::slice::from_ref(&alert), t(0));
@@ -377,7 +381,7 @@ async fn json_body_follows_the_schema_and_is_signed() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unsigned_json_has_no_signature_header() {
     let rx = Receiver::start().await;
     let n = Running::start(
@@ -385,7 +389,7 @@ async fn unsigned_json_has_no_signature_header() {
             hook(WebhookFormat::Json, Severity::Low),
             plain(rx.url("/h")),
         )],
-        fast(),
+        shipped(),
     );
     n.update(&[drift("m1", Severity::Low)], t(0));
     rx.expect(1).await;
@@ -394,7 +398,7 @@ async fn unsigned_json_has_no_signature_header() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn slack_body_has_text_and_blocks() {
     let rx = Receiver::start().await;
     let n = Running::start(
@@ -402,7 +406,7 @@ async fn slack_body_has_text_and_blocks() {
             hook(WebhookFormat::Slack, Severity::Low),
             plain(rx.url("/services/T0/B0/x")),
         )],
-        fast(),
+        shipped(),
     );
     n.update(&[drift("m1", Severity::Critical)], t(0));
     n.update(&[], t(1));
@@ -457,7 +461,7 @@ async fn slack_body_has_text_and_blocks() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn pagerduty_trigger_and_resolve_follow_events_v2() {
     let rx = Receiver::start().await;
     let routing_key = "R0UTINGKEY0123456789abcdef012345";
@@ -467,7 +471,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
     };
     let n = Running::start(
         vec![(hook(WebhookFormat::Pagerduty, Severity::Low), sink)],
-        fast(),
+        shipped(),
     );
     let alerts = [
         drift("m-low", Severity::Low),
@@ -537,7 +541,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn pagerduty_is_paged_for_failed_actions_only() {
     let rx = Receiver::start().await;
     let sink = SinkSecrets {
@@ -546,7 +550,7 @@ async fn pagerduty_is_paged_for_failed_actions_only() {
     };
     let n = Running::start(
         vec![(hook(WebhookFormat::Pagerduty, Severity::Low), sink)],
-        fast(),
+        shipped(),
     );
     let events = [
         event(EventKind::ActionStarted, "m1"),
@@ -581,7 +585,7 @@ async fn pagerduty_is_paged_for_failed_actions_only() {
 
 // ------------------------------------------------------------------ state machine
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unchanged_alerts_repeat_once_per_interval_and_resolve_when_cleared() {
     let rx = Receiver::start().await;
     let n = Running::start(
@@ -589,7 +593,7 @@ async fn unchanged_alerts_repeat_once_per_interval_and_resolve_when_cleared() {
             hook(WebhookFormat::Json, Severity::Low),
             plain(rx.url("/h")),
         )],
-        fast(),
+        shipped(),
     );
     let a = drift("a", Severity::Medium);
     let b = drift("b", Severity::Medium);
@@ -631,7 +635,7 @@ async fn unchanged_alerts_repeat_once_per_interval_and_resolve_when_cleared() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn min_severity_filters_triggers_and_resolves_follow_them() {
     let high_rx = Receiver::start().await;
     let all_rx = Receiver::start().await;
@@ -646,7 +650,7 @@ async fn min_severity_filters_triggers_and_resolves_follow_them() {
                 plain(all_rx.url("/a")),
             ),
         ],
-        fast(),
+        shipped(),
     );
     let low = drift("low", Severity::Low);
     let high = drift("high", Severity::High);
@@ -688,7 +692,7 @@ async fn min_severity_filters_triggers_and_resolves_follow_them() {
 
 // ------------------------------------------------------------------ delivery
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_outage_loses_nothing_and_keeps_order() {
     let rx = Receiver::start().await;
     rx.set(Mode::Fail(503));
@@ -697,7 +701,7 @@ async fn an_outage_loses_nothing_and_keeps_order() {
             hook(WebhookFormat::Json, Severity::Low),
             plain(rx.url("/h")),
         )],
-        fast(),
+        shipped(),
     );
     let a = drift("a", Severity::High);
     let b = drift("b", Severity::High);
@@ -722,7 +726,7 @@ async fn an_outage_loses_nothing_and_keeps_order() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_receiver_that_is_down_gets_everything_once_it_is_up() {
     // Reserve a port, then close it: connections are refused until the receiver starts.
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
@@ -734,7 +738,7 @@ async fn a_receiver_that_is_down_gets_everything_once_it_is_up() {
             hook(WebhookFormat::Json, Severity::Low),
             plain(format!("http://{addr}/h")),
         )],
-        fast(),
+        shipped(),
     );
     let a = drift("a", Severity::High);
     n.update(std::slice::from_ref(&a), t(0));
@@ -755,7 +759,7 @@ async fn a_receiver_that_is_down_gets_everything_once_it_is_up() {
     n.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn redirects_are_refused() {
     let elsewhere = Receiver::start().await;
     let redirecting = Receiver::start().await;
@@ -765,7 +769,7 @@ async fn redirects_are_refused() {
             hook(WebhookFormat::Json, Severity::Low),
             plain(redirecting.url("/h")),
         )],
-        fast(),
+        shipped(),
     );
     n.update(&[drift("a", Severity::High)], t(0));
     eventually("a retried redirect", WAIT, async || {
@@ -790,7 +794,7 @@ async fn update_never_waits_for_a_hanging_receiver() {
         request_timeout: Duration::from_secs(60),
         flush_deadline: Duration::from_millis(300),
         queue_capacity: 5000,
-        ..fast()
+        ..shipped()
     };
     let n = Running::start(
         vec![(
@@ -822,14 +826,14 @@ async fn update_never_waits_for_a_hanging_receiver() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn shutdown_flushes_what_is_queued() {
     let rx = Receiver::start().await;
     let config = AlertsConfig {
         webhooks: vec![hook(WebhookFormat::Json, Severity::Low)],
         ..AlertsConfig::default()
     };
-    let notifier = Notifier::with_options(&config, vec![plain(rx.url("/h"))], fast()).unwrap();
+    let notifier = Notifier::with_options(&config, vec![plain(rx.url("/h"))], shipped()).unwrap();
     notifier.update(
         &[drift("a", Severity::Low), drift("b", Severity::Low)],
         &[],
@@ -877,7 +881,7 @@ fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
     .clone()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn secrets_stay_out_of_logs_errors_and_payloads() {
     let logs = captured_logs();
     let rx = Receiver::start().await;
@@ -927,7 +931,7 @@ async fn secrets_stay_out_of_logs_errors_and_payloads() {
     assert!(missing.contains("PD_ROUTING_KEY"), "{missing}");
     let mut texts = vec![missing, format!("{sinks:?}")];
 
-    let notifier = Notifier::with_options(&config, sinks, fast()).unwrap();
+    let notifier = Notifier::with_options(&config, sinks, shipped()).unwrap();
     texts.push(format!("{notifier:?}"));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
@@ -1201,7 +1205,7 @@ fn sweeps_failing_after_three_failures_or_three_intervals() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn fleet_alerts_reach_pagerduty_and_resolve() {
     let rx = Receiver::start().await;
     let sink = SinkSecrets {
@@ -1210,7 +1214,7 @@ async fn fleet_alerts_reach_pagerduty_and_resolve() {
     };
     let n = Running::start(
         vec![(hook(WebhookFormat::Pagerduty, Severity::High), sink)],
-        fast(),
+        shipped(),
     );
     let mut tracker = FleetAlertTracker::new(rules());
     let drifting = sample(&[("a", 0, 2)]);
@@ -1277,7 +1281,7 @@ fn plain_http_is_refused_except_on_loopback() {
 
 /// A replayed request must be detectable: the signature covers a timestamp
 /// header, `HMAC(secret, "<timestamp>.<body>")`.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_signature_covers_a_timestamp() {
     let rx = Receiver::start().await;
     let secret = "whsec-replay-0002";
@@ -1287,7 +1291,7 @@ async fn the_signature_covers_a_timestamp() {
         hmac_secret: Some(secret.into()),
         ..plain(rx.url("/hook"))
     };
-    let n = Running::start(vec![(json, sink)], fast());
+    let n = Running::start(vec![(json, sink)], shipped());
     n.update(&[drift("m1", Severity::High)], t(0));
     rx.expect(1).await;
     n.stop().await;
@@ -1324,7 +1328,7 @@ async fn the_signature_covers_a_timestamp() {
 /// A receiver that answers 404 (or 410) is not retried forever at the head of
 /// its queue: each notification gets one attempt and is dead-lettered, the
 /// other webhooks get `alert_sink_failing`, and later alerts still go out.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
     let gone = Receiver::start().await;
     gone.set(Mode::Fail(404));
@@ -1340,13 +1344,13 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
                 plain(ok.url("/h")),
             ),
         ],
-        fast(),
+        shipped(),
     );
     let (a, b) = (drift("a", Severity::High), drift("b", Severity::High));
     n.update(std::slice::from_ref(&a), t(0));
     eventually("a's trigger tried", WAIT, async || gone.attempts() >= 1).await;
     // Once tried, never retried (several retry intervals go by).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(QUIET).await;
     assert_eq!(gone.attempts(), 1, "a 404 is not retried");
 
     // The next sweep tells the other webhook, and b still reaches `gone`'s queue.
@@ -1369,7 +1373,7 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
     );
     assert!(!summary.contains("127.0.0.1"), "no URL: {summary}");
     eventually("b's trigger tried", WAIT, async || gone.attempts() >= 2).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(QUIET).await;
     assert_eq!(gone.attempts(), 2);
 
     // The receiver is fixed: the next alert goes out at once, the dead ones do
@@ -1405,12 +1409,12 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
 
 // ------------------------------------------------------------------ restarts
 
-/// `fast()` with the state in `path`.
+/// `shipped()` with the state in `path`.
 fn persisted(path: &std::path::Path) -> NotifierOptions {
     NotifierOptions {
         state_file: Some(path.to_owned()),
         save_interval: Duration::from_millis(20),
-        ..fast()
+        ..shipped()
     }
 }
 
@@ -1424,7 +1428,7 @@ fn json_sink(rx: &Receiver) -> (WebhookConfig, SinkSecrets) {
 /// Two notifiers, one after the other, sharing a state file: what the first
 /// paged is not paged again by the second, and what cleared in between is
 /// resolved by it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_restart_resolves_what_cleared_and_pages_nothing_again() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("alert-state.json");
@@ -1448,7 +1452,7 @@ async fn a_restart_resolves_what_cleared_and_pages_nothing_again() {
     second.update(std::slice::from_ref(&b), t(30));
     let got = seq(&rx.expect(4).await);
     assert_eq!(got[3], s("drift_detected", "firing", "b", true));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(QUIET).await;
     assert_eq!(rx.accepted().len(), 4, "{:#?}", rx.bodies());
     second.stop().await;
 }
@@ -1456,7 +1460,7 @@ async fn a_restart_resolves_what_cleared_and_pages_nothing_again() {
 /// What could not be delivered before shutdown (receiver down, flush
 /// deadline passed) is delivered by the next notifier, in order, one-shot
 /// events included, without waiting for a sweep.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn notifications_queued_at_shutdown_are_delivered_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("alert-state.json");
@@ -1491,7 +1495,7 @@ async fn notifications_queued_at_shutdown_are_delivered_after_a_restart() {
     );
     // Still firing: nothing new.
     second.update(std::slice::from_ref(&a), t(1));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(QUIET).await;
     assert_eq!(rx.accepted().len(), 2);
     second.stop().await;
 }
@@ -1499,7 +1503,7 @@ async fn notifications_queued_at_shutdown_are_delivered_after_a_restart() {
 /// A state file that cannot be used (not JSON, another document, another
 /// version) is moved aside with a WARN naming it, and the notifier starts
 /// with empty state and writes a valid file.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unusable_state_file_is_moved_aside_and_named() {
     let logs = captured_logs();
     for (i, content) in [
@@ -1549,7 +1553,7 @@ async fn an_unusable_state_file_is_moved_aside_and_named() {
 
 /// The file is private (0600, in a 0700 directory it creates), written by
 /// rename (no temp file left), and names webhooks only by format and variable.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_state_file_is_private_and_holds_no_secret() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
@@ -1586,7 +1590,7 @@ async fn the_state_file_is_private_and_holds_no_secret() {
 /// Dead letters are counted, kept in the state file with their error, and
 /// survive a restart, as does the failing state (no second page of
 /// `alert_sink_failing`).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dead_letters_are_counted_kept_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("alert-state.json");
@@ -1640,7 +1644,7 @@ async fn dead_letters_are_counted_kept_and_survive_a_restart() {
     let stats = &second.notifier.stats()[0];
     assert!(stats.failing && stats.dead_letters == 1, "{stats:?}");
     second.update(std::slice::from_ref(&a), t(2));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(QUIET).await;
     assert_eq!(
         ok.accepted().len(),
         2,
@@ -1654,13 +1658,13 @@ async fn dead_letters_are_counted_kept_and_survive_a_restart() {
 /// A sink that keeps failing transiently is declared failing after
 /// `dead_letter_after` attempts in a row; then each notification gets one
 /// attempt, and nothing waits at the head of its queue.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_receiver_failing_for_long_is_dead_lettered_after_the_bound() {
     let rx = Receiver::start().await;
     rx.set(Mode::Fail(503));
     let options = NotifierOptions {
         dead_letter_after: 3,
-        ..fast()
+        ..shipped()
     };
     let n = Running::start(vec![json_sink(&rx)], options);
     n.update(
@@ -1671,7 +1675,7 @@ async fn a_receiver_failing_for_long_is_dead_lettered_after_the_bound() {
         n.notifier.stats()[0].dead_letters == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(QUIET).await;
     assert_eq!(rx.attempts(), 4, "a: 3 attempts, then b: 1");
     let stats = &n.notifier.stats()[0];
     assert!(stats.failing && stats.queued == 0, "{stats:?}");

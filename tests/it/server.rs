@@ -1,6 +1,10 @@
 //! The HTTP server over real loopback HTTP: health and readiness, the fleet
 //! API, admin controls writing metadata on the simulated Fly API, the refresh
 //! hook, the status page, and the `status` client.
+//!
+//! The tests run on tokio's paused clock, which the sim and the server both
+//! read (`Harness::clock`): staleness, limits and timeouts are exact, and no
+//! wait costs real time. Only the hand-run screenshot server runs on real time.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,6 +15,7 @@ use chrono::{TimeDelta, Utc};
 use fleet_reconciler::act::operator::{
     APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
 };
+use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::decision::Decision;
@@ -41,6 +46,7 @@ const HOSTILE: &str = "<script>alert('pwned')</script>";
 fn fleet(o: &Overlay) -> SimFleet {
     let h = &o.history;
     SimFleet::new(FLY_TOKEN)
+        .clock(Arc::new(TokioClock::starting_at(Utc::now())))
         .release_tip(o.tip())
         .app(
             SimApp::new("alpha")
@@ -133,6 +139,8 @@ struct Harness {
     sim: Sim,
     sweeper: Sweeper,
     state: ServerState,
+    /// The sim's clock, which the server reads too: tokio's paused time.
+    clock: SharedClock,
     base: String,
     http: reqwest::Client,
     shutdown: CancellationToken,
@@ -159,10 +167,12 @@ impl Harness {
         let config = config(&sim, &overlay, server);
         let sweeper = connect(config).await;
         let metrics = Arc::new(Metrics::new(true).unwrap());
-        let view = FleetView::new(sweeper.config.sweep.interval, Utc::now());
+        let clock = sim.clock();
+        let view = FleetView::new(sweeper.config.sweep.interval, clock.now());
         let operator = Operator::new(sweeper.fly.clone(), &sweeper.config)
             .with_lease_patience(Duration::from_secs(2));
         let state = ServerState::new(metrics, view)
+            .with_clock(clock.clone())
             .with_operator(operator)
             .with_admin_token(admin.map(str::to_string), "FLEET_ADMIN_TOKEN")
             .with_limits(ServerLimits::from_config(&sweeper.config.server));
@@ -180,6 +190,7 @@ impl Harness {
             sim,
             sweeper,
             state,
+            clock,
             base,
             http,
             shutdown,
@@ -190,10 +201,11 @@ impl Harness {
     /// One sweep, published as the daemon loop would.
     async fn sweep(&self) -> FleetReport {
         let report = within(daemon::check(&self.sweeper)).await.unwrap();
-        self.state.view().record_sweep(report.clone(), Utc::now());
+        let now = self.clock.now();
+        self.state.view().record_sweep(report.clone(), now);
         self.state
             .metrics()
-            .record_sweep(&report, Duration::from_millis(300), Utc::now());
+            .record_sweep(&report, Duration::from_millis(300), now);
         report
     }
 
@@ -242,7 +254,7 @@ fn content_type(resp: &reqwest::Response) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn health_readiness_and_fleet_before_and_after_a_sweep() {
     let h = Harness::start(Some(ADMIN)).await;
     let resp = h.get("/healthz").await;
@@ -294,18 +306,18 @@ async fn health_readiness_and_fleet_before_and_after_a_sweep() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn readiness_goes_stale_after_three_intervals() {
     let h = Harness::start(None).await;
     h.sweep().await;
     assert_eq!(h.get("/readyz").await.status(), StatusCode::OK);
     // The last success was 91 s ago with a 30 s interval; a failure since.
     h.state.view().update(|o| {
-        o.last_success = Some(Utc::now() - TimeDelta::seconds(91));
+        o.last_success = Some(h.clock.now() - TimeDelta::seconds(91));
     });
     h.state.view().record_failure(
         "cannot list machines of app alpha: Fly API unreachable",
-        Utc::now(),
+        h.clock.now(),
     );
     let resp = h.get("/readyz").await;
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -319,7 +331,7 @@ async fn readiness_goes_stale_after_three_intervals() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     let h = Harness::start(None).await;
     let marker = json!({"phase": "draining", "claimed_at": "2026-11-29T10:00:00Z"});
@@ -335,8 +347,8 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
         mode: RotationMode::Grace,
         action: PolicyAction::Restart,
         severity: Severity::Medium,
-        started_at: Utc::now(),
-        attempt_started_at: Utc::now(),
+        started_at: h.clock.now(),
+        attempt_started_at: h.clock.now(),
         attempt: 0,
         owner: "test".into(),
         restart_at: None,
@@ -347,7 +359,7 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     };
     assert!(h.sim.set_metadata("a-behind", MARKER_KEY, &ours.to_value()));
     h.sweep().await;
-    let since = Utc::now() - TimeDelta::minutes(42);
+    let since = h.clock.now() - TimeDelta::minutes(42);
     h.state.view().set_extras(BTreeMap::from([(
         "a-behind".into(),
         MachineExtra {
@@ -408,7 +420,7 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn admin_endpoints_refuse_missing_and_wrong_tokens() {
     // 20 refused attempts from one source: above the default limit of
     // failures (10 a minute), which has a test of its own below.
@@ -475,7 +487,7 @@ async fn admin_endpoints_refuse_missing_and_wrong_tokens() {
 
 /// Before: a token set with a trailing newline (`echo token | fly secrets
 /// set`) could never match, since the presented header is trimmed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_admin_token_with_surrounding_whitespace_still_matches() {
     let h = Harness::start(Some(&format!("  {ADMIN}\n"))).await;
     let resp = h.post("/api/v1/refresh", Some(ADMIN), None).await;
@@ -488,7 +500,7 @@ async fn an_admin_token_with_surrounding_whitespace_still_matches() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn hold_release_and_approve_write_fly_metadata() {
     let h = Harness::start(Some(ADMIN)).await;
     h.sweep().await;
@@ -601,7 +613,7 @@ async fn hold_release_and_approve_write_fly_metadata() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn refresh_wakes_the_loop() {
     let h = Harness::start(Some(ADMIN)).await;
     let notify = h.state.refresh_requests();
@@ -619,7 +631,7 @@ async fn refresh_wakes_the_loop() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn metrics_endpoint_serves_the_text_format() {
     let h = Harness::start(None).await;
     h.sweep().await;
@@ -638,7 +650,7 @@ async fn metrics_endpoint_serves_the_text_format() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     let h = Harness::start(None).await;
     let resp = h.get("/").await;
@@ -736,13 +748,13 @@ async fn page_harness() -> Harness {
     let hold = Hold {
         by: "alice".into(),
         reason: "INC-7: keep for <forensics>".into(),
-        at: Utc::now(),
+        at: sim.now(),
     };
     assert!(sim.set_metadata("a-held", HOLD_KEY, &serde_json::to_string(&hold).unwrap()));
     Harness::start_with(o, sim, None).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn machine_pages_show_the_report_and_the_commands_that_apply() {
     let h = page_harness().await;
     let resp = h.get("/machines/a-crit").await;
@@ -890,7 +902,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn agent_markup_is_escaped_on_the_status_and_machine_pages() {
     let h = page_harness().await;
     h.sweep().await;
@@ -910,7 +922,7 @@ async fn agent_markup_is_escaped_on_the_status_and_machine_pages() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_status_page_draws_coherence_over_the_last_sweeps() {
     let h = Harness::start(None).await;
     h.sweep().await;
@@ -946,7 +958,7 @@ async fn the_status_page_draws_coherence_over_the_last_sweeps() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn status_page_says_all_coherent() {
     let o = Overlay::new();
     let sim = Sim::start(
@@ -969,7 +981,7 @@ async fn status_page_says_all_coherent() {
     h.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn status_client_prints_the_check_table() {
     let h = Harness::start(None).await;
     match within(server::fetch_fleet(&h.base, Duration::from_secs(5))).await {
@@ -1003,7 +1015,7 @@ async fn status_client_prints_the_check_table() {
     assert_eq!(err.kind(), "transport", "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn status_client_reads_one_machine_and_its_reason() {
     let h = Harness::start(None).await;
     match within(server::fetch_machine(
@@ -1086,7 +1098,7 @@ async fn status_client_reads_one_machine_and_its_reason() {
 
 /// A daemon (or something posing as one) cannot make `status` read without
 /// bound: past the cap the client stops reading and says so.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn status_client_stops_reading_past_its_cap() {
     let huge = "x".repeat(server::MAX_MACHINE_BODY_BYTES + 1);
     let app = axum::Router::new().route(
@@ -1114,7 +1126,7 @@ async fn h_base_closed() -> String {
     format!("http://{addr}")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn shutdown_is_graceful() {
     let h = Harness::start(None).await;
     assert_eq!(h.get("/healthz").await.status(), StatusCode::OK);
@@ -1317,7 +1329,7 @@ fn series(metrics: &str, name_and_labels: &str) -> Option<f64> {
 
 /// Before: a client that sent part of its headers and then nothing kept its
 /// connection (and a task) for as long as it liked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_partial_header_is_cut_off_after_the_header_read_timeout() {
     use tokio::io::AsyncWriteExt;
     let h = Harness::start_configured(None, "header_read_timeout = \"1s\"").await;
@@ -1354,7 +1366,7 @@ async fn a_partial_header_is_cut_off_after_the_header_read_timeout() {
 }
 
 /// Before: connections were unlimited.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn connections_beyond_the_limit_are_refused() {
     use tokio::io::AsyncWriteExt;
     let h =
@@ -1419,7 +1431,7 @@ async fn connections_beyond_the_limit_are_refused() {
 
 /// Before: a body over the limit was read up to 16 KiB by the routes that
 /// read one, and accepted by the others.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_oversized_body_to_an_admin_post_gets_413() {
     let h = Harness::start_configured(Some(ADMIN), "max_body_bytes = 1024").await;
     h.sweep().await;
@@ -1500,7 +1512,7 @@ impl Captured {
 
 /// Before: 2,000 wrong tokens in 0.7 s were all answered 401, and nothing
 /// was logged or counted.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn failed_admin_logins_are_limited_per_source_logged_and_counted() {
     let logs = Captured::default();
     let writer = logs.clone();

@@ -404,8 +404,9 @@ fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
 
 fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
     OperatorState {
-        controls: &m.controls,
+        controls: &m.inputs.controls,
         marker: m
+            .inputs
             .controls
             .marker
             .clone()
@@ -510,7 +511,7 @@ fn recent_input_until(
 
 /// The report of a started machine, if this sweep has one.
 fn usable_report(m: &MachineReport) -> Option<&AgentReport> {
-    m.report.as_ref().filter(|_| m.state.is_started())
+    m.inputs.report.as_ref().filter(|_| m.state.is_started())
 }
 
 /// Policies that act by themselves; only these may use the probe-failure ceiling.
@@ -1249,7 +1250,7 @@ fn target_of(m: &MachineReport) -> Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
         pool: m.pool.clone(),
-        health_url: m.health_url.clone(),
+        health_url: m.inputs.health_url.clone(),
     }
 }
 

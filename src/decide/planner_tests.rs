@@ -1,6 +1,5 @@
 //! Planner unit tests: fixtures in, steps and alerts out. No network, no clock.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use chrono::{DateTime, Duration as Cd, Utc};
@@ -13,7 +12,7 @@ use crate::decide::decision::Decision;
 use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
 use crate::model::CommitId;
 use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
-use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
+use crate::observe::sweep::{FleetReport, MachineInputs, MachineReport, SlotsView};
 
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
@@ -57,17 +56,19 @@ impl M {
             commit: CommitId::parse(TIP),
             commits_behind: Some(0),
             commits_ahead: Some(0),
-            report: Some(AgentReport {
-                overlay_ref: TIP.into(),
-                activity: Some(Activity::Idle),
-                live_sessions: Some(0),
-                last_input_at: None,
-                heartbeat_at: None,
-                capabilities: vec![],
-                rotation: None,
-            }),
-            metadata: BTreeMap::new(),
-            health_url: Some(format!("http://agents/{id}/health")),
+            inputs: MachineInputs {
+                report: Some(AgentReport {
+                    overlay_ref: TIP.into(),
+                    activity: Some(Activity::Idle),
+                    live_sessions: Some(0),
+                    last_input_at: None,
+                    heartbeat_at: None,
+                    capabilities: vec![],
+                    rotation: None,
+                }),
+                health_url: Some(format!("http://agents/{id}/health")),
+                ..MachineInputs::default()
+            },
             ..MachineReport::listed("app", id, id, crate::model::MachineState::Started)
         })
     }
@@ -81,7 +82,7 @@ impl M {
         m.0.commits_behind = Some(3);
         m.0.severity = Some(severity);
         m.0.action = Some(config("").pool("default").actions.for_severity(severity));
-        if let Some(r) = m.0.report.as_mut() {
+        if let Some(r) = m.0.inputs.report.as_mut() {
             r.overlay_ref = OLD.into();
         }
         m
@@ -89,13 +90,13 @@ impl M {
 
     fn pool(mut self, pool: &str, action: PolicyAction) -> M {
         self.0.pool = pool.into();
-        self.0.metadata.insert("pool".into(), pool.into());
+        self.0.inputs.metadata.insert("pool".into(), pool.into());
         self.0.action = Some(action);
         self
     }
 
     fn busy(mut self) -> M {
-        if let Some(r) = self.0.report.as_mut() {
+        if let Some(r) = self.0.inputs.report.as_mut() {
             r.activity = Some(Activity::Busy);
             r.live_sessions = Some(1);
         }
@@ -103,14 +104,14 @@ impl M {
     }
 
     fn input_at(mut self, at: DateTime<Utc>) -> M {
-        if let Some(r) = self.0.report.as_mut() {
+        if let Some(r) = self.0.inputs.report.as_mut() {
             r.last_input_at = Some(at);
         }
         self
     }
 
     fn cooperative(mut self, checkpoint: Option<&str>, heartbeat: DateTime<Utc>) -> M {
-        if let Some(r) = self.0.report.as_mut() {
+        if let Some(r) = self.0.inputs.report.as_mut() {
             r.capabilities = vec![Capability::Drain];
             r.heartbeat_at = Some(heartbeat);
             r.rotation = Some(RotationState {
@@ -122,7 +123,7 @@ impl M {
     }
 
     fn reloadable(mut self) -> M {
-        if let Some(r) = self.0.report.as_mut() {
+        if let Some(r) = self.0.inputs.report.as_mut() {
             r.capabilities.push(Capability::Reload);
         }
         self
@@ -130,7 +131,7 @@ impl M {
 
     fn unreachable(mut self) -> M {
         self.0.status = MachineStatus::Unreachable;
-        self.0.report = None;
+        self.0.inputs.report = None;
         self.0.reported_ref = None;
         self.0.severity = None;
         self.0.action = None;
@@ -139,6 +140,7 @@ impl M {
 
     fn held(mut self) -> M {
         self.0
+            .inputs
             .metadata
             .insert(HOLD_KEY.into(), "ops: incident".into());
         self
@@ -152,13 +154,17 @@ impl M {
             at: t0(),
         };
         self.0
+            .inputs
             .metadata
             .insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
         self
     }
 
     fn marker(mut self, marker: &Marker) -> M {
-        self.0.metadata.insert(MARKER_KEY.into(), marker.to_value());
+        self.0
+            .inputs
+            .metadata
+            .insert(MARKER_KEY.into(), marker.to_value());
         self
     }
 }
@@ -674,7 +680,7 @@ fn checkpoint_deadline_releases_the_fence_and_yields() {
     m.drain_requested = true;
     let now = t0() + Cd::minutes(20);
     let mut fenced = M::drifted("m1", Severity::Low).cooperative(None, now);
-    if let Some(r) = fenced.0.report.as_mut() {
+    if let Some(r) = fenced.0.inputs.report.as_mut() {
         r.rotation = Some(RotationState {
             fenced: true,
             checkpoint: None,
@@ -795,6 +801,7 @@ fn an_unreadable_marker_is_left_alone_and_holds_its_slot() {
     let now = t0() + Cd::hours(1);
     let mut odd = M::drifted("x", Severity::Low);
     odd.0
+        .inputs
         .metadata
         .insert(MARKER_KEY.into(), "{\"v\":99}".into());
     let mut fx = Fx::new("").with(odd).with(M::drifted("a", Severity::Low));
@@ -1064,7 +1071,7 @@ impl M {
 
     fn bad_report(mut self) -> M {
         self.0.status = MachineStatus::BadReport;
-        self.0.report = None;
+        self.0.inputs.report = None;
         self.0.reported_ref = None;
         self.0.severity = None;
         self.0.action = None;
@@ -1078,6 +1085,7 @@ impl M {
             severity: Severity::Low,
         };
         self.0
+            .inputs
             .metadata
             .insert(UNPROBED_KEY.into(), record.to_value());
         self
@@ -1376,7 +1384,7 @@ fn a_machine_that_leaves_started_ends_its_rotation() {
         m.drain_requested = true;
         let mut stopped = M::drifted("m1", Severity::Low).state("stopped");
         stopped.0.status = MachineStatus::NotRunning;
-        stopped.0.report = None;
+        stopped.0.inputs.report = None;
         let mut fx = Fx::new("").with(stopped.marker(&m));
         let plan = fx.plan_at(t0(), now);
         let (next, undrain, _) =
@@ -1466,7 +1474,7 @@ fn an_unfinished_undo_is_retried_and_a_yield_keeps_its_retry_time() {
     r.retry_at = Some(now + Cd::hours(1));
     r.drain_requested = true;
     let mut fenced = M::drifted("m1", Severity::Low).cooperative(None, now);
-    if let Some(rep) = fenced.0.report.as_mut() {
+    if let Some(rep) = fenced.0.inputs.report.as_mut() {
         rep.rotation = Some(RotationState {
             fenced: true,
             checkpoint: None,
@@ -1542,6 +1550,7 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
     let mut answers = M::on_tip("o-answers").in_app("other");
     answers
         .0
+        .inputs
         .metadata
         .insert(UNPROBED_KEY.into(), unprobed.to_value());
     let fx = Fx::new("[[apps]]\nname = \"other\"\npool_key = \"pool\"\n")
@@ -1783,7 +1792,7 @@ fn decision_not_running() {
     let mut m = M::on_tip("m1");
     m.0.state = "stopped".into();
     m.0.status = MachineStatus::NotRunning;
-    m.0.report = None;
+    m.0.inputs.report = None;
     let mut fx = Fx::new("").with(m);
     assert_eq!(
         decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
@@ -1836,7 +1845,8 @@ fn decision_held_by_whom_since_when_and_mid_which_phase() {
         RotationMode::Wait,
         t0(),
     ));
-    m.0.metadata
+    m.0.inputs
+        .metadata
         .insert(HOLD_KEY.into(), serde_json::to_string(&hold).unwrap());
     let mut fx = Fx::new("").with(m);
     assert_eq!(

@@ -428,7 +428,7 @@ pub fn judge(config: &Config, observation: Observation) -> FleetReport {
     let mut report = observation.0;
     let mut reasons = Reasons::default();
     for m in &mut report.machines {
-        let (drift, partial) = match &m.analysis {
+        let (drift, partial) = match &m.inputs.analysis {
             Some(RefAnalysis::Drifted { range, .. }) => {
                 (Drift::Range(range), range.paths_incomplete)
             }
@@ -752,7 +752,7 @@ min_commits_behind = 3
     #[test]
     fn judge_decides_severity_reason_and_action_per_ref() {
         use crate::model::{MachineState, MachineStatus};
-        use crate::observe::sweep::{MachineReport, build_report};
+        use crate::observe::sweep::{MachineInputs, MachineReport, build_report};
         let config = Config::parse(
             std::path::Path::new("t.toml"),
             "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
@@ -760,10 +760,14 @@ min_commits_behind = 3
         )
         .expect("config");
         let commit = CommitId::parse(&"c".repeat(40)).expect("commit id");
+        let analysed = |analysis: RefAnalysis| MachineInputs {
+            analysis: Some(analysis),
+            ..MachineInputs::default()
+        };
         let drifted = |id: &str, r: &str, range: DriftRange| MachineReport {
             status: MachineStatus::Drifted,
             reported_ref: Some(r.into()),
-            analysis: Some(RefAnalysis::Drifted {
+            inputs: analysed(RefAnalysis::Drifted {
                 commit: commit.clone(),
                 range: Arc::new(range),
             }),
@@ -781,12 +785,12 @@ min_commits_behind = 3
             MachineReport {
                 status: MachineStatus::UnknownRef,
                 reported_ref: Some("nope".into()),
-                analysis: Some(RefAnalysis::Unknown),
+                inputs: analysed(RefAnalysis::Unknown),
                 ..MachineReport::listed("a", "m4", "m4", MachineState::Started)
             },
             MachineReport {
                 status: MachineStatus::OnTip,
-                analysis: Some(RefAnalysis::OnTip {
+                inputs: analysed(RefAnalysis::OnTip {
                     commit: commit.clone(),
                 }),
                 ..MachineReport::listed("a", "m5", "m5", MachineState::Started)

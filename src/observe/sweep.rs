@@ -44,7 +44,7 @@ pub struct FleetReport {
 }
 
 /// What one sweep saw, before any policy: each drifted row carries the
-/// overlay's analysis of its ref (`MachineReport::analysis`) and no severity,
+/// overlay's analysis of its ref (`MachineInputs::analysis`) and no severity,
 /// action or reason yet. Only [`crate::decide::severity::judge`] turns it into
 /// the `FleetReport` that is shown and planned on.
 #[derive(Debug)]
@@ -119,22 +119,27 @@ pub struct MachineReport {
     /// commits. Null otherwise. Shared by every machine on the same ref.
     #[serde(default)]
     pub reason: Option<SharedReason>,
+    /// What decide and act read of this machine beyond the row above. It is
+    /// never serialized: the row is what `check --output json` and the API
+    /// show (and `status` reads back), these are the inputs behind it.
+    #[serde(skip)]
+    pub inputs: MachineInputs,
+}
+
+/// What the sweep read of one machine that its shown row does not carry.
+#[derive(Clone, Debug, Default)]
+pub struct MachineInputs {
     /// What the overlay said about the reported ref, for
-    /// [`crate::decide::severity::judge`] (not part of the JSON).
-    #[serde(skip)]
+    /// [`crate::decide::severity::judge`].
     pub analysis: Option<RefAnalysis>,
-    /// The agent's parsed report, for the planner (not part of the JSON).
-    #[serde(skip)]
+    /// The agent's parsed report, for the planner.
     pub report: Option<AgentReport>,
     /// The hold, approval, marker and probe-failure record in `metadata`,
-    /// parsed once by [`build_report`] (not part of the JSON).
-    #[serde(skip)]
+    /// parsed once by [`build_report`].
     pub controls: Controls,
-    /// The machine's Fly metadata, as listed (not part of the JSON).
-    #[serde(skip)]
+    /// The machine's Fly metadata, as listed.
     pub metadata: BTreeMap<String, String>,
     /// The rendered health URL (started machines), for cooperative calls.
-    #[serde(skip)]
     pub health_url: Option<String>,
 }
 
@@ -158,11 +163,7 @@ impl MachineReport {
             action: None,
             detail: None,
             reason: None,
-            analysis: None,
-            report: None,
-            metadata: BTreeMap::new(),
-            controls: Controls::default(),
-            health_url: None,
+            inputs: MachineInputs::default(),
         }
     }
 }
@@ -369,7 +370,7 @@ impl Sweeper {
                     probe_of.remove(&i),
                     &analysis,
                 );
-                r.health_url = url_of.remove(&i);
+                r.inputs.health_url = url_of.remove(&i);
                 r
             })
             .collect();
@@ -414,9 +415,9 @@ impl Sweeper {
         let mut r = MachineReport {
             region: m.region,
             pool,
-            metadata,
             ..MachineReport::listed(app, &m.id, &m.name, m.state)
         };
+        r.inputs.metadata = metadata;
         match probe {
             None => {}
             Some(ProbeOutcome::Unreachable(why)) => {
@@ -433,7 +434,7 @@ impl Sweeper {
                     .get(&report.overlay_ref)
                     .cloned()
                     .unwrap_or(RefAnalysis::Unknown);
-                r.report = Some(report);
+                r.inputs.report = Some(report);
                 match &verdict {
                     RefAnalysis::OnTip { commit } => {
                         r.status = MachineStatus::OnTip;
@@ -459,7 +460,7 @@ impl Sweeper {
                         r.detail = Some("ref is not a commit of the overlay repository".into());
                     }
                 }
-                r.analysis = Some(verdict);
+                r.inputs.analysis = Some(verdict);
             }
         }
         r
@@ -484,7 +485,7 @@ pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing 
 /// coherence, and each machine's [`Controls`] read from its metadata.
 pub fn build_report(config: &Config, tip: &Tip, mut machines: Vec<MachineReport>) -> FleetReport {
     for m in &mut machines {
-        m.controls = Controls::parse(&m.metadata);
+        m.inputs.controls = Controls::parse(&m.inputs.metadata);
     }
     let mut report = FleetReport {
         tip: TipReport {

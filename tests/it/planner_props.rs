@@ -20,7 +20,7 @@ use fleet_reconciler::decide::rotation::{Ending, Marker, Phase, RotationMode};
 use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, Capability, RotationState};
-use fleet_reconciler::observe::sweep::{MachineReport, SlotsView, build_report};
+use fleet_reconciler::observe::sweep::{MachineInputs, MachineReport, SlotsView, build_report};
 use proptest::prelude::*;
 
 const TIP: &str = "1111111111111111111111111111111111111111";
@@ -303,9 +303,12 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
             .flatten(),
         severity: classified.then_some(m.severity),
         action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
-        report: (usable && m.started).then_some(report),
-        metadata,
-        health_url: Some(format!("http://agents/m{i}/health")),
+        inputs: MachineInputs {
+            report: (usable && m.started).then_some(report),
+            metadata,
+            health_url: Some(format!("http://agents/m{i}/health")),
+            ..MachineInputs::default()
+        },
         ..MachineReport::listed(
             "app",
             &format!("m{i}"),
@@ -412,7 +415,7 @@ proptest! {
                             "may interrupt without grace or approval: {s} from {expected:?}");
                     }
                     RestartGuard::Idle => {
-                        let r = r.report.as_ref().expect("idle is judged on a report");
+                        let r = r.inputs.report.as_ref().expect("idle is judged on a report");
                         prop_assert!(restart_allowed(&config, r, expected, now).is_ok(), "{s}");
                     }
                     RestartGuard::Unprobeable => {

@@ -692,7 +692,8 @@ struct MachineDetail<'a> {
 /// A metadata value that is not one of ours, shown as written: as JSON when
 /// it parses, else as a string.
 fn as_written(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
-    m.metadata
+    m.inputs
+        .metadata
         .get(key)
         .map(|v| serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone())))
 }
@@ -727,10 +728,10 @@ async fn machine(
     let extra = observed.extras.get(id);
     let detail = MachineDetail {
         machine: m,
-        agent_report: m.report.as_ref(),
-        hold: control_json(m, HOLD_KEY, m.controls.hold()),
-        approval: control_json(m, APPROVE_KEY, m.controls.approval()),
-        rotation: control_json(m, MARKER_KEY, m.controls.marker()),
+        agent_report: m.inputs.report.as_ref(),
+        hold: control_json(m, HOLD_KEY, m.inputs.controls.hold()),
+        approval: control_json(m, APPROVE_KEY, m.inputs.controls.approval()),
+        rotation: control_json(m, MARKER_KEY, m.inputs.controls.marker()),
         decision: extra.and_then(|e| e.decision.as_ref()),
         history: extra.map(|e| e.history.as_slice()).unwrap_or(&[]),
         drift_since: observed.drift_since(id),

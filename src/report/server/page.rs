@@ -434,14 +434,14 @@ fn decision_detail(observed: &Observed, machine_id: &str) -> Markup {
 /// The operator hold and a pending approval, as tags.
 fn operator_tags(m: &MachineReport) -> Markup {
     html! {
-        @if let Some(hold) = &m.controls.hold {
+        @if let Some(hold) = &m.inputs.controls.hold {
             @let (label, why) = match hold {
                 HoldValue::Ours(h) => (format!("held by {}", h.by), h.reason.clone()),
                 HoldValue::Other(v) => ("held".to_string(), v.clone()),
             };
             span.tag.hold title=(why) { (label) } " "
         }
-        @if let Some(a) = m.controls.approval() {
+        @if let Some(a) = m.inputs.controls.approval() {
             span.tag.approved title={ "approved by " (a.by) " for " (short(&a.target)) } { "approved" } " "
         }
     }
@@ -449,7 +449,7 @@ fn operator_tags(m: &MachineReport) -> Markup {
 
 fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let decided = decision(observed, &m.machine_id);
-    let tagged = m.controls.is_held() || m.controls.approval().is_some();
+    let tagged = m.inputs.controls.is_held() || m.inputs.controls.approval().is_some();
     html! {
         tr {
             td { (severity_badge(m.severity)) }
@@ -764,7 +764,7 @@ fn report_section(m: &MachineReport) -> Markup {
 /// The rotation: the decision, hold, approval, marker and history.
 fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let extra = observed.extras.get(&m.machine_id);
-    let marker = control_json(m, MARKER_KEY, m.controls.marker())
+    let marker = control_json(m, MARKER_KEY, m.inputs.controls.marker())
         .and_then(|v| serde_json::to_string_pretty(&v).ok());
     let history = extra.map(|e| e.history.as_slice()).unwrap_or(&[]);
     html! {
@@ -774,14 +774,14 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
                 dt { "Decision" } dd { (decision_detail(observed, &m.machine_id)) }
                 dt { "Drifting for" } dd { (drift_since(observed, &m.machine_id, now)) }
                 dt { "Hold" } dd {
-                    @match &m.controls.hold {
+                    @match &m.inputs.controls.hold {
                         None => "none",
                         Some(HoldValue::Ours(h)) => { span.tag.hold { "held by " (h.by) } " " (h.reason) " · since " (instant(h.at, now)) }
                         Some(HoldValue::Other(v)) => { span.tag.hold { "held" } " " code { (v) } }
                     }
                 }
                 dt { "Approval" } dd {
-                    @match &m.controls.approval {
+                    @match &m.inputs.controls.approval {
                         None => "none",
                         Some(parsed) => @match parsed {
                             Ok(a) => {
@@ -793,7 +793,7 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
                                 }
                                 " · " (instant(a.at, now))
                             }
-                            Err(why) => { "unreadable (" (why) "): " code { (m.metadata.get(APPROVE_KEY).map(String::as_str).unwrap_or_default()) } }
+                            Err(why) => { "unreadable (" (why) "): " code { (m.inputs.metadata.get(APPROVE_KEY).map(String::as_str).unwrap_or_default()) } }
                         },
                     }
                 }
@@ -857,7 +857,7 @@ fn agent_section(m: &MachineReport, now: DateTime<Utc>) -> Markup {
     html! {
         section.box #agent {
             h2 { "Agent report" }
-            @match &m.report {
+            @match &m.inputs.report {
                 None => p.meta {
                     "No usable report (" (m.status.as_str().replace('_', " ")) ")"
                     @if let Some(d) = &m.detail { ": " (d) }
@@ -931,7 +931,7 @@ pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)
             format!("fleet-reconciler approve {id} --when-idle"),
         ));
     }
-    if m.controls.is_held() {
+    if m.inputs.controls.is_held() {
         out.push((
             "Release the hold (reconcilers may act on it again):",
             format!("fleet-reconciler release {id}"),

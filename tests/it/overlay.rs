@@ -395,6 +395,24 @@ fn overlay_is_cheap_to_share() {
     assert_shareable::<Overlay>();
 }
 
+/// A fetch runs on its own thread, out of tokio's sight. On paused time (the
+/// rotation and server tests) the idle runtime would jump to the fetch's
+/// deadline at once and time it out, unless the fetch holds auto-advance back.
+#[tokio::test(start_paused = true)]
+async fn a_fetch_on_paused_time_is_not_timed_out_by_auto_advance() {
+    let mut up = Upstream::new();
+    let c = up.linear(3);
+    up.branch(RELEASE, c[2]);
+    let (_mirror, overlay) = open_mirror(&up).await;
+    for _ in 0..3 {
+        let tip = overlay
+            .fetch_within(std::time::Duration::from_millis(50))
+            .await
+            .expect("a fetch on paused time ends before its deadline");
+        assert_eq!(tip.commit, id(c[2]));
+    }
+}
+
 #[tokio::test]
 async fn linear_history_counts_behind_and_resolves_abbreviations() {
     let mut up = Upstream::new();

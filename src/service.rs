@@ -92,7 +92,7 @@ pub async fn run_with_clock(
     clock: SharedClock,
     mut observe: impl FnMut(&SweepOutcome),
 ) -> Result<(), ServiceError> {
-    let metrics = Arc::new(Metrics::new(config.metrics.per_machine)?);
+    let metrics = Arc::new(Metrics::new_at(config.metrics.per_machine, clock.now())?);
     let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
     sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
     let executor = Executor::new(
@@ -111,6 +111,7 @@ pub async fn run_with_clock(
         secrets.webhooks.clone(),
         NotifierOptions {
             state_file: Some(config.alert_state_file()),
+            clock: clock.clone(),
             ..NotifierOptions::default()
         },
     )?;

@@ -83,6 +83,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, WebhookConfig, WebhookFormat};
 use crate::events::{ActionEvent, Alert, AlertKind, EventKind};
 use crate::model::Severity;
@@ -209,7 +210,7 @@ pub fn sink_secrets_from_env(
 }
 
 /// Delivery tuning; the defaults are the production values.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct NotifierOptions {
     /// Pause of a sink after a failed attempt (docs/design.md §7: retried a minute later).
     pub retry_interval: Duration,
@@ -230,6 +231,9 @@ pub struct NotifierOptions {
     pub dead_letter_after: u32,
     /// The state file is written at most this often (and when `run` ends).
     pub save_interval: Duration,
+    /// What stamps dead letters, the state file and signatures (the
+    /// system's clock; the alerts' own times come with each `update`).
+    pub clock: SharedClock,
 }
 
 impl Default for NotifierOptions {
@@ -244,6 +248,7 @@ impl Default for NotifierOptions {
             state_file: None,
             dead_letter_after: 60,
             save_interval: Duration::from_secs(1),
+            clock: crate::clock::system(),
         }
     }
 }
@@ -1004,9 +1009,17 @@ impl Sink {
         }
     }
 
-    /// A failed attempt of the head `n`: true when it was dead-lettered (the
-    /// sink goes on with the next notification), false to retry it later.
-    fn failed(&self, n: &Arc<Notification>, error: &str, permanent: bool, limit: u32) -> bool {
+    /// A failed attempt of the head `n` at `now`: true when it was
+    /// dead-lettered (the sink goes on with the next notification), false to
+    /// retry it later.
+    fn failed(
+        &self,
+        n: &Arc<Notification>,
+        error: &str,
+        permanent: bool,
+        limit: u32,
+        now: DateTime<Utc>,
+    ) -> bool {
         let mut st = lock(&self.state);
         st.failed_attempts += 1;
         st.consecutive_failures = st.consecutive_failures.saturating_add(1);
@@ -1018,7 +1031,6 @@ impl Sink {
         if !Sink::pop(&mut st, n) {
             return true;
         }
-        let now = Utc::now();
         if st.failing.is_none() {
             tracing::error!(
                 sink_format = format_name(self.format),
@@ -1195,7 +1207,7 @@ impl Shared {
         if !store.dirty.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
-        let file = self.snapshot(Utc::now());
+        let file = self.snapshot(self.options.clock.now());
         match store.write(&file) {
             Ok(()) => {
                 if store.failing.swap(false, Ordering::SeqCst) {
@@ -1259,8 +1271,13 @@ impl Shared {
                         break;
                     }
                     Outcome::Failed { error, permanent } => {
-                        let dead =
-                            sink.failed(&n, &error, permanent, self.options.dead_letter_after);
+                        let dead = sink.failed(
+                            &n,
+                            &error,
+                            permanent,
+                            self.options.dead_letter_after,
+                            self.options.clock.now(),
+                        );
                         if !dead {
                             self.log_failure(sink, &n, &error);
                             self.touch();
@@ -1339,7 +1356,7 @@ impl Shared {
             n,
             sink.secrets.routing_key.as_deref(),
             sink.secrets.hmac_secret.as_deref(),
-            Utc::now().timestamp(),
+            self.options.clock.now().timestamp(),
         );
         let mut request = self
             .http

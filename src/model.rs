@@ -422,8 +422,8 @@ mod tests {
     /// names (JSON, config, markers), for every enum that has both.
     #[test]
     fn strum_names_are_the_serde_names() {
-        use crate::decide::rotation::{Ending, Phase, RotationMode};
         use crate::events::EventKind;
+        use crate::metadata::marker::{Ending, Phase, RotationMode};
         use crate::report::notify::Status;
         use strum::VariantArray;
 

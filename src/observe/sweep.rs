@@ -17,11 +17,12 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::act::slots::{SLOTS_KEY, SlotSet};
 use crate::config::{Config, UrlVars};
-use crate::decide::controls::Controls;
 use crate::decide::severity::SharedReason;
 use crate::fly::{FlyClient, FlyError, Machine};
+use crate::metadata::SLOTS_KEY;
+use crate::metadata::controls::Controls;
+use crate::metadata::slots::SlotSet;
 use crate::model::{
     AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
 };

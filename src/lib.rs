@@ -29,7 +29,7 @@
 //! | [`fly`] | the Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`metadata`] | what is kept in Fly machine metadata, each key's format and parse (no I/O): [`metadata::marker`] (the rotation marker), [`metadata::operator`] (hold, approval), [`metadata::unprobed`] (the probe-failure record), [`metadata::slots`] (exact pool caps across replicas), [`metadata::controls`] (one machine's keys, parsed once) |
-//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction` |
+//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction`, and `Reason` (why a drifted row has its severity, as `decide::severity::explain` gives it) |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |

@@ -18,13 +18,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, UrlVars};
-use crate::decide::severity::SharedReason;
 use crate::fly::{FlyClient, FlyError, Machine};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::controls::Controls;
 use crate::metadata::slots::SlotSet;
 use crate::model::{
-    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
+    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity, SharedReason,
 };
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
@@ -46,7 +45,7 @@ pub struct FleetReport {
 
 /// What one sweep saw, before any policy: each drifted row carries the
 /// overlay's analysis of its ref (`MachineReport::analysis`) and no severity,
-/// action or reason yet. Only [`crate::decide::severity::judge`] turns it into
+/// action or reason yet. Only `decide::severity::judge` turns it into
 /// the `FleetReport` that is shown and planned on.
 #[derive(Debug)]
 #[must_use = "an observation is judged into a FleetReport"]
@@ -121,7 +120,7 @@ pub struct MachineReport {
     #[serde(default)]
     pub reason: Option<SharedReason>,
     /// What the overlay said about the reported ref, for
-    /// [`crate::decide::severity::judge`] (not part of the JSON).
+    /// `decide::severity::judge` (not part of the JSON).
     #[serde(skip)]
     pub analysis: Option<RefAnalysis>,
     /// The agent's parsed report, for the planner (not part of the JSON).
@@ -258,14 +257,14 @@ pub struct Sweeper {
     pub prober: Prober,
     pub overlay: Overlay,
     /// What the severity rules need measured on each drift range
-    /// ([`crate::decide::severity::signals`]): the sweep collects this
+    /// (`decide::severity::signals`): the sweep collects this
     /// evidence and judges none of it.
     pub signals: Signals,
 }
 
 impl Sweeper {
     /// Observes the fleet against `tip`. Read-only, and decides nothing:
-    /// [`crate::decide::severity::judge`] gives the drifted rows their
+    /// `decide::severity::judge` gives the drifted rows their
     /// severity, action and reason.
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
         // Inventory: every app concurrently. An app that cannot be listed is

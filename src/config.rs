@@ -263,9 +263,9 @@ pub struct RotationConfig {
     pub heartbeat_max_age: Duration,
     /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
     /// pool's rotation slots, so caps are exact across replicas (see
-    /// [`crate::act::slots`]). Required for `run` to act.
+    /// [`crate::metadata::slots`]). Required for `run` to act.
     #[serde(deserialize_with = "coordinator")]
-    pub coordinator: Option<crate::act::slots::Coordinator>,
+    pub coordinator: Option<crate::metadata::slots::Coordinator>,
 }
 
 impl Default for RotationConfig {
@@ -1064,7 +1064,7 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 
 fn coordinator<'de, D: Deserializer<'de>>(
     d: D,
-) -> Result<Option<crate::act::slots::Coordinator>, D::Error> {
+) -> Result<Option<crate::metadata::slots::Coordinator>, D::Error> {
     let s = String::deserialize(d)?;
     s.parse().map(Some).map_err(serde::de::Error::custom)
 }

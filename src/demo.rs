@@ -13,10 +13,11 @@ use anyhow::Context as _;
 use git2::{FileMode, Oid, Repository, Signature, Time};
 use tokio_util::sync::CancellationToken;
 
-use crate::act::operator::{Approval, ApprovalMode, Operator};
+use crate::act::operator::Operator;
 use crate::config::{Config, HealthUrlTemplate};
 use crate::daemon::{self, Secrets, SweepOutcome};
 use crate::decide::decision::Decision;
+use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::report::render;
 use crate::service::{self, ServiceSecrets};
 use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
@@ -346,7 +347,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     }
     // The machine whose lease and metadata keep the rotation slots: a
     // stopped machine of the daemon's own app, as in a real deployment.
-    let coordinator = crate::act::slots::Coordinator {
+    let coordinator = crate::metadata::slots::Coordinator {
         app: "fleet-reconciler".into(),
         machine_id: "c00rd1na7e0".into(),
     };

@@ -11,19 +11,25 @@
 //! One sweep, from `main`: [`service::run`] (or `check`/`plan` in
 //! [`daemon`]) drives [`daemon::reconcile_loop`], whose every turn fetches the
 //! overlay, calls [`observe`] for a snapshot, [`decide`] for a plan, and
-//! [`act`] for the steps; [`report`] shows the result.
+//! [`act`] for the steps; [`report`] shows the result. Calls go only
+//! downstream, and so do types: a stage names its own types, those of the
+//! stages before it, and the shared vocabulary beside the flow ([`model`],
+//! [`metadata`], [`events`], [`config`], ...), never a later stage's. So
+//! what is kept in machine metadata is [`metadata`]'s, not the writer's
+//! (`act`) nor the planner's (`decide`), though the sweep reads it first.
 //!
 //! | module | concern |
 //! | --- | --- |
 //! | [`observe`] | read-only: [`observe::sweep`] (one pass → `FleetReport`), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
-//! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::controls`] (hold, approval, marker, probe record: parsed once), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders), [`decide::rotation`] (the rotation marker) |
-//! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting), [`act::slots`] (exact pool caps across replicas), [`act::operator`] (hold / release / approve) |
+//! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders) |
+//! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve) |
 //! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
 //! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`fly`] | the Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`config`] | the TOML config, validated while parsed |
-//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction` |
+//! | [`metadata`] | what is kept in Fly machine metadata, each key's format and parse (no I/O): [`metadata::marker`] (the rotation marker), [`metadata::operator`] (hold, approval), [`metadata::unprobed`] (the probe-failure record), [`metadata::slots`] (exact pool caps across replicas), [`metadata::controls`] (one machine's keys, parsed once) |
+//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction`, and `Reason` (why a drifted row has its severity, as `decide::severity::explain` gives it) |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
@@ -47,7 +53,7 @@
 //!   restarted reconciler, or a second replica, reads the same truth and
 //!   resumes each rotation with its original deadlines. Fly leases fence every
 //!   mutating sequence, and a slot set changed only under one coordination
-//!   machine's lease keeps pool caps exact across replicas (see [`act::slots`]).
+//!   machine's lease keeps pool caps exact across replicas (see [`metadata::slots`]).
 //! * **Pure planning.** [`decide::planner::plan`] takes the snapshot, the markers
 //!   in it, a small in-memory tracker and `now`, and returns steps; no clock,
 //!   no network. The executor is the only code that writes to Fly or agents.
@@ -67,6 +73,7 @@ pub mod events;
 pub mod fly;
 pub mod http;
 pub mod logging;
+pub mod metadata;
 pub mod model;
 pub mod service;
 pub mod sim;

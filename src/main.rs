@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use fleet_reconciler::act::operator::{
-    Approval, ApprovalMode, HOLD_KEY, Hold, Operator, OperatorError,
-};
+use fleet_reconciler::act::operator::{Operator, OperatorError};
 use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
 use fleet_reconciler::daemon::{self, Secrets, SetupError};
 use fleet_reconciler::demo;
 use fleet_reconciler::fly::FlyClientBuildError;
+use fleet_reconciler::metadata::HOLD_KEY;
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::observe::overlay::OverlayError;
 use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::report::{notify, render, server};

@@ -1,6 +1,6 @@
 //! The executor: carries out planned steps through the Fly API and the agents.
 //!
-//! Owns leases, markers and the slot protocol of [`crate::act::slots`]. Every step
+//! Owns leases, markers and the slot protocol of [`crate::metadata::slots`]. Every step
 //! holds the machine's Fly lease (short TTL, refreshed while held, released on
 //! every exit path); a lease held by someone else means "skip this machine
 //! this sweep", never "take it". Under the lease it re-reads the machine and
@@ -26,14 +26,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::act::operator::{APPROVE_KEY, Approval, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
-use crate::act::slots::{Coordinator, SLOTS_KEY, Slot, SlotSet};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
-use crate::decide::rotation::{Ending, Marker, Phase};
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
+use crate::metadata::marker::{Ending, Marker, Phase};
+use crate::metadata::operator::Approval;
+use crate::metadata::slots::{Coordinator, Slot, SlotSet};
+use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
 use crate::model::{MachineState, PolicyAction};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 

@@ -1,89 +1,19 @@
 //! Operator controls: hold, release and approve, as Fly metadata writes.
 //!
-//! Owns the metadata keys operators write and their formats (docs/design.md §6.6), so
-//! the CLI, the admin API and any number of reconciler replicas agree. A hold
-//! is only ever written and cleared here, by an operator; the daemon reads it
-//! and never clears it. It must never touch the rotation marker.
+//! Owns writing what operators write (docs/design.md §6.6); the keys and the
+//! values' formats are [`crate::metadata`]'s ([`crate::metadata::operator`]),
+//! so the CLI, the admin API and any number of reconciler replicas agree. A
+//! hold is only ever written and cleared here, by an operator; the daemon
+//! reads it and never clears it. It must never touch the rotation marker.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::fly::{FlyClient, FlyError, Machine};
-
-/// Metadata key of the rotation marker (owned by the executor).
-pub const MARKER_KEY: &str = "fleet_reconciler_rotation";
-/// Metadata key of an operator hold (any value).
-pub const HOLD_KEY: &str = "fleet_reconciler_hold";
-/// Metadata key of an operator approval (JSON [`Approval`]).
-pub const APPROVE_KEY: &str = "fleet_reconciler_approve";
-/// Metadata key of the probe-failure evidence (JSON `planner::Unprobed`,
-/// owned by the planner): when the agent stopped giving usable reports.
-pub const UNPROBED_KEY: &str = "fleet_reconciler_unprobed";
-
-/// How an approved `manual` rotation proceeds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ApprovalMode {
-    /// Restart now, like `restart` with no grace.
-    Now,
-    /// Proceed like `alert-and-wait`: restart at the first report with no live work.
-    WhenIdle,
-}
-
-/// One approval of one rotation: valid only for the commit it names.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Approval {
-    /// The target commit (full hex) the operator approved rotating to.
-    pub target: String,
-    pub mode: ApprovalMode,
-    pub by: String,
-    pub at: DateTime<Utc>,
-}
-
-/// Longest `target` an approval may name: a commit id (40 hex digits; 64
-/// for SHA-256 repositories). A longer one could approve no commit.
-pub const MAX_APPROVAL_TARGET_CHARS: usize = 64;
-/// Longest `by` kept from an approval; a longer one is cut (it is shown,
-/// never compared).
-pub const MAX_APPROVAL_BY_CHARS: usize = 256;
-
-impl Approval {
-    /// Parses a metadata value; a malformed approval authorizes nothing.
-    pub fn parse(value: &str) -> Option<Approval> {
-        Approval::decode(value).ok()
-    }
-
-    /// [`Approval::parse`], saying why a value is not an approval (the field
-    /// at fault, in at most [`crate::observe::probe::MAX_DETAIL_CHARS`] characters).
-    pub fn decode(value: &str) -> Result<Approval, String> {
-        let mut approval: Approval = crate::observe::probe::decode_json(value)?;
-        if approval.target.chars().count() > MAX_APPROVAL_TARGET_CHARS {
-            return Err(format!(
-                "field `target`: longer than {MAX_APPROVAL_TARGET_CHARS} characters"
-            ));
-        }
-        if approval.by.chars().count() > MAX_APPROVAL_BY_CHARS {
-            approval.by = crate::observe::probe::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
-        }
-        Ok(approval)
-    }
-
-    /// Whether this approval authorizes a rotation to `commit` (and only it).
-    pub fn approves(&self, commit: &str) -> bool {
-        self.target.eq_ignore_ascii_case(commit)
-    }
-}
-
-/// The hold value written by `hold`: who and why, for the next operator.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hold {
-    pub by: String,
-    pub reason: String,
-    pub at: DateTime<Utc>,
-}
+use crate::metadata::operator::{Approval, Hold};
+use crate::metadata::{APPROVE_KEY, HOLD_KEY};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
@@ -236,25 +166,5 @@ impl Operator {
                 other => return other.map_err(Into::into),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn approval_round_trips_and_garbage_authorizes_nothing() {
-        let a = Approval {
-            target: "a".repeat(40),
-            mode: ApprovalMode::WhenIdle,
-            by: "alice".into(),
-            at: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
-        };
-        let text = serde_json::to_string(&a).unwrap();
-        assert!(text.contains("\"when-idle\""), "{text}");
-        assert_eq!(Approval::parse(&text), Some(a));
-        assert_eq!(Approval::parse("yes"), None);
-        assert_eq!(Approval::parse("{\"target\":\"x\"}"), None);
     }
 }

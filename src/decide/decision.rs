@@ -13,7 +13,7 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::decide::rotation::{Phase, RotationMode};
+use crate::metadata::marker::{Phase, RotationMode};
 use crate::model::{MachineState, Severity, short_commit};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made

@@ -21,14 +21,15 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
-use crate::act::operator::{ApprovalMode, MARKER_KEY};
 use crate::config::Config;
-use crate::decide::controls::Controls;
 use crate::decide::decision::Decision;
-use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
 use crate::events::{Alert, AlertKind};
+use crate::metadata::MARKER_KEY;
+use crate::metadata::controls::Controls;
+use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
+use crate::metadata::operator::ApprovalMode;
+use crate::metadata::unprobed::Unprobed;
 use crate::model::{AppName, MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{AgentReport, Capability};
 use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
@@ -120,26 +121,6 @@ pub enum StepKind {
     RecordUnprobed { record: Unprobed },
     /// The agent answers again: the record goes.
     ClearUnprobed,
-}
-
-/// Probe-failure evidence, persisted under [`UNPROBED_KEY`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Unprobed {
-    /// First sweep without a usable report (unreachable or bad report).
-    pub since: DateTime<Utc>,
-    /// What the pool's policy said about the drift last seen.
-    pub action: PolicyAction,
-    pub severity: Severity,
-}
-
-impl Unprobed {
-    pub fn parse(value: &str) -> Option<Unprobed> {
-        serde_json::from_str(value).ok()
-    }
-
-    pub fn to_value(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
 }
 
 impl Step {
@@ -372,7 +353,7 @@ fn verify_backoff(config: &Config, attempt: u32) -> Duration {
         .min(config.rotation.retry_after)
 }
 
-/// A machine's controls ([`crate::decide::controls`]) as this plan reads
+/// A machine's controls ([`crate::metadata::controls`]) as this plan reads
 /// them: the sweep's parse, and the marker judged against `now`.
 struct OperatorState<'a> {
     controls: &'a Controls,

@@ -5,11 +5,10 @@ use std::path::Path;
 use chrono::{DateTime, Duration as Cd, Utc};
 
 use super::*;
-use crate::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
-};
 use crate::decide::decision::Decision;
-use crate::decide::rotation::{Ending, Marker, Phase, RotationMode};
+use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
+use crate::metadata::operator::{Approval, ApprovalMode};
+use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::model::CommitId;
 use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
 use crate::observe::sweep::{FleetReport, MachineInputs, MachineReport, SlotsView};
@@ -1429,7 +1428,7 @@ fn an_unfinished_claim_is_completed_or_withdrawn() {
 fn a_rotation_without_its_slot_is_undone() {
     let now = t0() + Cd::minutes(3);
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
-    let mut set = crate::act::slots::SlotSet::parse(None).unwrap();
+    let mut set = crate::metadata::slots::SlotSet::parse(None).unwrap();
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
     let plan = fx.plan_with(t0(), now, fetched(), SlotsView::Known(set.clone()));
     assert!(restart_of(&plan, "m1").is_none());
@@ -1439,7 +1438,7 @@ fn a_rotation_without_its_slot_is_undone() {
     set.try_add(
         "app",
         "default",
-        crate::act::slots::Slot {
+        crate::metadata::slots::Slot {
             machine_id: "m1".into(),
             tag: m.tag.clone(),
             owner: "r1".into(),
@@ -1529,7 +1528,7 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
         action: PolicyAction::AlertAndWait,
         severity: Severity::Low,
     };
-    let mut set = crate::act::slots::SlotSet::parse(None).unwrap();
+    let mut set = crate::metadata::slots::SlotSet::parse(None).unwrap();
     for (id, m) in [
         ("o-drain", &draining),
         ("o-undo", &releasing),
@@ -1538,7 +1537,7 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
         set.try_add(
             "other",
             "default",
-            crate::act::slots::Slot {
+            crate::metadata::slots::Slot {
                 machine_id: id.into(),
                 tag: m.tag.clone(),
                 owner: "r1".into(),
@@ -1834,7 +1833,7 @@ fn decision_observe_only() {
 
 #[test]
 fn decision_held_by_whom_since_when_and_mid_which_phase() {
-    let hold = crate::act::operator::Hold {
+    let hold = crate::metadata::operator::Hold {
         by: "alice".into(),
         reason: "incident 42".into(),
         at: t0() - Cd::minutes(3),

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::act::slots::{SLOTS_KEY, SlotSet};
 use crate::config::{Config, UrlVars};
-use crate::decide::controls::Controls;
-use crate::decide::severity::SharedReason;
 use crate::fly::{FlyClient, FlyError, Machine};
+use crate::metadata::SLOTS_KEY;
+use crate::metadata::controls::Controls;
+use crate::metadata::slots::SlotSet;
 use crate::model::{
-    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
+    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity, SharedReason,
 };
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
@@ -45,7 +45,7 @@ pub struct FleetReport {
 
 /// What one sweep saw, before any policy: each drifted row carries the
 /// overlay's analysis of its ref (`MachineInputs::analysis`) and no severity,
-/// action or reason yet. Only [`crate::decide::severity::judge`] turns it into
+/// action or reason yet. Only `decide::severity::judge` turns it into
 /// the `FleetReport` that is shown and planned on.
 #[derive(Debug)]
 #[must_use = "an observation is judged into a FleetReport"]
@@ -130,7 +130,7 @@ pub struct MachineReport {
 #[derive(Clone, Debug, Default)]
 pub struct MachineInputs {
     /// What the overlay said about the reported ref, for
-    /// [`crate::decide::severity::judge`].
+    /// `decide::severity::judge`.
     pub analysis: Option<RefAnalysis>,
     /// The agent's parsed report, for the planner.
     pub report: Option<AgentReport>,
@@ -258,14 +258,14 @@ pub struct Sweeper {
     pub prober: Prober,
     pub overlay: Overlay,
     /// What the severity rules need measured on each drift range
-    /// ([`crate::decide::severity::signals`]): the sweep collects this
+    /// (`decide::severity::signals`): the sweep collects this
     /// evidence and judges none of it.
     pub signals: Signals,
 }
 
 impl Sweeper {
     /// Observes the fleet against `tip`. Read-only, and decides nothing:
-    /// [`crate::decide::severity::judge`] gives the drifted rows their
+    /// `decide::severity::judge` gives the drifted rows their
     /// severity, action and reason.
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
         // Inventory: every app concurrently. An app that cannot be listed is

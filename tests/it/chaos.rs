@@ -42,11 +42,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use fleet_reconciler::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY,
-};
-use fleet_reconciler::act::slots::{SLOTS_KEY, SlotSet};
-use fleet_reconciler::decide::rotation::{Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
+use fleet_reconciler::metadata::slots::SlotSet;
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY};
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::sim::{
     AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, OperatorWriteRefused,

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::decide::severity::{Evidence, Reason, RuleMatch, ShownCommit, Unresolved};
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
-use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
+use fleet_reconciler::model::{
+    CommitId, Evidence, MachineStatus, MissingCommit, PolicyAction, Reason, RuleMatch, Severity,
+    Unresolved,
+};
 use fleet_reconciler::observe::sweep::{FleetReport, MachineReport};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
@@ -163,7 +165,7 @@ async fn sweep_with(sim: &Sim, fx: &Fixture, extra: &str) -> FleetReport {
 /// The newest commits of `tip ^commit` (at most `n`), newest first by
 /// committer time (ties: lowest id), with their subjects: from libgit2's
 /// revwalk with `hide`, independent of the daemon's graph walk.
-fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<Arc<ShownCommit>> {
+fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<Arc<MissingCommit>> {
     let mut walk = repo.revwalk().unwrap();
     walk.push(tip).unwrap();
     walk.hide(commit).unwrap();
@@ -177,7 +179,7 @@ fn expected_missing(repo: &Repository, tip: Oid, commit: Oid, n: usize) -> Vec<A
     all.into_iter()
         .take(n)
         .map(|(_, o)| {
-            Arc::new(ShownCommit {
+            Arc::new(MissingCommit {
                 commit: CommitId::parse(&o.to_string()).unwrap(),
                 subject: subject(repo, o),
             })

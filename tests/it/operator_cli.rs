@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fleet_reconciler::act::operator::{APPROVE_KEY, Approval, HOLD_KEY};
 use fleet_reconciler::config::Config;
+use fleet_reconciler::metadata::operator::Approval;
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use serde_json::Value;
 

@@ -14,15 +14,15 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
-use fleet_reconciler::act::operator::{
-    Approval, ApprovalMode, MAX_APPROVAL_BY_CHARS, MAX_APPROVAL_TARGET_CHARS,
-};
-use fleet_reconciler::act::slots::{Coordinator, SlotSet};
 use fleet_reconciler::config::{Config, ConfigError, HealthUrlTemplate, UrlVars};
-use fleet_reconciler::decide::planner::Unprobed;
-use fleet_reconciler::decide::rotation::{
+use fleet_reconciler::metadata::marker::{
     MAX_MARKER_OWNER_CHARS, MAX_MARKER_TARGET_CHARS, Marker, Phase, RotationMode,
 };
+use fleet_reconciler::metadata::operator::{
+    Approval, ApprovalMode, MAX_APPROVAL_BY_CHARS, MAX_APPROVAL_TARGET_CHARS,
+};
+use fleet_reconciler::metadata::slots::{Coordinator, SlotSet};
+use fleet_reconciler::metadata::unprobed::Unprobed;
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
 use fleet_reconciler::observe::probe::{

@@ -8,15 +8,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use chrono::{DateTime, Duration as Cd, Utc};
-use fleet_reconciler::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
-};
-use fleet_reconciler::act::slots::{Slot, SlotSet};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::decide::planner::{
-    FetchState, PlanInput, RestartGuard, StepKind, Tracker, Unprobed, plan, restart_allowed,
+    FetchState, PlanInput, RestartGuard, StepKind, Tracker, plan, restart_allowed,
 };
-use fleet_reconciler::decide::rotation::{Ending, Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::marker::{Ending, Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
+use fleet_reconciler::metadata::slots::{Slot, SlotSet};
+use fleet_reconciler::metadata::unprobed::Unprobed;
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, Capability, RotationState};

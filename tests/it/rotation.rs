@@ -15,14 +15,13 @@ use std::time::Duration;
 
 use chrono::Utc;
 use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
-use fleet_reconciler::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, MARKER_KEY, UNPROBED_KEY,
-};
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
-use fleet_reconciler::decide::rotation::{Marker, Phase};
 use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::metadata::marker::{Marker, Phase};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -648,7 +647,8 @@ async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
 /// both failed) and m2's real rotation were restarted together under cap 1.
 #[tokio::test(start_paused = true)]
 async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
-    use fleet_reconciler::act::slots::{SLOTS_KEY, Slot, SlotSet};
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::slots::{Slot, SlotSet};
     let w = world();
     let sim = Sim::start(fleet(
         &w,
@@ -664,7 +664,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
         tag: format!("{id}-legacy"),
         target: w.tip.clone(),
         phase: Phase::Draining,
-        mode: fleet_reconciler::decide::rotation::RotationMode::Wait,
+        mode: fleet_reconciler::metadata::marker::RotationMode::Wait,
         action: fleet_reconciler::model::PolicyAction::AlertAndWait,
         severity: fleet_reconciler::model::Severity::Low,
         started_at: now,
@@ -1082,7 +1082,8 @@ async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
 /// already gave for another commit stays for the rotation that needs it.
 #[tokio::test(start_paused = true)]
 async fn finishing_consumes_only_the_approval_of_its_own_commit() {
-    use fleet_reconciler::act::slots::{SLOTS_KEY, Slot, SlotSet};
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::slots::{Slot, SlotSet};
     let w = world();
     let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.tip.clone())]))
         .await
@@ -1092,7 +1093,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         tag: "m1-done".into(),
         target: w.tip.clone(),
         phase: Phase::Restarting,
-        mode: fleet_reconciler::decide::rotation::RotationMode::Now,
+        mode: fleet_reconciler::metadata::marker::RotationMode::Now,
         action: fleet_reconciler::model::PolicyAction::Manual,
         severity: fleet_reconciler::model::Severity::High,
         started_at: now,

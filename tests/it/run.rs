@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use fleet_reconciler::act::operator::{HOLD_KEY, MARKER_KEY};
+use fleet_reconciler::metadata::{HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
 use crate::common::{ChildGuard, OverlayRepo, eventually, free_port};

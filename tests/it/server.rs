@@ -12,15 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use fleet_reconciler::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator,
-};
+use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::decision::Decision;
-use fleet_reconciler::decide::rotation::{Marker, Phase, RotationMode};
 use fleet_reconciler::demo;
+use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
 use fleet_reconciler::report::metrics::Metrics;

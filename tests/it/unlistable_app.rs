@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use fleet_reconciler::act::operator::MARKER_KEY;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{Secrets, SweepOutcome};
+use fleet_reconciler::metadata::MARKER_KEY;
 use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
@@ -381,7 +381,8 @@ format = "json"
 /// unreadable app blocked a hold on a machine of another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
-    use fleet_reconciler::act::operator::{HOLD_KEY, Operator, OperatorError};
+    use fleet_reconciler::act::operator::{Operator, OperatorError};
+    use fleet_reconciler::metadata::HOLD_KEY;
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
         SimFleet::new(TOKEN)

@@ -50,7 +50,7 @@ use git2::{
 };
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::model::CommitId;
+use crate::model::{CommitId, MissingCommit};
 use graph::{FastMap, Graph, LoadError, Node};
 pub use signals::{SignalId, Signals};
 
@@ -199,15 +199,6 @@ pub const MAX_SHOWN_MISSING: usize = 20;
 /// The longest commit subject the overlay reports (characters; a longer
 /// one is cut and ends in `…`).
 pub const MAX_SUBJECT_CHARS: usize = facts::MAX_SUBJECT_CHARS;
-
-/// One commit a machine lacks, as a drift's reason shows it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MissingCommit {
-    pub commit: CommitId,
-    /// The first line of its message, bounded ([`MAX_SUBJECT_CHARS`]).
-    /// Outside text: escape it before printing it to a terminal.
-    pub subject: String,
-}
 
 /// Why an evidence commit carries its signal.
 #[derive(Clone, Debug, PartialEq, Eq)]

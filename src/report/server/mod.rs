@@ -46,11 +46,11 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::act::operator::{
-    APPROVE_KEY, Approval, ApprovalMode, HOLD_KEY, Hold, MARKER_KEY, Operator, OperatorError,
-};
+use crate::act::operator::{Operator, OperatorError};
 use crate::clock::SharedClock;
 use crate::decide::decision::Decision;
+use crate::metadata::operator::{Approval, ApprovalMode, Hold};
+use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use crate::model::{CommitId, MachineId};
 use crate::observe::probe::AgentReport;
 use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
@@ -700,7 +700,7 @@ fn as_written(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
 }
 
 /// A control under `key`: `ours` (as the sweep parsed it,
-/// [`crate::decide::controls`]) as its typed JSON, else the value as
+/// [`crate::metadata::controls`]) as its typed JSON, else the value as
 /// written, else nothing.
 fn control_json<T: Serialize>(
     m: &MachineReport,

@@ -18,9 +18,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::act::operator::{APPROVE_KEY, ApprovalMode, MARKER_KEY};
-use crate::decide::controls::HoldValue;
 use crate::decide::decision::Decision;
+use crate::metadata::controls::HoldValue;
+use crate::metadata::operator::ApprovalMode;
+use crate::metadata::{APPROVE_KEY, MARKER_KEY};
 use crate::model::short_commit as short;
 use crate::model::{MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{Activity, AgentReport};

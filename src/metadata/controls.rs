@@ -2,18 +2,18 @@
 //! approval, the rotation marker and the probe-failure record, parsed once
 //! when the sweep folds the machine into its report.
 //!
-//! Owns reading those four keys (their formats are owned by
-//! [`crate::act::operator`], [`crate::decide::rotation`] and
-//! [`crate::decide::planner::Unprobed`]). The planner, the status pages and
+//! Owns reading those four keys (their formats are [`super::operator`],
+//! [`super::marker`] and [`super::unprobed`]). The planner, the status pages and
 //! the API read these values rather than parsing metadata again, so they
 //! cannot disagree about what a value means. It must never do I/O, and it
 //! never judges a value against the clock (the planner's `plausible` does).
 
 use std::collections::BTreeMap;
 
-use crate::act::operator::{APPROVE_KEY, Approval, HOLD_KEY, Hold, MARKER_KEY, UNPROBED_KEY};
-use crate::decide::planner::Unprobed;
-use crate::decide::rotation::Marker;
+use super::marker::Marker;
+use super::operator::{Approval, Hold};
+use super::unprobed::Unprobed;
+use super::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 
 /// One machine's controls, as its metadata held them when it was listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -87,7 +87,7 @@ impl Controls {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::act::operator::ApprovalMode;
+    use crate::metadata::operator::ApprovalMode;
     use chrono::DateTime;
 
     fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -1,15 +1,17 @@
 //! The rotation marker: a rotation's state, persisted in Fly machine metadata.
 //!
-//! Owns the marker's format (JSON under `fleet_reconciler_rotation`). Because
-//! the marker lives on the machine, a restarted reconciler (or another
-//! replica) resumes each rotation where it stood, and its clocks continue from
-//! the recorded timestamps. It must never do I/O.
+//! Owns the marker's format (JSON under [`MARKER_KEY`](super::MARKER_KEY))
+//! and its parse, with the bounds on its texts; the planner decides its
+//! phases (and judges its timestamps against `now`), `act::executor` writes
+//! it. Because the marker lives on the machine, a restarted reconciler (or
+//! another replica) resumes each rotation where it stood, and its clocks
+//! continue from the recorded timestamps. It must never do I/O.
 //!
 //! A marker is written *before* each disruptive call it describes (the claim
 //! before the slot is taken, `cordoned` before the cordon, `restarting` before
 //! the restart), so a crash or a lost answer between any two calls leaves a
 //! marker that says what may have happened, and the next sweep can finish or
-//! undo it. Pool caps are kept by [`crate::act::slots`], not by the markers.
+//! undo it. Pool caps are kept by [`super::slots`], not by the markers.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -1,10 +1,10 @@
 //! Pool slots: the exact, cross-replica record of which rotations hold a
 //! pool's capacity, kept in the metadata of one coordination machine.
 //!
-//! Owns the slot set's format (JSON under `fleet_reconciler_slots` on the
-//! machine named by `rotation.coordinator`) and the pure rules for changing
-//! it. The executor changes it only while holding that machine's Fly lease;
-//! this module must never do I/O.
+//! Owns the slot set's format (JSON under [`SLOTS_KEY`] on the machine named
+//! by `rotation.coordinator`) and the pure rules for changing it. The
+//! executor (`act::executor`) changes it only while holding that machine's
+//! Fly lease, and the sweep reads it; this module must never do I/O.
 //!
 //! # Why the cap holds
 //!
@@ -42,8 +42,8 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// Metadata key of the slot set on the coordination machine.
-pub const SLOTS_KEY: &str = "fleet_reconciler_slots";
+use super::SLOTS_KEY;
+
 /// The slot-set format this version writes and reads.
 pub const SLOTS_VERSION: u32 = 1;
 

@@ -209,7 +209,7 @@ pub struct Executor {
 struct Held {
     app: String,
     machine_id: String,
-    nonce: String,
+    nonce: SecretString,
     /// Set once a refresh failed or the lease outlived its last refresh.
     lost: CancellationToken,
     valid_until: Arc<Mutex<Instant>>,
@@ -230,8 +230,8 @@ impl Held {
         Ok(())
     }
 
-    fn nonce(&self) -> Option<&str> {
-        Some(self.nonce.as_str())
+    fn nonce(&self) -> Option<&SecretString> {
+        Some(&self.nonce)
     }
 }
 

@@ -177,7 +177,7 @@ fn hook(format: WebhookFormat, min_severity: Severity) -> WebhookConfig {
 
 fn plain(url: String) -> SinkSecrets {
     SinkSecrets {
-        url,
+        url: url.into(),
         routing_key: None,
         hmac_secret: None,
     }

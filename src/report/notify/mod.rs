@@ -79,6 +79,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -108,25 +109,16 @@ pub const SINK_FAILING_SEVERITY: Severity = Severity::High;
 pub const DEAD_LETTERS_KEPT: usize = 1000;
 
 /// The secrets of one webhook, resolved from the environment at the edge.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// Each is a `SecretString`: redacted in `Debug`, zeroed on drop, exposed
+/// only where a delivery sends it.
+#[derive(Clone, Debug, Default)]
 pub struct SinkSecrets {
     /// The webhook URL (a secret: Slack and many receivers authenticate by it).
-    pub url: String,
+    pub url: SecretString,
     /// PagerDuty Events v2 routing key (pagerduty only).
-    pub routing_key: Option<String>,
+    pub routing_key: Option<SecretString>,
     /// Key of the `X-Fleet-Signature` HMAC (json only).
-    pub hmac_secret: Option<String>,
-}
-
-impl fmt::Debug for SinkSecrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redacted = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
-        f.debug_struct("SinkSecrets")
-            .field("url", &"<redacted>")
-            .field("routing_key", &redacted(&self.routing_key))
-            .field("hmac_secret", &redacted(&self.hmac_secret))
-            .finish()
-    }
+    pub hmac_secret: Option<SecretString>,
 }
 
 /// Why the notifier could not be set up. Names environment variables and
@@ -180,6 +172,7 @@ pub fn sink_secrets_from_env(
     let read = |index: usize, var: &str, what: &'static str| {
         lookup(var)
             .filter(|v| !v.trim().is_empty())
+            .map(SecretString::from)
             .ok_or_else(|| NotifyError::MissingEnv {
                 index,
                 var: var.to_owned(),
@@ -786,7 +779,7 @@ fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
 
 impl Sink {
     fn new(index: usize, hook: &WebhookConfig, secrets: SinkSecrets) -> Result<Sink, NotifyError> {
-        check_url(&secrets.url).map_err(|problem| NotifyError::InvalidUrl {
+        check_url(secrets.url.expose_secret()).map_err(|problem| NotifyError::InvalidUrl {
             index,
             url_env: hook.url_env.clone(),
             problem,
@@ -797,12 +790,12 @@ impl Sink {
             what,
         };
         if hook.format == WebhookFormat::Pagerduty
-            && secrets.routing_key.as_deref().is_none_or(str::is_empty)
+            && exposed(&secrets.routing_key).is_none_or(str::is_empty)
         {
             return Err(missing("routing key"));
         }
         // Unsigned bodies to a receiver configured to verify them would all be rejected.
-        if hook.secret_env.is_some() && secrets.hmac_secret.as_deref().is_none_or(str::is_empty) {
+        if hook.secret_env.is_some() && exposed(&secrets.hmac_secret).is_none_or(str::is_empty) {
             return Err(missing("HMAC secret"));
         }
         Ok(Sink {
@@ -1129,6 +1122,11 @@ impl Sink {
 }
 
 /// Why a URL cannot be a webhook (never echoing it).
+/// An optional secret's text, for the one place that sends or checks it.
+fn exposed(secret: &Option<SecretString>) -> Option<&str> {
+    secret.as_ref().map(ExposeSecret::expose_secret)
+}
+
 fn check_url(raw: &str) -> Result<(), &'static str> {
     let url = url::Url::parse(raw).map_err(|_| "is not a valid URL")?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -1337,13 +1335,13 @@ impl Shared {
         let rendered = format::render(
             sink.format,
             n,
-            sink.secrets.routing_key.as_deref(),
-            sink.secrets.hmac_secret.as_deref(),
+            exposed(&sink.secrets.routing_key),
+            exposed(&sink.secrets.hmac_secret),
             Utc::now().timestamp(),
         );
         let mut request = self
             .http
-            .post(&sink.secrets.url)
+            .post(sink.secrets.url.expose_secret())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(rendered.body);
         if let Some((timestamp, signature)) = rendered.signature {

@@ -34,7 +34,7 @@ use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
 use crate::decide::rotation::{Ending, Marker, Phase};
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
-use crate::model::{MachineState, PolicyAction};
+use crate::model::{AppName, MachineState, PolicyAction};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -86,7 +86,7 @@ pub enum Declined {
     NotStarted { state: MachineState },
     #[error("pool {pool} of {app} is at its cap of {cap}")]
     PoolFull {
-        app: String,
+        app: AppName,
         pool: String,
         cap: usize,
     },
@@ -670,7 +670,7 @@ impl Executor {
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let full = || Declined::PoolFull {
-            app: t.app.to_string(),
+            app: t.app.clone(),
             pool: t.pool.clone(),
             cap,
         };
@@ -944,8 +944,8 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
     let t = &step.target;
     let event = |kind, summary: String| ActionEvent {
         kind,
-        app: t.app.to_string(),
-        machine_id: t.machine_id.to_string(),
+        app: t.app.clone(),
+        machine_id: t.machine_id.clone(),
         commit: marker.target.clone(),
         severity: marker.severity,
         action: marker.action,

@@ -86,7 +86,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AlertsConfig, WebhookConfig, WebhookFormat};
 use crate::events::{ActionEvent, Alert, AlertKind, EventKind};
-use crate::model::Severity;
+use crate::model::{AppName, MachineId, Severity};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use fleet::{
@@ -274,8 +274,8 @@ pub(crate) struct Notification {
     pub(crate) event: String,
     pub(crate) repeat: bool,
     pub(crate) dedup_key: String,
-    pub(crate) app: Option<String>,
-    pub(crate) machine_id: Option<String>,
+    pub(crate) app: Option<AppName>,
+    pub(crate) machine_id: Option<MachineId>,
     pub(crate) commit: Option<String>,
     pub(crate) severity: Severity,
     pub(crate) summary: String,
@@ -326,8 +326,8 @@ impl Notification {
         }
     }
 
-    fn field(v: &Option<String>) -> &str {
-        v.as_deref().unwrap_or("*")
+    fn field<T: AsRef<str>>(v: &Option<T>) -> &str {
+        v.as_ref().map_or("*", AsRef::as_ref)
     }
 }
 

@@ -122,22 +122,24 @@ pub enum Outcome {
 }
 
 /// What failed in a step that was tried: the Fly API or an agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// A Fly API call: its bounded kind (`status`, `transport`, …) and the
     /// error, which names the app and machine.
+    #[error("{error}")]
     Fly { kind: &'static str, error: String },
     /// A cooperative call to the agent.
-    Agent { endpoint: &'static str, why: String },
+    #[error(transparent)]
+    Agent(AgentFailure),
 }
 
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Fly { error, .. } => f.write_str(error),
-            Failure::Agent { endpoint, why } => write!(f, "agent {endpoint}: {why}"),
-        }
-    }
+/// A cooperative call to the agent that failed: the one text of it, for
+/// the step's error, its outcome, log and event alike.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("agent {endpoint}: {why}")]
+pub struct AgentFailure {
+    pub endpoint: &'static str,
+    pub why: String,
 }
 
 impl Outcome {
@@ -175,8 +177,8 @@ enum StepError {
     Declined(#[from] Declined),
     #[error(transparent)]
     Fly(#[from] FlyError),
-    #[error("agent {endpoint}: {why}")]
-    Agent { endpoint: &'static str, why: String },
+    #[error(transparent)]
+    Agent(#[from] AgentFailure),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -279,9 +281,7 @@ impl Executor {
                             kind: e.kind(),
                             error: e.to_string(),
                         }),
-                        Err(StepError::Agent { endpoint, why }) => {
-                            Outcome::Failed(Failure::Agent { endpoint, why })
-                        }
+                        Err(StepError::Agent(a)) => Outcome::Failed(Failure::Agent(a)),
                     }
                 };
                 let events = events_for(&step, &outcome, self.tuning.clock.now());
@@ -883,7 +883,7 @@ impl Executor {
         endpoint: &'static str,
         body: serde_json::Value,
     ) -> Result<(), StepError> {
-        let fail = |why: String| StepError::Agent { endpoint, why };
+        let fail = |why: String| StepError::Agent(AgentFailure { endpoint, why });
         let url = t
             .health_url
             .as_deref()
@@ -972,5 +972,26 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
             )]
         }
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The step's error and the outcome it becomes say the same thing.
+    #[test]
+    fn an_agent_failure_reads_the_same_as_error_and_outcome() {
+        let a = AgentFailure {
+            endpoint: "overlay/drain",
+            why: "503 Service Unavailable".into(),
+        };
+        let text = "agent overlay/drain: 503 Service Unavailable";
+        assert_eq!(StepError::from(a.clone()).to_string(), text);
+        assert_eq!(Failure::Agent(a.clone()).to_string(), text);
+        assert_eq!(
+            Outcome::Failed(Failure::Agent(a)).to_string(),
+            format!("failed: {text}")
+        );
     }
 }

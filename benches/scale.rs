@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fastrand::Rng;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::severity;
@@ -26,8 +27,6 @@ use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Si
 use fleet_reconciler::observe::probe::Prober;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use futures::StreamExt;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -129,12 +128,12 @@ impl<W: Write> FastImport<W> {
     }
 }
 
-fn random_path(rng: &mut StdRng) -> String {
+fn random_path(rng: &mut Rng) -> String {
     format!(
         "{}/sub{}/f{}.md",
-        DIRS[rng.random_range(0..DIRS.len())],
-        rng.random_range(0..10),
-        rng.random_range(0..40)
+        DIRS[rng.usize(0..DIRS.len())],
+        rng.u32(0..10),
+        rng.u32(0..40)
     )
 }
 
@@ -203,7 +202,7 @@ fn history(commits: usize) -> Result<History, Error> {
 }
 
 fn generate<W: Write>(fi: &mut FastImport<W>, commits: usize) -> std::io::Result<()> {
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = Rng::with_seed(7);
     let init: Vec<(String, String)> = DIRS
         .iter()
         .flat_map(|d| {
@@ -219,8 +218,8 @@ fn generate<W: Write>(fi: &mut FastImport<W>, commits: usize) -> std::io::Result
     let mut n = 1;
     while n < commits {
         if n % 4 == 0 && n + 3 < commits {
-            let fork = mainline[mainline.len() - 1 - rng.random_range(0..mainline.len().min(3))];
-            let k = rng.random_range(1..=3);
+            let fork = mainline[mainline.len() - 1 - rng.usize(0..mainline.len().min(3))];
+            let k = rng.usize(1..=3);
             let mut side = fork;
             let mut changes = Vec::new();
             for j in 0..k {
@@ -294,7 +293,7 @@ fn advance_tip(repo: &Path, by: usize) -> Result<String, Error> {
         mark: 0,
         time: 1_900_000_000,
     };
-    let mut rng = StdRng::seed_from_u64(99);
+    let mut rng = Rng::with_seed(99);
     for i in 0..by {
         let from = if i == 0 {
             "refs/heads/release^0".to_owned()
@@ -345,28 +344,25 @@ fn git_out(dir: &Path, args: &[&str]) -> Result<String, Error> {
 /// What each machine reports: 20% the tip, 1% an unknown commit, the rest
 /// one of `distinct` commits among the most recent 5,000; 30% abbreviated.
 fn fleet_refs(h: &History, machines: usize, distinct: usize) -> Vec<(String, Option<usize>)> {
-    let mut rng = StdRng::seed_from_u64(42);
+    let mut rng = Rng::with_seed(42);
     let mut pool: Vec<String> = Vec::with_capacity(distinct);
     while pool.len() < distinct.min(h.recent.len().saturating_sub(1)) {
-        let c = &h.recent[rng.random_range(0..h.recent.len())];
+        let c = &h.recent[rng.usize(0..h.recent.len())];
         if *c != h.tip && !pool.contains(c) {
             pool.push(c.clone());
         }
     }
     (0..machines)
         .map(|_| {
-            let roll = rng.random_range(0..100);
+            let roll = rng.u32(0..100);
             let commit = if roll < 20 {
                 h.tip.clone()
             } else if roll < 21 {
-                format!(
-                    "{:040x}",
-                    rng.random_range(0..10u128) * 0x1111_1111_1111 + 0xdead
-                )
+                format!("{:040x}", rng.u128(0..10) * 0x1111_1111_1111 + 0xdead)
             } else {
-                pool[rng.random_range(0..pool.len())].clone()
+                pool[rng.usize(0..pool.len())].clone()
             };
-            let abbreviated = rng.random_range(0..10) < 3;
+            let abbreviated = rng.u32(0..10) < 3;
             (commit, abbreviated.then_some(8))
         })
         .collect()

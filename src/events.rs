@@ -12,7 +12,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{PolicyAction, Severity};
+use crate::model::{AppName, MachineId, PolicyAction, Severity};
 
 /// Conditions that fire while they hold and resolve when they clear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -79,8 +79,8 @@ impl fmt::Display for AlertKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Alert {
     pub kind: AlertKind,
-    pub app: Option<String>,
-    pub machine_id: Option<String>,
+    pub app: Option<AppName>,
+    pub machine_id: Option<MachineId>,
     /// The commit the alert is about (the release tip a machine should run).
     pub commit: Option<String>,
     pub severity: Severity,
@@ -126,8 +126,8 @@ impl EventKind {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ActionEvent {
     pub kind: EventKind,
-    pub app: String,
-    pub machine_id: String,
+    pub app: AppName,
+    pub machine_id: MachineId,
     /// The target commit of the rotation.
     pub commit: String,
     pub severity: Severity,

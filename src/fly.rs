@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use crate::model::MachineState;
@@ -69,10 +70,11 @@ impl Machine {
     }
 }
 
-/// A lease we hold. The nonce is a capability: it is never logged.
-#[derive(Clone, Deserialize, Serialize, PartialEq, Eq)]
+/// A lease we hold. The nonce is a capability: a `SecretString`, redacted in
+/// `Debug` and exposed only into the lease header of a call.
+#[derive(Clone, Debug, Deserialize)]
 pub struct Lease {
-    pub nonce: String,
+    pub nonce: SecretString,
     /// Unix seconds.
     #[serde(default)]
     pub expires_at: i64,
@@ -82,16 +84,6 @@ pub struct Lease {
     pub description: String,
     #[serde(default)]
     pub version: String,
-}
-
-impl fmt::Debug for Lease {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lease")
-            .field("nonce", &"<redacted>")
-            .field("expires_at", &self.expires_at)
-            .field("owner", &self.owner)
-            .finish()
-    }
 }
 
 /// Fly answers lease calls with `{"status", "data": {…}}`; the spec shows the
@@ -275,7 +267,7 @@ struct Call<'a> {
     segments: &'a [&'a str],
     query: &'a [(&'a str, String)],
     body: Option<serde_json::Value>,
-    nonce: Option<&'a str>,
+    nonce: Option<&'a SecretString>,
     idempotence: Idempotence,
     /// Extra time on top of the request timeout (long-polls).
     extra_timeout: Duration,
@@ -381,7 +373,7 @@ impl FlyClient {
         app: &str,
         machine: &str,
         timeout: Option<Duration>,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let query = timeout
             .map(|t| vec![("timeout", format!("{}s", t.as_secs().max(1)))])
@@ -398,7 +390,7 @@ impl FlyClient {
         &self,
         app: &str,
         machine: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let mut call = Call::new("stop", Method::POST, app, Some(machine));
         call.segments = &["stop"];
@@ -412,7 +404,7 @@ impl FlyClient {
         &self,
         app: &str,
         machine: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let mut call = Call::new("start", Method::POST, app, Some(machine));
         call.segments = &["start"];
@@ -451,7 +443,7 @@ impl FlyClient {
         &self,
         app: &str,
         machine: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let mut call = Call::new("cordon", Method::POST, app, Some(machine));
         call.segments = &["cordon"];
@@ -463,7 +455,7 @@ impl FlyClient {
         &self,
         app: &str,
         machine: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let mut call = Call::new("uncordon", Method::POST, app, Some(machine));
         call.segments = &["uncordon"];
@@ -498,7 +490,7 @@ impl FlyClient {
         &self,
         app: &str,
         machine: &str,
-        nonce: &str,
+        nonce: &SecretString,
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
@@ -522,7 +514,7 @@ impl FlyClient {
         machine: &str,
         ttl: Duration,
         description: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
         idempotence: Idempotence,
     ) -> Result<Lease, FlyError> {
         let ttl = ttl.as_secs().max(1);
@@ -544,7 +536,7 @@ impl FlyClient {
         &self,
         app: &str,
         machine: &str,
-        nonce: &str,
+        nonce: &SecretString,
     ) -> Result<(), FlyError> {
         let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
         call.segments = &["lease"];
@@ -563,7 +555,7 @@ impl FlyClient {
         machine: &str,
         key: &str,
         value: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
         let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
@@ -578,7 +570,7 @@ impl FlyClient {
         app: &str,
         machine: &str,
         key: &str,
-        nonce: Option<&str>,
+        nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
         let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
@@ -622,7 +614,7 @@ impl FlyClient {
                 .request(call.method.clone(), url.clone())
                 .timeout(timeout);
             if let Some(nonce) = call.nonce {
-                match HeaderValue::from_str(nonce) {
+                match HeaderValue::from_str(nonce.expose_secret()) {
                     Ok(mut v) => {
                         v.set_sensitive(true);
                         req = req.header(LEASE_NONCE_HEADER, v);
@@ -911,10 +903,12 @@ mod tests {
         let LeaseResponse::Envelope { data } = l else {
             panic!("expected envelope")
         };
-        assert_eq!(data.nonce, "n1");
+        assert_eq!(data.nonce.expose_secret(), "n1");
         assert!(!format!("{data:?}").contains("n1"));
         let l: LeaseResponse = serde_json::from_str(r#"{"nonce":"n2","expires_at":5}"#).unwrap();
-        assert!(matches!(l, LeaseResponse::Flat(Lease { ref nonce, .. }) if nonce == "n2"));
+        assert!(
+            matches!(l, LeaseResponse::Flat(Lease { ref nonce, .. }) if nonce.expose_secret() == "n2")
+        );
     }
 
     #[test]

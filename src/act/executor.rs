@@ -35,7 +35,7 @@ use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::Approval;
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
-use crate::model::{MachineState, PolicyAction};
+use crate::model::{AppName, MachineState, PolicyAction};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -87,7 +87,7 @@ pub enum Declined {
     NotStarted { state: MachineState },
     #[error("pool {pool} of {app} is at its cap of {cap}")]
     PoolFull {
-        app: String,
+        app: AppName,
         pool: String,
         cap: usize,
     },
@@ -123,22 +123,24 @@ pub enum Outcome {
 }
 
 /// What failed in a step that was tried: the Fly API or an agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// A Fly API call: its bounded kind (`status`, `transport`, …) and the
     /// error, which names the app and machine.
+    #[error("{error}")]
     Fly { kind: &'static str, error: String },
     /// A cooperative call to the agent.
-    Agent { endpoint: &'static str, why: String },
+    #[error(transparent)]
+    Agent(AgentFailure),
 }
 
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Fly { error, .. } => f.write_str(error),
-            Failure::Agent { endpoint, why } => write!(f, "agent {endpoint}: {why}"),
-        }
-    }
+/// A cooperative call to the agent that failed: the one text of it, for
+/// the step's error, its outcome, log and event alike.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("agent {endpoint}: {why}")]
+pub struct AgentFailure {
+    pub endpoint: &'static str,
+    pub why: String,
 }
 
 impl Outcome {
@@ -176,8 +178,8 @@ enum StepError {
     Declined(#[from] Declined),
     #[error(transparent)]
     Fly(#[from] FlyError),
-    #[error("agent {endpoint}: {why}")]
-    Agent { endpoint: &'static str, why: String },
+    #[error(transparent)]
+    Agent(#[from] AgentFailure),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,7 +212,7 @@ pub struct Executor {
 struct Held {
     app: String,
     machine_id: String,
-    nonce: String,
+    nonce: SecretString,
     /// Set once a refresh failed or the lease outlived its last refresh.
     lost: CancellationToken,
     valid_until: Arc<Mutex<Instant>>,
@@ -231,8 +233,8 @@ impl Held {
         Ok(())
     }
 
-    fn nonce(&self) -> Option<&str> {
-        Some(self.nonce.as_str())
+    fn nonce(&self) -> Option<&SecretString> {
+        Some(&self.nonce)
     }
 }
 
@@ -280,9 +282,7 @@ impl Executor {
                             kind: e.kind(),
                             error: e.to_string(),
                         }),
-                        Err(StepError::Agent { endpoint, why }) => {
-                            Outcome::Failed(Failure::Agent { endpoint, why })
-                        }
+                        Err(StepError::Agent(a)) => Outcome::Failed(Failure::Agent(a)),
                     }
                 };
                 let events = events_for(&step, &outcome, self.tuning.clock.now());
@@ -671,7 +671,7 @@ impl Executor {
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let full = || Declined::PoolFull {
-            app: t.app.to_string(),
+            app: t.app.clone(),
             pool: t.pool.clone(),
             cap,
         };
@@ -884,7 +884,7 @@ impl Executor {
         endpoint: &'static str,
         body: serde_json::Value,
     ) -> Result<(), StepError> {
-        let fail = |why: String| StepError::Agent { endpoint, why };
+        let fail = |why: String| StepError::Agent(AgentFailure { endpoint, why });
         let url = t
             .health_url
             .as_deref()
@@ -945,8 +945,8 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
     let t = &step.target;
     let event = |kind, summary: String| ActionEvent {
         kind,
-        app: t.app.to_string(),
-        machine_id: t.machine_id.to_string(),
+        app: t.app.clone(),
+        machine_id: t.machine_id.clone(),
         commit: marker.target.clone(),
         severity: marker.severity,
         action: marker.action,
@@ -973,5 +973,26 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
             )]
         }
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The step's error and the outcome it becomes say the same thing.
+    #[test]
+    fn an_agent_failure_reads_the_same_as_error_and_outcome() {
+        let a = AgentFailure {
+            endpoint: "overlay/drain",
+            why: "503 Service Unavailable".into(),
+        };
+        let text = "agent overlay/drain: 503 Service Unavailable";
+        assert_eq!(StepError::from(a.clone()).to_string(), text);
+        assert_eq!(Failure::Agent(a.clone()).to_string(), text);
+        assert_eq!(
+            Outcome::Failed(Failure::Agent(a)).to_string(),
+            format!("failed: {text}")
+        );
     }
 }

@@ -1535,8 +1535,8 @@ fn machine_alert(
     }
     Alert {
         kind,
-        app: Some(m.app.to_string()),
-        machine_id: Some(m.machine_id.to_string()),
+        app: Some(m.app.clone()),
+        machine_id: Some(m.machine_id.clone()),
         commit: Some(tip.to_string()),
         severity,
         summary,

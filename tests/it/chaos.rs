@@ -42,6 +42,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use fastrand::Rng;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::slots::SlotSet;
@@ -51,8 +52,6 @@ use fleet_reconciler::sim::{
     AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, OperatorWriteRefused,
     RecordedRequest, RequestTarget, Sim, SimApp, SimFleet, SimMachine, SimMachineView,
 };
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use crate::common::{OverlayRepo, free_port};
 
@@ -134,17 +133,27 @@ fn pool_spec(name: &str) -> &'static PoolSpec {
     POOLS.iter().find(|p| p.name == name).unwrap()
 }
 
+/// True with probability `p` (fastrand has no weighted coin).
+fn chance(rng: &mut Rng, p: f64) -> bool {
+    rng.f64() < p
+}
+
+/// Uniform in `range` (fastrand draws floats only from [0, 1)).
+fn uniform(rng: &mut Rng, range: std::ops::Range<f64>) -> f64 {
+    range.start + rng.f64() * (range.end - range.start)
+}
+
 /// How far behind the tip a machine starts, per severity under the default
 /// rules and the demo history: < 5 commits of skills is low, 5–19 medium,
 /// 20–22 high (20+ commits), 23+ critical (the range has the `Security:` trailer).
-fn commits_behind_for(severity: Severity, rng: &mut StdRng) -> usize {
+fn commits_behind_for(severity: Severity, rng: &mut Rng) -> usize {
     let choices: &[usize] = match severity {
         Severity::Low => &[1, 2, 3, 4],
         Severity::Medium => &[5, 9, 14, 19],
         Severity::High => &[20, 21, 22],
         Severity::Critical => &[23, 26, 30],
     };
-    choices[rng.random_range(0..choices.len())]
+    choices[rng.usize(0..choices.len())]
 }
 
 /// What the test decided about one agent before the fleet starts.
@@ -175,24 +184,24 @@ impl PlannedMachine {
 /// chaotic phase, because under 20% faults a sweep takes seconds and the
 /// rotations that meet live work would otherwise all come after it ended.
 /// Every busy period ends before the faults stop (and none starts later).
-fn busy_period(rng: &mut StdRng) -> Duration {
-    let ms = if rng.random_bool(0.5) {
-        rng.random_range(1_000..8_000)
+fn busy_period(rng: &mut Rng) -> Duration {
+    let ms = if chance(rng, 0.5) {
+        rng.u64(1_000..8_000)
     } else {
-        rng.random_range(10_000..CHAOS_PHASE.as_millis() as u64 * 4 / 5)
+        rng.u64(10_000..CHAOS_PHASE.as_millis() as u64 * 4 / 5)
     };
     Duration::from_millis(ms)
 }
 
-fn plan_fleet(rng: &mut StdRng, overlay: &OverlayRepo) -> Vec<PlannedMachine> {
+fn plan_fleet(rng: &mut Rng, overlay: &OverlayRepo) -> Vec<PlannedMachine> {
     let mut machines = Vec::new();
     for pool in &POOLS {
         for i in 0..pool.machines {
-            let severity = rng.random_bool(0.6).then(|| {
+            let severity = chance(rng, 0.6).then(|| {
                 if pool.name == "review" {
-                    Severity::ALL[rng.random_range(0..4)]
+                    Severity::ALL[rng.usize(0..4)]
                 } else {
-                    match rng.random_range(0..100) {
+                    match rng.u32(0..100) {
                         0..35 => Severity::Low,
                         35..65 => Severity::Medium,
                         65..85 => Severity::High,
@@ -209,9 +218,9 @@ fn plan_fleet(rng: &mut StdRng, overlay: &OverlayRepo) -> Vec<PlannedMachine> {
                 pool: pool.name,
                 severity,
                 loaded,
-                busy_for: rng.random_bool(0.3).then(|| busy_period(rng)),
-                cooperative: rng.random_bool(0.15),
-                abbreviated: rng.random_bool(0.1),
+                busy_for: chance(rng, 0.3).then(|| busy_period(rng)),
+                cooperative: chance(rng, 0.15),
+                abbreviated: chance(rng, 0.1),
             });
         }
     }
@@ -690,7 +699,7 @@ enum Event {
 }
 
 /// Everything the chaotic phase does, at offsets from its start, drawn from the seed.
-fn plan_events(rng: &mut StdRng, plan: &[PlannedMachine]) -> Vec<(Duration, Event)> {
+fn plan_events(rng: &mut Rng, plan: &[PlannedMachine]) -> Vec<(Duration, Event)> {
     let len = CHAOS_PHASE.as_secs_f64();
     let (second_from, second_to) = (len / 3.0, 2.0 * len / 3.0);
     let mut events = vec![
@@ -701,27 +710,27 @@ fn plan_events(rng: &mut StdRng, plan: &[PlannedMachine]) -> Vec<(Duration, Even
     // window some hit it instead of the first.
     for i in 0..PLANNED_KILLS {
         let base = len * (i as f64 + 0.5) / PLANNED_KILLS as f64;
-        let at = (base + rng.random_range(-1.2..1.2)).clamp(0.5, len - 0.5);
+        let at = (base + uniform(rng, -1.2..1.2)).clamp(0.5, len - 0.5);
         let in_window = at > second_from + 1.0 && at < second_to - 1.0;
-        let who = if in_window && rng.random_bool(0.4) {
+        let who = if in_window && chance(rng, 0.4) {
             Replica::B
         } else {
             Replica::A
         };
         events.push((Duration::from_secs_f64(at), Event::Kill(who)));
-        let back = (at + rng.random_range(0.0..0.7)).min(len - 0.05);
+        let back = (at + uniform(rng, 0.0..0.7)).min(len - 0.05);
         events.push((Duration::from_secs_f64(back), Event::Respawn(who)));
     }
     // Holds on random machines, released a few seconds later (or at settle).
     let mut picked = BTreeSet::new();
     for _ in 0..8 {
-        let m = &plan[rng.random_range(0..plan.len())];
+        let m = &plan[rng.usize(0..plan.len())];
         if !picked.insert(m.id.clone()) {
             continue;
         }
-        let at = rng.random_range(0.5..0.75 * len);
+        let at = uniform(rng, 0.5..0.75 * len);
         events.push((Duration::from_secs_f64(at), Event::Hold(m.id.clone())));
-        let until = at + rng.random_range(2.0..10.0);
+        let until = at + uniform(rng, 2.0..10.0);
         if until < len {
             events.push((Duration::from_secs_f64(until), Event::Release(m.id.clone())));
         }
@@ -730,11 +739,11 @@ fn plan_events(rng: &mut StdRng, plan: &[PlannedMachine]) -> Vec<(Duration, Even
     // never replaced by another mode mid-run, so the mode a rotation was
     // claimed under is the mode that stands until it is revoked.
     for m in plan.iter().filter(|m| m.manual()) {
-        if !rng.random_bool(0.7) {
+        if !chance(rng, 0.7) {
             continue;
         }
-        let at = rng.random_range(0.5..0.8 * len);
-        let mode = if rng.random_bool(0.5) {
+        let at = uniform(rng, 0.5..0.8 * len);
+        let mode = if chance(rng, 0.5) {
             ApprovalMode::Now
         } else {
             ApprovalMode::WhenIdle
@@ -743,8 +752,8 @@ fn plan_events(rng: &mut StdRng, plan: &[PlannedMachine]) -> Vec<(Duration, Even
             Duration::from_secs_f64(at),
             Event::Approve(m.id.clone(), mode),
         ));
-        if rng.random_bool(0.4) {
-            let revoke = at + rng.random_range(0.5..6.0);
+        if chance(rng, 0.4) {
+            let revoke = at + uniform(rng, 0.5..6.0);
             if revoke < len {
                 events.push((Duration::from_secs_f64(revoke), Event::Revoke(m.id.clone())));
             }
@@ -758,16 +767,16 @@ fn plan_events(rng: &mut StdRng, plan: &[PlannedMachine]) -> Vec<(Duration, Even
         .collect();
     let mut out = BTreeSet::new();
     for i in 0..3 {
-        let m = idle_automatic[rng.random_range(0..idle_automatic.len())];
+        let m = idle_automatic[rng.usize(0..idle_automatic.len())];
         if !out.insert(m.id.clone()) {
             continue;
         }
-        let at = rng.random_range(1.0..0.9 * len);
+        let at = uniform(rng, 1.0..0.9 * len);
         events.push((
             Duration::from_secs_f64(at),
             Event::Unreachable(m.id.clone(), i % 2 == 0),
         ));
-        let until = at + rng.random_range(5.0..12.0);
+        let until = at + uniform(rng, 5.0..12.0);
         events.push((
             Duration::from_secs_f64(until),
             Event::Reachable(m.id.clone()),
@@ -1296,13 +1305,13 @@ async fn chaos_rotations_keep_every_promise() {
     let begun = Instant::now();
     let seed = seed();
     println!("chaos seed {seed} (CHAOS_SEED=<n> reruns another)");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = Rng::with_seed(seed);
 
     // World.
     let overlay = OverlayRepo::new();
     let tip = overlay.tip();
     let plan = plan_fleet(&mut rng, &overlay);
-    let restart_delay = Duration::from_millis(rng.random_range(200..=500));
+    let restart_delay = Duration::from_millis(rng.u64(200..=500));
     let events = plan_events(&mut rng, &plan);
     let sim = Sim::start(sim_fleet(&plan, &tip, restart_delay))
         .await

@@ -9,6 +9,7 @@ use futures::StreamExt;
 
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
+use secrecy::ExposeSecret;
 
 use crate::common::within;
 
@@ -106,8 +107,11 @@ async fn leases_carry_nonces_and_are_never_stolen() {
     let lease = within(fly.acquire_lease("agents", "m1", Duration::from_secs(13), "rotation"))
         .await
         .unwrap();
-    assert!(!lease.nonce.is_empty());
-    assert_eq!(sim.machine("m1").unwrap().lease.unwrap().nonce, lease.nonce);
+    assert!(!lease.nonce.expose_secret().is_empty());
+    assert_eq!(
+        sim.machine("m1").unwrap().lease.unwrap().nonce,
+        lease.nonce.expose_secret()
+    );
     let body = sim.requests().last().unwrap().body.clone();
     let sent: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(sent["ttl"], 13);
@@ -157,11 +161,11 @@ async fn leases_carry_nonces_and_are_never_stolen() {
     ))
     .await
     .unwrap();
-    assert_eq!(refreshed.nonce, lease.nonce);
+    assert_eq!(refreshed.nonce.expose_secret(), lease.nonce.expose_secret());
     assert!(refreshed.expires_at >= lease.expires_at);
 
     // Releasing with a wrong nonce fails and leaves the lease; the right one frees it.
-    let err = within(fly.release_lease("agents", "m1", "not-the-nonce"))
+    let err = within(fly.release_lease("agents", "m1", &"not-the-nonce".into()))
         .await
         .unwrap_err();
     assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
@@ -183,7 +187,7 @@ async fn leases_carry_nonces_and_are_never_stolen() {
     {
         assert_eq!(
             r.lease_nonce.as_deref(),
-            Some(lease.nonce.as_str()),
+            Some(lease.nonce.expose_secret()),
             "{r:?}"
         );
     }

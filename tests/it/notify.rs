@@ -186,7 +186,7 @@ fn hook(format: WebhookFormat, min_severity: Severity) -> WebhookConfig {
 
 fn plain(url: String) -> SinkSecrets {
     SinkSecrets {
-        url,
+        url: url.into(),
         routing_key: None,
         hmac_secret: None,
     }
@@ -1741,7 +1741,10 @@ fn restored_machine_alerts_are_carried_until_confirmed_or_cleared() {
         ("old-tip", "drifted"),
     ]);
     let machines = |alerts: Vec<Alert>| -> Vec<String> {
-        alerts.into_iter().filter_map(|a| a.machine_id).collect()
+        alerts
+            .into_iter()
+            .filter_map(|a| a.machine_id.map(String::from))
+            .collect()
     };
     assert_eq!(
         machines(carry.after_sweep(&sweep, &[], t(0))),

@@ -149,8 +149,10 @@ impl Daemon {
                 seen.sweeps += 1;
                 if let SweepOutcome::Swept(cycle) = outcome {
                     for a in &cycle.plan.alerts {
-                        seen.alerts
-                            .push((a.kind, a.machine_id.clone().unwrap_or_default()));
+                        seen.alerts.push((
+                            a.kind,
+                            a.machine_id.clone().map(String::from).unwrap_or_default(),
+                        ));
                     }
                 }
             })

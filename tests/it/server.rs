@@ -1365,6 +1365,46 @@ async fn a_partial_header_is_cut_off_after_the_header_read_timeout() {
     h.stop().await;
 }
 
+/// A request that does not finish within `server.request_timeout` (here a
+/// body that never arrives) gets a 503 that says why and that an admin
+/// write may be sent again, and its connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_not_finished_within_the_request_timeout_gets_a_503() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start_configured(Some(ADMIN), "request_timeout = \"1s\"").await;
+    let mut slow = raw(&h).await;
+    let head = format!(
+        "POST /api/v1/machines/a-crit/approve HTTP/1.1\r\nHost: fleet\r\n\
+         Authorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"mo"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let (sent, after) = read_until_closed(&mut slow, Duration::from_secs(6))
+        .await
+        .expect("a request whose body never came was still open after 6 s (request_timeout = 1s)");
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}"
+    );
+    assert!(
+        sent.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{sent:?}"
+    );
+    assert!(
+        sent.to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{sent:?}"
+    );
+    let (_, body) = sent.split_once("\r\n\r\n").unwrap();
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("server.request_timeout") && error.contains("can be sent again"),
+        "{body}"
+    );
+    assert!(!sent.contains(ADMIN), "{sent}");
+}
+
 /// Before: connections were unlimited.
 #[tokio::test(start_paused = true)]
 async fn connections_beyond_the_limit_are_refused() {

@@ -281,7 +281,7 @@ format = "json"
                 git_token: None,
             },
             webhooks: vec![SinkSecrets {
-                url: hook.url.clone(),
+                url: hook.url.clone().into(),
                 routing_key: None,
                 hmac_secret: None,
             }],

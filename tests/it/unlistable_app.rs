@@ -116,7 +116,7 @@ format = "json"
             git_token: None,
         },
         webhooks: vec![SinkSecrets {
-            url: hook_url,
+            url: hook_url.into(),
             routing_key: None,
             hmac_secret: None,
         }],

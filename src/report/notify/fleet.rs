@@ -18,7 +18,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
 use crate::events::{Alert, AlertKind};
-use crate::model::{MachineStatus, Severity};
+use crate::model::{AppName, MachineStatus, Severity};
 use crate::observe::sweep::{FleetReport, StaleApp};
 
 /// Severity of the coherence alert.
@@ -234,7 +234,7 @@ impl FleetAlertTracker {
             };
             match &alert.app {
                 Some(app) => {
-                    self.apps_below.insert(app.clone(), below);
+                    self.apps_below.insert(app.to_string(), below);
                 }
                 None => self.fleet_below = Some(below),
             }
@@ -288,7 +288,7 @@ impl FleetAlertTracker {
                 };
                 Some(Alert {
                     kind: AlertKind::AppUnlistable,
-                    app: Some(app.clone()),
+                    app: Some(app.as_str().into()),
                     machine_id: None,
                     commit: None,
                     severity: APP_UNLISTABLE_SEVERITY,
@@ -360,7 +360,7 @@ impl FleetAlertTracker {
         }
         Some(Alert {
             kind: AlertKind::CoherenceBelowThreshold,
-            app: app.map(str::to_owned),
+            app: app.map(AppName::from),
             machine_id: None,
             // Not keyed by the tip: a release during the incident is the same incident.
             commit: None,

@@ -238,8 +238,11 @@ fn slack_body(n: &Notification) -> SlackBody {
                     text: slack_escape(&truncate(&n.summary, SLACK_SECTION_MAX)),
                 },
                 fields: vec![
-                    field("App", n.app.clone().unwrap_or_else(dash)),
-                    field("Machine", n.machine_id.clone().unwrap_or_else(dash)),
+                    field("App", n.app.as_deref().map_or_else(dash, str::to_owned)),
+                    field(
+                        "Machine",
+                        n.machine_id.as_deref().map_or_else(dash, str::to_owned),
+                    ),
                     field("Severity", n.severity.to_string()),
                     // Backticks are not escaped: the value is a hex commit id.
                     SlackText::Mrkdwn {

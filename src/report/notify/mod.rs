@@ -79,6 +79,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -86,7 +87,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, WebhookConfig, WebhookFormat};
 use crate::events::{ActionEvent, Alert, AlertKind, EventKind};
-use crate::model::Severity;
+use crate::model::{AppName, MachineId, Severity};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use fleet::{
@@ -109,25 +110,16 @@ pub const SINK_FAILING_SEVERITY: Severity = Severity::High;
 pub const DEAD_LETTERS_KEPT: usize = 1000;
 
 /// The secrets of one webhook, resolved from the environment at the edge.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// Each is a `SecretString`: redacted in `Debug`, zeroed on drop, exposed
+/// only where a delivery sends it.
+#[derive(Clone, Debug, Default)]
 pub struct SinkSecrets {
     /// The webhook URL (a secret: Slack and many receivers authenticate by it).
-    pub url: String,
+    pub url: SecretString,
     /// PagerDuty Events v2 routing key (pagerduty only).
-    pub routing_key: Option<String>,
+    pub routing_key: Option<SecretString>,
     /// Key of the `X-Fleet-Signature` HMAC (json only).
-    pub hmac_secret: Option<String>,
-}
-
-impl fmt::Debug for SinkSecrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redacted = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
-        f.debug_struct("SinkSecrets")
-            .field("url", &"<redacted>")
-            .field("routing_key", &redacted(&self.routing_key))
-            .field("hmac_secret", &redacted(&self.hmac_secret))
-            .finish()
-    }
+    pub hmac_secret: Option<SecretString>,
 }
 
 /// Why the notifier could not be set up. Names environment variables and
@@ -181,6 +173,7 @@ pub fn sink_secrets_from_env(
     let read = |index: usize, var: &str, what: &'static str| {
         lookup(var)
             .filter(|v| !v.trim().is_empty())
+            .map(SecretString::from)
             .ok_or_else(|| NotifyError::MissingEnv {
                 index,
                 var: var.to_owned(),
@@ -286,8 +279,8 @@ pub(crate) struct Notification {
     pub(crate) event: String,
     pub(crate) repeat: bool,
     pub(crate) dedup_key: String,
-    pub(crate) app: Option<String>,
-    pub(crate) machine_id: Option<String>,
+    pub(crate) app: Option<AppName>,
+    pub(crate) machine_id: Option<MachineId>,
     pub(crate) commit: Option<String>,
     pub(crate) severity: Severity,
     pub(crate) summary: String,
@@ -338,8 +331,8 @@ impl Notification {
         }
     }
 
-    fn field(v: &Option<String>) -> &str {
-        v.as_deref().unwrap_or("*")
+    fn field<T: AsRef<str>>(v: &Option<T>) -> &str {
+        v.as_ref().map_or("*", AsRef::as_ref)
     }
 }
 
@@ -791,7 +784,7 @@ fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
 
 impl Sink {
     fn new(index: usize, hook: &WebhookConfig, secrets: SinkSecrets) -> Result<Sink, NotifyError> {
-        check_url(&secrets.url).map_err(|problem| NotifyError::InvalidUrl {
+        check_url(secrets.url.expose_secret()).map_err(|problem| NotifyError::InvalidUrl {
             index,
             url_env: hook.url_env.clone(),
             problem,
@@ -802,12 +795,12 @@ impl Sink {
             what,
         };
         if hook.format == WebhookFormat::Pagerduty
-            && secrets.routing_key.as_deref().is_none_or(str::is_empty)
+            && exposed(&secrets.routing_key).is_none_or(str::is_empty)
         {
             return Err(missing("routing key"));
         }
         // Unsigned bodies to a receiver configured to verify them would all be rejected.
-        if hook.secret_env.is_some() && secrets.hmac_secret.as_deref().is_none_or(str::is_empty) {
+        if hook.secret_env.is_some() && exposed(&secrets.hmac_secret).is_none_or(str::is_empty) {
             return Err(missing("HMAC secret"));
         }
         Ok(Sink {
@@ -1141,6 +1134,11 @@ impl Sink {
 }
 
 /// Why a URL cannot be a webhook (never echoing it).
+/// An optional secret's text, for the one place that sends or checks it.
+fn exposed(secret: &Option<SecretString>) -> Option<&str> {
+    secret.as_ref().map(ExposeSecret::expose_secret)
+}
+
 fn check_url(raw: &str) -> Result<(), &'static str> {
     let url = url::Url::parse(raw).map_err(|_| "is not a valid URL")?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -1354,13 +1352,13 @@ impl Shared {
         let rendered = format::render(
             sink.format,
             n,
-            sink.secrets.routing_key.as_deref(),
-            sink.secrets.hmac_secret.as_deref(),
+            exposed(&sink.secrets.routing_key),
+            exposed(&sink.secrets.hmac_secret),
             self.options.clock.now().timestamp(),
         );
         let mut request = self
             .http
-            .post(&sink.secrets.url)
+            .post(sink.secrets.url.expose_secret())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(rendered.body);
         if let Some((timestamp, signature)) = rendered.signature {

@@ -429,6 +429,9 @@ fn trace_layer() -> tower_http::trace::TraceLayer<
 /// before anything reads it (413); the whole request, body and handler, must
 /// finish within `server.request_timeout` (else 503; an admin write that was
 /// cut off may or may not have happened, and sending it again is safe).
+/// Not tower-http's `TimeoutLayer`: its answer is a bare status with an
+/// empty body, so it would drop the reason (and the resend advice), the
+/// `Connection: close` and the WARN line that this one gives.
 async fn request_limits(State(state): State<ServerState>, req: Request, next: Next) -> Response {
     let limits = &state.limits;
     let declared = req

@@ -683,7 +683,7 @@ impl Executor {
                 return Ok(());
             }
             let slot = Slot {
-                machine_id: t.machine_id.to_string(),
+                machine_id: t.machine_id.clone(),
                 tag: marker.tag.clone(),
                 owner: self.tuning.owner.clone(),
                 since: self.tuning.clock.now(),

@@ -43,6 +43,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SLOTS_KEY;
+use crate::model::MachineId;
 
 /// The slot-set format this version writes and reads.
 pub const SLOTS_VERSION: u32 = 1;
@@ -85,7 +86,7 @@ impl std::str::FromStr for Coordinator {
 /// One rotation's reservation of one pool slot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Slot {
-    pub machine_id: String,
+    pub machine_id: MachineId,
     /// The tag of the rotation's marker.
     pub tag: String,
     /// The reconciler that took it (for operators reading the metadata).

@@ -343,7 +343,7 @@ proptest! {
             for (i, m) in machines.iter().enumerate() {
                 if let (true, Some(mk)) = (m.slotted, &m.marker) {
                     set.try_add("app", POOLS[m.pool], Slot {
-                        machine_id: format!("m{i}"),
+                        machine_id: format!("m{i}").into(),
                         tag: mk.tag.clone(),
                         owner: "other".into(),
                         since: t0(),

@@ -523,8 +523,8 @@ impl HealthUrlTemplate {
         let url = url::Url::parse(&expanded).map_err(|e| HealthUrlError::Invalid(e.to_string()))?;
         if path_segments(&url) != self.segments {
             return Err(HealthUrlError::PathChanged {
-                name: crate::observe::probe::bounded(vars.name, 64),
-                region: crate::observe::probe::bounded(vars.region, 64),
+                name: crate::text::bounded(vars.name, 64),
+                region: crate::text::bounded(vars.region, 64),
             });
         }
         if let (Some(fly), Some(host)) = (&self.fly_host, url.host())
@@ -704,9 +704,9 @@ impl Config {
         let invalid = |key: String, span: Option<std::ops::Range<usize>>, message: String| {
             ConfigError::Invalid {
                 path: path.to_path_buf(),
-                key: crate::observe::probe::bounded(&key, MAX_ERROR_KEY_CHARS),
+                key: crate::text::bounded(&key, MAX_ERROR_KEY_CHARS),
                 line: span.map(|s| line_of(text, s.start)),
-                message: crate::observe::probe::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
+                message: crate::text::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
             }
         };
         let de = toml::de::Deserializer::parse(text)
@@ -1092,14 +1092,23 @@ fn http_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(s.trim_end_matches('/').to_string())
 }
 
+/// Commits one analysis compares for path signals, at most (≈ 1 s at the
+/// 35–47 µs a comparison takes): an agent reporting a commit far back in a
+/// long history must not hold up the sweep of every other machine. Facts
+/// are kept, so the next analyses go on where this one stopped.
+pub const DEFAULT_DIFF_BUDGET: usize = 20_000;
+/// `overlay.fetch_timeout`'s default: the deadline of
+/// [`crate::observe::overlay::Overlay::fetch`].
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
+
 const fn secs<const N: u64>() -> Duration {
     Duration::from_secs(N)
 }
 fn default_fetch_timeout() -> Duration {
-    crate::observe::overlay::DEFAULT_FETCH_TIMEOUT
+    DEFAULT_FETCH_TIMEOUT
 }
 fn default_max_path_comparisons() -> usize {
-    crate::observe::overlay::DEFAULT_DIFF_BUDGET
+    DEFAULT_DIFF_BUDGET
 }
 
 fn default_git_token_env() -> String {

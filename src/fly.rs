@@ -796,7 +796,7 @@ fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
     let message = serde_json::from_str::<ErrorBody>(body)
         .ok()
         .and_then(|b| b.error)
-        .map(|m| crate::observe::probe::bounded(&m, 200))
+        .map(|m| crate::text::bounded(&m, 200))
         .unwrap_or_else(|| body.chars().take(200).collect());
     let app = call.app.to_string();
     let machine = call.machine.map(str::to_string);
@@ -842,10 +842,7 @@ fn decode<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(body).map_err(|e| FlyError::Decode {
         op,
         app: app.to_string(),
-        message: crate::observe::probe::bounded(
-            &e.to_string(),
-            crate::observe::probe::MAX_DETAIL_CHARS,
-        ),
+        message: crate::text::bounded(&e.to_string(), crate::text::MAX_DETAIL_CHARS),
     })
 }
 

@@ -33,6 +33,7 @@
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
+//! | [`text`] | bounds on text from outside (reports, metadata, Fly errors) and the decoder of a JSON value someone else wrote |
 //! | [`logging`] | the log writer: one event per line, control characters escaped |
 //! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
 //! | [`demo`] | the `demo` command's scenario |
@@ -77,3 +78,39 @@ pub mod metadata;
 pub mod model;
 pub mod service;
 pub mod sim;
+pub mod text;
+
+/// Properties of the vocabulary as a whole, across the modules that name it.
+#[cfg(test)]
+mod tests {
+    use serde::Serialize;
+
+    /// The strum-derived names (metric labels, tables, logs) are the serde
+    /// names (JSON, config, markers), for every enum that has both.
+    #[test]
+    fn strum_names_are_the_serde_names() {
+        use crate::events::EventKind;
+        use crate::metadata::marker::{Ending, Phase, RotationMode};
+        use crate::model::{MachineStatus, PolicyAction, Severity};
+        use crate::report::notify::Status;
+        use strum::VariantArray;
+
+        fn same<T: Serialize>(values: &[T], name: impl Fn(&T) -> String) {
+            for v in values {
+                assert_eq!(serde_json::to_value(v).unwrap(), name(v).as_str());
+            }
+        }
+        same(&MachineStatus::ALL, |v| v.as_str().to_owned());
+        same(&MachineStatus::ALL, |v| v.to_string());
+        same(&Severity::ALL, |v| v.as_str().to_owned());
+        same(&Severity::ALL, |v| v.to_string());
+        same(PolicyAction::VARIANTS, |v| v.as_str().to_owned());
+        same(PolicyAction::VARIANTS, |v| v.to_string());
+        same(Phase::VARIANTS, |v| v.as_str().to_owned());
+        same(Phase::VARIANTS, |v| v.to_string());
+        same(Ending::VARIANTS, |v| v.as_str().to_owned());
+        same(RotationMode::VARIANTS, |v| v.as_str().to_owned());
+        same(EventKind::VARIANTS, |v| v.name().to_owned());
+        same(Status::VARIANTS, |v| v.as_str().to_owned());
+    }
+}

@@ -611,32 +611,4 @@ mod tests {
         assert!(MachineState::from("destroying").is_settled_down());
         assert_eq!(MachineState::from(""), MachineState::Unknown);
     }
-
-    /// The strum-derived names (metric labels, tables, logs) are the serde
-    /// names (JSON, config, markers), for every enum that has both.
-    #[test]
-    fn strum_names_are_the_serde_names() {
-        use crate::events::EventKind;
-        use crate::metadata::marker::{Ending, Phase, RotationMode};
-        use crate::report::notify::Status;
-        use strum::VariantArray;
-
-        fn same<T: Serialize>(values: &[T], name: impl Fn(&T) -> String) {
-            for v in values {
-                assert_eq!(serde_json::to_value(v).unwrap(), name(v).as_str());
-            }
-        }
-        same(&MachineStatus::ALL, |v| v.as_str().to_owned());
-        same(&MachineStatus::ALL, |v| v.to_string());
-        same(&Severity::ALL, |v| v.as_str().to_owned());
-        same(&Severity::ALL, |v| v.to_string());
-        same(PolicyAction::VARIANTS, |v| v.as_str().to_owned());
-        same(PolicyAction::VARIANTS, |v| v.to_string());
-        same(Phase::VARIANTS, |v| v.as_str().to_owned());
-        same(Phase::VARIANTS, |v| v.to_string());
-        same(Ending::VARIANTS, |v| v.as_str().to_owned());
-        same(RotationMode::VARIANTS, |v| v.as_str().to_owned());
-        same(EventKind::VARIANTS, |v| v.name().to_owned());
-        same(Status::VARIANTS, |v| v.as_str().to_owned());
-    }
 }

@@ -188,17 +188,17 @@ impl Marker {
 
     /// [`Marker::parse`], saying why a value is not a marker: the field at
     /// fault and what is wrong with it, in at most
-    /// [`MAX_DETAIL_CHARS`](crate::observe::probe::MAX_DETAIL_CHARS) characters.
+    /// [`MAX_DETAIL_CHARS`](crate::text::MAX_DETAIL_CHARS) characters.
     /// Texts are bounded: a tag longer than
-    /// [`MAX_TAG_CHARS`](crate::observe::probe::MAX_TAG_CHARS) (the longest checkpoint
+    /// [`MAX_TAG_CHARS`](crate::text::MAX_TAG_CHARS) (the longest checkpoint
     /// an agent may report, so such a rotation could never be checkpointed),
     /// a target or an owner longer than ours can be, make it malformed.
     pub fn decode(value: &str) -> Result<Marker, String> {
-        let marker: Marker = crate::observe::probe::decode_json(value)?;
+        let marker: Marker = crate::text::decode_json(value)?;
         let too_long =
             |field: &str, max: usize| Err(format!("field `{field}`: longer than {max} characters"));
-        if marker.tag.chars().count() > crate::observe::probe::MAX_TAG_CHARS {
-            return too_long("tag", crate::observe::probe::MAX_TAG_CHARS);
+        if marker.tag.chars().count() > crate::text::MAX_TAG_CHARS {
+            return too_long("tag", crate::text::MAX_TAG_CHARS);
         }
         if marker.target.chars().count() > MAX_MARKER_TARGET_CHARS {
             return too_long("target", MAX_MARKER_TARGET_CHARS);

@@ -43,16 +43,16 @@ impl Approval {
     }
 
     /// [`Approval::parse`], saying why a value is not an approval (the field
-    /// at fault, in at most [`crate::observe::probe::MAX_DETAIL_CHARS`] characters).
+    /// at fault, in at most [`crate::text::MAX_DETAIL_CHARS`] characters).
     pub fn decode(value: &str) -> Result<Approval, String> {
-        let mut approval: Approval = crate::observe::probe::decode_json(value)?;
+        let mut approval: Approval = crate::text::decode_json(value)?;
         if approval.target.chars().count() > MAX_APPROVAL_TARGET_CHARS {
             return Err(format!(
                 "field `target`: longer than {MAX_APPROVAL_TARGET_CHARS} characters"
             ));
         }
         if approval.by.chars().count() > MAX_APPROVAL_BY_CHARS {
-            approval.by = crate::observe::probe::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
+            approval.by = crate::text::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
         }
         Ok(approval)
     }

@@ -324,10 +324,7 @@ impl Sweeper {
                     url_of.insert(i, url);
                 }
                 Err(e) => {
-                    let why = crate::observe::probe::bounded(
-                        &e.to_string(),
-                        crate::observe::probe::MAX_DETAIL_CHARS,
-                    );
+                    let why = crate::text::bounded(&e.to_string(), crate::text::MAX_DETAIL_CHARS);
                     probe_of.insert(i, ProbeOutcome::Unreachable(why));
                 }
             }

@@ -7,7 +7,7 @@
 //! bytes, huge numbers, extreme timestamps, deep nesting, huge strings,
 //! control characters, unicode), and must: not panic; when it refuses, name
 //! the field or key it refused; and keep what it stores and what it says
-//! bounded (see `probe::bounded`).
+//! bounded (see `text::bounded`).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -25,9 +25,8 @@ use fleet_reconciler::metadata::slots::{Coordinator, SlotSet};
 use fleet_reconciler::metadata::unprobed::Unprobed;
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
-use fleet_reconciler::observe::probe::{
-    MAX_DETAIL_CHARS, MAX_TAG_CHARS, ProbeOutcome, parse_report,
-};
+use fleet_reconciler::observe::probe::{ProbeOutcome, parse_report};
+use fleet_reconciler::text::{MAX_DETAIL_CHARS, MAX_TAG_CHARS};
 use git2::{ObjectType, Oid, Repository, Signature, Time};
 use proptest::prelude::*;
 

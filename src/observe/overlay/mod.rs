@@ -50,6 +50,7 @@ use git2::{
 };
 use secrecy::{ExposeSecret, SecretString};
 
+use crate::config::{DEFAULT_DIFF_BUDGET, DEFAULT_FETCH_TIMEOUT};
 use crate::model::{CommitId, MissingCommit};
 use graph::{FastMap, Graph, LoadError, Node};
 pub use signals::{SignalId, Signals};
@@ -91,14 +92,6 @@ const REDACTED: &str = "[redacted]";
 /// would hold the fetch lock and a blocking thread for good.
 const GIT_CONNECT_TIMEOUT_MS: i32 = 10_000;
 const GIT_IO_TIMEOUT_MS: i32 = 60_000;
-/// Commits one analysis compares for path signals, at most (≈ 1 s at the
-/// 35–47 µs a comparison takes): an agent reporting a commit far back in a
-/// long history must not hold up the sweep of every other machine. Facts
-/// are kept, so the next analyses go on where this one stopped.
-pub const DEFAULT_DIFF_BUDGET: usize = 20_000;
-/// [`Overlay::fetch`]'s deadline (the config's `overlay.fetch_timeout`
-/// default).
-pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Sets libgit2's process-wide network timeouts and memory bounds, once,
 /// before any fetch or read.

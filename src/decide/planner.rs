@@ -561,11 +561,11 @@ struct Candidate<'a> {
     expected: Option<Marker>,
 }
 
-/// Plans one sweep, in named steps over one [`Planning`] context:
-/// [`Planning::machine`] for each machine (its decision, its alerts, the step
+/// Plans one sweep, in named steps over one `Planning` context:
+/// `Planning::machine` for each machine (its decision, its alerts, the step
 /// of a rotation in progress, or its candidacy for a claim), then
-/// [`Planning::claim_in_rank_order`] (new claims, within each pool's cap),
-/// then [`Planning::one_step_per_machine`].
+/// `Planning::claim_in_rank_order` (new claims, within each pool's cap),
+/// then `Planning::one_step_per_machine`.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     // Markers, holds and approvals as this plan reads them, once per machine.
     let ops: Vec<OperatorState> = input

@@ -11,13 +11,13 @@
 //! with its userinfo stripped and libgit2 messages with every secret
 //! replaced, and [`OverlaySource`]'s `Debug` hides the token. It never
 //! writes to the source repository; it writes only the mirror and, inside
-//! it, the saved commit graph ([`store`]).
+//! it, the saved commit graph (`store`).
 //!
 //! Costs are shaped for a 10,000-machine sweep and a long history:
 //!
 //! - one blocking task per batch, each distinct ref resolved once;
 //! - one walk of the commit graph per batch of distinct commits
-//!   ([`graph`]), not one revwalk per ref, over commits kept in memory
+//!   (`graph`), not one revwalk per ref, over commits kept in memory
 //!   numbered parents-first, so the walk is exact whatever the commit dates;
 //! - per-commit facts (trailer keys; path signals, only when a signal asks
 //!   about paths, from diffs limited to the globs' literal prefixes) computed

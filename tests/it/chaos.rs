@@ -766,7 +766,8 @@ fn plan_events(rng: &mut Rng, plan: &[PlannedMachine]) -> Vec<(Duration, Event)>
         .filter(|m| m.busy_for.is_none() && m.action().is_some() && !m.manual())
         .collect();
     let mut out = BTreeSet::new();
-    for i in 0..3 {
+    // (A seed may leave none: then there are no outages, not a panic.)
+    for i in (0..3).take_while(|_| !idle_automatic.is_empty()) {
         let m = idle_automatic[rng.usize(0..idle_automatic.len())];
         if !out.insert(m.id.clone()) {
             continue;

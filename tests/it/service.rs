@@ -1,4 +1,8 @@
 //! The `run` service in-process: what on-call receives when sweeps fail.
+//!
+//! The service and the sim read one clock (`run_with_clock`), on tokio's
+//! paused time in every test but the one about scrapes during an analysis,
+//! which needs real threads.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -6,6 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
+use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
 use fleet_reconciler::report::notify::SinkSecrets;
@@ -17,11 +22,18 @@ use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "service-test-token";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Wall time that follows tokio's clock (paused, except on the one
+/// multi-thread test, where it is real time).
+fn paused_clock() -> SharedClock {
+    Arc::new(TokioClock::starting_at(chrono::Utc::now()))
+}
+
+#[tokio::test(start_paused = true)]
 async fn failing_sweeps_do_not_resolve_machine_alerts() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
         SimFleet::new(TOKEN)
+            .clock(paused_clock())
             .release_tip(overlay.tip())
             .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
     )
@@ -80,11 +92,14 @@ fn gauge(text: &str, name: &str, labels: &str) -> Option<f64> {
 async fn a_new_tip_is_analysed_while_the_last_figures_stay_served() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
-            SimApp::new("agents")
-                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
-                .machine(SimMachine::new("m2")),
-        ),
+        SimFleet::new(TOKEN)
+            .clock(paused_clock())
+            .release_tip(overlay.tip())
+            .app(
+                SimApp::new("agents")
+                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                    .machine(SimMachine::new("m2")),
+            ),
     )
     .await
     .unwrap();
@@ -293,12 +308,13 @@ format = "json"
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        let task = tokio::spawn(service::run(
+        let task = tokio::spawn(service::run_with_clock(
             config,
             secrets,
             listener,
             "t".into(),
             stop.clone(),
+            sim.clock(),
             move |o| match o {
                 fleet_reconciler::daemon::SweepOutcome::Swept(_) => *counted.lock().unwrap() += 1,
                 fleet_reconciler::daemon::SweepOutcome::Failed { .. } => {
@@ -343,16 +359,19 @@ format = "json"
 /// Issue 10, item 4: run 1 pages; it stops; meanwhile one agent reaches the
 /// tip. Run 2 resolves that alert, does not page again for the alerts still
 /// firing, and delivers what run 1 could not deliver before it stopped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn alert_state_survives_a_restart() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
-            SimApp::new("agents")
-                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
-                .machine(SimMachine::new("m2").loaded(overlay.behind(1)))
-                .machine(SimMachine::new("m3")),
-        ),
+        SimFleet::new(TOKEN)
+            .clock(paused_clock())
+            .release_tip(overlay.tip())
+            .app(
+                SimApp::new("agents")
+                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                    .machine(SimMachine::new("m2").loaded(overlay.behind(1)))
+                    .machine(SimMachine::new("m3")),
+            ),
     )
     .await
     .unwrap();
@@ -369,7 +388,7 @@ async fn alert_state_survives_a_restart() {
     sim.set_loaded_ref("m3", &overlay.behind(2));
     run1.sweeps_after(3).await;
     run1.stop().await;
-    let stopped = chrono::Utc::now();
+    let stopped = sim.now();
     assert!(hook.of("drift_detected", "m3").is_empty());
     // Payload times have whole seconds: run 2's are all later than `stopped`.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -417,15 +436,18 @@ async fn alert_state_survives_a_restart() {
 /// after it sees the drift again, and the first sweeps may fail: neither
 /// resolves an alert that still holds (nor pages it again), while one the
 /// first good sweep shows cleared resolves at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN).release_tip(overlay.tip()).app(
-            SimApp::new("agents")
-                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
-                .machine(SimMachine::new("m2").loaded(overlay.behind(1))),
-        ),
+        SimFleet::new(TOKEN)
+            .clock(paused_clock())
+            .release_tip(overlay.tip())
+            .app(
+                SimApp::new("agents")
+                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                    .machine(SimMachine::new("m2").loaded(overlay.behind(1))),
+            ),
     )
     .await
     .unwrap();
@@ -469,11 +491,12 @@ async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
 
 /// A state file that cannot be read is moved aside (kept for a post-mortem)
 /// and the daemon starts with empty state, then writes a valid file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_corrupt_alert_state_file_is_moved_aside() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
         SimFleet::new(TOKEN)
+            .clock(paused_clock())
             .release_tip(overlay.tip())
             .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
     )

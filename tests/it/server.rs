@@ -1368,7 +1368,7 @@ async fn a_partial_header_is_cut_off_after_the_header_read_timeout() {
 /// A request that does not finish within `server.request_timeout` (here a
 /// body that never arrives) gets a 503 that says why and that an admin
 /// write may be sent again, and its connection is closed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_request_not_finished_within_the_request_timeout_gets_a_503() {
     use tokio::io::AsyncWriteExt;
     let h = Harness::start_configured(Some(ADMIN), "request_timeout = \"1s\"").await;

@@ -33,9 +33,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -45,6 +46,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tower::BoxError;
+use tower::timeout::TimeoutLayer;
 
 use crate::act::operator::{Operator, OperatorError};
 use crate::clock::SharedClock;
@@ -369,6 +372,7 @@ impl ServerState {
 /// The routes of docs/design.md §8.4 over `state`, with the request limits (timeout,
 /// body size) on every route and the admin authentication on the POSTs.
 pub fn router(state: ServerState) -> Router {
+    let request_timeout = state.limits.request_timeout;
     let admin = Router::new()
         .route("/api/v1/machines/{id}/approve", post(approve))
         .route("/api/v1/machines/{id}/hold", post(hold))
@@ -388,8 +392,17 @@ pub fn router(state: ServerState) -> Router {
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             state.clone(),
-            request_limits,
+            declared_body_limit,
         ))
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(
+                    move |method: Method, uri: Uri, error: BoxError| async move {
+                        request_failed(&method, uri.path(), request_timeout, &error)
+                    },
+                ))
+                .layer(TimeoutLayer::new(request_timeout)),
+        )
         .layer(trace_layer())
         .with_state(state)
 }
@@ -397,7 +410,7 @@ pub fn router(state: ServerState) -> Router {
 /// One DEBUG span per request with its method and bounded path, and DEBUG
 /// events for the answer and failures. Headers are never recorded (the
 /// admin bearer token), nor the query; a timeout is already logged at WARN
-/// by [`request_limits`], so failures stay at DEBUG.
+/// by [`request_failed`], so failures stay at DEBUG.
 fn trace_layer() -> tower_http::trace::TraceLayer<
     tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>,
     impl Fn(&Request) -> tracing::Span + Clone,
@@ -426,39 +439,47 @@ fn trace_layer() -> tower_http::trace::TraceLayer<
 }
 
 /// Every request: a declared body over `server.max_body_bytes` is refused
-/// before anything reads it (413); the whole request, body and handler, must
-/// finish within `server.request_timeout` (else 503; an admin write that was
-/// cut off may or may not have happened, and sending it again is safe).
-/// Not tower-http's `TimeoutLayer`: its answer is a bare status with an
-/// empty body, so it would drop the reason (and the resend advice), the
-/// `Connection: close` and the WARN line that this one gives.
-async fn request_limits(State(state): State<ServerState>, req: Request, next: Next) -> Response {
-    let limits = &state.limits;
+/// before anything reads it (413).
+async fn declared_body_limit(
+    State(state): State<ServerState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let max = state.limits.max_body_bytes;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
-        return too_large(limits.max_body_bytes).into_response();
+    if declared.is_some_and(|n| n > max as u64) {
+        return too_large(max).into_response();
     }
-    let path = logged_path(req.uri().path());
-    let method = req.method().clone();
-    match tokio::time::timeout(limits.request_timeout, next.run(req)).await {
-        Ok(resp) => resp,
-        Err(_) => {
-            let took = humantime::format_duration(limits.request_timeout);
-            tracing::warn!(%method, path = %path, timeout = %took, "HTTP request cut off at server.request_timeout");
-            let mut resp = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("request not completed within server.request_timeout ({took}); an admin request may or may not have taken effect and can be sent again"),
-            )
-            .into_response();
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            resp
-        }
+    next.run(req).await
+}
+
+/// The whole request, body and handler, must finish within
+/// `server.request_timeout` (tower's `TimeoutLayer`, in [`router`]). Its
+/// `Elapsed` becomes a 503 that says why (an admin write that was cut off
+/// may or may not have happened, and sending it again is safe), closes the
+/// connection and is logged at WARN. Not tower-http's `TimeoutLayer`: its
+/// answer is a bare status with an empty body, without the reason, the
+/// resend advice, the `Connection: close` or the log line.
+fn request_failed(method: &Method, path: &str, limit: Duration, error: &BoxError) -> Response {
+    if !error.is::<tower::timeout::error::Elapsed>() {
+        // The router's own error type is `Infallible`: only the timeout fails.
+        return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response();
     }
+    let took = humantime::format_duration(limit);
+    let path = logged_path(path);
+    tracing::warn!(%method, path = %path, timeout = %took, "HTTP request cut off at server.request_timeout");
+    let mut resp = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("request not completed within server.request_timeout ({took}); an admin request may or may not have taken effect and can be sent again"),
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 fn too_large(max: usize) -> ApiError {

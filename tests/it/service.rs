@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use fleet_reconciler::clock::{SharedClock, TokioClock};
+use fleet_reconciler::clock::TokioClock;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
 use fleet_reconciler::report::notify::SinkSecrets;
@@ -22,19 +22,19 @@ use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "service-test-token";
 
-/// Wall time that follows tokio's clock (paused, except on the one
-/// multi-thread test, where it is real time).
-fn paused_clock() -> SharedClock {
-    Arc::new(TokioClock::starting_at(chrono::Utc::now()))
+/// A fleet on the overlay's tip whose clock follows tokio's (paused, except
+/// on the one multi-thread test, where it is real time).
+fn fleet(overlay: &OverlayRepo) -> SimFleet {
+    SimFleet::new(TOKEN)
+        .clock(Arc::new(TokioClock::starting_at(chrono::Utc::now())))
+        .release_tip(overlay.tip())
 }
 
 #[tokio::test(start_paused = true)]
 async fn failing_sweeps_do_not_resolve_machine_alerts() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN)
-            .clock(paused_clock())
-            .release_tip(overlay.tip())
+        fleet(&overlay)
             .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
     )
     .await
@@ -92,14 +92,11 @@ fn gauge(text: &str, name: &str, labels: &str) -> Option<f64> {
 async fn a_new_tip_is_analysed_while_the_last_figures_stay_served() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN)
-            .clock(paused_clock())
-            .release_tip(overlay.tip())
-            .app(
-                SimApp::new("agents")
-                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
-                    .machine(SimMachine::new("m2")),
-            ),
+        fleet(&overlay).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m2")),
+        ),
     )
     .await
     .unwrap();
@@ -363,15 +360,12 @@ format = "json"
 async fn alert_state_survives_a_restart() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN)
-            .clock(paused_clock())
-            .release_tip(overlay.tip())
-            .app(
-                SimApp::new("agents")
-                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
-                    .machine(SimMachine::new("m2").loaded(overlay.behind(1)))
-                    .machine(SimMachine::new("m3")),
-            ),
+        fleet(&overlay).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m2").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m3")),
+        ),
     )
     .await
     .unwrap();
@@ -440,14 +434,11 @@ async fn alert_state_survives_a_restart() {
 async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN)
-            .clock(paused_clock())
-            .release_tip(overlay.tip())
-            .app(
-                SimApp::new("agents")
-                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
-                    .machine(SimMachine::new("m2").loaded(overlay.behind(1))),
-            ),
+        fleet(&overlay).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                .machine(SimMachine::new("m2").loaded(overlay.behind(1))),
+        ),
     )
     .await
     .unwrap();
@@ -495,9 +486,7 @@ async fn a_restart_carries_alerts_over_failed_sweeps_and_the_drift_clock() {
 async fn a_corrupt_alert_state_file_is_moved_aside() {
     let overlay = OverlayRepo::new();
     let sim = Sim::start(
-        SimFleet::new(TOKEN)
-            .clock(paused_clock())
-            .release_tip(overlay.tip())
+        fleet(&overlay)
             .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
     )
     .await

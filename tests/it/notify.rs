@@ -192,6 +192,13 @@ fn plain(url: String) -> SinkSecrets {
     }
 }
 
+fn json_sink(rx: &Receiver) -> (WebhookConfig, SinkSecrets) {
+    (
+        hook(WebhookFormat::Json, Severity::Low),
+        plain(rx.url("/h")),
+    )
+}
+
 /// The shipped options (a minute between retries, 10 s per request): the
 /// tests run on paused tokio time, where those pass in no real time.
 fn shipped() -> NotifierOptions {
@@ -385,13 +392,7 @@ async fn json_body_follows_the_schema_and_is_signed() {
 #[tokio::test(start_paused = true)]
 async fn unsigned_json_has_no_signature_header() {
     let rx = Receiver::start().await;
-    let n = Running::start(
-        vec![(
-            hook(WebhookFormat::Json, Severity::Low),
-            plain(rx.url("/h")),
-        )],
-        shipped(),
-    );
+    let n = Running::start(vec![json_sink(&rx)], shipped());
     n.update(&[drift("m1", Severity::Low)], t(0));
     rx.expect(1).await;
     assert!(!rx.accepted()[0].headers.contains_key("x-fleet-signature"));
@@ -589,13 +590,7 @@ async fn pagerduty_is_paged_for_failed_actions_only() {
 #[tokio::test(start_paused = true)]
 async fn unchanged_alerts_repeat_once_per_interval_and_resolve_when_cleared() {
     let rx = Receiver::start().await;
-    let n = Running::start(
-        vec![(
-            hook(WebhookFormat::Json, Severity::Low),
-            plain(rx.url("/h")),
-        )],
-        shipped(),
-    );
+    let n = Running::start(vec![json_sink(&rx)], shipped());
     let a = drift("a", Severity::Medium);
     let b = drift("b", Severity::Medium);
     n.update(std::slice::from_ref(&a), t(0));
@@ -697,13 +692,7 @@ async fn min_severity_filters_triggers_and_resolves_follow_them() {
 async fn an_outage_loses_nothing_and_keeps_order() {
     let rx = Receiver::start().await;
     rx.set(Mode::Fail(503));
-    let n = Running::start(
-        vec![(
-            hook(WebhookFormat::Json, Severity::Low),
-            plain(rx.url("/h")),
-        )],
-        shipped(),
-    );
+    let n = Running::start(vec![json_sink(&rx)], shipped());
     let a = drift("a", Severity::High);
     let b = drift("b", Severity::High);
     n.update(std::slice::from_ref(&a), t(0));
@@ -764,13 +753,7 @@ async fn redirects_are_refused() {
     let elsewhere = Receiver::start().await;
     let redirecting = Receiver::start().await;
     redirecting.set(Mode::Redirect(elsewhere.url("/stolen")));
-    let n = Running::start(
-        vec![(
-            hook(WebhookFormat::Json, Severity::Low),
-            plain(redirecting.url("/h")),
-        )],
-        shipped(),
-    );
+    let n = Running::start(vec![json_sink(&redirecting)], shipped());
     n.update(&[drift("a", Severity::High)], t(0));
     eventually("a retried redirect", WAIT, async || {
         redirecting.attempts() >= 2
@@ -796,13 +779,7 @@ async fn update_never_waits_for_a_hanging_receiver() {
         queue_capacity: 5000,
         ..shipped()
     };
-    let n = Running::start(
-        vec![(
-            hook(WebhookFormat::Json, Severity::Low),
-            plain(rx.url("/h")),
-        )],
-        options,
-    );
+    let n = Running::start(vec![json_sink(&rx)], options);
     n.update(&[drift("first", Severity::High)], t(0));
     eventually("a request in flight", WAIT, async || rx.attempts() >= 1).await;
 
@@ -1335,19 +1312,7 @@ async fn a_gone_receiver_is_dead_lettered_without_blocking_anything() {
     let gone = Receiver::start().await;
     gone.set(Mode::Fail(404));
     let ok = Receiver::start().await;
-    let n = Running::start(
-        vec![
-            (
-                hook(WebhookFormat::Json, Severity::Low),
-                plain(gone.url("/h")),
-            ),
-            (
-                hook(WebhookFormat::Json, Severity::Low),
-                plain(ok.url("/h")),
-            ),
-        ],
-        shipped(),
-    );
+    let n = Running::start(vec![json_sink(&gone), json_sink(&ok)], shipped());
     let (a, b) = (drift("a", Severity::High), drift("b", Severity::High));
     n.update(std::slice::from_ref(&a), t(0));
     eventually("a's trigger tried", WAIT, async || gone.attempts() >= 1).await;
@@ -1418,13 +1383,6 @@ fn persisted(path: &std::path::Path) -> NotifierOptions {
         save_interval: Duration::from_millis(20),
         ..shipped()
     }
-}
-
-fn json_sink(rx: &Receiver) -> (WebhookConfig, SinkSecrets) {
-    (
-        hook(WebhookFormat::Json, Severity::Low),
-        plain(rx.url("/h")),
-    )
 }
 
 /// Two notifiers, one after the other, sharing a state file: what the first
@@ -1601,15 +1559,7 @@ async fn dead_letters_are_counted_kept_and_survive_a_restart() {
     let ok = Receiver::start().await;
     let mut pd = hook(WebhookFormat::Slack, Severity::Low);
     pd.url_env = "GONE_URL".into();
-    let sinks = || {
-        vec![
-            (pd.clone(), plain(gone.url("/h"))),
-            (
-                hook(WebhookFormat::Json, Severity::Low),
-                plain(ok.url("/h")),
-            ),
-        ]
-    };
+    let sinks = || vec![(pd.clone(), plain(gone.url("/h"))), json_sink(&ok)];
     let first = Running::start(sinks(), persisted(&state));
     let a = drift("a", Severity::High);
     first.update(std::slice::from_ref(&a), t(0));

@@ -329,24 +329,14 @@ async fn a_stalled_git_server_neither_stops_sweeps_nor_shutdown() {
     tokio::spawn(async move { axum::serve(hook, receiver).await.unwrap() });
 
     let port = free_port();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let repo = trickling_git_server().await;
+    let config = ConfigToml::new(&sim.api_url(), std::path::Path::new(&repo), mirror)
+        .overlay("fetch_interval = \"1s\"\nfetch_timeout = \"2s\"")
+        .app("app", Some(&sim.health_url_template()))
+        .with(&format!(
             r#"
-[fly]
-api_url = "{api}"
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
-fetch_interval = "1s"
-fetch_timeout = "2s"
 [sweep]
 interval = "500ms"
-[[apps]]
-name = "app"
-health_url = "{health}"
 [rotation]
 coordinator = "coord/c0"
 [[alerts.webhooks]]
@@ -354,14 +344,9 @@ url_env = "STALL_WEBHOOK_URL"
 format = "json"
 [server]
 listen = "127.0.0.1:{port}"
-"#,
-            api = sim.api_url(),
-            repo = trickling_git_server().await,
-            mirror = mirror.display(),
-            health = sim.health_url_template(),
-        ),
-    )
-    .unwrap();
+"#
+        ))
+        .write(dir.path().join("c.toml"));
     let log_path = dir.path().join("stderr.log");
     let mut child = spawn_run(&config, &log_path, &[("STALL_WEBHOOK_URL", &hook_url)]);
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -461,33 +446,20 @@ async fn outside_text_cannot_forge_log_lines_or_drive_the_terminal() {
     let api = hostile_fly_api().await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = ConfigToml::new(&api, &overlay.repo_path, dir.path().join("mirror.git"))
+        .fly("max_retries = 0")
+        .app("app", Some("http://[{private_ip}]:8080/health"))
+        .with(&format!(
             r#"
-[fly]
-api_url = "{api}"
-max_retries = 0
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
 [sweep]
 interval = "200ms"
-[[apps]]
-name = "app"
-health_url = "http://[{{private_ip}}]:8080/health"
 [pools.default]
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [server]
 listen = "127.0.0.1:{port}"
-"#,
-            repo = overlay.repo_path.display(),
-            mirror = dir.path().join("mirror.git").display(),
-        ),
-    )
-    .unwrap();
+"#
+        ))
+        .write(dir.path().join("c.toml"));
 
     // `check`: the error it exits with.
     let check = tokio::task::spawn_blocking({
@@ -537,23 +509,17 @@ async fn an_agent_far_behind_is_observed_until_its_range_is_checked() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[fly]
-api_url = "{api}"
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
-max_path_comparisons = 1
-[[apps]]
-name = "app"
-health_url = "{health}"
+    let config = ConfigToml::new(
+        &sim.api_url(),
+        &overlay.repo_path,
+        dir.path().join("mirror.git"),
+    )
+    .overlay("max_path_comparisons = 1")
+    .app("app", Some(&sim.health_url_template()))
+    .with(
+        r#"
 [pools.default]
-actions = {{ low = "restart", medium = "restart", high = "restart", critical = "restart" }}
+actions = { low = "restart", medium = "restart", high = "restart", critical = "restart" }
 [[severity]]
 level = "high"
 paths = ["policies/**"]
@@ -561,13 +527,8 @@ paths = ["policies/**"]
 level = "low"
 min_commits_behind = 1
 "#,
-            api = sim.api_url(),
-            repo = overlay.repo_path.display(),
-            mirror = dir.path().join("mirror.git").display(),
-            health = sim.health_url_template(),
-        ),
     )
-    .unwrap();
+    .write(dir.path().join("c.toml"));
     let out = tokio::task::spawn_blocking(move || {
         Command::new(BIN)
             .args(["check", "--output", "json", "--config"])
@@ -645,36 +606,25 @@ async fn sigterm_exits_within_five_seconds_with_a_fly_call_in_flight() {
     .unwrap();
     sim.hang_next_call("m1", "POST", "restart", Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[fly]
-api_url = "{api}"
-request_timeout = "60s"
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
+    let config = ConfigToml::new(
+        &sim.api_url(),
+        &overlay.repo_path,
+        dir.path().join("mirror.git"),
+    )
+    .fly("request_timeout = \"60s\"")
+    .app("app", Some(&sim.health_url_template()))
+    .with(
+        r#"
 [sweep]
 interval = "300ms"
-[[apps]]
-name = "app"
-health_url = "{health}"
 [pools.default]
-actions = {{ low = "restart", medium = "restart", high = "restart", critical = "restart" }}
+actions = { low = "restart", medium = "restart", high = "restart", critical = "restart" }
 [rotation]
 min_drift_age = "0s"
 coordinator = "coord/c0"
 "#,
-            api = sim.api_url(),
-            repo = overlay.repo_path.display(),
-            mirror = dir.path().join("mirror.git").display(),
-            health = sim.health_url_template(),
-        ),
     )
-    .unwrap();
+    .write(dir.path().join("c.toml"));
     let log_path = dir.path().join("stderr.log");
     let mut child = spawn_run(&config, &log_path, &[]);
     let restart_asked = || {

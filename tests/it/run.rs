@@ -12,7 +12,7 @@ use axum::routing::post;
 use fleet_reconciler::metadata::{HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
-use crate::common::{ChildGuard, OverlayRepo, eventually, free_port};
+use crate::common::{ChildGuard, ConfigToml, OverlayRepo, eventually, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-secret-token-e2e";
@@ -65,22 +65,15 @@ async fn run_remediates_serves_and_stops_cleanly_without_leaking_secrets() {
     tokio::spawn(async move { axum::serve(hook, app).await.unwrap() });
 
     let port = free_port();
-    let config = format!(
-        r#"
-[fly]
-api_url = "{api}"
-[overlay]
-repo = "{repo}"
-branch = "release"
-fetch_interval = "1s"
-mirror_dir = "{mirror}"
+    let config_path = ConfigToml::new(&sim.api_url(), repo_path, dir.path().join("mirror.git"))
+        .overlay("fetch_interval = \"1s\"")
+        .app("agents", Some(&sim.health_url_template()))
+        .with(&format!(
+            r#"
 [sweep]
 interval = "300ms"
 [probe]
 timeout = "1s"
-[[apps]]
-name = "agents"
-health_url = "{health}"
 [pools.default]
 max_concurrent_rotations = 2
 actions = {{ low = "alert-and-wait", medium = "alert-and-wait", high = "alert-and-wait", critical = "manual" }}
@@ -94,14 +87,9 @@ secret_env = "E2E_WEBHOOK_SECRET"
 [server]
 listen = "127.0.0.1:{port}"
 admin_token_env = "E2E_ADMIN_TOKEN"
-"#,
-        api = sim.api_url(),
-        repo = repo_path.display(),
-        mirror = dir.path().join("mirror.git").display(),
-        health = sim.health_url_template(),
-    );
-    let config_path = dir.path().join("fleet-reconciler.toml");
-    std::fs::write(&config_path, config).unwrap();
+"#
+        ))
+        .write(dir.path().join("fleet-reconciler.toml"));
 
     let mut child = ChildGuard(
         Command::new(BIN)
@@ -394,22 +382,13 @@ async fn a_second_run_resolves_what_the_first_paged_and_pages_nothing_again() {
             .count()
     };
 
-    let config_path = overlay.dir.path().join("fleet-reconciler.toml");
-    std::fs::write(
-        &config_path,
-        format!(
+    let config_path = overlay
+        .config(&sim.api_url(), "data/overlay.git")
+        .app("agents", Some(&sim.health_url_template()))
+        .with(&format!(
             r#"
-[fly]
-api_url = "{api}"
-[overlay]
-repo = "{repo}"
-branch = "release"
-mirror_dir = "{mirror}"
 [sweep]
 interval = "200ms"
-[[apps]]
-name = "agents"
-health_url = "{health}"
 [pools.default]
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [rotation]
@@ -421,14 +400,9 @@ secret_env = "E2E_WEBHOOK_SECRET"
 [server]
 listen = "127.0.0.1:{port}"
 "#,
-            api = sim.api_url(),
-            repo = overlay.repo_path.display(),
-            mirror = overlay.dir.path().join("data/overlay.git").display(),
-            health = sim.health_url_template(),
             port = free_port(),
-        ),
-    )
-    .unwrap();
+        ))
+        .write(overlay.dir.path().join("fleet-reconciler.toml"));
     let start = || {
         ChildGuard(
             Command::new(BIN)

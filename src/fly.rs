@@ -47,11 +47,43 @@ pub struct Machine {
     pub region: String,
     #[serde(default)]
     pub private_ip: String,
-    /// The machine version, used for metadata compare-and-set.
+    /// Unique per version of the machine: a restart keeps it, an update
+    /// (`fly deploy`, `fly machine update`) changes it.
     #[serde(default)]
     pub instance_id: String,
+    /// Whether Fly can reach the machine's host. Absent (an old or minimal
+    /// answer) reads as `ok`.
+    #[serde(default)]
+    pub host_status: HostStatus,
     #[serde(default)]
     pub config: Option<MachineConfig>,
+    /// What Fly shows instead of `config` while the host is unreachable
+    /// (fly-go `Machine.GetConfig` falls back to it); its metadata may be
+    /// missing keys that are set, so it is never read as the metadata.
+    #[serde(default)]
+    pub incomplete_config: Option<MachineConfig>,
+    /// Whether Fly Proxy routes to the machine; `None` when Fly did not say.
+    #[serde(default)]
+    pub cordoned: Option<bool>,
+    /// Fly's own health checks of the machine.
+    #[serde(default, deserialize_with = "null_as_empty_vec")]
+    pub checks: Vec<MachineCheck>,
+    /// Recent lifecycle events, newest first as Fly lists them.
+    #[serde(default, deserialize_with = "null_as_empty_vec")]
+    pub events: Vec<MachineEvent>,
+}
+
+/// `host_status` of a Machine.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HostStatus {
+    #[default]
+    Ok,
+    Unknown,
+    Unreachable,
+    /// A value this version does not know: treated as not `ok`.
+    #[serde(other)]
+    Other,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -60,9 +92,76 @@ pub struct MachineConfig {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// One of Fly's health checks of a machine (OpenAPI `CheckStatus`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MachineCheck {
+    #[serde(default)]
+    pub name: String,
+    /// `passing`, `warning` or `critical`.
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub output: String,
+    #[serde(default)]
+    pub updated_at: String,
+}
+
+impl MachineCheck {
+    pub fn passing(&self) -> bool {
+        self.status == "passing"
+    }
+}
+
+/// One lifecycle event of a machine (OpenAPI `MachineEvent`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct MachineEvent {
+    /// `launch`, `start`, `stop`, `exit`, `restart`, `update`, …
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub source: String,
+    /// Unix milliseconds.
+    #[serde(default)]
+    pub timestamp: i64,
+}
+
+/// The machine's metadata cannot be known from this answer: its host is not
+/// `ok`, or Fly sent no `config`. Unknown is never read as empty.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the metadata of machine {machine} is not known (host status {host_status:?}, {what})")]
+pub struct MetadataUnknown {
+    pub machine: String,
+    pub host_status: HostStatus,
+    pub what: &'static str,
+}
+
 impl Machine {
-    pub fn metadata(&self, key: &str) -> Option<&str> {
-        self.config.as_ref()?.metadata.get(key).map(String::as_str)
+    /// The machine's metadata as Fly shows it, or why it cannot be known.
+    pub fn known_metadata(&self) -> Result<&BTreeMap<String, String>, MetadataUnknown> {
+        let unknown = |what| MetadataUnknown {
+            machine: self.id.clone(),
+            host_status: self.host_status.clone(),
+            what,
+        };
+        if !self.host_ok() {
+            return Err(unknown("its host is not reachable"));
+        }
+        match &self.config {
+            Some(c) => Ok(&c.metadata),
+            None => Err(unknown("the answer carries no config")),
+        }
+    }
+
+    /// One metadata key: `Ok(None)` only when the metadata is known and the
+    /// key is absent.
+    pub fn metadata(&self, key: &str) -> Result<Option<&str>, MetadataUnknown> {
+        Ok(self.known_metadata()?.get(key).map(String::as_str))
+    }
+
+    pub fn host_ok(&self) -> bool {
+        self.host_status == HostStatus::Ok
     }
 
     pub fn is_started(&self) -> bool {
@@ -846,6 +945,12 @@ fn decode<T: serde::de::DeserializeOwned>(
     })
 }
 
+fn null_as_empty_vec<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
 fn null_as_empty<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<BTreeMap<String, String>, D::Error> {
@@ -882,13 +987,39 @@ mod tests {
             r#"{"id":"148e","name":"n","state":"started","region":"iad","instance_id":"01H","private_ip":"fdaa::2","config":{"metadata":null,"image":"x"},"checks":[]}"#,
         )
         .unwrap();
-        assert_eq!(m.metadata("pool"), None);
+        assert_eq!(m.metadata("pool"), Ok(None));
         assert!(m.is_started());
         let m: Machine = serde_json::from_str(
             r#"{"id":"1","state":"stopped","config":{"metadata":{"pool":"a"}}}"#,
         )
         .unwrap();
-        assert_eq!(m.metadata("pool"), Some("a"));
+        assert_eq!(m.metadata("pool"), Ok(Some("a")));
+    }
+
+    /// A host Fly cannot reach shows `incomplete_config`: its metadata is
+    /// unknown, never empty, even where the partial config carries keys.
+    #[test]
+    fn an_unreachable_host_hides_the_metadata_instead_of_emptying_it() {
+        let m: Machine = serde_json::from_str(
+            r#"{"id":"1","state":"started","host_status":"unreachable","incomplete_config":{"metadata":{"pool":"a"}},"cordoned":true,
+                "checks":[{"name":"http","status":"critical"}],"events":[{"type":"exit","status":"stopped","timestamp":5}]}"#,
+        )
+        .unwrap();
+        assert!(!m.host_ok());
+        assert!(m.metadata("pool").is_err());
+        assert!(m.known_metadata().is_err());
+        assert_eq!(m.cordoned, Some(true));
+        assert!(!m.checks[0].passing());
+        assert_eq!(m.events[0].kind, "exit");
+        // A host status this version does not know is not `ok` either.
+        let m: Machine =
+            serde_json::from_str(r#"{"id":"1","host_status":"degraded","config":{"metadata":{}}}"#)
+                .unwrap();
+        assert_eq!(m.host_status, HostStatus::Other);
+        assert!(m.metadata("pool").is_err());
+        // No config at all (a summary listing) is unknown too.
+        let m: Machine = serde_json::from_str(r#"{"id":"1","host_status":"ok"}"#).unwrap();
+        assert!(m.metadata("pool").is_err());
     }
 
     #[test]

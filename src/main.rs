@@ -521,7 +521,7 @@ async fn release(config_path: &std::path::Path, machine: &str) -> Result<Done, F
         // removed (a hold written by `hold` or the admin API is a JSON
         // object; any other value is shown as the string it is).
         let (_, found) = operator.locate(machine).await?;
-        let removed = found.metadata(HOLD_KEY).map(|v| {
+        let removed = found.metadata(HOLD_KEY)?.map(|v| {
             serde_json::from_str::<Hold>(v)
                 .ok()
                 .and_then(|h| serde_json::to_value(h).ok())

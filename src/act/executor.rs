@@ -99,6 +99,8 @@ pub enum Declined {
     NoCoordinator,
     #[error("{0}")]
     SlotsUnreadable(String),
+    #[error("{0}")]
+    HostUnavailable(String),
     #[error("our lease could not be refreshed; stopped before the next call")]
     LeaseLost,
     #[error("fresh probe: {0}")]
@@ -316,10 +318,15 @@ impl Executor {
         let (app, id) = (t.app.as_str(), t.machine_id.as_str());
         // The plan was made from a snapshot: act only on what is true now.
         let machine = self.fly.get_machine(app, id).await?;
-        if machine.metadata(HOLD_KEY).is_some() {
+        // A host Fly cannot reach hides the hold and the marker: unknown is
+        // never read as "none".
+        let metadata = machine
+            .known_metadata()
+            .map_err(|e| Declined::HostUnavailable(e.to_string()))?;
+        if metadata.contains_key(HOLD_KEY) {
             return Err(Declined::Held.into());
         }
-        let current = machine.metadata(MARKER_KEY).map(Marker::parse);
+        let current = metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
         let unchanged = match (&step.expected, &current) {
             (None, None) => true,
             (Some(expected), Some(Some(now))) => expected == now,
@@ -649,8 +656,12 @@ impl Executor {
     async fn read_slots(&self) -> Result<SlotSet, StepError> {
         let c = self.coordinator()?;
         let m = self.fly.get_machine(&c.app, &c.machine_id).await?;
-        SlotSet::parse(m.metadata(SLOTS_KEY))
-            .map_err(|e| Declined::SlotsUnreadable(format!("coordinator {c}: {e}")).into())
+        let unreadable = |e: String| Declined::SlotsUnreadable(format!("coordinator {c}: {e}"));
+        // Unknown is not empty: an unreachable coordinator's set is unreadable.
+        let value = m
+            .metadata(SLOTS_KEY)
+            .map_err(|e| unreadable(e.to_string()))?;
+        SlotSet::parse(value).map_err(|e| unreadable(e.to_string()).into())
     }
 
     /// Before a disruptive call: the rotation's slot is still in the set.
@@ -724,10 +735,12 @@ impl Executor {
             let live = match self.fly.get_machine(app, &slot.machine_id).await {
                 Err(FlyError::NotFound { .. }) => false,
                 Err(_) => true,
-                Ok(m) => match m.metadata(MARKER_KEY).map(Marker::parse) {
-                    None => false,
-                    Some(None) => true,
-                    Some(Some(marker)) => {
+                Ok(m) => match m.metadata(MARKER_KEY).map(|v| v.map(Marker::parse)) {
+                    // Its host is unreachable: the marker may be there.
+                    Err(_) => true,
+                    Ok(None) => false,
+                    Ok(Some(None)) => true,
+                    Ok(Some(Some(marker))) => {
                         marker.tag == slot.tag
                             && (marker.phase.holds_slot() || marker.phase == Phase::Claiming)
                     }
@@ -911,6 +924,8 @@ impl Executor {
 fn approved(machine: &Machine, target: &str) -> Result<(), Declined> {
     machine
         .metadata(APPROVE_KEY)
+        .ok()
+        .flatten()
         .and_then(Approval::parse)
         .filter(|a| a.approves(target))
         .map(drop)

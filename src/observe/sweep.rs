@@ -391,9 +391,13 @@ impl Sweeper {
             return SlotsView::NotConfigured;
         };
         match self.fly.get_machine(&c.app, &c.machine_id).await {
-            Ok(m) => match SlotSet::parse(m.metadata(SLOTS_KEY)) {
-                Ok(set) => SlotsView::Known(set),
+            // Unknown is not empty: an unreachable coordinator's set is unknown.
+            Ok(m) => match m.metadata(SLOTS_KEY) {
                 Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
+                Ok(value) => match SlotSet::parse(value) {
+                    Ok(set) => SlotsView::Known(set),
+                    Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
+                },
             },
             Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
         }

@@ -56,7 +56,7 @@ async fn lists_and_gets_machines_with_metadata() {
         (m1.name.as_str(), m1.region.as_str(), m1.state.as_str()),
         ("one", "iad", "started")
     );
-    assert_eq!(m1.metadata("pool"), Some("dispatch"));
+    assert_eq!(m1.metadata("pool"), Ok(Some("dispatch")));
     assert!(!m1.instance_id.is_empty());
     let m2 = within(fly.get_machine("agents", "m2")).await.unwrap();
     assert!(!m2.is_started());

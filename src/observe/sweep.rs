@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, UrlVars};
-use crate::fly::{FlyClient, FlyError, Machine};
+use crate::fly::{FlyClient, FlyError, Machine, MachineCheck, MachineEvent};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::controls::Controls;
 use crate::metadata::slots::SlotSet;
@@ -137,8 +137,23 @@ pub struct MachineInputs {
     /// The hold, approval, marker and probe-failure record in `metadata`,
     /// parsed once by [`build_report`].
     pub controls: Controls,
-    /// The machine's Fly metadata, as listed.
+    /// The machine's Fly metadata, as listed. Empty, and not to be read,
+    /// while `metadata_unknown` says why it cannot be known.
     pub metadata: BTreeMap<String, String>,
+    /// Why the metadata (and with it the hold, approval, marker and pool
+    /// label) is unknown: the host is not `ok` (Fly shows only
+    /// `incomplete_config`) or the listing carried no config. `None`: known.
+    /// Unknown is never empty: nothing may be planned from `metadata` then.
+    pub metadata_unknown: Option<String>,
+    /// The machine's version as listed: a restart keeps it, an outside
+    /// update (`fly deploy`, `fly machine update`) changes it.
+    pub instance_id: String,
+    /// Whether Fly Proxy routes to it, as listed (`None`: Fly did not say).
+    pub cordoned: Option<bool>,
+    /// Fly's own health checks, as listed.
+    pub checks: Vec<MachineCheck>,
+    /// Recent lifecycle events as listed (exit events show crash loops).
+    pub events: Vec<MachineEvent>,
     /// The rendered health URL (started machines), for cooperative calls.
     pub health_url: Option<String>,
 }
@@ -411,7 +426,13 @@ impl Sweeper {
         probe: Option<ProbeOutcome>,
         analysis: &HashMap<String, RefAnalysis>,
     ) -> MachineReport {
-        let metadata = m.config.map(|c| c.metadata).unwrap_or_default();
+        // Unknown is never empty: a host Fly cannot reach keeps its metadata
+        // out of `metadata`, and says why.
+        let metadata_unknown = m.known_metadata().err().map(|e| e.to_string());
+        let metadata = match (&metadata_unknown, m.config) {
+            (None, Some(c)) => c.metadata,
+            _ => BTreeMap::new(),
+        };
         let pool = pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
         let mut r = MachineReport {
             region: m.region,
@@ -419,6 +440,11 @@ impl Sweeper {
             ..MachineReport::listed(app, &m.id, &m.name, m.state)
         };
         r.inputs.metadata = metadata;
+        r.inputs.metadata_unknown = metadata_unknown;
+        r.inputs.instance_id = m.instance_id;
+        r.inputs.cordoned = m.cordoned;
+        r.inputs.checks = m.checks;
+        r.inputs.events = m.events;
         match probe {
             None => {}
             Some(ProbeOutcome::Unreachable(why)) => {

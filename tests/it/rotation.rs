@@ -1251,3 +1251,200 @@ async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
     d.stop().await;
     sim.shutdown().await;
 }
+
+// ---- Fly as it really behaves (#19) -------------------------------------------
+
+/// The operator's `now` approval of the tip on `id`, or a `when-idle` one.
+fn approve(sim: &Sim, w: &World, id: &str, mode: ApprovalMode) {
+    let approval = Approval {
+        target: w.tip.clone(),
+        mode,
+        by: "alice".into(),
+        at: sim.now(),
+    };
+    // Out of band, as `fly machine update --metadata` or fly-go write it: no lease.
+    sim.set_metadata(id, APPROVE_KEY, &serde_json::to_string(&approval).unwrap());
+}
+
+/// #19 defect 1. Before: the executor checked only that an approval named
+/// the commit, so a `now` approval narrowed to `when-idle` after the plan
+/// still let the stale step restart the busy machine.
+#[tokio::test(start_paused = true)]
+async fn a_now_approval_narrowed_to_when_idle_stops_the_interrupting_restart() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    approve(&sim, &w, "m1", ApprovalMode::Now);
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("manual"), 1, "")).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    // The operator narrows the approval after the snapshot.
+    approve(&sim, &w, "m1", ApprovalMode::WhenIdle);
+    let done = hand.run(&restart).await;
+    assert!(
+        matches!(done[0].outcome, Outcome::Skipped(_)),
+        "{:?}",
+        done[0].outcome
+    );
+    assert!(restarts(&sim, "m1").is_empty(), "interrupted live work");
+    sim.shutdown().await;
+}
+
+/// #19 defect 3. Before: the hold was read once at the start of the step;
+/// one written (without a nonce, as Fly allows) while the step's marker
+/// write was in flight did not stop the restart that followed.
+#[tokio::test(start_paused = true)]
+async fn a_hold_written_mid_step_stops_the_restart() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart");
+    // The `restarting` marker write hangs; the hold lands meanwhile.
+    sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(3));
+    let hand = Arc::new(hand);
+    let run = {
+        let (hand, restart) = (hand.clone(), restart.clone());
+        tokio::spawn(async move { hand.run(&restart).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sim.set_metadata("m1", HOLD_KEY, "ops: incident 43");
+    let done = run.await.unwrap();
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::Held));
+    assert!(restarts(&sim, "m1").is_empty(), "restarted a held machine");
+    sim.shutdown().await;
+}
+
+/// #19 defect 4. Before: the yield decided `undrain` from the snapshot, so a
+/// drain that landed after it (a lost answer, another replica's retry) left
+/// the agent fenced with no marker and no slot: invisible to every sweep.
+#[tokio::test(start_paused = true)]
+async fn a_drain_that_lands_after_the_snapshot_is_undone_by_the_yield() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1").cooperative()]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "checkpoint_deadline = \"1m\"",
+        ),
+    )
+    .await;
+    // The claim's drain request fails: the marker says it was requested.
+    sim.fail_next_agent_call("m1", "drain", 503);
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let marker = marker_of(&sim, "m1").unwrap();
+    assert!(marker.drain_requested && sim.machine("m1").unwrap().fence.is_none());
+    tokio::time::advance(Duration::from_secs(120)).await;
+    let yield_ = hand.plan().await;
+    assert_eq!(yield_.steps[0].kind(), "yield", "{:?}", yield_.steps);
+    // Another replica's retry of the drain lands after the snapshot.
+    let drained = reqwest::Client::new()
+        .post(format!("{}/agents/m1/overlay/drain", sim.api_url()))
+        .json(&serde_json::json!({ "rotation": marker.tag }))
+        .send()
+        .await
+        .unwrap();
+    assert!(drained.status().is_success());
+    assert!(sim.machine("m1").unwrap().fence.is_some());
+    assert_eq!(hand.run(&yield_).await[0].outcome, Outcome::Done);
+    let m = sim.machine("m1").unwrap();
+    assert!(
+        m.fence.is_none() && !m.cordoned,
+        "left fenced or cordoned: {:?} {}",
+        m.fence,
+        m.cordoned
+    );
+    sim.shutdown().await;
+}
+
+/// #19 defect 5. Before: the fresh probe came before the `restarting`
+/// marker write, which can retry for seconds; work that started in between
+/// was killed by the restart.
+#[tokio::test(start_paused = true)]
+async fn work_that_starts_during_the_marker_write_is_not_killed() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(3));
+    let hand = Arc::new(hand);
+    let run = {
+        let (hand, restart) = (hand.clone(), restart.clone());
+        tokio::spawn(async move { hand.run(&restart).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sim.set_live_sessions("m1", 1);
+    let done = run.await.unwrap();
+    assert!(
+        matches!(done[0].outcome, Outcome::Skipped(Declined::NotIdle(_))),
+        "{:?}",
+        done[0].outcome
+    );
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "killed work that had started"
+    );
+    sim.shutdown().await;
+}
+
+/// #19 defect 13. Before: restart sent `timeout=30s`, which Fly honours over
+/// the app's `kill_timeout` (up to 300 s): an agent that checkpoints on its
+/// stop signal was SIGKILLed.
+#[tokio::test(start_paused = true)]
+async fn a_restart_leaves_the_stop_timeout_to_the_apps_kill_timeout() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
+    .await;
+    for _ in 0..2 {
+        let plan = hand.plan().await;
+        assert_eq!(hand.run(&plan).await[0].outcome, Outcome::Done);
+    }
+    let sent: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.machine_id.as_deref() == Some("m1") && r.action.as_deref() == Some("restart"))
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        !sent[0].query.as_deref().unwrap_or("").contains("timeout"),
+        "restart overrides kill_timeout: {:?}",
+        sent[0].query
+    );
+    sim.shutdown().await;
+}

@@ -497,13 +497,17 @@ async fn hold(
             reason,
             at: chrono::Utc::now(),
         };
-        let app = operator(&config, &secrets)?
+        let written = operator(&config, &secrets)?
             .hold(machine, &hold.by, &hold.reason, hold.at)
             .await?;
-        let text = format!(
+        let app = &written.app;
+        let mut text = format!(
             "held: {app}/{machine}; no reconciler acts on it until `fleet-reconciler release {machine}`"
         );
-        let json = serde_json::json!({ "app": app, "machine_id": machine, "hold": hold });
+        if !written.fenced {
+            text.push_str(" (the machine's lease stayed taken, so the hold was written without it: reconcilers honour it from their next call)");
+        }
+        let json = serde_json::json!({ "app": app, "machine_id": machine, "hold": hold, "fenced": written.fenced });
         anyhow::Ok(Done::new("hold", text, json))
     };
     run.await.map_err(|source| Failed {

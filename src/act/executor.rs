@@ -32,7 +32,7 @@ use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
 use crate::metadata::marker::{Ending, Marker, Phase};
-use crate::metadata::operator::Approval;
+use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
 use crate::model::{AppName, MachineState, PolicyAction};
@@ -81,8 +81,8 @@ pub enum Declined {
     MarkerMoved,
     #[error("an operator put the machine on hold")]
     Held,
-    #[error("no current approval names commit {target}")]
-    NotApproved { target: String },
+    #[error("no current approval names commit {target}{}", if *.interrupting { " with --now" } else { "" })]
+    NotApproved { target: String, interrupting: bool },
     #[error("the machine is {state}, not started")]
     NotStarted { state: MachineState },
     #[error("pool {pool} of {app} is at its cap of {cap}")]
@@ -316,25 +316,16 @@ impl Executor {
     ) -> Result<(), StepError> {
         let t = &step.target;
         let (app, id) = (t.app.as_str(), t.machine_id.as_str());
-        // The plan was made from a snapshot: act only on what is true now.
-        let machine = self.fly.get_machine(app, id).await?;
-        // A host Fly cannot reach hides the hold and the marker: unknown is
-        // never read as "none".
-        let metadata = machine
-            .known_metadata()
-            .map_err(|e| Declined::HostUnavailable(e.to_string()))?;
-        if metadata.contains_key(HOLD_KEY) {
-            return Err(Declined::Held.into());
-        }
-        let current = metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
-        let unchanged = match (&step.expected, &current) {
-            (None, None) => true,
-            (Some(expected), Some(Some(now))) => expected == now,
-            _ => false,
+        let mut w = Watch {
+            t,
+            lease,
+            marker: step.expected.clone(),
+            approval: step
+                .new_marker()
+                .or(step.expected.as_ref())
+                .filter(|m| m.action == PolicyAction::Manual)
+                .map(|m| m.target.clone()),
         };
-        if !unchanged {
-            return Err(Declined::MarkerMoved.into());
-        }
         let disruptive = matches!(
             step.kind,
             StepKind::Claim { .. }
@@ -342,26 +333,24 @@ impl Executor {
                 | StepKind::Restart { .. }
                 | StepKind::Advance { cordon: true, .. }
         );
-        if disruptive {
-            if !machine.is_started() {
-                return Err(Declined::NotStarted {
-                    state: machine.state.clone(),
-                }
-                .into());
-            }
-            if let Some(m) = step.new_marker().or(step.expected.as_ref())
-                && m.action == PolicyAction::Manual
-            {
-                approved(&machine, &m.target)?;
-            }
-        }
+        // The plan was made from a snapshot: act only on what is true now.
+        let machine = self
+            .check(
+                &w,
+                if disruptive {
+                    Call::Disruptive
+                } else {
+                    Call::Write
+                },
+            )
+            .await?;
         let nonce = lease.nonce();
         match &step.kind {
             StepKind::Claim {
                 marker,
                 drain,
                 reload,
-            } => self.claim(t, step, marker, *drain, *reload, lease).await,
+            } => self.claim(&mut w, step, marker, *drain, *reload).await,
             StepKind::Withdraw { .. } => {
                 lease.ensure()?;
                 self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
@@ -374,12 +363,13 @@ impl Executor {
                 if *cordon {
                     self.verify_slot(t, &marker.tag).await?;
                 }
-                self.write_marker(t, marker, lease).await?;
+                self.write_marker(&mut w, marker).await?;
                 if *cordon {
+                    self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
                     self.fly.cordon(app, id, nonce).await?;
                     if marker.drain_requested {
-                        self.drain(t, marker, lease).await?;
+                        self.drain(&w, marker).await?;
                     }
                 }
                 Ok(())
@@ -389,7 +379,7 @@ impl Executor {
                     return Err(Declined::MarkerMoved.into());
                 };
                 self.verify_slot(t, &marker.tag).await?;
-                self.drain(t, marker, lease).await
+                self.drain(&w, marker).await
             }
             StepKind::Restart { marker, guard, .. } => {
                 let Some(expected) = &step.expected else {
@@ -398,22 +388,43 @@ impl Executor {
                 self.verify_slot(t, &marker.tag).await?;
                 // Cordoned first, so no new work arrives between the probe and the restart.
                 if expected.may_have_cordoned() {
+                    self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
                     self.fly.cordon(app, id, nonce).await?;
                 }
-                self.fresh_probe(t, expected, &marker.target, *guard)
-                    .await?;
                 let mut marker = marker.clone();
                 let now = self.tuning.clock.now();
                 marker.restart_at = Some(now);
                 marker.attempt_started_at = now;
                 // Marker first: if we die between here and the restart, the next
                 // reconciler waits out the verify deadline instead of restarting twice.
-                self.write_marker(t, &marker, lease).await?;
+                self.write_marker(&mut w, &marker).await?;
+                // The marker write may have taken seconds (retries): the hold,
+                // the approval and the agent's work are judged again now, and
+                // the probe that authorizes the restart is the last call before it.
+                let authorized = async {
+                    let need = if *guard == RestartGuard::MayInterrupt {
+                        Call::Interrupting
+                    } else {
+                        Call::Disruptive
+                    };
+                    self.check(&w, need).await?;
+                    self.fresh_probe(t, expected, &marker.target, *guard).await
+                }
+                .await;
+                if let Err(declined) = authorized {
+                    // Nothing was restarted: put the plan's marker back so the
+                    // rotation is not taken for one that restarted (best effort:
+                    // if this fails, the verify deadline only delays it).
+                    if let Err(e) = self.write_marker(&mut w, expected).await {
+                        tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
+                    }
+                    return Err(declined);
+                }
                 lease.ensure()?;
-                self.fly
-                    .restart(app, id, Some(Duration::from_secs(30)), nonce)
-                    .await?;
+                // No timeout: Fly then waits the app's own kill_timeout (up to
+                // 300 s) for the agent to checkpoint on its stop signal.
+                self.fly.restart(app, id, None, nonce).await?;
                 tokio::select! {
                     _ = shutdown.cancelled() => Ok(()),
                     r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
@@ -431,8 +442,17 @@ impl Executor {
             } => {
                 // Only the approval of this rotation's commit is consumed; a
                 // newer one (for a later tip) stays for the next rotation.
-                let clear_approval = *clear_approval && approved(&machine, &marker.target).is_ok();
-                self.release_rotation(t, step, marker, *undrain, clear_approval, lease)
+                let clear_approval =
+                    *clear_approval && approved(&machine, &marker.target, false).is_ok();
+                // A drain may have been requested after the snapshot the plan
+                // saw (a lost answer, another replica's retry): judged here,
+                // under the lease, undrain whenever the marker says one may
+                // have been asked of an agent that still runs.
+                let undrain = *undrain
+                    || step.expected.as_ref().is_some_and(|e| {
+                        e.drain_requested && e.phase != Phase::Yielded && machine.is_started()
+                    });
+                self.release_rotation(&mut w, step, marker, undrain, clear_approval)
                     .await
             }
             StepKind::RecordUnprobed { record } => {
@@ -452,16 +472,55 @@ impl Executor {
         }
     }
 
+    /// Re-reads the machine just before a call and checks what the call
+    /// needs. Fly does not fence metadata writes with leases: a hold, an
+    /// approval change or another marker can land at any instant, so each
+    /// call of a step is judged on a read made right before it, not on the
+    /// read at the step's start.
+    async fn check(&self, w: &Watch<'_>, call: Call) -> Result<Machine, StepError> {
+        w.lease.ensure()?;
+        let machine = self.fly.get_machine(&w.t.app, &w.t.machine_id).await?;
+        // A host Fly cannot reach hides the hold and the marker: unknown is
+        // never read as "none".
+        let metadata = machine
+            .known_metadata()
+            .map_err(|e| Declined::HostUnavailable(e.to_string()))?;
+        if metadata.contains_key(HOLD_KEY) {
+            return Err(Declined::Held.into());
+        }
+        let current = metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
+        let unchanged = match (&w.marker, &current) {
+            (None, None) => true,
+            (Some(expected), Some(Some(now))) => expected == now,
+            _ => false,
+        };
+        if !unchanged {
+            return Err(Declined::MarkerMoved.into());
+        }
+        if call != Call::Write {
+            if !machine.is_started() {
+                return Err(Declined::NotStarted {
+                    state: machine.state.clone(),
+                }
+                .into());
+            }
+            if let Some(target) = &w.approval {
+                approved(&machine, target, call == Call::Interrupting)?;
+            }
+        }
+        Ok(machine)
+    }
+
     /// Intent (`claiming`), then the slot, then the first phase and the cordon.
     async fn claim(
         &self,
-        t: &Target,
+        w: &mut Watch<'_>,
         step: &Step,
         planned: &Marker,
         drain: bool,
         reload: bool,
-        lease: &Held,
     ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
         let now = self.tuning.clock.now();
         let mut marker = match &step.expected {
             // Our unfinished claim: its slot may already be won under its tag.
@@ -472,7 +531,7 @@ impl Executor {
                 m.started_at = now;
                 m.attempt_started_at = now;
                 m.cordoned = Some(false);
-                self.write_marker(t, &m, lease).await?;
+                self.write_marker(w, &m).await?;
                 m
             }
         };
@@ -481,12 +540,16 @@ impl Executor {
             Err(StepError::Declined(full @ Declined::PoolFull { .. })) => {
                 // Nothing was cordoned: the intent simply goes (or, if that
                 // fails, the next sweep withdraws it; it permits nothing).
-                if lease.ensure().is_ok()
-                    && let Err(e) = self
-                        .fly
+                let withdrawn = async {
+                    self.check(w, Call::Write).await?;
+                    lease.ensure()?;
+                    self.fly
                         .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, lease.nonce())
-                        .await
-                {
+                        .await?;
+                    Ok::<(), StepError>(())
+                }
+                .await;
+                if let Err(e) = withdrawn {
                     tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "could not withdraw a claim; the next sweep withdraws it");
                 }
                 return Err(full.into());
@@ -503,7 +566,9 @@ impl Executor {
         marker.attempt_started_at = now;
         // Recorded before the cordon, so a cordon whose answer is lost is undone.
         marker.cordoned = Some(!reload);
-        self.write_marker(t, &marker, lease).await?;
+        self.check(w, Call::Write).await?;
+        self.write_marker(w, &marker).await?;
+        self.check(w, Call::Disruptive).await?;
         if reload {
             lease.ensure()?;
             self.agent_call(
@@ -521,7 +586,7 @@ impl Executor {
             .await?;
         if drain {
             // A failed drain POST is asked again by the next sweep.
-            if let Err(e) = self.drain(t, &marker, lease).await {
+            if let Err(e) = self.drain(w, &marker).await {
                 tracing::warn!(app = %t.app, machine_id = %t.machine_id, error = %e, "drain request failed; asked again next sweep");
             }
         }
@@ -529,25 +594,28 @@ impl Executor {
     }
 
     /// Undo first (uncordon, undrain), recorded as `releasing`; then the
-    /// ending; the slot goes last.
+    /// ending; the slot goes last. A hold that lands meanwhile stops the
+    /// undo where it stands (the marker says what is left).
     async fn release_rotation(
         &self,
-        t: &Target,
+        w: &mut Watch<'_>,
         step: &Step,
         marker: &Marker,
         undrain: bool,
         clear_approval: bool,
-        lease: &Held,
     ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
         let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
         if step.expected.as_ref() != Some(marker) {
-            self.write_marker(t, marker, lease).await?;
+            self.write_marker(w, marker).await?;
         }
         if marker.may_have_cordoned() {
+            self.check(w, Call::Write).await?;
             lease.ensure()?;
             self.fly.uncordon(app, id, nonce).await?;
         }
         if undrain {
+            self.check(w, Call::Write).await?;
             lease.ensure()?;
             self.agent_call(
                 t,
@@ -563,15 +631,18 @@ impl Executor {
                 yielded.ending = None;
                 yielded.cordoned = Some(false);
                 yielded.drain_requested = false;
-                self.write_marker(t, &yielded, lease).await?;
+                self.check(w, Call::Write).await?;
+                self.write_marker(w, &yielded).await?;
             }
             Ending::Finished | Ending::Cancelled => {
                 if clear_approval {
+                    self.check(w, Call::Write).await?;
                     lease.ensure()?;
                     self.fly
                         .delete_metadata(app, id, APPROVE_KEY, nonce)
                         .await?;
                 }
+                self.check(w, Call::Write).await?;
                 lease.ensure()?;
                 self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
             }
@@ -616,33 +687,35 @@ impl Executor {
         }
     }
 
-    async fn drain(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
-        lease.ensure()?;
+    /// Asks the agent to drain: disruptive, so judged on a fresh read.
+    async fn drain(&self, w: &Watch<'_>, marker: &Marker) -> Result<(), StepError> {
+        self.check(w, Call::Disruptive).await?;
+        w.lease.ensure()?;
         self.agent_call(
-            t,
+            w.t,
             "overlay/drain",
             serde_json::json!({ "rotation": marker.tag }),
         )
         .await
     }
 
-    async fn write_marker(
-        &self,
-        t: &Target,
-        marker: &Marker,
-        lease: &Held,
-    ) -> Result<(), StepError> {
-        lease.ensure()?;
-        self.fly
+    /// Writes the marker; the watch then expects it on the machine.
+    async fn write_marker(&self, w: &mut Watch<'_>, marker: &Marker) -> Result<(), StepError> {
+        w.lease.ensure()?;
+        let written = self
+            .fly
             .set_metadata(
-                &t.app,
-                &t.machine_id,
+                &w.t.app,
+                &w.t.machine_id,
                 MARKER_KEY,
                 &marker.to_value(),
-                lease.nonce(),
+                w.lease.nonce(),
             )
-            .await
-            .map_err(Into::into)
+            .await;
+        if written.is_ok() {
+            w.marker = Some(marker.clone());
+        }
+        written.map_err(Into::into)
     }
 
     // ---- slots ---------------------------------------------------------------
@@ -920,18 +993,45 @@ impl Executor {
     }
 }
 
-/// For `manual` rotations: the approval must still stand and name the commit.
-fn approved(machine: &Machine, target: &str) -> Result<(), Declined> {
+/// For `manual` rotations: the approval must still stand and name the
+/// commit, and say `now` where the call may interrupt live work.
+fn approved(machine: &Machine, target: &str, interrupting: bool) -> Result<(), Declined> {
     machine
         .metadata(APPROVE_KEY)
         .ok()
         .flatten()
         .and_then(Approval::parse)
         .filter(|a| a.approves(target))
+        .filter(|a| !interrupting || a.mode == ApprovalMode::Now)
         .map(drop)
         .ok_or_else(|| Declined::NotApproved {
             target: target.to_string(),
+            interrupting,
         })
+}
+
+/// What each call of one step re-checks on a fresh read of the machine.
+struct Watch<'a> {
+    t: &'a Target,
+    lease: &'a Held,
+    /// The marker the machine must carry: the plan's, then each one we wrote.
+    marker: Option<Marker>,
+    /// A `manual` rotation's commit, which a standing approval must name.
+    approval: Option<String>,
+}
+
+/// What the next call of a step needs of the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    /// A marker or metadata write, an uncordon, an undrain: no hold and the
+    /// marker we expect.
+    Write,
+    /// A cordon, a drain, a restart of an idle agent: also `started`, and
+    /// for a `manual` rotation an approval of its commit.
+    Disruptive,
+    /// A restart that may interrupt live work: for a `manual` rotation the
+    /// approval must say `now`.
+    Interrupting,
 }
 
 fn log_step(step: &Step, outcome: &Outcome) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::config::Config;
-use crate::fly::{FlyClient, FlyError, Machine};
+use crate::fly::{FlyClient, FlyError, Lease, Machine};
 use crate::metadata::operator::{Approval, Hold};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY};
 
@@ -37,6 +37,18 @@ pub enum OperatorError {
     },
     #[error(transparent)]
     Fly(#[from] FlyError),
+}
+
+/// How long the `hold` command's own lease lives: one metadata write.
+const HOLD_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// A hold as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldWritten {
+    pub app: String,
+    /// Written under the machine's lease (no step of ours that began before
+    /// it makes a further call), or without it: the lease stayed taken.
+    pub fenced: bool,
 }
 
 /// Performs operator commands through the Fly API.
@@ -93,13 +105,20 @@ impl Operator {
     }
 
     /// Puts a hold on the machine: no reconciler acts on it until `release`.
+    ///
+    /// Written under the machine's lease, waited for (a reconciler keeps it
+    /// for seconds at a time), so the hold is fenced: no step of ours that
+    /// began before it can make a further call. Fly does not fence metadata
+    /// writes, so when the lease stays taken past the patience (someone
+    /// else's long operation) the hold is written without it rather than not
+    /// at all: a reconciler honours it from its next call on.
     pub async fn hold(
         &self,
         machine_id: &str,
         by: &str,
         reason: &str,
         now: DateTime<Utc>,
-    ) -> Result<String, OperatorError> {
+    ) -> Result<HoldWritten, OperatorError> {
         let (app, _) = self.locate(machine_id).await?;
         let value = serde_json::to_string(&Hold {
             by: by.to_string(),
@@ -107,12 +126,50 @@ impl Operator {
             at: now,
         })
         .unwrap_or_default();
-        self.patiently(machine_id, || {
-            self.fly
-                .set_metadata(&app, machine_id, HOLD_KEY, &value, None)
+        let lease = self.lease(&app, machine_id).await?;
+        let written = self
+            .patiently(machine_id, || {
+                self.fly.set_metadata(
+                    &app,
+                    machine_id,
+                    HOLD_KEY,
+                    &value,
+                    lease.as_ref().map(|l| &l.nonce),
+                )
+            })
+            .await;
+        if let Some(lease) = &lease
+            && let Err(e) = self.fly.release_lease(&app, machine_id, &lease.nonce).await
+        {
+            tracing::warn!(app, machine_id, error = %e, "lease release failed; it expires with its TTL");
+        }
+        written?;
+        Ok(HoldWritten {
+            app,
+            fenced: lease.is_some(),
         })
-        .await?;
-        Ok(app)
+    }
+
+    /// The machine's lease, waited for up to the patience; `None` if it
+    /// stayed taken.
+    async fn lease(&self, app: &str, machine_id: &str) -> Result<Option<Lease>, OperatorError> {
+        let started = tokio::time::Instant::now();
+        let mut delay = Duration::from_millis(250);
+        loop {
+            match self
+                .fly
+                .acquire_lease(app, machine_id, HOLD_LEASE_TTL, "fleet-reconciler hold")
+                .await
+            {
+                Ok(lease) => return Ok(Some(lease)),
+                Err(FlyError::LeaseConflict { .. }) if started.elapsed() < self.lease_patience => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(FlyError::LeaseConflict { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Clears an operator hold.

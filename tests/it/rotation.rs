@@ -1448,3 +1448,65 @@ async fn a_restart_leaves_the_stop_timeout_to_the_apps_kill_timeout() {
     );
     sim.shutdown().await;
 }
+
+/// #19 defect 3, the CLI's side. Before: `hold` wrote without a nonce, so it
+/// could land between two calls of a step in flight. Now it takes the
+/// machine's lease, waiting ours out: it lands after the step's last call,
+/// and carries its own nonce.
+#[tokio::test(start_paused = true)]
+async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::act::operator::Operator;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\"");
+    let mut hand = Hand::new(&sim, cfg.clone()).await;
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart");
+    sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(3));
+    let hand = Arc::new(hand);
+    let run = {
+        let (hand, restart) = (hand.clone(), restart.clone());
+        tokio::spawn(async move { hand.run(&restart).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let secrets = Secrets {
+        fly_token: TOKEN.into(),
+        git_token: None,
+    };
+    let operator = Operator::new(daemon::fly_client(&cfg, &secrets).unwrap(), &cfg);
+    let written = operator
+        .hold("m1", "oncall", "incident 44", sim.now())
+        .await
+        .unwrap();
+    assert!(written.fenced);
+    let done = run.await.unwrap();
+    assert_eq!(
+        done[0].outcome,
+        Outcome::Done,
+        "the step began before the hold"
+    );
+    let calls: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.machine_id.as_deref() == Some("m1") && r.method != "GET")
+        .collect();
+    let hold_at = calls
+        .iter()
+        .position(|r| r.body.contains("incident 44"))
+        .expect("the hold was written");
+    let restart_at = calls
+        .iter()
+        .position(|r| r.action.as_deref() == Some("restart"))
+        .expect("the step restarted");
+    assert!(restart_at < hold_at, "the hold landed inside the step");
+    assert!(
+        calls[hold_at].lease_nonce.is_some(),
+        "the hold was written without the lease"
+    );
+    sim.shutdown().await;
+}

@@ -408,11 +408,12 @@ async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
         fleet_reconciler::daemon::fly_client(&config, &secrets).unwrap(),
         &config,
     );
-    let app = operator
+    let written = operator
         .hold("b1", "oncall", "investigating", chrono::Utc::now())
         .await
         .expect("the hold reaches beta's machine");
-    assert_eq!(app, "beta");
+    assert_eq!(written.app, "beta");
+    assert!(written.fenced, "written under the lease");
     assert!(sim.machine("b1").unwrap().metadata.contains_key(HOLD_KEY));
 
     // A machine in no readable app: the error names the app not searched.

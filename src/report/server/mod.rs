@@ -973,14 +973,15 @@ async fn hold(
             .unwrap_or_else(|| "held via the admin API".into()),
         at: state.clock.now(),
     };
-    let app = operator
+    let written = operator
         .hold(id, &hold.by, &hold.reason, hold.at)
         .await
         .map_err(operator_error)?;
-    tracing::info!(app = %app, machine_id = id, by = %hold.by, reason = %hold.reason, "operator put a hold on a machine");
+    let app = &written.app;
+    tracing::info!(app = %app, machine_id = id, by = %hold.by, reason = %hold.reason, fenced = written.fenced, "operator put a hold on a machine");
     Ok(json_response(
         StatusCode::OK,
-        &serde_json::json!({ "app": app, "machine_id": id, "hold": hold }),
+        &serde_json::json!({ "app": app, "machine_id": id, "hold": hold, "fenced": written.fenced }),
     ))
 }
 

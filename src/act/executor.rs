@@ -16,7 +16,7 @@
 //! cooperative endpoints. It must never decide: when the world differs from
 //! the plan it stops and lets the next sweep replan.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
-use crate::model::{AppName, MachineState, PolicyAction};
+use crate::model::{AppName, MachineId, MachineState, PolicyAction};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -77,6 +77,8 @@ impl ExecutorConfig {
 pub enum Declined {
     #[error("lease held by another actor")]
     Leased,
+    #[error("Fly's rate limit refused the lease; tried again next sweep")]
+    RateLimited,
     #[error("marker changed since the plan (another reconciler acted)")]
     MarkerMoved,
     #[error("an operator put the machine on hold")]
@@ -182,6 +184,59 @@ enum StepError {
     Fly(#[from] FlyError),
     #[error(transparent)]
     Agent(#[from] AgentFailure),
+    /// A Fly call on the coordinator, answered for a whole batch of slot changes.
+    #[error("{error}")]
+    Coordinator { kind: &'static str, error: String },
+}
+
+/// One change to the coordinator's slot set, queued for the next batch.
+#[derive(Debug)]
+enum SlotChange {
+    Claim {
+        app: AppName,
+        pool: String,
+        slot: Slot,
+        cap: usize,
+        /// The claiming machine's lease: no slot is won for a step that can
+        /// no longer act.
+        lease: Validity,
+    },
+    Release {
+        app: AppName,
+        pool: String,
+        machine_id: MachineId,
+        tag: String,
+    },
+}
+
+/// How one queued slot change ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum SlotAnswer {
+    Done,
+    /// The pool is at its cap, after reclaiming what was stale.
+    Full,
+    Declined(Declined),
+    Failed {
+        kind: &'static str,
+        error: String,
+    },
+}
+
+impl From<StepError> for SlotAnswer {
+    fn from(e: StepError) -> SlotAnswer {
+        match e {
+            StepError::Declined(d) => SlotAnswer::Declined(d),
+            StepError::Fly(e) => SlotAnswer::Failed {
+                kind: e.kind(),
+                error: e.to_string(),
+            },
+            StepError::Coordinator { kind, error } => SlotAnswer::Failed { kind, error },
+            StepError::Agent(a) => SlotAnswer::Failed {
+                kind: "agent",
+                error: a.to_string(),
+            },
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +263,25 @@ pub struct Executor {
     /// Steps of this process take the coordinator's lease one at a time:
     /// they queue here instead of spending Fly API calls on 409s.
     coordinator_gate: tokio::sync::Mutex<()>,
+    /// Slot changes waiting for the next batch under the coordinator's lease.
+    slot_queue: Mutex<Vec<(SlotChange, tokio::sync::oneshot::Sender<SlotAnswer>)>>,
+}
+
+/// Whether a lease is still certainly ours; shared with its refresher.
+#[derive(Clone, Debug)]
+struct Validity {
+    lost: CancellationToken,
+    valid_until: Arc<Mutex<Instant>>,
+}
+
+impl Validity {
+    fn valid(&self) -> bool {
+        let until = *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        !self.lost.is_cancelled() && Instant::now() < until
+    }
 }
 
 /// A lease we hold, kept alive by a refresher until released.
@@ -215,9 +289,8 @@ struct Held {
     app: String,
     machine_id: String,
     nonce: SecretString,
-    /// Set once a refresh failed or the lease outlived its last refresh.
-    lost: CancellationToken,
-    valid_until: Arc<Mutex<Instant>>,
+    /// Lost once a refresh failed or the lease outlived its last refresh.
+    validity: Validity,
     stop: CancellationToken,
     refresher: JoinHandle<()>,
 }
@@ -225,18 +298,19 @@ struct Held {
 impl Held {
     /// Before every mutating call: is the lease still certainly ours?
     fn ensure(&self) -> Result<(), Declined> {
-        let valid_until = *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.lost.is_cancelled() || Instant::now() >= valid_until {
-            return Err(Declined::LeaseLost);
+        if self.validity.valid() {
+            Ok(())
+        } else {
+            Err(Declined::LeaseLost)
         }
-        Ok(())
     }
 
     fn nonce(&self) -> Option<&SecretString> {
         Some(&self.nonce)
+    }
+
+    fn validity(&self) -> Validity {
+        self.validity.clone()
     }
 }
 
@@ -266,6 +340,7 @@ impl Executor {
             agent_tokens,
             tuning,
             coordinator_gate: tokio::sync::Mutex::new(()),
+            slot_queue: Mutex::new(Vec::new()),
         })
     }
 
@@ -285,6 +360,9 @@ impl Executor {
                             error: e.to_string(),
                         }),
                         Err(StepError::Agent(a)) => Outcome::Failed(Failure::Agent(a)),
+                        Err(StepError::Coordinator { kind, error }) => {
+                            Outcome::Failed(Failure::Fly { kind, error })
+                        }
                     }
                 };
                 let events = events_for(&step, &outcome, self.tuning.clock.now());
@@ -751,53 +829,157 @@ impl Executor {
     }
 
     /// Under the coordinator's lease: our slot, if the pool has room after
-    /// reclaiming slots whose rotation is over.
+    /// reclaiming slots whose rotation is over. Batched with the other slot
+    /// changes waiting at this instant ([`SlotBatch`]).
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
-        let full = || Declined::PoolFull {
+        let slot = Slot {
+            machine_id: t.machine_id.clone(),
+            tag: marker.tag.clone(),
+            owner: self.tuning.owner.clone(),
+            since: self.tuning.clock.now(),
+        };
+        let change = SlotChange::Claim {
             app: t.app.clone(),
             pool: t.pool.clone(),
+            slot,
             cap,
+            lease: lease.validity(),
         };
+        match self.change_slots(change).await {
+            SlotAnswer::Done => Ok(()),
+            SlotAnswer::Full => Err(Declined::PoolFull {
+                app: t.app.clone(),
+                pool: t.pool.clone(),
+                cap,
+            }
+            .into()),
+            SlotAnswer::Declined(d) => Err(d.into()),
+            SlotAnswer::Failed { kind, error } => Err(StepError::Coordinator { kind, error }),
+        }
+    }
+
+    /// Queues one slot change and waits for its answer. The first waiter
+    /// takes the coordinator's lease and applies every queued change in one
+    /// read-modify-write; the others get their answers from it. Fly allows
+    /// about one lease call a second per machine, so one lease per batch,
+    /// not per claim, is what lets a sweep claim more than a slot a second.
+    async fn change_slots(&self, change: SlotChange) -> SlotAnswer {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        self.slot_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((change, tx));
         let _turn = self.coordinator_gate.lock().await;
-        let coordinator = self.acquire_coordinator().await?;
-        let result = async {
-            let mut set = self.read_slots().await?;
-            if set.holds(&t.app, &t.pool, &t.machine_id, &marker.tag) {
-                return Ok(());
-            }
-            let slot = Slot {
-                machine_id: t.machine_id.clone(),
-                tag: marker.tag.clone(),
-                owner: self.tuning.owner.clone(),
-                since: self.tuning.clock.now(),
+        // A batch that ran while we waited for the turn may have answered us.
+        if let Ok(answer) = rx.try_recv() {
+            return answer;
+        }
+        let batch = std::mem::take(
+            &mut *self
+                .slot_queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let (changes, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        let results = self.apply_slot_changes(&changes).await;
+        for (answer, result) in answers.into_iter().zip(results) {
+            // A waiter that went away (shutdown) needs no answer.
+            let _ = answer.send(result);
+        }
+        rx.try_recv()
+            .unwrap_or(SlotAnswer::Declined(Declined::ShuttingDown))
+    }
+
+    /// One coordinator lease, one read, one write for all `changes`.
+    async fn apply_slot_changes(&self, changes: &[SlotChange]) -> Vec<SlotAnswer> {
+        let all = |answer: SlotAnswer| vec![answer; changes.len()];
+        let coordinator = match self.acquire_coordinator().await {
+            Ok(held) => held,
+            Err(e) => return all(SlotAnswer::from(e)),
+        };
+        let answers = async {
+            let mut set = match self.read_slots().await {
+                Ok(set) => set,
+                Err(e) => return all(SlotAnswer::from(e)),
             };
-            let mut won = set.try_add(&t.app, &t.pool, slot.clone(), cap);
-            let mut reclaimed = false;
-            if !won {
-                for stale in self.stale_slots(&t.app, set.slots(&t.app, &t.pool)).await {
-                    reclaimed |= set.remove(&t.app, &t.pool, &stale.machine_id, &stale.tag);
+            let before = set.clone();
+            let mut answers = Vec::with_capacity(changes.len());
+            let mut reclaimed: HashSet<(AppName, String)> = HashSet::new();
+            for change in changes {
+                answers.push(match change {
+                    SlotChange::Release {
+                        app,
+                        pool,
+                        machine_id,
+                        tag,
+                    } => {
+                        set.remove(app, pool, machine_id, tag);
+                        SlotAnswer::Done
+                    }
+                    // A claim whose machine lease lapsed while it waited makes
+                    // no change: its step stops before its next call anyway.
+                    SlotChange::Claim { lease, .. } if !lease.valid() => {
+                        SlotAnswer::Declined(Declined::LeaseLost)
+                    }
+                    SlotChange::Claim {
+                        app,
+                        pool,
+                        slot,
+                        cap,
+                        ..
+                    } => {
+                        let mut won = set.try_add(app, pool, slot.clone(), *cap);
+                        if !won && reclaimed.insert((app.clone(), pool.clone())) {
+                            for stale in self.stale_slots(app, set.slots(app, pool)).await {
+                                set.remove(app, pool, &stale.machine_id, &stale.tag);
+                            }
+                            won = set.try_add(app, pool, slot.clone(), *cap);
+                        }
+                        if won {
+                            SlotAnswer::Done
+                        } else {
+                            SlotAnswer::Full
+                        }
+                    }
+                });
+            }
+            if set == before {
+                return answers;
+            }
+            if let Err(e) = coordinator.ensure() {
+                return all(SlotAnswer::Declined(e));
+            }
+            if let Err(e) = self.write_slots(&set, &coordinator).await {
+                // The answer may be lost after the write took effect: look,
+                // and keep only the answers the set now proves.
+                let now = match self.read_slots().await {
+                    Ok(now) => now,
+                    Err(_) => return all(SlotAnswer::from(e)),
+                };
+                let failed = SlotAnswer::from(e);
+                for (answer, change) in answers.iter_mut().zip(changes) {
+                    let proven = match change {
+                        SlotChange::Claim {
+                            app, pool, slot, ..
+                        } => now.holds(app, pool, &slot.machine_id, &slot.tag),
+                        SlotChange::Release {
+                            app,
+                            pool,
+                            machine_id,
+                            tag,
+                        } => !now.holds(app, pool, machine_id, tag),
+                    };
+                    if *answer == SlotAnswer::Done && !proven {
+                        *answer = failed.clone();
+                    }
                 }
-                won = set.try_add(&t.app, &t.pool, slot, cap);
             }
-            if !won && !reclaimed {
-                return Err(full().into());
-            }
-            lease.ensure()?;
-            coordinator.ensure()?;
-            let written = self.write_slots(&set, &coordinator).await;
-            if let Err(e) = written {
-                // The answer may be lost after the write took effect: look.
-                let now = self.read_slots().await?;
-                if !(won && now.holds(&t.app, &t.pool, &t.machine_id, &marker.tag)) {
-                    return Err(e);
-                }
-            }
-            if won { Ok(()) } else { Err(full().into()) }
+            answers
         }
         .await;
         self.release(coordinator).await;
-        result
+        answers
     }
 
     /// Slots whose machine carries no marker with the slot's tag that still
@@ -828,24 +1010,17 @@ impl Executor {
 
     /// Best effort: a slot left behind is reclaimed by the next claim that needs it.
     async fn release_slot(&self, t: &Target, tag: &str) {
-        let result = async {
-            let _turn = self.coordinator_gate.lock().await;
-            let coordinator = self.acquire_coordinator().await?;
-            let result = async {
-                let mut set = self.read_slots().await?;
-                if set.remove(&t.app, &t.pool, &t.machine_id, tag) {
-                    coordinator.ensure()?;
-                    self.write_slots(&set, &coordinator).await?;
-                }
-                Ok::<(), StepError>(())
+        let change = SlotChange::Release {
+            app: t.app.clone(),
+            pool: t.pool.clone(),
+            machine_id: t.machine_id.clone(),
+            tag: tag.to_string(),
+        };
+        match self.change_slots(change).await {
+            SlotAnswer::Done => {}
+            other => {
+                tracing::info!(app = %t.app, machine_id = %t.machine_id, error = ?other, "slot not released now; the next claim that needs it reclaims it")
             }
-            .await;
-            self.release(coordinator).await;
-            result
-        }
-        .await;
-        if let Err(e) = result {
-            tracing::info!(app = %t.app, machine_id = %t.machine_id, error = %e, "slot not released now; the next claim that needs it reclaims it");
         }
     }
 
@@ -892,6 +1067,10 @@ impl Executor {
         {
             Ok(lease) => lease,
             Err(FlyError::LeaseConflict { .. }) => return Err(Declined::Leased.into()),
+            // Fly's per-machine limit: nothing was done, the next sweep tries again.
+            Err(FlyError::Status { status: 429, .. }) => {
+                return Err(Declined::RateLimited.into());
+            }
             Err(e) => return Err(e.into()),
         };
         // Counted from before the request: the TTL may have started then.
@@ -941,8 +1120,7 @@ impl Executor {
             app: app.to_string(),
             machine_id: machine_id.to_string(),
             nonce: lease.nonce,
-            lost,
-            valid_until,
+            validity: Validity { lost, valid_until },
             stop,
             refresher,
         })

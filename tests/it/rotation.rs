@@ -1510,3 +1510,71 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     );
     sim.shutdown().await;
 }
+
+/// #19 defect 12. Before: a 429 on the lease acquire (Fly allows about one
+/// lease call a second per machine) was a failed step and an ActionFailed
+/// page; it is a skip: nothing was done, the next sweep tries again.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limited_lease_is_a_skip_not_a_failure() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    // Every retry of the acquire is refused too.
+    sim.fail_next(10, 429, None);
+    let done = hand.run(&claim).await;
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::RateLimited));
+    assert!(done[0].events.is_empty(), "paged: {:?}", done[0].events);
+    sim.shutdown().await;
+}
+
+/// #19 defect 12. Before: every claim took the coordinator's lease for
+/// itself (lease, get, write, release), so at Fly's limit of about one lease
+/// call a second per machine a sweep could change about one slot a second
+/// fleet-wide. Claims that wait at the same instant share one lease.
+#[tokio::test(start_paused = true)]
+async fn one_sweeps_claims_share_one_coordinator_lease() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let ids = ["m1", "m2", "m3", "m4", "m5", "m6"];
+    let sim = Sim::start(fleet(
+        &w,
+        ids.iter()
+            .map(|id| SimMachine::new(*id).loaded(w.old.clone()))
+            .collect(),
+    ))
+    .await
+    .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 6, "restart_grace = \"1h\""),
+    )
+    .await;
+    let claims = hand.plan().await;
+    assert_eq!(claims.steps.len(), ids.len(), "{:?}", claims.steps);
+    sim.clear_requests();
+    let done = hand.run(&claims).await;
+    assert!(done.iter().all(|r| r.outcome == Outcome::Done), "{done:?}");
+    let coordinator_leases = sim
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some(COORD)
+                && r.method == "POST"
+                && r.action.as_deref() == Some("lease")
+        })
+        .count();
+    assert!(
+        coordinator_leases <= 2,
+        "{coordinator_leases} coordinator leases for {} claims",
+        ids.len()
+    );
+    sim.shutdown().await;
+}

@@ -9,7 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use fleet_reconciler::sim::{
     AuditConfig, Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER,
-    NON_HEX_REF, OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
+    MetadataFencing, NON_HEX_REF, OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp,
+    SimFleet, SimMachine,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -302,7 +303,9 @@ async fn list_and_get_have_the_machine_schema_shape() {
 
 #[tokio::test]
 async fn lease_acquire_conflict_refresh_and_release() {
-    let h = Harness::start(fleet()).await;
+    // Five lease POSTs on m1 in a row: past Fly's burst of 3, and this test
+    // is about the lease protocol, not the limits.
+    let h = Harness::start(fleet().unlimited()).await;
     let before = Utc::now().timestamp();
 
     let acquired = h
@@ -403,6 +406,9 @@ async fn lease_acquire_conflict_refresh_and_release() {
 #[tokio::test]
 async fn a_leased_machine_refuses_mutations_without_the_nonce() {
     let h = Harness::start(fleet()).await;
+    // The old, idealized sim fenced metadata writes too; Fly does not
+    // (see `metadata_writes_are_not_fenced_by_leases`).
+    h.sim.set_metadata_fencing(MetadataFencing::FencedByLease);
     let nonce = h
         .sim
         .acquire_lease_as("m1", "operator@example.com", Duration::from_secs(60))
@@ -1390,7 +1396,9 @@ async fn chaos_is_deterministic_for_a_seed() {
 
 #[tokio::test]
 async fn a_hanging_fault_ends_promptly_on_shutdown() {
-    let h = Harness::start(fleet()).await;
+    // Twelve GETs of one machine at once: past get-machine's burst of 10,
+    // and every one must draw from the chaos RNG.
+    let h = Harness::start(fleet().unlimited()).await;
     h.sim
         .set_chaos(Some(Chaos::new(1, 1.0).hang(Duration::from_secs(600))));
     let tasks: Vec<_> = (0..12)
@@ -1435,8 +1443,8 @@ async fn a_hanging_fault_ends_promptly_on_shutdown() {
 }
 
 #[tokio::test]
-async fn operator_writes_wait_for_the_lease() {
-    let h = Harness::start(fleet()).await;
+async fn operator_writes_wait_for_the_lease_when_metadata_is_fenced() {
+    let h = Harness::start(fleet().metadata_fencing(MetadataFencing::FencedByLease)).await;
     let acquired = h.post("/m1/lease", None, Some(json!({"ttl": 30}))).await;
     assert_eq!(acquired.status, StatusCode::CREATED);
     let nonce = acquired.body["data"]["nonce"]
@@ -1825,7 +1833,11 @@ async fn audit_records_actions_that_took_effect_on_held_machines() {
 #[tokio::test]
 async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
     const COORD: &str = "fleet-coord";
-    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    // The 409s below are the old, idealized fencing of metadata writes; on
+    // Fly they are accepted (`metadata_writes_are_not_fenced_by_leases`).
+    let fleet = fleet()
+        .metadata_fencing(MetadataFencing::FencedByLease)
+        .app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
     let h = Harness::start(fleet).await;
 
     let acquired = h

@@ -454,7 +454,9 @@ pub(crate) fn parse_go_duration(text: &str) -> Option<Duration> {
         let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
         let value: f64 = rest[..digits].parse().ok()?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let scale = match &rest[..unit_len] {
             "h" => 3600.0,
             "m" => 60.0,

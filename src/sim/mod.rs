@@ -570,6 +570,7 @@ impl SimHandle {
         let mut world = self.shared.lock();
         world.rate_limits = limits;
         world.buckets.clear();
+        world.throttled = 0;
     }
 
     /// Switches whether metadata writes need the lease nonce (see [`MetadataFencing`]).
@@ -717,8 +718,8 @@ impl SimHandle {
             m.bump_version(now);
             m.cordoned = false;
             m.event("update", "replacing", "user", now);
-            let scheduled = (m.state == state::STARTED)
-                .then(|| (m.transition(state::REPLACING, now), delay));
+            let scheduled =
+                (m.state == state::STARTED).then(|| (m.transition(state::REPLACING, now), delay));
             world.observe(machine_id);
             scheduled
         };
@@ -761,7 +762,6 @@ impl SimHandle {
     pub fn clear_lease(&self, machine_id: &str) -> bool {
         self.with_machine(machine_id, |m, _| m.lease = None)
     }
-
 }
 
 impl Drop for Sim {

@@ -930,7 +930,10 @@ mod tests {
             assert!(world.take_rate_token("m1", "POST restart", action).is_ok());
         }
         // Fly's default: no Retry-After.
-        assert_eq!(world.take_rate_token("m1", "POST restart", action), Err(None));
+        assert_eq!(
+            world.take_rate_token("m1", "POST restart", action),
+            Err(None)
+        );
         // Other actions and machines have their own buckets.
         assert!(world.take_rate_token("m1", "POST cordon", action).is_ok());
         assert!(world.take_rate_token("m2", "POST restart", action).is_ok());
@@ -938,10 +941,21 @@ mod tests {
         assert!(world.take_rate_token("m1", "POST restart", action).is_ok());
         // Gets have the larger budget.
         for _ in 0..10 {
-            assert!(world.take_rate_token("m1", "GET machine", RateClass::Get).is_ok());
+            assert!(
+                world
+                    .take_rate_token("m1", "GET machine", RateClass::Get)
+                    .is_ok()
+            );
         }
-        assert!(world.take_rate_token("m1", "GET machine", RateClass::Get).is_err());
+        assert!(
+            world
+                .take_rate_token("m1", "GET machine", RateClass::Get)
+                .is_err()
+        );
         world.rate_limits = Some(RateLimits::fly().retry_after(RetryAfter::Always));
-        assert_eq!(world.take_rate_token("m1", "GET machine", RateClass::Get), Err(Some(1)));
+        assert_eq!(
+            world.take_rate_token("m1", "GET machine", RateClass::Get),
+            Err(Some(1))
+        );
     }
 }

@@ -137,7 +137,9 @@ pub enum OperatorWriteRefused {
         expires_at: DateTime<Utc>,
     },
     /// The machine's host is down: an outside update cannot reach it.
-    HostDown { machine_id: String },
+    HostDown {
+        machine_id: String,
+    },
 }
 
 /// What [`super::SimHandle::outside_update`] does about a lease it finds.

@@ -322,6 +322,13 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         (seq, gate)
     };
 
+    let handle = super::SimHandle {
+        shared: Arc::clone(&shared),
+    };
+    let acts = std::mem::take(&mut shared.lock().chaos.pending);
+    for act in acts {
+        handle.carry_out(act);
+    }
     // Interventions fire only for a call that reaches its handler.
     let (before, after) = match gate {
         Gate::Pass | Gate::ServeThenFail { .. } => {
@@ -333,9 +340,6 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
             )
         }
         _ => (None, None),
-    };
-    let handle = super::SimHandle {
-        shared: Arc::clone(&shared),
     };
     if let Some(hook) = before {
         hook(&handle);
@@ -489,6 +493,10 @@ fn fly_gate(
             );
         }
     }
+    let apps = &world.apps;
+    world
+        .chaos
+        .draw_world(seq, route.machine_id.as_deref(), apps);
     let Some((fault, chaos)) = world.chaos.draw() else {
         return Gate::Pass;
     };

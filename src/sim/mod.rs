@@ -120,7 +120,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use audit::{AuditConfig, AuditReport, CapBreach, HeldAction, RestartEvent};
-pub use chaos::{Chaos, ChaosEvent, ChaosFault, ChaosStats};
+pub use chaos::{
+    Chaos, ChaosEvent, ChaosFault, ChaosHolds, ChaosStats, ChaosWorldEvent, WorldFault,
+    WorldFaultKind,
+};
 pub use fixture::{
     Behaviour, CAP_DRAIN, CAP_RELOAD, CheckStatus, DEFAULT_CHECK, DEFAULT_KILL_TIMEOUT,
     DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN, HostDownMetadata, HostStatus,
@@ -522,7 +525,75 @@ impl SimHandle {
     /// the fault RNG from `chaos.seed`) or off. Queued [`Sim::fail_next`]
     /// faults and the rate limit are served first; see [`Chaos`].
     pub fn set_chaos(&self, chaos: Option<Chaos>) {
-        self.shared.lock().chaos.set(chaos);
+        let mut world = self.shared.lock();
+        let snapshots = world
+            .machines
+            .iter()
+            .map(|(id, m)| (id.clone(), m.metadata.clone()))
+            .collect();
+        world.chaos.snapshots = snapshots;
+        world.chaos.set(chaos);
+    }
+
+    /// The faults of the world chaos caused so far (the newest 10 000).
+    pub fn chaos_world_events(&self) -> Vec<ChaosWorldEvent> {
+        self.shared
+            .lock()
+            .chaos
+            .world_events
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Carries out a fault of the world drawn by chaos, and schedules its end.
+    fn carry_out(&self, act: chaos::WorldAct) {
+        let undo: Option<(Duration, Box<dyn FnOnce(&SimHandle) + Send>)> = match act {
+            chaos::WorldAct::HostDown { machine_id, lasts } => {
+                self.set_host_status(&machine_id, HostStatus::Unreachable);
+                Some((
+                    lasts,
+                    Box::new(move |h: &SimHandle| {
+                        h.set_host_status(&machine_id, HostStatus::Ok);
+                    }),
+                ))
+            }
+            chaos::WorldAct::Storm { machine_id } => {
+                self.exhaust_rate_limits(&machine_id);
+                None
+            }
+            chaos::WorldAct::Hold {
+                machine_id,
+                key,
+                value,
+                lasts,
+            } => {
+                self.set_metadata(&machine_id, &key, &value);
+                Some((
+                    lasts,
+                    Box::new(move |h: &SimHandle| {
+                        h.delete_metadata(&machine_id, &key);
+                    }),
+                ))
+            }
+            chaos::WorldAct::OutsideUpdate {
+                machine_id,
+                metadata,
+            } => {
+                // A host that is down refuses it: nothing happens, as for `fly deploy`.
+                let _ = self.outside_update(&machine_id, &metadata, OutsideLease::ReuseFound);
+                None
+            }
+        };
+        if let Some((lasts, undo)) = undo {
+            let handle = self.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = handle.shared.cancel.cancelled() => {}
+                    _ = tokio::time::sleep(lasts) => undo(&handle),
+                }
+            });
+        }
     }
 
     /// Faults injected so far (cumulative across [`Sim::set_chaos`] calls).
@@ -570,6 +641,7 @@ impl SimHandle {
         let mut world = self.shared.lock();
         world.rate_limits = limits;
         world.buckets.clear();
+        world.storms.clear();
         world.throttled = 0;
     }
 

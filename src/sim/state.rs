@@ -151,6 +151,9 @@ pub(crate) struct World {
     pub(crate) buckets: HashMap<(String, String), Bucket>,
     /// 429s the rate limit answered so far (drives [`RetryAfter::Mixed`]).
     pub(crate) throttled: u64,
+    /// Machines whose buckets a storm emptied, and when: a bucket first
+    /// used after that starts empty too.
+    pub(crate) storms: HashMap<String, tokio::time::Instant>,
     pub(crate) metadata_fencing: MetadataFencing,
     pub(crate) host_down_metadata: HostDownMetadata,
     pub(crate) restart_keeps_cordon: bool,
@@ -255,6 +258,7 @@ impl World {
             rate_limits: fleet.rate_limits,
             buckets: HashMap::new(),
             throttled: 0,
+            storms: HashMap::new(),
             metadata_fencing: fleet.metadata_fencing,
             host_down_metadata: fleet.host_down_metadata,
             restart_keeps_cordon: fleet.restart_keeps_cordon,
@@ -330,7 +334,8 @@ impl World {
             RateClass::Get => limits.get,
             RateClass::Action => limits.action,
         };
-        match take_token(&mut self.buckets, machine_id, key, limit) {
+        let storm = self.storms.get(machine_id).copied();
+        match take_token(&mut self.buckets, machine_id, key, limit, storm) {
             Ok(()) => Ok(()),
             Err(secs) => {
                 self.throttled += 1;
@@ -348,6 +353,7 @@ impl World {
     /// throttled until the documented refill gives them tokens again.
     pub(crate) fn drain_buckets(&mut self, machine_id: &str) {
         let now = tokio::time::Instant::now();
+        self.storms.insert(machine_id.to_string(), now);
         for ((id, _), bucket) in self.buckets.iter_mut() {
             if id == machine_id {
                 bucket.tokens = 0.0;
@@ -363,15 +369,22 @@ fn take_token(
     machine_id: &str,
     key: &str,
     limit: RateLimit,
+    storm: Option<tokio::time::Instant>,
 ) -> Result<(), u64> {
     let now = tokio::time::Instant::now();
     let burst = f64::from(limit.burst.max(1));
     let rate = limit.per_second.max(f64::MIN_POSITIVE);
     let bucket = buckets
         .entry((machine_id.to_string(), key.to_string()))
-        .or_insert(Bucket {
-            tokens: burst,
-            refilled_at: now,
+        .or_insert(match storm {
+            Some(at) => Bucket {
+                tokens: 0.0,
+                refilled_at: at,
+            },
+            None => Bucket {
+                tokens: burst,
+                refilled_at: now,
+            },
         });
     let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
     bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);

@@ -11,7 +11,7 @@ use fleet_reconciler::sim::{
     AuditConfig, Behaviour, Chaos, ChaosEvent, ChaosFault, CheckStatus, Credential, DEFAULT_CHECK,
     DEFAULT_LEASE_OWNER, HostDownMetadata, HostStatus, MetadataFencing, NON_HEX_REF,
     OperatorWriteRefused, OutsideLease, RateLimit, RateLimits, RequestTarget, RetryAfter, Sim,
-    SimApp, SimFleet, SimMachine,
+    SimApp, SimFleet, SimMachine, WorldFault, WorldFaultKind,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -2224,10 +2224,8 @@ async fn rate_limits_are_fly_documented_ones_by_default() {
     };
     assert_eq!(headers, vec![false, true, false, true]);
 
-    // A 429 storm: every bucket of the machine is empty at once.
+    // A 429 storm: every bucket of the machine, used or not, is empty at once.
     h.sim.set_rate_limits(Some(RateLimits::fly()));
-    h.sim.exhaust_rate_limits("m2");
-    assert_eq!(h.post("/m2/stop", None, None).await.status, StatusCode::OK);
     h.sim.exhaust_rate_limits("m2");
     assert_eq!(
         h.post("/m2/stop", None, None).await.status,
@@ -2560,4 +2558,119 @@ async fn checks_and_events_follow_boots_and_crash_loops() {
             ("disk".to_string(), CheckStatus::Critical)
         ]
     );
+}
+
+#[tokio::test]
+async fn chaos_takes_hosts_down_including_the_coordinator() {
+    const COORD: &str = "fleet-coord";
+    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    let h = Harness::start(fleet).await;
+    let outage = WorldFault::new(1.0, Duration::from_millis(300)).app(COORD);
+    h.sim
+        .set_chaos(Some(Chaos::new(5, 0.0).host_outages(outage)));
+    assert_eq!(h.get("/m2").await.status, StatusCode::OK);
+    let coord = h.fly_in(COORD, Method::GET, "/coord", None, None).await;
+    assert_eq!(coord.body["host_status"], "unreachable");
+    assert!(coord.body.get("config").is_none());
+    let events = h.sim.chaos_world_events();
+    assert!(!events.is_empty());
+    assert!(
+        events
+            .iter()
+            .all(|e| e.kind == WorldFaultKind::HostOutage && e.machine_id == "coord")
+    );
+    let stats = h.sim.chaos_stats();
+    assert_eq!(stats.injected(), 0, "no request fault at rate 0");
+    assert!(stats.host_outages >= 1);
+
+    h.sim.set_chaos(None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        h.sim.machine("coord").expect("coord").host_status,
+        HostStatus::Ok
+    );
+}
+
+#[tokio::test]
+async fn chaos_writes_holds_without_a_nonce_and_removes_them() {
+    let h = Harness::start(fleet()).await;
+    h.sim
+        .acquire_lease_as("m1", "daemon@example.com", Duration::from_secs(60))
+        .expect("m1");
+    h.sim
+        .acquire_lease_as("m2", "daemon@example.com", Duration::from_secs(60))
+        .expect("m2");
+    let holds = WorldFault::new(1.0, Duration::from_millis(300)).app(APP);
+    h.sim.set_chaos(Some(Chaos::new(9, 0.0).holds(HOLD, holds)));
+    for _ in 0..3 {
+        assert_eq!(h.get("").await.status, StatusCode::OK);
+    }
+    h.sim.set_chaos(None);
+    let held: Vec<String> = h
+        .sim
+        .machines()
+        .into_iter()
+        .filter(|m| m.metadata.contains_key(HOLD))
+        .map(|m| m.id)
+        .collect();
+    assert!(!held.is_empty());
+    assert!(
+        held.iter()
+            .all(|id| ["m1", "m2", "m3"].contains(&id.as_str())),
+        "{held:?}"
+    );
+    assert_eq!(h.sim.chaos_stats().holds, 3);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        h.sim
+            .machines()
+            .iter()
+            .all(|m| !m.metadata.contains_key(HOLD))
+    );
+}
+
+#[tokio::test]
+async fn chaos_makes_outside_updates_from_an_earlier_snapshot() {
+    let h = Harness::start(fleet()).await;
+    let before = h.sim.machine("o1").expect("o1");
+    let updates = WorldFault::new(1.0, Duration::ZERO).app("other");
+    h.sim
+        .set_chaos(Some(Chaos::new(3, 0.0).outside_updates(updates)));
+    // Written after the "deploy" read the machines: reverted.
+    h.sim.set_metadata("o1", "fleet_reconciler_rotation", "{}");
+    h.sim
+        .acquire_lease_as("o1", "daemon@example.com", Duration::from_secs(60));
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
+    h.sim.set_chaos(None);
+    let o1 = h.sim.machine("o1").expect("o1");
+    assert_eq!(o1.metadata, before.metadata);
+    assert_ne!(o1.instance_id, before.instance_id);
+    assert!(o1.lease.is_none(), "the reused lease is released");
+    assert_eq!(h.sim.chaos_stats().outside_updates, 1);
+    assert_eq!(
+        h.sim.chaos_world_events()[0].kind,
+        WorldFaultKind::OutsideUpdate
+    );
+}
+
+#[tokio::test]
+async fn chaos_storms_throttle_a_machine_at_the_documented_limits() {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_chaos(Some(Chaos::new(4, 0.0).rate_storms(1.0)));
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    h.sim.set_chaos(None);
+    // Every bucket of m1, even one not used yet, is empty; m2 is untouched.
+    assert_eq!(h.get("/m1").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        h.post("/m1/restart", None, None).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(h.get("/m2").await.status, StatusCode::OK);
+    assert_eq!(h.sim.chaos_stats().rate_storms, 1);
+    // Refilled at get-machine's 5/s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
 }

@@ -333,7 +333,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let pools = ["dispatch", "conversation"];
     let mut fleet = SimFleet::new("demo-token")
         .release_tip(tip.to_string())
-        .restart_delay(std::time::Duration::from_secs(1));
+        .restart_delay(std::time::Duration::from_secs(1))
+        .unlimited(); // #19: slot claims serialize on the coordinator's 1/s limit (defect 12); remove when fixed.
     // The agent alert-and-wait waits for works three restart graces (30 s
     // with the demo's own config), so it is still busy when it is claimed.
     let busy_while = config.rotation.restart_grace.saturating_mul(3);

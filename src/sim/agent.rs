@@ -60,18 +60,30 @@ pub(crate) async fn health(State(shared): State<Arc<Shared>>, Path(id): Path<Str
         let now = world.now();
         match world.machines.get(&id) {
             None => ApiError::not_found(format!("no agent for machine {id}")).into(),
-            Some(m) if m.state != STARTED => unreachable_agent(m).into(),
+            Some(m) if !m.agent_reachable() => unreachable_agent(m).into(),
             Some(m) => health_outcome(m, now),
         }
     };
     finish(&shared, outcome).await
 }
 
+impl MachineState {
+    /// The agent answers only on a started machine whose host is up and
+    /// whose process is not crash-looping.
+    fn agent_reachable(&self) -> bool {
+        self.state == STARTED && self.host_ok() && !self.crash_loop
+    }
+}
+
 fn unreachable_agent(m: &MachineState) -> ApiError {
-    ApiError::unavailable(format!(
-        "machine {} is {}: agent unreachable",
-        m.id, m.state
-    ))
+    let why = if !m.host_ok() {
+        format!("host {}", m.host_status.as_str())
+    } else if m.crash_loop {
+        "crash-looping".to_string()
+    } else {
+        m.state.clone()
+    };
+    ApiError::unavailable(format!("machine {} is {why}: agent unreachable", m.id))
 }
 
 fn health_outcome(m: &MachineState, now: DateTime<Utc>) -> Outcome {
@@ -151,7 +163,7 @@ fn cooperative(
     let Some(m) = world.machines.get_mut(id) else {
         return ApiError::not_found(format!("no agent for machine {id}")).into();
     };
-    if m.state != STARTED {
+    if !m.agent_reachable() {
         return unreachable_agent(m).into();
     }
     match m.agent.behaviour {

@@ -11,8 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
+use super::fly_api::StopOutcome;
 use super::state::MachineState;
 
 /// Bound on each event list of the report; beyond it events are counted, not kept.
@@ -112,6 +115,12 @@ pub struct RestartEvent {
     pub marker: Option<String>,
     /// Owner of the unexpired lease, if any.
     pub lease_owner: Option<String>,
+    /// Restart and stop: how long the machine waited after the stop signal
+    /// before killing (the request's `timeout`, else the `kill_timeout`).
+    pub stop_timeout: Option<Duration>,
+    /// Restart and stop: the agent needed longer than that to checkpoint
+    /// ([`super::SimMachine::checkpoint_on_stop`]) and was killed first.
+    pub killed_before_checkpoint: bool,
     /// The request's [`super::RecordedRequest::seq`].
     pub seq: u64,
 }
@@ -281,6 +290,7 @@ impl AuditState {
         m: &MachineState,
         before: Snapshot,
         action: &str,
+        stop: Option<StopOutcome>,
         seq: u64,
         now: DateTime<Utc>,
     ) {
@@ -296,6 +306,8 @@ impl AuditState {
             held: before.held,
             marker: before.marker,
             lease_owner: before.lease_owner,
+            stop_timeout: stop.map(|s| s.timeout),
+            killed_before_checkpoint: stop.is_some_and(|s| s.killed_before_checkpoint),
             seq,
         };
         let report = &mut self.report;

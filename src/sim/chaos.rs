@@ -12,7 +12,7 @@
 //! order, and so the faults, vary between runs; the seed still fixes the
 //! sequence of draws.)
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 /// Bound on the fault log, so a long `demo` run does not grow without limit.
@@ -31,6 +31,53 @@ pub struct Chaos {
     /// How long the hanging faults hold the response: meant to be longer than
     /// the client's timeout, so the client gives up first.
     pub hang: Duration,
+    /// Opt-in: a random machine's host goes down (coordinator included).
+    pub host_outages: Option<WorldFault>,
+    /// Opt-in: probability that a request's machine has every rate-limit
+    /// bucket emptied (a 429 storm at the documented limits, which must be on).
+    pub rate_storms: Option<f64>,
+    /// Opt-in: a hold written without a nonce on a random machine.
+    pub holds: Option<ChaosHolds>,
+    /// Opt-in: an outside update (`fly deploy`) of a random machine, from the
+    /// metadata it had when chaos was turned on, reusing any lease it finds.
+    pub outside_updates: Option<WorldFault>,
+}
+
+/// How often a fault of the world (not of one request) happens, for how
+/// long, and to which machines.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorldFault {
+    /// Probability per eligible request.
+    pub rate: f64,
+    /// How long it lasts before it is undone (a host comes back, a hold is
+    /// removed); unused for outside updates.
+    pub lasts: Duration,
+    /// Only machines of this app; `None`: every machine of every app.
+    pub app: Option<String>,
+}
+
+impl WorldFault {
+    pub fn new(rate: f64, lasts: Duration) -> WorldFault {
+        WorldFault {
+            rate,
+            lasts,
+            app: None,
+        }
+    }
+
+    pub fn app(mut self, app: impl Into<String>) -> WorldFault {
+        self.app = Some(app.into());
+        self
+    }
+}
+
+/// Holds an operator writes without a nonce at random instants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChaosHolds {
+    pub fault: WorldFault,
+    /// The metadata key written (as [`super::AuditConfig::hold_key`]).
+    pub key: String,
+    pub value: String,
 }
 
 impl Chaos {
@@ -43,7 +90,36 @@ impl Chaos {
             rate,
             retry_after_secs: 1,
             hang: Duration::from_secs(120),
+            host_outages: None,
+            rate_storms: None,
+            holds: None,
+            outside_updates: None,
         }
+    }
+
+    pub fn host_outages(mut self, fault: WorldFault) -> Chaos {
+        self.host_outages = Some(fault);
+        self
+    }
+
+    pub fn rate_storms(mut self, rate: f64) -> Chaos {
+        self.rate_storms = Some(rate);
+        self
+    }
+
+    /// Holds under `key` on random machines, each removed after `fault.lasts`.
+    pub fn holds(mut self, key: impl Into<String>, fault: WorldFault) -> Chaos {
+        self.holds = Some(ChaosHolds {
+            fault,
+            key: key.into(),
+            value: "chaos: operator hold".to_string(),
+        });
+        self
+    }
+
+    pub fn outside_updates(mut self, fault: WorldFault) -> Chaos {
+        self.outside_updates = Some(fault);
+        self
     }
 
     pub fn retry_after_secs(mut self, secs: u64) -> Chaos {
@@ -104,6 +180,11 @@ impl ChaosFault {
 pub struct ChaosStats {
     /// Requests that drew from the RNG (authenticated, not refused earlier).
     pub eligible: u64,
+    /// Faults of the world ([`ChaosWorldEvent`]), by kind.
+    pub host_outages: u64,
+    pub rate_storms: u64,
+    pub holds: u64,
+    pub outside_updates: u64,
     pub too_many_requests: u64,
     pub server_error: u64,
     pub unavailable: u64,
@@ -156,6 +237,43 @@ pub struct ChaosEvent {
     pub effect_status: Option<u16>,
 }
 
+/// A fault of the world that [`Chaos`] caused, at the arrival of request `seq`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChaosWorldEvent {
+    pub seq: u64,
+    pub kind: WorldFaultKind,
+    pub machine_id: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorldFaultKind {
+    HostOutage,
+    RateStorm,
+    Hold,
+    OutsideUpdate,
+}
+
+/// What the front door does, outside the lock, for a drawn fault of the world.
+pub(crate) enum WorldAct {
+    HostDown {
+        machine_id: String,
+        lasts: Duration,
+    },
+    Storm {
+        machine_id: String,
+    },
+    Hold {
+        machine_id: String,
+        key: String,
+        value: String,
+        lasts: Duration,
+    },
+    OutsideUpdate {
+        machine_id: String,
+        metadata: BTreeMap<String, String>,
+    },
+}
+
 /// The chaos configuration, its RNG, and what it has done so far.
 #[derive(Default)]
 pub(crate) struct ChaosState {
@@ -165,6 +283,13 @@ pub(crate) struct ChaosState {
     pub(crate) stats: ChaosStats,
     /// Newest last; the oldest are dropped beyond [`MAX_CHAOS_EVENTS`].
     pub(crate) events: VecDeque<ChaosEvent>,
+    /// Newest last, bounded like `events`.
+    pub(crate) world_events: VecDeque<ChaosWorldEvent>,
+    /// Drawn under the lock, carried out by the front door after it.
+    pub(crate) pending: Vec<WorldAct>,
+    /// Each machine's metadata when chaos was turned on: what an outside
+    /// update (a deploy that read the machines then) writes back.
+    pub(crate) snapshots: HashMap<String, BTreeMap<String, String>>,
 }
 
 impl ChaosState {
@@ -196,6 +321,91 @@ impl ChaosState {
             self.events.pop_front();
         }
         self.events.push_back(event);
+    }
+
+    /// Draws the opted-in faults of the world for one eligible request
+    /// (no draw at all for a kind that is off, so old seeds keep their faults).
+    pub(crate) fn draw_world(
+        &mut self,
+        seq: u64,
+        request_machine: Option<&str>,
+        apps: &BTreeMap<String, Vec<String>>,
+    ) {
+        let Some((chaos, rng)) = self.active.as_mut() else {
+            return;
+        };
+        let mut acts = Vec::new();
+        let pick = |rng: &mut fastrand::Rng, fault: &WorldFault| -> Option<String> {
+            if rng.f64() >= fault.rate {
+                return None;
+            }
+            let ids: Vec<&String> = match &fault.app {
+                Some(app) => apps.get(app).into_iter().flatten().collect(),
+                None => apps.values().flatten().collect(),
+            };
+            (!ids.is_empty()).then(|| ids[rng.usize(0..ids.len())].clone())
+        };
+        if let Some(fault) = &chaos.host_outages
+            && let Some(machine_id) = pick(rng, fault)
+        {
+            acts.push(WorldAct::HostDown {
+                machine_id,
+                lasts: fault.lasts,
+            });
+        }
+        if let Some(rate) = chaos.rate_storms
+            && rng.f64() < rate
+            && let Some(id) = request_machine
+        {
+            acts.push(WorldAct::Storm {
+                machine_id: id.to_string(),
+            });
+        }
+        if let Some(holds) = &chaos.holds
+            && let Some(machine_id) = pick(rng, &holds.fault)
+        {
+            acts.push(WorldAct::Hold {
+                machine_id,
+                key: holds.key.clone(),
+                value: holds.value.clone(),
+                lasts: holds.fault.lasts,
+            });
+        }
+        if let Some(fault) = &chaos.outside_updates
+            && let Some(machine_id) = pick(rng, fault)
+        {
+            let metadata = self.snapshots.get(&machine_id).cloned().unwrap_or_default();
+            acts.push(WorldAct::OutsideUpdate {
+                machine_id,
+                metadata,
+            });
+        }
+        for act in &acts {
+            let (kind, machine_id) = match act {
+                WorldAct::HostDown { machine_id, .. } => (WorldFaultKind::HostOutage, machine_id),
+                WorldAct::Storm { machine_id } => (WorldFaultKind::RateStorm, machine_id),
+                WorldAct::Hold { machine_id, .. } => (WorldFaultKind::Hold, machine_id),
+                WorldAct::OutsideUpdate { machine_id, .. } => {
+                    (WorldFaultKind::OutsideUpdate, machine_id)
+                }
+            };
+            let counter = match kind {
+                WorldFaultKind::HostOutage => &mut self.stats.host_outages,
+                WorldFaultKind::RateStorm => &mut self.stats.rate_storms,
+                WorldFaultKind::Hold => &mut self.stats.holds,
+                WorldFaultKind::OutsideUpdate => &mut self.stats.outside_updates,
+            };
+            *counter += 1;
+            if self.world_events.len() >= MAX_CHAOS_EVENTS {
+                self.world_events.pop_front();
+            }
+            self.world_events.push_back(ChaosWorldEvent {
+                seq,
+                kind,
+                machine_id: machine_id.clone(),
+            });
+        }
+        self.pending.extend(acts);
     }
 
     /// Notes what the real handler answered a request that a fault let through.

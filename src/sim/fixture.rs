@@ -55,8 +55,7 @@ pub enum Behaviour {
     HttpError(u16),
 }
 
-/// Token-bucket limit per machine per action, as Fly applies (docs/design.md §3:
-/// about 1 request/s per action per machine, bursts of 3). Off by default.
+/// One token bucket: `per_second` refill, `burst` requests back to back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RateLimit {
     /// Tokens added per second.
@@ -66,14 +65,140 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    /// The limit the Fly documentation states for machine actions.
+    /// The limit Fly documents for machine actions: 1 request/s per action
+    /// per machine, burst 3.
     pub fn fly() -> RateLimit {
         RateLimit {
             per_second: 1.0,
             burst: 3,
         }
     }
+
+    /// The limit Fly documents for get-machine: 5 requests/s, burst 10.
+    pub fn fly_get() -> RateLimit {
+        RateLimit {
+            per_second: 5.0,
+            burst: 10,
+        }
+    }
 }
+
+/// Whether a 429 carries `Retry-After`: Fly's 429 shape is unknown
+/// (FLY-REALITY.md, "Limits"), so a client must cope with both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// No header: the worse case, the client must pace itself.
+    #[default]
+    Never,
+    /// `Retry-After: <seconds until a token>` on every 429.
+    Always,
+    /// Every other 429 carries it (the first does not).
+    Mixed,
+}
+
+/// Fly's rate limits, per machine: every non-GET call is an *action* with a
+/// bucket per (machine, method, route) at [`RateLimits::action`]; every GET
+/// of a machine route (the machine, its metadata, its lease, `wait`) has a
+/// bucket per (machine, route) at [`RateLimits::get`]. Listing an app's
+/// machines is not limited (Fly documents no list limit). On by default at
+/// Fly's documented limits ([`RateLimits::fly`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateLimits {
+    pub action: RateLimit,
+    pub get: RateLimit,
+    pub retry_after: RetryAfter,
+}
+
+impl RateLimits {
+    /// Fly's documented limits, 429s without `Retry-After`.
+    pub fn fly() -> RateLimits {
+        RateLimits {
+            action: RateLimit::fly(),
+            get: RateLimit::fly_get(),
+            retry_after: RetryAfter::Never,
+        }
+    }
+
+    /// `limit` for every call (GETs included), 429s with `Retry-After`.
+    pub fn uniform(limit: RateLimit) -> RateLimits {
+        RateLimits {
+            action: limit,
+            get: limit,
+            retry_after: RetryAfter::Always,
+        }
+    }
+
+    pub fn retry_after(mut self, retry_after: RetryAfter) -> RateLimits {
+        self.retry_after = retry_after;
+        self
+    }
+}
+
+/// Whether the sim refuses a metadata write (`POST`/`DELETE …/metadata/{key}`,
+/// `PATCH`/`PUT …/metadata`) without the nonce of an unexpired lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetadataFencing {
+    /// As on Fly (FLY-REALITY.md, "Leases and metadata"): anyone may write
+    /// metadata at any instant, with or without a nonce, stale or not.
+    #[default]
+    Unfenced,
+    /// The old, idealized sim: a metadata write on a leased machine needs the nonce.
+    FencedByLease,
+}
+
+/// What a machine whose host is down shows of its metadata in `incomplete_config`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostDownMetadata {
+    /// No metadata at all (the worse case: holds, markers and slots vanish).
+    #[default]
+    Absent,
+    /// Only the keys Fly itself sets (`fly_*`): the caller's own keys vanish
+    /// while the map looks present.
+    Partial,
+}
+
+/// Fly's `host_status` of a machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostStatus {
+    #[default]
+    Ok,
+    Unreachable,
+    Unknown,
+}
+
+impl HostStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostStatus::Ok => "ok",
+            HostStatus::Unreachable => "unreachable",
+            HostStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// Status of one of Fly's health checks of a machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CheckStatus {
+    #[default]
+    Passing,
+    Warning,
+    Critical,
+}
+
+impl CheckStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckStatus::Passing => "passing",
+            CheckStatus::Warning => "warning",
+            CheckStatus::Critical => "critical",
+        }
+    }
+}
+
+/// Name of the health check every fixture machine has unless told otherwise.
+pub const DEFAULT_CHECK: &str = "servicecheck-00-http-8080";
+/// Fly's default `kill_timeout`.
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A whole simulated fleet: the Fly token, the apps and their machines, the release tip.
 #[derive(Clone, Debug)]
@@ -91,8 +216,17 @@ pub struct SimFleet {
     pub restart_delay: Duration,
     /// Time from an accepted `overlay/reload` to the agent reporting the new ref.
     pub reload_delay: Duration,
-    /// Optional per-machine-per-action rate limit answering 429 with `Retry-After`.
-    pub rate_limit: Option<RateLimit>,
+    /// Fly's rate limits ([`RateLimits::fly`] by default; `None`: unlimited).
+    pub rate_limits: Option<RateLimits>,
+    /// Whether metadata writes need the lease nonce (not on Fly; see [`MetadataFencing`]).
+    pub metadata_fencing: MetadataFencing,
+    /// What `incomplete_config` shows of the metadata while a host is down.
+    pub host_down_metadata: HostDownMetadata,
+    /// Whether a restart (or stop/start) keeps the cordon (true by default;
+    /// an update never does).
+    pub restart_keeps_cordon: bool,
+    /// After a boot, checks stay `critical` this long, then pass (tokio time).
+    pub checks_pass_after: Duration,
     /// Record every request for [`super::Sim::requests`]; benchmarks may turn it off.
     pub record_requests: bool,
     /// The wall clock the sim reads (lease expiry, busy periods, report and
@@ -110,7 +244,11 @@ impl Default for SimFleet {
             release_tip: DEFAULT_RELEASE_TIP.to_string(),
             restart_delay: Duration::from_millis(200),
             reload_delay: Duration::from_millis(100),
-            rate_limit: None,
+            rate_limits: Some(RateLimits::fly()),
+            metadata_fencing: MetadataFencing::Unfenced,
+            host_down_metadata: HostDownMetadata::Absent,
+            restart_keeps_cordon: true,
+            checks_pass_after: Duration::from_millis(100),
             record_requests: true,
             clock: crate::clock::system(),
         }
@@ -146,9 +284,49 @@ impl SimFleet {
         self
     }
 
+    /// `limit` for every call, 429s with `Retry-After` ([`RateLimits::uniform`]).
     pub fn rate_limit(mut self, limit: RateLimit) -> SimFleet {
-        self.rate_limit = Some(limit);
+        self.rate_limits = Some(RateLimits::uniform(limit));
         self
+    }
+
+    pub fn rate_limits(mut self, limits: Option<RateLimits>) -> SimFleet {
+        self.rate_limits = limits;
+        self
+    }
+
+    /// No rate limits at all (not Fly; for tests of something else).
+    pub fn unlimited(mut self) -> SimFleet {
+        self.rate_limits = None;
+        self
+    }
+
+    pub fn metadata_fencing(mut self, fencing: MetadataFencing) -> SimFleet {
+        self.metadata_fencing = fencing;
+        self
+    }
+
+    pub fn host_down_metadata(mut self, shown: HostDownMetadata) -> SimFleet {
+        self.host_down_metadata = shown;
+        self
+    }
+
+    pub fn restart_keeps_cordon(mut self, keeps: bool) -> SimFleet {
+        self.restart_keeps_cordon = keeps;
+        self
+    }
+
+    pub fn checks_pass_after(mut self, delay: Duration) -> SimFleet {
+        self.checks_pass_after = delay;
+        self
+    }
+
+    /// The sim as it was before #19: metadata writes fenced by leases, no
+    /// rate limits. Only for tests that rely on a guard Fly does not give;
+    /// each says which daemon defect it waits for.
+    pub fn idealized_fly(self) -> SimFleet {
+        self.metadata_fencing(MetadataFencing::FencedByLease)
+            .unlimited()
     }
 
     pub fn record_requests(mut self, on: bool) -> SimFleet {
@@ -221,6 +399,14 @@ pub struct SimMachine {
     /// Bearer token the cooperative endpoints require; health GETs never need it.
     pub agent_token: Option<String>,
     pub cordoned: bool,
+    /// The app's `kill_timeout`: how long a stop or restart without its own
+    /// `timeout` waits after the signal before killing.
+    pub kill_timeout: Duration,
+    /// How long the agent needs after its stop signal to checkpoint its work
+    /// (zero: it needs nothing).
+    pub checkpoint_on_stop: Duration,
+    /// Names of Fly's health checks of the machine (each passing at start).
+    pub checks: Vec<String>,
 }
 
 impl SimMachine {
@@ -250,6 +436,9 @@ impl SimMachine {
             last_input_at: None,
             agent_token: None,
             cordoned: false,
+            kill_timeout: DEFAULT_KILL_TIMEOUT,
+            checkpoint_on_stop: Duration::ZERO,
+            checks: vec![DEFAULT_CHECK.to_string()],
         }
     }
 
@@ -333,6 +522,23 @@ impl SimMachine {
 
     pub fn cordoned(mut self, cordoned: bool) -> SimMachine {
         self.cordoned = cordoned;
+        self
+    }
+
+    pub fn kill_timeout(mut self, timeout: Duration) -> SimMachine {
+        self.kill_timeout = timeout;
+        self
+    }
+
+    /// The agent needs `needs` after its stop signal to checkpoint.
+    pub fn checkpoint_on_stop(mut self, needs: Duration) -> SimMachine {
+        self.checkpoint_on_stop = needs;
+        self
+    }
+
+    /// Replaces the machine's health checks (none: an empty list).
+    pub fn checks<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> SimMachine {
+        self.checks = names.into_iter().map(Into::into).collect();
         self
     }
 }

@@ -15,9 +15,9 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::DateTime;
 use chrono::Utc;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
+use super::fixture::{HostDownMetadata, MetadataFencing};
 use super::http::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json};
 use super::state::{
     Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, Shared, Step, add,
@@ -47,17 +47,76 @@ struct MachineJson<'a> {
     host_status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     config: Option<ConfigJson<'a>>,
+    /// Instead of `config` while the host is not `ok` (fly-go `GetConfig` falls back to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incomplete_config: Option<ConfigJson<'a>>,
+    cordoned: bool,
+    checks: Vec<CheckJson<'a>>,
+    /// Newest first, as Fly lists them.
+    events: Vec<EventJson>,
 }
 
 #[derive(Serialize)]
 struct ConfigJson<'a> {
     image: &'a str,
-    metadata: &'a BTreeMap<String, String>,
+    /// Absent from an `incomplete_config` under [`HostDownMetadata::Absent`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<BTreeMap<&'a str, &'a str>>,
+}
+
+#[derive(Serialize)]
+struct CheckJson<'a> {
+    name: &'a str,
+    status: &'static str,
+    output: &'a str,
+    updated_at: String,
+}
+
+#[derive(Serialize)]
+struct EventJson {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    status: &'static str,
+    source: &'static str,
+    timestamp: i64,
 }
 
 impl MachineState {
     /// `summary` drops `config` (and with it metadata), as the real API does.
-    fn json(&self, summary: bool) -> MachineJson<'_> {
+    /// A host that is not `ok` shows `incomplete_config` with the metadata
+    /// `shown` allows instead.
+    fn json(&self, summary: bool, shown: HostDownMetadata) -> MachineJson<'_> {
+        let all = || {
+            self.metadata
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect()
+        };
+        let (config, incomplete_config) = if summary {
+            (None, None)
+        } else if self.host_ok() {
+            let config = ConfigJson {
+                image: &self.image,
+                metadata: Some(all()),
+            };
+            (Some(config), None)
+        } else {
+            let metadata = match shown {
+                HostDownMetadata::Absent => None,
+                HostDownMetadata::Partial => Some(
+                    self.metadata
+                        .iter()
+                        .filter(|(k, _)| k.starts_with("fly_"))
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect(),
+                ),
+            };
+            let config = ConfigJson {
+                image: &self.image,
+                metadata,
+            };
+            (None, Some(config))
+        };
         MachineJson {
             id: &self.id,
             name: &self.name,
@@ -67,11 +126,45 @@ impl MachineState {
             private_ip: &self.private_ip,
             created_at: rfc3339(self.created_at),
             updated_at: rfc3339(self.updated_at),
-            host_status: "ok",
-            config: (!summary).then_some(ConfigJson {
-                image: &self.image,
-                metadata: &self.metadata,
-            }),
+            host_status: self.host_status.as_str(),
+            config,
+            incomplete_config,
+            cordoned: self.cordoned,
+            checks: self
+                .checks
+                .iter()
+                .map(|c| CheckJson {
+                    name: &c.name,
+                    status: c.status.as_str(),
+                    output: &c.output,
+                    updated_at: rfc3339(c.updated_at),
+                })
+                .collect(),
+            events: self
+                .events
+                .iter()
+                .rev()
+                .map(|e| EventJson {
+                    kind: e.kind,
+                    status: e.status,
+                    source: e.source,
+                    timestamp: e.timestamp,
+                })
+                .collect(),
+        }
+    }
+
+    /// A call that needs the machine's host answers 503 while it is down,
+    /// without effect (see the module docs of `sim` for why that and not a hang).
+    fn require_host(&self) -> Result<(), ApiError> {
+        if self.host_ok() {
+            Ok(())
+        } else {
+            Err(ApiError::unavailable(format!(
+                "unavailable: host of machine {} is {}",
+                self.id,
+                self.host_status.as_str()
+            )))
         }
     }
 }
@@ -105,13 +198,14 @@ pub(crate) async fn list_machines(
     let states = filter_list(&q, "state");
     let regions = filter_list(&q, "region");
     let world = shared.lock();
+    let shown = world.host_down_metadata;
     let ids = world.apps.get(&app).ok_or_else(ApiError::app_not_found)?;
     let machines: Vec<MachineJson<'_>> = ids
         .iter()
         .filter_map(|id| world.machines.get(id))
         .filter(|m| states.as_ref().is_none_or(|s| s.contains(&m.state)))
         .filter(|m| regions.as_ref().is_none_or(|r| r.contains(&m.region)))
-        .map(|m| m.json(summary))
+        .map(|m| m.json(summary, shown))
         .collect();
     Ok(Json(machines).into_response())
 }
@@ -122,7 +216,7 @@ pub(crate) async fn get_machine(
 ) -> Result<Response, ApiError> {
     let world = shared.lock();
     let m = world.machine(&app, &id)?;
-    Ok(Json(m.json(false)).into_response())
+    Ok(Json(m.json(false, world.host_down_metadata)).into_response())
 }
 
 /// What a mutating handler's closure gets besides the machine.
@@ -131,6 +225,17 @@ struct Ctx {
     restart_delay: Duration,
     /// Set by [`Ctx::take_down`]: the request takes the machine out of service.
     taken_down: Option<&'static str>,
+    /// For a restart or stop: how long the machine waited after the signal
+    /// before killing, and whether that cut the agent's checkpoint short.
+    stop: Option<StopOutcome>,
+    host_down_metadata: HostDownMetadata,
+}
+
+/// How a stop signal ended for the agent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StopOutcome {
+    pub(crate) timeout: Duration,
+    pub(crate) killed_before_checkpoint: bool,
 }
 
 impl Ctx {
@@ -151,6 +256,8 @@ struct Call<'a> {
     seq: RequestSeq,
     /// `POST cordon`, `DELETE metadata`, ...: how the audit names the request.
     what: &'static str,
+    /// Metadata writes are lease-fenced only under [`MetadataFencing::FencedByLease`].
+    metadata: bool,
 }
 
 /// Locks, finds the machine, enforces its lease, applies `f`, tells the audit
@@ -167,9 +274,15 @@ fn mutate<T>(
             now: world.now(),
             restart_delay: world.restart_delay,
             taken_down: None,
+            stop: None,
+            host_down_metadata: world.host_down_metadata,
         };
+        let fenced = !call.metadata || world.metadata_fencing == MetadataFencing::FencedByLease;
         let (m, audit) = world.machine_and_audit(call.app, call.id)?;
-        m.check_lease(lease_nonce(call.headers), ctx.now)?;
+        m.require_host()?;
+        if fenced {
+            m.check_lease(lease_nonce(call.headers), ctx.now)?;
+        }
         // Taken before `f`: an update may replace the metadata, and the
         // audit wants the state the request acted on.
         let before = audit.as_deref().map(|a| a.snapshot(m, ctx.now));
@@ -180,7 +293,7 @@ fn mutate<T>(
                 audit.record_held_action(&m.id, call.what, seq, ctx.now);
             }
             if let Some(action) = ctx.taken_down {
-                audit.record_restart(m, before, action, seq, ctx.now);
+                audit.record_restart(m, before, action, ctx.stop, seq, ctx.now);
             }
             audit.observe(m, ctx.now);
         }
@@ -224,6 +337,7 @@ pub(crate) async fn update_machine(
         headers: &headers,
         seq,
         what: "POST machine",
+        metadata: false,
     };
     let (response, scheduled) = mutate(&shared, call, |m, ctx| {
         if let Some(version) = request.current_version.filter(|v| !v.is_empty())
@@ -239,13 +353,19 @@ pub(crate) async fn update_machine(
         }
         m.metadata = config.metadata;
         m.bump_version(ctx.now);
+        // Unknown on Fly whether a cordon survives an update: model that it does not.
+        m.cordoned = false;
+        m.event("update", "replacing", "user", ctx.now);
         let scheduled = if m.state == STARTED {
             ctx.take_down(m, "update");
             Some((m.transition(REPLACING, ctx.now), ctx.restart_delay))
         } else {
             None
         };
-        Ok((Json(m.json(false)).into_response(), scheduled))
+        Ok((
+            Json(m.json(false, ctx.host_down_metadata)).into_response(),
+            scheduled,
+        ))
     })?;
     if let Some((generation, delay)) = scheduled {
         schedule(&shared, id, generation, vec![(delay, Step::Boot)]);
@@ -253,20 +373,37 @@ pub(crate) async fn update_machine(
     Ok(response)
 }
 
-/// `POST …/restart`: `stopping` → `starting` → `started` over the restart
-/// delay; the agent comes back on the release tip current at that moment.
+/// `POST …/restart?timeout=&signal=`: `stopping` → `starting` → `started`
+/// over the restart delay; the agent comes back on the release tip current at
+/// that moment. The stop waits `timeout` (else the machine's `kill_timeout`)
+/// after the signal before killing; an agent that needed longer to
+/// checkpoint is recorded as killed before it could (the sim does not
+/// stretch the delay by the wait: only the audit sees it).
 pub(crate) async fn restart(
     State(shared): SharedState,
     Extension(seq): Extension<RequestSeq>,
     Path((app, id)): Path<(String, String)>,
+    Query(q): QueryMap,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let timeout = q
+        .get("timeout")
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            parse_go_duration(t).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "invalid timeout {t:?}: expected a Go duration or seconds"
+                ))
+            })
+        })
+        .transpose()?;
     let call = Call {
         app: &app,
         id: &id,
         headers: &headers,
         seq,
         what: "POST restart",
+        metadata: false,
     };
     let (generation, delay) = mutate(&shared, call, |m, ctx| {
         if m.state != STARTED {
@@ -276,6 +413,8 @@ pub(crate) async fn restart(
             )));
         }
         m.restart_count += 1;
+        ctx.stop = Some(stop_outcome(m, timeout));
+        m.event("restart", "stopping", "user", ctx.now);
         ctx.take_down(m, "restart");
         Ok((m.transition(STOPPING, ctx.now), ctx.restart_delay))
     })?;
@@ -283,6 +422,52 @@ pub(crate) async fn restart(
     let steps = vec![(half, Step::State(STARTING)), (delay - half, Step::Boot)];
     schedule(&shared, id, generation, steps);
     Ok(ok_json())
+}
+
+#[derive(Deserialize, Default)]
+struct StopRequest {
+    #[serde(default)]
+    timeout: Option<serde_json::Value>,
+}
+
+/// The stop waits the request's timeout, else the machine's `kill_timeout`.
+fn stop_outcome(m: &MachineState, timeout: Option<Duration>) -> StopOutcome {
+    let timeout = timeout.unwrap_or(m.kill_timeout);
+    StopOutcome {
+        timeout,
+        killed_before_checkpoint: timeout < m.checkpoint_on_stop,
+    }
+}
+
+/// `"30s"`, `"1m30s"`, `"500ms"`, `"2h"` or plain seconds `"30"`, as Fly takes them.
+pub(crate) fn parse_go_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        total += Duration::try_from_secs_f64(value * scale).ok()?;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
 }
 
 /// `POST …/stop`: `stopping` → `stopped`. Stopping a stopped machine is a no-op.
@@ -293,19 +478,29 @@ pub(crate) async fn stop(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    // The body (`signal`, `timeout`) only has to be JSON: the sim stops the same way for every signal.
-    let _: IgnoredAny = parse_optional_json(&body)?;
+    // The signal does not matter to the sim; `timeout` (seconds or a Go
+    // duration) bounds the agent's time to checkpoint, as on restart.
+    let request: StopRequest = parse_optional_json(&body)?;
+    let timeout = match request.timeout {
+        None => None,
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(Duration::from_secs),
+        Some(serde_json::Value::String(t)) => parse_go_duration(&t),
+        Some(_) => None,
+    };
     let call = Call {
         app: &app,
         id: &id,
         headers: &headers,
         seq,
         what: "POST stop",
+        metadata: false,
     };
     let scheduled = mutate(&shared, call, |m, ctx| {
         if m.state == STOPPED {
             return Ok(None);
         }
+        ctx.stop = Some(stop_outcome(m, timeout));
+        m.event("stop", "stopping", "user", ctx.now);
         ctx.take_down(m, "stop");
         Ok(Some((
             m.transition(STOPPING, ctx.now),
@@ -333,6 +528,7 @@ pub(crate) async fn start(
         headers: &headers,
         seq,
         what: "POST start",
+        metadata: false,
     };
     let (previous, scheduled) = mutate(&shared, call, |m, ctx| {
         let previous = m.state.clone();
@@ -418,6 +614,7 @@ pub(crate) async fn cordon(
         headers: &headers,
         seq,
         what: "POST cordon",
+        metadata: false,
     };
     mutate(&shared, call, |m, _| {
         m.cordoned = true;
@@ -438,6 +635,7 @@ pub(crate) async fn uncordon(
         headers: &headers,
         seq,
         what: "POST uncordon",
+        metadata: false,
     };
     mutate(&shared, call, |m, _| {
         m.cordoned = false;
@@ -507,6 +705,7 @@ pub(crate) async fn acquire_lease(
     let now = world.now();
     let owner = world.lease_owner.clone();
     let m = world.machine_mut(&app, &id)?;
+    m.require_host()?;
     let expires_at = add(now, Duration::from_secs(ttl));
     let refresh = match m.active_lease(now) {
         Some(lease) if nonce == Some(lease.nonce.as_str()) => true,
@@ -556,6 +755,7 @@ pub(crate) async fn release_lease(
     let mut world = shared.lock();
     let now = world.now();
     let m = world.machine_mut(&app, &id)?;
+    m.require_host()?;
     let lease = m
         .active_lease(now)
         .ok_or_else(|| ApiError::not_found("lease not found"))?;
@@ -572,6 +772,7 @@ pub(crate) async fn get_metadata(
 ) -> Result<Response, ApiError> {
     let world = shared.lock();
     let m = world.machine(&app, &id)?;
+    m.require_host()?;
     Ok(Json(&m.metadata).into_response())
 }
 
@@ -581,6 +782,7 @@ pub(crate) async fn get_metadata_key(
 ) -> Result<Response, ApiError> {
     let world = shared.lock();
     let m = world.machine(&app, &id)?;
+    m.require_host()?;
     let value = m
         .metadata
         .get(&key)
@@ -610,6 +812,7 @@ pub(crate) async fn set_metadata_key(
         headers: &headers,
         seq,
         what: "POST metadata",
+        metadata: true,
     };
     mutate(&shared, call, |m, ctx| {
         m.metadata.insert(key, value);
@@ -631,6 +834,7 @@ pub(crate) async fn delete_metadata_key(
         headers: &headers,
         seq,
         what: "DELETE metadata",
+        metadata: true,
     };
     mutate(&shared, call, |m, ctx| {
         m.metadata.remove(&key);
@@ -671,6 +875,7 @@ pub(crate) async fn update_metadata(
         } else {
             "PATCH metadata"
         },
+        metadata: true,
     };
     mutate(&shared, call, |m, ctx| {
         if let Some(version) = request.machine_version.filter(|v| !v.is_empty())

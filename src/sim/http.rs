@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 
 use super::chaos::{ChaosEvent, ChaosFault};
 use super::state::{
-    InjectedFailure, Lease, MAX_RECORDED_REQUESTS, MachineState, Shared, World, rfc3339,
+    HookWhen, InjectedFailure, Lease, MAX_RECORDED_REQUESTS, MachineState, RateClass, Shared,
+    World, rfc3339,
 };
 use super::view::{Credential, RecordedRequest, RequestTarget};
 use super::{agent, fly_api};
@@ -321,10 +322,38 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         (seq, gate)
     };
 
+    let handle = super::SimHandle {
+        shared: Arc::clone(&shared),
+    };
+    let acts = std::mem::take(&mut shared.lock().chaos.pending);
+    for act in acts {
+        handle.carry_out(act);
+    }
+    // Interventions fire only for a call that reaches its handler.
+    let (before, after) = match gate {
+        Gate::Pass | Gate::ServeThenFail { .. } => {
+            let mut world = shared.lock();
+            let method = parts.method.as_str();
+            (
+                take_hook(&mut world, &route, method, HookWhen::Before),
+                take_hook(&mut world, &route, method, HookWhen::After),
+            )
+        }
+        _ => (None, None),
+    };
+    if let Some(hook) = before {
+        hook(&handle);
+    }
     parts.extensions.insert(RequestSeq(seq));
     let request = Request::from_parts(parts, Body::from(body));
     let response = match gate {
-        Gate::Pass => next.run(request).await,
+        Gate::Pass => {
+            let real = next.run(request).await;
+            if let Some(hook) = after {
+                hook(&handle);
+            }
+            real
+        }
         Gate::Refuse(error) => error.into_response(),
         Gate::HangThenRefuse(delay) => {
             hang(&shared, delay).await;
@@ -332,6 +361,9 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         }
         Gate::ServeThenFail { delay, status } => {
             let real = next.run(request).await;
+            if let Some(hook) = after {
+                hook(&handle);
+            }
             shared
                 .lock()
                 .chaos
@@ -348,6 +380,20 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         r.status = Some(status);
     }
     response
+}
+
+/// The first pending hook for this call and moment, removed from the queue.
+fn take_hook(
+    world: &mut World,
+    route: &Route,
+    method: &str,
+    when: HookWhen,
+) -> Option<super::Hook> {
+    let (id, action) = (route.machine_id.as_ref()?, route.action.as_ref()?);
+    let i = world.hooks.iter().position(|h| {
+        h.when == when && &h.machine_id == id && &h.action == action && h.method == method
+    })?;
+    Some(world.hooks.remove(i).hook)
 }
 
 /// Sleeps `delay`, cut short by simulator shutdown (so a hung fault cannot
@@ -432,14 +478,25 @@ fn fly_gate(
         return gate_for(targeted.fault, 1, targeted.hang);
     }
     if let (Some(id), Some(action)) = (&route.machine_id, &route.action) {
+        // Fly documents two limits: get-machine, and every other call as an
+        // action; lease acquire and refresh share the `POST lease` bucket.
         let key = format!("{} {action}", parts.method);
-        if let Err(secs) = world.take_rate_token(id, &key) {
+        let class = if parts.method == axum::http::Method::GET {
+            RateClass::Get
+        } else {
+            RateClass::Action
+        };
+        if let Err(retry_after) = world.take_rate_token(id, &key, class) {
             return Gate::Refuse(
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
-                    .retry_after(Some(secs)),
+                    .retry_after(retry_after),
             );
         }
     }
+    let apps = &world.apps;
+    world
+        .chaos
+        .draw_world(seq, route.machine_id.as_deref(), apps);
     let Some((fault, chaos)) = world.chaos.draw() else {
         return Gate::Pass;
     };

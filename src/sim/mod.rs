@@ -120,17 +120,22 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use audit::{AuditConfig, AuditReport, CapBreach, HeldAction, RestartEvent};
-pub use chaos::{Chaos, ChaosEvent, ChaosFault, ChaosStats};
+pub use chaos::{
+    Chaos, ChaosEvent, ChaosFault, ChaosHolds, ChaosStats, ChaosWorldEvent, WorldFault,
+    WorldFaultKind,
+};
 pub use fixture::{
-    Behaviour, CAP_DRAIN, CAP_RELOAD, DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN,
-    NON_HEX_REF, RateLimit, SimApp, SimFleet, SimMachine,
+    Behaviour, CAP_DRAIN, CAP_RELOAD, CheckStatus, DEFAULT_CHECK, DEFAULT_KILL_TIMEOUT,
+    DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN, HostDownMetadata, HostStatus,
+    MetadataFencing, NON_HEX_REF, RateLimit, RateLimits, RetryAfter, SimApp, SimFleet, SimMachine,
 };
 pub use view::{
-    Credential, LeaseView, OperatorWriteRefused, RecordedRequest, RequestTarget, SimMachineView,
+    Credential, LeaseView, OperatorWriteRefused, OutsideLease, RecordedRequest, RequestTarget,
+    SimMachineView,
 };
 
 use audit::AuditState;
-use state::{InjectedFailure, Lease, Shared, World, add, new_nonce, resolve_behaviour};
+use state::{HookWhen, InjectedFailure, Lease, Shared, World, add, new_nonce, resolve_behaviour};
 
 /// How long [`Sim::shutdown`] lets in-flight requests finish before cutting them off.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -142,8 +147,35 @@ const TARGETED_HANG: Duration = Duration::from_secs(3);
 
 pub struct Sim {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    handle: SimHandle,
     server: Option<JoinHandle<()>>,
+}
+
+/// What tests do to a running simulator from outside (out-of-band writes,
+/// faults, switches, the audit), without the server itself: cheap to clone,
+/// and what an interleaving hook ([`SimHandle::before_next_call`]) is given.
+/// A [`Sim`] dereferences to its handle.
+#[derive(Clone)]
+pub struct SimHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SimHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHandle").finish_non_exhaustive()
+    }
+}
+
+/// An intervention run at an exact point of a daemon's call (see
+/// [`SimHandle::before_next_call`]); it may do anything a test does from outside.
+pub type Hook = Box<dyn FnOnce(&SimHandle) + Send>;
+
+impl std::ops::Deref for Sim {
+    type Target = SimHandle;
+
+    fn deref(&self) -> &SimHandle {
+        &self.handle
+    }
 }
 
 impl std::fmt::Debug for Sim {
@@ -175,7 +207,7 @@ impl Sim {
         tracing::debug!(%addr, "simulated fleet listening");
         Ok(Sim {
             addr,
-            shared,
+            handle: SimHandle { shared },
             server: Some(server),
         })
     }
@@ -199,6 +231,26 @@ impl Sim {
         format!("http://{}/agents/{machine_id}/health", self.addr)
     }
 
+    /// A handle on the simulator, for tasks and hooks.
+    pub fn handle(&self) -> SimHandle {
+        self.handle.clone()
+    }
+
+    /// Stops the server: hung agents and long-polls are released, in-flight
+    /// requests get a few seconds to finish, pending transitions are dropped.
+    pub async fn shutdown(mut self) {
+        self.handle.shared.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            let abort = server.abort_handle();
+            if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
+                tracing::warn!("simulated fleet did not stop in time; aborting it");
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl SimHandle {
     /// The Fly token the simulator accepts.
     pub fn token(&self) -> String {
         self.shared.lock().token.clone()
@@ -340,9 +392,11 @@ impl Sim {
         })
     }
 
-    /// Writes a metadata key as an operator's CLI does through the API: only
-    /// when no one holds an unexpired lease on the machine (the daemon's
-    /// lease is respected, so the caller retries). Unlike [`Sim::set_metadata`].
+    /// Writes a metadata key as an operator's CLI does through the API
+    /// (fly-go `SetMetadata`, no nonce): accepted at any instant, as on Fly.
+    /// Only under [`MetadataFencing::FencedByLease`] is it refused while
+    /// someone holds an unexpired lease (the caller retries). Unlike
+    /// [`SimHandle::set_metadata`], it is refused for an unknown machine.
     pub fn operator_set_metadata(
         &self,
         machine_id: &str,
@@ -354,7 +408,7 @@ impl Sim {
         })
     }
 
-    /// Deletes a metadata key under the same rule as [`Sim::operator_set_metadata`].
+    /// Deletes a metadata key under the same rule as [`SimHandle::operator_set_metadata`].
     pub fn operator_delete_metadata(
         &self,
         machine_id: &str,
@@ -373,12 +427,13 @@ impl Sim {
         {
             let mut world = self.shared.lock();
             let now = world.now();
+            let fenced = world.metadata_fencing == MetadataFencing::FencedByLease;
             let Some(m) = world.machines.get_mut(machine_id) else {
                 return Err(OperatorWriteRefused::UnknownMachine {
                     machine_id: machine_id.to_string(),
                 });
             };
-            if let Some(lease) = m.active_lease(now) {
+            if let Some(lease) = m.active_lease(now).filter(|_| fenced) {
                 return Err(OperatorWriteRefused::Leased {
                     machine_id: machine_id.to_string(),
                     owner: lease.owner.clone(),
@@ -470,7 +525,75 @@ impl Sim {
     /// the fault RNG from `chaos.seed`) or off. Queued [`Sim::fail_next`]
     /// faults and the rate limit are served first; see [`Chaos`].
     pub fn set_chaos(&self, chaos: Option<Chaos>) {
-        self.shared.lock().chaos.set(chaos);
+        let mut world = self.shared.lock();
+        let snapshots = world
+            .machines
+            .iter()
+            .map(|(id, m)| (id.clone(), m.metadata.clone()))
+            .collect();
+        world.chaos.snapshots = snapshots;
+        world.chaos.set(chaos);
+    }
+
+    /// The faults of the world chaos caused so far (the newest 10 000).
+    pub fn chaos_world_events(&self) -> Vec<ChaosWorldEvent> {
+        self.shared
+            .lock()
+            .chaos
+            .world_events
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Carries out a fault of the world drawn by chaos, and schedules its end.
+    fn carry_out(&self, act: chaos::WorldAct) {
+        let undo: Option<(Duration, Box<dyn FnOnce(&SimHandle) + Send>)> = match act {
+            chaos::WorldAct::HostDown { machine_id, lasts } => {
+                self.set_host_status(&machine_id, HostStatus::Unreachable);
+                Some((
+                    lasts,
+                    Box::new(move |h: &SimHandle| {
+                        h.set_host_status(&machine_id, HostStatus::Ok);
+                    }),
+                ))
+            }
+            chaos::WorldAct::Storm { machine_id } => {
+                self.exhaust_rate_limits(&machine_id);
+                None
+            }
+            chaos::WorldAct::Hold {
+                machine_id,
+                key,
+                value,
+                lasts,
+            } => {
+                self.set_metadata(&machine_id, &key, &value);
+                Some((
+                    lasts,
+                    Box::new(move |h: &SimHandle| {
+                        h.delete_metadata(&machine_id, &key);
+                    }),
+                ))
+            }
+            chaos::WorldAct::OutsideUpdate {
+                machine_id,
+                metadata,
+            } => {
+                // A host that is down refuses it: nothing happens, as for `fly deploy`.
+                let _ = self.outside_update(&machine_id, &metadata, OutsideLease::ReuseFound);
+                None
+            }
+        };
+        if let Some((lasts, undo)) = undo {
+            let handle = self.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = handle.shared.cancel.cancelled() => {}
+                    _ = tokio::time::sleep(lasts) => undo(&handle),
+                }
+            });
+        }
     }
 
     /// Faults injected so far (cumulative across [`Sim::set_chaos`] calls).
@@ -508,10 +631,186 @@ impl Sim {
         }
     }
 
+    /// `limit` for every call with `Retry-After` ([`RateLimits::uniform`]), or no limit.
     pub fn set_rate_limit(&self, limit: Option<RateLimit>) {
+        self.set_rate_limits(limit.map(RateLimits::uniform));
+    }
+
+    /// Replaces the rate limits (`None`: unlimited) and refills every bucket.
+    pub fn set_rate_limits(&self, limits: Option<RateLimits>) {
         let mut world = self.shared.lock();
-        world.rate_limit = limit;
+        world.rate_limits = limits;
         world.buckets.clear();
+        world.storms.clear();
+        world.throttled = 0;
+    }
+
+    /// Switches whether metadata writes need the lease nonce (see [`MetadataFencing`]).
+    pub fn set_metadata_fencing(&self, fencing: MetadataFencing) {
+        self.shared.lock().metadata_fencing = fencing;
+    }
+
+    /// Switches what `incomplete_config` shows of a down host's metadata.
+    pub fn set_host_down_metadata(&self, shown: HostDownMetadata) {
+        self.shared.lock().host_down_metadata = shown;
+    }
+
+    /// Switches whether a restart keeps the cordon.
+    pub fn set_restart_keeps_cordon(&self, keeps: bool) {
+        self.shared.lock().restart_keeps_cordon = keeps;
+    }
+
+    /// Runs `hook` when the next `method action` call on `machine_id` (as in
+    /// [`SimHandle::fault_next_call`]) has passed the front door (token,
+    /// faults, rate limit, chaos), just before its handler runs. A call
+    /// refused at the door does not fire it. The hook runs outside the world
+    /// lock and may do anything a test does from outside.
+    pub fn before_next_call(
+        &self,
+        machine_id: &str,
+        method: &str,
+        action: &str,
+        hook: impl FnOnce(&SimHandle) + Send + 'static,
+    ) {
+        self.push_hook(machine_id, method, action, HookWhen::Before, Box::new(hook));
+    }
+
+    /// Like [`SimHandle::before_next_call`], but after the handler took
+    /// effect, before its answer is sent (whatever the handler answered).
+    pub fn after_next_call(
+        &self,
+        machine_id: &str,
+        method: &str,
+        action: &str,
+        hook: impl FnOnce(&SimHandle) + Send + 'static,
+    ) {
+        self.push_hook(machine_id, method, action, HookWhen::After, Box::new(hook));
+    }
+
+    fn push_hook(&self, machine_id: &str, method: &str, action: &str, when: HookWhen, hook: Hook) {
+        self.shared.lock().hooks.push(state::PendingHook {
+            machine_id: machine_id.to_string(),
+            method: method.to_string(),
+            action: action.to_string(),
+            when,
+            hook,
+        });
+    }
+
+    /// Hooks not yet fired.
+    pub fn pending_hooks(&self) -> usize {
+        self.shared.lock().hooks.len()
+    }
+
+    /// Takes a machine's host down ([`HostStatus::Unreachable`],
+    /// [`HostStatus::Unknown`]) or back up ([`HostStatus::Ok`]). While it is
+    /// down the Machine JSON shows `incomplete_config` instead of `config`,
+    /// its agent is unreachable, and metadata reads, lease calls and
+    /// mutating calls answer 503 without effect. `false` for an unknown machine.
+    pub fn set_host_status(&self, machine_id: &str, status: HostStatus) -> bool {
+        self.with_machine(machine_id, |m, _| m.host_status = status)
+    }
+
+    /// Makes a machine crash-loop (it comes back `started` but keeps exiting:
+    /// exit events, checks critical, its agent never answers) or stop doing so.
+    pub fn set_crash_loop(&self, machine_id: &str, on: bool) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            m.crash_loop = on;
+            if on && m.state == state::STARTED {
+                m.crash_events(now);
+            } else if !on {
+                m.set_checks(CheckStatus::Passing, "", now);
+            }
+        })
+    }
+
+    /// Sets the status of one of the machine's checks (added if the machine
+    /// had no check of that name); `false` for an unknown machine.
+    pub fn set_check(&self, machine_id: &str, name: &str, status: CheckStatus) -> bool {
+        self.with_machine(machine_id, |m, now| {
+            let output = format!("set by the test: {}", status.as_str());
+            match m.checks.iter_mut().find(|c| c.name == name) {
+                Some(check) => {
+                    check.status = status;
+                    check.output = output;
+                    check.updated_at = now;
+                }
+                None => m.checks.push(state::Check {
+                    name: name.to_string(),
+                    status,
+                    output,
+                    updated_at: now,
+                }),
+            }
+        })
+    }
+
+    /// `fly deploy` / `fly machine update` from outside: replaces the whole
+    /// config with `metadata` (a snapshot the caller took earlier, so keys
+    /// written since are reverted), gives the machine a new `instance_id`,
+    /// clears the cordon and replaces a started machine (its agent comes
+    /// back on the release tip, idle). With [`OutsideLease::Respect`] it is
+    /// refused while someone holds an unexpired lease; with
+    /// [`OutsideLease::ReuseFound`] it acts under a lease it finds (as
+    /// flyctl reuses a nonce from the machine list) and then releases it.
+    /// Refused while the host is down. Not a request: not logged or faulted,
+    /// and not audited as the daemon's restart.
+    pub fn outside_update(
+        &self,
+        machine_id: &str,
+        metadata: &std::collections::BTreeMap<String, String>,
+        lease: OutsideLease,
+    ) -> Result<(), OperatorWriteRefused> {
+        let scheduled = {
+            let mut world = self.shared.lock();
+            let now = world.now();
+            let delay = world.restart_delay;
+            let Some(m) = world.machines.get_mut(machine_id) else {
+                return Err(OperatorWriteRefused::UnknownMachine {
+                    machine_id: machine_id.to_string(),
+                });
+            };
+            if !m.host_ok() {
+                return Err(OperatorWriteRefused::HostDown {
+                    machine_id: machine_id.to_string(),
+                });
+            }
+            if let Some(held) = m.active_lease(now) {
+                if lease == OutsideLease::Respect {
+                    return Err(OperatorWriteRefused::Leased {
+                        machine_id: machine_id.to_string(),
+                        owner: held.owner.clone(),
+                        expires_at: held.expires_at,
+                    });
+                }
+                // flyctl releases the lease it reused when it is done.
+                m.lease = None;
+            }
+            m.metadata = metadata.clone();
+            m.bump_version(now);
+            m.cordoned = false;
+            m.event("update", "replacing", "user", now);
+            let scheduled =
+                (m.state == state::STARTED).then(|| (m.transition(state::REPLACING, now), delay));
+            world.observe(machine_id);
+            scheduled
+        };
+        self.shared.notify();
+        if let Some((generation, delay)) = scheduled {
+            state::schedule(
+                &self.shared,
+                machine_id.to_string(),
+                generation,
+                vec![(delay, state::Step::Boot)],
+            );
+        }
+        Ok(())
+    }
+
+    /// Empties every rate-limit bucket of one machine: its calls answer 429
+    /// until the documented refill gives them tokens again (a 429 storm).
+    pub fn exhaust_rate_limits(&self, machine_id: &str) {
+        self.shared.lock().drain_buckets(machine_id);
     }
 
     /// Plants a lease held by another actor, replacing any lease; returns its
@@ -535,24 +834,11 @@ impl Sim {
     pub fn clear_lease(&self, machine_id: &str) -> bool {
         self.with_machine(machine_id, |m, _| m.lease = None)
     }
-
-    /// Stops the server: hung agents and long-polls are released, in-flight
-    /// requests get a few seconds to finish, pending transitions are dropped.
-    pub async fn shutdown(mut self) {
-        self.shared.cancel.cancel();
-        if let Some(server) = self.server.take() {
-            let abort = server.abort_handle();
-            if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
-                tracing::warn!("simulated fleet did not stop in time; aborting it");
-                abort.abort();
-            }
-        }
-    }
 }
 
 impl Drop for Sim {
     fn drop(&mut self) {
-        self.shared.cancel.cancel();
+        self.handle.shared.cancel.cancel();
         if let Some(server) = self.server.take() {
             server.abort();
         }

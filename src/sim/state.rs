@@ -24,7 +24,10 @@ use crate::clock::SharedClock;
 
 use super::audit::AuditState;
 use super::chaos::ChaosState;
-use super::fixture::{Behaviour, CAP_DRAIN, NON_HEX_REF, RateLimit, SimFleet};
+use super::fixture::{
+    Behaviour, CAP_DRAIN, CheckStatus, HostDownMetadata, HostStatus, MetadataFencing, NON_HEX_REF,
+    RateLimit, RateLimits, RetryAfter, SimFleet,
+};
 use super::http::ApiError;
 use super::view::{LeaseView, RecordedRequest, SimMachineView};
 
@@ -35,6 +38,8 @@ pub(crate) const STARTING: &str = "starting";
 pub(crate) const REPLACING: &str = "replacing";
 /// Bound on the request log, so a long `demo` run does not grow without limit.
 pub(crate) const MAX_RECORDED_REQUESTS: usize = 50_000;
+/// Events a Machine object lists (newest first); Fly lists a handful too.
+pub(crate) const MAX_MACHINE_EVENTS: usize = 20;
 
 /// State shared by the server, its handlers, transition tasks and the [`super::Sim`] handle.
 pub(crate) struct Shared {
@@ -87,6 +92,31 @@ pub(crate) struct TargetedFault {
     pub(crate) hang: std::time::Duration,
 }
 
+/// When a [`super::Sim::before_next_call`] / [`super::Sim::after_next_call`] hook runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HookWhen {
+    /// After the front door let the call through, before its handler runs.
+    Before,
+    /// After the handler took effect, before the answer is sent.
+    After,
+}
+
+/// A test's intervention at an exact point of the next matching call.
+pub(crate) struct PendingHook {
+    pub(crate) machine_id: String,
+    pub(crate) method: String,
+    pub(crate) action: String,
+    pub(crate) when: HookWhen,
+    pub(crate) hook: super::Hook,
+}
+
+/// Which limit a call is counted against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RateClass {
+    Get,
+    Action,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bucket {
     tokens: f64,
@@ -117,8 +147,19 @@ pub(crate) struct World {
     pub(crate) failing_apps: HashMap<String, u16>,
     /// Statuses the next cooperative calls of one agent answer ([`super::Sim::fail_next_agent_call`]).
     pub(crate) agent_failures: Vec<(String, String, u16)>,
-    pub(crate) rate_limit: Option<RateLimit>,
+    pub(crate) rate_limits: Option<RateLimits>,
     pub(crate) buckets: HashMap<(String, String), Bucket>,
+    /// 429s the rate limit answered so far (drives [`RetryAfter::Mixed`]).
+    pub(crate) throttled: u64,
+    /// Machines whose buckets a storm emptied, and when: a bucket first
+    /// used after that starts empty too.
+    pub(crate) storms: HashMap<String, tokio::time::Instant>,
+    pub(crate) metadata_fencing: MetadataFencing,
+    pub(crate) host_down_metadata: HostDownMetadata,
+    pub(crate) restart_keeps_cordon: bool,
+    pub(crate) checks_pass_after: Duration,
+    /// Interventions waiting for their call ([`super::Sim::before_next_call`]).
+    pub(crate) hooks: Vec<PendingHook>,
     pub(crate) chaos: ChaosState,
     /// `None` until [`super::Sim::enable_audit`].
     pub(crate) audit: Option<AuditState>,
@@ -172,6 +213,21 @@ impl World {
                         updated_at: now,
                         metadata: m.metadata,
                         cordoned: m.cordoned,
+                        host_status: HostStatus::Ok,
+                        kill_timeout: m.kill_timeout,
+                        checkpoint_on_stop: m.checkpoint_on_stop,
+                        checks: m
+                            .checks
+                            .into_iter()
+                            .map(|name| Check {
+                                name,
+                                status: CheckStatus::Passing,
+                                output: String::new(),
+                                updated_at: now,
+                            })
+                            .collect(),
+                        events: VecDeque::new(),
+                        crash_loop: false,
                         lease: None,
                         restart_count: 0,
                         generation: 0,
@@ -199,8 +255,15 @@ impl World {
             targeted: Vec::new(),
             failing_apps: HashMap::new(),
             agent_failures: Vec::new(),
-            rate_limit: fleet.rate_limit,
+            rate_limits: fleet.rate_limits,
             buckets: HashMap::new(),
+            throttled: 0,
+            storms: HashMap::new(),
+            metadata_fencing: fleet.metadata_fencing,
+            host_down_metadata: fleet.host_down_metadata,
+            restart_keeps_cordon: fleet.restart_keeps_cordon,
+            checks_pass_after: fleet.checks_pass_after,
+            hooks: Vec::new(),
             chaos: ChaosState::default(),
             audit: None,
         })
@@ -255,32 +318,84 @@ impl World {
         }
     }
 
-    /// Takes one token from the (machine, action) bucket; `Err(retry_after_secs)` when empty.
-    pub(crate) fn take_rate_token(&mut self, machine_id: &str, action: &str) -> Result<(), u64> {
-        let Some(limit) = self.rate_limit else {
+    /// Takes one token from the bucket of (machine, `key`) at the limit of
+    /// `class`; `Err(retry_after)` when it is empty, with the seconds until
+    /// a token if this 429 carries `Retry-After` ([`RetryAfter`]).
+    pub(crate) fn take_rate_token(
+        &mut self,
+        machine_id: &str,
+        key: &str,
+        class: RateClass,
+    ) -> Result<(), Option<u64>> {
+        let Some(limits) = self.rate_limits else {
             return Ok(());
         };
+        let limit = match class {
+            RateClass::Get => limits.get,
+            RateClass::Action => limits.action,
+        };
+        let storm = self.storms.get(machine_id).copied();
+        match take_token(&mut self.buckets, machine_id, key, limit, storm) {
+            Ok(()) => Ok(()),
+            Err(secs) => {
+                self.throttled += 1;
+                let with_header = match limits.retry_after {
+                    RetryAfter::Never => false,
+                    RetryAfter::Always => true,
+                    RetryAfter::Mixed => self.throttled % 2 == 0,
+                };
+                Err(with_header.then_some(secs))
+            }
+        }
+    }
+
+    /// Empties every bucket of one machine (a 429 storm): its calls are
+    /// throttled until the documented refill gives them tokens again.
+    pub(crate) fn drain_buckets(&mut self, machine_id: &str) {
         let now = tokio::time::Instant::now();
-        let burst = f64::from(limit.burst.max(1));
-        let rate = limit.per_second.max(f64::MIN_POSITIVE);
-        let bucket = self
-            .buckets
-            .entry((machine_id.to_string(), action.to_string()))
-            .or_insert(Bucket {
+        self.storms.insert(machine_id.to_string(), now);
+        for ((id, _), bucket) in self.buckets.iter_mut() {
+            if id == machine_id {
+                bucket.tokens = 0.0;
+                bucket.refilled_at = now;
+            }
+        }
+    }
+}
+
+/// Token bucket arithmetic; `Err(seconds until a token)` when empty.
+fn take_token(
+    buckets: &mut HashMap<(String, String), Bucket>,
+    machine_id: &str,
+    key: &str,
+    limit: RateLimit,
+    storm: Option<tokio::time::Instant>,
+) -> Result<(), u64> {
+    let now = tokio::time::Instant::now();
+    let burst = f64::from(limit.burst.max(1));
+    let rate = limit.per_second.max(f64::MIN_POSITIVE);
+    let bucket = buckets
+        .entry((machine_id.to_string(), key.to_string()))
+        .or_insert(match storm {
+            Some(at) => Bucket {
+                tokens: 0.0,
+                refilled_at: at,
+            },
+            None => Bucket {
                 tokens: burst,
                 refilled_at: now,
-            });
-        let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
-        bucket.refilled_at = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = ((1.0 - bucket.tokens) / rate).ceil();
-            // Saturating float-to-int conversion; at least one second, as Fly sends.
-            Err((wait as u64).max(1))
-        }
+            },
+        });
+    let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
+    bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
+    bucket.refilled_at = now;
+    if bucket.tokens >= 1.0 {
+        bucket.tokens -= 1.0;
+        Ok(())
+    } else {
+        let wait = ((1.0 - bucket.tokens) / rate).ceil();
+        // Saturating float-to-int conversion; at least one second, as Fly sends.
+        Err((wait as u64).max(1))
     }
 }
 
@@ -302,6 +417,15 @@ pub(crate) struct MachineState {
     pub(crate) updated_at: DateTime<Utc>,
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) cordoned: bool,
+    pub(crate) host_status: HostStatus,
+    pub(crate) kill_timeout: Duration,
+    /// What the agent needs after its stop signal to checkpoint.
+    pub(crate) checkpoint_on_stop: Duration,
+    pub(crate) checks: Vec<Check>,
+    /// Newest last here; the JSON lists them newest first.
+    pub(crate) events: VecDeque<MachineEvent>,
+    /// Comes back `started` but keeps exiting ([`super::Sim::set_crash_loop`]).
+    pub(crate) crash_loop: bool,
     pub(crate) lease: Option<Lease>,
     pub(crate) restart_count: u32,
     /// Bumped by every state transition; pending transition tasks carry the
@@ -334,6 +458,37 @@ impl MachineState {
         }
     }
 
+    pub(crate) fn host_ok(&self) -> bool {
+        self.host_status == HostStatus::Ok
+    }
+
+    /// Appends a lifecycle event (Fly's `events`), dropping the oldest beyond the bound.
+    pub(crate) fn event(
+        &mut self,
+        kind: &'static str,
+        status: &'static str,
+        source: &'static str,
+        now: DateTime<Utc>,
+    ) {
+        if self.events.len() >= MAX_MACHINE_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(MachineEvent {
+            kind,
+            status,
+            source,
+            timestamp: now.timestamp_millis(),
+        });
+    }
+
+    pub(crate) fn set_checks(&mut self, status: CheckStatus, output: &str, now: DateTime<Utc>) {
+        for check in &mut self.checks {
+            check.status = status;
+            check.output = output.to_string();
+            check.updated_at = now;
+        }
+    }
+
     /// Sim assumption: the instance id doubles as the machine version, so a
     /// metadata write gives the machine a new one (see the module docs).
     pub(crate) fn bump_version(&mut self, now: DateTime<Utc>) {
@@ -359,12 +514,28 @@ impl MachineState {
         self.state = STARTED.to_string();
         self.updated_at = now;
         self.down_by_api = false;
+        self.event("start", "started", "flyd", now);
+        // A fresh process fails its checks until it has come up (or forever
+        // while crash-looping, when it keeps exiting).
+        self.set_checks(CheckStatus::Critical, "booting", now);
+        if self.crash_loop {
+            self.crash_events(now);
+        }
         let agent = &mut self.agent;
         agent.loaded_ref = release_tip.to_string();
         agent.behaviour = Behaviour::Normal;
         agent.live_sessions = 0;
         agent.last_input_at = None;
         agent.fence = None;
+    }
+
+    /// A crash-looping process exits right after each start; Fly restarts it.
+    pub(crate) fn crash_events(&mut self, now: DateTime<Utc>) {
+        for _ in 0..2 {
+            self.event("exit", "stopped", "flyd", now);
+            self.event("start", "started", "flyd", now);
+        }
+        self.set_checks(CheckStatus::Critical, "process exited (code 1)", now);
     }
 
     pub(crate) fn view(&self, now: DateTime<Utc>) -> SimMachineView {
@@ -379,6 +550,13 @@ impl MachineState {
             image: self.image.clone(),
             metadata: self.metadata.clone(),
             cordoned: self.cordoned,
+            host_status: self.host_status,
+            checks: self
+                .checks
+                .iter()
+                .map(|c| (c.name.clone(), c.status))
+                .collect(),
+            crash_loop: self.crash_loop,
             lease: self.active_lease(now).map(Lease::view),
             restart_count: self.restart_count,
             loaded_ref: self.agent.loaded_ref.clone(),
@@ -391,6 +569,27 @@ impl MachineState {
             checkpoint: self.agent.checkpoint(now).map(str::to_string),
         }
     }
+}
+
+/// One of Fly's health checks of a machine.
+#[derive(Clone, Debug)]
+pub(crate) struct Check {
+    pub(crate) name: String,
+    pub(crate) status: CheckStatus,
+    pub(crate) output: String,
+    pub(crate) updated_at: DateTime<Utc>,
+}
+
+/// One of Fly's lifecycle events of a machine.
+#[derive(Clone, Debug)]
+pub(crate) struct MachineEvent {
+    /// `start`, `exit`, `restart`, `stop`, `update`, ...
+    pub(crate) kind: &'static str,
+    pub(crate) status: &'static str,
+    /// `user` (an API call) or `flyd` (Fly itself).
+    pub(crate) source: &'static str,
+    /// Milliseconds since the epoch, as Fly lists them.
+    pub(crate) timestamp: i64,
 }
 
 #[derive(Clone, Debug)]
@@ -570,6 +769,8 @@ pub(crate) enum Step {
     Boot,
     /// The agent has loaded this ref in place.
     Reload(String),
+    /// The fresh process passes its checks (unless it crash-loops).
+    ChecksPass,
 }
 
 /// Runs `steps` one after another, each after its delay, as long as the
@@ -582,7 +783,8 @@ pub(crate) fn schedule(
 ) {
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
-        for (delay, step) in steps {
+        let mut steps = VecDeque::from(steps);
+        while let Some((delay, step)) = steps.pop_front() {
             tokio::select! {
                 _ = shared.cancel.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
@@ -591,6 +793,8 @@ pub(crate) fn schedule(
                 let mut world = shared.lock();
                 let now = world.now();
                 let tip = world.release_tip.clone();
+                let keeps_cordon = world.restart_keeps_cordon;
+                let checks_pass_after = world.checks_pass_after;
                 let Some(m) = world.machines.get_mut(&machine_id) else {
                     return;
                 };
@@ -602,8 +806,19 @@ pub(crate) fn schedule(
                         m.state = state.to_string();
                         m.updated_at = now;
                     }
-                    Step::Boot => m.boot(&tip, now),
+                    Step::Boot => {
+                        m.boot(&tip, now);
+                        if !keeps_cordon {
+                            m.cordoned = false;
+                        }
+                        steps.push_back((checks_pass_after, Step::ChecksPass));
+                    }
                     Step::Reload(commit) => m.agent.loaded_ref = commit,
+                    Step::ChecksPass => {
+                        if !m.crash_loop {
+                            m.set_checks(CheckStatus::Passing, "", now);
+                        }
+                    }
                 }
                 world.observe(&machine_id);
             }
@@ -722,16 +937,38 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn rate_limit_allows_a_burst_then_refills() {
-        let mut world = World::from_fleet(SimFleet::default().rate_limit(RateLimit::fly()))
-            .expect("valid fleet");
+        let mut world = World::from_fleet(SimFleet::default()).expect("valid fleet");
+        let action = RateClass::Action;
         for _ in 0..3 {
-            assert!(world.take_rate_token("m1", "POST restart").is_ok());
+            assert!(world.take_rate_token("m1", "POST restart", action).is_ok());
         }
-        assert_eq!(world.take_rate_token("m1", "POST restart"), Err(1));
+        // Fly's default: no Retry-After.
+        assert_eq!(
+            world.take_rate_token("m1", "POST restart", action),
+            Err(None)
+        );
         // Other actions and machines have their own buckets.
-        assert!(world.take_rate_token("m1", "POST cordon").is_ok());
-        assert!(world.take_rate_token("m2", "POST restart").is_ok());
+        assert!(world.take_rate_token("m1", "POST cordon", action).is_ok());
+        assert!(world.take_rate_token("m2", "POST restart", action).is_ok());
         tokio::time::advance(Duration::from_millis(1100)).await;
-        assert!(world.take_rate_token("m1", "POST restart").is_ok());
+        assert!(world.take_rate_token("m1", "POST restart", action).is_ok());
+        // Gets have the larger budget.
+        for _ in 0..10 {
+            assert!(
+                world
+                    .take_rate_token("m1", "GET machine", RateClass::Get)
+                    .is_ok()
+            );
+        }
+        assert!(
+            world
+                .take_rate_token("m1", "GET machine", RateClass::Get)
+                .is_err()
+        );
+        world.rate_limits = Some(RateLimits::fly().retry_after(RetryAfter::Always));
+        assert_eq!(
+            world.take_rate_token("m1", "GET machine", RateClass::Get),
+            Err(Some(1))
+        );
     }
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::fixture::Behaviour;
+use super::fixture::{Behaviour, CheckStatus, HostStatus};
 
 /// A machine as the simulator sees it, Fly side and agent side together.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +20,11 @@ pub struct SimMachineView {
     pub image: String,
     pub metadata: BTreeMap<String, String>,
     pub cordoned: bool,
+    pub host_status: HostStatus,
+    /// Fly's health checks: name and status.
+    pub checks: Vec<(String, CheckStatus)>,
+    /// Whether the machine keeps exiting after each start ([`super::Sim::set_crash_loop`]).
+    pub crash_loop: bool,
     /// The unexpired lease, if any.
     pub lease: Option<LeaseView>,
     /// Restarts accepted through the API (counted when the request is accepted).
@@ -123,12 +128,29 @@ pub enum OperatorWriteRefused {
         machine_id: String,
     },
     /// Someone holds an unexpired lease on the machine, as `fly` would be told
-    /// (409): the operator retries later.
+    /// (409): the operator retries later. Only under
+    /// [`super::MetadataFencing::FencedByLease`] for metadata writes, or an
+    /// [`OutsideLease::Respect`] update.
     Leased {
         machine_id: String,
         owner: String,
         expires_at: DateTime<Utc>,
     },
+    /// The machine's host is down: an outside update cannot reach it.
+    HostDown {
+        machine_id: String,
+    },
+}
+
+/// What [`super::SimHandle::outside_update`] does about a lease it finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutsideLease {
+    /// Refused while someone holds an unexpired lease (as a `fly` command
+    /// that acquires its own lease would get 409).
+    Respect,
+    /// Acts under the lease it finds and releases it when done, as
+    /// `fly deploy` reuses a nonce it finds in the machine list.
+    ReuseFound,
 }
 
 impl std::fmt::Display for OperatorWriteRefused {
@@ -145,6 +167,9 @@ impl std::fmt::Display for OperatorWriteRefused {
                 f,
                 "machine {machine_id} lease currently held by {owner}, expires at {expires_at}"
             ),
+            OperatorWriteRefused::HostDown { machine_id } => {
+                write!(f, "host of machine {machine_id} is unreachable")
+            }
         }
     }
 }

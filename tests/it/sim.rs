@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use fleet_reconciler::sim::{
-    AuditConfig, Behaviour, Chaos, ChaosEvent, ChaosFault, Credential, DEFAULT_LEASE_OWNER,
-    NON_HEX_REF, OperatorWriteRefused, RateLimit, RequestTarget, Sim, SimApp, SimFleet, SimMachine,
+    AuditConfig, Behaviour, Chaos, ChaosEvent, ChaosFault, CheckStatus, Credential, DEFAULT_CHECK,
+    DEFAULT_LEASE_OWNER, HostDownMetadata, HostStatus, MetadataFencing, NON_HEX_REF,
+    OperatorWriteRefused, OutsideLease, RateLimit, RateLimits, RequestTarget, RetryAfter, Sim,
+    SimApp, SimFleet, SimMachine, WorldFault, WorldFaultKind,
 };
 use reqwest::{Method, StatusCode, header};
 use serde_json::{Value, json};
@@ -302,7 +304,9 @@ async fn list_and_get_have_the_machine_schema_shape() {
 
 #[tokio::test]
 async fn lease_acquire_conflict_refresh_and_release() {
-    let h = Harness::start(fleet()).await;
+    // Five lease POSTs on m1 in a row: past Fly's burst of 3, and this test
+    // is about the lease protocol, not the limits.
+    let h = Harness::start(fleet().unlimited()).await;
     let before = Utc::now().timestamp();
 
     let acquired = h
@@ -403,6 +407,9 @@ async fn lease_acquire_conflict_refresh_and_release() {
 #[tokio::test]
 async fn a_leased_machine_refuses_mutations_without_the_nonce() {
     let h = Harness::start(fleet()).await;
+    // The old, idealized sim fenced metadata writes too; Fly does not
+    // (see `metadata_writes_are_not_fenced_by_leases`).
+    h.sim.set_metadata_fencing(MetadataFencing::FencedByLease);
     let nonce = h
         .sim
         .acquire_lease_as("m1", "operator@example.com", Duration::from_secs(60))
@@ -1390,7 +1397,9 @@ async fn chaos_is_deterministic_for_a_seed() {
 
 #[tokio::test]
 async fn a_hanging_fault_ends_promptly_on_shutdown() {
-    let h = Harness::start(fleet()).await;
+    // Twelve GETs of one machine at once: past get-machine's burst of 10,
+    // and every one must draw from the chaos RNG.
+    let h = Harness::start(fleet().unlimited()).await;
     h.sim
         .set_chaos(Some(Chaos::new(1, 1.0).hang(Duration::from_secs(600))));
     let tasks: Vec<_> = (0..12)
@@ -1435,8 +1444,8 @@ async fn a_hanging_fault_ends_promptly_on_shutdown() {
 }
 
 #[tokio::test]
-async fn operator_writes_wait_for_the_lease() {
-    let h = Harness::start(fleet()).await;
+async fn operator_writes_wait_for_the_lease_when_metadata_is_fenced() {
+    let h = Harness::start(fleet().metadata_fencing(MetadataFencing::FencedByLease)).await;
     let acquired = h.post("/m1/lease", None, Some(json!({"ttl": 30}))).await;
     assert_eq!(acquired.status, StatusCode::CREATED);
     let nonce = acquired.body["data"]["nonce"]
@@ -1825,7 +1834,11 @@ async fn audit_records_actions_that_took_effect_on_held_machines() {
 #[tokio::test]
 async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
     const COORD: &str = "fleet-coord";
-    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    // The 409s below are the old, idealized fencing of metadata writes; on
+    // Fly they are accepted (`metadata_writes_are_not_fenced_by_leases`).
+    let fleet = fleet()
+        .metadata_fencing(MetadataFencing::FencedByLease)
+        .app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
     let h = Harness::start(fleet).await;
 
     let acquired = h
@@ -1965,4 +1978,699 @@ async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
             .map(Vec::len),
         Some(1)
     );
+}
+
+// ---- #19: the sim models Fly as it is (FLY-REALITY.md) ----
+
+#[tokio::test]
+async fn metadata_writes_are_not_fenced_by_leases() {
+    const COORD: &str = "fleet-coord";
+    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    let h = Harness::start(fleet).await;
+    let nonce = h
+        .sim
+        .acquire_lease_as("m1", "operator@example.com", Duration::from_secs(60))
+        .expect("m1 exists");
+
+    // fly-go's SetMetadata sends no nonce, and a stale one is no better: accepted.
+    let hold = json!({"value": "ops: incident"});
+    let no_nonce = h
+        .post(&format!("/m1/metadata/{HOLD}"), None, Some(hold.clone()))
+        .await;
+    assert_eq!(no_nonce.status, StatusCode::NO_CONTENT);
+    let stale = h
+        .post(
+            "/m1/metadata/note",
+            Some("a-stale-nonce"),
+            Some(json!({"value": "x"})),
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::NO_CONTENT);
+    let patched = h
+        .fly(
+            Method::PATCH,
+            "/m1/metadata",
+            None,
+            Some(json!({"metadata": {"a": "b"}})),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::NO_CONTENT);
+    let deleted = h.fly(Method::DELETE, "/m1/metadata/pool", None, None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert_eq!(
+        m1.metadata.get(HOLD).map(String::as_str),
+        Some("ops: incident")
+    );
+    assert_eq!(m1.metadata.get("a").map(String::as_str), Some("b"));
+    assert!(!m1.metadata.contains_key("pool"));
+    assert_eq!(
+        m1.lease.as_ref().map(|l| l.nonce.as_str()),
+        Some(nonce.as_str())
+    );
+
+    // Every other mutating call stays fenced.
+    for path in ["/m1/cordon", "/m1/restart", "/m1/stop"] {
+        let refused = h.post(path, None, None).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{path}");
+    }
+    let refresh = h.post("/m1/lease", Some("a-stale-nonce"), None).await;
+    assert_eq!(refresh.status, StatusCode::CONFLICT);
+
+    // An operator's `fly machine update --metadata` lands at any instant.
+    assert_eq!(h.sim.operator_set_metadata("m1", "note", "y"), Ok(()));
+    assert_eq!(h.sim.operator_delete_metadata("m1", HOLD), Ok(()));
+    assert!(!h.sim.machine("m1").expect("m1").metadata.contains_key(HOLD));
+
+    // So do writes onto a leased, stopped coordinator.
+    let coord_nonce = h
+        .sim
+        .acquire_lease_as("coord", DEFAULT_LEASE_OWNER, Duration::from_secs(60))
+        .expect("coord exists");
+    let slot = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            "/coord/metadata/fleet_reconciler_slot_0",
+            None,
+            Some(json!({"value": "intruder@rot-9"})),
+        )
+        .await;
+    assert_eq!(slot.status, StatusCode::NO_CONTENT);
+    let coord = h.sim.machine("coord").expect("coord");
+    assert_eq!(
+        coord
+            .metadata
+            .get("fleet_reconciler_slot_0")
+            .map(String::as_str),
+        Some("intruder@rot-9")
+    );
+    assert_eq!(coord.lease.map(|l| l.nonce), Some(coord_nonce));
+
+    // The old fencing is a switch.
+    h.sim.set_metadata_fencing(MetadataFencing::FencedByLease);
+    let fenced = h
+        .post("/m1/metadata/note", None, Some(json!({"value": "z"})))
+        .await;
+    assert_eq!(fenced.status, StatusCode::CONFLICT);
+    assert!(h.sim.operator_set_metadata("m1", "note", "z").is_err());
+    assert_eq!(
+        h.sim
+            .machine("m1")
+            .expect("m1")
+            .metadata
+            .get("note")
+            .map(String::as_str),
+        Some("y")
+    );
+}
+
+#[tokio::test]
+async fn hooks_run_at_an_exact_point_of_a_call() {
+    let h = Harness::start(fleet()).await;
+    h.sim.enable_audit(AuditConfig::default());
+
+    // Before: work starts just before the restart is served.
+    h.sim.before_next_call("m1", "POST", "restart", |sim| {
+        assert!(sim.set_live_sessions("m1", 2));
+    });
+    // A call on another machine or of another kind does not fire it.
+    assert_eq!(
+        h.post("/m2/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.sim.pending_hooks(), 1);
+    // A call refused at the front door does not reach its handler: no hook.
+    h.sim.fail_next(1, 503, None);
+    assert_eq!(
+        h.post("/m1/restart", None, None).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(h.sim.pending_hooks(), 1);
+    assert_eq!(
+        h.post("/m1/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.sim.pending_hooks(), 0);
+    let audit = h.sim.audit();
+    let m1_restart = audit
+        .restarts
+        .iter()
+        .find(|r| r.machine_id == "m1")
+        .expect("m1's restart is audited");
+    assert!(
+        m1_restart.busy,
+        "the hook's sessions were there when it landed"
+    );
+
+    // After: the handler took effect, the answer is not sent yet.
+    let saw = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen = std::sync::Arc::clone(&saw);
+    h.sim.after_next_call("m2", "POST", "cordon", move |sim| {
+        let cordoned = sim.machine("m2").map(|m| m.cordoned);
+        *seen.lock().expect("lock") = cordoned;
+        sim.set_metadata("m2", HOLD, "written mid-call");
+    });
+    let cordoned = h.post("/m2/cordon", None, None).await;
+    assert_eq!(cordoned.status, StatusCode::OK);
+    assert_eq!(*saw.lock().expect("lock"), Some(true));
+    let m2 = h.sim.machine("m2").expect("m2");
+    assert_eq!(
+        m2.metadata.get(HOLD).map(String::as_str),
+        Some("written mid-call")
+    );
+}
+
+#[tokio::test]
+async fn rate_limits_are_fly_documented_ones_by_default() {
+    let h = Harness::start(fleet()).await;
+    // Actions: 1/s per action per machine, burst 3; the 429 has no Retry-After.
+    for _ in 0..3 {
+        assert_eq!(
+            h.post("/m1/cordon", None, None).await.status,
+            StatusCode::OK
+        );
+    }
+    let limited = h.post("/m1/cordon", None, None).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(limited.headers.get(header::RETRY_AFTER).is_none());
+    assert_eq!(
+        h.post("/m1/uncordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/m2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+
+    // Get-machine: 5/s, burst 10.
+    for _ in 0..10 {
+        assert_eq!(h.get("/m2").await.status, StatusCode::OK);
+    }
+    assert_eq!(h.get("/m2").await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Listing is not limited.
+    for _ in 0..15 {
+        assert_eq!(h.get("").await.status, StatusCode::OK);
+    }
+
+    // Lease calls are actions: acquire and refresh share one bucket.
+    let acquired = h.post("/m3/lease", None, None).await;
+    assert_eq!(acquired.status, StatusCode::CREATED);
+    let nonce = acquired.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    for _ in 0..2 {
+        let refreshed = h.post("/m3/lease", Some(&nonce), None).await;
+        assert_eq!(refreshed.status, StatusCode::CREATED);
+    }
+    let throttled = h.post("/m3/lease", Some(&nonce), None).await;
+    assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        h.fly(Method::DELETE, "/m3/lease", Some(&nonce), None)
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    // The bucket refills at one a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+
+    // Mixed: every other 429 carries Retry-After.
+    h.sim
+        .set_rate_limits(Some(RateLimits::fly().retry_after(RetryAfter::Mixed)));
+    for _ in 0..3 {
+        assert_eq!(
+            h.post("/m2/uncordon", None, None).await.status,
+            StatusCode::OK
+        );
+    }
+    let headers: Vec<bool> = {
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let r = h.post("/m2/uncordon", None, None).await;
+            assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+            seen.push(r.headers.get(header::RETRY_AFTER).is_some());
+        }
+        seen
+    };
+    assert_eq!(headers, vec![false, true, false, true]);
+
+    // A 429 storm: every bucket of the machine, used or not, is empty at once.
+    h.sim.set_rate_limits(Some(RateLimits::fly()));
+    h.sim.exhaust_rate_limits("m2");
+    assert_eq!(
+        h.post("/m2/stop", None, None).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(h.get("/m2").await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_down_host_hides_the_config_and_refuses_calls() {
+    const COORD: &str = "fleet-coord";
+    let fleet = fleet().app(
+        SimApp::new(COORD).machine(
+            SimMachine::new("coord")
+                .stopped()
+                .metadata("fleet_reconciler_slot_0", "m1@rot-1"),
+        ),
+    );
+    let h = Harness::start(fleet).await;
+    assert!(h.sim.set_host_status("m1", HostStatus::Unreachable));
+    assert!(h.sim.set_host_status("coord", HostStatus::Unknown));
+    assert!(!h.sim.set_host_status("nope", HostStatus::Unreachable));
+
+    let m1 = h.get("/m1").await;
+    assert_eq!(m1.status, StatusCode::OK);
+    assert_eq!(m1.body["host_status"], "unreachable");
+    assert_eq!(
+        m1.body["state"], "started",
+        "Fly shows the last state it knew"
+    );
+    assert!(m1.body.get("config").is_none(), "{}", m1.body);
+    assert!(m1.body["incomplete_config"].is_object());
+    assert!(m1.body["incomplete_config"].get("metadata").is_none());
+    let listed = h.get("").await;
+    let row = listed.body.as_array().expect("list")[0].clone();
+    assert_eq!(row["id"], "m1");
+    assert!(row.get("config").is_none());
+
+    // The coordinator too: its slots are invisible.
+    let coord = h.fly_in(COORD, Method::GET, "/coord", None, None).await;
+    assert_eq!(coord.body["host_status"], "unknown");
+    assert!(coord.body.get("config").is_none());
+
+    // Agent unreachable; metadata reads, leases and mutations answer 503 without effect.
+    assert_eq!(h.health("m1").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    for (method, path) in [
+        (Method::GET, "/m1/metadata"),
+        (Method::POST, "/m1/lease"),
+        (Method::POST, "/m1/cordon"),
+        (Method::POST, "/m1/restart"),
+    ] {
+        let r = h.fly(method.clone(), path, None, None).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{method} {path}");
+    }
+    let write = h
+        .fly_in(
+            COORD,
+            Method::POST,
+            "/coord/metadata/fleet_reconciler_slot_1",
+            None,
+            Some(json!({"value": "x"})),
+        )
+        .await;
+    assert_eq!(write.status, StatusCode::SERVICE_UNAVAILABLE);
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert!(!m1.cordoned && m1.lease.is_none() && m1.restart_count == 0);
+    assert_eq!(m1.host_status, HostStatus::Unreachable);
+
+    // Partial: only Fly's own keys show.
+    h.sim.set_host_down_metadata(HostDownMetadata::Partial);
+    let coord = h.fly_in(COORD, Method::GET, "/coord", None, None).await;
+    let shown = &coord.body["incomplete_config"]["metadata"];
+    assert_eq!(shown["fly_platform_version"], "v2");
+    assert!(shown.get("fleet_reconciler_slot_0").is_none(), "{shown}");
+
+    // Back up: everything is there again.
+    assert!(h.sim.set_host_status("coord", HostStatus::Ok));
+    assert!(h.sim.set_host_status("m1", HostStatus::Ok));
+    let coord = h.fly_in(COORD, Method::GET, "/coord", None, None).await;
+    assert_eq!(coord.body["host_status"], "ok");
+    assert_eq!(
+        coord.body["config"]["metadata"]["fleet_reconciler_slot_0"],
+        "m1@rot-1"
+    );
+    assert!(coord.body.get("incomplete_config").is_none());
+    assert_eq!(h.health("m1").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cordoned_is_shown_survives_a_restart_and_not_an_update() {
+    let h = Harness::start(fleet()).await;
+    assert_eq!(h.get("/m1").await.body["cordoned"], false);
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.get("/m1").await.body["cordoned"], true);
+    let listed = h.get("").await;
+    assert_eq!(listed.body[0]["cordoned"], true);
+    assert_eq!(listed.body[1]["cordoned"], false);
+
+    assert_eq!(
+        h.post("/m1/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.wait_for("m1", "started", 5).await.status, StatusCode::OK);
+    assert!(
+        h.sim.machine("m1").expect("m1").cordoned,
+        "restart keeps it"
+    );
+
+    let updated = h
+        .post(
+            "/m1",
+            None,
+            Some(json!({"config": {"image": "img:2", "metadata": {}}})),
+        )
+        .await;
+    assert_eq!(updated.status, StatusCode::OK);
+    assert_eq!(updated.body["cordoned"], false, "an update clears it");
+
+    // Switch: restarts clear it too.
+    h.sim.set_restart_keeps_cordon(false);
+    assert_eq!(
+        h.post("/m2/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/m2/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.wait_for("m2", "started", 5).await.status, StatusCode::OK);
+    assert_eq!(h.get("/m2").await.body["cordoned"], false);
+}
+
+#[tokio::test]
+async fn an_outside_update_reverts_metadata_and_replaces_the_machine() {
+    let h = Harness::start(fleet()).await;
+    h.sim.enable_audit(AuditConfig::default());
+    // `fly deploy` read the machine list here...
+    let snapshot = h.sim.machine("m1").expect("m1").metadata;
+    let before = h.sim.machine("m1").expect("m1");
+    // ...then a hold was written and the daemon leased and cordoned the machine.
+    h.sim.set_metadata("m1", HOLD, "ops");
+    h.sim.set_live_sessions("m1", 3);
+    let acquired = h.post("/m1/lease", None, Some(json!({"ttl": 60}))).await;
+    let nonce = acquired.body["data"]["nonce"]
+        .as_str()
+        .expect("nonce")
+        .to_string();
+    assert_eq!(
+        h.post("/m1/cordon", Some(&nonce), None).await.status,
+        StatusCode::OK
+    );
+
+    assert!(matches!(
+        h.sim.outside_update("m1", &snapshot, OutsideLease::Respect),
+        Err(OperatorWriteRefused::Leased { .. })
+    ));
+    assert_eq!(
+        h.sim
+            .outside_update("m1", &snapshot, OutsideLease::ReuseFound),
+        Ok(())
+    );
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert!(
+        !m1.metadata.contains_key(HOLD),
+        "the hold written since is reverted"
+    );
+    assert_eq!(m1.metadata, snapshot);
+    assert_ne!(m1.instance_id, before.instance_id);
+    assert!(!m1.cordoned, "the cordon does not survive");
+    assert!(m1.lease.is_none(), "flyctl released the lease it reused");
+    assert_eq!(m1.state, "replacing");
+    // Our nonce is now worthless.
+    assert_eq!(
+        h.fly(Method::DELETE, "/m1/lease", Some(&nonce), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+
+    assert_eq!(h.wait_for("m1", "started", 5).await.status, StatusCode::OK);
+    let m1 = h.sim.machine("m1").expect("m1");
+    assert_eq!(m1.loaded_ref, TIP, "the agent comes back on the tip");
+    assert_eq!(m1.live_sessions, 0);
+    assert_eq!(m1.activity, "idle");
+    let events = h.get("/m1").await.body["events"].clone();
+    assert!(
+        events
+            .as_array()
+            .expect("events")
+            .iter()
+            .any(|e| e["type"] == "update"),
+        "{events}"
+    );
+    // Not the daemon's restart.
+    assert!(h.sim.audit().restarts.is_empty());
+
+    assert!(matches!(
+        h.sim
+            .outside_update("nope", &snapshot, OutsideLease::ReuseFound),
+        Err(OperatorWriteRefused::UnknownMachine { .. })
+    ));
+    h.sim.set_host_status("m2", HostStatus::Unreachable);
+    assert!(matches!(
+        h.sim
+            .outside_update("m2", &snapshot, OutsideLease::ReuseFound),
+        Err(OperatorWriteRefused::HostDown { .. })
+    ));
+}
+
+#[tokio::test]
+async fn restart_timeout_overrides_kill_timeout_and_can_kill_a_checkpoint() {
+    let fleet = SimFleet::new(TOKEN)
+        .release_tip(TIP)
+        .restart_delay(Duration::from_millis(50))
+        .app(
+            SimApp::new(APP).machine(
+                SimMachine::new("slow")
+                    .kill_timeout(Duration::from_secs(300))
+                    .checkpoint_on_stop(Duration::from_secs(60)),
+            ),
+        );
+    let h = Harness::start(fleet).await;
+    h.sim.enable_audit(AuditConfig::default());
+    assert_eq!(
+        h.post("/slow/restart?timeout=30s", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.wait_for("slow", "started", 5).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/slow/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.wait_for("slow", "started", 5).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/slow/restart?timeout=soon", None, None)
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+    let restarts = h.sim.audit().restarts;
+    assert_eq!(restarts.len(), 2);
+    assert_eq!(restarts[0].stop_timeout, Some(Duration::from_secs(30)));
+    assert!(
+        restarts[0].killed_before_checkpoint,
+        "30 s < the 60 s it needs"
+    );
+    assert_eq!(restarts[1].stop_timeout, Some(Duration::from_secs(300)));
+    assert!(
+        !restarts[1].killed_before_checkpoint,
+        "kill_timeout leaves it time"
+    );
+}
+
+#[tokio::test]
+async fn checks_and_events_follow_boots_and_crash_loops() {
+    let h = Harness::start(fleet().checks_pass_after(Duration::from_millis(400))).await;
+    let m2 = h.get("/m2").await.body;
+    assert_eq!(m2["checks"][0]["name"], DEFAULT_CHECK);
+    assert_eq!(m2["checks"][0]["status"], "passing");
+    assert_eq!(m2["events"], json!([]));
+
+    assert_eq!(
+        h.post("/m2/restart", None, None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.wait_for("m2", "started", 5).await.status, StatusCode::OK);
+    let m2 = h.get("/m2").await.body;
+    assert_eq!(m2["checks"][0]["status"], "critical", "fresh from boot");
+    let kinds: Vec<&str> = m2["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["type"].as_str().expect("type"))
+        .collect();
+    assert_eq!(kinds, vec!["start", "restart"], "newest first");
+    assert_eq!(m2["events"][1]["source"], "user");
+    let newest = m2["events"][0]["timestamp"].as_i64().expect("ms");
+    assert!(newest >= m2["events"][1]["timestamp"].as_i64().expect("ms"));
+    assert!(newest > 1_600_000_000_000, "milliseconds: {newest}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(h.get("/m2").await.body["checks"][0]["status"], "passing");
+
+    // A crash loop: started, exit events, checks critical, agent unreachable.
+    assert!(h.sim.set_crash_loop("m1", true));
+    let m1 = h.get("/m1").await.body;
+    assert_eq!(m1["state"], "started");
+    assert_eq!(m1["checks"][0]["status"], "critical");
+    let exits = m1["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["type"] == "exit")
+        .count();
+    assert!(exits >= 2, "{m1}");
+    assert_eq!(h.health("m1").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    for _ in 0..10 {
+        h.sim.set_crash_loop("m1", true);
+    }
+    assert!(
+        h.get("/m1").await.body["events"]
+            .as_array()
+            .expect("events")
+            .len()
+            <= 20
+    );
+    assert!(h.sim.machine("m1").expect("m1").crash_loop);
+    assert!(h.sim.set_crash_loop("m1", false));
+    assert_eq!(h.health("m1").await.status, StatusCode::OK);
+
+    // A check set by hand.
+    assert!(h.sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Warning));
+    assert!(h.sim.set_check("m2", "disk", CheckStatus::Critical));
+    let checks = h.get("/m2").await.body["checks"].clone();
+    assert_eq!(checks[0]["status"], "warning");
+    assert_eq!(checks[1]["name"], "disk");
+    assert_eq!(checks[1]["status"], "critical");
+    assert_eq!(
+        h.sim.machine("m2").expect("m2").checks,
+        vec![
+            (DEFAULT_CHECK.to_string(), CheckStatus::Warning),
+            ("disk".to_string(), CheckStatus::Critical)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn chaos_takes_hosts_down_including_the_coordinator() {
+    const COORD: &str = "fleet-coord";
+    let fleet = fleet().app(SimApp::new(COORD).machine(SimMachine::new("coord").stopped()));
+    let h = Harness::start(fleet).await;
+    let outage = WorldFault::new(1.0, Duration::from_millis(300)).app(COORD);
+    h.sim
+        .set_chaos(Some(Chaos::new(5, 0.0).host_outages(outage)));
+    assert_eq!(h.get("/m2").await.status, StatusCode::OK);
+    let coord = h.fly_in(COORD, Method::GET, "/coord", None, None).await;
+    assert_eq!(coord.body["host_status"], "unreachable");
+    assert!(coord.body.get("config").is_none());
+    let events = h.sim.chaos_world_events();
+    assert!(!events.is_empty());
+    assert!(
+        events
+            .iter()
+            .all(|e| e.kind == WorldFaultKind::HostOutage && e.machine_id == "coord")
+    );
+    let stats = h.sim.chaos_stats();
+    assert_eq!(stats.injected(), 0, "no request fault at rate 0");
+    assert!(stats.host_outages >= 1);
+
+    h.sim.set_chaos(None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        h.sim.machine("coord").expect("coord").host_status,
+        HostStatus::Ok
+    );
+}
+
+#[tokio::test]
+async fn chaos_writes_holds_without_a_nonce_and_removes_them() {
+    let h = Harness::start(fleet()).await;
+    h.sim
+        .acquire_lease_as("m1", "daemon@example.com", Duration::from_secs(60))
+        .expect("m1");
+    h.sim
+        .acquire_lease_as("m2", "daemon@example.com", Duration::from_secs(60))
+        .expect("m2");
+    let holds = WorldFault::new(1.0, Duration::from_millis(300)).app(APP);
+    h.sim.set_chaos(Some(Chaos::new(9, 0.0).holds(HOLD, holds)));
+    for _ in 0..3 {
+        assert_eq!(h.get("").await.status, StatusCode::OK);
+    }
+    h.sim.set_chaos(None);
+    let held: Vec<String> = h
+        .sim
+        .machines()
+        .into_iter()
+        .filter(|m| m.metadata.contains_key(HOLD))
+        .map(|m| m.id)
+        .collect();
+    assert!(!held.is_empty());
+    assert!(
+        held.iter()
+            .all(|id| ["m1", "m2", "m3"].contains(&id.as_str())),
+        "{held:?}"
+    );
+    assert_eq!(h.sim.chaos_stats().holds, 3);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        h.sim
+            .machines()
+            .iter()
+            .all(|m| !m.metadata.contains_key(HOLD))
+    );
+}
+
+#[tokio::test]
+async fn chaos_makes_outside_updates_from_an_earlier_snapshot() {
+    let h = Harness::start(fleet()).await;
+    let before = h.sim.machine("o1").expect("o1");
+    let updates = WorldFault::new(1.0, Duration::ZERO).app("other");
+    h.sim
+        .set_chaos(Some(Chaos::new(3, 0.0).outside_updates(updates)));
+    // Written after the "deploy" read the machines: reverted.
+    h.sim.set_metadata("o1", "fleet_reconciler_rotation", "{}");
+    h.sim
+        .acquire_lease_as("o1", "daemon@example.com", Duration::from_secs(60));
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
+    h.sim.set_chaos(None);
+    let o1 = h.sim.machine("o1").expect("o1");
+    assert_eq!(o1.metadata, before.metadata);
+    assert_ne!(o1.instance_id, before.instance_id);
+    assert!(o1.lease.is_none(), "the reused lease is released");
+    assert_eq!(h.sim.chaos_stats().outside_updates, 1);
+    assert_eq!(
+        h.sim.chaos_world_events()[0].kind,
+        WorldFaultKind::OutsideUpdate
+    );
+}
+
+#[tokio::test]
+async fn chaos_storms_throttle_a_machine_at_the_documented_limits() {
+    let h = Harness::start(fleet()).await;
+    h.sim.set_chaos(Some(Chaos::new(4, 0.0).rate_storms(1.0)));
+    assert_eq!(
+        h.post("/m1/cordon", None, None).await.status,
+        StatusCode::OK
+    );
+    h.sim.set_chaos(None);
+    // Every bucket of m1, even one not used yet, is empty; m2 is untouched.
+    assert_eq!(h.get("/m1").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        h.post("/m1/restart", None, None).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(h.get("/m2").await.status, StatusCode::OK);
+    assert_eq!(h.sim.chaos_stats().rate_storms, 1);
+    // Refilled at get-machine's 5/s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
 }

@@ -113,6 +113,10 @@ pub enum Declined {
     OnTarget,
     #[error("shutting down")]
     ShuttingDown,
+    #[error(
+        "the machine is {state} and its uncordon failed ({error}); its slot is released and the uncordon retried every sweep"
+    )]
+    UncordonRefused { state: MachineState, error: String },
 }
 
 /// How one step ended.
@@ -690,7 +694,24 @@ impl Executor {
         if marker.may_have_cordoned() {
             self.check(w, Call::Write).await?;
             lease.ensure()?;
-            self.fly.uncordon(app, id, nonce).await?;
+            if let Err(e) = self.fly.uncordon(app, id, nonce).await {
+                // A machine that stopped (autostop) while cordoned: whether
+                // Fly uncordons a stopped machine is unknown. Its agent is
+                // gone with its fence and it serves nothing, so the slot goes
+                // now rather than starving the pool; the marker stays
+                // `releasing` so the uncordon is retried every sweep, and the
+                // planner alerts while it is cordoned without a slot.
+                let now = self.check(w, Call::Write).await?;
+                if !now.is_started() {
+                    self.release_slot(t, &marker.tag).await;
+                    return Err(Declined::UncordonRefused {
+                        state: now.state.clone(),
+                        error: e.to_string(),
+                    }
+                    .into());
+                }
+                return Err(e.into());
+            }
         }
         if undrain {
             self.check(w, Call::Write).await?;

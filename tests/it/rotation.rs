@@ -1578,3 +1578,49 @@ async fn one_sweeps_claims_share_one_coordinator_lease() {
     );
     sim.shutdown().await;
 }
+
+/// #19 defect 15. Before: a machine that stopped (autostop) mid-rotation
+/// and whose uncordon then failed kept its slot: the undo failed every
+/// sweep, and the pool (cap 1) never rotated anything else.
+#[tokio::test(start_paused = true)]
+async fn a_failed_uncordon_on_a_stopped_machine_frees_its_slot() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![busy_for_an_hour(&w, "m1"), busy_for_an_hour(&w, "m2")],
+    ))
+    .await
+    .unwrap();
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps.len(), 1, "cap 1: {:?}", claim.steps);
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let first = claim.steps[0].target.machine_id.to_string();
+    let other = if first == "m1" { "m2" } else { "m1" };
+    // Autostop stops it, cordoned; then every uncordon fails.
+    sim.set_state(&first, "stopped");
+    for _ in 0..6 {
+        sim.fault_next_call(&first, "POST", "uncordon", ChaosFault::ServerError);
+    }
+    let release = hand.plan().await;
+    let done = hand.run(&release).await;
+    assert!(
+        matches!(
+            done.iter()
+                .find(|r| r.step.target.machine_id.as_str() == first)
+                .map(|r| &r.outcome),
+            Some(Outcome::Skipped(Declined::UncordonRefused { .. }))
+        ),
+        "{done:?}"
+    );
+    // The pool is free: the other machine claims.
+    let next = hand.plan().await;
+    let claimed = next
+        .steps
+        .iter()
+        .any(|s| s.kind() == "claim" && s.target.machine_id.as_str() == other);
+    assert!(claimed, "the pool stayed starved: {:?}", next.steps);
+    sim.shutdown().await;
+}

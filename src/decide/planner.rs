@@ -944,6 +944,9 @@ impl<'a> Planning<'a> {
             drain_requested: cooperative && !reload,
             cordoned: Some(false),
             ending: None,
+            instance_id: None,
+            pool: None,
+            failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
         self.plan.steps.push(Step {

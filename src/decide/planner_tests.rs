@@ -185,6 +185,9 @@ fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> M
         drain_requested: false,
         cordoned: None,
         ending: None,
+        instance_id: None,
+        pool: None,
+        failed: None,
     }
 }
 

@@ -144,6 +144,9 @@ fn marker() -> impl Strategy<Value = Marker> {
                 drain_requested,
                 cordoned,
                 ending,
+                instance_id: None,
+                pool: None,
+                failed: None,
             },
         )
 }

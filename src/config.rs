@@ -1318,8 +1318,13 @@ name = "agents"
         assert_eq!(c.rotation.max_attempts, 3);
         assert_eq!(c.rotation.release_ceiling, Duration::from_secs(1800));
         let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = 0\n"));
-        assert!(e.contains("rotation.max_attempts") && e.contains("at least 1"), "{e}");
-        let e = err(&format!("{MINIMAL}\n[rotation]\nrelease_ceiling = \"0s\"\n"));
+        assert!(
+            e.contains("rotation.max_attempts") && e.contains("at least 1"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{MINIMAL}\n[rotation]\nrelease_ceiling = \"0s\"\n"
+        ));
         assert!(e.contains("rotation.release_ceiling"), "{e}");
         let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = -1\n"));
         assert!(e.contains("rotation.max_attempts"), "{e}");

@@ -234,13 +234,25 @@ impl Marker {
             return too_long("owner", MAX_MARKER_OWNER_CHARS);
         }
         let detail = crate::text::MAX_DETAIL_CHARS;
-        if marker.instance_id.as_ref().is_some_and(|v| v.chars().count() > detail) {
+        if marker
+            .instance_id
+            .as_ref()
+            .is_some_and(|v| v.chars().count() > detail)
+        {
             return too_long("instance_id", detail);
         }
-        if marker.pool.as_ref().is_some_and(|v| v.chars().count() > detail) {
+        if marker
+            .pool
+            .as_ref()
+            .is_some_and(|v| v.chars().count() > detail)
+        {
             return too_long("pool", detail);
         }
-        if marker.failed.as_ref().is_some_and(|f| f.evidence.chars().count() > detail) {
+        if marker
+            .failed
+            .as_ref()
+            .is_some_and(|f| f.evidence.chars().count() > detail)
+        {
             return too_long("failed.evidence", detail);
         }
         Ok(marker)

@@ -1029,8 +1029,9 @@ impl<'a> Planning<'a> {
             drain_requested: cooperative && !reload,
             cordoned: Some(false),
             ending: None,
-            // The executor records the instance it reads under the lease.
-            instance_id: Some(m.inputs.instance_id.clone()).filter(|i| !i.is_empty()),
+            // Recorded by the executor from the machine it reads under the
+            // lease, not from this (older) snapshot.
+            instance_id: None,
             pool: Some(m.pool.clone()),
             failed: None,
         };
@@ -1509,9 +1510,8 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
     // Updated from outside (`fly deploy`, `fly machine update`): the plan this
     // marker describes is stale (its cordon, fence and checkpoint may be
     // gone), so it is undone, never continued; the next sweep judges afresh.
-    if let Some(ours) = marker.instance_id.as_deref()
-        && !m.inputs.instance_id.is_empty()
-        && ours != m.inputs.instance_id
+    if updated_from_outside(m, marker)
+        && let Some(ours) = marker.instance_id.as_deref()
     {
         alerts.push(machine_alert(
             AlertKind::RotationStuck,
@@ -1753,9 +1753,10 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
     }
 }
 
-/// The marker a restart writes: phase `restarting`, its clock, the machine's
-/// instance (a restart keeps it; the executor records the one it reads under
-/// the lease) and, for automatic rotations, the current tip.
+/// The marker a restart writes: phase `restarting`, its clock and, for
+/// automatic rotations, the current tip. Its `instance_id` is the claim's
+/// until the executor records the one it reads under the lease (a restart
+/// keeps it).
 fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
     let mut next = marker.clone();
     next.phase = Phase::Restarting;
@@ -1763,14 +1764,20 @@ fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
     next.retry_at = None;
     next.restart_at = Some(ctx.now);
     next.attempt_started_at = ctx.now;
-    if !ctx.m.inputs.instance_id.is_empty() {
-        next.instance_id = Some(ctx.m.inputs.instance_id.clone());
-    }
     // Automatic rotations follow the tip; an approved one keeps its commit.
     if marker.action != PolicyAction::Manual {
         next.target = ctx.tip.to_string();
     }
     next
+}
+
+/// Whether the machine's instance differs from the one the marker recorded:
+/// `fly deploy` / `fly machine update` replaced it (a restart keeps it).
+fn updated_from_outside(m: &MachineReport, marker: &Marker) -> bool {
+    marker
+        .instance_id
+        .as_deref()
+        .is_some_and(|ours| !m.inputs.instance_id.is_empty() && ours != m.inputs.instance_id)
 }
 
 /// Exit events since `since`, within `window` of it (a crash loop's evidence).
@@ -1906,6 +1913,14 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         now,
     );
     let undrain = matches!(step.kind, StepKind::Release { undrain: true, .. });
+    if undrain && updated_from_outside(m, marker) {
+        // The update restarted the agent, which lifted its fence: only the
+        // uncordon is left (and no restart of ours follows a stale plan).
+        if let StepKind::Release { undrain, .. } = &mut step.kind {
+            *undrain = false;
+        }
+        return step;
+    }
     if !undrain || after(marker.attempt_started_at, rot.release_ceiling) > now {
         return step;
     }

@@ -2547,7 +2547,7 @@ fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
     let mut d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     d.instance_id = Some("01-ours".into());
     let now = t0() + Cd::minutes(2);
-    // Same instance: restarted when idle, recording the instance.
+    // Same instance: restarted when idle, the recorded instance kept.
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Low)
             .instance("01-ours")
@@ -2558,6 +2558,15 @@ fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
         restart_of(&plan, "m1").unwrap().0.instance_id.as_deref(),
         Some("01-ours")
     );
+    // A marker of an older version (no instance recorded): nothing to compare.
+    let mut old = d.clone();
+    old.instance_id = None;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .instance("02-theirs")
+            .marker(&old),
+    );
+    assert!(restart_of(&fx.plan_at(t0(), now), "m1").is_some());
     // `fly deploy` replaced it: never act on the stale plan.
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Low)
@@ -2573,13 +2582,29 @@ fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
     // Updated onto the target: finished.
     let mut fx = Fx::new("").with(M::on_tip("m1").instance("02-theirs").marker(&d));
     assert_eq!(kinds(&fx.plan_at(t0(), now)), [("m1", "finish")]);
-    // Claims record the instance and the pool.
+    // Mid-undo: the update restarted the agent, which lifted its fence; no
+    // restart of ours follows the stale plan.
+    let mut r = releasing_fenced("m1");
+    r.instance_id = Some("01-ours".into());
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .unprobed_since(t0() - Cd::hours(5))
+            .instance("02-theirs")
+            .marker(&r),
+    );
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    let (next, undrain, _) = release_of(&plan, "m1").unwrap();
+    assert!(!undrain && next.may_have_cordoned());
+    // Claims record the pool (the instance is the executor's to record, from
+    // the machine it reads under the lease, not from this older snapshot).
     let mut fx = Fx::new("").with(M::drifted("a", Severity::Low).instance("07-a"));
     let plan = fx.plan_at(t0(), t0() + Cd::hours(1));
     let StepKind::Claim { marker, .. } = &plan.steps[0].kind else {
         panic!("{plan:?}")
     };
-    assert_eq!(marker.instance_id.as_deref(), Some("07-a"));
+    assert_eq!(marker.instance_id, None);
     assert_eq!(marker.pool.as_deref(), Some("default"));
 }
 

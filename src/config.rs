@@ -261,6 +261,16 @@ pub struct RotationConfig {
     pub recent_input_guard: Duration,
     #[serde(deserialize_with = "duration")]
     pub heartbeat_max_age: Duration,
+    /// How long a `releasing` rotation keeps retrying the undrain of an agent
+    /// that gives no usable report before it gives the undrain up (with an
+    /// alert naming the machine) and frees its slot. The uncordon is never
+    /// given up.
+    #[serde(deserialize_with = "duration")]
+    pub release_ceiling: Duration,
+    /// Restarts one rotation makes toward one target before it ends as
+    /// failed (uncordoned, slot released, `rotation_failed` alerted, no new
+    /// attempt for that target until the tip moves or an operator approves).
+    pub max_attempts: u32,
     /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
     /// pool's rotation slots, so caps are exact across replicas (see
     /// [`crate::metadata::slots`]). Required for `run` to act.
@@ -280,6 +290,8 @@ impl Default for RotationConfig {
             verify_deadline: Duration::from_secs(300),
             recent_input_guard: Duration::from_secs(600),
             heartbeat_max_age: Duration::from_secs(30),
+            release_ceiling: Duration::from_secs(1800),
+            max_attempts: 3,
             coordinator: None,
         }
     }
@@ -822,6 +834,20 @@ impl Config {
             ));
         }
 
+        if raw.rotation.max_attempts == 0 {
+            return Err(invalid(
+                "rotation.max_attempts".into(),
+                None,
+                "must be at least 1 (the first restart is an attempt)".into(),
+            ));
+        }
+        if raw.rotation.release_ceiling.is_zero() {
+            return Err(invalid(
+                "rotation.release_ceiling".into(),
+                None,
+                "must be greater than zero".into(),
+            ));
+        }
         if raw.sweep.interval.is_zero() {
             return Err(invalid(
                 "sweep.interval".into(),
@@ -1284,6 +1310,24 @@ name = "agents"
         }
         let ok = format!("{MINIMAL}\n[rotation]\nretry_after = \"30days\"\n");
         assert!(Config::parse(Path::new("test.toml"), &ok).is_ok());
+    }
+
+    #[test]
+    fn rotation_attempts_and_release_ceiling_are_validated_with_their_key() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.rotation.max_attempts, 3);
+        assert_eq!(c.rotation.release_ceiling, Duration::from_secs(1800));
+        let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = 0\n"));
+        assert!(
+            e.contains("rotation.max_attempts") && e.contains("at least 1"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{MINIMAL}\n[rotation]\nrelease_ceiling = \"0s\"\n"
+        ));
+        assert!(e.contains("rotation.release_ceiling"), "{e}");
+        let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = -1\n"));
+        assert!(e.contains("rotation.max_attempts"), "{e}");
     }
 
     #[test]

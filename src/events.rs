@@ -34,6 +34,13 @@ pub enum AlertKind {
     /// One app's machines could not be listed for 3 sweep intervals: its
     /// last listing is shown and nothing is done to its machines.
     AppUnlistable,
+    /// A rotation ended as failed after `rotation.max_attempts` restarts that
+    /// did not verify (or crash-looped): uncordoned, slot released, no new
+    /// attempt for its target until the tip moves or an operator approves.
+    RotationFailed,
+    /// The coordinator's slot set could not be read for 3 sweep intervals:
+    /// no rotation that needs a slot proceeds (undos still run).
+    CoordinatorUnreadable,
     /// A webhook is dead-lettering what it is sent (raised by the notifier
     /// itself, delivered to the other webhooks).
     SinkFailing,
@@ -50,6 +57,8 @@ impl AlertKind {
             AlertKind::TipStale => "tip_stale",
             AlertKind::SweepFailing => "sweep_failing",
             AlertKind::AppUnlistable => "app_unlistable",
+            AlertKind::RotationFailed => "rotation_failed",
+            AlertKind::CoordinatorUnreadable => "coordinator_unreadable",
             AlertKind::SinkFailing => "alert_sink_failing",
         }
     }
@@ -64,6 +73,8 @@ impl AlertKind {
             AlertKind::TipStale => "tip_fresh",
             AlertKind::SweepFailing => "sweep_recovered",
             AlertKind::AppUnlistable => "app_listing_recovered",
+            AlertKind::RotationFailed => "rotation_failed_resolved",
+            AlertKind::CoordinatorUnreadable => "coordinator_readable",
             AlertKind::SinkFailing => "alert_sink_recovered",
         }
     }

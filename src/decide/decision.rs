@@ -97,6 +97,24 @@ pub enum Decision {
     /// A rotation marker this reconciler cannot read (the field at fault):
     /// someone else's, left alone, and its slot counted as taken.
     UnreadableMarker { why: String },
+    /// The rotation toward `target` ended as failed after `attempts` restarts
+    /// (at `at`; `evidence`: what the last one showed). Uncordoned, its slot
+    /// released; no new attempt for `target` until the tip moves or an
+    /// operator runs `approve` again.
+    RotationFailed {
+        target: String,
+        attempts: u32,
+        at: DateTime<Utc>,
+        evidence: String,
+    },
+    /// Fly does not show the machine's metadata (`why`: its host is not `ok`,
+    /// or the listing carried no config): its hold, approval and marker are
+    /// unknown, so nothing is done to it, and a slot the coordinator holds
+    /// for it stays taken.
+    MetadataUnknown { why: String },
+    /// Qualifies for a rotation, but the coordinator's slot set is unknown
+    /// (`why`): unknown is not empty, so no claim is made.
+    SlotsUnknown { why: String },
     /// The last sweep could not list the machine's app: its data is an older
     /// listing and nothing is done to it. `held`/`phase` are as last listed.
     AppNotListed { held: bool, phase: Option<Phase> },
@@ -133,6 +151,9 @@ impl Decision {
             Decision::TipUncertain { .. } => "tip uncertain".into(),
             Decision::UnconfirmedRef { .. } => "unknown ref: unconfirmed".into(),
             Decision::UnreadableMarker { .. } => "unreadable marker".into(),
+            Decision::RotationFailed { .. } => "rotation failed".into(),
+            Decision::MetadataUnknown { .. } => "metadata unknown".into(),
+            Decision::SlotsUnknown { .. } => "slots unknown".into(),
             Decision::AppNotListed {
                 held: true,
                 phase: _,
@@ -152,6 +173,9 @@ impl Decision {
                 | Decision::AwaitingApproval { .. }
                 | Decision::UnreadableMarker { .. }
                 | Decision::Yielded { .. }
+                | Decision::RotationFailed { .. }
+                | Decision::MetadataUnknown { .. }
+                | Decision::SlotsUnknown { .. }
         )
     }
 }
@@ -273,6 +297,25 @@ impl fmt::Display for Decision {
                 f,
                 "a rotation marker this reconciler cannot read ({why}); not touching it"
             ),
+            Decision::RotationFailed {
+                target,
+                attempts,
+                at: when,
+                evidence,
+            } => write!(
+                f,
+                "the rotation to {} failed after {attempts} restart(s) at {} ({evidence}); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
+                short_commit(target),
+                at(when)
+            ),
+            Decision::MetadataUnknown { why } => write!(
+                f,
+                "Fly does not show its metadata ({why}): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken"
+            ),
+            Decision::SlotsUnknown { why } => write!(
+                f,
+                "qualifies for a rotation, but the coordinator's slot set is unknown ({why}); no claim until it can be read"
+            ),
             Decision::AppNotListed { .. } => write!(
                 f,
                 "{}; the last sweep could not list its app, nothing is done to it",
@@ -334,6 +377,14 @@ mod tests {
             Decision::TipUncertain { fetched_at: None },
             Decision::UnconfirmedRef { since: None },
             Decision::UnreadableMarker { why: "x".into() },
+            Decision::RotationFailed {
+                target: "ab".into(),
+                attempts: 3,
+                at: t,
+                evidence: "still on 22".into(),
+            },
+            Decision::MetadataUnknown { why: "x".into() },
+            Decision::SlotsUnknown { why: "x".into() },
             Decision::AppNotListed {
                 held: false,
                 phase: None,

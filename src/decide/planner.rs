@@ -27,7 +27,7 @@ use crate::decide::decision::Decision;
 use crate::events::{Alert, AlertKind};
 use crate::metadata::MARKER_KEY;
 use crate::metadata::controls::Controls;
-use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
+use crate::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
 use crate::model::{AppName, MachineId, MachineStatus, PolicyAction, Severity};
@@ -36,6 +36,14 @@ use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
 /// How far in the future a heartbeat may be (clock skew) and still count as fresh.
 pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
+
+/// Exit events since a restart, within the verify window, that make a crash
+/// loop (flyctl's `isConstantlyRestarting` judges the same way).
+pub const CRASH_LOOP_EXITS: usize = 2;
+
+/// Sweep intervals the coordinator's slot set may stay unreadable before
+/// `coordinator_unreadable` fires.
+pub const COORDINATOR_UNREADABLE_SWEEPS: u32 = 3;
 
 /// Which machine a step is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +164,7 @@ impl Step {
             StepKind::Restart { .. } => "restart",
             // The undo is labelled by how the rotation ends (stable labels
             // for dashboards: `finish` and `yield` predate `releasing`).
+            StepKind::Release { marker, .. } if marker.failed.is_some() => "fail",
             StepKind::Release { marker, .. } => match marker.ending {
                 Some(Ending::Finished) => "finish",
                 Some(Ending::Yielded) => "yield",
@@ -196,6 +205,11 @@ impl fmt::Display for Step {
                     RestartGuard::Idle => "",
                     RestartGuard::Unprobeable => "; only if still unprobeable",
                 }
+            ),
+            StepKind::Release { marker, why, .. } if marker.failed.is_some() => write!(
+                f,
+                "{target}: the rotation failed ({why}); undo it and release its slot, no new attempt for {}",
+                crate::model::short_commit(&marker.target)
             ),
             StepKind::Release { marker, why, .. } => match marker.ending {
                 Some(Ending::Yielded) => write!(
@@ -239,6 +253,8 @@ pub struct Plan {
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
     machines: HashMap<MachineId, Seen>,
+    /// First sweep of the current run that could not read the slot set.
+    slots_unknown_since: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -298,6 +314,15 @@ impl Tracker {
             next.insert(m.machine_id.clone(), seen);
         }
         self.machines = next;
+        self.slots_unknown_since = match report.slots {
+            SlotsView::Unknown(_) => self.slots_unknown_since.or(Some(now)),
+            SlotsView::Known(_) | SlotsView::NotConfigured => None,
+        };
+    }
+
+    /// Since when this run has not been able to read the coordinator's slots.
+    pub fn slots_unknown_since(&self) -> Option<DateTime<Utc>> {
+        self.slots_unknown_since
     }
 
     /// Whether the last usable report of the machine showed drift.
@@ -580,6 +605,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     }
     planning.claim_in_rank_order();
     planning.one_step_per_machine();
+    planning.coordinator_alert();
     planning.plan
 }
 
@@ -647,15 +673,28 @@ impl<'a> Planning<'a> {
             .then(|| unprobed_evidence(self.tracker, m, op))
             .flatten();
         self.drift_alert(m, evidence.as_ref());
+        // Unknown is not empty: no hold, marker or approval can be seen, so
+        // nothing at all is planned (not even an undo or bookkeeping).
+        if let Some(why) = &m.inputs.metadata_unknown {
+            self.decide(m, Decision::MetadataUnknown { why: why.clone() });
+            return;
+        }
         if self.held(m, op) {
             return; // never act on a held machine, never clear its hold
         }
-        let target = target_of(m);
+        let mut target = target_of(m);
+        // A rotation ends in the pool whose slot it won, whatever the label says now.
+        let pool = match &op.marker {
+            Some(Ok(marker)) => marker.pool_or(&m.pool),
+            _ => m.pool.as_str(),
+        };
+        target.pool = pool.to_string();
         let ctx = Ctx {
             config: self.config,
             m,
             op,
             target: &target,
+            pool,
             evidence: evidence.as_ref(),
             drift_since: self.tracker.drift_since(&m.machine_id),
             unprobed_since: self.tracker.unprobed_since(&m.machine_id),
@@ -675,6 +714,9 @@ impl<'a> Planning<'a> {
             }
         };
         let step = step.or_else(|| unprobed_bookkeeping(m, op, &target, evidence.as_ref()));
+        // Unknown is not empty: a step that needs its slot waits until the
+        // coordinator can be read (the undo needs none and goes on).
+        let step = step.filter(|s| !(needs_slot(s) && self.slots_unknown().is_some()));
         if let Some(step) = step {
             self.plan.steps.push(step);
         }
@@ -769,7 +811,7 @@ impl<'a> Planning<'a> {
         let m = ctx.m;
         self.decide(m, rotation_decision(ctx, marker));
         let orphan = matches!(&self.report.slots, SlotsView::Known(set)
-            if !set.holds(&m.app, &m.pool, &m.machine_id, &marker.tag));
+            if !set.holds(&m.app, ctx.pool, &m.machine_id, &marker.tag));
         if orphan && marker.phase != Phase::Releasing {
             Some(release(
                 ctx.target,
@@ -778,6 +820,7 @@ impl<'a> Planning<'a> {
                 ctx.op,
                 Ending::Cancelled,
                 "the rotation holds no slot in the coordinator",
+                ctx.now,
             ))
         } else {
             advance(ctx, marker, &mut self.plan.alerts)
@@ -802,9 +845,44 @@ impl<'a> Planning<'a> {
                 ctx.op,
                 Ending::Finished,
                 "on the tip",
+                ctx.now,
             ));
         }
-        if yielded && marker.retry_at.is_none_or(|t| t > self.now) {
+        if yielded && let Some(failed) = &marker.failed {
+            // No new attempt for the failed target until the tip moves or an
+            // operator approves it again (after the failure).
+            let rearmed = !marker.target.eq_ignore_ascii_case(self.tip)
+                || ctx
+                    .op
+                    .controls
+                    .approval_for(self.tip)
+                    .is_some_and(|a| a.at > failed.at);
+            if !rearmed {
+                self.decide(
+                    m,
+                    Decision::RotationFailed {
+                        target: marker.target.clone(),
+                        attempts: failed.attempts,
+                        at: failed.at,
+                        evidence: failed.evidence.clone(),
+                    },
+                );
+                self.alert(
+                    AlertKind::RotationFailed,
+                    m,
+                    marker.severity.max(Severity::High),
+                    format!(
+                        "the rotation of {id} to {} failed after {} restart(s) at {} ({}); no new attempt until the tip moves or `fleet-reconciler approve {id}`",
+                        crate::model::short_commit(&marker.target),
+                        failed.attempts,
+                        failed.at.to_rfc3339(),
+                        failed.evidence,
+                        id = m.machine_id,
+                    ),
+                );
+                return None;
+            }
+        } else if yielded && marker.retry_at.is_none_or(|t| t > self.now) {
             self.decide(
                 m,
                 Decision::Yielded {
@@ -883,6 +961,13 @@ impl<'a> Planning<'a> {
             expected,
             ..
         } = c;
+        if let Some(why) = self.slots_unknown() {
+            // Unknown is not empty: no claim. Our unfinished claim permits
+            // nothing and stays until the set can be read.
+            let why = why.to_string();
+            self.decide(m, Decision::SlotsUnknown { why });
+            return;
+        }
         let cap = self.config.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = self
             .in_use
@@ -944,6 +1029,11 @@ impl<'a> Planning<'a> {
             drain_requested: cooperative && !reload,
             cordoned: Some(false),
             ending: None,
+            // Recorded by the executor from the machine it reads under the
+            // lease, not from this (older) snapshot.
+            instance_id: None,
+            pool: Some(m.pool.clone()),
+            failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
         self.plan.steps.push(Step {
@@ -954,6 +1044,49 @@ impl<'a> Planning<'a> {
                 reload,
                 marker,
             },
+        });
+    }
+
+    /// Why the coordinator's slot set is unknown, if it is.
+    fn slots_unknown(&self) -> Option<&'a str> {
+        match &self.report.slots {
+            SlotsView::Unknown(why) => Some(why.as_str()),
+            SlotsView::Known(_) | SlotsView::NotConfigured => None,
+        }
+    }
+
+    /// `coordinator_unreadable` once the slot set has stayed unknown for
+    /// [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals: until then no
+    /// rotation that needs a slot proceeds, silently.
+    fn coordinator_alert(&mut self) {
+        let (Some(why), Some(since)) = (self.slots_unknown(), self.tracker.slots_unknown_since())
+        else {
+            return;
+        };
+        let grace = self
+            .config
+            .sweep
+            .interval
+            .saturating_mul(COORDINATOR_UNREADABLE_SWEEPS);
+        if after(since, grace) > self.now {
+            return;
+        }
+        let mut details = BTreeMap::new();
+        details.insert("since".to_string(), since.to_rfc3339());
+        if let Some(c) = &self.config.rotation.coordinator {
+            details.insert("coordinator".to_string(), c.to_string());
+        }
+        self.plan.alerts.push(Alert {
+            kind: AlertKind::CoordinatorUnreadable,
+            app: None,
+            machine_id: None,
+            commit: None,
+            severity: Severity::High,
+            summary: format!(
+                "the rotation slots cannot be read since {} ({why}): no rotation starts, drains or restarts; undos go on",
+                since.to_rfc3339()
+            ),
+            details,
         });
     }
 
@@ -973,21 +1106,59 @@ impl<'a> Planning<'a> {
     }
 }
 
-/// Capacity out of each (app, pool): every marker that holds a slot, held
-/// machines and unreadable markers included (fail closed).
+/// Capacity out of each (app, pool). Where the coordinator's set is known it
+/// is the count (a machine whose metadata is unknown keeps its slot there, an
+/// unreadable marker counts only for a slot it holds), plus readable markers
+/// holding capacity without a slot (being undone, maybe still cordoned).
+/// Otherwise every marker that holds a slot, unreadable and unknown ones
+/// included (fail closed).
 fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppName, String), usize> {
     let mut in_use: BTreeMap<(AppName, String), usize> = BTreeMap::new();
+    let set = match &report.slots {
+        SlotsView::Known(set) => Some(set),
+        SlotsView::Unknown(_) | SlotsView::NotConfigured => None,
+    };
+    if let Some(set) = set {
+        for (key, slots) in &set.pools {
+            if let Some((app, pool)) = key.split_once('/')
+                && !slots.is_empty()
+            {
+                *in_use
+                    .entry((AppName::from(app), pool.to_string()))
+                    .or_default() += slots.len();
+            }
+        }
+    }
     for (m, op) in report.machines.iter().zip(ops) {
-        let holds = match &op.marker {
-            Some(Ok(marker)) => marker.phase.holds_slot(),
-            Some(Err(_)) => true,
-            None => false,
+        let pool = match &op.marker {
+            Some(Ok(marker)) => marker.pool_or(&m.pool),
+            _ => m.pool.as_str(),
+        };
+        let holds = match (&op.marker, set) {
+            (_, None) if m.inputs.metadata_unknown.is_some() => true,
+            (Some(Ok(marker)), Some(set)) => {
+                marker.phase.holds_slot() && !set.holds(&m.app, pool, &m.machine_id, &marker.tag)
+            }
+            (Some(Ok(marker)), None) => marker.phase.holds_slot(),
+            (Some(Err(_)), None) => true,
+            (Some(Err(_)), Some(_)) | (None, _) => false,
         };
         if holds {
-            *in_use.entry((m.app.clone(), m.pool.clone())).or_default() += 1;
+            *in_use.entry((m.app.clone(), pool.to_string())).or_default() += 1;
         }
     }
     in_use
+}
+
+/// Steps that may only be taken while the rotation's slot is in the set.
+fn needs_slot(step: &Step) -> bool {
+    matches!(
+        step.kind,
+        StepKind::Claim { .. }
+            | StepKind::Drain
+            | StepKind::Restart { .. }
+            | StepKind::Advance { cordon: true, .. }
+    )
 }
 
 /// The phase of a rotation that holds a slot, if the machine has one.
@@ -1243,6 +1414,7 @@ fn release(
     op: &OperatorState,
     ending: Ending,
     why: &'static str,
+    now: DateTime<Utc>,
 ) -> Step {
     let mut next = marker.clone();
     if next.phase != Phase::Releasing {
@@ -1252,6 +1424,8 @@ fn release(
         }
         next.phase = Phase::Releasing;
         next.ending = Some(ending);
+        // `rotation.release_ceiling` counts from here.
+        next.attempt_started_at = now;
     }
     // A fence needs lifting only while the agent that was asked still runs
     // and does not report itself unfenced.
@@ -1276,6 +1450,8 @@ struct Ctx<'a> {
     m: &'a MachineReport,
     op: &'a OperatorState<'a>,
     target: &'a Target,
+    /// The pool the rotation's slot is in (the marker's), else the machine's.
+    pool: &'a str,
     evidence: Option<&'a Unprobed>,
     /// When this run first saw the machine's current drift.
     drift_since: Option<DateTime<Utc>>,
@@ -1293,6 +1469,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         m,
         op,
         target,
+        pool,
         evidence,
         fetch,
         now,
@@ -1305,19 +1482,51 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         expected: Some(marker.clone()),
         kind,
     };
-    let release = |ending, why| release(target, marker, m, op, ending, why);
+    let release = |ending, why| release(target, marker, m, op, ending, why, now);
     if marker.phase == Phase::Releasing {
-        return Some(release(Ending::Cancelled, "undo not finished yet"));
+        return Some(releasing(ctx, marker, alerts));
     }
+    let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
+    let exits = exits_since(m, restarted_at, rot.verify_deadline);
+    let crash_loop = marker.phase == Phase::Restarting && exits >= CRASH_LOOP_EXITS;
     // Whatever the phase: a machine on the target is done (maybe someone
-    // else restarted it, or the tip came to it).
-    let on_target = m.status == MachineStatus::OnTip
+    // else restarted it, or the tip came to it). After our restart, the
+    // agent's word counts only once Fly agrees: started, every check
+    // passing, not crash-looping (as flyctl waits after a restart).
+    let reports_target = m.status == MachineStatus::OnTip
         || (m.status == MachineStatus::Drifted
             && m.commit
                 .as_deref()
                 .is_some_and(|c| c.eq_ignore_ascii_case(&marker.target)));
-    if on_target {
+    let fly_healthy = m.state.is_started()
+        && m.inputs
+            .checks
+            .iter()
+            .all(crate::fly::MachineCheck::passing)
+        && !crash_loop;
+    if reports_target && (marker.phase != Phase::Restarting || fly_healthy) {
         return Some(release(Ending::Finished, "on the target"));
+    }
+    // Updated from outside (`fly deploy`, `fly machine update`): the plan this
+    // marker describes is stale (its cordon, fence and checkpoint may be
+    // gone), so it is undone, never continued; the next sweep judges afresh.
+    if updated_from_outside(m, marker)
+        && let Some(ours) = marker.instance_id.as_deref()
+    {
+        alerts.push(machine_alert(
+            AlertKind::RotationStuck,
+            m,
+            tip,
+            marker.severity.max(Severity::High),
+            format!(
+                "{} was updated from outside mid-rotation (instance {ours} is now {}); the rotation is undone, not continued",
+                m.machine_id, m.inputs.instance_id
+            ),
+        ));
+        return Some(release(
+            Ending::Cancelled,
+            "updated from outside mid-rotation (instance_id changed)",
+        ));
     }
     let manual = marker.action == PolicyAction::Manual;
     // An approval binds one rotation to one commit: revoked, or overtaken by
@@ -1334,16 +1543,8 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         }
     }
     let restart = |why: &'static str, guard: RestartGuard| {
-        let mut next = marker.clone();
-        next.phase = Phase::Restarting;
-        next.restart_at = Some(now);
-        next.attempt_started_at = now;
-        // Automatic rotations follow the tip; an approved one keeps its commit.
-        if !manual {
-            next.target = tip.to_string();
-        }
         step(StepKind::Restart {
-            marker: next,
+            marker: restarting(ctx, marker),
             guard,
             why,
         })
@@ -1355,6 +1556,26 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         }
         s
     };
+    // A commit the mirror lacks while the mirror is stale proves nothing
+    // (it may be newer than our tip): no restart, cordon or drain on it;
+    // an undo still goes.
+    let unproven = fetch.failing
+        && matches!(
+            m.status,
+            MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
+        );
+    // The rotation keeps its cordon; a restart or an update may drop it.
+    let cordon_lost = !unproven
+        && m.state.is_started()
+        && marker.may_have_cordoned()
+        && m.inputs.cordoned == Some(false);
+    let recordon = |why: &'static str| {
+        step(StepKind::Advance {
+            marker: marker.clone(),
+            cordon: true,
+            why,
+        })
+    };
     let report = usable_report(m);
     match marker.phase {
         Phase::Draining | Phase::Backoff | Phase::Reloading if m.state.is_settled_down() => {
@@ -1362,40 +1583,44 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         }
         Phase::Draining => {
             let since = marker.attempt_started_at;
-            if unprobeable(m.status)
-                && automatic(marker.action)
-                && past_probe_ceiling(config, &m.pool, evidence, now)
-            {
-                return Some(restart(
-                    "agent unprobeable past the probe-failure ceiling",
-                    RestartGuard::Unprobeable,
-                ));
-            }
-            // Interrupting live work needs the policy to say so now, not only
-            // the marker: an operator's standing "now" approval of this
-            // commit, or a pool whose policy is still `restart`.
-            let approved_now = manual
-                && op
-                    .controls
-                    .approval_for(&marker.target)
-                    .is_some_and(|a| a.mode == ApprovalMode::Now);
-            let pool_restarts = marker.action == PolicyAction::Restart
-                && config.pool(&m.pool).actions.for_severity(marker.severity)
-                    == PolicyAction::Restart;
-            match marker.mode {
-                RotationMode::Now if approved_now => {
+            if !unproven {
+                if unprobeable(m.status)
+                    && automatic(marker.action)
+                    && past_probe_ceiling(config, pool, evidence, now)
+                {
                     return Some(restart(
-                        "approved by an operator",
-                        RestartGuard::MayInterrupt,
+                        "agent unprobeable past the probe-failure ceiling",
+                        RestartGuard::Unprobeable,
                     ));
                 }
-                RotationMode::Grace if pool_restarts && after(since, rot.restart_grace) <= now => {
-                    return Some(restart("restart grace elapsed", RestartGuard::MayInterrupt));
+                // Interrupting live work needs the policy to say so now, not
+                // only the marker: an operator's standing "now" approval of
+                // this commit, or a pool whose policy is still `restart`.
+                let approved_now = manual
+                    && op
+                        .controls
+                        .approval_for(&marker.target)
+                        .is_some_and(|a| a.mode == ApprovalMode::Now);
+                let pool_restarts = marker.action == PolicyAction::Restart
+                    && config.pool(pool).actions.for_severity(marker.severity)
+                        == PolicyAction::Restart;
+                match marker.mode {
+                    RotationMode::Now if approved_now => {
+                        return Some(restart(
+                            "approved by an operator",
+                            RestartGuard::MayInterrupt,
+                        ));
+                    }
+                    RotationMode::Grace
+                        if pool_restarts && after(since, rot.restart_grace) <= now =>
+                    {
+                        return Some(restart("restart grace elapsed", RestartGuard::MayInterrupt));
+                    }
+                    _ => {}
                 }
-                _ => {}
-            }
-            if report.is_some_and(|r| restart_allowed(config, r, marker, now).is_ok()) {
-                return Some(restart("no live work", RestartGuard::Idle));
+                if report.is_some_and(|r| restart_allowed(config, r, marker, now).is_ok()) {
+                    return Some(restart("no live work", RestartGuard::Idle));
+                }
             }
             // Ceilings never kill work: the rotation yields and retries later.
             if after(since, rot.drain_ceiling) <= now {
@@ -1411,13 +1636,13 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
             let fenced = report
                 .and_then(|r| r.rotation.as_ref())
                 .is_some_and(|r| r.fenced);
-            if marker.drain_requested && report.is_some() && !fenced {
+            if marker.drain_requested && report.is_some() && !fenced && !unproven {
                 return Some(step(StepKind::Drain));
             }
             None
         }
         Phase::Reloading => {
-            if after(marker.attempt_started_at, rot.verify_deadline) <= now {
+            if after(marker.attempt_started_at, rot.verify_deadline) <= now && !unproven {
                 // Not proven by a report of the tip: fall back to alert-and-wait.
                 let mut next = marker.clone();
                 next.phase = Phase::Draining;
@@ -1435,12 +1660,20 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
             None
         }
         Phase::Restarting => {
-            let since = marker.restart_at.unwrap_or(marker.attempt_started_at);
-            if after(since, rot.verify_deadline) > now {
-                return None;
+            if crash_loop {
+                return Some(end_attempt(
+                    ctx,
+                    marker,
+                    marker.attempt.saturating_add(1),
+                    format!("crash loop: {exits} exit events since the restart"),
+                    alerts,
+                ));
             }
-            // A commit the mirror lacks while the mirror is stale proves nothing.
-            if fetch.failing && m.status == MachineStatus::UnknownRef {
+            if after(restarted_at, rot.verify_deadline) > now {
+                return cordon_lost
+                    .then(|| recordon("the cordon was lost at the restart; asserting it again"));
+            }
+            if unproven {
                 return None;
             }
             if m.state.is_settled_down() {
@@ -1449,40 +1682,56 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
                     "the machine did not come back after its restart",
                 ));
             }
-            // Still not on the target: stay cordoned, alert, retry with backoff.
-            let mut next = marker.clone();
-            next.phase = Phase::Backoff;
-            next.attempt = marker.attempt.saturating_add(1);
-            next.retry_at = Some(after(now, verify_backoff(config, marker.attempt)));
-            alerts.push(machine_alert(
-                AlertKind::RotationStuck,
-                m,
-                tip,
-                marker.severity.max(Severity::High),
+            let evidence = if reports_target {
+                "reports the target, but Fly's checks are not all passing".to_string()
+            } else {
                 format!(
-                    "{} did not report the target within {} of its restart; kept cordoned",
-                    m.machine_id,
+                    "{} within {} of its restart",
+                    match &m.reported_ref {
+                        Some(r) => format!("reports {}", crate::model::short_commit(r)),
+                        None => format!("gave no usable report ({})", m.status),
+                    },
                     humantime::format_duration(rot.verify_deadline)
-                ),
-            ));
-            Some(step(StepKind::Advance {
-                marker: next,
-                cordon: false,
-                why: "verify failed; backing off",
-            }))
+                )
+            };
+            Some(end_attempt(
+                ctx,
+                marker,
+                marker.attempt.saturating_add(1),
+                evidence,
+                alerts,
+            ))
         }
         Phase::Backoff => {
+            // A backoff has a ceiling: due and still not moved on (the
+            // coordinator unreadable, every step declined) for
+            // `verify_deadline`, it yields rather than stay cordoned.
+            let due = marker.retry_at.unwrap_or(marker.attempt_started_at);
+            if after(due, rot.verify_deadline) <= now {
+                return Some(yield_(
+                    "the backoff could not move on after its retry fell due",
+                ));
+            }
+            if due <= now && marker.attempt >= rot.max_attempts {
+                return Some(end_attempt(
+                    ctx,
+                    marker,
+                    marker.attempt,
+                    "rotation.max_attempts reached".to_string(),
+                    alerts,
+                ));
+            }
             alerts.push(machine_alert(
                 AlertKind::RotationStuck,
                 m,
                 tip,
                 marker.severity.max(Severity::High),
                 format!(
-                    "{} failed verification {} time(s); kept cordoned",
-                    m.machine_id, marker.attempt
+                    "{} failed verification {} time(s) of at most {}; kept cordoned",
+                    m.machine_id, marker.attempt, rot.max_attempts
                 ),
             ));
-            if marker.retry_at.is_some_and(|t| t <= now) {
+            if due <= now && !unproven {
                 let mut next = marker.clone();
                 next.phase = Phase::Draining;
                 next.attempt_started_at = now;
@@ -1497,10 +1746,224 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
                     why: "backoff elapsed; draining again",
                 }));
             }
-            None
+            cordon_lost
+                .then(|| recordon("the cordon was lost during the backoff; asserting it again"))
         }
         Phase::Claiming | Phase::Yielded | Phase::Releasing => None,
     }
+}
+
+/// The marker a restart writes: phase `restarting`, its clock and, for
+/// automatic rotations, the current tip. Its `instance_id` is the claim's
+/// until the executor records the one it reads under the lease (a restart
+/// keeps it).
+fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
+    let mut next = marker.clone();
+    next.phase = Phase::Restarting;
+    next.ending = None;
+    next.retry_at = None;
+    next.restart_at = Some(ctx.now);
+    next.attempt_started_at = ctx.now;
+    // Automatic rotations follow the tip; an approved one keeps its commit.
+    if marker.action != PolicyAction::Manual {
+        next.target = ctx.tip.to_string();
+    }
+    next
+}
+
+/// Whether the machine's instance differs from the one the marker recorded:
+/// `fly deploy` / `fly machine update` replaced it (a restart keeps it).
+fn updated_from_outside(m: &MachineReport, marker: &Marker) -> bool {
+    marker
+        .instance_id
+        .as_deref()
+        .is_some_and(|ours| !m.inputs.instance_id.is_empty() && ours != m.inputs.instance_id)
+}
+
+/// Exit events since `since`, within `window` of it (a crash loop's evidence).
+fn exits_since(m: &MachineReport, since: DateTime<Utc>, window: Duration) -> usize {
+    let from = since.timestamp_millis();
+    let to = after(since, window).timestamp_millis();
+    m.inputs
+        .events
+        .iter()
+        .filter(|e| e.kind == "exit" && (from..=to).contains(&e.timestamp))
+        .count()
+}
+
+/// A restart that did not verify (`attempts` restarts so far): back off and
+/// retry, kept cordoned, or past `rotation.max_attempts` end as failed:
+/// undone (uncordon, undrain), slot released, the failure kept on the
+/// `yielded` marker so no new attempt starts for its target until the tip
+/// moves or an operator approves again.
+fn end_attempt(
+    ctx: &Ctx<'_>,
+    marker: &Marker,
+    attempts: u32,
+    evidence: String,
+    alerts: &mut Vec<Alert>,
+) -> Step {
+    let Ctx {
+        config,
+        m,
+        op,
+        target,
+        now,
+        tip,
+        ..
+    } = *ctx;
+    let rot = &config.rotation;
+    // `bounded` may add an ellipsis: one char of room keeps the marker parseable.
+    let evidence = crate::text::bounded(&evidence, crate::text::MAX_DETAIL_CHARS - 1);
+    let severity = marker.severity.max(Severity::High);
+    if attempts >= rot.max_attempts {
+        let mut alert = machine_alert(
+            AlertKind::RotationFailed,
+            m,
+            tip,
+            severity,
+            format!(
+                "the rotation of {id} to {} failed after {attempts} restart(s) ({evidence}); uncordoned and its slot released; no new attempt until the tip moves or `fleet-reconciler approve {id}`",
+                crate::model::short_commit(&marker.target),
+                id = m.machine_id,
+            ),
+        );
+        alert
+            .details
+            .insert("attempts".to_string(), attempts.to_string());
+        alert
+            .details
+            .insert("evidence".to_string(), evidence.clone());
+        alert
+            .details
+            .insert("target".to_string(), marker.target.clone());
+        alerts.push(alert);
+        let mut s = release(
+            target,
+            marker,
+            m,
+            op,
+            Ending::Yielded,
+            "failed: rotation.max_attempts restarts did not verify",
+            now,
+        );
+        if let StepKind::Release { marker: r, .. } = &mut s.kind {
+            r.retry_at = None;
+            r.failed = Some(Failure {
+                at: now,
+                attempts,
+                evidence,
+            });
+        }
+        return s;
+    }
+    // Still not on the target: stay cordoned, alert, retry with backoff.
+    let mut next = marker.clone();
+    next.phase = Phase::Backoff;
+    next.attempt = attempts;
+    next.retry_at = Some(after(now, verify_backoff(config, marker.attempt)));
+    alerts.push(machine_alert(
+        AlertKind::RotationStuck,
+        m,
+        tip,
+        severity,
+        format!(
+            "{} did not verify after restart {attempts} of at most {} ({evidence}); kept cordoned",
+            m.machine_id, rot.max_attempts
+        ),
+    ));
+    Step {
+        target: target.clone(),
+        expected: Some(marker.clone()),
+        kind: StepKind::Advance {
+            marker: next,
+            cordon: false,
+            why: "verify failed; backing off",
+        },
+    }
+}
+
+/// An unfinished undo, retried every sweep. Past `rotation.release_ceiling`
+/// an undrain that cannot be delivered stops holding the pool: an agent
+/// unprobeable past the probe-failure ceiling under an automatic policy is
+/// restarted (which clears its fence); any other unreachable agent's undrain
+/// is given up, with an alert naming the machine. The uncordon is never
+/// given up. An agent that answers and still reports its fence keeps the
+/// slot (its capacity is out) and is alerted.
+fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
+    let Ctx {
+        config,
+        m,
+        op,
+        target,
+        pool,
+        evidence,
+        now,
+        tip,
+        ..
+    } = *ctx;
+    let rot = &config.rotation;
+    let mut step = release(
+        target,
+        marker,
+        m,
+        op,
+        Ending::Cancelled,
+        "undo not finished yet",
+        now,
+    );
+    let undrain = matches!(step.kind, StepKind::Release { undrain: true, .. });
+    if undrain && updated_from_outside(m, marker) {
+        // The update restarted the agent, which lifted its fence: only the
+        // uncordon is left (and no restart of ours follows a stale plan).
+        if let StepKind::Release { undrain, .. } = &mut step.kind {
+            *undrain = false;
+        }
+        return step;
+    }
+    if !undrain || after(marker.attempt_started_at, rot.release_ceiling) > now {
+        return step;
+    }
+    let ceiling = humantime::format_duration(rot.release_ceiling);
+    let severity = marker.severity.max(Severity::High);
+    if usable_report(m).is_some() {
+        alerts.push(machine_alert(
+            AlertKind::RotationStuck,
+            m,
+            tip,
+            severity,
+            format!(
+                "{} still reports itself fenced {ceiling} after its undo began; the undrain is retried and its slot stays taken",
+                m.machine_id
+            ),
+        ));
+        return step;
+    }
+    if automatic(marker.action) && past_probe_ceiling(config, pool, evidence, now) {
+        return Step {
+            target: target.clone(),
+            expected: Some(marker.clone()),
+            kind: StepKind::Restart {
+                marker: restarting(ctx, marker),
+                guard: RestartGuard::Unprobeable,
+                why: "the fenced agent is unprobeable past the probe-failure ceiling; a restart lifts its fence",
+            },
+        };
+    }
+    alerts.push(machine_alert(
+        AlertKind::RotationStuck,
+        m,
+        tip,
+        severity,
+        format!(
+            "{} gave no usable report for {ceiling} of its undo: its undrain is given up (the agent may still be fenced), it is uncordoned and its slot released",
+            m.machine_id
+        ),
+    ));
+    if let StepKind::Release { undrain, .. } = &mut step.kind {
+        *undrain = false;
+    }
+    step
 }
 
 fn drift_summary(m: &MachineReport) -> String {

@@ -185,6 +185,9 @@ fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> M
         drain_requested: false,
         cordoned: None,
         ending: None,
+        instance_id: None,
+        pool: None,
+        failed: None,
     }
 }
 
@@ -2126,4 +2129,512 @@ fn decision_unreadable_marker_names_the_field() {
         Decision::UnreadableMarker { why } => assert!(why.contains("retry_at"), "{why}"),
         other => panic!("{other:?}"),
     }
+}
+
+// ---- issue 19: every wait with a ceiling, Fly as it really behaves ----------
+
+impl M {
+    fn metadata_unknown(mut self, why: &str) -> M {
+        self.0.inputs.metadata.clear();
+        self.0.inputs.metadata_unknown = Some(why.into());
+        self
+    }
+
+    fn instance(mut self, id: &str) -> M {
+        self.0.inputs.instance_id = id.into();
+        self
+    }
+
+    fn fly_cordoned(mut self, cordoned: bool) -> M {
+        self.0.inputs.cordoned = Some(cordoned);
+        self
+    }
+
+    fn check(mut self, status: &str) -> M {
+        self.0.inputs.checks.push(crate::fly::MachineCheck {
+            name: "http".into(),
+            status: status.into(),
+            output: String::new(),
+            updated_at: String::new(),
+        });
+        self
+    }
+
+    fn exit_at(mut self, at: DateTime<Utc>) -> M {
+        self.0.inputs.events.push(crate::fly::MachineEvent {
+            kind: "exit".into(),
+            status: "stopped".into(),
+            source: "flyd".into(),
+            timestamp: at.timestamp_millis(),
+        });
+        self
+    }
+}
+
+/// A slot set holding `tag` for `machine_id` in `pool` of app `app`.
+fn slots_with(entries: &[(&str, &str, &str)]) -> SlotsView {
+    let mut set = crate::metadata::slots::SlotSet::parse(None).unwrap();
+    for (pool, machine_id, tag) in entries {
+        set.try_add(
+            "app",
+            pool,
+            crate::metadata::slots::Slot {
+                machine_id: (*machine_id).into(),
+                tag: (*tag).into(),
+                owner: "r1".into(),
+                since: t0(),
+            },
+            10,
+        );
+    }
+    SlotsView::Known(set)
+}
+
+fn failing_fetch() -> FetchState {
+    FetchState {
+        fetched_at: Some(t0() - Cd::hours(1)),
+        failing: true,
+    }
+}
+
+fn advance_of(plan: &Plan, id: &str) -> Option<(Marker, bool)> {
+    plan.steps.iter().find_map(|s| match &s.kind {
+        StepKind::Advance { marker, cordon, .. } if s.target.machine_id == id => {
+            Some((marker.clone(), *cordon))
+        }
+        _ => None,
+    })
+}
+
+/// A `releasing` undo whose agent was asked to drain and is cordoned.
+fn releasing_fenced(id: &str) -> Marker {
+    let mut r = marker(id, Phase::Releasing, RotationMode::Wait, t0());
+    r.ending = Some(Ending::Yielded);
+    r.retry_at = Some(t0() + Cd::hours(2));
+    r.drain_requested = true;
+    r.cordoned = Some(true);
+    r
+}
+
+#[test]
+fn item6_a_releasing_undo_gives_up_the_undrain_of_an_unreachable_agent_past_its_ceiling() {
+    let r = releasing_fenced("m1");
+    // Within rotation.release_ceiling (30 min): the whole undo is retried.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).unreachable().marker(&r));
+    let (_, undrain, _) = release_of(&fx.plan_at(t0(), t0() + Cd::minutes(10)), "m1").unwrap();
+    assert!(undrain);
+    // Past it: the undrain of the unreachable agent is given up, the uncordon
+    // is not, and an alert names the machine.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).unreachable().marker(&r));
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    let (next, undrain, _) = release_of(&plan, "m1").expect("the undo still runs");
+    assert!(!undrain, "the undrain of an unreachable agent is given up");
+    assert!(next.may_have_cordoned(), "the uncordon is never given up");
+    assert_eq!(
+        next.ending,
+        Some(Ending::Yielded),
+        "the rotation still ends"
+    );
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["m1"]);
+    // An agent that answers and still reports its fence keeps its slot (its
+    // capacity is out), is undrained again, and is alerted.
+    let mut fenced = M::drifted("m1", Severity::Low).cooperative(None, t0());
+    if let Some(rep) = fenced.0.inputs.report.as_mut() {
+        rep.rotation = Some(RotationState {
+            fenced: true,
+            checkpoint: None,
+        });
+    }
+    let mut fx = Fx::new("").with(fenced.marker(&r));
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    let (_, undrain, _) = release_of(&plan, "m1").unwrap();
+    assert!(undrain);
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["m1"]);
+}
+
+#[test]
+fn item6_an_unreachable_fenced_agent_past_the_probe_failure_ceiling_is_restarted() {
+    // Automatic policy, unreachable for 5 h (persisted evidence): the restart
+    // clears its fence; only if it is still unprobeable.
+    let r = releasing_fenced("m1");
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .unprobed_since(t0() - Cd::hours(5))
+            .marker(&r),
+    );
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    assert_eq!(
+        guard_of(&plan, "m1"),
+        Some(RestartGuard::Unprobeable),
+        "{plan:?}"
+    );
+    let (next, _) = restart_of(&plan, "m1").unwrap();
+    assert_eq!((next.phase, next.ending), (Phase::Restarting, None));
+    // Not for a manual rotation: its undrain is given up instead.
+    let mut manual = r.clone();
+    manual.action = PolicyAction::Manual;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .unprobed_since(t0() - Cd::hours(5))
+            .marker(&manual),
+    );
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    assert!(guard_of(&plan, "m1").is_none());
+    assert!(!release_of(&plan, "m1").unwrap().1);
+}
+
+#[test]
+fn item7_an_unreadable_marker_takes_no_slot_the_coordinator_does_not_give_it() {
+    let now = t0() + Cd::hours(1);
+    // A newer daemon's phase: unreadable here.
+    let newer = marker("x", Phase::Draining, RotationMode::Wait, t0())
+        .to_value()
+        .replace("\"draining\"", "\"quiescing\"");
+    let mut odd = M::drifted("x", Severity::Low);
+    odd.0
+        .inputs
+        .metadata
+        .insert(MARKER_KEY.into(), newer.clone());
+    let mut fx = Fx::new("")
+        .with(odd.clone())
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
+    assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"]);
+    assert!(matches!(
+        plan.decisions["x"],
+        Decision::UnreadableMarker { .. }
+    ));
+    // When the coordinator does hold a slot for it, it is counted.
+    let mut fx = Fx::new("").with(odd).with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(
+        t0(),
+        now,
+        fetched(),
+        slots_with(&[("default", "x", "x-newer-tag")]),
+    );
+    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(matches!(
+        plan.decisions["a"],
+        Decision::WaitingForSlot { in_use: 1, .. }
+    ));
+}
+
+#[test]
+fn item8_a_backoff_that_cannot_move_on_ends_uncordoned() {
+    // The coordinator is unreadable: the backoff cannot go back to draining.
+    let mut b = marker("m1", Phase::Backoff, RotationMode::Wait, t0());
+    b.attempt = 1;
+    b.retry_at = Some(t0() + Cd::minutes(10));
+    b.cordoned = Some(true);
+    let unknown = SlotsView::Unknown("coordinator host unreachable".into());
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&b));
+    let plan = fx.plan_with(t0(), t0() + Cd::minutes(11), fetched(), unknown.clone());
+    assert!(plan.steps.is_empty(), "needs a slot: {plan:?}");
+    // Due for longer than verify_deadline (5 min): it yields, uncordoning.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&b));
+    let plan = fx.plan_with(t0(), t0() + Cd::minutes(16), fetched(), unknown);
+    let (next, _, _) = release_of(&plan, "m1").expect("the backoff has a ceiling");
+    assert!(next.may_have_cordoned());
+    assert_eq!(next.ending, Some(Ending::Yielded));
+}
+
+#[test]
+fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
+    // Third restart (two failed before) did not verify either.
+    let mut r = marker("m1", Phase::Restarting, RotationMode::Grace, t0());
+    r.action = PolicyAction::Restart;
+    r.attempt = 2;
+    r.cordoned = Some(true);
+    let now = t0() + Cd::minutes(5);
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Medium).marker(&r));
+    let plan = fx.plan_at(t0(), now);
+    let (next, _, _) = release_of(&plan, "m1").expect("no fourth attempt");
+    assert!(next.may_have_cordoned(), "uncordoned by the undo");
+    let failed = next
+        .failed
+        .clone()
+        .expect("the marker remembers the failure");
+    assert_eq!((failed.attempts, failed.at), (3, now));
+    assert_eq!(next.retry_at, None);
+    assert_eq!(plan.steps[0].kind(), "fail");
+    assert_eq!(alerts(&plan, AlertKind::RotationFailed), ["m1"]);
+    // Fewer attempts: backoff as before.
+    let mut fx = Fx::new(
+        "max_attempts = 4\n"
+            .replace("max", "[rotation]\nmax")
+            .as_str(),
+    )
+    .with(M::drifted("m1", Severity::Medium).marker(&r));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(advance_of(&plan, "m1").unwrap().0.phase, Phase::Backoff);
+
+    // Ended: the yielded marker with the failure. No new attempt for that tip.
+    let mut ended = next.clone();
+    ended.phase = Phase::Yielded;
+    ended.ending = None;
+    ended.cordoned = Some(false);
+    ended.drain_requested = false;
+    let later = now + Cd::hours(5);
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Medium).marker(&ended));
+    let plan = fx.plan_at(t0(), later);
+    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert_eq!(alerts(&plan, AlertKind::RotationFailed), ["m1"]);
+    match &plan.decisions["m1"] {
+        Decision::RotationFailed {
+            target, attempts, ..
+        } => assert_eq!((target.as_str(), *attempts), (TIP, 3)),
+        other => panic!("{other:?}"),
+    }
+    // An operator's approval after the failure re-arms it.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Medium)
+            .approved(TIP, ApprovalMode::WhenIdle)
+            .marker(&ended),
+    );
+    if let Some(v) = fx.machines[0].inputs.metadata.get_mut(APPROVE_KEY) {
+        *v = v.replace(
+            &t0().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            &later.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        );
+    }
+    let plan = fx.plan_at(t0(), later);
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
+    // So does a new tip.
+    let mut old = ended.clone();
+    old.target = OLD.into();
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Medium).marker(&old));
+    assert_eq!(kinds(&fx.plan_at(t0(), later)), [("m1", "claim")]);
+}
+
+#[test]
+fn item10_a_draining_rotation_proves_nothing_on_a_stale_mirror() {
+    // It came up on a release the mirror lacks (maybe newer than our tip).
+    let d = marker("m1", Phase::Draining, RotationMode::Grace, t0());
+    let mut d = d;
+    d.action = PolicyAction::Restart;
+    d.severity = Severity::Medium;
+    let mut unknown = M::drifted("m1", Severity::Medium);
+    unknown.0.status = MachineStatus::UnknownRef;
+    unknown.0.commit = None;
+    unknown.0.commits_behind = None;
+    let now = t0() + Cd::minutes(5);
+    let mut fx = Fx::new("").with(unknown.clone().marker(&d));
+    let plan = fx.plan_with(t0(), now, failing_fetch(), SlotsView::NotConfigured);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    // Nor does a backoff go back to draining (cordon) on it.
+    let mut b = marker("m1", Phase::Backoff, RotationMode::Wait, t0());
+    b.retry_at = Some(now);
+    let mut fx = Fx::new("").with(unknown.clone().marker(&b));
+    let plan = fx.plan_with(t0(), now, failing_fetch(), SlotsView::NotConfigured);
+    assert!(advance_of(&plan, "m1").is_none(), "{plan:?}");
+    // A good fetch: the same rotation goes on.
+    let mut fx = Fx::new("").with(unknown.marker(&d));
+    let plan = fx.plan_with(t0(), now, fetched(), SlotsView::NotConfigured);
+    assert!(restart_of(&plan, "m1").is_some(), "{plan:?}");
+}
+
+#[test]
+fn item11_a_machine_whose_metadata_is_unknown_gets_no_step_and_keeps_its_slot() {
+    let now = t0() + Cd::hours(1);
+    let dark = M::drifted("m1", Severity::Low).metadata_unknown("host_status unreachable");
+    let mut fx = Fx::new("")
+        .with(dark.clone())
+        .with(M::drifted("a", Severity::Low));
+    // The coordinator holds a slot for it: counted, and nothing reclaims it.
+    let plan = fx.plan_with(
+        t0(),
+        now,
+        fetched(),
+        slots_with(&[("default", "m1", "m1-tag")]),
+    );
+    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(matches!(
+        plan.decisions["a"],
+        Decision::WaitingForSlot { in_use: 1, .. }
+    ));
+    match &plan.decisions["m1"] {
+        Decision::MetadataUnknown { why } => assert!(why.contains("host_status"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Not even a probe-failure record or an undo.
+    let mut fx = Fx::new("").with(dark.unreachable());
+    let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
+    assert!(plan.steps.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn item11_an_unknown_slot_set_is_never_an_empty_one() {
+    let unknown = SlotsView::Unknown("coordinator host unreachable".into());
+    let now = t0() + Cd::minutes(10);
+    // No claim.
+    let mut fx = Fx::new("").with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), unknown.clone());
+    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(matches!(plan.decisions["a"], Decision::SlotsUnknown { .. }));
+    // No restart of a rotation in progress; its undo still goes.
+    let d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let r = releasing_fenced("m2");
+    let mut fx = Fx::new("")
+        .with(M::drifted("m1", Severity::Low).marker(&d))
+        .with(M::drifted("m2", Severity::Low).marker(&r));
+    let plan = fx.plan_with(t0(), now, fetched(), unknown.clone());
+    assert_eq!(kinds(&plan), [("m2", "yield")], "{plan:?}");
+    // Unreadable for 3 sweep intervals: alerted.
+    let coordinator = |plan: &Plan| {
+        plan.alerts
+            .iter()
+            .filter(|a| a.kind == AlertKind::CoordinatorUnreadable)
+            .count()
+    };
+    let mut fx = Fx::new("").with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(now, now + Cd::seconds(60), fetched(), unknown.clone());
+    assert_eq!(coordinator(&plan), 0);
+    let plan = fx.plan_with(now, now + Cd::seconds(90), fetched(), unknown);
+    assert_eq!(coordinator(&plan), 1);
+}
+
+#[test]
+fn item14_verification_waits_for_fly_health_and_a_crash_loop_ends_the_attempt() {
+    let mut r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    r.cordoned = Some(true);
+    // Reports the target, but a Fly check is critical: not verified yet.
+    let mut fx = Fx::new("").with(M::on_tip("m1").check("critical").marker(&r));
+    let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
+    assert!(release_of(&plan, "m1").is_none(), "{plan:?}");
+    // All checks passing: finished.
+    let mut fx = Fx::new("").with(M::on_tip("m1").check("passing").marker(&r));
+    assert_eq!(
+        kinds(&fx.plan_at(t0(), t0() + Cd::seconds(30))),
+        [("m1", "finish")]
+    );
+    // Crash-looping (two exits since the restart): the attempt ends now,
+    // even though its last report shows the target.
+    let looping = M::on_tip("m1")
+        .exit_at(t0() + Cd::seconds(10))
+        .exit_at(t0() + Cd::seconds(40))
+        .marker(&r);
+    let mut fx = Fx::new("").with(looping);
+    let plan = fx.plan_at(t0(), t0() + Cd::seconds(60));
+    let (next, _) = advance_of(&plan, "m1").expect("backoff");
+    assert_eq!((next.phase, next.attempt), (Phase::Backoff, 1));
+    // An exit before the restart is not a crash loop.
+    let once = M::on_tip("m1")
+        .exit_at(t0() - Cd::seconds(10))
+        .exit_at(t0() + Cd::seconds(10))
+        .marker(&r);
+    let mut fx = Fx::new("").with(once);
+    assert_eq!(
+        kinds(&fx.plan_at(t0(), t0() + Cd::seconds(60))),
+        [("m1", "finish")]
+    );
+    // The cordon lost at the restart is asserted again.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .fly_cordoned(false)
+            .marker(&r),
+    );
+    let plan = fx.plan_at(t0(), t0() + Cd::seconds(60));
+    let (again, cordon) = advance_of(&plan, "m1").expect("re-cordon");
+    assert!(cordon);
+    assert_eq!(again, r, "the marker is unchanged");
+}
+
+#[test]
+fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
+    let mut d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    d.instance_id = Some("01-ours".into());
+    let now = t0() + Cd::minutes(2);
+    // Same instance: restarted when idle, the recorded instance kept.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .instance("01-ours")
+            .marker(&d),
+    );
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        restart_of(&plan, "m1").unwrap().0.instance_id.as_deref(),
+        Some("01-ours")
+    );
+    // A marker of an older version (no instance recorded): nothing to compare.
+    let mut old = d.clone();
+    old.instance_id = None;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .instance("02-theirs")
+            .marker(&old),
+    );
+    assert!(restart_of(&fx.plan_at(t0(), now), "m1").is_some());
+    // `fly deploy` replaced it: never act on the stale plan.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .instance("02-theirs")
+            .marker(&d),
+    );
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    let (next, _, why) = release_of(&plan, "m1").expect("ended safely");
+    assert_eq!(next.ending, Some(Ending::Cancelled));
+    assert!(why.contains("outside"), "{why}");
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["m1"]);
+    // Updated onto the target: finished.
+    let mut fx = Fx::new("").with(M::on_tip("m1").instance("02-theirs").marker(&d));
+    assert_eq!(kinds(&fx.plan_at(t0(), now)), [("m1", "finish")]);
+    // Mid-undo: the update restarted the agent, which lifted its fence; no
+    // restart of ours follows the stale plan.
+    let mut r = releasing_fenced("m1");
+    r.instance_id = Some("01-ours".into());
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .unprobed_since(t0() - Cd::hours(5))
+            .instance("02-theirs")
+            .marker(&r),
+    );
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    let (next, undrain, _) = release_of(&plan, "m1").unwrap();
+    assert!(!undrain && next.may_have_cordoned());
+    // Claims record the pool (the instance is the executor's to record, from
+    // the machine it reads under the lease, not from this older snapshot).
+    let mut fx = Fx::new("").with(M::drifted("a", Severity::Low).instance("07-a"));
+    let plan = fx.plan_at(t0(), t0() + Cd::hours(1));
+    let StepKind::Claim { marker, .. } = &plan.steps[0].kind else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(marker.instance_id, None);
+    assert_eq!(marker.pool.as_deref(), Some("default"));
+}
+
+#[test]
+fn item17_a_pool_label_edited_mid_rotation_keeps_the_pool_of_its_slot() {
+    let mut d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    d.pool = Some("default".into());
+    let now = t0() + Cd::minutes(2);
+    let relabelled = M::drifted("m1", Severity::Low).pool("wide", PolicyAction::AlertAndWait);
+    let mut fx = Fx::new("")
+        .with(relabelled.marker(&d))
+        .with(M::drifted("w", Severity::Medium).pool("wide", PolicyAction::AlertAndWait));
+    let plan = fx.plan_with(
+        t0(),
+        now,
+        fetched(),
+        slots_with(&[("default", "m1", d.tag.as_str())]),
+    );
+    let step = plan
+        .steps
+        .iter()
+        .find(|s| s.target.machine_id == "m1")
+        .expect("a step");
+    assert!(matches!(step.kind, StepKind::Restart { .. }), "{plan:?}");
+    assert_eq!(step.target.pool, "default", "slot calls go to its own pool");
+    // It takes no slot of its new pool: `w` claims there.
+    assert!(kinds(&plan).contains(&("w", "claim")), "{plan:?}");
+    assert_eq!(
+        plan.rotations_in_progress
+            .get(&("app".into(), "default".to_string())),
+        Some(&1)
+    );
 }

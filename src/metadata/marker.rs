@@ -171,6 +171,33 @@ pub struct Marker {
     /// Phase `releasing`: how the rotation ends once undone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ending: Option<Ending>,
+    /// The machine's Fly `instance_id` when the rotation claimed it and when
+    /// it restarted it (a restart keeps it). Another value later means the
+    /// machine was updated from outside (`fly deploy`): the plan this marker
+    /// describes is stale. `None`: markers of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// The pool whose slot the rotation won. A pool label edited mid-rotation
+    /// does not move the rotation: it ends in this pool. `None`: markers of
+    /// older versions (the machine's current pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The rotation gave up after `rotation.max_attempts` restarts that did
+    /// not verify (or crash-looped). Kept on the `yielded` marker it ends as,
+    /// so no new attempt starts for `target` until the tip moves or an
+    /// operator approves again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<Failure>,
+}
+
+/// Why a rotation ended as failed, with the evidence (for the alert and views).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub at: DateTime<Utc>,
+    /// Restarts made for this target.
+    pub attempts: u32,
+    /// What the last attempt showed (bounded like any detail text).
+    pub evidence: String,
 }
 
 /// Longest `target` a marker may carry: a commit id (40 hex digits; 64 for
@@ -206,6 +233,28 @@ impl Marker {
         if marker.owner.chars().count() > MAX_MARKER_OWNER_CHARS {
             return too_long("owner", MAX_MARKER_OWNER_CHARS);
         }
+        let detail = crate::text::MAX_DETAIL_CHARS;
+        if marker
+            .instance_id
+            .as_ref()
+            .is_some_and(|v| v.chars().count() > detail)
+        {
+            return too_long("instance_id", detail);
+        }
+        if marker
+            .pool
+            .as_ref()
+            .is_some_and(|v| v.chars().count() > detail)
+        {
+            return too_long("pool", detail);
+        }
+        if marker
+            .failed
+            .as_ref()
+            .is_some_and(|f| f.evidence.chars().count() > detail)
+        {
+            return too_long("failed.evidence", detail);
+        }
         Ok(marker)
     }
 
@@ -223,6 +272,12 @@ impl Marker {
             target.get(..7).unwrap_or(target),
             now.timestamp()
         )
+    }
+
+    /// The pool the rotation's slot is in: the one recorded at the claim, else
+    /// (older markers) the machine's current pool.
+    pub fn pool_or<'a>(&'a self, current: &'a str) -> &'a str {
+        self.pool.as_deref().unwrap_or(current)
     }
 
     /// Whether the machine may be cordoned by this rotation (so undo uncordons).
@@ -260,6 +315,9 @@ mod tests {
             drain_requested: true,
             cordoned: Some(true),
             ending: None,
+            instance_id: Some("01H".into()),
+            pool: Some("default".into()),
+            failed: None,
         };
         assert_eq!(m.tag, "m1-abababa-1800000000-0000beef");
         let v = m.to_value();

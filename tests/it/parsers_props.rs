@@ -386,6 +386,9 @@ fn marker() -> impl Strategy<Value = Marker> {
                 drain_requested,
                 cordoned,
                 ending: None,
+                instance_id: None,
+                pool: None,
+                failed: None,
             },
         )
 }

@@ -1,8 +1,11 @@
 //! Property test of the planner: random snapshots, markers, holds,
-//! approvals, reports, slot sets and `now` never yield a step that restarts
-//! live work outside the policy, claims past a cap, acts on a held machine,
-//! or restarts a manual machine without a current approval; nor does any
-//! timestamp or duration from outside make it panic.
+//! approvals, reports, slot sets (known, unknown or not configured), hidden
+//! metadata, outside updates and `now` never yield a step that restarts
+//! live work outside the policy, claims past a cap, acts on a held machine
+//! or one whose metadata is unknown, needs a slot while the slot set is
+//! unknown, continues a rotation its machine was updated out of, retries a
+//! failed rotation unasked, or restarts a manual machine without a current
+//! approval; nor does any timestamp or duration from outside make it panic.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -12,7 +15,7 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::decide::planner::{
     FetchState, PlanInput, RestartGuard, StepKind, Tracker, plan, restart_allowed,
 };
-use fleet_reconciler::metadata::marker::{Ending, Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
 use fleet_reconciler::metadata::slots::{Slot, SlotSet};
 use fleet_reconciler::metadata::unprobed::Unprobed;
@@ -27,7 +30,7 @@ const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
 const POOLS: [&str; 3] = ["restart", "wait", "manual"];
 
-fn config() -> Config {
+fn config(max_attempts: u32) -> Config {
     let text = r#"
 [overlay]
 repo = "/r"
@@ -48,8 +51,10 @@ actions = { low = "manual", medium = "manual", high = "manual", critical = "manu
 [rotation]
 min_drift_age = "2m"
 restart_grace = "1m"
+max_attempts = MAX_ATTEMPTS
 "#;
-    Config::parse(Path::new("props.toml"), text).unwrap()
+    let text = text.replace("MAX_ATTEMPTS", &max_attempts.to_string());
+    Config::parse(Path::new("props.toml"), &text).unwrap()
 }
 
 fn t0() -> DateTime<Utc> {
@@ -120,6 +125,10 @@ fn marker() -> impl Strategy<Value = Marker> {
             Just(Ending::Cancelled)
         ]),
         0u8..3,
+        (
+            proptest::option::of(prop_oneof![Just("i1".to_string()), Just("i2".to_string())]),
+            proptest::option::weighted(0.2, (time(), 1u32..5)),
+        ),
     )
         .prop_map(
             |(
@@ -128,6 +137,7 @@ fn marker() -> impl Strategy<Value = Marker> {
                 (drain_requested, cordoned, attempt_n),
                 ending,
                 tag,
+                (instance_id, failed),
             )| Marker {
                 tag: format!("tag-{tag}"),
                 target,
@@ -144,6 +154,13 @@ fn marker() -> impl Strategy<Value = Marker> {
                 drain_requested,
                 cordoned,
                 ending,
+                instance_id,
+                pool: None,
+                failed: failed.map(|(at, attempts)| Failure {
+                    at,
+                    attempts,
+                    evidence: "still old".into(),
+                }),
             },
         )
 }
@@ -205,6 +222,10 @@ struct Machine {
     garbage_marker: bool,
     unprobed: Option<DateTime<Utc>>,
     slotted: bool,
+    /// Fly shows no metadata (host not ok).
+    metadata_unknown: bool,
+    /// The machine's instance as listed (`i1` unless updated from outside).
+    instance_id: String,
 }
 
 fn machine() -> impl Strategy<Value = Machine> {
@@ -222,13 +243,18 @@ fn machine() -> impl Strategy<Value = Machine> {
             proptest::option::weighted(0.7, marker()),
             prop::bool::weighted(0.05),
         ),
-        (proptest::option::of(time()), prop::bool::weighted(0.8)),
+        (
+            proptest::option::of(time()),
+            prop::bool::weighted(0.8),
+            prop::bool::weighted(0.1),
+            prop_oneof![4 => Just("i1".to_string()), 1 => Just("i2".to_string())],
+        ),
     )
         .prop_map(
             |(
                 (pool, status, started, severity, report),
                 (held, approval, marker, garbage_marker),
-                (unprobed, slotted),
+                (unprobed, slotted, metadata_unknown, instance_id),
             )| Machine {
                 pool,
                 status,
@@ -241,6 +267,8 @@ fn machine() -> impl Strategy<Value = Machine> {
                 garbage_marker,
                 unprobed,
                 slotted,
+                metadata_unknown,
+                instance_id,
             },
         )
 }
@@ -288,6 +316,10 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
         MachineStatus::NotRunning
     };
     let classified = status.is_classified();
+    if m.metadata_unknown {
+        // Fly shows no config: no metadata, and the pool label falls back.
+        metadata.clear();
+    }
     let mut report = m.report.clone();
     if status == MachineStatus::OnTip {
         report.overlay_ref = TIP.into();
@@ -306,6 +338,10 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
         inputs: MachineInputs {
             report: (usable && m.started).then_some(report),
             metadata,
+            metadata_unknown: m
+                .metadata_unknown
+                .then(|| "host_status unreachable".to_string()),
+            instance_id: m.instance_id.clone(),
             health_url: Some(format!("http://agents/m{i}/health")),
             ..MachineInputs::default()
         },
@@ -326,10 +362,13 @@ proptest! {
         machines in prop::collection::vec(machine(), 1..8),
         first_seen in -7200i64..0,
         now in 0i64..20000,
-        slots_known in any::<bool>(),
+        slots in 0u8..3,
         fetch_failing in any::<bool>(),
+        max_attempts in 1u32..4,
     ) {
-        let config = config();
+        let config = config(max_attempts);
+        let slots_known = slots == 0;
+        let slots_unknown = slots == 1;
         let now = t0() + Cd::seconds(now);
         let reports: Vec<MachineReport> =
             machines.iter().enumerate().map(|(i, m)| to_report(&config, i, m)).collect();
@@ -350,7 +389,10 @@ proptest! {
                     }, 10);
                 }
             }
-            report.slots = SlotsView::Known(set);
+            report.slots = SlotsView::Known(set.clone());
+        }
+        if slots_unknown {
+            report.slots = SlotsView::Unknown("coordinator host unreachable".into());
         }
         let mut tracker = Tracker::default();
         tracker.observe(&report, t0() + Cd::seconds(first_seen));
@@ -369,9 +411,28 @@ proptest! {
             prop_assert!(seen.insert(s.target.machine_id.clone()), "two steps for {}", s.target.machine_id);
         }
         // Claims never go past a pool's cap (rotations holding slots count).
+        // Known: the coordinator's slots, plus readable markers holding
+        // capacity without one. Otherwise every marker that may hold one.
         let mut out: HashMap<&str, usize> = HashMap::new();
         for (m, _) in by_id.values() {
-            let holds = m.garbage_marker || m.marker.as_ref().is_some_and(|mk| mk.phase.holds_slot());
+            // Unreadable: garbage, or timestamps too far from now to be ours.
+            let near = |t: DateTime<Utc>| (t - now).abs() <= Cd::days(366);
+            let readable = m.marker.as_ref().filter(|mk| {
+                !m.garbage_marker
+                    && !m.metadata_unknown
+                    && [Some(mk.started_at), Some(mk.attempt_started_at), mk.restart_at, mk.retry_at]
+                        .into_iter()
+                        .flatten()
+                        .all(near)
+            });
+            let holds = if slots_known {
+                let slotted = m.slotted && m.marker.is_some();
+                slotted || readable.is_some_and(|mk| mk.phase.holds_slot())
+            } else {
+                m.metadata_unknown
+                    || m.garbage_marker
+                    || m.marker.as_ref().is_some_and(|mk| mk.phase.holds_slot())
+            };
             if holds {
                 *out.entry(POOLS[m.pool]).or_default() += 1;
             }
@@ -379,13 +440,38 @@ proptest! {
         let mut claims: HashMap<&str, usize> = HashMap::new();
         for s in &p.steps {
             let (m, r) = by_id[s.target.machine_id.as_str()];
-            // Never act on a held machine.
+            // Never act on a held machine, nor on one whose hold cannot be seen.
             prop_assert!(!m.held, "step on a held machine: {s}");
+            prop_assert!(!m.metadata_unknown, "step on a machine whose metadata is unknown: {s}");
             let disruptive = matches!(s.kind,
                 StepKind::Claim { .. } | StepKind::Drain | StepKind::Restart { .. }
                 | StepKind::Advance { cordon: true, .. });
             if disruptive {
                 prop_assert!(m.started, "disruptive step on a stopped machine: {s}");
+                // Unknown is not empty: nothing that needs a slot.
+                prop_assert!(!slots_unknown, "{s} while the slot set is unknown");
+                // Updated from outside: the rotation is never continued.
+                let updated = s.expected.as_ref()
+                    .and_then(|e| e.instance_id.as_deref())
+                    .is_some_and(|ours| ours != m.instance_id)
+                    && s.expected.as_ref().is_some_and(|e| e.phase.holds_slot());
+                prop_assert!(!updated, "{s} after an outside update");
+            }
+            // A failed rotation is not retried for its target unasked.
+            if let (StepKind::Claim { .. }, Some(e)) = (&s.kind, s.expected.as_ref())
+                && let Some(f) = &e.failed
+                && e.phase == Phase::Yielded
+                && e.target == TIP
+            {
+                let approved_after = m.approval.as_ref().is_some_and(|(t, _)| t == TIP);
+                prop_assert!(approved_after && f.at < t0(), "{s} retries a failed rotation");
+            }
+            // No new attempt once rotation.max_attempts restarts failed.
+            if let (StepKind::Advance { marker, .. }, Some(e)) = (&s.kind, s.expected.as_ref())
+                && e.phase == Phase::Backoff
+                && marker.phase == Phase::Draining
+            {
+                prop_assert!(e.attempt < max_attempts, "{s} after {} failed attempts", e.attempt);
             }
             if let StepKind::Claim { .. } = s.kind {
                 prop_assert!(!fetch_failing, "claim on an uncertain tip: {s}");

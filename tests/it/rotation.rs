@@ -678,6 +678,9 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
         drain_requested: false,
         cordoned: None,
         ending: None,
+        instance_id: None,
+        pool: None,
+        failed: None,
     };
     // m2 won the pool's only slot; m1's claim never did.
     let mut slots = SlotSet::parse(None).unwrap();
@@ -1107,6 +1110,9 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         drain_requested: false,
         cordoned: Some(true),
         ending: None,
+        instance_id: None,
+        pool: None,
+        failed: None,
     };
     let mut slots = SlotSet::parse(None).unwrap();
     slots.try_add(

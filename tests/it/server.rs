@@ -356,6 +356,9 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
         drain_requested: false,
         cordoned: None,
         ending: None,
+        instance_id: None,
+        pool: None,
+        failed: None,
     };
     assert!(h.sim.set_metadata("a-behind", MARKER_KEY, &ours.to_value()));
     h.sweep().await;

@@ -812,6 +812,25 @@ impl<'a> Planning<'a> {
         self.decide(m, rotation_decision(ctx, marker));
         let orphan = matches!(&self.report.slots, SlotsView::Known(set)
             if !set.holds(&m.app, ctx.pool, &m.machine_id, &marker.tag));
+        if orphan
+            && marker.phase == Phase::Releasing
+            && !m.state.is_started()
+            && marker.may_have_cordoned()
+        {
+            // The executor let the slot go because the machine stopped
+            // (autostop) and its uncordon failed: while cordoned, Fly Proxy
+            // will not start it again on demand. A human should know.
+            self.plan.alerts.push(machine_alert(
+                AlertKind::RotationStuck,
+                m,
+                ctx.tip,
+                marker.severity.max(Severity::High),
+                format!(
+                    "{} is {} and may still be cordoned (its uncordon failed); Fly Proxy will not start it on demand until it is uncordoned: `fly machine uncordon {} -a {}` (retried every sweep)",
+                    m.machine_id, m.state, m.machine_id, m.app
+                ),
+            ));
+        }
         if orphan && marker.phase != Phase::Releasing {
             Some(release(
                 ctx.target,
@@ -1136,8 +1155,13 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
         };
         let holds = match (&op.marker, set) {
             (_, None) if m.inputs.metadata_unknown.is_some() => true,
+            // A rotation without its slot still has capacity out, unless
+            // the machine stopped (autostop): then it serves nothing either
+            // way, and its slot was let go so the pool is not starved.
             (Some(Ok(marker)), Some(set)) => {
-                marker.phase.holds_slot() && !set.holds(&m.app, pool, &m.machine_id, &marker.tag)
+                marker.phase.holds_slot()
+                    && !set.holds(&m.app, pool, &m.machine_id, &marker.tag)
+                    && !(marker.phase == Phase::Releasing && !m.state.is_started())
             }
             (Some(Ok(marker)), None) => marker.phase.holds_slot(),
             (Some(Err(_)), None) => true,

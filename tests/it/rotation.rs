@@ -1628,5 +1628,13 @@ async fn a_failed_uncordon_on_a_stopped_machine_frees_its_slot() {
         .iter()
         .any(|s| s.kind() == "claim" && s.target.machine_id.as_str() == other);
     assert!(claimed, "the pool stayed starved: {:?}", next.steps);
+    assert!(
+        next.alerts
+            .iter()
+            .any(|a| a.kind == AlertKind::RotationStuck
+                && a.machine_id.as_ref().is_some_and(|id| id.as_str() == first)),
+        "nobody is told the stopped machine may still be cordoned: {:?}",
+        next.alerts
+    );
     sim.shutdown().await;
 }

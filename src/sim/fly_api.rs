@@ -816,7 +816,7 @@ pub(crate) async fn set_metadata_key(
     };
     mutate(&shared, call, |m, ctx| {
         m.metadata.insert(key, value);
-        m.bump_version(ctx.now);
+        m.touch(ctx.now);
         Ok(())
     })?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -838,7 +838,7 @@ pub(crate) async fn delete_metadata_key(
     };
     mutate(&shared, call, |m, ctx| {
         m.metadata.remove(&key);
-        m.bump_version(ctx.now);
+        m.touch(ctx.now);
         Ok(())
     })?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -892,7 +892,7 @@ pub(crate) async fn update_metadata(
                 None => m.metadata.remove(&key),
             };
         }
-        m.bump_version(ctx.now);
+        m.touch(ctx.now);
         Ok(())
     })?;
     Ok(StatusCode::NO_CONTENT.into_response())

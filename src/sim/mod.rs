@@ -26,10 +26,11 @@
 //!
 //! # Semantics the sim had to choose
 //!
-//! - **Machine version.** The instance id doubles as the machine version that
-//!   `PATCH …/metadata` compares `machine_version` with, and every metadata
-//!   write (and update) gives the machine a new instance id, so
-//!   compare-and-set has something to compare. Restart and start keep it.
+//! - **Machine version.** The instance id is the machine version: an update
+//!   (`POST …/{id}`, [`Sim::outside_update`]) gives the machine a new one;
+//!   restart, start and metadata writes keep it, as on Fly ("metadata writes
+//!   create no machine version", FLY-REALITY.md). So `PATCH …/metadata` with
+//!   `machine_version` is no compare-and-set on metadata, here as there.
 //! - **Unreachable agents.** The health endpoint of a machine that is not
 //!   `started` answers 503 (on Fly its private DNS name would not resolve).
 //!   Unknown machine ids answer 404.
@@ -375,20 +376,20 @@ impl SimHandle {
         })
     }
 
-    /// Writes a metadata key out of band (as an operator's `fly` command would),
-    /// giving the machine a new version; no lease needed.
+    /// Writes a metadata key out of band (as an operator's `fly` command would);
+    /// no lease needed, no new machine version.
     pub fn set_metadata(&self, machine_id: &str, key: &str, value: &str) -> bool {
         self.with_machine(machine_id, |m, now| {
             m.metadata.insert(key.to_string(), value.to_string());
-            m.bump_version(now);
+            m.touch(now);
         })
     }
 
-    /// Deletes a metadata key out of band, giving the machine a new version; no lease needed.
+    /// Deletes a metadata key out of band; no lease needed, no new machine version.
     pub fn delete_metadata(&self, machine_id: &str, key: &str) -> bool {
         self.with_machine(machine_id, |m, now| {
             m.metadata.remove(key);
-            m.bump_version(now);
+            m.touch(now);
         })
     }
 
@@ -441,7 +442,7 @@ impl SimHandle {
                 });
             }
             write(&mut m.metadata);
-            m.bump_version(now);
+            m.touch(now);
             world.observe(machine_id);
         }
         self.shared.notify();

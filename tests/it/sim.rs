@@ -542,7 +542,9 @@ async fn metadata_set_get_delete_and_compare_and_set() {
     assert_eq!(all.body["pool"], "dispatch");
 
     let v1 = h.sim.machine("m1").expect("m1").instance_id;
-    assert_ne!(v0, v1, "a metadata write gives the machine a new version");
+    // FLY-REALITY.md: metadata writes create no machine version, so the
+    // version is no compare-and-set on metadata; only an update changes it.
+    assert_eq!(v0, v1, "a metadata write creates no machine version");
     assert_eq!(h.get("/m1").await.body["instance_id"], v1.as_str());
 
     let stale = h
@@ -550,7 +552,7 @@ async fn metadata_set_get_delete_and_compare_and_set() {
             Method::PATCH,
             "/m1/metadata",
             None,
-            Some(json!({"metadata": {"owner": "team-b"}, "machine_version": v0})),
+            Some(json!({"metadata": {"owner": "team-b"}, "machine_version": "01STALEVERSION"})),
         )
         .await;
     assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
@@ -580,7 +582,7 @@ async fn metadata_set_get_delete_and_compare_and_set() {
         !after.metadata.contains_key("fly_process_group"),
         "empty string removes"
     );
-    assert_ne!(after.instance_id, v1);
+    assert_eq!(after.instance_id, v1, "still no new machine version");
 
     let put = h
         .fly(
@@ -1516,7 +1518,10 @@ async fn operator_writes_wait_for_the_lease_when_metadata_is_fenced() {
         m1.metadata.get(HOLD).map(String::as_str),
         Some("incident-9")
     );
-    assert_ne!(m1.instance_id, before, "an operator write is a new version");
+    assert_eq!(
+        m1.instance_id, before,
+        "a metadata write creates no machine version"
+    );
     assert_eq!(h.sim.operator_delete_metadata("m1", HOLD), Ok(()));
     assert!(!h.sim.machine("m1").expect("m1").metadata.contains_key(HOLD));
 
@@ -1912,7 +1917,9 @@ async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
     )
     .await;
     assert_eq!(cas.status, StatusCode::NO_CONTENT);
-    let stale = h
+    // The write created no machine version: the same version still matches
+    // (no compare-and-set on metadata, as on Fly).
+    let again = h
         .fly_in(
             COORD,
             Method::PATCH,
@@ -1921,7 +1928,7 @@ async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
             Some(json!({"metadata": {"fleet_reconciler_slot_1": "x"}, "machine_version": version})),
         )
         .await;
-    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(again.status, StatusCode::NO_CONTENT);
 
     assert_eq!(
         h.fly_in(COORD, Method::DELETE, slot, None, None)
@@ -1966,7 +1973,7 @@ async fn a_stopped_coordination_machine_takes_leases_and_metadata_writes() {
             .metadata
             .get("fleet_reconciler_slot_1")
             .map(String::as_str),
-        Some("d2@rot-1")
+        Some("x")
     );
     // The coordination app is listed on its own.
     assert_eq!(h.sim.machine_ids(COORD), vec!["coord"]);

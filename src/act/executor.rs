@@ -114,6 +114,10 @@ pub enum Declined {
     #[error("shutting down")]
     ShuttingDown,
     #[error(
+        "the machine was updated from outside since the rotation recorded it (instance {recorded}, now {now})"
+    )]
+    UpdatedFromOutside { recorded: String, now: String },
+    #[error(
         "the machine is {state} and its uncordon failed ({error}); its slot is released and the uncordon retried every sweep"
     )]
     UncordonRefused { state: MachineState, error: String },
@@ -432,7 +436,10 @@ impl Executor {
                 marker,
                 drain,
                 reload,
-            } => self.claim(&mut w, step, marker, *drain, *reload).await,
+            } => {
+                self.claim(&mut w, step, marker, &machine, *drain, *reload)
+                    .await
+            }
             StepKind::Withdraw { .. } => {
                 lease.ensure()?;
                 self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
@@ -478,6 +485,9 @@ impl Executor {
                 let now = self.tuning.clock.now();
                 marker.restart_at = Some(now);
                 marker.attempt_started_at = now;
+                // A restart keeps the instance id; an update from outside
+                // during the verify changes it.
+                marker.instance_id = Some(machine.instance_id.clone());
                 // Marker first: if we die between here and the restart, the next
                 // reconciler waits out the verify deadline instead of restarting twice.
                 self.write_marker(&mut w, &marker).await?;
@@ -580,6 +590,18 @@ impl Executor {
             return Err(Declined::MarkerMoved.into());
         }
         if call != Call::Write {
+            // An outside update (`fly deploy`, `fly machine update`) since the
+            // rotation recorded the machine: the plan is stale; the next
+            // sweep judges the machine afresh. Undo calls still go on.
+            if let Some(ours) = w.marker.as_ref().and_then(|m| m.instance_id.as_deref())
+                && ours != machine.instance_id
+            {
+                return Err(Declined::UpdatedFromOutside {
+                    recorded: ours.to_string(),
+                    now: machine.instance_id.clone(),
+                }
+                .into());
+            }
             if !machine.is_started() {
                 return Err(Declined::NotStarted {
                     state: machine.state.clone(),
@@ -599,6 +621,7 @@ impl Executor {
         w: &mut Watch<'_>,
         step: &Step,
         planned: &Marker,
+        machine: &Machine,
         drain: bool,
         reload: bool,
     ) -> Result<(), StepError> {
@@ -613,6 +636,9 @@ impl Executor {
                 m.started_at = now;
                 m.attempt_started_at = now;
                 m.cordoned = Some(false);
+                // Read under the lease: a later update from outside shows
+                // as another instance id.
+                m.instance_id = Some(machine.instance_id.clone());
                 self.write_marker(w, &m).await?;
                 m
             }

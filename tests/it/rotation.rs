@@ -1638,3 +1638,48 @@ async fn a_failed_uncordon_on_a_stopped_machine_frees_its_slot() {
     );
     sim.shutdown().await;
 }
+
+/// #19 defect 16. Before: nothing told an outside update (`fly deploy`)
+/// mid-rotation: a restart planned before it restarted the freshly deployed
+/// machine (here its image pins the old overlay), interrupting its work on
+/// a stale plan. The marker records the instance id the claim saw; another
+/// one at the moment of action declines the step.
+#[tokio::test(start_paused = true)]
+async fn a_step_planned_before_an_outside_update_is_not_carried_out() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    use fleet_reconciler::sim::OutsideLease;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let recorded = marker_of(&sim, "m1").unwrap().instance_id;
+    assert_eq!(recorded, Some(sim.machine("m1").unwrap().instance_id));
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    // `fly deploy` from a snapshot taken after the claim: the marker stays,
+    // the instance changes, the machine comes back (on the old overlay).
+    let snapshot = sim.machine("m1").unwrap().metadata;
+    sim.outside_update("m1", &snapshot, OutsideLease::ReuseFound)
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    sim.set_loaded_ref("m1", &w.old);
+    sim.set_live_sessions("m1", 1);
+    let done = hand.run(&restart).await;
+    assert!(
+        matches!(
+            done[0].outcome,
+            Outcome::Skipped(Declined::UpdatedFromOutside { .. })
+        ),
+        "{:?}",
+        done[0].outcome
+    );
+    assert!(restarts(&sim, "m1").is_empty(), "acted on a stale plan");
+    sim.shutdown().await;
+}

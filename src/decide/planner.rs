@@ -1161,7 +1161,7 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
             (Some(Ok(marker)), Some(set)) => {
                 marker.phase.holds_slot()
                     && !set.holds(&m.app, pool, &m.machine_id, &marker.tag)
-                    && !(marker.phase == Phase::Releasing && !m.state.is_started())
+                    && (marker.phase != Phase::Releasing || m.state.is_started())
             }
             (Some(Ok(marker)), None) => marker.phase.holds_slot(),
             (Some(Err(_)), None) => true,

@@ -4,10 +4,14 @@
 //! §3, which names the OpenAPI spec it follows). It retries
 //! transient failures (408, 429, 5xx, connection refused) with jittered
 //! exponential backoff honouring `Retry-After`, but only where a retry cannot
-//! do the action twice. It reads answers only up to a size cap
-//! ([`MAX_LIST_BODY_BYTES`], [`MAX_BODY_BYTES`]). It must never decide
-//! anything, never log or return the token, and never steal or clear a
-//! lease it does not hold.
+//! do the action twice. A client made [`FlyClient::within`] a deadline (a
+//! lease's validity) never sends nor retries a call at or after it: each
+//! attempt's timeout is cut to the time left, and a retry whose wait would
+//! end past it is not waited for ([`FlyError::PastDeadline`],
+//! [`FlyError::RateLimited`], or the error the last attempt got). It reads
+//! answers only up to a size cap ([`MAX_LIST_BODY_BYTES`],
+//! [`MAX_BODY_BYTES`]). It must never decide anything, never log or return
+//! the token, and never steal or clear a lease it does not hold.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +21,7 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::model::MachineState;
 
@@ -262,6 +267,20 @@ pub enum FlyError {
         machine: Option<String>,
         limit: usize,
     },
+    #[error("Fly API: {op} for app {app}{}: not sent, the caller's deadline (its lease) has passed", machine_suffix(.machine))]
+    PastDeadline {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+    },
+    #[error("Fly API: {op} for app {app}{}: rate limited{}", machine_suffix(.machine), retry_after_suffix(.retry_after))]
+    RateLimited {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+        /// How long Fly (its `Retry-After`) or our own limiter asked to wait.
+        retry_after: Option<Duration>,
+    },
     #[error("Fly API: {op} for app {app}: unexpected response body: {message}")]
     Decode {
         op: &'static str,
@@ -278,6 +297,12 @@ fn human_bytes(n: usize) -> String {
     } else {
         format!("{n} bytes")
     }
+}
+
+fn retry_after_suffix(retry_after: &Option<Duration>) -> String {
+    retry_after
+        .map(|d| format!(" (retry after {})", humantime::format_duration(d)))
+        .unwrap_or_default()
 }
 
 fn machine_suffix(machine: &Option<String>) -> String {
@@ -300,6 +325,8 @@ impl FlyError {
             FlyError::Transport { .. } => "transport",
             FlyError::OutcomeUnknown { .. } => "outcome_unknown",
             FlyError::TooLarge { .. } => "too_large",
+            FlyError::PastDeadline { .. } => "past_deadline",
+            FlyError::RateLimited { .. } => "rate_limited",
             FlyError::Decode { .. } => "decode",
         }
     }
@@ -338,6 +365,8 @@ pub struct FlyClient {
     base: url::Url,
     config: FlyClientConfig,
     observer: Option<RequestObserver>,
+    /// Set by [`FlyClient::within`]: no attempt is sent at or after it.
+    deadline: Option<Instant>,
 }
 
 impl fmt::Debug for FlyClient {
@@ -392,6 +421,47 @@ impl<'a> Call<'a> {
     }
 }
 
+impl Call<'_> {
+    fn machine(&self) -> Option<String> {
+        self.machine.map(str::to_string)
+    }
+
+    fn past_deadline(&self) -> FlyError {
+        FlyError::PastDeadline {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+        }
+    }
+
+    fn outcome_unknown(&self) -> FlyError {
+        FlyError::OutcomeUnknown {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+        }
+    }
+
+    /// An attempt that timed out because the deadline came: a read simply
+    /// did not happen in time; a write may have landed.
+    fn cut_at_deadline(&self) -> FlyError {
+        if self.method == Method::GET {
+            self.past_deadline()
+        } else {
+            self.outcome_unknown()
+        }
+    }
+
+    fn transport(&self, e: &reqwest::Error) -> FlyError {
+        FlyError::Transport {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+            message: crate::http::describe(e),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FlyClientBuildError {
     #[error("invalid Fly API URL {url:?}: {message}")]
@@ -439,12 +509,21 @@ impl FlyClient {
             base,
             config,
             observer: None,
+            deadline: None,
         })
     }
 
     pub fn with_observer(mut self, observer: RequestObserver) -> FlyClient {
         self.observer = Some(observer);
         self
+    }
+
+    /// A clone of this client whose every call ends by `deadline` (a
+    /// lease's validity): never sent nor retried at or after it.
+    pub fn within(&self, deadline: Instant) -> FlyClient {
+        let mut c = self.clone();
+        c.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+        c
     }
 
     // ---- reads -------------------------------------------------------------
@@ -521,7 +600,13 @@ impl FlyClient {
         state: &str,
         timeout: Duration,
     ) -> Result<(), FlyError> {
-        let secs = timeout.as_secs().clamp(1, 60);
+        let mut secs = timeout.as_secs().clamp(1, 60);
+        // Under a deadline Fly is asked to answer within the time left, so
+        // the long-poll ends with Fly's 408 rather than cut by us.
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now()).as_secs();
+            secs = secs.min(left.max(1));
+        }
         let query = [("state", state.to_string()), ("timeout", secs.to_string())];
         let mut call = Call::new("wait", Method::GET, app, Some(machine));
         call.segments = &["wait"];
@@ -705,9 +790,18 @@ impl FlyClient {
 
     async fn send(&self, call: Call<'_>) -> Result<bytes::Bytes, FlyError> {
         let url = self.url(&call);
-        let timeout = self.config.request_timeout + call.extra_timeout;
+        let full_timeout = self.config.request_timeout + call.extra_timeout;
         let mut attempt = 0u32;
         loop {
+            // Nothing is sent at or after the deadline: past it the caller's
+            // lease may be someone else's.
+            let now = Instant::now();
+            let left = match self.deadline {
+                Some(d) if now >= d => return Err(call.past_deadline()),
+                Some(d) => Some(d - now),
+                None => None,
+            };
+            let timeout = left.map_or(full_timeout, |left| full_timeout.min(left));
             let mut req = self
                 .http
                 .request(call.method.clone(), url.clone())
@@ -732,9 +826,9 @@ impl FlyClient {
             if let Some(body) = &call.body {
                 req = req.json(body);
             }
-            let retries_left = attempt < self.config.max_retries;
             let outcome = req.send().await;
-            let (retry, wait_hint) = match outcome {
+            // The error this attempt ends the call with unless it is retried.
+            let (error, wait_hint) = match outcome {
                 Ok(resp) => {
                     let status = resp.status();
                     self.observe(call.op, status.as_str());
@@ -746,12 +840,10 @@ impl FlyClient {
                                 machine: call.machine.map(str::to_string),
                                 limit: call.max_body,
                             },
-                            Capped::Transport(e) => FlyError::Transport {
-                                op: call.op,
-                                app: call.app.to_string(),
-                                machine: call.machine.map(str::to_string),
-                                message: crate::http::describe(&e),
-                            },
+                            Capped::Transport(e) if e.is_timeout() && self.deadline.is_some() => {
+                                call.cut_at_deadline()
+                            }
+                            Capped::Transport(e) => call.transport(&e),
                         });
                     }
                     let retry_after = parse_retry_after(resp.headers());
@@ -759,11 +851,12 @@ impl FlyClient {
                         || (call.idempotence == Idempotence::Safe
                             && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
                                 || status.is_server_error()));
-                    if !(transient && retries_left) {
-                        let text = read_error_body(resp).await;
-                        return Err(status_error(&call, status, &text));
+                    let text = read_error_body(resp).await;
+                    let error = status_error(&call, status, &text, retry_after);
+                    if !transient {
+                        return Err(error);
                     }
-                    (true, retry_after)
+                    (error, retry_after)
                 }
                 Err(e) => {
                     let kind = if e.is_timeout() { "timeout" } else { "error" };
@@ -771,25 +864,23 @@ impl FlyClient {
                     // A connect error means the request never left: always safe to repeat.
                     let never_sent = e.is_connect();
                     if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
-                        return Err(FlyError::OutcomeUnknown {
-                            op: call.op,
-                            app: call.app.to_string(),
-                            machine: call.machine.map(str::to_string),
-                        });
+                        return Err(call.outcome_unknown());
                     }
-                    let retryable = never_sent || call.idempotence == Idempotence::Safe;
-                    if !(retryable && retries_left) {
-                        return Err(FlyError::Transport {
-                            op: call.op,
-                            app: call.app.to_string(),
-                            machine: call.machine.map(str::to_string),
-                            message: crate::http::describe(&e),
-                        });
+                    // An attempt the deadline cut: it is not repeated, and a
+                    // write it carried may have landed.
+                    if e.is_timeout() && timeout < full_timeout {
+                        return Err(call.cut_at_deadline());
                     }
-                    (true, None)
+                    let error = call.transport(&e);
+                    if !(never_sent || call.idempotence == Idempotence::Safe) {
+                        return Err(error);
+                    }
+                    (error, None)
                 }
             };
-            debug_assert!(retry);
+            if attempt >= self.config.max_retries {
+                return Err(error);
+            }
             let delay = backoff(
                 attempt,
                 self.config.base_backoff,
@@ -797,6 +888,11 @@ impl FlyClient {
                 wait_hint,
                 fastrand::f64(),
             );
+            // A retry that could only be sent at or past the deadline is not
+            // waited for: the caller learns now, while its lease holds.
+            if self.deadline.is_some_and(|d| Instant::now() + delay >= d) {
+                return Err(error);
+            }
             tracing::debug!(
                 op = call.op,
                 app = call.app,
@@ -887,7 +983,12 @@ fn httpdate_to_system_time(v: &str) -> Option<std::time::SystemTime> {
         .map(|d| std::time::SystemTime::from(d.with_timezone(&chrono::Utc)))
 }
 
-fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
+fn status_error(
+    call: &Call<'_>,
+    status: StatusCode,
+    body: &str,
+    retry_after: Option<Duration>,
+) -> FlyError {
     #[derive(Deserialize)]
     struct ErrorBody {
         error: Option<String>,
@@ -921,6 +1022,12 @@ fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
             op: call.op,
             app,
             machine: machine.unwrap_or_default(),
+        },
+        429 => FlyError::RateLimited {
+            op: call.op,
+            app,
+            machine,
+            retry_after,
         },
         code => FlyError::Status {
             op: call.op,

@@ -442,3 +442,220 @@ async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoin
     );
     server.abort();
 }
+
+// ---- deadlines (a lease's validity) --------------------------------------------
+
+/// How a stand-in Fly API answers one request.
+#[derive(Clone)]
+enum Answer {
+    /// This status with this JSON body, and a `Retry-After` when given.
+    Status(u16, Option<&'static str>, String),
+    /// Never answers (a hung control plane).
+    Hang,
+}
+
+/// One request as a stand-in received it, on tokio's (paused) clock.
+#[derive(Clone, Debug)]
+struct Arrival {
+    at: tokio::time::Instant,
+    method: String,
+    path: String,
+    query: String,
+}
+
+/// A stand-in Fly API on loopback: records every request on tokio's clock
+/// and answers the n-th (from 0) as `answer(n, path)` says.
+struct StandIn {
+    url: String,
+    arrivals: Arc<std::sync::Mutex<Vec<Arrival>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StandIn {
+    async fn start(answer: impl Fn(usize, &str) -> Answer + Send + Sync + 'static) -> StandIn {
+        let arrivals: Arc<std::sync::Mutex<Vec<Arrival>>> = Arc::default();
+        let answer = Arc::new(answer);
+        let seen = arrivals.clone();
+        let handler = move |req: axum::extract::Request| {
+            let (seen, answer) = (seen.clone(), answer.clone());
+            async move {
+                let path = req.uri().path().to_string();
+                let n = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(Arrival {
+                        at: tokio::time::Instant::now(),
+                        method: req.method().to_string(),
+                        path: path.clone(),
+                        query: req.uri().query().unwrap_or("").to_string(),
+                    });
+                    seen.len() - 1
+                };
+                match answer(n, &path) {
+                    Answer::Hang => std::future::pending().await,
+                    Answer::Status(status, retry_after, body) => {
+                        let mut resp = axum::response::Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json");
+                        if let Some(ra) = retry_after {
+                            resp = resp.header("retry-after", ra);
+                        }
+                        resp.body(axum::body::Body::from(body)).unwrap()
+                    }
+                }
+            }
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, axum::Router::new().fallback(handler)).await;
+        });
+        StandIn {
+            url,
+            arrivals,
+            task,
+        }
+    }
+
+    fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
+    }
+
+    fn client(&self) -> FlyClient {
+        FlyClient::new(FlyClientConfig::new(&self.url), TOKEN).unwrap()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A hung Fly API: the one attempt is cut at the deadline (not after the
+/// 30 s request timeout), nothing is retried, and a call made at or after
+/// the deadline is never sent.
+#[tokio::test(start_paused = true)]
+async fn a_call_within_a_deadline_is_cut_at_it_and_never_retried_past_it() {
+    let api = StandIn::start(|_, _| Answer::Hang).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(5);
+    let err = fly
+        .within(deadline)
+        .cordon("agents", "m1", None)
+        .await
+        .unwrap_err();
+    let ended = tokio::time::Instant::now();
+    let late: Vec<_> = api
+        .arrivals()
+        .into_iter()
+        .filter(|a| a.at >= deadline)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests sent after the deadline: {late:?}"
+    );
+    let arrivals = api.arrivals();
+    assert_eq!(arrivals.len(), 1, "one attempt, no retry");
+    assert_eq!(
+        (arrivals[0].method.as_str(), arrivals[0].path.as_str()),
+        ("POST", "/v1/apps/agents/machines/m1/cordon")
+    );
+    assert!(
+        ended <= deadline + Duration::from_millis(50),
+        "the call returned {:?} after its deadline",
+        ended - deadline
+    );
+    // The cordon may have landed: its outcome is unknown, not a plain failure.
+    assert_eq!(err.kind(), "outcome_unknown", "{err}");
+    assert!(err.to_string().contains("m1"), "{err}");
+
+    // At or after the deadline nothing is sent at all.
+    let err = fly
+        .within(deadline)
+        .get_machine("agents", "m1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, FlyError::PastDeadline { op: "get_machine", machine: Some(m), .. } if m == "m1"),
+        "{err}"
+    );
+    assert_eq!(err.kind(), "past_deadline");
+    assert_eq!(api.arrivals().len(), 1);
+    // A nested deadline keeps the earlier one.
+    let err = fly
+        .within(deadline)
+        .within(deadline + Duration::from_secs(60))
+        .list_machines("agents")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "past_deadline", "{err}");
+    assert_eq!(api.arrivals().len(), 1);
+}
+
+/// A 429 whose `Retry-After` ends past the deadline ends the call at once,
+/// typed, with the wait Fly asked for; nothing is sent again.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_beyond_the_deadline_ends_the_call_at_once() {
+    let api = StandIn::start(|_, _| {
+        Answer::Status(429, Some("10"), r#"{"error":"rate limit exceeded"}"#.into())
+    })
+    .await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(3);
+    let err = fly
+        .within(deadline)
+        .restart("agents", "m1", None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        tokio::time::Instant::now() - start < Duration::from_secs(1),
+        "slept {:?} before giving up",
+        tokio::time::Instant::now() - start
+    );
+    let arrivals = api.arrivals();
+    assert!(arrivals.iter().all(|a| a.at < deadline), "{arrivals:?}");
+    assert_eq!(arrivals.len(), 1, "{arrivals:?}");
+    // No `timeout` given: none sent, so Fly uses the app's kill_timeout.
+    assert_eq!(arrivals[0].query, "");
+    assert!(
+        matches!(&err, FlyError::RateLimited { op: "restart", retry_after: Some(d), .. } if *d == Duration::from_secs(10)),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), "rate_limited");
+    assert!(err.to_string().contains("m1"), "{err}");
+}
+
+/// A 503 is retried while the backoff ends before the deadline, and the
+/// retry that would cross it is not made: the error it got is returned.
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_would_cross_the_deadline_is_not_made() {
+    let api =
+        StandIn::start(|_, _| Answer::Status(503, None, r#"{"error":"unavailable"}"#.into())).await;
+    let mut config = FlyClientConfig::new(&api.url);
+    // First retry after 1–2 s, the second 2–4 s later: always past 3 s.
+    config.base_backoff = Duration::from_secs(2);
+    config.max_backoff = Duration::from_secs(60);
+    let fly = FlyClient::new(config, TOKEN).unwrap();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(3);
+    let err = fly
+        .within(deadline)
+        .list_machines("agents")
+        .await
+        .unwrap_err();
+    assert!(
+        tokio::time::Instant::now() < deadline,
+        "returned at the deadline, not before"
+    );
+    let arrivals = api.arrivals();
+    assert!(arrivals.iter().all(|a| a.at < deadline), "{arrivals:?}");
+    assert_eq!(arrivals.len(), 2, "one try and one retry: {arrivals:?}");
+    assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
+
+    // Without a deadline, the same client retries as before.
+    let err = fly.list_machines("agents").await.unwrap_err();
+    assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
+    assert_eq!(api.arrivals().len(), 2 + 5, "1 try + 4 retries");
+}

@@ -8,13 +8,17 @@
 //! lease's validity) never sends nor retries a call at or after it: each
 //! attempt's timeout is cut to the time left, and a retry whose wait would
 //! end past it is not waited for ([`FlyError::PastDeadline`],
-//! [`FlyError::RateLimited`], or the error the last attempt got). It reads
+//! [`FlyError::RateLimited`], or the error the last attempt got). Every
+//! attempt first waits for a token of its (app, machine, action) bucket
+//! ([`RateLimits`], Fly's documented limits), shared by all clones; a token
+//! that would come past the deadline ends the call unsent. It reads
 //! answers only up to a size cap ([`MAX_LIST_BODY_BYTES`],
 //! [`MAX_BODY_BYTES`]). It must never decide anything, never log or return
 //! the token, and never steal or clear a lease it does not hold.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
@@ -332,6 +336,145 @@ impl FlyError {
     }
 }
 
+// ---- client-side rate limits ------------------------------------------------------
+
+/// One token bucket's shape: `burst` calls at once, then one per `interval`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub interval: Duration,
+    pub burst: u32,
+}
+
+impl Rate {
+    /// `per_second` calls a second, `burst` at once.
+    pub const fn per_second(per_second: u32, burst: u32) -> Rate {
+        Rate {
+            interval: Duration::from_nanos(1_000_000_000 / per_second as u64),
+            burst,
+        }
+    }
+}
+
+/// The client's own limits, mirroring Fly's documented ones so that our
+/// traffic is spaced before Fly answers 429 (FLY-REALITY.md, "Limits").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Each action on one machine (restart, stop, start, wait, cordon,
+    /// uncordon, the lease endpoint, metadata writes): Fly documents 1/s,
+    /// burst 3, per action per machine.
+    pub action: Rate,
+    /// `get_machine` of one machine: Fly documents 5/s, burst 10.
+    pub get_machine: Rate,
+    /// `list_machines` of one app. Fly documents no limit for it (unknown):
+    /// this takes the read limit of get-machine, per app. Erring lax here
+    /// is safe: a 429 on a list is retried and at worst delays one sweep
+    /// of that app (reported stale), it never fails an action.
+    pub list: Rate,
+}
+
+impl RateLimits {
+    /// Fly's documented limits.
+    pub const FLY: RateLimits = RateLimits {
+        action: Rate::per_second(1, 3),
+        get_machine: Rate::per_second(5, 10),
+        list: Rate::per_second(5, 10),
+    };
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits::FLY
+    }
+}
+
+/// Which bucket a call draws from: one per app, machine and action.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BucketKey {
+    app: String,
+    machine: Option<String>,
+    action: &'static str,
+}
+
+/// Token buckets shared by every clone of a client (GCRA: each bucket is the
+/// instant its next call would be due were the bucket never allowed to burst).
+#[derive(Debug)]
+struct RateLimiter {
+    limits: RateLimits,
+    buckets: std::sync::Mutex<Buckets>,
+}
+
+#[derive(Debug)]
+struct Buckets {
+    due: HashMap<BucketKey, Instant>,
+    /// Size at which idle buckets are next dropped.
+    prune_at: usize,
+}
+
+/// Buckets kept before idle ones are dropped (a bucket is idle once it is
+/// full again, and then the same as no bucket at all).
+const MIN_PRUNE_AT: usize = 1024;
+
+impl RateLimiter {
+    fn new(limits: RateLimits) -> RateLimiter {
+        RateLimiter {
+            limits,
+            buckets: std::sync::Mutex::new(Buckets {
+                due: HashMap::new(),
+                prune_at: MIN_PRUNE_AT,
+            }),
+        }
+    }
+
+    fn rate(&self, action: &str) -> Rate {
+        match action {
+            "get_machine" => self.limits.get_machine,
+            "list_machines" => self.limits.list,
+            _ => self.limits.action,
+        }
+    }
+
+    /// Takes the next token of `key`'s bucket: the instant the call may be
+    /// sent. A token that would come at or after `deadline` is not taken:
+    /// `Err` with how long it would have been.
+    fn reserve(
+        &self,
+        key: BucketKey,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Instant, Duration> {
+        let rate = self.rate(key.action);
+        let tolerance = rate.interval * rate.burst.saturating_sub(1);
+        // A poisoned lock only means another call panicked mid-update of a
+        // map of instants: still usable.
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if buckets.due.len() >= buckets.prune_at {
+            buckets.due.retain(|_, due| *due > now);
+            buckets.prune_at = (buckets.due.len() * 2).max(MIN_PRUNE_AT);
+        }
+        let due = buckets.due.get(&key).copied().unwrap_or(now).max(now);
+        let send_at = now.max(due.checked_sub(tolerance).unwrap_or(now));
+        if let Some(d) = deadline
+            && send_at >= d
+        {
+            return Err(send_at - now);
+        }
+        buckets.due.insert(key, due + rate.interval);
+        Ok(send_at)
+    }
+
+    #[cfg(test)]
+    fn buckets(&self) -> usize {
+        self.buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .due
+            .len()
+    }
+}
+
 /// Client settings; the token is passed separately so it never sits in config.
 #[derive(Clone, Debug)]
 pub struct FlyClientConfig {
@@ -342,6 +485,9 @@ pub struct FlyClientConfig {
     /// First backoff step; doubles each retry, capped at `max_backoff`.
     pub base_backoff: Duration,
     pub max_backoff: Duration,
+    /// The client's own per-machine, per-action rate limits ([`RateLimits`],
+    /// Fly's documented ones by default); `None` switches them off.
+    pub rate_limits: Option<RateLimits>,
 }
 
 impl FlyClientConfig {
@@ -352,6 +498,7 @@ impl FlyClientConfig {
             max_retries: 4,
             base_backoff: Duration::from_millis(250),
             max_backoff: Duration::from_secs(10),
+            rate_limits: Some(RateLimits::FLY),
         }
     }
 }
@@ -367,6 +514,8 @@ pub struct FlyClient {
     observer: Option<RequestObserver>,
     /// Set by [`FlyClient::within`]: no attempt is sent at or after it.
     deadline: Option<Instant>,
+    /// Shared by every clone, so one machine's budget is one budget.
+    limiter: Option<Arc<RateLimiter>>,
 }
 
 impl fmt::Debug for FlyClient {
@@ -401,6 +550,9 @@ struct Call<'a> {
     extra_timeout: Duration,
     /// Largest success answer read ([`MAX_BODY_BYTES`] unless raised).
     max_body: usize,
+    /// The rate-limit bucket's action: the op, unless several ops share
+    /// one endpoint (and so, at worst, one limit at Fly).
+    bucket: &'static str,
 }
 
 impl<'a> Call<'a> {
@@ -417,6 +569,7 @@ impl<'a> Call<'a> {
             idempotence: Idempotence::Safe,
             extra_timeout: Duration::ZERO,
             max_body: MAX_BODY_BYTES,
+            bucket: op,
         }
     }
 }
@@ -431,6 +584,15 @@ impl Call<'_> {
             op: self.op,
             app: self.app.to_string(),
             machine: self.machine(),
+        }
+    }
+
+    fn rate_limited(&self, retry_after: Option<Duration>) -> FlyError {
+        FlyError::RateLimited {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+            retry_after,
         }
     }
 
@@ -507,6 +669,7 @@ impl FlyClient {
         Ok(FlyClient {
             http,
             base,
+            limiter: config.rate_limits.map(|l| Arc::new(RateLimiter::new(l))),
             config,
             observer: None,
             deadline: None,
@@ -705,6 +868,7 @@ impl FlyClient {
         let query = [("ttl", ttl.to_string())];
         let mut call = Call::new(op, Method::POST, app, Some(machine));
         call.segments = &["lease"];
+        call.bucket = "lease";
         call.query = &query;
         call.body = Some(serde_json::json!({ "ttl": ttl, "description": description }));
         call.nonce = nonce;
@@ -724,6 +888,7 @@ impl FlyClient {
     ) -> Result<(), FlyError> {
         let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
         call.segments = &["lease"];
+        call.bucket = "lease";
         call.nonce = Some(nonce);
         match self.send(call).await {
             Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
@@ -744,6 +909,7 @@ impl FlyClient {
         let segments = ["metadata", key];
         let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
         call.segments = &segments;
+        call.bucket = "metadata";
         call.body = Some(serde_json::json!({ "value": value }));
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -759,6 +925,7 @@ impl FlyClient {
         let segments = ["metadata", key];
         let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
         call.segments = &segments;
+        call.bucket = "metadata";
         call.nonce = nonce;
         match self.send(call).await {
             Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
@@ -793,6 +960,21 @@ impl FlyClient {
         let full_timeout = self.config.request_timeout + call.extra_timeout;
         let mut attempt = 0u32;
         loop {
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(call.past_deadline());
+            }
+            // Every attempt (a retry too) spends a token: Fly counts it.
+            if let Some(limiter) = &self.limiter {
+                let key = BucketKey {
+                    app: call.app.to_string(),
+                    machine: call.machine(),
+                    action: call.bucket,
+                };
+                match limiter.reserve(key, Instant::now(), self.deadline) {
+                    Ok(at) => tokio::time::sleep_until(at).await,
+                    Err(wait) => return Err(call.rate_limited(Some(wait))),
+                }
+            }
             // Nothing is sent at or after the deadline: past it the caller's
             // lease may be someone else's.
             let now = Instant::now();
@@ -1085,6 +1267,53 @@ mod tests {
         assert_eq!(
             backoff(0, base, cap, Some(Duration::from_secs(3600)), 0.5),
             Duration::from_secs(60)
+        );
+    }
+
+    fn key(machine: &str, action: &'static str) -> BucketKey {
+        BucketKey {
+            app: "a".into(),
+            machine: Some(machine.into()),
+            action,
+        }
+    }
+
+    #[test]
+    fn a_bucket_refills_and_idle_buckets_are_dropped() {
+        let limiter = RateLimiter::new(RateLimits::FLY);
+        let t0 = Instant::now();
+        let secs = |n: u64| t0 + Duration::from_secs(n);
+        let sends: Vec<Instant> = (0..5)
+            .map(|_| limiter.reserve(key("m", "restart"), t0, None).unwrap())
+            .collect();
+        assert_eq!(sends, [t0, t0, t0, secs(1), secs(2)]);
+        // Refused past a deadline: the token is not taken.
+        assert_eq!(
+            limiter.reserve(key("m", "restart"), t0, Some(secs(3))),
+            Err(Duration::from_secs(3))
+        );
+        assert_eq!(
+            limiter.reserve(key("m", "restart"), t0, Some(secs(4))),
+            Ok(secs(3))
+        );
+        // Long idle: a full burst again.
+        let later = secs(100);
+        let sends: Vec<Instant> = (0..4)
+            .map(|_| limiter.reserve(key("m", "restart"), later, None).unwrap())
+            .collect();
+        assert_eq!(sends, [later, later, later, later + Duration::from_secs(1)]);
+
+        // Memory: thousands of machines each touched once, one second
+        // apart, keep only the buckets not yet full again.
+        for i in 0..10_000u64 {
+            limiter
+                .reserve(key(&format!("m{i}"), "cordon"), secs(200 + i), None)
+                .unwrap();
+        }
+        assert!(
+            limiter.buckets() <= 2 * MIN_PRUNE_AT,
+            "{} buckets kept",
+            limiter.buckets()
         );
     }
 

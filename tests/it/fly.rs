@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
@@ -270,7 +270,12 @@ async fn restart_then_wait_and_wait_timeout() {
 #[tokio::test]
 async fn transient_errors_retry_but_unsafe_calls_do_not_repeat() {
     let sim = sim().await;
-    let fly = client(&sim, TOKEN);
+    // This counts retries, not their spacing: no client-side rate limits.
+    let mut config = FlyClientConfig::new(&sim.api_url());
+    config.base_backoff = Duration::from_millis(20);
+    config.max_backoff = Duration::from_millis(100);
+    config.rate_limits = None;
+    let fly = FlyClient::new(config, TOKEN).unwrap();
     sim.fail_next(3, 503, None);
     within(fly.list_machines("agents")).await.unwrap();
     assert_eq!(sim.pending_failures(), 0);
@@ -658,4 +663,127 @@ async fn a_retry_that_would_cross_the_deadline_is_not_made() {
     let err = fly.list_machines("agents").await.unwrap_err();
     assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
     assert_eq!(api.arrivals().len(), 2 + 5, "1 try + 4 retries");
+}
+
+// ---- client-side rate limits ------------------------------------------------------
+
+fn ok_json(body: &str) -> Answer {
+    Answer::Status(200, None, body.to_string())
+}
+
+/// Answers any action with `{}` and a get with a started machine.
+fn fly_ok(_: usize, path: &str) -> Answer {
+    if path.ends_with("/cordon") || path.ends_with("/uncordon") {
+        ok_json("{}")
+    } else {
+        let id = path.rsplit('/').next().unwrap_or("m");
+        ok_json(&format!(
+            r#"{{"id":"{id}","state":"started","config":{{"metadata":{{}}}}}}"#
+        ))
+    }
+}
+
+/// Seconds from `start` at which `path` was requested, in order.
+fn offsets(api: &StandIn, start: tokio::time::Instant, path: &str) -> Vec<f64> {
+    api.arrivals()
+        .iter()
+        .filter(|a| a.path == path)
+        .map(|a| (a.at - start).as_secs_f64())
+        .collect()
+}
+
+/// Ten cordons of one machine at once go out as Fly's limits allow (three
+/// at once, then one a second); another machine, and another action on the
+/// same machine, have their own buckets; gets have the 5/s, burst 10 limit.
+#[tokio::test(start_paused = true)]
+async fn a_burst_on_one_machine_is_spaced_as_flys_limits_say() {
+    let api = StandIn::start(fly_ok).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let cordons = (0..10)
+        .map(|_| fly.cordon("agents", "m1", None).boxed())
+        .chain((0..3).map(|_| fly.cordon("agents", "m2", None).boxed()))
+        .chain((0..3).map(|_| fly.uncordon("agents", "m1", None).boxed()));
+    for r in futures::future::join_all(cordons).await {
+        r.unwrap();
+    }
+    let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
+    assert_eq!(m1.len(), 10);
+    for (i, at) in m1.iter().enumerate() {
+        // The i-th request (from 0) no sooner than i − 2 seconds in.
+        let earliest = i.saturating_sub(2) as f64;
+        assert!(
+            *at >= earliest - 0.001 && *at < earliest + 0.1,
+            "cordon {i} of m1 at {at:.3}s, expected {earliest}s: {m1:?}"
+        );
+    }
+    for path in [
+        "/v1/apps/agents/machines/m2/cordon",
+        "/v1/apps/agents/machines/m1/uncordon",
+    ] {
+        let seen = offsets(&api, start, path);
+        assert_eq!(seen.len(), 3);
+        assert!(seen.iter().all(|at| *at < 0.1), "{path}: {seen:?}");
+    }
+
+    // Gets: ten at once, then one every 200 ms.
+    let start = tokio::time::Instant::now();
+    let gets = (0..15).map(|_| fly.get_machine("agents", "m3"));
+    for r in futures::future::join_all(gets).await {
+        r.unwrap();
+    }
+    let gets = offsets(&api, start, "/v1/apps/agents/machines/m3");
+    assert_eq!(gets.len(), 15);
+    for (i, at) in gets.iter().enumerate() {
+        let earliest = i.saturating_sub(9) as f64 * 0.2;
+        assert!(
+            *at >= earliest - 0.001 && *at < earliest + 0.1,
+            "get {i} at {at:.3}s, expected {earliest}s: {gets:?}"
+        );
+    }
+
+    // Switched off, nothing waits.
+    let mut config = FlyClientConfig::new(&api.url);
+    config.rate_limits = None;
+    let free = FlyClient::new(config, TOKEN).unwrap();
+    let start = tokio::time::Instant::now();
+    for r in futures::future::join_all((0..6).map(|_| free.cordon("agents", "m4", None))).await {
+        r.unwrap();
+    }
+    let m4 = offsets(&api, start, "/v1/apps/agents/machines/m4/cordon");
+    assert!(m4.len() == 6 && m4.iter().all(|at| *at < 0.1), "{m4:?}");
+}
+
+/// A token that would come at or after the deadline is not waited for: the
+/// call ends at once as rate limited, nothing sent; the buckets are shared
+/// by every clone of the client.
+#[tokio::test(start_paused = true)]
+async fn a_token_past_the_deadline_ends_the_call_unsent() {
+    let api = StandIn::start(fly_ok).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_millis(1500);
+    let leased = fly.within(deadline);
+    for _ in 0..4 {
+        // Three at once and one at 1 s: all before the deadline.
+        leased.cordon("agents", "m1", None).await.unwrap();
+    }
+    let before = tokio::time::Instant::now();
+    let err = leased.cordon("agents", "m1", None).await.unwrap_err();
+    assert_eq!(
+        tokio::time::Instant::now(),
+        before,
+        "waited for a token it could not use"
+    );
+    assert!(
+        matches!(&err, FlyError::RateLimited { op: "cordon", machine: Some(m), retry_after: Some(_), .. } if m == "m1"),
+        "{err:?}"
+    );
+    let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
+    assert_eq!(m1.len(), 4, "{m1:?}");
+    assert!(m1.iter().all(|at| *at < 1.5), "{m1:?}");
+    // Another clone without a deadline shares the bucket: it waits its turn (2 s).
+    fly.cordon("agents", "m1", None).await.unwrap();
+    let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
+    assert!((m1[4] - 2.0).abs() < 0.1, "{m1:?}");
 }

@@ -198,9 +198,32 @@ pub struct Lease {
 /// lease flat. Accept both.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum LeaseResponse {
-    Envelope { data: Lease },
-    Flat(Lease),
+enum LeaseResponse<L = Lease> {
+    Envelope { data: L },
+    Flat(L),
+}
+
+impl<L> LeaseResponse<L> {
+    fn lease(self) -> L {
+        match self {
+            LeaseResponse::Envelope { data } | LeaseResponse::Flat(data) => data,
+        }
+    }
+}
+
+/// A refresh's answer: the nonce may be absent (then it is ours).
+#[derive(Deserialize)]
+struct RefreshedLease {
+    #[serde(default)]
+    nonce: Option<SecretString>,
+    #[serde(default)]
+    expires_at: i64,
+    #[serde(default)]
+    owner: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    version: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -233,6 +256,14 @@ pub enum FlyError {
         "Fly API: {op} on machine {machine} of app {app}: machine version changed (412), re-read and retry"
     )]
     StaleVersion {
+        op: &'static str,
+        app: String,
+        machine: String,
+    },
+    #[error(
+        "Fly API: {op} on machine {machine} of app {app}: the lease came back with another nonce: ours is lost, someone else holds the machine"
+    )]
+    LeaseNonceChanged {
         op: &'static str,
         app: String,
         machine: String,
@@ -324,6 +355,7 @@ impl FlyError {
             FlyError::NotFound { .. } => "not_found",
             FlyError::LeaseConflict { .. } => "lease_conflict",
             FlyError::StaleVersion { .. } => "stale_version",
+            FlyError::LeaseNonceChanged { .. } => "lease_nonce_changed",
             FlyError::WaitTimeout { .. } => "wait_timeout",
             FlyError::Status { .. } => "status",
             FlyError::Transport { .. } => "transport",
@@ -812,7 +844,8 @@ impl FlyClient {
 
     // ---- leases --------------------------------------------------------------
 
-    /// Takes a new lease; `FlyError::LeaseConflict` when someone else holds one.
+    /// Takes a new lease; `FlyError::LeaseConflict` when someone else holds
+    /// one, `FlyError::RateLimited` when Fly (or our own limit) says not now.
     pub async fn acquire_lease(
         &self,
         app: &str,
@@ -820,19 +853,24 @@ impl FlyClient {
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
-        self.lease_post(
-            "acquire_lease",
-            app,
-            machine,
-            ttl,
-            description,
-            None,
-            Idempotence::Unsafe,
-        )
-        .await
+        let op = "acquire_lease";
+        let body = self
+            .lease_post(
+                op,
+                app,
+                machine,
+                ttl,
+                description,
+                None,
+                Idempotence::Unsafe,
+            )
+            .await?;
+        Ok(decode::<LeaseResponse>(&body, op, app)?.lease())
     }
 
-    /// Extends a lease we hold.
+    /// Extends a lease we hold. An answer carrying another nonce means the
+    /// lease is no longer ours (as flyctl judges it):
+    /// `FlyError::LeaseNonceChanged`.
     pub async fn refresh_lease(
         &self,
         app: &str,
@@ -841,16 +879,37 @@ impl FlyClient {
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
-        self.lease_post(
-            "refresh_lease",
-            app,
-            machine,
-            ttl,
-            description,
-            Some(nonce),
-            Idempotence::Safe,
-        )
-        .await
+        let op = "refresh_lease";
+        let body = self
+            .lease_post(
+                op,
+                app,
+                machine,
+                ttl,
+                description,
+                Some(nonce),
+                Idempotence::Safe,
+            )
+            .await?;
+        let answer = decode::<LeaseResponse<RefreshedLease>>(&body, op, app)?.lease();
+        if answer
+            .nonce
+            .as_ref()
+            .is_some_and(|n| n.expose_secret() != nonce.expose_secret())
+        {
+            return Err(FlyError::LeaseNonceChanged {
+                op,
+                app: app.to_string(),
+                machine: machine.to_string(),
+            });
+        }
+        Ok(Lease {
+            nonce: nonce.clone(),
+            expires_at: answer.expires_at,
+            owner: answer.owner,
+            description: answer.description,
+            version: answer.version,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -863,7 +922,7 @@ impl FlyClient {
         description: &str,
         nonce: Option<&SecretString>,
         idempotence: Idempotence,
-    ) -> Result<Lease, FlyError> {
+    ) -> Result<bytes::Bytes, FlyError> {
         let ttl = ttl.as_secs().max(1);
         let query = [("ttl", ttl.to_string())];
         let mut call = Call::new(op, Method::POST, app, Some(machine));
@@ -873,10 +932,7 @@ impl FlyClient {
         call.body = Some(serde_json::json!({ "ttl": ttl, "description": description }));
         call.nonce = nonce;
         call.idempotence = idempotence;
-        let body = self.send(call).await?;
-        match decode::<LeaseResponse>(&body, op, app)? {
-            LeaseResponse::Envelope { data } | LeaseResponse::Flat(data) => Ok(data),
-        }
+        self.send(call).await
     }
 
     /// Releases a lease we hold. A lease already gone (expired) is not an error.
@@ -1364,7 +1420,7 @@ mod tests {
             r#"{"status":"success","data":{"nonce":"n1","expires_at":5,"owner":"o"}}"#,
         )
         .unwrap();
-        let LeaseResponse::Envelope { data } = l else {
+        let LeaseResponse::<Lease>::Envelope { data } = l else {
             panic!("expected envelope")
         };
         assert_eq!(data.nonce.expose_secret(), "n1");

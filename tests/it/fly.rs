@@ -787,3 +787,94 @@ async fn a_token_past_the_deadline_ends_the_call_unsent() {
     let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
     assert!((m1[4] - 2.0).abs() < 0.1, "{m1:?}");
 }
+
+// ---- 429s and lease answers ------------------------------------------------------
+
+/// A 429 that outlasts the retries ends the call as `RateLimited`, with
+/// Fly's `Retry-After` when it sent one; an acquire answered 429 is one too
+/// (the executor skips the step rather than failing it).
+#[tokio::test(start_paused = true)]
+async fn a_429_that_outlasts_the_retries_is_rate_limited() {
+    for (retry_after, expected) in [(None, None), (Some("2"), Some(Duration::from_secs(2)))] {
+        let api = StandIn::start(move |_, _| {
+            Answer::Status(429, retry_after, r#"{"error":"rate limited"}"#.into())
+        })
+        .await;
+        let mut config = FlyClientConfig::new(&api.url);
+        config.max_retries = 2;
+        let fly = FlyClient::new(config, TOKEN).unwrap();
+        let err = fly
+            .acquire_lease("agents", "m1", Duration::from_secs(13), "rotation")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, FlyError::RateLimited { op: "acquire_lease", machine: Some(m), retry_after, .. }
+                if m == "m1" && *retry_after == expected),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), "rate_limited");
+        assert_eq!(api.arrivals().len(), 3, "1 try + 2 retries");
+    }
+}
+
+/// flyctl's rule: a refresh answered with another nonce is a lost lease;
+/// the same nonce, or none in the answer, is ours, extended.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
+    let api = StandIn::start(|n, _| match n {
+        0 => ok_json(r#"{"status":"success","data":{"nonce":"nonce-a","expires_at":100}}"#),
+        1 => ok_json(r#"{"status":"success","data":{"nonce":"nonce-a","expires_at":200}}"#),
+        2 => ok_json(r#"{"status":"success","data":{"expires_at":300}}"#),
+        _ => ok_json(r#"{"status":"success","data":{"nonce":"nonce-b","expires_at":400}}"#),
+    })
+    .await;
+    let fly = api.client();
+    let ttl = Duration::from_secs(13);
+    let lease = fly.acquire_lease("agents", "m1", ttl, "r").await.unwrap();
+    assert_eq!(lease.nonce.expose_secret(), "nonce-a");
+    for expires_at in [200, 300] {
+        let l = fly
+            .refresh_lease("agents", "m1", &lease.nonce, ttl, "r")
+            .await
+            .unwrap();
+        assert_eq!(
+            (l.nonce.expose_secret(), l.expires_at),
+            ("nonce-a", expires_at)
+        );
+    }
+    let err = fly
+        .refresh_lease("agents", "m1", &lease.nonce, ttl, "r")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, FlyError::LeaseNonceChanged { op: "refresh_lease", machine, .. } if machine == "m1"),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), "lease_nonce_changed");
+    assert!(
+        !err.to_string().contains("nonce-"),
+        "a nonce is never shown: {err}"
+    );
+}
+
+/// Restart's `timeout` overrides the app's `kill_timeout` at Fly: sent only
+/// when the caller gives one, so `None` leaves the app's own stop timeout.
+#[tokio::test(start_paused = true)]
+async fn restart_sends_a_timeout_only_when_given() {
+    let api = StandIn::start(|_, _| ok_json("{}")).await;
+    let fly = api.client();
+    fly.restart("agents", "m1", None, None).await.unwrap();
+    fly.restart("agents", "m1", Some(Duration::from_secs(300)), None)
+        .await
+        .unwrap();
+    let queries: Vec<(String, String)> = api
+        .arrivals()
+        .into_iter()
+        .map(|a| (a.path, a.query))
+        .collect();
+    let path = "/v1/apps/agents/machines/m1/restart".to_string();
+    assert_eq!(
+        queries,
+        [(path.clone(), String::new()), (path, "timeout=300s".into())]
+    );
+}

@@ -878,3 +878,114 @@ async fn restart_sends_a_timeout_only_when_given() {
         [(path.clone(), String::new()), (path, "timeout=300s".into())]
     );
 }
+
+// ---- the sweep against a host outage ------------------------------------------------
+
+/// A machine as Fly lists it, stopped (so it is not probed).
+fn listed(id: &str, host: &str, metadata: &str) -> String {
+    let config = if host == "ok" {
+        "config"
+    } else {
+        "incomplete_config"
+    };
+    format!(
+        r#"{{"id":"{id}","name":"{id}","state":"stopped","host_status":"{host}","{config}":{{"metadata":{metadata}}}}}"#
+    )
+}
+
+/// Defect 11, observe side: a machine whose host Fly cannot reach is
+/// reported as such, and never as "no hold, no marker, pool default": its
+/// pool comes from the coordinator's slot set when a slot names it, else
+/// its pool and restraining controls (hold, marker) are carried from its
+/// last listing; an approval is never carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_not_empty() {
+    use fleet_reconciler::daemon::{self, Secrets};
+    use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, SLOTS_KEY};
+    use fleet_reconciler::observe::sweep::LastListings;
+
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outage = down.clone();
+    let slots = serde_json::json!({
+        "version": 1,
+        "pools": {"agents/dispatch": [{"machine_id": "m3", "tag": "t3", "owner": "r1", "since": "2026-12-01T00:00:00Z"}]}
+    })
+    .to_string();
+    let coordinator = listed(
+        "c0",
+        "ok",
+        &serde_json::json!({ SLOTS_KEY: slots }).to_string(),
+    );
+    let api = StandIn::start(move |_, path| {
+        if path == "/v1/apps/coord/machines/c0" {
+            return ok_json(&coordinator);
+        }
+        let host = if outage.load(Ordering::SeqCst) { "unreachable" } else { "ok" };
+        let m2 = serde_json::json!({"pool": "dispatch", HOLD_KEY: "ops: incident 7", APPROVE_KEY: "not an approval"});
+        // m3's host is always down and it was never listed otherwise.
+        ok_json(&format!(
+            "[{},{},{}]",
+            listed("m1", "ok", r#"{"pool":"dispatch"}"#),
+            listed("m2", host, &m2.to_string()),
+            listed("m3", "unreachable", "{}"),
+        ))
+    })
+    .await;
+    let overlay = crate::common::OverlayRepo::new();
+    let text = overlay
+        .config(&api.url, "mirror.git")
+        .app("agents", None)
+        .with("pool_key = \"pool\"\n[rotation]\ncoordinator = \"coord/c0\"")
+        .text();
+    let config = Arc::new(
+        fleet_reconciler::config::Config::parse(std::path::Path::new("t.toml"), &text).unwrap(),
+    );
+    let secrets = Secrets {
+        fly_token: TOKEN.into(),
+        git_token: None,
+    };
+    let sweeper = within(daemon::connect(config, &secrets)).await.unwrap();
+    let mut listings = LastListings::default();
+    let first_at = chrono::Utc::now();
+    let mut first = within(daemon::check(&sweeper)).await.unwrap();
+    listings.carry(&mut first, first_at);
+    let m2 = first
+        .machines
+        .iter()
+        .find(|m| m.machine_id == "m2")
+        .unwrap();
+    assert!(m2.inputs.metadata_unknown.is_none());
+    assert!(m2.inputs.controls.is_held());
+
+    down.store(true, Ordering::SeqCst);
+    let mut second = within(daemon::check(&sweeper)).await.unwrap();
+    listings.carry(&mut second, chrono::Utc::now());
+    let row = |id: &str| second.machines.iter().find(|m| m.machine_id == id).unwrap();
+    let m2 = row("m2");
+    assert!(m2.inputs.metadata_unknown.is_some());
+    assert!(
+        m2.inputs.metadata.is_empty(),
+        "unknown metadata is never read"
+    );
+    assert_eq!(m2.pool, "dispatch", "the pool as last listed, not default");
+    assert!(m2.inputs.controls.is_held(), "the hold as last listed");
+    assert!(
+        m2.inputs.controls.approval.is_none(),
+        "an approval is never carried"
+    );
+    let detail = m2.detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("host") && detail.contains("last listed"),
+        "{detail}"
+    );
+    let m3 = row("m3");
+    assert_eq!(m3.pool, "dispatch", "the pool its coordinator slot names");
+    let detail = m3.detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("host") && detail.contains("slot"),
+        "{detail}"
+    );
+    // The machine whose host is fine is unaffected.
+    let m1 = row("m1");
+    assert!(m1.inputs.metadata_unknown.is_none() && m1.detail.is_none());
+}

@@ -1040,6 +1040,7 @@ impl FlyClient {
                 None => None,
             };
             let timeout = left.map_or(full_timeout, |left| full_timeout.min(left));
+            let cut = timeout < full_timeout;
             let mut req = self
                 .http
                 .request(call.method.clone(), url.clone())
@@ -1078,9 +1079,7 @@ impl FlyClient {
                                 machine: call.machine.map(str::to_string),
                                 limit: call.max_body,
                             },
-                            Capped::Transport(e) if e.is_timeout() && self.deadline.is_some() => {
-                                call.cut_at_deadline()
-                            }
+                            Capped::Transport(e) if e.is_timeout() && cut => call.cut_at_deadline(),
                             Capped::Transport(e) => call.transport(&e),
                         });
                     }
@@ -1106,7 +1105,7 @@ impl FlyClient {
                     }
                     // An attempt the deadline cut: it is not repeated, and a
                     // write it carried may have landed.
-                    if e.is_timeout() && timeout < full_timeout {
+                    if e.is_timeout() && cut {
                         return Err(call.cut_at_deadline());
                     }
                     let error = call.transport(&e);

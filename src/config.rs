@@ -523,6 +523,20 @@ impl HealthUrlTemplate {
         Ok(())
     }
 
+    /// Placeholders that tell one machine from another: a template needs
+    /// one, or every machine of the app is probed at the same URL and the
+    /// probe that authorizes a restart may judge another machine (the
+    /// report carries no identity). `{name}` is not one: Fly does not
+    /// document machine names as unique.
+    pub const MACHINE_PLACEHOLDERS: [&'static str; 2] = ["machine_id", "private_ip"];
+
+    /// Whether the URL differs per machine (see [`Self::MACHINE_PLACEHOLDERS`]).
+    pub fn names_one_machine(&self) -> bool {
+        Self::MACHINE_PLACEHOLDERS
+            .iter()
+            .any(|p| self.text.contains(&format!("{{{p}}}")))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -750,6 +764,16 @@ impl Config {
                 app.health_url
                     .refuse_host(fly)
                     .map_err(|m| invalid(format!("apps[{i}].health_url"), Some(span.clone()), m))?;
+            }
+            if !app.health_url.names_one_machine() {
+                return Err(invalid(
+                    format!("apps[{i}].health_url"),
+                    Some(span),
+                    format!(
+                        "the health URL of app {:?} has no per-machine placeholder ({{machine_id}} or {{private_ip}}): every machine would be probed at the same URL, so one agent's report could authorize restarting another; e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
+                        crate::text::bounded(&app.name, 64)
+                    ),
+                ));
             }
             if app.name.trim().is_empty() {
                 return Err(invalid(
@@ -1386,6 +1410,37 @@ name = "agents"
         assert_eq!(url.as_deref(), Ok("http://[fdaa::3]:8080/b/ams/n1"));
     }
 
+    /// A URL the same for every machine of the app would let one agent's
+    /// report stand for another's (the fresh probe before a restart
+    /// included): refused, naming the key and the app.
+    #[test]
+    fn a_health_url_must_name_one_machine() {
+        for template in [
+            "http://agents.internal:8080/health",
+            "http://{app}.internal:8080/{region}/health",
+            "http://{name}.{app}.internal:8080/health",
+        ] {
+            let e = err(&format!(
+                "{MINIMAL}\n[[apps]]\nname = \"edge\"\nhealth_url = \"{template}\"\n"
+            ));
+            assert!(
+                e.contains("apps[1].health_url")
+                    && e.contains("\"edge\"")
+                    && e.contains("{machine_id}"),
+                "{template}: {e}"
+            );
+        }
+        for template in [
+            "http://{machine_id}.vm.{app}.internal:8080/health",
+            "http://[{private_ip}]:8080/health",
+        ] {
+            parse(&format!(
+                "{MINIMAL}\n[[apps]]\nname = \"edge\"\nhealth_url = \"{template}\"\n"
+            ))
+            .unwrap();
+        }
+    }
+
     fn vars<'a>(machine_id: &'a str, name: &'a str) -> UrlVars<'a> {
         UrlVars {
             machine_id,
@@ -1468,7 +1523,7 @@ name = "agents"
         }
         // A host made of placeholders is checked per machine.
         let c = parse(&format!(
-            "[fly]\napi_url = \"https://api.machines.dev\"\n{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"https://{{name}}.machines.dev/health\"\n"
+            "[fly]\napi_url = \"https://api.machines.dev\"\n{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"https://{{name}}.machines.dev/{{machine_id}}/health\"\n"
         ))
         .unwrap();
         let t = &c.apps[1].health_url;

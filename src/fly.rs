@@ -4,19 +4,28 @@
 //! §3, which names the OpenAPI spec it follows). It retries
 //! transient failures (408, 429, 5xx, connection refused) with jittered
 //! exponential backoff honouring `Retry-After`, but only where a retry cannot
-//! do the action twice. It reads answers only up to a size cap
-//! ([`MAX_LIST_BODY_BYTES`], [`MAX_BODY_BYTES`]). It must never decide
-//! anything, never log or return the token, and never steal or clear a
-//! lease it does not hold.
+//! do the action twice. A client made [`FlyClient::within`] a deadline (a
+//! lease's validity) never sends nor retries a call at or after it: each
+//! attempt's timeout is cut to the time left, and a retry whose wait would
+//! end past it is not waited for ([`FlyError::PastDeadline`],
+//! [`FlyError::RateLimited`], or the error the last attempt got). Every
+//! attempt first waits for a token of its (app, machine, action) bucket
+//! ([`RateLimits`], Fly's documented limits), shared by all clones; a token
+//! that would come past the deadline ends the call unsent. It reads
+//! answers only up to a size cap ([`MAX_LIST_BODY_BYTES`],
+//! [`MAX_BODY_BYTES`]). It must never decide anything, never log or return
+//! the token, and never steal or clear a lease it does not hold.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::model::MachineState;
 
@@ -189,9 +198,32 @@ pub struct Lease {
 /// lease flat. Accept both.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum LeaseResponse {
-    Envelope { data: Lease },
-    Flat(Lease),
+enum LeaseResponse<L = Lease> {
+    Envelope { data: L },
+    Flat(L),
+}
+
+impl<L> LeaseResponse<L> {
+    fn lease(self) -> L {
+        match self {
+            LeaseResponse::Envelope { data } | LeaseResponse::Flat(data) => data,
+        }
+    }
+}
+
+/// A refresh's answer: the nonce may be absent (then it is ours).
+#[derive(Deserialize)]
+struct RefreshedLease {
+    #[serde(default)]
+    nonce: Option<SecretString>,
+    #[serde(default)]
+    expires_at: i64,
+    #[serde(default)]
+    owner: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    version: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +256,14 @@ pub enum FlyError {
         "Fly API: {op} on machine {machine} of app {app}: machine version changed (412), re-read and retry"
     )]
     StaleVersion {
+        op: &'static str,
+        app: String,
+        machine: String,
+    },
+    #[error(
+        "Fly API: {op} on machine {machine} of app {app}: the lease came back with another nonce: ours is lost, someone else holds the machine"
+    )]
+    LeaseNonceChanged {
         op: &'static str,
         app: String,
         machine: String,
@@ -262,6 +302,20 @@ pub enum FlyError {
         machine: Option<String>,
         limit: usize,
     },
+    #[error("Fly API: {op} for app {app}{}: not sent, the caller's deadline (its lease) has passed", machine_suffix(.machine))]
+    PastDeadline {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+    },
+    #[error("Fly API: {op} for app {app}{}: rate limited{}", machine_suffix(.machine), retry_after_suffix(.retry_after))]
+    RateLimited {
+        op: &'static str,
+        app: String,
+        machine: Option<String>,
+        /// How long Fly (its `Retry-After`) or our own limiter asked to wait.
+        retry_after: Option<Duration>,
+    },
     #[error("Fly API: {op} for app {app}: unexpected response body: {message}")]
     Decode {
         op: &'static str,
@@ -280,6 +334,12 @@ fn human_bytes(n: usize) -> String {
     }
 }
 
+fn retry_after_suffix(retry_after: &Option<Duration>) -> String {
+    retry_after
+        .map(|d| format!(" (retry after {})", humantime::format_duration(d)))
+        .unwrap_or_default()
+}
+
 fn machine_suffix(machine: &Option<String>) -> String {
     machine
         .as_deref()
@@ -295,13 +355,155 @@ impl FlyError {
             FlyError::NotFound { .. } => "not_found",
             FlyError::LeaseConflict { .. } => "lease_conflict",
             FlyError::StaleVersion { .. } => "stale_version",
+            FlyError::LeaseNonceChanged { .. } => "lease_nonce_changed",
             FlyError::WaitTimeout { .. } => "wait_timeout",
             FlyError::Status { .. } => "status",
             FlyError::Transport { .. } => "transport",
             FlyError::OutcomeUnknown { .. } => "outcome_unknown",
             FlyError::TooLarge { .. } => "too_large",
+            FlyError::PastDeadline { .. } => "past_deadline",
+            FlyError::RateLimited { .. } => "rate_limited",
             FlyError::Decode { .. } => "decode",
         }
+    }
+}
+
+// ---- client-side rate limits ------------------------------------------------------
+
+/// One token bucket's shape: `burst` calls at once, then one per `interval`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub interval: Duration,
+    pub burst: u32,
+}
+
+impl Rate {
+    /// `per_second` calls a second, `burst` at once.
+    pub const fn per_second(per_second: u32, burst: u32) -> Rate {
+        Rate {
+            interval: Duration::from_nanos(1_000_000_000 / per_second as u64),
+            burst,
+        }
+    }
+}
+
+/// The client's own limits, mirroring Fly's documented ones so that our
+/// traffic is spaced before Fly answers 429 (FLY-REALITY.md, "Limits").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Each action on one machine (restart, stop, start, wait, cordon,
+    /// uncordon, the lease endpoint, metadata writes): Fly documents 1/s,
+    /// burst 3, per action per machine.
+    pub action: Rate,
+    /// `get_machine` of one machine: Fly documents 5/s, burst 10.
+    pub get_machine: Rate,
+    /// `list_machines` of one app. Fly documents no limit for it (unknown):
+    /// this takes the read limit of get-machine, per app. Erring lax here
+    /// is safe: a 429 on a list is retried and at worst delays one sweep
+    /// of that app (reported stale), it never fails an action.
+    pub list: Rate,
+}
+
+impl RateLimits {
+    /// Fly's documented limits.
+    pub const FLY: RateLimits = RateLimits {
+        action: Rate::per_second(1, 3),
+        get_machine: Rate::per_second(5, 10),
+        list: Rate::per_second(5, 10),
+    };
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits::FLY
+    }
+}
+
+/// Which bucket a call draws from: one per app, machine and action.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BucketKey {
+    app: String,
+    machine: Option<String>,
+    action: &'static str,
+}
+
+/// Token buckets shared by every clone of a client (GCRA: each bucket is the
+/// instant its next call would be due were the bucket never allowed to burst).
+#[derive(Debug)]
+struct RateLimiter {
+    limits: RateLimits,
+    buckets: std::sync::Mutex<Buckets>,
+}
+
+#[derive(Debug)]
+struct Buckets {
+    due: HashMap<BucketKey, Instant>,
+    /// Size at which idle buckets are next dropped.
+    prune_at: usize,
+}
+
+/// Buckets kept before idle ones are dropped (a bucket is idle once it is
+/// full again, and then the same as no bucket at all).
+const MIN_PRUNE_AT: usize = 1024;
+
+impl RateLimiter {
+    fn new(limits: RateLimits) -> RateLimiter {
+        RateLimiter {
+            limits,
+            buckets: std::sync::Mutex::new(Buckets {
+                due: HashMap::new(),
+                prune_at: MIN_PRUNE_AT,
+            }),
+        }
+    }
+
+    fn rate(&self, action: &str) -> Rate {
+        match action {
+            "get_machine" => self.limits.get_machine,
+            "list_machines" => self.limits.list,
+            _ => self.limits.action,
+        }
+    }
+
+    /// Takes the next token of `key`'s bucket: the instant the call may be
+    /// sent. A token that would come at or after `deadline` is not taken:
+    /// `Err` with how long it would have been.
+    fn reserve(
+        &self,
+        key: BucketKey,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Instant, Duration> {
+        let rate = self.rate(key.action);
+        let tolerance = rate.interval * rate.burst.saturating_sub(1);
+        // A poisoned lock only means another call panicked mid-update of a
+        // map of instants: still usable.
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if buckets.due.len() >= buckets.prune_at {
+            buckets.due.retain(|_, due| *due > now);
+            buckets.prune_at = (buckets.due.len() * 2).max(MIN_PRUNE_AT);
+        }
+        let due = buckets.due.get(&key).copied().unwrap_or(now).max(now);
+        let send_at = now.max(due.checked_sub(tolerance).unwrap_or(now));
+        if let Some(d) = deadline
+            && send_at >= d
+        {
+            return Err(send_at - now);
+        }
+        buckets.due.insert(key, due + rate.interval);
+        Ok(send_at)
+    }
+
+    #[cfg(test)]
+    fn buckets(&self) -> usize {
+        self.buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .due
+            .len()
     }
 }
 
@@ -315,6 +517,9 @@ pub struct FlyClientConfig {
     /// First backoff step; doubles each retry, capped at `max_backoff`.
     pub base_backoff: Duration,
     pub max_backoff: Duration,
+    /// The client's own per-machine, per-action rate limits ([`RateLimits`],
+    /// Fly's documented ones by default); `None` switches them off.
+    pub rate_limits: Option<RateLimits>,
 }
 
 impl FlyClientConfig {
@@ -325,6 +530,7 @@ impl FlyClientConfig {
             max_retries: 4,
             base_backoff: Duration::from_millis(250),
             max_backoff: Duration::from_secs(10),
+            rate_limits: Some(RateLimits::FLY),
         }
     }
 }
@@ -338,6 +544,10 @@ pub struct FlyClient {
     base: url::Url,
     config: FlyClientConfig,
     observer: Option<RequestObserver>,
+    /// Set by [`FlyClient::within`]: no attempt is sent at or after it.
+    deadline: Option<Instant>,
+    /// Shared by every clone, so one machine's budget is one budget.
+    limiter: Option<Arc<RateLimiter>>,
 }
 
 impl fmt::Debug for FlyClient {
@@ -372,6 +582,9 @@ struct Call<'a> {
     extra_timeout: Duration,
     /// Largest success answer read ([`MAX_BODY_BYTES`] unless raised).
     max_body: usize,
+    /// The rate-limit bucket's action: the op, unless several ops share
+    /// one endpoint (and so, at worst, one limit at Fly).
+    bucket: &'static str,
 }
 
 impl<'a> Call<'a> {
@@ -388,6 +601,57 @@ impl<'a> Call<'a> {
             idempotence: Idempotence::Safe,
             extra_timeout: Duration::ZERO,
             max_body: MAX_BODY_BYTES,
+            bucket: op,
+        }
+    }
+}
+
+impl Call<'_> {
+    fn machine(&self) -> Option<String> {
+        self.machine.map(str::to_string)
+    }
+
+    fn past_deadline(&self) -> FlyError {
+        FlyError::PastDeadline {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+        }
+    }
+
+    fn rate_limited(&self, retry_after: Option<Duration>) -> FlyError {
+        FlyError::RateLimited {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+            retry_after,
+        }
+    }
+
+    fn outcome_unknown(&self) -> FlyError {
+        FlyError::OutcomeUnknown {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+        }
+    }
+
+    /// An attempt that timed out because the deadline came: a read simply
+    /// did not happen in time; a write may have landed.
+    fn cut_at_deadline(&self) -> FlyError {
+        if self.method == Method::GET {
+            self.past_deadline()
+        } else {
+            self.outcome_unknown()
+        }
+    }
+
+    fn transport(&self, e: &reqwest::Error) -> FlyError {
+        FlyError::Transport {
+            op: self.op,
+            app: self.app.to_string(),
+            machine: self.machine(),
+            message: crate::http::describe(e),
         }
     }
 }
@@ -437,14 +701,24 @@ impl FlyClient {
         Ok(FlyClient {
             http,
             base,
+            limiter: config.rate_limits.map(|l| Arc::new(RateLimiter::new(l))),
             config,
             observer: None,
+            deadline: None,
         })
     }
 
     pub fn with_observer(mut self, observer: RequestObserver) -> FlyClient {
         self.observer = Some(observer);
         self
+    }
+
+    /// A clone of this client whose every call ends by `deadline` (a
+    /// lease's validity): never sent nor retried at or after it.
+    pub fn within(&self, deadline: Instant) -> FlyClient {
+        let mut c = self.clone();
+        c.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+        c
     }
 
     // ---- reads -------------------------------------------------------------
@@ -521,7 +795,13 @@ impl FlyClient {
         state: &str,
         timeout: Duration,
     ) -> Result<(), FlyError> {
-        let secs = timeout.as_secs().clamp(1, 60);
+        let mut secs = timeout.as_secs().clamp(1, 60);
+        // Under a deadline Fly is asked to answer within the time left, so
+        // the long-poll ends with Fly's 408 rather than cut by us.
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now()).as_secs();
+            secs = secs.min(left.max(1));
+        }
         let query = [("state", state.to_string()), ("timeout", secs.to_string())];
         let mut call = Call::new("wait", Method::GET, app, Some(machine));
         call.segments = &["wait"];
@@ -564,7 +844,8 @@ impl FlyClient {
 
     // ---- leases --------------------------------------------------------------
 
-    /// Takes a new lease; `FlyError::LeaseConflict` when someone else holds one.
+    /// Takes a new lease; `FlyError::LeaseConflict` when someone else holds
+    /// one, `FlyError::RateLimited` when Fly (or our own limit) says not now.
     pub async fn acquire_lease(
         &self,
         app: &str,
@@ -572,19 +853,24 @@ impl FlyClient {
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
-        self.lease_post(
-            "acquire_lease",
-            app,
-            machine,
-            ttl,
-            description,
-            None,
-            Idempotence::Unsafe,
-        )
-        .await
+        let op = "acquire_lease";
+        let body = self
+            .lease_post(
+                op,
+                app,
+                machine,
+                ttl,
+                description,
+                None,
+                Idempotence::Unsafe,
+            )
+            .await?;
+        Ok(decode::<LeaseResponse>(&body, op, app)?.lease())
     }
 
-    /// Extends a lease we hold.
+    /// Extends a lease we hold. An answer carrying another nonce means the
+    /// lease is no longer ours (as flyctl judges it):
+    /// `FlyError::LeaseNonceChanged`.
     pub async fn refresh_lease(
         &self,
         app: &str,
@@ -593,16 +879,37 @@ impl FlyClient {
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
-        self.lease_post(
-            "refresh_lease",
-            app,
-            machine,
-            ttl,
-            description,
-            Some(nonce),
-            Idempotence::Safe,
-        )
-        .await
+        let op = "refresh_lease";
+        let body = self
+            .lease_post(
+                op,
+                app,
+                machine,
+                ttl,
+                description,
+                Some(nonce),
+                Idempotence::Safe,
+            )
+            .await?;
+        let answer = decode::<LeaseResponse<RefreshedLease>>(&body, op, app)?.lease();
+        if answer
+            .nonce
+            .as_ref()
+            .is_some_and(|n| n.expose_secret() != nonce.expose_secret())
+        {
+            return Err(FlyError::LeaseNonceChanged {
+                op,
+                app: app.to_string(),
+                machine: machine.to_string(),
+            });
+        }
+        Ok(Lease {
+            nonce: nonce.clone(),
+            expires_at: answer.expires_at,
+            owner: answer.owner,
+            description: answer.description,
+            version: answer.version,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -615,19 +922,17 @@ impl FlyClient {
         description: &str,
         nonce: Option<&SecretString>,
         idempotence: Idempotence,
-    ) -> Result<Lease, FlyError> {
+    ) -> Result<bytes::Bytes, FlyError> {
         let ttl = ttl.as_secs().max(1);
         let query = [("ttl", ttl.to_string())];
         let mut call = Call::new(op, Method::POST, app, Some(machine));
         call.segments = &["lease"];
+        call.bucket = "lease";
         call.query = &query;
         call.body = Some(serde_json::json!({ "ttl": ttl, "description": description }));
         call.nonce = nonce;
         call.idempotence = idempotence;
-        let body = self.send(call).await?;
-        match decode::<LeaseResponse>(&body, op, app)? {
-            LeaseResponse::Envelope { data } | LeaseResponse::Flat(data) => Ok(data),
-        }
+        self.send(call).await
     }
 
     /// Releases a lease we hold. A lease already gone (expired) is not an error.
@@ -639,6 +944,7 @@ impl FlyClient {
     ) -> Result<(), FlyError> {
         let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
         call.segments = &["lease"];
+        call.bucket = "lease";
         call.nonce = Some(nonce);
         match self.send(call).await {
             Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
@@ -659,6 +965,7 @@ impl FlyClient {
         let segments = ["metadata", key];
         let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
         call.segments = &segments;
+        call.bucket = "metadata";
         call.body = Some(serde_json::json!({ "value": value }));
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -674,6 +981,7 @@ impl FlyClient {
         let segments = ["metadata", key];
         let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
         call.segments = &segments;
+        call.bucket = "metadata";
         call.nonce = nonce;
         match self.send(call).await {
             Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
@@ -705,9 +1013,34 @@ impl FlyClient {
 
     async fn send(&self, call: Call<'_>) -> Result<bytes::Bytes, FlyError> {
         let url = self.url(&call);
-        let timeout = self.config.request_timeout + call.extra_timeout;
+        let full_timeout = self.config.request_timeout + call.extra_timeout;
         let mut attempt = 0u32;
         loop {
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(call.past_deadline());
+            }
+            // Every attempt (a retry too) spends a token: Fly counts it.
+            if let Some(limiter) = &self.limiter {
+                let key = BucketKey {
+                    app: call.app.to_string(),
+                    machine: call.machine(),
+                    action: call.bucket,
+                };
+                match limiter.reserve(key, Instant::now(), self.deadline) {
+                    Ok(at) => tokio::time::sleep_until(at).await,
+                    Err(wait) => return Err(call.rate_limited(Some(wait))),
+                }
+            }
+            // Nothing is sent at or after the deadline: past it the caller's
+            // lease may be someone else's.
+            let now = Instant::now();
+            let left = match self.deadline {
+                Some(d) if now >= d => return Err(call.past_deadline()),
+                Some(d) => Some(d - now),
+                None => None,
+            };
+            let timeout = left.map_or(full_timeout, |left| full_timeout.min(left));
+            let cut = timeout < full_timeout;
             let mut req = self
                 .http
                 .request(call.method.clone(), url.clone())
@@ -732,9 +1065,9 @@ impl FlyClient {
             if let Some(body) = &call.body {
                 req = req.json(body);
             }
-            let retries_left = attempt < self.config.max_retries;
             let outcome = req.send().await;
-            let (retry, wait_hint) = match outcome {
+            // The error this attempt ends the call with unless it is retried.
+            let (error, wait_hint) = match outcome {
                 Ok(resp) => {
                     let status = resp.status();
                     self.observe(call.op, status.as_str());
@@ -746,12 +1079,8 @@ impl FlyClient {
                                 machine: call.machine.map(str::to_string),
                                 limit: call.max_body,
                             },
-                            Capped::Transport(e) => FlyError::Transport {
-                                op: call.op,
-                                app: call.app.to_string(),
-                                machine: call.machine.map(str::to_string),
-                                message: crate::http::describe(&e),
-                            },
+                            Capped::Transport(e) if e.is_timeout() && cut => call.cut_at_deadline(),
+                            Capped::Transport(e) => call.transport(&e),
                         });
                     }
                     let retry_after = parse_retry_after(resp.headers());
@@ -759,11 +1088,12 @@ impl FlyClient {
                         || (call.idempotence == Idempotence::Safe
                             && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
                                 || status.is_server_error()));
-                    if !(transient && retries_left) {
-                        let text = read_error_body(resp).await;
-                        return Err(status_error(&call, status, &text));
+                    let text = read_error_body(resp).await;
+                    let error = status_error(&call, status, &text, retry_after);
+                    if !transient {
+                        return Err(error);
                     }
-                    (true, retry_after)
+                    (error, retry_after)
                 }
                 Err(e) => {
                     let kind = if e.is_timeout() { "timeout" } else { "error" };
@@ -771,25 +1101,23 @@ impl FlyClient {
                     // A connect error means the request never left: always safe to repeat.
                     let never_sent = e.is_connect();
                     if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
-                        return Err(FlyError::OutcomeUnknown {
-                            op: call.op,
-                            app: call.app.to_string(),
-                            machine: call.machine.map(str::to_string),
-                        });
+                        return Err(call.outcome_unknown());
                     }
-                    let retryable = never_sent || call.idempotence == Idempotence::Safe;
-                    if !(retryable && retries_left) {
-                        return Err(FlyError::Transport {
-                            op: call.op,
-                            app: call.app.to_string(),
-                            machine: call.machine.map(str::to_string),
-                            message: crate::http::describe(&e),
-                        });
+                    // An attempt the deadline cut: it is not repeated, and a
+                    // write it carried may have landed.
+                    if e.is_timeout() && cut {
+                        return Err(call.cut_at_deadline());
                     }
-                    (true, None)
+                    let error = call.transport(&e);
+                    if !(never_sent || call.idempotence == Idempotence::Safe) {
+                        return Err(error);
+                    }
+                    (error, None)
                 }
             };
-            debug_assert!(retry);
+            if attempt >= self.config.max_retries {
+                return Err(error);
+            }
             let delay = backoff(
                 attempt,
                 self.config.base_backoff,
@@ -797,6 +1125,11 @@ impl FlyClient {
                 wait_hint,
                 fastrand::f64(),
             );
+            // A retry that could only be sent at or past the deadline is not
+            // waited for: the caller learns now, while its lease holds.
+            if self.deadline.is_some_and(|d| Instant::now() + delay >= d) {
+                return Err(error);
+            }
             tracing::debug!(
                 op = call.op,
                 app = call.app,
@@ -887,7 +1220,12 @@ fn httpdate_to_system_time(v: &str) -> Option<std::time::SystemTime> {
         .map(|d| std::time::SystemTime::from(d.with_timezone(&chrono::Utc)))
 }
 
-fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
+fn status_error(
+    call: &Call<'_>,
+    status: StatusCode,
+    body: &str,
+    retry_after: Option<Duration>,
+) -> FlyError {
     #[derive(Deserialize)]
     struct ErrorBody {
         error: Option<String>,
@@ -921,6 +1259,12 @@ fn status_error(call: &Call<'_>, status: StatusCode, body: &str) -> FlyError {
             op: call.op,
             app,
             machine: machine.unwrap_or_default(),
+        },
+        429 => FlyError::RateLimited {
+            op: call.op,
+            app,
+            machine,
+            retry_after,
         },
         code => FlyError::Status {
             op: call.op,
@@ -981,6 +1325,53 @@ mod tests {
         );
     }
 
+    fn key(machine: &str, action: &'static str) -> BucketKey {
+        BucketKey {
+            app: "a".into(),
+            machine: Some(machine.into()),
+            action,
+        }
+    }
+
+    #[test]
+    fn a_bucket_refills_and_idle_buckets_are_dropped() {
+        let limiter = RateLimiter::new(RateLimits::FLY);
+        let t0 = Instant::now();
+        let secs = |n: u64| t0 + Duration::from_secs(n);
+        let sends: Vec<Instant> = (0..5)
+            .map(|_| limiter.reserve(key("m", "restart"), t0, None).unwrap())
+            .collect();
+        assert_eq!(sends, [t0, t0, t0, secs(1), secs(2)]);
+        // Refused past a deadline: the token is not taken.
+        assert_eq!(
+            limiter.reserve(key("m", "restart"), t0, Some(secs(3))),
+            Err(Duration::from_secs(3))
+        );
+        assert_eq!(
+            limiter.reserve(key("m", "restart"), t0, Some(secs(4))),
+            Ok(secs(3))
+        );
+        // Long idle: a full burst again.
+        let later = secs(100);
+        let sends: Vec<Instant> = (0..4)
+            .map(|_| limiter.reserve(key("m", "restart"), later, None).unwrap())
+            .collect();
+        assert_eq!(sends, [later, later, later, later + Duration::from_secs(1)]);
+
+        // Memory: thousands of machines each touched once, one second
+        // apart, keep only the buckets not yet full again.
+        for i in 0..10_000u64 {
+            limiter
+                .reserve(key(&format!("m{i}"), "cordon"), secs(200 + i), None)
+                .unwrap();
+        }
+        assert!(
+            limiter.buckets() <= 2 * MIN_PRUNE_AT,
+            "{} buckets kept",
+            limiter.buckets()
+        );
+    }
+
     #[test]
     fn machine_decodes_spec_shape_with_null_metadata() {
         let m: Machine = serde_json::from_str(
@@ -1028,7 +1419,7 @@ mod tests {
             r#"{"status":"success","data":{"nonce":"n1","expires_at":5,"owner":"o"}}"#,
         )
         .unwrap();
-        let LeaseResponse::Envelope { data } = l else {
+        let LeaseResponse::<Lease>::Envelope { data } = l else {
             panic!("expected envelope")
         };
         assert_eq!(data.nonce.expose_secret(), "n1");

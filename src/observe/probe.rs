@@ -230,10 +230,12 @@ fn parse_unbounded(body: &[u8]) -> ProbeOutcome {
         return ProbeOutcome::BadReport("missing required field `overlay_ref`".into());
     };
     let r = r.trim();
-    if r.is_empty() || r.len() > 40 || !r.bytes().all(|b| b.is_ascii_hexdigit()) {
+    // docs/agent-contract.md: 4 to 40 hex digits. Shorter is no usable
+    // abbreviation: it is a bad report, not an ambiguous ref.
+    if !(4..=40).contains(&r.len()) || !r.bytes().all(|b| b.is_ascii_hexdigit()) {
         let shown: String = r.chars().take(64).collect();
         return ProbeOutcome::BadReport(format!(
-            "`overlay_ref` {shown:?} is not a hex commit id (1 to 40 hex digits)"
+            "`overlay_ref` {shown:?} is not a hex commit id (4 to 40 hex digits)"
         ));
     }
     if let Some(tag) = wire.rotation.as_ref().and_then(|r| r.checkpoint.as_deref())
@@ -309,6 +311,16 @@ mod tests {
         assert!(bad(r#"{"activity":"idle"}"#).contains("overlay_ref"));
         assert!(bad(r#"{"overlay_ref":"release-2026-11"}"#).contains("not a hex commit id"));
         assert!(bad(r#"{"overlay_ref":""}"#).contains("not a hex"));
+        // The contract says 4 to 40 digits: a shorter ref names no commit
+        // reliably (and would pass for "on target" by prefix).
+        for short in ["a", "ab", "abc"] {
+            let why = bad(&format!(r#"{{"overlay_ref":"{short}"}}"#));
+            assert!(why.contains("4 to 40 hex digits"), "{why}");
+        }
+        assert!(matches!(
+            parse_report(br#"{"overlay_ref":"abcd"}"#),
+            ProbeOutcome::Report(_)
+        ));
         assert!(bad(&format!(r#"{{"overlay_ref":"{}"}}"#, "a".repeat(41))).contains("not a hex"));
         assert!(bad(r#"{"overlay_ref":7}"#).contains("overlay_ref"));
         assert!(bad(r#"{"overlay_ref":"abcd","activity":"sleeping"}"#).contains("activity"));

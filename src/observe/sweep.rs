@@ -9,6 +9,10 @@
 //! invalidates what the other apps' listings say. Only failures that make the
 //! whole picture untrustworthy (no app can be listed, git failing) fail the
 //! sweep. [`LastListings`] lets the daemon show a stale app's last listing.
+//! A machine whose metadata is unknown (its host is not `ok`) is never
+//! shown as "no hold, no marker, pool default": its row says its metadata is
+//! unknown, its pool comes from its coordinator slot or its last known
+//! listing, and its hold and marker from that listing.
 //! It must never mutate anything: no Fly writes, no agent POSTs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -111,7 +115,9 @@ pub struct MachineReport {
     pub commits_ahead: Option<u64>,
     pub severity: Option<Severity>,
     pub action: Option<PolicyAction>,
-    /// Why a machine is unreachable or its report bad; null otherwise.
+    /// Why a machine is unreachable or its report bad, and whether its
+    /// metadata is unknown (its host is not `ok`) and where its pool and
+    /// controls come from then; null otherwise.
     #[serde(default)]
     pub detail: Option<String>,
     /// Why a drifted machine (`drifted`, `unknown_ref`, `ambiguous_ref`)
@@ -135,7 +141,9 @@ pub struct MachineInputs {
     /// The agent's parsed report, for the planner.
     pub report: Option<AgentReport>,
     /// The hold, approval, marker and probe-failure record in `metadata`,
-    /// parsed once by [`build_report`].
+    /// parsed once by [`build_report`]. While `metadata_unknown`: the hold
+    /// and marker of the machine's last listing that knew them
+    /// ([`LastListings::carry`]), never an approval; empty when none did.
     pub controls: Controls,
     /// The machine's Fly metadata, as listed. Empty, and not to be read,
     /// while `metadata_unknown` says why it cannot be known.
@@ -143,7 +151,9 @@ pub struct MachineInputs {
     /// Why the metadata (and with it the hold, approval, marker and pool
     /// label) is unknown: the host is not `ok` (Fly shows only
     /// `incomplete_config`) or the listing carried no config. `None`: known.
-    /// Unknown is never empty: nothing may be planned from `metadata` then.
+    /// Unknown is never empty: nothing may be planned from `metadata` then;
+    /// the row's `pool` is then the one its coordinator slot names, else
+    /// its last known one, else `default` (the row's `detail` says which).
     pub metadata_unknown: Option<String>,
     /// The machine's version as listed: a restart keeps it, an outside
     /// update (`fly deploy`, `fly machine update`) changes it.
@@ -397,6 +407,7 @@ impl Sweeper {
             }
         }
         report.slots = slots;
+        pools_from_slots(&mut report);
         Ok(Observation(report))
     }
 
@@ -428,7 +439,8 @@ impl Sweeper {
     ) -> MachineReport {
         // Unknown is never empty: a host Fly cannot reach keeps its metadata
         // out of `metadata`, and says why.
-        let metadata_unknown = m.known_metadata().err().map(|e| e.to_string());
+        let unknown = m.known_metadata().err();
+        let metadata_unknown = unknown.as_ref().map(|e| e.to_string());
         let metadata = match (&metadata_unknown, m.config) {
             (None, Some(c)) => c.metadata,
             _ => BTreeMap::new(),
@@ -490,7 +502,53 @@ impl Sweeper {
                 r.inputs.analysis = Some(verdict);
             }
         }
+        // The row says so: its pool, hold and marker are not what it shows.
+        if let Some(e) = unknown {
+            let note = format!(
+                "metadata unknown ({}, host status {:?}): its hold, approval, rotation marker and pool label are not known",
+                e.what, e.host_status
+            );
+            r.detail = Some(match r.detail.take() {
+                Some(probe) => format!("{note}; {probe}"),
+                None => note,
+            });
+        }
         r
+    }
+}
+
+/// The pool whose coordinator slot names `machine_id`, if one does: read in
+/// the same sweep, so it stands in for the pool label of a machine whose
+/// metadata is unknown.
+fn slot_pool(slots: &SlotsView, app: &str, machine_id: &str) -> Option<String> {
+    let SlotsView::Known(set) = slots else {
+        return None;
+    };
+    let prefix = format!("{app}/");
+    set.pools.iter().find_map(|(key, slots)| {
+        let pool = key.strip_prefix(&prefix)?;
+        slots
+            .iter()
+            .any(|s| s.machine_id == machine_id)
+            .then(|| pool.to_string())
+    })
+}
+
+/// Gives each machine whose metadata is unknown the pool its coordinator
+/// slot names, when one does.
+fn pools_from_slots(report: &mut FleetReport) {
+    for m in &mut report.machines {
+        if m.inputs.metadata_unknown.is_none() {
+            continue;
+        }
+        if let Some(pool) = slot_pool(&report.slots, &m.app, &m.machine_id) {
+            let note = format!("pool {pool} per its slot in the coordinator's slot set");
+            m.detail = Some(match m.detail.take() {
+                Some(d) => format!("{d}; {note}"),
+                None => note,
+            });
+            m.pool = pool;
+        }
     }
 }
 
@@ -555,6 +613,57 @@ pub struct LastListings {
 struct Listing {
     at: DateTime<Utc>,
     machines: Vec<MachineReport>,
+    /// When each machine's metadata was last known (listed with it).
+    known_at: HashMap<MachineId, DateTime<Utc>>,
+}
+
+impl Listing {
+    /// Fills each machine of a fresh listing whose metadata is unknown from
+    /// this earlier listing: its pool (unless its coordinator slot named
+    /// one this sweep) and the controls that restrain (hold, marker), never
+    /// the approval, which authorizes. Returns when each machine's metadata
+    /// was last known.
+    fn fill_unknown(
+        &self,
+        machines: &mut [MachineReport],
+        slots: &SlotsView,
+        now: DateTime<Utc>,
+    ) -> HashMap<MachineId, DateTime<Utc>> {
+        let mut known_at = HashMap::new();
+        for m in machines {
+            if m.inputs.metadata_unknown.is_none() {
+                known_at.insert(m.machine_id.clone(), now);
+                continue;
+            }
+            let (Some(last), Some(at)) = (
+                self.machines.iter().find(|l| l.machine_id == m.machine_id),
+                self.known_at.get(&m.machine_id),
+            ) else {
+                continue;
+            };
+            known_at.insert(m.machine_id.clone(), *at);
+            let from_slot = slot_pool(slots, &m.app, &m.machine_id).is_some();
+            if !from_slot {
+                m.pool = last.pool.clone();
+            }
+            m.inputs.controls = Controls {
+                hold: last.inputs.controls.hold.clone(),
+                marker: last.inputs.controls.marker.clone(),
+                approval: None,
+                unprobed: None,
+            };
+            let note = format!(
+                "{}hold and marker as last listed at {}",
+                if from_slot { "" } else { "pool, " },
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            m.detail = Some(match m.detail.take() {
+                Some(d) => format!("{d}; {note}"),
+                None => note,
+            });
+        }
+        known_at
+    }
 }
 
 impl LastListings {
@@ -580,11 +689,23 @@ impl LastListings {
                     if self.failing.remove(&app.name).is_some() {
                         tracing::info!(app = %app.name, "app listed again: its machines are managed again");
                     }
+                    let mut listed = listed;
+                    // Unknown is never empty: a machine whose host is down
+                    // keeps what its last listing said of it.
+                    let known_at = match self.apps.get(&app.name) {
+                        Some(last) => last.fill_unknown(&mut listed, &report.slots, now),
+                        None => listed
+                            .iter()
+                            .filter(|m| m.inputs.metadata_unknown.is_none())
+                            .map(|m| (m.machine_id.clone(), now))
+                            .collect(),
+                    };
                     self.apps.insert(
                         app.name.clone(),
                         Listing {
                             at: now,
                             machines: listed.clone(),
+                            known_at,
                         },
                     );
                     machines.extend(listed);
@@ -745,6 +866,53 @@ mod tests {
         let back: FleetReport = serde_json::from_value(v).unwrap();
         assert_eq!(back.apps[1].stale, r.apps[1].stale);
         assert!(back.apps[0].stale.is_none());
+    }
+
+    /// A host down for several sweeps: each keeps the pool and hold of the
+    /// last listing that knew them, dated from then; the host back, the
+    /// fresh metadata wins.
+    #[test]
+    fn unknown_metadata_keeps_the_last_known_pool_and_hold_across_sweeps() {
+        let known = || {
+            let mut m = machine("a", "a1", MachineStatus::OnTip);
+            m.pool = "p".into();
+            m.inputs.metadata =
+                BTreeMap::from([(crate::metadata::HOLD_KEY.to_string(), "ops".to_string())]);
+            m
+        };
+        let unknown = || {
+            let mut m = machine("a", "a1", MachineStatus::Unreachable);
+            m.inputs.metadata_unknown = Some("host down".into());
+            m.detail = Some("metadata unknown".into());
+            m
+        };
+        let mut listings = LastListings::default();
+        let mut r = report(vec![known()], &[]);
+        listings.carry(&mut r, at(0));
+        for later in [30, 60] {
+            let mut r = report(vec![unknown()], &[]);
+            listings.carry(&mut r, at(later));
+            let m = &r.machines[0];
+            assert_eq!(m.pool, "p");
+            assert!(m.inputs.controls.is_held());
+            assert!(m.inputs.metadata.is_empty());
+            let detail = m.detail.as_deref().unwrap_or_default();
+            assert!(
+                detail.starts_with(
+                    "metadata unknown; pool, hold and marker as last listed at 2027-01-15T08:00:00Z"
+                ),
+                "{detail}"
+            );
+        }
+        let mut r = report(vec![machine("a", "a1", MachineStatus::OnTip)], &[]);
+        listings.carry(&mut r, at(90));
+        assert_eq!(r.machines[0].pool, "default");
+        assert!(!r.machines[0].inputs.controls.is_held());
+        // Never known at all: nothing to carry, the row says it is unknown.
+        let mut listings = LastListings::default();
+        let mut r = report(vec![unknown()], &[]);
+        listings.carry(&mut r, at(0));
+        assert_eq!(r.machines[0].detail.as_deref(), Some("metadata unknown"));
     }
 
     #[test]

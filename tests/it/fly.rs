@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
@@ -270,7 +270,12 @@ async fn restart_then_wait_and_wait_timeout() {
 #[tokio::test]
 async fn transient_errors_retry_but_unsafe_calls_do_not_repeat() {
     let sim = sim().await;
-    let fly = client(&sim, TOKEN);
+    // This counts retries, not their spacing: no client-side rate limits.
+    let mut config = FlyClientConfig::new(&sim.api_url());
+    config.base_backoff = Duration::from_millis(20);
+    config.max_backoff = Duration::from_millis(100);
+    config.rate_limits = None;
+    let fly = FlyClient::new(config, TOKEN).unwrap();
     sim.fail_next(3, 503, None);
     within(fly.list_machines("agents")).await.unwrap();
     assert_eq!(sim.pending_failures(), 0);
@@ -441,4 +446,546 @@ async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoin
         sent.load(Ordering::SeqCst) / MIB
     );
     server.abort();
+}
+
+// ---- deadlines (a lease's validity) --------------------------------------------
+
+/// How a stand-in Fly API answers one request.
+#[derive(Clone)]
+enum Answer {
+    /// This status with this JSON body, and a `Retry-After` when given.
+    Status(u16, Option<&'static str>, String),
+    /// Never answers (a hung control plane).
+    Hang,
+}
+
+/// One request as a stand-in received it, on tokio's (paused) clock.
+#[derive(Clone, Debug)]
+struct Arrival {
+    at: tokio::time::Instant,
+    method: String,
+    path: String,
+    query: String,
+}
+
+/// A stand-in Fly API on loopback: records every request on tokio's clock
+/// and answers the n-th (from 0) as `answer(n, path)` says.
+struct StandIn {
+    url: String,
+    arrivals: Arc<std::sync::Mutex<Vec<Arrival>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StandIn {
+    async fn start(answer: impl Fn(usize, &str) -> Answer + Send + Sync + 'static) -> StandIn {
+        let arrivals: Arc<std::sync::Mutex<Vec<Arrival>>> = Arc::default();
+        let answer = Arc::new(answer);
+        let seen = arrivals.clone();
+        let handler = move |req: axum::extract::Request| {
+            let (seen, answer) = (seen.clone(), answer.clone());
+            async move {
+                let path = req.uri().path().to_string();
+                let n = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(Arrival {
+                        at: tokio::time::Instant::now(),
+                        method: req.method().to_string(),
+                        path: path.clone(),
+                        query: req.uri().query().unwrap_or("").to_string(),
+                    });
+                    seen.len() - 1
+                };
+                match answer(n, &path) {
+                    Answer::Hang => std::future::pending().await,
+                    Answer::Status(status, retry_after, body) => {
+                        let mut resp = axum::response::Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json");
+                        if let Some(ra) = retry_after {
+                            resp = resp.header("retry-after", ra);
+                        }
+                        resp.body(axum::body::Body::from(body)).unwrap()
+                    }
+                }
+            }
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, axum::Router::new().fallback(handler)).await;
+        });
+        StandIn {
+            url,
+            arrivals,
+            task,
+        }
+    }
+
+    fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
+    }
+
+    fn client(&self) -> FlyClient {
+        FlyClient::new(FlyClientConfig::new(&self.url), TOKEN).unwrap()
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A hung Fly API: the one attempt is cut at the deadline (not after the
+/// 30 s request timeout), nothing is retried, and a call made at or after
+/// the deadline is never sent.
+#[tokio::test(start_paused = true)]
+async fn a_call_within_a_deadline_is_cut_at_it_and_never_retried_past_it() {
+    let api = StandIn::start(|_, _| Answer::Hang).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(5);
+    let err = fly
+        .within(deadline)
+        .cordon("agents", "m1", None)
+        .await
+        .unwrap_err();
+    let ended = tokio::time::Instant::now();
+    let late: Vec<_> = api
+        .arrivals()
+        .into_iter()
+        .filter(|a| a.at >= deadline)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests sent after the deadline: {late:?}"
+    );
+    let arrivals = api.arrivals();
+    assert_eq!(arrivals.len(), 1, "one attempt, no retry");
+    assert_eq!(
+        (arrivals[0].method.as_str(), arrivals[0].path.as_str()),
+        ("POST", "/v1/apps/agents/machines/m1/cordon")
+    );
+    assert!(
+        ended <= deadline + Duration::from_millis(50),
+        "the call returned {:?} after its deadline",
+        ended - deadline
+    );
+    // The cordon may have landed: its outcome is unknown, not a plain failure.
+    assert_eq!(err.kind(), "outcome_unknown", "{err}");
+    assert!(err.to_string().contains("m1"), "{err}");
+
+    // At or after the deadline nothing is sent at all.
+    let err = fly
+        .within(deadline)
+        .get_machine("agents", "m1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, FlyError::PastDeadline { op: "get_machine", machine: Some(m), .. } if m == "m1"),
+        "{err}"
+    );
+    assert_eq!(err.kind(), "past_deadline");
+    assert_eq!(api.arrivals().len(), 1);
+    // A nested deadline keeps the earlier one.
+    let err = fly
+        .within(deadline)
+        .within(deadline + Duration::from_secs(60))
+        .list_machines("agents")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "past_deadline", "{err}");
+    assert_eq!(api.arrivals().len(), 1);
+}
+
+/// A 429 whose `Retry-After` ends past the deadline ends the call at once,
+/// typed, with the wait Fly asked for; nothing is sent again.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_beyond_the_deadline_ends_the_call_at_once() {
+    let api = StandIn::start(|_, _| {
+        Answer::Status(429, Some("10"), r#"{"error":"rate limit exceeded"}"#.into())
+    })
+    .await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(3);
+    let err = fly
+        .within(deadline)
+        .restart("agents", "m1", None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        tokio::time::Instant::now() - start < Duration::from_secs(1),
+        "slept {:?} before giving up",
+        tokio::time::Instant::now() - start
+    );
+    let arrivals = api.arrivals();
+    assert!(arrivals.iter().all(|a| a.at < deadline), "{arrivals:?}");
+    assert_eq!(arrivals.len(), 1, "{arrivals:?}");
+    // No `timeout` given: none sent, so Fly uses the app's kill_timeout.
+    assert_eq!(arrivals[0].query, "");
+    assert!(
+        matches!(&err, FlyError::RateLimited { op: "restart", retry_after: Some(d), .. } if *d == Duration::from_secs(10)),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), "rate_limited");
+    assert!(err.to_string().contains("m1"), "{err}");
+}
+
+/// A 503 is retried while the backoff ends before the deadline, and the
+/// retry that would cross it is not made: the error it got is returned.
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_would_cross_the_deadline_is_not_made() {
+    let api =
+        StandIn::start(|_, _| Answer::Status(503, None, r#"{"error":"unavailable"}"#.into())).await;
+    let mut config = FlyClientConfig::new(&api.url);
+    // First retry after 1–2 s, the second 2–4 s later: always past 3 s.
+    config.base_backoff = Duration::from_secs(2);
+    config.max_backoff = Duration::from_secs(60);
+    let fly = FlyClient::new(config, TOKEN).unwrap();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(3);
+    let err = fly
+        .within(deadline)
+        .list_machines("agents")
+        .await
+        .unwrap_err();
+    assert!(
+        tokio::time::Instant::now() < deadline,
+        "returned at the deadline, not before"
+    );
+    let arrivals = api.arrivals();
+    assert!(arrivals.iter().all(|a| a.at < deadline), "{arrivals:?}");
+    assert_eq!(arrivals.len(), 2, "one try and one retry: {arrivals:?}");
+    assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
+
+    // Without a deadline, the same client retries as before.
+    let err = fly.list_machines("agents").await.unwrap_err();
+    assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
+    assert_eq!(api.arrivals().len(), 2 + 5, "1 try + 4 retries");
+}
+
+// ---- client-side rate limits ------------------------------------------------------
+
+fn ok_json(body: &str) -> Answer {
+    Answer::Status(200, None, body.to_string())
+}
+
+/// Answers any action with `{}` and a get with a started machine.
+fn fly_ok(_: usize, path: &str) -> Answer {
+    if path.ends_with("/cordon") || path.ends_with("/uncordon") {
+        ok_json("{}")
+    } else {
+        let id = path.rsplit('/').next().unwrap_or("m");
+        ok_json(&format!(
+            r#"{{"id":"{id}","state":"started","config":{{"metadata":{{}}}}}}"#
+        ))
+    }
+}
+
+/// Seconds from `start` at which `path` was requested, in order.
+fn offsets(api: &StandIn, start: tokio::time::Instant, path: &str) -> Vec<f64> {
+    api.arrivals()
+        .iter()
+        .filter(|a| a.path == path)
+        .map(|a| (a.at - start).as_secs_f64())
+        .collect()
+}
+
+/// Ten cordons of one machine at once go out as Fly's limits allow (three
+/// at once, then one a second); another machine, and another action on the
+/// same machine, have their own buckets; gets have the 5/s, burst 10 limit.
+#[tokio::test(start_paused = true)]
+async fn a_burst_on_one_machine_is_spaced_as_flys_limits_say() {
+    let api = StandIn::start(fly_ok).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let cordons = (0..10)
+        .map(|_| fly.cordon("agents", "m1", None).boxed())
+        .chain((0..3).map(|_| fly.cordon("agents", "m2", None).boxed()))
+        .chain((0..3).map(|_| fly.uncordon("agents", "m1", None).boxed()));
+    for r in futures::future::join_all(cordons).await {
+        r.unwrap();
+    }
+    let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
+    assert_eq!(m1.len(), 10);
+    for (i, at) in m1.iter().enumerate() {
+        // The i-th request (from 0) no sooner than i − 2 seconds in.
+        let earliest = i.saturating_sub(2) as f64;
+        assert!(
+            *at >= earliest - 0.001 && *at < earliest + 0.1,
+            "cordon {i} of m1 at {at:.3}s, expected {earliest}s: {m1:?}"
+        );
+    }
+    for path in [
+        "/v1/apps/agents/machines/m2/cordon",
+        "/v1/apps/agents/machines/m1/uncordon",
+    ] {
+        let seen = offsets(&api, start, path);
+        assert_eq!(seen.len(), 3);
+        assert!(seen.iter().all(|at| *at < 0.1), "{path}: {seen:?}");
+    }
+
+    // Gets: ten at once, then one every 200 ms.
+    let start = tokio::time::Instant::now();
+    let gets = (0..15).map(|_| fly.get_machine("agents", "m3"));
+    for r in futures::future::join_all(gets).await {
+        r.unwrap();
+    }
+    let gets = offsets(&api, start, "/v1/apps/agents/machines/m3");
+    assert_eq!(gets.len(), 15);
+    for (i, at) in gets.iter().enumerate() {
+        let earliest = i.saturating_sub(9) as f64 * 0.2;
+        assert!(
+            *at >= earliest - 0.001 && *at < earliest + 0.1,
+            "get {i} at {at:.3}s, expected {earliest}s: {gets:?}"
+        );
+    }
+
+    // Switched off, nothing waits.
+    let mut config = FlyClientConfig::new(&api.url);
+    config.rate_limits = None;
+    let free = FlyClient::new(config, TOKEN).unwrap();
+    let start = tokio::time::Instant::now();
+    for r in futures::future::join_all((0..6).map(|_| free.cordon("agents", "m4", None))).await {
+        r.unwrap();
+    }
+    let m4 = offsets(&api, start, "/v1/apps/agents/machines/m4/cordon");
+    assert!(m4.len() == 6 && m4.iter().all(|at| *at < 0.1), "{m4:?}");
+}
+
+/// A token that would come at or after the deadline is not waited for: the
+/// call ends at once as rate limited, nothing sent; the buckets are shared
+/// by every clone of the client.
+#[tokio::test(start_paused = true)]
+async fn a_token_past_the_deadline_ends_the_call_unsent() {
+    let api = StandIn::start(fly_ok).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_millis(1500);
+    let leased = fly.within(deadline);
+    for _ in 0..4 {
+        // Three at once and one at 1 s: all before the deadline.
+        leased.cordon("agents", "m1", None).await.unwrap();
+    }
+    let before = tokio::time::Instant::now();
+    let err = leased.cordon("agents", "m1", None).await.unwrap_err();
+    assert_eq!(
+        tokio::time::Instant::now(),
+        before,
+        "waited for a token it could not use"
+    );
+    assert!(
+        matches!(&err, FlyError::RateLimited { op: "cordon", machine: Some(m), retry_after: Some(_), .. } if m == "m1"),
+        "{err:?}"
+    );
+    let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
+    assert_eq!(m1.len(), 4, "{m1:?}");
+    assert!(m1.iter().all(|at| *at < 1.5), "{m1:?}");
+    // Another clone without a deadline shares the bucket: it waits its turn (2 s).
+    fly.cordon("agents", "m1", None).await.unwrap();
+    let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
+    assert!((m1[4] - 2.0).abs() < 0.1, "{m1:?}");
+}
+
+// ---- 429s and lease answers ------------------------------------------------------
+
+/// A 429 that outlasts the retries ends the call as `RateLimited`, with
+/// Fly's `Retry-After` when it sent one; an acquire answered 429 is one too
+/// (the executor skips the step rather than failing it).
+#[tokio::test(start_paused = true)]
+async fn a_429_that_outlasts_the_retries_is_rate_limited() {
+    for (retry_after, expected) in [(None, None), (Some("2"), Some(Duration::from_secs(2)))] {
+        let api = StandIn::start(move |_, _| {
+            Answer::Status(429, retry_after, r#"{"error":"rate limited"}"#.into())
+        })
+        .await;
+        let mut config = FlyClientConfig::new(&api.url);
+        config.max_retries = 2;
+        let fly = FlyClient::new(config, TOKEN).unwrap();
+        let err = fly
+            .acquire_lease("agents", "m1", Duration::from_secs(13), "rotation")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, FlyError::RateLimited { op: "acquire_lease", machine: Some(m), retry_after, .. }
+                if m == "m1" && *retry_after == expected),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), "rate_limited");
+        assert_eq!(api.arrivals().len(), 3, "1 try + 2 retries");
+    }
+}
+
+/// flyctl's rule: a refresh answered with another nonce is a lost lease;
+/// the same nonce, or none in the answer, is ours, extended.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
+    let api = StandIn::start(|n, _| match n {
+        0 => ok_json(r#"{"status":"success","data":{"nonce":"nonce-a","expires_at":100}}"#),
+        1 => ok_json(r#"{"status":"success","data":{"nonce":"nonce-a","expires_at":200}}"#),
+        2 => ok_json(r#"{"status":"success","data":{"expires_at":300}}"#),
+        _ => ok_json(r#"{"status":"success","data":{"nonce":"nonce-b","expires_at":400}}"#),
+    })
+    .await;
+    let fly = api.client();
+    let ttl = Duration::from_secs(13);
+    let lease = fly.acquire_lease("agents", "m1", ttl, "r").await.unwrap();
+    assert_eq!(lease.nonce.expose_secret(), "nonce-a");
+    for expires_at in [200, 300] {
+        let l = fly
+            .refresh_lease("agents", "m1", &lease.nonce, ttl, "r")
+            .await
+            .unwrap();
+        assert_eq!(
+            (l.nonce.expose_secret(), l.expires_at),
+            ("nonce-a", expires_at)
+        );
+    }
+    let err = fly
+        .refresh_lease("agents", "m1", &lease.nonce, ttl, "r")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, FlyError::LeaseNonceChanged { op: "refresh_lease", machine, .. } if machine == "m1"),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), "lease_nonce_changed");
+    assert!(
+        !err.to_string().contains("nonce-"),
+        "a nonce is never shown: {err}"
+    );
+}
+
+/// Restart's `timeout` overrides the app's `kill_timeout` at Fly: sent only
+/// when the caller gives one, so `None` leaves the app's own stop timeout.
+#[tokio::test(start_paused = true)]
+async fn restart_sends_a_timeout_only_when_given() {
+    let api = StandIn::start(|_, _| ok_json("{}")).await;
+    let fly = api.client();
+    fly.restart("agents", "m1", None, None).await.unwrap();
+    fly.restart("agents", "m1", Some(Duration::from_secs(300)), None)
+        .await
+        .unwrap();
+    let queries: Vec<(String, String)> = api
+        .arrivals()
+        .into_iter()
+        .map(|a| (a.path, a.query))
+        .collect();
+    let path = "/v1/apps/agents/machines/m1/restart".to_string();
+    assert_eq!(
+        queries,
+        [(path.clone(), String::new()), (path, "timeout=300s".into())]
+    );
+}
+
+// ---- the sweep against a host outage ------------------------------------------------
+
+/// A machine as Fly lists it, stopped (so it is not probed).
+fn listed(id: &str, host: &str, metadata: &str) -> String {
+    let config = if host == "ok" {
+        "config"
+    } else {
+        "incomplete_config"
+    };
+    format!(
+        r#"{{"id":"{id}","name":"{id}","state":"stopped","host_status":"{host}","{config}":{{"metadata":{metadata}}}}}"#
+    )
+}
+
+/// Defect 11, observe side: a machine whose host Fly cannot reach is
+/// reported as such, and never as "no hold, no marker, pool default": its
+/// pool comes from the coordinator's slot set when a slot names it, else
+/// its pool and restraining controls (hold, marker) are carried from its
+/// last listing; an approval is never carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_not_empty() {
+    use fleet_reconciler::daemon::{self, Secrets};
+    use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, SLOTS_KEY};
+    use fleet_reconciler::observe::sweep::LastListings;
+
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outage = down.clone();
+    let slots = serde_json::json!({
+        "version": 1,
+        "pools": {"agents/dispatch": [{"machine_id": "m3", "tag": "t3", "owner": "r1", "since": "2026-12-01T00:00:00Z"}]}
+    })
+    .to_string();
+    let coordinator = listed(
+        "c0",
+        "ok",
+        &serde_json::json!({ SLOTS_KEY: slots }).to_string(),
+    );
+    let api = StandIn::start(move |_, path| {
+        if path == "/v1/apps/coord/machines/c0" {
+            return ok_json(&coordinator);
+        }
+        let host = if outage.load(Ordering::SeqCst) { "unreachable" } else { "ok" };
+        let m2 = serde_json::json!({"pool": "dispatch", HOLD_KEY: "ops: incident 7", APPROVE_KEY: "not an approval"});
+        // m3's host is always down and it was never listed otherwise.
+        ok_json(&format!(
+            "[{},{},{}]",
+            listed("m1", "ok", r#"{"pool":"dispatch"}"#),
+            listed("m2", host, &m2.to_string()),
+            listed("m3", "unreachable", "{}"),
+        ))
+    })
+    .await;
+    let overlay = crate::common::OverlayRepo::new();
+    let text = overlay
+        .config(&api.url, "mirror.git")
+        .app("agents", None)
+        .with("pool_key = \"pool\"\n[rotation]\ncoordinator = \"coord/c0\"")
+        .text();
+    let config = Arc::new(
+        fleet_reconciler::config::Config::parse(std::path::Path::new("t.toml"), &text).unwrap(),
+    );
+    let secrets = Secrets {
+        fly_token: TOKEN.into(),
+        git_token: None,
+    };
+    let sweeper = within(daemon::connect(config, &secrets)).await.unwrap();
+    let mut listings = LastListings::default();
+    let first_at = chrono::Utc::now();
+    let mut first = within(daemon::check(&sweeper)).await.unwrap();
+    listings.carry(&mut first, first_at);
+    let m2 = first
+        .machines
+        .iter()
+        .find(|m| m.machine_id == "m2")
+        .unwrap();
+    assert!(m2.inputs.metadata_unknown.is_none());
+    assert!(m2.inputs.controls.is_held());
+
+    down.store(true, Ordering::SeqCst);
+    let mut second = within(daemon::check(&sweeper)).await.unwrap();
+    listings.carry(&mut second, chrono::Utc::now());
+    let row = |id: &str| second.machines.iter().find(|m| m.machine_id == id).unwrap();
+    let m2 = row("m2");
+    assert!(m2.inputs.metadata_unknown.is_some());
+    assert!(
+        m2.inputs.metadata.is_empty(),
+        "unknown metadata is never read"
+    );
+    assert_eq!(m2.pool, "dispatch", "the pool as last listed, not default");
+    assert!(m2.inputs.controls.is_held(), "the hold as last listed");
+    assert!(
+        m2.inputs.controls.approval.is_none(),
+        "an approval is never carried"
+    );
+    let detail = m2.detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("host") && detail.contains("last listed"),
+        "{detail}"
+    );
+    let m3 = row("m3");
+    assert_eq!(m3.pool, "dispatch", "the pool its coordinator slot names");
+    let detail = m3.detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("host") && detail.contains("slot"),
+        "{detail}"
+    );
+    // The machine whose host is fine is unaffected.
+    let m1 = row("m1");
+    assert!(m1.inputs.metadata_unknown.is_none() && m1.detail.is_none());
 }

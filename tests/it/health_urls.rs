@@ -25,7 +25,7 @@ const TOKEN: &str = "health-url-test-token";
 const AGENT_TOKEN: &str = "agent-secret";
 /// Tries to move the host: `http://{name}:PORT/…` becomes `http://x@TRAP/:PORT/…`.
 const HOST_THIEF: &str = "m1";
-/// Tries to move the path: `/agents/{name}/health` becomes `/admin?/health`.
+/// Tries to move the path: `/agents/{name}/{machine_id}/health` becomes `/admin?/…`.
 const PATH_THIEF: &str = "e1";
 const PATH_THIEF_NAME: &str = "a/../../admin?";
 
@@ -117,7 +117,7 @@ health_url = "http://{{name}}:{port}/agents/{{machine_id}}/health"
 agent_token_env = "AGENT_TOKEN"
 [[apps]]
 name = "edge"
-health_url = "http://{trap_addr}/agents/{{name}}/health"
+health_url = "http://{trap_addr}/agents/{{name}}/{{machine_id}}/health"
 agent_token_env = "AGENT_TOKEN"
 [pools.default]
 max_concurrent_rotations = 3

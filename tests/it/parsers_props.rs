@@ -176,7 +176,7 @@ const REPORT_FIELDS: [&str; 7] = [
 fn valid_report_field(i: usize) -> BoxedStrategy<String> {
     let q = |s: String| serde_json::to_string(&s).unwrap();
     match i {
-        0 => "\\s{0,2}[0-9a-fA-F]{1,40}\\s{0,2}".prop_map(q).boxed(),
+        0 => "\\s{0,2}[0-9a-fA-F]{4,40}\\s{0,2}".prop_map(q).boxed(),
         1 => prop::sample::select(vec!["\"idle\"", "\"busy\""])
             .prop_map(str::to_string)
             .boxed(),
@@ -238,7 +238,7 @@ fn check_outcome(outcome: &ProbeOutcome) -> Result<(), TestCaseError> {
     match outcome {
         ProbeOutcome::Report(r) => {
             prop_assert!(
-                (1..=40).contains(&r.overlay_ref.len()),
+                (4..=40).contains(&r.overlay_ref.len()),
                 "{:?}",
                 r.overlay_ref
             );

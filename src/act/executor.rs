@@ -77,7 +77,7 @@ impl ExecutorConfig {
 pub enum Declined {
     #[error("lease held by another actor")]
     Leased,
-    #[error("Fly's rate limit refused the lease; tried again next sweep")]
+    #[error("Fly's rate limit refused a call; tried again next sweep")]
     RateLimited,
     #[error("marker changed since the plan (another reconciler acted)")]
     MarkerMoved,
@@ -189,12 +189,27 @@ enum StepError {
     #[error(transparent)]
     Declined(#[from] Declined),
     #[error(transparent)]
-    Fly(#[from] FlyError),
+    Fly(FlyError),
     #[error(transparent)]
     Agent(#[from] AgentFailure),
     /// A Fly call on the coordinator, answered for a whole batch of slot changes.
     #[error("{error}")]
     Coordinator { kind: &'static str, error: String },
+}
+
+impl From<FlyError> for StepError {
+    /// A call the lease's validity stopped (it was not sent, or its retry
+    /// would have gone past it) and one Fly's rate limit refused are not
+    /// failures: nothing more was done, and the next sweep replans.
+    fn from(e: FlyError) -> StepError {
+        match e {
+            FlyError::PastDeadline { .. } | FlyError::LeaseNonceChanged { .. } => {
+                StepError::Declined(Declined::LeaseLost)
+            }
+            FlyError::RateLimited { .. } => StepError::Declined(Declined::RateLimited),
+            e => StepError::Fly(e),
+        }
+    }
 }
 
 /// One change to the coordinator's slot set, queued for the next batch.
@@ -262,6 +277,7 @@ pub enum ExecutorBuildError {
 pub struct Executor {
     fly: FlyClient,
     agents: reqwest::Client,
+    agent_timeout: Duration,
     prober: Prober,
     config: Arc<Config>,
     /// `None` only when no pool acts (observe-only fleets need no slots).
@@ -320,6 +336,15 @@ impl Held {
     fn validity(&self) -> Validity {
         self.validity.clone()
     }
+
+    /// Until when a call may be sent under this lease.
+    fn until(&self) -> Instant {
+        *self
+            .validity
+            .valid_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Executor {
@@ -334,14 +359,16 @@ impl Executor {
         if coordinator.is_none() && config.acts() {
             return Err(ExecutorBuildError::NoCoordinator);
         }
+        let agent_timeout = config.probe.timeout.max(Duration::from_secs(5));
         let agents = crate::http::client_builder()
-            .timeout(config.probe.timeout.max(Duration::from_secs(5)))
+            .timeout(agent_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
         let prober = Prober::new(&config.probe)?;
         Ok(Executor {
             fly,
             agents,
+            agent_timeout,
             prober,
             config,
             coordinator,
@@ -350,6 +377,13 @@ impl Executor {
             coordinator_gate: tokio::sync::Mutex::new(()),
             slot_queue: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The Fly client for a call under `lease`: nothing is sent, and nothing
+    /// retried, past the lease's validity (a call that outlived its lease
+    /// could land after someone else acted on the machine).
+    fn bounded(&self, lease: &Held) -> FlyClient {
+        self.fly.within(lease.until())
     }
 
     /// Carries out the steps (different machines concurrently) and reports each.
@@ -442,7 +476,9 @@ impl Executor {
             }
             StepKind::Withdraw { .. } => {
                 lease.ensure()?;
-                self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
+                self.bounded(lease)
+                    .delete_metadata(app, id, MARKER_KEY, nonce)
+                    .await?;
                 if let Some(m) = &step.expected {
                     self.release_slot(t, &m.tag).await;
                 }
@@ -456,7 +492,7 @@ impl Executor {
                 if *cordon {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
-                    self.fly.cordon(app, id, nonce).await?;
+                    self.bounded(lease).cordon(app, id, nonce).await?;
                     if marker.drain_requested {
                         self.drain(&w, marker).await?;
                     }
@@ -479,7 +515,7 @@ impl Executor {
                 if expected.may_have_cordoned() {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
-                    self.fly.cordon(app, id, nonce).await?;
+                    self.bounded(lease).cordon(app, id, nonce).await?;
                 }
                 let mut marker = marker.clone();
                 let now = self.tuning.clock.now();
@@ -516,7 +552,7 @@ impl Executor {
                 lease.ensure()?;
                 // No timeout: Fly then waits the app's own kill_timeout (up to
                 // 300 s) for the agent to checkpoint on its stop signal.
-                self.fly.restart(app, id, None, nonce).await?;
+                self.bounded(lease).restart(app, id, None, nonce).await?;
                 tokio::select! {
                     _ = shutdown.cancelled() => Ok(()),
                     r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
@@ -549,14 +585,14 @@ impl Executor {
             }
             StepKind::RecordUnprobed { record } => {
                 lease.ensure()?;
-                self.fly
+                self.bounded(lease)
                     .set_metadata(app, id, UNPROBED_KEY, &record.to_value(), nonce)
                     .await?;
                 Ok(())
             }
             StepKind::ClearUnprobed => {
                 lease.ensure()?;
-                self.fly
+                self.bounded(lease)
                     .delete_metadata(app, id, UNPROBED_KEY, nonce)
                     .await?;
                 Ok(())
@@ -571,7 +607,10 @@ impl Executor {
     /// read at the step's start.
     async fn check(&self, w: &Watch<'_>, call: Call) -> Result<Machine, StepError> {
         w.lease.ensure()?;
-        let machine = self.fly.get_machine(&w.t.app, &w.t.machine_id).await?;
+        let machine = self
+            .bounded(w.lease)
+            .get_machine(&w.t.app, &w.t.machine_id)
+            .await?;
         // A host Fly cannot reach hides the hold and the marker: unknown is
         // never read as "none".
         let metadata = machine
@@ -651,7 +690,7 @@ impl Executor {
                 let withdrawn = async {
                     self.check(w, Call::Write).await?;
                     lease.ensure()?;
-                    self.fly
+                    self.bounded(lease)
                         .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, lease.nonce())
                         .await?;
                     Ok::<(), StepError>(())
@@ -681,6 +720,7 @@ impl Executor {
             lease.ensure()?;
             self.agent_call(
                 t,
+                lease,
                 "overlay/reload",
                 serde_json::json!({ "ref": marker.target }),
             )
@@ -689,7 +729,7 @@ impl Executor {
             return Ok(());
         }
         lease.ensure()?;
-        self.fly
+        self.bounded(w.lease)
             .cordon(&t.app, &t.machine_id, lease.nonce())
             .await?;
         if drain {
@@ -720,7 +760,7 @@ impl Executor {
         if marker.may_have_cordoned() {
             self.check(w, Call::Write).await?;
             lease.ensure()?;
-            if let Err(e) = self.fly.uncordon(app, id, nonce).await {
+            if let Err(e) = self.bounded(lease).uncordon(app, id, nonce).await {
                 // A machine that stopped (autostop) while cordoned: whether
                 // Fly uncordons a stopped machine is unknown. Its agent is
                 // gone with its fence and it serves nothing, so the slot goes
@@ -744,6 +784,7 @@ impl Executor {
             lease.ensure()?;
             self.agent_call(
                 t,
+                lease,
                 "overlay/undrain",
                 serde_json::json!({ "rotation": marker.tag }),
             )
@@ -763,13 +804,15 @@ impl Executor {
                 if clear_approval {
                     self.check(w, Call::Write).await?;
                     lease.ensure()?;
-                    self.fly
+                    self.bounded(lease)
                         .delete_metadata(app, id, APPROVE_KEY, nonce)
                         .await?;
                 }
                 self.check(w, Call::Write).await?;
                 lease.ensure()?;
-                self.fly.delete_metadata(app, id, MARKER_KEY, nonce).await?;
+                self.bounded(lease)
+                    .delete_metadata(app, id, MARKER_KEY, nonce)
+                    .await?;
             }
         }
         self.release_slot(t, &marker.tag).await;
@@ -818,6 +861,7 @@ impl Executor {
         w.lease.ensure()?;
         self.agent_call(
             w.t,
+            w.lease,
             "overlay/drain",
             serde_json::json!({ "rotation": marker.tag }),
         )
@@ -1073,7 +1117,7 @@ impl Executor {
 
     async fn write_slots(&self, set: &SlotSet, coordinator: &Held) -> Result<(), StepError> {
         let c = self.coordinator()?;
-        self.fly
+        self.bounded(coordinator)
             .set_metadata(
                 &c.app,
                 &c.machine_id,
@@ -1115,7 +1159,7 @@ impl Executor {
             Ok(lease) => lease,
             Err(FlyError::LeaseConflict { .. }) => return Err(Declined::Leased.into()),
             // Fly's per-machine limit: nothing was done, the next sweep tries again.
-            Err(FlyError::Status { status: 429, .. }) => {
+            Err(FlyError::RateLimited { .. } | FlyError::Status { status: 429, .. }) => {
                 return Err(Declined::RateLimited.into());
             }
             Err(e) => return Err(e.into()),
@@ -1192,6 +1236,7 @@ impl Executor {
     async fn agent_call(
         &self,
         t: &Target,
+        lease: &Held,
         endpoint: &'static str,
         body: serde_json::Value,
     ) -> Result<(), StepError> {
@@ -1203,7 +1248,17 @@ impl Executor {
             // RFC 3986: relative to the health URL, so /x/health → /x/overlay/drain.
             .and_then(|h| h.join(endpoint).ok())
             .ok_or_else(|| fail("no health URL to reach the agent".into()))?;
-        let mut req = self.agents.post(url).json(&body);
+        // Bounded by the lease like every call of a step: a drain or a
+        // reload sent after it lapsed could race whoever acts next.
+        let left = lease.until().saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(StepError::Declined(Declined::LeaseLost));
+        }
+        let mut req = self
+            .agents
+            .post(url)
+            .json(&body)
+            .timeout(left.min(self.agent_timeout));
         if let Some(token) = self.agent_tokens.get(t.app.as_str()) {
             req = req.bearer_auth(token.expose_secret());
         }

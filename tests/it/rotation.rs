@@ -1683,3 +1683,108 @@ async fn a_step_planned_before_an_outside_update_is_not_carried_out() {
     assert!(restarts(&sim, "m1").is_empty(), "acted on a stale plan");
     sim.shutdown().await;
 }
+
+/// Sets the next lease-bounded call on `id` after its `nth` marker write
+/// (from now) into a 429 storm with `Retry-After: 5`: every Fly request
+/// answers 429 for a while, the lease refreshes included.
+fn storm_after_marker_write(sim: &Sim, id: &str, nth: usize) {
+    fn arm(h: &fleet_reconciler::sim::SimHandle, id: String, left: usize) {
+        let again = id.clone();
+        h.after_next_call(&id, "POST", "metadata", move |h| {
+            if left <= 1 {
+                h.fail_next(12, 429, Some(5));
+            } else {
+                arm(h, again, left - 1);
+            }
+        });
+    }
+    arm(&sim.handle(), id.to_string(), nth);
+}
+
+/// #19 defect 2 (c). Before: a call checked the lease once, then the client
+/// retried it on 429, honouring `Retry-After`, long after the lease had
+/// lapsed (its refreshes were throttled too): a restart landed after an
+/// operator's hold. No call is sent or retried past the lease's validity.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_restart_is_not_sent_after_its_lease_lapsed() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart");
+    storm_after_marker_write(&sim, "m1", 1);
+    let hand = Arc::new(hand);
+    let run = {
+        let (hand, restart) = (hand.clone(), restart.clone());
+        tokio::spawn(async move { hand.run(&restart).await })
+    };
+    // Past the lease's TTL (13 s): an operator holds the machine.
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    sim.set_metadata("m1", HOLD_KEY, "ops: incident 45");
+    let held_at = sim.now();
+    let done = run.await.unwrap();
+    assert!(
+        matches!(done[0].outcome, Outcome::Skipped(_)),
+        "{:?}",
+        done[0].outcome
+    );
+    let late: Vec<_> = restarts(&sim, "m1")
+        .into_iter()
+        .filter(|at| *at >= held_at)
+        .collect();
+    assert!(late.is_empty(), "a restart landed after the hold: {late:?}");
+    sim.shutdown().await;
+}
+
+/// #19 defect 2 (b). Before: a cordon retried on 429 past the machine's
+/// lease landed on a machine held meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"1h\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim");
+    // Claiming, then draining: the storm starts after the second write.
+    storm_after_marker_write(&sim, "m1", 2);
+    let hand = Arc::new(hand);
+    let run = {
+        let (hand, claim) = (hand.clone(), claim.clone());
+        tokio::spawn(async move { hand.run(&claim).await })
+    };
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    sim.set_metadata("m1", HOLD_KEY, "ops: incident 46");
+    let held_at = sim.now();
+    let _ = run.await.unwrap();
+    let late: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some("m1")
+                && r.action.as_deref() == Some("cordon")
+                && r.status == Some(200)
+                && r.at >= held_at
+        })
+        .collect();
+    assert!(late.is_empty(), "a cordon landed after the hold: {late:?}");
+    assert!(
+        !sim.machine("m1").unwrap().cordoned,
+        "cordoned a held machine"
+    );
+    sim.shutdown().await;
+}

@@ -1684,15 +1684,24 @@ async fn a_step_planned_before_an_outside_update_is_not_carried_out() {
     sim.shutdown().await;
 }
 
-/// Sets the next lease-bounded call on `id` after its `nth` marker write
-/// (from now) into a 429 storm with `Retry-After: 5`: every Fly request
-/// answers 429 for a while, the lease refreshes included.
+/// After `id`'s `nth` marker write from now, a 429 storm on its actions:
+/// every bucket emptied, an action's token every 20 s, each 429 saying
+/// `Retry-After` (the lease refreshes are actions too, so the lease lapses).
 fn storm_after_marker_write(sim: &Sim, id: &str, nth: usize) {
-    fn arm(h: &fleet_reconciler::sim::SimHandle, id: String, left: usize) {
+    use fleet_reconciler::sim::{RateLimit, RateLimits, RetryAfter, SimHandle};
+    fn arm(h: &SimHandle, id: String, left: usize) {
         let again = id.clone();
         h.after_next_call(&id, "POST", "metadata", move |h| {
             if left <= 1 {
-                h.fail_next(12, 429, Some(5));
+                h.set_rate_limits(Some(RateLimits {
+                    action: RateLimit {
+                        per_second: 0.05,
+                        burst: 1,
+                    },
+                    get: RateLimit::fly_get(),
+                    retry_after: RetryAfter::Always,
+                }));
+                h.exhaust_rate_limits(&again);
             } else {
                 arm(h, again, left - 1);
             }

@@ -2388,6 +2388,12 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
         } => assert_eq!((target.as_str(), *attempts), (TIP, 3)),
         other => panic!("{other:?}"),
     }
+    // `plan` says so (the status page and `status MACHINE` render the same value).
+    let table = crate::report::render::plan_to_table(&fx.report(), &plan);
+    assert!(
+        table.contains("rotation failed") && table.contains("failed after 3 restart(s)"),
+        "{table}"
+    );
     // An operator's approval after the failure re-arms it.
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Medium)

@@ -1126,11 +1126,15 @@ impl<'a> Planning<'a> {
 }
 
 /// Capacity out of each (app, pool). Where the coordinator's set is known it
-/// is the count (a machine whose metadata is unknown keeps its slot there, an
-/// unreadable marker counts only for a slot it holds), plus readable markers
-/// holding capacity without a slot (being undone, maybe still cordoned).
-/// Otherwise every marker that holds a slot, unreadable and unknown ones
-/// included (fail closed).
+/// is the count of its live slots, judged as the executor reclaims them: a
+/// slot is left behind (and reclaimed by the next claim that needs it) only
+/// when its machine is gone from a listed app or carries no marker with the
+/// slot's tag that needs it; a machine whose metadata is unknown, or whose
+/// marker is unreadable, keeps its slot (fail closed), and an unreadable
+/// marker counts only for a slot it holds. Readable markers holding capacity
+/// without a slot (being undone, maybe still cordoned) count too. Without a
+/// known set, every marker that may hold a slot counts, unreadable and
+/// unknown ones included.
 fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppName, String), usize> {
     let mut in_use: BTreeMap<(AppName, String), usize> = BTreeMap::new();
     let set = match &report.slots {
@@ -1138,13 +1142,39 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
         SlotsView::Unknown(_) | SlotsView::NotConfigured => None,
     };
     if let Some(set) = set {
+        let stale = report.stale_app_names();
+        let machines: HashMap<(&str, &str), (&MachineReport, &OperatorState)> = report
+            .machines
+            .iter()
+            .zip(ops)
+            .map(|(m, op)| ((m.app.as_str(), m.machine_id.as_str()), (m, op)))
+            .collect();
         for (key, slots) in &set.pools {
-            if let Some((app, pool)) = key.split_once('/')
-                && !slots.is_empty()
-            {
+            let Some((app, pool)) = key.split_once('/') else {
+                continue;
+            };
+            let live = slots
+                .iter()
+                .filter(
+                    |slot| match machines.get(&(app, slot.machine_id.as_str())) {
+                        None => stale.contains(app),
+                        Some((m, _)) if m.inputs.metadata_unknown.is_some() => true,
+                        Some((_, op)) => match &op.marker {
+                            None => false,
+                            Some(Err(_)) => true,
+                            Some(Ok(marker)) => {
+                                marker.tag == slot.tag
+                                    && (marker.phase.holds_slot()
+                                        || marker.phase == Phase::Claiming)
+                            }
+                        },
+                    },
+                )
+                .count();
+            if live > 0 {
                 *in_use
                     .entry((AppName::from(app), pool.to_string()))
-                    .or_default() += slots.len();
+                    .or_default() += live;
             }
         }
     }

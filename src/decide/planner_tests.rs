@@ -2388,6 +2388,12 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
         } => assert_eq!((target.as_str(), *attempts), (TIP, 3)),
         other => panic!("{other:?}"),
     }
+    // `plan` says so (the status page and `status MACHINE` render the same value).
+    let table = crate::report::render::plan_to_table(&fx.report(), &plan);
+    assert!(
+        table.contains("rotation failed") && table.contains("failed after 3 restart(s)"),
+        "{table}"
+    );
     // An operator's approval after the failure re-arms it.
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Medium)
@@ -2637,4 +2643,47 @@ fn item17_a_pool_label_edited_mid_rotation_keeps_the_pool_of_its_slot() {
             .get(&("app".into(), "default".to_string())),
         Some(&1)
     );
+}
+
+#[test]
+fn item7_a_slot_left_behind_does_not_block_its_pool() {
+    // The coordinator still lists a slot whose rotation ended (no marker, or
+    // a yielded one): the next claim reclaims it, so it is not counted.
+    let now = t0() + Cd::hours(1);
+    let mut y = marker("x", Phase::Yielded, RotationMode::Wait, t0());
+    y.retry_at = Some(now + Cd::hours(1));
+    for x in [M::on_tip("x"), M::drifted("x", Severity::Low).marker(&y)] {
+        let mut fx = Fx::new("").with(x).with(M::drifted("a", Severity::Low));
+        let plan = fx.plan_with(
+            t0(),
+            now,
+            fetched(),
+            slots_with(&[("default", "x", &y.tag)]),
+        );
+        assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
+    }
+    // A machine gone from a listed app holds nothing either.
+    let mut fx = Fx::new("").with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(
+        t0(),
+        now,
+        fetched(),
+        slots_with(&[("default", "gone", "t")]),
+    );
+    assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
+    // A live rotation's slot is counted.
+    let d = marker("x", Phase::Draining, RotationMode::Wait, t0());
+    let mut fx = Fx::new("")
+        .with(M::drifted("x", Severity::Low).busy().marker(&d))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(
+        t0(),
+        now,
+        fetched(),
+        slots_with(&[("default", "x", &d.tag)]),
+    );
+    assert!(matches!(
+        plan.decisions["a"],
+        Decision::WaitingForSlot { in_use: 1, .. }
+    ));
 }

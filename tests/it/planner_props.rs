@@ -426,8 +426,16 @@ proptest! {
                         .all(near)
             });
             let holds = if slots_known {
-                let slotted = m.slotted && m.marker.is_some();
-                slotted || readable.is_some_and(|mk| mk.phase.holds_slot())
+                // A slot is live while its machine may still need it: hidden
+                // metadata, an unreadable marker, or its rotation in progress.
+                let live = m.slotted
+                    && m.marker.as_ref().is_some_and(|mk| {
+                        m.metadata_unknown
+                            || readable.is_none()
+                            || mk.phase.holds_slot()
+                            || mk.phase == Phase::Claiming
+                    });
+                live || readable.is_some_and(|mk| mk.phase.holds_slot())
             } else {
                 m.metadata_unknown
                     || m.garbage_marker

@@ -1,4 +1,4 @@
-//! Random faults on Fly API calls ([`super::Sim::set_chaos`]).
+//! Random faults on Fly API calls ([`super::SimHandle::set_chaos`]).
 //!
 //! The faults are the ones a client of the real API meets: throttling, 5xx,
 //! a connection that hangs before the request is served, and — the ones that
@@ -279,7 +279,7 @@ pub(crate) enum WorldAct {
 pub(crate) struct ChaosState {
     /// Config and RNG while chaos is on.
     active: Option<(Chaos, fastrand::Rng)>,
-    /// Cumulative over the simulator's life, across [`super::Sim::set_chaos`] calls.
+    /// Cumulative over the simulator's life, across [`super::SimHandle::set_chaos`] calls.
     pub(crate) stats: ChaosStats,
     /// Newest last; the oldest are dropped beyond [`MAX_CHAOS_EVENTS`].
     pub(crate) events: VecDeque<ChaosEvent>,

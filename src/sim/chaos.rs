@@ -6,6 +6,11 @@
 //! saw an error or a timeout. A daemon that retries a "failed" restart, or
 //! assumes a cordon that answered 500 did not happen, is caught by those.
 //!
+//! Opt-in faults of the world (issue #19) are what Fly and its operators do
+//! meanwhile: a host down (the coordinator's included), a 429 storm at the
+//! documented limits, a hold written without a nonce, a `fly deploy` that
+//! reverts metadata and replaces a machine ([`WorldFault`], [`ChaosHolds`]).
+//!
 //! Draws come from a seeded RNG held in the world, one draw per eligible
 //! request in arrival order, so a run with the same seed and the same order
 //! of requests gets the same faults. (Concurrent clients make the arrival
@@ -205,7 +210,8 @@ impl ChaosStats {
         }
     }
 
-    /// Faults injected, all kinds together.
+    /// Request faults injected, all kinds together (faults of the world are
+    /// counted apart, in `host_outages`, `rate_storms`, `holds`, `outside_updates`).
     pub fn injected(&self) -> u64 {
         ChaosFault::ALL.iter().map(|f| self.count(*f)).sum()
     }

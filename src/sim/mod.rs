@@ -103,9 +103,9 @@
 //!   limited (no documented limit). Whether a 429 carries `Retry-After` is
 //!   unknown ([`RetryAfter`]): by default it does not (the worse case: a
 //!   client must pace itself); `Always` and `Mixed` (every other 429) are
-//!   switches. A refused call still used its token, as the limit is taken at
-//!   the door before anything else is decided (after auth, failing apps,
-//!   queued and targeted faults).
+//!   switches. The limit is taken at the front door (after auth, failing
+//!   apps, queued and targeted faults), so a call its handler then refuses
+//!   (409, 412, a down host's 503) has still used its token.
 //! - **Host outages** ([`SimHandle::set_host_status`]). While a machine's
 //!   `host_status` is not `ok` its JSON carries `incomplete_config` instead
 //!   of `config` (fly-go `GetConfig` falls back to it), without metadata by

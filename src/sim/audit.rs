@@ -1,4 +1,4 @@
-//! Safety audit ([`super::Sim::enable_audit`]): what the simulator saw happen
+//! Safety audit ([`super::SimHandle::enable_audit`]): what the simulator saw happen
 //! to the fleet, recorded at the instant it happened.
 //!
 //! Polling the sim from a test would miss short-lived states (two machines
@@ -143,7 +143,7 @@ pub struct HeldAction {
 /// one); the `dropped_*` counters say how many more there were.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AuditReport {
-    /// Whether [`super::Sim::enable_audit`] was called; an empty report otherwise.
+    /// Whether [`super::SimHandle::enable_audit`] was called; an empty report otherwise.
     pub enabled: bool,
     pub cap_breaches: Vec<CapBreach>,
     /// Most machines out at once, per (app, pool); every pool seen is listed.

@@ -1,10 +1,15 @@
-//! Random faults on Fly API calls ([`super::Sim::set_chaos`]).
+//! Random faults on Fly API calls ([`super::SimHandle::set_chaos`]).
 //!
 //! The faults are the ones a client of the real API meets: throttling, 5xx,
 //! a connection that hangs before the request is served, and — the ones that
 //! matter for safety — a request that *did* take effect although the client
 //! saw an error or a timeout. A daemon that retries a "failed" restart, or
 //! assumes a cordon that answered 500 did not happen, is caught by those.
+//!
+//! Opt-in faults of the world (issue #19) are what Fly and its operators do
+//! meanwhile: a host down (the coordinator's included), a 429 storm at the
+//! documented limits, a hold written without a nonce, a `fly deploy` that
+//! reverts metadata and replaces a machine ([`WorldFault`], [`ChaosHolds`]).
 //!
 //! Draws come from a seeded RNG held in the world, one draw per eligible
 //! request in arrival order, so a run with the same seed and the same order
@@ -205,7 +210,8 @@ impl ChaosStats {
         }
     }
 
-    /// Faults injected, all kinds together.
+    /// Request faults injected, all kinds together (faults of the world are
+    /// counted apart, in `host_outages`, `rate_storms`, `holds`, `outside_updates`).
     pub fn injected(&self) -> u64 {
         ChaosFault::ALL.iter().map(|f| self.count(*f)).sum()
     }
@@ -279,7 +285,7 @@ pub(crate) enum WorldAct {
 pub(crate) struct ChaosState {
     /// Config and RNG while chaos is on.
     active: Option<(Chaos, fastrand::Rng)>,
-    /// Cumulative over the simulator's life, across [`super::Sim::set_chaos`] calls.
+    /// Cumulative over the simulator's life, across [`super::SimHandle::set_chaos`] calls.
     pub(crate) stats: ChaosStats,
     /// Newest last; the oldest are dropped beyond [`MAX_CHAOS_EVENTS`].
     pub(crate) events: VecDeque<ChaosEvent>,

@@ -37,7 +37,7 @@ pub enum Behaviour {
     /// session; afterwards the agent behaves as [`Behaviour::Normal`].
     Busy { until: DateTime<Utc> },
     /// Like `Busy`, measured from the moment the behaviour is installed (fleet
-    /// start or [`super::Sim::set_behaviour`]); stored as `Busy { until }`.
+    /// start or [`super::SimHandle::set_behaviour`]); stored as `Busy { until }`.
     BusyFor(Duration),
     /// Accepts the connection and never answers (until the simulator shuts
     /// down). Applies to the cooperative endpoints too.
@@ -227,7 +227,7 @@ pub struct SimFleet {
     pub restart_keeps_cordon: bool,
     /// After a boot, checks stay `critical` this long, then pass (tokio time).
     pub checks_pass_after: Duration,
-    /// Record every request for [`super::Sim::requests`]; benchmarks may turn it off.
+    /// Record every request for [`super::SimHandle::requests`]; benchmarks may turn it off.
     pub record_requests: bool,
     /// The wall clock the sim reads (lease expiry, busy periods, report and
     /// request timestamps): the system's by default; a test on paused tokio

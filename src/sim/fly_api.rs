@@ -897,3 +897,22 @@ pub(crate) async fn update_metadata(
     })?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_and_plain_seconds_parse() {
+        let secs = Duration::from_secs;
+        assert_eq!(parse_go_duration("30"), Some(secs(30)));
+        assert_eq!(parse_go_duration("30s"), Some(secs(30)));
+        assert_eq!(parse_go_duration("1m30s"), Some(secs(90)));
+        assert_eq!(parse_go_duration("2h"), Some(secs(7200)));
+        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("500ms"), Some(Duration::from_millis(500)));
+        for bad in ["", "soon", "5d", "s", "-3s"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad:?}");
+        }
+    }
+}

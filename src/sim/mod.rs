@@ -12,12 +12,20 @@
 //!
 //! The daemon's safety (never restart live work, never act without its lease,
 //! never steal a lease, fail closed on bad reports) is tested against this
-//! server — with random faults ([`Sim::set_chaos`]) and a record of every
-//! unsafe instant ([`Sim::enable_audit`]) if a test asks — so it must be
-//! faithful where the daemon depends on Fly's semantics:
-//! every mutating call on a leased machine needs the lease nonce, an expired
-//! lease counts as absent, `summary=true` drops metadata, `wait` answers 408,
-//! a restarted agent comes back on the release tip with no work and no fence.
+//! server — with random faults ([`SimHandle::set_chaos`]) and a record of every
+//! unsafe instant ([`SimHandle::enable_audit`]) if a test asks — so it must be
+//! faithful where the daemon depends on Fly's semantics, and by default it
+//! models Fly as it really behaves (issue #19; sources in
+//! `FLY-REALITY.md`, read from fly-go, flyctl and Fly's docs): every
+//! mutating call on a leased machine needs the lease nonce *except metadata
+//! writes*, which anyone may make at any instant; calls meet Fly's documented
+//! rate limits; a host can go down and hide the config; `fly deploy` can
+//! revert metadata and replace a machine from outside; an expired lease
+//! counts as absent, `summary=true` drops metadata, `wait` answers 408, a
+//! restarted agent comes back on the release tip with no work and no fence.
+//! Where Fly's behaviour is unknown the sim takes the worse case for the
+//! daemon. [`SimFleet::idealized_fly`] (and one switch per behaviour) brings
+//! back the old, kinder sim for tests that wait for a daemon fix.
 //!
 //! What it must never do: be used by a production code path (only tests,
 //! benchmarks and the `demo` command start it), listen anywhere but loopback,
@@ -43,14 +51,14 @@
 //! - **Leases.** The owner is the fleet's `lease_owner` for every token
 //!   request; TTL from the body, else `?ttl=`, else 30 s. `GET …/lease` shows
 //!   the nonce (as flyctl's `leases view` does): a daemon must never use a
-//!   nonce it did not acquire, which tests can check in [`Sim::requests`].
+//!   nonce it did not acquire, which tests can check in [`SimHandle::requests`].
 //!   Re-acquiring with a stale nonce when no lease is held takes a new lease.
 //!   A nonce header on an unleased machine is ignored.
-//! - **Injected faults** ([`Sim::fail_next`]) and the optional rate limit apply
+//! - **Injected faults** ([`SimHandle::fail_next`]) and the optional rate limit apply
 //!   to authenticated Fly API requests only, after the token check. A failing
-//!   app ([`Sim::fail_app`]) refuses every such request naming it before
+//!   app ([`SimHandle::fail_app`]) refuses every such request naming it before
 //!   either (it consumes no queued fault).
-//! - **Chaos** ([`Sim::set_chaos`]) applies to the same requests (long-polls
+//! - **Chaos** ([`SimHandle::set_chaos`]) applies to the same requests (long-polls
 //!   and lease calls included), after queued faults and the rate limit: a
 //!   request refused by either never reaches the RNG. Each remaining request
 //!   draws once from an RNG seeded by [`Chaos::seed`]; with probability
@@ -61,15 +69,92 @@
 //!   after the hang; [`ChaosEvent::effect_status`] shows what the handler
 //!   answered. Hangs end at once on shutdown. Same seed and same arrival
 //!   order give the same faults; concurrent clients vary the order.
-//! - **Operator writes.** [`Sim::set_metadata`] and [`Sim::delete_metadata`]
-//!   write out of band, ignoring leases (a test's hand). The
-//!   `operator_*_metadata` calls behave like `fly` through the API: refused
-//!   while anyone holds an unexpired lease. Neither is a request: they are
-//!   not logged, not faulted, and not audited as actions.
-//! - **Audit** ([`Sim::enable_audit`]). A machine is *out* of its pool while
+//!   Opt-in faults of the world ([`Chaos::host_outages`],
+//!   [`Chaos::rate_storms`], [`Chaos::holds`], [`Chaos::outside_updates`])
+//!   draw from the same RNG, once per eligible request and only for the
+//!   kinds turned on (old seeds keep their faults), and happen at the
+//!   request's arrival, before it is served: a host (the coordinator's too)
+//!   down for a while, every rate-limit bucket of the request's machine
+//!   emptied, a hold written without a nonce and removed later, a deploy
+//!   from the metadata machines had when chaos was turned on, reusing any
+//!   lease. [`SimHandle::chaos_world_events`] lists them.
+//! - **Metadata writes are not fenced** ([`MetadataFencing`], default
+//!   `Unfenced`). fly-go's `SetMetadata`/`DeleteMetadata` send no nonce and
+//!   flyctl's blue-green deploy writes metadata without one onto machines it
+//!   holds leases on (FLY-REALITY.md, "Leases and metadata"), so
+//!   `POST`/`DELETE …/metadata/{key}` and `PATCH`/`PUT …/metadata` are
+//!   accepted from anyone at any instant. What Fly does with a stale nonce is
+//!   unknown: the worse case, accepted, whatever nonce (or none) is sent.
+//!   Every other mutating call (update, restart, stop, start, cordon,
+//!   uncordon) and lease refresh/release stay fenced. `FencedByLease` brings
+//!   back the old refusal (409) for tests that still rely on it.
+//! - **Operator writes.** [`SimHandle::set_metadata`] and
+//!   [`SimHandle::delete_metadata`] write out of band (a test's hand). The
+//!   `operator_*_metadata` calls behave like fly-go's `SetMetadata`: accepted
+//!   at any instant, no nonce; only under `FencedByLease` are they refused
+//!   while anyone holds an unexpired lease. None of them is a request: they
+//!   are not logged, not faulted, and not audited as actions.
+//! - **Rate limits** ([`RateLimits`], default [`RateLimits::fly`]), Fly's
+//!   documented ones (FLY-REALITY.md, "Limits"): per machine, every non-GET
+//!   call is an action with its own bucket per method and route (1/s, burst
+//!   3); every GET of a machine route (the machine, its metadata, its lease,
+//!   `wait`) a bucket per route at get-machine's 5/s, burst 10. Lease calls
+//!   count as actions: acquire and refresh are the same `POST …/lease` and
+//!   share a bucket, release (`DELETE`) has its own. Listing an app is not
+//!   limited (no documented limit). Whether a 429 carries `Retry-After` is
+//!   unknown ([`RetryAfter`]): by default it does not (the worse case: a
+//!   client must pace itself); `Always` and `Mixed` (every other 429) are
+//!   switches. The limit is taken at the front door (after auth, failing
+//!   apps, queued and targeted faults), so a call its handler then refuses
+//!   (409, 412, a down host's 503) has still used its token.
+//! - **Host outages** ([`SimHandle::set_host_status`]). While a machine's
+//!   `host_status` is not `ok` its JSON carries `incomplete_config` instead
+//!   of `config` (fly-go `GetConfig` falls back to it), without metadata by
+//!   default or with only Fly's own `fly_*` keys ([`HostDownMetadata`]); its
+//!   agent is unreachable (503); metadata reads, lease acquire/refresh/release
+//!   and every mutating call answer 503 *without effect*. What Fly does then
+//!   is unknown; a 503 is the answer fly-go retries, and the case of a call
+//!   that took effect although its answer was lost is the chaos `LostAfter`
+//!   fault. `state` stays what Fly last knew. Works for any machine, the
+//!   stopped coordinator included.
+//! - **Cordon** is the Machine JSON's `cordoned`. A restart (and stop/start)
+//!   keeps it (undocumented; switch [`SimHandle::set_restart_keeps_cordon`]);
+//!   an update (through the API or from outside) clears it (unknown on Fly:
+//!   the worse case, it does not survive).
+//! - **Outside updates** ([`SimHandle::outside_update`]): `fly deploy` /
+//!   `fly machine update` replace the whole config from the caller's earlier
+//!   snapshot (metadata written since is reverted), give a new
+//!   `instance_id`, clear the cordon and replace a started machine (agent on
+//!   the tip, idle). [`OutsideLease::ReuseFound`] acts under a lease it
+//!   finds and releases it, as flyctl reuses a nonce from the machine list.
+//!   It is not the daemon's restart: no [`RestartEvent`], not `down_by_api`.
+//! - **Stop timeout.** A restart's `timeout` query (a Go duration or
+//!   seconds) overrides the machine's `kill_timeout`
+//!   ([`SimMachine::kill_timeout`], Fly's 5 s by default); a stop's body
+//!   `timeout` likewise. If it is shorter than what the agent needs to
+//!   checkpoint ([`SimMachine::checkpoint_on_stop`]), the audit's
+//!   [`RestartEvent::killed_before_checkpoint`] says so. The transition
+//!   delay is `restart_delay` either way.
+//! - **Checks and events.** The Machine JSON carries `checks` (each fixture
+//!   machine has [`DEFAULT_CHECK`]) and `events` (newest first, at most 20,
+//!   timestamps in ms). Restart, stop and update append a `user` event; each
+//!   boot a `flyd` `start` event, after which checks are `critical` for
+//!   [`SimFleet::checks_pass_after`] (tokio time), then `passing`.
+//!   [`SimHandle::set_crash_loop`] makes a machine come back `started` but
+//!   keep exiting: exit/start event pairs, checks critical, its agent
+//!   unreachable (503) until switched off. [`SimHandle::set_check`] sets one
+//!   check. flyctl waits for all checks passing and treats repeated exit
+//!   events as a crash loop (FLY-REALITY.md, "Health").
+//! - **Interleaving hooks** ([`SimHandle::before_next_call`],
+//!   [`SimHandle::after_next_call`]), matched like targeted faults (machine,
+//!   method, action), fire only for a call that passed the front door:
+//!   before its handler runs, or after it took effect and before its answer
+//!   is sent. They run outside the world lock, in the request's task, with a
+//!   [`SimHandle`].
+//! - **Audit** ([`SimHandle::enable_audit`]). A machine is *out* of its pool while
 //!   it is cordoned, its agent is fenced, or a restart, stop or replacing
 //!   update accepted through the API has not yet brought it back to
-//!   `started` (a machine stopped by the fixture or by [`Sim::set_state`] is
+//!   `started` (a machine stopped by the fixture or by [`SimHandle::set_state`] is
 //!   not out; forcing it `started` ends a take-down). The pool is the trimmed
 //!   value of [`AuditConfig::pool_key`], `default` if missing or blank. The
 //!   audit is updated under the world lock by every change that can move a
@@ -92,7 +177,7 @@
 //!   different rotation tag than the fence's answers 409.
 //! - **Clock.** Lease expiry, busy periods and report timestamps use the sim
 //!   clock ([`SimFleet::clock`], the system's by default, plus
-//!   [`Sim::advance_clock`]); delays (restart, reload,
+//!   [`SimHandle::advance_clock`]); delays (restart, reload,
 //!   `wait` deadlines, rate-limit refill) use tokio time, so paused-time tests
 //!   drive them with `tokio::time::advance`.
 //!
@@ -143,7 +228,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// A running simulator. Dropping it stops the server (abruptly);
 /// [`Sim::shutdown`] stops it gracefully.
-/// How long a targeted hanging fault ([`Sim::fault_next_call`]) holds its answer.
+/// How long a targeted hanging fault ([`SimHandle::fault_next_call`]) holds its answer.
 const TARGETED_HANG: Duration = Duration::from_secs(3);
 
 pub struct Sim {
@@ -272,7 +357,7 @@ impl SimHandle {
         self.shared.lock().clock.clone()
     }
 
-    /// The sim clock (wall clock plus any [`Sim::advance_clock`]).
+    /// The sim clock (wall clock plus any [`SimHandle::advance_clock`]).
     pub fn now(&self) -> DateTime<Utc> {
         self.shared.lock().now()
     }
@@ -523,7 +608,7 @@ impl SimHandle {
     }
 
     /// Turns random faults on authenticated Fly API requests on (re-seeding
-    /// the fault RNG from `chaos.seed`) or off. Queued [`Sim::fail_next`]
+    /// the fault RNG from `chaos.seed`) or off. Queued [`SimHandle::fail_next`]
     /// faults and the rate limit are served first; see [`Chaos`].
     pub fn set_chaos(&self, chaos: Option<Chaos>) {
         let mut world = self.shared.lock();
@@ -549,7 +634,7 @@ impl SimHandle {
 
     /// Carries out a fault of the world drawn by chaos, and schedules its end.
     fn carry_out(&self, act: chaos::WorldAct) {
-        let undo: Option<(Duration, Box<dyn FnOnce(&SimHandle) + Send>)> = match act {
+        let undo: Option<(Duration, Hook)> = match act {
             chaos::WorldAct::HostDown { machine_id, lasts } => {
                 self.set_host_status(&machine_id, HostStatus::Unreachable);
                 Some((
@@ -597,7 +682,7 @@ impl SimHandle {
         }
     }
 
-    /// Faults injected so far (cumulative across [`Sim::set_chaos`] calls).
+    /// Faults injected so far (cumulative across [`SimHandle::set_chaos`] calls).
     pub fn chaos_stats(&self) -> ChaosStats {
         self.shared.lock().chaos.stats
     }

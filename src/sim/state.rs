@@ -74,7 +74,7 @@ impl Shared {
     }
 }
 
-/// A queued fault from [`super::Sim::fail_next`].
+/// A queued fault from [`super::SimHandle::fail_next`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct InjectedFailure {
     pub(crate) status: u16,
@@ -92,7 +92,7 @@ pub(crate) struct TargetedFault {
     pub(crate) hang: std::time::Duration,
 }
 
-/// When a [`super::Sim::before_next_call`] / [`super::Sim::after_next_call`] hook runs.
+/// When a [`super::SimHandle::before_next_call`] / [`super::SimHandle::after_next_call`] hook runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HookWhen {
     /// After the front door let the call through, before its handler runs.
@@ -141,11 +141,11 @@ pub(crate) struct World {
     pub(crate) requests: VecDeque<RecordedRequest>,
     pub(crate) next_seq: u64,
     pub(crate) failures: VecDeque<InjectedFailure>,
-    /// Faults aimed at one kind of call of one machine ([`super::Sim::fault_next_call`]).
+    /// Faults aimed at one kind of call of one machine ([`super::SimHandle::fault_next_call`]).
     pub(crate) targeted: Vec<TargetedFault>,
-    /// App name → the status every Fly API call naming the app answers ([`super::Sim::fail_app`]).
+    /// App name → the status every Fly API call naming the app answers ([`super::SimHandle::fail_app`]).
     pub(crate) failing_apps: HashMap<String, u16>,
-    /// Statuses the next cooperative calls of one agent answer ([`super::Sim::fail_next_agent_call`]).
+    /// Statuses the next cooperative calls of one agent answer ([`super::SimHandle::fail_next_agent_call`]).
     pub(crate) agent_failures: Vec<(String, String, u16)>,
     pub(crate) rate_limits: Option<RateLimits>,
     pub(crate) buckets: HashMap<(String, String), Bucket>,
@@ -158,10 +158,10 @@ pub(crate) struct World {
     pub(crate) host_down_metadata: HostDownMetadata,
     pub(crate) restart_keeps_cordon: bool,
     pub(crate) checks_pass_after: Duration,
-    /// Interventions waiting for their call ([`super::Sim::before_next_call`]).
+    /// Interventions waiting for their call ([`super::SimHandle::before_next_call`]).
     pub(crate) hooks: Vec<PendingHook>,
     pub(crate) chaos: ChaosState,
-    /// `None` until [`super::Sim::enable_audit`].
+    /// `None` until [`super::SimHandle::enable_audit`].
     pub(crate) audit: Option<AuditState>,
 }
 
@@ -342,7 +342,7 @@ impl World {
                 let with_header = match limits.retry_after {
                     RetryAfter::Never => false,
                     RetryAfter::Always => true,
-                    RetryAfter::Mixed => self.throttled % 2 == 0,
+                    RetryAfter::Mixed => self.throttled.is_multiple_of(2),
                 };
                 Err(with_header.then_some(secs))
             }
@@ -424,7 +424,7 @@ pub(crate) struct MachineState {
     pub(crate) checks: Vec<Check>,
     /// Newest last here; the JSON lists them newest first.
     pub(crate) events: VecDeque<MachineEvent>,
-    /// Comes back `started` but keeps exiting ([`super::Sim::set_crash_loop`]).
+    /// Comes back `started` but keeps exiting ([`super::SimHandle::set_crash_loop`]).
     pub(crate) crash_loop: bool,
     pub(crate) lease: Option<Lease>,
     pub(crate) restart_count: u32,

@@ -23,7 +23,7 @@ pub struct SimMachineView {
     pub host_status: HostStatus,
     /// Fly's health checks: name and status.
     pub checks: Vec<(String, CheckStatus)>,
-    /// Whether the machine keeps exiting after each start ([`super::Sim::set_crash_loop`]).
+    /// Whether the machine keeps exiting after each start ([`super::SimHandle::set_crash_loop`]).
     pub crash_loop: bool,
     /// The unexpired lease, if any.
     pub lease: Option<LeaseView>,
@@ -82,7 +82,7 @@ pub enum Credential {
 /// One request the simulator received, in arrival order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedRequest {
-    /// Arrival number, from 0, never reused (also after [`super::Sim::clear_requests`]).
+    /// Arrival number, from 0, never reused (also after [`super::SimHandle::clear_requests`]).
     pub seq: u64,
     /// Arrival time on the sim clock.
     pub at: DateTime<Utc>,
@@ -120,8 +120,8 @@ impl RecordedRequest {
     }
 }
 
-/// Why [`super::Sim::operator_set_metadata`] or
-/// [`super::Sim::operator_delete_metadata`] wrote nothing.
+/// Why [`super::SimHandle::operator_set_metadata`] or
+/// [`super::SimHandle::operator_delete_metadata`] wrote nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OperatorWriteRefused {
     UnknownMachine {

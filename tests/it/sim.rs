@@ -2098,8 +2098,12 @@ async fn hooks_run_at_an_exact_point_of_a_call() {
     h.sim.enable_audit(AuditConfig::default());
 
     // Before: work starts just before the restart is served.
-    h.sim.before_next_call("m1", "POST", "restart", |sim| {
-        assert!(sim.set_live_sessions("m1", 2));
+    let restarts_seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen_restarts = std::sync::Arc::clone(&restarts_seen);
+    h.sim.before_next_call("m1", "POST", "restart", move |sim| {
+        // Not served yet: no restart counted.
+        *seen_restarts.lock().expect("lock") = sim.machine("m1").map(|m| m.restart_count);
+        sim.set_live_sessions("m1", 2);
     });
     // A call on another machine or of another kind does not fire it.
     assert_eq!(
@@ -2139,12 +2143,19 @@ async fn hooks_run_at_an_exact_point_of_a_call() {
     let seen = std::sync::Arc::clone(&saw);
     h.sim.after_next_call("m2", "POST", "cordon", move |sim| {
         let cordoned = sim.machine("m2").map(|m| m.cordoned);
-        *seen.lock().expect("lock") = cordoned;
+        // The answer is not sent yet: the log has no status for the call.
+        let answered = sim
+            .requests()
+            .iter()
+            .rev()
+            .find(|r| r.action.as_deref() == Some("cordon"))
+            .map(|r| r.status);
+        *seen.lock().expect("lock") = cordoned.zip(answered);
         sim.set_metadata("m2", HOLD, "written mid-call");
     });
     let cordoned = h.post("/m2/cordon", None, None).await;
     assert_eq!(cordoned.status, StatusCode::OK);
-    assert_eq!(*saw.lock().expect("lock"), Some(true));
+    assert_eq!(*saw.lock().expect("lock"), Some((true, None)));
     let m2 = h.sim.machine("m2").expect("m2");
     assert_eq!(
         m2.metadata.get(HOLD).map(String::as_str),

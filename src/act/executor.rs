@@ -488,12 +488,18 @@ impl Executor {
                 if *cordon {
                     self.verify_slot(t, &marker.tag).await?;
                 }
-                self.write_marker(&mut w, marker).await?;
+                // A cordon re-asserted after a restart (Fly dropped it) leaves
+                // the marker as it is.
+                if step.expected.as_ref() != Some(marker) {
+                    self.write_marker(&mut w, marker).await?;
+                }
                 if *cordon {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
                     self.bounded(lease).cordon(app, id, nonce).await?;
-                    if marker.drain_requested {
+                    // Only a rotation entering `draining` asks for a drain: a
+                    // drain after the restart would fence the fresh agent.
+                    if marker.drain_requested && marker.phase == Phase::Draining {
                         self.drain(&w, marker).await?;
                     }
                 }

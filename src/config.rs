@@ -87,6 +87,10 @@ pub struct FlyConfig {
     pub request_timeout: Duration,
     /// Retries of a transient failure (408, 429, 5xx, connection error).
     pub max_retries: u32,
+    /// Whether the client spaces its own calls at Fly's documented limits
+    /// per machine and action (`fly::RateLimits::FLY`). Off only where
+    /// nothing enforces them (the simulator-backed demo and tests).
+    pub rate_limits: bool,
 }
 
 impl Default for FlyConfig {
@@ -96,6 +100,7 @@ impl Default for FlyConfig {
             token_env: "FLY_API_TOKEN".into(),
             request_timeout: Duration::from_secs(30),
             max_retries: 4,
+            rate_limits: true,
         }
     }
 }

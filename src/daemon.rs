@@ -57,6 +57,10 @@ pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyCl
         FlyClientConfig {
             request_timeout: config.fly.request_timeout,
             max_retries: config.fly.max_retries,
+            rate_limits: config
+                .fly
+                .rate_limits
+                .then_some(crate::fly::RateLimits::FLY),
             ..FlyClientConfig::new(&config.fly.api_url)
         },
         secrets.fly_token.expose_secret(),

@@ -362,6 +362,10 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     config.rotation.coordinator = Some(coordinator);
 
     config.fly.api_url = sim.api_url();
+    // The simulator enforces no rate limit, and at Fly's limits the one
+    // coordinator paces every slot change (#19 defect 12, until slot changes
+    // are batched): the demo's timeline would not fit.
+    config.fly.rate_limits = false;
     config.overlay.repo = repo_path.display().to_string();
     config.overlay.mirror_dir = work.path().join("mirror.git");
     let template = HealthUrlTemplate::parse(&sim.health_url_template())

@@ -392,8 +392,9 @@ impl Rate {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimits {
     /// Each action on one machine (restart, stop, start, wait, cordon,
-    /// uncordon, the lease endpoint, metadata writes): Fly documents 1/s,
-    /// burst 3, per action per machine.
+    /// uncordon, lease POST (acquire and refresh), lease DELETE, metadata
+    /// POST (any key), metadata DELETE): Fly documents 1/s, burst 3, per
+    /// action per machine; an action is taken to be one endpoint and method.
     pub action: Rate,
     /// `get_machine` of one machine: Fly documents 5/s, burst 10.
     pub get_machine: Rate,
@@ -582,8 +583,8 @@ struct Call<'a> {
     extra_timeout: Duration,
     /// Largest success answer read ([`MAX_BODY_BYTES`] unless raised).
     max_body: usize,
-    /// The rate-limit bucket's action: the op, unless several ops share
-    /// one endpoint (and so, at worst, one limit at Fly).
+    /// The rate-limit bucket's action: one per endpoint and method (the
+    /// op, except that acquire and refresh are the same POST of the lease).
     bucket: &'static str,
 }
 
@@ -944,7 +945,6 @@ impl FlyClient {
     ) -> Result<(), FlyError> {
         let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
         call.segments = &["lease"];
-        call.bucket = "lease";
         call.nonce = Some(nonce);
         match self.send(call).await {
             Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),
@@ -965,7 +965,8 @@ impl FlyClient {
         let segments = ["metadata", key];
         let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
         call.segments = &segments;
-        call.bucket = "metadata";
+        // Every key's POST is one endpoint to Fly's limits, at worst.
+        call.bucket = "set_metadata";
         call.body = Some(serde_json::json!({ "value": value }));
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -981,7 +982,6 @@ impl FlyClient {
         let segments = ["metadata", key];
         let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
         call.segments = &segments;
-        call.bucket = "metadata";
         call.nonce = nonce;
         match self.send(call).await {
             Ok(_) | Err(FlyError::NotFound { .. }) => Ok(()),

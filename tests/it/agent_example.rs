@@ -298,6 +298,8 @@ async fn check_reads_the_reference_agent_and_follows_its_reloads() {
     .await
     .unwrap();
     let agent = Agent::spawn("127.0.0.1:0", &tip_s, &[]);
+    // One agent stands for the machine: the id only identifies it.
+    let health = format!("{}?machine={{machine_id}}", agent.url("/health"));
     let config = ov.dir.path().join("fleet-reconciler.toml");
     std::fs::write(
         &config,
@@ -322,7 +324,7 @@ health_url = "{health}"
             api = sim.api_url(),
             repo = ov.repo.display(),
             mirror = ov.dir.path().join("mirror.git").display(),
-            health = agent.url("/health"),
+            health = health,
         ),
     )
     .unwrap();

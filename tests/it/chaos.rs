@@ -292,6 +292,7 @@ impl ConfigWorld {
 [fly]
 api_url = "{api}"
 request_timeout = "2s"
+rate_limits = false
 [overlay]
 repo = "{repo}"
 branch = "release"

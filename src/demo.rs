@@ -333,8 +333,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let pools = ["dispatch", "conversation"];
     let mut fleet = SimFleet::new("demo-token")
         .release_tip(tip.to_string())
-        .restart_delay(std::time::Duration::from_secs(1))
-        .unlimited(); // #19: slot claims serialize on the coordinator's 1/s limit (defect 12); remove when fixed.
+        .restart_delay(std::time::Duration::from_secs(1));
     // The agent alert-and-wait waits for works three restart graces (30 s
     // with the demo's own config), so it is still busy when it is claimed.
     let busy_while = config.rotation.restart_grace.saturating_mul(3);
@@ -362,10 +361,6 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     config.rotation.coordinator = Some(coordinator);
 
     config.fly.api_url = sim.api_url();
-    // The simulator enforces no rate limit, and at Fly's limits the one
-    // coordinator paces every slot change (#19 defect 12, until slot changes
-    // are batched): the demo's timeline would not fit.
-    config.fly.rate_limits = false;
     config.overlay.repo = repo_path.display().to_string();
     config.overlay.mirror_dir = work.path().join("mirror.git");
     let template = HealthUrlTemplate::parse(&sim.health_url_template())

@@ -287,6 +287,9 @@ pub struct Executor {
     /// Steps of this process take the coordinator's lease one at a time:
     /// they queue here instead of spending Fly API calls on 409s.
     coordinator_gate: tokio::sync::Mutex<()>,
+    /// The latest read of the slot set and when it was sent, shared by the
+    /// slot checks of concurrent steps.
+    slots_read: tokio::sync::Mutex<Option<(Instant, SlotSet)>>,
     /// Slot changes waiting for the next batch under the coordinator's lease.
     slot_queue: Mutex<Vec<(SlotChange, tokio::sync::oneshot::Sender<SlotAnswer>)>>,
 }
@@ -375,6 +378,7 @@ impl Executor {
             agent_tokens,
             tuning,
             coordinator_gate: tokio::sync::Mutex::new(()),
+            slots_read: tokio::sync::Mutex::new(None),
             slot_queue: Mutex::new(Vec::new()),
         })
     }
@@ -532,6 +536,7 @@ impl Executor {
                 marker.instance_id = Some(machine.instance_id.clone());
                 // Marker first: if we die between here and the restart, the next
                 // reconciler waits out the verify deadline instead of restarting twice.
+                self.check(&w, Call::Write).await?;
                 self.write_marker(&mut w, &marker).await?;
                 // The marker write may have taken seconds (retries): the hold,
                 // the approval and the agent's work are judged again now, and
@@ -550,7 +555,13 @@ impl Executor {
                     // Nothing was restarted: put the plan's marker back so the
                     // rotation is not taken for one that restarted (best effort:
                     // if this fails, the verify deadline only delays it).
-                    if let Err(e) = self.write_marker(&mut w, expected).await {
+                    let restored = async {
+                        // Judged like any call: not on a held machine.
+                        self.check(&w, Call::Write).await?;
+                        self.write_marker(&mut w, expected).await
+                    }
+                    .await;
+                    if let Err(e) = restored {
                         tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
                     }
                     return Err(declined);
@@ -912,10 +923,27 @@ impl Executor {
         SlotSet::parse(value).map_err(|e| unreadable(e.to_string()).into())
     }
 
+    /// The slot set as read by a `GET` sent at or after `asked`. Concurrent
+    /// steps share reads: one read serves every step that asked before it
+    /// was sent (Fly allows about 5 reads a second of one machine, and every
+    /// disruptive step of a sweep checks the one coordinator).
+    async fn slots_read_since(&self, asked: Instant) -> Result<SlotSet, StepError> {
+        let mut last = self.slots_read.lock().await;
+        if let Some((sent, set)) = last.as_ref()
+            && *sent >= asked
+        {
+            return Ok(set.clone());
+        }
+        let sent = Instant::now();
+        let set = self.read_slots().await?;
+        *last = Some((sent, set.clone()));
+        Ok(set)
+    }
+
     /// Before a disruptive call: the rotation's slot is still in the set.
     async fn verify_slot(&self, t: &Target, tag: &str) -> Result<(), StepError> {
         if self
-            .read_slots()
+            .slots_read_since(Instant::now())
             .await?
             .holds(&t.app, &t.pool, &t.machine_id, tag)
         {
@@ -927,7 +955,7 @@ impl Executor {
 
     /// Under the coordinator's lease: our slot, if the pool has room after
     /// reclaiming slots whose rotation is over. Batched with the other slot
-    /// changes waiting at this instant ([`SlotBatch`]).
+    /// changes waiting at this instant (`change_slots`).
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
         let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let slot = Slot {

@@ -136,6 +136,11 @@ pub struct HeldAction {
     pub what: String,
     /// The request's [`super::RecordedRequest::seq`].
     pub seq: u64,
+    /// When the audit first saw the hold this action met (sim clock): Fly
+    /// does not fence metadata writes, so a call already on its way when the
+    /// hold landed can meet it; a daemon that read the machine after this
+    /// instant and still acted did not honour it.
+    pub held_since: Option<DateTime<Utc>>,
 }
 
 /// What the audit recorded since it was enabled. The event lists keep the
@@ -183,6 +188,8 @@ pub(crate) struct AuditState {
     config: AuditConfig,
     placements: HashMap<String, Placement>,
     out: HashMap<(String, String), BTreeSet<String>>,
+    /// Since when each held machine has carried its hold, as observed.
+    held_since: HashMap<String, DateTime<Utc>>,
     report: AuditReport,
 }
 
@@ -211,6 +218,7 @@ impl AuditState {
             config,
             placements: HashMap::new(),
             out: HashMap::new(),
+            held_since: HashMap::new(),
             report: AuditReport {
                 enabled: true,
                 ..AuditReport::default()
@@ -242,6 +250,11 @@ impl AuditState {
     /// Re-evaluates one machine after a change: moves it between out sets,
     /// and records a new maximum or a breach if its pool's out set grew.
     pub(crate) fn observe(&mut self, m: &MachineState, now: DateTime<Utc>) {
+        if self.held(m) {
+            self.held_since.entry(m.id.clone()).or_insert(now);
+        } else {
+            self.held_since.remove(&m.id);
+        }
         let placement = Placement {
             app: m.app.clone(),
             pool: self.config.pool_of(m),
@@ -326,6 +339,7 @@ impl AuditState {
             machine_id: machine_id.to_string(),
             what: what.to_string(),
             seq,
+            held_since: self.held_since.get(machine_id).copied(),
         };
         let report = &mut self.report;
         push_bounded(

@@ -1260,6 +1260,39 @@ async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
 
 // ---- Fly as it really behaves (#19) -------------------------------------------
 
+/// The sim with one idle machine, m1, one commit behind the tip.
+async fn one_drifted_machine(w: &World) -> Sim {
+    Sim::start(fleet(w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap()
+}
+
+/// A hand whose pool restarts at once (`restart`, no grace), cap 1.
+async fn restart_at_once(sim: &Sim, w: &World) -> Hand {
+    let cfg = config(sim, w, "m", &all("restart"), 1, "restart_grace = \"0s\"");
+    Hand::new(sim, cfg).await
+}
+
+/// Claims the only drifted machine, then plans its restart.
+async fn claimed_then_restart(hand: &mut Hand) -> fleet_reconciler::decide::planner::Plan {
+    use fleet_reconciler::act::executor::Outcome;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    restart
+}
+
+/// Runs `plan` in its own task, so the test can act while its steps are in flight.
+fn in_flight(
+    hand: &Arc<Hand>,
+    plan: &fleet_reconciler::decide::planner::Plan,
+) -> JoinHandle<Vec<fleet_reconciler::act::executor::StepReport>> {
+    let (hand, plan) = (hand.clone(), plan.clone());
+    tokio::spawn(async move { hand.run(&plan).await })
+}
+
 /// The operator's `now` approval of the tip on `id`, or a `when-idle` one.
 fn approve(sim: &Sim, w: &World, id: &str, mode: ApprovalMode) {
     let approval = Approval {
@@ -1308,25 +1341,13 @@ async fn a_now_approval_narrowed_to_when_idle_stops_the_interrupting_restart() {
 async fn a_hold_written_mid_step_stops_the_restart() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
-    let claim = hand.plan().await;
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart");
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
     // The `restarting` marker write hangs; the hold lands meanwhile.
     sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(3));
     let hand = Arc::new(hand);
-    let run = {
-        let (hand, restart) = (hand.clone(), restart.clone());
-        tokio::spawn(async move { hand.run(&restart).await })
-    };
+    let run = in_flight(&hand, &restart);
     tokio::time::sleep(Duration::from_secs(1)).await;
     sim.set_metadata("m1", HOLD_KEY, "ops: incident 43");
     let done = run.await.unwrap();
@@ -1393,20 +1414,12 @@ async fn a_drain_that_lands_after_the_snapshot_is_undone_by_the_yield() {
 async fn work_that_starts_during_the_marker_write_is_not_killed() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
-    let claim = hand.plan().await;
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    let restart = claimed_then_restart(&mut hand).await;
     sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(3));
     let hand = Arc::new(hand);
-    let run = {
-        let (hand, restart) = (hand.clone(), restart.clone());
-        tokio::spawn(async move { hand.run(&restart).await })
-    };
+    let run = in_flight(&hand, &restart);
     tokio::time::sleep(Duration::from_secs(1)).await;
     sim.set_live_sessions("m1", 1);
     let done = run.await.unwrap();
@@ -1429,14 +1442,8 @@ async fn work_that_starts_during_the_marker_write_is_not_killed() {
 async fn a_restart_leaves_the_stop_timeout_to_the_apps_kill_timeout() {
     use fleet_reconciler::act::executor::Outcome;
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
     for _ in 0..2 {
         let plan = hand.plan().await;
         assert_eq!(hand.run(&plan).await[0].outcome, Outcome::Done);
@@ -1464,21 +1471,13 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     use fleet_reconciler::act::executor::Outcome;
     use fleet_reconciler::act::operator::Operator;
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\"");
     let mut hand = Hand::new(&sim, cfg.clone()).await;
-    let claim = hand.plan().await;
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart");
+    let restart = claimed_then_restart(&mut hand).await;
     sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(3));
     let hand = Arc::new(hand);
-    let run = {
-        let (hand, restart) = (hand.clone(), restart.clone());
-        tokio::spawn(async move { hand.run(&restart).await })
-    };
+    let run = in_flight(&hand, &restart);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let secrets = Secrets {
         fly_token: TOKEN.into(),
@@ -1524,14 +1523,8 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
 async fn a_rate_limited_lease_is_a_skip_not_a_failure() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
     let claim = hand.plan().await;
     // Every retry of the acquire is refused too.
     sim.fail_next(10, 429, None);
@@ -1652,11 +1645,7 @@ async fn a_step_planned_before_an_outside_update_is_not_carried_out() {
     let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
         .await
         .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let mut hand = restart_at_once(&sim, &w).await;
     let claim = hand.plan().await;
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
     let recorded = marker_of(&sim, "m1").unwrap().instance_id;
@@ -1718,24 +1707,12 @@ fn storm_after_marker_write(sim: &Sim, id: &str, nth: usize) {
 async fn a_throttled_restart_is_not_sent_after_its_lease_lapsed() {
     use fleet_reconciler::act::executor::Outcome;
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
-    let claim = hand.plan().await;
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart");
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
     storm_after_marker_write(&sim, "m1", 1);
     let hand = Arc::new(hand);
-    let run = {
-        let (hand, restart) = (hand.clone(), restart.clone());
-        tokio::spawn(async move { hand.run(&restart).await })
-    };
+    let run = in_flight(&hand, &restart);
     // Past the lease's TTL (13 s): an operator holds the machine.
     tokio::time::sleep(Duration::from_secs(14)).await;
     sim.set_metadata("m1", HOLD_KEY, "ops: incident 45");
@@ -1759,9 +1736,7 @@ async fn a_throttled_restart_is_not_sent_after_its_lease_lapsed() {
 #[tokio::test(start_paused = true)]
 async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let mut hand = Hand::new(
         &sim,
         config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"1h\""),
@@ -1772,10 +1747,7 @@ async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
     // Claiming, then draining: the storm starts after the second write.
     storm_after_marker_write(&sim, "m1", 2);
     let hand = Arc::new(hand);
-    let run = {
-        let (hand, claim) = (hand.clone(), claim.clone());
-        tokio::spawn(async move { hand.run(&claim).await })
-    };
+    let run = in_flight(&hand, &claim);
     tokio::time::sleep(Duration::from_secs(14)).await;
     sim.set_metadata("m1", HOLD_KEY, "ops: incident 46");
     let held_at = sim.now();

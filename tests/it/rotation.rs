@@ -1769,3 +1769,68 @@ async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
     );
     sim.shutdown().await;
 }
+
+/// #19 defect 2 (a). Before: the coordinator's slot-set write that hung was
+/// retried after the coordinator lease had lapsed (its refreshes failed),
+/// after a second replica had taken the lease and written its own slot:
+/// the late write erased that slot, and both machines were cordoned in a
+/// cap-1 pool. Now no attempt is sent past the coordinator lease's validity.
+#[tokio::test(start_paused = true)]
+async fn a_hung_slot_write_is_not_retried_after_the_coordinator_lease_lapsed() {
+    use fleet_reconciler::sim::{AuditConfig, ChaosFault};
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2").loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    sim.enable_audit(AuditConfig::new("pool").cap("app", "default", 1));
+    let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"1h\"");
+    let mut r1 = Hand::with_tuning(&sim, cfg.clone(), ExecutorConfig::new("r1")).await;
+    let mut r2 = Hand::with_tuning(&sim, cfg, ExecutorConfig::new("r2")).await;
+    let only = |plan: fleet_reconciler::decide::planner::Plan, id: &str| {
+        let mut plan = plan;
+        let decisions = format!("{:?}", plan.decisions);
+        plan.steps.retain(|s| s.target.machine_id.as_str() == id);
+        assert_eq!(plan.steps.len(), 1, "{decisions}");
+        plan
+    };
+    let claim1 = only(r1.plan().await, "m1");
+    // r2 plans m2's claim from the same empty set (m1 briefly held, so
+    // its plan picks the other machine).
+    sim.set_metadata("m1", HOLD_KEY, "ops");
+    let claim2 = only(r2.plan().await, "m2");
+    sim.delete_metadata("m1", HOLD_KEY);
+    // r1's slot write hangs attempt after attempt, and its coordinator
+    // lease's refreshes fail: the lease lapses while the write is retried.
+    for _ in 0..3 {
+        sim.hang_next_call(COORD, "POST", "metadata", Duration::from_secs(30));
+    }
+    sim.handle().after_next_call(COORD, "POST", "lease", |h| {
+        for _ in 0..5 {
+            h.fault_next_call(COORD, "POST", "lease", ChaosFault::ServerError);
+        }
+    });
+    let r1 = Arc::new(r1);
+    let run1 = in_flight(&r1, &claim1);
+    // Past the coordinator lease's TTL (13 s), r2 claims m2.
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    let done2 = r2.run(&claim2).await;
+    let _ = run1.await.unwrap();
+    let audit = sim.audit();
+    assert!(
+        audit.cap_breaches.is_empty(),
+        "cap 1 breached: {:?}",
+        audit.cap_breaches
+    );
+    let cordoned: Vec<_> = ["m1", "m2"]
+        .into_iter()
+        .filter(|id| sim.machine(id).unwrap().cordoned)
+        .collect();
+    assert!(cordoned.len() <= 1, "{cordoned:?} cordoned; r2: {done2:?}");
+    sim.shutdown().await;
+}

@@ -1222,7 +1222,14 @@ impl Executor {
                         return;
                     }
                     let sent = Instant::now();
+                    // Not sent, nor retried, once the lease may have lapsed:
+                    // on a machine nobody leases, a refresh may take a new
+                    // lease, hiding that someone else held it in between.
+                    let until = *valid_until
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     match fly
+                        .within(until)
                         .refresh_lease(&app, &id, &nonce, ttl, &description)
                         .await
                     {

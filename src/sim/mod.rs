@@ -35,7 +35,7 @@
 //! # Semantics the sim had to choose
 //!
 //! - **Machine version.** The instance id is the machine version: an update
-//!   (`POST …/{id}`, [`Sim::outside_update`]) gives the machine a new one;
+//!   (`POST …/{id}`, [`SimHandle::outside_update`]) gives the machine a new one;
 //!   restart, start and metadata writes keep it, as on Fly ("metadata writes
 //!   create no machine version", FLY-REALITY.md). So `PATCH …/metadata` with
 //!   `machine_version` is no compare-and-set on metadata, here as there.

@@ -303,11 +303,15 @@ struct Validity {
 
 impl Validity {
     fn valid(&self) -> bool {
-        let until = *self
+        !self.lost.is_cancelled() && Instant::now() < self.until()
+    }
+
+    /// Until when a call may be sent under the lease.
+    fn until(&self) -> Instant {
+        *self
             .valid_until
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        !self.lost.is_cancelled() && Instant::now() < until
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -342,11 +346,7 @@ impl Held {
 
     /// Until when a call may be sent under this lease.
     fn until(&self) -> Instant {
-        *self
-            .validity
-            .valid_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.validity.until()
     }
 }
 
@@ -889,7 +889,7 @@ impl Executor {
     async fn write_marker(&self, w: &mut Watch<'_>, marker: &Marker) -> Result<(), StepError> {
         w.lease.ensure()?;
         let written = self
-            .fly
+            .bounded(w.lease)
             .set_metadata(
                 &w.t.app,
                 &w.t.machine_id,
@@ -1200,8 +1200,11 @@ impl Executor {
         };
         // Counted from before the request: the TTL may have started then.
         let margin = self.tuning.lease_ttl / 4;
-        let valid_until = Arc::new(Mutex::new(started + self.tuning.lease_ttl - margin));
-        let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+        let validity = Validity {
+            lost: CancellationToken::new(),
+            valid_until: Arc::new(Mutex::new(started + self.tuning.lease_ttl - margin)),
+        };
+        let stop = CancellationToken::new();
         let refresher = {
             let (fly, app, id, nonce) = (
                 self.fly.clone(),
@@ -1210,7 +1213,7 @@ impl Executor {
                 lease.nonce.clone(),
             );
             let (ttl, every) = (self.tuning.lease_ttl, self.tuning.lease_refresh);
-            let (stop, lost, valid_until) = (stop.clone(), lost.clone(), valid_until.clone());
+            let (stop, validity) = (stop.clone(), validity.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
@@ -1225,23 +1228,21 @@ impl Executor {
                     // Not sent, nor retried, once the lease may have lapsed:
                     // on a machine nobody leases, a refresh may take a new
                     // lease, hiding that someone else held it in between.
-                    let until = *valid_until
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     match fly
-                        .within(until)
+                        .within(validity.until())
                         .refresh_lease(&app, &id, &nonce, ttl, &description)
                         .await
                     {
                         Ok(_) => {
-                            let mut v = valid_until
+                            *validity
+                                .valid_until
                                 .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner);
-                            *v = sent + ttl - margin;
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                sent + ttl - margin;
                         }
                         Err(e) => {
                             tracing::warn!(app = %app, machine_id = %id, error = %e, "lease refresh failed; the step stops before its next call");
-                            lost.cancel();
+                            validity.lost.cancel();
                             return;
                         }
                     }
@@ -1252,7 +1253,7 @@ impl Executor {
             app: app.to_string(),
             machine_id: machine_id.to_string(),
             nonce: lease.nonce,
-            validity: Validity { lost, valid_until },
+            validity,
             stop,
             refresher,
         })

@@ -1834,3 +1834,42 @@ async fn a_hung_slot_write_is_not_retried_after_the_coordinator_lease_lapsed() {
     assert!(cordoned.len() <= 1, "{cordoned:?} cordoned; r2: {done2:?}");
     sim.shutdown().await;
 }
+
+/// #19 defect 2, the marker write. A `restarting` marker write that hangs
+/// attempt after attempt, while the lease's refreshes fail, is not retried
+/// after the lease lapsed: it could land over whatever someone else wrote.
+#[tokio::test(start_paused = true)]
+async fn a_hung_marker_write_is_not_retried_after_the_lease_lapsed() {
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    for _ in 0..3 {
+        sim.hang_next_call("m1", "POST", "metadata", Duration::from_secs(30));
+    }
+    // After the step's acquire, every refresh fails: the lease lapses.
+    sim.handle().after_next_call("m1", "POST", "lease", |h| {
+        for _ in 0..5 {
+            h.fault_next_call("m1", "POST", "lease", ChaosFault::ServerError);
+        }
+    });
+    let acquired = sim.now();
+    let _ = hand.run(&restart).await;
+    let late: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some("m1")
+                && r.action.as_deref() == Some("metadata")
+                && r.method == "POST"
+                && r.at >= acquired + chrono::Duration::seconds(13)
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "a marker write sent after the lease lapsed: {late:?}"
+    );
+    assert!(restarts(&sim, "m1").is_empty());
+    sim.shutdown().await;
+}

@@ -125,6 +125,11 @@ pub enum EventKind {
     ActionStarted,
     ActionSucceeded,
     ActionFailed,
+    /// A call of a step may have taken effect where nothing fenced it: a
+    /// hold landed within its round trip, or it went unanswered and Fly may
+    /// carry it out after the lease lapsed (docs/safety.md, "What is not
+    /// covered"). Sent to every sink; a page on PagerDuty that a human resolves.
+    ActionUnfenced,
 }
 
 impl EventKind {

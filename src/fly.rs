@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
@@ -549,6 +550,9 @@ pub struct FlyClient {
     deadline: Option<Instant>,
     /// Shared by every clone, so one machine's budget is one budget.
     limiter: Option<Arc<RateLimiter>>,
+    /// Set by [`FlyClient::noting_unanswered`]: raised when a mutating
+    /// attempt may have reached Fly and got no answer.
+    unanswered: Option<Arc<AtomicBool>>,
 }
 
 impl fmt::Debug for FlyClient {
@@ -706,6 +710,7 @@ impl FlyClient {
             config,
             observer: None,
             deadline: None,
+            unanswered: None,
         })
     }
 
@@ -719,6 +724,17 @@ impl FlyClient {
     pub fn within(&self, deadline: Instant) -> FlyClient {
         let mut c = self.clone();
         c.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+        c
+    }
+
+    /// A clone of this client that raises `flag` whenever a mutating attempt
+    /// may have been sent and got no answer (a timeout, a connection lost
+    /// after connecting). Fly has no server-side deadline: such a call may be
+    /// carried out later, after the caller's lease lapsed, and a retry that
+    /// succeeded does not stop the first attempt landing late.
+    pub fn noting_unanswered(&self, flag: Arc<AtomicBool>) -> FlyClient {
+        let mut c = self.clone();
+        c.unanswered = Some(flag);
         c
     }
 
@@ -1083,6 +1099,14 @@ impl FlyClient {
                             Capped::Transport(e) => call.transport(&e),
                         });
                     }
+                    // A gateway's 502/504 says Fly's proxy gave up waiting,
+                    // not that the machine's API did nothing.
+                    if matches!(
+                        status,
+                        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+                    ) {
+                        self.note_unanswered(&call);
+                    }
                     let retry_after = parse_retry_after(resp.headers());
                     let transient = status == StatusCode::TOO_MANY_REQUESTS
                         || (call.idempotence == Idempotence::Safe
@@ -1100,6 +1124,9 @@ impl FlyClient {
                     self.observe(call.op, kind);
                     // A connect error means the request never left: always safe to repeat.
                     let never_sent = e.is_connect();
+                    if !never_sent {
+                        self.note_unanswered(&call);
+                    }
                     if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
                         return Err(call.outcome_unknown());
                     }
@@ -1140,6 +1167,16 @@ impl FlyClient {
             );
             tokio::time::sleep(delay).await;
             attempt += 1;
+        }
+    }
+
+    /// A mutating attempt that may have reached Fly got no answer of its
+    /// own: raise the flag of [`FlyClient::noting_unanswered`].
+    fn note_unanswered(&self, call: &Call<'_>) {
+        if call.method != Method::GET
+            && let Some(flag) = &self.unanswered
+        {
+            flag.store(true, Ordering::SeqCst);
         }
     }
 

@@ -17,6 +17,7 @@
 //! the plan it stops and lets the next sweep replan.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +36,7 @@ use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
-use crate::model::{AppName, MachineId, MachineState, PolicyAction};
+use crate::model::{AppName, MachineId, MachineState, PolicyAction, Severity};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -132,6 +133,51 @@ pub enum Outcome {
     Skipped(Declined),
     /// Tried and failed; the marker says where the rotation stands.
     Failed(Failure),
+}
+
+/// A call of a step that may have taken effect where nothing fenced it: the
+/// two gaps of docs/safety.md that no check before a call can close. Each
+/// is reported as an `action_unfenced` event, so that a human looks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unfenced {
+    /// A hold was found on the machine after a disruptive call that the read
+    /// before it had cleared: it landed within that round trip, so Fly may
+    /// have carried out the call after the hold was written.
+    HoldLanded { call: &'static str },
+    /// A mutating call under a lease got no answer (timed out, or the
+    /// connection broke after it was sent). Fly has no server-side deadline:
+    /// it may carry the call out later, after the lease lapsed.
+    Unanswered { lease: LeaseOf },
+}
+
+/// Whose lease fenced a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOf {
+    /// The machine's own (markers, cordon, restart).
+    Machine,
+    /// The coordinator's (the slot set).
+    Coordinator,
+}
+
+impl std::fmt::Display for Unfenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unfenced::HoldLanded { call } => write!(
+                f,
+                "a hold appeared on the machine around our {call} call: Fly may have carried it out after the hold was written; check the machine and the agent's work"
+            ),
+            Unfenced::Unanswered {
+                lease: LeaseOf::Machine,
+            } => f.write_str(
+                "a call under the machine's lease got no answer: Fly may carry it out after the lease lapsed; check the machine's metadata and state",
+            ),
+            Unfenced::Unanswered {
+                lease: LeaseOf::Coordinator,
+            } => f.write_str(
+                "a slot-set write under the coordinator's lease got no answer: Fly may carry it out after the lease lapsed, over another replica's write; check the slots (`fleet-reconciler status`)",
+            ),
+        }
+    }
 }
 
 /// What failed in a step that was tried: the Fly API or an agent.
@@ -232,6 +278,10 @@ enum SlotChange {
     },
 }
 
+/// Where a queued slot change gets its answer, and whether the batch's
+/// slot-set write went unanswered.
+type SlotReply = tokio::sync::oneshot::Sender<(SlotAnswer, bool)>;
+
 /// How one queued slot change ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum SlotAnswer {
@@ -291,7 +341,7 @@ pub struct Executor {
     /// slot checks of concurrent steps.
     slots_read: tokio::sync::Mutex<Option<(Instant, SlotSet)>>,
     /// Slot changes waiting for the next batch under the coordinator's lease.
-    slot_queue: Mutex<Vec<(SlotChange, tokio::sync::oneshot::Sender<SlotAnswer>)>>,
+    slot_queue: Mutex<Vec<(SlotChange, SlotReply)>>,
 }
 
 /// Whether a lease is still certainly ours; shared with its refresher.
@@ -324,9 +374,46 @@ struct Held {
     validity: Validity,
     stop: CancellationToken,
     refresher: JoinHandle<()>,
+    /// Raised by the client when a mutating call under this lease went unanswered.
+    unanswered: Arc<AtomicBool>,
+    /// The disruptive call made since the last read of the machine, if any.
+    last_call: Mutex<Option<&'static str>>,
+    /// What this step may have done unfenced.
+    unfenced: Mutex<Vec<Unfenced>>,
 }
 
 impl Held {
+    /// Just before a disruptive call: until the next read of the machine,
+    /// a hold found there may have landed before the call took effect.
+    fn calling(&self, call: &'static str) {
+        *lock(&self.last_call) = Some(call);
+    }
+
+    /// A read of the machine: the disruptive call before it, if any, and
+    /// whether that read found a hold.
+    fn read_back(&self, held: bool) {
+        if let Some(call) = lock(&self.last_call).take()
+            && held
+        {
+            self.note(Unfenced::HoldLanded { call });
+        }
+    }
+
+    fn note(&self, u: Unfenced) {
+        let mut all = lock(&self.unfenced);
+        if !all.contains(&u) {
+            all.push(u);
+        }
+    }
+
+    /// Everything noted, with an unanswered call under this lease.
+    fn take_unfenced(&self, of: LeaseOf) -> Vec<Unfenced> {
+        if self.unanswered.load(Ordering::SeqCst) {
+            self.note(Unfenced::Unanswered { lease: of });
+        }
+        std::mem::take(&mut *lock(&self.unfenced))
+    }
+
     /// Before every mutating call: is the lease still certainly ours?
     fn ensure(&self) -> Result<(), Declined> {
         if self.validity.valid() {
@@ -387,7 +474,9 @@ impl Executor {
     /// retried, past the lease's validity (a call that outlived its lease
     /// could land after someone else acted on the machine).
     fn bounded(&self, lease: &Held) -> FlyClient {
-        self.fly.within(lease.until())
+        self.fly
+            .within(lease.until())
+            .noting_unanswered(lease.unanswered.clone())
     }
 
     /// Carries out the steps (different machines concurrently) and reports each.
@@ -395,10 +484,12 @@ impl Executor {
         use futures::StreamExt;
         futures::stream::iter(steps)
             .map(|step| async move {
+                let mut unfenced = Vec::new();
                 let outcome = if shutdown.is_cancelled() {
                     Outcome::Skipped(Declined::ShuttingDown)
                 } else {
-                    match self.run(&step, shutdown).await {
+                    let result = self.run(&step, shutdown, &mut unfenced).await;
+                    match result {
                         Ok(()) => Outcome::Done,
                         Err(StepError::Declined(why)) => Outcome::Skipped(why),
                         Err(StepError::Fly(e)) => Outcome::Failed(Failure::Fly {
@@ -411,8 +502,14 @@ impl Executor {
                         }
                     }
                 };
-                let events = events_for(&step, &outcome, self.tuning.clock.now());
+                let now = self.tuning.clock.now();
+                let mut events = events_for(&step, &outcome, now);
                 log_step(&step, &outcome);
+                for u in &unfenced {
+                    let t = &step.target;
+                    tracing::error!(app = %t.app, machine_id = %t.machine_id, step = step.kind(), "{step}: {u}");
+                }
+                events.extend(unfenced_events(&step, &unfenced, now));
                 StepReport {
                     step,
                     outcome,
@@ -424,12 +521,35 @@ impl Executor {
             .await
     }
 
-    async fn run(&self, step: &Step, shutdown: &CancellationToken) -> Result<(), StepError> {
+    async fn run(
+        &self,
+        step: &Step,
+        shutdown: &CancellationToken,
+        unfenced: &mut Vec<Unfenced>,
+    ) -> Result<(), StepError> {
         let t = &step.target;
         let lease = self.acquire(&t.app, &t.machine_id).await?;
         let result = self.under_lease(step, &lease, shutdown).await;
+        // The step's last disruptive call had no read after it.
+        self.look_for_hold(t, &lease).await;
+        unfenced.extend(lease.take_unfenced(LeaseOf::Machine));
         self.release(lease).await;
         result
+    }
+
+    /// One read after a disruptive call that no check followed: a hold
+    /// found now landed around that call (holds written through
+    /// `fleet-reconciler hold` take the lease, so they wait for our release
+    /// and never show here). An unreadable machine tells nothing.
+    async fn look_for_hold(&self, t: &Target, lease: &Held) {
+        if lock(&lease.last_call).is_none() {
+            return;
+        }
+        if let Ok(m) = self.fly.get_machine(&t.app, &t.machine_id).await
+            && let Ok(metadata) = m.known_metadata()
+        {
+            lease.read_back(metadata.contains_key(HOLD_KEY));
+        }
     }
 
     async fn under_lease(
@@ -484,7 +604,7 @@ impl Executor {
                     .delete_metadata(app, id, MARKER_KEY, nonce)
                     .await?;
                 if let Some(m) = &step.expected {
-                    self.release_slot(t, &m.tag).await;
+                    self.release_slot(t, &m.tag, lease).await;
                 }
                 Ok(())
             }
@@ -500,6 +620,7 @@ impl Executor {
                 if *cordon {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
+                    lease.calling("cordon");
                     self.bounded(lease).cordon(app, id, nonce).await?;
                     // Only a rotation entering `draining` asks for a drain: a
                     // drain after the restart would fence the fresh agent.
@@ -525,6 +646,7 @@ impl Executor {
                 if expected.may_have_cordoned() {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
+                    lease.calling("cordon");
                     self.bounded(lease).cordon(app, id, nonce).await?;
                 }
                 let mut marker = marker.clone();
@@ -569,7 +691,11 @@ impl Executor {
                 lease.ensure()?;
                 // No timeout: Fly then waits the app's own kill_timeout (up to
                 // 300 s) for the agent to checkpoint on its stop signal.
+                lease.calling("restart");
                 self.bounded(lease).restart(app, id, None, nonce).await?;
+                // Read back at once, not after the wait for `started`: a hold
+                // written later did not race the restart.
+                self.look_for_hold(t, lease).await;
                 tokio::select! {
                     _ = shutdown.cancelled() => Ok(()),
                     r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
@@ -633,7 +759,9 @@ impl Executor {
         let metadata = machine
             .known_metadata()
             .map_err(|e| Declined::HostUnavailable(e.to_string()))?;
-        if metadata.contains_key(HOLD_KEY) {
+        let held = metadata.contains_key(HOLD_KEY);
+        w.lease.read_back(held);
+        if held {
             return Err(Declined::Held.into());
         }
         let current = metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
@@ -735,6 +863,7 @@ impl Executor {
         self.check(w, Call::Disruptive).await?;
         if reload {
             lease.ensure()?;
+            lease.calling("overlay/reload");
             self.agent_call(
                 t,
                 lease,
@@ -746,6 +875,7 @@ impl Executor {
             return Ok(());
         }
         lease.ensure()?;
+        lease.calling("cordon");
         self.bounded(w.lease)
             .cordon(&t.app, &t.machine_id, lease.nonce())
             .await?;
@@ -786,7 +916,7 @@ impl Executor {
                 // planner alerts while it is cordoned without a slot.
                 let now = self.check(w, Call::Write).await?;
                 if !now.is_started() {
-                    self.release_slot(t, &marker.tag).await;
+                    self.release_slot(t, &marker.tag, lease).await;
                     return Err(Declined::UncordonRefused {
                         state: now.state.clone(),
                         error: e.to_string(),
@@ -832,7 +962,7 @@ impl Executor {
                     .await?;
             }
         }
-        self.release_slot(t, &marker.tag).await;
+        self.release_slot(t, &marker.tag, lease).await;
         Ok(())
     }
 
@@ -876,6 +1006,7 @@ impl Executor {
     async fn drain(&self, w: &Watch<'_>, marker: &Marker) -> Result<(), StepError> {
         self.check(w, Call::Disruptive).await?;
         w.lease.ensure()?;
+        w.lease.calling("overlay/drain");
         self.agent_call(
             w.t,
             w.lease,
@@ -971,7 +1102,13 @@ impl Executor {
             cap,
             lease: lease.validity(),
         };
-        match self.change_slots(change).await {
+        let (answer, unanswered) = self.change_slots(change).await;
+        if unanswered {
+            lease.note(Unfenced::Unanswered {
+                lease: LeaseOf::Coordinator,
+            });
+        }
+        match answer {
             SlotAnswer::Done => Ok(()),
             SlotAnswer::Full => Err(Declined::PoolFull {
                 app: t.app.clone(),
@@ -989,7 +1126,8 @@ impl Executor {
     /// read-modify-write; the others get their answers from it. Fly allows
     /// about one lease call a second per machine, so one lease per batch,
     /// not per claim, is what lets a sweep claim more than a slot a second.
-    async fn change_slots(&self, change: SlotChange) -> SlotAnswer {
+    /// Also says whether the batch's slot-set write went unanswered.
+    async fn change_slots(&self, change: SlotChange) -> (SlotAnswer, bool) {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         self.slot_queue
             .lock()
@@ -1007,21 +1145,22 @@ impl Executor {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
         let (changes, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-        let results = self.apply_slot_changes(&changes).await;
+        let (results, unanswered) = self.apply_slot_changes(&changes).await;
         for (answer, result) in answers.into_iter().zip(results) {
             // A waiter that went away (shutdown) needs no answer.
-            let _ = answer.send(result);
+            let _ = answer.send((result, unanswered));
         }
         rx.try_recv()
-            .unwrap_or(SlotAnswer::Declined(Declined::ShuttingDown))
+            .unwrap_or((SlotAnswer::Declined(Declined::ShuttingDown), false))
     }
 
-    /// One coordinator lease, one read, one write for all `changes`.
-    async fn apply_slot_changes(&self, changes: &[SlotChange]) -> Vec<SlotAnswer> {
+    /// One coordinator lease, one read, one write for all `changes`; and
+    /// whether that write went unanswered.
+    async fn apply_slot_changes(&self, changes: &[SlotChange]) -> (Vec<SlotAnswer>, bool) {
         let all = |answer: SlotAnswer| vec![answer; changes.len()];
         let coordinator = match self.acquire_coordinator().await {
             Ok(held) => held,
-            Err(e) => return all(SlotAnswer::from(e)),
+            Err(e) => return (all(SlotAnswer::from(e)), false),
         };
         let answers = async {
             let mut set = match self.read_slots().await {
@@ -1103,8 +1242,9 @@ impl Executor {
             answers
         }
         .await;
+        let unanswered = coordinator.unanswered.load(Ordering::SeqCst);
         self.release(coordinator).await;
-        answers
+        (answers, unanswered)
     }
 
     /// Slots whose machine carries no marker with the slot's tag that still
@@ -1134,14 +1274,20 @@ impl Executor {
     }
 
     /// Best effort: a slot left behind is reclaimed by the next claim that needs it.
-    async fn release_slot(&self, t: &Target, tag: &str) {
+    async fn release_slot(&self, t: &Target, tag: &str, lease: &Held) {
         let change = SlotChange::Release {
             app: t.app.clone(),
             pool: t.pool.clone(),
             machine_id: t.machine_id.clone(),
             tag: tag.to_string(),
         };
-        match self.change_slots(change).await {
+        let (answer, unanswered) = self.change_slots(change).await;
+        if unanswered {
+            lease.note(Unfenced::Unanswered {
+                lease: LeaseOf::Coordinator,
+            });
+        }
+        match answer {
             SlotAnswer::Done => {}
             other => {
                 tracing::info!(app = %t.app, machine_id = %t.machine_id, error = ?other, "slot not released now; the next claim that needs it reclaims it")
@@ -1256,6 +1402,9 @@ impl Executor {
             validity,
             stop,
             refresher,
+            unanswered: Arc::new(AtomicBool::new(false)),
+            last_call: Mutex::new(None),
+            unfenced: Mutex::new(Vec::new()),
         })
     }
 
@@ -1372,6 +1521,31 @@ fn log_step(step: &Step, outcome: &Outcome) {
             tracing::warn!(app = %t.app, machine_id = %t.machine_id, pool = %t.pool, commit, severity, step = step.kind(), error = %why, "failed: {step}")
         }
     }
+}
+
+/// An `action_unfenced` event for each thing a step may have done unfenced,
+/// at least at `high`: it asks a human to look, whatever the drift's
+/// severity.
+fn unfenced_events(step: &Step, unfenced: &[Unfenced], at: DateTime<Utc>) -> Vec<ActionEvent> {
+    let t = &step.target;
+    let marker = step.new_marker().or(step.expected.as_ref());
+    unfenced
+        .iter()
+        .map(|u| ActionEvent {
+            kind: EventKind::ActionUnfenced,
+            app: t.app.clone(),
+            machine_id: t.machine_id.clone(),
+            commit: marker.map(|m| m.target.clone()).unwrap_or_default(),
+            severity: marker.map_or(Severity::High, |m| m.severity.max(Severity::High)),
+            action: marker.map_or(PolicyAction::Manual, |m| m.action),
+            summary: format!("{step} on {}: {u}", t.machine_id),
+            at,
+        })
+        .collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One-shot events: a claim starts an action, a finish ends it, a failure fails it.

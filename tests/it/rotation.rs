@@ -1873,3 +1873,142 @@ async fn a_hung_marker_write_is_not_retried_after_the_lease_lapsed() {
     assert!(restarts(&sim, "m1").is_empty());
     sim.shutdown().await;
 }
+
+/// The `action_unfenced` events of a run, and their summaries.
+fn unfenced(done: &[fleet_reconciler::act::executor::StepReport]) -> Vec<String> {
+    use fleet_reconciler::events::EventKind;
+    done.iter()
+        .flat_map(|r| &r.events)
+        .filter(|e| e.kind == EventKind::ActionUnfenced)
+        .map(|e| e.summary.clone())
+        .collect()
+}
+
+/// #19, docs/safety.md "not covered" (1). A hold written within the one
+/// round trip between the executor's re-read and the restart it cleared
+/// cannot stop that restart (Fly fences no metadata write), but it must not
+/// pass unseen: the read after the call finds it and the step reports an
+/// `action_unfenced` event naming the call. A restart no hold raced reports
+/// nothing.
+#[tokio::test(start_paused = true)]
+async fn a_hold_landing_within_the_restarts_round_trip_is_reported() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    // Served after the executor's last read, before Fly carries it out.
+    sim.handle().before_next_call("m1", "POST", "restart", |h| {
+        h.set_metadata("m1", HOLD_KEY, "ops: incident 47");
+    });
+    let done = hand.run(&restart).await;
+    assert_eq!(done[0].outcome, Outcome::Done, "{:?}", done[0].outcome);
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    let reported = unfenced(&done);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert!(
+        reported[0].contains("hold") && reported[0].contains("restart"),
+        "{reported:?}"
+    );
+    let event = done[0]
+        .events
+        .iter()
+        .find(|e| e.kind == fleet_reconciler::events::EventKind::ActionUnfenced);
+    assert!(
+        event.is_some_and(|e| e.severity >= fleet_reconciler::model::Severity::High),
+        "an unfenced call pages at high at least: {event:?}"
+    );
+
+    // The control: the same rotation on a second machine, no hold.
+    let w2 = world();
+    let sim2 = one_drifted_machine(&w2).await;
+    let mut hand2 = restart_at_once(&sim2, &w2).await;
+    let restart2 = claimed_then_restart(&mut hand2).await;
+    let done2 = hand2.run(&restart2).await;
+    assert_eq!(done2[0].outcome, Outcome::Done);
+    assert!(unfenced(&done2).is_empty(), "{:?}", unfenced(&done2));
+    sim.shutdown().await;
+    sim2.shutdown().await;
+}
+
+/// #19, docs/safety.md "not covered" (1), the claim: a hold that lands
+/// while the claim's cordon is in flight is found by the read after it and
+/// reported; from then on nothing more is done to the machine.
+#[tokio::test(start_paused = true)]
+async fn a_hold_landing_around_a_cordon_is_reported_and_nothing_follows() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1").cooperative()]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    sim.handle().before_next_call("m1", "POST", "cordon", |h| {
+        h.set_metadata("m1", HOLD_KEY, "ops: incident 48");
+    });
+    let done = hand.run(&claim).await;
+    assert_eq!(done[0].outcome, Outcome::Done, "{:?}", done[0].outcome);
+    let reported = unfenced(&done);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert!(reported[0].contains("cordon"), "{reported:?}");
+    let next = hand.plan().await;
+    assert!(
+        next.steps.is_empty(),
+        "acted on a held machine: {:?}",
+        next.steps
+    );
+    sim.shutdown().await;
+}
+
+/// #19, docs/safety.md "not covered" (2). A restart sent under the lease
+/// whose answer never comes before the lease lapses may be carried out by
+/// Fly at any later time: the step reports it (`action_unfenced`).
+#[tokio::test(start_paused = true)]
+async fn a_restart_left_unanswered_by_its_lease_is_reported() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    // Longer than the lease's TTL (13 s): the attempt is cut at its deadline.
+    sim.hang_next_call("m1", "POST", "restart", Duration::from_secs(60));
+    let done = hand.run(&restart).await;
+    assert!(
+        matches!(done[0].outcome, Outcome::Failed(_)),
+        "{:?}",
+        done[0].outcome
+    );
+    let reported = unfenced(&done);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert!(
+        reported[0].contains("no answer") && reported[0].contains("lease lapsed"),
+        "{reported:?}"
+    );
+    sim.shutdown().await;
+}
+
+/// #19, docs/safety.md "not covered" (2), the coordinator's side: a slot
+/// write left unanswered may land after the coordinator's lease lapsed,
+/// over another replica's; the claim that waited on it reports it.
+#[tokio::test(start_paused = true)]
+async fn a_slot_write_left_unanswered_is_reported() {
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"1h\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    sim.hang_next_call(COORD, "POST", "metadata", Duration::from_secs(60));
+    let done = hand.run(&claim).await;
+    let reported = unfenced(&done);
+    assert!(
+        reported.iter().any(|s| s.contains("slot-set write")),
+        "{reported:?} ({:?})",
+        done[0].outcome
+    );
+    sim.shutdown().await;
+}

@@ -907,7 +907,8 @@ impl Sink {
                 continue;
             }
             // PagerDuty pages: only failures, resolved by the rotation's success
-            // (whatever its severity: the resolve follows the trigger).
+            // (whatever its severity: the resolve follows the trigger), and
+            // calls that may have gone unfenced.
             let failure_key = event_key(EventKind::ActionFailed, e);
             match e.kind {
                 EventKind::ActionFailed if wanted => {
@@ -927,8 +928,14 @@ impl Sink {
                         queued += 1;
                     }
                 }
-                EventKind::ActionFailed | EventKind::ActionSucceeded | EventKind::ActionStarted => {
+                // Nothing of ours resolves it: a human looks, then resolves.
+                EventKind::ActionUnfenced if wanted => {
+                    queued += usize::from(self.push(st, Notification::event(e), capacity));
                 }
+                EventKind::ActionFailed
+                | EventKind::ActionSucceeded
+                | EventKind::ActionStarted
+                | EventKind::ActionUnfenced => {}
             }
         }
         if st.dropped == refused_before && st.queue.len() < capacity {
@@ -1558,7 +1565,7 @@ mod tests {
     }
 
     #[test]
-    fn pagerduty_pages_only_failures_and_resolves_them_on_success() {
+    fn pagerduty_pages_failures_and_unfenced_calls_and_resolves_failures_on_success() {
         let n = notifier(
             vec![
                 hook(WebhookFormat::Pagerduty, Severity::Low, 30),
@@ -1596,6 +1603,18 @@ mod tests {
             .collect();
         assert_eq!(pd_keys[0], pd_keys[1]);
         assert_eq!(queue(&n, 1).len(), 5, "slack gets every event once");
+        // A call that may have gone unfenced pages, and nothing of ours resolves it.
+        n.update(&[], &[event(EventKind::ActionUnfenced)], t(3));
+        n.update(&[], &[event(EventKind::ActionSucceeded)], t(4));
+        let pd = queue(&n, 0);
+        assert_eq!(
+            pd.iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(),
+            [
+                ("action_failed", "event"),
+                ("action_succeeded", "resolved"),
+                ("action_unfenced", "event")
+            ]
+        );
     }
 
     #[test]

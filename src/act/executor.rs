@@ -144,6 +144,11 @@ pub enum Unfenced {
     /// before it had cleared: it landed within that round trip, so Fly may
     /// have carried out the call after the hold was written.
     HoldLanded { call: &'static str },
+    /// The machine had another `instance_id` after a disruptive call than
+    /// before it: an outside update (`fly deploy`) landed around the call,
+    /// which may have acted on the new instance (a cordon or drain is
+    /// undone at once).
+    UpdatedAround { call: &'static str },
     /// A mutating call under a lease got no answer (timed out, or the
     /// connection broke after it was sent). Fly has no server-side deadline:
     /// it may carry the call out later, after the lease lapsed.
@@ -165,6 +170,10 @@ impl std::fmt::Display for Unfenced {
             Unfenced::HoldLanded { call } => write!(
                 f,
                 "a hold appeared on the machine around our {call} call: Fly may have carried it out after the hold was written; check the machine and the agent's work"
+            ),
+            Unfenced::UpdatedAround { call } => write!(
+                f,
+                "the machine was updated from outside (fly deploy?) around our {call} call, which may have landed on the new instance; a cordon or drain is undone at once, check the machine"
             ),
             Unfenced::Unanswered {
                 lease: LeaseOf::Machine,
@@ -377,26 +386,39 @@ struct Held {
     /// Raised by the client when a mutating call under this lease went unanswered.
     unanswered: Arc<AtomicBool>,
     /// The disruptive call made since the last read of the machine, if any.
-    last_call: Mutex<Option<&'static str>>,
+    last_call: Mutex<Option<LastCall>>,
+    /// The machine's `instance_id` on the last read of it.
+    seen_instance: Mutex<Option<String>>,
     /// What this step may have done unfenced.
     unfenced: Mutex<Vec<Unfenced>>,
 }
 
-impl Held {
-    /// Just before a disruptive call: until the next read of the machine,
-    /// a hold found there may have landed before the call took effect.
-    fn calling(&self, call: &'static str) {
-        *lock(&self.last_call) = Some(call);
-    }
+/// A disruptive call not yet followed by a read of the machine.
+struct LastCall {
+    call: &'static str,
+    /// The instance the read before the call saw.
+    instance: Option<String>,
+    /// How to take the call back if it landed on a machine updated from
+    /// outside meanwhile (whose marker may be gone, so nothing else would).
+    undo: Option<Undo>,
+}
 
-    /// A read of the machine: the disruptive call before it, if any, and
-    /// whether that read found a hold.
-    fn read_back(&self, held: bool) {
-        if let Some(call) = lock(&self.last_call).take()
-            && held
-        {
-            self.note(Unfenced::HoldLanded { call });
-        }
+enum Undo {
+    Uncordon,
+    Undrain { tag: String },
+}
+
+impl Held {
+    /// Just before a disruptive call: until the next read of the machine, a
+    /// hold or another instance found there may have come before the call
+    /// took effect.
+    fn calling(&self, call: &'static str, undo: Option<Undo>) {
+        let instance = lock(&self.seen_instance).clone();
+        *lock(&self.last_call) = Some(LastCall {
+            call,
+            instance,
+            undo,
+        });
     }
 
     fn note(&self, u: Unfenced) {
@@ -531,24 +553,83 @@ impl Executor {
         let lease = self.acquire(&t.app, &t.machine_id).await?;
         let result = self.under_lease(step, &lease, shutdown).await;
         // The step's last disruptive call had no read after it.
-        self.look_for_hold(t, &lease).await;
+        self.read_after_last_call(t, &lease).await;
         unfenced.extend(lease.take_unfenced(LeaseOf::Machine));
         self.release(lease).await;
         result
     }
 
-    /// One read after a disruptive call that no check followed: a hold
-    /// found now landed around that call (holds written through
-    /// `fleet-reconciler hold` take the lease, so they wait for our release
-    /// and never show here). An unreadable machine tells nothing.
-    async fn look_for_hold(&self, t: &Target, lease: &Held) {
+    /// One read after a disruptive call that no check followed (see
+    /// [`Executor::read_back`]). An unreadable machine tells nothing.
+    async fn read_after_last_call(&self, t: &Target, lease: &Held) {
         if lock(&lease.last_call).is_none() {
             return;
         }
-        if let Ok(m) = self.fly.get_machine(&t.app, &t.machine_id).await
-            && let Ok(metadata) = m.known_metadata()
+        if let Ok(m) = self.fly.get_machine(&t.app, &t.machine_id).await {
+            self.read_back(t, lease, &m).await;
+        }
+    }
+
+    /// Every read of the machine under a step's lease, against the
+    /// disruptive call before it, if any. A hold found now landed around
+    /// that call (holds written through `fleet-reconciler hold` take the
+    /// lease, so they wait for our release and never show here). Another
+    /// instance means an outside update (`fly deploy`) landed around it:
+    /// the update restarted the machine, lifting our cordon and fence, and
+    /// may have reverted our marker, so a cordon or drain that landed after
+    /// it would be left with nothing to undo it; it is undone here, at once.
+    async fn read_back(&self, t: &Target, lease: &Held, machine: &Machine) {
+        *lock(&lease.seen_instance) = Some(machine.instance_id.clone());
+        let Some(last) = lock(&lease.last_call).take() else {
+            return;
+        };
+        if let Ok(metadata) = machine.known_metadata()
+            && metadata.contains_key(HOLD_KEY)
         {
-            lease.read_back(metadata.contains_key(HOLD_KEY));
+            lease.note(Unfenced::HoldLanded { call: last.call });
+        }
+        if last
+            .instance
+            .as_deref()
+            .is_some_and(|before| before != machine.instance_id)
+        {
+            lease.note(Unfenced::UpdatedAround { call: last.call });
+            if let Some(undo) = last.undo {
+                self.undo_raced(t, lease, undo).await;
+            }
+        }
+    }
+
+    /// Best effort: if it fails, the planner's undo of a rotation updated
+    /// from outside (or the `action_unfenced` page) covers it.
+    async fn undo_raced(&self, t: &Target, lease: &Held, undo: Undo) {
+        let (what, result) = match undo {
+            Undo::Uncordon => (
+                "uncordon",
+                self.bounded(lease)
+                    .uncordon(&t.app, &t.machine_id, lease.nonce())
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Undo::Undrain { tag } => (
+                "undrain",
+                self.agent_call(
+                    t,
+                    lease,
+                    "overlay/undrain",
+                    serde_json::json!({ "rotation": tag }),
+                )
+                .await
+                .map_err(|e| e.to_string()),
+            ),
+        };
+        match result {
+            Ok(()) => {
+                tracing::warn!(app = %t.app, machine_id = %t.machine_id, undo = what, "the machine was updated from outside around our call; undone")
+            }
+            Err(error) => {
+                tracing::error!(app = %t.app, machine_id = %t.machine_id, undo = what, %error, "the machine was updated from outside around our call and the undo failed")
+            }
         }
     }
 
@@ -620,7 +701,7 @@ impl Executor {
                 if *cordon {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
-                    lease.calling("cordon");
+                    lease.calling("cordon", Some(Undo::Uncordon));
                     self.bounded(lease).cordon(app, id, nonce).await?;
                     // Only a rotation entering `draining` asks for a drain: a
                     // drain after the restart would fence the fresh agent.
@@ -646,7 +727,7 @@ impl Executor {
                 if expected.may_have_cordoned() {
                     self.check(&w, Call::Disruptive).await?;
                     lease.ensure()?;
-                    lease.calling("cordon");
+                    lease.calling("cordon", Some(Undo::Uncordon));
                     self.bounded(lease).cordon(app, id, nonce).await?;
                 }
                 let mut marker = marker.clone();
@@ -691,11 +772,11 @@ impl Executor {
                 lease.ensure()?;
                 // No timeout: Fly then waits the app's own kill_timeout (up to
                 // 300 s) for the agent to checkpoint on its stop signal.
-                lease.calling("restart");
+                lease.calling("restart", None);
                 self.bounded(lease).restart(app, id, None, nonce).await?;
                 // Read back at once, not after the wait for `started`: a hold
                 // written later did not race the restart.
-                self.look_for_hold(t, lease).await;
+                self.read_after_last_call(t, lease).await;
                 tokio::select! {
                     _ = shutdown.cancelled() => Ok(()),
                     r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
@@ -754,14 +835,13 @@ impl Executor {
             .bounded(w.lease)
             .get_machine(&w.t.app, &w.t.machine_id)
             .await?;
+        self.read_back(w.t, w.lease, &machine).await;
         // A host Fly cannot reach hides the hold and the marker: unknown is
         // never read as "none".
         let metadata = machine
             .known_metadata()
             .map_err(|e| Declined::HostUnavailable(e.to_string()))?;
-        let held = metadata.contains_key(HOLD_KEY);
-        w.lease.read_back(held);
-        if held {
+        if metadata.contains_key(HOLD_KEY) {
             return Err(Declined::Held.into());
         }
         let current = metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
@@ -863,7 +943,7 @@ impl Executor {
         self.check(w, Call::Disruptive).await?;
         if reload {
             lease.ensure()?;
-            lease.calling("overlay/reload");
+            lease.calling("overlay/reload", None);
             self.agent_call(
                 t,
                 lease,
@@ -875,7 +955,7 @@ impl Executor {
             return Ok(());
         }
         lease.ensure()?;
-        lease.calling("cordon");
+        lease.calling("cordon", Some(Undo::Uncordon));
         self.bounded(w.lease)
             .cordon(&t.app, &t.machine_id, lease.nonce())
             .await?;
@@ -1006,7 +1086,12 @@ impl Executor {
     async fn drain(&self, w: &Watch<'_>, marker: &Marker) -> Result<(), StepError> {
         self.check(w, Call::Disruptive).await?;
         w.lease.ensure()?;
-        w.lease.calling("overlay/drain");
+        w.lease.calling(
+            "overlay/drain",
+            Some(Undo::Undrain {
+                tag: marker.tag.clone(),
+            }),
+        );
         self.agent_call(
             w.t,
             w.lease,
@@ -1258,7 +1343,9 @@ impl Executor {
                 Ok(m) => match m.metadata(MARKER_KEY).map(|v| v.map(Marker::parse)) {
                     // Its host is unreachable: the marker may be there.
                     Err(_) => true,
-                    Ok(None) => false,
+                    // Cordoned with its marker gone (an outside update
+                    // reverted it around our cordon): capacity is out.
+                    Ok(None) => m.cordoned == Some(true),
                     Ok(Some(None)) => true,
                     Ok(Some(Some(marker))) => {
                         marker.tag == slot.tag
@@ -1404,6 +1491,7 @@ impl Executor {
             refresher,
             unanswered: Arc::new(AtomicBool::new(false)),
             last_call: Mutex::new(None),
+            seen_instance: Mutex::new(None),
             unfenced: Mutex::new(Vec::new()),
         })
     }

@@ -709,6 +709,7 @@ impl<'a> Planning<'a> {
             }
             Some(Ok(marker)) => self.unfinished_claim_or_yielded(&ctx, m, marker),
             None => {
+                self.cordoned_without_marker(&ctx);
                 self.candidacy(&ctx, m, None);
                 None
             }
@@ -803,6 +804,36 @@ impl<'a> Planning<'a> {
             ),
         );
         None
+    }
+
+    /// A machine Fly says is cordoned, with no marker, that holds a slot in
+    /// the coordinator: our cordon landed after an outside update reverted
+    /// the marker, and the executor's immediate uncordon failed. Its slot is
+    /// kept (the cap holds); a human uncordons it, or a new rotation of the
+    /// machine ends with an uncordon.
+    fn cordoned_without_marker(&mut self, ctx: &Ctx<'_>) {
+        let m = ctx.m;
+        let SlotsView::Known(set) = &self.report.slots else {
+            return;
+        };
+        if m.inputs.cordoned != Some(true)
+            || !set
+                .slots(&m.app, ctx.pool)
+                .iter()
+                .any(|s| s.machine_id == m.machine_id)
+        {
+            return;
+        }
+        self.plan.alerts.push(machine_alert(
+            AlertKind::RotationStuck,
+            m,
+            ctx.tip,
+            Severity::High,
+            format!(
+                "{} is cordoned and holds a rotation slot of pool {} but carries no rotation marker (an outside update such as `fly deploy` reverted it): `fly machine uncordon {} -a {}`; the slot is freed once it is uncordoned",
+                m.machine_id, ctx.pool, m.machine_id, m.app
+            ),
+        ));
     }
 
     /// A rotation that holds a slot: cancelled when the coordinator has no
@@ -1130,8 +1161,9 @@ impl<'a> Planning<'a> {
 /// slot is left behind (and reclaimed by the next claim that needs it) only
 /// when its machine is gone from a listed app or carries no marker with the
 /// slot's tag that needs it; a machine whose metadata is unknown, or whose
-/// marker is unreadable, keeps its slot (fail closed), and an unreadable
-/// marker counts only for a slot it holds. Readable markers holding capacity
+/// marker is unreadable, or which is cordoned with no marker at all, keeps
+/// its slot (fail closed), and an unreadable marker counts only for a slot
+/// it holds. Readable markers holding capacity
 /// without a slot (being undone, maybe still cordoned) count too. Without a
 /// known set, every marker that may hold a slot counts, unreadable and
 /// unknown ones included.
@@ -1159,8 +1191,11 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
                     |slot| match machines.get(&(app, slot.machine_id.as_str())) {
                         None => stale.contains(app),
                         Some((m, _)) if m.inputs.metadata_unknown.is_some() => true,
-                        Some((_, op)) => match &op.marker {
-                            None => false,
+                        Some((m, op)) => match &op.marker {
+                            // Cordoned with its marker gone (an outside
+                            // update reverted it around our cordon): its
+                            // capacity is out, so its slot stays (fail closed).
+                            None => m.inputs.cordoned == Some(true),
                             Some(Err(_)) => true,
                             Some(Ok(marker)) => {
                                 marker.tag == slot.tag
@@ -1417,7 +1452,12 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
             verifying: m.state.is_started(),
         },
         Phase::Backoff => in_rotation(marker.retry_at),
-        Phase::Claiming | Phase::Yielded | Phase::Releasing => in_rotation(None),
+        // Past it the undo is alerted (`rotation_stuck`) and an unreachable
+        // agent's undrain is given up.
+        Phase::Releasing => {
+            in_rotation(Some(after(marker.attempt_started_at, rot.release_ceiling)))
+        }
+        Phase::Claiming | Phase::Yielded => in_rotation(None),
     }
 }
 

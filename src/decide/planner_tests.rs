@@ -2045,6 +2045,18 @@ fn decision_in_rotation_with_the_phase_and_its_deadline() {
             verifying: false
         }
     );
+    // Undoing: until `rotation.release_ceiling` (30m) from the undo's start,
+    // past which it is alerted.
+    let r = releasing_fenced("m1");
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).unreachable().marker(&r));
+    assert_eq!(
+        decision_of(&mut fx, "m1", t0(), t0() + Cd::minutes(10)),
+        Decision::InRotation {
+            phase: Phase::Releasing,
+            deadline: Some(t0() + Cd::minutes(30)),
+            verifying: false
+        }
+    );
 }
 
 #[test]
@@ -2686,4 +2698,31 @@ fn item7_a_slot_left_behind_does_not_block_its_pool() {
         plan.decisions["a"],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
+}
+
+#[test]
+fn a_slot_whose_machine_is_cordoned_without_a_marker_is_kept_and_alerted() {
+    // Our cordon landed after `fly deploy` reverted the marker, and its
+    // undo failed: the machine's capacity is out, so its slot still counts
+    // (the cap holds) and a human is told how to uncordon it.
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("")
+        .with(M::on_tip("x").fly_cordoned(true))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[("default", "x", "t1")]));
+    assert!(
+        matches!(
+            plan.decisions["a"],
+            Decision::WaitingForSlot { in_use: 1, .. }
+        ),
+        "{plan:?}"
+    );
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"], "{plan:?}");
+    // Uncordoned, the slot is left behind and reclaimed by the next claim.
+    let mut fx = Fx::new("")
+        .with(M::on_tip("x").fly_cordoned(false))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[("default", "x", "t1")]));
+    assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
+    assert!(alerts(&plan, AlertKind::RotationStuck).is_empty());
 }

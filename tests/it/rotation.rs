@@ -2012,3 +2012,45 @@ async fn a_slot_write_left_unanswered_is_reported() {
     );
     sim.shutdown().await;
 }
+
+/// #19, found by the chaos test (seed 20261201, under load): `fly deploy`
+/// landed between the executor's read and its cordon. The update reverted
+/// the marker, restarted the machine (lifting any cordon) and ended our
+/// lease; the cordon then landed on the new instance, with no marker to
+/// undo it. A claim on another machine then reclaimed the slot (no marker
+/// with its tag): the machine stayed cordoned forever, outside the cap.
+/// The read after the cordon sees another instance: the cordon is undone
+/// at once and reported.
+#[tokio::test(start_paused = true)]
+async fn a_cordon_that_lands_after_an_outside_update_is_undone_at_once() {
+    use fleet_reconciler::sim::OutsideLease;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1").cooperative()]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    // `fly deploy` from a snapshot taken before the claim.
+    let snapshot = sim.machine("m1").unwrap().metadata;
+    sim.handle()
+        .before_next_call("m1", "POST", "cordon", move |h| {
+            h.outside_update("m1", &snapshot, OutsideLease::ReuseFound)
+                .expect("the deploy lands");
+        });
+    let done = hand.run(&claim).await;
+    let m1 = sim.machine("m1").unwrap();
+    assert!(
+        !m1.cordoned,
+        "left cordoned with no marker: {:?}",
+        m1.metadata
+    );
+    let reported = unfenced(&done);
+    assert!(
+        reported
+            .iter()
+            .any(|s| s.contains("updated from outside") && s.contains("cordon")),
+        "{reported:?}"
+    );
+    sim.shutdown().await;
+}

@@ -538,6 +538,14 @@ impl Daemons {
         }
     }
 
+    /// Every daemon's log, concatenated.
+    fn all_logs(&self) -> String {
+        self.logs
+            .iter()
+            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+            .collect()
+    }
+
     fn print_log_tails(&self, lines: usize) {
         for log in &self.logs {
             let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -1494,6 +1502,11 @@ async fn chaos_rotations_keep_every_promise() {
         })
     };
     let mut in_flight_held = 0usize;
+    // Each such call should have been reported (`action_unfenced`, logged
+    // at ERROR): counted, not asserted, since a daemon killed right after
+    // its call, or a read that failed, reports nothing.
+    let logs = daemons.all_logs();
+    let mut reported_held = 0usize;
     let world_faults = {
         let s = sim.chaos_stats();
         format!(
@@ -1506,6 +1519,13 @@ async fn chaos_rotations_keep_every_promise() {
             && !read_since(&h.machine_id, since, h.seq)
         {
             in_flight_held += 1;
+            let id = format!("machine_id={}", h.machine_id);
+            if logs
+                .lines()
+                .any(|l| l.contains(&id) && l.contains("a hold appeared"))
+            {
+                reported_held += 1;
+            }
             continue;
         }
         let pool = plan
@@ -1523,7 +1543,7 @@ async fn chaos_rotations_keep_every_promise() {
         suspects.insert(h.machine_id.clone());
     }
     println!(
-        "held actions already on their way when the hold landed (no read in between): {in_flight_held}; faults of the world: {world_faults}"
+        "held actions already on their way when the hold landed (no read in between): {in_flight_held}, {reported_held} of them reported as action_unfenced; faults of the world: {world_faults}"
     );
     let now = sim.now();
     for m in machines.iter().filter(|m| m.app == APP) {

@@ -69,6 +69,9 @@ pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyCl
 
 /// Builds the Fly client, prober and overlay mirror (opening or creating it).
 pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, SetupError> {
+    // Before any socket: a sweep holds up to `probe.concurrency` of them.
+    let steps = crate::act::executor::ExecutorConfig::new("").concurrency;
+    crate::fds::at_start(crate::fds::FdBudget::from_config(&config, steps));
     let fly = fly_client(&config, secrets)?;
     let prober = Prober::new(&config.probe)?;
     let overlay = Overlay::open(OverlaySource {

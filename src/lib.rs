@@ -71,6 +71,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod events;
+pub mod fds;
 pub mod fly;
 pub mod http;
 pub mod logging;

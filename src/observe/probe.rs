@@ -1,7 +1,10 @@
 //! Health probes: concurrent, bounded polling of agents' health endpoints.
 //!
 //! Owns the agent side of docs/design.md §4: one GET per started machine, bounded
-//! concurrency over one connection pool, a per-request deadline covering the
+//! concurrency over one connection budget (`probe.concurrency` open
+//! connections at most, for the whole sweep: idle connections are kept only
+//! when every host of a sweep fits the budget, so a fleet of 10,000 agents
+//! does not hold 10,000 sockets between sweeps), a per-request deadline covering the
 //! whole exchange, a body cap enforced while reading (the rest is never
 //! buffered), and strict parsing of the report. A bad agent yields a
 //! per-machine outcome, never an error for the sweep. It must never send the
@@ -108,7 +111,12 @@ pub struct ProbeBuildError(#[from] reqwest::Error);
 /// Polls agents' health endpoints.
 #[derive(Clone, Debug)]
 pub struct Prober {
+    /// Keeps idle connections: for sweeps whose hosts fit the budget.
     http: reqwest::Client,
+    /// Closes each connection after its answer: for sweeps with more hosts
+    /// than the budget (each agent is a host of its own on 6PN), where idle
+    /// connections would pile up to one per agent.
+    one_shot: reqwest::Client,
     timeout: Duration,
     max_body: usize,
     concurrency: usize,
@@ -116,25 +124,39 @@ pub struct Prober {
 
 impl Prober {
     pub fn new(config: &ProbeConfig) -> Result<Prober, ProbeBuildError> {
-        let http = crate::http::client_builder()
-            .connect_timeout(config.timeout)
-            .redirect(reqwest::redirect::Policy::none())
+        let builder = || {
+            crate::http::client_builder()
+                .connect_timeout(config.timeout)
+                .redirect(reqwest::redirect::Policy::none())
+        };
+        let http = builder()
             .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(config.concurrency.get())
             .build()?;
+        let one_shot = builder().pool_max_idle_per_host(0).build()?;
         Ok(Prober {
             http,
+            one_shot,
             timeout: config.timeout,
             max_body: config.max_body_bytes.get(),
             concurrency: config.concurrency.get(),
         })
     }
 
-    /// Probes every URL with at most `concurrency` in flight; outcomes come
-    /// back in the order of `urls`.
+    /// Probes every URL with at most `concurrency` in flight, and at most
+    /// `concurrency` connections open during and after the sweep; outcomes
+    /// come back in the order of `urls`. Apps take turns (`urls` is in app
+    /// order; each app's `n`-th machine goes before any app's `n+1`-th), so
+    /// one huge app does not make a small one wait for all of it.
     pub async fn probe_all(&self, urls: Vec<String>) -> Vec<ProbeOutcome> {
         let mut out: Vec<Option<ProbeOutcome>> = vec![None; urls.len()];
+        let http = if distinct_hosts(&urls, self.concurrency) <= self.concurrency {
+            &self.http
+        } else {
+            &self.one_shot
+        };
         let mut results = futures::stream::iter(urls.into_iter().enumerate())
-            .map(|(i, url)| async move { (i, self.probe(&url).await) })
+            .map(|(i, url)| async move { (i, self.probe_with(http, &url).await) })
             .buffer_unordered(self.concurrency);
         while let Some((i, outcome)) = results.next().await {
             out[i] = Some(outcome);
@@ -146,7 +168,11 @@ impl Prober {
 
     /// Probes one health URL.
     pub async fn probe(&self, url: &str) -> ProbeOutcome {
-        match tokio::time::timeout(self.timeout, self.fetch(url)).await {
+        self.probe_with(&self.http, url).await
+    }
+
+    async fn probe_with(&self, http: &reqwest::Client, url: &str) -> ProbeOutcome {
+        match tokio::time::timeout(self.timeout, self.fetch(http, url)).await {
             Err(_) => ProbeOutcome::Unreachable(format!(
                 "no complete answer within {}",
                 humantime::format_duration(self.timeout)
@@ -156,9 +182,8 @@ impl Prober {
         }
     }
 
-    async fn fetch(&self, url: &str) -> Result<Vec<u8>, ProbeOutcome> {
-        let mut resp = self
-            .http
+    async fn fetch(&self, http: &reqwest::Client, url: &str) -> Result<Vec<u8>, ProbeOutcome> {
+        let mut resp = http
             .get(url)
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
@@ -192,6 +217,25 @@ impl Prober {
         }
         Ok(body)
     }
+}
+
+/// How many distinct hosts (scheme, host, port) `urls` name, counted up
+/// to just past `limit`.
+fn distinct_hosts(urls: &[String], limit: usize) -> usize {
+    let mut hosts = std::collections::HashSet::new();
+    for u in urls {
+        // What precedes the path: `http://host:port`.
+        let origin = u
+            .find("://")
+            .map(|s| s + 3)
+            .and_then(|start| u[start..].find('/').map(|end| &u[..start + end]))
+            .unwrap_or(u);
+        hosts.insert(origin);
+        if hosts.len() > limit {
+            break;
+        }
+    }
+    hosts.len()
 }
 
 impl ProbeOutcome {
@@ -273,6 +317,22 @@ fn known_capabilities(listed: Vec<WireCapability>) -> Vec<Capability> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_are_counted_by_origin_up_to_just_past_the_limit() {
+        let urls: Vec<String> = [
+            "http://10.0.0.1:8080/health",
+            "http://10.0.0.1:8080/other",
+            "http://10.0.0.1:8081/health",
+            "http://[fdaa::1]:8080/health",
+            "https://10.0.0.2/health",
+            "no-scheme",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(distinct_hosts(&urls, 100), 5);
+        assert_eq!(distinct_hosts(&urls, 2), 3, "stops once past the limit");
+    }
 
     fn bad(body: &str) -> String {
         match parse_report(body.as_bytes()) {

@@ -354,10 +354,12 @@ impl Sweeper {
                 }
             }
         }
-        let probed: Vec<usize> = started
-            .into_iter()
-            .filter(|i| url_of.contains_key(i))
-            .collect();
+        let probed: Vec<usize> = taking_turns(
+            started
+                .into_iter()
+                .filter(|i| url_of.contains_key(i))
+                .map(|i| (machines[i].0, i)),
+        );
         let urls: Vec<String> = probed.iter().map(|i| url_of[i].clone()).collect();
         let outcomes = self.prober.probe_all(urls).await;
         probe_of.extend(probed.into_iter().zip(outcomes));
@@ -520,6 +522,27 @@ impl Sweeper {
 /// The pool whose coordinator slot names `machine_id`, if one does: read in
 /// the same sweep, so it stands in for the pool label of a machine whose
 /// metadata is unknown.
+/// Items keyed by their app, reordered so that apps take turns: every
+/// app's first item, then every app's second, and so on (each app's items
+/// keep their order). One huge app then shares the probe budget with a
+/// small one instead of going first in full.
+fn taking_turns(items: impl Iterator<Item = (usize, usize)>) -> Vec<usize> {
+    let mut per_app: BTreeMap<usize, std::collections::VecDeque<usize>> = BTreeMap::new();
+    for (app, item) in items {
+        per_app.entry(app).or_default().push_back(item);
+    }
+    let mut out = Vec::with_capacity(per_app.values().map(|q| q.len()).sum());
+    while !per_app.is_empty() {
+        per_app.retain(|_, q| {
+            if let Some(item) = q.pop_front() {
+                out.push(item);
+            }
+            !q.is_empty()
+        });
+    }
+    out
+}
+
 fn slot_pool(slots: &SlotsView, app: &str, machine_id: &str) -> Option<String> {
     let SlotsView::Known(set) = slots else {
         return None;
@@ -741,6 +764,17 @@ impl LastListings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apps_take_turns_for_probes() {
+        let items = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 10), (2, 20), (2, 21)];
+        assert_eq!(
+            taking_turns(items.into_iter()),
+            [1, 10, 20, 2, 21, 3, 4],
+            "each app's first, then each app's second, …; order within an app kept"
+        );
+        assert!(taking_turns(std::iter::empty()).is_empty());
+    }
 
     fn config() -> Config {
         Config::parse(

@@ -1130,3 +1130,49 @@ async fn plan_shows_each_decision_and_the_steps_and_writes_nothing() {
     assert!(writes.is_empty(), "plan wrote: {writes:?}");
     sim.shutdown().await;
 }
+
+/// #22: the open-file budget is read at start. Under a soft limit of 200
+/// (below what 8 probes, 256 server connections, 16 steps and the reserve
+/// may hold open: 440), the soft limit is raised (to twice that, within the
+/// hard limit) and the log says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_open_file_limit_is_raised_at_start_and_logged() {
+    let fx = overlay_fixture();
+    let s = tip(&fx.history).to_string();
+    let fleet = SimFleet::new(TOKEN)
+        .release_tip(s.clone())
+        .app(SimApp::new("dispatch").machine(SimMachine::new("a").loaded(s.clone())))
+        .app(SimApp::new("chat"));
+    let sim = Sim::start(fleet).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &config_text(&sim, &fx, ""));
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"ulimit -Sn 200 && exec "$@""#)
+            .arg("sh")
+            .arg(BIN)
+            .arg("check")
+            .arg("--config")
+            .arg(&config)
+            .env("FLY_API_TOKEN", TOKEN)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("open-file limit"))
+        .unwrap_or_else(|| panic!("no open-file line: {stderr}"));
+    assert!(line.contains("was=200"), "{line}");
+    assert!(line.contains("needed=440"), "{line}");
+    assert!(
+        line.contains("soft=880") || line.contains("WARN"),
+        "raised to twice the need, or warned where the hard limit is lower: {line}"
+    );
+    sim.shutdown().await;
+}

@@ -197,3 +197,83 @@ async fn http_errors_and_refused_connections_are_unreachable() {
         out[2]
     );
 }
+
+/// `hosts` agents, each its own listener on loopback (a host of its own, as
+/// each agent is on 6PN), speaking just enough HTTP/1.1 to answer a report
+/// on a kept-alive connection. Counts the connections open now and at most.
+async fn many_agents(hosts: usize) -> (Vec<String>, Arc<(AtomicUsize, AtomicUsize)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let mut urls = Vec::new();
+    for _ in 0..hosts {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}/health", listener.local_addr().unwrap()));
+        let open = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let now = open.0.fetch_add(1, Ordering::SeqCst) + 1;
+                open.1.fetch_max(now, Ordering::SeqCst);
+                let open = open.clone();
+                tokio::spawn(async move {
+                    let body = r#"{"overlay_ref":"abcd1234"}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let mut buf = [0u8; 4096];
+                    // One answer per request until the client closes.
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 || conn.write_all(answer.as_bytes()).await.is_err() {
+                            break;
+                        }
+                    }
+                    open.0.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+    }
+    (urls, open)
+}
+
+/// #22: `probe.concurrency` bounds the connections of a whole sweep, not
+/// only the requests in flight. Before, every agent's connection stayed
+/// open (idle in the pool) after the sweep: one socket per agent, over a
+/// common 1,024 open-file limit at a few thousand agents.
+#[tokio::test]
+async fn a_sweep_of_more_hosts_than_the_budget_keeps_no_connection_open() {
+    let (urls, open) = many_agents(120).await;
+    let prober = Prober::new(&ProbeConfig {
+        concurrency: NonZeroUsize::new(8).unwrap(),
+        ..ProbeConfig::default()
+    })
+    .unwrap();
+    let outcomes = within(prober.probe_all(urls)).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, ProbeOutcome::Report(_))),
+        "{:?}",
+        outcomes
+            .iter()
+            .find(|o| !matches!(o, ProbeOutcome::Report(_)))
+    );
+    // The server sees a close a moment after the client made it, while the
+    // next connection may already be open: its count lags by up to one
+    // connection per slot.
+    assert!(
+        open.1.load(Ordering::SeqCst) <= 2 * 8,
+        "{} connections open at once",
+        open.1.load(Ordering::SeqCst)
+    );
+    crate::common::eventually(
+        "every agent connection closed",
+        Duration::from_secs(10),
+        async || open.0.load(Ordering::SeqCst) == 0,
+    )
+    .await;
+    // Hosts that fit the budget keep their connections for the next sweep.
+    let (few, open) = many_agents(4).await;
+    within(prober.probe_all(few.clone())).await;
+    within(prober.probe_all(few)).await;
+    assert_eq!(open.0.load(Ordering::SeqCst), 4, "reused, kept open");
+}

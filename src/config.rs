@@ -1691,9 +1691,7 @@ name = "agents"
                 .map(|t| format!("{}={} ({})", t.app, t.var, t.key))
                 .collect::<Vec<_>>()
         };
-        let two = format!(
-            "{MINIMAL}token_env = \"AGENTS_TOKEN\"\n[[apps]]\nname = \"batch\"\n"
-        );
+        let two = format!("{MINIMAL}token_env = \"AGENTS_TOKEN\"\n[[apps]]\nname = \"batch\"\n");
         let c = parse(&two).unwrap();
         assert_eq!(
             vars(&c),
@@ -1710,7 +1708,10 @@ name = "agents"
             vars(&c)[2],
             "reconciler=COORD (rotation.coordinator_token_env)"
         );
-        let c = parse(&format!("{two}[rotation]\ncoordinator = \"reconciler/c1\"\n")).unwrap();
+        let c = parse(&format!(
+            "{two}[rotation]\ncoordinator = \"reconciler/c1\"\n"
+        ))
+        .unwrap();
         assert_eq!(vars(&c)[2], "reconciler=FLY_API_TOKEN (fly.token_env)");
         // A coordinator in a listed app: that app's token, listed once.
         let c = parse(&format!("{two}[rotation]\ncoordinator = \"agents/c1\"\n")).unwrap();

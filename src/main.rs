@@ -205,20 +205,19 @@ impl ConfigPath {
     }
 
     fn load(&self) -> anyhow::Result<Config> {
-        Config::load(&self.path).map_err(|e| {
-            let hint = match &e {
-                ConfigError::Read { .. } => {
-                    // The path as tried, so a relative one says where from.
-                    let tried = std::path::absolute(&self.path).unwrap_or(self.path.clone());
-                    format!(
-                        "config file {} (from {}) cannot be read; name another with --config PATH or {CONFIG_ENV}",
-                        tried.display(),
-                        self.from
-                    )
-                }
-                ConfigError::Invalid { .. } => format!("config (from {})", self.from),
-            };
-            anyhow::Error::new(e).context(hint)
+        Config::load(&self.path).map_err(|e| match e {
+            ConfigError::Read { .. } => {
+                // The path as tried, so a relative one says where from.
+                let tried = std::path::absolute(&self.path).unwrap_or(self.path.clone());
+                let hint = format!(
+                    "config file {} (from {}) cannot be read; name another with --config PATH or {CONFIG_ENV}",
+                    tried.display(),
+                    self.from
+                );
+                anyhow::Error::new(e).context(hint)
+            }
+            // Already names the file, the key and the line.
+            ConfigError::Invalid { .. } => e.into(),
         })
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 
+use crate::act::executor::ExecutorBuildError;
 use crate::config::{Config, HealthUrlTemplate, UrlVars, WebhookFormat};
 use crate::fly::{FlyClient, FlyClientConfig, FlyError, FlyTokens, Machine};
 use crate::metadata::SLOTS_KEY;
@@ -189,10 +190,14 @@ fn coordinator_configured(config: &Config) -> Finding {
     const SUBJECT: &str = "rotation.coordinator";
     match &config.rotation.coordinator {
         Some(c) => Finding::ok(CheckKind::Coordinator, SUBJECT, format!("set to {c}")),
+        // `run`'s own refusal, word for word.
         None if config.acts() => Finding::fail(
             CheckKind::Coordinator,
             SUBJECT,
-            "not set, and some pool acts on machines: `run` refuses to start without the machine (APP/MACHINE_ID) whose lease and metadata keep the pools' rotation slots",
+            ExecutorBuildError::NoCoordinator
+                .to_string()
+                .trim_start_matches("rotation.coordinator ")
+                .to_string(),
             "create a stopped machine in the reconciler's app (docs/deploy.md, \"The coordination machine\") and set rotation.coordinator = \"APP/MACHINE_ID\"; or make every pool `observe`",
         ),
         None => Finding::ok(

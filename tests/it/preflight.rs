@@ -480,7 +480,8 @@ async fn an_unusable_config_exits_2_and_a_missing_coordinator_is_known_offline()
     let out = cli(&["validate-config", "--config", p], &[]);
     assert_eq!(out.code, Some(2), "{}", out.stdout);
     assert!(
-        out.stderr.contains("rotation.coordinator not set"),
+        out.stderr
+            .contains("rotation.coordinator is not set: some pool acts"),
         "{}",
         out.stderr
     );
@@ -521,7 +522,7 @@ async fn an_unusable_config_exits_2_and_a_missing_coordinator_is_known_offline()
     // preflight says the same, among its own lines, and exits 1.
     let out = cli(&["preflight", "--config", p], &[("AGENTS_FLY_TOKEN", "t")]);
     assert_eq!(out.code, Some(1), "{}", out.stdout);
-    let (_, fix) = out.line("FAIL", "coordinator", "rotation.coordinator: not set");
+    let (_, fix) = out.line("FAIL", "coordinator", "rotation.coordinator: is not set");
     assert!(fix.contains("The coordination machine"), "{fix}");
     out.line("FAIL", "secret", "AGENT_TOKEN");
     out.line("FAIL", "app", "agents");
@@ -702,4 +703,80 @@ async fn per_app_tokens_never_reach_logs_or_other_apps() {
     // The coordinator's app too: a sweep reads its slots.
     assert_eq!(apps(&sim), ["agents", "batch", "fleet-reconciler"]);
     sim.shutdown().await;
+}
+
+/// The README's path, as a new user takes it: `demo --keep-running`, then
+/// the `preflight` line it prints, run as printed: every check passes
+/// against the simulated fleet while the demo's daemon works on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_passes_against_the_demo_as_the_readme_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = dir.path().join("stdout.txt");
+    let child = Command::new(BIN)
+        .args(["demo", "--keep-running"])
+        .env_remove("FLEET_RECONCILER_CONFIG")
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let demo = crate::common::ChildGuard(child);
+    let mut printed = String::new();
+    crate::common::eventually(
+        "the demo prints its preflight line",
+        std::time::Duration::from_secs(60),
+        async || {
+            let text = std::fs::read_to_string(&stdout).unwrap_or_default();
+            match text.lines().find(|l| l.contains(" preflight --config ")) {
+                Some(line) => {
+                    printed = line.trim().to_string();
+                    true
+                }
+                None => false,
+            }
+        },
+    )
+    .await;
+    // `VAR=value fleet-reconciler preflight --config PATH`
+    let words: Vec<&str> = printed.split_whitespace().collect();
+    let (var, value) = words[0].split_once('=').unwrap();
+    assert_eq!(
+        &words[1..4],
+        ["fleet-reconciler", "preflight", "--config"],
+        "{printed}"
+    );
+    let config = words[4].to_string();
+    assert!(Path::new(&config).is_file(), "{printed}");
+
+    let out = cli_async(
+        vec!["preflight".into(), "--config".into(), config.clone()],
+        vec![(var.to_string(), value.to_string())],
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    for check in [
+        "app agents-dispatch",
+        "app agents-chat",
+        "overlay branch release",
+        "health agents-dispatch",
+    ] {
+        let (status, name) = check.split_once(' ').unwrap();
+        out.line("ok  ", status, name);
+    }
+    out.line("ok  ", "coordinator", "fleet-reconciler/c00rd1na7e0 lease");
+
+    // ctrl-c ends it cleanly, as the README says.
+    let pid = demo.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut demo = demo;
+    let status = tokio::task::spawn_blocking(move || demo.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
 }

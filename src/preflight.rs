@@ -752,6 +752,19 @@ impl WebhookProbe {
             WebhookFormat::Slack | WebhookFormat::Pagerduty => WebhookProbe::EmptyObject,
         }
     }
+
+    /// Whether an answer says the URL is wrong or dead. A redirect (not
+    /// followed by the notifier either) and a 5xx always do. A receiver of
+    /// a `HEAD` may refuse it unsigned (401/403) or unsupported (405) and
+    /// still be there; Slack answers 403/404/410 for a revoked hook or an
+    /// archived channel, and both it and PagerDuty answer a good URL 400.
+    pub fn refused(self, status: reqwest::StatusCode) -> bool {
+        let gone = match self {
+            WebhookProbe::Head => matches!(status.as_u16(), 404 | 410),
+            WebhookProbe::EmptyObject => matches!(status.as_u16(), 401 | 403 | 404 | 410),
+        };
+        gone || status.is_server_error() || status.is_redirection()
+    }
 }
 
 async fn webhooks(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
@@ -801,8 +814,7 @@ async fn webhooks(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
             ),
             Ok(resp) => {
                 let status = resp.status();
-                let gone = matches!(status.as_u16(), 401 | 403 | 404 | 410);
-                if gone || status.is_server_error() || status.is_redirection() {
+                if probe.refused(status) {
                     Finding::fail(
                         CheckKind::Webhook,
                         subject,

@@ -96,6 +96,8 @@ async fn receivers() -> (String, Seen) {
             match uri.path() {
                 "/slack" => (StatusCode::BAD_REQUEST, "no_text"),
                 "/pagerduty" => (StatusCode::BAD_REQUEST, "Event object is invalid"),
+                // A signed receiver: an unsigned request is refused.
+                "/json" => (StatusCode::UNAUTHORIZED, "bad signature"),
                 _ => (StatusCode::NOT_FOUND, "no_service"),
             }
         }
@@ -155,7 +157,12 @@ format = "slack"
 [[alerts.webhooks]]
 url_env = "PD_URL"
 format = "pagerduty"
-routing_key_env = "PD_KEY""#,
+routing_key_env = "PD_KEY"
+
+[[alerts.webhooks]]
+url_env = "JSON_URL"
+format = "json"
+secret_env = "JSON_SECRET""#,
         )
         .text()
 }
@@ -175,6 +182,8 @@ fn good_env(hooks: &str) -> Vec<(String, String)> {
         ("SLACK_URL", format!("{hooks}/slack")),
         ("PD_URL", format!("{hooks}/pagerduty")),
         ("PD_KEY", "pd-routing-key-s3cret".to_string()),
+        ("JSON_URL", format!("{hooks}/json")),
+        ("JSON_SECRET", "hmac-s3cret".to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -233,6 +242,12 @@ async fn every_check_passes_against_a_ready_fleet_and_nothing_is_disturbed() {
         "webhook",
         "alerts.webhooks[1] dry request: POST {} answered HTTP 400",
     );
+    // A signed receiver refuses the unsigned HEAD: it is there.
+    out.line(
+        "ok  ",
+        "webhook",
+        "alerts.webhooks[2] dry request: HEAD answered HTTP 401",
+    );
     out.line(
         "ok  ",
         "health",
@@ -251,6 +266,7 @@ async fn every_check_passes_against_a_ready_fleet_and_nothing_is_disturbed() {
         COORD_TOKEN,
         "pd-routing-key",
         "agent-bearer",
+        "hmac-s3cret",
     ] {
         assert!(
             !out.stdout.contains(secret) && !out.stderr.contains(secret),
@@ -288,6 +304,7 @@ async fn every_check_passes_against_a_ready_fleet_and_nothing_is_disturbed() {
                 "/pagerduty".to_string(),
                 "{}".to_string()
             ),
+            ("HEAD".to_string(), "/json".to_string(), String::new()),
         ]
     );
 

@@ -729,8 +729,19 @@ async fn per_app_tokens_never_reach_logs_or_other_apps() {
 async fn preflight_passes_against_the_demo_as_the_readme_says() {
     let dir = tempfile::tempdir().unwrap();
     let stdout = dir.path().join("stdout.txt");
+    // The built-in config, but not on port 9090: other tests' daemons
+    // listen there by default.
+    let demo_config = dir.path().join("demo.toml");
+    let port = crate::common::free_port();
+    let text = fleet_reconciler::demo::DEMO_CONFIG.replace(
+        "listen = \"127.0.0.1:9090\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    assert_ne!(text, fleet_reconciler::demo::DEMO_CONFIG);
+    std::fs::write(&demo_config, text).unwrap();
     let child = Command::new(BIN)
-        .args(["demo", "--keep-running"])
+        .args(["demo", "--keep-running", "--demo-config"])
+        .arg(&demo_config)
         .env_remove("FLEET_RECONCILER_CONFIG")
         .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::process::Stdio::null())

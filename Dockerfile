@@ -69,7 +69,10 @@ RUN groupadd --system --gid 10001 fleet \
  && install -d -o fleet -g fleet -m 0750 /data \
  && install -d -m 0755 /etc/fleet-reconciler
 
-# The config ships in the image: change it, validate it, redeploy.
+# The image carries a config at the default path (`--config`, else
+# $FLEET_RECONCILER_CONFIG, else this path), so `fleet-reconciler check` in
+# `fly ssh console` needs no flag. On Fly, fly.toml's [[files]] writes the
+# deployed config over it at boot: a config change needs no image rebuild.
 # Build with another file: fly deploy --build-arg FLEET_CONFIG=path/to/file.toml
 ARG FLEET_CONFIG=config/fleet-reconciler.toml
 COPY ${FLEET_CONFIG} /etc/fleet-reconciler/fleet-reconciler.toml

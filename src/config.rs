@@ -80,7 +80,9 @@ pub struct FlyConfig {
     /// Machines API base (without `/v1`).
     #[serde(deserialize_with = "http_url")]
     pub api_url: String,
-    /// Environment variable holding the Fly API token.
+    /// Environment variable holding the Fly API token of every app that
+    /// names none of its own (`apps[].token_env`,
+    /// `rotation.coordinator_token_env`); see [`Config::fly_tokens`].
     pub token_env: String,
     /// Per-request timeout for Fly API calls (long-polls add their own wait).
     #[serde(deserialize_with = "duration")]
@@ -176,6 +178,10 @@ pub struct AppConfig {
     /// Environment variable with the bearer token for drain/undrain/reload.
     #[serde(default)]
     pub agent_token_env: Option<String>,
+    /// Environment variable with this app's own Fly token (an app-scoped
+    /// deploy token, `fly tokens create deploy -a APP`); none: `fly.token_env`.
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 /// Per-pool policy: severity → action, and the cap on concurrent rotations.
@@ -281,6 +287,10 @@ pub struct RotationConfig {
     /// [`crate::metadata::slots`]). Required for `run` to act.
     #[serde(deserialize_with = "coordinator")]
     pub coordinator: Option<crate::metadata::slots::Coordinator>,
+    /// Environment variable with the Fly token for the coordinator's app;
+    /// none: that app's `apps[].token_env` if it is listed there, else
+    /// `fly.token_env` (see [`Config::fly_tokens`]).
+    pub coordinator_token_env: Option<String>,
 }
 
 impl Default for RotationConfig {
@@ -298,6 +308,7 @@ impl Default for RotationConfig {
             release_ceiling: Duration::from_secs(1800),
             max_attempts: 3,
             coordinator: None,
+            coordinator_token_env: None,
         }
     }
 }
@@ -326,6 +337,78 @@ impl Default for AlertsConfig {
             webhooks: Vec::new(),
         }
     }
+}
+
+/// One Fly app and the token its calls carry ([`Config::fly_tokens`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppToken<'a> {
+    pub app: &'a str,
+    /// The environment variable holding the token.
+    pub var: &'a str,
+    /// The config key that names `var` (`apps[1].token_env`, `fly.token_env`, …).
+    pub key: String,
+}
+
+/// `*_env` names are variable names, and one app has one token.
+fn check_token_envs(
+    fly: &FlyConfig,
+    apps: &[AppConfig],
+    rotation: &RotationConfig,
+) -> Result<(), (String, String)> {
+    let mut named = vec![("fly.token_env".to_string(), fly.token_env.as_str())];
+    for (i, app) in apps.iter().enumerate() {
+        if let Some(var) = &app.token_env {
+            named.push((format!("apps[{i}].token_env"), var));
+        }
+    }
+    if let Some(var) = &rotation.coordinator_token_env {
+        named.push(("rotation.coordinator_token_env".into(), var));
+    }
+    for (key, var) in &named {
+        if !is_env_name(var) {
+            return Err((
+                key.clone(),
+                format!(
+                    "{:?} is not an environment variable name (letters, digits and _, not starting with a digit); the token itself never goes in the config",
+                    crate::text::bounded(var, 64)
+                ),
+            ));
+        }
+    }
+    let Some(var) = &rotation.coordinator_token_env else {
+        return Ok(());
+    };
+    let Some(coordinator) = &rotation.coordinator else {
+        return Err((
+            "rotation.coordinator_token_env".into(),
+            "set without rotation.coordinator: there is no coordinator app to use it for".into(),
+        ));
+    };
+    if let Some((i, app)) = apps
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.name == coordinator.app)
+        && let Some(own) = &app.token_env
+        && own != var
+    {
+        return Err((
+            "rotation.coordinator_token_env".into(),
+            format!(
+                "the coordinator's app {:?} is apps[{i}], whose token_env is {own:?}: one app has one token, so leave coordinator_token_env out (the app's token is used) or make them the same",
+                app.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An environment variable name as shells write them.
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// File name of the alert state when `alerts.state_file` is not set.
@@ -949,6 +1032,7 @@ impl Config {
         if raw.overlay.repo.trim().is_empty() {
             return Err(invalid("overlay.repo".into(), None, "repo is empty".into()));
         }
+        check_token_envs(&raw.fly, &apps, &raw.rotation).map_err(|(k, m)| invalid(k, None, m))?;
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -969,6 +1053,56 @@ impl Config {
             metrics: raw.metrics,
             server: raw.server,
         })
+    }
+
+    /// Every Fly app the daemon calls, each with the environment variable
+    /// of the token its calls carry and the key that chose it: each of
+    /// `apps[]` (its `token_env`, else `fly.token_env`), then the
+    /// coordinator's app when it is not one of them
+    /// (`rotation.coordinator_token_env`, else `fly.token_env`). A
+    /// coordinator in a listed app uses that app's token.
+    pub fn fly_tokens(&self) -> Vec<AppToken<'_>> {
+        let mut out: Vec<AppToken<'_>> = self
+            .apps
+            .iter()
+            .enumerate()
+            .map(|(i, app)| match &app.token_env {
+                Some(var) => AppToken {
+                    app: &app.name,
+                    var,
+                    key: format!("apps[{i}].token_env"),
+                },
+                None => AppToken {
+                    app: &app.name,
+                    var: &self.fly.token_env,
+                    key: "fly.token_env".into(),
+                },
+            })
+            .collect();
+        if let Some(c) = &self.rotation.coordinator {
+            match out.iter_mut().find(|t| t.app == c.app) {
+                // Checked at load: the same variable as the app's, if set.
+                Some(t) => {
+                    if let Some(var) = &self.rotation.coordinator_token_env {
+                        t.var = var;
+                        t.key = "rotation.coordinator_token_env".into();
+                    }
+                }
+                None => out.push(match &self.rotation.coordinator_token_env {
+                    Some(var) => AppToken {
+                        app: &c.app,
+                        var,
+                        key: "rotation.coordinator_token_env".into(),
+                    },
+                    None => AppToken {
+                        app: &c.app,
+                        var: &self.fly.token_env,
+                        key: "fly.token_env".into(),
+                    },
+                }),
+            }
+        }
+        out
     }
 
     /// The policy of a pool; pools without their own section use `default`
@@ -1543,6 +1677,63 @@ name = "agents"
                 "[fly]\napi_url = \"http://127.0.0.1:4280\"\n{MINIMAL}\n[[apps]]\nname = \"b\"\nhealth_url = \"http://127.0.0.1:4280/agents/{{machine_id}}/health\"\n"
             ))
             .is_ok()
+        );
+    }
+
+    /// Each app's calls carry its own token: `apps[].token_env`, else
+    /// `fly.token_env`; the coordinator's app its own key, else its app
+    /// entry's, else `fly.token_env`.
+    #[test]
+    fn each_app_has_one_token_variable() {
+        let vars = |c: &Config| {
+            c.fly_tokens()
+                .into_iter()
+                .map(|t| format!("{}={} ({})", t.app, t.var, t.key))
+                .collect::<Vec<_>>()
+        };
+        let two = format!("{MINIMAL}token_env = \"AGENTS_TOKEN\"\n[[apps]]\nname = \"batch\"\n");
+        let c = parse(&two).unwrap();
+        assert_eq!(
+            vars(&c),
+            [
+                "agents=AGENTS_TOKEN (apps[0].token_env)",
+                "batch=FLY_API_TOKEN (fly.token_env)"
+            ]
+        );
+        let c = parse(&format!(
+            "{two}[rotation]\ncoordinator = \"reconciler/c1\"\ncoordinator_token_env = \"COORD\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            vars(&c)[2],
+            "reconciler=COORD (rotation.coordinator_token_env)"
+        );
+        let c = parse(&format!(
+            "{two}[rotation]\ncoordinator = \"reconciler/c1\"\n"
+        ))
+        .unwrap();
+        assert_eq!(vars(&c)[2], "reconciler=FLY_API_TOKEN (fly.token_env)");
+        // A coordinator in a listed app: that app's token, listed once.
+        let c = parse(&format!("{two}[rotation]\ncoordinator = \"agents/c1\"\n")).unwrap();
+        assert_eq!(vars(&c).len(), 2);
+        assert_eq!(vars(&c)[0], "agents=AGENTS_TOKEN (apps[0].token_env)");
+        // … and a second, different token for it is refused.
+        let e = err(&format!(
+            "{two}[rotation]\ncoordinator = \"agents/c1\"\ncoordinator_token_env = \"OTHER\"\n"
+        ));
+        assert!(
+            e.contains("rotation.coordinator_token_env") && e.contains("one app has one token"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{MINIMAL}[rotation]\ncoordinator_token_env = \"X\"\n"
+        ));
+        assert!(e.contains("without rotation.coordinator"), "{e}");
+        // A name, not a token.
+        let e = err(&format!("{MINIMAL}token_env = \"fo1 xyz\"\n"));
+        assert!(
+            e.contains("apps[0].token_env") && e.contains("not an environment variable name"),
+            "{e}"
         );
     }
 

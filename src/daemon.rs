@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,7 @@ use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
 use crate::decide::severity;
 
 use crate::config::Config;
-use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig};
+use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig, FlyTokens};
 use crate::observe::overlay::{Overlay, OverlayError, OverlaySource, Tip};
 use crate::observe::probe::{ProbeBuildError, Prober};
 use crate::observe::sweep::{FleetReport, LastListings, SweepError, Sweeper};
@@ -29,7 +29,9 @@ use crate::observe::sweep::{FleetReport, LastListings, SweepError, Sweeper};
 /// neither (secrecy), and they are exposed only where sent.
 #[derive(Clone, Debug, Default)]
 pub struct Secrets {
-    pub fly_token: SecretString,
+    /// The Fly token of each app ([`Config::fly_tokens`]); `"token".into()`
+    /// is one token for every app.
+    pub fly_token: FlyTokens,
     pub git_token: Option<SecretString>,
 }
 
@@ -51,9 +53,9 @@ pub enum CheckError {
     Sweep(#[from] SweepError),
 }
 
-/// The Fly API client the config describes.
+/// The Fly API client the config describes, sending each app its own token.
 pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyClientBuildError> {
-    FlyClient::new(
+    FlyClient::with_tokens(
         FlyClientConfig {
             request_timeout: config.fly.request_timeout,
             max_retries: config.fly.max_retries,
@@ -63,7 +65,7 @@ pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyCl
                 .then_some(crate::fly::RateLimits::FLY),
             ..FlyClientConfig::new(&config.fly.api_url)
         },
-        secrets.fly_token.expose_secret(),
+        &secrets.fly_token,
     )
 }
 

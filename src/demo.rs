@@ -33,8 +33,63 @@ pub const DEMO_MARKUP_REF: &str = "<script>alert(1)</script>";
 pub struct DemoOptions {
     pub config_path: PathBuf,
     pub config_text: String,
-    /// Sweeps before exiting; 0 runs until ctrl-c.
+    /// Sweeps before exiting; 0 runs until the fleet settles (or ctrl-c).
     pub sweeps: u32,
+    /// With `sweeps` 0: keep serving after the fleet settles, until ctrl-c
+    /// (for `preflight` or `check` against the simulated fleet).
+    pub keep_running: bool,
+}
+
+/// The variable holding the simulated fleet's Fly token in the config the
+/// demo writes for `preflight` (not `FLY_API_TOKEN`: a real one may be set).
+pub const DEMO_TOKEN_ENV: &str = "DEMO_FLY_TOKEN";
+/// The token the simulated Fly API accepts.
+pub const DEMO_TOKEN: &str = "demo-token";
+/// The config the demo writes into its temporary directory: the demo's own,
+/// pointed at the simulated fleet.
+pub const DEMO_TARGET_CONFIG: &str = "fleet-reconciler.toml";
+
+/// The demo config as `run`, `check` or `preflight` can use it against the
+/// simulated fleet: `text` with the addresses the demo chose.
+fn target_config(text: &str, config: &Config) -> anyhow::Result<String> {
+    let mut doc: toml::Table = toml::from_str(text).context("the demo config is not TOML")?;
+    let table = |doc: &mut toml::Table, key: &str| -> anyhow::Result<toml::Table> {
+        match doc.remove(key) {
+            None => Ok(toml::Table::new()),
+            Some(toml::Value::Table(t)) => Ok(t),
+            Some(_) => anyhow::bail!("the demo config's `{key}` is not a table"),
+        }
+    };
+    let mut fly = table(&mut doc, "fly")?;
+    fly.insert("api_url".into(), config.fly.api_url.clone().into());
+    fly.insert("token_env".into(), DEMO_TOKEN_ENV.into());
+    doc.insert("fly".into(), fly.into());
+    let mut overlay = table(&mut doc, "overlay")?;
+    overlay.insert("repo".into(), config.overlay.repo.clone().into());
+    overlay.insert(
+        "mirror_dir".into(),
+        config.overlay.mirror_dir.display().to_string().into(),
+    );
+    doc.insert("overlay".into(), overlay.into());
+    if let Some(toml::Value::Array(apps)) = doc.get_mut("apps") {
+        for (app, configured) in apps.iter_mut().zip(&config.apps) {
+            if let toml::Value::Table(app) = app {
+                app.insert(
+                    "health_url".into(),
+                    configured.health_url.as_str().to_string().into(),
+                );
+            }
+        }
+    }
+    let mut rotation = table(&mut doc, "rotation")?;
+    if let Some(c) = &config.rotation.coordinator {
+        rotation.insert("coordinator".into(), c.to_string().into());
+    }
+    doc.insert("rotation".into(), rotation.into());
+    Ok(format!(
+        "# Written by `fleet-reconciler demo`: its config, pointed at the simulated\n# fleet of this run (gone when the demo stops). The token is in {DEMO_TOKEN_ENV}.\n\n{}",
+        toml::to_string(&doc)?
+    ))
 }
 
 /// A bare repository that stands in for the overlay's git host.
@@ -331,7 +386,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let tip = *history.release.last().context("empty demo history")?;
 
     let pools = ["dispatch", "conversation"];
-    let mut fleet = SimFleet::new("demo-token")
+    let mut fleet = SimFleet::new(DEMO_TOKEN)
         .release_tip(tip.to_string())
         .restart_delay(std::time::Duration::from_secs(1));
     // The agent alert-and-wait waits for works three restart graces (30 s
@@ -370,8 +425,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     }
     let interval = config.sweep.interval;
     let config = Arc::new(config);
+    let target = work.path().join(DEMO_TARGET_CONFIG);
+    std::fs::write(&target, target_config(&options.config_text, &config)?)
+        .with_context(|| format!("cannot write {}", target.display()))?;
     let secrets = Secrets {
-        fly_token: "demo-token".into(),
+        fly_token: DEMO_TOKEN.into(),
         git_token: None,
     };
     let owner = format!("demo-{}", std::process::id());
@@ -396,6 +454,16 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     );
     println!("status page: {page}  (also {page}metrics and {page}api/v1/fleet)");
     println!(
+        "this fleet as a config: {}\n  {DEMO_TOKEN_ENV}={DEMO_TOKEN} fleet-reconciler preflight --config {}{}",
+        target.display(),
+        target.display(),
+        if options.keep_running || options.sweeps != 0 {
+            ""
+        } else {
+            "   (while the demo runs: `demo --keep-running` serves until ctrl-c)"
+        }
+    );
+    println!(
         "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. ctrl-c to stop.\n",
         humantime::format_duration(interval),
         humantime::format_duration(config.rotation.min_drift_age),
@@ -415,6 +483,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let mut quiet = 0u32;
     let stop = shutdown.clone();
     let options_sweeps = options.sweeps;
+    let keep_running = options.keep_running;
+    let mut settled_said = false;
     let service_secrets = ServiceSecrets {
         core: secrets,
         ..ServiceSecrets::default()
@@ -473,10 +543,15 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
             }
         }
         let limit_reached = options_sweeps != 0 && shown >= options_sweeps;
-        if limit_reached || (options_sweeps == 0 && quiet >= 3) {
-            if !limit_reached {
-                println!("the fleet has settled: every machine that policy allows to rotate runs the release tip.");
+        let settled = options_sweeps == 0 && quiet >= 3;
+        if settled && !settled_said {
+            settled_said = true;
+            println!("the fleet has settled: every machine that policy allows to rotate runs the release tip.");
+            if keep_running {
+                println!("still serving (--keep-running): ctrl-c to stop.");
             }
+        }
+        if limit_reached || (settled && !keep_running) {
             stop.cancel();
         }
     })

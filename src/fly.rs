@@ -230,13 +230,19 @@ struct RefreshedLease {
 #[derive(Debug, thiserror::Error)]
 pub enum FlyError {
     #[error(
-        "Fly API rejected the token ({status}) on {op} for app {app}: check that FLY_API_TOKEN is an org-scoped token (`fly tokens create org`)"
+        "Fly API rejected the token ({status}) on {op} for app {app}: check that the app's token (apps[].token_env, else fly.token_env) is valid for app {app} (`fly tokens create deploy -a {app}`)"
     )]
     Unauthorized {
         op: &'static str,
         app: String,
         status: u16,
     },
+    /// No token is configured for the app: nothing was sent (a token made
+    /// for one app is never sent with a call on another).
+    #[error(
+        "Fly API: {op} for app {app}: not sent, no Fly token is configured for this app (set apps[].token_env for it, or fly.token_env)"
+    )]
+    NoToken { op: &'static str, app: String },
     #[error("Fly API: {op} for app {app}{}: not found ({message})", machine_suffix(.machine))]
     NotFound {
         op: &'static str,
@@ -353,6 +359,7 @@ impl FlyError {
     pub fn kind(&self) -> &'static str {
         match self {
             FlyError::Unauthorized { .. } => "unauthorized",
+            FlyError::NoToken { .. } => "no_token",
             FlyError::NotFound { .. } => "not_found",
             FlyError::LeaseConflict { .. } => "lease_conflict",
             FlyError::StaleVersion { .. } => "stale_version",
@@ -509,6 +516,95 @@ impl RateLimiter {
     }
 }
 
+/// The Fly tokens a client sends: one per app, and a fallback for apps
+/// without their own. A call on an app sends that app's token, else the
+/// fallback, else nothing at all ([`FlyError::NoToken`]): an app-scoped
+/// token (`fly tokens create deploy -a APP`) never leaves for another app.
+/// `Debug` shows app names only (secrecy redacts the tokens).
+#[derive(Clone, Debug, Default)]
+pub struct FlyTokens {
+    /// For apps without their own (`fly.token_env`).
+    pub fallback: Option<SecretString>,
+    /// App name → its own token (`apps[].token_env`,
+    /// `rotation.coordinator_token_env`).
+    pub apps: BTreeMap<String, SecretString>,
+}
+
+impl FlyTokens {
+    /// One token for every app.
+    pub fn one(token: impl Into<SecretString>) -> FlyTokens {
+        FlyTokens {
+            fallback: Some(token.into()),
+            apps: BTreeMap::new(),
+        }
+    }
+
+    /// The token a call on `app` sends.
+    pub fn for_app(&self, app: &str) -> Option<&SecretString> {
+        self.apps.get(app).or(self.fallback.as_ref())
+    }
+}
+
+impl From<&str> for FlyTokens {
+    fn from(token: &str) -> FlyTokens {
+        FlyTokens::one(token)
+    }
+}
+
+impl From<String> for FlyTokens {
+    fn from(token: String) -> FlyTokens {
+        FlyTokens::one(token)
+    }
+}
+
+/// The `Authorization` values of a [`FlyTokens`], built once.
+#[derive(Clone, Default)]
+struct AuthHeaders {
+    fallback: Option<HeaderValue>,
+    apps: HashMap<String, HeaderValue>,
+}
+
+impl AuthHeaders {
+    fn new(tokens: &FlyTokens) -> Result<AuthHeaders, FlyClientBuildError> {
+        if tokens.fallback.is_none() && tokens.apps.is_empty() {
+            return Err(FlyClientBuildError::BadToken);
+        }
+        Ok(AuthHeaders {
+            fallback: tokens
+                .fallback
+                .as_ref()
+                .map(|t| auth_header(t.expose_secret()))
+                .transpose()?,
+            apps: tokens
+                .apps
+                .iter()
+                .map(|(app, t)| Ok((app.clone(), auth_header(t.expose_secret())?)))
+                .collect::<Result<_, FlyClientBuildError>>()?,
+        })
+    }
+
+    fn for_app(&self, app: &str) -> Option<&HeaderValue> {
+        self.apps.get(app).or(self.fallback.as_ref())
+    }
+}
+
+/// docs/design.md §3: a `FlyV1 …` macaroon goes verbatim, anything else as
+/// Bearer. Marked sensitive, so no HTTP debug output shows it.
+fn auth_header(token: &str) -> Result<HeaderValue, FlyClientBuildError> {
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(FlyClientBuildError::BadToken);
+    }
+    let value = if token.starts_with("FlyV1 ") {
+        token.to_string()
+    } else {
+        format!("Bearer {token}")
+    };
+    let mut auth = HeaderValue::from_str(&value).map_err(|_| FlyClientBuildError::BadToken)?;
+    auth.set_sensitive(true);
+    Ok(auth)
+}
+
 /// Client settings; the token is passed separately so it never sits in config.
 #[derive(Clone, Debug)]
 pub struct FlyClientConfig {
@@ -543,6 +639,8 @@ pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str) + Send + Sy
 #[derive(Clone)]
 pub struct FlyClient {
     http: reqwest::Client,
+    /// Per app; shared by clones.
+    auth: Arc<AuthHeaders>,
     base: url::Url,
     config: FlyClientConfig,
     observer: Option<RequestObserver>,
@@ -672,23 +770,18 @@ pub enum FlyClientBuildError {
 }
 
 impl FlyClient {
+    /// A client that sends `token` on calls for every app.
     pub fn new(config: FlyClientConfig, token: &str) -> Result<FlyClient, FlyClientBuildError> {
-        let token = token.trim();
-        if token.is_empty() {
-            return Err(FlyClientBuildError::BadToken);
-        }
-        // docs/design.md §3: a `FlyV1 …` macaroon goes verbatim, anything else as Bearer.
-        let value = if token.starts_with("FlyV1 ") {
-            token.to_string()
-        } else {
-            format!("Bearer {token}")
-        };
-        let mut auth = HeaderValue::from_str(&value).map_err(|_| FlyClientBuildError::BadToken)?;
-        auth.set_sensitive(true);
-        let mut headers = HeaderMap::new();
-        headers.insert(AUTHORIZATION, auth);
+        FlyClient::with_tokens(config, &FlyTokens::one(token))
+    }
+
+    /// A client that sends each app's own token ([`FlyTokens`]).
+    pub fn with_tokens(
+        config: FlyClientConfig,
+        tokens: &FlyTokens,
+    ) -> Result<FlyClient, FlyClientBuildError> {
+        let auth = Arc::new(AuthHeaders::new(tokens)?);
         let http = crate::http::client_builder()
-            .default_headers(headers)
             .connect_timeout(config.request_timeout.min(Duration::from_secs(10)))
             // Following a redirect could carry the token to another host.
             .redirect(reqwest::redirect::Policy::none())
@@ -705,6 +798,7 @@ impl FlyClient {
         }
         Ok(FlyClient {
             http,
+            auth,
             base,
             limiter: config.rate_limits.map(|l| Arc::new(RateLimiter::new(l))),
             config,
@@ -1028,6 +1122,12 @@ impl FlyClient {
     }
 
     async fn send(&self, call: Call<'_>) -> Result<bytes::Bytes, FlyError> {
+        let Some(auth) = self.auth.for_app(call.app).cloned() else {
+            return Err(FlyError::NoToken {
+                op: call.op,
+                app: call.app.to_string(),
+            });
+        };
         let url = self.url(&call);
         let full_timeout = self.config.request_timeout + call.extra_timeout;
         let mut attempt = 0u32;
@@ -1060,6 +1160,7 @@ impl FlyClient {
             let mut req = self
                 .http
                 .request(call.method.clone(), url.clone())
+                .header(AUTHORIZATION, auth.clone())
                 .timeout(timeout);
             if let Some(nonce) = call.nonce {
                 match HeaderValue::from_str(nonce.expose_secret()) {

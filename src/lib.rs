@@ -26,6 +26,7 @@
 //! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
 //! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
+//! | [`preflight`] | the `preflight` command's checks (secrets, apps with their own tokens, coordinator, overlay, webhooks, health sample), typed findings |
 //! | [`fly`] | the Fly Machines API client: typed calls, retries, leases, metadata |
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`metadata`] | what is kept in Fly machine metadata, each key's format and parse (no I/O): [`metadata::marker`] (the rotation marker), [`metadata::operator`] (hold, approval), [`metadata::unprobed`] (the probe-failure record), [`metadata::slots`] (exact pool caps across replicas), [`metadata::controls`] (one machine's keys, parsed once) |
@@ -77,6 +78,7 @@ pub mod http;
 pub mod logging;
 pub mod metadata;
 pub mod model;
+pub mod preflight;
 pub mod service;
 pub mod sim;
 pub mod text;

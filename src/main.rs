@@ -13,11 +13,12 @@ use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
 use fleet_reconciler::daemon::{self, Secrets, SetupError};
 use fleet_reconciler::demo;
-use fleet_reconciler::fly::FlyClientBuildError;
+use fleet_reconciler::fly::{FlyClientBuildError, FlyTokens};
 use fleet_reconciler::metadata::HOLD_KEY;
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::observe::overlay::OverlayError;
 use fleet_reconciler::observe::sweep::FleetReport;
+use fleet_reconciler::preflight;
 use fleet_reconciler::report::{notify, render, server};
 use fleet_reconciler::service::{self, ServiceSecrets};
 use secrecy::SecretString;
@@ -31,9 +32,11 @@ use tokio_util::sync::CancellationToken;
     about = "Keeps long-running agents on Fly Machines on the released overlay"
 )]
 struct Cli {
-    /// Config file (TOML).
-    #[arg(long, global = true, default_value = "config/fleet-reconciler.toml")]
-    config: PathBuf,
+    /// Config file (TOML). Default: $FLEET_RECONCILER_CONFIG, else
+    /// /etc/fleet-reconciler/fleet-reconciler.toml (the image's path). A
+    /// relative path is taken from the working directory.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     /// Log line format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -74,8 +77,16 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Parse and validate the config file, then exit (0 valid, 2 not).
+    /// Parse and validate the config file, then exit (0 valid, 2 not). Offline; also refuses a config `run` would refuse (no rotation.coordinator while a pool acts).
     ValidateConfig {
+        /// Also check that every environment variable a `*_env` key names is set (each missing one reported).
+        #[arg(long)]
+        check_env: bool,
+        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
+        output: ActionOutput,
+    },
+    /// Before `run` or a deploy: every check `run` makes at start, then live ones (each app listed with its own token, the coordinator, the overlay remote, a dry request to each webhook, a sample of health URLs). One line per check; exit 0 all ok, 1 a check failed, 2 the config is unusable.
+    Preflight {
         #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
         output: ActionOutput,
     },
@@ -131,6 +142,9 @@ enum Command {
         /// Use this config instead of the built-in demo config.
         #[arg(long)]
         demo_config: Option<PathBuf>,
+        /// Keep serving after the fleet settles, until ctrl-c (to run `preflight` or `check` against it).
+        #[arg(long)]
+        keep_running: bool,
     },
 }
 
@@ -157,11 +171,66 @@ fn main() -> ExitCode {
     }
 }
 
+/// The environment variable naming the config file when `--config` is not given.
+const CONFIG_ENV: &str = "FLEET_RECONCILER_CONFIG";
+/// The config file when neither `--config` nor [`CONFIG_ENV`] names one: the
+/// image's path, the same from any working directory.
+const DEFAULT_CONFIG: &str = "/etc/fleet-reconciler/fleet-reconciler.toml";
+
+/// The config file and what chose it: `--config` wins over
+/// `FLEET_RECONCILER_CONFIG`, which wins over the default.
+struct ConfigPath {
+    path: PathBuf,
+    from: &'static str,
+}
+
+impl ConfigPath {
+    fn choose(flag: Option<PathBuf>) -> ConfigPath {
+        match flag {
+            Some(path) => ConfigPath {
+                path,
+                from: "--config",
+            },
+            None => match std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()) {
+                Some(path) => ConfigPath {
+                    path: path.into(),
+                    from: CONFIG_ENV,
+                },
+                None => ConfigPath {
+                    path: DEFAULT_CONFIG.into(),
+                    from: "the default",
+                },
+            },
+        }
+    }
+
+    fn load(&self) -> anyhow::Result<Config> {
+        Config::load(&self.path).map_err(|e| match e {
+            ConfigError::Read { .. } => {
+                // The path as tried, so a relative one says where from.
+                let tried = std::path::absolute(&self.path).unwrap_or(self.path.clone());
+                let hint = format!(
+                    "config file {} (from {}) cannot be read; name another with --config PATH or {CONFIG_ENV}",
+                    tried.display(),
+                    self.from
+                );
+                anyhow::Error::new(e).context(hint)
+            }
+            // Already names the file, the key and the line.
+            ConfigError::Invalid { .. } => e.into(),
+        })
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config_path = ConfigPath::choose(cli.config);
     match cli.command {
-        Command::ValidateConfig { output } => finish(output, validate_config(&cli.config)),
+        Command::ValidateConfig { check_env, output } => {
+            finish(output, validate_config(&config_path, check_env))
+        }
+        Command::Preflight { output } => preflight(&config_path, output).await,
         Command::Run => {
-            let config = Arc::new(Config::load(&cli.config)?);
+            let config = Arc::new(config_path.load()?);
             let secrets = service_secrets_from_env(&config)?;
             let listener = tokio::net::TcpListener::bind(config.server.listen)
                 .await
@@ -182,7 +251,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let url = match url {
                 Some(u) => u,
                 None => {
-                    let config = Config::load(&cli.config)?;
+                    let config = config_path.load()?;
                     let addr = config.server.listen;
                     let host = if addr.ip().is_unspecified() {
                         "127.0.0.1".to_string()
@@ -217,7 +286,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ApprovalMode::Now
             };
-            let done = approve(&cli.config, &machine, mode, commit, by).await;
+            let done = approve(&config_path, &machine, mode, commit, by).await;
             finish(output, done)
         }
         Command::Hold {
@@ -225,19 +294,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             reason,
             by,
             output,
-        } => finish(output, hold(&cli.config, &machine, by, reason).await),
+        } => finish(output, hold(&config_path, &machine, by, reason).await),
         Command::Release { machine, output } => {
-            finish(output, release(&cli.config, &machine).await)
+            finish(output, release(&config_path, &machine).await)
         }
         Command::Check { output } => {
-            let config = Arc::new(Config::load(&cli.config)?);
+            let config = Arc::new(config_path.load()?);
             let secrets = secrets_from_env(&config)?;
             let sweeper = daemon::connect(config, &secrets).await?;
             let fleet = daemon::check(&sweeper).await?;
             Ok(print_fleet(&fleet, output))
         }
         Command::Plan { output } => {
-            let config = Arc::new(Config::load(&cli.config)?);
+            let config = Arc::new(config_path.load()?);
             let secrets = secrets_from_env(&config)?;
             let sweeper = daemon::connect(config, &secrets).await?;
             let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
@@ -255,6 +324,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo {
             sweeps,
             demo_config,
+            keep_running,
         } => {
             let text = match &demo_config {
                 Some(path) => std::fs::read_to_string(path)
@@ -266,6 +336,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config_path: path,
                 config_text: text,
                 sweeps,
+                keep_running,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -301,10 +372,29 @@ struct Failed {
 /// Failures of the command line itself (not of the library).
 #[derive(Debug, thiserror::Error)]
 enum CliError {
-    #[error("{var} is not set: export an org-scoped Fly token (`fly tokens create org`)")]
-    FlyTokenMissing { var: String },
+    #[error("{}", missing_tokens(missing))]
+    FlyTokenMissing {
+        /// Each unset variable and the apps whose Fly token it holds.
+        missing: Vec<(String, Vec<String>)>,
+    },
+    #[error("{} problem(s) for `run`: {}", problems.len(), problems.join("; "))]
+    NotReady { problems: Vec<String> },
     #[error("--commit {0:?} is not a full 40-hex commit id")]
     BadCommit(String),
+}
+
+fn missing_tokens(missing: &[(String, Vec<String>)]) -> String {
+    missing
+        .iter()
+        .map(|(var, apps)| {
+            format!(
+                "{var} is not set: the Fly token of app {} (mint one per app: `fly tokens create deploy -a {}`)",
+                apps.join(", "),
+                apps.first().map_or("APP", String::as_str)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Prints what a command did. The convention for all four commands: with
@@ -396,6 +486,7 @@ fn error_object(failed: &Failed) -> serde_json::Map<String, serde_json::Value> {
         } else if let Some(e) = cause.downcast_ref::<CliError>() {
             kind = match e {
                 CliError::FlyTokenMissing { .. } => "fly_token_missing".into(),
+                CliError::NotReady { .. } => "not_ready".into(),
                 CliError::BadCommit(_) => "bad_commit".into(),
             };
         } else {
@@ -407,19 +498,37 @@ fn error_object(failed: &Failed) -> serde_json::Map<String, serde_json::Value> {
     object
 }
 
-fn validate_config(path: &std::path::Path) -> Result<Done, Failed> {
+fn validate_config(config_path: &ConfigPath, check_env: bool) -> Result<Done, Failed> {
     let failed = |source: anyhow::Error| Failed {
         command: "validate-config",
         source,
     };
-    let config = Config::load(path).map_err(|e| failed(e.into()))?;
+    let config = config_path.load().map_err(failed)?;
+    let path = &config_path.path;
+    let lookup = |var: &str| std::env::var(var).ok();
+    let findings = preflight::offline(&config, &lookup, check_env);
+    let problems: Vec<String> = findings
+        .failures()
+        .map(|f| match &f.fix {
+            Some(fix) => format!("{} {} (fix: {fix})", f.subject, f.detail),
+            None => format!("{} {}", f.subject, f.detail),
+        })
+        .collect();
+    if !problems.is_empty() {
+        return Err(failed(CliError::NotReady { problems }.into()));
+    }
     let text = format!(
-        "{}: ok ({} app(s), {} pool(s), {} severity rule(s), {} webhook(s))",
+        "{}: ok ({} app(s), {} pool(s), {} severity rule(s), {} webhook(s){})",
         path.display(),
         config.apps.len(),
         config.pools.len(),
         config.severity.len(),
-        config.alerts.webhooks.len()
+        config.alerts.webhooks.len(),
+        if check_env {
+            "; every variable it names is set"
+        } else {
+            ""
+        }
     );
     let json = serde_json::json!({
         "valid": true,
@@ -428,19 +537,91 @@ fn validate_config(path: &std::path::Path) -> Result<Done, Failed> {
         "pools": config.pools.keys().collect::<Vec<_>>(),
         "severity_rules": config.severity.len(),
         "webhooks": config.alerts.webhooks.len(),
+        "env_checked": check_env,
     });
     Ok(Done::new("validate-config", text, json))
 }
 
+/// `preflight`: one line per check (`ok`, `FAIL` with its fix, `skip`),
+/// or with `--output json` one object with every finding. Exit 0 when
+/// nothing failed, 1 when a check failed, 2 when the config is unusable.
+async fn preflight(config_path: &ConfigPath, output: ActionOutput) -> anyhow::Result<ExitCode> {
+    let config = match config_path.load() {
+        Ok(c) => c,
+        Err(source) => {
+            return finish(
+                output,
+                Err(Failed {
+                    command: "preflight",
+                    source,
+                }),
+            );
+        }
+    };
+    let lookup = |var: &str| std::env::var(var).ok();
+    let report = preflight::run(&config, &lookup).await;
+    let failures = report.failures().count();
+    match output {
+        ActionOutput::Json => {
+            let v = serde_json::json!({
+                "command": "preflight",
+                "config": config_path.path.display().to_string(),
+                "ok": failures == 0,
+                "failures": failures,
+                "checks": report.findings,
+            });
+            if let serde_json::Value::Object(object) = v {
+                print_json(&object);
+            }
+        }
+        ActionOutput::Text => {
+            let mut lines = Vec::new();
+            for f in &report.findings {
+                let status = match f.status {
+                    preflight::Status::Ok => "ok  ",
+                    preflight::Status::Fail => "FAIL",
+                    preflight::Status::Skipped => "skip",
+                };
+                let check: &'static str = f.check.into();
+                lines.push(format!("{status} {check} {}: {}", f.subject, f.detail));
+                if let Some(fix) = &f.fix {
+                    lines.push(format!("     fix: {fix}"));
+                }
+            }
+            lines.push(if failures == 0 {
+                format!(
+                    "preflight: {} passed, ready for `run`",
+                    config_path.path.display()
+                )
+            } else {
+                format!(
+                    "preflight: {failures} check(s) failed for {}",
+                    config_path.path.display()
+                )
+            });
+            let mut out = std::io::stdout().lock();
+            for line in lines {
+                // Details quote outside text (Fly, git, agents): one line each.
+                let _ = writeln!(out, "{}", render::printable(&line));
+            }
+        }
+    }
+    Ok(if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 async fn approve(
-    config_path: &std::path::Path,
+    config_path: &ConfigPath,
     machine: &str,
     mode: ApprovalMode,
     commit: Option<String>,
     by: String,
 ) -> Result<Done, Failed> {
     let run = async {
-        let config = Arc::new(Config::load(config_path)?);
+        let config = Arc::new(config_path.load()?);
         let secrets = secrets_from_env(&config)?;
         let target = match commit {
             Some(c) => fleet_reconciler::model::CommitId::parse(&c)
@@ -484,13 +665,13 @@ async fn approve(
 }
 
 async fn hold(
-    config_path: &std::path::Path,
+    config_path: &ConfigPath,
     machine: &str,
     by: String,
     reason: String,
 ) -> Result<Done, Failed> {
     let run = async {
-        let config = Config::load(config_path)?;
+        let config = config_path.load()?;
         let secrets = secrets_from_env(&config)?;
         let hold = Hold {
             by,
@@ -516,9 +697,9 @@ async fn hold(
     })
 }
 
-async fn release(config_path: &std::path::Path, machine: &str) -> Result<Done, Failed> {
+async fn release(config_path: &ConfigPath, machine: &str) -> Result<Done, Failed> {
     let run = async {
-        let config = Config::load(config_path)?;
+        let config = config_path.load()?;
         let secrets = secrets_from_env(&config)?;
         let operator = operator(&config, &secrets)?;
         // The hold as it stands just before it is cleared, to say what was
@@ -683,20 +864,41 @@ fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
     })
 }
 
+/// The Fly token of every app (each one's own, [`Config::fly_tokens`]) and
+/// the overlay token. Every missing Fly token is named in one error.
 fn secrets_from_env(config: &Config) -> anyhow::Result<Secrets> {
-    let fly_token = std::env::var(&config.fly.token_env)
+    let mut apps = std::collections::BTreeMap::new();
+    let mut missing: Vec<(String, Vec<String>)> = Vec::new();
+    for t in config.fly_tokens() {
+        match env_secret(t.var) {
+            Some(token) => {
+                apps.insert(t.app.to_string(), token);
+            }
+            None => match missing.iter_mut().find(|(var, _)| var == t.var) {
+                Some((_, names)) => names.push(t.app.to_string()),
+                None => missing.push((t.var.to_string(), vec![t.app.to_string()])),
+            },
+        }
+    }
+    if !missing.is_empty() {
+        return Err(CliError::FlyTokenMissing { missing }.into());
+    }
+    Ok(Secrets {
+        // No fallback: a call on an app the config does not name has no token.
+        fly_token: FlyTokens {
+            fallback: None,
+            apps,
+        },
+        git_token: env_secret(&config.overlay.token_env),
+    })
+}
+
+/// A variable's value as a secret; unset, empty or blank is `None`.
+fn env_secret(var: &str) -> Option<SecretString> {
+    std::env::var(var)
         .ok()
         .filter(|t| !t.trim().is_empty())
-        .ok_or_else(|| CliError::FlyTokenMissing {
-            var: config.fly.token_env.clone(),
-        })?;
-    let git_token = std::env::var(&config.overlay.token_env)
-        .ok()
-        .filter(|t| !t.trim().is_empty());
-    Ok(Secrets {
-        fly_token: fly_token.into(),
-        git_token: git_token.map(Into::into),
-    })
+        .map(SecretString::from)
 }
 
 fn init_logging(format: LogFormat) {

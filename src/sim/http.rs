@@ -422,6 +422,15 @@ fn authenticate(
         None => Credential::None,
         Some(a) if fly_token_matches(&world.token, a) => Credential::FlyToken,
         Some(a)
+            if route
+                .app
+                .as_ref()
+                .and_then(|app| world.app_tokens.get(app))
+                .is_some_and(|tokens| tokens.iter().any(|t| fly_token_matches(t, a))) =>
+        {
+            Credential::FlyToken
+        }
+        Some(a)
             if machine.is_some_and(|m| {
                 m.agent.agent_token.is_some() && agent_token_matches(m, Some(a))
             }) =>

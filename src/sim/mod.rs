@@ -342,6 +342,18 @@ impl SimHandle {
         self.shared.lock().token.clone()
     }
 
+    /// Accepts `token` for the Fly API routes of `app` only, as Fly accepts
+    /// a deploy token made with `fly tokens create deploy -a APP`; other
+    /// apps answer it 401.
+    pub fn add_app_token(&self, app: &str, token: &str) {
+        self.shared
+            .lock()
+            .app_tokens
+            .entry(app.to_string())
+            .or_default()
+            .push(token.to_string());
+    }
+
     /// The commit agents load when their machine next boots.
     pub fn release_tip(&self) -> String {
         self.shared.lock().release_tip.clone()

@@ -125,6 +125,8 @@ pub(crate) struct Bucket {
 
 pub(crate) struct World {
     pub(crate) token: String,
+    /// App-scoped tokens ([`super::SimHandle::add_app_token`]): app → its tokens.
+    pub(crate) app_tokens: BTreeMap<String, Vec<String>>,
     pub(crate) lease_owner: String,
     pub(crate) release_tip: String,
     pub(crate) restart_delay: Duration,
@@ -240,6 +242,7 @@ impl World {
         }
         Ok(World {
             token: fleet.token,
+            app_tokens: BTreeMap::new(),
             lease_owner: fleet.lease_owner,
             release_tip: fleet.release_tip,
             restart_delay: fleet.restart_delay,

@@ -21,6 +21,7 @@ mod operator_cli;
 mod overlay;
 mod parsers_props;
 mod planner_props;
+mod preflight;
 mod probe;
 mod rotation;
 mod run;

@@ -101,6 +101,8 @@ health_url = "{health}"
 actions = {{ low = "observe", medium = "observe", high = "manual", critical = "manual" }}
 [pools.gpu]
 max_concurrent_rotations = 2
+[rotation]
+coordinator = "fleet-reconciler/coord0"
 "#,
             api = sim.api_url(),
             repo = overlay.repo_path.display(),

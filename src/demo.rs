@@ -470,12 +470,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     );
 
     let shutdown = CancellationToken::new();
-    let ctrl_c = shutdown.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            ctrl_c.cancel();
-        }
-    });
+    // SIGTERM as well as ctrl-c: either winds the demo down, so `work` (the
+    // temporary directory) is dropped and removed.
+    tokio::spawn(crate::signal::cancel_on_signal(shutdown.clone()));
 
     let mut shown = 0u32;
     let mut released_at: Option<u32> = None;

@@ -22,7 +22,7 @@
 //! | --- | --- |
 //! | [`observe`] | read-only: [`observe::sweep`] (one pass → `FleetReport`), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
 //! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders) |
-//! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve) |
+//! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve / revoke) |
 //! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
 //! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
@@ -35,7 +35,8 @@
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
 //! | [`text`] | bounds on text from outside (reports, metadata, Fly errors) and the decoder of a JSON value someone else wrote |
-//! | [`logging`] | the log writer: one event per line, control characters escaped |
+//! | [`logging`] | the log writer (one event per line, control characters escaped) and the `RUST_LOG` filter |
+//! | [`signal`] | SIGTERM / ctrl-c as a cancellation (`run`, `demo`) |
 //! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
 //! | [`demo`] | the `demo` command's scenario |
 //!
@@ -80,6 +81,7 @@ pub mod metadata;
 pub mod model;
 pub mod preflight;
 pub mod service;
+pub mod signal;
 pub mod sim;
 pub mod text;
 

@@ -1,6 +1,8 @@
-//! The process log's line discipline: one event, one line.
+//! The process log's line discipline: one event, one line; and its filter.
 //!
-//! Owns the writer the log subscriber writes each formatted event through.
+//! Owns the writer the log subscriber writes each formatted event through,
+//! and reading `RUST_LOG` ([`filter`]): a filter that does not parse is an
+//! error naming the directive, never a silent fallback to the default.
 //! Log fields carry text from outside (agents' reports, Fly metadata such as
 //! markers and holds, git servers' messages); a carriage return or newline in
 //! one could forge a log line, and terminal control sequences could rewrite
@@ -10,7 +12,31 @@
 
 use std::io::{self, Write};
 
+use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+
+/// The filter when `RUST_LOG` is unset or empty.
+pub const DEFAULT_FILTER: &str = "warn,fleet_reconciler=info";
+
+/// A `RUST_LOG` that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("RUST_LOG={value:?} is not a valid log filter: {reason} (e.g. RUST_LOG={DEFAULT_FILTER})")]
+pub struct FilterError {
+    pub value: String,
+    pub reason: String,
+}
+
+/// The log filter from `RUST_LOG`'s value: the default when it is unset or
+/// blank, else the directives it gives, every one of which must parse.
+pub fn filter(rust_log: Option<&str>) -> Result<EnvFilter, FilterError> {
+    let value = rust_log.map(str::trim).filter(|v| !v.is_empty());
+    EnvFilter::builder()
+        .parse(value.unwrap_or(DEFAULT_FILTER))
+        .map_err(|e| FilterError {
+            value: value.unwrap_or_default().to_string(),
+            reason: e.to_string(),
+        })
+}
 
 /// Makes [`Escaping`] writers over stderr.
 #[derive(Clone, Copy, Debug)]
@@ -108,6 +134,21 @@ mod tests {
         );
         assert_eq!(escaped("no newline"), "no newline");
         assert_eq!(escaped("two\n\n"), "two\\x0a\n");
+    }
+
+    #[test]
+    fn a_malformed_filter_is_an_error_not_the_default() {
+        assert!(filter(None).is_ok());
+        assert!(filter(Some("  ")).is_ok());
+        assert!(filter(Some("debug,hyper=warn")).is_ok());
+        for bad in ["fleet_reconciler=loud", "warn,[", "=info"] {
+            let e = filter(Some(bad)).err().map(|e| e.to_string());
+            let e = e.unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(
+                e.starts_with(&format!("RUST_LOG={bad:?} is not a valid log filter")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -11,11 +11,13 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fleet_reconciler::act::operator::{Operator, OperatorError};
 use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
-use fleet_reconciler::daemon::{self, Secrets, SetupError};
+use fleet_reconciler::daemon::{self, CheckError, Secrets, SetupError};
+use fleet_reconciler::decide::decision::Decision;
 use fleet_reconciler::demo;
 use fleet_reconciler::fly::{FlyClientBuildError, FlyTokens};
 use fleet_reconciler::metadata::HOLD_KEY;
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
+use fleet_reconciler::model::MachineId;
 use fleet_reconciler::observe::overlay::OverlayError;
 use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::preflight;
@@ -28,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(
     name = "fleet-reconciler",
-    version,
+    version = VERSION,
     about = "Keeps long-running agents on Fly Machines on the released overlay"
 )]
 struct Cli {
@@ -37,104 +39,150 @@ struct Cli {
     /// relative path is taken from the working directory.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// Log line format (logs go to stderr; filter with RUST_LOG).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    /// Log line format (logs go to stderr; filter with RUST_LOG). A fatal
+    /// error follows it too.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "FLEET_RECONCILER_LOG_FORMAT",
+        default_value_t = LogFormat::Text
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
+/// The crate version and the commit it was built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("FLEET_RECONCILER_COMMIT"),
+    ")"
+);
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Output {
-    Table,
-    Json,
-}
-
-/// How `approve`, `hold`, `release` and `validate-config` report: a line of
-/// text, or one JSON object on stdout (success or failure; see README
-/// "Commands").
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ActionOutput {
+enum LogFormat {
+    /// One line of text per event.
     Text,
+    /// One JSON object per event (for a log shipper).
     Json,
+}
+
+/// How a command prints: one vocabulary for every command.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Lines and tables for people (`table` is accepted too).
+    #[value(alias = "table")]
+    Text,
+    /// One JSON document on stdout; on failure a JSON error object there
+    /// (README "Commands").
+    Json,
+}
+
+#[derive(Clone, Copy, clap::Args)]
+struct OutputArg {
+    /// How to print: `text` for people, `json` for programs (on failure, a
+    /// JSON error object on stdout; the exit code is the same).
+    #[arg(long, short, value_enum, default_value_t = Output::Text)]
+    output: Output,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// One read-only sweep: report drift. Exit 0 coherent, 1 drift or unprobeable machines, 2 error (an app that cannot be listed included).
+    /// One read-only sweep: report drift, with each machine's decision as `plan` makes it. Exit 0 coherent, 1 drift or unprobeable machines, 2 error (an app that cannot be listed included).
     Check {
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// Read-only: one sweep, then each machine's decision and the steps a daemon would take now. Exit codes like `check`.
     Plan {
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// Parse and validate the config file, then exit (0 valid, 2 not). Offline; also refuses a config `run` would refuse (no rotation.coordinator while a pool acts).
     ValidateConfig {
         /// Also check that every environment variable a `*_env` key names is set (each missing one reported).
         #[arg(long)]
         check_env: bool,
-        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
-        output: ActionOutput,
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// Before `run` or a deploy: every check `run` makes at start, then live ones (each app listed with its own token, the coordinator, the overlay remote, a dry request to each webhook, a sample of health URLs). One line per check; exit 0 all ok, 1 a check failed, 2 the config is unusable.
     Preflight {
-        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
-        output: ActionOutput,
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// The daemon: sweep, remediate per policy, serve metrics, the API and the status page.
     Run,
-    /// Ask a running daemon for the fleet (the `check` table, from its last sweep), or with MACHINE for one machine's detail and the reason for its severity.
+    /// Ask a running daemon for the fleet (the `check` table with the daemon's decisions, from its last sweep), or with MACHINE for one machine's detail and the reason for its severity.
     Status {
         /// A machine id: show its detail (`GET /api/v1/machines/{id}`) instead of the fleet.
         machine: Option<String>,
         /// The daemon's HTTP address (default: server.listen of --config).
         #[arg(long)]
         url: Option<String>,
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        out: OutputArg,
     },
-    /// Authorize one `manual` rotation of a machine (a metadata write).
+    /// Authorize one `manual` rotation of a machine (a metadata write). By default it waits for the agent to be idle; `--now` may end live work.
     Approve {
+        /// The machine id (any configured app).
         machine: String,
-        /// Proceed like alert-and-wait (restart at the first report with no
-        /// live work) instead of restarting now.
+        /// Restart even with live work (open sessions, a turn in progress):
+        /// they end. First names the live work the daemon last saw on the
+        /// machine and asks to confirm (`--yes` confirms in advance).
+        #[arg(long, conflicts_with = "when_idle")]
+        now: bool,
+        /// Restart only at a report with no live work, like alert-and-wait
+        /// (the default; accepted so scripts can say it).
         #[arg(long)]
         when_idle: bool,
+        /// With --now: confirm ending the live work without a prompt (needed
+        /// when stdin is not a terminal and the machine has or may have live work).
+        #[arg(long, short = 'y', requires = "now")]
+        yes: bool,
+        /// With --now: the daemon whose last report of the machine shows its
+        /// live work (default: server.listen of --config).
+        #[arg(long, requires = "now")]
+        url: Option<String>,
         /// The commit to approve; default: the release branch tip, fetched now.
         #[arg(long)]
         commit: Option<String>,
         /// Who approves (recorded in the approval).
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
-        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
-        output: ActionOutput,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Remove a pending approval (written under the machine's lease, like `hold`); a machine without one is left as it is.
+    Revoke {
+        /// The machine id (any configured app).
+        machine: String,
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// Put an operator hold on a machine: no reconciler acts on it until `release`.
     Hold {
+        /// The machine id (any configured app).
         machine: String,
+        /// Why (recorded in the hold, shown on the status page).
         #[arg(long, default_value = "operator hold")]
         reason: String,
+        /// Who holds it (recorded in the hold).
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
-        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
-        output: ActionOutput,
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// Clear an operator hold.
     Release {
+        /// The machine id (any configured app).
         machine: String,
-        #[arg(long, short, value_enum, default_value_t = ActionOutput::Text)]
-        output: ActionOutput,
+        #[command(flatten)]
+        out: OutputArg,
     },
-    /// Run against a built-in simulated fleet (no credentials, loopback only).
+    /// Run against a built-in simulated fleet (no credentials, loopback only). It reads no --config: see --demo-config.
     Demo {
         /// Sweeps to run before exiting (0 = until the fleet settles, or ctrl-c).
         #[arg(long, default_value_t = 0)]
@@ -148,26 +196,96 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The command's name (the JSON objects' `command`) and how it prints.
+    fn name_and_output(&self) -> (&'static str, Output) {
+        let text = Output::Text;
+        match self {
+            Command::Check { out } => ("check", out.output),
+            Command::Plan { out } => ("plan", out.output),
+            Command::ValidateConfig { out, .. } => ("validate-config", out.output),
+            Command::Preflight { out } => ("preflight", out.output),
+            Command::Run => ("run", text),
+            Command::Status { out, .. } => ("status", out.output),
+            Command::Approve { out, .. } => ("approve", out.output),
+            Command::Revoke { out, .. } => ("revoke", out.output),
+            Command::Hold { out, .. } => ("hold", out.output),
+            Command::Release { out, .. } => ("release", out.output),
+            Command::Demo { .. } => ("demo", text),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let (command, output) = cli.command.name_and_output();
+    let fatal = Fatal {
+        command,
+        output,
+        log_format: cli.log_format,
+    };
+    if let Err(e) = init_logging(cli.log_format) {
+        return fatal.report(&e.into());
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
+            return fatal.report(&anyhow::Error::new(e).context("cannot start the async runtime"));
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
-        Err(e) => {
-            // The error may quote outside text (a Fly or git server's message).
-            eprintln!("error: {}", render::printable(&format!("{e:#}")));
-            ExitCode::from(2)
+        Err(e) => fatal.report(&e),
+    }
+}
+
+/// How a failed command reports: the JSON error object on stdout with
+/// `--output json`, and the error on stderr as a log line of `--log-format`.
+struct Fatal {
+    command: &'static str,
+    output: Output,
+    log_format: LogFormat,
+}
+
+impl Fatal {
+    /// Reports `e`; exit 2.
+    fn report(&self, e: &anyhow::Error) -> ExitCode {
+        let object = error_object(self.command, e);
+        if self.output == Output::Json {
+            print_json(&object);
         }
+        let message = object
+            .get("error")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        match self.log_format {
+            LogFormat::Text => {
+                eprintln!("error: {message}");
+                if let Some(hint) = object.get("hint").and_then(serde_json::Value::as_str) {
+                    eprintln!("hint: {hint}");
+                }
+            }
+            LogFormat::Json => {
+                // The shape of the subscriber's JSON lines, written here so a
+                // RUST_LOG that filters everything still shows why it ended.
+                let line = serde_json::json!({
+                    "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    "level": "ERROR",
+                    "fields": {
+                        "message": message,
+                        "command": self.command,
+                        "kind": object.get("kind"),
+                        "hint": object.get("hint"),
+                    },
+                    "target": "fleet_reconciler",
+                });
+                eprintln!("{line}");
+            }
+        }
+        ExitCode::from(2)
     }
 }
 
@@ -223,12 +341,13 @@ impl ConfigPath {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let explicit_config = cli.config.is_some();
     let config_path = ConfigPath::choose(cli.config);
     match cli.command {
-        Command::ValidateConfig { check_env, output } => {
-            finish(output, validate_config(&config_path, check_env))
+        Command::ValidateConfig { check_env, out } => {
+            finish(out.output, validate_config(&config_path, check_env)?)
         }
-        Command::Preflight { output } => preflight(&config_path, output).await,
+        Command::Preflight { out } => preflight(&config_path, out.output).await,
         Command::Run => {
             let config = Arc::new(config_path.load()?);
             let secrets = service_secrets_from_env(&config)?;
@@ -239,80 +358,69 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 })?;
             let owner = owner_id();
             let shutdown = CancellationToken::new();
-            tokio::spawn(stop_on_signal(shutdown.clone()));
+            tokio::spawn(fleet_reconciler::signal::cancel_on_signal(shutdown.clone()));
             service::run(config, secrets, listener, owner, shutdown, |_| {}).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status {
-            machine,
-            url,
-            output,
-        } => {
+        Command::Status { machine, url, out } => {
             let url = match url {
                 Some(u) => u,
-                None => {
-                    let config = config_path.load()?;
-                    let addr = config.server.listen;
-                    let host = if addr.ip().is_unspecified() {
-                        "127.0.0.1".to_string()
-                    } else {
-                        addr.ip().to_string()
-                    };
-                    let host = if host.contains(':') {
-                        format!("[{host}]")
-                    } else {
-                        host
-                    };
-                    format!("http://{host}:{}", addr.port())
-                }
+                None => daemon_url(&config_path.load()?),
             };
             let timeout = std::time::Duration::from_secs(10);
             if let Some(machine) = machine {
                 let (view, json) = server::fetch_machine(&url, &machine, timeout).await?;
-                return Ok(print_machine(&view, &json, output));
+                return Ok(print_machine(&view, &json, out.output));
             }
-            let fleet = server::fetch_fleet(&url, timeout).await?;
-            Ok(print_fleet(&fleet, output))
+            let doc = server::fetch_fleet_document(&url, timeout).await?;
+            Ok(print_fleet(&doc.report, &doc.decisions, out.output))
         }
         Command::Approve {
             machine,
-            when_idle,
+            now,
+            when_idle: _,
+            yes,
+            url,
             commit,
             by,
-            output,
+            out,
         } => {
-            let mode = if when_idle {
-                ApprovalMode::WhenIdle
-            } else {
+            let mode = if now {
                 ApprovalMode::Now
+            } else {
+                ApprovalMode::WhenIdle
             };
-            let done = approve(&config_path, &machine, mode, commit, by).await;
-            finish(output, done)
+            let confirm = Confirm { yes, url };
+            let done = approve(&config_path, &machine, mode, &confirm, commit, by).await?;
+            finish(out.output, done)
+        }
+        Command::Revoke { machine, out } => {
+            finish(out.output, revoke(&config_path, &machine).await?)
         }
         Command::Hold {
             machine,
             reason,
             by,
-            output,
-        } => finish(output, hold(&config_path, &machine, by, reason).await),
-        Command::Release { machine, output } => {
-            finish(output, release(&config_path, &machine).await)
+            out,
+        } => finish(out.output, hold(&config_path, &machine, by, reason).await?),
+        Command::Release { machine, out } => {
+            finish(out.output, release(&config_path, &machine).await?)
         }
-        Command::Check { output } => {
-            let config = Arc::new(config_path.load()?);
-            let secrets = secrets_from_env(&config)?;
-            let sweeper = daemon::connect(config, &secrets).await?;
-            let fleet = daemon::check(&sweeper).await?;
-            Ok(print_fleet(&fleet, output))
-        }
-        Command::Plan { output } => {
+        Command::Check { out } => {
             let config = Arc::new(config_path.load()?);
             let secrets = secrets_from_env(&config)?;
             let sweeper = daemon::connect(config, &secrets).await?;
             let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
-            match output {
+            Ok(print_fleet(&fleet, &plan.decisions, out.output))
+        }
+        Command::Plan { out } => {
+            let config = Arc::new(config_path.load()?);
+            let secrets = secrets_from_env(&config)?;
+            let sweeper = daemon::connect(config, &secrets).await?;
+            let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
+            match out.output {
                 Output::Json => print_document(&render::plan_to_json(&fleet, &plan)),
-                Output::Table => {
+                Output::Text => {
                     eprintln!(
                         "(a one-shot plan: drift is taken as seen for rotation.min_drift_age; nothing is written)"
                     );
@@ -326,6 +434,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             demo_config,
             keep_running,
         } => {
+            if explicit_config {
+                return Err(CliError::DemoConfig.into());
+            }
             let text = match &demo_config {
                 Some(path) => std::fs::read_to_string(path)
                     .with_context(|| format!("cannot read {}", path.display()))?,
@@ -344,7 +455,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// What `approve`, `hold`, `release` or `validate-config` did: the human
+/// The daemon's address from `server.listen` of the config (loopback when
+/// it listens on every address).
+fn daemon_url(config: &Config) -> String {
+    let addr = config.server.listen;
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    format!("http://{host}:{}", addr.port())
+}
+
+/// What `approve`, `revoke`, `hold`, `release` or `validate-config` did: the human
 /// line and the JSON object of `--output json`.
 struct Done {
     text: String,
@@ -362,13 +490,6 @@ impl Done {
     }
 }
 
-/// A failed `approve`, `hold`, `release` or `validate-config`: the command
-/// it was, for the JSON error object.
-struct Failed {
-    command: &'static str,
-    source: anyhow::Error,
-}
-
 /// Failures of the command line itself (not of the library).
 #[derive(Debug, thiserror::Error)]
 enum CliError {
@@ -381,6 +502,35 @@ enum CliError {
     NotReady { problems: Vec<String> },
     #[error("--commit {0:?} is not a full 40-hex commit id")]
     BadCommit(String),
+    #[error("approve --now {machine}: {live}; not confirmed")]
+    NotConfirmed { machine: String, live: String },
+    #[error("`demo` reads no --config: it runs its built-in config against a simulated fleet")]
+    DemoConfig,
+}
+
+impl CliError {
+    fn kind(&self) -> &'static str {
+        match self {
+            CliError::FlyTokenMissing { .. } => "fly_token_missing",
+            CliError::NotReady { .. } => "not_ready",
+            CliError::BadCommit(_) => "bad_commit",
+            CliError::NotConfirmed { .. } => "not_confirmed",
+            CliError::DemoConfig => "demo_config",
+        }
+    }
+
+    /// What to do about it, when the message does not already say.
+    fn hint(&self) -> Option<&'static str> {
+        match self {
+            CliError::NotConfirmed { .. } => Some(
+                "confirm with --yes (or at the prompt on a terminal), or approve without --now to restart it once it is idle",
+            ),
+            CliError::DemoConfig => Some(
+                "give the demo another config with --demo-config FILE; to check a real fleet use `check --config FILE`",
+            ),
+            _ => None,
+        }
+    }
 }
 
 fn missing_tokens(missing: &[(String, Vec<String>)]) -> String {
@@ -397,27 +547,16 @@ fn missing_tokens(missing: &[(String, Vec<String>)]) -> String {
         .join("; ")
 }
 
-/// Prints what a command did. The convention for all four commands: with
-/// `--output json`, stdout carries exactly one JSON object, on success what
-/// was done, on failure `{"command", "error", "kind", …}`; the human error
-/// line still goes to stderr and the exit code is the same as with text
-/// (0 done, 2 not).
-fn finish(output: ActionOutput, done: Result<Done, Failed>) -> anyhow::Result<ExitCode> {
-    match done {
-        Ok(done) => {
-            match output {
-                ActionOutput::Text => println!("{}", done.text),
-                ActionOutput::Json => print_json(&done.json),
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(failed) => {
-            if output == ActionOutput::Json {
-                print_json(&error_object(&failed));
-            }
-            Err(failed.source)
-        }
+/// Prints what a command did: one line of text, or with `--output json`
+/// exactly one JSON object on stdout. A failure is `main`'s to print
+/// ([`Fatal`]): with `--output json` an error object instead, the same
+/// shape for every command ([`error_object`]).
+fn finish(output: Output, done: Done) -> anyhow::Result<ExitCode> {
+    match output {
+        Output::Text => println!("{}", done.text),
+        Output::Json => print_json(&done.json),
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_json(object: &serde_json::Map<String, serde_json::Value>) {
@@ -429,22 +568,41 @@ fn print_json(object: &serde_json::Map<String, serde_json::Value>) {
         .and_then(|()| out.flush());
 }
 
-/// The JSON error object: the message of the human line, a stable `kind`,
-/// and for a config error the file, key and line it names (`validate-config`
-/// adds `"valid": false`).
-fn error_object(failed: &Failed) -> serde_json::Map<String, serde_json::Value> {
+/// The error's message with each cause once: `{:#}` of an error whose text
+/// already quotes its source (`cannot read …: No such file`) would print
+/// the source again after it.
+fn message_of(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    // The error may quote outside text (a Fly or git server's message).
+    render::printable(&message)
+}
+
+/// The JSON error object of a failed command, one shape for every command:
+/// `command`, `error` (the message of the `error:` line), a stable `kind`,
+/// `hint` when there is one, and for a config error the file, key and line
+/// it names, for a machine error `machine_id` (`validate-config` adds
+/// `"valid": false`).
+fn error_object(command: &str, e: &anyhow::Error) -> serde_json::Map<String, serde_json::Value> {
     use serde_json::{Value, json};
     let mut object = serde_json::Map::new();
-    object.insert("command".into(), failed.command.into());
-    if failed.command == "validate-config" {
+    object.insert("command".into(), command.into());
+    if command == "validate-config" {
         object.insert("valid".into(), false.into());
     }
-    object.insert(
-        "error".into(),
-        render::printable(&format!("{:#}", failed.source)).into(),
-    );
+    object.insert("error".into(), message_of(e).into());
     let mut kind: String = "error".into();
-    for cause in failed.source.chain() {
+    let mut hint: Option<String> = None;
+    for cause in e.chain() {
         if let Some(e) = cause.downcast_ref::<ConfigError>() {
             let (k, path, key, line) = match e {
                 ConfigError::Read { path, .. } => ("config_unreadable", path, None, None),
@@ -479,31 +637,42 @@ fn error_object(failed: &Failed) -> serde_json::Map<String, serde_json::Value> {
                 SetupError::Overlay(e) => format!("overlay_{}", e.kind()),
                 SetupError::Fly(_) | SetupError::Probe(_) => "setup".into(),
             };
+        } else if let Some(e) = cause.downcast_ref::<CheckError>() {
+            kind = match e {
+                CheckError::Fetch(e) => format!("overlay_{}", e.kind()),
+                CheckError::Sweep(e) => format!("sweep_{}", e.kind()),
+            };
         } else if let Some(e) = cause.downcast_ref::<OverlayError>() {
             kind = format!("overlay_{}", e.kind());
+        } else if let Some(e) = cause.downcast_ref::<server::StatusError>() {
+            kind = format!("daemon_{}", e.kind());
+            if let server::StatusError::UnknownMachine { machine_id, .. } = e {
+                object.insert("machine_id".into(), Value::from(machine_id.as_str()));
+            }
         } else if cause.is::<FlyClientBuildError>() {
             kind = "setup".into();
+        } else if cause.is::<fleet_reconciler::logging::FilterError>() {
+            kind = "log_filter".into();
         } else if let Some(e) = cause.downcast_ref::<CliError>() {
-            kind = match e {
-                CliError::FlyTokenMissing { .. } => "fly_token_missing".into(),
-                CliError::NotReady { .. } => "not_ready".into(),
-                CliError::BadCommit(_) => "bad_commit".into(),
-            };
+            kind = e.kind().into();
+            hint = e.hint().map(str::to_string);
+            if let CliError::NotConfirmed { machine, .. } = e {
+                object.insert("machine_id".into(), Value::from(machine.as_str()));
+            }
         } else {
             continue;
         }
         break;
     }
     object.insert("kind".into(), kind.into());
+    if let Some(hint) = hint {
+        object.insert("hint".into(), hint.into());
+    }
     object
 }
 
-fn validate_config(config_path: &ConfigPath, check_env: bool) -> Result<Done, Failed> {
-    let failed = |source: anyhow::Error| Failed {
-        command: "validate-config",
-        source,
-    };
-    let config = config_path.load().map_err(failed)?;
+fn validate_config(config_path: &ConfigPath, check_env: bool) -> anyhow::Result<Done> {
+    let config = config_path.load()?;
     let path = &config_path.path;
     let lookup = |var: &str| std::env::var(var).ok();
     let findings = preflight::offline(&config, &lookup, check_env);
@@ -515,7 +684,7 @@ fn validate_config(config_path: &ConfigPath, check_env: bool) -> Result<Done, Fa
         })
         .collect();
     if !problems.is_empty() {
-        return Err(failed(CliError::NotReady { problems }.into()));
+        return Err(CliError::NotReady { problems }.into());
     }
     let text = format!(
         "{}: ok ({} app(s), {} pool(s), {} severity rule(s), {} webhook(s){})",
@@ -545,24 +714,13 @@ fn validate_config(config_path: &ConfigPath, check_env: bool) -> Result<Done, Fa
 /// `preflight`: one line per check (`ok`, `FAIL` with its fix, `skip`),
 /// or with `--output json` one object with every finding. Exit 0 when
 /// nothing failed, 1 when a check failed, 2 when the config is unusable.
-async fn preflight(config_path: &ConfigPath, output: ActionOutput) -> anyhow::Result<ExitCode> {
-    let config = match config_path.load() {
-        Ok(c) => c,
-        Err(source) => {
-            return finish(
-                output,
-                Err(Failed {
-                    command: "preflight",
-                    source,
-                }),
-            );
-        }
-    };
+async fn preflight(config_path: &ConfigPath, output: Output) -> anyhow::Result<ExitCode> {
+    let config = config_path.load()?;
     let lookup = |var: &str| std::env::var(var).ok();
     let report = preflight::run(&config, &lookup).await;
     let failures = report.failures().count();
     match output {
-        ActionOutput::Json => {
+        Output::Json => {
             let v = serde_json::json!({
                 "command": "preflight",
                 "config": config_path.path.display().to_string(),
@@ -574,7 +732,7 @@ async fn preflight(config_path: &ConfigPath, output: ActionOutput) -> anyhow::Re
                 print_json(&object);
             }
         }
-        ActionOutput::Text => {
+        Output::Text => {
             let mut lines = Vec::new();
             for f in &report.findings {
                 let status = match f.status {
@@ -613,55 +771,211 @@ async fn preflight(config_path: &ConfigPath, output: ActionOutput) -> anyhow::Re
     })
 }
 
+/// How `approve --now` confirms ending live work.
+struct Confirm {
+    /// Confirmed in advance (`--yes`).
+    yes: bool,
+    /// The daemon to ask for the machine's last report (`--url`).
+    url: Option<String>,
+}
+
+/// The live work a running daemon last saw on a machine: what `approve
+/// --now` would end.
+#[derive(serde::Serialize)]
+struct LiveWork {
+    /// Whether the daemon's report could be read at all.
+    known: bool,
+    live_sessions: Option<u64>,
+    /// A turn or job in progress.
+    busy: bool,
+    /// When the daemon swept it.
+    as_of: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why it is not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unknown: Option<String>,
+}
+
+impl LiveWork {
+    fn any(&self) -> bool {
+        !self.known || self.busy || self.live_sessions.unwrap_or(0) > 0
+    }
+
+    /// The sentence the confirmation shows.
+    fn describe(&self, app_machine: &str) -> String {
+        if let Some(why) = &self.unknown {
+            return format!(
+                "its live work is unknown ({why}): open sessions and a turn in progress on it would end"
+            );
+        }
+        let as_of = self
+            .as_of
+            .map(|t| {
+                format!(
+                    " (the daemon's sweep of {})",
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )
+            })
+            .unwrap_or_default();
+        let mut work = Vec::new();
+        match self.live_sessions {
+            Some(n) if n > 0 => work.push(format!("{n} live session(s)")),
+            _ => {}
+        }
+        if self.busy {
+            work.push("a turn in progress".to_string());
+        }
+        if work.is_empty() {
+            format!("{app_machine} has no live work{as_of}")
+        } else {
+            format!(
+                "{app_machine} has {}{as_of}: restarting it now ends them",
+                work.join(" and ")
+            )
+        }
+    }
+}
+
+/// Reads the machine's last agent report from the daemon, as `status
+/// MACHINE` does.
+async fn live_work(url: &str, machine: &str) -> LiveWork {
+    let unknown = |why: String| LiveWork {
+        known: false,
+        live_sessions: None,
+        busy: false,
+        as_of: None,
+        unknown: Some(why),
+    };
+    let view = match server::fetch_machine(url, machine, std::time::Duration::from_secs(10)).await {
+        Ok((view, _)) => view,
+        Err(e) => return unknown(format!("the daemon at {url}: {e}")),
+    };
+    let Some(report) = view.agent_report else {
+        return unknown(format!(
+            "the daemon at {url} has no usable report from its agent ({})",
+            view.machine.status
+        ));
+    };
+    LiveWork {
+        known: true,
+        live_sessions: report
+            .get("live_sessions")
+            .and_then(serde_json::Value::as_u64),
+        busy: report.get("activity").and_then(serde_json::Value::as_str) == Some("busy"),
+        as_of: view.swept_at,
+        unknown: None,
+    }
+}
+
+/// Asks on the terminal; `false` unless the answer is yes.
+fn ask(question: &str) -> bool {
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    if std::io::stdin().read_line(&mut answer).is_err() {
+        return false;
+    }
+    matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes")
+}
+
 async fn approve(
     config_path: &ConfigPath,
     machine: &str,
     mode: ApprovalMode,
+    confirm: &Confirm,
     commit: Option<String>,
     by: String,
-) -> Result<Done, Failed> {
-    let run = async {
-        let config = Arc::new(config_path.load()?);
-        let secrets = secrets_from_env(&config)?;
-        let target = match commit {
-            Some(c) => fleet_reconciler::model::CommitId::parse(&c)
-                .ok_or(CliError::BadCommit(c))?
-                .to_string(),
-            None => {
-                let sweeper = daemon::connect(config.clone(), &secrets).await?;
-                sweeper
-                    .overlay
-                    .fetch()
-                    .await
-                    .context("cannot fetch the release tip to approve (or pass --commit)")?
-                    .commit
-                    .to_string()
+) -> anyhow::Result<Done> {
+    let config = Arc::new(config_path.load()?);
+    let secrets = secrets_from_env(&config)?;
+    let operator = operator(&config, &secrets)?;
+    // Interrupting work is confirmed before anything is fetched or written,
+    // naming what it would end.
+    let live = match mode {
+        ApprovalMode::WhenIdle => None,
+        ApprovalMode::Now => {
+            let (app, _) = operator.locate(machine).await?;
+            let url = confirm.url.clone().unwrap_or_else(|| daemon_url(&config));
+            let live = live_work(&url, machine).await;
+            let said = live.describe(&format!("{app}/{machine}"));
+            if live.any() {
+                let confirmed = confirm.yes
+                    || (std::io::IsTerminal::is_terminal(&std::io::stdin())
+                        && ask(&format!("approve --now: {said}. Approve a restart now?")));
+                if !confirmed {
+                    return Err(CliError::NotConfirmed {
+                        machine: machine.to_string(),
+                        live: said,
+                    }
+                    .into());
+                }
             }
-        };
-        let approval = Approval {
-            target,
-            mode,
-            by,
-            at: chrono::Utc::now(),
-        };
-        let app = operator(&config, &secrets)?
-            .approve(machine, &approval)
-            .await?;
-        let text = format!(
-            "approved: {app}/{machine} may rotate to {} ({})",
-            &approval.target[..12],
-            match mode {
-                ApprovalMode::WhenIdle => "when idle",
-                ApprovalMode::Now => "now",
-            }
-        );
-        let json = serde_json::json!({ "app": app, "machine_id": machine, "approval": approval });
-        anyhow::Ok(Done::new("approve", text, json))
+            eprintln!("approve --now: {}", render::printable(&said));
+            Some(live)
+        }
     };
-    run.await.map_err(|source| Failed {
-        command: "approve",
-        source,
-    })
+    let target = match commit {
+        Some(c) => fleet_reconciler::model::CommitId::parse(&c)
+            .ok_or(CliError::BadCommit(c))?
+            .to_string(),
+        None => {
+            let sweeper = daemon::connect(config.clone(), &secrets).await?;
+            sweeper
+                .overlay
+                .fetch()
+                .await
+                .context("cannot fetch the release tip to approve (or pass --commit)")?
+                .commit
+                .to_string()
+        }
+    };
+    let approval = Approval {
+        target,
+        mode,
+        by,
+        at: chrono::Utc::now(),
+    };
+    let app = operator.approve(machine, &approval).await?;
+    let text = format!(
+        "approved: {app}/{machine} may rotate to {} ({})",
+        &approval.target[..12],
+        match mode {
+            ApprovalMode::WhenIdle => "when idle",
+            ApprovalMode::Now => "now",
+        }
+    );
+    let mut json = serde_json::json!({ "app": app, "machine_id": machine, "approval": approval });
+    if let (Some(live), Some(object)) = (live, json.as_object_mut()) {
+        object.insert("live_work".into(), serde_json::to_value(live)?);
+    }
+    Ok(Done::new("approve", text, json))
+}
+
+async fn revoke(config_path: &ConfigPath, machine: &str) -> anyhow::Result<Done> {
+    let config = config_path.load()?;
+    let secrets = secrets_from_env(&config)?;
+    let revoked = operator(&config, &secrets)?.revoke(machine).await?;
+    let app = &revoked.app;
+    // The approval removed, as written (an approval not written by
+    // `approve` or the admin API is shown as the string it is).
+    let approval = revoked.removed.as_deref().map(|v| {
+        Approval::parse(v)
+            .and_then(|a| serde_json::to_value(a).ok())
+            .unwrap_or_else(|| v.into())
+    });
+    let text = match &approval {
+        None => format!("revoked: {app}/{machine} had no approval; nothing changed"),
+        Some(_) => format!(
+            "revoked: {app}/{machine} no longer has an approval; a manual rotation waits for `fleet-reconciler approve {machine}`"
+        ),
+    };
+    let json = serde_json::json!({
+        "app": app,
+        "machine_id": machine,
+        "revoked": approval.is_some(),
+        "approval": approval,
+        "fenced": revoked.fenced,
+    });
+    Ok(Done::new("revoke", text, json))
 }
 
 async fn hold(
@@ -669,63 +983,51 @@ async fn hold(
     machine: &str,
     by: String,
     reason: String,
-) -> Result<Done, Failed> {
-    let run = async {
-        let config = config_path.load()?;
-        let secrets = secrets_from_env(&config)?;
-        let hold = Hold {
-            by,
-            reason,
-            at: chrono::Utc::now(),
-        };
-        let written = operator(&config, &secrets)?
-            .hold(machine, &hold.by, &hold.reason, hold.at)
-            .await?;
-        let app = &written.app;
-        let mut text = format!(
-            "held: {app}/{machine}; no reconciler acts on it until `fleet-reconciler release {machine}`"
-        );
-        if !written.fenced {
-            text.push_str(" (the machine's lease stayed taken, so the hold was written without it: reconcilers honour it from their next call)");
-        }
-        let json = serde_json::json!({ "app": app, "machine_id": machine, "hold": hold, "fenced": written.fenced });
-        anyhow::Ok(Done::new("hold", text, json))
+) -> anyhow::Result<Done> {
+    let config = config_path.load()?;
+    let secrets = secrets_from_env(&config)?;
+    let hold = Hold {
+        by,
+        reason,
+        at: chrono::Utc::now(),
     };
-    run.await.map_err(|source| Failed {
-        command: "hold",
-        source,
-    })
+    let written = operator(&config, &secrets)?
+        .hold(machine, &hold.by, &hold.reason, hold.at)
+        .await?;
+    let app = &written.app;
+    let mut text = format!(
+        "held: {app}/{machine}; no reconciler acts on it until `fleet-reconciler release {machine}`"
+    );
+    if !written.fenced {
+        text.push_str(" (the machine's lease stayed taken, so the hold was written without it: reconcilers honour it from their next call)");
+    }
+    let json = serde_json::json!({ "app": app, "machine_id": machine, "hold": hold, "fenced": written.fenced });
+    Ok(Done::new("hold", text, json))
 }
 
-async fn release(config_path: &ConfigPath, machine: &str) -> Result<Done, Failed> {
-    let run = async {
-        let config = config_path.load()?;
-        let secrets = secrets_from_env(&config)?;
-        let operator = operator(&config, &secrets)?;
-        // The hold as it stands just before it is cleared, to say what was
-        // removed (a hold written by `hold` or the admin API is a JSON
-        // object; any other value is shown as the string it is).
-        let (_, found) = operator.locate(machine).await?;
-        let removed = found.metadata(HOLD_KEY)?.map(|v| {
-            serde_json::from_str::<Hold>(v)
-                .ok()
-                .and_then(|h| serde_json::to_value(h).ok())
-                .unwrap_or_else(|| v.into())
-        });
-        let app = operator.release(machine).await?;
-        let text = format!("released: {app}/{machine} is managed again");
-        let json = serde_json::json!({
-            "app": app,
-            "machine_id": machine,
-            "released": true,
-            "hold": removed,
-        });
-        anyhow::Ok(Done::new("release", text, json))
-    };
-    run.await.map_err(|source| Failed {
-        command: "release",
-        source,
-    })
+async fn release(config_path: &ConfigPath, machine: &str) -> anyhow::Result<Done> {
+    let config = config_path.load()?;
+    let secrets = secrets_from_env(&config)?;
+    let operator = operator(&config, &secrets)?;
+    // The hold as it stands just before it is cleared, to say what was
+    // removed (a hold written by `hold` or the admin API is a JSON
+    // object; any other value is shown as the string it is).
+    let (_, found) = operator.locate(machine).await?;
+    let removed = found.metadata(HOLD_KEY)?.map(|v| {
+        serde_json::from_str::<Hold>(v)
+            .ok()
+            .and_then(|h| serde_json::to_value(h).ok())
+            .unwrap_or_else(|| v.into())
+    });
+    let app = operator.release(machine).await?;
+    let text = format!("released: {app}/{machine} is managed again");
+    let json = serde_json::json!({
+        "app": app,
+        "machine_id": machine,
+        "released": true,
+        "hold": removed,
+    });
+    Ok(Done::new("release", text, json))
 }
 
 fn operator(config: &Config, secrets: &Secrets) -> anyhow::Result<Operator> {
@@ -748,7 +1050,7 @@ fn print_machine(view: &server::MachineView, json: &serde_json::Value, output: O
                 .and_then(|()| writeln!(out))
                 .and_then(|()| out.flush());
         }
-        Output::Table => print!("{}", view.render()),
+        Output::Text => print!("{}", view.render()),
     }
     if let Some(stale) = &view.app_stale {
         eprintln!("error: {}", render::printable(&stale.error));
@@ -769,10 +1071,14 @@ fn print_document(doc: &impl serde::Serialize) {
     let _ = render::write_json(&mut out, doc).and_then(|()| out.flush());
 }
 
-fn print_fleet(fleet: &FleetReport, output: Output) -> ExitCode {
+fn print_fleet(
+    fleet: &FleetReport,
+    decisions: &std::collections::BTreeMap<MachineId, Decision>,
+    output: Output,
+) -> ExitCode {
     match output {
-        Output::Json => print_document(fleet),
-        Output::Table => print!("{}", render::to_table(fleet)),
+        Output::Json => print_document(&render::fleet_document(fleet, decisions)),
+        Output::Text => print!("{}", render::to_table_with_decisions(fleet, decisions)),
     }
     exit_code_of(fleet)
 }
@@ -805,30 +1111,6 @@ fn owner_id() -> String {
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "local".into());
     format!("{host}-{}", std::process::id())
-}
-
-async fn stop_on_signal(shutdown: CancellationToken) {
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGTERM; ctrl-c still stops");
-                    let _ = tokio::signal::ctrl_c().await;
-                    shutdown.cancel();
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    tracing::info!("signal received: finishing the current step, then stopping");
-    shutdown.cancel();
 }
 
 fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
@@ -901,9 +1183,11 @@ fn env_secret(var: &str) -> Option<SecretString> {
         .map(SecretString::from)
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fleet_reconciler=info"));
+/// The log subscriber: `RUST_LOG`'s filter (a malformed one is an error,
+/// not the default), lines in `format` on stderr, one event per line.
+fn init_logging(format: LogFormat) -> Result<(), fleet_reconciler::logging::FilterError> {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = fleet_reconciler::logging::filter(rust_log.as_deref())?;
     // Colour codes only for a terminal: a log file or Fly's log shipper
     // gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -915,4 +1199,5 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }

@@ -92,7 +92,7 @@ macro_rules! text_newtype {
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
         #[serde(transparent)]
         pub struct $name(String);
 
@@ -113,7 +113,9 @@ macro_rules! string_id {
 }
 
 /// A full, lowercase, 40-hex git commit id.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct CommitId(String);
 
@@ -148,6 +150,7 @@ text_newtype!(CommitId);
     strum::IntoStaticStr,
     strum::Display,
     strum::EnumCount,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
@@ -208,6 +211,7 @@ impl MachineStatus {
     strum::IntoStaticStr,
     strum::Display,
     strum::EnumCount,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
@@ -246,6 +250,7 @@ impl Severity {
     strum::IntoStaticStr,
     strum::VariantArray,
     strum::Display,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
@@ -276,7 +281,9 @@ string_id! {
 /// A Fly machine's state, as the Machines API names it. States this version
 /// does not know are kept by name (`Other`), so a new Fly state is shown as
 /// Fly wrote it and treated as "not started", never as an error.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(from = "String", into = "String")]
 pub enum MachineState {
     Created,
@@ -367,7 +374,7 @@ impl fmt::Display for MachineState {
 }
 
 /// How a reported ref failed to resolve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Unresolved {
     /// Not a commit of any branch (or a non-commit object).
@@ -382,7 +389,7 @@ pub enum Unresolved {
 ///
 /// Commit subjects are outside text (agents and repository authors choose
 /// them): bounded by the overlay (200 characters), escaped when printed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Reason {
     pub rule: RuleMatch,
     /// One entry per condition of the matching rule, in the order the
@@ -397,6 +404,7 @@ pub struct Reason {
     /// id), at most [`crate::observe::overlay::MAX_SHOWN_MISSING`]. Shared with the
     /// overlay's cached range: a list costs a pointer per commit.
     #[serde(with = "shared_list")]
+    #[schemars(with = "Vec<MissingCommit>")]
     pub missing: Vec<Arc<MissingCommit>>,
     /// Path rules have not been checked on every missing commit yet (git
     /// work per sweep is bounded): a `paths` rule may still match, and
@@ -422,6 +430,16 @@ impl Serialize for SharedReason {
     }
 }
 
+impl schemars::JsonSchema for SharedReason {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        Reason::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        Reason::json_schema(generator)
+    }
+}
+
 impl<'de> Deserialize<'de> for SharedReason {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Reason::deserialize(d).map(|r| SharedReason(Arc::new(r)))
@@ -429,7 +447,7 @@ impl<'de> Deserialize<'de> for SharedReason {
 }
 
 /// The rule that gave the level.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RuleMatch {
     /// The configured rule at `index` (0-based, `[[severity]]` order or
@@ -440,7 +458,7 @@ pub enum RuleMatch {
 }
 
 /// What made one condition of the matching rule hold.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Evidence {
     /// A missing commit with one of the rule's trailer keys (the newest
@@ -522,7 +540,7 @@ impl std::fmt::Display for Evidence {
 }
 
 /// One commit a machine lacks, as a drift's reason shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MissingCommit {
     pub commit: CommitId,
     /// The first line of its message, bounded by the overlay

@@ -1,4 +1,4 @@
-//! Operator controls: hold, release and approve, as Fly metadata writes.
+//! Operator controls: hold, release, approve and revoke, as Fly metadata writes.
 //!
 //! Owns writing what operators write (docs/design.md §6.6); the keys and the
 //! values' formats are [`crate::metadata`]'s ([`crate::metadata::operator`]),
@@ -39,7 +39,7 @@ pub enum OperatorError {
     Fly(#[from] FlyError),
 }
 
-/// How long the `hold` command's own lease lives: one metadata write.
+/// How long the `hold` and `revoke` commands' own lease lives: one metadata write.
 const HOLD_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// A hold as written.
@@ -48,6 +48,17 @@ pub struct HoldWritten {
     pub app: String,
     /// Written under the machine's lease (no step of ours that began before
     /// it makes a further call), or without it: the lease stayed taken.
+    pub fenced: bool,
+}
+
+/// An approval as revoked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revoked {
+    pub app: String,
+    /// The approval's value as it stood just before (`None`: there was none,
+    /// and nothing was written).
+    pub removed: Option<String>,
+    /// Removed under the machine's lease, as a hold is written ([`HoldWritten::fenced`]).
     pub fenced: bool,
 }
 
@@ -126,39 +137,103 @@ impl Operator {
             at: now,
         })
         .unwrap_or_default();
-        let lease = self.lease(&app, machine_id).await?;
+        let fenced = self
+            .under_lease(
+                &app,
+                machine_id,
+                "fleet-reconciler hold",
+                HOLD_KEY,
+                Some(&value),
+            )
+            .await?;
+        Ok(HoldWritten { app, fenced })
+    }
+
+    /// Removes a pending approval (the `revoke` command), under the
+    /// machine's lease as [`Operator::hold`] writes: a rotation a reconciler
+    /// started from it before keeps going (revoke does not stop a rotation;
+    /// `hold` does), but no sweep from then on starts one from it. A machine
+    /// with no approval is left untouched (`removed: None`).
+    pub async fn revoke(&self, machine_id: &str) -> Result<Revoked, OperatorError> {
+        let (app, machine) = self.locate(machine_id).await?;
+        // Metadata Fly does not show (an unhealthy host) is tried anyway: the
+        // delete is what was asked for.
+        let removed = match machine.metadata(APPROVE_KEY) {
+            Ok(None) => {
+                return Ok(Revoked {
+                    app,
+                    removed: None,
+                    fenced: false,
+                });
+            }
+            Ok(Some(v)) => Some(v.to_string()),
+            Err(_) => None,
+        };
+        let fenced = self
+            .under_lease(
+                &app,
+                machine_id,
+                "fleet-reconciler revoke",
+                APPROVE_KEY,
+                None,
+            )
+            .await?;
+        Ok(Revoked {
+            app,
+            removed,
+            fenced,
+        })
+    }
+
+    /// Sets `key` to `value` (`None`: deletes it) under the machine's lease,
+    /// waited for up to the patience, and releases the lease; when it stays
+    /// taken the write is made without it (Fly does not fence metadata
+    /// writes) rather than not at all. Whether it was fenced.
+    async fn under_lease(
+        &self,
+        app: &str,
+        machine_id: &str,
+        purpose: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<bool, OperatorError> {
+        let lease = self.lease(app, machine_id, purpose).await?;
+        let nonce = lease.as_ref().map(|l| &l.nonce);
         let written = self
-            .patiently(machine_id, || {
-                self.fly.set_metadata(
-                    &app,
-                    machine_id,
-                    HOLD_KEY,
-                    &value,
-                    lease.as_ref().map(|l| &l.nonce),
-                )
+            .patiently(machine_id, || async move {
+                match value {
+                    Some(value) => {
+                        self.fly
+                            .set_metadata(app, machine_id, key, value, nonce)
+                            .await
+                    }
+                    None => self.fly.delete_metadata(app, machine_id, key, nonce).await,
+                }
             })
             .await;
         if let Some(lease) = &lease
-            && let Err(e) = self.fly.release_lease(&app, machine_id, &lease.nonce).await
+            && let Err(e) = self.fly.release_lease(app, machine_id, &lease.nonce).await
         {
             tracing::warn!(app, machine_id, error = %e, "lease release failed; it expires with its TTL");
         }
         written?;
-        Ok(HoldWritten {
-            app,
-            fenced: lease.is_some(),
-        })
+        Ok(lease.is_some())
     }
 
     /// The machine's lease, waited for up to the patience; `None` if it
     /// stayed taken.
-    async fn lease(&self, app: &str, machine_id: &str) -> Result<Option<Lease>, OperatorError> {
+    async fn lease(
+        &self,
+        app: &str,
+        machine_id: &str,
+        purpose: &str,
+    ) -> Result<Option<Lease>, OperatorError> {
         let started = tokio::time::Instant::now();
         let mut delay = Duration::from_millis(250);
         loop {
             match self
                 .fly
-                .acquire_lease(app, machine_id, HOLD_LEASE_TTL, "fleet-reconciler hold")
+                .acquire_lease(app, machine_id, HOLD_LEASE_TTL, purpose)
                 .await
             {
                 Ok(lease) => return Ok(Some(lease)),

@@ -20,7 +20,15 @@ use crate::model::{MachineState, Severity, short_commit};
 /// later still says when something happens, and the planner's `now` is the
 /// only clock behind them.
 #[derive(
-    Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantNames,
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+    schemars::JsonSchema,
 )]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]

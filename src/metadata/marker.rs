@@ -31,6 +31,7 @@ use crate::model::{PolicyAction, Severity};
     strum::IntoStaticStr,
     strum::VariantArray,
     strum::Display,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
@@ -111,6 +112,7 @@ impl Ending {
     Deserialize,
     strum::IntoStaticStr,
     strum::VariantArray,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]

@@ -34,7 +34,7 @@ use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
 /// The result of one sweep; serializes as the `check --output json` document
 /// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FleetReport {
     pub tip: TipReport,
     /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
@@ -66,13 +66,13 @@ pub enum SlotsView {
     Unknown(String),
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct TipReport {
     pub branch: String,
     pub commit: CommitId,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AppSummary {
     pub name: String,
     /// Machines in state `started` (the coherence denominator).
@@ -87,7 +87,7 @@ pub struct AppSummary {
 }
 
 /// Why an app's entry is not from this sweep.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct StaleApp {
     /// The error, naming the app (`cannot list machines of app beta: …`).
     pub error: String,
@@ -100,7 +100,7 @@ pub struct StaleApp {
     pub last_listed_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MachineReport {
     pub app: AppName,
     pub machine_id: MachineId,

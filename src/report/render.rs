@@ -13,10 +13,60 @@ use crate::decide::planner::Plan;
 use crate::model::{MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::sweep::FleetReport;
 
-/// The `check --output json` document.
+/// The version of the [`FleetDocument`]: raised only when a field is removed
+/// or changes meaning (a new field keeps it). CHANGELOG.md, "Version policy".
+pub const FLEET_SCHEMA_VERSION: u32 = 1;
+
+/// The `check --output json` and `GET /api/v1/fleet` document: the report,
+/// its `schema_version`, and each machine's decision. docs/fleet.schema.json
+/// is generated from this type (a test keeps the file up to date and
+/// validates real output against it); `status` reads it back.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[schemars(title = "fleet-reconciler fleet document")]
+pub struct FleetDocument {
+    /// [`FLEET_SCHEMA_VERSION`] of the program that wrote it.
+    pub schema_version: u32,
+    #[serde(flatten)]
+    pub report: FleetReport,
+    /// Each machine's decision, by machine id: for `check` the planner's on
+    /// this one sweep (as `plan` shows it), for the API the daemon's in its
+    /// last sweep. A machine without one is absent.
+    #[serde(default)]
+    pub decisions: BTreeMap<MachineId, Decision>,
+}
+
+/// A [`FleetDocument`] as written, borrowing what it shows.
+#[derive(Serialize)]
+struct FleetDocumentRef<'a> {
+    schema_version: u32,
+    #[serde(flatten)]
+    report: &'a FleetReport,
+    decisions: BTreeMap<&'a MachineId, &'a Decision>,
+}
+
+/// The [`FleetDocument`] of `report` with `decisions`, ready to serialize.
+pub fn fleet_document<'a>(
+    report: &'a FleetReport,
+    decisions: impl IntoIterator<Item = (&'a MachineId, &'a Decision)>,
+) -> impl Serialize + 'a {
+    FleetDocumentRef {
+        schema_version: FLEET_SCHEMA_VERSION,
+        report,
+        decisions: decisions.into_iter().collect(),
+    }
+}
+
+/// The JSON Schema of [`FleetDocument`] (docs/fleet.schema.json), pretty.
+pub fn fleet_schema() -> String {
+    let schema = schemars::schema_for!(FleetDocument);
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
+}
+
+/// The `check --output json` document of a report without decisions.
 pub fn to_json(report: &FleetReport) -> String {
     // Serializing plain structs of strings and numbers cannot fail.
-    serde_json::to_string_pretty(report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    serde_json::to_string_pretty(&fleet_document(report, []))
+        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// A document (the [`to_json`] report, [`plan_to_json`]'s) written to `out`

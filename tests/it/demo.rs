@@ -24,7 +24,7 @@ fn demo_config(edits: &[(&str, &str)]) -> (String, u16) {
     let listen = format!("listen = \"127.0.0.1:{port}\"");
     for (from, to) in edits
         .iter()
-        .chain([&("listen = \"127.0.0.1:9090\"", listen.as_str())])
+        .chain([&("listen = \"127.0.0.1:8080\"", listen.as_str())])
     {
         assert!(config.contains(from), "the demo config has no {from:?}");
         config = config.replace(from, to);

@@ -1,17 +1,29 @@
-//! The operator commands (`approve`, `hold`, `release`, `validate-config`)
-//! end to end: the real binary against the simulated Fly API over loopback
-//! and a real overlay repository. With `--output json` each prints exactly
-//! one JSON object on stdout, on success and on failure; the text output and
-//! the exit codes are those of before.
+//! The operator commands (`approve`, `revoke`, `hold`, `release`,
+//! `validate-config`) and the CLI's failure conventions end to end: the real
+//! binary against the simulated Fly API over loopback, a real overlay
+//! repository and, where a command reads a running daemon, the real HTTP
+//! server over one real sweep. With `--output json` every command prints
+//! exactly one JSON object on stdout, on success and on failure (one error
+//! shape for all); `approve` waits for idle unless told `--now`, and `--now`
+//! names the live work it would end before anything is written.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
 
+use chrono::Utc;
+use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::Config;
+use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::metadata::operator::Approval;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY};
+use fleet_reconciler::report::metrics::Metrics;
+use fleet_reconciler::report::server::{self, FleetView, MachineExtra, ServerState};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::common::OverlayRepo;
 
@@ -43,10 +55,14 @@ fn cli(config: &Path, args: &[&str]) -> Out {
 
 fn cli_with(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
     let mut cmd = Command::new(BIN);
+    // stdin is not a terminal: nothing is ever asked interactively.
     cmd.args(args)
         .arg("--config")
         .arg(config)
+        .stdin(Stdio::null())
         .env_remove("FLY_API_TOKEN")
+        .env_remove("RUST_LOG")
+        .env_remove("FLEET_RECONCILER_LOG_FORMAT")
         .env("USER", "env-user");
     for (k, v) in env {
         cmd.env(k, v);
@@ -72,7 +88,11 @@ async fn fixture() -> Fixture {
             .release_tip(overlay.tip())
             .app(
                 SimApp::new("agents")
-                    .machine(SimMachine::new("m1").loaded(overlay.behind(1)))
+                    .machine(
+                        SimMachine::new("m1")
+                            .loaded(overlay.behind(1))
+                            .live_sessions(2),
+                    )
                     .machine(SimMachine::new("m2").loaded(overlay.tip())),
             )
             .app(SimApp::new("chat").machine(SimMachine::new("c1").loaded(overlay.behind(2)))),
@@ -198,7 +218,8 @@ async fn approve_prints_the_approval_it_wrote_as_json() {
     let written = Approval::parse(&metadata(&fx.sim, "m1", APPROVE_KEY).unwrap()).unwrap();
     assert_eq!(serde_json::to_value(&written).unwrap(), v["approval"]);
 
-    // An explicit commit (upper case is normalised), mode now, `by` from $USER.
+    // An explicit commit (upper case is normalised), no mode: when idle
+    // (interrupting work is never a default), `by` from $USER.
     let commit = fx.overlay.behind(1);
     let out = cli(
         &fx.config,
@@ -215,7 +236,7 @@ async fn approve_prints_the_approval_it_wrote_as_json() {
     let v = out.json();
     assert_eq!(v["app"], "chat");
     assert_eq!(v["approval"]["target"], commit.as_str());
-    assert_eq!(v["approval"]["mode"], "now");
+    assert_eq!(v["approval"]["mode"], "when-idle");
     assert_eq!(v["approval"]["by"], "env-user");
     let written = Approval::parse(&metadata(&fx.sim, "c1", APPROVE_KEY).unwrap()).unwrap();
     assert_eq!(written.target, commit);
@@ -438,4 +459,388 @@ async fn default_text_output_is_unchanged() {
         "error: machine nope is not in any configured app (agents, chat)\n"
     );
     fx.sim.shutdown().await;
+}
+
+/// A daemon's HTTP server over one real sweep of the fixture's fleet, with
+/// the decisions a daemon would publish: what `status` and `approve --now`
+/// read. Its base URL; it stops when the token is cancelled.
+async fn serve_daemon(fx: &Fixture, shutdown: &CancellationToken) -> String {
+    let config = Arc::new(Config::load(&fx.config).unwrap());
+    let secrets = Secrets {
+        fly_token: FLY_TOKEN.into(),
+        git_token: None,
+    };
+    let sweeper = daemon::connect(config, &secrets).await.unwrap();
+    let (report, plan) = daemon::plan_once(&sweeper, "test-daemon", &SystemClock)
+        .await
+        .unwrap();
+    let view = FleetView::new(Duration::from_secs(30), Utc::now());
+    view.record_sweep(report, Utc::now());
+    view.set_extras(
+        plan.decisions
+            .into_iter()
+            .map(|(id, d)| {
+                let extra = MachineExtra {
+                    decision: Some(d),
+                    ..MachineExtra::default()
+                };
+                (id, extra)
+            })
+            .collect::<BTreeMap<_, _>>(),
+    );
+    let state = ServerState::new(Arc::new(Metrics::new(true).unwrap()), view);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server::serve(listener, state, shutdown.clone()));
+    base
+}
+
+/// Issue 21 item 4: `--now` interrupts work, so it names the live sessions
+/// the daemon last saw and is refused unless confirmed; nothing is written
+/// before that. Without a daemon to ask, the live work is unknown, which is
+/// refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_now_names_the_live_work_and_needs_confirmation() {
+    let fx = fixture().await;
+    let shutdown = CancellationToken::new();
+    let base = serve_daemon(&fx, &shutdown).await;
+    let tip = fx.overlay.tip();
+
+    let out = cli(
+        &fx.config,
+        &["approve", "m1", "--now", "--commit", &tip, "--url", &base],
+    );
+    assert_eq!(out.code, Some(2), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "");
+    assert!(
+        out.stderr.starts_with(
+            "error: approve --now m1: agents/m1 has 2 live session(s) (the daemon's sweep of "
+        ),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("restarting it now ends them; not confirmed"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("\nhint: confirm with --yes"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        metadata(&fx.sim, "m1", APPROVE_KEY),
+        None,
+        "nothing written"
+    );
+
+    let out = cli(
+        &fx.config,
+        &[
+            "approve", "m1", "--now", "--commit", &tip, "--url", &base, "-o", "json",
+        ],
+    );
+    assert_eq!(out.code, Some(2));
+    let v = out.json();
+    assert_eq!(v["command"], "approve");
+    assert_eq!(v["kind"], "not_confirmed");
+    assert_eq!(v["machine_id"], "m1");
+    assert!(
+        v["error"].as_str().unwrap().contains("2 live session(s)"),
+        "{v}"
+    );
+    assert!(v["hint"].as_str().unwrap().contains("--yes"), "{v}");
+
+    // Confirmed: written with mode now, and what it ends is on record.
+    let out = cli(
+        &fx.config,
+        &[
+            "approve", "m1", "--now", "--yes", "--commit", &tip, "--url", &base, "-o", "json",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(v["approval"]["mode"], "now");
+    assert_eq!(v["live_work"]["known"], true);
+    assert_eq!(v["live_work"]["live_sessions"], 2);
+    assert!(
+        out.stderr.contains("agents/m1 has 2 live session(s)"),
+        "{}",
+        out.stderr
+    );
+    let written = Approval::parse(&metadata(&fx.sim, "m1", APPROVE_KEY).unwrap()).unwrap();
+    assert_eq!(serde_json::to_value(&written).unwrap(), v["approval"]);
+
+    // An idle machine needs no confirmation.
+    let out = cli(
+        &fx.config,
+        &["approve", "m2", "--now", "--commit", &tip, "--url", &base],
+    );
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("agents/m2 has no live work"),
+        "{}",
+        out.stderr
+    );
+
+    // No daemon to ask: unknown live work is not taken for none.
+    shutdown.cancel();
+    let dead = format!("http://127.0.0.1:{}", crate::common::free_port());
+    let out = cli(
+        &fx.config,
+        &[
+            "approve", "c1", "--now", "--commit", &tip, "--url", &dead, "-o", "json",
+        ],
+    );
+    assert_eq!(out.code, Some(2), "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(v["kind"], "not_confirmed");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("live work is unknown"),
+        "{v}"
+    );
+    assert_eq!(metadata(&fx.sim, "c1", APPROVE_KEY), None);
+    fx.sim.shutdown().await;
+}
+
+/// Issue 21 item 4: `revoke` removes a pending approval under the
+/// machine's lease and says what it removed; a machine without one is left
+/// as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_removes_a_pending_approval() {
+    let fx = fixture().await;
+    let tip = fx.overlay.tip();
+    let out = cli(
+        &fx.config,
+        &["approve", "c1", "--commit", &tip, "-o", "json"],
+    );
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    let approval = out.json()["approval"].clone();
+    assert!(metadata(&fx.sim, "c1", APPROVE_KEY).is_some());
+
+    let out = cli(&fx.config, &["revoke", "c1", "-o", "json"]);
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(v["command"], "revoke");
+    assert_eq!(v["app"], "chat");
+    assert_eq!(v["revoked"], true);
+    assert_eq!(v["approval"], approval, "the approval removed is reported");
+    assert_eq!(v["fenced"], true, "removed under the machine's lease");
+    assert_eq!(metadata(&fx.sim, "c1", APPROVE_KEY), None);
+
+    let out = cli(&fx.config, &["revoke", "c1"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        "revoked: chat/c1 had no approval; nothing changed\n"
+    );
+
+    let out = cli(&fx.config, &["revoke", "nope", "-o", "json"]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(out.json()["kind"], "unknown_machine");
+    fx.sim.shutdown().await;
+}
+
+/// Issue 21 item 4: every command that takes `--output json` prints one
+/// JSON error object of the same shape when it fails, `--log-format json`
+/// makes the fatal error a JSON log line, and an error's cause is printed
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_fails_with_one_json_error_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    let dead = format!("http://127.0.0.1:{}", crate::common::free_port());
+    for args in [
+        vec!["check"],
+        vec!["plan"],
+        vec!["validate-config"],
+        vec!["preflight"],
+        vec!["status"],
+        vec!["approve", "m1"],
+        vec!["revoke", "m1"],
+        vec!["hold", "m1"],
+        vec!["release", "m1"],
+    ] {
+        let mut with_json = args.clone();
+        with_json.extend(["--output", "json"]);
+        let out = cli(&missing, &with_json);
+        assert_eq!(out.code, Some(2), "{args:?}: {}{}", out.stdout, out.stderr);
+        let v = out.json();
+        assert_eq!(v["command"], args[0], "{v}");
+        assert_eq!(v["kind"], "config_unreadable", "{v}");
+        assert_eq!(v["config"], missing.display().to_string());
+        let error = v["error"].as_str().unwrap();
+        assert_eq!(
+            error.matches("No such file or directory").count(),
+            1,
+            "the cause once: {error}"
+        );
+        assert_eq!(out.stderr.trim_end(), format!("error: {error}"));
+
+        // The fatal error as a JSON log line, like every other log line.
+        let out = cli_with(&missing, &args, &[("FLEET_RECONCILER_LOG_FORMAT", "json")]);
+        assert_eq!(out.code, Some(2));
+        assert_eq!(out.stdout, "");
+        let line: Value = serde_json::from_str(out.stderr.trim_end()).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: stderr is not one JSON line ({e}): {}",
+                out.stderr
+            )
+        });
+        assert_eq!(line["level"], "ERROR");
+        assert_eq!(line["fields"]["message"], error);
+        assert_eq!(line["fields"]["kind"], "config_unreadable");
+    }
+
+    // A failure after the config: the daemon `status` asks is not there.
+    let out = cli(&missing, &["status", "--url", &dead, "-o", "json"]);
+    assert_eq!(out.code, Some(2));
+    let v = out.json();
+    assert_eq!(v["command"], "status");
+    assert_eq!(v["kind"], "daemon_transport", "{v}");
+
+    // A malformed RUST_LOG is an error, not a silent fallback.
+    let out = cli_with(
+        &missing,
+        &["check", "-o", "json"],
+        &[("RUST_LOG", "fleet_reconciler=loud")],
+    );
+    assert_eq!(out.code, Some(2));
+    let v = out.json();
+    assert_eq!(v["kind"], "log_filter");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("RUST_LOG=\"fleet_reconciler=loud\" is not a valid log filter"),
+        "{v}"
+    );
+}
+
+/// One `--output` vocabulary with help text on every command that prints;
+/// `table`, the old word of three of them, still works.
+#[test]
+fn every_command_has_the_same_output_vocabulary_with_help() {
+    for command in [
+        "check",
+        "plan",
+        "status",
+        "validate-config",
+        "preflight",
+        "approve",
+        "revoke",
+        "hold",
+        "release",
+    ] {
+        let out = Command::new(BIN)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{command}: {help}");
+        assert!(
+            help.contains("-o, --output <OUTPUT>")
+                && help.contains("text: ")
+                && help.contains("json: "),
+            "{command} --help:\n{help}"
+        );
+        assert!(!help.contains("table:"), "{command} --help:\n{help}");
+    }
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            "--output",
+            "table",
+            "--config",
+            "/nonexistent/x.toml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: config file"),
+        "table is text: {stderr}"
+    );
+}
+
+/// `--version` names the commit the binary was built from.
+#[test]
+fn version_names_the_commit() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    let expected = match std::env::var("FLEET_RECONCILER_COMMIT") {
+        Ok(c) if !c.trim().is_empty() => c.trim().to_string(),
+        _ => Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".into()),
+    };
+    assert_eq!(
+        version.trim_end(),
+        format!(
+            "fleet-reconciler {} (commit {expected})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}
+
+/// Issue 21 item 4: the DECISION column of `status` shows what the daemon
+/// decided for each machine (it was `-` on every row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_each_machines_decision() {
+    let fx = fixture().await;
+    let shutdown = CancellationToken::new();
+    let base = serve_daemon(&fx, &shutdown).await;
+    let out = cli(&fx.config, &["status", "--url", &base]);
+    assert_eq!(out.code, Some(1), "drift: {}{}", out.stdout, out.stderr);
+    let rows = decision_column(&out.stdout);
+    assert_eq!(
+        rows.get("m2").map(String::as_str),
+        Some("on tip"),
+        "{}",
+        out.stdout
+    );
+    // m1 is one behind: low, observed in the default pool.
+    assert_eq!(
+        rows.get("m1").map(String::as_str),
+        Some("observe only"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(rows.len(), 3, "{}", out.stdout);
+
+    let out = cli(&fx.config, &["status", "--url", &base, "-o", "json"]);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["decisions"]["m2"]["kind"], "on_tip");
+    shutdown.cancel();
+    fx.sim.shutdown().await;
+}
+
+/// Machine id → its DECISION cell, from a `check`/`status` table.
+pub fn decision_column(table: &str) -> BTreeMap<String, String> {
+    let mut lines = table.lines().skip_while(|l| !l.starts_with("APP "));
+    let header = lines.next().unwrap_or_default();
+    let (start, end) = (
+        header.find("DECISION").unwrap(),
+        header.find("DETAIL").unwrap(),
+    );
+    lines
+        .take_while(|l| !l.is_empty())
+        .map(|l| {
+            let id = l.split_whitespace().nth(1).unwrap_or_default().to_string();
+            let cell = l.get(start..end.min(l.len())).unwrap_or_default().trim();
+            (id, cell.to_string())
+        })
+        .collect()
 }

@@ -734,7 +734,7 @@ async fn preflight_passes_against_the_demo_as_the_readme_says() {
     let demo_config = dir.path().join("demo.toml");
     let port = crate::common::free_port();
     let text = fleet_reconciler::demo::DEMO_CONFIG.replace(
-        "listen = \"127.0.0.1:9090\"",
+        "listen = \"127.0.0.1:8080\"",
         &format!("listen = \"127.0.0.1:{port}\""),
     );
     assert_ne!(text, fleet_reconciler::demo::DEMO_CONFIG);

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use crate::decide::decision::Decision;
 use crate::model::short_commit as short;
 use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
+use crate::report::render::FleetDocument;
 
 /// The largest fleet document read: a 10,000-machine fleet with reasons is
 /// tens of MiB of pretty JSON.
@@ -94,9 +95,18 @@ pub struct MachineView {
 /// Reads the last sweep from a running daemon at `base_url` (e.g.
 /// `http://127.0.0.1:9090`), the whole exchange bounded by `timeout`.
 pub async fn fetch_fleet(base_url: &str, timeout: Duration) -> Result<FleetReport, StatusError> {
+    Ok(fetch_fleet_document(base_url, timeout).await?.report)
+}
+
+/// [`fetch_fleet`] with the daemon's decisions of that sweep (the whole
+/// document, for `status`'s DECISION column).
+pub async fn fetch_fleet_document(
+    base_url: &str,
+    timeout: Duration,
+) -> Result<FleetDocument, StatusError> {
     let url = api_url(base_url, &["fleet"])?;
     let text = get_text(url, timeout, MAX_FLEET_BODY_BYTES).await?;
-    parse_fleet(&text).map_err(|e| StatusError::Decode(e.to_string()))
+    serde_json::from_str(&text).map_err(|e| StatusError::Decode(e.to_string()))
 }
 
 /// Reads one machine's detail from a running daemon: the typed view and

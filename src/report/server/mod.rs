@@ -4,7 +4,7 @@
 //! Owns the routes of docs/design.md §8.4 and the shared [`FleetView`] the sweep loop
 //! publishes into. Reads are served from the last sweep and never trigger
 //! one; the only ways it touches the world are the admin POSTs, which write
-//! operator metadata through [`Operator`] (hold / release / approve) or wake
+//! operator metadata through [`Operator`] (hold / release / approve / revoke) or wake
 //! the loop ([`ServerState::refresh_requests`]), all behind the bearer admin
 //! token compared in constant time. It must never run a sweep, act on a
 //! machine beyond those metadata writes, echo a secret, or panic in a handler.
@@ -62,7 +62,7 @@ use crate::report::render;
 
 pub use client::{
     MAX_FLEET_BODY_BYTES, MAX_MACHINE_BODY_BYTES, MachineView, StatusError, fetch_fleet,
-    fetch_machine, parse_fleet,
+    fetch_fleet_document, fetch_machine, parse_fleet,
 };
 pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
 pub use listen::serve;
@@ -377,6 +377,7 @@ pub fn router(state: ServerState) -> Router {
         .route("/api/v1/machines/{id}/approve", post(approve))
         .route("/api/v1/machines/{id}/hold", post(hold))
         .route("/api/v1/machines/{id}/release", post(release))
+        .route("/api/v1/machines/{id}/revoke", post(revoke))
         .route("/api/v1/refresh", post(refresh))
         .route_layer(middleware::from_fn_with_state(state.clone(), admin_auth));
     Router::new()
@@ -674,11 +675,14 @@ fn last_report(observed: &Observed) -> Result<Arc<FleetReport>, ApiError> {
 async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
     let observed = state.view.snapshot();
     let report = last_report(&observed)?;
-    let mut resp = (
-        [(header::CONTENT_TYPE, "application/json")],
-        render::to_json(&report) + "\n",
-    )
-        .into_response();
+    // The daemon's decisions of the same sweep: `status` shows them.
+    let decisions = observed
+        .extras
+        .iter()
+        .filter_map(|(id, e)| Some((id, e.decision.as_ref()?)));
+    let body = serde_json::to_string_pretty(&render::fleet_document(&report, decisions))
+        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    let mut resp = ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response();
     if let Some(at) = observed.last_success {
         let http_date = httpdate::fmt_http_date(at.into());
         if let Ok(v) = HeaderValue::from_str(&http_date) {
@@ -939,7 +943,8 @@ async fn approve(
     };
     let approval = Approval {
         target: target.to_string(),
-        mode: req.mode.unwrap_or(ApprovalMode::Now),
+        // Like the CLI: interrupting live work is asked for, never a default.
+        mode: req.mode.unwrap_or(ApprovalMode::WhenIdle),
         by: actor(req.by),
         at: state.clock.now(),
     };
@@ -996,6 +1001,28 @@ async fn release(
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "app": app, "machine_id": id, "released": true }),
+    ))
+}
+
+async fn revoke(
+    State(state): State<ServerState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = checked_id(&id)?;
+    let operator = operator(&state)?;
+    let revoked = operator.revoke(id).await.map_err(operator_error)?;
+    let approval = revoked.removed.as_deref().map(|v| {
+        Approval::parse(v)
+            .and_then(|a| serde_json::to_value(a).ok())
+            .unwrap_or_else(|| v.into())
+    });
+    tracing::info!(app = %revoked.app, machine_id = id, removed = approval.is_some(), fenced = revoked.fenced, "operator revoked an approval");
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "app": revoked.app, "machine_id": id, "revoked": approval.is_some(),
+            "approval": approval, "fenced": revoked.fenced,
+        }),
     ))
 }
 

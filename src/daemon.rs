@@ -352,7 +352,8 @@ async fn sweep_loop(
         let mut report = match swept {
             Ok(report) => report,
             Err(e) => {
-                tracing::warn!(error = %e, kind = e.kind(), "sweep failed");
+                // Nothing was observed or done this turn: an ERROR, not a warning.
+                tracing::error!(error = %e, kind = e.kind(), "sweep failed");
                 on_cycle(SweepOutcome::Failed {
                     error: e.to_string(),
                     kind: e.kind(),

@@ -321,20 +321,33 @@ impl Reporter<'_> {
         }
     }
 
-    /// One INFO line per machine whose kind of decision changed (a machine
-    /// first seen on the tip is not news), so a log search for a machine id
-    /// tells its story.
+    /// One INFO line per sweep summarizing the machines whose kind of
+    /// decision changed (a machine first seen on the tip is not news): how
+    /// many now have each kind. Each changed machine is a DEBUG line, so a
+    /// log search for a machine id still tells its story at debug, and a
+    /// release reaching 10,000 machines is one line at info, not 10,000.
     fn log_decisions(&mut self, plan: &crate::decide::planner::Plan) {
         let mut next = HashMap::with_capacity(plan.decisions.len());
+        let mut changed: std::collections::BTreeMap<&'static str, usize> = Default::default();
         for (id, d) in &plan.decisions {
             let kind = d.kind();
             let before = self.decision_kinds.get(id).copied();
             if before != Some(kind) && !(before.is_none() && *d == Decision::OnTip) {
-                tracing::info!(machine = %id, decision = kind, was = before.unwrap_or("-"), "{d}");
+                tracing::debug!(machine = %id, decision = kind, was = before.unwrap_or("-"), "{d}");
+                *changed.entry(kind).or_default() += 1;
             }
             next.insert(id.clone(), kind);
         }
         self.decision_kinds = next;
+        if !changed.is_empty() {
+            let total: usize = changed.values().sum();
+            let counts = changed
+                .iter()
+                .map(|(kind, n)| format!("{kind}={n}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            tracing::info!(changed = total, decisions = %counts, "decisions changed this sweep (each machine at DEBUG)");
+        }
     }
 
     fn swept(&mut self, cycle: &Cycle) {

@@ -24,7 +24,8 @@ pub const FLEET_SCHEMA_VERSION: u32 = 1;
 #[derive(Clone, Debug, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[schemars(title = "fleet-reconciler fleet document")]
 pub struct FleetDocument {
-    /// [`FLEET_SCHEMA_VERSION`] of the program that wrote it.
+    /// The document's version: raised only when a field is removed or
+    /// changes meaning (CHANGELOG.md, "Version policy").
     pub schema_version: u32,
     #[serde(flatten)]
     pub report: FleetReport,

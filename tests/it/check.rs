@@ -515,7 +515,18 @@ async fn json_output_has_the_documented_shape() {
         k.sort();
         k
     };
-    assert_eq!(keys(&v), ["apps", "coherence", "machines", "tip"]);
+    assert_eq!(
+        keys(&v),
+        [
+            "apps",
+            "coherence",
+            "decisions",
+            "machines",
+            "schema_version",
+            "tip"
+        ]
+    );
+    assert_eq!(v["schema_version"], 1);
     assert_eq!(keys(&v["tip"]), ["branch", "commit"]);
     assert_eq!(
         keys(&v["apps"][0]),
@@ -1174,5 +1185,81 @@ async fn a_low_open_file_limit_is_raised_at_start_and_logged() {
         line.contains("soft=880") || line.contains("WARN"),
         "raised to twice the need, or warned where the hard limit is lower: {line}"
     );
+    sim.shutdown().await;
+}
+
+/// The published schema of the fleet document: docs/fleet.schema.json is
+/// what the types generate (`UPDATE_SCHEMA=1 cargo test --test it
+/// check::the_published` rewrites it), and real `check --output json`
+/// output, on a fleet with every status and decisions, validates against
+/// the committed file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_published_schema_is_current_and_check_output_validates_against_it() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fleet.schema.json");
+    let generated = fleet_reconciler::report::render::fleet_schema();
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/fleet.schema.json is not what the types generate: run `UPDATE_SCHEMA=1 cargo test --test it check::the_published` and commit it"
+    );
+    let schema: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &config_text(&sim, &fx, ""));
+    let (code, stdout, stderr) =
+        run_check_async(config.clone(), Some(TOKEN), &["--output", "json"]).await;
+    assert_eq!(code, 1, "drift: {stdout}\n{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&doc)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let machines = doc["machines"].as_array().unwrap();
+    assert!(
+        machines.iter().any(|m| !m["reason"].is_null()),
+        "reasons are covered"
+    );
+    assert_eq!(
+        doc["decisions"].as_object().unwrap().len(),
+        machines.len(),
+        "a decision per machine"
+    );
+
+    // The schema is not vacuous: a document without its version, or with a
+    // status no program writes, is refused.
+    let mut bad = doc.clone();
+    bad.as_object_mut().unwrap().remove("schema_version");
+    assert!(!validator.is_valid(&bad));
+    let mut bad = doc;
+    bad["machines"][0]["status"] = "fine".into();
+    assert!(!validator.is_valid(&bad));
+    sim.shutdown().await;
+}
+
+/// Issue 21 item 4: the DECISION column of `check` shows each machine's
+/// decision (the planner's on this sweep, as `plan` shows it), not `-`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_table_shows_each_machines_decision() {
+    let fx = overlay_fixture();
+    let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &config_text(&sim, &fx, ""));
+    let (code, stdout, stderr) = run_check_async(config, Some(TOKEN), &[]).await;
+    assert_eq!(code, 1, "drift: {stdout}\n{stderr}");
+    let rows = crate::operator_cli::decision_column(&stdout);
+    assert!(rows.len() > 5, "{stdout}");
+    for (id, decision) in &rows {
+        assert!(!decision.is_empty() && decision != "-", "{id}: {stdout}");
+    }
+    assert_eq!(rows["on-tip"], "on tip", "{stdout}");
+    assert!(rows["stopped"].starts_with("not running"), "{stdout}");
+    assert_eq!(rows["pre-security"], "awaiting approval", "{stdout}");
     sim.shutdown().await;
 }

@@ -296,3 +296,142 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
     );
     assert!(!stdout.contains("→ failed"), "a step failed: {stdout}");
 }
+
+/// Issue 21 item 7: `demo` leaves Prometheus' port alone, refuses a
+/// `--config` it would ignore, and SIGTERM (what `docker stop`, systemd or
+/// a CI runner sends) stops it cleanly with its temporary directory gone.
+/// Item 6 rides along: its logs are JSON lines when asked, and decision
+/// changes are one summary line per sweep, not one line per machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_stops_on_sigterm_and_removes_its_temporary_directory() {
+    let builtin = fleet_reconciler::config::Config::parse(
+        std::path::Path::new("config/demo.toml"),
+        fleet_reconciler::demo::DEMO_CONFIG,
+    )
+    .unwrap();
+    assert_ne!(
+        builtin.server.listen.port(),
+        9090,
+        "9090 is Prometheus' port"
+    );
+
+    let out = Command::new(BIN)
+        .args(["demo", "--sweeps", "1", "--config", "config/demo.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: `demo` reads no --config") && stderr.contains("--demo-config"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing ran");
+
+    let (config, port) = self::demo_config(&[("interval = \"2s\"", "interval = \"300ms\"")]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.toml");
+    std::fs::write(&path, &config).unwrap();
+    let stderr_path = dir.path().join("stderr.txt");
+    let mut child = ChildGuard(
+        Command::new(BIN)
+            .args(["demo", "--keep-running", "--demo-config"])
+            .arg(&path)
+            // Where its temporary directory goes (tempfile reads TMPDIR).
+            .env("TMPDIR", tmp.path())
+            .env("FLEET_RECONCILER_LOG_FORMAT", "json")
+            .env_remove("RUST_LOG")
+            .stdout(std::fs::File::create(dir.path().join("stdout.txt")).unwrap())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let work = || -> Vec<PathBuf> {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("fleet-reconciler-demo-")
+            })
+            .collect()
+    };
+    let base = format!("http://127.0.0.1:{port}");
+    crate::common::eventually(
+        "the demo swept twice",
+        Duration::from_secs(60),
+        async || {
+            assert!(
+                child.0.try_wait().unwrap().is_none(),
+                "the demo exited early"
+            );
+            let stdout = std::fs::read_to_string(dir.path().join("stdout.txt")).unwrap_or_default();
+            stdout.contains("── sweep 2 ")
+                && not_yet(fetch_fleet(&base, Duration::from_secs(5)).await).is_some()
+        },
+    )
+    .await;
+    assert_eq!(
+        work().len(),
+        1,
+        "the demo's temporary directory exists while it runs"
+    );
+
+    let pid = libc::pid_t::try_from(child.0.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    #[allow(unsafe_code)]
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    crate::common::eventually(
+        "the demo exits on SIGTERM",
+        Duration::from_secs(30),
+        async || child.0.try_wait().unwrap().is_some(),
+    )
+    .await;
+    let status = child.0.try_wait().unwrap().unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(
+        work(),
+        Vec::<PathBuf>::new(),
+        "the temporary directory is removed"
+    );
+
+    // JSON log lines only; decision changes summarized per sweep.
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let summaries: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("decisions changed this sweep"))
+        })
+        .collect();
+    assert!(!summaries.is_empty(), "{stderr}");
+    // The first sweep sees every machine not on the tip for the first time:
+    // many changes, one line, counts per decision kind that add up.
+    let first = &summaries[0]["fields"];
+    let counts: u64 = first["decisions"]
+        .as_str()
+        .unwrap()
+        .split(' ')
+        .map(|kv| {
+            let (kind, n) = kv.split_once('=').unwrap_or_else(|| panic!("{first}"));
+            assert!(Decision::KINDS.contains(&kind), "{kind}: {first}");
+            n.parse::<u64>().unwrap()
+        })
+        .sum();
+    assert!(counts > 10, "{first}");
+    assert_eq!(first["changed"].as_u64(), Some(counts), "{first}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["fields"].get("machine").is_some() && l["level"] == "INFO"),
+        "no per-machine INFO line: {stderr}"
+    );
+}

@@ -539,7 +539,8 @@ async fn hold_release_and_approve_write_fly_metadata() {
             .contains_key(HOLD_KEY)
     );
 
-    // approve (no body): mode now, for the current tip, by the API
+    // approve (no body): when idle (interrupting work is asked for, never a
+    // default), for the current tip, by the API
     let resp = h
         .post("/api/v1/machines/a-crit/approve", Some(ADMIN), None)
         .await;
@@ -547,8 +548,23 @@ async fn hold_release_and_approve_write_fly_metadata() {
     let value = h.sim.machine("a-crit").unwrap().metadata[APPROVE_KEY].clone();
     let approval = Approval::parse(&value).expect("a valid approval");
     assert_eq!(approval.target, h.overlay.tip());
-    assert_eq!(approval.mode, ApprovalMode::Now);
+    assert_eq!(approval.mode, ApprovalMode::WhenIdle);
     assert_eq!(approval.by, "admin-api");
+
+    // revoke removes it, under the machine's lease, and says what it removed
+    let resp = h
+        .post("/api/v1/machines/a-crit/revoke", Some(ADMIN), None)
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = json_of(resp).await;
+    assert_eq!(
+        (&body["revoked"], &body["fenced"], &body["approval"]["by"]),
+        (&json!(true), &json!(true), &json!("admin-api"))
+    );
+    let meta = h.sim.machine("a-crit").unwrap().metadata;
+    assert!(!meta.contains_key(APPROVE_KEY), "{meta:?}");
+    let resp = h.post("/api/v1/machines/a-crit/revoke", None, None).await;
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "an admin POST");
 
     // approve when idle, by bob, on the other app's machine
     let resp = h

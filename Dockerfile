@@ -29,8 +29,9 @@ WORKDIR /build
 
 # 1. Dependencies only. The stubs stand in for every target Cargo.toml
 #    declares (the binary, the library, the `sweep` bench), so cargo can
-#    resolve the manifest and build the whole dependency graph.
-COPY Cargo.toml Cargo.lock ./
+#    resolve the manifest and build the whole dependency graph. build.rs is
+#    the real one: it only names the commit (`--version`).
+COPY Cargo.toml Cargo.lock build.rs ./
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
@@ -41,11 +42,15 @@ RUN mkdir -p src benches \
 # 2. The crate. `config/` is needed at compile time too: the demo embeds
 #    config/demo.toml. `touch` makes the real sources newer than the stubs'
 #    build artefacts, whatever mtimes the build context carries.
+#    The build context has no .git: the commit `--version` names comes from
+#    this build arg (the release workflow passes the tag's commit), else it
+#    says `unknown`.
 COPY src ./src
 COPY benches ./benches
 COPY config ./config
+ARG FLEET_RECONCILER_COMMIT=unknown
 RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked --bin fleet-reconciler \
+ && FLEET_RECONCILER_COMMIT="${FLEET_RECONCILER_COMMIT}" cargo build --release --locked --bin fleet-reconciler \
  && install -D -m 0755 target/release/fleet-reconciler /out/fleet-reconciler
 
 FROM ${RUNTIME_IMAGE}

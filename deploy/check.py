@@ -21,6 +21,11 @@ the files agree with each other and with the config the image ships:
   §7, and every panel query is valid PromQL (checked by promtool as
   recording rules).
 * Relative links of the README and the docs reach existing files and headings.
+* Every config key and every command (with its flags and `--output`
+  values) the README and docs/*.md name exists: the keys as the built
+  binary's config parser knows them, the commands and flags as its `--help`
+  lists them (needs `cargo build` first; FLEET_RECONCILER_BIN names another
+  binary). TOML examples in the docs are checked key by key too.
 * Every reference to a design section ("docs/design.md §6.2", "design §5")
   in the README, the docs, the sources, tests, examples, benches and
   deploy/ names a numbered section of docs/design.md, and none points at the
@@ -32,6 +37,7 @@ Usage: python3 deploy/check.py   (from the repository root; Python >= 3.11)
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -332,6 +338,215 @@ def check_design_refs() -> None:
                     fail(f"{rel}:{n}: docs/design.md has no section §{sec}")
 
 
+# --- config keys and commands named in the docs (issue 21 item 8) ---------------------------
+
+DOCS_NAMING_KEYS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+# Each table of the config as the docs name it, and a TOML stub that opens
+# it: the binary's refusal of an unknown key in it lists the table's keys.
+CONFIG_TABLES = {
+    "": "",
+    "fly": "[fly]",
+    "overlay": "[overlay]",
+    "sweep": "[sweep]",
+    "probe": "[probe]",
+    "apps[]": '[[apps]]\nname = "a"',
+    "pools.NAME": "[pools.x]",
+    "pools.NAME.actions": "[pools.x.actions]",
+    "severity[]": "[[severity]]",
+    "rotation": "[rotation]",
+    "alerts": "[alerts]",
+    "alerts.webhooks[]": "[[alerts.webhooks]]",
+    "metrics": "[metrics]",
+    "server": "[server]",
+}
+FILE_SUFFIXES = (".toml", ".md", ".rs", ".yml", ".yaml", ".json", ".git", ".io", ".dev", ".py", ".sh", ".internal")
+
+
+def binary() -> Path | None:
+    path = Path(os.environ.get("FLEET_RECONCILER_BIN", ROOT / "target/debug/fleet-reconciler"))
+    return path if path.is_file() else None
+
+
+def config_keys(bin_path: Path) -> dict[str, set[str]]:
+    """Each table's keys, from the binary's own refusal of an unknown one."""
+    keys: dict[str, set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.toml"
+        for table, stub in CONFIG_TABLES.items():
+            probe.write_text(f"{stub}\nzz_not_a_key = 1\n")
+            r = subprocess.run([str(bin_path), "validate-config", "--config", str(probe), "--output", "json"],
+                               capture_output=True, text=True)
+            try:
+                error = json.loads(r.stdout)["error"]
+            except (ValueError, KeyError):
+                fail(f"validate-config gave no JSON error for an unknown key in [{table}]: {r.stdout}{r.stderr}")
+                continue
+            m = re.search(r"unknown field `zz_not_a_key`, expected (.*)$", error)
+            if not m:
+                fail(f"validate-config did not refuse an unknown key in [{table}]: {error}")
+                continue
+            keys[table] = set(re.findall(r"`([a-z_]+)`", m.group(1)))
+    return keys
+
+
+def document_paths() -> set[str]:
+    """Field paths of the fleet document (`apps[].stale`), from its schema:
+    the docs name them in the same dotted form as config keys."""
+    path = ROOT / "docs/fleet.schema.json"
+    if not path.is_file():
+        return set()
+    schema = json.loads(path.read_text())
+    defs = schema.get("$defs", {})
+    out: set[str] = set()
+
+    def walk(node: dict, prefix: str, depth: int = 0) -> None:
+        if depth > 6:
+            return
+        if "$ref" in node:
+            node = defs.get(node["$ref"].rsplit("/", 1)[1], {})
+        for k, v in node.get("properties", {}).items():
+            p = f"{prefix}.{k}" if prefix else k
+            out.add(p)
+            if v.get("type") == "array" and isinstance(v.get("items"), dict):
+                walk(v["items"], p + "[]", depth + 1)
+            else:
+                walk(v, p, depth + 1)
+
+    walk(schema, "")
+    return out
+
+
+def normalise_key(path: str) -> str:
+    """`apps[0].name` → `apps[].name`, `pools.gpu.actions` → `pools.NAME.actions`."""
+    path = re.sub(r"\[\d*\]", "[]", path)
+    parts = path.split(".")
+    if parts[0] == "pools" and len(parts) > 1:
+        parts[1] = "NAME"
+    return ".".join(parts)
+
+
+def key_known(path: str, keys: dict[str, set[str]]) -> bool:
+    path = normalise_key(path)
+    if path.endswith(".*"):
+        return path[:-2] in keys
+    if path in keys or path.rstrip("[]") in keys.get("", set()) and "." not in path:
+        return True
+    table, _, leaf = path.rpartition(".")
+    if table in keys and leaf in keys[table]:
+        return True
+    # An array of tables named by its table: `alerts.webhooks[]`.
+    return path in {t for t in keys if t.endswith("[]")}
+
+
+def toml_blocks(text: str):
+    for m in re.finditer(r"^```toml\n(.*?)^```", text, flags=re.M | re.S):
+        yield text[: m.start()].count("\n") + 2, m.group(1)
+
+
+def walk_toml(node, prefix: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            path = f"{prefix}.{k}" if prefix else k
+            if isinstance(v, dict) and not (prefix == "pools" or path.endswith(".actions")):
+                yield path
+                yield from walk_toml(v, path)
+            elif isinstance(v, dict):
+                yield from walk_toml(v, path)
+            elif isinstance(v, list) and v and all(isinstance(i, dict) for i in v):
+                for item in v:
+                    yield from walk_toml(item, path + "[]")
+            else:
+                yield path
+
+
+def cli_surface(bin_path: Path) -> tuple[dict[str, set[str]], set[str]]:
+    """Each command's flags, and the global flags, from `--help`."""
+    def flags(help_text: str) -> set[str]:
+        return set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z-]*)", help_text, flags=re.M))
+
+    top = subprocess.run([str(bin_path), "--help"], capture_output=True, text=True).stdout
+    section = top.split("Commands:", 1)[1].split("Options:", 1)[0] if "Commands:" in top else ""
+    commands = [c for c in re.findall(r"^  ([a-z][a-z-]*)\s", section, flags=re.M) if c != "help"]
+    surface = {c: flags(subprocess.run([str(bin_path), c, "--help"], capture_output=True, text=True).stdout)
+               for c in commands}
+    return surface, flags(top) | {"--help", "--version"}
+
+
+def check_command_line(where: str, words: list[str], surface: dict[str, set[str]], global_flags: set[str]) -> None:
+    if not words:
+        return
+    command = words[0]
+    if command not in surface:
+        fail(f"{where}: `fleet-reconciler {command}`: no such command (commands: {', '.join(sorted(surface))})")
+        return
+    for i, w in enumerate(words[1:], 1):
+        flag = w.split("=", 1)[0].strip("[]").rstrip(".,;:)")
+        if flag.startswith("--") and re.fullmatch(r"--[a-z][a-z-]*", flag) and flag not in surface[command] | global_flags:
+            fail(f"{where}: `{command} {flag}`: {command} has no such flag")
+        if flag in ("--output", "-o") and i + 1 < len(words) and not words[i + 1].startswith(("<", "-")):
+            for value in re.split(r"\\?\|", words[i + 1].strip("[]`")):
+                if value and value not in ("text", "json"):
+                    fail(f"{where}: `{command} {flag} {words[i + 1]}`: --output is text or json")
+
+
+def check_docs_name_real_config_keys_and_commands() -> None:
+    """Every config key and command the README and docs name exists in the built binary."""
+    bin_path = binary()
+    if bin_path is None:
+        fail("no built binary to check the docs' config keys and commands against: run `cargo build` first")
+        return
+    keys = config_keys(bin_path)
+    sections = keys.get("", set())
+    surface, global_flags = cli_surface(bin_path)
+    if not surface:
+        fail(f"{bin_path} --help lists no commands")
+        return
+    json_fields = document_paths()
+    key_span = re.compile(r"^\[{0,2}([a-z_]+(?:\[\d*\])?(?:\.(?:[a-z_]+|NAME|<[a-z_]+>|\*)(?:\[\d*\])?)+)\]{0,2}(?:\s+=\s+(?!=).*)?$")
+    for doc in DOCS_NAMING_KEYS:
+        text = (ROOT / doc).read_text()
+        prose = re.sub(r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.M | re.S)
+        for n, line in enumerate(prose.splitlines(), 1):
+            for span in re.findall(r"`([^`\n]+)`", line):
+                m = key_span.match(span.strip())
+                if m and m.group(1).split(".")[0].split("[")[0] in sections and not span.strip().endswith(FILE_SUFFIXES):
+                    key = re.sub(r"<[a-z_]+>", "NAME", m.group(1))
+                    if not key_known(key, keys) and normalise_key(key) not in json_fields:
+                        fail(f"{doc}:{n}: config key `{key}` does not exist")
+            # Commands: `fleet-reconciler CMD …`, `cargo run … -- CMD …`, and
+            # the README's command table (`CMD …` in its first column).
+            for span in re.findall(r"`([^`\n]+)`", line):
+                for m in re.finditer(r"(?:fleet-reconciler|cargo run(?: --release)? --) ([a-z][a-z-]*(?: [^|;&#]*)?)", span):
+                    check_command_line(f"{doc}:{n}", m.group(1).split(), surface, global_flags)
+            # A table of commands: `CMD …` in the first column.
+            m = re.match(r"^\| `([a-z][a-z-]*)((?: [^`]*)?)`", line)
+            if m and (m.group(1) in surface or m.group(2).lstrip().startswith(("[", "MACHINE"))):
+                check_command_line(f"{doc}:{n}", [m.group(1), *m.group(2).split()], surface, global_flags)
+        # Command lines in code blocks: `$ fleet-reconciler …`, `fly ssh
+        # console -C "fleet-reconciler …"`, `VAR=x fleet-reconciler …`.
+        in_code = False
+        for n, raw in enumerate(text.splitlines(), 1):
+            if raw.startswith("```"):
+                in_code = not in_code
+                continue
+            if not in_code:
+                continue
+            for m in re.finditer(r"(?:^|[\s\"/])(?:fleet-reconciler|cargo run(?: --release)? --) ([a-z][a-z-]*(?: [^|;&#\"]*)?)", raw):
+                check_command_line(f"{doc}:{n}", m.group(1).split(), surface, global_flags)
+        for line_no, block in toml_blocks(text):
+            if "fly.toml" in "\n".join(text.splitlines()[max(0, line_no - 5): line_no - 1]):
+                continue  # a fly.toml snippet, not the config
+            try:
+                parsed = tomllib.loads(block)
+            except tomllib.TOMLDecodeError:
+                continue  # a fragment, not a file
+            if not parsed or any(k not in sections for k in parsed):
+                continue  # not a fleet-reconciler config (fly.toml, …)
+            for key in walk_toml(parsed, ""):
+                if not key_known(key, keys):
+                    fail(f"{doc}:{line_no}: the TOML example sets `{key}`, which is not a config key")
+
+
 def main() -> int:
     config = check_fly_toml()
     if config:
@@ -340,11 +555,12 @@ def main() -> int:
     check_dashboard()
     check_doc_links()
     check_design_refs()
+    check_docs_name_real_config_keys_and_commands()
     if errors:
         for e in errors:
             print(f"deploy/check.py: {e}", file=sys.stderr)
         return 1
-    print("deploy/check.py: fly.toml, Dockerfile, config, alert rules, runbooks, dashboard, doc links and design references agree")
+    print("deploy/check.py: fly.toml, Dockerfile, config, alert rules, runbooks, dashboard, doc links, design references, and the config keys and commands the docs name agree")
     return 0
 
 

@@ -150,10 +150,10 @@ impl Operator {
     }
 
     /// Removes a pending approval (the `revoke` command), under the
-    /// machine's lease as [`Operator::hold`] writes: a rotation a reconciler
-    /// started from it before keeps going (revoke does not stop a rotation;
-    /// `hold` does), but no sweep from then on starts one from it. A machine
-    /// with no approval is left untouched (`removed: None`).
+    /// machine's lease as [`Operator::hold`] writes, so no step of ours that
+    /// read it makes a further call: a rotation bound to it stops before its
+    /// restart (README, "Operator commands") and no sweep starts one from it.
+    /// A machine with no approval is left untouched (`removed: None`).
     pub async fn revoke(&self, machine_id: &str) -> Result<Revoked, OperatorError> {
         let (app, machine) = self.locate(machine_id).await?;
         // Metadata Fly does not show (an unhealthy host) is tried anyway: the

@@ -828,7 +828,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
         page.contains("<code>fleet-reconciler approve a-crit</code>"),
         "{page}"
     );
-    assert!(page.contains("<code>fleet-reconciler approve a-crit --when-idle</code>"));
+    assert!(page.contains("<code>fleet-reconciler approve a-crit --now</code>"));
     assert!(page.contains("<code>fleet-reconciler hold a-crit --reason &quot;…&quot;</code>"));
     assert!(page.contains("<code>fleet-reconciler status a-crit</code>"));
     assert!(page.contains("<code>fleet-reconciler plan</code>"));

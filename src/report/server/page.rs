@@ -924,12 +924,12 @@ pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)
     let mut out = Vec::new();
     if m.action == Some(PolicyAction::Manual) {
         out.push((
-            "Approve the rotation to the release tip now:",
+            "Approve the rotation to the release tip, for the first moment it has no live work:",
             format!("fleet-reconciler approve {id}"),
         ));
         out.push((
-            "Or approve it for the first moment it has no live work:",
-            format!("fleet-reconciler approve {id} --when-idle"),
+            "Or now, ending its live work (it names what it would end and asks first):",
+            format!("fleet-reconciler approve {id} --now"),
         ));
     }
     if m.inputs.controls.is_held() {

@@ -21,6 +21,7 @@ the files agree with each other and with the config the image ships:
   §7, and every panel query is valid PromQL (checked by promtool as
   recording rules).
 * Relative links of the README and the docs reach existing files and headings.
+* fly.toml turns on JSON logs (FLEET_RECONCILER_LOG_FORMAT).
 * Every config key and every command (with its flags and `--output`
   values) the README and docs/*.md name exists: the keys as the built
   binary's config parser knows them, the commands and flags as its `--help`
@@ -489,6 +490,13 @@ def check_command_line(where: str, words: list[str], surface: dict[str, set[str]
                     fail(f"{where}: `{command} {flag} {words[i + 1]}`: --output is text or json")
 
 
+def check_fly_logs_json() -> None:
+    """The deployed daemon logs JSON lines (issue 21 item 6)."""
+    env = tomllib.loads((ROOT / "fly.toml").read_text()).get("env", {})
+    if env.get("FLEET_RECONCILER_LOG_FORMAT") != "json":
+        fail("fly.toml [env] must set FLEET_RECONCILER_LOG_FORMAT = \"json\": Fly's log shipper gets one JSON object per line")
+
+
 def check_docs_name_real_config_keys_and_commands() -> None:
     """Every config key and command the README and docs name exists in the built binary."""
     bin_path = binary()
@@ -556,6 +564,7 @@ def main() -> int:
     check_doc_links()
     check_design_refs()
     check_docs_name_real_config_keys_and_commands()
+    check_fly_logs_json()
     if errors:
         for e in errors:
             print(f"deploy/check.py: {e}", file=sys.stderr)

@@ -844,3 +844,69 @@ pub fn decision_column(table: &str) -> BTreeMap<String, String> {
         })
         .collect()
 }
+
+/// Issue 21 item 6: a sweep that fails as a whole (here: Fly refuses the
+/// token for every app, so nothing can be listed) is an ERROR in the log,
+/// not a warning, in the JSON lines fly.toml turns on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_logs_a_failing_sweep_as_an_error() {
+    let overlay = crate::common::OverlayRepo::new();
+    let sim = Sim::start(
+        SimFleet::new(FLY_TOKEN)
+            .release_tip(overlay.tip())
+            .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.tip()))),
+    )
+    .await
+    .unwrap();
+    let port = crate::common::free_port();
+    let config = crate::common::ConfigToml::new(
+        &sim.api_url(),
+        &overlay.repo_path,
+        overlay.dir.path().join("mirror.git"),
+    )
+    .app("agents", Some(&sim.health_url_template()))
+    .with(&format!(
+        "[sweep]\ninterval = \"200ms\"\n[pools.default]\nactions = {{ low = \"observe\", medium = \"observe\", high = \"observe\", critical = \"observe\" }}\n[server]\nlisten = \"127.0.0.1:{port}\"\n"
+    ))
+    .write(overlay.dir.path().join("run.toml"));
+    let stderr_path = overlay.dir.path().join("stderr.txt");
+    let mut child = crate::common::ChildGuard(
+        Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .env("FLY_API_TOKEN", "a-token-fly-refuses")
+            .env("FLEET_RECONCILER_LOG_FORMAT", "json")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let failed = |log: &str| -> Option<Value> {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["fields"]["message"] == "sweep failed")
+    };
+    crate::common::eventually("a sweep fails", Duration::from_secs(60), async || {
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "run exited: {}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        );
+        failed(&std::fs::read_to_string(&stderr_path).unwrap_or_default()).is_some()
+    })
+    .await;
+    let log = std::fs::read_to_string(&stderr_path).unwrap();
+    let line = failed(&log).unwrap();
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert!(
+        line["fields"]["error"].as_str().unwrap().contains("agents"),
+        "{line}"
+    );
+    for l in log.lines() {
+        serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"));
+    }
+    let _ = child.0.kill();
+    sim.shutdown().await;
+}

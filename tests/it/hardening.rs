@@ -622,6 +622,8 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
 [rotation]
 min_drift_age = "0s"
 coordinator = "coord/c0"
+[server]
+listen = "127.0.0.1:0"
 "#,
     )
     .write(dir.path().join("c.toml"));

@@ -314,7 +314,16 @@ pub struct AlertsConfig {
     /// (`alerts.state_file`); `None`: beside `overlay.mirror_dir`, see
     /// [`Config::alert_state_file`].
     pub state_file: Option<PathBuf>,
+    /// What one drift incident is (`alerts.group_by`): the fields whose
+    /// values, together, name a group. Never empty, no duplicates.
+    pub group_by: Vec<GroupField>,
+    /// The runbook (docs/operations.md of your copy) that payloads link
+    /// into, one anchor per alert kind (`alerts.runbook_url`).
+    pub runbook_url: String,
     pub webhooks: Vec<WebhookConfig>,
+    /// `[[alerts.alertmanager]]`: Alertmanagers the alerts are posted to.
+    #[serde(rename = "alertmanager")]
+    pub alertmanagers: Vec<AlertmanagerConfig>,
 }
 
 impl Default for AlertsConfig {
@@ -323,9 +332,62 @@ impl Default for AlertsConfig {
             coherence_threshold: 1.0,
             coherence_for: Duration::from_secs(900),
             state_file: None,
+            group_by: DEFAULT_GROUP_BY.to_vec(),
+            runbook_url: DEFAULT_RUNBOOK_URL.to_owned(),
             webhooks: Vec::new(),
+            alertmanagers: Vec::new(),
         }
     }
+}
+
+/// `alerts.group_by`'s default: one drift incident per app, release tip and severity.
+pub const DEFAULT_GROUP_BY: [GroupField; 3] =
+    [GroupField::App, GroupField::Tip, GroupField::Severity];
+
+/// `alerts.runbook_url`'s default: the placeholder the shipped Prometheus
+/// rules use too (replace `your-org` with where your copy lives).
+pub const DEFAULT_RUNBOOK_URL: &str =
+    "https://github.com/your-org/fleet-reconciler/blob/main/docs/operations.md";
+
+/// A field an alert group is keyed by (`alerts.group_by`); all are stable
+/// identity, never message text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupField {
+    /// The machine's Fly app.
+    App,
+    /// The machine's pool.
+    Pool,
+    /// The drift's severity.
+    Severity,
+    /// The release tip the machines should run.
+    Tip,
+    /// One incident per machine (and, as before grouping, per app and tip).
+    Machine,
+}
+
+impl GroupField {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupField::App => "app",
+            GroupField::Pool => "pool",
+            GroupField::Severity => "severity",
+            GroupField::Tip => "tip",
+            GroupField::Machine => "machine",
+        }
+    }
+}
+
+/// One `[[alerts.alertmanager]]`: alerts posted to `<URL>/api/v2/alerts`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerConfig {
+    /// Environment variable holding Alertmanager's base URL (e.g.
+    /// `http://alertmanager:9093`), kept out of the file like the webhooks'.
+    pub url_env: String,
+    /// Alerts below this level are not posted.
+    #[serde(default = "low")]
+    pub min_severity: Severity,
 }
 
 /// File name of the alert state when `alerts.state_file` is not set.
@@ -391,6 +453,62 @@ pub struct ServerConfig {
     pub admin_auth_failures: NonZeroU32,
     #[serde(deserialize_with = "duration")]
     pub admin_auth_window: Duration,
+    /// The address on-call reaches the status page at (`server.public_url`,
+    /// e.g. `https://fleet.example.com/`): alert payloads link the status
+    /// page and machine pages under it. `None`: no such links.
+    #[serde(deserialize_with = "public_url")]
+    pub public_url: Option<PublicUrl>,
+}
+
+/// `server.public_url`, checked at load: http(s), a host, no credentials,
+/// no query or fragment; kept with one trailing slash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublicUrl(String);
+
+impl PublicUrl {
+    pub fn parse(raw: &str) -> Result<PublicUrl, String> {
+        let url = url::Url::parse(raw.trim()).map_err(|e| format!("not a URL ({e})"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err("must be an http:// or https:// URL".into());
+        }
+        if url.host().is_none() {
+            return Err("has no host".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("must not carry credentials".into());
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err("must not have a query or fragment".into());
+        }
+        let mut s = url.to_string();
+        if !s.ends_with('/') {
+            s.push('/');
+        }
+        Ok(PublicUrl(s))
+    }
+
+    /// The status page.
+    pub fn status_page(&self) -> String {
+        self.0.clone()
+    }
+
+    /// A machine's page (`/machines/{id}`), the id percent-encoded.
+    pub fn machine_page(&self, machine_id: &str) -> String {
+        let Ok(mut url) = url::Url::parse(&self.0) else {
+            return self.0.clone();
+        };
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("machines").push(machine_id);
+        }
+        url.to_string()
+    }
+}
+
+fn public_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PublicUrl>, D::Error> {
+    let raw = String::deserialize(d)?;
+    PublicUrl::parse(&raw)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// The most `server.max_connections` may be.
@@ -409,6 +527,7 @@ impl Default for ServerConfig {
             max_body_bytes: NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN),
             admin_auth_failures: NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN),
             admin_auth_window: Duration::from_secs(60),
+            public_url: None,
         }
     }
 }
@@ -672,7 +791,10 @@ struct RawAlerts {
     #[serde(deserialize_with = "duration")]
     coherence_for: Duration,
     state_file: Option<PathBuf>,
+    group_by: Vec<GroupField>,
+    runbook_url: String,
     webhooks: Vec<toml::Spanned<WebhookConfig>>,
+    alertmanager: Vec<toml::Spanned<AlertmanagerConfig>>,
 }
 
 // Not derived: missing keys (or a missing [alerts] section) get
@@ -684,7 +806,10 @@ impl Default for RawAlerts {
             coherence_threshold: d.coherence_threshold,
             coherence_for: d.coherence_for,
             state_file: None,
+            group_by: d.group_by,
+            runbook_url: d.runbook_url,
             webhooks: Vec::new(),
+            alertmanager: Vec::new(),
         }
     }
 }
@@ -850,6 +975,34 @@ impl Config {
             webhooks.push(hook);
         }
 
+        let mut alertmanagers = Vec::with_capacity(raw.alerts.alertmanager.len());
+        for (i, am) in raw.alerts.alertmanager.into_iter().enumerate() {
+            let span = am.span();
+            let am = am.into_inner();
+            if am.url_env.trim().is_empty() {
+                return Err(invalid(
+                    format!("alerts.alertmanager[{i}].url_env"),
+                    Some(span),
+                    "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
+                ));
+            }
+            alertmanagers.push(am);
+        }
+        check_group_by(&raw.alerts.group_by)
+            .map_err(|m| invalid("alerts.group_by".into(), None, m))?;
+        if !matches!(
+            url::Url::parse(&raw.alerts.runbook_url)
+                .map(|u| u.scheme().to_owned())
+                .as_deref(),
+            Ok("http" | "https")
+        ) {
+            return Err(invalid(
+                "alerts.runbook_url".into(),
+                None,
+                "must be an http(s) URL of your copy of docs/operations.md".into(),
+            ));
+        }
+
         if raw
             .alerts
             .state_file
@@ -964,7 +1117,10 @@ impl Config {
                 coherence_threshold: raw.alerts.coherence_threshold,
                 coherence_for: raw.alerts.coherence_for,
                 state_file: raw.alerts.state_file,
+                group_by: raw.alerts.group_by,
+                runbook_url: raw.alerts.runbook_url,
                 webhooks,
+                alertmanagers,
             },
             metrics: raw.metrics,
             server: raw.server,
@@ -1173,6 +1329,19 @@ fn default_health_url() -> HealthUrlTemplate {
     HealthUrlTemplate::parse("http://{machine_id}.vm.{app}.internal:8080/health")
         .unwrap_or_else(|e| unreachable!("the default health URL is valid: {e}"))
 }
+/// `alerts.group_by` is a non-empty set.
+fn check_group_by(fields: &[GroupField]) -> Result<(), String> {
+    if fields.is_empty() {
+        return Err("is empty: list the fields one incident is keyed by, out of \"app\", \"pool\", \"severity\", \"tip\", \"machine\" (\"machine\" alone: one incident per machine)".into());
+    }
+    for (i, f) in fields.iter().enumerate() {
+        if fields[..i].contains(f) {
+            return Err(format!("lists \"{}\" twice", f.as_str()));
+        }
+    }
+    Ok(())
+}
+
 fn low() -> Severity {
     Severity::Low
 }

@@ -25,6 +25,9 @@ use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 /// The built-in demo config (`config/demo.toml`).
 pub const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
 
+/// The variable `--alertmanager` stands for (the URL is passed, not read).
+pub const DEMO_ALERTMANAGER_ENV: &str = "DEMO_ALERTMANAGER_URL";
+
 /// What one demo agent reports as its overlay ref: not a commit id, and
 /// markup (a bad report whose detail quotes it; the status and machine pages
 /// must show it escaped).
@@ -35,6 +38,8 @@ pub struct DemoOptions {
     pub config_text: String,
     /// Sweeps before exiting; 0 runs until ctrl-c.
     pub sweeps: u32,
+    /// `--alertmanager`: also post the alerts to this Alertmanager.
+    pub alertmanager: Option<String>,
 }
 
 /// A bare repository that stands in for the overlay's git host.
@@ -368,8 +373,22 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     for app in &mut config.apps {
         app.health_url = template.clone();
     }
+    // `--alertmanager URL`: one `[[alerts.alertmanager]]`, its URL handed
+    // over as `run` reads it from the environment.
+    let alertmanager_urls: Vec<secrecy::SecretString> = match &options.alertmanager {
+        Some(url) => {
+            config
+                .alerts
+                .alertmanagers
+                .push(crate::config::AlertmanagerConfig {
+                    url_env: DEMO_ALERTMANAGER_ENV.into(),
+                    min_severity: crate::model::Severity::Low,
+                });
+            vec![url.clone().into()]
+        }
+        None => Vec::new(),
+    };
     let interval = config.sweep.interval;
-    let config = Arc::new(config);
     let secrets = Secrets {
         fly_token: "demo-token".into(),
         git_token: None,
@@ -387,6 +406,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         .local_addr()
         .map(|a| format!("http://{a}/"))
         .unwrap_or_default();
+    // Payloads link the demo's own status page unless the config says otherwise.
+    if config.server.public_url.is_none() {
+        config.server.public_url = crate::config::PublicUrl::parse(&page).ok();
+    }
+    let config = Arc::new(config);
     let operator = Operator::new(daemon::fly_client(&config, &secrets)?, &config);
 
     println!(
@@ -417,6 +441,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let options_sweeps = options.sweeps;
     let service_secrets = ServiceSecrets {
         core: secrets,
+        alertmanagers: alertmanager_urls,
         ..ServiceSecrets::default()
     };
     service::run(config.clone(), service_secrets, listener, owner, shutdown.clone(), |outcome| {

@@ -131,6 +131,10 @@ enum Command {
         /// Use this config instead of the built-in demo config.
         #[arg(long)]
         demo_config: Option<PathBuf>,
+        /// Also post the demo's alerts to this Alertmanager (base URL, e.g.
+        /// http://127.0.0.1:9093), as `[[alerts.alertmanager]]` would.
+        #[arg(long)]
+        alertmanager: Option<String>,
     },
 }
 
@@ -255,6 +259,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo {
             sweeps,
             demo_config,
+            alertmanager,
         } => {
             let text = match &demo_config {
                 Some(path) => std::fs::read_to_string(path)
@@ -266,6 +271,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config_path: path,
                 config_text: text,
                 sweeps,
+                alertmanager,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -675,11 +681,14 @@ fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
         tracing::warn!(env = %config.server.admin_token_env, "admin API disabled: the variable is not set");
     }
     let webhooks = notify::sink_secrets_from_env(&config.alerts, |k| std::env::var(k).ok())?;
+    let alertmanagers =
+        notify::alertmanager_urls_from_env(&config.alerts, |k| std::env::var(k).ok())?;
     Ok(ServiceSecrets {
         core,
         agent_tokens,
         admin_token,
         webhooks,
+        alertmanagers,
     })
 }
 

@@ -40,6 +40,8 @@ pub struct ServiceSecrets {
     pub admin_token: Option<SecretString>,
     /// One per `[[alerts.webhooks]]`, in order.
     pub webhooks: Vec<SinkSecrets>,
+    /// The URL of each `[[alerts.alertmanager]]`, in order.
+    pub alertmanagers: Vec<SecretString>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,12 +108,14 @@ pub async fn run_with_clock(
     )?;
     // Alert state on the data volume: a restart neither re-pages what still
     // fires nor forgets to resolve what cleared, nor loses what was queued.
-    let notifier = Notifier::with_options(
+    let notifier = Notifier::with_sinks(
         &config.alerts,
         secrets.webhooks.clone(),
+        secrets.alertmanagers.clone(),
         NotifierOptions {
             state_file: Some(config.alert_state_file()),
             clock: clock.clone(),
+            public_url: config.server.public_url.clone(),
             ..NotifierOptions::default()
         },
     )?;
@@ -471,6 +475,7 @@ mod tests {
                 routing_key: Some("routing-s3cret".into()),
                 hmac_secret: Some("hmac-s3cret".into()),
             }],
+            alertmanagers: vec!["https://am.example/am-s3cret".into()],
         };
         let shown = format!("{secrets:?} {secrets:#?}");
         assert!(!shown.contains("s3cret"), "{shown}");

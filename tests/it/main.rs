@@ -13,6 +13,7 @@ mod check;
 mod demo;
 mod deploy;
 mod fly;
+mod grouped_alerts;
 mod hardening;
 mod health_urls;
 mod metrics;

@@ -1769,6 +1769,72 @@ name = "agents"
     }
 
     #[test]
+    fn alert_grouping_links_and_alertmanagers_are_checked_naming_the_key() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.alerts.group_by, DEFAULT_GROUP_BY);
+        assert_eq!(c.server.public_url, None);
+        for (toml, key, says) in [
+            ("[alerts]\ngroup_by = []\n", "alerts.group_by", "is empty"),
+            (
+                "[alerts]\ngroup_by = [\"app\", \"app\"]\n",
+                "alerts.group_by",
+                "twice",
+            ),
+            (
+                "[alerts]\ngroup_by = [\"region\"]\n",
+                "alerts.group_by",
+                "region",
+            ),
+            (
+                "[alerts]\nrunbook_url = \"docs/operations.md\"\n",
+                "alerts.runbook_url",
+                "http(s)",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl_env = \" \"\n",
+                "alerts.alertmanager[0].url_env",
+                "environment variable",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl = \"http://am\"\n",
+                "alerts.alertmanager",
+                "url",
+            ),
+            (
+                "[server]\npublic_url = \"fleet.example.com\"\n",
+                "server.public_url",
+                "not a URL",
+            ),
+            (
+                "[server]\npublic_url = \"ftp://fleet.example.com/\"\n",
+                "server.public_url",
+                "http",
+            ),
+            (
+                "[server]\npublic_url = \"https://u:p@fleet.example.com/\"\n",
+                "server.public_url",
+                "credentials",
+            ),
+        ] {
+            let e = err(&format!("{MINIMAL}\n{toml}"));
+            assert!(e.contains(key) && e.contains(says), "{toml}: {e}");
+        }
+        let c = parse(&format!(
+            "{MINIMAL}\n[alerts]\ngroup_by = [\"machine\"]\n[[alerts.alertmanager]]\nurl_env = \"AM\"\nmin_severity = \"high\"\n[server]\npublic_url = \"https://fleet.example.com/x\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.alerts.group_by, [GroupField::Machine]);
+        assert_eq!(c.alerts.alertmanagers[0].url_env, "AM");
+        assert_eq!(c.alerts.alertmanagers[0].min_severity, Severity::High);
+        let public = c.server.public_url.unwrap();
+        assert_eq!(public.status_page(), "https://fleet.example.com/x/");
+        assert_eq!(
+            public.machine_page("m 1"),
+            "https://fleet.example.com/x/machines/m%201"
+        );
+    }
+
+    #[test]
     fn ratios_and_counts_are_range_checked() {
         let e = err(&format!("{MINIMAL}\n[alerts]\ncoherence_threshold = 1.5\n"));
         assert!(e.contains("alerts.coherence_threshold"), "{e}");

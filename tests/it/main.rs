@@ -8,6 +8,7 @@
 mod common;
 
 mod agent_example;
+mod alertmanager_sink;
 mod chaos;
 mod check;
 mod demo;

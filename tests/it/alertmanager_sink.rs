@@ -294,7 +294,9 @@ async fn the_sink_survives_a_restart() {
     first.stop().await;
 
     let second = Running::start(&am, Some(&state));
-    second.notifier.update(&[a.clone()], &[], t(300));
+    second
+        .notifier
+        .update(std::slice::from_ref(&a), &[], t(300));
     let posts = am.expect(2).await;
     let last = &posts[1];
     let by_app = |app: &str| {

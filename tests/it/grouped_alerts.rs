@@ -74,6 +74,13 @@ fn incidents(bodies: &[Value]) -> BTreeMap<String, Vec<Value>> {
     out
 }
 
+/// The `drift_detected` incidents among `all`.
+fn drift_incidents(all: &BTreeMap<String, Vec<Value>>) -> BTreeMap<&String, &Vec<Value>> {
+    all.iter()
+        .filter(|(_, b)| class(b) == "drift_detected")
+        .collect()
+}
+
 fn class(bodies: &[Value]) -> &str {
     bodies
         .iter()
@@ -201,10 +208,7 @@ public_url = "https://fleet.example.com/"
 async fn one_release_pages_one_incident_per_app_tip_and_severity() {
     let (bodies, tip) = release(r#"["app", "tip", "severity"]"#).await;
     let all = incidents(&bodies);
-    let drift: BTreeMap<&String, &Vec<Value>> = all
-        .iter()
-        .filter(|(_, b)| class(b) == "drift_detected")
-        .collect();
+    let drift = drift_incidents(&all);
     let expected: BTreeSet<String> = ["alpha", "beta"]
         .iter()
         .flat_map(|app| {
@@ -327,10 +331,7 @@ fn first_links(trigger: &Value) -> Vec<&str> {
 async fn group_by_machine_pages_one_incident_per_machine_as_before() {
     let (bodies, tip) = release(r#"["machine"]"#).await;
     let all = incidents(&bodies);
-    let drift: BTreeMap<&String, &Vec<Value>> = all
-        .iter()
-        .filter(|(_, b)| class(b) == "drift_detected")
-        .collect();
+    let drift = drift_incidents(&all);
     let expected: BTreeSet<String> = ["alpha", "beta"]
         .iter()
         .flat_map(|app| {

@@ -226,18 +226,7 @@ impl Running {
             group_by: vec![GroupField::Machine],
             ..AlertsConfig::default()
         };
-        let notifier = Notifier::with_options(&config, secrets, options).unwrap();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn({
-            let notifier = notifier.clone();
-            let shutdown = shutdown.clone();
-            async move { notifier.run(shutdown).await }
-        });
-        Running {
-            notifier,
-            shutdown,
-            task,
-        }
+        Running::start_with(config, secrets, options)
     }
 
     /// A notifier for `config` (its webhooks given `secrets`), running.

@@ -1,6 +1,13 @@
 //! The webhook notifier: alert state (dedupe, repeat, resolve), delivery to
 //! sinks, and the state file that carries both across restarts.
 //!
+//! What a sink is told about are *incidents*: the planner's per-machine
+//! drift and approval alerts grouped by `alerts.group_by` (`group`), each
+//! with its links (`links`); every other alert is an incident of its own.
+//! Webhooks get the per-sink state machine below, keyed by the incident's
+//! key (a change of its machines is an *update*); Alertmanagers get every
+//! firing incident each `update` (`alertmanager`).
+//!
 //! Owns, per configured webhook, which alerts that sink has been told about,
 //! the queue of notifications not yet delivered, the dead letters, and the
 //! HTTP delivery with retries. The sweep hands it the *full* set of
@@ -22,6 +29,7 @@
 //! | key new, severity below `min_severity` | nothing (not tracked; a later escalation is a new trigger) |
 //! | key known, severity rose | trigger again at the new severity (escalation) |
 //! | key known, unchanged, `repeat_interval` since the last notification | one repeat (skipped while an earlier one for the key is still queued) |
+//! | key known, its machines changed (not while one of its notifications is queued) | one update (a trigger, `update: true`) |
 //! | key known to the sink, absent now | resolve, at once |
 //!
 //! A severity that falls is remembered silently; repeats are sent only while
@@ -580,11 +588,13 @@ impl Notifier {
         alertmanagers: Vec<SecretString>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
-        if alertmanagers.len() != config.alertmanagers.len() {
-            return Err(NotifyError::AlertmanagerMismatch {
-                expected: config.alertmanagers.len(),
-                got: alertmanagers.len(),
-            });
+        let (expected, got) = (config.alertmanagers.len(), alertmanagers.len());
+        if got != expected {
+            return Err(NotifyError::AlertmanagerMismatch { expected, got });
+        }
+        let (expected, got) = (config.webhooks.len(), sinks.len());
+        if got != expected {
+            return Err(NotifyError::SecretsMismatch { expected, got });
         }
         let alertmanagers = config
             .alertmanagers
@@ -601,12 +611,6 @@ impl Notifier {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if sinks.len() != config.webhooks.len() {
-            return Err(NotifyError::SecretsMismatch {
-                expected: config.webhooks.len(),
-                got: sinks.len(),
-            });
-        }
         let sinks = config
             .webhooks
             .iter()

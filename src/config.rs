@@ -388,6 +388,33 @@ pub struct AlertmanagerConfig {
     /// Alerts below this level are not posted.
     #[serde(default = "low")]
     pub min_severity: Severity,
+    /// Labels added to every alert posted (e.g. `team = "agent-platform"`,
+    /// for a route that matches on it); never one the daemon sets itself.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The labels the daemon sets on the alerts it posts to Alertmanager
+/// (`alerts.alertmanager[].labels` may not set them).
+pub const ALERTMANAGER_LABELS: [&str; 8] = [
+    "alertname",
+    "severity",
+    "service",
+    "fly_app",
+    "tip",
+    "machine_id",
+    "pool",
+    "fly_region",
+];
+
+/// A Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`, not reserved (`__`).
+fn label_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with("__")
 }
 
 /// File name of the alert state when `alerts.state_file` is not set.
@@ -984,6 +1011,22 @@ impl Config {
                     format!("alerts.alertmanager[{i}].url_env"),
                     Some(span),
                     "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
+                ));
+            }
+            for (name, value) in &am.labels {
+                let problem = if !label_name_ok(name) {
+                    "is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+                } else if ALERTMANAGER_LABELS.contains(&name.as_str()) {
+                    "is set by the daemon itself"
+                } else if value.trim().is_empty() {
+                    "has an empty value"
+                } else {
+                    continue;
+                };
+                return Err(invalid(
+                    format!("alerts.alertmanager[{i}].labels.{name}"),
+                    Some(span),
+                    format!("label {name:?} {problem}"),
                 ));
             }
             alertmanagers.push(am);
@@ -1799,6 +1842,16 @@ name = "agents"
                 "[[alerts.alertmanager]]\nurl = \"http://am\"\n",
                 "alerts.alertmanager",
                 "url",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl_env = \"AM\"\nlabels = { severity = \"x\" }\n",
+                "alerts.alertmanager[0].labels.severity",
+                "set by the daemon",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl_env = \"AM\"\nlabels = { \"team-x\" = \"a\" }\n",
+                "alerts.alertmanager[0].labels.team-x",
+                "not a label name",
             ),
             (
                 "[server]\npublic_url = \"fleet.example.com\"\n",

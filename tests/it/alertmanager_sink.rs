@@ -78,6 +78,7 @@ fn config() -> AlertsConfig {
         alertmanagers: vec![AlertmanagerConfig {
             url_env: "AM_URL".into(),
             min_severity: Severity::Low,
+            labels: BTreeMap::from([("team".into(), "agent-platform".into())]),
         }],
         runbook_url: "https://runbooks.example/ops.md".into(),
         ..AlertsConfig::default()
@@ -194,6 +195,7 @@ async fn alerts_are_posted_as_prometheus_does_resent_while_firing_and_ended_on_r
             ("fly_app".into(), "agents".into()),
             ("service".into(), "fleet-reconciler".into()),
             ("severity".into(), "high".into()),
+            ("team".into(), "agent-platform".into()),
             ("tip".into(), TIP.into()),
         ]),
         "identity only; the agents' app as fly_app, never `app`"
@@ -422,4 +424,5 @@ async fn the_demo_posts_to_an_alertmanager() {
             .starts_with(&format!("http://127.0.0.1:{port}/")),
         "links the demo's status page: {d:#?}"
     );
+    assert_eq!(d["labels"]["team"], "agent-platform", "what the shipped route matches");
 }

@@ -105,6 +105,8 @@ pub(super) struct AmSink {
     pub index: usize,
     pub url_env: String,
     min_severity: Severity,
+    /// `alerts.alertmanager[].labels`, added to every alert.
+    extra_labels: BTreeMap<String, String>,
     /// `<base>/api/v2/alerts` (a secret like the webhooks' URLs).
     endpoint: SecretString,
     state: Mutex<AmState>,
@@ -196,6 +198,7 @@ impl AmSink {
             index,
             url_env: config.url_env.clone(),
             min_severity: config.min_severity,
+            extra_labels: config.labels.clone(),
             endpoint: parsed.to_string().into(),
             state: Mutex::new(AmState::default()),
             wake: tokio::sync::Notify::new(),
@@ -224,7 +227,10 @@ impl AmSink {
             }
         }
         for (key, g) in wanted {
-            let labels = labels(g);
+            let mut labels = labels(g);
+            for (k, v) in &self.extra_labels {
+                labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
             let annotations = annotations(g);
             let starts_at = match st.firing.get(key) {
                 Some(old) if old.labels == labels => old.starts_at,

@@ -424,5 +424,8 @@ async fn the_demo_posts_to_an_alertmanager() {
             .starts_with(&format!("http://127.0.0.1:{port}/")),
         "links the demo's status page: {d:#?}"
     );
-    assert_eq!(d["labels"]["team"], "agent-platform", "what the shipped route matches");
+    assert_eq!(
+        d["labels"]["team"], "agent-platform",
+        "what the shipped route matches"
+    );
 }

@@ -383,7 +383,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                 .push(crate::config::AlertmanagerConfig {
                     url_env: DEMO_ALERTMANAGER_ENV.into(),
                     min_severity: crate::model::Severity::Low,
-                    // What the shipped route example (deploy/alertmanager) matches.
+                    // A team label, as the shipped Prometheus rules carry.
                     labels: [("team".to_owned(), "agent-platform".to_owned())].into(),
                 });
             vec![url.clone().into()]

@@ -14,7 +14,9 @@
 //! conditions that hold now (`update`, level-triggered, never blocking); a
 //! background task (`run`) delivers and writes the state file. It must never
 //! block or fail a sweep, never follow a redirect, never send to a plain
-//! `http://` URL that is not loopback, and never write a webhook URL, routing
+//! `http://` URL that is not loopback (an Alertmanager, whose posts carry no
+//! credential, may also be on Fly's private `*.internal` network), and
+//! never write a webhook or Alertmanager URL, routing
 //! key, HMAC secret or response body into a log line, an error, a payload or
 //! the state file. It never reads the environment (secrets arrive as
 //! `SinkSecrets`, see `sink_secrets_from_env`) and never reads the wall clock

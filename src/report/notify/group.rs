@@ -118,8 +118,8 @@ pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<String, Gro
         })
         .collect();
     for (key, members) in groups {
-        let fields = fields(members[0].kind, by);
-        out.insert(key.clone(), group_alert(key, &members, &fields));
+        let keyed_by = fields(members[0].kind, by);
+        out.insert(key.clone(), group_alert(key, &members, &keyed_by));
     }
     out
 }

@@ -64,6 +64,53 @@ impl PagerDuty {
     }
 }
 
+/// `service::run` in a task on the sim's clock, paging `pd`.
+struct Daemon {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), service::ServiceError>>,
+}
+
+impl Daemon {
+    fn start(config: &str, sim: &Sim, pd: &PagerDuty) -> Daemon {
+        let config = Arc::new(Config::parse(Path::new("grouped.toml"), config).unwrap());
+        let secrets = ServiceSecrets {
+            core: Secrets {
+                fly_token: TOKEN.into(),
+                git_token: None,
+            },
+            webhooks: vec![SinkSecrets {
+                url: pd.url.clone().into(),
+                routing_key: Some("routing-key".into()),
+                hmac_secret: None,
+            }],
+            ..ServiceSecrets::default()
+        };
+        let stop = CancellationToken::new();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let task = tokio::spawn(service::run_with_clock(
+            config,
+            secrets,
+            listener,
+            "t".into(),
+            stop.clone(),
+            sim.clock(),
+            |_| {},
+        ));
+        Daemon { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// Per dedup key, the bodies the receiver got, in order.
 fn incidents(bodies: &[Value]) -> BTreeMap<String, Vec<Value>> {
     let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
@@ -145,30 +192,7 @@ public_url = "https://fleet.example.com/"
 "#
         ))
         .text();
-    let config = Arc::new(Config::parse(Path::new("grouped.toml"), &text).unwrap());
-    let secrets = ServiceSecrets {
-        core: Secrets {
-            fly_token: TOKEN.into(),
-            git_token: None,
-        },
-        webhooks: vec![SinkSecrets {
-            url: pd.url.clone().into(),
-            routing_key: Some("routing-key".into()),
-            hmac_secret: None,
-        }],
-        ..ServiceSecrets::default()
-    };
-    let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let task = tokio::spawn(service::run_with_clock(
-        config,
-        secrets,
-        listener,
-        "t".into(),
-        stop.clone(),
-        sim.clock(),
-        |_| {},
-    ));
+    let daemon = Daemon::start(&text, &sim, &pd);
 
     let on_tip = || {
         sim.machines()
@@ -194,12 +218,7 @@ public_url = "https://fleet.example.com/"
         },
     )
     .await;
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    daemon.stop().await;
     sim.shutdown().await;
     (pd.bodies(), tip)
 }
@@ -370,4 +389,82 @@ async fn group_by_machine_pages_one_incident_per_machine_as_before() {
             first_links(&b[0])
         );
     }
+}
+
+/// A restart with grouped incidents: the daemon's drift clocks start over
+/// (no drift alert for `min_drift_age`), the machine alerts from before are
+/// carried until the planner raises them again, and they group into the same
+/// incident: nothing is resolved, updated or paged again.
+#[tokio::test(start_paused = true)]
+async fn a_restart_neither_resolves_nor_pages_a_group_again() {
+    let overlay = OverlayRepo::new();
+    let mut app = SimApp::new("alpha");
+    for i in 0..3 {
+        app = app.machine(SimMachine::new(format!("alpha-{i:02}")).loaded(overlay.behind(1)));
+    }
+    let sim = Sim::start(
+        SimFleet::new(TOKEN)
+            .clock(Arc::new(TokioClock::starting_at(chrono::Utc::now())))
+            .release_tip(overlay.tip())
+            .app(app),
+    )
+    .await
+    .unwrap();
+    let pd = PagerDuty::start().await;
+    let text = overlay
+        .config(&sim.api_url(), "mirror.git")
+        .fly("max_retries = 0")
+        .app("alpha", Some(&sim.health_url_template()))
+        .with(
+            r#"
+[sweep]
+interval = "200ms"
+[pools.default]
+actions = { low = "observe", medium = "observe", high = "observe", critical = "observe" }
+[rotation]
+min_drift_age = "2s"
+[[alerts.webhooks]]
+url_env = "PD_URL"
+format = "pagerduty"
+routing_key_env = "PD_KEY"
+min_severity = "low"
+"#,
+        )
+        .text();
+    let run1 = Daemon::start(&text, &sim, &pd);
+    eventually("the group paged", Duration::from_secs(30), async || {
+        !pd.bodies().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    run1.stop().await;
+
+    let run2 = Daemon::start(&text, &sim, &pd);
+    // Past min_drift_age and a few sweeps more: the planner has raised the
+    // drift again itself.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    run2.stop().await;
+    sim.shutdown().await;
+    let bodies = pd.bodies();
+    let actions: Vec<(&str, &str)> = bodies
+        .iter()
+        .map(|b| {
+            (
+                b["event_action"].as_str().unwrap(),
+                b["dedup_key"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions.len(),
+        1,
+        "paged once, nothing after the restart: {bodies:#?}"
+    );
+    assert_eq!(actions[0].0, "trigger");
+    assert!(
+        actions[0]
+            .1
+            .starts_with("fleet-reconciler/drift_detected/alpha/*/")
+    );
+    assert_eq!(bodies[0]["payload"]["custom_details"]["machines"], "3");
 }

@@ -170,6 +170,7 @@ pub async fn run_with_clock(
         machine_alerts: restored.carried(),
         restored,
         counted: HashMap::new(),
+        counted_alertmanagers: HashMap::new(),
         state_write_failures: 0,
     };
     let reconciling = daemon::reconcile_loop(
@@ -256,6 +257,8 @@ struct Reporter<'a> {
     restored: RestoredMachineAlerts,
     /// Per webhook: (delivered, failed attempts, dropped, dead-lettered) already counted.
     counted: HashMap<usize, (u64, u64, u64, u64)>,
+    /// Per Alertmanager: (posts accepted, failed posts) already counted.
+    counted_alertmanagers: HashMap<usize, (u64, u64)>,
     /// Failed writes of the alert state file already counted.
     state_write_failures: u64,
 }
@@ -316,6 +319,18 @@ impl Reporter<'_> {
             *seen = now;
             self.metrics
                 .set_webhook_sink(sink.index, sink.format, sink.dead_letters, sink.failing);
+        }
+        // Alertmanager posts count as deliveries of format "alertmanager".
+        for am in self.notifier.alertmanager_stats() {
+            let seen = self.counted_alertmanagers.entry(am.index).or_default();
+            let now = (am.delivered, am.failed_attempts);
+            for (result, new, old) in [("delivered", now.0, seen.0), ("failed", now.1, seen.1)] {
+                if new > old {
+                    self.metrics
+                        .add_webhook_deliveries("alertmanager", result, new - old);
+                }
+            }
+            *seen = now;
         }
         let failures = self.notifier.state_write_failures();
         if failures > self.state_write_failures {

@@ -424,8 +424,27 @@ async fn the_demo_posts_to_an_alertmanager() {
             .starts_with(&format!("http://127.0.0.1:{port}/")),
         "links the demo's status page: {d:#?}"
     );
-    assert_eq!(
-        d["labels"]["team"], "agent-platform",
-        "what the shipped route matches"
-    );
+    assert_eq!(d["labels"]["team"], "agent-platform");
+    // Posts are counted with the webhook deliveries, as format "alertmanager".
+    let counted = || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| {
+                l.contains("webhook_deliveries_total{")
+                    && l.contains("format=\"alertmanager\"")
+                    && l.contains("result=\"delivered\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    eventually(
+        "alertmanager posts counted",
+        Duration::from_secs(60),
+        async || counted().await.is_some_and(|n| n >= 1.0),
+    )
+    .await;
 }

@@ -393,6 +393,9 @@ interval = "200ms"
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [rotation]
 min_drift_age = "0s"
+# Per machine, as this test counts (#20: grouped by default).
+[alerts]
+group_by = ["machine"]
 [[alerts.webhooks]]
 url_env = "E2E_WEBHOOK_URL"
 format = "json"

@@ -280,6 +280,9 @@ interval = "200ms"
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [rotation]
 min_drift_age = "{min_drift_age}"
+# Per machine, as these tests count (#20: grouped by default).
+[alerts]
+group_by = ["machine"]
 [[alerts.webhooks]]
 url_env = "HOOK"
 format = "json"

@@ -100,6 +100,9 @@ actions = {{ low = "alert-and-wait", medium = "alert-and-wait", high = "alert-an
 [rotation]
 min_drift_age = "0s"
 coordinator = "fleet-reconciler/coord0"
+# Per machine, as these tests count (#20: grouped by default).
+[alerts]
+group_by = ["machine"]
 [[alerts.webhooks]]
 url_env = "HOOK"
 format = "json"

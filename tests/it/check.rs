@@ -515,7 +515,18 @@ async fn json_output_has_the_documented_shape() {
         k.sort();
         k
     };
-    assert_eq!(keys(&v), ["apps", "coherence", "machines", "tip"]);
+    assert_eq!(
+        keys(&v),
+        [
+            "apps",
+            "coherence",
+            "machines",
+            "refs",
+            "schema_version",
+            "tip"
+        ]
+    );
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(keys(&v["tip"]), ["branch", "commit"]);
     assert_eq!(
         keys(&v["apps"][0]),
@@ -531,7 +542,7 @@ async fn json_output_has_the_documented_shape() {
         "machine_id",
         "name",
         "pool",
-        "reason",
+        "reason_ref",
         "region",
         "reported_ref",
         "severity",
@@ -558,9 +569,11 @@ async fn json_output_has_the_documented_shape() {
         .unwrap();
     assert_eq!(stopped["status"], "not_running");
     assert!(stopped["reported_ref"].is_null() && stopped["severity"].is_null());
-    assert!(stopped["reason"].is_null());
-    // A drifted row's reason: typed, tagged, and it reads back.
-    let reason = &canary["reason"];
+    assert!(stopped["reason_ref"].is_null());
+    // A drifted row's reason, once per ref in `refs`: typed, tagged, and
+    // it reads back.
+    assert_eq!(canary["reason_ref"], canary["commit"]);
+    let reason = &v["refs"][canary["reason_ref"].as_str().unwrap()];
     assert_eq!(
         keys(reason),
         ["behind", "evidence", "evidence_partial", "missing", "rule"]

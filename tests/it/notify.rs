@@ -1734,6 +1734,7 @@ fn report(machines: &[(&str, &str)]) -> FleetReport {
         })
         .collect();
     serde_json::from_value(serde_json::json!({
+        "schema_version": fleet_reconciler::report::wire::SCHEMA_VERSION,
         "tip": {"branch": "release", "commit": COMMIT},
         "coherence": 0.0,
         "apps": [],

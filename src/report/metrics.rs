@@ -92,9 +92,10 @@ pub const APP_LABEL: &str = "fly_app";
 pub const REGION_LABEL: &str = "fly_region";
 
 /// Every `action` of `fleet_reconciler_actions_total` (`Step::kind`): each
-/// pool's `result="failed"` series is created at 0 for all of them, so that
-/// the first failure is an increase Prometheus can see (a counter born at 1
-/// shows no `increase()`).
+/// pool's series are created at 0 for all of them and every
+/// [`ACTION_RESULTS`], so that the first failure (or the first finished
+/// rotation) is an increase Prometheus can see: a counter born at 1 shows
+/// no `increase()`.
 pub const ACTIONS: [&str; 11] = [
     "claim",
     "withdraw",
@@ -108,8 +109,8 @@ pub const ACTIONS: [&str; 11] = [
     "record_unprobed",
     "clear_unprobed",
 ];
-/// `result` of a remediation step that failed.
-pub const ACTION_FAILED: &str = "failed";
+/// Every `result` of `fleet_reconciler_actions_total` (`Outcome::result`).
+pub const ACTION_RESULTS: [&str; 3] = ["succeeded", "skipped", "failed"];
 
 /// `result` label of a successful sweep in `fleet_reconciler_sweeps_total`.
 pub const SWEEP_SUCCESS: &str = "success";
@@ -332,7 +333,7 @@ impl Metrics {
             &r,
             ACTIONS_TOTAL,
             "Remediation steps the daemon performed on machines, by pool, action and result \
-             (the failed series of every action start at 0 for each pool).",
+             (every action and result of each pool starts at 0).",
             &[APP_LABEL, "pool", "action", "result"],
         )?;
         let fly_requests = counter_vec(
@@ -705,9 +706,9 @@ impl Metrics {
 
     /// Replaces the whole set of rotations in progress: `(app, pool, n)` for
     /// every pool the daemon knows (pass zeros to keep a series); pools not
-    /// passed are removed. Each pool passed also gets its failed-action
-    /// series at 0 ([`ACTIONS`]), kept for the life of the process (a counter
-    /// must not vanish).
+    /// passed are removed. Each pool passed also gets its action series at 0
+    /// ([`ACTIONS`] × [`ACTION_RESULTS`]), kept for the life of the process
+    /// (a counter must not vanish).
     pub fn set_rotations_in_progress(&self, rotations: &[(&str, &str, usize)]) {
         let mut exported = self.exported();
         let mut current = BTreeSet::new();
@@ -716,8 +717,10 @@ impl Metrics {
                 .with_label_values(&[*app, *pool])
                 .set(i64::try_from(*n).unwrap_or(i64::MAX));
             for action in ACTIONS {
-                self.actions
-                    .with_label_values(&[*app, *pool, action, ACTION_FAILED]);
+                for result in ACTION_RESULTS {
+                    self.actions
+                        .with_label_values(&[*app, *pool, action, result]);
+                }
             }
             current.insert((app.to_string(), pool.to_string()));
         }

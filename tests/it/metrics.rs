@@ -642,20 +642,22 @@ fn failed_action_series_exist_at_zero_before_the_first_failure() {
     let s = parse(&m.render().unwrap());
     for pool in ["default", "canary"] {
         for action in metrics::ACTIONS {
-            assert_eq!(
-                value(
-                    &s,
-                    metrics::ACTIONS_TOTAL,
-                    &[
-                        ("fly_app", "alpha"),
-                        ("pool", pool),
-                        ("action", action),
-                        ("result", "failed")
-                    ]
-                ),
-                0.0,
-                "{pool}/{action}"
-            );
+            for result in metrics::ACTION_RESULTS {
+                assert_eq!(
+                    value(
+                        &s,
+                        metrics::ACTIONS_TOTAL,
+                        &[
+                            ("fly_app", "alpha"),
+                            ("pool", pool),
+                            ("action", action),
+                            ("result", result)
+                        ]
+                    ),
+                    0.0,
+                    "{pool}/{action}/{result}"
+                );
+            }
         }
     }
     m.record_action("alpha", "canary", "restart", "failed");

@@ -500,11 +500,11 @@ fn the_exposition_checker_rejects_what_prometheus_would() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_scrape_is_valid_exposition_format() {
-    let fx = Fixture::new();
-    let sim = Sim::start(mixed(&fx)).await.unwrap();
-    let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
+/// A registry fed by every recorder: a sweep of `mixed` through observed
+/// clients (Fly API, probes, git fetch), actions, rotations, webhooks.
+/// Returns it and the scrape rendered 5 s after the sweep.
+async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
+    let sweeper = fx.sweeper(sim, &["alpha", "beta", "empty"]).await;
     let m = Metrics::new(true).unwrap();
     let sweeper = Sweeper {
         fly: sweeper.fly.clone().with_observer(m.fly_observer()),
@@ -524,7 +524,20 @@ async fn a_full_scrape_is_valid_exposition_format() {
     m.record_action("alpha", "default", "drain", "failed");
     m.set_rotations_in_progress(&[("alpha", "default", 1), ("beta", "default", 0)]);
     m.record_webhook_delivery("pagerduty", "delivered");
+    m.set_webhook_sink(0, "pagerduty", 0, false);
+    m.set_decisions([(
+        "alpha",
+        &fleet_reconciler::decide::decision::Decision::OnTip,
+    )]);
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
+    (m, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_scrape_is_valid_exposition_format() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let (_m, text) = full_scrape(&fx, &sim).await;
     exposition_check("full", &text);
 
     // Every series of docs/design.md §7 is present, with help and type.
@@ -630,6 +643,103 @@ async fn a_full_scrape_is_valid_exposition_format() {
     let fresh = Metrics::new(true).unwrap();
     exposition_check("fresh", &fresh.render().unwrap());
     sim.shutdown().await;
+}
+
+/// Every metric name the README, the docs, the config examples, the alert
+/// rules, their tests, the route example and the dashboard mention is one
+/// the daemon exports (histograms with their `_bucket`/`_sum`/`_count`), and
+/// none uses a name from before the `fleet_reconciler_` prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_name_in_the_docs_and_deploy_files_is_exported() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let (_m, text) = full_scrape(&fx, &sim).await;
+    sim.shutdown().await;
+    let mut exported = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let mut words = line.strip_prefix("# TYPE ").unwrap_or("").split(' ');
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        exported.insert(name.to_string());
+        if kind == "histogram" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                exported.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    // Names of the `fleet_reconciler_` family that are not metrics: Fly
+    // machine metadata keys, and the volume and role names of docs/deploy.md.
+    use fleet_reconciler::metadata;
+    let not_metrics = [
+        metadata::MARKER_KEY,
+        metadata::HOLD_KEY,
+        metadata::APPROVE_KEY,
+        metadata::UNPROBED_KEY,
+        metadata::SLOTS_KEY,
+        "fleet_reconciler_data",
+        "fleet_reconciler_role",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    for dir in [
+        "docs",
+        "config",
+        "deploy",
+        "deploy/prometheus",
+        "deploy/alertmanager",
+        "deploy/grafana",
+    ] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if ["md", "toml", "yml", "json"].contains(&ext) {
+                files.push(path);
+            }
+        }
+    }
+    let is_name = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for file in &files {
+        let body = std::fs::read_to_string(file).unwrap();
+        let rel = file.strip_prefix(root).unwrap().display().to_string();
+        for (at, _) in body
+            .match_indices("fleet_")
+            .chain(body.match_indices("process_"))
+        {
+            if body[..at].chars().next_back().is_some_and(is_name) {
+                continue; // inside a longer word
+            }
+            let end = body[at..]
+                .find(|c: char| !is_name(c))
+                .map_or(body.len(), |n| at + n);
+            let word = &body[at..end];
+            if let Some(rest) = word.strip_prefix("fleet_reconciler_") {
+                if rest.is_empty() || not_metrics.contains(&word) {
+                    continue;
+                }
+                seen += 1;
+                if !exported.contains(word) {
+                    wrong.push(format!("{rel}: {word} is not exported"));
+                }
+            } else if word.len() > "process_".len() && word.starts_with("process_") {
+                if exported.iter().any(|e| e.starts_with("process_")) && !exported.contains(word) {
+                    wrong.push(format!("{rel}: {word} is not exported"));
+                }
+            } else if let Some(rest) = word.strip_prefix("fleet_") {
+                let renamed = format!("fleet_reconciler_{rest}");
+                if exported.contains(&renamed) {
+                    wrong.push(format!("{rel}: {word} was renamed {renamed}"));
+                }
+            }
+        }
+    }
+    assert!(
+        seen > 50,
+        "only {seen} metric names found: is the scan broken?"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// `FleetActionsFailing` reads `increase()` of the failed series: a series

@@ -463,8 +463,16 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
                 raise Failed(f"job {job}: {app}'s coherence is {got}, the API says {ratio}")
     log(f"Prometheus = API: per app {agreed[0]}, fleet {agreed[1]}, drifted {agreed[2]:.0f}, not probeable {agreed[3]:.0f}")
 
-    # 5. Every dashboard query returns data; per-app panels one series per app.
+    # 5. Every dashboard query returns data; per-app panels one series per app;
+    #    the headline stats say what the API says.
     dash = json.loads(DASHBOARD.read_text())
+    doc = fleet(api)
+    statuses = [m["status"] for m in doc["machines"]]
+    panel_means = {
+        "Fleet coherence": doc["coherence"],
+        "Machines drifted": statuses.count("drifted"),
+        "Not probeable": statuses.count("unreachable") + statuses.count("bad_report"),
+    }
     n = 0
     for panel in dash["panels"]:
         for t in panel.get("targets", []):
@@ -478,6 +486,10 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
             lines = [tuple(r["metric"].get(k) for k in legend) for r in result]
             if legend and len(set(lines)) != len(lines):
                 raise Failed(f"dashboard panel {panel['title']!r}: several series per line {legend}: {result}")
+            if panel["title"] in panel_means:
+                got = [float(r["value"][1]) for r in result]
+                if len(got) != 1 or abs(got[0] - panel_means[panel["title"]]) > 1e-9:
+                    raise Failed(f"dashboard stat {panel['title']!r} shows {got}, the API says {panel_means[panel['title']]}")
             apps = {r["metric"].get("fly_app") for r in result} - {None}
             if apps - APPS or ("fly_app" in legend and apps != APPS):
                 raise Failed(f"dashboard panel {panel['title']!r}: lines for {[r['metric'] for r in result]}, not the agents' apps")
@@ -487,7 +499,7 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
     values = get_json(f"{prom_url}/api/v1/label/{m.group(2)}/values?" + urllib.parse.urlencode({"match[]": m.group(1)}))["data"]
     if set(values) != APPS:
         raise Failed(f"dashboard variable $app offers {values}, not the agents' apps {sorted(APPS)}")
-    log(f"dashboard: {n} queries return data; $app offers {sorted(values)}")
+    log(f"dashboard: {n} queries return data; {panel_means} as the API; $app offers {sorted(values)}")
 
     # 6. The daemon's own alerts in the same Alertmanager.
     if daemon_sink:

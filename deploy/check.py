@@ -20,7 +20,8 @@ the files agree with each other and with the config the image ships:
 * The Grafana dashboard parses, queries only fleet_reconciler_* (and
   process_*) metrics, plots every metric the runbook's Metrics table
   (docs/operations.md) says it plots, and every panel query is valid PromQL
-  (checked by promtool as recording rules). Whether each name is one the
+  (checked by promtool as recording rules); a stat of replicas' staleness
+  shows the stalest replica. Whether each name is one the
   daemon exports is checked by `cargo test --test it metrics::every_metric_name`.
 * No rule, route or panel reads `app` or `region` as the agents' app or
   region: a scrape sets those to the reconciler's own (use fly_app,
@@ -290,6 +291,17 @@ def check_dashboard() -> None:
             if not n.startswith(("fleet_reconciler_", "process_")):
                 fail(f"dashboard panel {title!r}: {n} is not a fleet_reconciler_ metric")
         used |= names
+    # A stat of several replicas' staleness shows the stalest replica, never
+    # a fresh one hiding a stale one.
+    for p in dash.get("panels", []):
+        if p.get("type") != "stat":
+            continue
+        for t in p.get("targets", []):
+            e = t["expr"]
+            if "last_sweep_success_timestamp" in e and not re.search(r"\bmin\s*\(", e):
+                fail(f"dashboard stat {p.get('title')!r}: {e} must take the oldest sweep (min) across replicas")
+            if "tip_age_seconds" in e and not re.search(r"\bmax\s*\(", e):
+                fail(f"dashboard stat {p.get('title')!r}: {e} must take the oldest tip (max) across replicas")
     # docs/operations.md: "The dashboard … plots all of them" (its table).
     ops = (ROOT / "docs/operations.md").read_text()
     section = ops.split("## Metrics", 1)[1].split("\n## ", 1)[0]

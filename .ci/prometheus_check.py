@@ -81,12 +81,6 @@ APPS = {"agents-dispatch", "agents-chat"}
 CONVERGING_APP = "agents-dispatch"
 STUCK_APP = "agents-chat"
 FLY_STYLE = {"app": "fleet-reconciler", "region": "iad", "instance": "e784079b449483"}
-# The daemon's own alert kinds (src/events.rs), as its Alertmanager sink names them.
-DAEMON_ALERTS = {
-    "drift_detected", "manual_approval_required", "rotation_stuck", "rotation_failed",
-    "coherence_below_threshold", "tip_stale", "sweep_failing", "app_unlistable",
-    "coordinator_unreadable", "alert_sink_failing",
-}
 
 
 class Failed(Exception):
@@ -382,12 +376,16 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
     log("Alertmanager: each FleetOverlayCoherenceBelowTarget is inhibited by the critical of its own app")
 
     # 2. Grouped at the receiver: one PagerDuty incident per group, the two
-    #    lost replicas in one, each with a summary.
+    #    lost replicas in one, each with a summary. (Only the rules' alerts:
+    #    the daemon's own may page too.)
+    rule_names = set(re.findall(r"^\s*- alert:\s*(\S+)", RULES.read_text(), re.M))
+
     def pagerduty_groups():
-        triggers = [e for e in receiver.events("/pagerduty") if e.get("event_action") == "trigger"]
+        triggers = [e for e in receiver.events("/pagerduty") if e.get("event_action") == "trigger"
+                    and e["payload"]["custom_details"].get("alertname") in rule_names]
         groups: dict[str, dict] = {}
-        for e in triggers:
-            groups.setdefault(e["dedup_key"], e)
+        for e in triggers:  # the latest notification of each incident
+            groups[e["dedup_key"]] = e
         names = [g["payload"]["custom_details"].get("summaries", "") for g in groups.values()]
         want = [f"App {a}:" for a in APPS] + [f"fleet-reconciler {t} is down" for t in lost]
         return groups if all(any(w in n for n in names) for w in want) else None
@@ -417,7 +415,8 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
 
     # 3. Convergence: agents-dispatch climbs past 80 %: its critical resolves
     #    (Prometheus, Alertmanager, receiver); agents-chat's does not.
-    dispatch_key = next(k for k, e in groups.items() if f"App {CONVERGING_APP}:" in e["payload"]["custom_details"]["summaries"])
+    dispatch_key, chat_key = (next(k for k, e in groups.items() if f"App {app}:" in e["payload"]["custom_details"]["summaries"])
+                              for app in (CONVERGING_APP, STUCK_APP))
 
     def resolved():
         firing = {key_of(a["labels"]) for a in prom.firing()}
@@ -503,12 +502,19 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
 
     # 6. The daemon's own alerts in the same Alertmanager.
     if daemon_sink:
+        # Whatever the rules do not define came from the daemon's sink.
         def daemon_alerts():
-            got = [a for a in am_alerts(am_url) if a["labels"].get("alertname") in DAEMON_ALERTS]
+            got = [a for a in am_alerts(am_url) if a["labels"].get("alertname") not in rule_names]
             return got if any(a["labels"].get("fly_app") in APPS for a in got) else None
 
         got = wait_for("the daemon's own alerts in Alertmanager", 30, daemon_alerts)
         log(f"the daemon's sink: {len(got)} alerts in Alertmanager, e.g. {got[0]['labels']}")
+        # The route example pages high and critical drift.
+        paging = {a["labels"]["alertname"] for a in got if a["labels"].get("severity") in ("high", "critical")}
+        if paging:
+            wait_for(f"the daemon's {sorted(paging)} routed to PagerDuty", 30, lambda: paging <= {
+                e["payload"]["custom_details"].get("alertname") for e in receiver.events("/pagerduty")})
+            log(f"the daemon's {sorted(paging)} reached the PagerDuty receiver through the route example")
 
     # 7. The daemon dies: no false "resolved" for coherence; every replica
     #    gone pages once (metrics absent), the per-replica alerts inhibited.
@@ -530,7 +536,7 @@ def run(binary: str, work: Path, procs: Processes, receiver: Receiver) -> None:
     firing = {key_of(a["labels"]) for a in prom.firing()}
     if ("FleetOverlayCoherenceCritical", STUCK_APP) not in firing:
         raise Failed(f"the daemon's death resolved {STUCK_APP}'s critical coherence alert: {firing}")
-    if any(e.get("event_action") == "resolve" and f"App {STUCK_APP}:" in json.dumps(e) for e in receiver.events("/pagerduty")):
+    if any(e.get("event_action") == "resolve" and e.get("dedup_key") == chat_key for e in receiver.events("/pagerduty")):
         raise Failed(f"a false resolve of {STUCK_APP}'s incident reached PagerDuty when the daemon died")
     log(f"daemon gone: metrics absent pages, replica-down inhibited, {STUCK_APP}'s critical still firing")
 
@@ -548,6 +554,9 @@ def main() -> int:
     except Failed as e:
         procs.stop_all()
         procs.dump_logs()
+        print("---- received by the loopback receiver ----")
+        for path, doc in receiver.received[-20:]:
+            print(path, json.dumps(doc)[:600])
         print(f"prometheus_check: FAILED: {e}", file=sys.stderr)
         return 1
     finally:

@@ -1121,6 +1121,22 @@ mod tests {
     }
 
     #[test]
+    fn fly_outcomes_are_a_fixed_vocabulary() {
+        for (code, outcome) in [
+            ("200", "ok"),
+            ("201", "ok"),
+            ("404", "client_error"),
+            ("429", "client_error"),
+            ("503", "server_error"),
+            ("timeout", "timeout"),
+            ("error", "error"),
+            ("", "error"),
+        ] {
+            assert_eq!(fly_outcome(code), outcome, "{code}");
+        }
+    }
+
+    #[test]
     fn rotations_are_replaced_as_a_set() {
         let m = Metrics::new(false).unwrap();
         m.set_rotations_in_progress(&[("a", "p1", 2), ("a", "p2", 1)]);

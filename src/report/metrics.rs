@@ -6,7 +6,11 @@
 //! results ([`Metrics::record_sweep`], [`Metrics::record_action`], …); it
 //! never observes the fleet itself, never uses the global registry, and never
 //! takes a label value from anything unbounded (error messages, URLs, refs
-//! reported by agents).
+//! reported by agents). Every name is prefixed `fleet_reconciler_` (besides
+//! the standard `process_*` series), and no series carries a label a scrape
+//! sets itself (`app`, `region`, `instance`, `job`): the agents' app is
+//! [`APP_LABEL`], a machine's region [`REGION_LABEL`], and the fleet-wide
+//! coherence is its own series rather than a sentinel label value.
 //!
 //! # Series lifecycle
 //!
@@ -23,6 +27,9 @@
 //! * `fleet_reconciler_rotations_in_progress` is replaced as a whole by
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
 //!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`].
+//! * `fleet_reconciler_actions_total` gets every action and result of each
+//!   pool passed to [`Metrics::set_rotations_in_progress`] at 0, and keeps
+//!   them: a counter born at its first increment shows no `increase()`.
 //! * `fleet_reconciler_overlay_tip_age_seconds` is computed when scraped, so it keeps
 //!   growing while fetches fail or the loop is stuck.
 //! * `fleet_reconciler_app_data_age_seconds` has one series per configured app, also

@@ -538,8 +538,7 @@ impl FlyClientConfig {
 
 /// Observes each HTTP exchange (op, status code or error kind, and the time
 /// from sending to the response headers or the failure), for metrics.
-pub type RequestObserver =
-    std::sync::Arc<dyn Fn(&'static str, &str, std::time::Duration) + Send + Sync>;
+pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str, Duration) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct FlyClient {

@@ -636,8 +636,9 @@ impl FlyClientConfig {
     }
 }
 
-/// Observes each HTTP exchange (op, status code or error kind), for metrics.
-pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str) + Send + Sync>;
+/// Observes each HTTP exchange (op, status code or error kind, and the time
+/// from sending to the response headers or the failure), for metrics.
+pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str, Duration) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct FlyClient {
@@ -1274,7 +1275,7 @@ impl FlyClient {
             let (error, wait_hint) = match outcome {
                 Ok(resp) => {
                     let status = resp.status();
-                    self.observe(call.op, status.as_str());
+                    self.observe(call.op, status.as_str(), now.elapsed());
                     if status.is_success() {
                         return Ok((resp, cut));
                     }
@@ -1300,7 +1301,7 @@ impl FlyClient {
                 }
                 Err(e) => {
                     let kind = if e.is_timeout() { "timeout" } else { "error" };
-                    self.observe(call.op, kind);
+                    self.observe(call.op, kind, now.elapsed());
                     // A connect error means the request never left: always safe to repeat.
                     let never_sent = e.is_connect();
                     if !never_sent {
@@ -1359,9 +1360,9 @@ impl FlyClient {
         }
     }
 
-    fn observe(&self, op: &'static str, code: &str) {
+    fn observe(&self, op: &'static str, code: &str, took: Duration) {
         if let Some(o) = &self.observer {
-            o(op, code);
+            o(op, code, took);
         }
     }
 }

@@ -97,6 +97,14 @@ pub async fn run_with_clock(
     let metrics = Arc::new(Metrics::new_at(config.metrics.per_machine, clock.now())?);
     let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
     sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
+    sweeper.prober = sweeper
+        .prober
+        .clone()
+        .with_observer(metrics.probe_observer());
+    sweeper.overlay = sweeper
+        .overlay
+        .clone()
+        .with_observer(metrics.git_fetch_observer());
     let executor = Executor::new(
         sweeper.fly.clone(),
         config.clone(),
@@ -294,7 +302,7 @@ impl Reporter<'_> {
         }
     }
 
-    /// Moves the notifier's delivery counts into `fleet_webhook_deliveries_total`,
+    /// Moves the notifier's delivery counts into `fleet_reconciler_webhook_deliveries_total`,
     /// and its dead letters and state-file health into their series.
     fn count_deliveries(&mut self) {
         for sink in self.notifier.stats() {
@@ -396,8 +404,12 @@ impl Reporter<'_> {
 
         let mut events = Vec::new();
         for s in steps {
-            self.metrics
-                .record_action(&s.step.target.app, s.step.kind(), s.outcome.result());
+            self.metrics.record_action(
+                &s.step.target.app,
+                &s.step.target.pool,
+                s.step.kind(),
+                s.outcome.result(),
+            );
             let line = format!(
                 "{} {} → {}",
                 now.format("%Y-%m-%dT%H:%M:%SZ"),

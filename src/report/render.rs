@@ -322,7 +322,7 @@ pub struct PlannedMachine<'a> {
 pub struct PlannedStep {
     pub app: String,
     pub machine_id: String,
-    /// `claim`, `restart`, `finish`, … (the `action` label of `fleet_actions_total`).
+    /// `claim`, `restart`, `finish`, … (the `action` label of `fleet_reconciler_actions_total`).
     pub kind: &'static str,
     pub description: String,
 }

@@ -360,7 +360,8 @@ listen = "127.0.0.1:{port}"
     while start.elapsed() < Duration::from_secs(30) {
         if let Ok(r) = http.get(format!("{base}/metrics")).send().await {
             let text = r.text().await.unwrap_or_default();
-            sweeps = metric(&text, "fleet_sweeps_total{result=\"success\"}").unwrap_or(0.0);
+            sweeps =
+                metric(&text, "fleet_reconciler_sweeps_total{result=\"success\"}").unwrap_or(0.0);
         }
         let paged = hooks
             .lock()

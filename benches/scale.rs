@@ -857,6 +857,18 @@ async fn bench(args: Args) -> Result<(), Error> {
         "≤ 1.5 s",
         steady.wall <= Duration::from_millis(1500),
     );
+    // #22: at most 30 MB at 100,000 machines, 300 bytes a machine.
+    let per_machine = steady.output.len() as f64 / args.machines.max(1) as f64;
+    report.row(
+        &format!(
+            "22. check --output json, {} machines ({:.1} MB)",
+            args.machines,
+            steady.output.len() as f64 / 1e6
+        ),
+        format!("{per_machine:.0} B/machine"),
+        "≤ 300 B",
+        per_machine <= 300.0,
+    );
     report.row(
         "1. peak RSS, count rules, first check",
         format!("{:.1} MiB", first.peak_mib),

@@ -17,9 +17,15 @@ the files agree with each other and with the config the image ships:
 * Every alert rule has severity/team labels, summary/description/runbook_url
   annotations, a runbook anchor that exists in docs/operations.md, and unit
   tests both firing and not firing.
-* The Grafana dashboard parses, uses only fleet_* metrics of docs/design.md
-  §7, and every panel query is valid PromQL (checked by promtool as
-  recording rules).
+* The Grafana dashboard parses, queries only fleet_reconciler_* (and
+  process_*) metrics, plots every metric the runbook's Metrics table
+  (docs/operations.md) says it plots, and every panel query is valid PromQL
+  (checked by promtool as recording rules); a stat of replicas' staleness
+  shows the stalest replica. Whether each name is one the
+  daemon exports is checked by `cargo test --test it metrics::every_metric_name`.
+* No rule, route or panel reads `app` or `region` as the agents' app or
+  region: a scrape sets those to the reconciler's own (use fly_app,
+  fly_region).
 * Relative links of the README and the docs reach existing files and headings.
 * fly.toml turns on JSON logs (FLEET_RECONCILER_LOG_FORMAT).
 * Every config key and every command (with its flags and `--output`
@@ -48,18 +54,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_PATH_IN_IMAGE = "/etc/fleet-reconciler/fleet-reconciler.toml"
-METRICS = {
-    "fleet_overlay_coherence_ratio",
-    "fleet_machines",
-    "fleet_overlay_commits_behind",
-    "fleet_drift_severity_machines",
-    "fleet_rotations_in_progress",
-    "fleet_actions_total",
-    "fleet_fly_api_requests_total",
-    "fleet_sweep_duration_seconds",
-    "fleet_last_sweep_success_timestamp_seconds",
-    "fleet_overlay_tip_age_seconds",
-}
+# Labels a scrape sets on every series (Fly's managed Prometheus: app,
+# region, instance; any scrape: instance, job). They name the reconciler
+# itself, never the agents' app or region (those are fly_app, fly_region).
+SCRAPE_LABELS = ("app", "region")
 # Defaults of the config's *_env keys (README, configuration reference).
 DEFAULT_SECRET_ENVS = {"FLY_API_TOKEN", "OVERLAY_GIT_TOKEN", "FLEET_ADMIN_TOKEN"}
 
@@ -205,6 +203,48 @@ def github_anchors(markdown: str) -> set[str]:
     return anchors
 
 
+def scrape_label_uses(text: str) -> list[str]:
+    """Places where PromQL or a template reads a label a scrape overwrites."""
+    names = "|".join(SCRAPE_LABELS)
+    found = re.findall(rf"(?<![\w$.])(?:{names})\s*(?:=~|!~|!=|=|,|\))", text)
+    found += re.findall(rf"\$labels\.(?:{names})\b", text)
+    found += re.findall(rf"\{{\{{\s*(?:{names})\s*\}}\}}", text)
+    return found
+
+
+def check_scrape_labels() -> None:
+    rules = load_yaml(ROOT / "deploy/prometheus/fleet-reconciler.rules.yml")
+    for group in rules["groups"]:
+        for r in group["rules"]:
+            templates = " ".join(re.findall(r"\{\{.*?\}\}", json.dumps(r.get("annotations", {}))))
+            for use in scrape_label_uses(r.get("expr", "") + " " + templates):
+                fail(f"rule {r.get('alert') or r.get('record')}: reads {use!r}; the agents' app and region are fly_app, fly_region")
+    route = load_yaml(ROOT / "deploy/alertmanager/route.example.yml")
+
+    def walk(node: dict, where: str) -> None:
+        for key in ("group_by",):
+            for label in node.get(key, []) or []:
+                if label in SCRAPE_LABELS:
+                    fail(f"{where}: {key} {label}: a scrape sets it to the reconciler's own; use fly_app")
+        for i, child in enumerate(node.get("routes", []) or []):
+            walk(child, f"{where}.routes[{i}]")
+
+    walk(route.get("route", {}), "route.example.yml route")
+    for i, inhibit in enumerate(route.get("inhibit_rules", []) or []):
+        for label in inhibit.get("equal", []) or []:
+            if label in SCRAPE_LABELS:
+                fail(f"route.example.yml inhibit_rules[{i}]: equal {label}: every alert has the same; use fly_app")
+    dash = json.loads((ROOT / "deploy/grafana/fleet-reconciler.json").read_text())
+    for p in dash.get("panels", []):
+        for t in p.get("targets", []):
+            for use in scrape_label_uses(t.get("expr", "") + " " + t.get("legendFormat", "")):
+                fail(f"dashboard panel {p.get('title')!r}: reads {use!r}; use fly_app, fly_region")
+    for var in dash.get("templating", {}).get("list", []):
+        q = json.dumps(var.get("query", ""))
+        if re.search(r"label_values\([^,]*,\s*(app|region)\s*\)", q):
+            fail(f"dashboard variable {var.get('name')}: reads a scrape's label; use fly_app")
+
+
 def check_rules() -> None:
     rules = load_yaml(ROOT / "deploy/prometheus/fleet-reconciler.rules.yml")
     tests = load_yaml(ROOT / "deploy/prometheus/fleet-reconciler.rules.test.yml")
@@ -250,15 +290,31 @@ def check_dashboard() -> None:
             exprs.append((p.get("title", "?"), t["expr"]))
     used = set()
     for title, expr in exprs:
-        names = set(re.findall(r"\b(fleet_[a-z_]+)", expr))
+        names = set(re.findall(r"\b((?:fleet|process)_[a-z_]+)", expr))
         names = {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
-        if not names:
-            fail(f"dashboard panel {title!r}: query uses no fleet_ metric")
-        for n in names - METRICS:
-            fail(f"dashboard panel {title!r}: unknown metric {n}")
+        if not any(n.startswith("fleet_reconciler_") for n in names):
+            fail(f"dashboard panel {title!r}: query uses no fleet_reconciler_ metric")
+        for n in names:
+            if not n.startswith(("fleet_reconciler_", "process_")):
+                fail(f"dashboard panel {title!r}: {n} is not a fleet_reconciler_ metric")
         used |= names
-    for n in sorted(METRICS - used):
-        fail(f"dashboard: metric {n} is not shown on any panel")
+    # A stat of several replicas' staleness shows the stalest replica, never
+    # a fresh one hiding a stale one.
+    for p in dash.get("panels", []):
+        if p.get("type") != "stat":
+            continue
+        for t in p.get("targets", []):
+            e = t["expr"]
+            if "last_sweep_success_timestamp" in e and not re.search(r"\bmin\s*\(", e):
+                fail(f"dashboard stat {p.get('title')!r}: {e} must take the oldest sweep (min) across replicas")
+            if "tip_age_seconds" in e and not re.search(r"\bmax\s*\(", e):
+                fail(f"dashboard stat {p.get('title')!r}: {e} must take the oldest tip (max) across replicas")
+    # docs/operations.md: "The dashboard … plots all of them" (its table).
+    ops = (ROOT / "docs/operations.md").read_text()
+    section = ops.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(l for l in section.splitlines() if l.startswith("| `"))
+    for n in sorted(set(re.findall(r"`((?:fleet_reconciler|process)_[a-z_]+)", table)) - used):
+        fail(f"dashboard: {n} is in the runbook's Metrics table but on no panel")
     # PromQL syntax: every query as a recording rule, through promtool.
     rules = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query_{i}",
@@ -357,9 +413,12 @@ CONFIG_TABLES = {
     "rotation": "[rotation]",
     "alerts": "[alerts]",
     "alerts.webhooks[]": "[[alerts.webhooks]]",
+    "alerts.alertmanager[]": "[[alerts.alertmanager]]",
     "metrics": "[metrics]",
     "server": "[server]",
 }
+# Tables whose keys are names the user chooses (a pool, a label).
+FREE_MAPS = ("pools", "alerts.alertmanager[].labels")
 FILE_SUFFIXES = (".toml", ".md", ".rs", ".yml", ".yaml", ".json", ".git", ".io", ".dev", ".py", ".sh", ".internal")
 
 
@@ -448,10 +507,16 @@ def walk_toml(node, prefix: str):
     if isinstance(node, dict):
         for k, v in node.items():
             path = f"{prefix}.{k}" if prefix else k
-            if isinstance(v, dict) and not (prefix == "pools" or path.endswith(".actions")):
+            if prefix in FREE_MAPS:
+                if isinstance(v, dict):
+                    yield from walk_toml(v, path)
+                continue  # a name of the user's, not a key
+            if isinstance(v, dict) and not path.endswith(".actions") and path not in FREE_MAPS:
                 yield path
                 yield from walk_toml(v, path)
             elif isinstance(v, dict):
+                if path in FREE_MAPS:
+                    yield path
                 yield from walk_toml(v, path)
             elif isinstance(v, list) and v and all(isinstance(i, dict) for i in v):
                 for item in v:
@@ -560,6 +625,7 @@ def main() -> int:
     if config:
         check_secrets_documented(config)
     check_rules()
+    check_scrape_labels()
     check_dashboard()
     check_doc_links()
     check_design_refs()

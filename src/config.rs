@@ -325,7 +325,16 @@ pub struct AlertsConfig {
     /// (`alerts.state_file`); `None`: beside `overlay.mirror_dir`, see
     /// [`Config::alert_state_file`].
     pub state_file: Option<PathBuf>,
+    /// What one drift incident is (`alerts.group_by`): the fields whose
+    /// values, together, name a group. Never empty, no duplicates.
+    pub group_by: Vec<GroupField>,
+    /// The runbook (docs/operations.md of your copy) that payloads link
+    /// into, one anchor per alert kind (`alerts.runbook_url`).
+    pub runbook_url: String,
     pub webhooks: Vec<WebhookConfig>,
+    /// `[[alerts.alertmanager]]`: Alertmanagers the alerts are posted to.
+    #[serde(rename = "alertmanager")]
+    pub alertmanagers: Vec<AlertmanagerConfig>,
 }
 
 impl Default for AlertsConfig {
@@ -334,7 +343,10 @@ impl Default for AlertsConfig {
             coherence_threshold: 1.0,
             coherence_for: Duration::from_secs(900),
             state_file: None,
+            group_by: DEFAULT_GROUP_BY.to_vec(),
+            runbook_url: DEFAULT_RUNBOOK_URL.to_owned(),
             webhooks: Vec::new(),
+            alertmanagers: Vec::new(),
         }
     }
 }
@@ -411,6 +423,83 @@ fn is_env_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// `alerts.group_by`'s default: one drift incident per app, release tip and severity.
+pub const DEFAULT_GROUP_BY: [GroupField; 3] =
+    [GroupField::App, GroupField::Tip, GroupField::Severity];
+
+/// `alerts.runbook_url`'s default: the placeholder the shipped Prometheus
+/// rules use too (replace `your-org` with where your copy lives).
+pub const DEFAULT_RUNBOOK_URL: &str =
+    "https://github.com/your-org/fleet-reconciler/blob/main/docs/operations.md";
+
+/// A field an alert group is keyed by (`alerts.group_by`); all are stable
+/// identity, never message text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupField {
+    /// The machine's Fly app.
+    App,
+    /// The machine's pool.
+    Pool,
+    /// The drift's severity.
+    Severity,
+    /// The release tip the machines should run.
+    Tip,
+    /// One incident per machine (and, as before grouping, per app and tip).
+    Machine,
+}
+
+impl GroupField {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupField::App => "app",
+            GroupField::Pool => "pool",
+            GroupField::Severity => "severity",
+            GroupField::Tip => "tip",
+            GroupField::Machine => "machine",
+        }
+    }
+}
+
+/// One `[[alerts.alertmanager]]`: alerts posted to `<URL>/api/v2/alerts`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerConfig {
+    /// Environment variable holding Alertmanager's base URL (e.g.
+    /// `http://alertmanager:9093`), kept out of the file like the webhooks'.
+    pub url_env: String,
+    /// Alerts below this level are not posted.
+    #[serde(default = "low")]
+    pub min_severity: Severity,
+    /// Labels added to every alert posted (e.g. `team = "agent-platform"`,
+    /// for a route that matches on it); never one the daemon sets itself.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The labels the daemon sets on the alerts it posts to Alertmanager
+/// (`alerts.alertmanager[].labels` may not set them).
+pub const ALERTMANAGER_LABELS: [&str; 8] = [
+    "alertname",
+    "severity",
+    "service",
+    "fly_app",
+    "tip",
+    "machine_id",
+    "pool",
+    "fly_region",
+];
+
+/// A Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`, not reserved (`__`).
+fn label_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with("__")
+}
+
 /// File name of the alert state when `alerts.state_file` is not set.
 pub const DEFAULT_ALERT_STATE_FILE: &str = "alert-state.json";
 
@@ -474,6 +563,62 @@ pub struct ServerConfig {
     pub admin_auth_failures: NonZeroU32,
     #[serde(deserialize_with = "duration")]
     pub admin_auth_window: Duration,
+    /// The address on-call reaches the status page at (`server.public_url`,
+    /// e.g. `https://fleet.example.com/`): alert payloads link the status
+    /// page and machine pages under it. `None`: no such links.
+    #[serde(deserialize_with = "public_url")]
+    pub public_url: Option<PublicUrl>,
+}
+
+/// `server.public_url`, checked at load: http(s), a host, no credentials,
+/// no query or fragment; kept with one trailing slash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublicUrl(String);
+
+impl PublicUrl {
+    pub fn parse(raw: &str) -> Result<PublicUrl, String> {
+        let url = url::Url::parse(raw.trim()).map_err(|e| format!("not a URL ({e})"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err("must be an http:// or https:// URL".into());
+        }
+        if url.host().is_none() {
+            return Err("has no host".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("must not carry credentials".into());
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err("must not have a query or fragment".into());
+        }
+        let mut s = url.to_string();
+        if !s.ends_with('/') {
+            s.push('/');
+        }
+        Ok(PublicUrl(s))
+    }
+
+    /// The status page.
+    pub fn status_page(&self) -> String {
+        self.0.clone()
+    }
+
+    /// A machine's page (`/machines/{id}`), the id percent-encoded.
+    pub fn machine_page(&self, machine_id: &str) -> String {
+        let Ok(mut url) = url::Url::parse(&self.0) else {
+            return self.0.clone();
+        };
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("machines").push(machine_id);
+        }
+        url.to_string()
+    }
+}
+
+fn public_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PublicUrl>, D::Error> {
+    let raw = String::deserialize(d)?;
+    PublicUrl::parse(&raw)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// The most `server.max_connections` may be.
@@ -492,6 +637,7 @@ impl Default for ServerConfig {
             max_body_bytes: NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN),
             admin_auth_failures: NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN),
             admin_auth_window: Duration::from_secs(60),
+            public_url: None,
         }
     }
 }
@@ -755,7 +901,10 @@ struct RawAlerts {
     #[serde(deserialize_with = "duration")]
     coherence_for: Duration,
     state_file: Option<PathBuf>,
+    group_by: Vec<GroupField>,
+    runbook_url: String,
     webhooks: Vec<toml::Spanned<WebhookConfig>>,
+    alertmanager: Vec<toml::Spanned<AlertmanagerConfig>>,
 }
 
 // Not derived: missing keys (or a missing [alerts] section) get
@@ -767,7 +916,10 @@ impl Default for RawAlerts {
             coherence_threshold: d.coherence_threshold,
             coherence_for: d.coherence_for,
             state_file: None,
+            group_by: d.group_by,
+            runbook_url: d.runbook_url,
             webhooks: Vec::new(),
+            alertmanager: Vec::new(),
         }
     }
 }
@@ -933,6 +1085,50 @@ impl Config {
             webhooks.push(hook);
         }
 
+        let mut alertmanagers = Vec::with_capacity(raw.alerts.alertmanager.len());
+        for (i, am) in raw.alerts.alertmanager.into_iter().enumerate() {
+            let span = am.span();
+            let am = am.into_inner();
+            if am.url_env.trim().is_empty() {
+                return Err(invalid(
+                    format!("alerts.alertmanager[{i}].url_env"),
+                    Some(span),
+                    "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
+                ));
+            }
+            for (name, value) in &am.labels {
+                let problem = if !label_name_ok(name) {
+                    "is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+                } else if ALERTMANAGER_LABELS.contains(&name.as_str()) {
+                    "is set by the daemon itself"
+                } else if value.trim().is_empty() {
+                    "has an empty value"
+                } else {
+                    continue;
+                };
+                return Err(invalid(
+                    format!("alerts.alertmanager[{i}].labels.{name}"),
+                    Some(span),
+                    format!("label {name:?} {problem}"),
+                ));
+            }
+            alertmanagers.push(am);
+        }
+        check_group_by(&raw.alerts.group_by)
+            .map_err(|m| invalid("alerts.group_by".into(), None, m))?;
+        if !matches!(
+            url::Url::parse(&raw.alerts.runbook_url)
+                .map(|u| u.scheme().to_owned())
+                .as_deref(),
+            Ok("http" | "https")
+        ) {
+            return Err(invalid(
+                "alerts.runbook_url".into(),
+                None,
+                "must be an http(s) URL of your copy of docs/operations.md".into(),
+            ));
+        }
+
         if raw
             .alerts
             .state_file
@@ -1048,7 +1244,10 @@ impl Config {
                 coherence_threshold: raw.alerts.coherence_threshold,
                 coherence_for: raw.alerts.coherence_for,
                 state_file: raw.alerts.state_file,
+                group_by: raw.alerts.group_by,
+                runbook_url: raw.alerts.runbook_url,
                 webhooks,
+                alertmanagers,
             },
             metrics: raw.metrics,
             server: raw.server,
@@ -1307,6 +1506,19 @@ fn default_health_url() -> HealthUrlTemplate {
     HealthUrlTemplate::parse("http://{machine_id}.vm.{app}.internal:8080/health")
         .unwrap_or_else(|e| unreachable!("the default health URL is valid: {e}"))
 }
+/// `alerts.group_by` is a non-empty set.
+fn check_group_by(fields: &[GroupField]) -> Result<(), String> {
+    if fields.is_empty() {
+        return Err("is empty: list the fields one incident is keyed by, out of \"app\", \"pool\", \"severity\", \"tip\", \"machine\" (\"machine\" alone: one incident per machine)".into());
+    }
+    for (i, f) in fields.iter().enumerate() {
+        if fields[..i].contains(f) {
+            return Err(format!("lists \"{}\" twice", f.as_str()));
+        }
+    }
+    Ok(())
+}
+
 fn low() -> Severity {
     Severity::Low
 }
@@ -1788,6 +2000,82 @@ name = "agents"
             "{MINIMAL}\n[[alerts.webhooks]]\nurl_env = \"U\"\nformat = \"teams\"\n"
         ));
         assert!(e.contains("teams"), "{e}");
+    }
+
+    #[test]
+    fn alert_grouping_links_and_alertmanagers_are_checked_naming_the_key() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.alerts.group_by, DEFAULT_GROUP_BY);
+        assert_eq!(c.server.public_url, None);
+        for (toml, key, says) in [
+            ("[alerts]\ngroup_by = []\n", "alerts.group_by", "is empty"),
+            (
+                "[alerts]\ngroup_by = [\"app\", \"app\"]\n",
+                "alerts.group_by",
+                "twice",
+            ),
+            (
+                "[alerts]\ngroup_by = [\"region\"]\n",
+                "alerts.group_by",
+                "region",
+            ),
+            (
+                "[alerts]\nrunbook_url = \"docs/operations.md\"\n",
+                "alerts.runbook_url",
+                "http(s)",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl_env = \" \"\n",
+                "alerts.alertmanager[0].url_env",
+                "environment variable",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl = \"http://am\"\n",
+                "alerts.alertmanager",
+                "url",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl_env = \"AM\"\nlabels = { severity = \"x\" }\n",
+                "alerts.alertmanager[0].labels.severity",
+                "set by the daemon",
+            ),
+            (
+                "[[alerts.alertmanager]]\nurl_env = \"AM\"\nlabels = { \"team-x\" = \"a\" }\n",
+                "alerts.alertmanager[0].labels.team-x",
+                "not a label name",
+            ),
+            (
+                "[server]\npublic_url = \"fleet.example.com\"\n",
+                "server.public_url",
+                "not a URL",
+            ),
+            (
+                "[server]\npublic_url = \"ftp://fleet.example.com/\"\n",
+                "server.public_url",
+                "http",
+            ),
+            (
+                "[server]\npublic_url = \"https://u:p@fleet.example.com/\"\n",
+                "server.public_url",
+                "credentials",
+            ),
+        ] {
+            let e = err(&format!("{MINIMAL}\n{toml}"));
+            assert!(e.contains(key) && e.contains(says), "{toml}: {e}");
+        }
+        let c = parse(&format!(
+            "{MINIMAL}\n[alerts]\ngroup_by = [\"machine\"]\n[[alerts.alertmanager]]\nurl_env = \"AM\"\nmin_severity = \"high\"\n[server]\npublic_url = \"https://fleet.example.com/x\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.alerts.group_by, [GroupField::Machine]);
+        assert_eq!(c.alerts.alertmanagers[0].url_env, "AM");
+        assert_eq!(c.alerts.alertmanagers[0].min_severity, Severity::High);
+        let public = c.server.public_url.unwrap();
+        assert_eq!(public.status_page(), "https://fleet.example.com/x/");
+        assert_eq!(
+            public.machine_page("m 1"),
+            "https://fleet.example.com/x/machines/m%201"
+        );
     }
 
     #[test]

@@ -25,6 +25,9 @@ use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 /// The built-in demo config (`config/demo.toml`).
 pub const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
 
+/// The variable `--alertmanager` stands for (the URL is passed, not read).
+pub const DEMO_ALERTMANAGER_ENV: &str = "DEMO_ALERTMANAGER_URL";
+
 /// What one demo agent reports as its overlay ref: not a commit id, and
 /// markup (a bad report whose detail quotes it; the status and machine pages
 /// must show it escaped).
@@ -38,6 +41,8 @@ pub struct DemoOptions {
     /// With `sweeps` 0: keep serving after the fleet settles, until ctrl-c
     /// (for `preflight` or `check` against the simulated fleet).
     pub keep_running: bool,
+    /// `--alertmanager`: also post the alerts to this Alertmanager.
+    pub alertmanager: Option<String>,
 }
 
 /// The variable holding the simulated fleet's Fly token in the config the
@@ -423,8 +428,24 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     for app in &mut config.apps {
         app.health_url = template.clone();
     }
+    // `--alertmanager URL`: one `[[alerts.alertmanager]]`, its URL handed
+    // over as `run` reads it from the environment.
+    let alertmanager_urls: Vec<secrecy::SecretString> = match &options.alertmanager {
+        Some(url) => {
+            config
+                .alerts
+                .alertmanagers
+                .push(crate::config::AlertmanagerConfig {
+                    url_env: DEMO_ALERTMANAGER_ENV.into(),
+                    min_severity: crate::model::Severity::Low,
+                    // A team label, as the shipped Prometheus rules carry.
+                    labels: [("team".to_owned(), "agent-platform".to_owned())].into(),
+                });
+            vec![url.clone().into()]
+        }
+        None => Vec::new(),
+    };
     let interval = config.sweep.interval;
-    let config = Arc::new(config);
     let target = work.path().join(DEMO_TARGET_CONFIG);
     std::fs::write(&target, target_config(&options.config_text, &config)?)
         .with_context(|| format!("cannot write {}", target.display()))?;
@@ -445,6 +466,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         .local_addr()
         .map(|a| format!("http://{a}/"))
         .unwrap_or_default();
+    // Payloads link the demo's own status page unless the config says otherwise.
+    if config.server.public_url.is_none() {
+        config.server.public_url = crate::config::PublicUrl::parse(&page).ok();
+    }
+    let config = Arc::new(config);
     let operator = Operator::new(daemon::fly_client(&config, &secrets)?, &config);
 
     println!(
@@ -484,6 +510,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let mut settled_said = false;
     let service_secrets = ServiceSecrets {
         core: secrets,
+        alertmanagers: alertmanager_urls,
         ..ServiceSecrets::default()
     };
     service::run(config.clone(), service_secrets, listener, owner, shutdown.clone(), |outcome| {

@@ -33,12 +33,15 @@ use crate::model::MachineState;
 /// Header carrying a lease nonce on every mutating call to a leased machine.
 pub const LEASE_NONCE_HEADER: &str = "fly-machine-lease-nonce";
 
-/// Largest `list_machines` answer read: 64 MiB. A Fly machine with its
-/// config and recent events is 2 to 4 KiB of JSON (the simulator's, 0.4
-/// KiB), so this holds an app of 10,000 machines at 6.5 KiB each, or 16,000
-/// at 4 KiB; the whole answer is buffered before it is decoded, so this is
-/// also the most memory one listing may take.
-pub const MAX_LIST_BODY_BYTES: usize = 64 << 20;
+/// Largest `list_machines` answer read: 1 GiB, a runaway guard only. The
+/// list is decoded as it arrives, one machine at a time
+/// ([`crate::json_stream`]), so memory is bounded by [`MAX_MACHINE_BYTES`]
+/// and the decoded machines, not by the answer: a Fly machine with its
+/// config and recent events is 2 to 4 KiB of JSON, so this reads an app of
+/// 250,000 machines.
+pub const MAX_LIST_BODY_BYTES: usize = 1 << 30;
+/// Largest JSON object of one machine in a list, as for `get_machine`.
+pub const MAX_MACHINE_BYTES: usize = MAX_BODY_BYTES;
 /// Largest answer read from any other call (one machine, its metadata, a
 /// lease, an acknowledgement): 1 MiB.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -633,8 +636,9 @@ impl FlyClientConfig {
     }
 }
 
-/// Observes each HTTP exchange (op, status code or error kind), for metrics.
-pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str) + Send + Sync>;
+/// Observes each HTTP exchange (op, status code or error kind, and the time
+/// from sending to the response headers or the failure), for metrics.
+pub type RequestObserver = std::sync::Arc<dyn Fn(&'static str, &str, Duration) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct FlyClient {
@@ -749,6 +753,20 @@ impl Call<'_> {
         }
     }
 
+    /// A success answer whose body could not be read whole.
+    fn capped(&self, e: Capped, cut: bool) -> FlyError {
+        match e {
+            Capped::TooLarge => FlyError::TooLarge {
+                op: self.op,
+                app: self.app.to_string(),
+                machine: self.machine(),
+                limit: self.max_body,
+            },
+            Capped::Transport(e) if e.is_timeout() && cut => self.cut_at_deadline(),
+            Capped::Transport(e) => self.transport(&e),
+        }
+    }
+
     fn transport(&self, e: &reqwest::Error) -> FlyError {
         FlyError::Transport {
             op: self.op,
@@ -834,12 +852,70 @@ impl FlyClient {
 
     // ---- reads -------------------------------------------------------------
 
-    /// Every machine of the app, with metadata (never `summary=true`, which drops it).
+    /// Every machine of the app, with metadata (never `summary=true`, which
+    /// drops it), decoded as the answer arrives: one machine object larger
+    /// than [`MAX_MACHINE_BYTES`] is refused naming its id, and no more of
+    /// the answer is read.
     pub async fn list_machines(&self, app: &str) -> Result<Vec<Machine>, FlyError> {
         let mut call = Call::new("list_machines", Method::GET, app, None);
         call.max_body = MAX_LIST_BODY_BYTES;
-        let body = self.send(call).await?;
-        decode(&body, "list_machines", app)
+        let (mut resp, cut) = self.send_response(&call).await?;
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_LIST_BODY_BYTES as u64)
+        {
+            return Err(call.capped(Capped::TooLarge, cut));
+        }
+        let mut machines = Vec::new();
+        let mut splitter = crate::json_stream::ArraySplitter::new(MAX_MACHINE_BYTES);
+        let mut read = 0usize;
+        let list_error = |e: crate::json_stream::SplitError| match e {
+            crate::json_stream::SplitError::TooLarge { id, limit, .. } => FlyError::TooLarge {
+                op: call.op,
+                app: app.to_string(),
+                machine: Some(id.unwrap_or_else(|| "(no id)".into())),
+                limit,
+            },
+            other => FlyError::Decode {
+                op: call.op,
+                app: app.to_string(),
+                message: other.to_string(),
+            },
+        };
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| call.capped(Capped::Transport(e), cut))?
+        {
+            read = read.saturating_add(chunk.len());
+            if read > MAX_LIST_BODY_BYTES {
+                return Err(call.capped(Capped::TooLarge, cut));
+            }
+            splitter
+                .push(&chunk, &mut |element: &[u8]| {
+                    let index = machines.len();
+                    let machine: Machine =
+                        serde_json::from_slice(element).map_err(|e| FlyError::Decode {
+                            op: "list_machines",
+                            app: app.to_string(),
+                            message: format!(
+                                "machine {index}{} of the list: {}",
+                                crate::json_stream::leading_id(element)
+                                    .map(|id| format!(" ({id})"))
+                                    .unwrap_or_default(),
+                                crate::text::bounded(&e.to_string(), crate::text::MAX_DETAIL_CHARS)
+                            ),
+                        })?;
+                    machines.push(machine);
+                    Ok::<(), ListError>(())
+                })
+                .map_err(|e| match e {
+                    ListError::Split(e) => list_error(e),
+                    ListError::Fly(e) => e,
+                })?;
+        }
+        splitter.finish().map_err(list_error)?;
+        Ok(machines)
     }
 
     pub async fn get_machine(&self, app: &str, machine: &str) -> Result<Machine, FlyError> {
@@ -1121,14 +1197,26 @@ impl FlyClient {
         url
     }
 
+    /// Sends `call` (with its retries) and reads the whole answer, up to
+    /// `call.max_body`.
     async fn send(&self, call: Call<'_>) -> Result<bytes::Bytes, FlyError> {
+        let max = call.max_body;
+        let (resp, cut) = self.send_response(&call).await?;
+        read_capped(resp, max)
+            .await
+            .map_err(|e| call.capped(e, cut))
+    }
+
+    /// Sends `call` with its retries; a success answer comes back unread,
+    /// with whether the attempt's timeout was cut short by the deadline.
+    async fn send_response(&self, call: &Call<'_>) -> Result<(reqwest::Response, bool), FlyError> {
         let Some(auth) = self.auth.for_app(call.app).cloned() else {
             return Err(FlyError::NoToken {
                 op: call.op,
                 app: call.app.to_string(),
             });
         };
-        let url = self.url(&call);
+        let url = self.url(call);
         let full_timeout = self.config.request_timeout + call.extra_timeout;
         let mut attempt = 0u32;
         loop {
@@ -1187,18 +1275,9 @@ impl FlyClient {
             let (error, wait_hint) = match outcome {
                 Ok(resp) => {
                     let status = resp.status();
-                    self.observe(call.op, status.as_str());
+                    self.observe(call.op, status.as_str(), now.elapsed());
                     if status.is_success() {
-                        return read_capped(resp, call.max_body).await.map_err(|e| match e {
-                            Capped::TooLarge => FlyError::TooLarge {
-                                op: call.op,
-                                app: call.app.to_string(),
-                                machine: call.machine.map(str::to_string),
-                                limit: call.max_body,
-                            },
-                            Capped::Transport(e) if e.is_timeout() && cut => call.cut_at_deadline(),
-                            Capped::Transport(e) => call.transport(&e),
-                        });
+                        return Ok((resp, cut));
                     }
                     // A gateway's 502/504 says Fly's proxy gave up waiting,
                     // not that the machine's API did nothing.
@@ -1206,7 +1285,7 @@ impl FlyClient {
                         status,
                         StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
                     ) {
-                        self.note_unanswered(&call);
+                        self.note_unanswered(call);
                     }
                     let retry_after = parse_retry_after(resp.headers());
                     let transient = status == StatusCode::TOO_MANY_REQUESTS
@@ -1214,7 +1293,7 @@ impl FlyClient {
                             && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
                                 || status.is_server_error()));
                     let text = read_error_body(resp).await;
-                    let error = status_error(&call, status, &text, retry_after);
+                    let error = status_error(call, status, &text, retry_after);
                     if !transient {
                         return Err(error);
                     }
@@ -1222,11 +1301,11 @@ impl FlyClient {
                 }
                 Err(e) => {
                     let kind = if e.is_timeout() { "timeout" } else { "error" };
-                    self.observe(call.op, kind);
+                    self.observe(call.op, kind, now.elapsed());
                     // A connect error means the request never left: always safe to repeat.
                     let never_sent = e.is_connect();
                     if !never_sent {
-                        self.note_unanswered(&call);
+                        self.note_unanswered(call);
                     }
                     if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
                         return Err(call.outcome_unknown());
@@ -1281,9 +1360,9 @@ impl FlyClient {
         }
     }
 
-    fn observe(&self, op: &'static str, code: &str) {
+    fn observe(&self, op: &'static str, code: &str, took: Duration) {
         if let Some(o) = &self.observer {
-            o(op, code);
+            o(op, code, took);
         }
     }
 }
@@ -1291,6 +1370,24 @@ impl FlyClient {
 enum Capped {
     TooLarge,
     Transport(reqwest::Error),
+}
+
+/// Why a listing stopped while its array was split.
+enum ListError {
+    Split(crate::json_stream::SplitError),
+    Fly(FlyError),
+}
+
+impl From<crate::json_stream::SplitError> for ListError {
+    fn from(e: crate::json_stream::SplitError) -> ListError {
+        ListError::Split(e)
+    }
+}
+
+impl From<FlyError> for ListError {
+    fn from(e: FlyError) -> ListError {
+        ListError::Fly(e)
+    }
 }
 
 /// The body, read chunk by chunk up to `limit` bytes: a longer one (by its

@@ -76,6 +76,7 @@ pub mod events;
 pub mod fds;
 pub mod fly;
 pub mod http;
+pub mod json_stream;
 pub mod logging;
 pub mod metadata;
 pub mod model;

@@ -193,6 +193,10 @@ enum Command {
         /// Keep serving after the fleet settles, until ctrl-c (to run `preflight` or `check` against it).
         #[arg(long)]
         keep_running: bool,
+        /// Also post the demo's alerts to this Alertmanager (base URL, e.g.
+        /// http://127.0.0.1:9093), as `[[alerts.alertmanager]]` would.
+        #[arg(long)]
+        alertmanager: Option<String>,
     },
 }
 
@@ -433,6 +437,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sweeps,
             demo_config,
             keep_running,
+            alertmanager,
         } => {
             if explicit_config {
                 return Err(CliError::DemoConfig.into());
@@ -448,6 +453,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config_text: text,
                 sweeps,
                 keep_running,
+                alertmanager,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -1138,11 +1144,14 @@ fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
         tracing::warn!(env = %config.server.admin_token_env, "admin API disabled: the variable is not set");
     }
     let webhooks = notify::sink_secrets_from_env(&config.alerts, |k| std::env::var(k).ok())?;
+    let alertmanagers =
+        notify::alertmanager_urls_from_env(&config.alerts, |k| std::env::var(k).ok())?;
     Ok(ServiceSecrets {
         core,
         agent_tokens,
         admin_token,
         webhooks,
+        alertmanagers,
     })
 }
 

@@ -40,6 +40,8 @@ pub struct ServiceSecrets {
     pub admin_token: Option<SecretString>,
     /// One per `[[alerts.webhooks]]`, in order.
     pub webhooks: Vec<SinkSecrets>,
+    /// The URL of each `[[alerts.alertmanager]]`, in order.
+    pub alertmanagers: Vec<SecretString>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +97,14 @@ pub async fn run_with_clock(
     let metrics = Arc::new(Metrics::new_at(config.metrics.per_machine, clock.now())?);
     let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
     sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
+    sweeper.prober = sweeper
+        .prober
+        .clone()
+        .with_observer(metrics.probe_observer());
+    sweeper.overlay = sweeper
+        .overlay
+        .clone()
+        .with_observer(metrics.git_fetch_observer());
     let executor = Executor::new(
         sweeper.fly.clone(),
         config.clone(),
@@ -106,12 +116,14 @@ pub async fn run_with_clock(
     )?;
     // Alert state on the data volume: a restart neither re-pages what still
     // fires nor forgets to resolve what cleared, nor loses what was queued.
-    let notifier = Notifier::with_options(
+    let notifier = Notifier::with_sinks(
         &config.alerts,
         secrets.webhooks.clone(),
+        secrets.alertmanagers.clone(),
         NotifierOptions {
             state_file: Some(config.alert_state_file()),
             clock: clock.clone(),
+            public_url: config.server.public_url.clone(),
             ..NotifierOptions::default()
         },
     )?;
@@ -166,6 +178,7 @@ pub async fn run_with_clock(
         machine_alerts: restored.carried(),
         restored,
         counted: HashMap::new(),
+        counted_alertmanagers: HashMap::new(),
         state_write_failures: 0,
     };
     let reconciling = daemon::reconcile_loop(
@@ -252,6 +265,8 @@ struct Reporter<'a> {
     restored: RestoredMachineAlerts,
     /// Per webhook: (delivered, failed attempts, dropped, dead-lettered) already counted.
     counted: HashMap<usize, (u64, u64, u64, u64)>,
+    /// Per Alertmanager: (posts accepted, failed posts) already counted.
+    counted_alertmanagers: HashMap<usize, (u64, u64)>,
     /// Failed writes of the alert state file already counted.
     state_write_failures: u64,
 }
@@ -287,7 +302,7 @@ impl Reporter<'_> {
         }
     }
 
-    /// Moves the notifier's delivery counts into `fleet_webhook_deliveries_total`,
+    /// Moves the notifier's delivery counts into `fleet_reconciler_webhook_deliveries_total`,
     /// and its dead letters and state-file health into their series.
     fn count_deliveries(&mut self) {
         for sink in self.notifier.stats() {
@@ -312,6 +327,18 @@ impl Reporter<'_> {
             *seen = now;
             self.metrics
                 .set_webhook_sink(sink.index, sink.format, sink.dead_letters, sink.failing);
+        }
+        // Alertmanager posts count as deliveries of format "alertmanager".
+        for am in self.notifier.alertmanager_stats() {
+            let seen = self.counted_alertmanagers.entry(am.index).or_default();
+            let now = (am.delivered, am.failed_attempts);
+            for (result, new, old) in [("delivered", now.0, seen.0), ("failed", now.1, seen.1)] {
+                if new > old {
+                    self.metrics
+                        .add_webhook_deliveries("alertmanager", result, new - old);
+                }
+            }
+            *seen = now;
         }
         let failures = self.notifier.state_write_failures();
         if failures > self.state_write_failures {
@@ -390,8 +417,12 @@ impl Reporter<'_> {
 
         let mut events = Vec::new();
         for s in steps {
-            self.metrics
-                .record_action(&s.step.target.app, s.step.kind(), s.outcome.result());
+            self.metrics.record_action(
+                &s.step.target.app,
+                &s.step.target.pool,
+                s.step.kind(),
+                s.outcome.result(),
+            );
             let line = format!(
                 "{} {} → {}",
                 now.format("%Y-%m-%dT%H:%M:%SZ"),
@@ -484,6 +515,7 @@ mod tests {
                 routing_key: Some("routing-s3cret".into()),
                 hmac_secret: Some("hmac-s3cret".into()),
             }],
+            alertmanagers: vec!["https://am.example/am-s3cret".into()],
         };
         let shown = format!("{secrets:?} {secrets:#?}");
         assert!(!shown.contains("s3cret"), "{shown}");

@@ -211,7 +211,7 @@ pub struct AgentFailure {
 }
 
 impl Outcome {
-    /// Bounded label for metrics (`fleet_actions_total{result}`).
+    /// Bounded label for metrics (`fleet_reconciler_actions_total{result}`).
     pub fn result(&self) -> &'static str {
         match self {
             Outcome::Done => "succeeded",

@@ -2090,6 +2090,10 @@ fn machine_alert(
     if let Some(a) = m.action {
         details.insert("action".to_string(), a.to_string());
     }
+    // The rule that decided the severity, for the payload (a stable text per rule).
+    if let Some(r) = &m.reason {
+        details.insert("severity_rule".to_string(), r.rule.to_string());
+    }
     Alert {
         kind,
         app: Some(m.app.clone()),

@@ -10,3 +10,8 @@
 pub mod overlay;
 pub mod probe;
 pub mod sweep;
+
+/// A hook told how long one probe or git fetch took and how it ended (a
+/// fixed vocabulary: `report`/`unreachable`/`bad_report`, `ok`/`failed`);
+/// the metrics module feeds its latency histograms with it.
+pub type DurationObserver = std::sync::Arc<dyn Fn(&'static str, std::time::Duration) + Send + Sync>;

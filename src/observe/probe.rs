@@ -18,6 +18,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ProbeConfig;
+use crate::observe::DurationObserver;
 use crate::text::{MAX_DETAIL_CHARS, MAX_TAG_CHARS, bounded, json_error};
 
 /// Whether the agent is in the middle of a turn or job.
@@ -109,7 +110,7 @@ pub enum ProbeOutcome {
 pub struct ProbeBuildError(#[from] reqwest::Error);
 
 /// Polls agents' health endpoints.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Prober {
     /// Keeps idle connections: for sweeps whose hosts fit the budget.
     http: reqwest::Client,
@@ -120,6 +121,17 @@ pub struct Prober {
     timeout: Duration,
     max_body: usize,
     concurrency: usize,
+    observer: Option<DurationObserver>,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("timeout", &self.timeout)
+            .field("max_body", &self.max_body)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Prober {
@@ -140,7 +152,15 @@ impl Prober {
             timeout: config.timeout,
             max_body: config.max_body_bytes.get(),
             concurrency: config.concurrency.get(),
+            observer: None,
         })
+    }
+
+    /// Tells `observer` how long each probe took and how it ended
+    /// (`report`, `unreachable`, `bad_report`).
+    pub fn with_observer(mut self, observer: DurationObserver) -> Prober {
+        self.observer = Some(observer);
+        self
     }
 
     /// Probes every URL with at most `concurrency` in flight, and at most
@@ -171,7 +191,22 @@ impl Prober {
         self.probe_with(&self.http, url).await
     }
 
+    /// One probe with `http` (pooled or one-shot), timed for the observer.
     async fn probe_with(&self, http: &reqwest::Client, url: &str) -> ProbeOutcome {
+        let started = tokio::time::Instant::now();
+        let outcome = self.probe_unobserved(http, url).await;
+        if let Some(o) = &self.observer {
+            let kind = match &outcome {
+                ProbeOutcome::Report(_) => "report",
+                ProbeOutcome::Unreachable(_) => "unreachable",
+                ProbeOutcome::BadReport(_) => "bad_report",
+            };
+            o(kind, started.elapsed());
+        }
+        outcome
+    }
+
+    async fn probe_unobserved(&self, http: &reqwest::Client, url: &str) -> ProbeOutcome {
         match tokio::time::timeout(self.timeout, self.fetch(http, url)).await {
             Err(_) => ProbeOutcome::Unreachable(format!(
                 "no complete answer within {}",

@@ -33,8 +33,9 @@ use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
 /// The result of one sweep; serializes as the `check --output json` document
-/// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`).
-#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+/// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`), in
+/// the shape `crate::report::wire` owns.
+#[derive(Clone, Debug)]
 pub struct FleetReport {
     pub tip: TipReport,
     /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
@@ -43,7 +44,6 @@ pub struct FleetReport {
     pub machines: Vec<MachineReport>,
     /// The coordinator's slot set, read after the machines were listed (so
     /// every slot of a marker in the listing is in it). Not part of the JSON.
-    #[serde(skip)]
     pub slots: SlotsView,
 }
 
@@ -100,7 +100,7 @@ pub struct StaleApp {
     pub last_listed_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MachineReport {
     pub app: AppName,
     pub machine_id: MachineId,

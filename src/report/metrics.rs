@@ -6,29 +6,36 @@
 //! results ([`Metrics::record_sweep`], [`Metrics::record_action`], …); it
 //! never observes the fleet itself, never uses the global registry, and never
 //! takes a label value from anything unbounded (error messages, URLs, refs
-//! reported by agents).
+//! reported by agents). Every name is prefixed `fleet_reconciler_` (besides
+//! the standard `process_*` series), and no series carries a label a scrape
+//! sets itself (`app`, `region`, `instance`, `job`): the agents' app is
+//! [`APP_LABEL`], a machine's region [`REGION_LABEL`], and the fleet-wide
+//! coherence is its own series rather than a sentinel label value.
 //!
 //! # Series lifecycle
 //!
-//! * `fleet_machines` and `fleet_drift_severity_machines` export every status
+//! * `fleet_reconciler_machines` and `fleet_reconciler_drift_severity_machines` export every status
 //!   and every severity of every swept app, zeros included, so a series never
 //!   appears or vanishes as the fleet changes.
-//! * `fleet_overlay_commits_behind` (only with `metrics.per_machine`) has one
+//! * `fleet_reconciler_overlay_commits_behind` (only with `metrics.per_machine`) has one
 //!   series per machine whose status is `drifted`, valued with its commits
 //!   behind (0 for a machine only *ahead* of the tip, e.g. a canary). On-tip
 //!   machines export nothing, so the cardinality follows the drift rather
 //!   than the fleet size; a machine that returns to the tip, stops being
 //!   drifted, changes region or disappears has its series removed at the
 //!   next sweep, never left stale.
-//! * `fleet_rotations_in_progress` is replaced as a whole by
+//! * `fleet_reconciler_rotations_in_progress` is replaced as a whole by
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
-//!   So is `fleet_machine_decisions` by [`Metrics::set_decisions`].
-//! * `fleet_overlay_tip_age_seconds` is computed when scraped, so it keeps
+//!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`].
+//! * `fleet_reconciler_actions_total` gets every action and result of each
+//!   pool passed to [`Metrics::set_rotations_in_progress`] at 0, and keeps
+//!   them: a counter born at its first increment shows no `increase()`.
+//! * `fleet_reconciler_overlay_tip_age_seconds` is computed when scraped, so it keeps
 //!   growing while fetches fail or the loop is stuck.
-//! * `fleet_app_data_age_seconds` has one series per configured app, also
+//! * `fleet_reconciler_app_data_age_seconds` has one series per configured app, also
 //!   computed when scraped: seconds since the app was last listed. An app a
 //!   sweep could not list keeps exporting the figures of its last listing
-//!   (`fleet_machines`, coherence, severities, per-machine drift, and in the
+//!   (`fleet_reconciler_machines`, coherence, severities, per-machine drift, and in the
 //!   fleet-wide coherence), marked by this age growing; an app never listed
 //!   since start exports no figures at all, only its age.
 
@@ -38,47 +45,81 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use prometheus::{
-    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::decide::decision::Decision;
 use crate::fly::RequestObserver;
 use crate::model::{AppName, MachineId, MachineStatus, Severity};
+use crate::observe::DurationObserver;
 use crate::observe::sweep::FleetReport;
 
 /// Content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
-pub const COHERENCE_RATIO: &str = "fleet_overlay_coherence_ratio";
-pub const MACHINES: &str = "fleet_machines";
-pub const COMMITS_BEHIND: &str = "fleet_overlay_commits_behind";
-pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_drift_severity_machines";
-pub const ROTATIONS_IN_PROGRESS: &str = "fleet_rotations_in_progress";
-pub const MACHINE_DECISIONS: &str = "fleet_machine_decisions";
-pub const ACTIONS_TOTAL: &str = "fleet_actions_total";
-pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_fly_api_requests_total";
-pub const SWEEP_DURATION_SECONDS: &str = "fleet_sweep_duration_seconds";
-pub const SWEEPS_TOTAL: &str = "fleet_sweeps_total";
-pub const LAST_SWEEP_SUCCESS_TIMESTAMP: &str = "fleet_last_sweep_success_timestamp_seconds";
-pub const TIP_AGE_SECONDS: &str = "fleet_overlay_tip_age_seconds";
-pub const APP_DATA_AGE_SECONDS: &str = "fleet_app_data_age_seconds";
-pub const TIP_INFO: &str = "fleet_overlay_tip_info";
-pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_webhook_deliveries_total";
-pub const WEBHOOK_DEAD_LETTERS: &str = "fleet_webhook_dead_letters";
-pub const WEBHOOK_SINK_FAILING: &str = "fleet_webhook_sink_failing";
-pub const ALERT_STATE_WRITE_FAILURES_TOTAL: &str = "fleet_alert_state_write_failures_total";
-pub const BUILD_INFO: &str = "fleet_build_info";
-pub const ADMIN_AUTH_FAILURES_TOTAL: &str = "fleet_admin_auth_failures_total";
-pub const HTTP_CONNECTIONS_REJECTED_TOTAL: &str = "fleet_http_connections_rejected_total";
+pub const COHERENCE_RATIO: &str = "fleet_reconciler_overlay_coherence_ratio";
+pub const FLEET_COHERENCE_RATIO: &str = "fleet_reconciler_fleet_overlay_coherence_ratio";
+pub const MACHINES: &str = "fleet_reconciler_machines";
+pub const COMMITS_BEHIND: &str = "fleet_reconciler_overlay_commits_behind";
+pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_reconciler_drift_severity_machines";
+pub const ROTATIONS_IN_PROGRESS: &str = "fleet_reconciler_rotations_in_progress";
+pub const MACHINE_DECISIONS: &str = "fleet_reconciler_machine_decisions";
+pub const ACTIONS_TOTAL: &str = "fleet_reconciler_actions_total";
+pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_reconciler_fly_api_requests_total";
+pub const FLY_API_REQUEST_DURATION_SECONDS: &str =
+    "fleet_reconciler_fly_api_request_duration_seconds";
+pub const AGENT_PROBE_DURATION_SECONDS: &str = "fleet_reconciler_agent_probe_duration_seconds";
+pub const GIT_FETCH_DURATION_SECONDS: &str = "fleet_reconciler_git_fetch_duration_seconds";
+pub const SWEEP_DURATION_SECONDS: &str = "fleet_reconciler_sweep_duration_seconds";
+pub const SWEEPS_TOTAL: &str = "fleet_reconciler_sweeps_total";
+pub const LAST_SWEEP_SUCCESS_TIMESTAMP: &str =
+    "fleet_reconciler_last_sweep_success_timestamp_seconds";
+pub const TIP_AGE_SECONDS: &str = "fleet_reconciler_overlay_tip_age_seconds";
+pub const APP_DATA_AGE_SECONDS: &str = "fleet_reconciler_app_data_age_seconds";
+pub const TIP_INFO: &str = "fleet_reconciler_overlay_tip_info";
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "fleet_reconciler_webhook_deliveries_total";
+pub const WEBHOOK_DEAD_LETTERS: &str = "fleet_reconciler_webhook_dead_letters";
+pub const WEBHOOK_SINK_FAILING: &str = "fleet_reconciler_webhook_sink_failing";
+pub const ALERT_STATE_WRITE_FAILURES_TOTAL: &str =
+    "fleet_reconciler_alert_state_write_failures_total";
+pub const BUILD_INFO: &str = "fleet_reconciler_build_info";
+pub const ADMIN_AUTH_FAILURES_TOTAL: &str = "fleet_reconciler_admin_auth_failures_total";
+pub const HTTP_CONNECTIONS_REJECTED_TOTAL: &str =
+    "fleet_reconciler_http_connections_rejected_total";
 
-/// `reason` values of `fleet_admin_auth_failures_total`.
+/// `reason` values of `fleet_reconciler_admin_auth_failures_total`.
 pub const ADMIN_AUTH_FAILURE_REASONS: [&str; 3] = ["missing_token", "wrong_token", "rate_limited"];
 
-/// The `app` label value of fleet-wide coherence (Fly app names cannot contain `*`).
-pub const FLEET_APP: &str = "*";
+/// The label naming an agents' app. Not `app`: Fly's managed Prometheus and
+/// ordinary scrape configs set `app`, `region` and `instance` on every
+/// series they scrape, which would overwrite ours (or rename it `exported_app`).
+pub const APP_LABEL: &str = "fly_app";
+/// The label naming a machine's region (not `region`, for the same reason).
+pub const REGION_LABEL: &str = "fly_region";
 
-/// `result` label of a successful sweep in `fleet_sweeps_total`.
+/// Every `action` of `fleet_reconciler_actions_total` (`Step::kind`): each
+/// pool's series are created at 0 for all of them and every
+/// [`ACTION_RESULTS`], so that the first failure (or the first finished
+/// rotation) is an increase Prometheus can see: a counter born at 1 shows
+/// no `increase()`.
+pub const ACTIONS: [&str; 11] = [
+    "claim",
+    "withdraw",
+    "advance",
+    "drain",
+    "restart",
+    "fail",
+    "finish",
+    "yield",
+    "cancel",
+    "record_unprobed",
+    "clear_unprobed",
+];
+/// Every `result` of `fleet_reconciler_actions_total` (`Outcome::result`).
+pub const ACTION_RESULTS: [&str; 3] = ["succeeded", "skipped", "failed"];
+
+/// `result` label of a successful sweep in `fleet_reconciler_sweeps_total`.
 pub const SWEEP_SUCCESS: &str = "success";
 
 /// Sweep durations from a tiny fleet (tens of ms) to a slow 10k-machine
@@ -86,6 +127,17 @@ pub const SWEEP_SUCCESS: &str = "success";
 pub const SWEEP_DURATION_BUCKETS: [f64; 13] = [
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0,
 ];
+
+/// One HTTP exchange (Fly API call, agent probe): a few ms on loopback or
+/// 6PN, up to the request timeouts (seconds).
+pub const REQUEST_DURATION_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A git fetch of the overlay: an up-to-date fetch (tens of ms) to a first
+/// clone of a large repository (minutes, bounded by the fetch timeout).
+pub const GIT_FETCH_DURATION_BUCKETS: [f64; 11] =
+    [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -117,7 +169,7 @@ struct Exported {
     machines: BTreeSet<(AppName, MachineId, String)>,
     /// (app, pool)
     rotations: BTreeSet<(String, String)>,
-    /// Apps with `fleet_machine_decisions` series.
+    /// Apps with `fleet_reconciler_machine_decisions` series.
     decision_apps: BTreeSet<String>,
     /// (branch, commit)
     tip: Option<(String, String)>,
@@ -133,6 +185,7 @@ pub struct Metrics {
     per_machine: bool,
     created_at: DateTime<Utc>,
     coherence: GaugeVec,
+    fleet_coherence: Gauge,
     machines: IntGaugeVec,
     commits_behind: IntGaugeVec,
     drift_severity: IntGaugeVec,
@@ -140,6 +193,9 @@ pub struct Metrics {
     decisions: IntGaugeVec,
     actions: IntCounterVec,
     fly_requests: IntCounterVec,
+    fly_request_duration: HistogramVec,
+    probe_duration: HistogramVec,
+    git_fetch_duration: HistogramVec,
     sweep_duration: Histogram,
     sweeps: IntCounterVec,
     last_success: Gauge,
@@ -196,6 +252,21 @@ fn counter_vec(
     register(registry, name, vec)
 }
 
+fn histogram_vec(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> Result<HistogramVec, MetricsError> {
+    let vec = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .map_err(|source| MetricsError::Register { name, source })?;
+    register(registry, name, vec)
+}
+
 fn float_gauge(registry: &Registry, name: &'static str, help: &str) -> Result<Gauge, MetricsError> {
     let g = Gauge::with_opts(Opts::new(name, help))
         .map_err(|source| MetricsError::Register { name, source })?;
@@ -204,7 +275,7 @@ fn float_gauge(registry: &Registry, name: &'static str, help: &str) -> Result<Ga
 
 impl Metrics {
     /// A fresh registry with every series registered. `per_machine` is
-    /// `metrics.per_machine`: whether `fleet_overlay_commits_behind` is exported.
+    /// `metrics.per_machine`: whether `fleet_reconciler_overlay_commits_behind` is exported.
     pub fn new(per_machine: bool) -> Result<Metrics, MetricsError> {
         Metrics::new_at(per_machine, Utc::now())
     }
@@ -217,53 +288,60 @@ impl Metrics {
             let vec = GaugeVec::new(
                 Opts::new(
                     name,
-                    "Share of started machines whose agent reports the overlay release tip \
-                     (0..1; 1 when no machine is started), per app and app=\"*\" for the fleet.",
+                    "Share of the app's started machines whose agent reports the overlay \
+                     release tip (0..1; 1 when no machine is started).",
                 ),
-                &["app"],
+                &[APP_LABEL],
             )
             .map_err(|source| MetricsError::Register { name, source })?;
             register(&r, name, vec)?
         };
+        let fleet_coherence = float_gauge(
+            &r,
+            FLEET_COHERENCE_RATIO,
+            "Share of the started machines of every configured app whose agent reports the \
+             overlay release tip (0..1; 1 when no machine is started).",
+        )?;
         let machines = gauge_vec(
             &r,
             MACHINES,
             "Machines per app by overlay status of the last sweep: on_tip, drifted, unreachable, \
              bad_report, unknown_ref, ambiguous_ref, not_running (not started, not counted in coherence).",
-            &["app", "status"],
+            &[APP_LABEL, "status"],
         )?;
         let commits_behind = gauge_vec(
             &r,
             COMMITS_BEHIND,
             "Commits of the release branch missing from the overlay a drifted machine runs; \
              one series per drifted machine (absent when on the tip).",
-            &["app", "machine_id", "region"],
+            &[APP_LABEL, "machine_id", REGION_LABEL],
         )?;
         let drift_severity = gauge_vec(
             &r,
             DRIFT_SEVERITY_MACHINES,
             "Machines per app whose drift is classified at this severity (drifted, unknown_ref \
              and ambiguous_ref machines).",
-            &["app", "severity"],
+            &[APP_LABEL, "severity"],
         )?;
         let rotations = gauge_vec(
             &r,
             ROTATIONS_IN_PROGRESS,
             "Rotations (drain, restart, verify) holding a slot of the pool's concurrency cap.",
-            &["app", "pool"],
+            &[APP_LABEL, "pool"],
         )?;
         let decisions = gauge_vec(
             &r,
             MACHINE_DECISIONS,
             "Machines per app by what the planner decided for them in the last sweep \
              (on_tip, drift_young, awaiting_approval, waiting_for_slot, live_work, held, ...).",
-            &["app", "decision"],
+            &[APP_LABEL, "decision"],
         )?;
         let actions = counter_vec(
             &r,
             ACTIONS_TOTAL,
-            "Remediation steps the daemon performed on machines, by action and result.",
-            &["app", "action", "result"],
+            "Remediation steps the daemon performed on machines, by pool, action and result \
+             (every action and result of each pool starts at 0).",
+            &[APP_LABEL, "pool", "action", "result"],
         )?;
         let fly_requests = counter_vec(
             &r,
@@ -271,6 +349,30 @@ impl Metrics {
             "HTTP exchanges with the Fly Machines API by operation and status code \
              (\"timeout\" or \"error\" when no response arrived); retries count separately.",
             &["op", "code"],
+        )?;
+        let fly_request_duration = histogram_vec(
+            &r,
+            FLY_API_REQUEST_DURATION_SECONDS,
+            "Time from sending a Fly Machines API request to its response headers (or its \
+             failure), by operation and outcome: ok (2xx), client_error (4xx), server_error \
+             (5xx), timeout, error; retries count separately.",
+            &REQUEST_DURATION_BUCKETS,
+            &["op", "outcome"],
+        )?;
+        let probe_duration = histogram_vec(
+            &r,
+            AGENT_PROBE_DURATION_SECONDS,
+            "Time to probe one agent's health endpoint, by outcome: report, unreachable \
+             (refused, timed out, HTTP error), bad_report.",
+            &REQUEST_DURATION_BUCKETS,
+            &["outcome"],
+        )?;
+        let git_fetch_duration = histogram_vec(
+            &r,
+            GIT_FETCH_DURATION_SECONDS,
+            "Time to fetch the overlay repository, by outcome: ok or failed.",
+            &GIT_FETCH_DURATION_BUCKETS,
+            &["outcome"],
         )?;
         let sweep_duration = {
             let name = SWEEP_DURATION_SECONDS;
@@ -289,7 +391,7 @@ impl Metrics {
             SWEEPS_TOTAL,
             "Sweeps by result: \"success\", or the kind of failure that made the whole sweep \
              untrustworthy (e.g. no app could be listed, git failing). A sweep that could not \
-             list some apps succeeds; see fleet_app_data_age_seconds.",
+             list some apps succeeds; see fleet_reconciler_app_data_age_seconds.",
             &["result"],
         )?;
         sweeps.with_label_values(&[SWEEP_SUCCESS]);
@@ -314,7 +416,7 @@ impl Metrics {
                      listed; its other series then show its last listing, and nothing is done \
                      to its machines.",
                 ),
-                &["app"],
+                &[APP_LABEL],
             )
             .map_err(|source| MetricsError::Register { name, source })?;
             register(&r, name, vec)?
@@ -384,11 +486,23 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        // process_cpu_seconds_total, process_resident_memory_bytes,
+        // process_open_fds, process_start_time_seconds, … (Linux only: the
+        // collector reads /proc).
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .map_err(|source| MetricsError::Register {
+            name: "process_*",
+            source,
+        })?;
         Ok(Metrics {
             registry: r,
             per_machine,
             created_at: now,
             coherence,
+            fleet_coherence,
             machines,
             commits_behind,
             drift_severity,
@@ -396,6 +510,9 @@ impl Metrics {
             decisions,
             actions,
             fly_requests,
+            fly_request_duration,
+            probe_duration,
+            git_fetch_duration,
             sweep_duration,
             sweeps,
             last_success,
@@ -513,9 +630,7 @@ impl Metrics {
             };
             self.coherence.with_label_values(&[app.as_str()]).set(ratio);
         }
-        self.coherence
-            .with_label_values(&[FLEET_APP])
-            .set(report.coherence);
+        self.fleet_coherence.set(report.coherence);
         for gone in exported.apps.difference(&apps) {
             let _ = self.coherence.remove_label_values(&[gone.as_str()]);
             for status in MachineStatus::ALL {
@@ -587,15 +702,20 @@ impl Metrics {
         }
     }
 
-    /// Counts one remediation step. `action` and `result` must come from a
-    /// fixed vocabulary (e.g. `restart` / `succeeded`), never from a message.
-    pub fn record_action(&self, app: &str, action: &str, result: &str) {
-        self.actions.with_label_values(&[app, action, result]).inc();
+    /// Counts one remediation step on a machine of `pool`. `action` and
+    /// `result` must come from a fixed vocabulary (e.g. `restart` /
+    /// `succeeded`), never from a message.
+    pub fn record_action(&self, app: &str, pool: &str, action: &str, result: &str) {
+        self.actions
+            .with_label_values(&[app, pool, action, result])
+            .inc();
     }
 
     /// Replaces the whole set of rotations in progress: `(app, pool, n)` for
     /// every pool the daemon knows (pass zeros to keep a series); pools not
-    /// passed are removed.
+    /// passed are removed. Each pool passed also gets its action series at 0
+    /// ([`ACTIONS`] × [`ACTION_RESULTS`]), kept for the life of the process
+    /// (a counter must not vanish).
     pub fn set_rotations_in_progress(&self, rotations: &[(&str, &str, usize)]) {
         let mut exported = self.exported();
         let mut current = BTreeSet::new();
@@ -603,6 +723,12 @@ impl Metrics {
             self.rotations
                 .with_label_values(&[*app, *pool])
                 .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            for action in ACTIONS {
+                for result in ACTION_RESULTS {
+                    self.actions
+                        .with_label_values(&[*app, *pool, action, result]);
+                }
+            }
             current.insert((app.to_string(), pool.to_string()));
         }
         for (app, pool) in exported.rotations.difference(&current) {
@@ -684,11 +810,39 @@ impl Metrics {
         self.fly_requests.with_label_values(&[op, code]).inc();
     }
 
-    /// A hook for `FlyClient::with_observer` feeding `fleet_fly_api_requests_total`.
+    /// A hook for `FlyClient::with_observer` feeding
+    /// `fleet_reconciler_fly_api_requests_total` and
+    /// `fleet_reconciler_fly_api_request_duration_seconds`.
     pub fn fly_observer(&self) -> RequestObserver {
         let counter = self.fly_requests.clone();
-        std::sync::Arc::new(move |op: &'static str, code: &str| {
+        let latency = self.fly_request_duration.clone();
+        std::sync::Arc::new(move |op: &'static str, code: &str, took: Duration| {
             counter.with_label_values(&[op, code]).inc();
+            latency
+                .with_label_values(&[op, fly_outcome(code)])
+                .observe(took.as_secs_f64());
+        })
+    }
+
+    /// A hook for `Prober::with_observer` feeding
+    /// `fleet_reconciler_agent_probe_duration_seconds`.
+    pub fn probe_observer(&self) -> DurationObserver {
+        let latency = self.probe_duration.clone();
+        std::sync::Arc::new(move |outcome: &'static str, took: Duration| {
+            latency
+                .with_label_values(&[outcome])
+                .observe(took.as_secs_f64());
+        })
+    }
+
+    /// A hook for `Overlay::with_observer` feeding
+    /// `fleet_reconciler_git_fetch_duration_seconds`.
+    pub fn git_fetch_observer(&self) -> DurationObserver {
+        let latency = self.git_fetch_duration.clone();
+        std::sync::Arc::new(move |outcome: &'static str, took: Duration| {
+            latency
+                .with_label_values(&[outcome])
+                .observe(took.as_secs_f64());
         })
     }
 
@@ -715,6 +869,17 @@ impl Metrics {
     /// [`Metrics::render_at`] the current wall clock (what `/metrics` serves).
     pub fn render(&self) -> Result<String, MetricsError> {
         self.render_at(Utc::now())
+    }
+}
+
+/// The bounded `outcome` of a Fly API exchange from its `code` label.
+fn fly_outcome(code: &str) -> &'static str {
+    match code.as_bytes().first() {
+        Some(b'2') => "ok",
+        Some(b'4') => "client_error",
+        Some(b'5') => "server_error",
+        _ if code == "timeout" => "timeout",
+        _ => "error",
     }
 }
 
@@ -845,11 +1010,11 @@ mod tests {
         m.record_sweep(&listed, Duration::from_millis(10), at(1_010));
         let text = m.render_at(at(1_012)).unwrap();
         assert!(
-            text.contains("fleet_app_data_age_seconds{app=\"a\"} 2"),
+            text.contains("fleet_reconciler_app_data_age_seconds{fly_app=\"a\"} 2"),
             "{text}"
         );
         assert!(
-            text.contains("fleet_app_data_age_seconds{app=\"b\"} 2"),
+            text.contains("fleet_reconciler_app_data_age_seconds{fly_app=\"b\"} 2"),
             "{text}"
         );
 
@@ -863,22 +1028,22 @@ mod tests {
         m.record_sweep(&carried, Duration::from_millis(10), at(1_040));
         let text = m.render_at(at(1_045)).unwrap();
         assert!(
-            text.contains("fleet_app_data_age_seconds{app=\"a\"} 5"),
+            text.contains("fleet_reconciler_app_data_age_seconds{fly_app=\"a\"} 5"),
             "{text}"
         );
         assert!(
-            text.contains("fleet_app_data_age_seconds{app=\"b\"} 35"),
+            text.contains("fleet_reconciler_app_data_age_seconds{fly_app=\"b\"} 35"),
             "{text}"
         );
         assert!(
-            text.contains("fleet_overlay_coherence_ratio{app=\"b\"} 0.5"),
+            text.contains("fleet_reconciler_overlay_coherence_ratio{fly_app=\"b\"} 0.5"),
             "{text}"
         );
         assert!(text.contains("machine_id=\"b1\""), "{text}");
         // Failed sweeps record nothing; the age keeps growing.
         let text = m.render_at(at(1_100)).unwrap();
         assert!(
-            text.contains("fleet_app_data_age_seconds{app=\"b\"} 90"),
+            text.contains("fleet_reconciler_app_data_age_seconds{fly_app=\"b\"} 90"),
             "{text}"
         );
     }
@@ -901,14 +1066,17 @@ mod tests {
         m.record_sweep(&r, Duration::from_millis(10), at(1_010));
         let text = m.render_at(at(1_030)).unwrap();
         assert!(
-            text.contains("fleet_app_data_age_seconds{app=\"b\"} 30"),
+            text.contains("fleet_reconciler_app_data_age_seconds{fly_app=\"b\"} 30"),
             "{text}"
         );
         assert!(
-            !text.contains("fleet_overlay_coherence_ratio{app=\"b\"}"),
+            !text.contains("fleet_reconciler_overlay_coherence_ratio{fly_app=\"b\"}"),
             "{text}"
         );
-        assert!(!text.contains("fleet_machines{app=\"b\""), "{text}");
+        assert!(
+            !text.contains("fleet_reconciler_machines{fly_app=\"b\""),
+            "{text}"
+        );
     }
 
     #[test]
@@ -928,32 +1096,51 @@ mod tests {
         ]);
         let text = m.render().unwrap();
         assert!(
-            text.contains("fleet_machine_decisions{app=\"a\",decision=\"on_tip\"} 2"),
+            text.contains(
+                "fleet_reconciler_machine_decisions{decision=\"on_tip\",fly_app=\"a\"} 2"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("fleet_machine_decisions{app=\"a\",decision=\"held\"} 1"),
+            text.contains("fleet_reconciler_machine_decisions{decision=\"held\",fly_app=\"a\"} 1"),
             "{text}"
         );
         assert!(
-            text.contains("fleet_machine_decisions{app=\"a\",decision=\"live_work\"} 0"),
+            text.contains(
+                "fleet_reconciler_machine_decisions{decision=\"live_work\",fly_app=\"a\"} 0"
+            ),
             "{text}"
         );
         let series = text
             .lines()
-            .filter(|l| l.starts_with("fleet_machine_decisions{app=\"a\""))
+            .filter(|l| {
+                l.starts_with("fleet_reconciler_machine_decisions{") && l.contains("fly_app=\"a\"")
+            })
             .count();
         assert_eq!(series, Decision::KINDS.len());
         m.set_decisions([("a", &Decision::OnTip)]);
         let text = m.render().unwrap();
+        assert!(!text.contains("fly_app=\"b\""), "{text}");
         assert!(
-            !text.contains("fleet_machine_decisions{app=\"b\""),
+            text.contains("fleet_reconciler_machine_decisions{decision=\"held\",fly_app=\"a\"} 0"),
             "{text}"
         );
-        assert!(
-            text.contains("fleet_machine_decisions{app=\"a\",decision=\"held\"} 0"),
-            "{text}"
-        );
+    }
+
+    #[test]
+    fn fly_outcomes_are_a_fixed_vocabulary() {
+        for (code, outcome) in [
+            ("200", "ok"),
+            ("201", "ok"),
+            ("404", "client_error"),
+            ("429", "client_error"),
+            ("503", "server_error"),
+            ("timeout", "timeout"),
+            ("error", "error"),
+            ("", "error"),
+        ] {
+            assert_eq!(fly_outcome(code), outcome, "{code}");
+        }
     }
 
     #[test]
@@ -962,7 +1149,14 @@ mod tests {
         m.set_rotations_in_progress(&[("a", "p1", 2), ("a", "p2", 1)]);
         m.set_rotations_in_progress(&[("a", "p1", 0)]);
         let text = m.render().unwrap();
-        assert!(text.contains("fleet_rotations_in_progress{app=\"a\",pool=\"p1\"} 0"));
-        assert!(!text.contains("pool=\"p2\""), "{text}");
+        assert!(
+            text.contains("fleet_reconciler_rotations_in_progress{fly_app=\"a\",pool=\"p1\"} 0")
+        );
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with(ROTATIONS_IN_PROGRESS) && l.contains("pool=\"p2\"")),
+            "{text}"
+        );
     }
 }

@@ -3,7 +3,8 @@
 //! [`render`] turns a `FleetReport` and a plan into tables and JSON (the
 //! CLI); [`metrics`] owns the Prometheus registry; [`server`] serves
 //! `/metrics`, health, the fleet API, the admin POSTs and the status pages;
-//! [`notify`] pages on-call through webhooks. Nothing under `report`
+//! [`notify`] pages on-call through webhooks; [`wire`] owns the fleet
+//! document's JSON shape. Nothing under `report`
 //! computes a status, a severity or a decision: it shows the sweep's and the
 //! planner's.
 
@@ -11,3 +12,4 @@ pub mod metrics;
 pub mod notify;
 pub mod render;
 pub mod server;
+pub mod wire;

@@ -13,20 +13,14 @@ use crate::decide::planner::Plan;
 use crate::model::{MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::sweep::FleetReport;
 
-/// The version of the [`FleetDocument`]: raised only when a field is removed
-/// or changes meaning (a new field keeps it). CHANGELOG.md, "Version policy".
-pub const FLEET_SCHEMA_VERSION: u32 = 1;
-
-/// The `check --output json` and `GET /api/v1/fleet` document: the report,
-/// its `schema_version`, and each machine's decision. docs/fleet.schema.json
-/// is generated from this type (a test keeps the file up to date and
-/// validates real output against it); `status` reads it back.
+/// The `check --output json` and `GET /api/v1/fleet` document: the report
+/// in its wire form ([`crate::report::wire`], which owns `schema_version`)
+/// and each machine's decision. docs/fleet.schema.json is generated from
+/// this type (a test keeps the file up to date and validates real output
+/// against it); `status` reads it back.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[schemars(title = "fleet-reconciler fleet document")]
 pub struct FleetDocument {
-    /// The document's version: raised only when a field is removed or
-    /// changes meaning (CHANGELOG.md, "Version policy").
-    pub schema_version: u32,
     #[serde(flatten)]
     pub report: FleetReport,
     /// Each machine's decision, by machine id: for `check` the planner's on
@@ -39,7 +33,6 @@ pub struct FleetDocument {
 /// A [`FleetDocument`] as written, borrowing what it shows.
 #[derive(Serialize)]
 struct FleetDocumentRef<'a> {
-    schema_version: u32,
     #[serde(flatten)]
     report: &'a FleetReport,
     decisions: BTreeMap<&'a MachineId, &'a Decision>,
@@ -51,7 +44,6 @@ pub fn fleet_document<'a>(
     decisions: impl IntoIterator<Item = (&'a MachineId, &'a Decision)>,
 ) -> impl Serialize + 'a {
     FleetDocumentRef {
-        schema_version: FLEET_SCHEMA_VERSION,
         report,
         decisions: decisions.into_iter().collect(),
     }
@@ -373,7 +365,7 @@ pub struct PlannedMachine<'a> {
 pub struct PlannedStep {
     pub app: String,
     pub machine_id: String,
-    /// `claim`, `restart`, `finish`, … (the `action` label of `fleet_actions_total`).
+    /// `claim`, `restart`, `finish`, … (the `action` label of `fleet_reconciler_actions_total`).
     pub kind: &'static str,
     pub description: String,
 }

@@ -522,11 +522,12 @@ async fn json_output_has_the_documented_shape() {
             "coherence",
             "decisions",
             "machines",
+            "refs",
             "schema_version",
             "tip"
         ]
     );
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(keys(&v["tip"]), ["branch", "commit"]);
     assert_eq!(
         keys(&v["apps"][0]),
@@ -542,7 +543,7 @@ async fn json_output_has_the_documented_shape() {
         "machine_id",
         "name",
         "pool",
-        "reason",
+        "reason_ref",
         "region",
         "reported_ref",
         "severity",
@@ -569,9 +570,11 @@ async fn json_output_has_the_documented_shape() {
         .unwrap();
     assert_eq!(stopped["status"], "not_running");
     assert!(stopped["reported_ref"].is_null() && stopped["severity"].is_null());
-    assert!(stopped["reason"].is_null());
-    // A drifted row's reason: typed, tagged, and it reads back.
-    let reason = &canary["reason"];
+    assert!(stopped["reason_ref"].is_null());
+    // A drifted row's reason, once per ref in `refs`: typed, tagged, and
+    // it reads back.
+    assert_eq!(canary["reason_ref"], canary["commit"]);
+    let reason = &v["refs"][canary["reason_ref"].as_str().unwrap()];
     assert_eq!(
         keys(reason),
         ["behind", "evidence", "evidence_partial", "missing", "rule"]
@@ -1223,7 +1226,8 @@ async fn the_published_schema_is_current_and_check_output_validates_against_it()
     assert!(errors.is_empty(), "{errors:#?}");
     let machines = doc["machines"].as_array().unwrap();
     assert!(
-        machines.iter().any(|m| !m["reason"].is_null()),
+        !doc["refs"].as_object().unwrap().is_empty()
+            && machines.iter().any(|m| !m["reason_ref"].is_null()),
         "reasons are covered"
     );
     assert_eq!(

@@ -190,14 +190,14 @@ async fn the_shipped_config_serves_fly_checks_and_metrics() {
         .expect("metrics answered");
     assert_eq!(status, 200);
     assert!(
-        body.contains(r#"fleet_overlay_coherence_ratio{app="agents-prod"} 1"#),
+        body.contains(r#"fleet_reconciler_overlay_coherence_ratio{fly_app="agents-prod"} 1"#),
         "{body}"
     );
     for name in [
-        "fleet_machines",
-        "fleet_sweep_duration_seconds_bucket",
-        "fleet_last_sweep_success_timestamp_seconds",
-        "fleet_overlay_tip_age_seconds",
+        "fleet_reconciler_machines",
+        "fleet_reconciler_sweep_duration_seconds_bucket",
+        "fleet_reconciler_last_sweep_success_timestamp_seconds",
+        "fleet_reconciler_overlay_tip_age_seconds",
     ] {
         assert!(body.contains(name), "{name} missing from /metrics");
     }

@@ -360,7 +360,8 @@ listen = "127.0.0.1:{port}"
     while start.elapsed() < Duration::from_secs(30) {
         if let Ok(r) = http.get(format!("{base}/metrics")).send().await {
             let text = r.text().await.unwrap_or_default();
-            sweeps = metric(&text, "fleet_sweeps_total{result=\"success\"}").unwrap_or(0.0);
+            sweeps =
+                metric(&text, "fleet_reconciler_sweeps_total{result=\"success\"}").unwrap_or(0.0);
         }
         let paged = hooks
             .lock()
@@ -622,6 +623,8 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
 [rotation]
 min_drift_age = "0s"
 coordinator = "coord/c0"
+[server]
+listen = "127.0.0.1:0"
 "#,
     )
     .write(dir.path().join("c.toml"));

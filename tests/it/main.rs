@@ -8,11 +8,13 @@
 mod common;
 
 mod agent_example;
+mod alertmanager_sink;
 mod chaos;
 mod check;
 mod demo;
 mod deploy;
 mod fly;
+mod grouped_alerts;
 mod hardening;
 mod health_urls;
 mod metrics;

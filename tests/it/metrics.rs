@@ -171,26 +171,29 @@ async fn coherence_and_status_counts_match_the_sweep() {
     let s = parse(&m.render().unwrap());
 
     // Independently known from the fixture: on-tip ÷ started.
-    let expected = [
-        ("alpha", 3.0 / 5.0),
-        ("beta", 1.0 / 2.0),
-        ("empty", 1.0),
-        ("*", 4.0 / 7.0),
-    ];
+    let expected = [("alpha", 3.0 / 5.0), ("beta", 1.0 / 2.0), ("empty", 1.0)];
     for (app, ratio) in expected {
-        let got = value(&s, metrics::COHERENCE_RATIO, &[("app", app)]);
+        let got = value(&s, metrics::COHERENCE_RATIO, &[("fly_app", app)]);
         assert!((got - ratio).abs() < 1e-12, "{app}: {got} != {ratio}");
     }
     // …and exactly what the report says.
     for app in &report.apps {
         assert_eq!(
-            value(&s, metrics::COHERENCE_RATIO, &[("app", &app.name)]),
+            value(&s, metrics::COHERENCE_RATIO, &[("fly_app", &app.name)]),
             app.coherence
         );
     }
+    // The fleet: its own series, not a sentinel app label value.
+    assert!((value(&s, metrics::FLEET_COHERENCE_RATIO, &[]) - 4.0 / 7.0).abs() < 1e-12);
     assert_eq!(
-        value(&s, metrics::COHERENCE_RATIO, &[("app", "*")]),
+        value(&s, metrics::FLEET_COHERENCE_RATIO, &[]),
         report.coherence
+    );
+    assert!(
+        find(&s, metrics::COHERENCE_RATIO, &[])
+            .iter()
+            .all(|x| x.labels.get("fly_app").is_some_and(|a| a != "*")),
+        "no sentinel app"
     );
 
     // Every status of every app, zeros included.
@@ -207,25 +210,29 @@ async fn coherence_and_status_counts_match_the_sweep() {
     ];
     for (app, status, n) in counts {
         assert_eq!(
-            value(&s, metrics::MACHINES, &[("app", app), ("status", status)]),
+            value(
+                &s,
+                metrics::MACHINES,
+                &[("fly_app", app), ("status", status)]
+            ),
             n,
             "{app}/{status}"
         );
     }
     for app in ["alpha", "beta", "empty"] {
         assert_eq!(
-            find(&s, metrics::MACHINES, &[("app", app)]).len(),
+            find(&s, metrics::MACHINES, &[("fly_app", app)]).len(),
             MachineStatus::ALL.len(),
             "{app}: one series per status"
         );
         assert_eq!(
-            find(&s, metrics::DRIFT_SEVERITY_MACHINES, &[("app", app)]).len(),
+            find(&s, metrics::DRIFT_SEVERITY_MACHINES, &[("fly_app", app)]).len(),
             4
         );
     }
     // Severities: the drifted and the unknown machine are classified.
     let classified = |app: &str| -> f64 {
-        find(&s, metrics::DRIFT_SEVERITY_MACHINES, &[("app", app)])
+        find(&s, metrics::DRIFT_SEVERITY_MACHINES, &[("fly_app", app)])
             .iter()
             .map(|x| x.value)
             .sum()
@@ -236,7 +243,7 @@ async fn coherence_and_status_counts_match_the_sweep() {
         value(
             &s,
             metrics::DRIFT_SEVERITY_MACHINES,
-            &[("app", "beta"), ("severity", "critical")]
+            &[("fly_app", "beta"), ("severity", "critical")]
         ),
         1.0,
         "an unknown ref is critical by default"
@@ -246,8 +253,8 @@ async fn coherence_and_status_counts_match_the_sweep() {
     let behind = find(&s, metrics::COMMITS_BEHIND, &[]);
     assert_eq!(behind.len(), 1, "{behind:?}");
     assert_eq!(behind[0].labels["machine_id"], "a-behind");
-    assert_eq!(behind[0].labels["region"], "sin");
-    assert_eq!(behind[0].labels["app"], "alpha");
+    assert_eq!(behind[0].labels["fly_region"], "sin");
+    assert_eq!(behind[0].labels["fly_app"], "alpha");
     assert_eq!(behind[0].value, 2.0);
 
     // Sweep bookkeeping.
@@ -259,13 +266,24 @@ async fn coherence_and_status_counts_match_the_sweep() {
         ),
         1.0
     );
-    assert_eq!(value(&s, "fleet_sweep_duration_seconds_count", &[]), 1.0);
     assert_eq!(
-        value(&s, "fleet_sweep_duration_seconds_bucket", &[("le", "1")]),
+        value(&s, "fleet_reconciler_sweep_duration_seconds_count", &[]),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "fleet_reconciler_sweep_duration_seconds_bucket",
+            &[("le", "1")]
+        ),
         0.0
     );
     assert_eq!(
-        value(&s, "fleet_sweep_duration_seconds_bucket", &[("le", "2.5")]),
+        value(
+            &s,
+            "fleet_reconciler_sweep_duration_seconds_bucket",
+            &[("le", "2.5")]
+        ),
         1.0
     );
     let ts = value(&s, metrics::LAST_SWEEP_SUCCESS_TIMESTAMP, &[]);
@@ -356,7 +374,7 @@ async fn per_machine_off_exports_no_machine_series() {
         value(
             &s,
             metrics::MACHINES,
-            &[("app", "alpha"), ("status", "drifted")]
+            &[("fly_app", "alpha"), ("status", "drifted")]
         ),
         1.0
     );
@@ -482,14 +500,19 @@ fn the_exposition_checker_rejects_what_prometheus_would() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_scrape_is_valid_exposition_format() {
-    let fx = Fixture::new();
-    let sim = Sim::start(mixed(&fx)).await.unwrap();
-    let sweeper = fx.sweeper(&sim, &["alpha", "beta", "empty"]).await;
+/// A registry fed by every recorder: a sweep of `mixed` through observed
+/// clients (Fly API, probes, git fetch), actions, rotations, webhooks.
+/// Returns it and the scrape rendered 5 s after the sweep.
+async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
+    let sweeper = fx.sweeper(sim, &["alpha", "beta", "empty"]).await;
     let m = Metrics::new(true).unwrap();
     let sweeper = Sweeper {
         fly: sweeper.fly.clone().with_observer(m.fly_observer()),
+        prober: sweeper.prober.clone().with_observer(m.probe_observer()),
+        overlay: sweeper
+            .overlay
+            .clone()
+            .with_observer(m.git_fetch_observer()),
         ..sweeper
     };
     let report = sweep(&sweeper).await;
@@ -497,22 +520,39 @@ async fn a_full_scrape_is_valid_exposition_format() {
     m.record_tip_fetched(now);
     m.record_sweep(&report, Duration::from_millis(830), now);
     m.record_sweep_failure("transport");
-    m.record_action("alpha", "restart", "succeeded");
-    m.record_action("alpha", "cordon", "failed");
+    m.record_action("alpha", "default", "restart", "succeeded");
+    m.record_action("alpha", "default", "drain", "failed");
     m.set_rotations_in_progress(&[("alpha", "default", 1), ("beta", "default", 0)]);
     m.record_webhook_delivery("pagerduty", "delivered");
+    m.set_webhook_sink(0, "pagerduty", 0, false);
+    m.set_decisions([(
+        "alpha",
+        &fleet_reconciler::decide::decision::Decision::OnTip,
+    )]);
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
+    (m, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_scrape_is_valid_exposition_format() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let (_m, text) = full_scrape(&fx, &sim).await;
     exposition_check("full", &text);
 
     // Every series of docs/design.md §7 is present, with help and type.
     for name in [
         metrics::COHERENCE_RATIO,
+        metrics::FLEET_COHERENCE_RATIO,
         metrics::MACHINES,
         metrics::COMMITS_BEHIND,
         metrics::DRIFT_SEVERITY_MACHINES,
         metrics::ROTATIONS_IN_PROGRESS,
         metrics::ACTIONS_TOTAL,
         metrics::FLY_API_REQUESTS_TOTAL,
+        metrics::FLY_API_REQUEST_DURATION_SECONDS,
+        metrics::AGENT_PROBE_DURATION_SECONDS,
+        metrics::GIT_FETCH_DURATION_SECONDS,
         metrics::SWEEP_DURATION_SECONDS,
         metrics::LAST_SWEEP_SUCCESS_TIMESTAMP,
         metrics::TIP_AGE_SECONDS,
@@ -534,7 +574,7 @@ async fn a_full_scrape_is_valid_exposition_format() {
             &s,
             metrics::ACTIONS_TOTAL,
             &[
-                ("app", "alpha"),
+                ("fly_app", "alpha"),
                 ("action", "restart"),
                 ("result", "succeeded")
             ]
@@ -545,14 +585,208 @@ async fn a_full_scrape_is_valid_exposition_format() {
         value(&s, metrics::SWEEPS_TOTAL, &[("result", "transport")]),
         1.0
     );
-    assert!(text.contains("# TYPE fleet_sweep_duration_seconds histogram"));
-    assert!(text.contains("fleet_sweep_duration_seconds_bucket{le=\"0.05\"}"));
-    assert!(text.contains("fleet_sweep_duration_seconds_bucket{le=\"120\"}"));
+    assert!(text.contains("# TYPE fleet_reconciler_sweep_duration_seconds histogram"));
+    assert!(text.contains("fleet_reconciler_sweep_duration_seconds_bucket{le=\"0.05\"}"));
+    assert!(text.contains("fleet_reconciler_sweep_duration_seconds_bucket{le=\"120\"}"));
+
+    // Latency: the listings (by call and outcome), each probe (by outcome)
+    // and the fetch `check` made.
+    assert_eq!(
+        value(
+            &s,
+            "fleet_reconciler_fly_api_request_duration_seconds_count",
+            &[("op", "list_machines"), ("outcome", "ok")]
+        ),
+        3.0
+    );
+    // alpha: 3 on tip + 1 drifted report, 1 HTTP 500; beta: 2 reports.
+    let probes = |outcome: &str| {
+        value(
+            &s,
+            "fleet_reconciler_agent_probe_duration_seconds_count",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(probes("report"), 6.0);
+    assert_eq!(probes("unreachable"), 1.0);
+    assert_eq!(
+        value(
+            &s,
+            "fleet_reconciler_git_fetch_duration_seconds_count",
+            &[("outcome", "ok")]
+        ),
+        1.0
+    );
+    // Process metrics, as Prometheus client libraries name them.
+    if cfg!(target_os = "linux") {
+        assert!(value(&s, "process_resident_memory_bytes", &[]) > 0.0);
+        assert!(value(&s, "process_start_time_seconds", &[]) > 0.0);
+    }
+    // Every name is ours (or a process_ standard name), and no label is one
+    // a scrape sets itself and would overwrite.
+    for sample in &s {
+        assert!(
+            sample.name.starts_with("fleet_reconciler_") || sample.name.starts_with("process_"),
+            "{} lacks the fleet_reconciler_ prefix",
+            sample.name
+        );
+        for label in ["app", "region", "instance", "job"] {
+            assert!(
+                !sample.labels.contains_key(label),
+                "{} has a `{label}` label, which a scrape overwrites",
+                sample.name
+            );
+        }
+    }
 
     // A fresh registry (nothing recorded yet) is valid too.
     let fresh = Metrics::new(true).unwrap();
     exposition_check("fresh", &fresh.render().unwrap());
     sim.shutdown().await;
+}
+
+/// Every metric name the README, the docs, the config examples, the alert
+/// rules, their tests, the route example and the dashboard mention is one
+/// the daemon exports (histograms with their `_bucket`/`_sum`/`_count`), and
+/// none uses a name from before the `fleet_reconciler_` prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_name_in_the_docs_and_deploy_files_is_exported() {
+    let fx = Fixture::new();
+    let sim = Sim::start(mixed(&fx)).await.unwrap();
+    let (_m, text) = full_scrape(&fx, &sim).await;
+    sim.shutdown().await;
+    let mut exported = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let mut words = line.strip_prefix("# TYPE ").unwrap_or("").split(' ');
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        exported.insert(name.to_string());
+        if kind == "histogram" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                exported.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    // Names of the `fleet_reconciler_` family that are not metrics: Fly
+    // machine metadata keys, and the volume and role names of docs/deploy.md.
+    use fleet_reconciler::metadata;
+    let not_metrics = [
+        metadata::MARKER_KEY,
+        metadata::HOLD_KEY,
+        metadata::APPROVE_KEY,
+        metadata::UNPROBED_KEY,
+        metadata::SLOTS_KEY,
+        "fleet_reconciler_data",
+        "fleet_reconciler_role",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    for dir in [
+        "docs",
+        "config",
+        "deploy",
+        "deploy/prometheus",
+        "deploy/alertmanager",
+        "deploy/grafana",
+    ] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if ["md", "toml", "yml", "json"].contains(&ext) {
+                files.push(path);
+            }
+        }
+    }
+    let is_name = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for file in &files {
+        let body = std::fs::read_to_string(file).unwrap();
+        let rel = file.strip_prefix(root).unwrap().display().to_string();
+        for (at, _) in body
+            .match_indices("fleet_")
+            .chain(body.match_indices("process_"))
+        {
+            if body[..at].chars().next_back().is_some_and(is_name) {
+                continue; // inside a longer word
+            }
+            let end = body[at..]
+                .find(|c: char| !is_name(c))
+                .map_or(body.len(), |n| at + n);
+            let word = &body[at..end];
+            if let Some(rest) = word.strip_prefix("fleet_reconciler_") {
+                if rest.is_empty() || not_metrics.contains(&word) {
+                    continue;
+                }
+                seen += 1;
+                if !exported.contains(word) {
+                    wrong.push(format!("{rel}: {word} is not exported"));
+                }
+            } else if word.len() > "process_".len() && word.starts_with("process_") {
+                if exported.iter().any(|e| e.starts_with("process_")) && !exported.contains(word) {
+                    wrong.push(format!("{rel}: {word} is not exported"));
+                }
+            } else if let Some(rest) = word.strip_prefix("fleet_") {
+                let renamed = format!("fleet_reconciler_{rest}");
+                if exported.contains(&renamed) {
+                    wrong.push(format!("{rel}: {word} was renamed {renamed}"));
+                }
+            }
+        }
+    }
+    assert!(
+        seen > 50,
+        "only {seen} metric names found: is the scan broken?"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `FleetActionsFailing` reads `increase()` of the failed series: a series
+/// born at its first failure (value 1) shows no increase, so that failure
+/// would never alert. Every pool's failed series exist at 0 first.
+#[test]
+fn failed_action_series_exist_at_zero_before_the_first_failure() {
+    let m = Metrics::new(false).unwrap();
+    m.set_rotations_in_progress(&[("alpha", "default", 0), ("alpha", "canary", 1)]);
+    let s = parse(&m.render().unwrap());
+    for pool in ["default", "canary"] {
+        for action in metrics::ACTIONS {
+            for result in metrics::ACTION_RESULTS {
+                assert_eq!(
+                    value(
+                        &s,
+                        metrics::ACTIONS_TOTAL,
+                        &[
+                            ("fly_app", "alpha"),
+                            ("pool", pool),
+                            ("action", action),
+                            ("result", result)
+                        ]
+                    ),
+                    0.0,
+                    "{pool}/{action}/{result}"
+                );
+            }
+        }
+    }
+    m.record_action("alpha", "canary", "restart", "failed");
+    // A pool no longer passed keeps its counters (a counter never vanishes).
+    m.set_rotations_in_progress(&[("alpha", "default", 0)]);
+    let s = parse(&m.render().unwrap());
+    assert_eq!(
+        value(
+            &s,
+            metrics::ACTIONS_TOTAL,
+            &[
+                ("fly_app", "alpha"),
+                ("pool", "canary"),
+                ("action", "restart"),
+                ("result", "failed")
+            ]
+        ),
+        1.0
+    );
 }
 
 #[test]

@@ -6,9 +6,10 @@
 //! time) runs on tokio's paused clock with the shipped retry and timeout
 //! settings: a wait costs no real time, and none can flake on a busy machine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -20,13 +21,17 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, TimeZone, Utc};
 use fleet_reconciler::clock::TokioClock;
-use fleet_reconciler::config::{AlertsConfig, WebhookConfig, WebhookFormat};
+use fleet_reconciler::config::{
+    AlertsConfig, Config, DEFAULT_GROUP_BY, GroupField, PublicUrl, WebhookConfig, WebhookFormat,
+};
+use fleet_reconciler::demo::DEMO_CONFIG;
 use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind};
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::report::notify::{
-    Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
-    NotifierOptions, RestoredMachineAlerts, SinkSecrets, sink_secrets_from_env,
+    Coherence, CoherenceSample, DETAIL_MACHINES, FleetAlertInput, FleetAlertRules,
+    FleetAlertTracker, Notifier, NotifierOptions, RestoredMachineAlerts, SinkSecrets,
+    runbook_anchor, sink_secrets_from_env,
 };
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -217,8 +222,19 @@ impl Running {
         let (hooks, secrets): (Vec<_>, Vec<_>) = sinks.into_iter().unzip();
         let config = AlertsConfig {
             webhooks: hooks,
+            // Per machine: these tests are about the per-sink state machine.
+            group_by: vec![GroupField::Machine],
             ..AlertsConfig::default()
         };
+        Running::start_with(config, secrets, options)
+    }
+
+    /// A notifier for `config` (its webhooks given `secrets`), running.
+    fn start_with(
+        config: AlertsConfig,
+        secrets: Vec<SinkSecrets>,
+        options: NotifierOptions,
+    ) -> Running {
         let notifier = Notifier::with_options(&config, secrets, options).unwrap();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
@@ -349,10 +365,19 @@ async fn json_body_follows_the_schema_and_is_signed() {
             "severity",
             "status",
             "summary",
+            "update",
             "version"
         ],
         "schema changed? document it in docs/alerts.md"
     );
+    assert_eq!(b["update"], false);
+    // Where to act: the runbook section of the kind (no public_url: no page links).
+    assert_eq!(
+        b["details"]["runbook_url"],
+        "https://github.com/your-org/fleet-reconciler/blob/main/docs/operations.md#drift_detected"
+    );
+    assert_eq!(b["details"]["tip"], COMMIT);
+    assert!(b["details"].get("status_url").is_none());
 
     let e = &bodies[1];
     assert_eq!(
@@ -808,6 +833,8 @@ async fn shutdown_flushes_what_is_queued() {
     let rx = Receiver::start().await;
     let config = AlertsConfig {
         webhooks: vec![hook(WebhookFormat::Json, Severity::Low)],
+        // Per machine: these tests are about the per-sink state machine.
+        group_by: vec![GroupField::Machine],
         ..AlertsConfig::default()
     };
     let notifier = Notifier::with_options(&config, vec![plain(rx.url("/h"))], shipped()).unwrap();
@@ -889,6 +916,8 @@ async fn secrets_stay_out_of_logs_errors_and_payloads() {
     pd.url_env = "PD_URL".into();
     let config = AlertsConfig {
         webhooks: vec![json, slack, pd],
+        // Per machine: these tests are about the per-sink state machine.
+        group_by: vec![GroupField::Machine],
         ..AlertsConfig::default()
     };
     let env: BTreeMap<&str, &str> = BTreeMap::from([
@@ -966,6 +995,8 @@ fn missing_env_names_the_variable() {
     pd.url_env = "ONCALL_WEBHOOK_URL".into();
     let config = AlertsConfig {
         webhooks: vec![pd],
+        // Per machine: these tests are about the per-sink state machine.
+        group_by: vec![GroupField::Machine],
         ..AlertsConfig::default()
     };
     let e = sink_secrets_from_env(&config, |_| None).unwrap_err();
@@ -991,6 +1022,7 @@ fn rules() -> FleetAlertRules {
         fetch_interval: Duration::from_secs(60),
         max_consecutive_sweep_failures: 3,
         stale_intervals: 3,
+        first_fetch_timeout: Duration::from_secs(120),
     }
 }
 
@@ -1182,6 +1214,56 @@ fn sweeps_failing_after_three_failures_or_three_intervals() {
     );
 }
 
+/// A cold start (#20 item 5): the first mirror clone outlasts three sweep
+/// intervals, so the first sweeps fail for want of a tip. A daemon that is
+/// starting is not failing: no critical `sweep_failing` (nor `tip_stale`)
+/// before the first fetch has had its `overlay.fetch_timeout`. The demo's
+/// own config: sweeps every 2 s, fetches every 1 s.
+#[test]
+fn a_cold_start_pages_nothing_while_the_first_clone_runs() {
+    let config = Config::parse(Path::new("demo.toml"), DEMO_CONFIG).unwrap();
+    let rules = FleetAlertRules::from_config(&config);
+    let at = |s: i64| t(0) + chrono::Duration::seconds(s);
+    let starting = |failures: u32| FleetAlertInput {
+        coherence: None,
+        last_sweep_success: None,
+        consecutive_sweep_failures: failures,
+        last_tip_fetch: None,
+        tip_commit: None,
+    };
+    let mut tracker = FleetAlertTracker::new(rules.clone());
+    // "no overlay tip yet: the first fetch has not finished yet", every 2 s for 12 s.
+    for (i, s) in [2, 4, 6, 8, 10, 12].into_iter().enumerate() {
+        let firing = tracker.evaluate(&starting(i as u32 + 1), at(s));
+        assert!(firing.is_empty(), "at {s} s: {:?}", keys(&firing));
+    }
+    // The clone is done, the first sweep succeeds: still nothing.
+    let c = sample(&[("agents-dispatch", 0, 17), ("agents-chat", 0, 17)]);
+    let first = FleetAlertInput {
+        tip_commit: Some(COMMIT),
+        ..healthy(&c, at(14))
+    };
+    assert!(
+        keys(&tracker.evaluate(&first, at(14)))
+            .iter()
+            .all(|k| !k.contains("sweep_failing") && !k.contains("tip_stale"))
+    );
+
+    // A first fetch that never ends is a failing daemon once it has had its
+    // fetch_timeout and three sweep intervals.
+    let mut stuck = FleetAlertTracker::new(rules);
+    let limit = config.overlay.fetch_timeout.as_secs() as i64 + 6;
+    let mut n = 0;
+    for s in (2..=limit).step_by(2) {
+        n += 1;
+        assert!(stuck.evaluate(&starting(n), at(s)).is_empty(), "at {s} s");
+    }
+    let firing = stuck.evaluate(&starting(n + 1), at(limit + 4));
+    let kinds: Vec<AlertKind> = firing.iter().map(|a| a.kind).collect();
+    assert!(kinds.contains(&AlertKind::SweepFailing), "{kinds:?}");
+    assert!(kinds.contains(&AlertKind::TipStale), "{kinds:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn fleet_alerts_reach_pagerduty_and_resolve() {
     let rx = Receiver::start().await;
@@ -1218,6 +1300,8 @@ async fn fleet_alerts_reach_pagerduty_and_resolve() {
 fn plain_http_is_refused_except_on_loopback() {
     let config = AlertsConfig {
         webhooks: vec![hook(WebhookFormat::Pagerduty, Severity::High)],
+        // Per machine: these tests are about the per-sink state machine.
+        group_by: vec![GroupField::Machine],
         ..AlertsConfig::default()
     };
     let pd = |url: &str| SinkSecrets {
@@ -1650,6 +1734,7 @@ fn report(machines: &[(&str, &str)]) -> FleetReport {
         })
         .collect();
     serde_json::from_value(serde_json::json!({
+        "schema_version": fleet_reconciler::report::wire::SCHEMA_VERSION,
         "tip": {"branch": "release", "commit": COMMIT},
         "coherence": 0.0,
         "apps": [],
@@ -1782,4 +1867,379 @@ fn restored_fleet_alerts_keep_firing_until_the_evidence_clears_them() {
     // And a sweep that sees coherence restored resolves it.
     let ok = sample(&[("a", 2, 2), ("b", 2, 2)]);
     assert!(after.evaluate(&healthy(&ok, t(32)), t(32)).is_empty());
+}
+
+// ------------------------------------------------------------------ grouped incidents and links
+
+fn drift_in(app: &str, machine: &str, pool: &str, severity: Severity) -> Alert {
+    Alert {
+        app: Some(app.into()),
+        details: BTreeMap::from([
+            ("pool".into(), pool.into()),
+            ("region".into(), "iad".into()),
+            (
+                "severity_rule".into(),
+                "rule #1: level = \"high\", min_commits_behind = 20".into(),
+            ),
+        ]),
+        ..drift(machine, severity)
+    }
+}
+
+fn approval(app: &str, machine: &str) -> Alert {
+    Alert {
+        kind: AlertKind::ManualApprovalRequired,
+        summary: format!("{machine} needs an operator"),
+        ..drift_in(app, machine, "default", Severity::High)
+    }
+}
+
+fn grouped(group_by: &[GroupField], webhooks: Vec<WebhookConfig>) -> AlertsConfig {
+    AlertsConfig {
+        group_by: group_by.to_vec(),
+        webhooks,
+        runbook_url: "https://runbooks.example/ops.md".into(),
+        ..AlertsConfig::default()
+    }
+}
+
+fn public() -> NotifierOptions {
+    NotifierOptions {
+        public_url: Some(PublicUrl::parse("https://fleet.example.com/base").unwrap()),
+        ..shipped()
+    }
+}
+
+/// Manual approvals waiting for one tip are one incident per app, beside the
+/// drift incidents: not a second incident per machine.
+#[tokio::test(start_paused = true)]
+async fn approvals_are_one_incident_per_app_and_tip() {
+    let rx = Receiver::start().await;
+    let n = Running::start_with(
+        grouped(
+            &DEFAULT_GROUP_BY,
+            vec![hook(WebhookFormat::Json, Severity::Low)],
+        ),
+        vec![plain(rx.url("/h"))],
+        public(),
+    );
+    let mut alerts = Vec::new();
+    for m in ["m1", "m2", "m3"] {
+        alerts.push(drift_in("agents-a", m, "default", Severity::High));
+        alerts.push(approval("agents-a", m));
+    }
+    alerts.push(drift_in("agents-b", "m4", "default", Severity::High));
+    alerts.push(approval("agents-b", "m4"));
+    n.update(&alerts, t(0));
+    let bodies = rx.expect(4).await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(rx.accepted().len(), 4, "{bodies:#?}");
+    let keys: BTreeSet<&str> = bodies
+        .iter()
+        .map(|b| b["dedup_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from([
+            format!("fleet-reconciler/drift_detected/agents-a/*/{COMMIT}/severity=high").as_str(),
+            format!("fleet-reconciler/drift_detected/agents-b/*/{COMMIT}/severity=high").as_str(),
+            format!("fleet-reconciler/manual_approval_required/agents-a/*/{COMMIT}").as_str(),
+            format!("fleet-reconciler/manual_approval_required/agents-b/*/{COMMIT}").as_str(),
+        ])
+    );
+    let a = bodies
+        .iter()
+        .find(|b| b["event"] == "manual_approval_required" && b["app"] == "agents-a")
+        .unwrap();
+    assert!(
+        a["summary"].as_str().unwrap().starts_with(
+            "3 machines of agents-a await approval for release tip 0123456: m1, m2, m3"
+        ),
+        "{}",
+        a["summary"]
+    );
+    assert_eq!(a["machine_id"], Value::Null);
+    assert_eq!(a["details"]["machines"], "3");
+    assert_eq!(a["details"]["machine_ids"], "m1, m2, m3");
+    assert_eq!(
+        a["details"]["runbook_url"],
+        "https://runbooks.example/ops.md#manual_approval_required"
+    );
+    assert_eq!(
+        a["details"]["status_url"],
+        "https://fleet.example.com/base/"
+    );
+    assert!(
+        a["details"].get("machine_url").is_none(),
+        "a group has no one machine page"
+    );
+    n.stop().await;
+}
+
+/// One group, one incident: triggered once, updated as machines join or
+/// converge (not when only text changes), resolved when empty; its repeat
+/// schedule and its members survive a restart (nothing paged again).
+#[tokio::test(start_paused = true)]
+async fn a_group_is_updated_as_machines_join_and_converge_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("alert-state.json");
+    let rx = Receiver::start().await;
+    let config = || {
+        grouped(
+            &DEFAULT_GROUP_BY,
+            vec![hook(WebhookFormat::Json, Severity::Low)],
+        )
+    };
+    let options = || NotifierOptions {
+        public_url: public().public_url,
+        ..persisted(&state)
+    };
+    let m = |id: &str| drift_in("agents", id, "default", Severity::Medium);
+    let first = Running::start_with(config(), vec![plain(rx.url("/h"))], options());
+    first.update(&[m("m1"), m("m2")], t(0));
+    rx.expect(1).await;
+    // Only a summary changed (commits behind): not news.
+    let mut m2 = m("m2");
+    m2.summary = "m2 is 4 commits behind".into();
+    first.update(&[m("m1"), m2], t(1));
+    first.update(&[m("m1"), m("m2"), m("m3")], t(2));
+    rx.expect(2).await;
+    first.stop().await;
+
+    let second = Running::start_with(config(), vec![plain(rx.url("/h"))], options());
+    second.update(&[m("m1"), m("m2"), m("m3")], t(3));
+    second.update(&[m("m3")], t(4));
+    rx.expect(3).await;
+    second.update(&[], t(5));
+    let bodies = rx.expect(4).await;
+    tokio::time::sleep(QUIET).await;
+    let got: Vec<(String, bool, String)> = rx
+        .bodies()
+        .iter()
+        .map(|b| {
+            (
+                b["status"].as_str().unwrap().to_owned(),
+                b["update"].as_bool().unwrap(),
+                b["details"]["machines"].as_str().unwrap_or("-").to_owned(),
+            )
+        })
+        .collect();
+    let e = |status: &str, update: bool, n: &str| (status.to_owned(), update, n.to_owned());
+    assert_eq!(
+        got,
+        [
+            e("firing", false, "2"),
+            e("firing", true, "3"),
+            e("firing", true, "1"),
+            e("resolved", false, "1"),
+        ],
+        "{bodies:#?}"
+    );
+    let keys: BTreeSet<&str> = bodies
+        .iter()
+        .map(|b| b["dedup_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 1, "one incident: {keys:?}");
+    assert!(
+        bodies[3]["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("Resolved: 1 machine of agents trails")
+    );
+    second.stop().await;
+}
+
+/// The bounded list: ten machines named in the summary, the rest counted.
+#[test]
+fn a_large_group_names_ten_machines_and_counts_the_rest() {
+    let config = grouped(
+        &[GroupField::App, GroupField::Tip],
+        vec![hook(WebhookFormat::Json, Severity::Low)],
+    );
+    let alerts: Vec<Alert> = (0..60)
+        .map(|i| drift_in("agents", &format!("m{i:02}"), "default", Severity::Low))
+        .collect();
+    // No delivery runs: what would be sent is read from the state file.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("s.json");
+    let n = Notifier::with_options(
+        &config,
+        vec![plain("http://127.0.0.1:9/h".into())],
+        persisted(&state),
+    )
+    .unwrap();
+    n.update(&alerts, &[], t(0));
+    n.save().unwrap();
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let queued = &saved["sinks"][0]["queue"][0];
+    let summary = queued["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with(
+            "60 machines of agents trail release tip 0123456 (severity low): m00, m01"
+        ),
+        "{summary}"
+    );
+    assert!(summary.ends_with("m09 and 50 more"), "{summary}");
+    let ids = queued["details"]["machine_ids"].as_str().unwrap();
+    assert!(
+        ids.ends_with(&format!("m{:02} and 10 more", DETAIL_MACHINES - 1)),
+        "{ids}"
+    );
+    assert_eq!(saved["sinks"][0]["firing"].as_object().unwrap().len(), 1);
+    // The state file's own alerts stay per machine (a restart carries them).
+    assert_eq!(saved["alerts"].as_array().unwrap().len(), 60);
+}
+
+/// Every payload links where to act: the runbook section of its kind, the
+/// status page, the machine page of a machine alert, the release tip and
+/// the rule that decided the severity; in each format's own place.
+#[tokio::test(start_paused = true)]
+async fn payloads_link_the_runbook_the_pages_the_tip_and_the_rule() {
+    let (json_rx, slack_rx, pd_rx) = (
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    );
+    let config = grouped(
+        &[GroupField::Machine],
+        vec![
+            hook(WebhookFormat::Json, Severity::Low),
+            hook(WebhookFormat::Slack, Severity::Low),
+            hook(WebhookFormat::Pagerduty, Severity::Low),
+        ],
+    );
+    let n = Running::start_with(
+        config,
+        vec![
+            plain(json_rx.url("/h")),
+            plain(slack_rx.url("/h")),
+            SinkSecrets {
+                routing_key: Some("rk".into()),
+                ..plain(pd_rx.url("/v2/enqueue"))
+            },
+        ],
+        public(),
+    );
+    let stale = Alert {
+        kind: AlertKind::TipStale,
+        app: None,
+        machine_id: None,
+        commit: None,
+        severity: Severity::High,
+        summary: "The overlay release branch has not been fetched for 20m".into(),
+        details: BTreeMap::new(),
+    };
+    n.update(
+        &[drift_in("agents", "m1", "default", Severity::High), stale],
+        t(0),
+    );
+    let json = json_rx.expect(2).await;
+    let d = json
+        .iter()
+        .find(|b| b["event"] == "drift_detected")
+        .unwrap();
+    assert_eq!(
+        d["details"]["runbook_url"],
+        "https://runbooks.example/ops.md#drift_detected"
+    );
+    assert_eq!(
+        d["details"]["status_url"],
+        "https://fleet.example.com/base/"
+    );
+    assert_eq!(
+        d["details"]["machine_url"],
+        "https://fleet.example.com/base/machines/m1"
+    );
+    assert_eq!(d["details"]["tip"], COMMIT);
+    assert_eq!(
+        d["details"]["severity_rule"],
+        "rule #1: level = \"high\", min_commits_behind = 20"
+    );
+    let s = json.iter().find(|b| b["event"] == "tip_stale").unwrap();
+    assert_eq!(
+        s["details"]["runbook_url"],
+        "https://runbooks.example/ops.md#tip_stale"
+    );
+    assert_eq!(
+        s["details"]["severity_rule"],
+        "tip_stale is always high (docs/alerts.md)"
+    );
+    assert!(s["details"].get("machine_url").is_none());
+
+    let slack = slack_rx.expect(2).await;
+    let context = slack
+        .iter()
+        .find(|b| b["text"].as_str().unwrap().contains("drift_detected"))
+        .unwrap()["blocks"][2]["elements"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        context.contains("<https://runbooks.example/ops.md#drift_detected|Runbook>")
+            && context.contains("<https://fleet.example.com/base/|Status page>")
+            && context.contains("<https://fleet.example.com/base/machines/m1|Machine page>"),
+        "{context}"
+    );
+
+    let pd = pd_rx.expect(2).await;
+    let p = pd
+        .iter()
+        .find(|b| b["payload"]["class"] == "drift_detected")
+        .unwrap();
+    let links: Vec<(&str, &str)> = p["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["text"].as_str().unwrap(), l["href"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        links,
+        [
+            ("Runbook", "https://runbooks.example/ops.md#drift_detected"),
+            ("Status page", "https://fleet.example.com/base/"),
+            ("Machine page", "https://fleet.example.com/base/machines/m1"),
+        ]
+    );
+    assert_eq!(p["client_url"], "https://fleet.example.com/base/");
+    n.stop().await;
+}
+
+/// Each alert kind's runbook anchor is a section of docs/operations.md.
+#[test]
+fn every_runbook_anchor_is_a_section_of_the_operations_guide() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let anchors: BTreeSet<String> = guide
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| {
+            l.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == ' ')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect();
+    let kinds = [
+        AlertKind::Drift,
+        AlertKind::ManualApprovalRequired,
+        AlertKind::RotationStuck,
+        AlertKind::CoherenceBelowThreshold,
+        AlertKind::TipStale,
+        AlertKind::SweepFailing,
+        AlertKind::AppUnlistable,
+        AlertKind::RotationFailed,
+        AlertKind::CoordinatorUnreadable,
+        AlertKind::SinkFailing,
+    ];
+    for kind in kinds {
+        let anchor = runbook_anchor(kind);
+        assert!(
+            anchors.contains(anchor),
+            "docs/operations.md has no section #{anchor}"
+        );
+    }
+    assert!(anchors.contains("action_failed"));
 }

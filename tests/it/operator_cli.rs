@@ -821,7 +821,10 @@ async fn status_shows_each_machines_decision() {
 
     let out = cli(&fx.config, &["status", "--url", &base, "-o", "json"]);
     let v: Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(
+        v["schema_version"],
+        fleet_reconciler::report::wire::SCHEMA_VERSION
+    );
     assert_eq!(v["decisions"]["m2"]["kind"], "on_tip");
     shutdown.cancel();
     fx.sim.shutdown().await;

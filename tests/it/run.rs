@@ -143,10 +143,13 @@ admin_token_env = "E2E_ADMIN_TOKEN"
         .await
         .unwrap();
     assert!(
-        metrics.contains("fleet_overlay_coherence_ratio{app=\"agents\"}"),
+        metrics.contains("fleet_reconciler_overlay_coherence_ratio{fly_app=\"agents\"}"),
         "{metrics}"
     );
-    assert!(metrics.contains("fleet_actions_total"), "{metrics}");
+    assert!(
+        metrics.contains("fleet_reconciler_actions_total"),
+        "{metrics}"
+    );
     let fleet: serde_json::Value = http
         .get(format!("{base}/api/v1/fleet"))
         .send()
@@ -279,7 +282,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
             .await
             .unwrap();
         m.lines().any(|l| {
-            l.starts_with("fleet_webhook_deliveries_total{")
+            l.starts_with("fleet_reconciler_webhook_deliveries_total{")
                 && l.contains("result=\"delivered\"")
                 && !l.ends_with(" 0")
         })
@@ -393,6 +396,9 @@ interval = "200ms"
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [rotation]
 min_drift_age = "0s"
+# Per machine, as this test counts (#20: grouped by default).
+[alerts]
+group_by = ["machine"]
 [[alerts.webhooks]]
 url_env = "E2E_WEBHOOK_URL"
 format = "json"

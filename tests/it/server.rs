@@ -657,11 +657,11 @@ async fn metrics_endpoint_serves_the_text_format() {
     assert_eq!(content_type(&resp), "text/plain; version=0.0.4");
     let text = text_of(resp).await;
     assert!(
-        text.contains("fleet_overlay_coherence_ratio{app=\"*\"} 0.3333333333333333"),
+        text.contains("fleet_reconciler_fleet_overlay_coherence_ratio 0.3333333333333333"),
         "{text}"
     );
     assert!(
-        text.contains("fleet_overlay_coherence_ratio{app=\"alpha\"} 0.2"),
+        text.contains("fleet_reconciler_overlay_coherence_ratio{fly_app=\"alpha\"} 0.2"),
         "{text}"
     );
     h.stop().await;
@@ -1479,7 +1479,7 @@ async fn connections_beyond_the_limit_are_refused() {
     }
     let metrics = served.expect("served again once the held connections closed");
     assert_eq!(
-        series(&metrics, "fleet_http_connections_rejected_total"),
+        series(&metrics, "fleet_reconciler_http_connections_rejected_total"),
         Some(2.0),
         "{metrics}"
     );
@@ -1644,7 +1644,7 @@ async fn failed_admin_logins_are_limited_per_source_logged_and_counted() {
     let count = |reason: &str| {
         series(
             &metrics,
-            &format!("fleet_admin_auth_failures_total{{reason=\"{reason}\"}}"),
+            &format!("fleet_reconciler_admin_auth_failures_total{{reason=\"{reason}\"}}"),
         )
     };
     assert_eq!(count("wrong_token"), Some(4.0), "{metrics}");

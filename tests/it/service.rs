@@ -143,7 +143,12 @@ actions = { low = "observe", medium = "observe", high = "observe", critical = "o
     };
     let m1 = "machine_id=\"m1\"";
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while gauge(&scrape().await, "fleet_overlay_commits_behind", m1) != Some(1.0) {
+    while gauge(
+        &scrape().await,
+        "fleet_reconciler_overlay_commits_behind",
+        m1,
+    ) != Some(1.0)
+    {
         assert!(tokio::time::Instant::now() < deadline, "first sweep");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
@@ -169,8 +174,12 @@ actions = { low = "observe", medium = "observe", high = "observe", critical = "o
     loop {
         let text = scrape().await;
         scrapes += 1;
-        let behind = gauge(&text, "fleet_overlay_commits_behind", m1);
-        let coherence = gauge(&text, "fleet_overlay_coherence_ratio", "app=\"agents\"");
+        let behind = gauge(&text, "fleet_reconciler_overlay_commits_behind", m1);
+        let coherence = gauge(
+            &text,
+            "fleet_reconciler_overlay_coherence_ratio",
+            "fly_app=\"agents\"",
+        );
         // The last sweep before the release (m1 behind 1, m2 on the tip) or
         // the first after it (m1 behind 4, m2 behind 3): never a gap.
         match (behind, coherence) {
@@ -280,6 +289,9 @@ interval = "200ms"
 actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
 [rotation]
 min_drift_age = "{min_drift_age}"
+# Per machine, as these tests count (#20: grouped by default).
+[alerts]
+group_by = ["machine"]
 [[alerts.webhooks]]
 url_env = "HOOK"
 format = "json"

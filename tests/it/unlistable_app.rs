@@ -100,6 +100,9 @@ actions = {{ low = "alert-and-wait", medium = "alert-and-wait", high = "alert-an
 [rotation]
 min_drift_age = "0s"
 coordinator = "fleet-reconciler/coord0"
+# Per machine, as these tests count (#20: grouped by default).
+[alerts]
+group_by = ["machine"]
 [[alerts.webhooks]]
 url_env = "HOOK"
 format = "json"
@@ -265,11 +268,12 @@ format = "json"
     let age = |text: &str, app: &str| {
         gauge(
             text,
-            "fleet_app_data_age_seconds",
-            &format!("app=\"{app}\""),
+            "fleet_reconciler_app_data_age_seconds",
+            &format!("fly_app=\"{app}\""),
         )
     };
-    let beta_age = age(&first, "beta").expect("fleet_app_data_age_seconds{app=\"beta\"}");
+    let beta_age =
+        age(&first, "beta").expect("fleet_reconciler_app_data_age_seconds{fly_app=\"beta\"}");
     tokio::time::sleep(Duration::from_millis(700)).await;
     let second = get("/metrics").await;
     assert!(
@@ -281,7 +285,11 @@ format = "json"
     assert!(alpha_age < 5.0 && alpha_age < beta_age + 0.6, "{second}");
     // Its last known figures stay exported.
     assert_eq!(
-        gauge(&second, "fleet_overlay_coherence_ratio", "app=\"beta\""),
+        gauge(
+            &second,
+            "fleet_reconciler_overlay_coherence_ratio",
+            "fly_app=\"beta\""
+        ),
         Some(0.5),
         "{second}"
     );

@@ -52,6 +52,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::config::{DEFAULT_DIFF_BUDGET, DEFAULT_FETCH_TIMEOUT};
 use crate::model::{CommitId, MissingCommit};
+use crate::observe::DurationObserver;
 use graph::{FastMap, Graph, LoadError, Node};
 pub use signals::{SignalId, Signals};
 
@@ -414,6 +415,8 @@ impl OverlayError {
 #[derive(Clone)]
 pub struct Overlay {
     inner: Arc<Inner>,
+    /// Told how long each fetch took ([`Overlay::with_observer`]).
+    observer: Option<DurationObserver>,
 }
 
 impl fmt::Debug for Overlay {
@@ -516,7 +519,15 @@ impl Overlay {
         let inner = spawn(move || open_blocking(source)).await?;
         Ok(Overlay {
             inner: Arc::new(inner),
+            observer: None,
         })
+    }
+
+    /// Tells `observer` how long each fetch took and how it ended (`ok`,
+    /// `failed`).
+    pub fn with_observer(mut self, observer: DurationObserver) -> Overlay {
+        self.observer = Some(observer);
+        self
     }
 
     /// Fetches every branch from origin (pruning deleted ones) and returns
@@ -541,6 +552,18 @@ impl Overlay {
     /// past a fetch it does not otherwise see. It ends with this future, so
     /// it never holds up a shutdown.
     pub async fn fetch_within(&self, limit: Duration) -> Result<Tip, OverlayError> {
+        let started = tokio::time::Instant::now();
+        let result = self.fetch_unobserved(limit).await;
+        if let Some(o) = &self.observer {
+            o(
+                if result.is_ok() { "ok" } else { "failed" },
+                started.elapsed(),
+            );
+        }
+        result
+    }
+
+    async fn fetch_unobserved(&self, limit: Duration) -> Result<Tip, OverlayError> {
         let (_release, released) = std::sync::mpsc::channel::<()>();
         drop(tokio::task::spawn_blocking(move || {
             let _ = released.recv();

@@ -48,6 +48,11 @@ pub struct FleetAlertRules {
     /// …or none succeeded for this many sweep intervals; the tip is stale when
     /// it was not fetched for this many fetch intervals.
     pub stale_intervals: u32,
+    /// `overlay.fetch_timeout`: how long the first fetch (a full clone on a
+    /// cold start) may take. Until one sweep or one fetch has succeeded,
+    /// the daemon is *starting*, and neither `sweep_failing` nor
+    /// `tip_stale` fires before this plus their own bound has passed.
+    pub first_fetch_timeout: Duration,
 }
 
 impl FleetAlertRules {
@@ -59,7 +64,17 @@ impl FleetAlertRules {
             fetch_interval: config.overlay.fetch_interval,
             max_consecutive_sweep_failures: 3,
             stale_intervals: 3,
+            first_fetch_timeout: config.overlay.fetch_timeout,
         }
+    }
+
+    /// Whether a daemon that has not yet fetched the tip nor swept, `since`
+    /// its start, may still be waiting for its first fetch (bounded by
+    /// `first_fetch_timeout`) before `bound` applies.
+    fn starting(&self, input: &FleetAlertInput<'_>, since: Duration, bound: Duration) -> bool {
+        input.last_sweep_success.is_none()
+            && input.last_tip_fetch.is_none()
+            && since <= self.first_fetch_timeout + bound
     }
 
     /// No successful sweep for longer than this fires `sweep_failing`.
@@ -384,8 +399,14 @@ impl FleetAlertTracker {
         now: DateTime<Utc>,
     ) -> Option<Alert> {
         let since = elapsed(input.last_sweep_success.unwrap_or(started), now);
-        let failing = input.consecutive_sweep_failures >= self.rules.max_consecutive_sweep_failures
-            || since > self.rules.sweep_stale_after()
+        // The first sweeps of a cold start fail for want of a tip while the
+        // first clone runs: a daemon that is starting is not failing.
+        let starting = self
+            .rules
+            .starting(input, since, self.rules.sweep_stale_after());
+        let failing = !starting
+            && (input.consecutive_sweep_failures >= self.rules.max_consecutive_sweep_failures
+                || since > self.rules.sweep_stale_after())
             || self.sweep_failing_carried;
         if !failing {
             return None;
@@ -421,7 +442,10 @@ impl FleetAlertTracker {
         now: DateTime<Utc>,
     ) -> Option<Alert> {
         let since = elapsed(input.last_tip_fetch.unwrap_or(started), now);
-        if since <= self.rules.tip_stale_after() && !self.tip_stale_carried {
+        let starting = self
+            .rules
+            .starting(input, since, self.rules.tip_stale_after());
+        if (since <= self.rules.tip_stale_after() || starting) && !self.tip_stale_carried {
             return None;
         }
         let mut details = BTreeMap::from([(
@@ -575,6 +599,7 @@ mod tests {
             fetch_interval: Duration::from_secs(30),
             max_consecutive_sweep_failures: 3,
             stale_intervals: 3,
+            first_fetch_timeout: Duration::from_secs(120),
         }
     }
 

@@ -12,6 +12,7 @@ use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::{Notification, Status};
 use crate::config::WebhookFormat;
 use crate::model::Severity;
@@ -120,6 +121,7 @@ struct JsonBody<'a> {
     event: &'a str,
     status: &'a str,
     repeat: bool,
+    update: bool,
     dedup_key: &'a str,
     app: Option<&'a str>,
     machine_id: Option<&'a str>,
@@ -136,6 +138,7 @@ fn json_body(n: &Notification) -> JsonBody<'_> {
         event: &n.event,
         status: n.status.as_str(),
         repeat: n.repeat,
+        update: n.update,
         dedup_key: &n.dedup_key,
         app: n.app.as_deref(),
         machine_id: n.machine_id.as_deref(),
@@ -203,7 +206,11 @@ fn short_commit(commit: &str) -> &str {
 
 fn slack_body(n: &Notification) -> SlackBody {
     let label = status_label(n.status);
-    let repeat = if n.repeat { " (repeat)" } else { "" };
+    let repeat = match (n.repeat, n.update) {
+        (true, _) => " (repeat)",
+        (_, true) => " (updated)",
+        _ => "",
+    };
     let target = match (&n.app, &n.machine_id) {
         (Some(app), Some(m)) => format!(" [{app}/{m}]"),
         (Some(app), None) => format!(" [{app}]"),
@@ -251,12 +258,48 @@ fn slack_body(n: &Notification) -> SlackBody {
                 ],
             },
             SlackBlock::Context {
-                elements: vec![SlackText::Mrkdwn {
-                    text: slack_escape(&format!("{} · {}", n.dedup_key, rfc3339(n))),
-                }],
+                elements: slack_links(n)
+                    .into_iter()
+                    .chain([SlackText::Mrkdwn {
+                        text: slack_escape(&format!("{} · {}", n.dedup_key, rfc3339(n))),
+                    }])
+                    .collect(),
             },
         ],
     }
+}
+
+/// The links of a notification, as `(text, URL)`, in the order shown.
+fn links(n: &Notification) -> Vec<(&'static str, &str)> {
+    [
+        ("Runbook", RUNBOOK_URL),
+        ("Status page", STATUS_URL),
+        ("Machine page", MACHINE_URL),
+    ]
+    .into_iter()
+    .filter_map(|(text, key)| n.details.get(key).map(|url| (text, url.as_str())))
+    .collect()
+}
+
+/// Slack links `<url|text>`; a URL with `|`, `<` or `>` (never from our
+/// config checks, but be safe) is shown as text instead.
+fn slack_links(n: &Notification) -> Vec<SlackText> {
+    let shown: Vec<String> = links(n)
+        .into_iter()
+        .map(|(text, url)| {
+            if url.contains(['|', '<', '>']) {
+                format!("{text}: {}", slack_escape(url))
+            } else {
+                format!("<{}|{text}>", url.replace('&', "&amp;"))
+            }
+        })
+        .collect();
+    if shown.is_empty() {
+        return Vec::new();
+    }
+    vec![SlackText::Mrkdwn {
+        text: shown.join(" · "),
+    }]
 }
 
 // ---------------------------------------------------------------- pagerduty
@@ -267,7 +310,17 @@ struct PagerdutyTrigger<'a> {
     event_action: &'static str,
     dedup_key: String,
     client: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_url: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    links: Vec<PagerdutyLink<'a>>,
     payload: PagerdutyPayload<'a>,
+}
+
+#[derive(Serialize)]
+struct PagerdutyLink<'a> {
+    href: &'a str,
+    text: &'static str,
 }
 
 #[derive(Serialize)]
@@ -340,11 +393,19 @@ fn pagerduty_body(n: &Notification, routing_key: &str) -> Vec<u8> {
     if n.repeat {
         custom_details.insert("repeat".to_owned(), "true".to_owned());
     }
+    if n.update {
+        custom_details.insert("update".to_owned(), "true".to_owned());
+    }
     to_vec(&PagerdutyTrigger {
         routing_key,
         event_action: "trigger",
         dedup_key,
         client: "fleet-reconciler",
+        client_url: n.details.get(STATUS_URL).map(String::as_str),
+        links: links(n)
+            .into_iter()
+            .map(|(text, href)| PagerdutyLink { href, text })
+            .collect(),
         payload: PagerdutyPayload {
             summary: truncate(&n.summary, PAGERDUTY_SUMMARY_MAX),
             severity: pagerduty_severity(n.severity),
@@ -372,6 +433,7 @@ mod tests {
             status,
             event: "drift_detected".into(),
             repeat: false,
+            update: false,
             dedup_key: "fleet-reconciler/drift_detected/agents/m1/abc".into(),
             app: Some("agents".into()),
             machine_id: Some("m1".into()),

@@ -1,13 +1,22 @@
 //! The webhook notifier: alert state (dedupe, repeat, resolve), delivery to
 //! sinks, and the state file that carries both across restarts.
 //!
+//! What a sink is told about are *incidents*: the planner's per-machine
+//! drift and approval alerts grouped by `alerts.group_by` (`group`), each
+//! with its links (`links`); every other alert is an incident of its own.
+//! Webhooks get the per-sink state machine below, keyed by the incident's
+//! key (a change of its machines is an *update*); Alertmanagers get every
+//! firing incident each `update` (`alertmanager`).
+//!
 //! Owns, per configured webhook, which alerts that sink has been told about,
 //! the queue of notifications not yet delivered, the dead letters, and the
 //! HTTP delivery with retries. The sweep hands it the *full* set of
 //! conditions that hold now (`update`, level-triggered, never blocking); a
 //! background task (`run`) delivers and writes the state file. It must never
 //! block or fail a sweep, never follow a redirect, never send to a plain
-//! `http://` URL that is not loopback, and never write a webhook URL, routing
+//! `http://` URL that is not loopback (an Alertmanager, whose posts carry no
+//! credential, may also be on Fly's private `*.internal` network), and
+//! never write a webhook or Alertmanager URL, routing
 //! key, HMAC secret or response body into a log line, an error, a payload or
 //! the state file. It never reads the environment (secrets arrive as
 //! `SinkSecrets`, see `sink_secrets_from_env`) and never reads the wall clock
@@ -22,6 +31,7 @@
 //! | key new, severity below `min_severity` | nothing (not tracked; a later escalation is a new trigger) |
 //! | key known, severity rose | trigger again at the new severity (escalation) |
 //! | key known, unchanged, `repeat_interval` since the last notification | one repeat (skipped while an earlier one for the key is still queued) |
+//! | key known, its machines changed (not while one of its notifications is queued) | one update (a trigger, `update: true`) |
 //! | key known to the sink, absent now | resolve, at once |
 //!
 //! A severity that falls is remembered silently; repeats are sent only while
@@ -67,11 +77,14 @@
 //! `restored_alerts` says what held before (see `RestoredMachineAlerts` and
 //! `FleetAlertTracker::restore`).
 
+mod alertmanager;
 mod fleet;
 mod format;
+mod group;
+mod links;
 mod store;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,11 +98,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::config::{AlertsConfig, WebhookConfig, WebhookFormat};
+use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig, WebhookFormat};
 use crate::events::{ActionEvent, Alert, AlertKind, EventKind};
 use crate::model::{AppName, MachineId, Severity};
+use alertmanager::AmSink;
+use group::Grouped;
+use links::Links;
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
+pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use fleet::{
     APP_UNLISTABLE_SEVERITY, COHERENCE_SEVERITY, Coherence, CoherenceSample, FleetAlertInput,
     FleetAlertRules, FleetAlertTracker, RestoredMachineAlerts, SWEEP_FAILING_SEVERITY,
@@ -100,6 +117,8 @@ pub use format::{
     SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, format_name, pagerduty_dedup_key, pagerduty_severity,
     sign,
 };
+pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
+pub use links::{MACHINE_URL, RUNBOOK_URL, SEVERITY_RULE, STATUS_URL, TIP, runbook_anchor};
 pub use store::{STATE_KIND, STATE_VERSION};
 
 /// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
@@ -148,6 +167,18 @@ pub enum NotifyError {
     },
     #[error("cannot build the webhook HTTP client: {0}")]
     Client(String),
+    #[error(
+        "alerts.alertmanager[{index}]: environment variable {var} (Alertmanager URL) is not set or empty"
+    )]
+    AlertmanagerMissingEnv { index: usize, var: String },
+    #[error("alerts.alertmanager[{index}]: the URL in {url_env} {problem}")]
+    AlertmanagerInvalidUrl {
+        index: usize,
+        url_env: String,
+        problem: &'static str,
+    },
+    #[error("{got} Alertmanager URLs for {expected} configured [[alerts.alertmanager]]")]
+    AlertmanagerMismatch { expected: usize, got: usize },
 }
 
 impl NotifyError {
@@ -159,6 +190,9 @@ impl NotifyError {
             NotifyError::MissingSecret { .. } => "missing_secret",
             NotifyError::InvalidUrl { .. } => "invalid_url",
             NotifyError::Client(_) => "client",
+            NotifyError::AlertmanagerMissingEnv { .. } => "missing_env",
+            NotifyError::AlertmanagerInvalidUrl { .. } => "invalid_url",
+            NotifyError::AlertmanagerMismatch { .. } => "secrets_mismatch",
         }
     }
 }
@@ -202,6 +236,28 @@ pub fn sink_secrets_from_env(
         .collect()
 }
 
+/// Reads each `[[alerts.alertmanager]]`'s `url_env` through `lookup`, in
+/// order. An unset or empty variable is an error naming it.
+pub fn alertmanager_urls_from_env(
+    config: &AlertsConfig,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<SecretString>, NotifyError> {
+    config
+        .alertmanagers
+        .iter()
+        .enumerate()
+        .map(|(index, am)| {
+            lookup(&am.url_env)
+                .filter(|v| !v.trim().is_empty())
+                .map(SecretString::from)
+                .ok_or_else(|| NotifyError::AlertmanagerMissingEnv {
+                    index,
+                    var: am.url_env.clone(),
+                })
+        })
+        .collect()
+}
+
 /// Delivery tuning; the defaults are the production values.
 #[derive(Clone, Debug)]
 pub struct NotifierOptions {
@@ -227,6 +283,8 @@ pub struct NotifierOptions {
     /// What stamps dead letters, the state file and signatures (the
     /// system's clock; the alerts' own times come with each `update`).
     pub clock: SharedClock,
+    /// `server.public_url`: payloads link the status and machine pages under it.
+    pub public_url: Option<PublicUrl>,
 }
 
 impl Default for NotifierOptions {
@@ -242,6 +300,7 @@ impl Default for NotifierOptions {
             dead_letter_after: 60,
             save_interval: Duration::from_secs(1),
             clock: crate::clock::system(),
+            public_url: None,
         }
     }
 }
@@ -278,6 +337,9 @@ pub(crate) struct Notification {
     pub(crate) status: Status,
     pub(crate) event: String,
     pub(crate) repeat: bool,
+    /// A firing group whose machines changed (joined or converged).
+    #[serde(default)]
+    pub(crate) update: bool,
     pub(crate) dedup_key: String,
     pub(crate) app: Option<AppName>,
     pub(crate) machine_id: Option<MachineId>,
@@ -294,6 +356,7 @@ impl Notification {
             status: Status::Firing,
             event: alert.kind.trigger_name().to_owned(),
             repeat,
+            update: false,
             dedup_key: key.to_owned(),
             app: alert.app.clone(),
             machine_id: alert.machine_id.clone(),
@@ -315,18 +378,26 @@ impl Notification {
         }
     }
 
-    fn event(e: &ActionEvent) -> Notification {
+    fn event(e: &ActionEvent, links: &Links) -> Notification {
+        let mut details = BTreeMap::from([("action".to_owned(), e.action.as_str().to_owned())]);
+        links.annotate(
+            &mut details,
+            links::ACTION_ANCHOR,
+            Some(&e.machine_id),
+            Some(&e.commit),
+        );
         Notification {
             status: Status::Event,
             event: e.kind.name().to_owned(),
             repeat: false,
+            update: false,
             dedup_key: event_key(e.kind, e),
             app: Some(e.app.clone()),
             machine_id: Some(e.machine_id.clone()),
             commit: Some(e.commit.clone()),
             severity: e.severity,
             summary: e.summary.clone(),
-            details: BTreeMap::from([("action".to_owned(), e.action.as_str().to_owned())]),
+            details,
             at: e.at,
         }
     }
@@ -389,12 +460,16 @@ pub struct Notifier {
 
 struct Shared {
     sinks: Vec<Sink>,
+    alertmanagers: Vec<AmSink>,
     http: reqwest::Client,
     options: NotifierOptions,
     /// Every alert firing at the last `update`, for one log line per transition.
     fired: Mutex<BTreeMap<String, Alert>>,
     /// The alerts the state file said were firing, as read.
     restored: Vec<Alert>,
+    /// `alerts.group_by`.
+    group_by: Vec<GroupField>,
+    links: Links,
     store: Option<Store>,
     running: AtomicBool,
 }
@@ -441,6 +516,8 @@ struct Tracked {
     alert: Alert,
     /// The highest severity this sink was notified at since the last resolve.
     notified_severity: Severity,
+    /// The machines of the group as last notified (a change is an update).
+    members: BTreeSet<String>,
     last_notified: DateTime<Utc>,
     /// The last trigger (not a repeat) was dead-lettered: the receiver may
     /// never have heard of the alert, so it is sent again once the sink recovers.
@@ -502,12 +579,40 @@ impl Notifier {
         sinks: Vec<SinkSecrets>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
-        if sinks.len() != config.webhooks.len() {
-            return Err(NotifyError::SecretsMismatch {
-                expected: config.webhooks.len(),
-                got: sinks.len(),
-            });
+        Notifier::with_sinks(config, sinks, Vec::new(), options)
+    }
+
+    /// As `with_options`, with `alertmanagers[i]` the URL of
+    /// `[[alerts.alertmanager]]` `i` (see `alertmanager_urls_from_env`).
+    pub fn with_sinks(
+        config: &AlertsConfig,
+        sinks: Vec<SinkSecrets>,
+        alertmanagers: Vec<SecretString>,
+        options: NotifierOptions,
+    ) -> Result<Notifier, NotifyError> {
+        let (expected, got) = (config.alertmanagers.len(), alertmanagers.len());
+        if got != expected {
+            return Err(NotifyError::AlertmanagerMismatch { expected, got });
         }
+        let (expected, got) = (config.webhooks.len(), sinks.len());
+        if got != expected {
+            return Err(NotifyError::SecretsMismatch { expected, got });
+        }
+        let alertmanagers = config
+            .alertmanagers
+            .iter()
+            .zip(alertmanagers)
+            .enumerate()
+            .map(|(index, (am, url))| {
+                AmSink::new(index, am, url.expose_secret()).map_err(|problem| {
+                    NotifyError::AlertmanagerInvalidUrl {
+                        index,
+                        url_env: am.url_env.clone(),
+                        problem,
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let sinks = config
             .webhooks
             .iter()
@@ -523,29 +628,34 @@ impl Notifier {
             .connect_timeout(options.request_timeout.min(Duration::from_secs(5)))
             .build()
             .map_err(|e| NotifyError::Client(crate::http::describe(&e)))?;
-        // Without webhooks there is nothing to deliver or resolve: no file.
+        // Without sinks there is nothing to deliver or resolve: no file.
         let store = options
             .state_file
             .clone()
-            .filter(|_| !sinks.is_empty())
+            .filter(|_| !sinks.is_empty() || !alertmanagers.is_empty())
             .map(Store::new);
         let saved = store.as_ref().and_then(Store::load);
         let mut restored = Vec::new();
         if let Some(saved) = saved {
             restored = saved.alerts;
             restore_sinks(&sinks, saved.sinks);
+            restore_alertmanagers(&alertmanagers, saved.alertmanagers);
         }
         let fired: BTreeMap<String, Alert> = restored
             .iter()
             .map(|a| (a.dedup_key(), a.clone()))
             .collect();
+        let links = Links::new(config, options.public_url.clone());
         Ok(Notifier {
             shared: Arc::new(Shared {
                 sinks,
+                alertmanagers,
                 http,
                 options,
                 fired: Mutex::new(fired),
                 restored,
+                group_by: config.group_by.clone(),
+                links,
                 store,
                 running: AtomicBool::new(false),
             }),
@@ -564,10 +674,9 @@ impl Notifier {
     /// network or the disk: it only takes short, uncontended locks and wakes `run`.
     pub fn update(&self, firing: &[Alert], events: &[ActionEvent], now: DateTime<Utc>) {
         // One alert per key; if the planner sent a key twice, the more severe wins.
-        let mut current: BTreeMap<String, &Alert> = BTreeMap::new();
+        let mut raw: BTreeMap<String, &Alert> = BTreeMap::new();
         for alert in firing {
-            current
-                .entry(alert.dedup_key())
+            raw.entry(alert.dedup_key())
                 .and_modify(|a| {
                     if alert.severity > a.severity {
                         *a = alert;
@@ -577,20 +686,47 @@ impl Notifier {
         }
         let failing = self.sink_failing();
         if let Some(alert) = &failing {
-            current.insert(alert.dedup_key(), alert);
+            raw.insert(alert.dedup_key(), alert);
         }
-        self.log_transitions(&current);
+        // Logs (and the state file's `alerts`) stay per machine: a restart
+        // carries machine alerts, which group again into the same incidents.
+        self.log_transitions(&raw);
+        let current = self.incidents(raw.values().copied());
         let capacity = self.shared.options.queue_capacity;
+        let links = &self.shared.links;
         for sink in &self.shared.sinks {
             let queued = {
                 let mut state = lock(&sink.state);
-                sink.plan(&mut state, &current, events, now, capacity)
+                sink.plan(&mut state, &current, events, links, now, capacity)
             };
             if queued > 0 {
                 sink.wake.notify_one();
             }
         }
+        for am in &self.shared.alertmanagers {
+            am.update(&current, now);
+        }
         self.shared.touch();
+    }
+
+    /// The incidents `alerts` make: grouped by `alerts.group_by`, each
+    /// alert with its links.
+    fn incidents<'a>(&self, alerts: impl Iterator<Item = &'a Alert>) -> BTreeMap<String, Grouped> {
+        let alerts: Vec<Alert> = alerts.cloned().collect();
+        let mut groups = group::group(&alerts, &self.shared.group_by);
+        for g in groups.values_mut() {
+            let a = &mut g.alert;
+            let machine = a.machine_id.clone();
+            let commit = a.commit.clone();
+            self.shared.links.annotate_alert(
+                &mut a.details,
+                a.kind,
+                a.severity,
+                machine.as_deref(),
+                commit.as_deref(),
+            );
+        }
+        groups
     }
 
     /// `alert_sink_failing`, while any sink is failing.
@@ -674,13 +810,22 @@ impl Notifier {
         let shared = &self.shared;
         let saver_stop = CancellationToken::new();
         let deliveries = async {
-            futures::future::join_all(
+            let alertmanagers = futures::future::join_all(shared.alertmanagers.iter().map(|am| {
+                am.deliver(
+                    &shared.http,
+                    shared.options.retry_interval,
+                    shared.options.flush_deadline,
+                    shutdown.clone(),
+                    || shared.touch(),
+                )
+            }));
+            let webhooks = futures::future::join_all(
                 shared
                     .sinks
                     .iter()
                     .map(|sink| shared.deliver(sink, shutdown.clone())),
-            )
-            .await;
+            );
+            tokio::join!(webhooks, alertmanagers);
             saver_stop.cancel();
         };
         tokio::join!(deliveries, shared.save_loop(saver_stop.clone()));
@@ -713,6 +858,15 @@ impl Notifier {
                     failing: state.failing.is_some(),
                 }
             })
+            .collect()
+    }
+
+    /// Per `[[alerts.alertmanager]]`: what it was told and the posts made.
+    pub fn alertmanager_stats(&self) -> Vec<AlertmanagerStats> {
+        self.shared
+            .alertmanagers
+            .iter()
+            .map(AmSink::stats)
             .collect()
     }
 
@@ -755,6 +909,7 @@ fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
                 let t = Tracked {
                     alert: t.alert,
                     notified_severity: t.notified_severity,
+                    members: t.members,
                     last_notified: t.last_notified,
                     dead_lettered: t.dead_lettered,
                 };
@@ -778,6 +933,27 @@ fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
             firing = s.firing.len(),
             dead_letters = s.dead_letters.len(),
             "alert state of a webhook that is no longer configured is dropped"
+        );
+    }
+}
+
+/// Gives each configured Alertmanager the saved state of the same `url_env`.
+fn restore_alertmanagers(ams: &[AmSink], saved: Vec<alertmanager::SavedAm>) {
+    let mut saved: Vec<Option<alertmanager::SavedAm>> = saved.into_iter().map(Some).collect();
+    for am in ams {
+        let slot = saved
+            .iter_mut()
+            .find(|s| s.as_ref().is_some_and(|s| s.url_env == am.url_env));
+        if let Some(s) = slot.and_then(Option::take) {
+            am.restore(s);
+        }
+    }
+    for s in saved.into_iter().flatten() {
+        tracing::warn!(
+            url_env = %s.url_env,
+            firing = s.firing.len(),
+            resolving = s.resolving.len(),
+            "alert state of an Alertmanager that is no longer configured is dropped"
         );
     }
 }
@@ -820,8 +996,9 @@ impl Sink {
     fn plan(
         &self,
         st: &mut SinkState,
-        current: &BTreeMap<String, &Alert>,
+        current: &BTreeMap<String, Grouped>,
         events: &[ActionEvent],
+        links: &Links,
         now: DateTime<Utc>,
         capacity: usize,
     ) -> usize {
@@ -847,11 +1024,12 @@ impl Sink {
             } // else: still tracked, so the next sweep offers the resolve again.
         }
         let repeat = chrono::Duration::from_std(self.repeat_interval).ok();
-        for (key, alert) in current {
+        for (key, g) in current {
+            let alert = &g.alert;
             if Some(key.as_str()) == frozen {
                 continue;
             }
-            match st.firing.get(key) {
+            match st.firing.get_mut(key) {
                 None if alert.severity < self.min_severity => {}
                 None => {
                     if self.push(st, Notification::trigger(alert, key, false, now), capacity) {
@@ -859,8 +1037,9 @@ impl Sink {
                         st.firing.insert(
                             key.clone(),
                             Tracked {
-                                alert: (*alert).clone(),
+                                alert: alert.clone(),
                                 notified_severity: alert.severity,
+                                members: g.members.clone(),
                                 last_notified: now,
                                 dead_lettered: false,
                             },
@@ -868,22 +1047,31 @@ impl Sink {
                     }
                 }
                 Some(t) => {
-                    let escalated =
-                        alert.severity > t.notified_severity && alert.severity >= self.min_severity;
-                    let repeat_due = alert.severity >= self.min_severity
+                    // A state file from before grouping knows no members: adopt them.
+                    if t.members.is_empty() {
+                        t.members = g.members.clone();
+                    }
+                    let wanted = alert.severity >= self.min_severity;
+                    let quiet = !st.pending.contains_key(key);
+                    let t = st.firing.get(key).expect("checked above");
+                    let escalated = alert.severity > t.notified_severity && wanted;
+                    // Machines joined or converged: the incident is updated
+                    // (not while an earlier notification of it waits).
+                    let changed = t.members != g.members && wanted && quiet;
+                    let repeat_due = wanted
                         && repeat.is_some_and(|r| !r.is_zero() && now - t.last_notified >= r)
-                        && !st.pending.contains_key(key);
-                    let sent = (escalated || repeat_due)
-                        && self.push(
-                            st,
-                            Notification::trigger(alert, key, !escalated, now),
-                            capacity,
-                        );
+                        && quiet;
+                    let n = Notification {
+                        update: changed && !escalated,
+                        ..Notification::trigger(alert, key, !escalated && !changed, now)
+                    };
+                    let sent = (escalated || changed || repeat_due) && self.push(st, n, capacity);
                     if sent {
                         queued += 1;
                     }
                     let t = st.firing.get_mut(key).expect("checked above");
                     if sent {
+                        t.members = g.members.clone();
                         t.last_notified = now;
                         t.notified_severity = t.notified_severity.max(alert.severity);
                         if escalated {
@@ -894,7 +1082,7 @@ impl Sink {
                         // Fell: remember, so that rising again re-notifies.
                         t.notified_severity = alert.severity;
                     }
-                    t.alert = (*alert).clone();
+                    t.alert = alert.clone();
                 }
             }
         }
@@ -902,7 +1090,7 @@ impl Sink {
             let wanted = e.severity >= self.min_severity;
             if self.format != WebhookFormat::Pagerduty {
                 if wanted {
-                    queued += usize::from(self.push(st, Notification::event(e), capacity));
+                    queued += usize::from(self.push(st, Notification::event(e, links), capacity));
                 }
                 continue;
             }
@@ -912,7 +1100,7 @@ impl Sink {
             let failure_key = event_key(EventKind::ActionFailed, e);
             match e.kind {
                 EventKind::ActionFailed if wanted => {
-                    if self.push(st, Notification::event(e), capacity) {
+                    if self.push(st, Notification::event(e, links), capacity) {
                         st.open_failures.insert(failure_key);
                         queued += 1;
                     }
@@ -921,7 +1109,7 @@ impl Sink {
                     let n = Notification {
                         status: Status::Resolved,
                         dedup_key: failure_key.clone(),
-                        ..Notification::event(e)
+                        ..Notification::event(e, links)
                     };
                     if self.push(st, n, capacity) {
                         st.open_failures.remove(&failure_key);
@@ -930,7 +1118,7 @@ impl Sink {
                 }
                 // Nothing of ours resolves it: a human looks, then resolves.
                 EventKind::ActionUnfenced if wanted => {
-                    queued += usize::from(self.push(st, Notification::event(e), capacity));
+                    queued += usize::from(self.push(st, Notification::event(e, links), capacity));
                 }
                 EventKind::ActionFailed
                 | EventKind::ActionSucceeded
@@ -1125,6 +1313,7 @@ impl Sink {
                     let t = SavedTracked {
                         alert: t.alert.clone(),
                         notified_severity: t.notified_severity,
+                        members: t.members.clone(),
                         last_notified: t.last_notified,
                         dead_lettered: t.dead_lettered,
                     };
@@ -1199,6 +1388,7 @@ impl Shared {
             saved_at: now,
             alerts,
             sinks: self.sinks.iter().map(Sink::saved).collect(),
+            alertmanagers: self.alertmanagers.iter().map(AmSink::saved).collect(),
         }
     }
 
@@ -1456,6 +1646,8 @@ mod tests {
         let n = hooks.len();
         let config = AlertsConfig {
             webhooks: hooks,
+            // Per machine: these tests are about the per-sink state machine.
+            group_by: vec![GroupField::Machine],
             ..AlertsConfig::default()
         };
         let options = NotifierOptions {
@@ -1621,6 +1813,8 @@ mod tests {
     fn urls_are_checked_without_echoing_them() {
         let config = AlertsConfig {
             webhooks: vec![hook(WebhookFormat::Json, Severity::Low, 30)],
+            // Per machine: these tests are about the per-sink state machine.
+            group_by: vec![GroupField::Machine],
             ..AlertsConfig::default()
         };
         for (url, problem) in [

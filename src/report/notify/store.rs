@@ -36,6 +36,9 @@ pub(super) struct StateFile {
     /// Every alert that held at the last `update`.
     pub alerts: Vec<Alert>,
     pub sinks: Vec<SavedSink>,
+    /// `[[alerts.alertmanager]]` (none in files from before that sink).
+    #[serde(default)]
+    pub alertmanagers: Vec<super::alertmanager::SavedAm>,
 }
 
 /// One webhook's state, matched to the config by `format` and `url_env`.
@@ -60,6 +63,9 @@ pub(super) struct SavedSink {
 pub(super) struct SavedTracked {
     pub alert: Alert,
     pub notified_severity: Severity,
+    /// The group's machines as last notified (none in files from before grouping).
+    #[serde(default)]
+    pub members: BTreeSet<String>,
     pub last_notified: DateTime<Utc>,
     #[serde(default)]
     pub dead_lettered: bool,
@@ -249,6 +255,7 @@ mod tests {
             saved_at: Utc::now(),
             alerts: Vec::new(),
             sinks: Vec::new(),
+            alertmanagers: Vec::new(),
         }
     }
 

@@ -17,7 +17,7 @@
 //! Logging is rate-limited too, per source and window: the first failure of
 //! a window is logged at warn (source, method, path, why), and so is the
 //! moment the source becomes limited (with the count and for how long);
-//! everything in between is only counted, in `fleet_admin_auth_failures_total`.
+//! everything in between is only counted, in `fleet_reconciler_admin_auth_failures_total`.
 //! No line ever carries the presented or the configured token, nor any part
 //! of the `Authorization` header.
 
@@ -72,7 +72,7 @@ impl Default for ServerLimits {
 }
 
 /// Why an admin request was not authenticated (a label of
-/// `fleet_admin_auth_failures_total`).
+/// `fleet_reconciler_admin_auth_failures_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 pub enum AuthFailure {

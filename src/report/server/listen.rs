@@ -5,7 +5,7 @@
 //! * `server.max_connections` is a semaphore taken per accepted connection
 //!   and held until it closes. Over the limit a connection is not queued: it
 //!   gets a short 503 (written without waiting, so best effort) and is closed
-//!   at once, counted in `fleet_http_connections_rejected_total` and logged
+//!   at once, counted in `fleet_reconciler_http_connections_rejected_total` and logged
 //!   at most once per [`REJECTION_LOG_EVERY`]. Waiting instead would let the
 //!   clients that hold the slots also hold the ones queued behind them.
 //! * `server.header_read_timeout` is hyper's: a request's headers (the first

@@ -841,7 +841,7 @@ fn authorize(
     match state.auth_limiter.record_failure(source, now) {
         FailureLog::First => tracing::warn!(
             source = %source, %method, path = %path, reason = failure.as_str(),
-            "admin authentication failed (further failures from this source in the next {window} are counted in fleet_admin_auth_failures_total, not logged)"
+            "admin authentication failed (further failures from this source in the next {window} are counted in fleet_reconciler_admin_auth_failures_total, not logged)"
         ),
         FailureLog::NowLimited {
             failures,

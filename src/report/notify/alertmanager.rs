@@ -1,0 +1,385 @@
+//! The Alertmanager sink (`[[alerts.alertmanager]]`): the daemon's incidents
+//! posted to Alertmanager's `POST /api/v2/alerts`, the way Prometheus does.
+//!
+//! Owns the wire shape (labels, annotations, `startsAt`, `endsAt`,
+//! `generatorURL`), which alerts one Alertmanager has been told are firing
+//! (with their `startsAt`, kept across restarts in the alert state file),
+//! the resolves it is owed, and the delivery loop. Every `update` re-sends
+//! every firing alert (so Alertmanager's `resolve_timeout` never closes a
+//! live one); an alert that cleared is sent once more with `endsAt`, until
+//! Alertmanager has accepted that. It must never block an `update` (it only
+//! takes a short lock), never write the URL into a log, an error or the
+//! state file, and never read the clock for alert times (`now` is passed in).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::group::Grouped;
+use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
+use super::lock;
+use crate::config::AlertmanagerConfig;
+use crate::model::Severity;
+
+/// Alertmanager's endpoint for posting alerts, under the configured base URL.
+pub const ALERTMANAGER_PATH: &str = "api/v2/alerts";
+
+/// Details that are links or identity (shown as labels or annotations of
+/// their own), left out of the description.
+const NOT_DESCRIBED: [&str; 3] = [RUNBOOK_URL, STATUS_URL, MACHINE_URL];
+
+/// One alert as Alertmanager's API v2 takes it (`postableAlert`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct AmAlert {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    #[serde(rename = "startsAt")]
+    pub starts_at: DateTime<Utc>,
+    /// Only on a resolve: a firing alert leaves it out, and Alertmanager
+    /// keeps it firing for `resolve_timeout` after each post.
+    #[serde(rename = "endsAt", default, skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<DateTime<Utc>>,
+    #[serde(
+        rename = "generatorURL",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub generator_url: String,
+}
+
+impl AmAlert {
+    /// Alertmanager's identity of an alert: its label set.
+    fn fingerprint(&self) -> String {
+        self.labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// One Alertmanager's part of the alert state file, matched to the config
+/// by `url_env`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct SavedAm {
+    pub url_env: String,
+    /// Group key → the alert last posted as firing.
+    #[serde(default)]
+    pub firing: BTreeMap<String, AmAlert>,
+    /// Fingerprint → a resolve (with `endsAt`) not yet accepted.
+    #[serde(default)]
+    pub resolving: BTreeMap<String, AmAlert>,
+}
+
+#[derive(Default)]
+struct AmState {
+    firing: BTreeMap<String, AmAlert>,
+    resolving: BTreeMap<String, AmAlert>,
+    /// A post is due (set by every `update` that has anything to say).
+    due: bool,
+    delivered: u64,
+    failed_attempts: u64,
+    /// The last post failed (one WARN per episode, an INFO when it works again).
+    failing: bool,
+}
+
+/// Counters of one Alertmanager sink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AlertmanagerStats {
+    pub index: usize,
+    /// Alerts posted as firing now.
+    pub firing: usize,
+    /// Resolves not yet accepted.
+    pub resolving: usize,
+    /// Posts accepted.
+    pub delivered: u64,
+    pub failed_attempts: u64,
+}
+
+pub(super) struct AmSink {
+    pub index: usize,
+    pub url_env: String,
+    min_severity: Severity,
+    /// `alerts.alertmanager[].labels`, added to every alert.
+    extra_labels: BTreeMap<String, String>,
+    /// `<base>/api/v2/alerts` (a secret like the webhooks' URLs).
+    endpoint: SecretString,
+    state: Mutex<AmState>,
+    pub wake: tokio::sync::Notify,
+}
+
+/// The labels of an incident: its identity only (never message text), so
+/// that one incident is one Alertmanager alert. `fly_app` (not `app`, which
+/// a scrape sets to the reconciler's own app) names the agents' app.
+fn labels(g: &Grouped) -> BTreeMap<String, String> {
+    let a = &g.alert;
+    let mut labels = BTreeMap::from([
+        ("alertname".to_owned(), a.kind.trigger_name().to_owned()),
+        ("severity".to_owned(), a.severity.as_str().to_owned()),
+        ("service".to_owned(), "fleet-reconciler".to_owned()),
+    ]);
+    let mut put = |k: &str, v: Option<&str>| {
+        if let Some(v) = v {
+            labels.insert(k.to_owned(), v.to_owned());
+        }
+    };
+    put("fly_app", a.app.as_deref());
+    put("tip", a.commit.as_deref());
+    put("machine_id", a.machine_id.as_deref());
+    // A pool and region are identity of a machine alert, and of a group
+    // keyed by pool; a group spanning pools has no pool label.
+    let per_machine = a.machine_id.is_some();
+    if per_machine || g.key.contains("/pool=") {
+        put("pool", a.details.get("pool").map(String::as_str));
+    }
+    if per_machine {
+        put("fly_region", a.details.get("region").map(String::as_str));
+    }
+    labels
+}
+
+fn annotations(g: &Grouped) -> BTreeMap<String, String> {
+    let a = &g.alert;
+    let description: Vec<String> = a
+        .details
+        .iter()
+        .filter(|(k, _)| !NOT_DESCRIBED.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let mut out = BTreeMap::from([
+        ("summary".to_owned(), a.summary.clone()),
+        ("description".to_owned(), description.join("\n")),
+    ]);
+    for key in NOT_DESCRIBED {
+        if let Some(url) = a.details.get(key) {
+            out.insert(key.to_owned(), url.clone());
+        }
+    }
+    out
+}
+
+impl AmSink {
+    pub fn new(
+        index: usize,
+        config: &AlertmanagerConfig,
+        url: &str,
+    ) -> Result<AmSink, &'static str> {
+        let mut parsed = url::Url::parse(url.trim()).map_err(|_| "is not a valid URL")?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err("is not an http(s) URL");
+        }
+        let Some(host) = parsed.host() else {
+            return Err("has no host");
+        };
+        // Alerts carry no credential, but Fly's 6PN (`*.internal`, WireGuard)
+        // is the only network besides this host we send clear text over.
+        let private = crate::http::is_loopback(&host)
+            || matches!(&host, url::Host::Domain(d) if d.to_ascii_lowercase().ends_with(".internal"));
+        if parsed.scheme() == "http" && !private {
+            return Err(
+                "is http:// to a host that is neither loopback nor on Fly's private network (*.internal): use https://",
+            );
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err("carries user credentials, which are not supported");
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err("has a query or fragment (give Alertmanager's base URL)");
+        }
+        if let Ok(mut path) = parsed.path_segments_mut() {
+            path.pop_if_empty().extend(ALERTMANAGER_PATH.split('/'));
+        }
+        Ok(AmSink {
+            index,
+            url_env: config.url_env.clone(),
+            min_severity: config.min_severity,
+            extra_labels: config.labels.clone(),
+            endpoint: parsed.to_string().into(),
+            state: Mutex::new(AmState::default()),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Takes the incidents holding at `now`: keeps `startsAt` of those
+    /// already firing, owes a resolve for those gone, and makes a post due.
+    pub fn update(&self, current: &BTreeMap<String, Grouped>, now: DateTime<Utc>) {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let wanted: BTreeMap<&String, &Grouped> = current
+            .iter()
+            .filter(|(_, g)| g.alert.severity >= self.min_severity)
+            .collect();
+        let gone: Vec<String> = st
+            .firing
+            .keys()
+            .filter(|k| !wanted.contains_key(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(mut a) = st.firing.remove(&key) {
+                a.ends_at = Some(now);
+                st.resolving.insert(a.fingerprint(), a);
+            }
+        }
+        for (key, g) in wanted {
+            let mut labels = labels(g);
+            for (k, v) in &self.extra_labels {
+                labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            let annotations = annotations(g);
+            let starts_at = match st.firing.get(key) {
+                Some(old) if old.labels == labels => old.starts_at,
+                Some(old) => {
+                    // New identity (its severity changed): the old alert ends.
+                    let mut old = old.clone();
+                    old.ends_at = Some(now);
+                    st.resolving.insert(old.fingerprint(), old);
+                    now
+                }
+                None => now,
+            };
+            let alert = AmAlert {
+                generator_url: annotations
+                    .get(MACHINE_URL)
+                    .or_else(|| annotations.get(STATUS_URL))
+                    .cloned()
+                    .unwrap_or_default(),
+                labels,
+                annotations,
+                starts_at,
+                ends_at: None,
+            };
+            // Firing again before its resolve went out: the resolve is moot.
+            st.resolving.remove(&alert.fingerprint());
+            st.firing.insert(key.clone(), alert);
+        }
+        st.due = !st.firing.is_empty() || !st.resolving.is_empty();
+        if st.due {
+            self.wake.notify_one();
+        }
+    }
+
+    pub fn stats(&self) -> AlertmanagerStats {
+        let st = lock(&self.state);
+        AlertmanagerStats {
+            index: self.index,
+            firing: st.firing.len(),
+            resolving: st.resolving.len(),
+            delivered: st.delivered,
+            failed_attempts: st.failed_attempts,
+        }
+    }
+
+    pub fn saved(&self) -> SavedAm {
+        let st = lock(&self.state);
+        SavedAm {
+            url_env: self.url_env.clone(),
+            firing: st.firing.clone(),
+            resolving: st.resolving.clone(),
+        }
+    }
+
+    pub fn restore(&self, saved: SavedAm) {
+        let mut st = lock(&self.state);
+        st.firing = saved.firing;
+        st.resolving = saved.resolving;
+        // Owed resolves go out at once; firing alerts with the first update.
+        st.due = !st.resolving.is_empty();
+    }
+
+    /// Posts what is due until `shutdown`, then once more within `flush`.
+    /// `touch` marks the state changed (for the state file).
+    pub async fn deliver(
+        &self,
+        http: &reqwest::Client,
+        retry_interval: Duration,
+        flush: Duration,
+        shutdown: CancellationToken,
+        touch: impl Fn(),
+    ) {
+        loop {
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = shutdown.cancelled() => break,
+            }
+            if !self.post(http, &touch).await {
+                tokio::select! {
+                    _ = tokio::time::sleep(retry_interval) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                // Retry even if no update came meanwhile (resolves are owed).
+                self.wake.notify_one();
+            }
+        }
+        let _ = tokio::time::timeout(flush, self.post(http, &touch)).await;
+    }
+
+    /// One post of every firing alert and owed resolve; true when accepted
+    /// (or nothing was due).
+    async fn post(&self, http: &reqwest::Client, touch: &impl Fn()) -> bool {
+        let batch: Vec<AmAlert> = {
+            let mut st = lock(&self.state);
+            if !st.due {
+                return true;
+            }
+            st.due = false;
+            st.firing
+                .values()
+                .chain(st.resolving.values())
+                .cloned()
+                .collect()
+        };
+        let result = http
+            .post(self.endpoint.expose_secret())
+            .json(&batch)
+            .send()
+            .await;
+        let error = match result {
+            Ok(resp) if resp.status().is_success() => None,
+            Ok(resp) => Some(format!("HTTP {}", resp.status().as_u16())),
+            Err(e) => Some(crate::http::describe(&e)),
+        };
+        let mut st = lock(&self.state);
+        match error {
+            None => {
+                st.delivered += 1;
+                // Resolves that went out (and did not change since) are done.
+                for a in batch.iter().filter(|a| a.ends_at.is_some()) {
+                    if st.resolving.get(&a.fingerprint()) == Some(a) {
+                        st.resolving.remove(&a.fingerprint());
+                    }
+                }
+                if std::mem::take(&mut st.failing) {
+                    tracing::info!(alertmanager_index = self.index, url_env = %self.url_env, "Alertmanager accepts alerts again");
+                }
+                tracing::debug!(
+                    alertmanager_index = self.index,
+                    alerts = batch.len(),
+                    "alerts posted to Alertmanager"
+                );
+                drop(st);
+                touch();
+                true
+            }
+            Some(error) => {
+                st.failed_attempts += 1;
+                st.due = true;
+                if !std::mem::replace(&mut st.failing, true) {
+                    tracing::warn!(
+                        alertmanager_index = self.index,
+                        url_env = %self.url_env,
+                        error,
+                        alerts = batch.len(),
+                        "cannot post alerts to Alertmanager; retrying (firing alerts are re-sent with every sweep)"
+                    );
+                }
+                false
+            }
+        }
+    }
+}

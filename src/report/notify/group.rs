@@ -1,0 +1,331 @@
+//! Grouped incidents: the planner's per-machine drift and approval alerts
+//! folded into one incident per group (`alerts.group_by`).
+//!
+//! Owns what a group is (its key, built only from stable identity: app, pool,
+//! severity, release tip, machine; never from message text), and the group's
+//! alert: the highest severity of its members, a summary that counts and
+//! names them (a bounded list, the rest counted), and details listing them.
+//! Every other alert kind is passed through as a group of its own. It must
+//! never read the clock, do I/O, or decide what a sink is told (that is the
+//! per-sink state machine in `mod.rs`, which sees only groups).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::GroupField;
+use crate::events::{Alert, AlertKind};
+use crate::model::Severity;
+
+/// Machines named in a group's summary; the rest are counted.
+pub const SUMMARY_MACHINES: usize = 10;
+/// Machines listed in a group's `details.machine_ids`; the rest are counted.
+pub const DETAIL_MACHINES: usize = 50;
+
+/// One incident: its key, its alert (what the sinks are told) and the
+/// machines in it (a change of them is news to the sinks).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Grouped {
+    pub key: String,
+    pub alert: Alert,
+    pub members: BTreeSet<String>,
+}
+
+/// Whether alerts of `kind` are grouped (only the per-machine conditions
+/// that one release raises on many machines at once).
+fn grouped_kind(kind: AlertKind) -> bool {
+    matches!(kind, AlertKind::Drift | AlertKind::ManualApprovalRequired)
+}
+
+/// The fields that key a group of `kind`: approvals wait for a tip, not for
+/// a severity or a pool, so they are keyed by app and tip only (one incident
+/// per app and tip: "N machines await approval for <tip>").
+fn fields(kind: AlertKind, by: &[GroupField]) -> BTreeSet<GroupField> {
+    by.iter()
+        .copied()
+        .filter(|f| {
+            kind != AlertKind::ManualApprovalRequired
+                || matches!(f, GroupField::App | GroupField::Tip | GroupField::Machine)
+        })
+        .collect()
+}
+
+/// The pool of a machine alert (the planner's `details.pool`).
+fn pool(alert: &Alert) -> &str {
+    alert.details.get("pool").map_or("*", String::as_str)
+}
+
+/// The key of the group `alert` belongs to. With `machine`, today's
+/// per-machine key (app, machine, tip), so a state file written before
+/// grouping lines up; `pool` and `severity` add a segment each when listed.
+fn group_key(alert: &Alert, fields: &BTreeSet<GroupField>) -> String {
+    let has = |f| fields.contains(&f);
+    let mut key = if has(GroupField::Machine) {
+        alert.dedup_key()
+    } else {
+        format!(
+            "fleet-reconciler/{}/{}/*/{}",
+            alert.kind.trigger_name(),
+            alert
+                .app
+                .as_deref()
+                .filter(|_| has(GroupField::App))
+                .unwrap_or("*"),
+            alert
+                .commit
+                .as_deref()
+                .filter(|_| has(GroupField::Tip))
+                .unwrap_or("*"),
+        )
+    };
+    if has(GroupField::Pool) {
+        key.push_str(&format!("/pool={}", pool(alert)));
+    }
+    if has(GroupField::Severity) {
+        key.push_str(&format!("/severity={}", alert.severity));
+    }
+    key
+}
+
+/// Groups `alerts` by `by`. One alert per key (the more severe wins when a
+/// key comes twice); the result is keyed by group key.
+pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<String, Grouped> {
+    let mut single: BTreeMap<String, &Alert> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<&Alert>> = BTreeMap::new();
+    for alert in alerts {
+        if !grouped_kind(alert.kind) || alert.machine_id.is_none() {
+            single
+                .entry(alert.dedup_key())
+                .and_modify(|a| {
+                    if alert.severity > a.severity {
+                        *a = alert;
+                    }
+                })
+                .or_insert(alert);
+            continue;
+        }
+        let key = group_key(alert, &fields(alert.kind, by));
+        groups.entry(key).or_default().push(alert);
+    }
+    let mut out: BTreeMap<String, Grouped> = single
+        .into_iter()
+        .map(|(key, alert)| {
+            let members = alert.machine_id.iter().map(|m| m.to_string()).collect();
+            let g = Grouped {
+                key: key.clone(),
+                alert: alert.clone(),
+                members,
+            };
+            (key, g)
+        })
+        .collect();
+    for (key, members) in groups {
+        let keyed_by = fields(members[0].kind, by);
+        out.insert(key.clone(), group_alert(key, &members, &keyed_by));
+    }
+    out
+}
+
+/// The alert of one group of machine alerts (`members` is never empty).
+fn group_alert(key: String, members: &[&Alert], fields: &BTreeSet<GroupField>) -> Grouped {
+    // One entry per machine, its most severe alert.
+    let mut by_machine: BTreeMap<&str, &Alert> = BTreeMap::new();
+    for a in members {
+        let id = a.machine_id.as_deref().unwrap_or_default();
+        by_machine
+            .entry(id)
+            .and_modify(|b| {
+                if a.severity > b.severity {
+                    *b = a;
+                }
+            })
+            .or_insert(a);
+    }
+    let first = by_machine.values().next().copied().unwrap_or(members[0]);
+    if fields.contains(&GroupField::Machine) {
+        // A group of one machine: the alert as the planner wrote it.
+        return Grouped {
+            key,
+            alert: first.clone(),
+            members: by_machine.keys().map(|m| (*m).to_owned()).collect(),
+        };
+    }
+    let alerts: Vec<&Alert> = by_machine.values().copied().collect();
+    let severity = alerts
+        .iter()
+        .map(|a| a.severity)
+        .max()
+        .unwrap_or(Severity::Low);
+    let distinct = |get: &dyn Fn(&Alert) -> Option<String>| -> BTreeSet<String> {
+        alerts.iter().filter_map(|a| get(a)).collect()
+    };
+    let apps = distinct(&|a| a.app.as_deref().map(str::to_owned));
+    let tips = distinct(&|a| a.commit.clone());
+    let pools = distinct(&|a| a.details.get("pool").cloned());
+    let rules = distinct(&|a| a.details.get("severity_rule").cloned());
+    let ids: Vec<&str> = by_machine.keys().copied().collect();
+    let n = ids.len();
+    let one = |set: &BTreeSet<String>| {
+        (set.len() == 1)
+            .then(|| set.iter().next().cloned())
+            .flatten()
+    };
+    let app = one(&apps);
+    let tip = one(&tips);
+
+    let listed = bounded(&ids, SUMMARY_MACHINES);
+    let (machines, trail, wait) = if n == 1 {
+        ("machine", "trails", "awaits")
+    } else {
+        ("machines", "trail", "await")
+    };
+    let scope = match &app {
+        Some(app) => format!(" of {app}"),
+        None => format!(" in {} apps", apps.len()),
+    };
+    let pool_scope = match one(&pools) {
+        Some(p) if fields.contains(&GroupField::Pool) => format!(" (pool {p})"),
+        _ => String::new(),
+    };
+    let target = match &tip {
+        Some(t) => format!("release tip {}", short(t)),
+        None => "the release tip".to_owned(),
+    };
+    let summary = match first.kind {
+        AlertKind::ManualApprovalRequired => format!(
+            "{n} {machines}{scope}{pool_scope} {wait} approval for {target}: {listed}. `fleet-reconciler approve <machine>` (or --when-idle) each"
+        ),
+        _ => format!(
+            "{n} {machines}{scope}{pool_scope} {trail} {target} (severity {severity}): {listed}"
+        ),
+    };
+
+    let mut details = BTreeMap::from([
+        ("machines".to_owned(), n.to_string()),
+        ("machine_ids".to_owned(), bounded(&ids, DETAIL_MACHINES)),
+        (
+            "group_by".to_owned(),
+            fields
+                .iter()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+    ]);
+    let join = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(", ");
+    if !pools.is_empty() {
+        details.insert("pool".to_owned(), join(&pools));
+    }
+    if !rules.is_empty() {
+        details.insert("severity_rule".to_owned(), join(&rules));
+    }
+    if apps.len() > 1 {
+        details.insert("apps".to_owned(), join(&apps));
+    }
+    Grouped {
+        key,
+        alert: Alert {
+            kind: first.kind,
+            app: app.map(Into::into),
+            machine_id: None,
+            commit: tip,
+            severity,
+            summary,
+            details,
+        },
+        members: ids.iter().map(|m| (*m).to_owned()).collect(),
+    }
+}
+
+/// `a, b, c and 7 more` (at most `max` named).
+fn bounded(ids: &[&str], max: usize) -> String {
+    let shown = ids.iter().take(max).copied().collect::<Vec<_>>().join(", ");
+    match ids.len().saturating_sub(max) {
+        0 => shown,
+        rest => format!("{shown} and {rest} more"),
+    }
+}
+
+/// The first 7 characters of a commit id.
+fn short(commit: &str) -> &str {
+    commit.get(..7).unwrap_or(commit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drift(app: &str, machine: &str, pool: &str, sev: Severity) -> Alert {
+        Alert {
+            kind: AlertKind::Drift,
+            app: Some(app.into()),
+            machine_id: Some(machine.into()),
+            commit: Some("0123456789abcdef".into()),
+            severity: sev,
+            summary: format!("{machine} is behind"),
+            details: BTreeMap::from([("pool".to_owned(), pool.to_owned())]),
+        }
+    }
+
+    #[test]
+    fn keys_are_built_from_the_listed_fields_only() {
+        let a = drift("agents", "m1", "p", Severity::High);
+        let by = [GroupField::App, GroupField::Tip, GroupField::Severity];
+        assert_eq!(
+            group_key(&a, &fields(a.kind, &by)),
+            "fleet-reconciler/drift_detected/agents/*/0123456789abcdef/severity=high"
+        );
+        assert_eq!(
+            group_key(&a, &fields(a.kind, &[GroupField::Machine])),
+            a.dedup_key(),
+            "per machine: today's key"
+        );
+        let mut b = a.clone();
+        b.summary = "changed text".into();
+        b.details.insert("commits_behind".into(), "9".into());
+        assert_eq!(
+            group_key(&a, &fields(a.kind, &by)),
+            group_key(&b, &fields(b.kind, &by))
+        );
+        let mut approval = a.clone();
+        approval.kind = AlertKind::ManualApprovalRequired;
+        assert_eq!(
+            group_key(
+                &approval,
+                &fields(
+                    approval.kind,
+                    &[
+                        GroupField::App,
+                        GroupField::Pool,
+                        GroupField::Severity,
+                        GroupField::Tip
+                    ]
+                )
+            ),
+            "fleet-reconciler/manual_approval_required/agents/*/0123456789abcdef"
+        );
+    }
+
+    #[test]
+    fn a_group_counts_and_names_a_bounded_list() {
+        let alerts: Vec<Alert> = (0..13)
+            .map(|i| drift("agents", &format!("m{i:02}"), "p", Severity::Medium))
+            .collect();
+        let groups = group(&alerts, &[GroupField::App, GroupField::Tip]);
+        assert_eq!(groups.len(), 1);
+        let g = groups.values().next().unwrap();
+        assert_eq!(g.members.len(), 13);
+        assert!(
+            g.alert.summary.starts_with(
+                "13 machines of agents trail release tip 0123456 (severity medium): m00, m01"
+            ),
+            "{}",
+            g.alert.summary
+        );
+        assert!(
+            g.alert.summary.ends_with("m09 and 3 more"),
+            "{}",
+            g.alert.summary
+        );
+        assert_eq!(g.alert.details["machines"], "13");
+        assert_eq!(g.alert.machine_id, None);
+    }
+}

@@ -23,10 +23,10 @@ use crate::observe::sweep::FleetReport;
 pub struct FleetDocument {
     #[serde(flatten)]
     pub report: FleetReport,
-    /// Each machine's decision, by machine id: for `check` the planner's on
-    /// this one sweep (as `plan` shows it), for the API the daemon's in its
-    /// last sweep. A machine without one is absent.
-    #[serde(default)]
+    /// Each machine's decision in the daemon's last sweep, by machine id
+    /// (`GET /api/v1/fleet`; a machine without one is absent). `check
+    /// --output json` has none: `plan --output json` gives them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub decisions: BTreeMap<MachineId, Decision>,
 }
 
@@ -35,6 +35,7 @@ pub struct FleetDocument {
 struct FleetDocumentRef<'a> {
     #[serde(flatten)]
     report: &'a FleetReport,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     decisions: BTreeMap<&'a MachineId, &'a Decision>,
 }
 

@@ -370,7 +370,7 @@ async fn the_demo_posts_to_an_alertmanager() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = fleet_reconciler::demo::DEMO_CONFIG.replace(
-        "listen = \"127.0.0.1:9090\"",
+        "listen = \"127.0.0.1:8080\"",
         &format!("listen = \"127.0.0.1:{port}\""),
     );
     let path = dir.path().join("demo.toml");

@@ -56,6 +56,8 @@ pub enum CheckKind {
     Overlay,
     /// A webhook's URL and a dry request to it.
     Webhook,
+    /// An `[[alerts.alertmanager]]`'s URL and a read of its status.
+    Alertmanager,
     /// A sample of an app's health URLs answering a report.
     Health,
 }
@@ -156,6 +158,7 @@ pub fn offline(config: &Config, env: Lookup<'_>, check_env: bool) -> Report {
     if check_env {
         findings.extend(secrets(config, env));
         findings.extend(webhook_urls(config, env));
+        findings.extend(alertmanager_urls(config, env));
     }
     Report { findings }
 }
@@ -182,6 +185,7 @@ pub async fn run(config: &Config, env: Lookup<'_>) -> Report {
     }
     report.findings.push(overlay(config, env).await);
     report.findings.extend(webhooks(config, env).await);
+    report.findings.extend(alertmanagers(config, env).await);
     report.findings.extend(health_sample(config, &listed).await);
     report
 }
@@ -327,6 +331,18 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             );
         }
     }
+    for (i, am) in config.alerts.alertmanagers.iter().enumerate() {
+        add(
+            &am.url_env,
+            format!("URL of alerts.alertmanager[{i}] (url_env)"),
+            true,
+            "",
+            format!(
+                "fly secrets set {}=https://… (Alertmanager's base URL, without /api/v2)",
+                am.url_env
+            ),
+        );
+    }
     out
 }
 
@@ -354,6 +370,7 @@ fn secrets(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
 fn sink_secrets(config: &Config, env: Lookup<'_>, index: usize) -> Option<SinkSecrets> {
     let one = crate::config::AlertsConfig {
         webhooks: vec![config.alerts.webhooks.get(index)?.clone()],
+        alertmanagers: Vec::new(),
         ..config.alerts.clone()
     };
     notify::sink_secrets_from_env(&one, |var| env(var))
@@ -377,6 +394,7 @@ fn webhook_urls(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
         };
         let one = crate::config::AlertsConfig {
             webhooks: vec![hook.clone()],
+            alertmanagers: Vec::new(),
             ..config.alerts.clone()
         };
         match Notifier::with_options(&one, vec![secrets], NotifierOptions::default()) {
@@ -832,6 +850,120 @@ async fn webhooks(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
                     )
                 }
             }
+        });
+    }
+    out
+}
+
+/// Each `[[alerts.alertmanager]]`'s URL (set, and usable as `run` judges
+/// it): `Some(url)` for those that are, with the findings.
+fn alertmanager_checked(config: &Config, env: Lookup<'_>) -> Vec<(Finding, Option<SecretString>)> {
+    config
+        .alerts
+        .alertmanagers
+        .iter()
+        .enumerate()
+        .map(|(i, am)| {
+            let subject = format!("alerts.alertmanager[{i}]");
+            let Some(url) = read(env, &am.url_env) else {
+                let f = Finding::skipped(
+                    CheckKind::Alertmanager,
+                    subject,
+                    format!("{} is not set (see its secret line)", am.url_env),
+                );
+                return (f, None);
+            };
+            let one = crate::config::AlertsConfig {
+                webhooks: Vec::new(),
+                alertmanagers: vec![am.clone()],
+                ..config.alerts.clone()
+            };
+            match Notifier::with_sinks(&one, Vec::new(), vec![url.clone()], NotifierOptions::default()) {
+                Ok(_) => (
+                    Finding::ok(
+                        CheckKind::Alertmanager,
+                        subject,
+                        format!("the URL in {} is usable", am.url_env),
+                    ),
+                    Some(url),
+                ),
+                Err(e) => (
+                    Finding::fail(
+                        CheckKind::Alertmanager,
+                        subject,
+                        e.to_string(),
+                        format!(
+                            "fly secrets set {}=https://… (or http:// on loopback or a *.internal host)",
+                            am.url_env
+                        ),
+                    ),
+                    None,
+                ),
+            }
+        })
+        .collect()
+}
+
+fn alertmanager_urls(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
+    alertmanager_checked(config, env)
+        .into_iter()
+        .map(|(f, _)| f)
+        .collect()
+}
+
+/// A read of each usable Alertmanager's `/api/v2/status` (it changes
+/// nothing there): the sink's URL reaches an Alertmanager.
+async fn alertmanagers(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
+    let http = match crate::http::client_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(WEBHOOK_TIMEOUT)
+        .build()
+    {
+        Ok(h) => h,
+        Err(e) => {
+            return vec![Finding::fail(
+                CheckKind::Alertmanager,
+                "alerts.alertmanager",
+                format!("cannot build an HTTP client: {e}"),
+                "report this as a bug",
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    for ((_, url), (i, am)) in alertmanager_checked(config, env)
+        .into_iter()
+        .zip(config.alerts.alertmanagers.iter().enumerate())
+    {
+        let Some(url) = url else {
+            continue; // said by the URL check
+        };
+        let subject = format!("alerts.alertmanager[{i}] status");
+        let status_url = format!(
+            "{}/api/v2/status",
+            url.expose_secret().trim_end_matches('/')
+        );
+        let fix = format!(
+            "set {} to Alertmanager's base URL (the daemon posts to <URL>/api/v2/alerts) and let this host reach it",
+            am.url_env
+        );
+        out.push(match http.get(&status_url).send().await {
+            Err(e) => Finding::fail(
+                CheckKind::Alertmanager,
+                subject,
+                format!("GET /api/v2/status: {}", crate::http::describe(&e)),
+                fix,
+            ),
+            Ok(resp) if resp.status().is_success() => Finding::ok(
+                CheckKind::Alertmanager,
+                subject,
+                format!("GET /api/v2/status answered HTTP {}", resp.status()),
+            ),
+            Ok(resp) => Finding::fail(
+                CheckKind::Alertmanager,
+                subject,
+                format!("GET /api/v2/status answered HTTP {}", resp.status()),
+                fix,
+            ),
         });
     }
     out

@@ -107,9 +107,13 @@ pub enum Declined {
     #[error("our lease could not be refreshed; stopped before the next call")]
     LeaseLost,
     #[error("fresh probe: {0}")]
-    NotIdle(&'static str),
+    NotIdle(planner::NotIdle),
+    /// A restart that must not interrupt work, and the fresh probe got no
+    /// usable report to show the agent idle.
+    #[error("fresh probe: no usable report")]
+    NoUsableReport,
     #[error("fresh probe: the agent answers again ({0})")]
-    AgentAnswers(&'static str),
+    AgentAnswers(planner::NotIdle),
     #[error("fresh probe: the agent already runs the target")]
     OnTarget,
     #[error("shutting down")]
@@ -1068,16 +1072,16 @@ impl Executor {
                 match guard {
                     RestartGuard::MayInterrupt => Ok(()),
                     RestartGuard::Idle => planner::restart_allowed(&self.config, &r, marker, now)
-                        .map_err(|why| Declined::NotIdle(why.as_str()).into()),
+                        .map_err(|why| Declined::NotIdle(why).into()),
                     RestartGuard::Unprobeable => {
                         planner::restart_allowed(&self.config, &r, marker, now)
-                            .map_err(|why| Declined::AgentAnswers(why.as_str()).into())
+                            .map_err(|why| Declined::AgentAnswers(why).into())
                     }
                 }
             }
             _ => match guard {
                 RestartGuard::MayInterrupt | RestartGuard::Unprobeable => Ok(()),
-                RestartGuard::Idle => Err(Declined::NotIdle("no usable report").into()),
+                RestartGuard::Idle => Err(Declined::NoUsableReport.into()),
             },
         }
     }

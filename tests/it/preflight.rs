@@ -808,3 +808,78 @@ async fn preflight_passes_against_the_demo_as_the_readme_says() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// `[[alerts.alertmanager]]` (added with #20) is checked too: its variable,
+/// its URL as `run` judges it, and a read of `/api/v2/status` (nothing is
+/// posted). Before, a config with an Alertmanager failed every webhook line
+/// ("cannot be set up": the notifier was built without the Alertmanager's
+/// URL) and never checked the Alertmanager itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alertmanager_sink_is_checked_with_a_read_of_its_status() {
+    let overlay = OverlayRepo::new();
+    let sim = fleet(&overlay, SimMachine::new("coord0").stopped()).await;
+    let (hooks, _) = receivers().await;
+    // An Alertmanager at /am, and something else (404) at /gone.
+    let posted = Arc::new(Mutex::new(0usize));
+    let count = posted.clone();
+    let app = Router::new().fallback(move |method: Method, uri: axum::http::Uri| {
+        let count = count.clone();
+        async move {
+            if method == Method::POST {
+                *count.lock().unwrap() += 1;
+            }
+            match (method.as_str(), uri.path()) {
+                ("GET", "/am/api/v2/status") => (StatusCode::OK, r#"{"cluster":{}}"#),
+                _ => (StatusCode::NOT_FOUND, "not found"),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let am = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let text = format!(
+        "{}\n\n[[alerts.alertmanager]]\nurl_env = \"AM_URL\"\n",
+        config(&overlay, &sim)
+    );
+    let path = write(overlay.dir.path(), "am.toml", &text);
+    let with = |url: Option<String>| {
+        let mut env = good_env(&hooks);
+        env.extend(url.map(|u| ("AM_URL".to_string(), u)));
+        env
+    };
+
+    let out = cli_async(args(&path, &[]), with(Some(format!("{am}/am/")))).await;
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.line("ok  ", "secret", "AM_URL");
+    out.line(
+        "ok  ",
+        "alertmanager",
+        "alerts.alertmanager[0]: the URL in AM_URL is usable",
+    );
+    out.line(
+        "ok  ",
+        "alertmanager",
+        "alerts.alertmanager[0] status: GET /api/v2/status answered HTTP 200",
+    );
+    out.line(
+        "ok  ",
+        "webhook",
+        "alerts.webhooks[0]: the URL in SLACK_URL",
+    );
+    assert_eq!(*posted.lock().unwrap(), 0, "preflight posted an alert");
+
+    let out = cli_async(args(&path, &[]), with(Some(format!("{am}/gone")))).await;
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    let (_, fix) = out.line(
+        "FAIL",
+        "alertmanager",
+        "alerts.alertmanager[0] status: GET /api/v2/status answered HTTP 404",
+    );
+    assert!(fix.contains("AM_URL"), "{fix}");
+
+    let out = cli_async(args(&path, &[]), with(None)).await;
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    out.line("FAIL", "secret", "AM_URL");
+    out.line("skip", "alertmanager", "alerts.alertmanager[0]");
+    sim.shutdown().await;
+}

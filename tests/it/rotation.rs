@@ -1424,7 +1424,12 @@ async fn work_that_starts_during_the_marker_write_is_not_killed() {
     sim.set_live_sessions("m1", 1);
     let done = run.await.unwrap();
     assert!(
-        matches!(done[0].outcome, Outcome::Skipped(Declined::NotIdle(_))),
+        matches!(
+            done[0].outcome,
+            Outcome::Skipped(Declined::NotIdle(
+                fleet_reconciler::decide::planner::NotIdle::LiveWork
+            ))
+        ),
         "{:?}",
         done[0].outcome
     );

@@ -435,7 +435,13 @@ proptest! {
                             || mk.phase.holds_slot()
                             || mk.phase == Phase::Claiming
                     });
-                live || readable.is_some_and(|mk| mk.phase.holds_slot())
+                // Without its slot, a rotation being undone on a machine
+                // that stopped (autostop) serves nothing either way: its
+                // slot was let go so the pool is not starved (docs/safety.md,
+                // "Why the cap holds", 3), so it counts only while started.
+                live || readable.is_some_and(|mk| {
+                    mk.phase.holds_slot() && (mk.phase != Phase::Releasing || m.started)
+                })
             } else {
                 m.metadata_unknown
                     || m.garbage_marker

@@ -22,7 +22,7 @@ use crate::observe::DurationObserver;
 use crate::text::{MAX_DETAIL_CHARS, MAX_TAG_CHARS, bounded, json_error};
 
 /// Whether the agent is in the middle of a turn or job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Activity {
     Idle,
@@ -30,14 +30,14 @@ pub enum Activity {
 }
 
 /// Optional cooperative endpoints an agent serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Capability {
     Drain,
     Reload,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RotationState {
     #[serde(default)]
     pub fenced: bool,
@@ -46,7 +46,7 @@ pub struct RotationState {
 }
 
 /// A parsed, validated health report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct AgentReport {
     /// Lowercase hex, 4 to 40 digits.
     pub overlay_ref: String,

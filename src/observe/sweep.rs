@@ -100,7 +100,7 @@ pub struct StaleApp {
     pub last_listed_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MachineReport {
     pub app: AppName,
     pub machine_id: MachineId,

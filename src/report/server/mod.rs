@@ -692,10 +692,14 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
     Ok(resp)
 }
 
-/// `GET /api/v1/machines/{id}`: what an operator needs to decide an intervention.
-#[derive(Serialize)]
+/// `GET /api/v1/machines/{id}`: what an operator needs to decide an
+/// intervention. Its schema is docs/machine.schema.json ([`machine_schema`]).
+#[derive(Serialize, schemars::JsonSchema)]
 struct MachineDetail<'a> {
-    /// The machine's row of the `check` JSON.
+    /// The fleet document's version ([`crate::report::wire::SCHEMA_VERSION`]):
+    /// this document moves with it.
+    schema_version: u32,
+    /// The machine's row of the `check` JSON, with its `reason` inline.
     machine: &'a MachineReport,
     /// The agent's last parsed health report (null when it gave none).
     agent_report: Option<&'a AgentReport>,
@@ -716,6 +720,13 @@ struct MachineDetail<'a> {
     /// its last listing, and nothing is done to it meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
     app_stale: Option<&'a StaleApp>,
+}
+
+/// The JSON Schema of `GET /api/v1/machines/{id}`'s document, as committed
+/// in docs/machine.schema.json.
+pub fn machine_schema() -> String {
+    let schema = schemars::schema_for!(MachineDetail<'static>);
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
 }
 
 /// A metadata value that is not one of ours, shown as written: as JSON when
@@ -756,6 +767,7 @@ async fn machine(
     };
     let extra = observed.extras.get(id);
     let detail = MachineDetail {
+        schema_version: crate::report::wire::SCHEMA_VERSION,
         machine: m,
         agent_report: m.inputs.report.as_ref(),
         hold: control_json(m, HOLD_KEY, m.inputs.controls.hold()),

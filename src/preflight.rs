@@ -785,21 +785,27 @@ impl WebhookProbe {
     }
 }
 
-async fn webhooks(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
-    let http = match crate::http::client_builder()
+/// The client of the dry requests to alert sinks: no redirect followed
+/// (the notifier follows none either), [`WEBHOOK_TIMEOUT`].
+fn dry_client(check: CheckKind, subject: &str) -> Result<reqwest::Client, Vec<Finding>> {
+    crate::http::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(WEBHOOK_TIMEOUT)
         .build()
-    {
-        Ok(h) => h,
-        Err(e) => {
-            return vec![Finding::fail(
-                CheckKind::Webhook,
-                "alerts.webhooks",
+        .map_err(|e| {
+            vec![Finding::fail(
+                check,
+                subject,
                 format!("cannot build an HTTP client: {e}"),
                 "report this as a bug",
-            )];
-        }
+            )]
+        })
+}
+
+async fn webhooks(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
+    let http = match dry_client(CheckKind::Webhook, "alerts.webhooks") {
+        Ok(h) => h,
+        Err(f) => return f,
     };
     let mut out = Vec::new();
     for (i, hook) in config.alerts.webhooks.iter().enumerate() {
@@ -914,20 +920,9 @@ fn alertmanager_urls(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
 /// A read of each usable Alertmanager's `/api/v2/status` (it changes
 /// nothing there): the sink's URL reaches an Alertmanager.
 async fn alertmanagers(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
-    let http = match crate::http::client_builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(WEBHOOK_TIMEOUT)
-        .build()
-    {
+    let http = match dry_client(CheckKind::Alertmanager, "alerts.alertmanager") {
         Ok(h) => h,
-        Err(e) => {
-            return vec![Finding::fail(
-                CheckKind::Alertmanager,
-                "alerts.alertmanager",
-                format!("cannot build an HTTP client: {e}"),
-                "report this as a bug",
-            )];
-        }
+        Err(f) => return f,
     };
     let mut out = Vec::new();
     for ((_, url), (i, am)) in alertmanager_checked(config, env)

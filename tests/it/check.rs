@@ -1197,18 +1197,10 @@ async fn a_low_open_file_limit_is_raised_at_start_and_logged() {
 /// the committed file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_published_schema_is_current_and_check_output_validates_against_it() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fleet.schema.json");
-    let generated = fleet_reconciler::report::render::fleet_schema();
-    if std::env::var_os("UPDATE_SCHEMA").is_some() {
-        std::fs::write(&path, &generated).unwrap();
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        committed == generated,
-        "docs/fleet.schema.json is not what the types generate: run `UPDATE_SCHEMA=1 cargo test --test it check::the_published` and commit it"
+    let validator = crate::common::published_schema(
+        "fleet.schema.json",
+        &fleet_reconciler::report::render::fleet_schema(),
     );
-    let schema: serde_json::Value = serde_json::from_str(&committed).unwrap();
-    let validator = jsonschema::validator_for(&schema).unwrap();
 
     let fx = overlay_fixture();
     let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
@@ -1218,10 +1210,7 @@ async fn the_published_schema_is_current_and_check_output_validates_against_it()
         run_check_async(config.clone(), Some(TOKEN), &["--output", "json"]).await;
     assert_eq!(code, 1, "drift: {stdout}\n{stderr}");
     let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    let errors: Vec<String> = validator
-        .iter_errors(&doc)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
+    let errors = crate::common::schema_errors(&validator, &doc);
     assert!(errors.is_empty(), "{errors:#?}");
     let machines = doc["machines"].as_array().unwrap();
     assert!(

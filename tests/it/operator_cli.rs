@@ -822,15 +822,11 @@ async fn status_shows_each_machines_decision() {
     // The API's document, decisions included, is the published schema's.
     let out = cli(&fx.config, &["status", "--url", &base, "-o", "json"]);
     let v: Value = serde_json::from_str(&out.stdout).unwrap();
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fleet.schema.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let validator = jsonschema::validator_for(&schema).unwrap();
-    let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+    let validator = crate::common::published_schema(
+        "fleet.schema.json",
+        &fleet_reconciler::report::render::fleet_schema(),
+    );
+    let errors = crate::common::schema_errors(&validator, &v);
     assert!(errors.is_empty(), "{errors:#?}");
     assert_eq!(v["decisions"].as_object().unwrap().len(), 3, "{v}");
     let mut bad = v.clone();

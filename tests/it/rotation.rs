@@ -1936,12 +1936,10 @@ async fn a_hold_landing_within_the_restarts_round_trip_is_reported() {
     sim2.shutdown().await;
 }
 
-/// #19, docs/safety.md "not covered" (1), the claim: a hold that lands
-/// while the claim's cordon is in flight is found by the read after it and
-/// reported; from then on nothing more is done to the machine.
-#[tokio::test(start_paused = true)]
-async fn a_hold_landing_around_a_cordon_is_reported_and_nothing_follows() {
-    use fleet_reconciler::act::executor::Outcome;
+/// A busy cooperative machine in an `alert-and-wait` pool, and the plan
+/// that claims it (a cordon, and a drain, follow); the world holds the
+/// repository the config points at.
+async fn busy_machine_to_claim() -> (World, Sim, Hand, fleet_reconciler::decide::planner::Plan) {
     let w = world();
     let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1").cooperative()]))
         .await
@@ -1949,6 +1947,16 @@ async fn a_hold_landing_around_a_cordon_is_reported_and_nothing_follows() {
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    (w, sim, hand, claim)
+}
+
+/// #19, docs/safety.md "not covered" (1), the claim: a hold that lands
+/// while the claim's cordon is in flight is found by the read after it and
+/// reported; from then on nothing more is done to the machine.
+#[tokio::test(start_paused = true)]
+async fn a_hold_landing_around_a_cordon_is_reported_and_nothing_follows() {
+    use fleet_reconciler::act::executor::Outcome;
+    let (_world, sim, mut hand, claim) = busy_machine_to_claim().await;
     sim.handle().before_next_call("m1", "POST", "cordon", |h| {
         h.set_metadata("m1", HOLD_KEY, "ops: incident 48");
     });
@@ -2029,13 +2037,7 @@ async fn a_slot_write_left_unanswered_is_reported() {
 #[tokio::test(start_paused = true)]
 async fn a_cordon_that_lands_after_an_outside_update_is_undone_at_once() {
     use fleet_reconciler::sim::OutsideLease;
-    let w = world();
-    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1").cooperative()]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    let (_world, sim, hand, claim) = busy_machine_to_claim().await;
     // `fly deploy` from a snapshot taken before the claim.
     let snapshot = sim.machine("m1").unwrap().metadata;
     sim.handle()

@@ -157,3 +157,30 @@ pub async fn eventually(what: &str, deadline: Duration, mut f: impl AsyncFnMut()
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// A published JSON Schema under docs/: the committed file must be what the
+/// types generate (`UPDATE_SCHEMA=1` rewrites it), and is returned as a
+/// validator.
+pub fn published_schema(file: &str, generated: &str) -> jsonschema::Validator {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs")
+        .join(file);
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/{file} is not what the types generate: run `UPDATE_SCHEMA=1 cargo test --test it` and commit it"
+    );
+    let schema: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+/// Where `doc` breaks the schema, one line each (empty: it validates).
+pub fn schema_errors(validator: &jsonschema::Validator, doc: &serde_json::Value) -> Vec<String> {
+    validator
+        .iter_errors(doc)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect()
+}

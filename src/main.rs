@@ -1082,12 +1082,15 @@ fn print_machine(view: &server::MachineView, json: &serde_json::Value, output: O
     }
 }
 
-/// A JSON document (`check`, `plan`) on stdout, pretty and streamed; the
-/// operator commands' one-line objects are [`print_json`]'s. A closed stdout
-/// (`| head`) is the reader's choice, not our error.
+/// A JSON document (`check`, `plan`) on stdout, streamed: indented on a
+/// terminal, compact when a program reads it (`| jq .` indents it again);
+/// the operator commands' one-line objects are [`print_json`]'s. A closed
+/// stdout (`| head`) is the reader's choice, not our error.
 fn print_document(doc: &impl serde::Serialize) {
+    use std::io::IsTerminal;
+    let pretty = std::io::stdout().is_terminal();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let _ = render::write_json(&mut out, doc).and_then(|()| out.flush());
+    let _ = render::write_json(&mut out, doc, pretty).and_then(|()| out.flush());
 }
 
 fn print_fleet(

@@ -65,9 +65,18 @@ pub fn to_json(report: &FleetReport) -> String {
 
 /// A document (the [`to_json`] report, [`plan_to_json`]'s) written to `out`
 /// as it is serialized, followed by a newline: a 10,000-machine document is
-/// megabytes that need not sit in memory.
-pub fn write_json(out: &mut impl std::io::Write, doc: &impl Serialize) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, doc)?;
+/// megabytes that need not sit in memory. Indented for a person (`pretty`,
+/// a terminal), compact for a program (half the bytes at 100,000 machines).
+pub fn write_json(
+    out: &mut impl std::io::Write,
+    doc: &impl Serialize,
+    pretty: bool,
+) -> std::io::Result<()> {
+    if pretty {
+        serde_json::to_writer_pretty(&mut *out, doc)?;
+    } else {
+        serde_json::to_writer(&mut *out, doc)?;
+    }
     out.write_all(b"\n")
 }
 

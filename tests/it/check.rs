@@ -775,6 +775,8 @@ async fn binary_exit_codes_follow_coherence() {
     let (code, stdout, _) =
         run_check_async(config.clone(), Some(TOKEN), &["--output", "json"]).await;
     assert_eq!(code, 1, "drift: {stdout}");
+    // Read by a program (a pipe): compact, one line.
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["coherence"], 0.5);
     sim.shutdown().await;

@@ -680,7 +680,7 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
         .extras
         .iter()
         .filter_map(|(id, e)| Some((id, e.decision.as_ref()?)));
-    let body = serde_json::to_string_pretty(&render::fleet_document(&report, decisions))
+    let body = serde_json::to_string(&render::fleet_document(&report, decisions))
         .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     let mut resp = ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response();
     if let Some(at) = observed.last_success {

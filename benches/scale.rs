@@ -857,18 +857,6 @@ async fn bench(args: Args) -> Result<(), Error> {
         "≤ 1.5 s",
         steady.wall <= Duration::from_millis(1500),
     );
-    // #22: at most 30 MB at 100,000 machines, 300 bytes a machine.
-    let per_machine = steady.output.len() as f64 / args.machines.max(1) as f64;
-    report.row(
-        &format!(
-            "22. check --output json, {} machines ({:.1} MB)",
-            args.machines,
-            steady.output.len() as f64 / 1e6
-        ),
-        format!("{per_machine:.0} B/machine"),
-        "≤ 300 B",
-        per_machine <= 300.0,
-    );
     report.row(
         "1. peak RSS, count rules, first check",
         format!("{:.1} MiB", first.peak_mib),
@@ -929,6 +917,18 @@ async fn bench(args: Args) -> Result<(), Error> {
         report.info(
             &format!("5. {size} machines"),
             format!("{:.1} MiB  {}", run.peak_mib, secs(run.wall)),
+        );
+        // #22: the document's bytes (compact, as a program reads it) grow
+        // with the rows; the refs table is the same for every size.
+        let bytes = run.output.len();
+        report.row(
+            &format!(
+                "22. check --output json, {size} machines ({:.1} MB)",
+                bytes as f64 / 1e6
+            ),
+            format!("{:.0} B/machine", bytes as f64 / size.max(1) as f64),
+            "≤ 30 MB at 100k",
+            size < 100_000 || bytes <= 30_000_000,
         );
         by_size.push((size, run.peak_mib, run.wall));
     }

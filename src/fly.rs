@@ -896,7 +896,7 @@ impl FlyClient {
                     let index = machines.len();
                     let machine: Machine =
                         serde_json::from_slice(element).map_err(|e| FlyError::Decode {
-                            op: "list_machines",
+                            op: call.op,
                             app: app.to_string(),
                             message: format!(
                                 "machine {index}{} of the list: {}",

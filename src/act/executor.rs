@@ -514,8 +514,7 @@ impl Executor {
                 let outcome = if shutdown.is_cancelled() {
                     Outcome::Skipped(Declined::ShuttingDown)
                 } else {
-                    let result = self.run(&step, shutdown, &mut unfenced).await;
-                    match result {
+                    match self.run(&step, shutdown, &mut unfenced).await {
                         Ok(()) => Outcome::Done,
                         Err(StepError::Declined(why)) => Outcome::Skipped(why),
                         Err(StepError::Fly(e)) => Outcome::Failed(Failure::Fly {
@@ -1191,13 +1190,7 @@ impl Executor {
             cap,
             lease: lease.validity(),
         };
-        let (answer, unanswered) = self.change_slots(change).await;
-        if unanswered {
-            lease.note(Unfenced::Unanswered {
-                lease: LeaseOf::Coordinator,
-            });
-        }
-        match answer {
+        match self.change_slots(change, lease).await {
             SlotAnswer::Done => Ok(()),
             SlotAnswer::Full => Err(Declined::PoolFull {
                 app: t.app.clone(),
@@ -1210,13 +1203,25 @@ impl Executor {
         }
     }
 
+    /// [`Executor::batched_slot_change`], noting on the step's `lease` a
+    /// slot-set write that went unanswered.
+    async fn change_slots(&self, change: SlotChange, lease: &Held) -> SlotAnswer {
+        let (answer, unanswered) = self.batched_slot_change(change).await;
+        if unanswered {
+            lease.note(Unfenced::Unanswered {
+                lease: LeaseOf::Coordinator,
+            });
+        }
+        answer
+    }
+
     /// Queues one slot change and waits for its answer. The first waiter
     /// takes the coordinator's lease and applies every queued change in one
     /// read-modify-write; the others get their answers from it. Fly allows
     /// about one lease call a second per machine, so one lease per batch,
     /// not per claim, is what lets a sweep claim more than a slot a second.
     /// Also says whether the batch's slot-set write went unanswered.
-    async fn change_slots(&self, change: SlotChange) -> (SlotAnswer, bool) {
+    async fn batched_slot_change(&self, change: SlotChange) -> (SlotAnswer, bool) {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         self.slot_queue
             .lock()
@@ -1372,13 +1377,7 @@ impl Executor {
             machine_id: t.machine_id.clone(),
             tag: tag.to_string(),
         };
-        let (answer, unanswered) = self.change_slots(change).await;
-        if unanswered {
-            lease.note(Unfenced::Unanswered {
-                lease: LeaseOf::Coordinator,
-            });
-        }
-        match answer {
+        match self.change_slots(change, lease).await {
             SlotAnswer::Done => {}
             other => {
                 tracing::info!(app = %t.app, machine_id = %t.machine_id, error = ?other, "slot not released now; the next claim that needs it reclaims it")

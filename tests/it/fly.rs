@@ -325,33 +325,32 @@ const MIB: usize = 1 << 20;
 const LIST_CAP: usize = fleet_reconciler::fly::MAX_LIST_BODY_BYTES;
 const OBJECT_CAP: usize = fleet_reconciler::fly::MAX_BODY_BYTES;
 
-/// A stand-in Fly API: every answer is `status` with `size` bytes of JSON
-/// whitespace and then `[]` (the length announced or not); counts the bytes
-/// it handed to the connection.
-async fn bloated_api(
-    size: usize,
-    announce: bool,
+/// A stand-in Fly API: every answer is `status`, its body the `chunks` one
+/// call of `body` yields, streamed as they are made (with a
+/// `content-length` when `length` says one); counts the bytes it handed to
+/// the connection.
+async fn streaming_api<I>(
     status: u16,
-) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    length: Option<usize>,
+    body: impl Fn() -> I + Clone + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>)
+where
+    I: Iterator<Item = bytes::Bytes> + Send + 'static,
+{
     let sent = Arc::new(AtomicUsize::new(0));
     let counter = sent.clone();
     let handler = move || {
-        let counter = counter.clone();
+        let (counter, body) = (counter.clone(), body.clone());
         async move {
-            let chunk = bytes::Bytes::from(vec![b' '; MIB]);
-            let chunks = (0..size / MIB).map(move |_| chunk.clone()).chain([
-                bytes::Bytes::from(vec![b' '; size % MIB]),
-                bytes::Bytes::from_static(b"[]"),
-            ]);
-            let stream = futures::stream::iter(chunks).map(move |c| {
+            let stream = futures::stream::iter(body()).map(move |c| {
                 counter.fetch_add(c.len(), Ordering::SeqCst);
                 Ok::<_, std::io::Error>(c)
             });
             let mut resp = axum::response::Response::builder()
                 .status(status)
                 .header("content-type", "application/json");
-            if announce {
-                resp = resp.header("content-length", size + 2);
+            if let Some(n) = length {
+                resp = resp.header("content-length", n);
             }
             resp.body(axum::body::Body::from_stream(stream)).unwrap()
         }
@@ -365,57 +364,53 @@ async fn bloated_api(
     (url, sent, task)
 }
 
+/// Every answer is `status` with `size` bytes of JSON whitespace and then
+/// `[]` (the length announced or not).
+async fn bloated_api(
+    size: usize,
+    announce: bool,
+    status: u16,
+) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    streaming_api(status, announce.then_some(size + 2), move || {
+        let chunk = bytes::Bytes::from(vec![b' '; MIB]);
+        (0..size / MIB).map(move |_| chunk.clone()).chain([
+            bytes::Bytes::from(vec![b' '; size % MIB]),
+            bytes::Bytes::from_static(b"[]"),
+        ])
+    })
+    .await
+}
+
 fn bloated_client(url: &str) -> FlyClient {
     let mut config = FlyClientConfig::new(url);
     config.max_retries = 0;
     FlyClient::new(config, TOKEN).unwrap()
 }
 
-/// A stand-in Fly API whose list answer is `[`, `count` machine objects of
-/// about `size` bytes each (the one at `huge`, if any, of `huge_size`), `]`,
-/// streamed as generated without a length; counts the bytes it handed over.
+/// A list answer of `[`, `count` machine objects of about `size` bytes
+/// each (the one at `huge`, if any, of `huge_size`), `]`, without a length.
 async fn listing_api(
     count: usize,
     size: usize,
     huge: Option<(usize, usize)>,
 ) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let sent = Arc::new(AtomicUsize::new(0));
-    let counter = sent.clone();
-    let handler = move || {
-        let counter = counter.clone();
-        async move {
-            let machine = move |i: usize| {
-                let pad = match huge {
-                    Some((at, big)) if at == i => big,
-                    _ => size,
-                };
-                let sep = if i == 0 { "[" } else { "," };
-                bytes::Bytes::from(format!(
-                    r#"{sep}{{"id":"m{i}","name":"n{i}","state":"started","region":"iad","private_ip":"fdaa::{i:x}","instance_id":"i{i}","config":{{"metadata":{{"fly_process_group":"app"}},"env":{{"PAD":"{}"}}}}}}"#,
-                    "p".repeat(pad)
-                ))
+    streaming_api(200, None, move || {
+        let machine = move |i: usize| {
+            let pad = match huge {
+                Some((at, big)) if at == i => big,
+                _ => size,
             };
-            let chunks = (0..count)
-                .map(machine)
-                .chain([bytes::Bytes::from_static(b"]")]);
-            let stream = futures::stream::iter(chunks).map(move |c| {
-                counter.fetch_add(c.len(), Ordering::SeqCst);
-                Ok::<_, std::io::Error>(c)
-            });
-            axum::response::Response::builder()
-                .status(200)
-                .header("content-type", "application/json")
-                .body(axum::body::Body::from_stream(stream))
-                .unwrap()
-        }
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = axum::Router::new().fallback(handler);
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (url, sent, task)
+            let sep = if i == 0 { "[" } else { "," };
+            bytes::Bytes::from(format!(
+                r#"{sep}{{"id":"m{i}","name":"n{i}","state":"started","region":"iad","private_ip":"fdaa::{i:x}","instance_id":"i{i}","config":{{"metadata":{{"fly_process_group":"app"}},"env":{{"PAD":"{}"}}}}}}"#,
+                "p".repeat(pad)
+            ))
+        };
+        (0..count)
+            .map(machine)
+            .chain([bytes::Bytes::from_static(b"]")])
+    })
+    .await
 }
 
 /// #22. Before, a list answer was buffered whole and refused above 64 MiB:

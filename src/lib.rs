@@ -37,8 +37,8 @@
 //! | [`text`] | bounds on text from outside (reports, metadata, Fly errors) and the decoder of a JSON value someone else wrote |
 //! | [`logging`] | the log writer (one event per line, control characters escaped) and the `RUST_LOG` filter |
 //! | [`signal`] | SIGTERM / ctrl-c as a cancellation (`run`, `demo`) |
-//! | [`sim`] | a simulated Fly API and agent fleet (demo, tests, benchmarks) |
-//! | [`demo`] | the `demo` command's scenario |
+//! | `sim` | a simulated Fly API and agent fleet (demo, tests, benchmarks); only with the `sim` feature |
+//! | `demo` | the `demo` command's scenario; only with the `sim` feature |
 //!
 //! # Design notes
 //!
@@ -62,6 +62,10 @@
 //!   no network. The executor is the only code that writes to Fly or agents.
 //! * **Secrets stay at the edge.** The config names environment variables;
 //!   `main` reads them and hands them to the clients, which never log them.
+//! * **The simulator is not production code.** `sim` and `demo` exist only
+//!   with the `sim` cargo feature (on by default, for `demo`, the tests and
+//!   the benches); `.ci/run` builds the library and the binary without it,
+//!   so no production module can come to depend on them.
 
 pub mod act;
 pub mod decide;
@@ -71,6 +75,7 @@ pub mod report;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+#[cfg(feature = "sim")]
 pub mod demo;
 pub mod events;
 pub mod fds;
@@ -83,6 +88,7 @@ pub mod model;
 pub mod preflight;
 pub mod service;
 pub mod signal;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod text;
 

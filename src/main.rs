@@ -13,6 +13,7 @@ use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
 use fleet_reconciler::daemon::{self, CheckError, Secrets, SetupError};
 use fleet_reconciler::decide::decision::Decision;
+#[cfg(feature = "sim")]
 use fleet_reconciler::demo;
 use fleet_reconciler::fly::{FlyClientBuildError, FlyTokens};
 use fleet_reconciler::metadata::HOLD_KEY;
@@ -183,6 +184,7 @@ enum Command {
         out: OutputArg,
     },
     /// Run against a built-in simulated fleet (no credentials, loopback only). It reads no --config: see --demo-config.
+    #[cfg(feature = "sim")]
     Demo {
         /// Sweeps to run before exiting (0 = until the fleet settles, or ctrl-c).
         #[arg(long, default_value_t = 0)]
@@ -215,6 +217,7 @@ impl Command {
             Command::Revoke { out, .. } => ("revoke", out.output),
             Command::Hold { out, .. } => ("hold", out.output),
             Command::Release { out, .. } => ("release", out.output),
+            #[cfg(feature = "sim")]
             Command::Demo { .. } => ("demo", text),
         }
     }
@@ -345,6 +348,7 @@ impl ConfigPath {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    #[cfg(feature = "sim")]
     let explicit_config = cli.config.is_some();
     let config_path = ConfigPath::choose(cli.config);
     match cli.command {
@@ -446,6 +450,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(exit_code_of(&fleet))
         }
+        #[cfg(feature = "sim")]
         Command::Demo {
             sweeps,
             demo_config,
@@ -523,6 +528,7 @@ enum CliError {
     BadCommit(String),
     #[error("approve --now {machine}: {live}; not confirmed")]
     NotConfirmed { machine: String, live: String },
+    #[cfg(feature = "sim")]
     #[error("`demo` reads no --config: it runs its built-in config against a simulated fleet")]
     DemoConfig,
 }
@@ -534,6 +540,7 @@ impl CliError {
             CliError::NotReady { .. } => "not_ready",
             CliError::BadCommit(_) => "bad_commit",
             CliError::NotConfirmed { .. } => "not_confirmed",
+            #[cfg(feature = "sim")]
             CliError::DemoConfig => "demo_config",
         }
     }
@@ -544,6 +551,7 @@ impl CliError {
             CliError::NotConfirmed { .. } => Some(
                 "confirm with --yes (or at the prompt on a terminal), or approve without --now to restart it once it is idle",
             ),
+            #[cfg(feature = "sim")]
             CliError::DemoConfig => Some(
                 "give the demo another config with --demo-config FILE; to check a real fleet use `check --config FILE`",
             ),

@@ -4,6 +4,10 @@
 //! intervals, not on the CPU). Each module is one former `tests/*.rs` file;
 //! `common` is their shared world (repositories, configs, polling, child
 //! guards).
+//!
+//! They drive the simulated fleet, so they build only with the `sim` feature
+//! (on by default; Cargo.toml).
+#![cfg(feature = "sim")]
 
 mod common;
 

@@ -17,8 +17,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::fixture::{Behaviour, CAP_DRAIN, CAP_RELOAD};
-use super::http::{ApiError, RequestSeq, agent_token_matches, header_str, parse_json};
-use super::state::{MachineState, RefField, RotationReport, STARTED, Shared, Step, schedule};
+use super::machine::{MachineState, RefField, RotationReport, STARTED};
+use super::state::{Shared, Step, schedule};
+use super::wire::{ApiError, RequestSeq, agent_token_matches, header_str, parse_json};
 
 /// What a [`Behaviour::Garbage`] agent answers: an HTML error page under a JSON content type.
 const GARBAGE_BODY: &str = "<html><body><h1>502 Bad Gateway</h1></body></html>";
@@ -180,7 +181,10 @@ fn cooperative(
         let (_, _, status) = world.agent_failures.remove(i);
         return ApiError::with_code(status, "injected agent failure").into();
     }
-    if !agent_token_matches(m, header_str(headers, header::AUTHORIZATION.as_str())) {
+    if !agent_token_matches(
+        m.agent.agent_token.as_deref(),
+        header_str(headers, header::AUTHORIZATION.as_str()),
+    ) {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized: agent token required",

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::fly_api::StopOutcome;
-use super::state::MachineState;
+use super::machine::{MachineState, StopOutcome};
 
 /// Bound on each event list of the report; beyond it events are counted, not kept.
 pub(crate) const MAX_AUDIT_EVENTS: usize = 10_000;

@@ -18,11 +18,12 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 
 use super::fixture::{HostDownMetadata, MetadataFencing};
-use super::http::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json};
-use super::state::{
-    Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, Shared, Step, add,
-    new_nonce, rfc3339, schedule,
+use super::machine::{
+    Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, StopOutcome, add,
+    new_nonce,
 };
+use super::state::{Shared, Step, schedule};
+use super::wire::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json, rfc3339};
 
 type SharedState = State<Arc<Shared>>;
 type QueryMap = Query<HashMap<String, String>>;
@@ -229,13 +230,6 @@ struct Ctx {
     /// before killing, and whether that cut the agent's checkpoint short.
     stop: Option<StopOutcome>,
     host_down_metadata: HostDownMetadata,
-}
-
-/// How a stop signal ended for the agent.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StopOutcome {
-    pub(crate) timeout: Duration,
-    pub(crate) killed_before_checkpoint: bool,
 }
 
 impl Ctx {
@@ -709,7 +703,7 @@ pub(crate) async fn acquire_lease(
     let expires_at = add(now, Duration::from_secs(ttl));
     let refresh = match m.active_lease(now) {
         Some(lease) if nonce == Some(lease.nonce.as_str()) => true,
-        Some(lease) => return Err(ApiError::lease_held(&m.id, lease)),
+        Some(lease) => return Err(ApiError::lease_held(&m.id, &lease.owner, lease.expires_at)),
         None => false,
     };
     let version = m.instance_id.clone();
@@ -760,7 +754,7 @@ pub(crate) async fn release_lease(
         .active_lease(now)
         .ok_or_else(|| ApiError::not_found("lease not found"))?;
     if lease_nonce(&headers) != Some(lease.nonce.as_str()) {
-        return Err(ApiError::lease_held(&m.id, lease));
+        return Err(ApiError::lease_held(&m.id, &lease.owner, lease.expires_at));
     }
     m.lease = None;
     Ok(Json(serde_json::json!({ "status": "success" })).into_response())

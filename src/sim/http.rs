@@ -1,175 +1,36 @@
-//! The simulator's HTTP surface: routes, the front door (recording, auth,
-//! injected faults, rate limit, chaos) and the JSON error shape.
+//! The simulator's HTTP surface: the routes and the front door (recording,
+//! auth, injected faults, rate limit, chaos, test hooks).
+//!
+//! The top of the HTTP side: it names the handlers (`fly_api`, `agent`) to
+//! route to, and they never name it; what both need (the error shape, token
+//! checks) is `wire`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Json;
 use axum::Router;
 use axum::body::{Body, Bytes, to_bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::chaos::{ChaosEvent, ChaosFault};
+use super::handle::SimHandle;
 use super::state::{
-    HookWhen, InjectedFailure, Lease, MAX_RECORDED_REQUESTS, MachineState, RateClass, Shared,
-    World, rfc3339,
+    HookWhen, InjectedFailure, MAX_RECORDED_REQUESTS, RateClass, Shared, World, WorldHook,
 };
 use super::view::{Credential, RecordedRequest, RequestTarget};
+use super::wire::{
+    ApiError, NONCE_HEADER, RequestSeq, agent_token_matches, fly_token_matches, header_str,
+};
 use super::{agent, fly_api};
 
-/// Header carrying the lease nonce on Fly API calls.
-pub(crate) const NONCE_HEADER: &str = "fly-machine-lease-nonce";
 /// Request bodies beyond this are refused (413); nothing the daemon sends comes close.
 const MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// How much of each request body the log keeps.
 const RECORDED_BODY_BYTES: usize = 4096;
-
-/// The arrival number the front door gave a request (its
-/// [`RecordedRequest::seq`]), for handlers that record audit events.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RequestSeq(pub(crate) u64);
-
-/// An error answered as `{"error": "..."}`, the Fly API's `ErrorResponse` shape.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
-    retry_after: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-
-    /// An arbitrary numeric status (injected faults, agent `HttpError`); 500 if invalid.
-    pub(crate) fn with_code(code: u16, message: impl Into<String>) -> ApiError {
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        ApiError::new(status, message)
-    }
-
-    pub(crate) fn retry_after(mut self, secs: Option<u64>) -> ApiError {
-        self.retry_after = secs;
-        self
-    }
-
-    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, message)
-    }
-
-    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, message)
-    }
-
-    pub(crate) fn app_not_found() -> ApiError {
-        ApiError::not_found("app not found")
-    }
-
-    pub(crate) fn machine_not_found(id: &str) -> ApiError {
-        ApiError::not_found(format!("machine not found: {id}"))
-    }
-
-    pub(crate) fn precondition(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PRECONDITION_FAILED, message)
-    }
-
-    pub(crate) fn lease_held(machine_id: &str, lease: &Lease) -> ApiError {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "aborted: machine ID {machine_id} lease currently held by {}, expires at {}",
-                lease.owner,
-                rfc3339(lease.expires_at)
-            ),
-        )
-    }
-
-    pub(crate) fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (
-            self.status,
-            Json(ErrorBody {
-                error: &self.message,
-            }),
-        )
-            .into_response();
-        if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
-    }
-}
-
-/// Parses a required JSON body, answering 400 (not axum's plain-text rejection) when it is bad.
-pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
-}
-
-/// Like [`parse_json`], but an empty body means `T::default()`.
-pub(crate) fn parse_optional_json<T: DeserializeOwned + Default>(
-    body: &[u8],
-) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        Ok(T::default())
-    } else {
-        parse_json(body)
-    }
-}
-
-pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-pub(crate) fn lease_nonce(headers: &HeaderMap) -> Option<&str> {
-    header_str(headers, NONCE_HEADER).filter(|n| !n.is_empty())
-}
-
-/// Splits `Scheme credentials`, matching the scheme case-insensitively.
-fn credentials<'a>(authorization: &'a str, scheme: &str) -> Option<&'a str> {
-    let (s, rest) = authorization.trim().split_once(' ')?;
-    s.eq_ignore_ascii_case(scheme).then(|| rest.trim())
-}
-
-/// `Bearer <token>` or `FlyV1 <token>` with the fleet token. A configured
-/// token that itself starts with `FlyV1 ` (how `fly tokens create` prints
-/// macaroons) is compared without that prefix.
-pub(crate) fn fly_token_matches(configured: &str, authorization: &str) -> bool {
-    let configured = credentials(configured, "FlyV1").unwrap_or(configured.trim());
-    let presented =
-        credentials(authorization, "Bearer").or_else(|| credentials(authorization, "FlyV1"));
-    !configured.is_empty() && presented == Some(configured)
-}
-
-/// The agent's cooperative endpoints take `Bearer <agent_token>` when one is set.
-pub(crate) fn agent_token_matches(m: &MachineState, authorization: Option<&str>) -> bool {
-    match &m.agent.agent_token {
-        None => true,
-        Some(token) => authorization.and_then(|a| credentials(a, "Bearer")) == Some(token.as_str()),
-    }
-}
 
 /// What a path addresses, for the log and the rate limit.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -322,7 +183,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         (seq, gate)
     };
 
-    let handle = super::SimHandle {
+    let handle = SimHandle {
         shared: Arc::clone(&shared),
     };
     let acts = std::mem::take(&mut shared.lock().chaos.pending);
@@ -342,7 +203,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         _ => (None, None),
     };
     if let Some(hook) = before {
-        hook(&handle);
+        hook(&shared);
     }
     parts.extensions.insert(RequestSeq(seq));
     let request = Request::from_parts(parts, Body::from(body));
@@ -350,7 +211,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         Gate::Pass => {
             let real = next.run(request).await;
             if let Some(hook) = after {
-                hook(&handle);
+                hook(&shared);
             }
             real
         }
@@ -362,7 +223,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         Gate::ServeThenFail { delay, status } => {
             let real = next.run(request).await;
             if let Some(hook) = after {
-                hook(&handle);
+                hook(&shared);
             }
             shared
                 .lock()
@@ -383,12 +244,7 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
 }
 
 /// The first pending hook for this call and moment, removed from the queue.
-fn take_hook(
-    world: &mut World,
-    route: &Route,
-    method: &str,
-    when: HookWhen,
-) -> Option<super::Hook> {
+fn take_hook(world: &mut World, route: &Route, method: &str, when: HookWhen) -> Option<WorldHook> {
     let (id, action) = (route.machine_id.as_ref()?, route.action.as_ref()?);
     let i = world.hooks.iter().position(|h| {
         h.when == when && &h.machine_id == id && &h.action == action && h.method == method
@@ -432,7 +288,8 @@ fn authenticate(
         }
         Some(a)
             if machine.is_some_and(|m| {
-                m.agent.agent_token.is_some() && agent_token_matches(m, Some(a))
+                m.agent.agent_token.is_some()
+                    && agent_token_matches(m.agent.agent_token.as_deref(), Some(a))
             }) =>
         {
             Credential::AgentToken
@@ -443,7 +300,10 @@ fn authenticate(
         Some(RequestTarget::FlyApi) => credential == Credential::FlyToken,
         // Health GETs never need a token; cooperative POSTs need the agent's.
         Some(RequestTarget::Agent) => {
-            method == "GET" || machine.is_none_or(|m| agent_token_matches(m, authorization))
+            method == "GET"
+                || machine.is_none_or(|m| {
+                    agent_token_matches(m.agent.agent_token.as_deref(), authorization)
+                })
         }
         _ => true,
     };
@@ -560,19 +420,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_matching_accepts_both_schemes() {
-        assert!(fly_token_matches("tok", "Bearer tok"));
-        assert!(fly_token_matches("tok", "FlyV1 tok"));
-        assert!(fly_token_matches("tok", "bearer tok"));
-        assert!(fly_token_matches("FlyV1 fm2_abc", "FlyV1 fm2_abc"));
-        assert!(fly_token_matches("FlyV1 fm2_abc", "Bearer fm2_abc"));
-        assert!(!fly_token_matches("tok", "Bearer other"));
-        assert!(!fly_token_matches("tok", "tok"));
-        assert!(!fly_token_matches("tok", "Basic tok"));
-        assert!(!fly_token_matches("", "Bearer "));
-    }
-
-    #[test]
     fn paths_are_classified() {
         let r = classify_path("/v1/apps/a/machines/m1/metadata/pool");
         assert_eq!(r.target, Some(RequestTarget::FlyApi));
@@ -591,27 +438,5 @@ mod tests {
         assert_eq!(r.action.as_deref(), Some("overlay/drain"));
 
         assert_eq!(classify_path("/metrics").target, Some(RequestTarget::Other));
-    }
-
-    #[test]
-    fn optional_json_accepts_empty_and_rejects_garbage() {
-        #[derive(serde::Deserialize, Default)]
-        struct T {
-            ttl: Option<u64>,
-        }
-        assert_eq!(
-            parse_optional_json::<T>(b"").ok().map(|t| t.ttl),
-            Some(None)
-        );
-        assert_eq!(
-            parse_optional_json::<T>(b" \n").ok().map(|t| t.ttl),
-            Some(None)
-        );
-        let parsed = parse_optional_json::<T>(b"{\"ttl\": 5}")
-            .ok()
-            .map(|t| t.ttl);
-        assert_eq!(parsed, Some(Some(5)));
-        let err = parse_optional_json::<T>(b"{nope").err().map(|e| e.status);
-        assert_eq!(err, Some(StatusCode::BAD_REQUEST));
     }
 }

@@ -1,0 +1,506 @@
+//! The analysis: reported refs → their drift from the tip, in one pass per
+//! batch.
+//!
+//! Each distinct ref is resolved once (cached until the refs change); the
+//! ranges already measured come from the cache (per tip, commit and
+//! signals); the rest are measured in one walk of the commit graph per
+//! [`MAX_WALK_TARGETS`]: the commits the graph lacks are read, every commit
+//! some target lacks gets its signal mask (trailer keys from the graph, paths
+//! from a diff within the budget, kept for good), the walk is tallied per
+//! target, and each range is described (its newest commits, its evidence).
+//!
+//! It reads the mirror and never fetches or writes it (only the saved graph).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use git2::{ErrorCode, ObjectType, Oid, Repository};
+
+use super::graph::{FastMap, Graph, Node};
+use super::signals::{self, SignalId, Signals};
+use super::{
+    Counters, DriftRange, EvidenceDetail, Inner, MAX_SHOWN_MISSING, OverlayError, RefAnalysis,
+    commit_id, facts,
+};
+use crate::model::{CommitId, MissingCommit};
+
+/// libgit2's minimum prefix length (`GIT_OID_MINPREFIXLEN`); a shorter
+/// prefix cannot name one object, so it fails closed as ambiguous.
+const MIN_PREFIX_LEN: usize = 4;
+
+const FULL_ID_LEN: usize = 40;
+
+/// Cache bounds: when a cache grows past its bound it is dropped whole. The
+/// fleet's distinct refs are far fewer than this, so steady state never hits
+/// it; it only caps memory when refs churn (e.g. agents reporting garbage).
+const MAX_CACHED_RANGES: usize = 10_000;
+
+pub(super) const MAX_CACHED_RESOLUTIONS: usize = 20_000;
+
+/// Commit texts (subject ≤ 200 characters, trailer keys) kept for reasons.
+const MAX_CACHED_TEXTS: usize = 10_000;
+
+/// Targets per walk: each walked commit carries one bit per target, so this
+/// bounds a walk's memory (128 bytes per commit) however many distinct refs
+/// the fleet reports; more targets take more walks.
+const MAX_WALK_TARGETS: usize = 1023;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Resolution {
+    Commit(Oid),
+    Unknown,
+    Ambiguous,
+}
+
+impl Inner {
+    pub(super) fn analyze_blocking(
+        &self,
+        tip: &CommitId,
+        refs: Vec<String>,
+        signals: &Signals,
+    ) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
+        let repo = self.open_repo()?;
+        let tip_missing = || OverlayError::TipMissing {
+            tip: tip.clone(),
+            path: self.mirror_dir.clone(),
+        };
+        let tip_oid = Oid::from_str(tip.as_str()).map_err(|_| tip_missing())?;
+        repo.find_commit(tip_oid).map_err(|_| tip_missing())?;
+        self.note_refs(&repo)?;
+        let generation = self.caches().generation;
+
+        let mut resolved: Vec<(String, Resolution)> = Vec::with_capacity(refs.len());
+        let mut seen: HashSet<String> = HashSet::with_capacity(refs.len());
+        {
+            let mut state = self.graph_state();
+            self.load_saved_graph(&mut state);
+            for reference in refs {
+                if seen.contains(&reference) {
+                    continue;
+                }
+                let resolution = self.resolve(&repo, &state.graph, &reference, generation)?;
+                seen.insert(reference.clone());
+                resolved.push((reference, resolution));
+            }
+        }
+
+        // Ranges from the cache; every other distinct commit in one walk.
+        let fingerprint = signals.fingerprint();
+        let mut ranges: HashMap<Oid, Arc<DriftRange>> = HashMap::new();
+        let mut uncached: Vec<Oid> = Vec::new();
+        {
+            let mut caches = self.caches();
+            if caches.ranges_signals != fingerprint {
+                caches.ranges.clear();
+                caches.ranges_signals = fingerprint;
+            }
+            for (_, resolution) in &resolved {
+                let Resolution::Commit(oid) = *resolution else {
+                    continue;
+                };
+                if oid == tip_oid || ranges.contains_key(&oid) || uncached.contains(&oid) {
+                    continue;
+                }
+                match caches.ranges.get(&(tip_oid, oid)) {
+                    Some(hit) => {
+                        ranges.insert(oid, Arc::clone(hit));
+                    }
+                    None => uncached.push(oid),
+                }
+            }
+        }
+        Counters::add(&self.counters.range_cache_hits, ranges.len());
+        if !uncached.is_empty() {
+            Counters::add(&self.counters.range_computations, uncached.len());
+            let measured = self.measure(&repo, tip_oid, &uncached, signals)?;
+            let mut caches = self.caches();
+            // A concurrent analysis under other signals owns the cache now.
+            if caches.ranges_signals == fingerprint {
+                if caches.ranges.len() + measured.len() > MAX_CACHED_RANGES {
+                    caches.ranges.clear();
+                }
+                // An incomplete range is measured again (and finished) later.
+                for (oid, range) in measured.iter().filter(|(_, r)| !r.paths_incomplete) {
+                    caches.ranges.insert((tip_oid, *oid), Arc::clone(range));
+                }
+            }
+            ranges.extend(measured);
+        }
+
+        let mut out = HashMap::with_capacity(resolved.len());
+        for (reference, resolution) in resolved {
+            let analysis = match resolution {
+                Resolution::Unknown => RefAnalysis::Unknown,
+                Resolution::Ambiguous => RefAnalysis::Ambiguous,
+                Resolution::Commit(oid) if oid == tip_oid => RefAnalysis::OnTip {
+                    commit: commit_id(oid)?,
+                },
+                Resolution::Commit(oid) => match ranges.get(&oid) {
+                    Some(range) => RefAnalysis::Drifted {
+                        commit: commit_id(oid)?,
+                        range: Arc::clone(range),
+                    },
+                    // `measure` answers every commit it is given.
+                    None => RefAnalysis::Unknown,
+                },
+            };
+            out.insert(reference, analysis);
+        }
+        Ok(out)
+    }
+
+    fn resolve(
+        &self,
+        repo: &Repository,
+        graph: &Graph,
+        reference: &str,
+        generation: u64,
+    ) -> Result<Resolution, OverlayError> {
+        if let Some(hit) = self.caches().resolutions.get(reference).copied() {
+            self.counters.ref_cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(hit);
+        }
+        self.counters.ref_lookups.fetch_add(1, Ordering::Relaxed);
+        let known = |oid: &Oid| graph.node(oid).is_some();
+        let resolution =
+            resolve_in(repo, &known, reference).map_err(|e| OverlayError::Resolve {
+                reference: reference.to_owned(),
+                path: self.mirror_dir.clone(),
+                source: self.redactor.cause(&e),
+            })?;
+        let mut caches = self.caches();
+        // A fetch that ran meanwhile may have made this answer stale.
+        if caches.generation == generation {
+            if caches.resolutions.len() >= MAX_CACHED_RESOLUTIONS {
+                caches.resolutions.clear();
+            }
+            caches.resolutions.insert(reference.to_owned(), resolution);
+        }
+        Ok(resolution)
+    }
+
+    /// Measures `targets` (distinct, none the tip) against `tip` in one walk
+    /// per [`MAX_WALK_TARGETS`], reading into the graph only the commits it
+    /// does not have yet and diffing only commits never diffed before.
+    fn measure(
+        &self,
+        repo: &Repository,
+        tip: Oid,
+        targets: &[Oid],
+        signals: &Signals,
+    ) -> Result<Vec<(Oid, Arc<DriftRange>)>, OverlayError> {
+        let mut state = self.graph_state();
+        self.load_saved_graph(&mut state);
+        let graph = &mut state.graph;
+        if signals.has_paths() {
+            graph.use_path_signals(signals.path_fingerprint(), signals.words());
+        }
+
+        let odb = repo.odb().map_err(|e| self.read_err(tip, &e))?;
+        let before = graph.len();
+        let mut read = |oid: Oid| facts::read_commit(&odb, oid).map_err(|e| (oid, e));
+        let tip_node = self.ensure_node(graph, tip, &mut read)?;
+        let nodes = targets
+            .iter()
+            .map(|t| self.ensure_node(graph, *t, &mut read))
+            .collect::<Result<Vec<Node>, OverlayError>>()?;
+        Counters::add(&self.counters.commits_read, graph.len() - before);
+
+        let words = signals.words();
+        let table = graph.trailer_table(words, |key| {
+            signals
+                .iter()
+                .filter_map(|(id, signal)| match signal {
+                    signals::Signal::Trailers(keys) if keys.contains(key) => Some(id.0),
+                    _ => None,
+                })
+                .collect()
+        });
+        let prefixes = signals.prefixes();
+        let mut diffs_left = self.diff_budget.load(Ordering::Relaxed);
+        // One bit past the signals marks a commit whose path facts are not
+        // known yet (the budget ran out): a range carrying it is incomplete.
+        let incomplete_bit = signals.len();
+        let mask_words = if signals.has_paths() {
+            (incomplete_bit + 1).div_ceil(64)
+        } else {
+            words
+        };
+        let mut out = Vec::with_capacity(targets.len());
+        // Evidence details once per (commit, signal) in this analysis: many
+        // ranges name the same evidence commit.
+        let mut details: HashMap<(Oid, SignalId), EvidenceDetail> = HashMap::new();
+        for (oids, nodes) in targets
+            .chunks(MAX_WALK_TARGETS)
+            .zip(nodes.chunks(MAX_WALK_TARGETS))
+        {
+            let walk = graph.walk(tip_node, nodes);
+            Counters::add(&self.counters.walks, 1);
+            Counters::add(&self.counters.commits_walked, walk.visited);
+
+            // The signal masks of the commits some target lacks; path facts
+            // are computed once per commit, ever, and kept in the graph.
+            let mut offsets: FastMap<Node, usize> = FastMap::default();
+            let mut masks: Vec<u64> = Vec::new();
+            if words > 0 {
+                // Newest first: the commits most machines lack get their
+                // facts before a budget runs out.
+                let behind: Vec<Node> = walk.behind_nodes().collect();
+                let mut mask = vec![0u64; mask_words];
+                for node in behind {
+                    mask.fill(0);
+                    graph.trailer_mask(node, &table, words, &mut mask[..words]);
+                    if signals.has_paths() {
+                        let paths = match graph.path_mask(node) {
+                            Some(known) => known.to_vec(),
+                            None if diffs_left == 0 => {
+                                mask[incomplete_bit / 64] |= 1 << (incomplete_bit % 64);
+                                Vec::new()
+                            }
+                            None => {
+                                diffs_left -= 1;
+                                let oid = graph.oid(node);
+                                let computed = facts::path_mask(repo, oid, signals, &prefixes)
+                                    .map_err(|e| OverlayError::Diff {
+                                        commit: oid.to_string(),
+                                        path: self.mirror_dir.clone(),
+                                        source: self.redactor.cause(&e),
+                                    })?;
+                                graph.set_path_mask(node, &computed);
+                                Counters::add(&self.counters.commits_diffed, 1);
+                                computed
+                            }
+                        };
+                        for (m, p) in mask.iter_mut().zip(&paths) {
+                            *m |= p;
+                        }
+                    }
+                    if mask.iter().any(|w| *w != 0) {
+                        offsets.insert(node, masks.len());
+                        masks.extend_from_slice(&mask);
+                    }
+                }
+            }
+            let none = vec![0u64; mask_words];
+            let tallies = graph.tally(&walk, mask_words, MAX_SHOWN_MISSING, |node| {
+                match offsets.get(&node) {
+                    Some(at) => &masks[*at..*at + mask_words],
+                    None => &none,
+                }
+            });
+            for (oid, tally) in oids.iter().zip(tallies) {
+                let mut evidence = BTreeMap::new();
+                let mut evidence_detail = BTreeMap::new();
+                let mut paths_incomplete = false;
+                for (signal, carrier) in tally.evidence.iter().enumerate() {
+                    match carrier {
+                        Some(_) if signal == incomplete_bit && signals.has_paths() => {
+                            paths_incomplete = true;
+                        }
+                        Some(node) => {
+                            let carrier = graph.oid(*node);
+                            let id = SignalId(signal);
+                            evidence.insert(id, commit_id(carrier)?);
+                            let detail = match details.get(&(carrier, id)) {
+                                Some(known) => known.clone(),
+                                None => {
+                                    let found =
+                                        self.evidence_detail(repo, &odb, carrier, id, signals)?;
+                                    details.insert((carrier, id), found.clone());
+                                    found
+                                }
+                            };
+                            evidence_detail.insert(id, detail);
+                        }
+                        None => {}
+                    }
+                }
+                let newest = tally
+                    .newest
+                    .iter()
+                    .map(|node| self.shown_commit(&odb, graph.oid(*node)))
+                    .collect::<Result<Vec<_>, OverlayError>>()?;
+                let range = DriftRange {
+                    behind: tally.behind,
+                    ahead: tally.ahead,
+                    evidence,
+                    paths_incomplete,
+                    newest,
+                    evidence_detail,
+                };
+                out.push((*oid, Arc::new(range)));
+            }
+        }
+        self.save_graph(graph);
+        Ok(out)
+    }
+
+    /// A commit's subject and trailer keys, read once and kept (bounded):
+    /// the reasons of many ranges show the same commits near the tip.
+    fn commit_text(
+        &self,
+        odb: &git2::Odb<'_>,
+        oid: Oid,
+    ) -> Result<Arc<facts::CommitText>, OverlayError> {
+        if let Some(hit) = self.caches().texts.get(&oid) {
+            return Ok(Arc::clone(hit));
+        }
+        let text = facts::read_text(odb, oid).map_err(|e| match e {
+            facts::ReadError::Git(e) => self.read_err(oid, &e),
+            facts::ReadError::Malformed => OverlayError::MalformedCommit {
+                commit: oid.to_string(),
+                path: self.mirror_dir.clone(),
+            },
+        })?;
+        let text = Arc::new(text);
+        let mut caches = self.caches();
+        if caches.texts.len() >= MAX_CACHED_TEXTS {
+            caches.texts.clear();
+        }
+        caches.texts.insert(oid, Arc::clone(&text));
+        Ok(text)
+    }
+
+    /// A missing commit as ranges list it, built once per commit (bounded).
+    fn shown_commit(
+        &self,
+        odb: &git2::Odb<'_>,
+        oid: Oid,
+    ) -> Result<Arc<MissingCommit>, OverlayError> {
+        if let Some(hit) = self.caches().shown.get(&oid) {
+            return Ok(Arc::clone(hit));
+        }
+        let shown = Arc::new(MissingCommit {
+            commit: commit_id(oid)?,
+            subject: self.commit_text(odb, oid)?.subject.clone(),
+        });
+        let mut caches = self.caches();
+        if caches.shown.len() >= MAX_CACHED_TEXTS {
+            caches.shown.clear();
+        }
+        caches.shown.insert(oid, Arc::clone(&shown));
+        Ok(shown)
+    }
+
+    /// What `commit` carries that raised `signal`: the trailer key as the
+    /// message writes it, or the first touched path the globs match (one
+    /// tree comparison, for an evidence commit only).
+    fn evidence_detail(
+        &self,
+        repo: &Repository,
+        odb: &git2::Odb<'_>,
+        commit: Oid,
+        signal: SignalId,
+        signals: &Signals,
+    ) -> Result<EvidenceDetail, OverlayError> {
+        let text = self.commit_text(odb, commit)?;
+        let matched = match signals.get(signal) {
+            Some(signals::Signal::Trailers(keys)) => text
+                .trailer_keys
+                .iter()
+                .find(|k| keys.contains(&signals::normalize_trailer_key(k)))
+                .cloned(),
+            Some(signals::Signal::Paths(p)) => {
+                let prefixes: Vec<String> =
+                    p.globs.iter().map(|g| signals::literal_prefix(g)).collect();
+                facts::first_matching_path(repo, commit, &prefixes, |path| p.set.is_match(path))
+                    .map_err(|e| OverlayError::Diff {
+                        commit: commit.to_string(),
+                        path: self.mirror_dir.clone(),
+                        source: self.redactor.cause(&e),
+                    })?
+            }
+            None => None,
+        };
+        Ok(EvidenceDetail {
+            subject: text.subject.clone(),
+            matched,
+        })
+    }
+}
+
+/// Resolves one reported ref against the object database. `Err` only for a
+/// repository failure; anything the agent could have got wrong is a
+/// `Resolution`. `known` says which ids are commits already read into the
+/// graph: those need no object read at all, which for a fleet of full ids
+/// keeps most of the pack index and every pack window out of memory.
+fn resolve_in(
+    repo: &Repository,
+    known: &dyn Fn(&Oid) -> bool,
+    reference: &str,
+) -> Result<Resolution, git2::Error> {
+    let name = reference.to_ascii_lowercase();
+    if name.is_empty() || name.len() > FULL_ID_LEN || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(Resolution::Unknown);
+    }
+    if name.len() < MIN_PREFIX_LEN {
+        return Ok(Resolution::Ambiguous);
+    }
+    // A full id names itself; a prefix must name exactly one object, of
+    // any kind (a blob sharing it makes it ambiguous, as it is for git).
+    let oid = if name.len() == FULL_ID_LEN {
+        Oid::from_str(&name)?
+    } else {
+        match repo.odb()?.exists_prefix(Oid::from_str(&name)?, name.len()) {
+            Ok(oid) => oid,
+            Err(e) if e.code() == ErrorCode::Ambiguous => return Ok(Resolution::Ambiguous),
+            Err(e) if e.code() == ErrorCode::NotFound => return Ok(Resolution::Unknown),
+            Err(e) => return Err(e),
+        }
+    };
+    if known(&oid) {
+        return Ok(Resolution::Commit(oid));
+    }
+    let object = match repo.find_object(oid, None) {
+        Ok(object) => object,
+        Err(e) if e.code() == ErrorCode::Ambiguous => return Ok(Resolution::Ambiguous),
+        Err(e) if e.code() == ErrorCode::NotFound => return Ok(Resolution::Unknown),
+        Err(e) => return Err(e),
+    };
+    match object.kind() {
+        Some(ObjectType::Commit) => Ok(Resolution::Commit(object.id())),
+        // An annotated tag names the commit it points at; a tag of a tree or
+        // blob (or of an object the mirror lacks) names no commit.
+        Some(ObjectType::Tag) => match object.peel(ObjectType::Commit) {
+            Ok(commit) => Ok(Resolution::Commit(commit.id())),
+            Err(e)
+                if matches!(
+                    e.code(),
+                    ErrorCode::InvalidSpec | ErrorCode::NotFound | ErrorCode::Peel
+                ) =>
+            {
+                Ok(Resolution::Unknown)
+            }
+            Err(e) => Err(e),
+        },
+        _ => Ok(Resolution::Unknown),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_and_short_refs_resolve_without_lookup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init_bare(dir.path()).expect("init");
+        let cases = [
+            ("", Resolution::Unknown),
+            ("xyz1234", Resolution::Unknown),
+            (&"a".repeat(41), Resolution::Unknown),
+            ("a", Resolution::Ambiguous),
+            ("abc", Resolution::Ambiguous),
+            ("abcd", Resolution::Unknown),
+            (&"ab".repeat(20), Resolution::Unknown),
+        ];
+        for (reference, expected) in cases {
+            assert_eq!(
+                resolve_in(&repo, &|_| false, reference).expect("resolve"),
+                expected,
+                "{reference:?}"
+            );
+        }
+    }
+}

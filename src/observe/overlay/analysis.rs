@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use git2::{ErrorCode, ObjectType, Oid, Repository};
+use git2::{ErrorCode, ObjectType, Odb, Oid, Repository};
 
-use super::graph::{FastMap, Graph, Node};
+use super::graph::{FastMap, Graph, Node, Tally, Walk};
 use super::signals::{self, SignalId, Signals};
 use super::{
     Counters, DriftRange, EvidenceDetail, Inner, MAX_SHOWN_MISSING, OverlayError, RefAnalysis,
@@ -54,6 +54,9 @@ pub(super) enum Resolution {
 }
 
 impl Inner {
+    /// The pass for one batch: the tip, each distinct ref resolved, the
+    /// drift range of each resolved commit (cached or measured), and one
+    /// answer per ref.
     pub(super) fn analyze_blocking(
         &self,
         tip: &CommitId,
@@ -61,31 +64,55 @@ impl Inner {
         signals: &Signals,
     ) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
         let repo = self.open_repo()?;
+        let tip = self.tip_in(&repo, tip)?;
+        self.note_refs(&repo)?;
+        let resolved = self.resolve_all(&repo, refs)?;
+        let ranges = self.ranges(&repo, tip, &resolved, signals)?;
+        answers(tip, resolved, &ranges)
+    }
+
+    /// The tip's id; it must be a commit the mirror has.
+    fn tip_in(&self, repo: &Repository, tip: &CommitId) -> Result<Oid, OverlayError> {
         let tip_missing = || OverlayError::TipMissing {
             tip: tip.clone(),
             path: self.mirror_dir.clone(),
         };
-        let tip_oid = Oid::from_str(tip.as_str()).map_err(|_| tip_missing())?;
-        repo.find_commit(tip_oid).map_err(|_| tip_missing())?;
-        self.note_refs(&repo)?;
-        let generation = self.caches().generation;
+        let oid = Oid::from_str(tip.as_str()).map_err(|_| tip_missing())?;
+        repo.find_commit(oid).map_err(|_| tip_missing())?;
+        Ok(oid)
+    }
 
+    /// Each distinct ref, resolved once, in the order first seen.
+    fn resolve_all(
+        &self,
+        repo: &Repository,
+        refs: Vec<String>,
+    ) -> Result<Vec<(String, Resolution)>, OverlayError> {
+        let generation = self.caches().generation;
         let mut resolved: Vec<(String, Resolution)> = Vec::with_capacity(refs.len());
         let mut seen: HashSet<String> = HashSet::with_capacity(refs.len());
-        {
-            let mut state = self.graph_state();
-            self.load_saved_graph(&mut state);
-            for reference in refs {
-                if seen.contains(&reference) {
-                    continue;
-                }
-                let resolution = self.resolve(&repo, &state.graph, &reference, generation)?;
-                seen.insert(reference.clone());
-                resolved.push((reference, resolution));
+        let mut state = self.graph_state();
+        self.load_saved_graph(&mut state);
+        for reference in refs {
+            if seen.contains(&reference) {
+                continue;
             }
+            let resolution = self.resolve(repo, &state.graph, &reference, generation)?;
+            seen.insert(reference.clone());
+            resolved.push((reference, resolution));
         }
+        Ok(resolved)
+    }
 
-        // Ranges from the cache; every other distinct commit in one walk.
+    /// The drift range of every resolved commit but the tip: from the cache,
+    /// and the rest measured in one walk, then cached unless incomplete.
+    fn ranges(
+        &self,
+        repo: &Repository,
+        tip: Oid,
+        resolved: &[(String, Resolution)],
+        signals: &Signals,
+    ) -> Result<HashMap<Oid, Arc<DriftRange>>, OverlayError> {
         let fingerprint = signals.fingerprint();
         let mut ranges: HashMap<Oid, Arc<DriftRange>> = HashMap::new();
         let mut uncached: Vec<Oid> = Vec::new();
@@ -95,14 +122,14 @@ impl Inner {
                 caches.ranges.clear();
                 caches.ranges_signals = fingerprint;
             }
-            for (_, resolution) in &resolved {
+            for (_, resolution) in resolved {
                 let Resolution::Commit(oid) = *resolution else {
                     continue;
                 };
-                if oid == tip_oid || ranges.contains_key(&oid) || uncached.contains(&oid) {
+                if oid == tip || ranges.contains_key(&oid) || uncached.contains(&oid) {
                     continue;
                 }
-                match caches.ranges.get(&(tip_oid, oid)) {
+                match caches.ranges.get(&(tip, oid)) {
                     Some(hit) => {
                         ranges.insert(oid, Arc::clone(hit));
                     }
@@ -113,7 +140,7 @@ impl Inner {
         Counters::add(&self.counters.range_cache_hits, ranges.len());
         if !uncached.is_empty() {
             Counters::add(&self.counters.range_computations, uncached.len());
-            let measured = self.measure(&repo, tip_oid, &uncached, signals)?;
+            let measured = self.measure(repo, tip, &uncached, signals)?;
             let mut caches = self.caches();
             // A concurrent analysis under other signals owns the cache now.
             if caches.ranges_signals == fingerprint {
@@ -122,32 +149,12 @@ impl Inner {
                 }
                 // An incomplete range is measured again (and finished) later.
                 for (oid, range) in measured.iter().filter(|(_, r)| !r.paths_incomplete) {
-                    caches.ranges.insert((tip_oid, *oid), Arc::clone(range));
+                    caches.ranges.insert((tip, *oid), Arc::clone(range));
                 }
             }
             ranges.extend(measured);
         }
-
-        let mut out = HashMap::with_capacity(resolved.len());
-        for (reference, resolution) in resolved {
-            let analysis = match resolution {
-                Resolution::Unknown => RefAnalysis::Unknown,
-                Resolution::Ambiguous => RefAnalysis::Ambiguous,
-                Resolution::Commit(oid) if oid == tip_oid => RefAnalysis::OnTip {
-                    commit: commit_id(oid)?,
-                },
-                Resolution::Commit(oid) => match ranges.get(&oid) {
-                    Some(range) => RefAnalysis::Drifted {
-                        commit: commit_id(oid)?,
-                        range: Arc::clone(range),
-                    },
-                    // `measure` answers every commit it is given.
-                    None => RefAnalysis::Unknown,
-                },
-            };
-            out.insert(reference, analysis);
-        }
-        Ok(out)
+        Ok(ranges)
     }
 
     fn resolve(
@@ -196,41 +203,10 @@ impl Inner {
         if signals.has_paths() {
             graph.use_path_signals(signals.path_fingerprint(), signals.words());
         }
-
         let odb = repo.odb().map_err(|e| self.read_err(tip, &e))?;
-        let before = graph.len();
-        let mut read = |oid: Oid| facts::read_commit(&odb, oid).map_err(|e| (oid, e));
-        let tip_node = self.ensure_node(graph, tip, &mut read)?;
-        let nodes = targets
-            .iter()
-            .map(|t| self.ensure_node(graph, *t, &mut read))
-            .collect::<Result<Vec<Node>, OverlayError>>()?;
-        Counters::add(&self.counters.commits_read, graph.len() - before);
-
-        let words = signals.words();
-        let table = graph.trailer_table(words, |key| {
-            signals
-                .iter()
-                .filter_map(|(id, signal)| match signal {
-                    signals::Signal::Trailers(keys) if keys.contains(key) => Some(id.0),
-                    _ => None,
-                })
-                .collect()
-        });
-        let prefixes = signals.prefixes();
-        let mut diffs_left = self.diff_budget.load(Ordering::Relaxed);
-        // One bit past the signals marks a commit whose path facts are not
-        // known yet (the budget ran out): a range carrying it is incomplete.
-        let incomplete_bit = signals.len();
-        let mask_words = if signals.has_paths() {
-            (incomplete_bit + 1).div_ceil(64)
-        } else {
-            words
-        };
+        let (tip_node, nodes) = self.read_commits(graph, &odb, tip, targets)?;
+        let mut pass = Measure::new(self, repo, &odb, graph, signals);
         let mut out = Vec::with_capacity(targets.len());
-        // Evidence details once per (commit, signal) in this analysis: many
-        // ranges name the same evidence commit.
-        let mut details: HashMap<(Oid, SignalId), EvidenceDetail> = HashMap::new();
         for (oids, nodes) in targets
             .chunks(MAX_WALK_TARGETS)
             .zip(nodes.chunks(MAX_WALK_TARGETS))
@@ -238,102 +214,34 @@ impl Inner {
             let walk = graph.walk(tip_node, nodes);
             Counters::add(&self.counters.walks, 1);
             Counters::add(&self.counters.commits_walked, walk.visited);
-
-            // The signal masks of the commits some target lacks; path facts
-            // are computed once per commit, ever, and kept in the graph.
-            let mut offsets: FastMap<Node, usize> = FastMap::default();
-            let mut masks: Vec<u64> = Vec::new();
-            if words > 0 {
-                // Newest first: the commits most machines lack get their
-                // facts before a budget runs out.
-                let behind: Vec<Node> = walk.behind_nodes().collect();
-                let mut mask = vec![0u64; mask_words];
-                for node in behind {
-                    mask.fill(0);
-                    graph.trailer_mask(node, &table, words, &mut mask[..words]);
-                    if signals.has_paths() {
-                        let paths = match graph.path_mask(node) {
-                            Some(known) => known.to_vec(),
-                            None if diffs_left == 0 => {
-                                mask[incomplete_bit / 64] |= 1 << (incomplete_bit % 64);
-                                Vec::new()
-                            }
-                            None => {
-                                diffs_left -= 1;
-                                let oid = graph.oid(node);
-                                let computed = facts::path_mask(repo, oid, signals, &prefixes)
-                                    .map_err(|e| OverlayError::Diff {
-                                        commit: oid.to_string(),
-                                        path: self.mirror_dir.clone(),
-                                        source: self.redactor.cause(&e),
-                                    })?;
-                                graph.set_path_mask(node, &computed);
-                                Counters::add(&self.counters.commits_diffed, 1);
-                                computed
-                            }
-                        };
-                        for (m, p) in mask.iter_mut().zip(&paths) {
-                            *m |= p;
-                        }
-                    }
-                    if mask.iter().any(|w| *w != 0) {
-                        offsets.insert(node, masks.len());
-                        masks.extend_from_slice(&mask);
-                    }
-                }
-            }
-            let none = vec![0u64; mask_words];
-            let tallies = graph.tally(&walk, mask_words, MAX_SHOWN_MISSING, |node| {
-                match offsets.get(&node) {
-                    Some(at) => &masks[*at..*at + mask_words],
-                    None => &none,
-                }
-            });
+            let masks = pass.masks(graph, &walk)?;
+            let tallies = graph.tally(&walk, masks.words, MAX_SHOWN_MISSING, |node| masks.of(node));
             for (oid, tally) in oids.iter().zip(tallies) {
-                let mut evidence = BTreeMap::new();
-                let mut evidence_detail = BTreeMap::new();
-                let mut paths_incomplete = false;
-                for (signal, carrier) in tally.evidence.iter().enumerate() {
-                    match carrier {
-                        Some(_) if signal == incomplete_bit && signals.has_paths() => {
-                            paths_incomplete = true;
-                        }
-                        Some(node) => {
-                            let carrier = graph.oid(*node);
-                            let id = SignalId(signal);
-                            evidence.insert(id, commit_id(carrier)?);
-                            let detail = match details.get(&(carrier, id)) {
-                                Some(known) => known.clone(),
-                                None => {
-                                    let found =
-                                        self.evidence_detail(repo, &odb, carrier, id, signals)?;
-                                    details.insert((carrier, id), found.clone());
-                                    found
-                                }
-                            };
-                            evidence_detail.insert(id, detail);
-                        }
-                        None => {}
-                    }
-                }
-                let newest = tally
-                    .newest
-                    .iter()
-                    .map(|node| self.shown_commit(&odb, graph.oid(*node)))
-                    .collect::<Result<Vec<_>, OverlayError>>()?;
-                let range = DriftRange {
-                    behind: tally.behind,
-                    ahead: tally.ahead,
-                    evidence,
-                    paths_incomplete,
-                    newest,
-                    evidence_detail,
-                };
-                out.push((*oid, Arc::new(range)));
+                out.push((*oid, Arc::new(pass.range(graph, &tally)?)));
             }
         }
         self.save_graph(graph);
         Ok(out)
+    }
+
+    /// Reads into the graph `tip`, `targets` and whatever history of theirs
+    /// it lacks; their nodes.
+    fn read_commits(
+        &self,
+        graph: &mut Graph,
+        odb: &Odb<'_>,
+        tip: Oid,
+        targets: &[Oid],
+    ) -> Result<(Node, Vec<Node>), OverlayError> {
+        let before = graph.len();
+        let mut read = |oid: Oid| facts::read_commit(odb, oid).map_err(|e| (oid, e));
+        let tip_node = self.ensure_node(graph, tip, &mut read)?;
+        let nodes = targets
+            .iter()
+            .map(|t| self.ensure_node(graph, *t, &mut read))
+            .collect::<Result<Vec<Node>, OverlayError>>()?;
+        Counters::add(&self.counters.commits_read, graph.len() - before);
+        Ok((tip_node, nodes))
     }
 
     /// A commit's subject and trailer keys, read once and kept (bounded):
@@ -417,6 +325,228 @@ impl Inner {
             subject: text.subject.clone(),
             matched,
         })
+    }
+}
+
+/// One answer per distinct ref, from its resolution and the ranges.
+fn answers(
+    tip: Oid,
+    resolved: Vec<(String, Resolution)>,
+    ranges: &HashMap<Oid, Arc<DriftRange>>,
+) -> Result<HashMap<String, RefAnalysis>, OverlayError> {
+    let mut out = HashMap::with_capacity(resolved.len());
+    for (reference, resolution) in resolved {
+        let analysis = match resolution {
+            Resolution::Unknown => RefAnalysis::Unknown,
+            Resolution::Ambiguous => RefAnalysis::Ambiguous,
+            Resolution::Commit(oid) if oid == tip => RefAnalysis::OnTip {
+                commit: commit_id(oid)?,
+            },
+            Resolution::Commit(oid) => match ranges.get(&oid) {
+                Some(range) => RefAnalysis::Drifted {
+                    commit: commit_id(oid)?,
+                    range: Arc::clone(range),
+                },
+                // `measure` answers every commit it is given.
+                None => RefAnalysis::Unknown,
+            },
+        };
+        out.insert(reference, analysis);
+    }
+    Ok(out)
+}
+
+/// One measurement's view of the signals, worked out once: which bits a
+/// commit's trailer keys raise, the globs' literal prefixes, the mask layout,
+/// and what is left of the diff budget; and the evidence details found so
+/// far (many ranges name the same evidence commit).
+struct Measure<'a> {
+    inner: &'a Inner,
+    repo: &'a Repository,
+    odb: &'a Odb<'a>,
+    signals: &'a Signals,
+    /// Words of signal bits.
+    words: usize,
+    /// Words of a commit's mask: the signals' and, with path signals, the
+    /// incomplete bit.
+    mask_words: usize,
+    /// One bit past the signals marks a commit whose path facts are not
+    /// known yet (the budget ran out): a range carrying it is incomplete.
+    incomplete_bit: usize,
+    /// Per trailer key of the graph, the signal bits it raises.
+    table: Vec<u64>,
+    prefixes: Vec<String>,
+    diffs_left: usize,
+    details: HashMap<(Oid, SignalId), EvidenceDetail>,
+}
+
+/// The signal masks of the commits some target lacks: only those carrying
+/// a bit are stored.
+struct Masks {
+    words: usize,
+    offsets: FastMap<Node, usize>,
+    masks: Vec<u64>,
+    none: Vec<u64>,
+}
+
+impl Masks {
+    fn of(&self, node: Node) -> &[u64] {
+        match self.offsets.get(&node) {
+            Some(at) => &self.masks[*at..*at + self.words],
+            None => &self.none,
+        }
+    }
+}
+
+impl<'a> Measure<'a> {
+    fn new(
+        inner: &'a Inner,
+        repo: &'a Repository,
+        odb: &'a Odb<'a>,
+        graph: &Graph,
+        signals: &'a Signals,
+    ) -> Measure<'a> {
+        let words = signals.words();
+        let table = graph.trailer_table(words, |key| {
+            signals
+                .iter()
+                .filter_map(|(id, signal)| match signal {
+                    signals::Signal::Trailers(keys) if keys.contains(key) => Some(id.0),
+                    _ => None,
+                })
+                .collect()
+        });
+        let incomplete_bit = signals.len();
+        Measure {
+            inner,
+            repo,
+            odb,
+            signals,
+            words,
+            mask_words: if signals.has_paths() {
+                (incomplete_bit + 1).div_ceil(64)
+            } else {
+                words
+            },
+            incomplete_bit,
+            table,
+            prefixes: signals.prefixes(),
+            diffs_left: inner.diff_budget.load(Ordering::Relaxed),
+            details: HashMap::new(),
+        }
+    }
+
+    /// The mask of every commit `walk` found some target lacking; path
+    /// facts are computed once per commit, ever, and kept in the graph.
+    fn masks(&mut self, graph: &mut Graph, walk: &Walk) -> Result<Masks, OverlayError> {
+        let mut out = Masks {
+            words: self.mask_words,
+            offsets: FastMap::default(),
+            masks: Vec::new(),
+            none: vec![0u64; self.mask_words],
+        };
+        if self.words == 0 {
+            return Ok(out);
+        }
+        // Newest first: the commits most machines lack get their facts
+        // before a budget runs out.
+        let behind: Vec<Node> = walk.behind_nodes().collect();
+        let mut mask = vec![0u64; self.mask_words];
+        for node in behind {
+            mask.fill(0);
+            graph.trailer_mask(node, &self.table, self.words, &mut mask[..self.words]);
+            if self.signals.has_paths() {
+                match self.path_mask(graph, node)? {
+                    Some(paths) => {
+                        for (m, p) in mask.iter_mut().zip(&paths) {
+                            *m |= p;
+                        }
+                    }
+                    None => mask[self.incomplete_bit / 64] |= 1 << (self.incomplete_bit % 64),
+                }
+            }
+            if mask.iter().any(|w| *w != 0) {
+                out.offsets.insert(node, out.masks.len());
+                out.masks.extend_from_slice(&mask);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The path signals `node` raises: kept from before, or from one diff
+    /// while the budget lasts; `None` once it has run out.
+    fn path_mask(
+        &mut self,
+        graph: &mut Graph,
+        node: Node,
+    ) -> Result<Option<Vec<u64>>, OverlayError> {
+        if let Some(known) = graph.path_mask(node) {
+            return Ok(Some(known.to_vec()));
+        }
+        if self.diffs_left == 0 {
+            return Ok(None);
+        }
+        self.diffs_left -= 1;
+        let oid = graph.oid(node);
+        let computed =
+            facts::path_mask(self.repo, oid, self.signals, &self.prefixes).map_err(|e| {
+                OverlayError::Diff {
+                    commit: oid.to_string(),
+                    path: self.inner.mirror_dir.clone(),
+                    source: self.inner.redactor.cause(&e),
+                }
+            })?;
+        graph.set_path_mask(node, &computed);
+        Counters::add(&self.inner.counters.commits_diffed, 1);
+        Ok(Some(computed))
+    }
+
+    /// One target's range from its tally: counts, evidence with its detail,
+    /// the newest missing commits.
+    fn range(&mut self, graph: &Graph, tally: &Tally) -> Result<DriftRange, OverlayError> {
+        let mut evidence = BTreeMap::new();
+        let mut evidence_detail = BTreeMap::new();
+        let mut paths_incomplete = false;
+        for (signal, carrier) in tally.evidence.iter().enumerate() {
+            match carrier {
+                Some(_) if signal == self.incomplete_bit && self.signals.has_paths() => {
+                    paths_incomplete = true;
+                }
+                Some(node) => {
+                    let carrier = graph.oid(*node);
+                    let id = SignalId(signal);
+                    evidence.insert(id, commit_id(carrier)?);
+                    evidence_detail.insert(id, self.detail(carrier, id)?);
+                }
+                None => {}
+            }
+        }
+        let newest = tally
+            .newest
+            .iter()
+            .map(|node| self.inner.shown_commit(self.odb, graph.oid(*node)))
+            .collect::<Result<Vec<_>, OverlayError>>()?;
+        Ok(DriftRange {
+            behind: tally.behind,
+            ahead: tally.ahead,
+            evidence,
+            paths_incomplete,
+            newest,
+            evidence_detail,
+        })
+    }
+
+    /// What `carrier` carries that raised `signal`, found once per
+    /// measurement.
+    fn detail(&mut self, carrier: Oid, signal: SignalId) -> Result<EvidenceDetail, OverlayError> {
+        if let Some(known) = self.details.get(&(carrier, signal)) {
+            return Ok(known.clone());
+        }
+        let found =
+            self.inner
+                .evidence_detail(self.repo, self.odb, carrier, signal, self.signals)?;
+        self.details.insert((carrier, signal), found.clone());
+        Ok(found)
     }
 }
 

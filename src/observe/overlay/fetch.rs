@@ -164,6 +164,42 @@ impl Inner {
         };
         let mut remote = repo.find_remote(REMOTE).map_err(fetch_err)?;
 
+        let mut options = self.fetch_options(stop);
+
+        // The refspec is passed explicitly so a mirror whose config was
+        // created by hand (or by `git clone --mirror`) still mirrors heads.
+        let fetched = remote.fetch(
+            &[HEADS_REFSPEC],
+            Some(&mut options),
+            Some("fleet-reconciler: fetch"),
+        );
+        let received = remote.stats().received_objects();
+        Counters::add(&self.counters.objects_received, received);
+        drop(remote);
+        // Objects may have landed even when the fetch failed part-way; any
+        // new object can change what a prefix resolves to.
+        if fetched.is_err() || received > 0 {
+            self.caches().invalidate_resolutions(None);
+        }
+        fetched.map_err(fetch_err)?;
+        self.note_refs(&repo)?;
+
+        let tip = self.branch_tip(&repo)?;
+        self.extend_graph(&repo, &tip);
+        tracing::debug!(
+            repo = %self.shown_repo,
+            branch = %tip.branch,
+            tip = %tip.commit,
+            received_objects = received,
+            "Fetched overlay."
+        );
+        Ok(tip)
+    }
+
+    /// How the fetch runs: it stops when `stop` is set, sends the token only
+    /// where [`token_may_go_to`] allows and only once, prunes deleted
+    /// branches, brings tags along and follows no redirect to another host.
+    fn fetch_options(&self, stop: &Arc<AtomicBool>) -> FetchOptions<'static> {
         let mut callbacks = RemoteCallbacks::new();
         // Every callback is a chance to stop an abandoned fetch.
         let (stop_transfer, stop_sideband) = (Arc::clone(stop), Arc::clone(stop));
@@ -214,35 +250,7 @@ impl Inner {
             // another port or path of the same host, so the credentials
             // callback checks the exact origin as well.
             .follow_redirects(RemoteRedirect::None);
-
-        // The refspec is passed explicitly so a mirror whose config was
-        // created by hand (or by `git clone --mirror`) still mirrors heads.
-        let fetched = remote.fetch(
-            &[HEADS_REFSPEC],
-            Some(&mut options),
-            Some("fleet-reconciler: fetch"),
-        );
-        let received = remote.stats().received_objects();
-        Counters::add(&self.counters.objects_received, received);
-        drop(remote);
-        // Objects may have landed even when the fetch failed part-way; any
-        // new object can change what a prefix resolves to.
-        if fetched.is_err() || received > 0 {
-            self.caches().invalidate_resolutions(None);
-        }
-        fetched.map_err(fetch_err)?;
-        self.note_refs(&repo)?;
-
-        let tip = self.branch_tip(&repo)?;
-        self.extend_graph(&repo, &tip);
-        tracing::debug!(
-            repo = %self.shown_repo,
-            branch = %tip.branch,
-            tip = %tip.commit,
-            received_objects = received,
-            "Fetched overlay."
-        );
-        Ok(tip)
+        options
     }
 }
 

@@ -12,6 +12,7 @@
 //! It reads the mirror and never fetches or writes it (only the saved graph).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -36,7 +37,7 @@ const FULL_ID_LEN: usize = 40;
 /// it; it only caps memory when refs churn (e.g. agents reporting garbage).
 const MAX_CACHED_RANGES: usize = 10_000;
 
-pub(super) const MAX_CACHED_RESOLUTIONS: usize = 20_000;
+const MAX_CACHED_RESOLUTIONS: usize = 20_000;
 
 /// Commit texts (subject ≤ 200 characters, trailer keys) kept for reasons.
 const MAX_CACHED_TEXTS: usize = 10_000;
@@ -179,10 +180,12 @@ impl Inner {
         let mut caches = self.caches();
         // A fetch that ran meanwhile may have made this answer stale.
         if caches.generation == generation {
-            if caches.resolutions.len() >= MAX_CACHED_RESOLUTIONS {
-                caches.resolutions.clear();
-            }
-            caches.resolutions.insert(reference.to_owned(), resolution);
+            keep(
+                &mut caches.resolutions,
+                MAX_CACHED_RESOLUTIONS,
+                reference.to_owned(),
+                resolution,
+            );
         }
         Ok(resolution)
     }
@@ -263,10 +266,7 @@ impl Inner {
         })?;
         let text = Arc::new(text);
         let mut caches = self.caches();
-        if caches.texts.len() >= MAX_CACHED_TEXTS {
-            caches.texts.clear();
-        }
-        caches.texts.insert(oid, Arc::clone(&text));
+        keep(&mut caches.texts, MAX_CACHED_TEXTS, oid, Arc::clone(&text));
         Ok(text)
     }
 
@@ -284,10 +284,7 @@ impl Inner {
             subject: self.commit_text(odb, oid)?.subject.clone(),
         });
         let mut caches = self.caches();
-        if caches.shown.len() >= MAX_CACHED_TEXTS {
-            caches.shown.clear();
-        }
-        caches.shown.insert(oid, Arc::clone(&shown));
+        keep(&mut caches.shown, MAX_CACHED_TEXTS, oid, Arc::clone(&shown));
         Ok(shown)
     }
 
@@ -326,6 +323,14 @@ impl Inner {
             matched,
         })
     }
+}
+
+/// Inserts into a cache that is dropped whole when it reaches `bound`.
+fn keep<K: Hash + Eq, V>(cache: &mut HashMap<K, V>, bound: usize, key: K, value: V) {
+    if cache.len() >= bound {
+        cache.clear();
+    }
+    cache.insert(key, value);
 }
 
 /// One answer per distinct ref, from its resolution and the ranges.

@@ -154,22 +154,15 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
         let seq = world.next_seq;
         world.next_seq += 1;
         if world.record_requests {
-            let record = RecordedRequest {
+            let record = recorded(
                 seq,
-                at: world.now(),
-                target: route.target.unwrap_or(RequestTarget::Other),
-                method: parts.method.to_string(),
-                path: parts.uri.path().to_string(),
-                query: parts.uri.query().map(str::to_string),
-                app: route.app.clone(),
-                machine_id: route.machine_id.clone(),
-                action: route.action.clone(),
+                world.now(),
+                &route,
+                &parts,
+                &body,
                 credential,
                 authorized,
-                lease_nonce: header_str(&parts.headers, NONCE_HEADER).map(str::to_string),
-                body: recorded_body(&body),
-                status: None,
-            };
+            );
             if world.requests.len() >= MAX_RECORDED_REQUESTS {
                 world.requests.pop_front();
             }
@@ -407,6 +400,34 @@ fn gate_for(fault: ChaosFault, retry_after: u64, hang: Duration) -> Gate {
             delay: hang,
             status: StatusCode::SERVICE_UNAVAILABLE,
         },
+    }
+}
+
+/// The log entry of a request as it arrived (no answer yet).
+fn recorded(
+    seq: u64,
+    at: chrono::DateTime<chrono::Utc>,
+    route: &Route,
+    parts: &axum::http::request::Parts,
+    body: &Bytes,
+    credential: Credential,
+    authorized: bool,
+) -> RecordedRequest {
+    RecordedRequest {
+        seq,
+        at,
+        target: route.target.unwrap_or(RequestTarget::Other),
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(str::to_string),
+        app: route.app.clone(),
+        machine_id: route.machine_id.clone(),
+        action: route.action.clone(),
+        credential,
+        authorized,
+        lease_nonce: header_str(&parts.headers, NONCE_HEADER).map(str::to_string),
+        body: recorded_body(body),
+        status: None,
     }
 }
 

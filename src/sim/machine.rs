@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use serde::Serialize;
 
-use super::fixture::{Behaviour, CAP_DRAIN, CheckStatus, HostStatus, NON_HEX_REF};
+use super::fixture::{Behaviour, CAP_DRAIN, CheckStatus, HostStatus, NON_HEX_REF, SimMachine};
 use super::view::{LeaseView, SimMachineView};
 use super::wire::{ApiError, rfc3339};
 
@@ -59,6 +59,61 @@ pub(crate) struct MachineState {
 }
 
 impl MachineState {
+    /// A machine as its fixture describes it, created at `now`; its agent
+    /// has loaded `release_tip` unless the fixture says otherwise.
+    pub(crate) fn from_fixture(
+        app: &str,
+        m: SimMachine,
+        fallback_ip: impl FnOnce() -> String,
+        release_tip: &str,
+        now: DateTime<Utc>,
+    ) -> MachineState {
+        let agent = AgentState {
+            loaded_ref: m.loaded_ref.unwrap_or_else(|| release_tip.to_string()),
+            report_ref_len: m.report_ref_len,
+            behaviour: resolve_behaviour(m.behaviour, now),
+            capabilities: m.capabilities,
+            live_sessions: m.live_sessions,
+            last_input_at: m.last_input_at,
+            agent_token: m.agent_token,
+            fence: None,
+        };
+        MachineState {
+            app: app.to_string(),
+            id: m.id,
+            name: m.name,
+            region: m.region,
+            state: m.state,
+            instance_id: new_instance_id(),
+            private_ip: m.private_ip.unwrap_or_else(fallback_ip),
+            image: m.image,
+            created_at: now,
+            updated_at: now,
+            metadata: m.metadata,
+            cordoned: m.cordoned,
+            host_status: HostStatus::Ok,
+            kill_timeout: m.kill_timeout,
+            checkpoint_on_stop: m.checkpoint_on_stop,
+            checks: m
+                .checks
+                .into_iter()
+                .map(|name| Check {
+                    name,
+                    status: CheckStatus::Passing,
+                    output: String::new(),
+                    updated_at: now,
+                })
+                .collect(),
+            events: VecDeque::new(),
+            crash_loop: false,
+            lease: None,
+            restart_count: 0,
+            generation: 0,
+            down_by_api: false,
+            agent,
+        }
+    }
+
     /// The lease, unless it has expired (expired leases count as absent, as on Fly).
     pub(crate) fn active_lease(&self, now: DateTime<Utc>) -> Option<&Lease> {
         self.lease.as_ref().filter(|l| l.expires_at > now)

@@ -24,10 +24,9 @@ use crate::clock::SharedClock;
 use super::audit::AuditState;
 use super::chaos::ChaosState;
 use super::fixture::{
-    CheckStatus, HostDownMetadata, HostStatus, MetadataFencing, RateLimit, RateLimits, RetryAfter,
-    SimFleet,
+    CheckStatus, HostDownMetadata, MetadataFencing, RateLimit, RateLimits, RetryAfter, SimFleet,
 };
-use super::machine::{AgentState, Check, MachineState, new_instance_id, resolve_behaviour};
+use super::machine::MachineState;
 use super::view::RecordedRequest;
 use super::wire::ApiError;
 
@@ -180,61 +179,17 @@ impl World {
                 if !seen.insert(m.id.clone()) {
                     return Err(invalid(format!("duplicate machine id {:?}", m.id)));
                 }
-                let private_ip = m.private_ip.unwrap_or_else(|| {
+                ids.push(m.id.clone());
+                let fallback_ip = || {
                     format!(
                         "fdaa:0:1:a7b:{:x}:{:x}:0:2",
                         app_index + 1,
                         machine_index + 1
                     )
-                });
-                let agent = AgentState {
-                    loaded_ref: m.loaded_ref.unwrap_or_else(|| fleet.release_tip.clone()),
-                    report_ref_len: m.report_ref_len,
-                    behaviour: resolve_behaviour(m.behaviour, now),
-                    capabilities: m.capabilities,
-                    live_sessions: m.live_sessions,
-                    last_input_at: m.last_input_at,
-                    agent_token: m.agent_token,
-                    fence: None,
                 };
-                ids.push(m.id.clone());
-                machines.insert(
-                    m.id.clone(),
-                    MachineState {
-                        app: app.name.clone(),
-                        id: m.id,
-                        name: m.name,
-                        region: m.region,
-                        state: m.state,
-                        instance_id: new_instance_id(),
-                        private_ip,
-                        image: m.image,
-                        created_at: now,
-                        updated_at: now,
-                        metadata: m.metadata,
-                        cordoned: m.cordoned,
-                        host_status: HostStatus::Ok,
-                        kill_timeout: m.kill_timeout,
-                        checkpoint_on_stop: m.checkpoint_on_stop,
-                        checks: m
-                            .checks
-                            .into_iter()
-                            .map(|name| Check {
-                                name,
-                                status: CheckStatus::Passing,
-                                output: String::new(),
-                                updated_at: now,
-                            })
-                            .collect(),
-                        events: VecDeque::new(),
-                        crash_loop: false,
-                        lease: None,
-                        restart_count: 0,
-                        generation: 0,
-                        down_by_api: false,
-                        agent,
-                    },
-                );
+                let machine =
+                    MachineState::from_fixture(&app.name, m, fallback_ip, &fleet.release_tip, now);
+                machines.insert(machine.id.clone(), machine);
             }
             apps.insert(app.name, ids);
         }

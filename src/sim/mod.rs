@@ -333,3 +333,74 @@ impl Drop for Sim {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The modules in the layout's order (module docs), with their source.
+    const LAYERS: [(&str, &str); 11] = [
+        ("fixture", include_str!("fixture.rs")),
+        ("view", include_str!("view.rs")),
+        ("chaos", include_str!("chaos.rs")),
+        ("wire", include_str!("wire.rs")),
+        ("machine", include_str!("machine.rs")),
+        ("audit", include_str!("audit.rs")),
+        ("state", include_str!("state.rs")),
+        ("handle", include_str!("handle.rs")),
+        ("fly_api", include_str!("fly_api.rs")),
+        ("agent", include_str!("agent.rs")),
+        ("http", include_str!("http.rs")),
+    ];
+
+    /// The sibling modules a source names as `super::name` (also inside
+    /// `super::{..}`), outside comments and its tests.
+    fn named_siblings(source: &str) -> Vec<String> {
+        let code = source.split("#[cfg(test)]").next().unwrap_or(source);
+        let mut names = Vec::new();
+        for line in code.lines().map(str::trim) {
+            if line.starts_with("//") {
+                continue;
+            }
+            for (at, _) in line.match_indices("super::") {
+                let rest = &line[at + "super::".len()..];
+                // `super::{a, b}` names each; `super::a::…` names `a`.
+                let items: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(inner) => inner
+                        .split('}')
+                        .next()
+                        .unwrap_or(inner)
+                        .split(',')
+                        .collect(),
+                    None => vec![rest],
+                };
+                for item in items {
+                    let name: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        names.push(name);
+                    }
+                }
+            }
+        }
+        names
+    }
+
+    /// No circle inside the simulator: each module names only the modules
+    /// before it in the layout (what `mod.rs` re-exports, such as
+    /// `super::SimHandle`, counts as naming `mod.rs` itself, the top).
+    #[test]
+    fn modules_import_only_the_ones_below_them() {
+        let rank = |name: &str| LAYERS.iter().position(|(n, _)| *n == name);
+        let mut upward = Vec::new();
+        for (at, (module, source)) in LAYERS.iter().enumerate() {
+            for name in named_siblings(source) {
+                if rank(&name).is_none_or(|r| r >= at) {
+                    upward.push(format!("{module} names super::{name}"));
+                }
+            }
+        }
+        assert!(upward.is_empty(), "{upward:#?}");
+    }
+}

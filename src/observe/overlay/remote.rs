@@ -1,11 +1,12 @@
 //! The remote: where the overlay comes from ([`OverlaySource`]) and the
 //! rules on its URL and token: how the URL is kept (relative paths made
 //! absolute) and shown (no userinfo, no query), where the token may be sent
-//! (the configured origin only, over https or to loopback), and how libgit2's
-//! messages are cleaned of every secret before they leave this module's
-//! callers.
+//! (the configured origin only, over https or to loopback), and the
+//! [`Redactor`] that takes every secret out of libgit2's messages before
+//! they go into an error.
 //!
-//! Pure text rules: no git2 repository, no network.
+//! Pure text rules: it must never open a repository or touch the network,
+//! and never return text that still holds the token or a URL's password.
 
 use std::fmt;
 use std::path::PathBuf;

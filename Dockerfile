@@ -28,15 +28,17 @@ FROM ${RUST_IMAGE} AS builder
 WORKDIR /build
 
 # 1. Dependencies only. The stubs stand in for every target Cargo.toml
-#    declares (the binary, the library, the `sweep` bench), so cargo can
+#    declares (the binary, the library, the three benches), so cargo can
 #    resolve the manifest and build the whole dependency graph. build.rs is
-#    the real one: it only names the commit (`--version`).
+#    the real one: it only names the commit (`--version`). Both stages build
+#    with `--no-default-features`: the production image carries neither the
+#    simulator nor `demo` (the `sim` feature, README "Development").
 COPY Cargo.toml Cargo.lock build.rs ./
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
- && echo 'fn main() {}' > benches/sweep.rs \
- && cargo build --release --locked --bin fleet-reconciler \
+ && for b in sweep scale soak; do echo 'fn main() {}' > "benches/$b.rs"; done \
+ && cargo build --release --locked --no-default-features --bin fleet-reconciler \
  && rm -rf src benches
 
 # 2. The crate. `config/` is needed at compile time too: the demo embeds
@@ -50,7 +52,7 @@ COPY benches ./benches
 COPY config ./config
 ARG FLEET_RECONCILER_COMMIT=unknown
 RUN touch src/main.rs src/lib.rs \
- && FLEET_RECONCILER_COMMIT="${FLEET_RECONCILER_COMMIT}" cargo build --release --locked --bin fleet-reconciler \
+ && FLEET_RECONCILER_COMMIT="${FLEET_RECONCILER_COMMIT}" cargo build --release --locked --no-default-features --bin fleet-reconciler \
  && install -D -m 0755 target/release/fleet-reconciler /out/fleet-reconciler
 
 FROM ${RUNTIME_IMAGE}

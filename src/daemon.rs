@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::act::executor::{Executor, StepReport};
 use crate::clock::{Clock, SharedClock};
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
+use crate::decide::policy::Policy;
 use crate::decide::severity;
 
 use crate::config::Config;
@@ -107,8 +108,17 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
 /// decide each drift's severity, reason and action
 /// ([`severity::judge`]). The loop, `check` and `plan` all start here.
 pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<FleetReport, SweepError> {
+    sweep_judged(sweeper, &Policy::from_config(&sweeper.config), tip).await
+}
+
+/// [`sweep`] under a policy built once by the caller.
+async fn sweep_judged(
+    sweeper: &Sweeper,
+    policy: &Policy,
+    tip: &Tip,
+) -> Result<FleetReport, SweepError> {
     let observation = sweeper.sweep(tip).await?;
-    Ok(severity::judge(&sweeper.config, observation))
+    Ok(severity::judge(policy, observation))
 }
 
 /// One fetch, one read-only sweep and the plan a daemon would make from it:
@@ -130,29 +140,30 @@ pub async fn plan_once(
         .fetch_within(sweeper.config.overlay.fetch_timeout)
         .await
         .map_err(CheckError::Fetch)?;
-    let report = sweep(sweeper, &tip).await?;
+    let policy = Policy::from_config(&sweeper.config);
+    let report = sweep_judged(sweeper, &policy, &tip).await?;
     let now = clock.now();
-    let plan = plan_as_seen_before(&sweeper.config, &report, owner, now);
+    let plan = plan_as_seen_before(&policy, &report, owner, now);
     Ok((report, plan))
 }
 
 /// The plan for `report` at `now` of a daemon that first saw it
 /// `rotation.min_drift_age` ago and fetched the overlay just now.
 pub fn plan_as_seen_before(
-    config: &Config,
+    policy: &Policy,
     report: &FleetReport,
     owner: &str,
     now: DateTime<Utc>,
 ) -> Plan {
     let mut tracker = Tracker::default();
-    let first_seen = chrono::Duration::from_std(config.rotation.min_drift_age)
+    let first_seen = chrono::Duration::from_std(policy.rotation.min_drift_age)
         .ok()
         .and_then(|age| now.checked_sub_signed(age))
         .unwrap_or(now);
     tracker.observe(report, first_seen);
     tracker.observe(report, now);
     planner::plan(&PlanInput {
-        config,
+        policy,
         report,
         tracker: &tracker,
         owner,
@@ -325,6 +336,7 @@ async fn sweep_loop(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tracker = Tracker::default();
     let mut listings = LastListings::default();
+    let policy = Policy::from_config(&sweeper.config);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -347,7 +359,7 @@ async fn sweep_loop(
         };
         let swept = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = sweep(sweeper, &current) => r,
+            r = sweep_judged(sweeper, &policy, &current) => r,
         };
         let mut report = match swept {
             Ok(report) => report,
@@ -368,7 +380,7 @@ async fn sweep_loop(
         listings.carry(&mut report, now);
         tracker.observe(&report, now);
         let plan = planner::plan(&PlanInput {
-            config: &sweeper.config,
+            policy: &policy,
             report: &report,
             tracker: &tracker,
             owner: &options.owner,
@@ -379,8 +391,10 @@ async fn sweep_loop(
             now,
         });
         let steps = match options.executor {
-            Some(executor) if !plan.steps.is_empty() && !shutdown.is_cancelled() => {
-                executor.execute(plan.steps.clone(), shutdown).await
+            Some(executor) if plan.has_steps() && !shutdown.is_cancelled() => {
+                executor
+                    .execute(plan.steps().into_iter().cloned().collect(), shutdown)
+                    .await
             }
             _ => Vec::new(),
         };

@@ -518,7 +518,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions));
+                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions()));
                 for s in &cycle.steps {
                     println!("  {} → {}", s.step, s.outcome);
                 }
@@ -531,7 +531,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                 quiet = if busy || released_at.is_none() { 0 } else { quiet + 1 };
                 // Play the operator once: approve one machine that waits for it.
                 if !approved && released_at.is_some_and(|r| shown >= r + 3)
-                    && let Some((id, _)) = cycle.plan.decisions.iter().find(|(_, d)| matches!(d, Decision::AwaitingApproval { .. })) {
+                    && let Some((id, _)) = cycle.plan.machines.iter().find(|(_, m)| matches!(m.decision, Decision::AwaitingApproval { .. })) {
                         approved = true;
                         let approval = Approval {
                             target: cycle.report.tip.commit.to_string(),

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
+use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
 use crate::metadata::marker::{Ending, Marker, Phase};
@@ -342,7 +343,8 @@ pub struct Executor {
     agents: reqwest::Client,
     agent_timeout: Duration,
     prober: Prober,
-    config: Arc<Config>,
+    /// What the re-checks under a lease apply: the planner's own rules.
+    policy: Policy,
     /// `None` only when no pool acts (observe-only fleets need no slots).
     coordinator: Option<Coordinator>,
     agent_tokens: HashMap<String, SecretString>,
@@ -486,7 +488,7 @@ impl Executor {
             agents,
             agent_timeout,
             prober,
-            config,
+            policy: Policy::from_config(&config),
             coordinator,
             agent_tokens,
             tuning,
@@ -1070,10 +1072,10 @@ impl Executor {
                 }
                 match guard {
                     RestartGuard::MayInterrupt => Ok(()),
-                    RestartGuard::Idle => planner::restart_allowed(&self.config, &r, marker, now)
+                    RestartGuard::Idle => planner::restart_allowed(&self.policy, &r, marker, now)
                         .map_err(|why| Declined::NotIdle(why).into()),
                     RestartGuard::Unprobeable => {
-                        planner::restart_allowed(&self.config, &r, marker, now)
+                        planner::restart_allowed(&self.policy, &r, marker, now)
                             .map_err(|why| Declined::AgentAnswers(why).into())
                     }
                 }
@@ -1176,7 +1178,7 @@ impl Executor {
     /// reclaiming slots whose rotation is over. Batched with the other slot
     /// changes waiting at this instant (`change_slots`).
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
-        let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
+        let cap = self.policy.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let slot = Slot {
             machine_id: t.machine_id.clone(),
             tag: marker.tag.clone(),

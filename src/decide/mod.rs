@@ -10,4 +10,6 @@
 
 pub mod decision;
 pub mod planner;
+pub mod policy;
 pub mod severity;
+pub mod step;

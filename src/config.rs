@@ -85,8 +85,7 @@ pub struct FlyConfig {
     /// `rotation.coordinator_token_env`); see [`Config::fly_tokens`].
     pub token_env: String,
     /// Per-request timeout for Fly API calls (long-polls add their own wait).
-    #[serde(deserialize_with = "duration")]
-    pub request_timeout: Duration,
+    pub request_timeout: NonZeroDuration,
     /// Retries of a transient failure (408, 429, 5xx, connection error).
     pub max_retries: u32,
     /// Whether the client spaces its own calls at Fly's documented limits
@@ -100,7 +99,7 @@ impl Default for FlyConfig {
         FlyConfig {
             api_url: "https://api.machines.dev".into(),
             token_env: "FLY_API_TOKEN".into(),
-            request_timeout: Duration::from_secs(30),
+            request_timeout: NonZeroDuration::from_secs(30),
             max_retries: 4,
             rate_limits: true,
         }
@@ -111,18 +110,21 @@ impl Default for FlyConfig {
 #[serde(deny_unknown_fields)]
 pub struct OverlayConfig {
     /// URL or local path of the overlay repository.
-    pub repo: String,
+    pub repo: NonEmpty,
     /// Release branch whose tip is the expected ref.
-    pub branch: String,
+    pub branch: NonEmpty,
     #[serde(default = "secs::<60>", deserialize_with = "duration")]
     pub fetch_interval: Duration,
     /// Deadline for one whole fetch (connect, negotiate, download). A fetch
     /// past it is abandoned and counted as failed; sweeps go on meanwhile.
-    #[serde(default = "default_fetch_timeout", deserialize_with = "duration")]
-    pub fetch_timeout: Duration,
+    #[serde(default = "default_fetch_timeout")]
+    pub fetch_timeout: NonZeroDuration,
     /// Commits one sweep's analysis compares for `paths` rules, at most.
-    #[serde(default = "default_max_path_comparisons")]
-    pub max_path_comparisons: usize,
+    #[serde(
+        default = "default_max_path_comparisons",
+        deserialize_with = "comparisons"
+    )]
+    pub max_path_comparisons: NonZeroUsize,
     /// Bare mirror kept by the daemon.
     pub mirror_dir: PathBuf,
     /// Environment variable holding an https token for the repository.
@@ -134,14 +136,13 @@ pub struct OverlayConfig {
 // Missing keys come from `Default`, the one place each default is written.
 #[serde(default, deny_unknown_fields)]
 pub struct SweepConfig {
-    #[serde(deserialize_with = "duration")]
-    pub interval: Duration,
+    pub interval: NonZeroDuration,
 }
 
 impl Default for SweepConfig {
     fn default() -> Self {
         SweepConfig {
-            interval: Duration::from_secs(30),
+            interval: NonZeroDuration::from_secs(30),
         }
     }
 }
@@ -150,8 +151,7 @@ impl Default for SweepConfig {
 // Missing keys come from `Default`, the one place each default is written.
 #[serde(default, deny_unknown_fields)]
 pub struct ProbeConfig {
-    #[serde(deserialize_with = "duration")]
-    pub timeout: Duration,
+    pub timeout: NonZeroDuration,
     pub concurrency: NonZeroUsize,
     pub max_body_bytes: NonZeroUsize,
 }
@@ -159,7 +159,7 @@ pub struct ProbeConfig {
 impl Default for ProbeConfig {
     fn default() -> Self {
         ProbeConfig {
-            timeout: Duration::from_secs(5),
+            timeout: NonZeroDuration::from_secs(5),
             concurrency: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             max_body_bytes: NonZeroUsize::new(65536).unwrap_or(NonZeroUsize::MIN),
         }
@@ -276,12 +276,13 @@ pub struct RotationConfig {
     /// that gives no usable report before it gives the undrain up (with an
     /// alert naming the machine) and frees its slot. The uncordon is never
     /// given up.
-    #[serde(deserialize_with = "duration")]
-    pub release_ceiling: Duration,
+    pub release_ceiling: NonZeroDuration,
     /// Restarts one rotation makes toward one target before it ends as
     /// failed (uncordoned, slot released, `rotation_failed` alerted, no new
     /// attempt for that target until the tip moves or an operator approves).
-    pub max_attempts: u32,
+    /// At least 1: the first restart is an attempt.
+    #[serde(deserialize_with = "restarts")]
+    pub max_attempts: NonZeroU32,
     /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
     /// pool's rotation slots, so caps are exact across replicas (see
     /// [`crate::metadata::slots`]). Required for `run` to act.
@@ -305,8 +306,8 @@ impl Default for RotationConfig {
             verify_deadline: Duration::from_secs(300),
             recent_input_guard: Duration::from_secs(600),
             heartbeat_max_age: Duration::from_secs(30),
-            release_ceiling: Duration::from_secs(1800),
-            max_attempts: 3,
+            release_ceiling: NonZeroDuration::from_secs(1800),
+            max_attempts: NonZeroU32::MIN.saturating_add(2),
             coordinator: None,
             coordinator_token_env: None,
         }
@@ -548,12 +549,10 @@ pub struct ServerConfig {
     pub admin_token_env: String,
     /// How long a client may take to send a request's headers, and how long
     /// an idle keep-alive connection stays open; then it is closed.
-    #[serde(deserialize_with = "duration")]
-    pub header_read_timeout: Duration,
+    pub header_read_timeout: NonZeroDuration,
     /// The most one request may take, body upload and handler included;
     /// then it is answered 503.
-    #[serde(deserialize_with = "duration")]
-    pub request_timeout: Duration,
+    pub request_timeout: NonZeroDuration,
     /// Connections served at once; further ones are answered 503 and closed.
     pub max_connections: NonZeroUsize,
     /// Largest request body; a larger one is answered 413.
@@ -561,8 +560,7 @@ pub struct ServerConfig {
     /// Failed admin authentications one source (client IP) may make per
     /// `admin_auth_window`; past that its admin requests are answered 429.
     pub admin_auth_failures: NonZeroU32,
-    #[serde(deserialize_with = "duration")]
-    pub admin_auth_window: Duration,
+    pub admin_auth_window: NonZeroDuration,
     /// The address on-call reaches the status page at (`server.public_url`,
     /// e.g. `https://fleet.example.com/`): alert payloads link the status
     /// page and machine pages under it. `None`: no such links.
@@ -631,12 +629,12 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             admin_token_env: "FLEET_ADMIN_TOKEN".into(),
-            header_read_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(60),
+            header_read_timeout: NonZeroDuration::from_secs(10),
+            request_timeout: NonZeroDuration::from_secs(60),
             max_connections: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             max_body_bytes: NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN),
             admin_auth_failures: NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN),
-            admin_auth_window: Duration::from_secs(60),
+            admin_auth_window: NonZeroDuration::from_secs(60),
             public_url: None,
         }
     }
@@ -1142,68 +1140,6 @@ impl Config {
             ));
         }
 
-        if raw.rotation.max_attempts == 0 {
-            return Err(invalid(
-                "rotation.max_attempts".into(),
-                None,
-                "must be at least 1 (the first restart is an attempt)".into(),
-            ));
-        }
-        if raw.rotation.release_ceiling.is_zero() {
-            return Err(invalid(
-                "rotation.release_ceiling".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.sweep.interval.is_zero() {
-            return Err(invalid(
-                "sweep.interval".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.probe.timeout.is_zero() {
-            return Err(invalid(
-                "probe.timeout".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.overlay.max_path_comparisons == 0 {
-            return Err(invalid(
-                "overlay.max_path_comparisons".into(),
-                None,
-                "must be at least 1".into(),
-            ));
-        }
-        if raw.overlay.fetch_timeout.is_zero() {
-            return Err(invalid(
-                "overlay.fetch_timeout".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.fly.request_timeout.is_zero() {
-            return Err(invalid(
-                "fly.request_timeout".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        for (key, value) in [
-            ("server.header_read_timeout", raw.server.header_read_timeout),
-            ("server.request_timeout", raw.server.request_timeout),
-            ("server.admin_auth_window", raw.server.admin_auth_window),
-        ] {
-            if value.is_zero() {
-                return Err(invalid(
-                    key.into(),
-                    None,
-                    "must be greater than zero".into(),
-                ));
-            }
-        }
         if raw.server.max_connections.get() > MAX_SERVER_CONNECTIONS {
             return Err(invalid(
                 "server.max_connections".into(),
@@ -1217,16 +1153,6 @@ impl Config {
                 None,
                 format!("must be at most {MAX_SERVER_BODY_BYTES} (1 MiB)"),
             ));
-        }
-        if raw.overlay.branch.trim().is_empty() {
-            return Err(invalid(
-                "overlay.branch".into(),
-                None,
-                "branch is empty".into(),
-            ));
-        }
-        if raw.overlay.repo.trim().is_empty() {
-            return Err(invalid("overlay.repo".into(), None, "repo is empty".into()));
         }
         check_token_envs(&raw.fly, &apps, &raw.rotation).map_err(|(k, m)| invalid(k, None, m))?;
 
@@ -1450,6 +1376,107 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     Ok(parsed)
 }
 
+/// A duration greater than zero (and at most [`MAX_DURATION`]), for the keys
+/// that pace or bound work (`sweep.interval`, timeouts, ceilings), where zero
+/// would spin or give up at once. Parsed like every duration, so a bad value
+/// names its key and line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NonZeroDuration(Duration);
+
+impl NonZeroDuration {
+    pub const fn new(d: Duration) -> Option<NonZeroDuration> {
+        if d.is_zero() {
+            None
+        } else {
+            Some(NonZeroDuration(d))
+        }
+    }
+
+    /// For defaults written in the source; `secs` is never 0 there.
+    pub const fn from_secs(secs: u64) -> NonZeroDuration {
+        NonZeroDuration(Duration::from_secs(if secs == 0 { 1 } else { secs }))
+    }
+
+    pub const fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl From<NonZeroDuration> for Duration {
+    fn from(d: NonZeroDuration) -> Duration {
+        d.0
+    }
+}
+
+impl fmt::Display for NonZeroDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for NonZeroDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NonZeroDuration::new(duration(d)?)
+            .ok_or_else(|| serde::de::Error::custom("must be greater than zero"))
+    }
+}
+
+/// Text with something other than whitespace in it (`overlay.repo`,
+/// `overlay.branch`): an empty one would only fail later, far from its key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NonEmpty(String);
+
+impl NonEmpty {
+    pub fn new(s: impl Into<String>) -> Option<NonEmpty> {
+        let s = s.into();
+        (!s.trim().is_empty()).then_some(NonEmpty(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<NonEmpty> for String {
+    fn from(s: NonEmpty) -> String {
+        s.0
+    }
+}
+
+impl fmt::Display for NonEmpty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for NonEmpty {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NonEmpty::new(String::deserialize(d)?).ok_or_else(|| serde::de::Error::custom("is empty"))
+    }
+}
+
+/// A count that must be at least 1, refused in the user's words (serde's
+/// own message for a zero `NonZero*` is "expected a nonzero u32").
+fn at_least_one<'de, D, T>(d: D, zero: &'static str) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<std::num::NonZeroU64>,
+{
+    let n = u64::deserialize(d)?;
+    let n = std::num::NonZeroU64::new(n).ok_or_else(|| serde::de::Error::custom(zero))?;
+    T::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} is too large")))
+}
+
+/// `rotation.max_attempts`.
+fn restarts<'de, D: Deserializer<'de>>(d: D) -> Result<NonZeroU32, D::Error> {
+    at_least_one(d, "must be at least 1 (the first restart is an attempt)")
+}
+
+/// `overlay.max_path_comparisons`.
+fn comparisons<'de, D: Deserializer<'de>>(d: D) -> Result<NonZeroUsize, D::Error> {
+    at_least_one(d, "must be at least 1")
+}
+
 fn coordinator<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<crate::metadata::slots::Coordinator>, D::Error> {
@@ -1492,11 +1519,11 @@ pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 const fn secs<const N: u64>() -> Duration {
     Duration::from_secs(N)
 }
-fn default_fetch_timeout() -> Duration {
-    DEFAULT_FETCH_TIMEOUT
+fn default_fetch_timeout() -> NonZeroDuration {
+    NonZeroDuration::from_secs(DEFAULT_FETCH_TIMEOUT.as_secs())
 }
-fn default_max_path_comparisons() -> usize {
-    DEFAULT_DIFF_BUDGET
+fn default_max_path_comparisons() -> NonZeroUsize {
+    NonZeroUsize::new(DEFAULT_DIFF_BUDGET).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn default_git_token_env() -> String {
@@ -1630,7 +1657,7 @@ name = "agents"
         let c = parse(MINIMAL).unwrap();
         assert_eq!(c.fly.api_url, "https://api.machines.dev");
         assert_eq!(c.fly.token_env, "FLY_API_TOKEN");
-        assert_eq!(c.sweep.interval, Duration::from_secs(30));
+        assert_eq!(c.sweep.interval.get(), Duration::from_secs(30));
         assert_eq!(c.probe.max_body_bytes.get(), 65536);
         assert_eq!(c.rotation.min_drift_age, Duration::from_secs(120));
         assert_eq!(c.rotation.heartbeat_max_age, Duration::from_secs(30));
@@ -1641,12 +1668,12 @@ name = "agents"
         assert_eq!(c.severity.len(), 5);
         assert_eq!(c.pool("anything").actions, ActionMap::default());
         assert_eq!(c.server.listen.port(), 9090);
-        assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
-        assert_eq!(c.server.request_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.header_read_timeout.get(), Duration::from_secs(10));
+        assert_eq!(c.server.request_timeout.get(), Duration::from_secs(60));
         assert_eq!(c.server.max_connections.get(), 256);
         assert_eq!(c.server.max_body_bytes.get(), 16384);
         assert_eq!(c.server.admin_auth_failures.get(), 10);
-        assert_eq!(c.server.admin_auth_window, Duration::from_secs(60));
+        assert_eq!(c.server.admin_auth_window.get(), Duration::from_secs(60));
         assert_eq!(c.alerts.coherence_threshold, 1.0);
         assert_eq!(c.alerts.coherence_for, Duration::from_secs(900));
         assert_eq!(c.rotation.coordinator, None);
@@ -1690,8 +1717,8 @@ name = "agents"
     #[test]
     fn rotation_attempts_and_release_ceiling_are_validated_with_their_key() {
         let c = parse(MINIMAL).unwrap();
-        assert_eq!(c.rotation.max_attempts, 3);
-        assert_eq!(c.rotation.release_ceiling, Duration::from_secs(1800));
+        assert_eq!(c.rotation.max_attempts.get(), 3);
+        assert_eq!(c.rotation.release_ceiling.get(), Duration::from_secs(1800));
         let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = 0\n"));
         assert!(
             e.contains("rotation.max_attempts") && e.contains("at least 1"),
@@ -1703,6 +1730,103 @@ name = "agents"
         assert!(e.contains("rotation.release_ceiling"), "{e}");
         let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = -1\n"));
         assert!(e.contains("rotation.max_attempts"), "{e}");
+    }
+
+    /// The keys that may not be zero or empty say so through their types
+    /// (`NonZeroDuration`, `NonEmpty`, a count of at least 1): the key, the
+    /// line and the same words as the checks they replace.
+    #[test]
+    fn zero_and_empty_values_are_refused_naming_key_and_line() {
+        let overlay = |repo: &str, branch: &str| {
+            format!(
+                "[overlay]\nrepo = \"{repo}\"\nbranch = \"{branch}\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"a\"\n"
+            )
+        };
+        let ok = overlay("/r", "release");
+        let cases = [
+            (overlay(" ", "release"), "overlay.repo", ":2:", "is empty"),
+            (overlay("/r", ""), "overlay.branch", ":3:", "is empty"),
+        ];
+        for (text, key, line, says) in &cases {
+            let e = err(text);
+            assert!(
+                e.contains(&format!("key `{key}`")) && e.contains(line) && e.contains(says),
+                "{e}"
+            );
+        }
+        for (section, key, value, says) in [
+            (
+                "rotation",
+                "release_ceiling",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            ("sweep", "interval", "\"0s\"", "must be greater than zero"),
+            ("probe", "timeout", "\"0ms\"", "must be greater than zero"),
+            (
+                "fly",
+                "request_timeout",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "server",
+                "header_read_timeout",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "server",
+                "request_timeout",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "server",
+                "admin_auth_window",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "rotation",
+                "max_attempts",
+                "0",
+                "must be at least 1 (the first restart is an attempt)",
+            ),
+        ] {
+            let text = format!("{ok}[{section}]\n{key} = {value}\n");
+            let e = err(&text);
+            assert!(
+                e.contains(&format!("test.toml:8: key `{section}.{key}`: {says}")),
+                "{e}"
+            );
+        }
+        let with_overlay_key = |line: &str| {
+            format!(
+                "[overlay]\nrepo = \"/r\"\nbranch = \"b\"\nmirror_dir = \"/m\"\n{line}\n[[apps]]\nname = \"a\"\n"
+            )
+        };
+        for (line, key, says) in [
+            (
+                "fetch_timeout = \"0s\"",
+                "overlay.fetch_timeout",
+                "must be greater than zero",
+            ),
+            (
+                "max_path_comparisons = 0",
+                "overlay.max_path_comparisons",
+                "must be at least 1",
+            ),
+        ] {
+            let e = err(&with_overlay_key(line));
+            assert!(
+                e.contains(&format!("test.toml:5: key `{key}`: {says}")),
+                "{e}"
+            );
+        }
+        let c = parse(&with_overlay_key("max_path_comparisons = 1")).unwrap();
+        assert_eq!(c.overlay.max_path_comparisons.get(), 1);
+        assert_eq!(c.overlay.repo.as_str(), "/r");
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub enum CheckError {
 pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyClientBuildError> {
     FlyClient::with_tokens(
         FlyClientConfig {
-            request_timeout: config.fly.request_timeout,
+            request_timeout: config.fly.request_timeout.get(),
             max_retries: config.fly.max_retries,
             rate_limits: config
                 .fly
@@ -78,13 +78,13 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
     let fly = fly_client(&config, secrets)?;
     let prober = Prober::new(&config.probe)?;
     let overlay = Overlay::open(OverlaySource {
-        repo: config.overlay.repo.clone(),
-        branch: config.overlay.branch.clone(),
+        repo: config.overlay.repo.to_string(),
+        branch: config.overlay.branch.to_string(),
         mirror_dir: config.overlay.mirror_dir.clone(),
         token: secrets.git_token.clone(),
     })
     .await?;
-    overlay.set_diff_budget(config.overlay.max_path_comparisons);
+    overlay.set_diff_budget(config.overlay.max_path_comparisons.get());
     Ok(Sweeper {
         signals: severity::signals(&config.severity),
         config,
@@ -98,7 +98,7 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
 pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
     let tip = sweeper
         .overlay
-        .fetch_within(sweeper.config.overlay.fetch_timeout)
+        .fetch_within(sweeper.config.overlay.fetch_timeout.get())
         .await
         .map_err(CheckError::Fetch)?;
     Ok(sweep(sweeper, &tip).await?)
@@ -137,7 +137,7 @@ pub async fn plan_once(
 ) -> Result<(FleetReport, Plan), CheckError> {
     let tip = sweeper
         .overlay
-        .fetch_within(sweeper.config.overlay.fetch_timeout)
+        .fetch_within(sweeper.config.overlay.fetch_timeout.get())
         .await
         .map_err(CheckError::Fetch)?;
     let policy = Policy::from_config(&sweeper.config);
@@ -291,7 +291,7 @@ async fn fetch_loop(
         };
         let fetched = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = sweeper.overlay.fetch_within(config.fetch_timeout) => r,
+            r = sweeper.overlay.fetch_within(config.fetch_timeout.get()) => r,
         };
         let mut changed = false;
         status.send_modify(|s| match fetched {
@@ -330,9 +330,9 @@ async fn sweep_loop(
     tokio::select! {
         _ = shutdown.cancelled() => return,
         _ = status.changed() => {}
-        _ = tokio::time::sleep(sweeper.config.sweep.interval) => {}
+        _ = tokio::time::sleep(sweeper.config.sweep.interval.get()) => {}
     }
-    let mut ticker = tokio::time::interval(sweeper.config.sweep.interval);
+    let mut ticker = tokio::time::interval(sweeper.config.sweep.interval.get());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tracker = Tracker::default();
     let mut listings = LastListings::default();

@@ -70,7 +70,7 @@ fn target_config(text: &str, config: &Config) -> anyhow::Result<String> {
     fly.insert("token_env".into(), DEMO_TOKEN_ENV.into());
     doc.insert("fly".into(), fly.into());
     let mut overlay = table(&mut doc, "overlay")?;
-    overlay.insert("repo".into(), config.overlay.repo.clone().into());
+    overlay.insert("repo".into(), config.overlay.repo.to_string().into());
     overlay.insert(
         "mirror_dir".into(),
         config.overlay.mirror_dir.display().to_string().into(),
@@ -421,7 +421,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     config.rotation.coordinator = Some(coordinator);
 
     config.fly.api_url = sim.api_url();
-    config.overlay.repo = repo_path.display().to_string();
+    config.overlay.repo = crate::config::NonEmpty::new(repo_path.display().to_string())
+        .ok_or_else(|| anyhow::anyhow!("the demo overlay has no path"))?;
     config.overlay.mirror_dir = work.path().join("mirror.git");
     let template = HealthUrlTemplate::parse(&sim.health_url_template())
         .map_err(|e| anyhow::anyhow!("simulator health URL: {e}"))?;
@@ -445,7 +446,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
-    let interval = config.sweep.interval;
+    let interval = config.sweep.interval.get();
     let target = work.path().join(DEMO_TARGET_CONFIG);
     std::fs::write(&target, target_config(&options.config_text, &config)?)
         .with_context(|| format!("cannot write {}", target.display()))?;

@@ -127,12 +127,12 @@ pub async fn run_with_clock(
             ..NotifierOptions::default()
         },
     )?;
-    let view = FleetView::new(config.sweep.interval, clock.now());
+    let view = FleetView::new(config.sweep.interval.get(), clock.now());
     view.set_coherence_threshold(config.alerts.coherence_threshold);
     // A turn may wait out Fly calls and their retries (a slow API is not a
     // stuck loop).
-    let fly_calls = config.fly.request_timeout * (config.fly.max_retries + 1);
-    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout);
+    let fly_calls = config.fly.request_timeout.get() * (config.fly.max_retries + 1);
+    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout.get());
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
         .with_admin_token(
@@ -163,7 +163,7 @@ pub async fn run_with_clock(
     fleet_alerts.restore(notifier.restored_alerts());
     let restored = RestoredMachineAlerts::new(
         notifier.restored_alerts(),
-        config.rotation.min_drift_age + config.sweep.interval * 2,
+        config.rotation.min_drift_age + config.sweep.interval.get() * 2,
     );
     let mut reporter = Reporter {
         metrics: &metrics,

@@ -477,7 +477,7 @@ impl Executor {
         if coordinator.is_none() && config.acts() {
             return Err(ExecutorBuildError::NoCoordinator);
         }
-        let agent_timeout = config.probe.timeout.max(Duration::from_secs(5));
+        let agent_timeout = config.probe.timeout.get().max(Duration::from_secs(5));
         let agents = crate::http::client_builder()
             .timeout(agent_timeout)
             .redirect(reqwest::redirect::Policy::none())

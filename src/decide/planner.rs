@@ -1361,9 +1361,10 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
         Phase::Backoff => in_rotation(marker.retry_at),
         // Past it the undo is alerted (`rotation_stuck`) and an unreachable
         // agent's undrain is given up.
-        Phase::Releasing => {
-            in_rotation(Some(after(marker.attempt_started_at, rot.release_ceiling)))
-        }
+        Phase::Releasing => in_rotation(Some(after(
+            marker.attempt_started_at,
+            rot.release_ceiling.get(),
+        ))),
         Phase::Claiming | Phase::Yielded => in_rotation(None),
     }
 }
@@ -1785,7 +1786,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         if after(due, rot.verify_deadline) <= now {
             return Some(self.yield_(ReleaseWhy::BackoffStuck));
         }
-        if due <= now && marker.attempt >= rot.max_attempts {
+        if due <= now && marker.attempt >= rot.max_attempts.get() {
             let evidence = "rotation.max_attempts reached".to_string();
             return Some(end_attempt(
                 self.ctx,
@@ -1802,7 +1803,9 @@ impl<'c, 'a> Rotation<'c, 'a> {
             marker.severity.max(Severity::High),
             format!(
                 "{} failed verification {} time(s) of at most {}; kept cordoned",
-                m.machine_id, marker.attempt, rot.max_attempts
+                m.machine_id,
+                marker.attempt,
+                rot.max_attempts.get()
             ),
         ));
         if due <= now && !self.unproven {
@@ -1888,7 +1891,7 @@ fn end_attempt(
     // `bounded` may add an ellipsis: one char of room keeps the marker parseable.
     let evidence = crate::text::bounded(&evidence, crate::text::MAX_DETAIL_CHARS - 1);
     let severity = marker.severity.max(Severity::High);
-    if attempts >= rot.max_attempts {
+    if attempts >= rot.max_attempts.get() {
         let mut alert = machine_alert(
             AlertKind::RotationFailed,
             m,
@@ -1941,7 +1944,8 @@ fn end_attempt(
         severity,
         format!(
             "{} did not verify after restart {attempts} of at most {} ({evidence}); kept cordoned",
-            m.machine_id, rot.max_attempts
+            m.machine_id,
+            rot.max_attempts.get()
         ),
     ));
     Step {
@@ -1993,10 +1997,10 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         }
         return step;
     }
-    if !undrain || after(marker.attempt_started_at, rot.release_ceiling) > now {
+    if !undrain || after(marker.attempt_started_at, rot.release_ceiling.get()) > now {
         return step;
     }
-    let ceiling = humantime::format_duration(rot.release_ceiling);
+    let ceiling = humantime::format_duration(rot.release_ceiling.get());
     let severity = marker.severity.max(Severity::High);
     if usable_report(m).is_some() {
         alerts.push(machine_alert(

@@ -2432,7 +2432,7 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
     assert_eq!(alerts(&plan, AlertKind::RotationFailed), ["m1"]);
     // Fewer attempts: backoff as before.
     let mut fx = Fx::new("")
-        .rotation(|r| r.max_attempts = 4)
+        .rotation(|r| r.max_attempts = std::num::NonZeroU32::new(4).unwrap())
         .with(M::drifted("m1", Severity::Medium).marker(&r));
     let plan = fx.plan_at(t0(), now);
     assert_eq!(advance_of(&plan, "m1").unwrap().0.phase, Phase::Backoff);

@@ -37,7 +37,7 @@ impl Default for Policy {
     fn default() -> Policy {
         Policy {
             rotation: RotationConfig::default(),
-            sweep_interval: SweepConfig::default().interval,
+            sweep_interval: SweepConfig::default().interval.get(),
             pools: BTreeMap::new(),
             fallback: PoolConfig::default(),
             severity: default_severity_rules(),
@@ -49,7 +49,7 @@ impl Policy {
     pub fn from_config(config: &Config) -> Policy {
         Policy {
             rotation: config.rotation.clone(),
-            sweep_interval: config.sweep.interval,
+            sweep_interval: config.sweep.interval.get(),
             pools: config.pools.clone(),
             fallback: config.pools.get(DEFAULT_POOL).cloned().unwrap_or_default(),
             severity: config.severity.clone(),

@@ -68,7 +68,7 @@ fn policy(max_attempts: u32) -> Policy {
         .with_pool("manual", pool(1, [Manual; 4]));
     policy.rotation.min_drift_age = std::time::Duration::from_secs(120);
     policy.rotation.restart_grace = std::time::Duration::from_secs(60);
-    policy.rotation.max_attempts = max_attempts;
+    policy.rotation.max_attempts = NonZeroU32::new(max_attempts).unwrap();
     policy
 }
 

@@ -225,6 +225,18 @@ impl Default for ActionMap {
     }
 }
 
+/// Actions for low, medium, high and critical, in that order.
+impl From<[PolicyAction; 4]> for ActionMap {
+    fn from([low, medium, high, critical]: [PolicyAction; 4]) -> ActionMap {
+        ActionMap {
+            low,
+            medium,
+            high,
+            critical,
+        }
+    }
+}
+
 impl ActionMap {
     pub fn for_severity(&self, severity: Severity) -> PolicyAction {
         match severity {
@@ -1230,16 +1242,6 @@ impl Config {
         out
     }
 
-    /// The policy of a pool; pools without their own section use `default`
-    /// (or the built-in safe default when there is no `[pools.default]`).
-    pub fn pool(&self, name: &str) -> PoolConfig {
-        self.pools
-            .get(name)
-            .or_else(|| self.pools.get(DEFAULT_POOL))
-            .cloned()
-            .unwrap_or_default()
-    }
-
     /// Whether any pool can act on a machine (anything but `observe`);
     /// pools without a section use `default` or the built-in default, which acts.
     pub fn acts(&self) -> bool {
@@ -1248,7 +1250,8 @@ impl Config {
                 .iter()
                 .any(|s| p.actions.for_severity(*s) != PolicyAction::Observe)
         };
-        self.pools.values().any(acts) || acts(&self.pool(DEFAULT_POOL))
+        self.pools.values().any(acts)
+            || (!self.pools.contains_key(DEFAULT_POOL) && acts(&PoolConfig::default()))
     }
 
     /// Where the webhooks' alert state persists: `alerts.state_file`, or
@@ -1666,7 +1669,7 @@ name = "agents"
             "http://{machine_id}.vm.{app}.internal:8080/health"
         );
         assert_eq!(c.severity.len(), 5);
-        assert_eq!(c.pool("anything").actions, ActionMap::default());
+        assert!(c.pools.is_empty());
         assert_eq!(c.server.listen.port(), 9090);
         assert_eq!(c.server.header_read_timeout.get(), Duration::from_secs(10));
         assert_eq!(c.server.request_timeout.get(), Duration::from_secs(60));
@@ -2237,16 +2240,19 @@ name = "agents"
         assert!(e.contains("test.toml:1"), "{e}");
     }
 
+    /// Which pool a machine without a section follows is the policy's
+    /// (`decide::policy`); here, each section as parsed.
     #[test]
-    fn pools_fall_back_to_default_section() {
+    fn pool_sections_keep_the_safe_defaults_for_what_they_leave_out() {
         let c = parse(&format!(
             "{MINIMAL}\n[pools.default]\nmax_concurrent_rotations = 3\nactions = {{ high = \"restart\" }}\n[pools.dispatch]\nactions = {{ low = \"observe\" }}\n"
         ))
         .unwrap();
-        assert_eq!(c.pool("other").max_concurrent_rotations.get(), 3);
-        assert_eq!(c.pool("other").actions.high, PolicyAction::Restart);
-        assert_eq!(c.pool("dispatch").actions.low, PolicyAction::Observe);
+        assert_eq!(c.pools["default"].max_concurrent_rotations.get(), 3);
+        assert_eq!(c.pools["default"].actions.high, PolicyAction::Restart);
+        assert_eq!(c.pools["dispatch"].max_concurrent_rotations.get(), 1);
+        assert_eq!(c.pools["dispatch"].actions.low, PolicyAction::Observe);
         // Levels not written in a pool keep the safe defaults.
-        assert_eq!(c.pool("dispatch").actions.critical, PolicyAction::Manual);
+        assert_eq!(c.pools["dispatch"].actions.critical, PolicyAction::Manual);
     }
 }

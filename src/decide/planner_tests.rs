@@ -49,14 +49,9 @@ fn policy() -> Policy {
     use crate::config::{ActionMap, PoolConfig};
     use PolicyAction::{AlertAndWait, Manual, Observe, Reload, Restart};
     use std::num::NonZeroU32;
-    let pool = |cap: u32, [low, medium, high, critical]: [PolicyAction; 4]| PoolConfig {
+    let pool = |cap: u32, actions: [PolicyAction; 4]| PoolConfig {
         max_concurrent_rotations: NonZeroU32::new(cap).unwrap(),
-        actions: ActionMap {
-            low,
-            medium,
-            high,
-            critical,
-        },
+        actions: ActionMap::from(actions),
     };
     Policy::default()
         .with_pool("default", pool(1, [AlertAndWait, Restart, Manual, Reload]))

@@ -101,17 +101,24 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
 "#;
         let config = Config::parse(Path::new("t.toml"), text).expect("config");
         let policy = Policy::from_config(&config);
-        for pool in ["default", "canary", "unlisted"] {
+        for (pool, cap) in [("default", 3), ("canary", 1), ("unlisted", 3)] {
+            let configured = config.pools.get(pool).unwrap_or(&config.pools["default"]);
+            assert_eq!(policy.pool(pool).actions, configured.actions, "{pool}");
             assert_eq!(
-                policy.pool(pool).actions,
-                config.pool(pool).actions,
+                policy.pool(pool).max_concurrent_rotations.get(),
+                cap,
                 "{pool}"
             );
-            assert_eq!(
-                policy.pool(pool).max_concurrent_rotations,
-                config.pool(pool).max_concurrent_rotations
-            );
         }
+        // Without `[pools.default]`, the built-in safe default.
+        let bare = Policy::from_config(
+            &Config::parse(
+                Path::new("t.toml"),
+                &text.replace("[pools.default]", "[pools.x]"),
+            )
+            .expect("config"),
+        );
+        assert_eq!(bare.pool("unlisted").actions, ActionMap::default());
         assert_eq!(
             policy.action("unlisted", Severity::Low),
             PolicyAction::Observe
@@ -125,12 +132,12 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
             "default",
             PoolConfig {
                 max_concurrent_rotations: NonZeroU32::MIN.saturating_add(2),
-                actions: ActionMap {
-                    low: PolicyAction::Observe,
-                    medium: PolicyAction::Observe,
-                    high: PolicyAction::Restart,
-                    critical: PolicyAction::Manual,
-                },
+                actions: ActionMap::from([
+                    PolicyAction::Observe,
+                    PolicyAction::Observe,
+                    PolicyAction::Restart,
+                    PolicyAction::Manual,
+                ]),
             },
         );
         assert_eq!(

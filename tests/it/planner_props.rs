@@ -50,14 +50,9 @@ pool_key = "pool"
 /// Pools `restart` (cap 2), `wait` and `manual` (cap 1), built directly.
 fn policy(max_attempts: u32) -> Policy {
     use PolicyAction::{AlertAndWait, Manual, Reload, Restart};
-    let pool = |cap: u32, [low, medium, high, critical]: [PolicyAction; 4]| PoolConfig {
+    let pool = |cap: u32, actions: [PolicyAction; 4]| PoolConfig {
         max_concurrent_rotations: NonZeroU32::new(cap).unwrap(),
-        actions: ActionMap {
-            low,
-            medium,
-            high,
-            critical,
-        },
+        actions: ActionMap::from(actions),
     };
     let mut policy = Policy::default()
         .with_pool("restart", pool(2, [Restart; 4]))

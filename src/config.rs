@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -974,200 +975,32 @@ impl Config {
     }
 
     /// Parses and validates config text; `path` is only used in messages.
+    /// What a value's type cannot check alone (a section's keys together,
+    /// one entry against the others) is checked here, section by section.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        // Messages quote values and keys as written: bounded, so a
-        // megabyte-long value cannot make a megabyte-long error.
-        let invalid = |key: String, span: Option<std::ops::Range<usize>>, message: String| {
-            ConfigError::Invalid {
-                path: path.to_path_buf(),
-                key: crate::text::bounded(&key, MAX_ERROR_KEY_CHARS),
-                line: span.map(|s| line_of(text, s.start)),
-                message: crate::text::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
-            }
-        };
+        let src = Source { path, text };
         let de = toml::de::Deserializer::parse(text)
-            .map_err(|e| invalid(String::new(), e.span(), e.message().to_string()))?;
+            .map_err(|e| src.invalid(String::new(), e.span(), e.message().to_string()))?;
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             let inner = e.into_inner();
             // Spanned<T> shows up in the path as a private field; hide it.
             let key = key.replace("$__serde_spanned_private_value.", "");
             let key = if key == "." { String::new() } else { key };
-            invalid(key, inner.span(), inner.message().to_string())
+            src.invalid(key, inner.span(), inner.message().to_string())
         })?;
-
-        if raw.apps.is_empty() {
-            return Err(invalid(
-                "apps".into(),
-                None,
-                "at least one [[apps]] entry is required".into(),
-            ));
+        let apps = src.apps(raw.apps, &raw.fly.api_url)?;
+        if raw.pools.keys().any(|name| name.trim().is_empty()) {
+            return Err(src.invalid("pools".into(), None, "pool name is empty".into()));
         }
-        let fly_host = url::Url::parse(&raw.fly.api_url)
-            .ok()
-            .and_then(|u| u.host().map(|h| h.to_owned()));
-        let mut apps = Vec::with_capacity(raw.apps.len());
-        for (i, app) in raw.apps.into_iter().enumerate() {
-            let span = app.span();
-            let mut app = app.into_inner();
-            if let Some(fly) = &fly_host {
-                app.health_url
-                    .refuse_host(fly)
-                    .map_err(|m| invalid(format!("apps[{i}].health_url"), Some(span.clone()), m))?;
-            }
-            if !app.health_url.names_one_machine() {
-                return Err(invalid(
-                    format!("apps[{i}].health_url"),
-                    Some(span),
-                    format!(
-                        "the health URL of app {:?} has no per-machine placeholder ({{machine_id}} or {{private_ip}}): every machine would be probed at the same URL, so one agent's report could authorize restarting another; e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
-                        crate::text::bounded(&app.name, 64)
-                    ),
-                ));
-            }
-            if app.name.trim().is_empty() {
-                return Err(invalid(
-                    format!("apps[{i}].name"),
-                    Some(span),
-                    "app name is empty".into(),
-                ));
-            }
-            if apps.iter().any(|a: &AppConfig| a.name == app.name) {
-                return Err(invalid(
-                    format!("apps[{i}].name"),
-                    Some(span),
-                    format!("app {:?} is listed twice", app.name),
-                ));
-            }
-            apps.push(app);
-        }
-
-        for (name, _) in raw.pools.iter() {
-            if name.trim().is_empty() {
-                return Err(invalid("pools".into(), None, "pool name is empty".into()));
-            }
-        }
-
         let severity = match raw.severity {
             None => default_severity_rules(),
-            Some(rules) => {
-                let mut out = Vec::with_capacity(rules.len());
-                for (i, rule) in rules.into_iter().enumerate() {
-                    let span = rule.span();
-                    out.push(
-                        compile_rule(rule.into_inner())
-                            .map_err(|m| invalid(format!("severity[{i}]"), Some(span), m))?,
-                    );
-                }
-                out
-            }
+            Some(rules) => src.severity_rules(rules)?,
         };
-
-        let mut webhooks = Vec::with_capacity(raw.alerts.webhooks.len());
-        for (i, hook) in raw.alerts.webhooks.into_iter().enumerate() {
-            let span = hook.span();
-            let hook = hook.into_inner();
-            let key = format!("alerts.webhooks[{i}]");
-            match hook.format {
-                WebhookFormat::Pagerduty if hook.routing_key_env.is_none() => {
-                    return Err(invalid(
-                        format!("{key}.routing_key_env"),
-                        Some(span),
-                        "a pagerduty webhook needs routing_key_env (the env var holding the Events v2 routing key)".into(),
-                    ));
-                }
-                WebhookFormat::Json | WebhookFormat::Slack if hook.routing_key_env.is_some() => {
-                    return Err(invalid(
-                        format!("{key}.routing_key_env"),
-                        Some(span),
-                        "routing_key_env only applies to format = \"pagerduty\"".into(),
-                    ));
-                }
-                WebhookFormat::Slack | WebhookFormat::Pagerduty if hook.secret_env.is_some() => {
-                    return Err(invalid(
-                        format!("{key}.secret_env"),
-                        Some(span),
-                        "secret_env (HMAC signature) only applies to format = \"json\"".into(),
-                    ));
-                }
-                _ => {}
-            }
-            webhooks.push(hook);
-        }
-
-        let mut alertmanagers = Vec::with_capacity(raw.alerts.alertmanager.len());
-        for (i, am) in raw.alerts.alertmanager.into_iter().enumerate() {
-            let span = am.span();
-            let am = am.into_inner();
-            if am.url_env.trim().is_empty() {
-                return Err(invalid(
-                    format!("alerts.alertmanager[{i}].url_env"),
-                    Some(span),
-                    "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
-                ));
-            }
-            for (name, value) in &am.labels {
-                let problem = if !label_name_ok(name) {
-                    "is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
-                } else if ALERTMANAGER_LABELS.contains(&name.as_str()) {
-                    "is set by the daemon itself"
-                } else if value.trim().is_empty() {
-                    "has an empty value"
-                } else {
-                    continue;
-                };
-                return Err(invalid(
-                    format!("alerts.alertmanager[{i}].labels.{name}"),
-                    Some(span),
-                    format!("label {name:?} {problem}"),
-                ));
-            }
-            alertmanagers.push(am);
-        }
-        check_group_by(&raw.alerts.group_by)
-            .map_err(|m| invalid("alerts.group_by".into(), None, m))?;
-        if !matches!(
-            url::Url::parse(&raw.alerts.runbook_url)
-                .map(|u| u.scheme().to_owned())
-                .as_deref(),
-            Ok("http" | "https")
-        ) {
-            return Err(invalid(
-                "alerts.runbook_url".into(),
-                None,
-                "must be an http(s) URL of your copy of docs/operations.md".into(),
-            ));
-        }
-
-        if raw
-            .alerts
-            .state_file
-            .as_ref()
-            .is_some_and(|p| p.as_os_str().is_empty() || p.file_name().is_none())
-        {
-            return Err(invalid(
-                "alerts.state_file".into(),
-                None,
-                "must name a file (e.g. \"/data/alert-state.json\"); leave it out for the default beside overlay.mirror_dir".into(),
-            ));
-        }
-
-        if raw.server.max_connections.get() > MAX_SERVER_CONNECTIONS {
-            return Err(invalid(
-                "server.max_connections".into(),
-                None,
-                format!("must be at most {MAX_SERVER_CONNECTIONS}"),
-            ));
-        }
-        if raw.server.max_body_bytes.get() > MAX_SERVER_BODY_BYTES {
-            return Err(invalid(
-                "server.max_body_bytes".into(),
-                None,
-                format!("must be at most {MAX_SERVER_BODY_BYTES} (1 MiB)"),
-            ));
-        }
-        check_token_envs(&raw.fly, &apps, &raw.rotation).map_err(|(k, m)| invalid(k, None, m))?;
-
+        let alerts = src.alerts(raw.alerts)?;
+        src.server(&raw.server)?;
+        check_token_envs(&raw.fly, &apps, &raw.rotation)
+            .map_err(|(k, m)| src.invalid(k, None, m))?;
         Ok(Config {
             path: path.to_path_buf(),
             fly: raw.fly,
@@ -1178,15 +1011,7 @@ impl Config {
             pools: raw.pools,
             severity,
             rotation: raw.rotation,
-            alerts: AlertsConfig {
-                coherence_threshold: raw.alerts.coherence_threshold,
-                coherence_for: raw.alerts.coherence_for,
-                state_file: raw.alerts.state_file,
-                group_by: raw.alerts.group_by,
-                runbook_url: raw.alerts.runbook_url,
-                webhooks,
-                alertmanagers,
-            },
+            alerts,
             metrics: raw.metrics,
             server: raw.server,
         })
@@ -1272,6 +1097,233 @@ impl Config {
 
     pub fn app(&self, name: &str) -> Option<&AppConfig> {
         self.apps.iter().find(|a| a.name == name)
+    }
+}
+
+/// The text being parsed, for errors that name the file, the key and the line.
+struct Source<'t> {
+    path: &'t Path,
+    text: &'t str,
+}
+
+impl Source<'_> {
+    /// Messages quote values and keys as written: bounded, so a
+    /// megabyte-long value cannot make a megabyte-long error.
+    fn invalid(&self, key: String, span: Option<Range<usize>>, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            key: crate::text::bounded(&key, MAX_ERROR_KEY_CHARS),
+            line: span.map(|s| line_of(self.text, s.start)),
+            message: crate::text::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
+        }
+    }
+
+    /// `[[apps]]`: at least one, each named once, each health URL naming one
+    /// machine and not the Fly API's host.
+    fn apps(
+        &self,
+        raw: Vec<toml::Spanned<AppConfig>>,
+        fly_api_url: &str,
+    ) -> Result<Vec<AppConfig>, ConfigError> {
+        if raw.is_empty() {
+            return Err(self.invalid(
+                "apps".into(),
+                None,
+                "at least one [[apps]] entry is required".into(),
+            ));
+        }
+        let fly_host = url::Url::parse(fly_api_url)
+            .ok()
+            .and_then(|u| u.host().map(|h| h.to_owned()));
+        let mut apps = Vec::with_capacity(raw.len());
+        for (i, app) in raw.into_iter().enumerate() {
+            let span = app.span();
+            let mut app = app.into_inner();
+            if let Some(fly) = &fly_host {
+                app.health_url.refuse_host(fly).map_err(|m| {
+                    self.invalid(format!("apps[{i}].health_url"), Some(span.clone()), m)
+                })?;
+            }
+            if !app.health_url.names_one_machine() {
+                return Err(self.invalid(
+                    format!("apps[{i}].health_url"),
+                    Some(span),
+                    format!(
+                        "the health URL of app {:?} has no per-machine placeholder ({{machine_id}} or {{private_ip}}): every machine would be probed at the same URL, so one agent's report could authorize restarting another; e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
+                        crate::text::bounded(&app.name, 64)
+                    ),
+                ));
+            }
+            if app.name.trim().is_empty() {
+                return Err(self.invalid(
+                    format!("apps[{i}].name"),
+                    Some(span),
+                    "app name is empty".into(),
+                ));
+            }
+            if apps.iter().any(|a: &AppConfig| a.name == app.name) {
+                return Err(self.invalid(
+                    format!("apps[{i}].name"),
+                    Some(span),
+                    format!("app {:?} is listed twice", app.name),
+                ));
+            }
+            apps.push(app);
+        }
+        Ok(apps)
+    }
+
+    /// `[[severity]]`, each rule compiled (a bad one names its index and line).
+    fn severity_rules(
+        &self,
+        rules: Vec<toml::Spanned<RawSeverityRule>>,
+    ) -> Result<Vec<SeverityRule>, ConfigError> {
+        rules
+            .into_iter()
+            .enumerate()
+            .map(|(i, rule)| {
+                let span = rule.span();
+                compile_rule(rule.into_inner())
+                    .map_err(|m| self.invalid(format!("severity[{i}]"), Some(span), m))
+            })
+            .collect()
+    }
+
+    /// `[alerts]`: webhooks and Alertmanagers fit their format, the grouping
+    /// is a set, the runbook is an http(s) URL, the state file names a file.
+    fn alerts(&self, raw: RawAlerts) -> Result<AlertsConfig, ConfigError> {
+        let webhooks = self.webhooks(raw.webhooks)?;
+        let alertmanagers = self.alertmanagers(raw.alertmanager)?;
+        check_group_by(&raw.group_by)
+            .map_err(|m| self.invalid("alerts.group_by".into(), None, m))?;
+        if !matches!(
+            url::Url::parse(&raw.runbook_url)
+                .map(|u| u.scheme().to_owned())
+                .as_deref(),
+            Ok("http" | "https")
+        ) {
+            return Err(self.invalid(
+                "alerts.runbook_url".into(),
+                None,
+                "must be an http(s) URL of your copy of docs/operations.md".into(),
+            ));
+        }
+        if raw
+            .state_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty() || p.file_name().is_none())
+        {
+            return Err(self.invalid(
+                "alerts.state_file".into(),
+                None,
+                "must name a file (e.g. \"/data/alert-state.json\"); leave it out for the default beside overlay.mirror_dir".into(),
+            ));
+        }
+        Ok(AlertsConfig {
+            coherence_threshold: raw.coherence_threshold,
+            coherence_for: raw.coherence_for,
+            state_file: raw.state_file,
+            group_by: raw.group_by,
+            runbook_url: raw.runbook_url,
+            webhooks,
+            alertmanagers,
+        })
+    }
+
+    /// `[[alerts.webhooks]]`: the keys each format takes, and only those.
+    fn webhooks(
+        &self,
+        raw: Vec<toml::Spanned<WebhookConfig>>,
+    ) -> Result<Vec<WebhookConfig>, ConfigError> {
+        let mut webhooks = Vec::with_capacity(raw.len());
+        for (i, hook) in raw.into_iter().enumerate() {
+            let span = hook.span();
+            let hook = hook.into_inner();
+            let key = format!("alerts.webhooks[{i}]");
+            match hook.format {
+                WebhookFormat::Pagerduty if hook.routing_key_env.is_none() => {
+                    return Err(self.invalid(
+                        format!("{key}.routing_key_env"),
+                        Some(span),
+                        "a pagerduty webhook needs routing_key_env (the env var holding the Events v2 routing key)".into(),
+                    ));
+                }
+                WebhookFormat::Json | WebhookFormat::Slack if hook.routing_key_env.is_some() => {
+                    return Err(self.invalid(
+                        format!("{key}.routing_key_env"),
+                        Some(span),
+                        "routing_key_env only applies to format = \"pagerduty\"".into(),
+                    ));
+                }
+                WebhookFormat::Slack | WebhookFormat::Pagerduty if hook.secret_env.is_some() => {
+                    return Err(self.invalid(
+                        format!("{key}.secret_env"),
+                        Some(span),
+                        "secret_env (HMAC signature) only applies to format = \"json\"".into(),
+                    ));
+                }
+                _ => {}
+            }
+            webhooks.push(hook);
+        }
+        Ok(webhooks)
+    }
+
+    /// `[[alerts.alertmanager]]`: a URL variable, and labels the daemon does
+    /// not set itself, each a label name with a value.
+    fn alertmanagers(
+        &self,
+        raw: Vec<toml::Spanned<AlertmanagerConfig>>,
+    ) -> Result<Vec<AlertmanagerConfig>, ConfigError> {
+        let mut alertmanagers = Vec::with_capacity(raw.len());
+        for (i, am) in raw.into_iter().enumerate() {
+            let span = am.span();
+            let am = am.into_inner();
+            if am.url_env.trim().is_empty() {
+                return Err(self.invalid(
+                    format!("alerts.alertmanager[{i}].url_env"),
+                    Some(span),
+                    "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
+                ));
+            }
+            for (name, value) in &am.labels {
+                let problem = if !label_name_ok(name) {
+                    "is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+                } else if ALERTMANAGER_LABELS.contains(&name.as_str()) {
+                    "is set by the daemon itself"
+                } else if value.trim().is_empty() {
+                    "has an empty value"
+                } else {
+                    continue;
+                };
+                return Err(self.invalid(
+                    format!("alerts.alertmanager[{i}].labels.{name}"),
+                    Some(span),
+                    format!("label {name:?} {problem}"),
+                ));
+            }
+            alertmanagers.push(am);
+        }
+        Ok(alertmanagers)
+    }
+
+    /// `[server]`: the limits past which a setting is a mistake.
+    fn server(&self, server: &ServerConfig) -> Result<(), ConfigError> {
+        if server.max_connections.get() > MAX_SERVER_CONNECTIONS {
+            return Err(self.invalid(
+                "server.max_connections".into(),
+                None,
+                format!("must be at most {MAX_SERVER_CONNECTIONS}"),
+            ));
+        }
+        if server.max_body_bytes.get() > MAX_SERVER_BODY_BYTES {
+            return Err(self.invalid(
+                "server.max_body_bytes".into(),
+                None,
+                format!("must be at most {MAX_SERVER_BODY_BYTES} (1 MiB)"),
+            ));
+        }
+        Ok(())
     }
 }
 

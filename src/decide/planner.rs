@@ -1188,9 +1188,7 @@ fn candidate<'a>(
     let Ctx {
         policy,
         op,
-        evidence,
         drift_since,
-        unprobed_since,
         fetch,
         now,
         tip,
@@ -1199,15 +1197,6 @@ fn candidate<'a>(
     if !(m.status.is_classified() || unprobeable(m.status)) || !m.state.is_started() {
         return Err(resting(m));
     }
-    let mode_for = |action: PolicyAction, report: Option<&AgentReport>| match action {
-        PolicyAction::AlertAndWait => Some(RotationMode::Wait),
-        PolicyAction::Restart => Some(RotationMode::Grace),
-        PolicyAction::Reload if report.is_some_and(|r| r.can(Capability::Reload)) => {
-            Some(RotationMode::Reload)
-        }
-        PolicyAction::Reload => Some(RotationMode::Wait),
-        PolicyAction::Observe | PolicyAction::Manual => None,
-    };
     // The tip may be stale: drift measured against it is no evidence to act on.
     if fetch.failing {
         return Err(Decision::TipUncertain {
@@ -1215,27 +1204,7 @@ fn candidate<'a>(
         });
     }
     if unprobeable(m.status) {
-        // Unprobeable past the ceiling after being seen drifted: it serves
-        // nothing we can see. The claim follows the pool's own policy; the
-        // restart happens only while the agent still cannot be probed.
-        if past_probe_ceiling(policy, &m.pool, evidence, now)
-            && let Some(e) = evidence
-            && let action = policy.action(&m.pool, e.severity)
-            && let Some(mode) = mode_for(action, None)
-        {
-            return Ok(Candidate {
-                severity: e.severity,
-                since: e.since,
-                m,
-                mode,
-                action,
-                expected: None,
-            });
-        }
-        return Err(Decision::Unprobeable {
-            since: evidence.map(|e| e.since).or(unprobed_since),
-            ceiling_at: probe_ceiling_at(policy, &m.pool, evidence),
-        });
+        return unprobeable_candidate(ctx, m);
     }
     let Some(sev) = m.severity else {
         // A classified machine always has a severity; nothing to act on without one.
@@ -1282,7 +1251,7 @@ fn candidate<'a>(
             Some(a) if a.mode == ApprovalMode::Now => RotationMode::Now,
             Some(_) => RotationMode::Wait,
         },
-        other => mode_for(other, report).unwrap_or(RotationMode::Wait),
+        other => automatic_mode(other, report).unwrap_or(RotationMode::Wait),
     };
     // Input newer than the guard keeps a machine out of rotation, unless an
     // operator said "now".
@@ -1298,6 +1267,54 @@ fn candidate<'a>(
         mode,
         action,
         expected: None,
+    })
+}
+
+/// The mode a policy that acts by itself rotates in (`None`: it does not).
+fn automatic_mode(action: PolicyAction, report: Option<&AgentReport>) -> Option<RotationMode> {
+    match action {
+        PolicyAction::AlertAndWait => Some(RotationMode::Wait),
+        PolicyAction::Restart => Some(RotationMode::Grace),
+        PolicyAction::Reload if report.is_some_and(|r| r.can(Capability::Reload)) => {
+            Some(RotationMode::Reload)
+        }
+        PolicyAction::Reload => Some(RotationMode::Wait),
+        PolicyAction::Observe | PolicyAction::Manual => None,
+    }
+}
+
+/// A machine without a usable report: a candidate once unprobeable past the
+/// ceiling after being seen drifted (it serves nothing we can see). The
+/// claim follows the pool's own policy; the restart happens only while the
+/// agent still cannot be probed.
+fn unprobeable_candidate<'a>(
+    ctx: &Ctx<'_>,
+    m: &'a MachineReport,
+) -> Result<Candidate<'a>, Decision> {
+    let Ctx {
+        policy,
+        evidence,
+        unprobed_since,
+        now,
+        ..
+    } = *ctx;
+    if past_probe_ceiling(policy, &m.pool, evidence, now)
+        && let Some(e) = evidence
+        && let action = policy.action(&m.pool, e.severity)
+        && let Some(mode) = automatic_mode(action, None)
+    {
+        return Ok(Candidate {
+            severity: e.severity,
+            since: e.since,
+            m,
+            mode,
+            action,
+            expected: None,
+        });
+    }
+    Err(Decision::Unprobeable {
+        since: evidence.map(|e| e.since).or(unprobed_since),
+        ceiling_at: probe_ceiling_at(policy, &m.pool, evidence),
     })
 }
 

@@ -656,18 +656,11 @@ impl Executor {
                 .filter(|m| m.action == PolicyAction::Manual)
                 .map(|m| m.target.clone()),
         };
-        let disruptive = matches!(
-            step.kind,
-            StepKind::Claim { .. }
-                | StepKind::Drain
-                | StepKind::Restart { .. }
-                | StepKind::Advance { cordon: true, .. }
-        );
         // The plan was made from a snapshot: act only on what is true now.
         let machine = self
             .check(
                 &w,
-                if disruptive {
+                if step.needs_slot() {
                     Call::Disruptive
                 } else {
                     Call::Write
@@ -695,26 +688,7 @@ impl Executor {
                 Ok(())
             }
             StepKind::Advance { marker, cordon, .. } => {
-                if *cordon {
-                    self.verify_slot(t, &marker.tag).await?;
-                }
-                // A cordon re-asserted after a restart (Fly dropped it) leaves
-                // the marker as it is.
-                if step.expected.as_ref() != Some(marker) {
-                    self.write_marker(&mut w, marker).await?;
-                }
-                if *cordon {
-                    self.check(&w, Call::Disruptive).await?;
-                    lease.ensure()?;
-                    lease.calling("cordon", Some(Undo::Uncordon));
-                    self.bounded(lease).cordon(app, id, nonce).await?;
-                    // Only a rotation entering `draining` asks for a drain: a
-                    // drain after the restart would fence the fresh agent.
-                    if marker.drain_requested && marker.phase == Phase::Draining {
-                        self.drain(&w, marker).await?;
-                    }
-                }
-                Ok(())
+                self.advance(&mut w, step, marker, *cordon).await
             }
             StepKind::Drain => {
                 let Some(marker) = &step.expected else {
@@ -724,72 +698,8 @@ impl Executor {
                 self.drain(&w, marker).await
             }
             StepKind::Restart { marker, guard, .. } => {
-                let Some(expected) = &step.expected else {
-                    return Err(Declined::MarkerMoved.into());
-                };
-                self.verify_slot(t, &marker.tag).await?;
-                // Cordoned first, so no new work arrives between the probe and the restart.
-                if expected.may_have_cordoned() {
-                    self.check(&w, Call::Disruptive).await?;
-                    lease.ensure()?;
-                    lease.calling("cordon", Some(Undo::Uncordon));
-                    self.bounded(lease).cordon(app, id, nonce).await?;
-                }
-                let mut marker = marker.clone();
-                let now = self.tuning.clock.now();
-                marker.restart_at = Some(now);
-                marker.attempt_started_at = now;
-                // A restart keeps the instance id; an update from outside
-                // during the verify changes it.
-                marker.instance_id = Some(machine.instance_id.clone());
-                // Marker first: if we die between here and the restart, the next
-                // reconciler waits out the verify deadline instead of restarting twice.
-                self.check(&w, Call::Write).await?;
-                self.write_marker(&mut w, &marker).await?;
-                // The marker write may have taken seconds (retries): the hold,
-                // the approval and the agent's work are judged again now, and
-                // the probe that authorizes the restart is the last call before it.
-                let authorized = async {
-                    let need = if *guard == RestartGuard::MayInterrupt {
-                        Call::Interrupting
-                    } else {
-                        Call::Disruptive
-                    };
-                    self.check(&w, need).await?;
-                    self.fresh_probe(t, expected, &marker.target, *guard).await
-                }
-                .await;
-                if let Err(declined) = authorized {
-                    // Nothing was restarted: put the plan's marker back so the
-                    // rotation is not taken for one that restarted (best effort:
-                    // if this fails, the verify deadline only delays it).
-                    let restored = async {
-                        // Judged like any call: not on a held machine.
-                        self.check(&w, Call::Write).await?;
-                        self.write_marker(&mut w, expected).await
-                    }
-                    .await;
-                    if let Err(e) = restored {
-                        tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
-                    }
-                    return Err(declined);
-                }
-                lease.ensure()?;
-                // No timeout: Fly then waits the app's own kill_timeout (up to
-                // 300 s) for the agent to checkpoint on its stop signal.
-                lease.calling("restart", None);
-                self.bounded(lease).restart(app, id, None, nonce).await?;
-                // Read back at once, not after the wait for `started`: a hold
-                // written later did not race the restart.
-                self.read_after_last_call(t, lease).await;
-                tokio::select! {
-                    _ = shutdown.cancelled() => Ok(()),
-                    r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
-                        // Not started yet: the verify deadline covers it.
-                        Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
-                        Err(e) => Err(e.into()),
-                    },
-                }
+                self.restart(&mut w, step, marker, *guard, &machine, shutdown)
+                    .await
             }
             StepKind::Release {
                 marker,
@@ -826,6 +736,121 @@ impl Executor {
                     .await?;
                 Ok(())
             }
+        }
+    }
+
+    /// A marker's phase changes (with `cordon`, the machine is cordoned and,
+    /// entering `draining`, asked to drain).
+    async fn advance(
+        &self,
+        w: &mut Watch<'_>,
+        step: &Step,
+        marker: &Marker,
+        cordon: bool,
+    ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
+        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        if cordon {
+            self.verify_slot(t, &marker.tag).await?;
+        }
+        // A cordon re-asserted after a restart (Fly dropped it) leaves
+        // the marker as it is.
+        if step.expected.as_ref() != Some(marker) {
+            self.write_marker(w, marker).await?;
+        }
+        if cordon {
+            self.check(w, Call::Disruptive).await?;
+            lease.ensure()?;
+            lease.calling("cordon", Some(Undo::Uncordon));
+            self.bounded(lease).cordon(app, id, nonce).await?;
+            // Only a rotation entering `draining` asks for a drain: a
+            // drain after the restart would fence the fresh agent.
+            if marker.drain_requested && marker.phase == Phase::Draining {
+                self.drain(w, marker).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The restart: cordoned, the marker written first, then the probe that
+    /// authorizes it as the last call before it (the marker is put back when
+    /// it is declined), then the wait for `started`.
+    async fn restart(
+        &self,
+        w: &mut Watch<'_>,
+        step: &Step,
+        marker: &Marker,
+        guard: RestartGuard,
+        machine: &Machine,
+        shutdown: &CancellationToken,
+    ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
+        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let Some(expected) = &step.expected else {
+            return Err(Declined::MarkerMoved.into());
+        };
+        self.verify_slot(t, &marker.tag).await?;
+        // Cordoned first, so no new work arrives between the probe and the restart.
+        if expected.may_have_cordoned() {
+            self.check(w, Call::Disruptive).await?;
+            lease.ensure()?;
+            lease.calling("cordon", Some(Undo::Uncordon));
+            self.bounded(lease).cordon(app, id, nonce).await?;
+        }
+        let mut marker = marker.clone();
+        let now = self.tuning.clock.now();
+        marker.restart_at = Some(now);
+        marker.attempt_started_at = now;
+        // A restart keeps the instance id; an update from outside
+        // during the verify changes it.
+        marker.instance_id = Some(machine.instance_id.clone());
+        // Marker first: if we die between here and the restart, the next
+        // reconciler waits out the verify deadline instead of restarting twice.
+        self.check(w, Call::Write).await?;
+        self.write_marker(w, &marker).await?;
+        // The marker write may have taken seconds (retries): the hold,
+        // the approval and the agent's work are judged again now, and
+        // the probe that authorizes the restart is the last call before it.
+        let authorized = async {
+            let need = if guard == RestartGuard::MayInterrupt {
+                Call::Interrupting
+            } else {
+                Call::Disruptive
+            };
+            self.check(w, need).await?;
+            self.fresh_probe(t, expected, &marker.target, guard).await
+        }
+        .await;
+        if let Err(declined) = authorized {
+            // Nothing was restarted: put the plan's marker back so the
+            // rotation is not taken for one that restarted (best effort:
+            // if this fails, the verify deadline only delays it).
+            let restored = async {
+                // Judged like any call: not on a held machine.
+                self.check(w, Call::Write).await?;
+                self.write_marker(w, expected).await
+            }
+            .await;
+            if let Err(e) = restored {
+                tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
+            }
+            return Err(declined);
+        }
+        lease.ensure()?;
+        // No timeout: Fly then waits the app's own kill_timeout (up to
+        // 300 s) for the agent to checkpoint on its stop signal.
+        lease.calling("restart", None);
+        self.bounded(lease).restart(app, id, None, nonce).await?;
+        // Read back at once, not after the wait for `started`: a hold
+        // written later did not race the restart.
+        self.read_after_last_call(t, lease).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => Ok(()),
+            r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
+                // Not started yet: the verify deadline covers it.
+                Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
         }
     }
 

@@ -642,7 +642,7 @@ impl<'a> Planning<'a> {
         let step = step.or_else(|| unprobed_bookkeeping(m, op, &target, evidence.as_ref()));
         // Unknown is not empty: a step that needs its slot waits until the
         // coordinator can be read (the undo needs none and goes on).
-        let step = step.filter(|s| !(needs_slot(s) && self.slots_unknown().is_some()));
+        let step = step.filter(|s| !(s.needs_slot() && self.slots_unknown().is_some()));
         if let Some(step) = step {
             self.step(step);
         }
@@ -1146,17 +1146,6 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
         }
     }
     in_use
-}
-
-/// Steps that may only be taken while the rotation's slot is in the set.
-fn needs_slot(step: &Step) -> bool {
-    matches!(
-        step.kind,
-        StepKind::Claim { .. }
-            | StepKind::Drain
-            | StepKind::Restart { .. }
-            | StepKind::Advance { cordon: true, .. }
-    )
 }
 
 /// The phase of a rotation that holds a slot, if the machine has one.

@@ -112,6 +112,18 @@ impl Step {
         }
     }
 
+    /// Steps that may only be taken while the rotation's slot is in the set:
+    /// the disruptive ones (the executor re-checks them as such).
+    pub fn needs_slot(&self) -> bool {
+        matches!(
+            self.kind,
+            StepKind::Claim { .. }
+                | StepKind::Drain
+                | StepKind::Restart { .. }
+                | StepKind::Advance { cordon: true, .. }
+        )
+    }
+
     /// Keeping the probe-failure record, not a rotation step.
     pub fn is_bookkeeping(&self) -> bool {
         matches!(

@@ -360,6 +360,42 @@ fn young_drift_triggers_nothing_and_aged_drift_alerts_and_claims() {
     assert_eq!(aged.steps()[0].expected, None);
 }
 
+/// One entry per machine, each with at most one step: a claim takes the
+/// place of the same machine's bookkeeping, and starts after the steps of
+/// rotations in progress and of bookkeeping (report order), as before.
+#[test]
+fn each_machine_has_one_entry_and_claims_start_last() {
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("")
+        .with(
+            M::drifted("a", Severity::Medium)
+                .pool("wide", PolicyAction::AlertAndWait)
+                .unprobed_since(t0()),
+        )
+        .with(M::drifted("b", Severity::Low).marker(&marker(
+            "b",
+            Phase::Draining,
+            RotationMode::Wait,
+            t0(),
+        )))
+        .with(M::on_tip("c").unprobed_since(t0()));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        kinds(&plan),
+        [("b", "restart"), ("c", "clear_unprobed"), ("a", "claim")]
+    );
+    assert_eq!(
+        plan.machines.keys().map(|id| id.as_str()).collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+    let a = &plan.machines["a"];
+    assert!(matches!(a.decision, Decision::Claiming { .. }), "{a:?}");
+    assert_eq!(a.step.as_ref().map(Step::kind), Some("claim"));
+    assert_eq!(a.drift_since, Some(t0()));
+    assert_eq!(plan.machines["c"].decision, Decision::OnTip);
+    assert_eq!(plan.machines["c"].drift_since, None);
+}
+
 #[test]
 fn drift_clock_restarts_when_the_machine_was_on_tip_in_between() {
     let mut tracker = Tracker::default();

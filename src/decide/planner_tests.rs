@@ -385,7 +385,10 @@ fn each_machine_has_one_entry_and_claims_start_last() {
         [("b", "restart"), ("c", "clear_unprobed"), ("a", "claim")]
     );
     assert_eq!(
-        plan.machines.keys().map(|id| id.as_str()).collect::<Vec<_>>(),
+        plan.machines
+            .keys()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>(),
         ["a", "b", "c"]
     );
     let a = &plan.machines["a"];

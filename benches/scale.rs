@@ -1146,7 +1146,7 @@ async fn bench(args: Args) -> Result<(), Error> {
     let prober = Prober::new(&config.probe)?;
     let bare = reqwest::Client::builder()
         .user_agent("fleet-reconciler-bench")
-        .connect_timeout(config.probe.timeout)
+        .connect_timeout(config.probe.timeout.get())
         .redirect(reqwest::redirect::Policy::none())
         .pool_idle_timeout(Duration::from_secs(90))
         .build()?;

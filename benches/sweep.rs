@@ -99,12 +99,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let now = chrono::Utc::now();
         tracker.observe(&report, now - chrono::Duration::hours(1));
         tracker.observe(&report, now);
+        let policy = fleet_reconciler::decide::policy::Policy::from_config(&sweeper.config);
         let started = Instant::now();
         let rounds = 20;
         let mut steps = 0;
         for _ in 0..rounds {
             let plan = fleet_reconciler::decide::planner::plan(&fleet_reconciler::decide::planner::PlanInput {
-                config: &sweeper.config,
+                policy: &policy,
                 report: &report,
                 tracker: &tracker,
                 owner: "bench",
@@ -114,7 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 },
                 now,
             });
-            steps = plan.steps.len();
+            steps = plan.steps().len();
         }
         println!(
             "  plan: {:>8.2} ms per plan over {} machines ({steps} steps, {} drifted)",

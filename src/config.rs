@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -85,8 +86,7 @@ pub struct FlyConfig {
     /// `rotation.coordinator_token_env`); see [`Config::fly_tokens`].
     pub token_env: String,
     /// Per-request timeout for Fly API calls (long-polls add their own wait).
-    #[serde(deserialize_with = "duration")]
-    pub request_timeout: Duration,
+    pub request_timeout: NonZeroDuration,
     /// Retries of a transient failure (408, 429, 5xx, connection error).
     pub max_retries: u32,
     /// Whether the client spaces its own calls at Fly's documented limits
@@ -100,7 +100,7 @@ impl Default for FlyConfig {
         FlyConfig {
             api_url: "https://api.machines.dev".into(),
             token_env: "FLY_API_TOKEN".into(),
-            request_timeout: Duration::from_secs(30),
+            request_timeout: NonZeroDuration::from_secs(30),
             max_retries: 4,
             rate_limits: true,
         }
@@ -111,18 +111,21 @@ impl Default for FlyConfig {
 #[serde(deny_unknown_fields)]
 pub struct OverlayConfig {
     /// URL or local path of the overlay repository.
-    pub repo: String,
+    pub repo: NonEmpty,
     /// Release branch whose tip is the expected ref.
-    pub branch: String,
+    pub branch: NonEmpty,
     #[serde(default = "secs::<60>", deserialize_with = "duration")]
     pub fetch_interval: Duration,
     /// Deadline for one whole fetch (connect, negotiate, download). A fetch
     /// past it is abandoned and counted as failed; sweeps go on meanwhile.
-    #[serde(default = "default_fetch_timeout", deserialize_with = "duration")]
-    pub fetch_timeout: Duration,
+    #[serde(default = "default_fetch_timeout")]
+    pub fetch_timeout: NonZeroDuration,
     /// Commits one sweep's analysis compares for `paths` rules, at most.
-    #[serde(default = "default_max_path_comparisons")]
-    pub max_path_comparisons: usize,
+    #[serde(
+        default = "default_max_path_comparisons",
+        deserialize_with = "comparisons"
+    )]
+    pub max_path_comparisons: NonZeroUsize,
     /// Bare mirror kept by the daemon.
     pub mirror_dir: PathBuf,
     /// Environment variable holding an https token for the repository.
@@ -134,14 +137,13 @@ pub struct OverlayConfig {
 // Missing keys come from `Default`, the one place each default is written.
 #[serde(default, deny_unknown_fields)]
 pub struct SweepConfig {
-    #[serde(deserialize_with = "duration")]
-    pub interval: Duration,
+    pub interval: NonZeroDuration,
 }
 
 impl Default for SweepConfig {
     fn default() -> Self {
         SweepConfig {
-            interval: Duration::from_secs(30),
+            interval: NonZeroDuration::from_secs(30),
         }
     }
 }
@@ -150,8 +152,7 @@ impl Default for SweepConfig {
 // Missing keys come from `Default`, the one place each default is written.
 #[serde(default, deny_unknown_fields)]
 pub struct ProbeConfig {
-    #[serde(deserialize_with = "duration")]
-    pub timeout: Duration,
+    pub timeout: NonZeroDuration,
     pub concurrency: NonZeroUsize,
     pub max_body_bytes: NonZeroUsize,
 }
@@ -159,7 +160,7 @@ pub struct ProbeConfig {
 impl Default for ProbeConfig {
     fn default() -> Self {
         ProbeConfig {
-            timeout: Duration::from_secs(5),
+            timeout: NonZeroDuration::from_secs(5),
             concurrency: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             max_body_bytes: NonZeroUsize::new(65536).unwrap_or(NonZeroUsize::MIN),
         }
@@ -225,6 +226,18 @@ impl Default for ActionMap {
     }
 }
 
+/// Actions for low, medium, high and critical, in that order.
+impl From<[PolicyAction; 4]> for ActionMap {
+    fn from([low, medium, high, critical]: [PolicyAction; 4]) -> ActionMap {
+        ActionMap {
+            low,
+            medium,
+            high,
+            critical,
+        }
+    }
+}
+
 impl ActionMap {
     pub fn for_severity(&self, severity: Severity) -> PolicyAction {
         match severity {
@@ -276,12 +289,13 @@ pub struct RotationConfig {
     /// that gives no usable report before it gives the undrain up (with an
     /// alert naming the machine) and frees its slot. The uncordon is never
     /// given up.
-    #[serde(deserialize_with = "duration")]
-    pub release_ceiling: Duration,
+    pub release_ceiling: NonZeroDuration,
     /// Restarts one rotation makes toward one target before it ends as
     /// failed (uncordoned, slot released, `rotation_failed` alerted, no new
     /// attempt for that target until the tip moves or an operator approves).
-    pub max_attempts: u32,
+    /// At least 1: the first restart is an attempt.
+    #[serde(deserialize_with = "restarts")]
+    pub max_attempts: NonZeroU32,
     /// The machine (`APP/MACHINE_ID`) whose metadata and lease keep every
     /// pool's rotation slots, so caps are exact across replicas (see
     /// [`crate::metadata::slots`]). Required for `run` to act.
@@ -305,8 +319,8 @@ impl Default for RotationConfig {
             verify_deadline: Duration::from_secs(300),
             recent_input_guard: Duration::from_secs(600),
             heartbeat_max_age: Duration::from_secs(30),
-            release_ceiling: Duration::from_secs(1800),
-            max_attempts: 3,
+            release_ceiling: NonZeroDuration::from_secs(1800),
+            max_attempts: NonZeroU32::MIN.saturating_add(2),
             coordinator: None,
             coordinator_token_env: None,
         }
@@ -548,12 +562,10 @@ pub struct ServerConfig {
     pub admin_token_env: String,
     /// How long a client may take to send a request's headers, and how long
     /// an idle keep-alive connection stays open; then it is closed.
-    #[serde(deserialize_with = "duration")]
-    pub header_read_timeout: Duration,
+    pub header_read_timeout: NonZeroDuration,
     /// The most one request may take, body upload and handler included;
     /// then it is answered 503.
-    #[serde(deserialize_with = "duration")]
-    pub request_timeout: Duration,
+    pub request_timeout: NonZeroDuration,
     /// Connections served at once; further ones are answered 503 and closed.
     pub max_connections: NonZeroUsize,
     /// Largest request body; a larger one is answered 413.
@@ -561,8 +573,7 @@ pub struct ServerConfig {
     /// Failed admin authentications one source (client IP) may make per
     /// `admin_auth_window`; past that its admin requests are answered 429.
     pub admin_auth_failures: NonZeroU32,
-    #[serde(deserialize_with = "duration")]
-    pub admin_auth_window: Duration,
+    pub admin_auth_window: NonZeroDuration,
     /// The address on-call reaches the status page at (`server.public_url`,
     /// e.g. `https://fleet.example.com/`): alert payloads link the status
     /// page and machine pages under it. `None`: no such links.
@@ -631,12 +642,12 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             admin_token_env: "FLEET_ADMIN_TOKEN".into(),
-            header_read_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(60),
+            header_read_timeout: NonZeroDuration::from_secs(10),
+            request_timeout: NonZeroDuration::from_secs(60),
             max_connections: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             max_body_bytes: NonZeroUsize::new(16 * 1024).unwrap_or(NonZeroUsize::MIN),
             admin_auth_failures: NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN),
-            admin_auth_window: Duration::from_secs(60),
+            admin_auth_window: NonZeroDuration::from_secs(60),
             public_url: None,
         }
     }
@@ -964,272 +975,32 @@ impl Config {
     }
 
     /// Parses and validates config text; `path` is only used in messages.
+    /// What a value's type cannot check alone (a section's keys together,
+    /// one entry against the others) is checked here, section by section.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        // Messages quote values and keys as written: bounded, so a
-        // megabyte-long value cannot make a megabyte-long error.
-        let invalid = |key: String, span: Option<std::ops::Range<usize>>, message: String| {
-            ConfigError::Invalid {
-                path: path.to_path_buf(),
-                key: crate::text::bounded(&key, MAX_ERROR_KEY_CHARS),
-                line: span.map(|s| line_of(text, s.start)),
-                message: crate::text::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
-            }
-        };
+        let src = Source { path, text };
         let de = toml::de::Deserializer::parse(text)
-            .map_err(|e| invalid(String::new(), e.span(), e.message().to_string()))?;
+            .map_err(|e| src.invalid(String::new(), e.span(), e.message().to_string()))?;
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             let inner = e.into_inner();
             // Spanned<T> shows up in the path as a private field; hide it.
             let key = key.replace("$__serde_spanned_private_value.", "");
             let key = if key == "." { String::new() } else { key };
-            invalid(key, inner.span(), inner.message().to_string())
+            src.invalid(key, inner.span(), inner.message().to_string())
         })?;
-
-        if raw.apps.is_empty() {
-            return Err(invalid(
-                "apps".into(),
-                None,
-                "at least one [[apps]] entry is required".into(),
-            ));
+        let apps = src.apps(raw.apps, &raw.fly.api_url)?;
+        if raw.pools.keys().any(|name| name.trim().is_empty()) {
+            return Err(src.invalid("pools".into(), None, "pool name is empty".into()));
         }
-        let fly_host = url::Url::parse(&raw.fly.api_url)
-            .ok()
-            .and_then(|u| u.host().map(|h| h.to_owned()));
-        let mut apps = Vec::with_capacity(raw.apps.len());
-        for (i, app) in raw.apps.into_iter().enumerate() {
-            let span = app.span();
-            let mut app = app.into_inner();
-            if let Some(fly) = &fly_host {
-                app.health_url
-                    .refuse_host(fly)
-                    .map_err(|m| invalid(format!("apps[{i}].health_url"), Some(span.clone()), m))?;
-            }
-            if !app.health_url.names_one_machine() {
-                return Err(invalid(
-                    format!("apps[{i}].health_url"),
-                    Some(span),
-                    format!(
-                        "the health URL of app {:?} has no per-machine placeholder ({{machine_id}} or {{private_ip}}): every machine would be probed at the same URL, so one agent's report could authorize restarting another; e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
-                        crate::text::bounded(&app.name, 64)
-                    ),
-                ));
-            }
-            if app.name.trim().is_empty() {
-                return Err(invalid(
-                    format!("apps[{i}].name"),
-                    Some(span),
-                    "app name is empty".into(),
-                ));
-            }
-            if apps.iter().any(|a: &AppConfig| a.name == app.name) {
-                return Err(invalid(
-                    format!("apps[{i}].name"),
-                    Some(span),
-                    format!("app {:?} is listed twice", app.name),
-                ));
-            }
-            apps.push(app);
-        }
-
-        for (name, _) in raw.pools.iter() {
-            if name.trim().is_empty() {
-                return Err(invalid("pools".into(), None, "pool name is empty".into()));
-            }
-        }
-
         let severity = match raw.severity {
             None => default_severity_rules(),
-            Some(rules) => {
-                let mut out = Vec::with_capacity(rules.len());
-                for (i, rule) in rules.into_iter().enumerate() {
-                    let span = rule.span();
-                    out.push(
-                        compile_rule(rule.into_inner())
-                            .map_err(|m| invalid(format!("severity[{i}]"), Some(span), m))?,
-                    );
-                }
-                out
-            }
+            Some(rules) => src.severity_rules(rules)?,
         };
-
-        let mut webhooks = Vec::with_capacity(raw.alerts.webhooks.len());
-        for (i, hook) in raw.alerts.webhooks.into_iter().enumerate() {
-            let span = hook.span();
-            let hook = hook.into_inner();
-            let key = format!("alerts.webhooks[{i}]");
-            match hook.format {
-                WebhookFormat::Pagerduty if hook.routing_key_env.is_none() => {
-                    return Err(invalid(
-                        format!("{key}.routing_key_env"),
-                        Some(span),
-                        "a pagerduty webhook needs routing_key_env (the env var holding the Events v2 routing key)".into(),
-                    ));
-                }
-                WebhookFormat::Json | WebhookFormat::Slack if hook.routing_key_env.is_some() => {
-                    return Err(invalid(
-                        format!("{key}.routing_key_env"),
-                        Some(span),
-                        "routing_key_env only applies to format = \"pagerduty\"".into(),
-                    ));
-                }
-                WebhookFormat::Slack | WebhookFormat::Pagerduty if hook.secret_env.is_some() => {
-                    return Err(invalid(
-                        format!("{key}.secret_env"),
-                        Some(span),
-                        "secret_env (HMAC signature) only applies to format = \"json\"".into(),
-                    ));
-                }
-                _ => {}
-            }
-            webhooks.push(hook);
-        }
-
-        let mut alertmanagers = Vec::with_capacity(raw.alerts.alertmanager.len());
-        for (i, am) in raw.alerts.alertmanager.into_iter().enumerate() {
-            let span = am.span();
-            let am = am.into_inner();
-            if am.url_env.trim().is_empty() {
-                return Err(invalid(
-                    format!("alerts.alertmanager[{i}].url_env"),
-                    Some(span),
-                    "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
-                ));
-            }
-            for (name, value) in &am.labels {
-                let problem = if !label_name_ok(name) {
-                    "is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
-                } else if ALERTMANAGER_LABELS.contains(&name.as_str()) {
-                    "is set by the daemon itself"
-                } else if value.trim().is_empty() {
-                    "has an empty value"
-                } else {
-                    continue;
-                };
-                return Err(invalid(
-                    format!("alerts.alertmanager[{i}].labels.{name}"),
-                    Some(span),
-                    format!("label {name:?} {problem}"),
-                ));
-            }
-            alertmanagers.push(am);
-        }
-        check_group_by(&raw.alerts.group_by)
-            .map_err(|m| invalid("alerts.group_by".into(), None, m))?;
-        if !matches!(
-            url::Url::parse(&raw.alerts.runbook_url)
-                .map(|u| u.scheme().to_owned())
-                .as_deref(),
-            Ok("http" | "https")
-        ) {
-            return Err(invalid(
-                "alerts.runbook_url".into(),
-                None,
-                "must be an http(s) URL of your copy of docs/operations.md".into(),
-            ));
-        }
-
-        if raw
-            .alerts
-            .state_file
-            .as_ref()
-            .is_some_and(|p| p.as_os_str().is_empty() || p.file_name().is_none())
-        {
-            return Err(invalid(
-                "alerts.state_file".into(),
-                None,
-                "must name a file (e.g. \"/data/alert-state.json\"); leave it out for the default beside overlay.mirror_dir".into(),
-            ));
-        }
-
-        if raw.rotation.max_attempts == 0 {
-            return Err(invalid(
-                "rotation.max_attempts".into(),
-                None,
-                "must be at least 1 (the first restart is an attempt)".into(),
-            ));
-        }
-        if raw.rotation.release_ceiling.is_zero() {
-            return Err(invalid(
-                "rotation.release_ceiling".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.sweep.interval.is_zero() {
-            return Err(invalid(
-                "sweep.interval".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.probe.timeout.is_zero() {
-            return Err(invalid(
-                "probe.timeout".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.overlay.max_path_comparisons == 0 {
-            return Err(invalid(
-                "overlay.max_path_comparisons".into(),
-                None,
-                "must be at least 1".into(),
-            ));
-        }
-        if raw.overlay.fetch_timeout.is_zero() {
-            return Err(invalid(
-                "overlay.fetch_timeout".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        if raw.fly.request_timeout.is_zero() {
-            return Err(invalid(
-                "fly.request_timeout".into(),
-                None,
-                "must be greater than zero".into(),
-            ));
-        }
-        for (key, value) in [
-            ("server.header_read_timeout", raw.server.header_read_timeout),
-            ("server.request_timeout", raw.server.request_timeout),
-            ("server.admin_auth_window", raw.server.admin_auth_window),
-        ] {
-            if value.is_zero() {
-                return Err(invalid(
-                    key.into(),
-                    None,
-                    "must be greater than zero".into(),
-                ));
-            }
-        }
-        if raw.server.max_connections.get() > MAX_SERVER_CONNECTIONS {
-            return Err(invalid(
-                "server.max_connections".into(),
-                None,
-                format!("must be at most {MAX_SERVER_CONNECTIONS}"),
-            ));
-        }
-        if raw.server.max_body_bytes.get() > MAX_SERVER_BODY_BYTES {
-            return Err(invalid(
-                "server.max_body_bytes".into(),
-                None,
-                format!("must be at most {MAX_SERVER_BODY_BYTES} (1 MiB)"),
-            ));
-        }
-        if raw.overlay.branch.trim().is_empty() {
-            return Err(invalid(
-                "overlay.branch".into(),
-                None,
-                "branch is empty".into(),
-            ));
-        }
-        if raw.overlay.repo.trim().is_empty() {
-            return Err(invalid("overlay.repo".into(), None, "repo is empty".into()));
-        }
-        check_token_envs(&raw.fly, &apps, &raw.rotation).map_err(|(k, m)| invalid(k, None, m))?;
-
+        let alerts = src.alerts(raw.alerts)?;
+        src.server(&raw.server)?;
+        check_token_envs(&raw.fly, &apps, &raw.rotation)
+            .map_err(|(k, m)| src.invalid(k, None, m))?;
         Ok(Config {
             path: path.to_path_buf(),
             fly: raw.fly,
@@ -1240,15 +1011,7 @@ impl Config {
             pools: raw.pools,
             severity,
             rotation: raw.rotation,
-            alerts: AlertsConfig {
-                coherence_threshold: raw.alerts.coherence_threshold,
-                coherence_for: raw.alerts.coherence_for,
-                state_file: raw.alerts.state_file,
-                group_by: raw.alerts.group_by,
-                runbook_url: raw.alerts.runbook_url,
-                webhooks,
-                alertmanagers,
-            },
+            alerts,
             metrics: raw.metrics,
             server: raw.server,
         })
@@ -1304,16 +1067,6 @@ impl Config {
         out
     }
 
-    /// The policy of a pool; pools without their own section use `default`
-    /// (or the built-in safe default when there is no `[pools.default]`).
-    pub fn pool(&self, name: &str) -> PoolConfig {
-        self.pools
-            .get(name)
-            .or_else(|| self.pools.get(DEFAULT_POOL))
-            .cloned()
-            .unwrap_or_default()
-    }
-
     /// Whether any pool can act on a machine (anything but `observe`);
     /// pools without a section use `default` or the built-in default, which acts.
     pub fn acts(&self) -> bool {
@@ -1322,7 +1075,8 @@ impl Config {
                 .iter()
                 .any(|s| p.actions.for_severity(*s) != PolicyAction::Observe)
         };
-        self.pools.values().any(acts) || acts(&self.pool(DEFAULT_POOL))
+        self.pools.values().any(acts)
+            || (!self.pools.contains_key(DEFAULT_POOL) && acts(&PoolConfig::default()))
     }
 
     /// Where the webhooks' alert state persists: `alerts.state_file`, or
@@ -1343,6 +1097,233 @@ impl Config {
 
     pub fn app(&self, name: &str) -> Option<&AppConfig> {
         self.apps.iter().find(|a| a.name == name)
+    }
+}
+
+/// The text being parsed, for errors that name the file, the key and the line.
+struct Source<'t> {
+    path: &'t Path,
+    text: &'t str,
+}
+
+impl Source<'_> {
+    /// Messages quote values and keys as written: bounded, so a
+    /// megabyte-long value cannot make a megabyte-long error.
+    fn invalid(&self, key: String, span: Option<Range<usize>>, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            key: crate::text::bounded(&key, MAX_ERROR_KEY_CHARS),
+            line: span.map(|s| line_of(self.text, s.start)),
+            message: crate::text::bounded(&message, MAX_ERROR_MESSAGE_CHARS),
+        }
+    }
+
+    /// `[[apps]]`: at least one, each named once, each health URL naming one
+    /// machine and not the Fly API's host.
+    fn apps(
+        &self,
+        raw: Vec<toml::Spanned<AppConfig>>,
+        fly_api_url: &str,
+    ) -> Result<Vec<AppConfig>, ConfigError> {
+        if raw.is_empty() {
+            return Err(self.invalid(
+                "apps".into(),
+                None,
+                "at least one [[apps]] entry is required".into(),
+            ));
+        }
+        let fly_host = url::Url::parse(fly_api_url)
+            .ok()
+            .and_then(|u| u.host().map(|h| h.to_owned()));
+        let mut apps = Vec::with_capacity(raw.len());
+        for (i, app) in raw.into_iter().enumerate() {
+            let span = app.span();
+            let mut app = app.into_inner();
+            if let Some(fly) = &fly_host {
+                app.health_url.refuse_host(fly).map_err(|m| {
+                    self.invalid(format!("apps[{i}].health_url"), Some(span.clone()), m)
+                })?;
+            }
+            if !app.health_url.names_one_machine() {
+                return Err(self.invalid(
+                    format!("apps[{i}].health_url"),
+                    Some(span),
+                    format!(
+                        "the health URL of app {:?} has no per-machine placeholder ({{machine_id}} or {{private_ip}}): every machine would be probed at the same URL, so one agent's report could authorize restarting another; e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
+                        crate::text::bounded(&app.name, 64)
+                    ),
+                ));
+            }
+            if app.name.trim().is_empty() {
+                return Err(self.invalid(
+                    format!("apps[{i}].name"),
+                    Some(span),
+                    "app name is empty".into(),
+                ));
+            }
+            if apps.iter().any(|a: &AppConfig| a.name == app.name) {
+                return Err(self.invalid(
+                    format!("apps[{i}].name"),
+                    Some(span),
+                    format!("app {:?} is listed twice", app.name),
+                ));
+            }
+            apps.push(app);
+        }
+        Ok(apps)
+    }
+
+    /// `[[severity]]`, each rule compiled (a bad one names its index and line).
+    fn severity_rules(
+        &self,
+        rules: Vec<toml::Spanned<RawSeverityRule>>,
+    ) -> Result<Vec<SeverityRule>, ConfigError> {
+        rules
+            .into_iter()
+            .enumerate()
+            .map(|(i, rule)| {
+                let span = rule.span();
+                compile_rule(rule.into_inner())
+                    .map_err(|m| self.invalid(format!("severity[{i}]"), Some(span), m))
+            })
+            .collect()
+    }
+
+    /// `[alerts]`: webhooks and Alertmanagers fit their format, the grouping
+    /// is a set, the runbook is an http(s) URL, the state file names a file.
+    fn alerts(&self, raw: RawAlerts) -> Result<AlertsConfig, ConfigError> {
+        let webhooks = self.webhooks(raw.webhooks)?;
+        let alertmanagers = self.alertmanagers(raw.alertmanager)?;
+        check_group_by(&raw.group_by)
+            .map_err(|m| self.invalid("alerts.group_by".into(), None, m))?;
+        if !matches!(
+            url::Url::parse(&raw.runbook_url)
+                .map(|u| u.scheme().to_owned())
+                .as_deref(),
+            Ok("http" | "https")
+        ) {
+            return Err(self.invalid(
+                "alerts.runbook_url".into(),
+                None,
+                "must be an http(s) URL of your copy of docs/operations.md".into(),
+            ));
+        }
+        if raw
+            .state_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty() || p.file_name().is_none())
+        {
+            return Err(self.invalid(
+                "alerts.state_file".into(),
+                None,
+                "must name a file (e.g. \"/data/alert-state.json\"); leave it out for the default beside overlay.mirror_dir".into(),
+            ));
+        }
+        Ok(AlertsConfig {
+            coherence_threshold: raw.coherence_threshold,
+            coherence_for: raw.coherence_for,
+            state_file: raw.state_file,
+            group_by: raw.group_by,
+            runbook_url: raw.runbook_url,
+            webhooks,
+            alertmanagers,
+        })
+    }
+
+    /// `[[alerts.webhooks]]`: the keys each format takes, and only those.
+    fn webhooks(
+        &self,
+        raw: Vec<toml::Spanned<WebhookConfig>>,
+    ) -> Result<Vec<WebhookConfig>, ConfigError> {
+        let mut webhooks = Vec::with_capacity(raw.len());
+        for (i, hook) in raw.into_iter().enumerate() {
+            let span = hook.span();
+            let hook = hook.into_inner();
+            let key = format!("alerts.webhooks[{i}]");
+            match hook.format {
+                WebhookFormat::Pagerduty if hook.routing_key_env.is_none() => {
+                    return Err(self.invalid(
+                        format!("{key}.routing_key_env"),
+                        Some(span),
+                        "a pagerduty webhook needs routing_key_env (the env var holding the Events v2 routing key)".into(),
+                    ));
+                }
+                WebhookFormat::Json | WebhookFormat::Slack if hook.routing_key_env.is_some() => {
+                    return Err(self.invalid(
+                        format!("{key}.routing_key_env"),
+                        Some(span),
+                        "routing_key_env only applies to format = \"pagerduty\"".into(),
+                    ));
+                }
+                WebhookFormat::Slack | WebhookFormat::Pagerduty if hook.secret_env.is_some() => {
+                    return Err(self.invalid(
+                        format!("{key}.secret_env"),
+                        Some(span),
+                        "secret_env (HMAC signature) only applies to format = \"json\"".into(),
+                    ));
+                }
+                _ => {}
+            }
+            webhooks.push(hook);
+        }
+        Ok(webhooks)
+    }
+
+    /// `[[alerts.alertmanager]]`: a URL variable, and labels the daemon does
+    /// not set itself, each a label name with a value.
+    fn alertmanagers(
+        &self,
+        raw: Vec<toml::Spanned<AlertmanagerConfig>>,
+    ) -> Result<Vec<AlertmanagerConfig>, ConfigError> {
+        let mut alertmanagers = Vec::with_capacity(raw.len());
+        for (i, am) in raw.into_iter().enumerate() {
+            let span = am.span();
+            let am = am.into_inner();
+            if am.url_env.trim().is_empty() {
+                return Err(self.invalid(
+                    format!("alerts.alertmanager[{i}].url_env"),
+                    Some(span),
+                    "names no environment variable (set it to the variable holding Alertmanager's URL, e.g. \"ALERTMANAGER_URL\")".into(),
+                ));
+            }
+            for (name, value) in &am.labels {
+                let problem = if !label_name_ok(name) {
+                    "is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+                } else if ALERTMANAGER_LABELS.contains(&name.as_str()) {
+                    "is set by the daemon itself"
+                } else if value.trim().is_empty() {
+                    "has an empty value"
+                } else {
+                    continue;
+                };
+                return Err(self.invalid(
+                    format!("alerts.alertmanager[{i}].labels.{name}"),
+                    Some(span),
+                    format!("label {name:?} {problem}"),
+                ));
+            }
+            alertmanagers.push(am);
+        }
+        Ok(alertmanagers)
+    }
+
+    /// `[server]`: the limits past which a setting is a mistake.
+    fn server(&self, server: &ServerConfig) -> Result<(), ConfigError> {
+        if server.max_connections.get() > MAX_SERVER_CONNECTIONS {
+            return Err(self.invalid(
+                "server.max_connections".into(),
+                None,
+                format!("must be at most {MAX_SERVER_CONNECTIONS}"),
+            ));
+        }
+        if server.max_body_bytes.get() > MAX_SERVER_BODY_BYTES {
+            return Err(self.invalid(
+                "server.max_body_bytes".into(),
+                None,
+                format!("must be at most {MAX_SERVER_BODY_BYTES} (1 MiB)"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1450,6 +1431,107 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     Ok(parsed)
 }
 
+/// A duration greater than zero (and at most [`MAX_DURATION`]), for the keys
+/// that pace or bound work (`sweep.interval`, timeouts, ceilings), where zero
+/// would spin or give up at once. Parsed like every duration, so a bad value
+/// names its key and line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NonZeroDuration(Duration);
+
+impl NonZeroDuration {
+    pub const fn new(d: Duration) -> Option<NonZeroDuration> {
+        if d.is_zero() {
+            None
+        } else {
+            Some(NonZeroDuration(d))
+        }
+    }
+
+    /// For defaults written in the source; `secs` is never 0 there.
+    pub const fn from_secs(secs: u64) -> NonZeroDuration {
+        NonZeroDuration(Duration::from_secs(if secs == 0 { 1 } else { secs }))
+    }
+
+    pub const fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl From<NonZeroDuration> for Duration {
+    fn from(d: NonZeroDuration) -> Duration {
+        d.0
+    }
+}
+
+impl fmt::Display for NonZeroDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for NonZeroDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NonZeroDuration::new(duration(d)?)
+            .ok_or_else(|| serde::de::Error::custom("must be greater than zero"))
+    }
+}
+
+/// Text with something other than whitespace in it (`overlay.repo`,
+/// `overlay.branch`): an empty one would only fail later, far from its key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NonEmpty(String);
+
+impl NonEmpty {
+    pub fn new(s: impl Into<String>) -> Option<NonEmpty> {
+        let s = s.into();
+        (!s.trim().is_empty()).then_some(NonEmpty(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<NonEmpty> for String {
+    fn from(s: NonEmpty) -> String {
+        s.0
+    }
+}
+
+impl fmt::Display for NonEmpty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for NonEmpty {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NonEmpty::new(String::deserialize(d)?).ok_or_else(|| serde::de::Error::custom("is empty"))
+    }
+}
+
+/// A count that must be at least 1, refused in the user's words (serde's
+/// own message for a zero `NonZero*` is "expected a nonzero u32").
+fn at_least_one<'de, D, T>(d: D, zero: &'static str) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<std::num::NonZeroU64>,
+{
+    let n = u64::deserialize(d)?;
+    let n = std::num::NonZeroU64::new(n).ok_or_else(|| serde::de::Error::custom(zero))?;
+    T::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} is too large")))
+}
+
+/// `rotation.max_attempts`.
+fn restarts<'de, D: Deserializer<'de>>(d: D) -> Result<NonZeroU32, D::Error> {
+    at_least_one(d, "must be at least 1 (the first restart is an attempt)")
+}
+
+/// `overlay.max_path_comparisons`.
+fn comparisons<'de, D: Deserializer<'de>>(d: D) -> Result<NonZeroUsize, D::Error> {
+    at_least_one(d, "must be at least 1")
+}
+
 fn coordinator<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<crate::metadata::slots::Coordinator>, D::Error> {
@@ -1492,11 +1574,11 @@ pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 const fn secs<const N: u64>() -> Duration {
     Duration::from_secs(N)
 }
-fn default_fetch_timeout() -> Duration {
-    DEFAULT_FETCH_TIMEOUT
+fn default_fetch_timeout() -> NonZeroDuration {
+    NonZeroDuration::from_secs(DEFAULT_FETCH_TIMEOUT.as_secs())
 }
-fn default_max_path_comparisons() -> usize {
-    DEFAULT_DIFF_BUDGET
+fn default_max_path_comparisons() -> NonZeroUsize {
+    NonZeroUsize::new(DEFAULT_DIFF_BUDGET).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn default_git_token_env() -> String {
@@ -1630,7 +1712,7 @@ name = "agents"
         let c = parse(MINIMAL).unwrap();
         assert_eq!(c.fly.api_url, "https://api.machines.dev");
         assert_eq!(c.fly.token_env, "FLY_API_TOKEN");
-        assert_eq!(c.sweep.interval, Duration::from_secs(30));
+        assert_eq!(c.sweep.interval.get(), Duration::from_secs(30));
         assert_eq!(c.probe.max_body_bytes.get(), 65536);
         assert_eq!(c.rotation.min_drift_age, Duration::from_secs(120));
         assert_eq!(c.rotation.heartbeat_max_age, Duration::from_secs(30));
@@ -1639,14 +1721,14 @@ name = "agents"
             "http://{machine_id}.vm.{app}.internal:8080/health"
         );
         assert_eq!(c.severity.len(), 5);
-        assert_eq!(c.pool("anything").actions, ActionMap::default());
+        assert!(c.pools.is_empty());
         assert_eq!(c.server.listen.port(), 9090);
-        assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
-        assert_eq!(c.server.request_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.header_read_timeout.get(), Duration::from_secs(10));
+        assert_eq!(c.server.request_timeout.get(), Duration::from_secs(60));
         assert_eq!(c.server.max_connections.get(), 256);
         assert_eq!(c.server.max_body_bytes.get(), 16384);
         assert_eq!(c.server.admin_auth_failures.get(), 10);
-        assert_eq!(c.server.admin_auth_window, Duration::from_secs(60));
+        assert_eq!(c.server.admin_auth_window.get(), Duration::from_secs(60));
         assert_eq!(c.alerts.coherence_threshold, 1.0);
         assert_eq!(c.alerts.coherence_for, Duration::from_secs(900));
         assert_eq!(c.rotation.coordinator, None);
@@ -1690,8 +1772,8 @@ name = "agents"
     #[test]
     fn rotation_attempts_and_release_ceiling_are_validated_with_their_key() {
         let c = parse(MINIMAL).unwrap();
-        assert_eq!(c.rotation.max_attempts, 3);
-        assert_eq!(c.rotation.release_ceiling, Duration::from_secs(1800));
+        assert_eq!(c.rotation.max_attempts.get(), 3);
+        assert_eq!(c.rotation.release_ceiling.get(), Duration::from_secs(1800));
         let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = 0\n"));
         assert!(
             e.contains("rotation.max_attempts") && e.contains("at least 1"),
@@ -1703,6 +1785,103 @@ name = "agents"
         assert!(e.contains("rotation.release_ceiling"), "{e}");
         let e = err(&format!("{MINIMAL}\n[rotation]\nmax_attempts = -1\n"));
         assert!(e.contains("rotation.max_attempts"), "{e}");
+    }
+
+    /// The keys that may not be zero or empty say so through their types
+    /// (`NonZeroDuration`, `NonEmpty`, a count of at least 1): the key, the
+    /// line and the same words as the checks they replace.
+    #[test]
+    fn zero_and_empty_values_are_refused_naming_key_and_line() {
+        let overlay = |repo: &str, branch: &str| {
+            format!(
+                "[overlay]\nrepo = \"{repo}\"\nbranch = \"{branch}\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"a\"\n"
+            )
+        };
+        let ok = overlay("/r", "release");
+        let cases = [
+            (overlay(" ", "release"), "overlay.repo", ":2:", "is empty"),
+            (overlay("/r", ""), "overlay.branch", ":3:", "is empty"),
+        ];
+        for (text, key, line, says) in &cases {
+            let e = err(text);
+            assert!(
+                e.contains(&format!("key `{key}`")) && e.contains(line) && e.contains(says),
+                "{e}"
+            );
+        }
+        for (section, key, value, says) in [
+            (
+                "rotation",
+                "release_ceiling",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            ("sweep", "interval", "\"0s\"", "must be greater than zero"),
+            ("probe", "timeout", "\"0ms\"", "must be greater than zero"),
+            (
+                "fly",
+                "request_timeout",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "server",
+                "header_read_timeout",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "server",
+                "request_timeout",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "server",
+                "admin_auth_window",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            (
+                "rotation",
+                "max_attempts",
+                "0",
+                "must be at least 1 (the first restart is an attempt)",
+            ),
+        ] {
+            let text = format!("{ok}[{section}]\n{key} = {value}\n");
+            let e = err(&text);
+            assert!(
+                e.contains(&format!("test.toml:8: key `{section}.{key}`: {says}")),
+                "{e}"
+            );
+        }
+        let with_overlay_key = |line: &str| {
+            format!(
+                "[overlay]\nrepo = \"/r\"\nbranch = \"b\"\nmirror_dir = \"/m\"\n{line}\n[[apps]]\nname = \"a\"\n"
+            )
+        };
+        for (line, key, says) in [
+            (
+                "fetch_timeout = \"0s\"",
+                "overlay.fetch_timeout",
+                "must be greater than zero",
+            ),
+            (
+                "max_path_comparisons = 0",
+                "overlay.max_path_comparisons",
+                "must be at least 1",
+            ),
+        ] {
+            let e = err(&with_overlay_key(line));
+            assert!(
+                e.contains(&format!("test.toml:5: key `{key}`: {says}")),
+                "{e}"
+            );
+        }
+        let c = parse(&with_overlay_key("max_path_comparisons = 1")).unwrap();
+        assert_eq!(c.overlay.max_path_comparisons.get(), 1);
+        assert_eq!(c.overlay.repo.as_str(), "/r");
     }
 
     #[test]
@@ -2113,16 +2292,19 @@ name = "agents"
         assert!(e.contains("test.toml:1"), "{e}");
     }
 
+    /// Which pool a machine without a section follows is the policy's
+    /// (`decide::policy`); here, each section as parsed.
     #[test]
-    fn pools_fall_back_to_default_section() {
+    fn pool_sections_keep_the_safe_defaults_for_what_they_leave_out() {
         let c = parse(&format!(
             "{MINIMAL}\n[pools.default]\nmax_concurrent_rotations = 3\nactions = {{ high = \"restart\" }}\n[pools.dispatch]\nactions = {{ low = \"observe\" }}\n"
         ))
         .unwrap();
-        assert_eq!(c.pool("other").max_concurrent_rotations.get(), 3);
-        assert_eq!(c.pool("other").actions.high, PolicyAction::Restart);
-        assert_eq!(c.pool("dispatch").actions.low, PolicyAction::Observe);
+        assert_eq!(c.pools["default"].max_concurrent_rotations.get(), 3);
+        assert_eq!(c.pools["default"].actions.high, PolicyAction::Restart);
+        assert_eq!(c.pools["dispatch"].max_concurrent_rotations.get(), 1);
+        assert_eq!(c.pools["dispatch"].actions.low, PolicyAction::Observe);
         // Levels not written in a pool keep the safe defaults.
-        assert_eq!(c.pool("dispatch").actions.critical, PolicyAction::Manual);
+        assert_eq!(c.pools["dispatch"].actions.critical, PolicyAction::Manual);
     }
 }

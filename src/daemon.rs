@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::act::executor::{Executor, StepReport};
 use crate::clock::{Clock, SharedClock};
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
+use crate::decide::policy::Policy;
 use crate::decide::severity;
 
 use crate::config::Config;
@@ -57,7 +58,7 @@ pub enum CheckError {
 pub fn fly_client(config: &Config, secrets: &Secrets) -> Result<FlyClient, FlyClientBuildError> {
     FlyClient::with_tokens(
         FlyClientConfig {
-            request_timeout: config.fly.request_timeout,
+            request_timeout: config.fly.request_timeout.get(),
             max_retries: config.fly.max_retries,
             rate_limits: config
                 .fly
@@ -77,13 +78,13 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
     let fly = fly_client(&config, secrets)?;
     let prober = Prober::new(&config.probe)?;
     let overlay = Overlay::open(OverlaySource {
-        repo: config.overlay.repo.clone(),
-        branch: config.overlay.branch.clone(),
+        repo: config.overlay.repo.to_string(),
+        branch: config.overlay.branch.to_string(),
         mirror_dir: config.overlay.mirror_dir.clone(),
         token: secrets.git_token.clone(),
     })
     .await?;
-    overlay.set_diff_budget(config.overlay.max_path_comparisons);
+    overlay.set_diff_budget(config.overlay.max_path_comparisons.get());
     Ok(Sweeper {
         signals: severity::signals(&config.severity),
         config,
@@ -97,7 +98,7 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
 pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
     let tip = sweeper
         .overlay
-        .fetch_within(sweeper.config.overlay.fetch_timeout)
+        .fetch_within(sweeper.config.overlay.fetch_timeout.get())
         .await
         .map_err(CheckError::Fetch)?;
     Ok(sweep(sweeper, &tip).await?)
@@ -107,8 +108,17 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
 /// decide each drift's severity, reason and action
 /// ([`severity::judge`]). The loop, `check` and `plan` all start here.
 pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<FleetReport, SweepError> {
+    sweep_judged(sweeper, &Policy::from_config(&sweeper.config), tip).await
+}
+
+/// [`sweep`] under a policy built once by the caller.
+async fn sweep_judged(
+    sweeper: &Sweeper,
+    policy: &Policy,
+    tip: &Tip,
+) -> Result<FleetReport, SweepError> {
     let observation = sweeper.sweep(tip).await?;
-    Ok(severity::judge(&sweeper.config, observation))
+    Ok(severity::judge(policy, observation))
 }
 
 /// One fetch, one read-only sweep and the plan a daemon would make from it:
@@ -127,32 +137,33 @@ pub async fn plan_once(
 ) -> Result<(FleetReport, Plan), CheckError> {
     let tip = sweeper
         .overlay
-        .fetch_within(sweeper.config.overlay.fetch_timeout)
+        .fetch_within(sweeper.config.overlay.fetch_timeout.get())
         .await
         .map_err(CheckError::Fetch)?;
-    let report = sweep(sweeper, &tip).await?;
+    let policy = Policy::from_config(&sweeper.config);
+    let report = sweep_judged(sweeper, &policy, &tip).await?;
     let now = clock.now();
-    let plan = plan_as_seen_before(&sweeper.config, &report, owner, now);
+    let plan = plan_as_seen_before(&policy, &report, owner, now);
     Ok((report, plan))
 }
 
 /// The plan for `report` at `now` of a daemon that first saw it
 /// `rotation.min_drift_age` ago and fetched the overlay just now.
 pub fn plan_as_seen_before(
-    config: &Config,
+    policy: &Policy,
     report: &FleetReport,
     owner: &str,
     now: DateTime<Utc>,
 ) -> Plan {
     let mut tracker = Tracker::default();
-    let first_seen = chrono::Duration::from_std(config.rotation.min_drift_age)
+    let first_seen = chrono::Duration::from_std(policy.rotation.min_drift_age)
         .ok()
         .and_then(|age| now.checked_sub_signed(age))
         .unwrap_or(now);
     tracker.observe(report, first_seen);
     tracker.observe(report, now);
     planner::plan(&PlanInput {
-        config,
+        policy,
         report,
         tracker: &tracker,
         owner,
@@ -280,7 +291,7 @@ async fn fetch_loop(
         };
         let fetched = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = sweeper.overlay.fetch_within(config.fetch_timeout) => r,
+            r = sweeper.overlay.fetch_within(config.fetch_timeout.get()) => r,
         };
         let mut changed = false;
         status.send_modify(|s| match fetched {
@@ -319,12 +330,13 @@ async fn sweep_loop(
     tokio::select! {
         _ = shutdown.cancelled() => return,
         _ = status.changed() => {}
-        _ = tokio::time::sleep(sweeper.config.sweep.interval) => {}
+        _ = tokio::time::sleep(sweeper.config.sweep.interval.get()) => {}
     }
-    let mut ticker = tokio::time::interval(sweeper.config.sweep.interval);
+    let mut ticker = tokio::time::interval(sweeper.config.sweep.interval.get());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tracker = Tracker::default();
     let mut listings = LastListings::default();
+    let policy = Policy::from_config(&sweeper.config);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -347,7 +359,7 @@ async fn sweep_loop(
         };
         let swept = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = sweep(sweeper, &current) => r,
+            r = sweep_judged(sweeper, &policy, &current) => r,
         };
         let mut report = match swept {
             Ok(report) => report,
@@ -368,7 +380,7 @@ async fn sweep_loop(
         listings.carry(&mut report, now);
         tracker.observe(&report, now);
         let plan = planner::plan(&PlanInput {
-            config: &sweeper.config,
+            policy: &policy,
             report: &report,
             tracker: &tracker,
             owner: &options.owner,
@@ -379,8 +391,10 @@ async fn sweep_loop(
             now,
         });
         let steps = match options.executor {
-            Some(executor) if !plan.steps.is_empty() && !shutdown.is_cancelled() => {
-                executor.execute(plan.steps.clone(), shutdown).await
+            Some(executor) if plan.has_steps() && !shutdown.is_cancelled() => {
+                executor
+                    .execute(plan.steps().into_iter().cloned().collect(), shutdown)
+                    .await
             }
             _ => Vec::new(),
         };

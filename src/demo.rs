@@ -70,7 +70,7 @@ fn target_config(text: &str, config: &Config) -> anyhow::Result<String> {
     fly.insert("token_env".into(), DEMO_TOKEN_ENV.into());
     doc.insert("fly".into(), fly.into());
     let mut overlay = table(&mut doc, "overlay")?;
-    overlay.insert("repo".into(), config.overlay.repo.clone().into());
+    overlay.insert("repo".into(), config.overlay.repo.to_string().into());
     overlay.insert(
         "mirror_dir".into(),
         config.overlay.mirror_dir.display().to_string().into(),
@@ -421,7 +421,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     config.rotation.coordinator = Some(coordinator);
 
     config.fly.api_url = sim.api_url();
-    config.overlay.repo = repo_path.display().to_string();
+    config.overlay.repo = crate::config::NonEmpty::new(repo_path.display().to_string())
+        .ok_or_else(|| anyhow::anyhow!("the demo overlay has no path"))?;
     config.overlay.mirror_dir = work.path().join("mirror.git");
     let template = HealthUrlTemplate::parse(&sim.health_url_template())
         .map_err(|e| anyhow::anyhow!("simulator health URL: {e}"))?;
@@ -445,7 +446,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
-    let interval = config.sweep.interval;
+    let interval = config.sweep.interval.get();
     let target = work.path().join(DEMO_TARGET_CONFIG);
     std::fs::write(&target, target_config(&options.config_text, &config)?)
         .with_context(|| format!("cannot write {}", target.display()))?;
@@ -518,7 +519,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions));
+                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions()));
                 for s in &cycle.steps {
                     println!("  {} → {}", s.step, s.outcome);
                 }
@@ -531,7 +532,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                 quiet = if busy || released_at.is_none() { 0 } else { quiet + 1 };
                 // Play the operator once: approve one machine that waits for it.
                 if !approved && released_at.is_some_and(|r| shown >= r + 3)
-                    && let Some((id, _)) = cycle.plan.decisions.iter().find(|(_, d)| matches!(d, Decision::AwaitingApproval { .. })) {
+                    && let Some((id, _)) = cycle.plan.machines.iter().find(|(_, m)| matches!(m.decision, Decision::AwaitingApproval { .. })) {
                         approved = true;
                         let approval = Approval {
                             target: cycle.report.tip.commit.to_string(),

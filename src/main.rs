@@ -430,7 +430,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Output::Text => {
                     let (fleet, plan) =
                         daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
-                    Ok(print_fleet(&fleet, &plan.decisions, out.output))
+                    Ok(print_fleet(&fleet, &plan.decisions(), out.output))
                 }
             }
         }

@@ -463,7 +463,7 @@ fn client_for(config: &Config, app: &str, token: SecretString) -> Result<FlyClie
     };
     FlyClient::with_tokens(
         FlyClientConfig {
-            request_timeout: config.fly.request_timeout,
+            request_timeout: config.fly.request_timeout.get(),
             // One answer is enough to know; a retry storm is not.
             max_retries: config.fly.max_retries.min(1),
             rate_limits: config
@@ -716,14 +716,18 @@ async fn overlay(config: &Config, env: Lookup<'_>) -> Finding {
     let token = read(env, &config.overlay.token_env);
     let with_token = token.is_some();
     let opened = Overlay::open(OverlaySource {
-        repo: config.overlay.repo.clone(),
-        branch: config.overlay.branch.clone(),
+        repo: config.overlay.repo.to_string(),
+        branch: config.overlay.branch.to_string(),
         mirror_dir: temp.path().join("mirror.git"),
         token,
     })
     .await;
     let fetched = match opened {
-        Ok(overlay) => overlay.fetch_within(config.overlay.fetch_timeout).await,
+        Ok(overlay) => {
+            overlay
+                .fetch_within(config.overlay.fetch_timeout.get())
+                .await
+        }
         Err(e) => Err(e),
     };
     match fetched {

@@ -127,12 +127,12 @@ pub async fn run_with_clock(
             ..NotifierOptions::default()
         },
     )?;
-    let view = FleetView::new(config.sweep.interval, clock.now());
+    let view = FleetView::new(config.sweep.interval.get(), clock.now());
     view.set_coherence_threshold(config.alerts.coherence_threshold);
     // A turn may wait out Fly calls and their retries (a slow API is not a
     // stuck loop).
-    let fly_calls = config.fly.request_timeout * (config.fly.max_retries + 1);
-    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout);
+    let fly_calls = config.fly.request_timeout.get() * (config.fly.max_retries + 1);
+    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout.get());
     let state = ServerState::new(metrics.clone(), view.clone())
         .with_operator(Operator::new(sweeper.fly.clone(), &config))
         .with_admin_token(
@@ -163,7 +163,7 @@ pub async fn run_with_clock(
     fleet_alerts.restore(notifier.restored_alerts());
     let restored = RestoredMachineAlerts::new(
         notifier.restored_alerts(),
-        config.rotation.min_drift_age + config.sweep.interval * 2,
+        config.rotation.min_drift_age + config.sweep.interval.get() * 2,
     );
     let mut reporter = Reporter {
         metrics: &metrics,
@@ -354,9 +354,9 @@ impl Reporter<'_> {
     /// log search for a machine id still tells its story at debug, and a
     /// release reaching 10,000 machines is one line at info, not 10,000.
     fn log_decisions(&mut self, plan: &crate::decide::planner::Plan) {
-        let mut next = HashMap::with_capacity(plan.decisions.len());
+        let mut next = HashMap::with_capacity(plan.machines.len());
         let mut changed: std::collections::BTreeMap<&'static str, usize> = Default::default();
-        for (id, d) in &plan.decisions {
+        for (id, d) in plan.machines.iter().map(|(id, m)| (id, &m.decision)) {
             let kind = d.kind();
             let before = self.decision_kinds.get(id).copied();
             if before != Some(kind) && !(before.is_none() && *d == Decision::OnTip) {
@@ -408,12 +408,12 @@ impl Reporter<'_> {
             pools.into_iter().map(|((a, p), n)| (a, p, n)).collect();
         self.metrics.set_rotations_in_progress(&rotations);
         self.log_decisions(plan);
-        self.metrics
-            .set_decisions(report.machines.iter().filter_map(|m| {
-                plan.decisions
-                    .get(&m.machine_id)
-                    .map(|d| (m.app.as_str(), d))
-            }));
+        self.metrics.set_decisions(
+            report
+                .machines
+                .iter()
+                .filter_map(|m| plan.decision(&m.machine_id).map(|d| (m.app.as_str(), d))),
+        );
 
         let mut events = Vec::new();
         for s in steps {
@@ -446,13 +446,13 @@ impl Reporter<'_> {
         let mut extras = BTreeMap::new();
         for m in &report.machines {
             let extra = MachineExtra {
-                decision: plan.decisions.get(&m.machine_id).cloned(),
+                decision: plan.decision(&m.machine_id).cloned(),
                 history: self
                     .history
                     .get(&m.machine_id)
                     .map(|h| h.iter().cloned().collect())
                     .unwrap_or_default(),
-                drift_since: plan.drift_since.get(&m.machine_id).copied(),
+                drift_since: plan.drift_since(&m.machine_id),
             };
             if extra != MachineExtra::default() {
                 extras.insert(m.machine_id.clone(), extra);

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
+use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind};
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
 use crate::metadata::marker::{Ending, Marker, Phase};
@@ -342,7 +343,8 @@ pub struct Executor {
     agents: reqwest::Client,
     agent_timeout: Duration,
     prober: Prober,
-    config: Arc<Config>,
+    /// What the re-checks under a lease apply: the planner's own rules.
+    policy: Policy,
     /// `None` only when no pool acts (observe-only fleets need no slots).
     coordinator: Option<Coordinator>,
     agent_tokens: HashMap<String, SecretString>,
@@ -475,7 +477,7 @@ impl Executor {
         if coordinator.is_none() && config.acts() {
             return Err(ExecutorBuildError::NoCoordinator);
         }
-        let agent_timeout = config.probe.timeout.max(Duration::from_secs(5));
+        let agent_timeout = config.probe.timeout.get().max(Duration::from_secs(5));
         let agents = crate::http::client_builder()
             .timeout(agent_timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -486,7 +488,7 @@ impl Executor {
             agents,
             agent_timeout,
             prober,
-            config,
+            policy: Policy::from_config(&config),
             coordinator,
             agent_tokens,
             tuning,
@@ -654,18 +656,11 @@ impl Executor {
                 .filter(|m| m.action == PolicyAction::Manual)
                 .map(|m| m.target.clone()),
         };
-        let disruptive = matches!(
-            step.kind,
-            StepKind::Claim { .. }
-                | StepKind::Drain
-                | StepKind::Restart { .. }
-                | StepKind::Advance { cordon: true, .. }
-        );
         // The plan was made from a snapshot: act only on what is true now.
         let machine = self
             .check(
                 &w,
-                if disruptive {
+                if step.needs_slot() {
                     Call::Disruptive
                 } else {
                     Call::Write
@@ -693,26 +688,7 @@ impl Executor {
                 Ok(())
             }
             StepKind::Advance { marker, cordon, .. } => {
-                if *cordon {
-                    self.verify_slot(t, &marker.tag).await?;
-                }
-                // A cordon re-asserted after a restart (Fly dropped it) leaves
-                // the marker as it is.
-                if step.expected.as_ref() != Some(marker) {
-                    self.write_marker(&mut w, marker).await?;
-                }
-                if *cordon {
-                    self.check(&w, Call::Disruptive).await?;
-                    lease.ensure()?;
-                    lease.calling("cordon", Some(Undo::Uncordon));
-                    self.bounded(lease).cordon(app, id, nonce).await?;
-                    // Only a rotation entering `draining` asks for a drain: a
-                    // drain after the restart would fence the fresh agent.
-                    if marker.drain_requested && marker.phase == Phase::Draining {
-                        self.drain(&w, marker).await?;
-                    }
-                }
-                Ok(())
+                self.advance(&mut w, step, marker, *cordon).await
             }
             StepKind::Drain => {
                 let Some(marker) = &step.expected else {
@@ -722,72 +698,8 @@ impl Executor {
                 self.drain(&w, marker).await
             }
             StepKind::Restart { marker, guard, .. } => {
-                let Some(expected) = &step.expected else {
-                    return Err(Declined::MarkerMoved.into());
-                };
-                self.verify_slot(t, &marker.tag).await?;
-                // Cordoned first, so no new work arrives between the probe and the restart.
-                if expected.may_have_cordoned() {
-                    self.check(&w, Call::Disruptive).await?;
-                    lease.ensure()?;
-                    lease.calling("cordon", Some(Undo::Uncordon));
-                    self.bounded(lease).cordon(app, id, nonce).await?;
-                }
-                let mut marker = marker.clone();
-                let now = self.tuning.clock.now();
-                marker.restart_at = Some(now);
-                marker.attempt_started_at = now;
-                // A restart keeps the instance id; an update from outside
-                // during the verify changes it.
-                marker.instance_id = Some(machine.instance_id.clone());
-                // Marker first: if we die between here and the restart, the next
-                // reconciler waits out the verify deadline instead of restarting twice.
-                self.check(&w, Call::Write).await?;
-                self.write_marker(&mut w, &marker).await?;
-                // The marker write may have taken seconds (retries): the hold,
-                // the approval and the agent's work are judged again now, and
-                // the probe that authorizes the restart is the last call before it.
-                let authorized = async {
-                    let need = if *guard == RestartGuard::MayInterrupt {
-                        Call::Interrupting
-                    } else {
-                        Call::Disruptive
-                    };
-                    self.check(&w, need).await?;
-                    self.fresh_probe(t, expected, &marker.target, *guard).await
-                }
-                .await;
-                if let Err(declined) = authorized {
-                    // Nothing was restarted: put the plan's marker back so the
-                    // rotation is not taken for one that restarted (best effort:
-                    // if this fails, the verify deadline only delays it).
-                    let restored = async {
-                        // Judged like any call: not on a held machine.
-                        self.check(&w, Call::Write).await?;
-                        self.write_marker(&mut w, expected).await
-                    }
-                    .await;
-                    if let Err(e) = restored {
-                        tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
-                    }
-                    return Err(declined);
-                }
-                lease.ensure()?;
-                // No timeout: Fly then waits the app's own kill_timeout (up to
-                // 300 s) for the agent to checkpoint on its stop signal.
-                lease.calling("restart", None);
-                self.bounded(lease).restart(app, id, None, nonce).await?;
-                // Read back at once, not after the wait for `started`: a hold
-                // written later did not race the restart.
-                self.read_after_last_call(t, lease).await;
-                tokio::select! {
-                    _ = shutdown.cancelled() => Ok(()),
-                    r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
-                        // Not started yet: the verify deadline covers it.
-                        Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
-                        Err(e) => Err(e.into()),
-                    },
-                }
+                self.restart(&mut w, step, marker, *guard, &machine, shutdown)
+                    .await
             }
             StepKind::Release {
                 marker,
@@ -824,6 +736,121 @@ impl Executor {
                     .await?;
                 Ok(())
             }
+        }
+    }
+
+    /// A marker's phase changes (with `cordon`, the machine is cordoned and,
+    /// entering `draining`, asked to drain).
+    async fn advance(
+        &self,
+        w: &mut Watch<'_>,
+        step: &Step,
+        marker: &Marker,
+        cordon: bool,
+    ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
+        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        if cordon {
+            self.verify_slot(t, &marker.tag).await?;
+        }
+        // A cordon re-asserted after a restart (Fly dropped it) leaves
+        // the marker as it is.
+        if step.expected.as_ref() != Some(marker) {
+            self.write_marker(w, marker).await?;
+        }
+        if cordon {
+            self.check(w, Call::Disruptive).await?;
+            lease.ensure()?;
+            lease.calling("cordon", Some(Undo::Uncordon));
+            self.bounded(lease).cordon(app, id, nonce).await?;
+            // Only a rotation entering `draining` asks for a drain: a
+            // drain after the restart would fence the fresh agent.
+            if marker.drain_requested && marker.phase == Phase::Draining {
+                self.drain(w, marker).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The restart: cordoned, the marker written first, then the probe that
+    /// authorizes it as the last call before it (the marker is put back when
+    /// it is declined), then the wait for `started`.
+    async fn restart(
+        &self,
+        w: &mut Watch<'_>,
+        step: &Step,
+        marker: &Marker,
+        guard: RestartGuard,
+        machine: &Machine,
+        shutdown: &CancellationToken,
+    ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
+        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let Some(expected) = &step.expected else {
+            return Err(Declined::MarkerMoved.into());
+        };
+        self.verify_slot(t, &marker.tag).await?;
+        // Cordoned first, so no new work arrives between the probe and the restart.
+        if expected.may_have_cordoned() {
+            self.check(w, Call::Disruptive).await?;
+            lease.ensure()?;
+            lease.calling("cordon", Some(Undo::Uncordon));
+            self.bounded(lease).cordon(app, id, nonce).await?;
+        }
+        let mut marker = marker.clone();
+        let now = self.tuning.clock.now();
+        marker.restart_at = Some(now);
+        marker.attempt_started_at = now;
+        // A restart keeps the instance id; an update from outside
+        // during the verify changes it.
+        marker.instance_id = Some(machine.instance_id.clone());
+        // Marker first: if we die between here and the restart, the next
+        // reconciler waits out the verify deadline instead of restarting twice.
+        self.check(w, Call::Write).await?;
+        self.write_marker(w, &marker).await?;
+        // The marker write may have taken seconds (retries): the hold,
+        // the approval and the agent's work are judged again now, and
+        // the probe that authorizes the restart is the last call before it.
+        let authorized = async {
+            let need = if guard == RestartGuard::MayInterrupt {
+                Call::Interrupting
+            } else {
+                Call::Disruptive
+            };
+            self.check(w, need).await?;
+            self.fresh_probe(t, expected, &marker.target, guard).await
+        }
+        .await;
+        if let Err(declined) = authorized {
+            // Nothing was restarted: put the plan's marker back so the
+            // rotation is not taken for one that restarted (best effort:
+            // if this fails, the verify deadline only delays it).
+            let restored = async {
+                // Judged like any call: not on a held machine.
+                self.check(w, Call::Write).await?;
+                self.write_marker(w, expected).await
+            }
+            .await;
+            if let Err(e) = restored {
+                tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
+            }
+            return Err(declined);
+        }
+        lease.ensure()?;
+        // No timeout: Fly then waits the app's own kill_timeout (up to
+        // 300 s) for the agent to checkpoint on its stop signal.
+        lease.calling("restart", None);
+        self.bounded(lease).restart(app, id, None, nonce).await?;
+        // Read back at once, not after the wait for `started`: a hold
+        // written later did not race the restart.
+        self.read_after_last_call(t, lease).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => Ok(()),
+            r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
+                // Not started yet: the verify deadline covers it.
+                Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
         }
     }
 
@@ -1070,10 +1097,10 @@ impl Executor {
                 }
                 match guard {
                     RestartGuard::MayInterrupt => Ok(()),
-                    RestartGuard::Idle => planner::restart_allowed(&self.config, &r, marker, now)
+                    RestartGuard::Idle => planner::restart_allowed(&self.policy, &r, marker, now)
                         .map_err(|why| Declined::NotIdle(why).into()),
                     RestartGuard::Unprobeable => {
-                        planner::restart_allowed(&self.config, &r, marker, now)
+                        planner::restart_allowed(&self.policy, &r, marker, now)
                             .map_err(|why| Declined::AgentAnswers(why).into())
                     }
                 }
@@ -1176,7 +1203,7 @@ impl Executor {
     /// reclaiming slots whose rotation is over. Batched with the other slot
     /// changes waiting at this instant (`change_slots`).
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
-        let cap = self.config.pool(&t.pool).max_concurrent_rotations.get() as usize;
+        let cap = self.policy.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let slot = Slot {
             machine_id: t.machine_id.clone(),
             tag: marker.tag.clone(),

@@ -22,8 +22,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::config::Config;
 use crate::decide::decision::Decision;
+use crate::decide::policy::Policy;
+pub use crate::decide::step::{
+    AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, WithdrawWhy,
+};
 use crate::events::{Alert, AlertKind};
 use crate::metadata::MARKER_KEY;
 use crate::metadata::controls::Controls;
@@ -45,206 +48,63 @@ pub const CRASH_LOOP_EXITS: usize = 2;
 /// `coordinator_unreadable` fires.
 pub const COORDINATOR_UNREADABLE_SWEEPS: u32 = 3;
 
-/// Which machine a step is for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    pub app: AppName,
-    pub machine_id: MachineId,
-    pub pool: String,
-    /// The agent's health URL; cooperative endpoints resolve against it.
-    pub health_url: Option<String>,
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.app, self.machine_id)
-    }
-}
-
-/// One thing the executor must do, for one machine. Every step holds the
-/// machine's lease, first checks that there is no hold and that the marker
-/// is still `expected` (another replica may have acted since the snapshot),
-/// and writes its marker before acting.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Step {
-    pub target: Target,
-    /// The marker this step was planned from (`None`: no rotation yet).
-    pub expected: Option<Marker>,
-    pub kind: StepKind,
-}
-
-/// What may interrupt live work at a restart, re-checked by the executor on a
-/// fresh probe made under the lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RestartGuard {
-    /// The policy allows interrupting live work: `restart` past its grace, or
-    /// an operator's `approve` (whose approval must still stand).
-    MayInterrupt,
-    /// Only if a fresh report shows no live work (and, after a drain request,
-    /// the agent's own checkpoint with a fresh heartbeat).
-    Idle,
-    /// The agent gave no usable report past the probe-failure ceiling: only if
-    /// it still gives none; an agent that answers again is judged as `Idle`.
-    Unprobeable,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum StepKind {
-    /// Write the `claiming` marker (unless it is already there), win a slot in
-    /// the coordinator's slot set, then write the first phase and cordon
-    /// (unless reloading) and ask a cooperating agent to drain, or to reload.
-    Claim {
-        marker: Marker,
-        drain: bool,
-        reload: bool,
-    },
-    /// Delete a `claiming` marker that cannot go on (nothing was cordoned).
-    Withdraw { why: &'static str },
-    /// Write the changed marker; with `cordon`, cordon the machine and (when
-    /// the marker says so) ask the agent to drain.
-    Advance {
-        marker: Marker,
-        cordon: bool,
-        why: &'static str,
-    },
-    /// Ask the agent to drain again: its report shows no fence.
-    Drain,
-    /// Write the marker (phase `restarting`), restart, wait for `started`.
-    Restart {
-        marker: Marker,
-        guard: RestartGuard,
-        why: &'static str,
-    },
-    /// Undo what the rotation did: write the `releasing` marker, uncordon (if
-    /// it may have cordoned), undrain (with `undrain`), then end as
-    /// `marker.ending` says; the slot is released last.
-    Release {
-        marker: Marker,
-        undrain: bool,
-        clear_approval: bool,
-        why: &'static str,
-    },
-    /// Persist when the agent stopped giving usable reports, and the drift it
-    /// last showed, so the probe-failure ceiling survives daemon restarts.
-    RecordUnprobed { record: Unprobed },
-    /// The agent answers again: the record goes.
-    ClearUnprobed,
-}
-
-impl Step {
-    /// The marker the step writes, if any.
-    pub fn new_marker(&self) -> Option<&Marker> {
-        match &self.kind {
-            StepKind::Claim { marker, .. }
-            | StepKind::Advance { marker, .. }
-            | StepKind::Restart { marker, .. }
-            | StepKind::Release { marker, .. } => Some(marker),
-            StepKind::Withdraw { .. }
-            | StepKind::Drain
-            | StepKind::RecordUnprobed { .. }
-            | StepKind::ClearUnprobed => None,
-        }
-    }
-
-    /// Keeping the probe-failure record, not a rotation step.
-    pub fn is_bookkeeping(&self) -> bool {
-        matches!(
-            self.kind,
-            StepKind::RecordUnprobed { .. } | StepKind::ClearUnprobed
-        )
-    }
-
-    /// Bounded label for metrics.
-    pub fn kind(&self) -> &'static str {
-        match &self.kind {
-            StepKind::Claim { .. } => "claim",
-            StepKind::Withdraw { .. } => "withdraw",
-            StepKind::Advance { .. } => "advance",
-            StepKind::Drain => "drain",
-            StepKind::Restart { .. } => "restart",
-            // The undo is labelled by how the rotation ends (stable labels
-            // for dashboards: `finish` and `yield` predate `releasing`).
-            StepKind::Release { marker, .. } if marker.failed.is_some() => "fail",
-            StepKind::Release { marker, .. } => match marker.ending {
-                Some(Ending::Finished) => "finish",
-                Some(Ending::Yielded) => "yield",
-                Some(Ending::Cancelled) | None => "cancel",
-            },
-            StepKind::RecordUnprobed { .. } => "record_unprobed",
-            StepKind::ClearUnprobed => "clear_unprobed",
-        }
-    }
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = &self.target;
-        match &self.kind {
-            StepKind::Claim {
-                marker,
-                drain,
-                reload,
-            } => write!(
-                f,
-                "claim a rotation slot for {target} (pool {}, {} mode{}{})",
-                target.pool,
-                marker.mode.as_str(),
-                if *drain { ", drain requested" } else { "" },
-                if *reload { ", reload requested" } else { "" }
-            ),
-            StepKind::Withdraw { why } => write!(f, "{target}: withdraw the claim ({why})"),
-            StepKind::Advance { marker, why, .. } => {
-                write!(f, "{target}: {} ({why})", marker.phase)
-            }
-            StepKind::Drain => write!(f, "{target}: ask the agent to drain again"),
-            StepKind::Restart { guard, why, .. } => write!(
-                f,
-                "restart {target} ({why}{})",
-                match guard {
-                    RestartGuard::MayInterrupt => "; live work may be interrupted",
-                    RestartGuard::Idle => "",
-                    RestartGuard::Unprobeable => "; only if still unprobeable",
-                }
-            ),
-            StepKind::Release { marker, why, .. } if marker.failed.is_some() => write!(
-                f,
-                "{target}: the rotation failed ({why}); undo it and release its slot, no new attempt for {}",
-                crate::model::short_commit(&marker.target)
-            ),
-            StepKind::Release { marker, why, .. } => match marker.ending {
-                Some(Ending::Yielded) => write!(
-                    f,
-                    "{target} yields its slot ({why}); retry at {}",
-                    marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
-                ),
-                Some(Ending::Finished) => {
-                    write!(f, "{target} reports the target: uncordon and finish")
-                }
-                _ => write!(f, "{target}: rotation cancelled ({why}); undo it"),
-            },
-            StepKind::RecordUnprobed { record } => write!(
-                f,
-                "{target}: record that the agent gives no usable report since {}",
-                record.since.to_rfc3339()
-            ),
-            StepKind::ClearUnprobed => write!(f, "{target}: the agent answers again"),
-        }
-    }
-}
-
-/// What the planner decided for one sweep.
+/// What the planner decided for one sweep: one entry per machine of the
+/// report (its decision, its one step if any, its drift clock), and what
+/// holds across machines.
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
-    pub steps: Vec<Step>,
+    pub machines: BTreeMap<MachineId, MachinePlan>,
+    /// The machines with a step, in the order the executor starts them:
+    /// rotations in progress and bookkeeping in report order, then new claims
+    /// most severe and oldest first (the first started wins a contended slot).
+    start_order: Vec<MachineId>,
     /// Machine-level conditions that hold now (drift, approval needed, stuck).
     pub alerts: Vec<Alert>,
-    /// Per machine of the report: what is decided for it, and why.
-    pub decisions: BTreeMap<MachineId, Decision>,
-    /// Per drifted machine: when this run first saw its current drift (the
-    /// one drift clock; every view shows this one).
-    pub drift_since: BTreeMap<MachineId, DateTime<Utc>>,
     /// Rotations holding a slot, per (app, pool).
     pub rotations_in_progress: BTreeMap<(AppName, String), usize>,
+}
+
+/// What is decided for one machine in one sweep. At most one step: steps
+/// of one machine would contend for its lease, and a rotation step goes
+/// before the probe-failure record's bookkeeping.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MachinePlan {
+    pub decision: Decision,
+    pub step: Option<Step>,
+    /// When this run first saw the machine's current drift (the one drift
+    /// clock; every view shows this one).
+    pub drift_since: Option<DateTime<Utc>>,
+}
+
+impl Plan {
+    /// The steps, in the order the executor starts them.
+    pub fn steps(&self) -> Vec<&Step> {
+        self.start_order
+            .iter()
+            .filter_map(|id| self.machines.get(id)?.step.as_ref())
+            .collect()
+    }
+
+    /// Whether there is nothing to do.
+    pub fn has_steps(&self) -> bool {
+        !self.start_order.is_empty()
+    }
+
+    pub fn decision(&self, machine_id: &str) -> Option<&Decision> {
+        self.machines.get(machine_id).map(|m| &m.decision)
+    }
+
+    /// Every machine's decision.
+    pub fn decisions(&self) -> BTreeMap<MachineId, Decision> {
+        self.machines
+            .iter()
+            .map(|(id, m)| (id.clone(), m.decision.clone()))
+            .collect()
+    }
+
+    pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+        self.machines.get(machine_id)?.drift_since
+    }
 }
 
 /// Memory between sweeps: when each machine's drift and unprobeability began.
@@ -353,7 +213,7 @@ pub struct FetchState {
 
 /// Everything `plan` reads.
 pub struct PlanInput<'a> {
-    pub config: &'a Config,
+    pub policy: &'a Policy,
     pub report: &'a FleetReport,
     pub tracker: &'a Tracker,
     /// This reconciler's identity, written into markers it creates.
@@ -372,10 +232,10 @@ fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
 
 /// Capped exponential backoff after failed verifies: retry_after/8 doubling,
 /// capped at retry_after.
-fn verify_backoff(config: &Config, attempt: u32) -> Duration {
-    let base = config.rotation.retry_after / 8;
+fn verify_backoff(policy: &Policy, attempt: u32) -> Duration {
+    let base = policy.rotation.retry_after / 8;
     base.saturating_mul(1u32 << attempt.min(8))
-        .min(config.rotation.retry_after)
+        .min(policy.rotation.retry_after)
 }
 
 /// A machine's controls ([`crate::metadata::controls`]) as this plan reads
@@ -452,19 +312,19 @@ impl fmt::Display for NotIdle {
 /// Whether a report allows a restart without interrupting work, and if not why.
 /// The executor applies it again to a fresh probe made under the lease.
 pub fn restart_allowed(
-    config: &Config,
+    policy: &Policy,
     r: &AgentReport,
     marker: &Marker,
     now: DateTime<Utc>,
 ) -> Result<(), NotIdle> {
-    let fresh_heartbeat = |r: &AgentReport| r.heartbeat_at.is_some_and(|h| fresh(config, h, now));
+    let fresh_heartbeat = |r: &AgentReport| r.heartbeat_at.is_some_and(|h| fresh(policy, h, now));
     if r.heartbeat_at.is_some() && !fresh_heartbeat(r) {
         return Err(NotIdle::StaleHeartbeat);
     }
     if r.has_live_work() {
         return Err(NotIdle::LiveWork);
     }
-    if recent_input(config, r, now) {
+    if recent_input(policy, r, now) {
         return Err(NotIdle::RecentInput);
     }
     if marker.drain_requested {
@@ -485,9 +345,9 @@ pub fn restart_allowed(
 
 /// A heartbeat is fresh when it is at most `heartbeat_max_age` old and not
 /// more than a small tolerance in the future (a skewed clock is not fresh).
-fn fresh(config: &Config, heartbeat: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+fn fresh(policy: &Policy, heartbeat: DateTime<Utc>, now: DateTime<Utc>) -> bool {
     match now.signed_duration_since(heartbeat).to_std() {
-        Ok(age) => age <= config.rotation.heartbeat_max_age,
+        Ok(age) => age <= policy.rotation.heartbeat_max_age,
         Err(_) => heartbeat
             .signed_duration_since(now)
             .to_std()
@@ -495,11 +355,11 @@ fn fresh(config: &Config, heartbeat: DateTime<Utc>, now: DateTime<Utc>) -> bool 
     }
 }
 
-fn recent_input(config: &Config, r: &AgentReport, now: DateTime<Utc>) -> bool {
+fn recent_input(policy: &Policy, r: &AgentReport, now: DateTime<Utc>) -> bool {
     r.last_input_at.is_some_and(|t| {
         now.signed_duration_since(t)
             .to_std()
-            .map(|age| age < config.rotation.recent_input_guard)
+            .map(|age| age < policy.rotation.recent_input_guard)
             // Input "from the future" (clock skew) counts as recent.
             .unwrap_or(true)
     })
@@ -507,12 +367,12 @@ fn recent_input(config: &Config, r: &AgentReport, now: DateTime<Utc>) -> bool {
 
 /// Until when recent input keeps the agent out of a rotation, if it does now.
 fn recent_input_until(
-    config: &Config,
+    policy: &Policy,
     r: &AgentReport,
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
     let t = r.last_input_at?;
-    recent_input(config, r, now).then(|| after(t, config.rotation.recent_input_guard).max(now))
+    recent_input(policy, r, now).then(|| after(t, policy.rotation.recent_input_guard).max(now))
 }
 
 /// The report of a started machine, if this sweep has one.
@@ -562,15 +422,15 @@ fn unprobed_evidence(tracker: &Tracker, m: &MachineReport, op: &OperatorState) -
 /// acts by itself, then and now. `observe` and `manual` pools are never
 /// touched this way.
 fn past_probe_ceiling(
-    config: &Config,
+    policy: &Policy,
     pool: &str,
     evidence: Option<&Unprobed>,
     now: DateTime<Utc>,
 ) -> bool {
     evidence.is_some_and(|e| {
         automatic(e.action)
-            && automatic(config.pool(pool).actions.for_severity(e.severity))
-            && after(e.since, config.rotation.probe_failure_ceiling) <= now
+            && automatic(policy.action(pool, e.severity))
+            && after(e.since, policy.rotation.probe_failure_ceiling) <= now
     })
 }
 
@@ -590,7 +450,7 @@ struct Candidate<'a> {
 /// `Planning::machine` for each machine (its decision, its alerts, the step
 /// of a rotation in progress, or its candidacy for a claim), then
 /// `Planning::claim_in_rank_order` (new claims, within each pool's cap),
-/// then `Planning::one_step_per_machine`.
+/// then the coordinator's alert.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     // Markers, holds and approvals as this plan reads them, once per machine.
     let ops: Vec<OperatorState> = input
@@ -604,14 +464,13 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         planning.machine(m, op);
     }
     planning.claim_in_rank_order();
-    planning.one_step_per_machine();
     planning.coordinator_alert();
-    planning.plan
+    planning.finish()
 }
 
 /// The one context of a plan's steps: what they read, and the plan they build.
 struct Planning<'a> {
-    config: &'a Config,
+    policy: &'a Policy,
     report: &'a FleetReport,
     tracker: &'a Tracker,
     owner: &'a str,
@@ -623,7 +482,21 @@ struct Planning<'a> {
     in_use: BTreeMap<(AppName, String), usize>,
     /// Machines that may claim a slot this sweep, ranked once all are known.
     candidates: Vec<Candidate<'a>>,
-    plan: Plan,
+    /// Per machine: its decision once made, its step, its drift clock.
+    machines: BTreeMap<MachineId, Draft>,
+    /// Machines with a step, in the order their steps were planned.
+    start_order: Vec<MachineId>,
+    alerts: Vec<Alert>,
+    rotations_in_progress: BTreeMap<(AppName, String), usize>,
+}
+
+/// A machine's entry while the plan is made: every machine is decided by
+/// the end (its candidacy's decision comes with the claims).
+#[derive(Default)]
+struct Draft {
+    decision: Option<Decision>,
+    step: Option<Step>,
+    drift_since: Option<DateTime<Utc>>,
 }
 
 impl<'a> Planning<'a> {
@@ -631,7 +504,7 @@ impl<'a> Planning<'a> {
         let report = input.report;
         let in_use = slots_in_use(report, ops);
         Planning {
-            config: input.config,
+            policy: input.policy,
             report,
             tracker: input.tracker,
             owner: input.owner,
@@ -639,31 +512,83 @@ impl<'a> Planning<'a> {
             now: input.now,
             tip: report.tip.commit.as_str(),
             stale: report.stale_app_names(),
-            plan: Plan {
-                rotations_in_progress: in_use.clone(),
-                ..Plan::default()
-            },
+            rotations_in_progress: in_use.clone(),
             in_use,
             candidates: Vec::new(),
+            machines: BTreeMap::new(),
+            start_order: Vec::new(),
+            alerts: Vec::new(),
+        }
+    }
+
+    /// The plan: every machine decided, each with at most one step.
+    fn finish(self) -> Plan {
+        let machines: BTreeMap<MachineId, MachinePlan> = self
+            .machines
+            .into_iter()
+            .filter_map(|(id, d)| {
+                // Every path of `machine` and `claim` decides; a machine left
+                // undecided would be a planner bug, and gets no step.
+                debug_assert!(d.decision.is_some(), "{id} was not decided");
+                let plan = MachinePlan {
+                    decision: d.decision?,
+                    step: d.step,
+                    drift_since: d.drift_since,
+                };
+                Some((id, plan))
+            })
+            .collect();
+        let start_order = self
+            .start_order
+            .into_iter()
+            .filter(|id| machines.get(id).is_some_and(|m| m.step.is_some()))
+            .collect();
+        Plan {
+            machines,
+            start_order,
+            alerts: self.alerts,
+            rotations_in_progress: self.rotations_in_progress,
         }
     }
 
     fn decide(&mut self, m: &MachineReport, decision: Decision) {
-        self.plan.decisions.insert(m.machine_id.clone(), decision);
+        self.draft(m).decision = Some(decision);
+    }
+
+    fn draft(&mut self, m: &MachineReport) -> &mut Draft {
+        self.machines.entry(m.machine_id.clone()).or_default()
+    }
+
+    /// The machine's one step. A rotation step replaces the bookkeeping of
+    /// the probe-failure record (which waits for a sweep without one) and
+    /// starts after the steps planned before it; bookkeeping never replaces
+    /// a rotation step.
+    fn step(&mut self, step: Step) {
+        let id = step.target.machine_id.clone();
+        let draft = self.machines.entry(id.clone()).or_default();
+        match &draft.step {
+            Some(planned) if !planned.is_bookkeeping() => {
+                debug_assert!(step.is_bookkeeping(), "two rotation steps for {id}");
+                return;
+            }
+            Some(_) if step.is_bookkeeping() => return,
+            Some(_) => self.start_order.retain(|m| *m != id),
+            None => {}
+        }
+        draft.step = Some(step);
+        self.start_order.push(id);
     }
 
     fn alert(&mut self, kind: AlertKind, m: &MachineReport, severity: Severity, summary: String) {
         let alert = machine_alert(kind, m, self.tip, severity, summary);
-        self.plan.alerts.push(alert);
+        self.alerts.push(alert);
     }
 
     /// One machine: skipped while its app is not listed; its drift alert;
     /// nothing more while it is held; else the step its marker calls for,
     /// or its candidacy for a claim; then the probe-failure bookkeeping.
     fn machine(&mut self, m: &'a MachineReport, op: &'a OperatorState) {
-        if let Some(t) = self.tracker.drift_since(&m.machine_id) {
-            self.plan.drift_since.insert(m.machine_id.clone(), t);
-        }
+        self.draft(m).drift_since = self.tracker.drift_since(&m.machine_id);
         if self.app_not_listed(m, op) {
             return;
         }
@@ -690,7 +615,7 @@ impl<'a> Planning<'a> {
         };
         target.pool = pool.to_string();
         let ctx = Ctx {
-            config: self.config,
+            policy: self.policy,
             m,
             op,
             target: &target,
@@ -717,9 +642,9 @@ impl<'a> Planning<'a> {
         let step = step.or_else(|| unprobed_bookkeeping(m, op, &target, evidence.as_ref()));
         // Unknown is not empty: a step that needs its slot waits until the
         // coordinator can be read (the undo needs none and goes on).
-        let step = step.filter(|s| !(needs_slot(s) && self.slots_unknown().is_some()));
+        let step = step.filter(|s| !(s.needs_slot() && self.slots_unknown().is_some()));
         if let Some(step) = step {
-            self.plan.steps.push(step);
+            self.step(step);
         }
     }
 
@@ -745,7 +670,7 @@ impl<'a> Planning<'a> {
         let aged = self
             .tracker
             .drift_since(&m.machine_id)
-            .is_some_and(|t| after(t, self.config.rotation.min_drift_age) <= self.now);
+            .is_some_and(|t| after(t, self.policy.rotation.min_drift_age) <= self.now);
         if let (Some(severity), true) = (m.severity.or(evidence.map(|e| e.severity)), aged) {
             self.alert(AlertKind::Drift, m, severity, drift_summary(m));
         }
@@ -824,7 +749,7 @@ impl<'a> Planning<'a> {
         {
             return;
         }
-        self.plan.alerts.push(machine_alert(
+        self.alerts.push(machine_alert(
             AlertKind::RotationStuck,
             m,
             ctx.tip,
@@ -851,7 +776,7 @@ impl<'a> Planning<'a> {
             // The executor let the slot go because the machine stopped
             // (autostop) and its uncordon failed: while cordoned, Fly Proxy
             // will not start it again on demand. A human should know.
-            self.plan.alerts.push(machine_alert(
+            self.alerts.push(machine_alert(
                 AlertKind::RotationStuck,
                 m,
                 ctx.tip,
@@ -869,11 +794,11 @@ impl<'a> Planning<'a> {
                 m,
                 ctx.op,
                 Ending::Cancelled,
-                "the rotation holds no slot in the coordinator",
+                ReleaseWhy::NoSlot,
                 ctx.now,
             ))
         } else {
-            advance(ctx, marker, &mut self.plan.alerts)
+            advance(ctx, marker, &mut self.alerts)
         }
     }
 
@@ -894,7 +819,7 @@ impl<'a> Planning<'a> {
                 m,
                 ctx.op,
                 Ending::Finished,
-                "on the tip",
+                ReleaseWhy::OnTip,
                 ctx.now,
             ));
         }
@@ -960,7 +885,7 @@ impl<'a> Planning<'a> {
             target: ctx.target.clone(),
             expected: Some(marker.clone()),
             kind: StepKind::Withdraw {
-                why: "the machine no longer qualifies for a rotation",
+                why: WithdrawWhy::NoLongerQualifies,
             },
         })
     }
@@ -973,7 +898,7 @@ impl<'a> Planning<'a> {
         m: &'a MachineReport,
         expected: Option<&Marker>,
     ) -> bool {
-        match candidate(ctx, m, &mut self.plan.alerts) {
+        match candidate(ctx, m, &mut self.alerts) {
             Ok(mut c) => {
                 c.expected = expected.cloned();
                 self.candidates.push(c);
@@ -1018,7 +943,7 @@ impl<'a> Planning<'a> {
             self.decide(m, Decision::SlotsUnknown { why });
             return;
         }
-        let cap = self.config.pool(&m.pool).max_concurrent_rotations.get() as usize;
+        let cap = self.policy.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = self
             .in_use
             .entry((m.app.clone(), m.pool.clone()))
@@ -1036,11 +961,11 @@ impl<'a> Planning<'a> {
             );
             // Our unfinished claim must not linger as if it could go on.
             if let Some(mine) = claiming {
-                self.plan.steps.push(Step {
+                self.step(Step {
                     target: target_of(m),
                     expected: Some(mine.clone()),
                     kind: StepKind::Withdraw {
-                        why: "its pool is at its cap",
+                        why: WithdrawWhy::PoolAtCap,
                     },
                 });
             }
@@ -1086,7 +1011,7 @@ impl<'a> Planning<'a> {
             failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
-        self.plan.steps.push(Step {
+        self.step(Step {
             target: target_of(m),
             expected,
             kind: StepKind::Claim {
@@ -1114,19 +1039,18 @@ impl<'a> Planning<'a> {
             return;
         };
         let grace = self
-            .config
-            .sweep
-            .interval
+            .policy
+            .sweep_interval
             .saturating_mul(COORDINATOR_UNREADABLE_SWEEPS);
         if after(since, grace) > self.now {
             return;
         }
         let mut details = BTreeMap::new();
         details.insert("since".to_string(), since.to_rfc3339());
-        if let Some(c) = &self.config.rotation.coordinator {
+        if let Some(c) = &self.policy.rotation.coordinator {
             details.insert("coordinator".to_string(), c.to_string());
         }
-        self.plan.alerts.push(Alert {
+        self.alerts.push(Alert {
             kind: AlertKind::CoordinatorUnreadable,
             app: None,
             machine_id: None,
@@ -1138,21 +1062,6 @@ impl<'a> Planning<'a> {
             ),
             details,
         });
-    }
-
-    /// One step per machine and sweep (steps of one machine would contend
-    /// for its lease): a rotation step goes before the record's bookkeeping.
-    fn one_step_per_machine(&mut self) {
-        let busy: HashSet<MachineId> = self
-            .plan
-            .steps
-            .iter()
-            .filter(|s| !s.is_bookkeeping())
-            .map(|s| s.target.machine_id.clone())
-            .collect();
-        self.plan
-            .steps
-            .retain(|s| !s.is_bookkeeping() || !busy.contains(&s.target.machine_id));
     }
 }
 
@@ -1239,17 +1148,6 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
     in_use
 }
 
-/// Steps that may only be taken while the rotation's slot is in the set.
-fn needs_slot(step: &Step) -> bool {
-    matches!(
-        step.kind,
-        StepKind::Claim { .. }
-            | StepKind::Drain
-            | StepKind::Restart { .. }
-            | StepKind::Advance { cordon: true, .. }
-    )
-}
-
 /// The phase of a rotation that holds a slot, if the machine has one.
 fn rotating(op: &OperatorState) -> Option<Phase> {
     match &op.marker {
@@ -1277,11 +1175,9 @@ fn candidate<'a>(
     alerts: &mut Vec<Alert>,
 ) -> Result<Candidate<'a>, Decision> {
     let Ctx {
-        config,
+        policy,
         op,
-        evidence,
         drift_since,
-        unprobed_since,
         fetch,
         now,
         tip,
@@ -1290,15 +1186,6 @@ fn candidate<'a>(
     if !(m.status.is_classified() || unprobeable(m.status)) || !m.state.is_started() {
         return Err(resting(m));
     }
-    let mode_for = |action: PolicyAction, report: Option<&AgentReport>| match action {
-        PolicyAction::AlertAndWait => Some(RotationMode::Wait),
-        PolicyAction::Restart => Some(RotationMode::Grace),
-        PolicyAction::Reload if report.is_some_and(|r| r.can(Capability::Reload)) => {
-            Some(RotationMode::Reload)
-        }
-        PolicyAction::Reload => Some(RotationMode::Wait),
-        PolicyAction::Observe | PolicyAction::Manual => None,
-    };
     // The tip may be stale: drift measured against it is no evidence to act on.
     if fetch.failing {
         return Err(Decision::TipUncertain {
@@ -1306,33 +1193,13 @@ fn candidate<'a>(
         });
     }
     if unprobeable(m.status) {
-        // Unprobeable past the ceiling after being seen drifted: it serves
-        // nothing we can see. The claim follows the pool's own policy; the
-        // restart happens only while the agent still cannot be probed.
-        if past_probe_ceiling(config, &m.pool, evidence, now)
-            && let Some(e) = evidence
-            && let action = config.pool(&m.pool).actions.for_severity(e.severity)
-            && let Some(mode) = mode_for(action, None)
-        {
-            return Ok(Candidate {
-                severity: e.severity,
-                since: e.since,
-                m,
-                mode,
-                action,
-                expected: None,
-            });
-        }
-        return Err(Decision::Unprobeable {
-            since: evidence.map(|e| e.since).or(unprobed_since),
-            ceiling_at: probe_ceiling_at(config, &m.pool, evidence),
-        });
+        return unprobeable_candidate(ctx, m);
     }
     let Some(sev) = m.severity else {
         // A classified machine always has a severity; nothing to act on without one.
         return Err(resting(m));
     };
-    let min_age = config.rotation.min_drift_age;
+    let min_age = policy.rotation.min_drift_age;
     let Some(since) = drift_since.filter(|t| after(*t, min_age) <= now) else {
         let since = drift_since.unwrap_or(now);
         return Err(Decision::DriftYoung {
@@ -1373,12 +1240,12 @@ fn candidate<'a>(
             Some(a) if a.mode == ApprovalMode::Now => RotationMode::Now,
             Some(_) => RotationMode::Wait,
         },
-        other => mode_for(other, report).unwrap_or(RotationMode::Wait),
+        other => automatic_mode(other, report).unwrap_or(RotationMode::Wait),
     };
     // Input newer than the guard keeps a machine out of rotation, unless an
     // operator said "now".
     if mode != RotationMode::Now
-        && let Some(until) = report.and_then(|r| recent_input_until(config, r, now))
+        && let Some(until) = report.and_then(|r| recent_input_until(policy, r, now))
     {
         return Err(Decision::RecentInput { until });
     }
@@ -1392,19 +1259,65 @@ fn candidate<'a>(
     })
 }
 
+/// The mode a policy that acts by itself rotates in (`None`: it does not).
+fn automatic_mode(action: PolicyAction, report: Option<&AgentReport>) -> Option<RotationMode> {
+    match action {
+        PolicyAction::AlertAndWait => Some(RotationMode::Wait),
+        PolicyAction::Restart => Some(RotationMode::Grace),
+        PolicyAction::Reload if report.is_some_and(|r| r.can(Capability::Reload)) => {
+            Some(RotationMode::Reload)
+        }
+        PolicyAction::Reload => Some(RotationMode::Wait),
+        PolicyAction::Observe | PolicyAction::Manual => None,
+    }
+}
+
+/// A machine without a usable report: a candidate once unprobeable past the
+/// ceiling after being seen drifted (it serves nothing we can see). The
+/// claim follows the pool's own policy; the restart happens only while the
+/// agent still cannot be probed.
+fn unprobeable_candidate<'a>(
+    ctx: &Ctx<'_>,
+    m: &'a MachineReport,
+) -> Result<Candidate<'a>, Decision> {
+    let Ctx {
+        policy,
+        evidence,
+        unprobed_since,
+        now,
+        ..
+    } = *ctx;
+    if past_probe_ceiling(policy, &m.pool, evidence, now)
+        && let Some(e) = evidence
+        && let action = policy.action(&m.pool, e.severity)
+        && let Some(mode) = automatic_mode(action, None)
+    {
+        return Ok(Candidate {
+            severity: e.severity,
+            since: e.since,
+            m,
+            mode,
+            action,
+            expected: None,
+        });
+    }
+    Err(Decision::Unprobeable {
+        since: evidence.map(|e| e.since).or(unprobed_since),
+        ceiling_at: probe_ceiling_at(policy, &m.pool, evidence),
+    })
+}
+
 /// When the probe-failure ceiling lets the pool's own policy restart an
 /// unprobeable machine: only for evidence of a drift under a policy that acts
 /// by itself, then and now.
 fn probe_ceiling_at(
-    config: &Config,
+    policy: &Policy,
     pool: &str,
     evidence: Option<&Unprobed>,
 ) -> Option<DateTime<Utc>> {
     evidence
-        .filter(|e| {
-            automatic(e.action) && automatic(config.pool(pool).actions.for_severity(e.severity))
-        })
-        .map(|e| after(e.since, config.rotation.probe_failure_ceiling))
+        .filter(|e| automatic(e.action) && automatic(policy.action(pool, e.severity)))
+        .map(|e| after(e.since, policy.rotation.probe_failure_ceiling))
 }
 
 /// The agent has reported this rotation's checkpoint.
@@ -1416,8 +1329,8 @@ fn checkpointed(report: Option<&AgentReport>, marker: &Marker) -> bool {
 
 /// What a rotation that holds a slot is waiting for, and until when.
 fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
-    let Ctx { config, m, now, .. } = *ctx;
-    let rot = &config.rotation;
+    let Ctx { policy, m, now, .. } = *ctx;
+    let rot = &policy.rotation;
     let report = usable_report(m);
     let in_rotation = |deadline| Decision::InRotation {
         phase: marker.phase,
@@ -1431,9 +1344,9 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
             if marker.drain_requested && !checkpointed(report, marker) {
                 deadline = deadline.min(after(since, rot.checkpoint_deadline));
             }
-            match report.map(|r| (r, restart_allowed(config, r, marker, now))) {
+            match report.map(|r| (r, restart_allowed(policy, r, marker, now))) {
                 Some((_, Err(NotIdle::LiveWork))) => Decision::LiveWork { since, deadline },
-                Some((r, Err(NotIdle::RecentInput))) => match recent_input_until(config, r, now) {
+                Some((r, Err(NotIdle::RecentInput))) => match recent_input_until(policy, r, now) {
                     Some(until) => Decision::RecentInput { until },
                     None => in_rotation(Some(deadline)),
                 },
@@ -1454,9 +1367,10 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
         Phase::Backoff => in_rotation(marker.retry_at),
         // Past it the undo is alerted (`rotation_stuck`) and an unreachable
         // agent's undrain is given up.
-        Phase::Releasing => {
-            in_rotation(Some(after(marker.attempt_started_at, rot.release_ceiling)))
-        }
+        Phase::Releasing => in_rotation(Some(after(
+            marker.attempt_started_at,
+            rot.release_ceiling.get(),
+        ))),
         Phase::Claiming | Phase::Yielded => in_rotation(None),
     }
 }
@@ -1507,7 +1421,7 @@ fn release(
     m: &MachineReport,
     op: &OperatorState,
     ending: Ending,
-    why: &'static str,
+    why: ReleaseWhy,
     now: DateTime<Utc>,
 ) -> Step {
     let mut next = marker.clone();
@@ -1540,7 +1454,7 @@ fn release(
 
 /// What `advance` reads about one machine.
 struct Ctx<'a> {
-    config: &'a Config,
+    policy: &'a Policy,
     m: &'a MachineReport,
     op: &'a OperatorState<'a>,
     target: &'a Target,
@@ -1556,294 +1470,367 @@ struct Ctx<'a> {
     tip: &'a str,
 }
 
-/// The next step of a rotation that holds a slot, if any.
+/// The next step of a rotation that holds a slot, if any: the undo of one
+/// being released; else the end of one that is done or may not go on
+/// ([`Rotation::ended`]); else its phase's own step.
 fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<Step> {
-    let Ctx {
-        config,
-        m,
-        op,
-        target,
-        pool,
-        evidence,
-        fetch,
-        now,
-        tip,
-        ..
-    } = *ctx;
-    let rot = &config.rotation;
-    let step = |kind: StepKind| Step {
-        target: target.clone(),
-        expected: Some(marker.clone()),
-        kind,
-    };
-    let release = |ending, why| release(target, marker, m, op, ending, why, now);
     if marker.phase == Phase::Releasing {
         return Some(releasing(ctx, marker, alerts));
     }
-    let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
-    let exits = exits_since(m, restarted_at, rot.verify_deadline);
-    let crash_loop = marker.phase == Phase::Restarting && exits >= CRASH_LOOP_EXITS;
-    // Whatever the phase: a machine on the target is done (maybe someone
-    // else restarted it, or the tip came to it). After our restart, the
-    // agent's word counts only once Fly agrees: started, every check
-    // passing, not crash-looping (as flyctl waits after a restart).
-    let reports_target = m.status == MachineStatus::OnTip
-        || (m.status == MachineStatus::Drifted
-            && m.commit
-                .as_deref()
-                .is_some_and(|c| c.eq_ignore_ascii_case(&marker.target)));
-    let fly_healthy = m.state.is_started()
-        && m.inputs
-            .checks
-            .iter()
-            .all(crate::fly::MachineCheck::passing)
-        && !crash_loop;
-    if reports_target && (marker.phase != Phase::Restarting || fly_healthy) {
-        return Some(release(Ending::Finished, "on the target"));
+    let r = Rotation::new(ctx, marker);
+    if let Some(step) = r.ended(alerts) {
+        return Some(step);
     }
-    // Updated from outside (`fly deploy`, `fly machine update`): the plan this
-    // marker describes is stale (its cordon, fence and checkpoint may be
-    // gone), so it is undone, never continued; the next sweep judges afresh.
-    if updated_from_outside(m, marker)
-        && let Some(ours) = marker.instance_id.as_deref()
-    {
-        alerts.push(machine_alert(
-            AlertKind::RotationStuck,
-            m,
-            tip,
-            marker.severity.max(Severity::High),
-            format!(
-                "{} was updated from outside mid-rotation (instance {ours} is now {}); the rotation is undone, not continued",
-                m.machine_id, m.inputs.instance_id
-            ),
-        ));
-        return Some(release(
-            Ending::Cancelled,
-            "updated from outside mid-rotation (instance_id changed)",
-        ));
-    }
-    let manual = marker.action == PolicyAction::Manual;
-    // An approval binds one rotation to one commit: revoked, or overtaken by
-    // a newer tip, the rotation stops before anything else is done.
-    if manual && marker.phase != Phase::Restarting {
-        if op.controls.approval_for(&marker.target).is_none() {
-            return Some(release(Ending::Cancelled, "the approval was revoked"));
+    match marker.phase {
+        Phase::Draining | Phase::Backoff | Phase::Reloading if ctx.m.state.is_settled_down() => {
+            Some(r.release(Ending::Cancelled, ReleaseWhy::LeftStarted))
         }
-        if !marker.target.eq_ignore_ascii_case(tip) {
-            return Some(release(
-                Ending::Cancelled,
-                "the tip moved past the approved commit; approve the new tip",
-            ));
+        Phase::Draining => r.draining(),
+        Phase::Reloading => r.reloading(),
+        Phase::Restarting => r.restarting(alerts),
+        Phase::Backoff => r.backoff(alerts),
+        Phase::Claiming | Phase::Yielded | Phase::Releasing => None,
+    }
+}
+
+/// One rotation that holds a slot, and what every phase reads of it.
+struct Rotation<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    marker: &'c Marker,
+    report: Option<&'a AgentReport>,
+    /// When the last restart was made (or the attempt began).
+    restarted_at: DateTime<Utc>,
+    /// Exit events since that restart, within the verify window.
+    exits: usize,
+    crash_loop: bool,
+    /// The agent reports the rotation's target (or the tip).
+    reports_target: bool,
+    /// The approval of an operator started it.
+    manual: bool,
+    /// A commit the mirror lacks while the mirror is stale proves nothing
+    /// (it may be newer than our tip): no restart, cordon or drain on it;
+    /// an undo still goes.
+    unproven: bool,
+    /// The rotation keeps its cordon; a restart or an update may drop it.
+    cordon_lost: bool,
+}
+
+impl<'c, 'a> Rotation<'c, 'a> {
+    fn new(ctx: &'c Ctx<'a>, marker: &'c Marker) -> Rotation<'c, 'a> {
+        let m = ctx.m;
+        let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
+        let exits = exits_since(m, restarted_at, ctx.policy.rotation.verify_deadline);
+        let reports_target = m.status == MachineStatus::OnTip
+            || (m.status == MachineStatus::Drifted
+                && m.commit
+                    .as_deref()
+                    .is_some_and(|c| c.eq_ignore_ascii_case(&marker.target)));
+        let unproven = ctx.fetch.failing
+            && matches!(
+                m.status,
+                MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
+            );
+        Rotation {
+            ctx,
+            marker,
+            report: usable_report(m),
+            restarted_at,
+            exits,
+            crash_loop: marker.phase == Phase::Restarting && exits >= CRASH_LOOP_EXITS,
+            reports_target,
+            manual: marker.action == PolicyAction::Manual,
+            unproven,
+            cordon_lost: !unproven
+                && m.state.is_started()
+                && marker.may_have_cordoned()
+                && m.inputs.cordoned == Some(false),
         }
     }
-    let restart = |why: &'static str, guard: RestartGuard| {
-        step(StepKind::Restart {
-            marker: restarting(ctx, marker),
+
+    fn step(&self, kind: StepKind) -> Step {
+        Step {
+            target: self.ctx.target.clone(),
+            expected: Some(self.marker.clone()),
+            kind,
+        }
+    }
+
+    fn release(&self, ending: Ending, why: ReleaseWhy) -> Step {
+        let ctx = self.ctx;
+        release(ctx.target, self.marker, ctx.m, ctx.op, ending, why, ctx.now)
+    }
+
+    fn restart(&self, why: RestartWhy, guard: RestartGuard) -> Step {
+        self.step(StepKind::Restart {
+            marker: restarting(self.ctx, self.marker),
             guard,
             why,
         })
-    };
-    let yield_ = |why: &'static str| {
-        let mut s = release(Ending::Yielded, why);
+    }
+
+    /// Ceilings never kill work: the rotation yields and retries later.
+    fn yield_(&self, why: ReleaseWhy) -> Step {
+        let mut s = self.release(Ending::Yielded, why);
         if let StepKind::Release { marker: r, .. } = &mut s.kind {
-            r.retry_at = Some(after(now, rot.retry_after));
+            r.retry_at = Some(after(self.ctx.now, self.ctx.policy.rotation.retry_after));
         }
         s
-    };
-    // A commit the mirror lacks while the mirror is stale proves nothing
-    // (it may be newer than our tip): no restart, cordon or drain on it;
-    // an undo still goes.
-    let unproven = fetch.failing
-        && matches!(
-            m.status,
-            MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
-        );
-    // The rotation keeps its cordon; a restart or an update may drop it.
-    let cordon_lost = !unproven
-        && m.state.is_started()
-        && marker.may_have_cordoned()
-        && m.inputs.cordoned == Some(false);
-    let recordon = |why: &'static str| {
-        step(StepKind::Advance {
-            marker: marker.clone(),
+    }
+
+    fn recordon(&self, why: AdvanceWhy) -> Step {
+        self.step(StepKind::Advance {
+            marker: self.marker.clone(),
             cordon: true,
             why,
         })
-    };
-    let report = usable_report(m);
-    match marker.phase {
-        Phase::Draining | Phase::Backoff | Phase::Reloading if m.state.is_settled_down() => {
-            Some(release(Ending::Cancelled, "the machine left `started`"))
+    }
+
+    /// Whatever the phase: a machine on the target is done; one updated
+    /// from outside is undone; a manual rotation whose approval is revoked
+    /// or overtaken stops before anything else is done.
+    fn ended(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
+        let Ctx { m, op, tip, .. } = *self.ctx;
+        let marker = self.marker;
+        // Maybe someone else restarted it, or the tip came to it. After our
+        // restart, the agent's word counts only once Fly agrees: started,
+        // every check passing, not crash-looping (as flyctl waits after a
+        // restart).
+        let fly_healthy = m.state.is_started()
+            && m.inputs
+                .checks
+                .iter()
+                .all(crate::fly::MachineCheck::passing)
+            && !self.crash_loop;
+        if self.reports_target && (marker.phase != Phase::Restarting || fly_healthy) {
+            return Some(self.release(Ending::Finished, ReleaseWhy::OnTarget));
         }
-        Phase::Draining => {
-            let since = marker.attempt_started_at;
-            if !unproven {
-                if unprobeable(m.status)
-                    && automatic(marker.action)
-                    && past_probe_ceiling(config, pool, evidence, now)
-                {
-                    return Some(restart(
-                        "agent unprobeable past the probe-failure ceiling",
-                        RestartGuard::Unprobeable,
-                    ));
-                }
-                // Interrupting live work needs the policy to say so now, not
-                // only the marker: an operator's standing "now" approval of
-                // this commit, or a pool whose policy is still `restart`.
-                let approved_now = manual
-                    && op
-                        .controls
-                        .approval_for(&marker.target)
-                        .is_some_and(|a| a.mode == ApprovalMode::Now);
-                let pool_restarts = marker.action == PolicyAction::Restart
-                    && config.pool(pool).actions.for_severity(marker.severity)
-                        == PolicyAction::Restart;
-                match marker.mode {
-                    RotationMode::Now if approved_now => {
-                        return Some(restart(
-                            "approved by an operator",
-                            RestartGuard::MayInterrupt,
-                        ));
-                    }
-                    RotationMode::Grace
-                        if pool_restarts && after(since, rot.restart_grace) <= now =>
-                    {
-                        return Some(restart("restart grace elapsed", RestartGuard::MayInterrupt));
-                    }
-                    _ => {}
-                }
-                if report.is_some_and(|r| restart_allowed(config, r, marker, now).is_ok()) {
-                    return Some(restart("no live work", RestartGuard::Idle));
-                }
-            }
-            // Ceilings never kill work: the rotation yields and retries later.
-            if after(since, rot.drain_ceiling) <= now {
-                return Some(yield_("drain ceiling reached"));
-            }
-            if marker.drain_requested
-                && !checkpointed(report, marker)
-                && after(since, rot.checkpoint_deadline) <= now
-            {
-                return Some(yield_("checkpoint deadline reached"));
-            }
-            // A drain the agent never got (its POST failed) is asked again.
-            let fenced = report
-                .and_then(|r| r.rotation.as_ref())
-                .is_some_and(|r| r.fenced);
-            if marker.drain_requested && report.is_some() && !fenced && !unproven {
-                return Some(step(StepKind::Drain));
-            }
-            None
-        }
-        Phase::Reloading => {
-            if after(marker.attempt_started_at, rot.verify_deadline) <= now && !unproven {
-                // Not proven by a report of the tip: fall back to alert-and-wait.
-                let mut next = marker.clone();
-                next.phase = Phase::Draining;
-                next.mode = RotationMode::Wait;
-                next.attempt_started_at = now;
-                next.drain_requested =
-                    marker.drain_requested || report.is_some_and(|r| r.can(Capability::Drain));
-                next.cordoned = Some(true);
-                return Some(step(StepKind::Advance {
-                    marker: next,
-                    cordon: true,
-                    why: "reload not proven within the verify deadline; falling back to alert-and-wait",
-                }));
-            }
-            None
-        }
-        Phase::Restarting => {
-            if crash_loop {
-                return Some(end_attempt(
-                    ctx,
-                    marker,
-                    marker.attempt.saturating_add(1),
-                    format!("crash loop: {exits} exit events since the restart"),
-                    alerts,
-                ));
-            }
-            if after(restarted_at, rot.verify_deadline) > now {
-                return cordon_lost
-                    .then(|| recordon("the cordon was lost at the restart; asserting it again"));
-            }
-            if unproven {
-                return None;
-            }
-            if m.state.is_settled_down() {
-                return Some(release(
-                    Ending::Cancelled,
-                    "the machine did not come back after its restart",
-                ));
-            }
-            let evidence = if reports_target {
-                "reports the target, but Fly's checks are not all passing".to_string()
-            } else {
-                format!(
-                    "{} within {} of its restart",
-                    match &m.reported_ref {
-                        Some(r) => format!("reports {}", crate::model::short_commit(r)),
-                        None => format!("gave no usable report ({})", m.status),
-                    },
-                    humantime::format_duration(rot.verify_deadline)
-                )
-            };
-            Some(end_attempt(
-                ctx,
-                marker,
-                marker.attempt.saturating_add(1),
-                evidence,
-                alerts,
-            ))
-        }
-        Phase::Backoff => {
-            // A backoff has a ceiling: due and still not moved on (the
-            // coordinator unreadable, every step declined) for
-            // `verify_deadline`, it yields rather than stay cordoned.
-            let due = marker.retry_at.unwrap_or(marker.attempt_started_at);
-            if after(due, rot.verify_deadline) <= now {
-                return Some(yield_(
-                    "the backoff could not move on after its retry fell due",
-                ));
-            }
-            if due <= now && marker.attempt >= rot.max_attempts {
-                return Some(end_attempt(
-                    ctx,
-                    marker,
-                    marker.attempt,
-                    "rotation.max_attempts reached".to_string(),
-                    alerts,
-                ));
-            }
+        // Updated from outside (`fly deploy`, `fly machine update`): the plan
+        // this marker describes is stale (its cordon, fence and checkpoint
+        // may be gone), so it is undone, never continued; the next sweep
+        // judges afresh.
+        if updated_from_outside(m, marker)
+            && let Some(ours) = marker.instance_id.as_deref()
+        {
             alerts.push(machine_alert(
                 AlertKind::RotationStuck,
                 m,
                 tip,
                 marker.severity.max(Severity::High),
                 format!(
-                    "{} failed verification {} time(s) of at most {}; kept cordoned",
-                    m.machine_id, marker.attempt, rot.max_attempts
+                    "{} was updated from outside mid-rotation (instance {ours} is now {}); the rotation is undone, not continued",
+                    m.machine_id, m.inputs.instance_id
                 ),
             ));
-            if due <= now && !unproven {
-                let mut next = marker.clone();
-                next.phase = Phase::Draining;
-                next.attempt_started_at = now;
-                next.retry_at = None;
-                if !manual {
-                    next.target = tip.to_string();
-                }
-                next.cordoned = Some(true);
-                return Some(step(StepKind::Advance {
-                    marker: next,
-                    cordon: true,
-                    why: "backoff elapsed; draining again",
-                }));
-            }
-            cordon_lost
-                .then(|| recordon("the cordon was lost during the backoff; asserting it again"))
+            return Some(self.release(Ending::Cancelled, ReleaseWhy::UpdatedFromOutside));
         }
-        Phase::Claiming | Phase::Yielded | Phase::Releasing => None,
+        // An approval binds one rotation to one commit.
+        if self.manual && marker.phase != Phase::Restarting {
+            if op.controls.approval_for(&marker.target).is_none() {
+                return Some(self.release(Ending::Cancelled, ReleaseWhy::ApprovalRevoked));
+            }
+            if !marker.target.eq_ignore_ascii_case(tip) {
+                return Some(self.release(Ending::Cancelled, ReleaseWhy::TipMovedPastApproval));
+            }
+        }
+        None
+    }
+
+    /// Draining: a restart once the policy or the agent allows it, else a
+    /// yield at a ceiling, else the drain asked again if it never arrived.
+    fn draining(&self) -> Option<Step> {
+        let Ctx { policy, now, .. } = *self.ctx;
+        let (marker, report) = (self.marker, self.report);
+        let rot = &policy.rotation;
+        let since = marker.attempt_started_at;
+        if !self.unproven
+            && let Some(step) = self.restart_when_allowed()
+        {
+            return Some(step);
+        }
+        if after(since, rot.drain_ceiling) <= now {
+            return Some(self.yield_(ReleaseWhy::DrainCeiling));
+        }
+        if marker.drain_requested
+            && !checkpointed(report, marker)
+            && after(since, rot.checkpoint_deadline) <= now
+        {
+            return Some(self.yield_(ReleaseWhy::CheckpointDeadline));
+        }
+        // A drain the agent never got (its POST failed) is asked again.
+        let fenced = report
+            .and_then(|r| r.rotation.as_ref())
+            .is_some_and(|r| r.fenced);
+        (marker.drain_requested && report.is_some() && !fenced && !self.unproven)
+            .then(|| self.step(StepKind::Drain))
+    }
+
+    /// The restart a draining rotation may make now, if any.
+    fn restart_when_allowed(&self) -> Option<Step> {
+        let Ctx {
+            policy,
+            m,
+            op,
+            pool,
+            evidence,
+            now,
+            ..
+        } = *self.ctx;
+        let marker = self.marker;
+        if unprobeable(m.status)
+            && automatic(marker.action)
+            && past_probe_ceiling(policy, pool, evidence, now)
+        {
+            return Some(self.restart(
+                RestartWhy::UnprobeablePastCeiling,
+                RestartGuard::Unprobeable,
+            ));
+        }
+        // Interrupting live work needs the policy to say so now, not only
+        // the marker: an operator's standing "now" approval of this commit,
+        // or a pool whose policy is still `restart`.
+        let approved_now = self.manual
+            && op
+                .controls
+                .approval_for(&marker.target)
+                .is_some_and(|a| a.mode == ApprovalMode::Now);
+        let pool_restarts = marker.action == PolicyAction::Restart
+            && policy.action(pool, marker.severity) == PolicyAction::Restart;
+        match marker.mode {
+            RotationMode::Now if approved_now => {
+                return Some(self.restart(RestartWhy::ApprovedNow, RestartGuard::MayInterrupt));
+            }
+            RotationMode::Grace
+                if pool_restarts
+                    && after(marker.attempt_started_at, policy.rotation.restart_grace) <= now =>
+            {
+                return Some(self.restart(RestartWhy::GraceElapsed, RestartGuard::MayInterrupt));
+            }
+            _ => {}
+        }
+        self.report
+            .is_some_and(|r| restart_allowed(policy, r, marker, now).is_ok())
+            .then(|| self.restart(RestartWhy::NoLiveWork, RestartGuard::Idle))
+    }
+
+    /// Reloading: not proven by a report of the target within the verify
+    /// deadline, it falls back to alert-and-wait.
+    fn reloading(&self) -> Option<Step> {
+        let Ctx { policy, now, .. } = *self.ctx;
+        let marker = self.marker;
+        if after(marker.attempt_started_at, policy.rotation.verify_deadline) > now || self.unproven
+        {
+            return None;
+        }
+        let mut next = marker.clone();
+        next.phase = Phase::Draining;
+        next.mode = RotationMode::Wait;
+        next.attempt_started_at = now;
+        next.drain_requested =
+            marker.drain_requested || self.report.is_some_and(|r| r.can(Capability::Drain));
+        next.cordoned = Some(true);
+        Some(self.step(StepKind::Advance {
+            marker: next,
+            cordon: true,
+            why: AdvanceWhy::ReloadNotProven,
+        }))
+    }
+
+    /// Restarting: verified by `ended`, else a failed attempt once it crash
+    /// loops or the verify deadline passes; meanwhile its cordon is kept.
+    fn restarting(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
+        let Ctx { policy, m, now, .. } = *self.ctx;
+        let marker = self.marker;
+        let rot = &policy.rotation;
+        if self.crash_loop {
+            let evidence = format!("crash loop: {} exit events since the restart", self.exits);
+            let attempts = marker.attempt.saturating_add(1);
+            return Some(end_attempt(self.ctx, marker, attempts, evidence, alerts));
+        }
+        if after(self.restarted_at, rot.verify_deadline) > now {
+            return self
+                .cordon_lost
+                .then(|| self.recordon(AdvanceWhy::CordonLostAtRestart));
+        }
+        if self.unproven {
+            return None;
+        }
+        if m.state.is_settled_down() {
+            return Some(self.release(Ending::Cancelled, ReleaseWhy::DidNotComeBack));
+        }
+        let evidence = if self.reports_target {
+            "reports the target, but Fly's checks are not all passing".to_string()
+        } else {
+            format!(
+                "{} within {} of its restart",
+                match &m.reported_ref {
+                    Some(r) => format!("reports {}", crate::model::short_commit(r)),
+                    None => format!("gave no usable report ({})", m.status),
+                },
+                humantime::format_duration(rot.verify_deadline)
+            )
+        };
+        let attempts = marker.attempt.saturating_add(1);
+        Some(end_attempt(self.ctx, marker, attempts, evidence, alerts))
+    }
+
+    /// Backoff: kept cordoned and alerted until its retry falls due, then
+    /// drained again (or ended as failed past `rotation.max_attempts`); a
+    /// backoff that cannot move on for `verify_deadline` after that yields.
+    fn backoff(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
+        let Ctx {
+            policy,
+            m,
+            now,
+            tip,
+            ..
+        } = *self.ctx;
+        let marker = self.marker;
+        let rot = &policy.rotation;
+        // Due and still not moved on (the coordinator unreadable, every step
+        // declined): it yields rather than stay cordoned.
+        let due = marker.retry_at.unwrap_or(marker.attempt_started_at);
+        if after(due, rot.verify_deadline) <= now {
+            return Some(self.yield_(ReleaseWhy::BackoffStuck));
+        }
+        if due <= now && marker.attempt >= rot.max_attempts.get() {
+            let evidence = "rotation.max_attempts reached".to_string();
+            return Some(end_attempt(
+                self.ctx,
+                marker,
+                marker.attempt,
+                evidence,
+                alerts,
+            ));
+        }
+        alerts.push(machine_alert(
+            AlertKind::RotationStuck,
+            m,
+            tip,
+            marker.severity.max(Severity::High),
+            format!(
+                "{} failed verification {} time(s) of at most {}; kept cordoned",
+                m.machine_id,
+                marker.attempt,
+                rot.max_attempts.get()
+            ),
+        ));
+        if due <= now && !self.unproven {
+            let mut next = marker.clone();
+            next.phase = Phase::Draining;
+            next.attempt_started_at = now;
+            next.retry_at = None;
+            if !self.manual {
+                next.target = tip.to_string();
+            }
+            next.cordoned = Some(true);
+            return Some(self.step(StepKind::Advance {
+                marker: next,
+                cordon: true,
+                why: AdvanceWhy::BackoffElapsed,
+            }));
+        }
+        self.cordon_lost
+            .then(|| self.recordon(AdvanceWhy::CordonLostInBackoff))
     }
 }
 
@@ -1898,7 +1885,7 @@ fn end_attempt(
     alerts: &mut Vec<Alert>,
 ) -> Step {
     let Ctx {
-        config,
+        policy,
         m,
         op,
         target,
@@ -1906,11 +1893,11 @@ fn end_attempt(
         tip,
         ..
     } = *ctx;
-    let rot = &config.rotation;
+    let rot = &policy.rotation;
     // `bounded` may add an ellipsis: one char of room keeps the marker parseable.
     let evidence = crate::text::bounded(&evidence, crate::text::MAX_DETAIL_CHARS - 1);
     let severity = marker.severity.max(Severity::High);
-    if attempts >= rot.max_attempts {
+    if attempts >= rot.max_attempts.get() {
         let mut alert = machine_alert(
             AlertKind::RotationFailed,
             m,
@@ -1938,7 +1925,7 @@ fn end_attempt(
             m,
             op,
             Ending::Yielded,
-            "failed: rotation.max_attempts restarts did not verify",
+            ReleaseWhy::MaxAttempts,
             now,
         );
         if let StepKind::Release { marker: r, .. } = &mut s.kind {
@@ -1955,7 +1942,7 @@ fn end_attempt(
     let mut next = marker.clone();
     next.phase = Phase::Backoff;
     next.attempt = attempts;
-    next.retry_at = Some(after(now, verify_backoff(config, marker.attempt)));
+    next.retry_at = Some(after(now, verify_backoff(policy, marker.attempt)));
     alerts.push(machine_alert(
         AlertKind::RotationStuck,
         m,
@@ -1963,7 +1950,8 @@ fn end_attempt(
         severity,
         format!(
             "{} did not verify after restart {attempts} of at most {} ({evidence}); kept cordoned",
-            m.machine_id, rot.max_attempts
+            m.machine_id,
+            rot.max_attempts.get()
         ),
     ));
     Step {
@@ -1972,7 +1960,7 @@ fn end_attempt(
         kind: StepKind::Advance {
             marker: next,
             cordon: false,
-            why: "verify failed; backing off",
+            why: AdvanceWhy::VerifyFailed,
         },
     }
 }
@@ -1986,7 +1974,7 @@ fn end_attempt(
 /// slot (its capacity is out) and is alerted.
 fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
     let Ctx {
-        config,
+        policy,
         m,
         op,
         target,
@@ -1996,14 +1984,14 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         tip,
         ..
     } = *ctx;
-    let rot = &config.rotation;
+    let rot = &policy.rotation;
     let mut step = release(
         target,
         marker,
         m,
         op,
         Ending::Cancelled,
-        "undo not finished yet",
+        ReleaseWhy::UndoUnfinished,
         now,
     );
     let undrain = matches!(step.kind, StepKind::Release { undrain: true, .. });
@@ -2015,10 +2003,10 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         }
         return step;
     }
-    if !undrain || after(marker.attempt_started_at, rot.release_ceiling) > now {
+    if !undrain || after(marker.attempt_started_at, rot.release_ceiling.get()) > now {
         return step;
     }
-    let ceiling = humantime::format_duration(rot.release_ceiling);
+    let ceiling = humantime::format_duration(rot.release_ceiling.get());
     let severity = marker.severity.max(Severity::High);
     if usable_report(m).is_some() {
         alerts.push(machine_alert(
@@ -2033,14 +2021,14 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         ));
         return step;
     }
-    if automatic(marker.action) && past_probe_ceiling(config, pool, evidence, now) {
+    if automatic(marker.action) && past_probe_ceiling(policy, pool, evidence, now) {
         return Step {
             target: target.clone(),
             expected: Some(marker.clone()),
             kind: StepKind::Restart {
                 marker: restarting(ctx, marker),
                 guard: RestartGuard::Unprobeable,
-                why: "the fenced agent is unprobeable past the probe-failure ceiling; a restart lifts its fence",
+                why: RestartWhy::FencedAndUnprobeable,
             },
         };
     }

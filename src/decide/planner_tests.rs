@@ -5,6 +5,7 @@ use std::path::Path;
 use chrono::{DateTime, Duration as Cd, Utc};
 
 use super::*;
+use crate::config::Config;
 use crate::decide::decision::Decision;
 use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
 use crate::metadata::operator::{Approval, ApprovalMode};
@@ -40,6 +41,43 @@ actions = {{ low = "observe", medium = "alert-and-wait", high = "alert-and-wait"
 "#
     );
     Config::parse(Path::new("t.toml"), &text).unwrap()
+}
+
+/// The policy of `config("")`, built directly: `default` (cap 1) and
+/// `wide` (cap 2) pools, built-in rotation and severity rules.
+fn policy() -> Policy {
+    use crate::config::{ActionMap, PoolConfig};
+    use PolicyAction::{AlertAndWait, Manual, Observe, Reload, Restart};
+    use std::num::NonZeroU32;
+    let pool = |cap: u32, actions: [PolicyAction; 4]| PoolConfig {
+        max_concurrent_rotations: NonZeroU32::new(cap).unwrap(),
+        actions: ActionMap::from(actions),
+    };
+    Policy::default()
+        .with_pool("default", pool(1, [AlertAndWait, Restart, Manual, Reload]))
+        .with_pool(
+            "wide",
+            pool(2, [Observe, AlertAndWait, AlertAndWait, AlertAndWait]),
+        )
+}
+
+#[test]
+fn the_direct_policy_is_the_configs() {
+    let (direct, parsed) = (policy(), Policy::from_config(&config("")));
+    for pool in ["default", "wide", "other"] {
+        assert_eq!(
+            direct.pool(pool).actions,
+            parsed.pool(pool).actions,
+            "{pool}"
+        );
+        assert_eq!(
+            direct.pool(pool).max_concurrent_rotations,
+            parsed.pool(pool).max_concurrent_rotations,
+            "{pool}"
+        );
+    }
+    assert_eq!(direct.rotation.retry_after, parsed.rotation.retry_after);
+    assert_eq!(direct.sweep_interval, parsed.sweep_interval);
 }
 
 /// A machine fixture, chainable.
@@ -80,7 +118,7 @@ impl M {
         m.0.commit = CommitId::parse(OLD);
         m.0.commits_behind = Some(3);
         m.0.severity = Some(severity);
-        m.0.action = Some(config("").pool("default").actions.for_severity(severity));
+        m.0.action = Some(policy().action("default", severity));
         if let Some(r) = m.0.inputs.report.as_mut() {
             r.overlay_ref = OLD.into();
         }
@@ -200,7 +238,9 @@ fn fetched() -> FetchState {
 }
 
 struct Fx {
+    /// Only for building the report (its apps).
     config: Config,
+    policy: Policy,
     machines: Vec<MachineReport>,
     tracker: Tracker,
 }
@@ -209,9 +249,15 @@ impl Fx {
     fn new(extra: &str) -> Fx {
         Fx {
             config: config(extra),
+            policy: policy(),
             machines: Vec::new(),
             tracker: Tracker::default(),
         }
+    }
+
+    fn rotation(mut self, set: impl FnOnce(&mut crate::config::RotationConfig)) -> Fx {
+        set(&mut self.policy.rotation);
+        self
     }
 
     fn with(mut self, m: M) -> Fx {
@@ -236,7 +282,7 @@ impl Fx {
         self.tracker.observe(&report, first_seen);
         self.tracker.observe(&report, now);
         plan(&PlanInput {
-            config: &self.config,
+            policy: &self.policy,
             report: &report,
             tracker: &self.tracker,
             owner: "r1",
@@ -248,8 +294,8 @@ impl Fx {
 
 /// Steps other than the probe-failure record's bookkeeping.
 fn rotation_steps(plan: &Plan) -> Vec<&Step> {
-    plan.steps
-        .iter()
+    plan.steps()
+        .into_iter()
         .filter(|s| {
             !matches!(
                 s.kind,
@@ -260,8 +306,8 @@ fn rotation_steps(plan: &Plan) -> Vec<&Step> {
 }
 
 fn kinds(plan: &Plan) -> Vec<(&str, &str)> {
-    plan.steps
-        .iter()
+    plan.steps()
+        .into_iter()
         .map(|s| (s.target.machine_id.as_str(), s.kind()))
         .collect()
 }
@@ -275,7 +321,7 @@ fn alerts(plan: &Plan, kind: AlertKind) -> Vec<&str> {
 }
 
 fn restart_of<'a>(plan: &'a Plan, id: &str) -> Option<(&'a Marker, bool)> {
-    plan.steps.iter().find_map(|s| match &s.kind {
+    plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Restart { marker, guard, .. } if s.target.machine_id == id => {
             Some((marker, *guard == RestartGuard::MayInterrupt))
         }
@@ -290,7 +336,7 @@ fn young_drift_triggers_nothing_and_aged_drift_alerts_and_claims() {
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
     let young = fx.plan_at(t0(), t0() + Cd::seconds(119));
     assert!(
-        young.steps.is_empty() && young.alerts.is_empty(),
+        young.steps().is_empty() && young.alerts.is_empty(),
         "{young:?}"
     );
 
@@ -302,7 +348,7 @@ fn young_drift_triggers_nothing_and_aged_drift_alerts_and_claims() {
         marker,
         drain,
         reload,
-    } = &aged.steps[0].kind
+    } = &aged.steps()[0].kind
     else {
         panic!()
     };
@@ -311,7 +357,46 @@ fn young_drift_triggers_nothing_and_aged_drift_alerts_and_claims() {
         (Phase::Claiming, RotationMode::Wait, false, false)
     );
     assert_eq!(marker.target, TIP);
-    assert_eq!(aged.steps[0].expected, None);
+    assert_eq!(aged.steps()[0].expected, None);
+}
+
+/// One entry per machine, each with at most one step: a claim takes the
+/// place of the same machine's bookkeeping, and starts after the steps of
+/// rotations in progress and of bookkeeping (report order), as before.
+#[test]
+fn each_machine_has_one_entry_and_claims_start_last() {
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("")
+        .with(
+            M::drifted("a", Severity::Medium)
+                .pool("wide", PolicyAction::AlertAndWait)
+                .unprobed_since(t0()),
+        )
+        .with(M::drifted("b", Severity::Low).marker(&marker(
+            "b",
+            Phase::Draining,
+            RotationMode::Wait,
+            t0(),
+        )))
+        .with(M::on_tip("c").unprobed_since(t0()));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        kinds(&plan),
+        [("b", "restart"), ("c", "clear_unprobed"), ("a", "claim")]
+    );
+    assert_eq!(
+        plan.machines
+            .keys()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+    let a = &plan.machines["a"];
+    assert!(matches!(a.decision, Decision::Claiming { .. }), "{a:?}");
+    assert_eq!(a.step.as_ref().map(Step::kind), Some("claim"));
+    assert_eq!(a.drift_since, Some(t0()));
+    assert_eq!(plan.machines["c"].decision, Decision::OnTip);
+    assert_eq!(plan.machines["c"].drift_since, None);
 }
 
 #[test]
@@ -328,7 +413,7 @@ fn drift_clock_restarts_when_the_machine_was_on_tip_in_between() {
 
 #[test]
 fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
-    let cfg = config("");
+    let cfg = policy();
     let drifted = Fx::new("").with(M::drifted("m1", Severity::High)).report();
     let mut bad = M::drifted("m1", Severity::High).unreachable();
     bad.0.status = MachineStatus::BadReport;
@@ -342,7 +427,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
         let now = t0() + Cd::minutes(10 + i as i64);
         tracker.observe(report, now);
         let p = plan(&PlanInput {
-            config: &cfg,
+            policy: &cfg,
             report,
             tracker: &tracker,
             owner: "r",
@@ -357,7 +442,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
         assert_eq!(drift.len(), 1, "case {i}: the drift alert keeps firing");
         assert_eq!(drift[0].severity, Severity::High);
         assert!(
-            p.steps.is_empty(),
+            p.steps().is_empty(),
             "nothing is claimed on carried knowledge"
         );
     }
@@ -370,7 +455,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
     let healthy = Fx::new("").with(M::on_tip("m1")).report();
     tracker.observe(&healthy, t0() + Cd::minutes(21));
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &healthy,
         tracker: &tracker,
         owner: "r",
@@ -406,12 +491,12 @@ fn a_held_machine_is_never_acted_on_and_its_hold_never_cleared() {
         let mut fx = Fx::new("").with(m);
         let plan = fx.plan_at(t0(), later);
         assert!(
-            plan.steps.is_empty(),
+            plan.steps().is_empty(),
             "held machine got steps: {:?}",
-            plan.steps
+            plan.steps()
         );
         assert_eq!(
-            plan.decisions.get("m1").map(Decision::label).as_deref(),
+            plan.decisions().get("m1").map(Decision::label).as_deref(),
             Some("held")
         );
     }
@@ -425,14 +510,14 @@ fn manual_waits_for_an_approval_of_the_current_tip() {
     let later = t0() + Cd::hours(1);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::High));
     let plan = fx.plan_at(t0(), later);
-    assert!(plan.steps.is_empty());
+    assert!(plan.steps().is_empty());
     assert_eq!(alerts(&plan, AlertKind::ManualApprovalRequired), ["m1"]);
 
     // An approval of another commit authorizes nothing.
     let mut fx =
         Fx::new("").with(M::drifted("m1", Severity::High).approved(OLD, ApprovalMode::Now));
     let plan = fx.plan_at(t0(), later);
-    assert!(plan.steps.is_empty());
+    assert!(plan.steps().is_empty());
     assert_eq!(alerts(&plan, AlertKind::ManualApprovalRequired), ["m1"]);
 
     let mut fx = Fx::new("").with(
@@ -441,7 +526,7 @@ fn manual_waits_for_an_approval_of_the_current_tip() {
             .input_at(later),
     );
     let plan = fx.plan_at(t0(), later);
-    let StepKind::Claim { marker, .. } = &plan.steps[0].kind else {
+    let StepKind::Claim { marker, .. } = &plan.steps()[0].kind else {
         panic!("{plan:?}")
     };
     assert_eq!(
@@ -453,7 +538,7 @@ fn manual_waits_for_an_approval_of_the_current_tip() {
 
     let mut fx =
         Fx::new("").with(M::drifted("m1", Severity::High).approved(TIP, ApprovalMode::WhenIdle));
-    let StepKind::Claim { marker, .. } = &fx.plan_at(t0(), later).steps[0].kind else {
+    let StepKind::Claim { marker, .. } = &fx.plan_at(t0(), later).steps()[0].kind.clone() else {
         panic!()
     };
     assert_eq!(marker.mode, RotationMode::Wait);
@@ -486,7 +571,7 @@ fn approve_now_restarts_live_work_and_when_idle_does_not() {
 
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&m));
-    assert!(fx.plan_at(t0(), t0() + Cd::minutes(59)).steps.is_empty());
+    assert!(fx.plan_at(t0(), t0() + Cd::minutes(59)).steps().is_empty());
 }
 
 #[test]
@@ -499,13 +584,13 @@ fn finishing_a_manual_rotation_consumes_the_approval() {
         undrain,
         marker: next,
         ..
-    } = &plan.steps[0].kind
+    } = &plan.steps()[0].kind
     else {
         panic!("{plan:?}")
     };
     assert!(*clear_approval && !*undrain);
     assert_eq!(next.ending, Some(Ending::Finished));
-    assert_eq!(plan.steps[0].expected.as_ref(), Some(&m));
+    assert_eq!(plan.steps()[0].expected.as_ref(), Some(&m));
 }
 
 // ---- alert-and-wait and restart ---------------------------------------------
@@ -524,7 +609,7 @@ fn alert_and_wait_never_restarts_live_work() {
             assert!(
                 restart_of(&plan, "m1").is_none(),
                 "restarted at +{minutes}m: {:?}",
-                plan.steps
+                plan.steps()
             );
         }
     }
@@ -558,9 +643,9 @@ fn recent_input_keeps_a_machine_out_of_rotation() {
     let now = t0() + Cd::hours(1);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).input_at(now - Cd::minutes(9)));
     let plan = fx.plan_at(t0(), now);
-    assert!(plan.steps.is_empty());
+    assert!(plan.steps().is_empty());
     assert_eq!(
-        plan.decisions.get("m1").map(Decision::label).as_deref(),
+        plan.decisions().get("m1").map(Decision::label).as_deref(),
         Some("recent input")
     );
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).input_at(now - Cd::minutes(11)));
@@ -574,11 +659,11 @@ fn drain_ceiling_yields_instead_of_killing_work() {
     let plan = fx.plan_at(t0(), t0() + Cd::hours(1));
     let StepKind::Release {
         marker: next, why, ..
-    } = &plan.steps[0].kind
+    } = &plan.steps()[0].kind
     else {
         panic!("{plan:?}")
     };
-    assert_eq!(*why, "drain ceiling reached");
+    assert_eq!(*why, ReleaseWhy::DrainCeiling);
     assert_eq!(
         (next.phase, next.ending),
         (Phase::Releasing, Some(Ending::Yielded))
@@ -606,7 +691,7 @@ fn yielded_rotations_free_their_slot_alert_and_retry_after_retry_after() {
     let mut fx = Fx::new("").with(M::drifted("y", Severity::Low).busy().marker(&y));
     let plan = fx.plan_at(t0(), t0() + Cd::hours(2));
     assert_eq!(kinds(&plan), [("y", "claim")]);
-    assert_eq!(plan.steps[0].expected.as_ref(), Some(&y));
+    assert_eq!(plan.steps()[0].expected.as_ref(), Some(&y));
 }
 
 #[test]
@@ -624,9 +709,9 @@ fn a_due_retry_waits_for_a_slot_like_any_claim() {
         .with(M::drifted("x", Severity::Low).busy().marker(&x))
         .with(M::drifted("y", Severity::Low).marker(&y));
     let plan = fx.plan_at(t0(), now);
-    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(
-        plan.decisions.get("y").map(Decision::label).as_deref(),
+        plan.decisions().get("y").map(Decision::label).as_deref(),
         Some("waiting for a slot")
     );
 }
@@ -671,7 +756,7 @@ fn a_cooperating_agent_is_restarted_only_on_its_own_fresh_idle_checkpoint() {
             restart_of(&plan, "m1").is_some(),
             restarts,
             "case {i}: {:?}",
-            plan.steps
+            plan.steps()
         );
     }
 }
@@ -695,12 +780,12 @@ fn checkpoint_deadline_releases_the_fence_and_yields() {
         why,
         marker: next,
         ..
-    } = &plan.steps[0].kind
+    } = &plan.steps()[0].kind
     else {
         panic!("{plan:?}")
     };
     assert!(*undrain);
-    assert_eq!(*why, "checkpoint deadline reached");
+    assert_eq!(*why, ReleaseWhy::CheckpointDeadline);
     assert_eq!(next.retry_at, Some(now + Cd::hours(1)));
 }
 
@@ -708,14 +793,16 @@ fn checkpoint_deadline_releases_the_fence_and_yields() {
 fn claims_of_cooperating_agents_request_a_drain_and_reload_agents_a_reload() {
     let now = t0() + Cd::hours(1);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).cooperative(None, now));
-    let StepKind::Claim { drain, marker, .. } = &fx.plan_at(t0(), now).steps[0].kind else {
+    let StepKind::Claim { drain, marker, .. } = &fx.plan_at(t0(), now).steps()[0].kind.clone()
+    else {
         panic!()
     };
     assert!(*drain && marker.drain_requested);
 
     // critical → reload in the default pool; only for agents that advertise it.
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable());
-    let StepKind::Claim { reload, marker, .. } = &fx.plan_at(t0(), now).steps[0].kind else {
+    let StepKind::Claim { reload, marker, .. } = &fx.plan_at(t0(), now).steps()[0].kind.clone()
+    else {
         panic!()
     };
     assert!(*reload);
@@ -724,7 +811,8 @@ fn claims_of_cooperating_agents_request_a_drain_and_reload_agents_a_reload() {
         (Phase::Claiming, RotationMode::Reload)
     );
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical));
-    let StepKind::Claim { reload, marker, .. } = &fx.plan_at(t0(), now).steps[0].kind else {
+    let StepKind::Claim { reload, marker, .. } = &fx.plan_at(t0(), now).steps()[0].kind.clone()
+    else {
         panic!()
     };
     assert!(!*reload);
@@ -735,14 +823,14 @@ fn claims_of_cooperating_agents_request_a_drain_and_reload_agents_a_reload() {
 fn unproven_reload_falls_back_to_alert_and_wait() {
     let m = marker("m1", Phase::Reloading, RotationMode::Reload, t0());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable().marker(&m));
-    assert!(fx.plan_at(t0(), t0() + Cd::minutes(4)).steps.is_empty());
+    assert!(fx.plan_at(t0(), t0() + Cd::minutes(4)).steps().is_empty());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable().marker(&m));
     let plan = fx.plan_at(t0(), t0() + Cd::minutes(5));
     let StepKind::Advance {
         marker: next,
         cordon,
         ..
-    } = &plan.steps[0].kind
+    } = &plan.steps()[0].kind
     else {
         panic!("{plan:?}")
     };
@@ -775,9 +863,9 @@ fn pool_caps_hold_and_the_most_severe_go_first() {
         .with(M::drifted("x", Severity::Low).busy().marker(&m))
         .with(M::drifted("a", Severity::Low));
     let plan = fx.plan_at(t0(), now);
-    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(
-        plan.decisions.get("a").map(Decision::label).as_deref(),
+        plan.decisions().get("a").map(Decision::label).as_deref(),
         Some("waiting for a slot")
     );
     assert_eq!(
@@ -808,7 +896,7 @@ fn an_unreadable_marker_is_left_alone_and_holds_its_slot() {
         .insert(MARKER_KEY.into(), "{\"v\":99}".into());
     let mut fx = Fx::new("").with(odd).with(M::drifted("a", Severity::Low));
     let plan = fx.plan_at(t0(), now);
-    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"]);
 }
 
@@ -824,14 +912,14 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
     );
 
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
-    assert!(fx.plan_at(t0(), t0() + Cd::minutes(4)).steps.is_empty());
+    assert!(fx.plan_at(t0(), t0() + Cd::minutes(4)).steps().is_empty());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&m));
     let plan = fx.plan_at(t0(), t0() + Cd::minutes(5));
     let StepKind::Advance {
         marker: next,
         cordon,
         ..
-    } = &plan.steps[0].kind
+    } = &plan.steps()[0].kind
     else {
         panic!("{plan:?}")
     };
@@ -844,7 +932,7 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["m1"]);
 
     // Backoff grows per attempt and is capped at retry_after.
-    let c = config("");
+    let c = policy();
     assert_eq!(
         super::verify_backoff(&c, 1),
         std::time::Duration::from_secs(900)
@@ -858,7 +946,7 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
     b.retry_at = Some(t0() + Cd::minutes(10));
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&b));
     let plan = fx.plan_at(t0(), t0() + Cd::minutes(10));
-    let StepKind::Advance { marker: again, .. } = &plan.steps[0].kind else {
+    let StepKind::Advance { marker: again, .. } = &plan.steps()[0].kind else {
         panic!("{plan:?}")
     };
     assert_eq!((again.phase, again.attempt), (Phase::Draining, 1));
@@ -876,7 +964,7 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
         .report();
     let tracker = Tracker::default();
     let plan = plan(&PlanInput {
-        config: &config(""),
+        policy: &policy(),
         report: &report,
         tracker: &tracker,
         owner: "new-replica",
@@ -893,12 +981,12 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
         .with(M::drifted("m2", Severity::Medium).marker(&r))
         .report();
     let plan = plan_fn(&report, &tracker, t0() + Cd::seconds(61));
-    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
 }
 
 fn plan_fn(report: &FleetReport, tracker: &Tracker, now: DateTime<Utc>) -> Plan {
     plan(&PlanInput {
-        config: &config(""),
+        policy: &policy(),
         report,
         tracker,
         owner: "r",
@@ -910,7 +998,7 @@ fn plan_fn(report: &FleetReport, tracker: &Tracker, now: DateTime<Utc>) -> Plan 
 #[test]
 fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     // Seen drifted, then unreachable for 4 h: claimed with an immediate restart.
-    let cfg = config("");
+    let cfg = policy();
     let mut tracker = Tracker::default();
     let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
     let gone = Fx::new("")
@@ -920,7 +1008,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0() + Cd::minutes(1));
     tracker.observe(&gone, t0() + Cd::hours(3));
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &gone,
         tracker: &tracker,
         owner: "r",
@@ -931,7 +1019,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     let now = t0() + Cd::minutes(1) + Cd::hours(4);
     tracker.observe(&gone, now);
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &gone,
         tracker: &tracker,
         owner: "r",
@@ -940,7 +1028,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     });
     let StepKind::Claim {
         marker: claimed, ..
-    } = &p.steps[0].kind
+    } = &p.steps()[0].kind
     else {
         panic!("{p:?}")
     };
@@ -952,7 +1040,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0());
     tracker.observe(&gone, t0() + Cd::hours(5));
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &gone,
         tracker: &tracker,
         owner: "r",
@@ -970,7 +1058,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0());
     tracker.observe(&gone, t0() + Cd::minutes(59));
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &gone,
         tracker: &tracker,
         owner: "r",
@@ -979,10 +1067,11 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     });
     assert!(rotation_steps(&p).is_empty());
     // (the drain ceiling of 1 h comes first in the default config; widen it)
-    let wide = config("[rotation]\ndrain_ceiling = \"10h\"\n");
+    let mut wide = policy();
+    wide.rotation.drain_ceiling = std::time::Duration::from_secs(10 * 3600);
     tracker.observe(&gone, t0() + Cd::hours(4));
     let p = plan(&PlanInput {
-        config: &wide,
+        policy: &wide,
         report: &gone,
         tracker: &tracker,
         owner: "r",
@@ -994,7 +1083,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
 
 #[test]
 fn unreachable_machines_of_observe_and_manual_pools_are_never_restarted() {
-    let cfg = config("");
+    let cfg = policy();
     for (pool, action) in [
         ("wide", PolicyAction::Observe),
         ("default", PolicyAction::Manual),
@@ -1015,7 +1104,7 @@ fn unreachable_machines_of_observe_and_manual_pools_are_never_restarted() {
         let now = t0() + Cd::hours(10);
         tracker.observe(&gone, now);
         let p = plan(&PlanInput {
-            config: &cfg,
+            policy: &cfg,
             report: &gone,
             tracker: &tracker,
             owner: "r",
@@ -1025,7 +1114,7 @@ fn unreachable_machines_of_observe_and_manual_pools_are_never_restarted() {
         assert!(
             rotation_steps(&p).is_empty(),
             "{pool}/{action}: {:?}",
-            p.steps
+            p.steps()
         );
     }
 }
@@ -1036,7 +1125,7 @@ fn observe_pools_report_but_never_act() {
     let mut fx =
         Fx::new("").with(M::drifted("w", Severity::Low).pool("wide", PolicyAction::Observe));
     let plan = fx.plan_at(t0(), now);
-    assert!(plan.steps.is_empty());
+    assert!(plan.steps().is_empty());
     assert_eq!(alerts(&plan, AlertKind::Drift), ["w"]);
 }
 
@@ -1056,7 +1145,7 @@ impl Fx {
         self.tracker.observe(&report, first_seen);
         self.tracker.observe(&report, now);
         plan(&PlanInput {
-            config: &self.config,
+            policy: &self.policy,
             report: &report,
             tracker: &self.tracker,
             owner: "r1",
@@ -1099,8 +1188,8 @@ impl M {
     }
 }
 
-fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, &'static str)> {
-    plan.steps.iter().find_map(|s| match &s.kind {
+fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, ReleaseWhy)> {
+    plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Release {
             marker,
             undrain,
@@ -1112,7 +1201,7 @@ fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, &'static str)> {
 }
 
 fn guard_of(plan: &Plan, id: &str) -> Option<RestartGuard> {
-    plan.steps.iter().find_map(|s| match &s.kind {
+    plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Restart { guard, .. } if s.target.machine_id == id => Some(*guard),
         _ => None,
     })
@@ -1123,9 +1212,11 @@ fn scenario_3_a_ceiling_restart_needs_the_agent_still_unprobeable() {
     // Claimed past the ceiling in the pool's own mode (tested above); mid-rotation
     // the restart is guarded: it happens only while the agent cannot be probed.
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
-    let wide = "[rotation]\ndrain_ceiling = \"10h\"\n";
+    let wide = |r: &mut crate::config::RotationConfig| {
+        r.drain_ceiling = std::time::Duration::from_secs(10 * 3600);
+    };
     let now = t0() + Cd::hours(5);
-    let mut fx = Fx::new(wide).with(
+    let mut fx = Fx::new("").rotation(wide).with(
         M::drifted("m1", Severity::Low)
             .unreachable()
             .unprobed_since(t0())
@@ -1134,7 +1225,7 @@ fn scenario_3_a_ceiling_restart_needs_the_agent_still_unprobeable() {
     let plan = fx.plan_at(now, now);
     assert_eq!(guard_of(&plan, "m1"), Some(RestartGuard::Unprobeable));
     // The agent answers again, busy: judged by its report, never restarted.
-    let mut fx = Fx::new(wide).with(
+    let mut fx = Fx::new("").rotation(wide).with(
         M::drifted("m1", Severity::Low)
             .busy()
             .unprobed_since(t0())
@@ -1143,8 +1234,8 @@ fn scenario_3_a_ceiling_restart_needs_the_agent_still_unprobeable() {
     let plan = fx.plan_at(now, now);
     assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
     assert!(
-        plan.steps
-            .iter()
+        plan.steps()
+            .into_iter()
             .all(|s| s.kind == StepKind::ClearUnprobed || s.kind().starts_with("drain")),
         "{plan:?}"
     );
@@ -1163,8 +1254,8 @@ fn scenario_4_a_due_retry_of_a_hung_agent_replaces_its_yielded_marker() {
     );
     let plan = fx.plan_at(now, now);
     let claim = plan
-        .steps
-        .iter()
+        .steps()
+        .into_iter()
         .find(|s| matches!(s.kind, StepKind::Claim { .. }))
         .expect("claimed");
     assert_eq!(
@@ -1187,7 +1278,7 @@ fn scenario_6_an_uncertain_tip_starts_no_rotation_and_proves_nothing() {
     for m in [unknown.clone(), M::drifted("m2", Severity::Low)] {
         let mut fx = Fx::new("").with(m);
         let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
-        assert!(plan.steps.is_empty(), "{plan:?}");
+        assert!(plan.steps().is_empty(), "{plan:?}");
     }
     // A healthy fetch, but older than the first sight of the unknown ref: wait.
     let stale_ok = FetchState {
@@ -1196,7 +1287,7 @@ fn scenario_6_an_uncertain_tip_starts_no_rotation_and_proves_nothing() {
     };
     let mut fx = Fx::new("").with(unknown.clone());
     let plan = fx.plan_with(t0(), now, stale_ok, SlotsView::NotConfigured);
-    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(plan.steps().is_empty(), "{plan:?}");
     // A fetch after it was first seen still cannot resolve it: now it counts.
     let mut fx = Fx::new("").with(unknown.clone());
     let plan = fx.plan_with(t0(), now, fetched(), SlotsView::NotConfigured);
@@ -1205,7 +1296,7 @@ fn scenario_6_an_uncertain_tip_starts_no_rotation_and_proves_nothing() {
     let r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
     let mut fx = Fx::new("").with(unknown.marker(&r));
     let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
-    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(plan.steps().is_empty(), "{plan:?}");
 }
 
 #[test]
@@ -1219,7 +1310,7 @@ fn scenario_7_an_approval_binds_one_rotation_to_one_commit() {
     assert!(restart_of(&plan, "m1").is_none());
     let (next, _, why) = release_of(&plan, "m1").expect("cancelled");
     assert_eq!(next.ending, Some(Ending::Cancelled));
-    assert_eq!(why, "the approval was revoked");
+    assert_eq!(why, ReleaseWhy::ApprovalRevoked);
     // Still approved: restarted onto the approved commit.
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::High)
@@ -1240,12 +1331,12 @@ fn scenario_7_an_approval_binds_one_rotation_to_one_commit() {
     let plan = fx.plan_at(t0(), now);
     assert!(restart_of(&plan, "m1").is_none());
     let (_, _, why) = release_of(&plan, "m1").expect("cancelled");
-    assert!(why.contains("approve the new tip"), "{why}");
+    assert_eq!(why, ReleaseWhy::TipMovedPastApproval);
 }
 
 #[test]
 fn scenario_8_bad_reports_count_toward_the_probe_failure_ceiling() {
-    let cfg = config("");
+    let cfg = policy();
     let mut tracker = Tracker::default();
     let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
     let gone = Fx::new("")
@@ -1263,7 +1354,7 @@ fn scenario_8_bad_reports_count_toward_the_probe_failure_ceiling() {
     let now = t0() + Cd::minutes(30) + Cd::hours(4);
     tracker.observe(&garbage, now);
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &garbage,
         tracker: &tracker,
         owner: "r",
@@ -1275,7 +1366,7 @@ fn scenario_8_bad_reports_count_toward_the_probe_failure_ceiling() {
 
 #[test]
 fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
-    let cfg = config("");
+    let cfg = policy();
     let mut tracker = Tracker::default();
     let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
     let gone = Fx::new("")
@@ -1284,14 +1375,14 @@ fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
     tracker.observe(&drifted, t0());
     tracker.observe(&gone, t0() + Cd::minutes(1));
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
         now: t0() + Cd::minutes(1),
     });
-    let StepKind::RecordUnprobed { record } = &p.steps[0].kind else {
+    let StepKind::RecordUnprobed { record } = &p.steps()[0].kind else {
         panic!("{p:?}")
     };
     assert_eq!(record.since, t0() + Cd::minutes(1));
@@ -1305,7 +1396,7 @@ fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
         .report();
     let fresh = Tracker::default();
     let p = plan(&PlanInput {
-        config: &cfg,
+        policy: &cfg,
         report: &recorded,
         tracker: &fresh,
         owner: "r",
@@ -1358,9 +1449,9 @@ fn a_hold_mid_rotation_keeps_its_slot_and_says_what_waits_on_it() {
         .with(M::drifted("x", Severity::Low).held().marker(&m))
         .with(M::drifted("a", Severity::Low));
     let plan = fx.plan_at(t0(), now);
-    assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(
-        plan.decisions.get("a").map(Decision::label).as_deref(),
+        plan.decisions().get("a").map(Decision::label).as_deref(),
         Some("waiting for a slot")
     );
     let stuck: Vec<&Alert> = plan
@@ -1404,11 +1495,11 @@ fn an_unfinished_claim_is_completed_or_withdrawn() {
     // Still a candidate: the claim goes on under its tag (its slot may be won).
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&c));
     let plan = fx.plan_at(t0(), now);
-    let StepKind::Claim { marker: again, .. } = &plan.steps[0].kind else {
+    let StepKind::Claim { marker: again, .. } = &plan.steps()[0].kind else {
         panic!("{plan:?}")
     };
     assert_eq!(again.tag, c.tag);
-    assert_eq!(plan.steps[0].expected.as_ref(), Some(&c));
+    assert_eq!(plan.steps()[0].expected.as_ref(), Some(&c));
     // It counts for nothing: a claiming marker holds no slot.
     assert_eq!(plan.rotations_in_progress.values().sum::<usize>(), 0);
     // On the tip, or its pool full: withdrawn.
@@ -1489,7 +1580,7 @@ fn an_unfinished_undo_is_retried_and_a_yield_keeps_its_retry_time() {
     assert!(undrain);
     // Held: nothing, not even the undo.
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).held().marker(&r));
-    assert!(fx.plan_at(t0(), now).steps.is_empty());
+    assert!(fx.plan_at(t0(), now).steps().is_empty());
 }
 
 // ---- an app the sweep could not list (issue 10 item 10) ----------------------
@@ -1605,7 +1696,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
         fx.tracker.observe(&report, t0());
         fx.tracker.observe(&report, now);
         plan(&PlanInput {
-            config: &fx.config,
+            policy: &fx.policy,
             report: &report,
             tracker: &fx.tracker,
             owner: "r1",
@@ -1654,7 +1745,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     assert_eq!(alerts(&unlisted, AlertKind::Drift), ["a-drift"]);
     // The rotations in progress wait where they are, and say so.
     assert_eq!(
-        unlisted.decisions.get("o-drain"),
+        unlisted.decisions().get("o-drain"),
         Some(&Decision::AppNotListed {
             held: false,
             phase: Some(Phase::Draining)
@@ -1662,7 +1753,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     );
     assert_eq!(
         unlisted
-            .decisions
+            .decisions()
             .get("o-drain")
             .map(Decision::label)
             .as_deref(),
@@ -1670,7 +1761,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     );
     assert_eq!(
         unlisted
-            .decisions
+            .decisions()
             .get("o-held")
             .map(Decision::label)
             .as_deref(),
@@ -1678,7 +1769,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     );
     assert_eq!(
         unlisted
-            .decisions
+            .decisions()
             .get("o-drift")
             .map(Decision::label)
             .as_deref(),
@@ -1693,7 +1784,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     );
     assert_eq!(
         unlisted
-            .decisions
+            .decisions()
             .get("a-drift")
             .map(Decision::label)
             .as_deref(),
@@ -1755,7 +1846,7 @@ fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
 /// `first_seen` and planned at `now`.
 fn decision_of(fx: &mut Fx, id: &str, first_seen: DateTime<Utc>, now: DateTime<Utc>) -> Decision {
     let plan = fx.plan_at(first_seen, now);
-    plan.decisions
+    plan.decisions()
         .get(id)
         .cloned()
         .unwrap_or_else(|| panic!("no decision for {id}: {plan:?}"))
@@ -1771,16 +1862,16 @@ fn every_machine_of_the_report_gets_a_decision() {
         .with(M::on_tip("d").unreachable());
     let plan = fx.plan_at(t0(), now);
     assert_eq!(
-        plan.decisions
+        plan.decisions()
             .keys()
             .map(MachineId::as_str)
             .collect::<Vec<_>>(),
         ["a", "b", "c", "d"]
     );
     // The one drift clock: the tracker's, for the machines off the tip.
-    assert_eq!(plan.drift_since.get("b"), Some(&t0()));
-    assert_eq!(plan.drift_since.get("c"), Some(&t0()));
-    assert_eq!(plan.drift_since.get("a"), None);
+    assert_eq!(plan.drift_since("b"), Some(t0()));
+    assert_eq!(plan.drift_since("c"), Some(t0()));
+    assert_eq!(plan.drift_since("a"), None);
 }
 
 #[test]
@@ -1919,7 +2010,7 @@ fn decision_waiting_for_a_slot_names_the_pool_and_its_use() {
         .with(M::drifted("w3", Severity::Low).pool("wide", PolicyAction::AlertAndWait));
     let plan = fx.plan_at(t0(), now);
     assert_eq!(
-        plan.decisions.get("w3"),
+        plan.decisions().get("w3"),
         Some(&Decision::WaitingForSlot {
             pool: "wide".into(),
             in_use: 2,
@@ -2107,7 +2198,7 @@ fn decision_tip_uncertain_and_unconfirmed_ref() {
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
     let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
     assert_eq!(
-        plan.decisions.get("m1"),
+        plan.decisions().get("m1"),
         Some(&Decision::TipUncertain {
             fetched_at: Some(t0() - Cd::hours(1))
         })
@@ -2115,7 +2206,7 @@ fn decision_tip_uncertain_and_unconfirmed_ref() {
     // A machine on the tip is on the tip, whatever the fetch does.
     let mut fx = Fx::new("").with(M::on_tip("m1"));
     let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
-    assert_eq!(plan.decisions.get("m1"), Some(&Decision::OnTip));
+    assert_eq!(plan.decisions().get("m1"), Some(&Decision::OnTip));
 
     let mut unknown = M::drifted("m1", Severity::Critical);
     unknown.0.status = MachineStatus::UnknownRef;
@@ -2127,7 +2218,7 @@ fn decision_tip_uncertain_and_unconfirmed_ref() {
     let mut fx = Fx::new("").with(unknown);
     let plan = fx.plan_with(t0(), now, stale_ok, SlotsView::NotConfigured);
     assert_eq!(
-        plan.decisions.get("m1"),
+        plan.decisions().get("m1"),
         Some(&Decision::UnconfirmedRef { since: Some(t0()) })
     );
 }
@@ -2210,7 +2301,7 @@ fn failing_fetch() -> FetchState {
 }
 
 fn advance_of(plan: &Plan, id: &str) -> Option<(Marker, bool)> {
-    plan.steps.iter().find_map(|s| match &s.kind {
+    plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Advance { marker, cordon, .. } if s.target.machine_id == id => {
             Some((marker.clone(), *cordon))
         }
@@ -2316,7 +2407,7 @@ fn item7_an_unreadable_marker_takes_no_slot_the_coordinator_does_not_give_it() {
     assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"]);
     assert!(matches!(
-        plan.decisions["x"],
+        plan.decisions()["x"],
         Decision::UnreadableMarker { .. }
     ));
     // When the coordinator does hold a slot for it, it is counted.
@@ -2327,9 +2418,9 @@ fn item7_an_unreadable_marker_takes_no_slot_the_coordinator_does_not_give_it() {
         fetched(),
         slots_with(&[("default", "x", "x-newer-tag")]),
     );
-    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(plan.steps().is_empty(), "{plan:?}");
     assert!(matches!(
-        plan.decisions["a"],
+        plan.decisions()["a"],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
 }
@@ -2344,7 +2435,7 @@ fn item8_a_backoff_that_cannot_move_on_ends_uncordoned() {
     let unknown = SlotsView::Unknown("coordinator host unreachable".into());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&b));
     let plan = fx.plan_with(t0(), t0() + Cd::minutes(11), fetched(), unknown.clone());
-    assert!(plan.steps.is_empty(), "needs a slot: {plan:?}");
+    assert!(plan.steps().is_empty(), "needs a slot: {plan:?}");
     // Due for longer than verify_deadline (5 min): it yields, uncordoning.
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&b));
     let plan = fx.plan_with(t0(), t0() + Cd::minutes(16), fetched(), unknown);
@@ -2371,15 +2462,12 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
         .expect("the marker remembers the failure");
     assert_eq!((failed.attempts, failed.at), (3, now));
     assert_eq!(next.retry_at, None);
-    assert_eq!(plan.steps[0].kind(), "fail");
+    assert_eq!(plan.steps()[0].kind(), "fail");
     assert_eq!(alerts(&plan, AlertKind::RotationFailed), ["m1"]);
     // Fewer attempts: backoff as before.
-    let mut fx = Fx::new(
-        "max_attempts = 4\n"
-            .replace("max", "[rotation]\nmax")
-            .as_str(),
-    )
-    .with(M::drifted("m1", Severity::Medium).marker(&r));
+    let mut fx = Fx::new("")
+        .rotation(|r| r.max_attempts = std::num::NonZeroU32::new(4).unwrap())
+        .with(M::drifted("m1", Severity::Medium).marker(&r));
     let plan = fx.plan_at(t0(), now);
     assert_eq!(advance_of(&plan, "m1").unwrap().0.phase, Phase::Backoff);
 
@@ -2392,9 +2480,9 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
     let later = now + Cd::hours(5);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Medium).marker(&ended));
     let plan = fx.plan_at(t0(), later);
-    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(plan.steps().is_empty(), "{plan:?}");
     assert_eq!(alerts(&plan, AlertKind::RotationFailed), ["m1"]);
-    match &plan.decisions["m1"] {
+    match &plan.decisions()["m1"] {
         Decision::RotationFailed {
             target, attempts, ..
         } => assert_eq!((target.as_str(), *attempts), (TIP, 3)),
@@ -2468,19 +2556,19 @@ fn item11_a_machine_whose_metadata_is_unknown_gets_no_step_and_keeps_its_slot() 
         fetched(),
         slots_with(&[("default", "m1", "m1-tag")]),
     );
-    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(plan.steps().is_empty(), "{plan:?}");
     assert!(matches!(
-        plan.decisions["a"],
+        plan.decisions()["a"],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
-    match &plan.decisions["m1"] {
+    match &plan.decisions()["m1"] {
         Decision::MetadataUnknown { why } => assert!(why.contains("host_status"), "{why}"),
         other => panic!("{other:?}"),
     }
     // Not even a probe-failure record or an undo.
     let mut fx = Fx::new("").with(dark.unreachable());
     let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
-    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(plan.steps().is_empty(), "{plan:?}");
 }
 
 #[test]
@@ -2490,8 +2578,11 @@ fn item11_an_unknown_slot_set_is_never_an_empty_one() {
     // No claim.
     let mut fx = Fx::new("").with(M::drifted("a", Severity::Low));
     let plan = fx.plan_with(t0(), now, fetched(), unknown.clone());
-    assert!(plan.steps.is_empty(), "{plan:?}");
-    assert!(matches!(plan.decisions["a"], Decision::SlotsUnknown { .. }));
+    assert!(plan.steps().is_empty(), "{plan:?}");
+    assert!(matches!(
+        plan.decisions()["a"],
+        Decision::SlotsUnknown { .. }
+    ));
     // No restart of a rotation in progress; its undo still goes.
     let d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     let r = releasing_fenced("m2");
@@ -2595,7 +2686,7 @@ fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
     assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
     let (next, _, why) = release_of(&plan, "m1").expect("ended safely");
     assert_eq!(next.ending, Some(Ending::Cancelled));
-    assert!(why.contains("outside"), "{why}");
+    assert_eq!(why, ReleaseWhy::UpdatedFromOutside);
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["m1"]);
     // Updated onto the target: finished.
     let mut fx = Fx::new("").with(M::on_tip("m1").instance("02-theirs").marker(&d));
@@ -2619,7 +2710,7 @@ fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
     // the machine it reads under the lease, not from this older snapshot).
     let mut fx = Fx::new("").with(M::drifted("a", Severity::Low).instance("07-a"));
     let plan = fx.plan_at(t0(), t0() + Cd::hours(1));
-    let StepKind::Claim { marker, .. } = &plan.steps[0].kind else {
+    let StepKind::Claim { marker, .. } = &plan.steps()[0].kind else {
         panic!("{plan:?}")
     };
     assert_eq!(marker.instance_id, None);
@@ -2642,8 +2733,8 @@ fn item17_a_pool_label_edited_mid_rotation_keeps_the_pool_of_its_slot() {
         slots_with(&[("default", "m1", d.tag.as_str())]),
     );
     let step = plan
-        .steps
-        .iter()
+        .steps()
+        .into_iter()
         .find(|s| s.target.machine_id == "m1")
         .expect("a step");
     assert!(matches!(step.kind, StepKind::Restart { .. }), "{plan:?}");
@@ -2695,7 +2786,7 @@ fn item7_a_slot_left_behind_does_not_block_its_pool() {
         slots_with(&[("default", "x", &d.tag)]),
     );
     assert!(matches!(
-        plan.decisions["a"],
+        plan.decisions()["a"],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
 }
@@ -2712,7 +2803,7 @@ fn a_slot_whose_machine_is_cordoned_without_a_marker_is_kept_and_alerted() {
     let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[("default", "x", "t1")]));
     assert!(
         matches!(
-            plan.decisions["a"],
+            plan.decisions()["a"],
             Decision::WaitingForSlot { in_use: 1, .. }
         ),
         "{plan:?}"

@@ -16,7 +16,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{Config, SeverityRule};
+use crate::config::SeverityRule;
+use crate::decide::policy::Policy;
 use crate::model::{
     CommitId, Evidence, PolicyAction, Reason, RuleMatch, Severity, SharedReason, Unresolved,
 };
@@ -232,17 +233,12 @@ fn matches(rule: &SeverityRule, ids: RuleSignals, drift: Drift<'_>) -> bool {
     }
 }
 
-/// The action the pool's policy maps a severity to.
-pub fn action_for(config: &Config, pool: &str, severity: Severity) -> PolicyAction {
-    config.pool(pool).actions.for_severity(severity)
-}
-
 /// Decides, for each machine of a sweep's observation whose ref is not the
 /// tip, its severity (the first matching rule), why (the [`Reason`], shared by
 /// every machine on the same ref) and its pool's action. A drift whose path
 /// rules are not yet checked on every missing commit is only observed:
 /// nothing acts on a partial answer, later sweeps finish it.
-pub fn judge(config: &Config, observation: Observation) -> FleetReport {
+pub fn judge(policy: &Policy, observation: Observation) -> FleetReport {
     let mut report = observation.0;
     let mut reasons = Reasons::default();
     for m in &mut report.machines {
@@ -255,13 +251,13 @@ pub fn judge(config: &Config, observation: Observation) -> FleetReport {
             Some(RefAnalysis::OnTip { .. }) | None => continue,
         };
         let reported_ref = m.reported_ref.as_deref().unwrap_or_default();
-        let (class, reason) = reasons.get(config, reported_ref, drift);
+        let (class, reason) = reasons.get(&policy.severity, reported_ref, drift);
         m.severity = Some(class.severity);
         m.reason = Some(reason);
         m.action = Some(if partial {
             PolicyAction::Observe
         } else {
-            action_for(config, &m.pool, class.severity)
+            policy.action(&m.pool, class.severity)
         });
     }
     report
@@ -277,15 +273,15 @@ struct Reasons {
 impl Reasons {
     fn get(
         &mut self,
-        config: &Config,
+        rules: &[SeverityRule],
         reported_ref: &str,
         drift: Drift<'_>,
     ) -> (Classification, SharedReason) {
         if let Some((class, reason)) = self.by_ref.get(reported_ref) {
             return (*class, reason.clone());
         }
-        let class = classify(&config.severity, drift);
-        let reason = SharedReason(Arc::new(explain(&config.severity, drift, class)));
+        let class = classify(rules, drift);
+        let reason = SharedReason(Arc::new(explain(rules, drift, class)));
         self.by_ref
             .insert(reported_ref.to_owned(), (class, reason.clone()));
         (class, reason)
@@ -295,6 +291,7 @@ impl Reasons {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::config::default_severity_rules;
     use crate::model::CommitId;
 
@@ -620,7 +617,8 @@ min_commits_behind = 3
             branch: "release".into(),
             commit: commit.clone(),
         };
-        let report = judge(&config, Observation(build_report(&config, &tip, machines)));
+        let policy = Policy::from_config(&config);
+        let report = judge(&policy, Observation(build_report(&config, &tip, machines)));
         let m = |id: &str| {
             report
                 .machines
@@ -633,10 +631,7 @@ min_commits_behind = 3
             Drift::Range(&range(&config.severity, 1, &[], &[])),
         );
         assert_eq!(m("m1").severity, Some(low.severity));
-        assert_eq!(
-            m("m1").action,
-            Some(action_for(&config, "default", low.severity))
-        );
+        assert_eq!(m("m1").action, Some(policy.action("default", low.severity)));
         assert_ne!(m("m1").action, Some(PolicyAction::Observe));
         let (r1, r2) = (m("m1").reason.as_ref(), m("m2").reason.as_ref());
         assert!(Arc::ptr_eq(&r1.expect("reason").0, &r2.expect("reason").0));

@@ -138,7 +138,7 @@ impl Prober {
     pub fn new(config: &ProbeConfig) -> Result<Prober, ProbeBuildError> {
         let builder = || {
             crate::http::client_builder()
-                .connect_timeout(config.timeout)
+                .connect_timeout(config.timeout.get())
                 .redirect(reqwest::redirect::Policy::none())
         };
         let http = builder()
@@ -149,7 +149,7 @@ impl Prober {
         Ok(Prober {
             http,
             one_shot,
-            timeout: config.timeout,
+            timeout: config.timeout.get(),
             max_body: config.max_body_bytes.get(),
             concurrency: config.concurrency.get(),
             observer: None,

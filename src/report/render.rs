@@ -389,7 +389,7 @@ pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a>
             .machines
             .iter()
             .map(|m| {
-                let decision = plan.decisions.get(&m.machine_id);
+                let decision = plan.decision(&m.machine_id);
                 PlannedMachine {
                     app: &m.app,
                     machine_id: &m.machine_id,
@@ -404,7 +404,7 @@ pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a>
             })
             .collect(),
         steps: plan
-            .steps
+            .steps()
             .iter()
             .map(|s| PlannedStep {
                 app: s.target.app.to_string(),
@@ -419,12 +419,12 @@ pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a>
 /// `plan`'s table: the fleet with each machine's decision, then why for every
 /// machine that is not on the tip, then the steps a daemon would take now.
 pub fn plan_to_table(report: &FleetReport, plan: &Plan) -> String {
-    let mut out = to_table_with_decisions(report, &plan.decisions);
+    let mut out = to_table_with_decisions(report, &plan.decisions());
     let why: Vec<String> = report
         .machines
         .iter()
         .filter_map(|m| {
-            let d = plan.decisions.get(&m.machine_id)?;
+            let d = plan.decision(&m.machine_id)?;
             (*d != Decision::OnTip)
                 .then(|| printable(&format!("  {}/{}: {d}", m.app, m.machine_id)))
         })
@@ -435,15 +435,12 @@ pub fn plan_to_table(report: &FleetReport, plan: &Plan) -> String {
             let _ = writeln!(out, "{line}");
         }
     }
-    if plan.steps.is_empty() {
+    let steps = plan.steps();
+    if steps.is_empty() {
         out.push_str("\nNo steps: a daemon would do nothing now.\n");
     } else {
-        let _ = writeln!(
-            out,
-            "\nSteps a daemon would take now ({}):",
-            plan.steps.len()
-        );
-        for s in &plan.steps {
+        let _ = writeln!(out, "\nSteps a daemon would take now ({}):", steps.len());
+        for s in &steps {
             let _ = writeln!(out, "  {}", printable(&s.to_string()));
         }
     }

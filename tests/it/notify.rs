@@ -1252,7 +1252,7 @@ fn a_cold_start_pages_nothing_while_the_first_clone_runs() {
     // A first fetch that never ends is a failing daemon once it has had its
     // fetch_timeout and three sweep intervals.
     let mut stuck = FleetAlertTracker::new(rules);
-    let limit = config.overlay.fetch_timeout.as_secs() as i64 + 6;
+    let limit = config.overlay.fetch_timeout.get().as_secs() as i64 + 6;
     let mut n = 0;
     for s in (2..=limit).step_by(2) {
         n += 1;

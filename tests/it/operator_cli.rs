@@ -477,8 +477,9 @@ async fn serve_daemon(fx: &Fixture, shutdown: &CancellationToken) -> String {
     let view = FleetView::new(Duration::from_secs(30), Utc::now());
     view.record_sweep(report, Utc::now());
     view.set_extras(
-        plan.decisions
+        plan.machines
             .into_iter()
+            .map(|(id, m)| (id, m.decision))
             .map(|(id, d)| {
                 let extra = MachineExtra {
                     decision: Some(d),

@@ -11,10 +11,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use chrono::{DateTime, Duration as Cd, Utc};
-use fleet_reconciler::config::Config;
+use std::num::NonZeroU32;
+
+use fleet_reconciler::config::{ActionMap, Config, PoolConfig};
 use fleet_reconciler::decide::planner::{
     FetchState, PlanInput, RestartGuard, StepKind, Tracker, plan, restart_allowed,
 };
+use fleet_reconciler::decide::policy::Policy;
 use fleet_reconciler::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
 use fleet_reconciler::metadata::slots::{Slot, SlotSet};
@@ -30,7 +33,8 @@ const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
 const POOLS: [&str; 3] = ["restart", "wait", "manual"];
 
-fn config(max_attempts: u32) -> Config {
+/// The report's apps (all the report builder reads of a config).
+fn config() -> Config {
     let text = r#"
 [overlay]
 repo = "/r"
@@ -39,22 +43,28 @@ mirror_dir = "/m"
 [[apps]]
 name = "app"
 pool_key = "pool"
-[pools.restart]
-max_concurrent_rotations = 2
-actions = { low = "restart", medium = "restart", high = "restart", critical = "restart" }
-[pools.wait]
-max_concurrent_rotations = 1
-actions = { low = "alert-and-wait", medium = "reload", high = "alert-and-wait", critical = "alert-and-wait" }
-[pools.manual]
-max_concurrent_rotations = 1
-actions = { low = "manual", medium = "manual", high = "manual", critical = "manual" }
-[rotation]
-min_drift_age = "2m"
-restart_grace = "1m"
-max_attempts = MAX_ATTEMPTS
 "#;
-    let text = text.replace("MAX_ATTEMPTS", &max_attempts.to_string());
-    Config::parse(Path::new("props.toml"), &text).unwrap()
+    Config::parse(Path::new("props.toml"), text).unwrap()
+}
+
+/// Pools `restart` (cap 2), `wait` and `manual` (cap 1), built directly.
+fn policy(max_attempts: u32) -> Policy {
+    use PolicyAction::{AlertAndWait, Manual, Reload, Restart};
+    let pool = |cap: u32, actions: [PolicyAction; 4]| PoolConfig {
+        max_concurrent_rotations: NonZeroU32::new(cap).unwrap(),
+        actions: ActionMap::from(actions),
+    };
+    let mut policy = Policy::default()
+        .with_pool("restart", pool(2, [Restart; 4]))
+        .with_pool(
+            "wait",
+            pool(1, [AlertAndWait, Reload, AlertAndWait, AlertAndWait]),
+        )
+        .with_pool("manual", pool(1, [Manual; 4]));
+    policy.rotation.min_drift_age = std::time::Duration::from_secs(120);
+    policy.rotation.restart_grace = std::time::Duration::from_secs(60);
+    policy.rotation.max_attempts = NonZeroU32::new(max_attempts).unwrap();
+    policy
 }
 
 fn t0() -> DateTime<Utc> {
@@ -273,7 +283,7 @@ fn machine() -> impl Strategy<Value = Machine> {
         )
 }
 
-fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
+fn to_report(policy: &Policy, i: usize, m: &Machine) -> MachineReport {
     let pool = POOLS[m.pool];
     let mut metadata = BTreeMap::from([("pool".to_string(), pool.to_string())]);
     if m.held {
@@ -334,7 +344,7 @@ fn to_report(config: &Config, i: usize, m: &Machine) -> MachineReport {
             .then(|| fleet_reconciler::model::CommitId::parse(OLD))
             .flatten(),
         severity: classified.then_some(m.severity),
-        action: classified.then(|| config.pool(pool).actions.for_severity(m.severity)),
+        action: classified.then(|| policy.action(pool, m.severity)),
         inputs: MachineInputs {
             report: (usable && m.started).then_some(report),
             metadata,
@@ -366,12 +376,13 @@ proptest! {
         fetch_failing in any::<bool>(),
         max_attempts in 1u32..4,
     ) {
-        let config = config(max_attempts);
+        let config = config();
+        let policy = policy(max_attempts);
         let slots_known = slots == 0;
         let slots_unknown = slots == 1;
         let now = t0() + Cd::seconds(now);
         let reports: Vec<MachineReport> =
-            machines.iter().enumerate().map(|(i, m)| to_report(&config, i, m)).collect();
+            machines.iter().enumerate().map(|(i, m)| to_report(&policy, i, m)).collect();
         let mut report = build_report(
             &config,
             &Tip { branch: "release".into(), commit: CommitId::parse(TIP).unwrap() },
@@ -398,7 +409,7 @@ proptest! {
         tracker.observe(&report, t0() + Cd::seconds(first_seen));
         tracker.observe(&report, now);
         let fetch = FetchState { fetched_at: Some(now), failing: fetch_failing };
-        let p = plan(&PlanInput { config: &config, report: &report, tracker: &tracker, owner: "r", fetch, now });
+        let p = plan(&PlanInput { policy: &policy, report: &report, tracker: &tracker, owner: "r", fetch, now });
 
         let by_id: HashMap<&str, (&Machine, &MachineReport)> = machines
             .iter()
@@ -407,7 +418,7 @@ proptest! {
             .collect();
         // One step per machine.
         let mut seen = std::collections::HashSet::new();
-        for s in &p.steps {
+        for s in p.steps() {
             prop_assert!(seen.insert(s.target.machine_id.clone()), "two steps for {}", s.target.machine_id);
         }
         // Claims never go past a pool's cap (rotations holding slots count).
@@ -452,7 +463,7 @@ proptest! {
             }
         }
         let mut claims: HashMap<&str, usize> = HashMap::new();
-        for s in &p.steps {
+        for s in p.steps() {
             let (m, r) = by_id[s.target.machine_id.as_str()];
             // Never act on a held machine, nor on one whose hold cannot be seen.
             prop_assert!(!m.held, "step on a held machine: {s}");
@@ -504,10 +515,10 @@ proptest! {
                     RestartGuard::MayInterrupt => {
                         let grace = expected.mode == RotationMode::Grace
                             && expected.action == PolicyAction::Restart
-                            && config.pool(POOLS[m.pool]).actions.for_severity(expected.severity)
+                            && policy.action(POOLS[m.pool], expected.severity)
                                 == PolicyAction::Restart
                             && expected.attempt_started_at
-                                .checked_add_signed(Cd::from_std(config.rotation.restart_grace).unwrap())
+                                .checked_add_signed(Cd::from_std(policy.rotation.restart_grace).unwrap())
                                 .is_some_and(|t| t <= now);
                         let approved_now = expected.mode == RotationMode::Now
                             && m.approval.as_ref().is_some_and(|(t, now)| *now && t == &expected.target);
@@ -516,7 +527,7 @@ proptest! {
                     }
                     RestartGuard::Idle => {
                         let r = r.inputs.report.as_ref().expect("idle is judged on a report");
-                        prop_assert!(restart_allowed(&config, r, expected, now).is_ok(), "{s}");
+                        prop_assert!(restart_allowed(&policy, r, expected, now).is_ok(), "{s}");
                     }
                     RestartGuard::Unprobeable => {
                         prop_assert!(matches!(r.status, MachineStatus::Unreachable | MachineStatus::BadReport), "{s}");
@@ -528,7 +539,7 @@ proptest! {
             }
         }
         for (pool, n) in claims {
-            let cap = config.pool(pool).max_concurrent_rotations.get() as usize;
+            let cap = policy.pool(pool).max_concurrent_rotations.get() as usize;
             let used = out.get(pool).copied().unwrap_or(0);
             prop_assert!(used + n <= cap.max(used), "pool {pool}: {used} in use + {n} claims > cap {cap}");
         }

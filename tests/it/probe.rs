@@ -107,7 +107,7 @@ async fn server() -> (String, Arc<Stats>) {
 
 fn prober(concurrency: usize, timeout: Duration, max_body: usize) -> Prober {
     Prober::new(&ProbeConfig {
-        timeout,
+        timeout: fleet_reconciler::config::NonZeroDuration::new(timeout).unwrap(),
         concurrency: NonZeroUsize::new(concurrency).unwrap(),
         max_body_bytes: NonZeroUsize::new(max_body).unwrap(),
     })

@@ -593,7 +593,7 @@ impl Hand {
         let now = self.clock.now();
         self.tracker.observe(&report, now);
         plan(&PlanInput {
-            config: &self.sweeper.config,
+            policy: &fleet_reconciler::decide::policy::Policy::from_config(&self.sweeper.config),
             report: &report,
             tracker: &self.tracker,
             owner: "hand",
@@ -610,7 +610,10 @@ impl Hand {
         plan: &fleet_reconciler::decide::planner::Plan,
     ) -> Vec<fleet_reconciler::act::executor::StepReport> {
         self.executor
-            .execute(plan.steps.clone(), &CancellationToken::new())
+            .execute(
+                plan.steps().into_iter().cloned().collect(),
+                &CancellationToken::new(),
+            )
             .await
     }
 }
@@ -630,10 +633,10 @@ async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
     )
     .await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps.len(), 1, "{:?}", claim.steps);
+    assert_eq!(claim.steps().len(), 1, "{:?}", claim.steps());
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
     let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart");
+    assert_eq!(restart.steps()[0].kind(), "restart");
     // The operator's hold lands after the snapshot, before the action (no lease is held).
     sim.operator_set_metadata("m1", HOLD_KEY, "ops: incident 42")
         .unwrap();
@@ -1005,7 +1008,7 @@ async fn a_released_lease_is_never_taken_again_by_its_refresher() {
     let claim = hand.plan().await;
     hand.run(&claim).await;
     let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart");
+    assert_eq!(restart.steps()[0].kind(), "restart");
     let step = async { hand.run(&restart).await };
     let inject = async {
         // Once the step holds the lease, its first refresh is throttled
@@ -1046,7 +1049,7 @@ async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
     tuning.lease_refresh = Duration::from_millis(100);
     let mut hand = Hand::with_tuning(&sim, cfg, tuning).await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim");
+    assert_eq!(claim.steps()[0].kind(), "claim");
     // The coordinator is busy for a moment (another replica's claim), so the
     // step is still running when its lease refresh fails.
     sim.acquire_lease_as(COORD, "replica-b", Duration::from_millis(1500));
@@ -1277,10 +1280,15 @@ async fn restart_at_once(sim: &Sim, w: &World) -> Hand {
 async fn claimed_then_restart(hand: &mut Hand) -> fleet_reconciler::decide::planner::Plan {
     use fleet_reconciler::act::executor::Outcome;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
     let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    assert_eq!(
+        restart.steps()[0].kind(),
+        "restart",
+        "{:?}",
+        restart.steps()
+    );
     restart
 }
 
@@ -1318,10 +1326,15 @@ async fn a_now_approval_narrowed_to_when_idle_stops_the_interrupting_restart() {
     approve(&sim, &w, "m1", ApprovalMode::Now);
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("manual"), 1, "")).await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
     let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    assert_eq!(
+        restart.steps()[0].kind(),
+        "restart",
+        "{:?}",
+        restart.steps()
+    );
     // The operator narrows the approval after the snapshot.
     approve(&sim, &w, "m1", ApprovalMode::WhenIdle);
     let done = hand.run(&restart).await;
@@ -1386,7 +1399,7 @@ async fn a_drain_that_lands_after_the_snapshot_is_undone_by_the_yield() {
     assert!(marker.drain_requested && sim.machine("m1").unwrap().fence.is_none());
     tokio::time::advance(Duration::from_secs(120)).await;
     let yield_ = hand.plan().await;
-    assert_eq!(yield_.steps[0].kind(), "yield", "{:?}", yield_.steps);
+    assert_eq!(yield_.steps()[0].kind(), "yield", "{:?}", yield_.steps());
     // Another replica's retry of the drain lands after the snapshot.
     let drained = reqwest::Client::new()
         .post(format!("{}/agents/m1/overlay/drain", sim.api_url()))
@@ -1562,7 +1575,7 @@ async fn one_sweeps_claims_share_one_coordinator_lease() {
     )
     .await;
     let claims = hand.plan().await;
-    assert_eq!(claims.steps.len(), ids.len(), "{:?}", claims.steps);
+    assert_eq!(claims.steps().len(), ids.len(), "{:?}", claims.steps());
     sim.clear_requests();
     let done = hand.run(&claims).await;
     assert!(done.iter().all(|r| r.outcome == Outcome::Done), "{done:?}");
@@ -1599,9 +1612,9 @@ async fn a_failed_uncordon_on_a_stopped_machine_frees_its_slot() {
     .unwrap();
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps.len(), 1, "cap 1: {:?}", claim.steps);
+    assert_eq!(claim.steps().len(), 1, "cap 1: {:?}", claim.steps());
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let first = claim.steps[0].target.machine_id.to_string();
+    let first = claim.steps()[0].target.machine_id.to_string();
     let other = if first == "m1" { "m2" } else { "m1" };
     // Autostop stops it, cordoned; then every uncordon fails.
     sim.set_state(&first, "stopped");
@@ -1622,10 +1635,10 @@ async fn a_failed_uncordon_on_a_stopped_machine_frees_its_slot() {
     // The pool is free: the other machine claims.
     let next = hand.plan().await;
     let claimed = next
-        .steps
-        .iter()
+        .steps()
+        .into_iter()
         .any(|s| s.kind() == "claim" && s.target.machine_id.as_str() == other);
-    assert!(claimed, "the pool stayed starved: {:?}", next.steps);
+    assert!(claimed, "the pool stayed starved: {:?}", next.steps());
     assert!(
         next.alerts
             .iter()
@@ -1656,7 +1669,12 @@ async fn a_step_planned_before_an_outside_update_is_not_carried_out() {
     let recorded = marker_of(&sim, "m1").unwrap().instance_id;
     assert_eq!(recorded, Some(sim.machine("m1").unwrap().instance_id));
     let restart = hand.plan().await;
-    assert_eq!(restart.steps[0].kind(), "restart", "{:?}", restart.steps);
+    assert_eq!(
+        restart.steps()[0].kind(),
+        "restart",
+        "{:?}",
+        restart.steps()
+    );
     // `fly deploy` from a snapshot taken after the claim: the marker stays,
     // the instance changes, the machine comes back (on the old overlay).
     let snapshot = sim.machine("m1").unwrap().metadata;
@@ -1748,7 +1766,7 @@ async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
     )
     .await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim");
+    assert_eq!(claim.steps()[0].kind(), "claim");
     // Claiming, then draining: the storm starts after the second write.
     storm_after_marker_write(&sim, "m1", 2);
     let hand = Arc::new(hand);
@@ -1799,9 +1817,9 @@ async fn a_hung_slot_write_is_not_retried_after_the_coordinator_lease_lapsed() {
     let mut r2 = Hand::with_tuning(&sim, cfg, ExecutorConfig::new("r2")).await;
     let only = |plan: fleet_reconciler::decide::planner::Plan, id: &str| {
         let mut plan = plan;
-        let decisions = format!("{:?}", plan.decisions);
-        plan.steps.retain(|s| s.target.machine_id.as_str() == id);
-        assert_eq!(plan.steps.len(), 1, "{decisions}");
+        let decisions = format!("{:?}", plan.decisions());
+        plan.machines.retain(|m, _| m.as_str() == id);
+        assert_eq!(plan.steps().len(), 1, "{decisions}");
         plan
     };
     let claim1 = only(r1.plan().await, "m1");
@@ -1946,7 +1964,7 @@ async fn busy_machine_to_claim() -> (World, Sim, Hand, fleet_reconciler::decide:
         .unwrap();
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, "")).await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
     (w, sim, hand, claim)
 }
 
@@ -1967,9 +1985,9 @@ async fn a_hold_landing_around_a_cordon_is_reported_and_nothing_follows() {
     assert!(reported[0].contains("cordon"), "{reported:?}");
     let next = hand.plan().await;
     assert!(
-        next.steps.is_empty(),
+        next.steps().is_empty(),
         "acted on a held machine: {:?}",
-        next.steps
+        next.steps()
     );
     sim.shutdown().await;
 }
@@ -2014,7 +2032,7 @@ async fn a_slot_write_left_unanswered_is_reported() {
     )
     .await;
     let claim = hand.plan().await;
-    assert_eq!(claim.steps[0].kind(), "claim", "{:?}", claim.steps);
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
     sim.hang_next_call(COORD, "POST", "metadata", Duration::from_secs(60));
     let done = hand.run(&claim).await;
     let reported = unfenced(&done);

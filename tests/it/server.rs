@@ -168,7 +168,7 @@ impl Harness {
         let sweeper = connect(config).await;
         let metrics = Arc::new(Metrics::new(true).unwrap());
         let clock = sim.clock();
-        let view = FleetView::new(sweeper.config.sweep.interval, clock.now());
+        let view = FleetView::new(sweeper.config.sweep.interval.get(), clock.now());
         let operator = Operator::new(sweeper.fly.clone(), &sweeper.config)
             .with_lease_patience(Duration::from_secs(2));
         let state = ServerState::new(metrics, view)
@@ -1250,13 +1250,14 @@ async fn screenshot_server_over_the_demo_fleet() {
     // The demo's own policy, pointed at this sim and repository.
     let mut config = Config::parse(Path::new("config/demo.toml"), demo::DEMO_CONFIG).unwrap();
     config.fly.api_url = sim.api_url();
-    config.overlay.repo = o.repo_path.display().to_string();
+    config.overlay.repo =
+        fleet_reconciler::config::NonEmpty::new(o.repo_path.display().to_string()).unwrap();
     config.overlay.mirror_dir = o.dir.path().join("mirror.git");
     let template = HealthUrlTemplate::parse(&sim.health_url_template()).unwrap();
     for app in &mut config.apps {
         app.health_url = template.clone();
     }
-    config.sweep.interval = Duration::from_secs(30);
+    config.sweep.interval = fleet_reconciler::config::NonZeroDuration::from_secs(30);
     let sweeper = connect(config).await;
     let hold = Hold {
         by: "alice".into(),

@@ -146,7 +146,7 @@ format = "json"
                     planned
                         .lock()
                         .unwrap()
-                        .extend(cycle.plan.steps.iter().map(|s| {
+                        .extend(cycle.plan.steps().into_iter().map(|s| {
                             (
                                 s.target.app.to_string(),
                                 s.target.machine_id.to_string(),

@@ -60,11 +60,11 @@ impl FleetAlertRules {
         FleetAlertRules {
             coherence_threshold: config.alerts.coherence_threshold,
             coherence_for: config.alerts.coherence_for,
-            sweep_interval: config.sweep.interval,
+            sweep_interval: config.sweep.interval.get(),
             fetch_interval: config.overlay.fetch_interval,
             max_consecutive_sweep_failures: 3,
             stale_intervals: 3,
-            first_fetch_timeout: config.overlay.fetch_timeout,
+            first_fetch_timeout: config.overlay.fetch_timeout.get(),
         }
     }
 

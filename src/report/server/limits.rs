@@ -55,12 +55,12 @@ pub struct ServerLimits {
 impl ServerLimits {
     pub fn from_config(c: &ServerConfig) -> ServerLimits {
         ServerLimits {
-            header_read_timeout: c.header_read_timeout,
-            request_timeout: c.request_timeout,
+            header_read_timeout: c.header_read_timeout.get(),
+            request_timeout: c.request_timeout.get(),
             max_connections: c.max_connections.get(),
             max_body_bytes: c.max_body_bytes.get(),
             admin_auth_failures: c.admin_auth_failures.get(),
-            admin_auth_window: c.admin_auth_window,
+            admin_auth_window: c.admin_auth_window.get(),
         }
     }
 }

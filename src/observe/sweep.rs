@@ -328,19 +328,24 @@ impl Sweeper {
         // reported stale (and counts for nothing); the others are swept as
         // usual. With no app listed there is nothing to report. Each machine
         // becomes its row as it is decoded: the listing is not kept.
-        let listings = futures::future::join_all(self.config.apps.iter().enumerate().map(
-            |(app_index, app)| async move {
-                let listed = self
-                    .fly
-                    .list_machines_with(&app.name, |m| (app_index, Listed::new(app, m)))
-                    .await;
-                (app, listed)
-            },
-        ))
+        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
+            let listed = self
+                .fly
+                .list_machines_with(&app.name, |m| listed_row(app, m))
+                .await;
+            (app, listed)
+        }))
         .await;
-        let mut rows: Vec<(usize, Listed)> = Vec::new();
+        // The rows are made once and completed in place: at 100,000 machines
+        // a second vector of them would be tens of MiB more at the peak.
+        let mut rows: Vec<MachineReport> = Vec::new();
         let mut unlisted: Vec<(usize, SweepError)> = Vec::new();
         for (app_index, (app, listing)) in listings.into_iter().enumerate() {
+            // Rows in config order of their apps, by name (then id) in each.
+            let listing = listing.map(|mut listed| {
+                listed.sort_by(|a, b| a.name.cmp(&b.name).then(a.machine_id.cmp(&b.machine_id)));
+                listed
+            });
             match listing {
                 // The first app's rows are taken as they are, not copied.
                 Ok(listed) if rows.is_empty() => rows = listed,
@@ -359,36 +364,38 @@ impl Sweeper {
         {
             return Err(first);
         }
+        rows.shrink_to_fit();
         let slots = self.read_slots().await;
-        rows.sort_by(|(a, ma), (b, mb)| {
-            a.cmp(b)
-                .then(ma.row.name.cmp(&mb.row.name))
-                .then(ma.row.machine_id.cmp(&mb.row.machine_id))
-        });
+        let app_index: HashMap<&str, usize> = self
+            .config
+            .apps
+            .iter()
+            .enumerate()
+            .map(|(i, app)| (app.name.as_str(), i))
+            .collect();
+        let index_of = |m: &MachineReport| app_index.get(m.app.as_str()).copied().unwrap_or(0);
 
         // Probes: only started machines with a safe URL have a reachable
         // agent; each outcome goes on its row as it is read.
         let probed: Vec<usize> = taking_turns(
             rows.iter()
                 .enumerate()
-                .filter(|(_, (_, m))| m.row.inputs.health_url.is_some())
-                .map(|(i, (app_index, _))| (*app_index, i)),
+                .filter(|(_, m)| m.inputs.health_url.is_some())
+                .map(|(i, m)| (index_of(m), i)),
         );
         let urls: Vec<String> = probed
             .iter()
-            .filter_map(|&i| rows[i].1.row.inputs.health_url.clone())
+            .filter_map(|&i| rows[i].inputs.health_url.clone())
             .collect();
         let outcomes = self.prober.probe_all(urls).await;
         for (i, outcome) in probed.into_iter().zip(outcomes) {
-            rows[i].1.probed(outcome);
+            probed_row(&mut rows[i], outcome);
         }
 
         // Git: one batch for every distinct reported ref.
         let refs: Vec<String> = {
-            let mut refs: Vec<String> = rows
-                .iter()
-                .filter_map(|(_, m)| m.row.reported_ref.clone())
-                .collect();
+            let mut refs: Vec<String> =
+                rows.iter().filter_map(|m| m.reported_ref.clone()).collect();
             refs.sort();
             refs.dedup();
             refs
@@ -398,11 +405,10 @@ impl Sweeper {
             .analyze(&tip.commit, refs, &self.signals)
             .await?;
 
-        let reports = rows
-            .into_iter()
-            .map(|(_, m)| m.analysed(&analysis))
-            .collect();
-        let mut report = build_report(&self.config, tip, reports);
+        for m in &mut rows {
+            analysed_row(m, &analysis);
+        }
+        let mut report = build_report(&self.config, tip, rows);
         for (app_index, e) in unlisted {
             if let Some(app) = report.apps.get_mut(app_index) {
                 app.stale = Some(StaleApp {
@@ -436,147 +442,137 @@ impl Sweeper {
     }
 }
 
-/// One listed machine on its way to its row: what the listing said of it
-/// (the row, its health URL when it is started), then its probe outcome.
-struct Listed {
-    row: MachineReport,
-    /// The row's note when its metadata is unknown, put before any probe
-    /// detail once the row is complete.
-    unknown_note: Option<String>,
+/// `text` after what the row's `detail` already says (its note that the
+/// metadata is unknown, put there as it was listed).
+fn add_detail(r: &mut MachineReport, text: String) {
+    r.detail = Some(match r.detail.take() {
+        Some(note) => format!("{note}; {text}"),
+        None => text,
+    });
 }
 
-impl Listed {
-    /// The row of `m` as listed: only what later steps read is kept.
-    fn new(app: &AppConfig, m: Machine) -> Listed {
-        // Unknown is never empty: a host Fly cannot reach keeps its metadata
-        // out of `metadata`, and says why.
-        let unknown = m.known_metadata().err();
-        let metadata_unknown = unknown.as_ref().map(|e| e.to_string());
-        let pool_key = app.pool_key.as_deref();
-        // Only the keys the daemon reads are kept past the listing (its own
-        // and the pool key): Fly's own (`fly_platform_version`, …) are most
-        // of a machine's metadata and nothing here reads them.
-        let metadata: BTreeMap<String, String> = match (&metadata_unknown, &m.config) {
-            (None, Some(c)) => c
-                .metadata
-                .iter()
-                .filter(|(k, _)| k.starts_with(OWN_KEY_PREFIX) || Some(k.as_str()) == pool_key)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            _ => BTreeMap::new(),
-        };
-        let pool = pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
-        // A machine whose values make no safe URL is not probed (nor drained).
-        let mut url_error = None;
-        let health_url = if m.is_started() {
-            let rendered = app.health_url.render(&UrlVars {
-                machine_id: &m.id,
-                app: &app.name,
-                private_ip: &m.private_ip,
-                region: &m.region,
-                name: &m.name,
-            });
-            match rendered {
-                Ok(url) => Some(url),
-                Err(e) => {
-                    url_error = Some(crate::text::bounded(
-                        &e.to_string(),
-                        crate::text::MAX_DETAIL_CHARS,
-                    ));
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let mut row = MachineReport {
-            region: m.region,
-            pool,
-            ..MachineReport::listed(&app.name, &m.id, &m.name, m.state)
-        };
-        row.inputs.metadata = metadata;
-        row.inputs.metadata_unknown = metadata_unknown;
-        row.inputs.instance_id = m.instance_id;
-        row.inputs.cordoned = m.cordoned;
-        row.inputs.checks = m.checks;
-        row.inputs.events = m.events;
-        row.inputs.health_url = health_url;
-        // The row says so: its pool, hold and marker are not what it shows.
-        let unknown_note = unknown.map(|e| {
-            format!(
-                "metadata unknown ({}, host status {:?}): its hold, approval, rotation marker and pool label are not known",
-                e.what, e.host_status
-            )
+/// The row of `m` as listed: only what later steps read is kept, and its
+/// health URL when it is started.
+fn listed_row(app: &AppConfig, m: Machine) -> MachineReport {
+    // Unknown is never empty: a host Fly cannot reach keeps its metadata
+    // out of `metadata`, and says why.
+    let unknown = m.known_metadata().err();
+    let metadata_unknown = unknown.as_ref().map(|e| e.to_string());
+    let pool_key = app.pool_key.as_deref();
+    // Only the keys the daemon reads are kept past the listing (its own
+    // and the pool key): Fly's own (`fly_platform_version`, …) are most
+    // of a machine's metadata and nothing here reads them.
+    let metadata: BTreeMap<String, String> = match (&metadata_unknown, &m.config) {
+        (None, Some(c)) => c
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with(OWN_KEY_PREFIX) || Some(k.as_str()) == pool_key)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    let pool = pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
+    // A machine whose values make no safe URL is not probed (nor drained).
+    let mut url_error = None;
+    let health_url = if m.is_started() {
+        let rendered = app.health_url.render(&UrlVars {
+            machine_id: &m.id,
+            app: &app.name,
+            private_ip: &m.private_ip,
+            region: &m.region,
+            name: &m.name,
         });
-        let mut listed = Listed { row, unknown_note };
-        if let Some(why) = url_error {
-            listed.probed(ProbeOutcome::Unreachable(why));
+        match rendered {
+            Ok(url) => Some(url),
+            Err(e) => {
+                url_error = Some(crate::text::bounded(
+                    &e.to_string(),
+                    crate::text::MAX_DETAIL_CHARS,
+                ));
+                None
+            }
         }
-        listed
+    } else {
+        None
+    };
+    let mut row = MachineReport {
+        region: m.region,
+        pool,
+        ..MachineReport::listed(&app.name, &m.id, &m.name, m.state)
+    };
+    row.inputs.metadata = metadata;
+    row.inputs.metadata_unknown = metadata_unknown;
+    row.inputs.instance_id = m.instance_id;
+    row.inputs.cordoned = m.cordoned;
+    row.inputs.checks = m.checks;
+    row.inputs.events = m.events;
+    row.inputs.health_url = health_url;
+    // The row says so: its pool, hold and marker are not what it shows.
+    if let Some(e) = unknown {
+        row.detail = Some(format!(
+            "metadata unknown ({}, host status {:?}): its hold, approval, rotation marker and pool label are not known",
+            e.what, e.host_status
+        ));
     }
+    if let Some(why) = url_error {
+        probed_row(&mut row, ProbeOutcome::Unreachable(why));
+    }
+    row
+}
 
-    /// What the probe of its agent said.
-    fn probed(&mut self, probe: ProbeOutcome) {
-        let r = &mut self.row;
-        match probe {
-            ProbeOutcome::Unreachable(why) => {
-                r.status = MachineStatus::Unreachable;
-                r.detail = Some(why);
-            }
-            ProbeOutcome::BadReport(why) => {
-                r.status = MachineStatus::BadReport;
-                r.detail = Some(why);
-            }
-            ProbeOutcome::Report(report) => {
-                r.reported_ref = Some(report.overlay_ref.clone());
-                r.inputs.report = Some(report);
-            }
+/// What the probe of its agent said.
+fn probed_row(r: &mut MachineReport, probe: ProbeOutcome) {
+    match probe {
+        ProbeOutcome::Unreachable(why) => {
+            r.status = MachineStatus::Unreachable;
+            add_detail(r, why);
+        }
+        ProbeOutcome::BadReport(why) => {
+            r.status = MachineStatus::BadReport;
+            add_detail(r, why);
+        }
+        ProbeOutcome::Report(report) => {
+            r.reported_ref = Some(report.overlay_ref.clone());
+            r.inputs.report = Some(report);
         }
     }
+}
 
-    /// The complete row: what the overlay said of its reported ref.
-    fn analysed(self, analysis: &HashMap<String, RefAnalysis>) -> MachineReport {
-        let mut r = self.row;
-        if let Some(reported) = &r.reported_ref {
-            let verdict = analysis
-                .get(reported)
-                .cloned()
-                .unwrap_or(RefAnalysis::Unknown);
-            match &verdict {
-                RefAnalysis::OnTip { commit } => {
-                    r.status = MachineStatus::OnTip;
-                    r.commit = Some(commit.clone());
-                    r.commits_behind = Some(0);
-                    r.commits_ahead = Some(0);
-                }
-                RefAnalysis::Drifted { commit, range } => {
-                    r.status = MachineStatus::Drifted;
-                    r.commit = Some(commit.clone());
-                    r.commits_behind = Some(range.behind);
-                    r.commits_ahead = Some(range.ahead);
-                    if range.paths_incomplete {
-                        r.detail = Some(PATHS_INCOMPLETE.into());
-                    }
-                }
-                RefAnalysis::Ambiguous => {
-                    r.status = MachineStatus::AmbiguousRef;
-                    r.detail = Some("abbreviated ref matches more than one object".into());
-                }
-                RefAnalysis::Unknown => {
-                    r.status = MachineStatus::UnknownRef;
-                    r.detail = Some("ref is not a commit of the overlay repository".into());
-                }
+/// The row completed: what the overlay said of its reported ref.
+fn analysed_row(r: &mut MachineReport, analysis: &HashMap<String, RefAnalysis>) {
+    let Some(reported) = &r.reported_ref else {
+        return;
+    };
+    let verdict = analysis
+        .get(reported)
+        .cloned()
+        .unwrap_or(RefAnalysis::Unknown);
+    match &verdict {
+        RefAnalysis::OnTip { commit } => {
+            r.status = MachineStatus::OnTip;
+            r.commit = Some(commit.clone());
+            r.commits_behind = Some(0);
+            r.commits_ahead = Some(0);
+        }
+        RefAnalysis::Drifted { commit, range } => {
+            r.status = MachineStatus::Drifted;
+            r.commit = Some(commit.clone());
+            r.commits_behind = Some(range.behind);
+            r.commits_ahead = Some(range.ahead);
+            if range.paths_incomplete {
+                add_detail(r, PATHS_INCOMPLETE.into());
             }
-            r.inputs.analysis = Some(verdict);
         }
-        if let Some(note) = self.unknown_note {
-            r.detail = Some(match r.detail.take() {
-                Some(probe) => format!("{note}; {probe}"),
-                None => note,
-            });
+        RefAnalysis::Ambiguous => {
+            r.status = MachineStatus::AmbiguousRef;
+            add_detail(r, "abbreviated ref matches more than one object".into());
         }
-        r
+        RefAnalysis::Unknown => {
+            r.status = MachineStatus::UnknownRef;
+            add_detail(r, "ref is not a commit of the overlay repository".into());
+        }
     }
+    r.inputs.analysis = Some(verdict);
 }
 
 /// The pool whose coordinator slot names `machine_id`, if one does: read in
@@ -1027,7 +1023,8 @@ mod tests {
                 "events":[{"type":"launch","timestamp":1},{"type":"exit","timestamp":2},{"type":"start","timestamp":3}]}"#,
         )
         .unwrap();
-        let r = Listed::new(&config.apps[0], m).analysed(&HashMap::new());
+        let mut r = listed_row(&config.apps[0], m);
+        analysed_row(&mut r, &HashMap::new());
         assert_eq!(r.pool, "web");
         assert_eq!(
             r.inputs.metadata.keys().collect::<Vec<_>>(),

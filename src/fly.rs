@@ -81,8 +81,10 @@ pub struct Machine {
     /// Fly's own health checks of the machine.
     #[serde(default, deserialize_with = "null_as_empty_vec")]
     pub checks: Vec<MachineCheck>,
-    /// Recent lifecycle events, newest first as Fly lists them.
-    #[serde(default, deserialize_with = "null_as_empty_vec")]
+    /// Recent exit events, newest first as Fly lists them: the only ones
+    /// read (a crash loop's evidence). The others Fly lists are dropped as
+    /// the machine is decoded (they are most of its events' bytes).
+    #[serde(default, deserialize_with = "exit_events")]
     pub events: Vec<MachineEvent>,
 }
 
@@ -117,6 +119,11 @@ pub struct MachineCheck {
     pub output: String,
     #[serde(default)]
     pub updated_at: String,
+}
+
+impl MachineEvent {
+    /// The `type` of the only events a listing keeps.
+    pub const EXIT: &'static str = "exit";
 }
 
 impl MachineCheck {
@@ -857,6 +864,17 @@ impl FlyClient {
     /// than [`MAX_MACHINE_BYTES`] is refused naming its id, and no more of
     /// the answer is read.
     pub async fn list_machines(&self, app: &str) -> Result<Vec<Machine>, FlyError> {
+        self.list_machines_with(app, |m| m).await
+    }
+
+    /// [`FlyClient::list_machines`], keeping of each machine only what
+    /// `keep` makes of it as it is decoded: a sweep's rows, not a listing of
+    /// 10,000 machines beside them.
+    pub async fn list_machines_with<T>(
+        &self,
+        app: &str,
+        mut keep: impl FnMut(Machine) -> T,
+    ) -> Result<Vec<T>, FlyError> {
         let mut call = Call::new("list_machines", Method::GET, app, None);
         call.max_body = MAX_LIST_BODY_BYTES;
         let (mut resp, cut) = self.send_response(&call).await?;
@@ -906,7 +924,7 @@ impl FlyClient {
                                 crate::text::bounded(&e.to_string(), crate::text::MAX_DETAIL_CHARS)
                             ),
                         })?;
-                    machines.push(machine);
+                    machines.push(keep(machine));
                     Ok::<(), ListError>(())
                 })
                 .map_err(|e| match e {
@@ -1527,7 +1545,18 @@ fn decode<T: serde::de::DeserializeOwned>(
 fn null_as_empty_vec<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
     d: D,
 ) -> Result<Vec<T>, D::Error> {
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+    let mut items = Option::<Vec<T>>::deserialize(d)?.unwrap_or_default();
+    // A decoded sequence grows by doubling from 4: one check would
+    // otherwise hold the room of four for as long as its machine is kept.
+    items.shrink_to_fit();
+    Ok(items)
+}
+
+fn exit_events<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MachineEvent>, D::Error> {
+    let mut events: Vec<MachineEvent> = Option::deserialize(d)?.unwrap_or_default();
+    events.retain(|e| e.kind == MachineEvent::EXIT);
+    events.shrink_to_fit();
+    Ok(events)
 }
 
 fn null_as_empty<'de, D: serde::Deserializer<'de>>(

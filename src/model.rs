@@ -42,39 +42,33 @@ macro_rules! text_newtype {
             }
         }
 
-        impl From<$name> for String {
-            fn from(id: $name) -> String {
-                id.0
-            }
-        }
-
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
-                self.0 == other
+                self.as_str() == other
             }
         }
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
-                self.0 == *other
+                self.as_str() == *other
             }
         }
 
         impl PartialEq<String> for $name {
             fn eq(&self, other: &String) -> bool {
-                &self.0 == other
+                self.as_str() == other.as_str()
             }
         }
 
         impl PartialEq<$name> for String {
             fn eq(&self, other: &$name) -> bool {
-                *self == other.0
+                self.as_str() == other.as_str()
             }
         }
 
         impl PartialEq<$name> for str {
             fn eq(&self, other: &$name) -> bool {
-                self == other.0
+                self == other.as_str()
             }
         }
 
@@ -98,6 +92,12 @@ macro_rules! string_id {
 
         text_newtype!($name);
 
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
         impl From<String> for $name {
             fn from(s: String) -> $name {
                 $name(s)
@@ -113,11 +113,23 @@ macro_rules! string_id {
 }
 
 /// A full, lowercase, 40-hex git commit id.
-#[derive(
-    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(transparent)]
-pub struct CommitId(String);
+// Its text is shared: every machine on one ref holds the same one (a clone
+// is a reference count, not 40 bytes per machine).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, schemars::JsonSchema)]
+#[schemars(transparent)]
+pub struct CommitId(Arc<str>);
+
+impl Serialize for CommitId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for CommitId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<CommitId, D::Error> {
+        Ok(CommitId(Arc::from(String::deserialize(d)?)))
+    }
+}
 
 /// The first 12 digits of a commit id, as every view shows one (the whole
 /// text when it is shorter, or not cut at a character boundary).
@@ -129,11 +141,17 @@ impl CommitId {
     /// Accepts exactly 40 hex digits (any case) and normalises to lowercase.
     pub fn parse(s: &str) -> Option<CommitId> {
         (s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| CommitId(s.to_ascii_lowercase()))
+            .then(|| CommitId(Arc::from(s.to_ascii_lowercase())))
     }
 }
 
 text_newtype!(CommitId);
+
+impl From<CommitId> for String {
+    fn from(id: CommitId) -> String {
+        id.0.to_string()
+    }
+}
 
 /// What the overlay says about one reported ref, relative to the release tip.
 #[derive(

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, UrlVars};
+use crate::config::{AppConfig, Config, UrlVars};
 use crate::fly::{FlyClient, FlyError, Machine, MachineCheck, MachineEvent};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::controls::Controls;
@@ -133,7 +133,7 @@ pub struct MachineReport {
 }
 
 /// What the sweep read of one machine that its shown row does not carry.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MachineInputs {
     /// What the overlay said about the reported ref, for
     /// `decide::severity::judge`.
@@ -144,7 +144,9 @@ pub struct MachineInputs {
     /// parsed once by [`build_report`]. While `metadata_unknown`: the hold
     /// and marker of the machine's last listing that knew them
     /// ([`LastListings::carry`]), never an approval; empty when none did.
-    pub controls: Controls,
+    /// Shared: most machines have none, and those share one empty value
+    /// ([`shared_controls`]) instead of holding 368 bytes each.
+    pub controls: Arc<Controls>,
     /// The machine's Fly metadata, as listed. Empty, and not to be read,
     /// while `metadata_unknown` says why it cannot be known.
     pub metadata: BTreeMap<String, String>,
@@ -166,6 +168,35 @@ pub struct MachineInputs {
     pub events: Vec<MachineEvent>,
     /// The rendered health URL (started machines), for cooperative calls.
     pub health_url: Option<String>,
+}
+
+impl Default for MachineInputs {
+    fn default() -> MachineInputs {
+        MachineInputs {
+            analysis: None,
+            report: None,
+            controls: shared_controls(Controls::default()),
+            metadata: BTreeMap::new(),
+            metadata_unknown: None,
+            instance_id: String::new(),
+            cordoned: None,
+            checks: Vec::new(),
+            events: Vec::new(),
+            health_url: None,
+        }
+    }
+}
+
+/// `controls` behind an `Arc`: the one shared empty value when there are
+/// none (a fleet's usual case), else its own.
+pub fn shared_controls(controls: Controls) -> Arc<Controls> {
+    static NONE: std::sync::LazyLock<Arc<Controls>> =
+        std::sync::LazyLock::new(|| Arc::new(Controls::default()));
+    if controls == Controls::default() {
+        Arc::clone(&NONE)
+    } else {
+        Arc::new(controls)
+    }
 }
 
 impl MachineReport {
@@ -295,19 +326,30 @@ impl Sweeper {
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
         // Inventory: every app concurrently. An app that cannot be listed is
         // reported stale (and counts for nothing); the others are swept as
-        // usual. With no app listed there is nothing to report.
-        let listings = futures::future::join_all(
-            self.config
-                .apps
-                .iter()
-                .map(|app| async move { (app, self.fly.list_machines(&app.name).await) }),
-        )
+        // usual. With no app listed there is nothing to report. Each machine
+        // becomes its row as it is decoded: the listing is not kept.
+        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
+            let listed = self
+                .fly
+                .list_machines_with(&app.name, |m| listed_row(app, m))
+                .await;
+            (app, listed)
+        }))
         .await;
-        let mut machines: Vec<(usize, Machine)> = Vec::new();
+        // The rows are made once and completed in place: at 100,000 machines
+        // a second vector of them would be tens of MiB more at the peak.
+        let mut rows: Vec<MachineReport> = Vec::new();
         let mut unlisted: Vec<(usize, SweepError)> = Vec::new();
         for (app_index, (app, listing)) in listings.into_iter().enumerate() {
+            // Rows in config order of their apps, by name (then id) in each.
+            let listing = listing.map(|mut listed| {
+                listed.sort_by(|a, b| a.name.cmp(&b.name).then(a.machine_id.cmp(&b.machine_id)));
+                listed
+            });
             match listing {
-                Ok(listed) => machines.extend(listed.into_iter().map(|m| (app_index, m))),
+                // The first app's rows are taken as they are, not copied.
+                Ok(listed) if rows.is_empty() => rows = listed,
+                Ok(listed) => rows.extend(listed),
                 Err(source) => unlisted.push((
                     app_index,
                     SweepError::Inventory {
@@ -322,57 +364,38 @@ impl Sweeper {
         {
             return Err(first);
         }
+        rows.shrink_to_fit();
         let slots = self.read_slots().await;
-        machines.sort_by(|(a, ma), (b, mb)| {
-            a.cmp(b).then(ma.name.cmp(&mb.name)).then(ma.id.cmp(&mb.id))
-        });
-
-        // Probes: only started machines have a reachable agent.
-        let started: Vec<usize> = (0..machines.len())
-            .filter(|&i| machines[i].1.is_started())
+        let app_index: HashMap<&str, usize> = self
+            .config
+            .apps
+            .iter()
+            .enumerate()
+            .map(|(i, app)| (app.name.as_str(), i))
             .collect();
-        // A machine whose values make no safe URL is not probed (nor drained).
-        let mut url_of: HashMap<usize, String> = HashMap::new();
-        let mut probe_of: HashMap<usize, ProbeOutcome> = HashMap::new();
-        for &i in &started {
-            let (app_index, m) = &machines[i];
-            let app = &self.config.apps[*app_index];
-            let rendered = app.health_url.render(&UrlVars {
-                machine_id: &m.id,
-                app: &app.name,
-                private_ip: &m.private_ip,
-                region: &m.region,
-                name: &m.name,
-            });
-            match rendered {
-                Ok(url) => {
-                    url_of.insert(i, url);
-                }
-                Err(e) => {
-                    let why = crate::text::bounded(&e.to_string(), crate::text::MAX_DETAIL_CHARS);
-                    probe_of.insert(i, ProbeOutcome::Unreachable(why));
-                }
-            }
-        }
+        let index_of = |m: &MachineReport| app_index.get(m.app.as_str()).copied().unwrap_or(0);
+
+        // Probes: only started machines with a safe URL have a reachable
+        // agent; each outcome goes on its row as it is read.
         let probed: Vec<usize> = taking_turns(
-            started
-                .into_iter()
-                .filter(|i| url_of.contains_key(i))
-                .map(|i| (machines[i].0, i)),
+            rows.iter()
+                .enumerate()
+                .filter(|(_, m)| m.inputs.health_url.is_some())
+                .map(|(i, m)| (index_of(m), i)),
         );
-        let urls: Vec<String> = probed.iter().map(|i| url_of[i].clone()).collect();
+        let urls: Vec<String> = probed
+            .iter()
+            .filter_map(|&i| rows[i].inputs.health_url.clone())
+            .collect();
         let outcomes = self.prober.probe_all(urls).await;
-        probe_of.extend(probed.into_iter().zip(outcomes));
+        for (i, outcome) in probed.into_iter().zip(outcomes) {
+            probed_row(&mut rows[i], outcome);
+        }
 
         // Git: one batch for every distinct reported ref.
         let refs: Vec<String> = {
-            let mut refs: Vec<String> = probe_of
-                .values()
-                .filter_map(|o| match o {
-                    ProbeOutcome::Report(r) => Some(r.overlay_ref.clone()),
-                    _ => None,
-                })
-                .collect();
+            let mut refs: Vec<String> =
+                rows.iter().filter_map(|m| m.reported_ref.clone()).collect();
             refs.sort();
             refs.dedup();
             refs
@@ -382,23 +405,10 @@ impl Sweeper {
             .analyze(&tip.commit, refs, &self.signals)
             .await?;
 
-        let reports = machines
-            .into_iter()
-            .enumerate()
-            .map(|(i, (app_index, m))| {
-                let app = &self.config.apps[app_index];
-                let mut r = self.machine_report(
-                    &app.name,
-                    app.pool_key.as_deref(),
-                    m,
-                    probe_of.remove(&i),
-                    &analysis,
-                );
-                r.inputs.health_url = url_of.remove(&i);
-                r
-            })
-            .collect();
-        let mut report = build_report(&self.config, tip, reports);
+        for m in &mut rows {
+            analysed_row(m, &analysis);
+        }
+        let mut report = build_report(&self.config, tip, rows);
         for (app_index, e) in unlisted {
             if let Some(app) = report.apps.get_mut(app_index) {
                 app.stale = Some(StaleApp {
@@ -430,93 +440,139 @@ impl Sweeper {
             Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
         }
     }
+}
 
-    fn machine_report(
-        &self,
-        app: &str,
-        pool_key: Option<&str>,
-        m: Machine,
-        probe: Option<ProbeOutcome>,
-        analysis: &HashMap<String, RefAnalysis>,
-    ) -> MachineReport {
-        // Unknown is never empty: a host Fly cannot reach keeps its metadata
-        // out of `metadata`, and says why.
-        let unknown = m.known_metadata().err();
-        let metadata_unknown = unknown.as_ref().map(|e| e.to_string());
-        let metadata = match (&metadata_unknown, m.config) {
-            (None, Some(c)) => c.metadata,
-            _ => BTreeMap::new(),
-        };
-        let pool = pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
-        let mut r = MachineReport {
-            region: m.region,
-            pool,
-            ..MachineReport::listed(app, &m.id, &m.name, m.state)
-        };
-        r.inputs.metadata = metadata;
-        r.inputs.metadata_unknown = metadata_unknown;
-        r.inputs.instance_id = m.instance_id;
-        r.inputs.cordoned = m.cordoned;
-        r.inputs.checks = m.checks;
-        r.inputs.events = m.events;
-        match probe {
-            None => {}
-            Some(ProbeOutcome::Unreachable(why)) => {
-                r.status = MachineStatus::Unreachable;
-                r.detail = Some(why);
-            }
-            Some(ProbeOutcome::BadReport(why)) => {
-                r.status = MachineStatus::BadReport;
-                r.detail = Some(why);
-            }
-            Some(ProbeOutcome::Report(report)) => {
-                r.reported_ref = Some(report.overlay_ref.clone());
-                let verdict = analysis
-                    .get(&report.overlay_ref)
-                    .cloned()
-                    .unwrap_or(RefAnalysis::Unknown);
-                r.inputs.report = Some(report);
-                match &verdict {
-                    RefAnalysis::OnTip { commit } => {
-                        r.status = MachineStatus::OnTip;
-                        r.commit = Some(commit.clone());
-                        r.commits_behind = Some(0);
-                        r.commits_ahead = Some(0);
-                    }
-                    RefAnalysis::Drifted { commit, range } => {
-                        r.status = MachineStatus::Drifted;
-                        r.commit = Some(commit.clone());
-                        r.commits_behind = Some(range.behind);
-                        r.commits_ahead = Some(range.ahead);
-                        if range.paths_incomplete {
-                            r.detail = Some(PATHS_INCOMPLETE.into());
-                        }
-                    }
-                    RefAnalysis::Ambiguous => {
-                        r.status = MachineStatus::AmbiguousRef;
-                        r.detail = Some("abbreviated ref matches more than one object".into());
-                    }
-                    RefAnalysis::Unknown => {
-                        r.status = MachineStatus::UnknownRef;
-                        r.detail = Some("ref is not a commit of the overlay repository".into());
-                    }
-                }
-                r.inputs.analysis = Some(verdict);
+/// `text` after what the row's `detail` already says (its note that the
+/// metadata is unknown, put there as it was listed).
+fn add_detail(r: &mut MachineReport, text: String) {
+    r.detail = Some(match r.detail.take() {
+        Some(note) => format!("{note}; {text}"),
+        None => text,
+    });
+}
+
+/// The row of `m` as listed: only what later steps read is kept, and its
+/// health URL when it is started.
+fn listed_row(app: &AppConfig, m: Machine) -> MachineReport {
+    // Unknown is never empty: a host Fly cannot reach keeps its metadata
+    // out of `metadata`, and says why.
+    let unknown = m.known_metadata().err();
+    let metadata_unknown = unknown.as_ref().map(|e| e.to_string());
+    let pool_key = app.pool_key.as_deref();
+    // Only the keys the daemon reads are kept past the listing (its own
+    // and the pool key): Fly's own (`fly_platform_version`, …) are most
+    // of a machine's metadata and nothing here reads them.
+    let metadata: BTreeMap<String, String> = match (&metadata_unknown, &m.config) {
+        (None, Some(c)) => c
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with(OWN_KEY_PREFIX) || Some(k.as_str()) == pool_key)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    let pool = pool_of(pool_key, |k| metadata.get(k).map(String::as_str));
+    // A machine whose values make no safe URL is not probed (nor drained).
+    let mut url_error = None;
+    let health_url = if m.is_started() {
+        let rendered = app.health_url.render(&UrlVars {
+            machine_id: &m.id,
+            app: &app.name,
+            private_ip: &m.private_ip,
+            region: &m.region,
+            name: &m.name,
+        });
+        match rendered {
+            Ok(url) => Some(url),
+            Err(e) => {
+                url_error = Some(crate::text::bounded(
+                    &e.to_string(),
+                    crate::text::MAX_DETAIL_CHARS,
+                ));
+                None
             }
         }
-        // The row says so: its pool, hold and marker are not what it shows.
-        if let Some(e) = unknown {
-            let note = format!(
-                "metadata unknown ({}, host status {:?}): its hold, approval, rotation marker and pool label are not known",
-                e.what, e.host_status
-            );
-            r.detail = Some(match r.detail.take() {
-                Some(probe) => format!("{note}; {probe}"),
-                None => note,
-            });
-        }
-        r
+    } else {
+        None
+    };
+    let mut row = MachineReport {
+        region: m.region,
+        pool,
+        ..MachineReport::listed(&app.name, &m.id, &m.name, m.state)
+    };
+    row.inputs.metadata = metadata;
+    row.inputs.metadata_unknown = metadata_unknown;
+    row.inputs.instance_id = m.instance_id;
+    row.inputs.cordoned = m.cordoned;
+    row.inputs.checks = m.checks;
+    row.inputs.events = m.events;
+    row.inputs.health_url = health_url;
+    // The row says so: its pool, hold and marker are not what it shows.
+    if let Some(e) = unknown {
+        row.detail = Some(format!(
+            "metadata unknown ({}, host status {:?}): its hold, approval, rotation marker and pool label are not known",
+            e.what, e.host_status
+        ));
     }
+    if let Some(why) = url_error {
+        probed_row(&mut row, ProbeOutcome::Unreachable(why));
+    }
+    row
+}
+
+/// What the probe of its agent said.
+fn probed_row(r: &mut MachineReport, probe: ProbeOutcome) {
+    match probe {
+        ProbeOutcome::Unreachable(why) => {
+            r.status = MachineStatus::Unreachable;
+            add_detail(r, why);
+        }
+        ProbeOutcome::BadReport(why) => {
+            r.status = MachineStatus::BadReport;
+            add_detail(r, why);
+        }
+        ProbeOutcome::Report(report) => {
+            r.reported_ref = Some(report.overlay_ref.clone());
+            r.inputs.report = Some(report);
+        }
+    }
+}
+
+/// The row completed: what the overlay said of its reported ref.
+fn analysed_row(r: &mut MachineReport, analysis: &HashMap<String, RefAnalysis>) {
+    let Some(reported) = &r.reported_ref else {
+        return;
+    };
+    let verdict = analysis
+        .get(reported)
+        .cloned()
+        .unwrap_or(RefAnalysis::Unknown);
+    match &verdict {
+        RefAnalysis::OnTip { commit } => {
+            r.status = MachineStatus::OnTip;
+            r.commit = Some(commit.clone());
+            r.commits_behind = Some(0);
+            r.commits_ahead = Some(0);
+        }
+        RefAnalysis::Drifted { commit, range } => {
+            r.status = MachineStatus::Drifted;
+            r.commit = Some(commit.clone());
+            r.commits_behind = Some(range.behind);
+            r.commits_ahead = Some(range.ahead);
+            if range.paths_incomplete {
+                add_detail(r, PATHS_INCOMPLETE.into());
+            }
+        }
+        RefAnalysis::Ambiguous => {
+            r.status = MachineStatus::AmbiguousRef;
+            add_detail(r, "abbreviated ref matches more than one object".into());
+        }
+        RefAnalysis::Unknown => {
+            r.status = MachineStatus::UnknownRef;
+            add_detail(r, "ref is not a commit of the overlay repository".into());
+        }
+    }
+    r.inputs.analysis = Some(verdict);
 }
 
 /// The pool whose coordinator slot names `machine_id`, if one does: read in
@@ -575,6 +631,10 @@ fn pools_from_slots(report: &mut FleetReport) {
     }
 }
 
+/// The prefix of every metadata key this daemon reads or writes
+/// ([`crate::metadata`]'s keys).
+const OWN_KEY_PREFIX: &str = "fleet_reconciler_";
+
 /// The pool a machine belongs to: the value of the app's pool key, or `default`.
 pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> String {
     pool_key
@@ -593,7 +653,7 @@ pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing 
 /// coherence, and each machine's [`Controls`] read from its metadata.
 pub fn build_report(config: &Config, tip: &Tip, mut machines: Vec<MachineReport>) -> FleetReport {
     for m in &mut machines {
-        m.inputs.controls = Controls::parse(&m.inputs.metadata);
+        m.inputs.controls = shared_controls(Controls::parse(&m.inputs.metadata));
     }
     let mut report = FleetReport {
         tip: TipReport {
@@ -669,12 +729,12 @@ impl Listing {
             if !from_slot {
                 m.pool = last.pool.clone();
             }
-            m.inputs.controls = Controls {
+            m.inputs.controls = shared_controls(Controls {
                 hold: last.inputs.controls.hold.clone(),
                 marker: last.inputs.controls.marker.clone(),
                 approval: None,
                 unprobed: None,
-            };
+            });
             let note = format!(
                 "{}hold and marker as last listed at {}",
                 if from_slot { "" } else { "pool, " },
@@ -947,6 +1007,45 @@ mod tests {
         let mut r = report(vec![unknown()], &[]);
         listings.carry(&mut r, at(0));
         assert_eq!(r.machines[0].detail.as_deref(), Some("metadata unknown"));
+    }
+
+    #[test]
+    fn a_listed_row_keeps_only_the_metadata_keys_and_events_it_reads() {
+        let config = Config::parse(
+            std::path::Path::new("t.toml"),
+            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
+             [[apps]]\nname = \"a\"\npool_key = \"fly_process_group\"\n",
+        )
+        .unwrap();
+        let m: Machine = serde_json::from_str(
+            r#"{"id":"m1","name":"n","state":"started","region":"iad","private_ip":"fdaa::2",
+                "config":{"metadata":{"fly_platform_version":"v2","fly_process_group":"web","fleet_reconciler_hold":"ops"}},
+                "events":[{"type":"launch","timestamp":1},{"type":"exit","timestamp":2},{"type":"start","timestamp":3}]}"#,
+        )
+        .unwrap();
+        let mut r = listed_row(&config.apps[0], m);
+        analysed_row(&mut r, &HashMap::new());
+        assert_eq!(r.pool, "web");
+        assert_eq!(
+            r.inputs.metadata.keys().collect::<Vec<_>>(),
+            ["fleet_reconciler_hold", "fly_process_group"]
+        );
+        assert_eq!(r.inputs.events.len(), 1);
+        assert_eq!(r.inputs.events[0].timestamp, 2);
+        assert!(r.inputs.health_url.is_some());
+        // Every key the daemon reads is one it keeps.
+        for key in [
+            crate::metadata::MARKER_KEY,
+            crate::metadata::HOLD_KEY,
+            crate::metadata::APPROVE_KEY,
+            crate::metadata::UNPROBED_KEY,
+            SLOTS_KEY,
+        ] {
+            assert!(key.starts_with(OWN_KEY_PREFIX), "{key}");
+        }
+        // Machines without controls share one empty record.
+        let (a, b) = (MachineInputs::default(), MachineInputs::default());
+        assert!(Arc::ptr_eq(&a.controls, &b.controls));
     }
 
     #[test]

@@ -478,3 +478,230 @@ listen = "127.0.0.1:{port}"
     assert!(!text.contains("hmac-secret-e2e") && !text.contains(&hook_url));
     sim.shutdown().await;
 }
+
+/// A new commit on the overlay's release branch (same tree), as a release.
+fn release_a_new_tip(repo_path: &std::path::Path) -> String {
+    let repo = git2::Repository::open_bare(repo_path).unwrap();
+    let parent = repo
+        .find_reference("refs/heads/release")
+        .unwrap()
+        .peel_to_commit()
+        .unwrap();
+    let sig = git2::Signature::new(
+        "Overlay Bot",
+        "overlay@example.com",
+        &git2::Time::new(1_900_000_000, 0),
+    )
+    .unwrap();
+    let tree = parent.tree().unwrap();
+    repo.commit(
+        Some("refs/heads/release"),
+        &sig,
+        &sig,
+        "A new release",
+        &tree,
+        &[&parent],
+    )
+    .unwrap()
+    .to_string()
+}
+
+/// The value of an unlabelled sample (or the first sample) of `name`.
+fn sample(metrics: &str, name: &str) -> Option<String> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+}
+
+/// #22: the sweep at a new tip takes a while (here an agent that never
+/// answers holds each sweep for its probe timeout); from the moment the
+/// daemon has fetched the new tip until that sweep ends, `GET /api/v1/fleet`
+/// and `/metrics` answer at once with the previous sweep's figures, never
+/// an empty or partial document, and then with the new tip's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_the_previous_sweeps_figures_while_a_new_tip_is_swept() {
+    let overlay = OverlayRepo::new();
+    let (dir, repo_path) = (&overlay.dir, &overlay.repo_path);
+    let old_tip = overlay.tip();
+    let sim = Sim::start(
+        SimFleet::new(FLY_TOKEN).release_tip(old_tip.clone()).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1").loaded(old_tip.clone()))
+                .machine(SimMachine::new("m2").loaded(old_tip.clone()))
+                .machine(SimMachine::new("slow").behaviour(Behaviour::Hang)),
+        ),
+    )
+    .await
+    .unwrap();
+    let port = free_port();
+    let config_path = ConfigToml::new(&sim.api_url(), repo_path, dir.path().join("mirror.git"))
+        .overlay("fetch_interval = \"200ms\"")
+        .app("agents", Some(&sim.health_url_template()))
+        .with(&format!(
+            r#"
+[sweep]
+interval = "200ms"
+[probe]
+timeout = "4s"
+[pools.default]
+actions = {{ low = "observe", medium = "observe", high = "observe", critical = "observe" }}
+[server]
+listen = "127.0.0.1:{port}"
+"#
+        ))
+        .write(dir.path().join("fleet-reconciler.toml"));
+    let mut child = ChildGuard(
+        Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // The log, line by line as it comes: it says when the new tip is fetched.
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut stderr = child.0.stderr.take().unwrap();
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+
+    let base = format!("http://127.0.0.1:{port}");
+    // Each answer must come well within one held sweep (4 s): a server that
+    // waited for the sweep would time out here.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let fleet = async || -> serde_json::Value {
+        http.get(format!("{base}/api/v1/fleet"))
+            .send()
+            .await
+            .expect("GET /api/v1/fleet answers while a sweep runs")
+            .json()
+            .await
+            .unwrap()
+    };
+    let metrics = async || -> String {
+        http.get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics answers while a sweep runs")
+            .text()
+            .await
+            .unwrap()
+    };
+    let first = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = http.get(format!("{base}/api/v1/fleet")).send().await;
+        if answer.as_ref().is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < first,
+            "no first sweep: {answer:?}\n{}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = fleet().await;
+    assert_eq!(before["tip"]["commit"], old_tip.as_str(), "{before}");
+    let statuses = |doc: &serde_json::Value| -> Vec<(String, String)> {
+        doc["machines"]
+            .as_array()
+            .map(|rows| {
+                rows.iter()
+                    .map(|m| {
+                        (
+                            m["machine_id"].as_str().unwrap_or_default().to_owned(),
+                            m["status"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let previous = statuses(&before);
+    assert_eq!(
+        previous,
+        [
+            ("m1".to_owned(), "on_tip".to_owned()),
+            ("m2".to_owned(), "on_tip".to_owned()),
+            ("slow".to_owned(), "unreachable".to_owned()),
+        ]
+    );
+    let previous_metrics = metrics().await;
+    let coherence = sample(
+        &previous_metrics,
+        "fleet_reconciler_fleet_overlay_coherence_ratio",
+    );
+    assert!(coherence.is_some(), "{previous_metrics}");
+
+    let new_tip = release_a_new_tip(repo_path);
+    let mut seen_after_fetch = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let after = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new tip's sweep never ended"
+        );
+        // Whether the daemon had fetched the new tip (its INFO line names
+        // it) before these two answers.
+        let had_new_tip = log.lock().unwrap().contains(&new_tip);
+        let doc = fleet().await;
+        let text = metrics().await;
+        if doc["tip"]["commit"] == new_tip.as_str() {
+            break doc;
+        }
+        assert_eq!(doc["tip"]["commit"], old_tip.as_str(), "{doc}");
+        assert_eq!(statuses(&doc), previous, "{doc}");
+        assert_eq!(doc["coherence"], before["coherence"], "{doc}");
+        let shown_tip = text
+            .lines()
+            .find(|l| l.starts_with("fleet_reconciler_overlay_tip_info{"))
+            .unwrap_or_default();
+        // The metrics of the same moment may already be the new sweep's.
+        if !shown_tip.contains(&new_tip) {
+            assert!(shown_tip.contains(&old_tip), "{text}");
+            assert_eq!(
+                sample(&text, "fleet_reconciler_fleet_overlay_coherence_ratio"),
+                coherence,
+                "{text}"
+            );
+            if had_new_tip {
+                seen_after_fetch += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        seen_after_fetch > 0,
+        "no answer came while the new tip was being swept: {}",
+        log.lock().unwrap()
+    );
+    assert_eq!(
+        after["machines"].as_array().map(Vec::len),
+        Some(3),
+        "{after}"
+    );
+    assert!(
+        statuses(&after)
+            .iter()
+            .any(|(id, status)| id == "m1" && status == "drifted"),
+        "{after}"
+    );
+    drop(child);
+}

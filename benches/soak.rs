@@ -9,8 +9,10 @@
 //! the hours are counted in), `--release-every H` (4)). The sweeps run back
 //! to back (the configured `sweep.interval` is 1 ms): "24 h" is 24 × 3600 /
 //! 30 = 2,880 sweeps, however long they take here. The simulated fleet is in
-//! the same process, with its request log off, so its memory is constant;
-//! what grows is the daemon's.
+//! the same process, with its request log off; its own state grows only
+//! with each machine's recent events (capped at 20, as Fly's list). Beside
+//! RSS it prints the live heap (glibc's `mallinfo2`: the main arena) and the
+//! events listed per machine: the daemon holds those too, in its rows.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -62,6 +64,17 @@ fn rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// Bytes the allocator has handed out and not had back (glibc's
+/// `mallinfo2`): the live heap, beside RSS, which also counts what was freed
+/// but not returned to the system.
+// mallinfo2(3) has no safe std wrapper.
+#[allow(unsafe_code)]
+fn heap_mib() -> f64 {
+    // SAFETY: mallinfo2 takes nothing and returns a plain struct by value.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as f64 / 1024.0 / 1024.0
 }
 
 fn main() -> Result<(), Error> {
@@ -141,7 +154,7 @@ async fn soak(args: Args) -> Result<(), Error> {
     let stopper = stop.clone();
     let sim_handle = sim.handle();
     let observe = move |outcome: &SweepOutcome| {
-        match outcome {
+        let events = match outcome {
             SweepOutcome::Swept(cycle) => {
                 sweeps += 1;
                 restarts += cycle
@@ -150,6 +163,16 @@ async fn soak(args: Args) -> Result<(), Error> {
                     .filter(|s| s.step.kind() == "restart" && s.outcome.result() == "succeeded")
                     .count();
                 coherence.clone_from(&cycle.report.coherence);
+                // Fly's recent events per machine, as listed: each restart
+                // adds some, up to Fly's (the sim's) cap of 20.
+                let machines = cycle.report.machines.len().max(1);
+                let listed: usize = cycle
+                    .report
+                    .machines
+                    .iter()
+                    .map(|m| m.inputs.events.len())
+                    .sum();
+                listed as f64 / machines as f64
             }
             SweepOutcome::Failed { error, .. } => {
                 failed += 1;
@@ -158,14 +181,15 @@ async fn soak(args: Args) -> Result<(), Error> {
                 }
                 return;
             }
-        }
+        };
         let rss = rss_mib().unwrap_or(0.0);
         peak = peak.max(rss);
         if sweeps == sweeps_per_hour {
             first_hour = Some(rss);
             println!(
-                "  after hour 1 ({sweeps} sweeps, {:.0} s): RSS {rss:.1} MiB",
-                started.elapsed().as_secs_f64()
+                "  after hour 1 ({sweeps} sweeps, {:.0} s): RSS {rss:.1} MiB, heap {:.1} MiB, {events:.1} events listed per machine",
+                started.elapsed().as_secs_f64(),
+                heap_mib()
             );
         }
         if sweeps.is_multiple_of(release_every) && sweeps < total {
@@ -177,9 +201,10 @@ async fn soak(args: Args) -> Result<(), Error> {
                     tip = next;
                     sim_handle.set_release_tip(&tip.to_string());
                     println!(
-                        "  hour {}: release {} (RSS {rss:.1} MiB)",
+                        "  hour {}: release {} (RSS {rss:.1} MiB, heap {:.1} MiB)",
                         sweeps / sweeps_per_hour,
-                        &tip.to_string()[..12]
+                        &tip.to_string()[..12],
+                        heap_mib()
                     );
                 }
                 Err(e) => println!("  release failed: {e}"),
@@ -189,8 +214,9 @@ async fn soak(args: Args) -> Result<(), Error> {
             let start = first_hour.unwrap_or(rss);
             let growth = (rss - start) / start.max(1.0) * 100.0;
             println!(
-                "  end ({sweeps} sweeps, {failed} failed, {restarts} restarts, coherence {coherence:.3}, {:.0} s): RSS {rss:.1} MiB, peak {peak:.1} MiB",
-                started.elapsed().as_secs_f64()
+                "  end ({sweeps} sweeps, {failed} failed, {restarts} restarts, coherence {coherence:.3}, {:.0} s): RSS {rss:.1} MiB, peak {peak:.1} MiB, heap {:.1} MiB, {events:.1} events listed per machine",
+                started.elapsed().as_secs_f64(),
+                heap_mib()
             );
             println!(
                 "  RSS growth from hour 1 to the end: {growth:+.1} %   target within ±10 %   {}",
@@ -203,7 +229,11 @@ async fn soak(args: Args) -> Result<(), Error> {
             stopper.cancel();
         }
     };
-    service::run(config, secrets, listener, "soak".into(), stop, observe).await?;
+    service::run(
+        service::RunArgs::new(config, secrets, listener, "soak".into(), stop),
+        observe,
+    )
+    .await?;
     sim.shutdown().await;
     Ok(())
 }

@@ -514,7 +514,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         alertmanagers: alertmanager_urls,
         ..ServiceSecrets::default()
     };
-    service::run(config.clone(), service_secrets, listener, owner, shutdown.clone(), |outcome| {
+    service::run(service::RunArgs::new(config.clone(), service_secrets, listener, owner, shutdown.clone()), |outcome| {
         shown += 1;
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
         match outcome {

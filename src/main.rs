@@ -367,7 +367,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let owner = owner_id();
             let shutdown = CancellationToken::new();
             tokio::spawn(fleet_reconciler::signal::cancel_on_signal(shutdown.clone()));
-            service::run(config, secrets, listener, owner, shutdown, |_| {}).await?;
+            service::run(
+                service::RunArgs::new(config, secrets, listener, owner, shutdown),
+                |_| {},
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { machine, url, out } => {

@@ -89,13 +89,9 @@ impl Daemon {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        let task = tokio::spawn(service::run_with_clock(
-            config,
-            secrets,
-            listener,
-            "t".into(),
-            stop.clone(),
-            sim.clock(),
+        let task = tokio::spawn(service::run(
+            service::RunArgs::new(config, secrets, listener, "t".into(), stop.clone())
+                .with_clock(sim.clock()),
             |_| {},
         ));
         Daemon { stop, task }

@@ -1048,6 +1048,8 @@ fn sample(apps: &[(&str, usize, usize)]) -> CoherenceSample {
     let on: usize = apps.values().map(|c| c.on_tip).sum();
     let all: usize = apps.values().map(|c| c.machines).sum();
     CoherenceSample {
+        // The tracker reads the time it is given, not the sample's.
+        at: DateTime::<Utc>::UNIX_EPOCH,
         fleet: Coherence {
             ratio: ratio(on, all),
             on_tip: on,

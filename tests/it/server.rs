@@ -11,7 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use fleet_reconciler::act::executor::{Declined, Outcome};
 use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
@@ -23,6 +24,7 @@ use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::model::{PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
+use fleet_reconciler::report::history::{HistoryEntry, HistoryStep, MachineHistory};
 use fleet_reconciler::report::metrics::Metrics;
 use fleet_reconciler::report::render;
 use fleet_reconciler::report::server::{
@@ -36,6 +38,33 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{OverlayRepo as Overlay, within};
+
+/// Two steps of a machine's history, as the reporter files them.
+fn two_steps(at: DateTime<Utc>) -> MachineHistory {
+    Arc::from([
+        HistoryEntry {
+            at,
+            step: Arc::new(HistoryStep::Drain),
+            outcome: Arc::new(Outcome::Done),
+        },
+        HistoryEntry {
+            at,
+            step: Arc::new(HistoryStep::Finish),
+            outcome: Arc::new(Outcome::Skipped(Declined::Held)),
+        },
+    ])
+}
+
+/// The lines [`two_steps`] is shown as for machine `target` (`app/id`).
+fn two_steps_shown(at: DateTime<Utc>, target: &str) -> [String; 2] {
+    let at = at.format("%Y-%m-%dT%H:%M:%SZ");
+    [
+        format!("{at} {target}: ask the agent to drain again → done"),
+        format!(
+            "{at} {target} reports the target: uncordon and finish → skipped: an operator put the machine on hold"
+        ),
+    ]
+}
 
 const FLY_TOKEN: &str = "server-test-fly-token";
 const ADMIN: &str = "s3cret-admin-token-0123456789";
@@ -371,7 +400,7 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
                 deadline: None,
                 verifying: true,
             }),
-            history: vec!["claimed slot".into(), "cordoned".into()],
+            history: two_steps(since),
             drift_since: Some(since),
         },
     )]));
@@ -386,7 +415,11 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     assert_eq!(body["decision"]["kind"], "in_rotation");
     assert_eq!(body["decision"]["phase"], "restarting");
     assert_eq!(body["rotation"]["phase"], "restarting");
-    assert_eq!(body["history"], json!(["claimed slot", "cordoned"]));
+    assert_eq!(
+        body["history"],
+        json!(two_steps_shown(since, "alpha/a-behind")),
+        "typed entries rendered as the reporter's lines"
+    );
     let got: chrono::DateTime<Utc> = serde_json::from_value(body["drift_since"].clone()).unwrap();
     assert_eq!(got, since);
     assert_eq!(body["tip"], h.overlay.tip());
@@ -797,6 +830,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
     assert!(text_of(resp).await.contains("No sweep has completed yet"));
 
     h.sweep().await;
+    let at = Utc::now() - TimeDelta::minutes(5);
     h.state.view().set_extras(BTreeMap::from([(
         "a-held".into(),
         MachineExtra {
@@ -806,7 +840,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
                 reason: Some("INC-7: keep for <forensics>".into()),
                 phase: None,
             }),
-            history: vec!["claimed slot".into(), "cordoned".into()],
+            history: two_steps(at),
             ..MachineExtra::default()
         },
     )]));
@@ -913,8 +947,9 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
         ),
         "{page}"
     );
+    let [drain, finish] = two_steps_shown(at, "alpha/a-held");
     assert!(
-        page.contains("<li>claimed slot</li><li>cordoned</li>"),
+        page.contains(&format!("<li>{drain}</li><li>{finish}</li>")),
         "{page}"
     );
     assert!(page.contains("<dd>alert-and-wait</dd>"), "{page}");

@@ -125,11 +125,7 @@ actions = { low = "observe", medium = "observe", high = "observe", critical = "o
     let metrics_url = format!("http://{}/metrics", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
     let task = tokio::spawn(service::run(
-        config,
-        secrets,
-        listener,
-        "t".into(),
-        stop.clone(),
+        service::RunArgs::new(config, secrets, listener, "t".into(), stop.clone()),
         |_| {},
     ));
     let client = reqwest::Client::new();
@@ -317,13 +313,9 @@ format = "json"
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        let task = tokio::spawn(service::run_with_clock(
-            config,
-            secrets,
-            listener,
-            "t".into(),
-            stop.clone(),
-            sim.clock(),
+        let task = tokio::spawn(service::run(
+            service::RunArgs::new(config, secrets, listener, "t".into(), stop.clone())
+                .with_clock(sim.clock()),
             move |o| match o {
                 fleet_reconciler::daemon::SweepOutcome::Swept(_) => *counted.lock().unwrap() += 1,
                 fleet_reconciler::daemon::SweepOutcome::Failed { .. } => {

@@ -134,11 +134,7 @@ format = "json"
     let task = {
         let (watching, planned) = (watching.clone(), planned.clone());
         tokio::spawn(service::run(
-            config,
-            secrets,
-            listener,
-            "t".into(),
-            stop.clone(),
+            service::RunArgs::new(config, secrets, listener, "t".into(), stop.clone()),
             move |o| {
                 if let SweepOutcome::Swept(cycle) = o
                     && watching.load(std::sync::atomic::Ordering::SeqCst)

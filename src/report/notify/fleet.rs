@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::events::{Alert, AlertKind};
 use crate::model::{AppName, MachineStatus, Severity};
 use crate::observe::sweep::{FleetReport, StaleApp};
+pub use crate::report::coherence::{Coherence, CoherenceSample};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -92,46 +93,6 @@ impl FleetAlertRules {
     /// An app not listed successfully for longer than this fires `app_unlistable`.
     pub fn app_stale_after(&self) -> Duration {
         self.sweep_interval * self.stale_intervals
-    }
-}
-
-/// On-tip ÷ started machines of the fleet or one app.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Coherence {
-    pub ratio: f64,
-    pub on_tip: usize,
-    pub machines: usize,
-}
-
-/// The coherence a successful sweep measured.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CoherenceSample {
-    pub fleet: Coherence,
-    pub apps: BTreeMap<String, Coherence>,
-}
-
-impl CoherenceSample {
-    pub fn from_report(report: &FleetReport) -> CoherenceSample {
-        let apps: BTreeMap<String, Coherence> = report
-            .apps
-            .iter()
-            .map(|a| {
-                let c = Coherence {
-                    ratio: a.coherence,
-                    on_tip: a.on_tip,
-                    machines: a.machines,
-                };
-                (a.name.clone(), c)
-            })
-            .collect();
-        CoherenceSample {
-            fleet: Coherence {
-                ratio: report.coherence,
-                on_tip: apps.values().map(|c| c.on_tip).sum(),
-                machines: apps.values().map(|c| c.machines).sum(),
-            },
-            apps,
-        }
     }
 }
 

@@ -57,6 +57,8 @@ use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use crate::model::{CommitId, MachineId};
 use crate::observe::probe::AgentReport;
 use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
+use crate::report::coherence::CoherenceSample;
+use crate::report::history::{self, MachineHistory};
 use crate::report::metrics::{self, Metrics};
 use crate::report::render;
 
@@ -69,7 +71,7 @@ pub use listen::serve;
 
 use limits::{AuthFailure, FailureLog};
 pub use page::{render_machine_page, render_status_page};
-pub use trend::{AppPoint, CoherenceTrend, TREND_SAMPLES, TrendSample};
+pub use trend::{CoherenceTrend, TREND_SAMPLES};
 
 /// Ready means a sweep succeeded within this many sweep intervals.
 pub const READY_INTERVALS: u32 = 3;
@@ -84,15 +86,23 @@ const DEFAULT_ACTOR: &str = "admin-api";
 
 /// What the sweep loop knows beyond the report, per machine (keyed by
 /// machine id): the planner/executor fill it; every field is optional.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct MachineExtra {
     /// What the planner decided for the machine in the last sweep.
     pub decision: Option<Decision>,
-    /// Recent rotation history, oldest first, one line per step.
-    pub history: Vec<String>,
+    /// Recent rotation history, oldest first, one entry per step (shared
+    /// with the reporter's [`crate::report::history::History`]).
+    pub history: MachineHistory,
     /// When the planner first saw the machine's current drift (its clock:
     /// the server keeps none of its own).
     pub drift_since: Option<DateTime<Utc>>,
+}
+
+impl MachineExtra {
+    /// The history of machine `m` as shown (page, API and `status MACHINE`).
+    pub fn history_lines(&self, m: &MachineReport) -> Vec<String> {
+        history::lines(&self.history, &m.app, &m.machine_id)
+    }
 }
 
 /// The last failed sweep.
@@ -222,7 +232,7 @@ impl FleetView {
     /// Publishes a successful sweep that finished at `at`.
     pub fn record_sweep(&self, report: FleetReport, at: DateTime<Utc>) {
         self.update(|o| {
-            Arc::make_mut(&mut o.trend).push(TrendSample::of(&report, at));
+            Arc::make_mut(&mut o.trend).push(CoherenceSample::of_listed(&report, at));
             o.report = Some(Arc::new(report));
             o.last_success = Some(at);
             o.last_turn = Some(at);
@@ -711,7 +721,7 @@ struct MachineDetail<'a> {
     rotation: Option<serde_json::Value>,
     /// What the planner decided for it in the last sweep (docs/design.md §6.2).
     decision: Option<&'a Decision>,
-    history: &'a [String],
+    history: Vec<String>,
     drift_since: Option<DateTime<Utc>>,
     /// The release tip the report measured against.
     tip: &'a str,
@@ -774,7 +784,7 @@ async fn machine(
         approval: control_json(m, APPROVE_KEY, m.inputs.controls.approval()),
         rotation: control_json(m, MARKER_KEY, m.inputs.controls.marker()),
         decision: extra.and_then(|e| e.decision.as_ref()),
-        history: extra.map(|e| e.history.as_slice()).unwrap_or(&[]),
+        history: extra.map(|e| e.history_lines(m)).unwrap_or_default(),
         drift_since: observed.drift_since(id),
         tip: &report.tip.commit,
         swept_at: observed.last_success,

@@ -590,11 +590,11 @@ fn trend_label(trend: &CoherenceTrend, app: Option<&str>) -> String {
     let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
     let highest = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let now = match app {
-        None => percent(latest.fleet),
+        None => percent(latest.fleet.ratio),
         Some(name) => match latest.apps.get(name) {
             Some(p) => format!(
                 "{} ({} of {} on tip)",
-                percent(p.coherence),
+                percent(p.ratio),
                 p.on_tip,
                 p.machines
             ),
@@ -767,7 +767,7 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
     let extra = observed.extras.get(&m.machine_id);
     let marker = control_json(m, MARKER_KEY, m.inputs.controls.marker())
         .and_then(|v| serde_json::to_string_pretty(&v).ok());
-    let history = extra.map(|e| e.history.as_slice()).unwrap_or(&[]);
+    let history = extra.map(|e| e.history_lines(m)).unwrap_or_default();
     html! {
         section.box #rotation {
             h2 { "Rotation" }
@@ -971,7 +971,7 @@ fn commands_section(m: &MachineReport) -> Markup {
 mod tests {
     use super::*;
 
-    use crate::report::server::trend::{AppPoint, TrendSample};
+    use crate::report::coherence::{Coherence, CoherenceSample};
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
@@ -982,8 +982,8 @@ mod tests {
         for (i, (fleet, app)) in points.iter().enumerate() {
             let apps = app
                 .map(|c| {
-                    let point = AppPoint {
-                        coherence: c,
+                    let point = Coherence {
+                        ratio: c,
                         on_tip: (c * 4.0) as usize,
                         machines: 4,
                     };
@@ -991,9 +991,13 @@ mod tests {
                 })
                 .into_iter()
                 .collect();
-            ring.push(TrendSample {
+            ring.push(CoherenceSample {
                 at: t(30 * i as i64),
-                fleet: *fleet,
+                fleet: Coherence {
+                    ratio: *fleet,
+                    on_tip: 0,
+                    machines: 0,
+                },
                 apps,
             });
         }

@@ -1,68 +1,23 @@
 //! Coherence over time: a bounded in-memory ring of the last sweeps'
 //! coherence figures, for the fleet and per app, that the status page draws.
 //!
-//! Owns only memory: [`super::FleetView::record_sweep`] appends one sample
-//! per successful sweep, the oldest falls out past [`TREND_SAMPLES`]. It
-//! records the figures the sweep computed and never computes a coherence of
-//! its own; a restart of the daemon starts an empty ring (the long history
+//! Owns only memory: [`super::FleetView::record_sweep`] appends one
+//! [`CoherenceSample`] (without the apps never listed) per successful
+//! sweep, the oldest falls out past [`TREND_SAMPLES`]. It records the
+//! figures the sweep computed and never computes a coherence of its own; a restart of the daemon starts an empty ring (the long history
 //! is Prometheus's `fleet_coherence`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
-use chrono::{DateTime, Utc};
-
-use crate::observe::sweep::FleetReport;
+use crate::report::coherence::CoherenceSample;
 
 /// Samples kept: two hours of sweeps at a 30 s interval.
 pub const TREND_SAMPLES: usize = 240;
 
-/// One app's figures in one sweep.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AppPoint {
-    pub coherence: f64,
-    pub on_tip: usize,
-    pub machines: usize,
-}
-
-/// One sweep's figures.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TrendSample {
-    /// When the sweep finished.
-    pub at: DateTime<Utc>,
-    pub fleet: f64,
-    /// The apps of that sweep; an app it did not report, or could not list
-    /// and never had listed, is absent (a gap in its line).
-    pub apps: BTreeMap<String, AppPoint>,
-}
-
-impl TrendSample {
-    /// The figures of `report`, a sweep that finished `at`.
-    pub fn of(report: &FleetReport, at: DateTime<Utc>) -> TrendSample {
-        let apps = report
-            .apps
-            .iter()
-            .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
-            .map(|a| {
-                let point = AppPoint {
-                    coherence: a.coherence,
-                    on_tip: a.on_tip,
-                    machines: a.machines,
-                };
-                (a.name.clone(), point)
-            })
-            .collect();
-        TrendSample {
-            at,
-            fleet: report.coherence,
-            apps,
-        }
-    }
-}
-
 /// The ring: oldest sample first, at most `capacity` of them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoherenceTrend {
-    samples: VecDeque<TrendSample>,
+    samples: VecDeque<CoherenceSample>,
     capacity: usize,
 }
 
@@ -83,7 +38,7 @@ impl CoherenceTrend {
     }
 
     /// Appends `sample`, dropping the oldest when full.
-    pub fn push(&mut self, sample: TrendSample) {
+    pub fn push(&mut self, sample: CoherenceSample) {
         while self.samples.len() >= self.capacity {
             self.samples.pop_front();
         }
@@ -103,15 +58,15 @@ impl CoherenceTrend {
     }
 
     /// Oldest first.
-    pub fn samples(&self) -> impl ExactSizeIterator<Item = &TrendSample> {
+    pub fn samples(&self) -> impl ExactSizeIterator<Item = &CoherenceSample> {
         self.samples.iter()
     }
 
-    pub fn first(&self) -> Option<&TrendSample> {
+    pub fn first(&self) -> Option<&CoherenceSample> {
         self.samples.front()
     }
 
-    pub fn latest(&self) -> Option<&TrendSample> {
+    pub fn latest(&self) -> Option<&CoherenceSample> {
         self.samples.back()
     }
 
@@ -121,8 +76,8 @@ impl CoherenceTrend {
         self.samples
             .iter()
             .map(|s| match app {
-                None => Some(s.fleet),
-                Some(name) => s.apps.get(name).map(|p| p.coherence),
+                None => Some(s.fleet.ratio),
+                Some(name) => s.apps.get(name).map(|p| p.ratio),
             })
             .collect()
     }
@@ -131,25 +86,27 @@ impl CoherenceTrend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::sweep::FleetReport;
+    use crate::report::coherence::Coherence;
+    use chrono::{DateTime, Utc};
+    use std::collections::BTreeMap;
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
     }
 
-    fn sample(s: i64, fleet: f64, apps: &[(&str, f64)]) -> TrendSample {
-        TrendSample {
+    fn sample(s: i64, fleet: f64, apps: &[(&str, f64)]) -> CoherenceSample {
+        let ratio = |ratio| Coherence {
+            ratio,
+            on_tip: 0,
+            machines: 0,
+        };
+        CoherenceSample {
             at: t(s),
-            fleet,
+            fleet: ratio(fleet),
             apps: apps
                 .iter()
-                .map(|(n, c)| {
-                    let point = AppPoint {
-                        coherence: *c,
-                        on_tip: 0,
-                        machines: 0,
-                    };
-                    (n.to_string(), point)
-                })
+                .map(|(n, c)| (n.to_string(), ratio(*c)))
                 .collect(),
         }
     }
@@ -218,17 +175,18 @@ mod tests {
             machines: Vec::new(),
             slots: Default::default(),
         };
-        let s = TrendSample::of(&report, t(5));
-        assert_eq!((s.at, s.fleet), (t(5), 0.6));
-        let a = AppPoint {
-            coherence: 0.25,
+        let s = CoherenceSample::of_listed(&report, t(5));
+        assert_eq!((s.at, s.fleet.ratio), (t(5), 0.6));
+        assert_eq!((s.fleet.on_tip, s.fleet.machines), (3, 6));
+        let a = Coherence {
+            ratio: 0.25,
             on_tip: 1,
             machines: 4,
         };
         // A stale app shown from its last listing keeps those figures; one
         // never listed has none (a gap).
-        let b = AppPoint {
-            coherence: 1.0,
+        let b = Coherence {
+            ratio: 1.0,
             on_tip: 2,
             machines: 2,
         };
@@ -236,6 +194,10 @@ mod tests {
             s.apps,
             BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)])
         );
+        // The fleet alerts count every app the sweep names.
+        let all = CoherenceSample::of(&report, t(5));
+        assert_eq!(all.apps.len(), 3);
+        assert_eq!(all.apps.get("c").map(|c| c.machines), Some(0));
     }
 
     #[test]

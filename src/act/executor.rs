@@ -37,7 +37,7 @@ use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
-use crate::model::{AppName, MachineId, MachineState, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineState, PolicyAction, Severity};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -1081,7 +1081,7 @@ impl Executor {
         &self,
         t: &Target,
         marker: &Marker,
-        target: &str,
+        target: &CommitId,
         guard: RestartGuard,
     ) -> Result<(), StepError> {
         let outcome = match t.health_url.as_deref() {
@@ -1091,8 +1091,9 @@ impl Executor {
         let now = self.tuning.clock.now();
         match outcome {
             ProbeOutcome::Report(r) => {
+                // The report may abbreviate the commit; a target is lowercase.
                 let reported = r.overlay_ref.to_ascii_lowercase();
-                if target.to_ascii_lowercase().starts_with(&reported) {
+                if target.as_str().starts_with(&reported) {
                     return Err(Declined::OnTarget.into());
                 }
                 match guard {
@@ -1606,7 +1607,7 @@ struct Watch<'a> {
     /// The marker the machine must carry: the plan's, then each one we wrote.
     marker: Option<Marker>,
     /// A `manual` rotation's commit, which a standing approval must name.
-    approval: Option<String>,
+    approval: Option<CommitId>,
 }
 
 /// What the next call of a step needs of the machine.
@@ -1653,7 +1654,7 @@ fn unfenced_events(step: &Step, unfenced: &[Unfenced], at: DateTime<Utc>) -> Vec
             kind: EventKind::ActionUnfenced,
             app: t.app.clone(),
             machine_id: t.machine_id.clone(),
-            commit: marker.map(|m| m.target.clone()).unwrap_or_default(),
+            commit: marker.map(|m| m.target.to_string()).unwrap_or_default(),
             severity: marker.map_or(Severity::High, |m| m.severity.max(Severity::High)),
             action: marker.map_or(PolicyAction::Manual, |m| m.action),
             summary: format!("{step} on {}: {u}", t.machine_id),
@@ -1676,7 +1677,7 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
         kind,
         app: t.app.clone(),
         machine_id: t.machine_id.clone(),
-        commit: marker.target.clone(),
+        commit: marker.target.to_string(),
         severity: marker.severity,
         action: marker.action,
         summary,

@@ -33,7 +33,7 @@ use crate::metadata::controls::Controls;
 use crate::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
-use crate::model::{AppName, MachineId, MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{AgentReport, Capability};
 use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
@@ -476,7 +476,7 @@ struct Planning<'a> {
     owner: &'a str,
     fetch: FetchState,
     now: DateTime<Utc>,
-    tip: &'a str,
+    tip: &'a CommitId,
     stale: HashSet<&'a str>,
     /// Slots taken per (app, pool), claims of this plan included.
     in_use: BTreeMap<(AppName, String), usize>,
@@ -510,7 +510,7 @@ impl<'a> Planning<'a> {
             owner: input.owner,
             fetch: input.fetch,
             now: input.now,
-            tip: report.tip.commit.as_str(),
+            tip: &report.tip.commit,
             stale: report.stale_app_names(),
             rotations_in_progress: in_use.clone(),
             in_use,
@@ -826,7 +826,7 @@ impl<'a> Planning<'a> {
         if yielded && let Some(failed) = &marker.failed {
             // No new attempt for the failed target until the tip moves or an
             // operator approves it again (after the failure).
-            let rearmed = !marker.target.eq_ignore_ascii_case(self.tip)
+            let rearmed = marker.target != *self.tip
                 || ctx
                     .op
                     .controls
@@ -836,7 +836,7 @@ impl<'a> Planning<'a> {
                 self.decide(
                     m,
                     Decision::RotationFailed {
-                        target: marker.target.clone(),
+                        target: marker.target.to_string(),
                         attempts: failed.attempts,
                         at: failed.at,
                         evidence: failed.evidence.clone(),
@@ -990,7 +990,7 @@ impl<'a> Planning<'a> {
         });
         let marker = Marker {
             tag,
-            target: self.tip.to_string(),
+            target: self.tip.clone(),
             phase: Phase::Claiming,
             mode,
             action,
@@ -1467,7 +1467,7 @@ struct Ctx<'a> {
     unprobed_since: Option<DateTime<Utc>>,
     fetch: FetchState,
     now: DateTime<Utc>,
-    tip: &'a str,
+    tip: &'a CommitId,
 }
 
 /// The next step of a rotation that holds a slot, if any: the undo of one
@@ -1521,10 +1521,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
         let exits = exits_since(m, restarted_at, ctx.policy.rotation.verify_deadline);
         let reports_target = m.status == MachineStatus::OnTip
-            || (m.status == MachineStatus::Drifted
-                && m.commit
-                    .as_deref()
-                    .is_some_and(|c| c.eq_ignore_ascii_case(&marker.target)));
+            || (m.status == MachineStatus::Drifted && m.commit.as_ref() == Some(&marker.target));
         let unproven = ctx.fetch.failing
             && matches!(
                 m.status,
@@ -1628,7 +1625,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             if op.controls.approval_for(&marker.target).is_none() {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::ApprovalRevoked));
             }
-            if !marker.target.eq_ignore_ascii_case(tip) {
+            if marker.target != *tip {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::TipMovedPastApproval));
             }
         }
@@ -1820,7 +1817,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             next.attempt_started_at = now;
             next.retry_at = None;
             if !self.manual {
-                next.target = tip.to_string();
+                next.target = tip.clone();
             }
             next.cordoned = Some(true);
             return Some(self.step(StepKind::Advance {
@@ -1847,7 +1844,7 @@ fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
     next.attempt_started_at = ctx.now;
     // Automatic rotations follow the tip; an approved one keeps its commit.
     if marker.action != PolicyAction::Manual {
-        next.target = ctx.tip.to_string();
+        next.target = ctx.tip.clone();
     }
     next
 }
@@ -1917,7 +1914,7 @@ fn end_attempt(
             .insert("evidence".to_string(), evidence.clone());
         alert
             .details
-            .insert("target".to_string(), marker.target.clone());
+            .insert("target".to_string(), marker.target.to_string());
         alerts.push(alert);
         let mut s = release(
             target,

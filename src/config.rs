@@ -1042,7 +1042,7 @@ impl Config {
             })
             .collect();
         if let Some(c) = &self.rotation.coordinator {
-            match out.iter_mut().find(|t| t.app == c.app) {
+            match out.iter_mut().find(|t| c.app == t.app) {
                 // Checked at load: the same variable as the app's, if set.
                 Some(t) => {
                     if let Some(var) = &self.rotation.coordinator_token_env {

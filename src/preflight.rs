@@ -559,7 +559,7 @@ async fn list_app(
 /// answering 409 proves the token may lease it, and nothing is disturbed.
 async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) -> Vec<Finding> {
     let subject = c.to_string();
-    let Some(token) = config.fly_tokens().into_iter().find(|t| t.app == c.app) else {
+    let Some(token) = config.fly_tokens().into_iter().find(|t| c.app == t.app) else {
         return Vec::new();
     };
     let Some(secret) = read(env, token.var) else {

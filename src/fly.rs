@@ -28,7 +28,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::model::MachineState;
+use crate::model::{AppName, MachineId, MachineState};
 
 /// Header carrying a lease nonce on every mutating call to a leased machine.
 pub const LEASE_NONCE_HEADER: &str = "fly-machine-lease-nonce";
@@ -230,6 +230,20 @@ struct RefreshedLease {
     version: String,
 }
 
+/// A state Fly's wait endpoint (`GET …/machines/{id}/wait?state=`) accepts,
+/// as its API specification lists them; it is sent as its snake-case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+pub enum WaitState {
+    Started,
+    Stopped,
+    Suspended,
+    Destroyed,
+    Failed,
+    /// Any state the machine rests in (not starting or stopping).
+    Settled,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FlyError {
     #[error(
@@ -282,7 +296,7 @@ pub enum FlyError {
     WaitTimeout {
         app: String,
         machine: String,
-        state: String,
+        state: WaitState,
     },
     #[error("Fly API: {op} for app {app}{} answered {status}: {message}", machine_suffix(.machine))]
     Status {
@@ -856,7 +870,7 @@ impl FlyClient {
     /// drops it), decoded as the answer arrives: one machine object larger
     /// than [`MAX_MACHINE_BYTES`] is refused naming its id, and no more of
     /// the answer is read.
-    pub async fn list_machines(&self, app: &str) -> Result<Vec<Machine>, FlyError> {
+    pub async fn list_machines(&self, app: &AppName) -> Result<Vec<Machine>, FlyError> {
         let mut call = Call::new("list_machines", Method::GET, app, None);
         call.max_body = MAX_LIST_BODY_BYTES;
         let (mut resp, cut) = self.send_response(&call).await?;
@@ -918,9 +932,18 @@ impl FlyClient {
         Ok(machines)
     }
 
-    pub async fn get_machine(&self, app: &str, machine: &str) -> Result<Machine, FlyError> {
+    pub async fn get_machine(
+        &self,
+        app: &AppName,
+        machine: &MachineId,
+    ) -> Result<Machine, FlyError> {
         let body = self
-            .send(Call::new("get_machine", Method::GET, app, Some(machine)))
+            .send(Call::new(
+                "get_machine",
+                Method::GET,
+                app,
+                Some(machine.as_str()),
+            ))
             .await?;
         decode(&body, "get_machine", app)
     }
@@ -930,15 +953,15 @@ impl FlyClient {
     /// Restarts the machine; `timeout` is how long Fly waits for it to stop.
     pub async fn restart(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         timeout: Option<Duration>,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let query = timeout
             .map(|t| vec![("timeout", format!("{}s", t.as_secs().max(1)))])
             .unwrap_or_default();
-        let mut call = Call::new("restart", Method::POST, app, Some(machine));
+        let mut call = Call::new("restart", Method::POST, app, Some(machine.as_str()));
         call.segments = &["restart"];
         call.query = &query;
         call.nonce = nonce;
@@ -948,11 +971,11 @@ impl FlyClient {
 
     pub async fn stop(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("stop", Method::POST, app, Some(machine));
+        let mut call = Call::new("stop", Method::POST, app, Some(machine.as_str()));
         call.segments = &["stop"];
         call.body = Some(serde_json::json!({}));
         call.nonce = nonce;
@@ -962,11 +985,11 @@ impl FlyClient {
 
     pub async fn start(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("start", Method::POST, app, Some(machine));
+        let mut call = Call::new("start", Method::POST, app, Some(machine.as_str()));
         call.segments = &["start"];
         call.nonce = nonce;
         call.idempotence = Idempotence::Unsafe;
@@ -977,9 +1000,9 @@ impl FlyClient {
     /// A 408 from Fly becomes `FlyError::WaitTimeout`.
     pub async fn wait(
         &self,
-        app: &str,
-        machine: &str,
-        state: &str,
+        app: &AppName,
+        machine: &MachineId,
+        state: WaitState,
         timeout: Duration,
     ) -> Result<(), FlyError> {
         let mut secs = timeout.as_secs().clamp(1, 60);
@@ -990,7 +1013,7 @@ impl FlyClient {
             secs = secs.min(left.max(1));
         }
         let query = [("state", state.to_string()), ("timeout", secs.to_string())];
-        let mut call = Call::new("wait", Method::GET, app, Some(machine));
+        let mut call = Call::new("wait", Method::GET, app, Some(machine.as_str()));
         call.segments = &["wait"];
         call.query = &query;
         call.extra_timeout = Duration::from_secs(secs);
@@ -998,7 +1021,7 @@ impl FlyClient {
             Err(FlyError::Status { status: 408, .. }) => Err(FlyError::WaitTimeout {
                 app: app.to_string(),
                 machine: machine.to_string(),
-                state: state.to_string(),
+                state,
             }),
             other => other.map(drop),
         }
@@ -1007,11 +1030,11 @@ impl FlyClient {
     /// Stops fly-proxy routing new requests to the machine.
     pub async fn cordon(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("cordon", Method::POST, app, Some(machine));
+        let mut call = Call::new("cordon", Method::POST, app, Some(machine.as_str()));
         call.segments = &["cordon"];
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -1019,11 +1042,11 @@ impl FlyClient {
 
     pub async fn uncordon(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("uncordon", Method::POST, app, Some(machine));
+        let mut call = Call::new("uncordon", Method::POST, app, Some(machine.as_str()));
         call.segments = &["uncordon"];
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -1035,8 +1058,8 @@ impl FlyClient {
     /// one, `FlyError::RateLimited` when Fly (or our own limit) says not now.
     pub async fn acquire_lease(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
@@ -1060,8 +1083,8 @@ impl FlyClient {
     /// `FlyError::LeaseNonceChanged`.
     pub async fn refresh_lease(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: &SecretString,
         ttl: Duration,
         description: &str,
@@ -1103,8 +1126,8 @@ impl FlyClient {
     async fn lease_post(
         &self,
         op: &'static str,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         ttl: Duration,
         description: &str,
         nonce: Option<&SecretString>,
@@ -1112,7 +1135,7 @@ impl FlyClient {
     ) -> Result<bytes::Bytes, FlyError> {
         let ttl = ttl.as_secs().max(1);
         let query = [("ttl", ttl.to_string())];
-        let mut call = Call::new(op, Method::POST, app, Some(machine));
+        let mut call = Call::new(op, Method::POST, app, Some(machine.as_str()));
         call.segments = &["lease"];
         call.bucket = "lease";
         call.query = &query;
@@ -1125,11 +1148,11 @@ impl FlyClient {
     /// Releases a lease we hold. A lease already gone (expired) is not an error.
     pub async fn release_lease(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: &SecretString,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
+        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine.as_str()));
         call.segments = &["lease"];
         call.nonce = Some(nonce);
         match self.send(call).await {
@@ -1142,14 +1165,14 @@ impl FlyClient {
 
     pub async fn set_metadata(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         key: &str,
         value: &str,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
-        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
+        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine.as_str()));
         call.segments = &segments;
         // Every key's POST is one endpoint to Fly's limits, at worst.
         call.bucket = "set_metadata";
@@ -1160,13 +1183,18 @@ impl FlyClient {
 
     pub async fn delete_metadata(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         key: &str,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
-        let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
+        let mut call = Call::new(
+            "delete_metadata",
+            Method::DELETE,
+            app,
+            Some(machine.as_str()),
+        );
         call.segments = &segments;
         call.nonce = nonce;
         match self.send(call).await {
@@ -1539,6 +1567,35 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names sent are the `state` enum of Fly's OpenAPI specification
+    /// (`GET /apps/{app_name}/machines/{machine_id}/wait`).
+    #[test]
+    fn wait_states_are_sent_as_the_api_names_them() {
+        let names: Vec<&str> = [
+            WaitState::Started,
+            WaitState::Stopped,
+            WaitState::Suspended,
+            WaitState::Destroyed,
+            WaitState::Failed,
+            WaitState::Settled,
+        ]
+        .into_iter()
+        .map(<&str>::from)
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "started",
+                "stopped",
+                "suspended",
+                "destroyed",
+                "failed",
+                "settled"
+            ]
+        );
+        assert_eq!(WaitState::Started.to_string(), "started");
+    }
 
     #[test]
     fn backoff_grows_caps_and_honours_retry_after() {

@@ -912,6 +912,8 @@ async fn approve(
     commit: Option<String>,
     by: String,
 ) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = Arc::new(config_path.load()?);
     let secrets = secrets_from_env(&config)?;
     let operator = operator(&config, &secrets)?;
@@ -978,6 +980,8 @@ async fn approve(
 }
 
 async fn revoke(config_path: &ConfigPath, machine: &str) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = config_path.load()?;
     let secrets = secrets_from_env(&config)?;
     let revoked = operator(&config, &secrets)?.revoke(machine).await?;
@@ -1011,6 +1015,8 @@ async fn hold(
     by: String,
     reason: String,
 ) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = config_path.load()?;
     let secrets = secrets_from_env(&config)?;
     let hold = Hold {
@@ -1033,6 +1039,8 @@ async fn hold(
 }
 
 async fn release(config_path: &ConfigPath, machine: &str) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = config_path.load()?;
     let secrets = secrets_from_env(&config)?;
     let operator = operator(&config, &secrets)?;

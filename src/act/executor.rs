@@ -32,7 +32,7 @@ use crate::config::Config;
 use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
 use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind};
-use crate::fly::{FlyClient, FlyError, Lease, Machine};
+use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
 use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
@@ -382,8 +382,8 @@ impl Validity {
 
 /// A lease we hold, kept alive by a refresher until released.
 struct Held {
-    app: String,
-    machine_id: String,
+    app: AppName,
+    machine_id: MachineId,
     nonce: SecretString,
     /// Lost once a refresh failed or the lease outlived its last refresh.
     validity: Validity,
@@ -645,7 +645,7 @@ impl Executor {
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let t = &step.target;
-        let (app, id) = (t.app.as_str(), t.machine_id.as_str());
+        let (app, id) = (&t.app, &t.machine_id);
         let mut w = Watch {
             t,
             lease,
@@ -749,7 +749,7 @@ impl Executor {
         cordon: bool,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
-        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
         if cordon {
             self.verify_slot(t, &marker.tag).await?;
         }
@@ -785,7 +785,7 @@ impl Executor {
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
-        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
         let Some(expected) = &step.expected else {
             return Err(Declined::MarkerMoved.into());
         };
@@ -832,7 +832,7 @@ impl Executor {
             }
             .await;
             if let Err(e) = restored {
-                tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
+                tracing::info!(%app, machine_id = %id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
             }
             return Err(declined);
         }
@@ -846,7 +846,7 @@ impl Executor {
         self.read_after_last_call(t, lease).await;
         tokio::select! {
             _ = shutdown.cancelled() => Ok(()),
-            r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
+            r = self.fly.wait(app, id, WaitState::Started, self.tuning.start_wait) => match r {
                 // Not started yet: the verify deadline covers it.
                 Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
                 Err(e) => Err(e.into()),
@@ -1010,7 +1010,7 @@ impl Executor {
         clear_approval: bool,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
-        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
         if step.expected.as_ref() != Some(marker) {
             self.write_marker(w, marker).await?;
         }
@@ -1371,7 +1371,7 @@ impl Executor {
 
     /// Slots whose machine carries no marker with the slot's tag that still
     /// needs it. Anything unreadable counts as live (fail closed).
-    async fn stale_slots(&self, app: &str, slots: &[Slot]) -> Vec<Slot> {
+    async fn stale_slots(&self, app: &AppName, slots: &[Slot]) -> Vec<Slot> {
         let mut stale = Vec::new();
         for slot in slots {
             let live = match self.fly.get_machine(app, &slot.machine_id).await {
@@ -1446,7 +1446,7 @@ impl Executor {
 
     // ---- leases --------------------------------------------------------------
 
-    async fn acquire(&self, app: &str, machine_id: &str) -> Result<Held, StepError> {
+    async fn acquire(&self, app: &AppName, machine_id: &MachineId) -> Result<Held, StepError> {
         let description = format!("fleet-reconciler {}", self.tuning.owner);
         let started = Instant::now();
         let lease: Lease = match self
@@ -1472,8 +1472,8 @@ impl Executor {
         let refresher = {
             let (fly, app, id, nonce) = (
                 self.fly.clone(),
-                app.to_string(),
-                machine_id.to_string(),
+                app.clone(),
+                machine_id.clone(),
                 lease.nonce.clone(),
             );
             let (ttl, every) = (self.tuning.lease_ttl, self.tuning.lease_refresh);
@@ -1514,8 +1514,8 @@ impl Executor {
             })
         };
         Ok(Held {
-            app: app.to_string(),
-            machine_id: machine_id.to_string(),
+            app: app.clone(),
+            machine_id: machine_id.clone(),
             nonce: lease.nonce,
             validity,
             stop,

@@ -296,12 +296,14 @@ impl Sweeper {
         // Inventory: every app concurrently. An app that cannot be listed is
         // reported stale (and counts for nothing); the others are swept as
         // usual. With no app listed there is nothing to report.
-        let listings = futures::future::join_all(
-            self.config
-                .apps
-                .iter()
-                .map(|app| async move { (app, self.fly.list_machines(&app.name).await) }),
-        )
+        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
+            (
+                app,
+                self.fly
+                    .list_machines(&AppName::from(app.name.as_str()))
+                    .await,
+            )
+        }))
         .await;
         let mut machines: Vec<(usize, Machine)> = Vec::new();
         let mut unlisted: Vec<(usize, SweepError)> = Vec::new();

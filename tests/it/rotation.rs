@@ -1503,7 +1503,7 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     };
     let operator = Operator::new(daemon::fly_client(&cfg, &secrets).unwrap(), &cfg);
     let written = operator
-        .hold("m1", "oncall", "incident 44", sim.now())
+        .hold(&"m1".into(), "oncall", "incident 44", sim.now())
         .await
         .unwrap();
     assert!(written.fenced);

@@ -37,7 +37,7 @@ use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
-use crate::model::{AppName, CommitId, MachineId, MachineState, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineState, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -92,7 +92,7 @@ pub enum Declined {
     #[error("pool {pool} of {app} is at its cap of {cap}")]
     PoolFull {
         app: AppName,
-        pool: String,
+        pool: PoolName,
         cap: usize,
     },
     #[error("the rotation holds no slot in the coordinator")]
@@ -277,7 +277,7 @@ impl From<FlyError> for StepError {
 enum SlotChange {
     Claim {
         app: AppName,
-        pool: String,
+        pool: PoolName,
         slot: Slot,
         cap: usize,
         /// The claiming machine's lease: no slot is won for a step that can
@@ -286,7 +286,7 @@ enum SlotChange {
     },
     Release {
         app: AppName,
-        pool: String,
+        pool: PoolName,
         machine_id: MachineId,
         tag: String,
     },
@@ -1291,7 +1291,7 @@ impl Executor {
             };
             let before = set.clone();
             let mut answers = Vec::with_capacity(changes.len());
-            let mut reclaimed: HashSet<(AppName, String)> = HashSet::new();
+            let mut reclaimed: HashSet<(AppName, PoolName)> = HashSet::new();
             for change in changes {
                 answers.push(match change {
                     SlotChange::Release {

@@ -33,7 +33,7 @@ use crate::metadata::controls::Controls;
 use crate::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
-use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{AgentReport, Capability};
 use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
@@ -61,7 +61,7 @@ pub struct Plan {
     /// Machine-level conditions that hold now (drift, approval needed, stuck).
     pub alerts: Vec<Alert>,
     /// Rotations holding a slot, per (app, pool).
-    pub rotations_in_progress: BTreeMap<(AppName, String), usize>,
+    pub rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
 }
 
 /// What is decided for one machine in one sweep. At most one step: steps
@@ -479,7 +479,7 @@ struct Planning<'a> {
     tip: &'a CommitId,
     stale: HashSet<&'a str>,
     /// Slots taken per (app, pool), claims of this plan included.
-    in_use: BTreeMap<(AppName, String), usize>,
+    in_use: BTreeMap<(AppName, PoolName), usize>,
     /// Machines that may claim a slot this sweep, ranked once all are known.
     candidates: Vec<Candidate<'a>>,
     /// Per machine: its decision once made, its step, its drift clock.
@@ -487,7 +487,7 @@ struct Planning<'a> {
     /// Machines with a step, in the order their steps were planned.
     start_order: Vec<MachineId>,
     alerts: Vec<Alert>,
-    rotations_in_progress: BTreeMap<(AppName, String), usize>,
+    rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
 }
 
 /// A machine's entry while the plan is made: every machine is decided by
@@ -613,7 +613,7 @@ impl<'a> Planning<'a> {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
             _ => m.pool.as_str(),
         };
-        target.pool = pool.to_string();
+        target.pool = PoolName::from(pool);
         let ctx = Ctx {
             policy: self.policy,
             m,
@@ -946,7 +946,7 @@ impl<'a> Planning<'a> {
         let cap = self.policy.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = self
             .in_use
-            .entry((m.app.clone(), m.pool.clone()))
+            .entry((m.app.clone(), PoolName::from(m.pool.as_str())))
             .or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
@@ -1007,7 +1007,7 @@ impl<'a> Planning<'a> {
             // Recorded by the executor from the machine it reads under the
             // lease, not from this (older) snapshot.
             instance_id: None,
-            pool: Some(m.pool.clone()),
+            pool: Some(PoolName::from(m.pool.as_str())),
             failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
@@ -1076,8 +1076,11 @@ impl<'a> Planning<'a> {
 /// without a slot (being undone, maybe still cordoned) count too. Without a
 /// known set, every marker that may hold a slot counts, unreadable and
 /// unknown ones included.
-fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppName, String), usize> {
-    let mut in_use: BTreeMap<(AppName, String), usize> = BTreeMap::new();
+fn slots_in_use(
+    report: &FleetReport,
+    ops: &[OperatorState],
+) -> BTreeMap<(AppName, PoolName), usize> {
+    let mut in_use: BTreeMap<(AppName, PoolName), usize> = BTreeMap::new();
     let set = match &report.slots {
         SlotsView::Known(set) => Some(set),
         SlotsView::Unknown(_) | SlotsView::NotConfigured => None,
@@ -1117,7 +1120,7 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
                 .count();
             if live > 0 {
                 *in_use
-                    .entry((AppName::from(app), pool.to_string()))
+                    .entry((AppName::from(app), PoolName::from(pool)))
                     .or_default() += live;
             }
         }
@@ -1142,7 +1145,9 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
             (Some(Err(_)), Some(_)) | (None, _) => false,
         };
         if holds {
-            *in_use.entry((m.app.clone(), pool.to_string())).or_default() += 1;
+            *in_use
+                .entry((m.app.clone(), PoolName::from(pool)))
+                .or_default() += 1;
         }
     }
     in_use
@@ -1409,7 +1414,7 @@ fn target_of(m: &MachineReport) -> Target {
     Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
-        pool: m.pool.clone(),
+        pool: PoolName::from(m.pool.as_str()),
         health_url: m.inputs.health_url.clone(),
     }
 }

@@ -874,7 +874,7 @@ fn pool_caps_hold_and_the_most_severe_go_first() {
     );
     assert_eq!(
         plan.rotations_in_progress
-            .get(&("app".into(), "default".to_string())),
+            .get(&("app".into(), "default".into())),
         Some(&1)
     );
 
@@ -2785,7 +2785,7 @@ fn item17_a_pool_label_edited_mid_rotation_keeps_the_pool_of_its_slot() {
     assert!(kinds(&plan).contains(&("w", "claim")), "{plan:?}");
     assert_eq!(
         plan.rotations_in_progress
-            .get(&("app".into(), "default".to_string())),
+            .get(&("app".into(), "default".into())),
         Some(&1)
     );
 }

@@ -9,14 +9,14 @@ use std::fmt;
 
 use crate::metadata::marker::{Ending, Marker};
 use crate::metadata::unprobed::Unprobed;
-use crate::model::{AppName, MachineId};
+use crate::model::{AppName, MachineId, PoolName};
 
 /// Which machine a step is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub app: AppName,
     pub machine_id: MachineId,
-    pub pool: String,
+    pub pool: PoolName,
     /// The agent's health URL; cooperative endpoints resolve against it.
     pub health_url: Option<String>,
 }

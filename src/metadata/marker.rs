@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{CommitId, PolicyAction, Severity};
+use crate::model::{CommitId, PolicyAction, PoolName, Severity};
 
 /// Where a rotation stands (docs/design.md §6.2).
 #[derive(
@@ -187,7 +187,7 @@ pub struct Marker {
     /// does not move the rotation: it ends in this pool. `None`: markers of
     /// older versions (the machine's current pool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
+    pub pool: Option<PoolName>,
     /// The rotation gave up after `rotation.max_attempts` restarts that did
     /// not verify (or crash-looped). Kept on the `yielded` marker it ends as,
     /// so no new attempt starts for `target` until the tip moves or an

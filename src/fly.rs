@@ -244,7 +244,14 @@ pub enum WaitState {
     Settled,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// `FlyErrorKind`: which error, without its data; its snake-case name is
+/// the bounded label metrics and logs carry ([`FlyError::kind`]).
+#[derive(Debug, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(FlyErrorKind),
+    derive(strum::IntoStaticStr, strum::Display, strum::VariantArray, Hash),
+    strum(serialize_all = "snake_case")
+)]
 pub enum FlyError {
     #[error(
         "Fly API rejected the token ({status}) on {op} for app {app}: check that the app's token (apps[].token_env, else fly.token_env) is valid for app {app} (`fly tokens create deploy -a {app}`)"
@@ -372,24 +379,14 @@ fn machine_suffix(machine: &Option<String>) -> String {
 }
 
 impl FlyError {
-    /// A bounded label for metrics and logs.
+    /// Which error this is (a new variant gets its kind by construction).
+    pub fn error_kind(&self) -> FlyErrorKind {
+        self.into()
+    }
+
+    /// A bounded label for metrics and logs: the kind's snake-case name.
     pub fn kind(&self) -> &'static str {
-        match self {
-            FlyError::Unauthorized { .. } => "unauthorized",
-            FlyError::NoToken { .. } => "no_token",
-            FlyError::NotFound { .. } => "not_found",
-            FlyError::LeaseConflict { .. } => "lease_conflict",
-            FlyError::StaleVersion { .. } => "stale_version",
-            FlyError::LeaseNonceChanged { .. } => "lease_nonce_changed",
-            FlyError::WaitTimeout { .. } => "wait_timeout",
-            FlyError::Status { .. } => "status",
-            FlyError::Transport { .. } => "transport",
-            FlyError::OutcomeUnknown { .. } => "outcome_unknown",
-            FlyError::TooLarge { .. } => "too_large",
-            FlyError::PastDeadline { .. } => "past_deadline",
-            FlyError::RateLimited { .. } => "rate_limited",
-            FlyError::Decode { .. } => "decode",
-        }
+        self.error_kind().into()
     }
 }
 
@@ -1567,6 +1564,42 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The labels dashboards and alerts already use: derived from the
+    /// variant names now, and pinned here so a rename is seen.
+    #[test]
+    fn error_kinds_keep_their_labels() {
+        use strum::VariantArray;
+        let labels: Vec<&str> = FlyErrorKind::VARIANTS.iter().map(|k| k.into()).collect();
+        assert_eq!(
+            labels,
+            [
+                "unauthorized",
+                "no_token",
+                "not_found",
+                "lease_conflict",
+                "stale_version",
+                "lease_nonce_changed",
+                "wait_timeout",
+                "status",
+                "transport",
+                "outcome_unknown",
+                "too_large",
+                "past_deadline",
+                "rate_limited",
+                "decode",
+            ]
+        );
+        let e = FlyError::WaitTimeout {
+            app: "a".into(),
+            machine: "m".into(),
+            state: WaitState::Started,
+        };
+        assert_eq!(
+            (e.error_kind(), e.kind()),
+            (FlyErrorKind::WaitTimeout, "wait_timeout")
+        );
+    }
 
     /// The names sent are the `state` enum of Fly's OpenAPI specification
     /// (`GET /apps/{app_name}/machines/{machine_id}/wait`).

@@ -211,15 +211,14 @@ async fn leases_carry_nonces_and_are_never_stolen() {
 async fn metadata_set_and_delete() {
     let sim = sim().await;
     let fly = client(&sim, TOKEN);
-    within(fly.set_metadata(
-        &"agents".into(),
-        &"m1".into(),
+    let (agents, m1, key) = (
+        AppName::from("agents"),
+        MachineId::from("m1"),
         "fleet_reconciler_hold",
-        "ops: incident 42",
-        None,
-    ))
-    .await
-    .unwrap();
+    );
+    within(fly.set_metadata(&agents, &m1, key, "ops: incident 42", None))
+        .await
+        .unwrap();
     assert_eq!(
         sim.machine("m1")
             .unwrap()
@@ -228,14 +227,9 @@ async fn metadata_set_and_delete() {
             .map(String::as_str),
         Some("ops: incident 42")
     );
-    within(fly.delete_metadata(
-        &"agents".into(),
-        &"m1".into(),
-        "fleet_reconciler_hold",
-        None,
-    ))
-    .await
-    .unwrap();
+    within(fly.delete_metadata(&agents, &m1, key, None))
+        .await
+        .unwrap();
     assert!(
         !sim.machine("m1")
             .unwrap()
@@ -243,14 +237,9 @@ async fn metadata_set_and_delete() {
             .contains_key("fleet_reconciler_hold")
     );
     // Deleting an absent key is not an error (a retried delete that applied).
-    within(fly.delete_metadata(
-        &"agents".into(),
-        &"m1".into(),
-        "fleet_reconciler_hold",
-        None,
-    ))
-    .await
-    .unwrap();
+    within(fly.delete_metadata(&agents, &m1, key, None))
+        .await
+        .unwrap();
     sim.shutdown().await;
 }
 

@@ -1305,12 +1305,10 @@ async fn bench(args: Args) -> Result<(), Error> {
         let mut listing = Duration::MAX;
         for _ in 0..3 {
             let started = Instant::now();
-            let listed = futures::future::join_all(
-                config
-                    .apps
-                    .iter()
-                    .map(|app| sweeper.fly.list_machines(&app.name)),
-            )
+            let listed = futures::future::join_all(config.apps.iter().map(|app| {
+                let (fly, app) = (&sweeper.fly, app.name.as_str().into());
+                async move { fly.list_machines(&app).await }
+            }))
             .await;
             listing = listing.min(started.elapsed());
             if listed.iter().any(Result::is_err) {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Deserializer};
 
-use crate::model::{PolicyAction, Severity};
+use crate::model::{PolicyAction, PoolName, Severity};
 
 /// Where a config error was found: file, key path, and line when known.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +66,7 @@ pub struct Config {
     pub sweep: SweepConfig,
     pub probe: ProbeConfig,
     pub apps: Vec<AppConfig>,
-    pub pools: BTreeMap<String, PoolConfig>,
+    pub pools: BTreeMap<PoolName, PoolConfig>,
     pub severity: Vec<SeverityRule>,
     pub rotation: RotationConfig,
     pub alerts: AlertsConfig,
@@ -891,7 +891,7 @@ struct RawConfig {
     probe: ProbeConfig,
     apps: Vec<toml::Spanned<AppConfig>>,
     #[serde(default)]
-    pools: BTreeMap<String, PoolConfig>,
+    pools: BTreeMap<PoolName, PoolConfig>,
     #[serde(default)]
     severity: Option<Vec<toml::Spanned<RawSeverityRule>>>,
     #[serde(default)]
@@ -1042,7 +1042,7 @@ impl Config {
             })
             .collect();
         if let Some(c) = &self.rotation.coordinator {
-            match out.iter_mut().find(|t| t.app == c.app) {
+            match out.iter_mut().find(|t| c.app == t.app) {
                 // Checked at load: the same variable as the app's, if set.
                 Some(t) => {
                     if let Some(var) = &self.rotation.coordinator_token_env {

@@ -28,7 +28,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::model::MachineState;
+use crate::model::{AppName, MachineId, MachineState};
 
 /// Header carrying a lease nonce on every mutating call to a leased machine.
 pub const LEASE_NONCE_HEADER: &str = "fly-machine-lease-nonce";
@@ -237,7 +237,28 @@ struct RefreshedLease {
     version: String,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// A state Fly's wait endpoint (`GET …/machines/{id}/wait?state=`) accepts,
+/// as its API specification lists them; it is sent as its snake-case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+pub enum WaitState {
+    Started,
+    Stopped,
+    Suspended,
+    Destroyed,
+    Failed,
+    /// Any state the machine rests in (not starting or stopping).
+    Settled,
+}
+
+/// `FlyErrorKind`: which error, without its data; its snake-case name is
+/// the bounded label metrics and logs carry ([`FlyError::kind`]).
+#[derive(Debug, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(FlyErrorKind),
+    derive(strum::IntoStaticStr, strum::Display, strum::VariantArray, Hash),
+    strum(serialize_all = "snake_case")
+)]
 pub enum FlyError {
     #[error(
         "Fly API rejected the token ({status}) on {op} for app {app}: check that the app's token (apps[].token_env, else fly.token_env) is valid for app {app} (`fly tokens create deploy -a {app}`)"
@@ -289,7 +310,7 @@ pub enum FlyError {
     WaitTimeout {
         app: String,
         machine: String,
-        state: String,
+        state: WaitState,
     },
     #[error("Fly API: {op} for app {app}{} answered {status}: {message}", machine_suffix(.machine))]
     Status {
@@ -365,24 +386,14 @@ fn machine_suffix(machine: &Option<String>) -> String {
 }
 
 impl FlyError {
-    /// A bounded label for metrics and logs.
+    /// Which error this is (a new variant gets its kind by construction).
+    pub fn error_kind(&self) -> FlyErrorKind {
+        self.into()
+    }
+
+    /// A bounded label for metrics and logs: the kind's snake-case name.
     pub fn kind(&self) -> &'static str {
-        match self {
-            FlyError::Unauthorized { .. } => "unauthorized",
-            FlyError::NoToken { .. } => "no_token",
-            FlyError::NotFound { .. } => "not_found",
-            FlyError::LeaseConflict { .. } => "lease_conflict",
-            FlyError::StaleVersion { .. } => "stale_version",
-            FlyError::LeaseNonceChanged { .. } => "lease_nonce_changed",
-            FlyError::WaitTimeout { .. } => "wait_timeout",
-            FlyError::Status { .. } => "status",
-            FlyError::Transport { .. } => "transport",
-            FlyError::OutcomeUnknown { .. } => "outcome_unknown",
-            FlyError::TooLarge { .. } => "too_large",
-            FlyError::PastDeadline { .. } => "past_deadline",
-            FlyError::RateLimited { .. } => "rate_limited",
-            FlyError::Decode { .. } => "decode",
-        }
+        self.error_kind().into()
     }
 }
 
@@ -863,7 +874,7 @@ impl FlyClient {
     /// drops it), decoded as the answer arrives: one machine object larger
     /// than [`MAX_MACHINE_BYTES`] is refused naming its id, and no more of
     /// the answer is read.
-    pub async fn list_machines(&self, app: &str) -> Result<Vec<Machine>, FlyError> {
+    pub async fn list_machines(&self, app: &AppName) -> Result<Vec<Machine>, FlyError> {
         self.list_machines_with(app, |m| m).await
     }
 
@@ -872,7 +883,7 @@ impl FlyClient {
     /// 10,000 machines beside them.
     pub async fn list_machines_with<T>(
         &self,
-        app: &str,
+        app: &AppName,
         mut keep: impl FnMut(Machine) -> T,
     ) -> Result<Vec<T>, FlyError> {
         let mut call = Call::new("list_machines", Method::GET, app, None);
@@ -936,9 +947,18 @@ impl FlyClient {
         Ok(machines)
     }
 
-    pub async fn get_machine(&self, app: &str, machine: &str) -> Result<Machine, FlyError> {
+    pub async fn get_machine(
+        &self,
+        app: &AppName,
+        machine: &MachineId,
+    ) -> Result<Machine, FlyError> {
         let body = self
-            .send(Call::new("get_machine", Method::GET, app, Some(machine)))
+            .send(Call::new(
+                "get_machine",
+                Method::GET,
+                app,
+                Some(machine.as_str()),
+            ))
             .await?;
         decode(&body, "get_machine", app)
     }
@@ -948,15 +968,15 @@ impl FlyClient {
     /// Restarts the machine; `timeout` is how long Fly waits for it to stop.
     pub async fn restart(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         timeout: Option<Duration>,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let query = timeout
             .map(|t| vec![("timeout", format!("{}s", t.as_secs().max(1)))])
             .unwrap_or_default();
-        let mut call = Call::new("restart", Method::POST, app, Some(machine));
+        let mut call = Call::new("restart", Method::POST, app, Some(machine.as_str()));
         call.segments = &["restart"];
         call.query = &query;
         call.nonce = nonce;
@@ -966,11 +986,11 @@ impl FlyClient {
 
     pub async fn stop(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("stop", Method::POST, app, Some(machine));
+        let mut call = Call::new("stop", Method::POST, app, Some(machine.as_str()));
         call.segments = &["stop"];
         call.body = Some(serde_json::json!({}));
         call.nonce = nonce;
@@ -980,11 +1000,11 @@ impl FlyClient {
 
     pub async fn start(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("start", Method::POST, app, Some(machine));
+        let mut call = Call::new("start", Method::POST, app, Some(machine.as_str()));
         call.segments = &["start"];
         call.nonce = nonce;
         call.idempotence = Idempotence::Unsafe;
@@ -995,9 +1015,9 @@ impl FlyClient {
     /// A 408 from Fly becomes `FlyError::WaitTimeout`.
     pub async fn wait(
         &self,
-        app: &str,
-        machine: &str,
-        state: &str,
+        app: &AppName,
+        machine: &MachineId,
+        state: WaitState,
         timeout: Duration,
     ) -> Result<(), FlyError> {
         let mut secs = timeout.as_secs().clamp(1, 60);
@@ -1008,7 +1028,7 @@ impl FlyClient {
             secs = secs.min(left.max(1));
         }
         let query = [("state", state.to_string()), ("timeout", secs.to_string())];
-        let mut call = Call::new("wait", Method::GET, app, Some(machine));
+        let mut call = Call::new("wait", Method::GET, app, Some(machine.as_str()));
         call.segments = &["wait"];
         call.query = &query;
         call.extra_timeout = Duration::from_secs(secs);
@@ -1016,7 +1036,7 @@ impl FlyClient {
             Err(FlyError::Status { status: 408, .. }) => Err(FlyError::WaitTimeout {
                 app: app.to_string(),
                 machine: machine.to_string(),
-                state: state.to_string(),
+                state,
             }),
             other => other.map(drop),
         }
@@ -1025,11 +1045,11 @@ impl FlyClient {
     /// Stops fly-proxy routing new requests to the machine.
     pub async fn cordon(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("cordon", Method::POST, app, Some(machine));
+        let mut call = Call::new("cordon", Method::POST, app, Some(machine.as_str()));
         call.segments = &["cordon"];
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -1037,11 +1057,11 @@ impl FlyClient {
 
     pub async fn uncordon(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("uncordon", Method::POST, app, Some(machine));
+        let mut call = Call::new("uncordon", Method::POST, app, Some(machine.as_str()));
         call.segments = &["uncordon"];
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -1053,8 +1073,8 @@ impl FlyClient {
     /// one, `FlyError::RateLimited` when Fly (or our own limit) says not now.
     pub async fn acquire_lease(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         ttl: Duration,
         description: &str,
     ) -> Result<Lease, FlyError> {
@@ -1078,8 +1098,8 @@ impl FlyClient {
     /// `FlyError::LeaseNonceChanged`.
     pub async fn refresh_lease(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: &SecretString,
         ttl: Duration,
         description: &str,
@@ -1121,8 +1141,8 @@ impl FlyClient {
     async fn lease_post(
         &self,
         op: &'static str,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         ttl: Duration,
         description: &str,
         nonce: Option<&SecretString>,
@@ -1130,7 +1150,7 @@ impl FlyClient {
     ) -> Result<bytes::Bytes, FlyError> {
         let ttl = ttl.as_secs().max(1);
         let query = [("ttl", ttl.to_string())];
-        let mut call = Call::new(op, Method::POST, app, Some(machine));
+        let mut call = Call::new(op, Method::POST, app, Some(machine.as_str()));
         call.segments = &["lease"];
         call.bucket = "lease";
         call.query = &query;
@@ -1143,11 +1163,11 @@ impl FlyClient {
     /// Releases a lease we hold. A lease already gone (expired) is not an error.
     pub async fn release_lease(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         nonce: &SecretString,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
+        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine.as_str()));
         call.segments = &["lease"];
         call.nonce = Some(nonce);
         match self.send(call).await {
@@ -1160,14 +1180,14 @@ impl FlyClient {
 
     pub async fn set_metadata(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         key: &str,
         value: &str,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
-        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
+        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine.as_str()));
         call.segments = &segments;
         // Every key's POST is one endpoint to Fly's limits, at worst.
         call.bucket = "set_metadata";
@@ -1178,13 +1198,18 @@ impl FlyClient {
 
     pub async fn delete_metadata(
         &self,
-        app: &str,
-        machine: &str,
+        app: &AppName,
+        machine: &MachineId,
         key: &str,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
-        let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
+        let mut call = Call::new(
+            "delete_metadata",
+            Method::DELETE,
+            app,
+            Some(machine.as_str()),
+        );
         call.segments = &segments;
         call.nonce = nonce;
         match self.send(call).await {
@@ -1568,6 +1593,71 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The labels dashboards and alerts already use: derived from the
+    /// variant names now, and pinned here so a rename is seen.
+    #[test]
+    fn error_kinds_keep_their_labels() {
+        use strum::VariantArray;
+        let labels: Vec<&str> = FlyErrorKind::VARIANTS.iter().map(|k| k.into()).collect();
+        assert_eq!(
+            labels,
+            [
+                "unauthorized",
+                "no_token",
+                "not_found",
+                "lease_conflict",
+                "stale_version",
+                "lease_nonce_changed",
+                "wait_timeout",
+                "status",
+                "transport",
+                "outcome_unknown",
+                "too_large",
+                "past_deadline",
+                "rate_limited",
+                "decode",
+            ]
+        );
+        let e = FlyError::WaitTimeout {
+            app: "a".into(),
+            machine: "m".into(),
+            state: WaitState::Started,
+        };
+        assert_eq!(
+            (e.error_kind(), e.kind()),
+            (FlyErrorKind::WaitTimeout, "wait_timeout")
+        );
+    }
+
+    /// The names sent are the `state` enum of Fly's OpenAPI specification
+    /// (`GET /apps/{app_name}/machines/{machine_id}/wait`).
+    #[test]
+    fn wait_states_are_sent_as_the_api_names_them() {
+        let names: Vec<&str> = [
+            WaitState::Started,
+            WaitState::Stopped,
+            WaitState::Suspended,
+            WaitState::Destroyed,
+            WaitState::Failed,
+            WaitState::Settled,
+        ]
+        .into_iter()
+        .map(<&str>::from)
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "started",
+                "stopped",
+                "suspended",
+                "destroyed",
+                "failed",
+                "settled"
+            ]
+        );
+        assert_eq!(WaitState::Started.to_string(), "started");
+    }
 
     #[test]
     fn backoff_grows_caps_and_honours_retry_after() {

@@ -916,6 +916,8 @@ async fn approve(
     commit: Option<String>,
     by: String,
 ) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = Arc::new(config_path.load()?);
     let secrets = secrets_from_env(&config)?;
     let operator = operator(&config, &secrets)?;
@@ -982,6 +984,8 @@ async fn approve(
 }
 
 async fn revoke(config_path: &ConfigPath, machine: &str) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = config_path.load()?;
     let secrets = secrets_from_env(&config)?;
     let revoked = operator(&config, &secrets)?.revoke(machine).await?;
@@ -1015,6 +1019,8 @@ async fn hold(
     by: String,
     reason: String,
 ) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = config_path.load()?;
     let secrets = secrets_from_env(&config)?;
     let hold = Hold {
@@ -1037,6 +1043,8 @@ async fn hold(
 }
 
 async fn release(config_path: &ConfigPath, machine: &str) -> anyhow::Result<Done> {
+    // Typed once: the operator takes a `MachineId`.
+    let machine = &fleet_reconciler::model::MachineId::from(machine);
     let config = config_path.load()?;
     let secrets = secrets_from_env(&config)?;
     let operator = operator(&config, &secrets)?;

@@ -296,6 +296,11 @@ string_id! {
     AppName
 }
 
+string_id! {
+    /// A pool's name: a machine's `pool` metadata label, a `[pools.NAME]` section.
+    PoolName
+}
+
 /// A Fly machine's state, as the Machines API names it. States this version
 /// does not know are kept by name (`Other`), so a new Fly state is shown as
 /// Fly wrote it and treated as "not started", never as an error.

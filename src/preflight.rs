@@ -26,6 +26,7 @@ use crate::config::{Config, HealthUrlTemplate, UrlVars, WebhookFormat};
 use crate::fly::{FlyClient, FlyClientConfig, FlyError, FlyTokens, Machine};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::slots::{Coordinator, SlotSet};
+use crate::model::AppName;
 use crate::observe::overlay::{Overlay, OverlaySource};
 use crate::observe::probe::{ProbeOutcome, Prober};
 use crate::report::notify::{self, Notifier, NotifierOptions, NotifyError, SinkSecrets};
@@ -526,7 +527,7 @@ async fn list_app(
             );
         }
     };
-    match fly.list_machines(app).await {
+    match fly.list_machines(&AppName::from(app)).await {
         Ok(machines) => {
             let started = machines.iter().filter(|m| m.is_started()).count();
             (
@@ -559,7 +560,7 @@ async fn list_app(
 /// answering 409 proves the token may lease it, and nothing is disturbed.
 async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) -> Vec<Finding> {
     let subject = c.to_string();
-    let Some(token) = config.fly_tokens().into_iter().find(|t| t.app == c.app) else {
+    let Some(token) = config.fly_tokens().into_iter().find(|t| c.app == t.app) else {
         return Vec::new();
     };
     let Some(secret) = read(env, token.var) else {

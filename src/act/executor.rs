@@ -32,12 +32,12 @@ use crate::config::Config;
 use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
 use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind};
-use crate::fly::{FlyClient, FlyError, Lease, Machine};
+use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
 use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
-use crate::model::{AppName, MachineId, MachineState, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineState, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
 /// Tuning of the executor; defaults follow flyctl (13 s lease, refreshed ~4 s).
@@ -92,7 +92,7 @@ pub enum Declined {
     #[error("pool {pool} of {app} is at its cap of {cap}")]
     PoolFull {
         app: AppName,
-        pool: String,
+        pool: PoolName,
         cap: usize,
     },
     #[error("the rotation holds no slot in the coordinator")]
@@ -277,7 +277,7 @@ impl From<FlyError> for StepError {
 enum SlotChange {
     Claim {
         app: AppName,
-        pool: String,
+        pool: PoolName,
         slot: Slot,
         cap: usize,
         /// The claiming machine's lease: no slot is won for a step that can
@@ -286,7 +286,7 @@ enum SlotChange {
     },
     Release {
         app: AppName,
-        pool: String,
+        pool: PoolName,
         machine_id: MachineId,
         tag: String,
     },
@@ -382,8 +382,8 @@ impl Validity {
 
 /// A lease we hold, kept alive by a refresher until released.
 struct Held {
-    app: String,
-    machine_id: String,
+    app: AppName,
+    machine_id: MachineId,
     nonce: SecretString,
     /// Lost once a refresh failed or the lease outlived its last refresh.
     validity: Validity,
@@ -645,7 +645,7 @@ impl Executor {
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let t = &step.target;
-        let (app, id) = (t.app.as_str(), t.machine_id.as_str());
+        let (app, id) = (&t.app, &t.machine_id);
         let mut w = Watch {
             t,
             lease,
@@ -749,7 +749,7 @@ impl Executor {
         cordon: bool,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
-        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
         if cordon {
             self.verify_slot(t, &marker.tag).await?;
         }
@@ -785,7 +785,7 @@ impl Executor {
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
-        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
         let Some(expected) = &step.expected else {
             return Err(Declined::MarkerMoved.into());
         };
@@ -832,7 +832,7 @@ impl Executor {
             }
             .await;
             if let Err(e) = restored {
-                tracing::info!(app, machine_id = id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
+                tracing::info!(%app, machine_id = %id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
             }
             return Err(declined);
         }
@@ -846,7 +846,7 @@ impl Executor {
         self.read_after_last_call(t, lease).await;
         tokio::select! {
             _ = shutdown.cancelled() => Ok(()),
-            r = self.fly.wait(app, id, "started", self.tuning.start_wait) => match r {
+            r = self.fly.wait(app, id, WaitState::Started, self.tuning.start_wait) => match r {
                 // Not started yet: the verify deadline covers it.
                 Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
                 Err(e) => Err(e.into()),
@@ -1010,7 +1010,7 @@ impl Executor {
         clear_approval: bool,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
-        let (app, id, nonce) = (t.app.as_str(), t.machine_id.as_str(), lease.nonce());
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
         if step.expected.as_ref() != Some(marker) {
             self.write_marker(w, marker).await?;
         }
@@ -1081,7 +1081,7 @@ impl Executor {
         &self,
         t: &Target,
         marker: &Marker,
-        target: &str,
+        target: &CommitId,
         guard: RestartGuard,
     ) -> Result<(), StepError> {
         let outcome = match t.health_url.as_deref() {
@@ -1091,8 +1091,9 @@ impl Executor {
         let now = self.tuning.clock.now();
         match outcome {
             ProbeOutcome::Report(r) => {
+                // The report may abbreviate the commit; a target is lowercase.
                 let reported = r.overlay_ref.to_ascii_lowercase();
-                if target.to_ascii_lowercase().starts_with(&reported) {
+                if target.as_str().starts_with(&reported) {
                     return Err(Declined::OnTarget.into());
                 }
                 match guard {
@@ -1290,7 +1291,7 @@ impl Executor {
             };
             let before = set.clone();
             let mut answers = Vec::with_capacity(changes.len());
-            let mut reclaimed: HashSet<(AppName, String)> = HashSet::new();
+            let mut reclaimed: HashSet<(AppName, PoolName)> = HashSet::new();
             for change in changes {
                 answers.push(match change {
                     SlotChange::Release {
@@ -1370,7 +1371,7 @@ impl Executor {
 
     /// Slots whose machine carries no marker with the slot's tag that still
     /// needs it. Anything unreadable counts as live (fail closed).
-    async fn stale_slots(&self, app: &str, slots: &[Slot]) -> Vec<Slot> {
+    async fn stale_slots(&self, app: &AppName, slots: &[Slot]) -> Vec<Slot> {
         let mut stale = Vec::new();
         for slot in slots {
             let live = match self.fly.get_machine(app, &slot.machine_id).await {
@@ -1445,7 +1446,7 @@ impl Executor {
 
     // ---- leases --------------------------------------------------------------
 
-    async fn acquire(&self, app: &str, machine_id: &str) -> Result<Held, StepError> {
+    async fn acquire(&self, app: &AppName, machine_id: &MachineId) -> Result<Held, StepError> {
         let description = format!("fleet-reconciler {}", self.tuning.owner);
         let started = Instant::now();
         let lease: Lease = match self
@@ -1471,8 +1472,8 @@ impl Executor {
         let refresher = {
             let (fly, app, id, nonce) = (
                 self.fly.clone(),
-                app.to_string(),
-                machine_id.to_string(),
+                app.clone(),
+                machine_id.clone(),
                 lease.nonce.clone(),
             );
             let (ttl, every) = (self.tuning.lease_ttl, self.tuning.lease_refresh);
@@ -1513,8 +1514,8 @@ impl Executor {
             })
         };
         Ok(Held {
-            app: app.to_string(),
-            machine_id: machine_id.to_string(),
+            app: app.clone(),
+            machine_id: machine_id.clone(),
             nonce: lease.nonce,
             validity,
             stop,
@@ -1606,7 +1607,7 @@ struct Watch<'a> {
     /// The marker the machine must carry: the plan's, then each one we wrote.
     marker: Option<Marker>,
     /// A `manual` rotation's commit, which a standing approval must name.
-    approval: Option<String>,
+    approval: Option<CommitId>,
 }
 
 /// What the next call of a step needs of the machine.
@@ -1653,7 +1654,7 @@ fn unfenced_events(step: &Step, unfenced: &[Unfenced], at: DateTime<Utc>) -> Vec
             kind: EventKind::ActionUnfenced,
             app: t.app.clone(),
             machine_id: t.machine_id.clone(),
-            commit: marker.map(|m| m.target.clone()).unwrap_or_default(),
+            commit: marker.map(|m| m.target.to_string()).unwrap_or_default(),
             severity: marker.map_or(Severity::High, |m| m.severity.max(Severity::High)),
             action: marker.map_or(PolicyAction::Manual, |m| m.action),
             summary: format!("{step} on {}: {u}", t.machine_id),
@@ -1676,7 +1677,7 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
         kind,
         app: t.app.clone(),
         machine_id: t.machine_id.clone(),
-        commit: marker.target.clone(),
+        commit: marker.target.to_string(),
         severity: marker.severity,
         action: marker.action,
         summary,

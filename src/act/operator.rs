@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::fly::{FlyClient, FlyError, Lease, Machine};
 use crate::metadata::operator::{Approval, Hold};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY};
+use crate::model::{AppName, MachineId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
@@ -45,7 +46,7 @@ const HOLD_LEASE_TTL: Duration = Duration::from_secs(10);
 /// A hold as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HoldWritten {
-    pub app: String,
+    pub app: AppName,
     /// Written under the machine's lease (no step of ours that began before
     /// it makes a further call), or without it: the lease stayed taken.
     pub fenced: bool,
@@ -54,7 +55,7 @@ pub struct HoldWritten {
 /// An approval as revoked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Revoked {
-    pub app: String,
+    pub app: AppName,
     /// The approval's value as it stood just before (`None`: there was none,
     /// and nothing was written).
     pub removed: Option<String>,
@@ -66,7 +67,7 @@ pub struct Revoked {
 #[derive(Clone, Debug)]
 pub struct Operator {
     fly: FlyClient,
-    apps: Vec<String>,
+    apps: Vec<AppName>,
     /// How long to keep retrying while a reconciler holds the machine's lease.
     lease_patience: Duration,
 }
@@ -75,7 +76,11 @@ impl Operator {
     pub fn new(fly: FlyClient, config: &Config) -> Operator {
         Operator {
             fly,
-            apps: config.apps.iter().map(|a| a.name.clone()).collect(),
+            apps: config
+                .apps
+                .iter()
+                .map(|a| AppName::from(a.name.as_str()))
+                .collect(),
             lease_patience: Duration::from_secs(30),
         }
     }
@@ -86,7 +91,10 @@ impl Operator {
     }
 
     /// Finds the machine in the configured apps.
-    pub async fn locate(&self, machine_id: &str) -> Result<(String, Machine), OperatorError> {
+    pub async fn locate(
+        &self,
+        machine_id: &MachineId,
+    ) -> Result<(AppName, Machine), OperatorError> {
         // One app that cannot be read (deleted, no access, an outage) must
         // not stop a hold on a machine of another.
         let mut failed: Vec<(&str, FlyError)> = Vec::new();
@@ -94,7 +102,7 @@ impl Operator {
             match self.fly.get_machine(app, machine_id).await {
                 Ok(m) => return Ok((app.clone(), m)),
                 Err(FlyError::NotFound { .. }) => continue,
-                Err(e) => failed.push((app, e)),
+                Err(e) => failed.push((app.as_str(), e)),
             }
         }
         let unsearched = failed
@@ -105,7 +113,12 @@ impl Operator {
         match failed.into_iter().next() {
             None => Err(OperatorError::UnknownMachine {
                 machine_id: machine_id.to_string(),
-                apps: self.apps.join(", "),
+                apps: self
+                    .apps
+                    .iter()
+                    .map(AppName::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }),
             Some((_, first_error)) => Err(OperatorError::Unsearched {
                 machine_id: machine_id.to_string(),
@@ -125,7 +138,7 @@ impl Operator {
     /// at all: a reconciler honours it from its next call on.
     pub async fn hold(
         &self,
-        machine_id: &str,
+        machine_id: &MachineId,
         by: &str,
         reason: &str,
         now: DateTime<Utc>,
@@ -154,7 +167,7 @@ impl Operator {
     /// read it makes a further call: a rotation bound to it stops before its
     /// restart (README, "Operator commands") and no sweep starts one from it.
     /// A machine with no approval is left untouched (`removed: None`).
-    pub async fn revoke(&self, machine_id: &str) -> Result<Revoked, OperatorError> {
+    pub async fn revoke(&self, machine_id: &MachineId) -> Result<Revoked, OperatorError> {
         let (app, machine) = self.locate(machine_id).await?;
         // Metadata Fly does not show (an unhealthy host) is tried anyway: the
         // delete is what was asked for.
@@ -191,8 +204,8 @@ impl Operator {
     /// writes) rather than not at all. Whether it was fenced.
     async fn under_lease(
         &self,
-        app: &str,
-        machine_id: &str,
+        app: &AppName,
+        machine_id: &MachineId,
         purpose: &str,
         key: &str,
         value: Option<&str>,
@@ -214,7 +227,7 @@ impl Operator {
         if let Some(lease) = &lease
             && let Err(e) = self.fly.release_lease(app, machine_id, &lease.nonce).await
         {
-            tracing::warn!(app, machine_id, error = %e, "lease release failed; it expires with its TTL");
+            tracing::warn!(%app, %machine_id, error = %e, "lease release failed; it expires with its TTL");
         }
         written?;
         Ok(lease.is_some())
@@ -224,8 +237,8 @@ impl Operator {
     /// stayed taken.
     async fn lease(
         &self,
-        app: &str,
-        machine_id: &str,
+        app: &AppName,
+        machine_id: &MachineId,
         purpose: &str,
     ) -> Result<Option<Lease>, OperatorError> {
         let started = tokio::time::Instant::now();
@@ -248,7 +261,7 @@ impl Operator {
     }
 
     /// Clears an operator hold.
-    pub async fn release(&self, machine_id: &str) -> Result<String, OperatorError> {
+    pub async fn release(&self, machine_id: &MachineId) -> Result<AppName, OperatorError> {
         let (app, _) = self.locate(machine_id).await?;
         self.patiently(machine_id, || {
             self.fly.delete_metadata(&app, machine_id, HOLD_KEY, None)
@@ -260,9 +273,9 @@ impl Operator {
     /// Authorizes one `manual` rotation of the machine to `target`.
     pub async fn approve(
         &self,
-        machine_id: &str,
+        machine_id: &MachineId,
         approval: &Approval,
-    ) -> Result<String, OperatorError> {
+    ) -> Result<AppName, OperatorError> {
         let (app, _) = self.locate(machine_id).await?;
         let value = serde_json::to_string(approval).unwrap_or_default();
         self.patiently(machine_id, || {
@@ -276,7 +289,11 @@ impl Operator {
     /// Metadata writes on a machine a reconciler is rotating are refused
     /// (409) while it holds the lease, which it keeps only for seconds at a
     /// time: wait for it rather than fail, and never take the lease away.
-    async fn patiently<F, Fut>(&self, machine_id: &str, mut write: F) -> Result<(), OperatorError>
+    async fn patiently<F, Fut>(
+        &self,
+        machine_id: &MachineId,
+        mut write: F,
+    ) -> Result<(), OperatorError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), FlyError>>,

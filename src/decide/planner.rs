@@ -33,7 +33,7 @@ use crate::metadata::controls::Controls;
 use crate::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
-use crate::model::{AppName, MachineId, MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{AgentReport, Capability};
 use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
 
@@ -61,7 +61,7 @@ pub struct Plan {
     /// Machine-level conditions that hold now (drift, approval needed, stuck).
     pub alerts: Vec<Alert>,
     /// Rotations holding a slot, per (app, pool).
-    pub rotations_in_progress: BTreeMap<(AppName, String), usize>,
+    pub rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
 }
 
 /// What is decided for one machine in one sweep. At most one step: steps
@@ -476,10 +476,10 @@ struct Planning<'a> {
     owner: &'a str,
     fetch: FetchState,
     now: DateTime<Utc>,
-    tip: &'a str,
+    tip: &'a CommitId,
     stale: HashSet<&'a str>,
     /// Slots taken per (app, pool), claims of this plan included.
-    in_use: BTreeMap<(AppName, String), usize>,
+    in_use: BTreeMap<(AppName, PoolName), usize>,
     /// Machines that may claim a slot this sweep, ranked once all are known.
     candidates: Vec<Candidate<'a>>,
     /// Per machine: its decision once made, its step, its drift clock.
@@ -487,7 +487,7 @@ struct Planning<'a> {
     /// Machines with a step, in the order their steps were planned.
     start_order: Vec<MachineId>,
     alerts: Vec<Alert>,
-    rotations_in_progress: BTreeMap<(AppName, String), usize>,
+    rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
 }
 
 /// A machine's entry while the plan is made: every machine is decided by
@@ -510,7 +510,7 @@ impl<'a> Planning<'a> {
             owner: input.owner,
             fetch: input.fetch,
             now: input.now,
-            tip: report.tip.commit.as_str(),
+            tip: &report.tip.commit,
             stale: report.stale_app_names(),
             rotations_in_progress: in_use.clone(),
             in_use,
@@ -613,7 +613,7 @@ impl<'a> Planning<'a> {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
             _ => m.pool.as_str(),
         };
-        target.pool = pool.to_string();
+        target.pool = PoolName::from(pool);
         let ctx = Ctx {
             policy: self.policy,
             m,
@@ -826,7 +826,7 @@ impl<'a> Planning<'a> {
         if yielded && let Some(failed) = &marker.failed {
             // No new attempt for the failed target until the tip moves or an
             // operator approves it again (after the failure).
-            let rearmed = !marker.target.eq_ignore_ascii_case(self.tip)
+            let rearmed = marker.target != *self.tip
                 || ctx
                     .op
                     .controls
@@ -836,7 +836,7 @@ impl<'a> Planning<'a> {
                 self.decide(
                     m,
                     Decision::RotationFailed {
-                        target: marker.target.clone(),
+                        target: marker.target.to_string(),
                         attempts: failed.attempts,
                         at: failed.at,
                         evidence: failed.evidence.clone(),
@@ -946,7 +946,7 @@ impl<'a> Planning<'a> {
         let cap = self.policy.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = self
             .in_use
-            .entry((m.app.clone(), m.pool.clone()))
+            .entry((m.app.clone(), PoolName::from(m.pool.as_str())))
             .or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
@@ -990,7 +990,7 @@ impl<'a> Planning<'a> {
         });
         let marker = Marker {
             tag,
-            target: self.tip.to_string(),
+            target: self.tip.clone(),
             phase: Phase::Claiming,
             mode,
             action,
@@ -1007,7 +1007,7 @@ impl<'a> Planning<'a> {
             // Recorded by the executor from the machine it reads under the
             // lease, not from this (older) snapshot.
             instance_id: None,
-            pool: Some(m.pool.clone()),
+            pool: Some(PoolName::from(m.pool.as_str())),
             failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
@@ -1076,8 +1076,11 @@ impl<'a> Planning<'a> {
 /// without a slot (being undone, maybe still cordoned) count too. Without a
 /// known set, every marker that may hold a slot counts, unreadable and
 /// unknown ones included.
-fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppName, String), usize> {
-    let mut in_use: BTreeMap<(AppName, String), usize> = BTreeMap::new();
+fn slots_in_use(
+    report: &FleetReport,
+    ops: &[OperatorState],
+) -> BTreeMap<(AppName, PoolName), usize> {
+    let mut in_use: BTreeMap<(AppName, PoolName), usize> = BTreeMap::new();
     let set = match &report.slots {
         SlotsView::Known(set) => Some(set),
         SlotsView::Unknown(_) | SlotsView::NotConfigured => None,
@@ -1117,7 +1120,7 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
                 .count();
             if live > 0 {
                 *in_use
-                    .entry((AppName::from(app), pool.to_string()))
+                    .entry((AppName::from(app), PoolName::from(pool)))
                     .or_default() += live;
             }
         }
@@ -1142,7 +1145,9 @@ fn slots_in_use(report: &FleetReport, ops: &[OperatorState]) -> BTreeMap<(AppNam
             (Some(Err(_)), Some(_)) | (None, _) => false,
         };
         if holds {
-            *in_use.entry((m.app.clone(), pool.to_string())).or_default() += 1;
+            *in_use
+                .entry((m.app.clone(), PoolName::from(pool)))
+                .or_default() += 1;
         }
     }
     in_use
@@ -1409,7 +1414,7 @@ fn target_of(m: &MachineReport) -> Target {
     Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
-        pool: m.pool.clone(),
+        pool: PoolName::from(m.pool.as_str()),
         health_url: m.inputs.health_url.clone(),
     }
 }
@@ -1467,7 +1472,7 @@ struct Ctx<'a> {
     unprobed_since: Option<DateTime<Utc>>,
     fetch: FetchState,
     now: DateTime<Utc>,
-    tip: &'a str,
+    tip: &'a CommitId,
 }
 
 /// The next step of a rotation that holds a slot, if any: the undo of one
@@ -1521,10 +1526,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
         let exits = exits_since(m, restarted_at, ctx.policy.rotation.verify_deadline);
         let reports_target = m.status == MachineStatus::OnTip
-            || (m.status == MachineStatus::Drifted
-                && m.commit
-                    .as_deref()
-                    .is_some_and(|c| c.eq_ignore_ascii_case(&marker.target)));
+            || (m.status == MachineStatus::Drifted && m.commit.as_ref() == Some(&marker.target));
         let unproven = ctx.fetch.failing
             && matches!(
                 m.status,
@@ -1628,7 +1630,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             if op.controls.approval_for(&marker.target).is_none() {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::ApprovalRevoked));
             }
-            if !marker.target.eq_ignore_ascii_case(tip) {
+            if marker.target != *tip {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::TipMovedPastApproval));
             }
         }
@@ -1820,7 +1822,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             next.attempt_started_at = now;
             next.retry_at = None;
             if !self.manual {
-                next.target = tip.to_string();
+                next.target = tip.clone();
             }
             next.cordoned = Some(true);
             return Some(self.step(StepKind::Advance {
@@ -1847,7 +1849,7 @@ fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
     next.attempt_started_at = ctx.now;
     // Automatic rotations follow the tip; an approved one keeps its commit.
     if marker.action != PolicyAction::Manual {
-        next.target = ctx.tip.to_string();
+        next.target = ctx.tip.clone();
     }
     next
 }
@@ -1917,7 +1919,7 @@ fn end_attempt(
             .insert("evidence".to_string(), evidence.clone());
         alert
             .details
-            .insert("target".to_string(), marker.target.clone());
+            .insert("target".to_string(), marker.target.to_string());
         alerts.push(alert);
         let mut s = release(
             target,

@@ -17,6 +17,10 @@ use crate::observe::sweep::{FleetReport, MachineInputs, MachineReport, SlotsView
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
 
+fn commit(id: &str) -> CommitId {
+    CommitId::parse(id).expect("a commit id")
+}
+
 fn t0() -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000, 0).unwrap()
 }
@@ -208,8 +212,8 @@ impl M {
 
 fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> Marker {
     Marker {
-        tag: Marker::new_tag(id, TIP, since, 7),
-        target: TIP.into(),
+        tag: Marker::new_tag(id, &commit(TIP), since, 7),
+        target: commit(TIP),
         phase,
         mode,
         action: PolicyAction::AlertAndWait,
@@ -870,7 +874,7 @@ fn pool_caps_hold_and_the_most_severe_go_first() {
     );
     assert_eq!(
         plan.rotations_in_progress
-            .get(&("app".into(), "default".to_string())),
+            .get(&("app".into(), "default".into())),
         Some(&1)
     );
 
@@ -898,6 +902,44 @@ fn an_unreadable_marker_is_left_alone_and_holds_its_slot() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"]);
+}
+
+/// Markers of older reconcilers kept `target` as text: one whose target is no
+/// commit this reconciler can compare (an abbreviation, a SHA-256 id, not
+/// hex) is unreadable, naming the field, the machine and the key; it is
+/// never compared with the tip by text. (Another case reads as its
+/// lowercase commit: `metadata::marker`'s tests.)
+#[test]
+fn a_marker_whose_target_is_no_commit_id_is_unreadable() {
+    let m = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let too_long = "1".repeat(64);
+    let not_hex = format!("{}g", &TIP[..39]);
+    for target in ["1111111", too_long.as_str(), not_hex.as_str(), ""] {
+        let mut machine = M::on_tip("m1");
+        let value = m
+            .to_value()
+            .replace(&format!("\"{TIP}\""), &format!("\"{target}\""));
+        machine.0.inputs.metadata.insert(MARKER_KEY.into(), value);
+        let mut fx = Fx::new("").with(machine);
+        let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
+        assert!(plan.steps().is_empty(), "{target}: {:?}", plan.steps());
+        match plan.decisions().get("m1") {
+            Some(Decision::UnreadableMarker { why }) => {
+                assert!(why.contains("`target`"), "{target}: {why}")
+            }
+            other => panic!("{target}: {other:?}"),
+        }
+        let alert = plan
+            .alerts
+            .iter()
+            .find(|a| a.kind == AlertKind::RotationStuck)
+            .unwrap_or_else(|| panic!("{target}: no alert"));
+        assert!(
+            alert.summary.contains("m1") && alert.summary.contains(MARKER_KEY),
+            "{}",
+            alert.summary
+        );
+    }
 }
 
 // ---- verify, backoff, resume --------------------------------------------------------
@@ -1320,11 +1362,11 @@ fn scenario_7_an_approval_binds_one_rotation_to_one_commit() {
     let plan = fx.plan_at(t0(), now);
     assert_eq!(
         restart_of(&plan, "m1").map(|(m, _)| m.target.clone()),
-        Some(TIP.into())
+        Some(commit(TIP))
     );
     // The tip moved past the approved commit: stop, and ask again for the new tip.
     let mut old = m.clone();
-    old.target = OLD.into();
+    old.target = commit(OLD);
     let mut older = M::drifted("m1", Severity::High).manual_approved(OLD);
     older.0.commit = CommitId::parse(&"3".repeat(40));
     let mut fx = Fx::new("").with(older.marker(&old));
@@ -2510,7 +2552,7 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
     assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
     // So does a new tip.
     let mut old = ended.clone();
-    old.target = OLD.into();
+    old.target = commit(OLD);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Medium).marker(&old));
     assert_eq!(kinds(&fx.plan_at(t0(), later)), [("m1", "claim")]);
 }
@@ -2743,7 +2785,7 @@ fn item17_a_pool_label_edited_mid_rotation_keeps_the_pool_of_its_slot() {
     assert!(kinds(&plan).contains(&("w", "claim")), "{plan:?}");
     assert_eq!(
         plan.rotations_in_progress
-            .get(&("app".into(), "default".to_string())),
+            .get(&("app".into(), "default".into())),
         Some(&1)
     );
 }

@@ -13,7 +13,7 @@ use crate::config::{
     Config, DEFAULT_POOL, PoolConfig, RotationConfig, SeverityRule, SweepConfig,
     default_severity_rules,
 };
-use crate::model::{PolicyAction, Severity};
+use crate::model::{PolicyAction, PoolName, Severity};
 
 /// What deciding reads of the configuration.
 #[derive(Clone, Debug)]
@@ -24,7 +24,7 @@ pub struct Policy {
     /// counted in sweeps.
     pub sweep_interval: Duration,
     /// `[pools.NAME]` as configured.
-    pools: BTreeMap<String, PoolConfig>,
+    pools: BTreeMap<PoolName, PoolConfig>,
     /// The policy of a pool without its own section: `[pools.default]`, or
     /// the built-in safe default.
     fallback: PoolConfig,
@@ -61,7 +61,7 @@ impl Policy {
         if name == DEFAULT_POOL {
             self.fallback = pool.clone();
         }
-        self.pools.insert(name.to_string(), pool);
+        self.pools.insert(PoolName::from(name), pool);
         self
     }
 

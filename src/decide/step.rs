@@ -9,14 +9,14 @@ use std::fmt;
 
 use crate::metadata::marker::{Ending, Marker};
 use crate::metadata::unprobed::Unprobed;
-use crate::model::{AppName, MachineId};
+use crate::model::{AppName, MachineId, PoolName};
 
 /// Which machine a step is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub app: AppName,
     pub machine_id: MachineId,
-    pub pool: String,
+    pub pool: PoolName,
     /// The agent's health URL; cooperative endpoints resolve against it.
     pub health_url: Option<String>,
 }
@@ -132,26 +132,49 @@ impl Step {
         )
     }
 
-    /// Bounded label for metrics.
-    pub fn kind(&self) -> &'static str {
+    /// What a dashboard calls this step.
+    pub fn label(&self) -> StepLabel {
         match &self.kind {
-            StepKind::Claim { .. } => "claim",
-            StepKind::Withdraw { .. } => "withdraw",
-            StepKind::Advance { .. } => "advance",
-            StepKind::Drain => "drain",
-            StepKind::Restart { .. } => "restart",
+            StepKind::Claim { .. } => StepLabel::Claim,
+            StepKind::Withdraw { .. } => StepLabel::Withdraw,
+            StepKind::Advance { .. } => StepLabel::Advance,
+            StepKind::Drain => StepLabel::Drain,
+            StepKind::Restart { .. } => StepLabel::Restart,
             // The undo is labelled by how the rotation ends (stable labels
             // for dashboards: `finish` and `yield` predate `releasing`).
-            StepKind::Release { marker, .. } if marker.failed.is_some() => "fail",
+            StepKind::Release { marker, .. } if marker.failed.is_some() => StepLabel::Fail,
             StepKind::Release { marker, .. } => match marker.ending {
-                Some(Ending::Finished) => "finish",
-                Some(Ending::Yielded) => "yield",
-                Some(Ending::Cancelled) | None => "cancel",
+                Some(Ending::Finished) => StepLabel::Finish,
+                Some(Ending::Yielded) => StepLabel::Yield,
+                Some(Ending::Cancelled) | None => StepLabel::Cancel,
             },
-            StepKind::RecordUnprobed { .. } => "record_unprobed",
-            StepKind::ClearUnprobed => "clear_unprobed",
+            StepKind::RecordUnprobed { .. } => StepLabel::RecordUnprobed,
+            StepKind::ClearUnprobed => StepLabel::ClearUnprobed,
         }
     }
+
+    /// Bounded label for metrics: the [`StepLabel`]'s snake-case name.
+    pub fn kind(&self) -> &'static str {
+        self.label().into()
+    }
+}
+
+/// A step's metric label: what it does, a release named by how the rotation
+/// ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+pub enum StepLabel {
+    Claim,
+    Withdraw,
+    Advance,
+    Drain,
+    Restart,
+    Finish,
+    Yield,
+    Cancel,
+    Fail,
+    RecordUnprobed,
+    ClearUnprobed,
 }
 
 impl fmt::Display for Step {
@@ -282,5 +305,47 @@ reasons! {
         BackoffStuck => "the backoff could not move on after its retry fell due",
         MaxAttempts => "failed: rotation.max_attempts restarts did not verify",
         UndoUnfinished => "undo not finished yet",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepLabel;
+
+    /// The labels dashboards already use, pinned now that they are derived.
+    #[test]
+    fn step_labels_keep_their_names() {
+        let labels: Vec<&str> = [
+            StepLabel::Claim,
+            StepLabel::Withdraw,
+            StepLabel::Advance,
+            StepLabel::Drain,
+            StepLabel::Restart,
+            StepLabel::Finish,
+            StepLabel::Yield,
+            StepLabel::Cancel,
+            StepLabel::Fail,
+            StepLabel::RecordUnprobed,
+            StepLabel::ClearUnprobed,
+        ]
+        .into_iter()
+        .map(<&str>::from)
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "claim",
+                "withdraw",
+                "advance",
+                "drain",
+                "restart",
+                "finish",
+                "yield",
+                "cancel",
+                "fail",
+                "record_unprobed",
+                "clear_unprobed"
+            ]
+        );
     }
 }

@@ -16,7 +16,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{PolicyAction, Severity};
+use crate::model::{CommitId, PolicyAction, PoolName, Severity};
 
 /// Where a rotation stands (docs/design.md §6.2).
 #[derive(
@@ -139,7 +139,11 @@ pub struct Marker {
     /// Identifies this rotation to a cooperating agent (drain/undrain).
     pub tag: String,
     /// The commit the machine is being rotated to (the tip when claimed).
-    pub target: String,
+    /// Read through [`commit_id`]: a marker written by an older reconciler
+    /// with an upper-case target reads as its lowercase commit; any other
+    /// text makes the marker unreadable (field `target`).
+    #[serde(deserialize_with = "commit_id")]
+    pub target: CommitId,
     pub phase: Phase,
     pub mode: RotationMode,
     /// The pool policy's action that started it (for reports and events).
@@ -183,7 +187,7 @@ pub struct Marker {
     /// does not move the rotation: it ends in this pool. `None`: markers of
     /// older versions (the machine's current pool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
+    pub pool: Option<PoolName>,
     /// The rotation gave up after `rotation.max_attempts` restarts that did
     /// not verify (or crash-looped). Kept on the `yielded` marker it ends as,
     /// so no new attempt starts for `target` until the tip moves or an
@@ -202,9 +206,19 @@ pub struct Failure {
     pub evidence: String,
 }
 
-/// Longest `target` a marker may carry: a commit id (40 hex digits; 64 for
-/// SHA-256 repositories).
-pub const MAX_MARKER_TARGET_CHARS: usize = 64;
+/// Reads a commit id the way [`CommitId::parse`] does (40 hex digits, any
+/// case, normalised to lowercase), so a marker's target compares with the
+/// tip as the same type and never by text.
+fn commit_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CommitId, D::Error> {
+    let text = String::deserialize(d)?;
+    CommitId::parse(&text).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "not a commit id (40 hex digits): {:?}",
+            crate::text::bounded(&text, 64)
+        ))
+    })
+}
+
 /// Longest `owner` a marker may carry (ours are a host name and a pid).
 pub const MAX_MARKER_OWNER_CHARS: usize = 512;
 
@@ -228,9 +242,6 @@ impl Marker {
             |field: &str, max: usize| Err(format!("field `{field}`: longer than {max} characters"));
         if marker.tag.chars().count() > crate::text::MAX_TAG_CHARS {
             return too_long("tag", crate::text::MAX_TAG_CHARS);
-        }
-        if marker.target.chars().count() > MAX_MARKER_TARGET_CHARS {
-            return too_long("target", MAX_MARKER_TARGET_CHARS);
         }
         if marker.owner.chars().count() > MAX_MARKER_OWNER_CHARS {
             return too_long("owner", MAX_MARKER_OWNER_CHARS);
@@ -268,7 +279,8 @@ impl Marker {
     /// A tag unique to this machine, target and moment. `nonce` tells apart
     /// two claims of one machine within a second (tags name slots, and a slot
     /// is reclaimed only once no marker carries its tag).
-    pub fn new_tag(machine_id: &str, target: &str, now: DateTime<Utc>, nonce: u32) -> String {
+    pub fn new_tag(machine_id: &str, target: &CommitId, now: DateTime<Utc>, nonce: u32) -> String {
+        let target = target.as_str();
         format!(
             "{machine_id}-{}-{}-{nonce:08x}",
             target.get(..7).unwrap_or(target),
@@ -301,9 +313,10 @@ mod tests {
 
     #[test]
     fn marker_round_trips_and_rejects_garbage() {
+        let target = CommitId::parse(&"ab".repeat(20)).expect("a commit id");
         let m = Marker {
-            tag: Marker::new_tag("m1", &"ab".repeat(20), at(0), 0xbeef),
-            target: "ab".repeat(20),
+            tag: Marker::new_tag("m1", &target, at(0), 0xbeef),
+            target: target.clone(),
             phase: Phase::Draining,
             mode: RotationMode::Grace,
             action: PolicyAction::Restart,
@@ -332,9 +345,47 @@ mod tests {
         assert_eq!(Marker::parse("rotating"), None);
     }
 
+    /// Older reconcilers wrote `target` as text: in another case it is the
+    /// same commit (and is written back lowercase); anything else is no
+    /// commit id, and the marker is unreadable, naming the field.
+    #[test]
+    fn an_older_target_reads_as_its_commit_or_is_refused() {
+        let value = |target: &str| {
+            format!(
+                r#"{{"tag":"t","target":"{target}","phase":"draining","mode":"wait","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}}"#
+            )
+        };
+        let upper = "ABCDEF0123".repeat(4);
+        let m = Marker::decode(&value(&upper)).expect("an upper-case commit id reads");
+        assert_eq!(m.target.as_str(), upper.to_ascii_lowercase());
+        assert_eq!(
+            m.to_value(),
+            serde_json::to_string(&Marker::parse(&value(&upper.to_ascii_lowercase())))
+                .unwrap_or_default()
+        );
+        for odd in [
+            "ab",
+            &"a".repeat(64),
+            &"z".repeat(40),
+            " ",
+            &format!(" {}", "a".repeat(40)),
+        ] {
+            let why = Marker::decode(&value(odd)).expect_err(odd);
+            assert!(
+                why.contains("`target`") && why.contains("not a commit id"),
+                "{why}"
+            );
+        }
+        let why = Marker::decode(&value(&"x".repeat(5000))).expect_err("long");
+        assert!(
+            why.chars().count() <= crate::text::MAX_DETAIL_CHARS + 1,
+            "{why}"
+        );
+    }
+
     #[test]
     fn older_markers_imply_the_cordon_from_their_phase() {
-        let v = r#"{"tag":"t","target":"ab","phase":"draining","mode":"wait","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}"#;
+        let v = r#"{"tag":"t","target":"abababababababababababababababababababab","phase":"draining","mode":"wait","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}"#;
         let m = Marker::parse(v).unwrap();
         assert_eq!(m.cordoned, None);
         assert!(m.may_have_cordoned());

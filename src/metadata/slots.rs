@@ -43,7 +43,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SLOTS_KEY;
-use crate::model::MachineId;
+use crate::model::{AppName, MachineId};
 
 /// The slot-set format this version writes and reads.
 pub const SLOTS_VERSION: u32 = 1;
@@ -51,8 +51,8 @@ pub const SLOTS_VERSION: u32 = 1;
 /// The machine whose metadata and lease keep the slots (`rotation.coordinator`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Coordinator {
-    pub app: String,
-    pub machine_id: String,
+    pub app: AppName,
+    pub machine_id: MachineId,
 }
 
 impl fmt::Display for Coordinator {
@@ -73,8 +73,8 @@ impl std::str::FromStr for Coordinator {
         };
         match s.split_once('/') {
             Some((app, machine)) if valid(app) && valid(machine) => Ok(Coordinator {
-                app: app.to_string(),
-                machine_id: machine.to_string(),
+                app: AppName::from(app),
+                machine_id: MachineId::from(machine),
             }),
             _ => Err(format!(
                 "{s:?} is not APP/MACHINE_ID (the Fly app and id of the machine that keeps rotation slots)"

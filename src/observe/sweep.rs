@@ -331,7 +331,7 @@ impl Sweeper {
         let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
             let listed = self
                 .fly
-                .list_machines_with(&app.name, |m| listed_row(app, m))
+                .list_machines_with(&AppName::from(app.name.as_str()), |m| listed_row(app, m))
                 .await;
             (app, listed)
         }))

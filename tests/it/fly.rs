@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 
-use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError};
+use fleet_reconciler::fly::{FlyClient, FlyClientConfig, FlyError, WaitState};
+use fleet_reconciler::model::{AppName, MachineId};
 use fleet_reconciler::sim::{Credential, Sim, SimApp, SimFleet, SimMachine};
 use secrecy::ExposeSecret;
 
@@ -49,7 +50,7 @@ fn client(sim: &Sim, token: &str) -> FlyClient {
 async fn lists_and_gets_machines_with_metadata() {
     let sim = sim().await;
     let fly = client(&sim, TOKEN);
-    let machines = within(fly.list_machines("agents")).await.unwrap();
+    let machines = within(fly.list_machines(&"agents".into())).await.unwrap();
     assert_eq!(machines.len(), 2);
     let m1 = machines.iter().find(|m| m.id == "m1").unwrap();
     assert_eq!(
@@ -58,7 +59,9 @@ async fn lists_and_gets_machines_with_metadata() {
     );
     assert_eq!(m1.metadata("pool"), Ok(Some("dispatch")));
     assert!(!m1.instance_id.is_empty());
-    let m2 = within(fly.get_machine("agents", "m2")).await.unwrap();
+    let m2 = within(fly.get_machine(&"agents".into(), &"m2".into()))
+        .await
+        .unwrap();
     assert!(!m2.is_started());
     // Never summary=true: it drops metadata.
     assert!(
@@ -67,9 +70,11 @@ async fn lists_and_gets_machines_with_metadata() {
             .all(|r| !r.query.as_deref().unwrap_or("").contains("summary"))
     );
 
-    let err = within(fly.list_machines("nope")).await.unwrap_err();
+    let err = within(fly.list_machines(&"nope".into())).await.unwrap_err();
     assert!(matches!(err, FlyError::NotFound { .. }), "{err}");
-    let err = within(fly.get_machine("agents", "zz")).await.unwrap_err();
+    let err = within(fly.get_machine(&"agents".into(), &"zz".into()))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("zz"), "{err}");
     sim.shutdown().await;
 }
@@ -77,11 +82,11 @@ async fn lists_and_gets_machines_with_metadata() {
 #[tokio::test]
 async fn auth_header_rule_and_rejection() {
     let sim = sim().await;
-    within(client(&sim, TOKEN).list_machines("agents"))
+    within(client(&sim, TOKEN).list_machines(&"agents".into()))
         .await
         .unwrap();
     // A FlyV1 macaroon is sent verbatim (not as Bearer).
-    within(client(&sim, &format!("FlyV1 {TOKEN}")).list_machines("agents"))
+    within(client(&sim, &format!("FlyV1 {TOKEN}")).list_machines(&"agents".into()))
         .await
         .unwrap();
     assert!(
@@ -89,7 +94,7 @@ async fn auth_header_rule_and_rejection() {
             .iter()
             .all(|r| r.credential == Credential::FlyToken)
     );
-    let err = within(client(&sim, "wrong").list_machines("agents"))
+    let err = within(client(&sim, "wrong").list_machines(&"agents".into()))
         .await
         .unwrap_err();
     assert!(
@@ -104,9 +109,14 @@ async fn auth_header_rule_and_rejection() {
 async fn leases_carry_nonces_and_are_never_stolen() {
     let sim = sim().await;
     let fly = client(&sim, TOKEN);
-    let lease = within(fly.acquire_lease("agents", "m1", Duration::from_secs(13), "rotation"))
-        .await
-        .unwrap();
+    let lease = within(fly.acquire_lease(
+        &"agents".into(),
+        &"m1".into(),
+        Duration::from_secs(13),
+        "rotation",
+    ))
+    .await
+    .unwrap();
     assert!(!lease.nonce.expose_secret().is_empty());
     assert_eq!(
         sim.machine("m1").unwrap().lease.unwrap().nonce,
@@ -128,9 +138,10 @@ async fn leases_carry_nonces_and_are_never_stolen() {
 
     // Someone else (another replica) cannot take it: 409, typed.
     let other = client(&sim, TOKEN);
-    let err = within(other.acquire_lease("agents", "m1", Duration::from_secs(13), "x"))
-        .await
-        .unwrap_err();
+    let err =
+        within(other.acquire_lease(&"agents".into(), &"m1".into(), Duration::from_secs(13), "x"))
+            .await
+            .unwrap_err();
     assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
     // A 409 is not retried: exactly one more request.
     let acquires = sim
@@ -141,20 +152,22 @@ async fn leases_carry_nonces_and_are_never_stolen() {
     assert_eq!(acquires, 2);
 
     // Mutations without the nonce are refused; with it they pass.
-    let err = within(fly.cordon("agents", "m1", None)).await.unwrap_err();
+    let err = within(fly.cordon(&"agents".into(), &"m1".into(), None))
+        .await
+        .unwrap_err();
     assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
     assert!(!sim.machine("m1").unwrap().cordoned);
-    within(fly.cordon("agents", "m1", Some(&lease.nonce)))
+    within(fly.cordon(&"agents".into(), &"m1".into(), Some(&lease.nonce)))
         .await
         .unwrap();
     assert!(sim.machine("m1").unwrap().cordoned);
-    within(fly.set_metadata("agents", "m1", "k", "v", Some(&lease.nonce)))
+    within(fly.set_metadata(&"agents".into(), &"m1".into(), "k", "v", Some(&lease.nonce)))
         .await
         .unwrap();
 
     let refreshed = within(fly.refresh_lease(
-        "agents",
-        "m1",
+        &"agents".into(),
+        &"m1".into(),
         &lease.nonce,
         Duration::from_secs(30),
         "rotation",
@@ -165,17 +178,17 @@ async fn leases_carry_nonces_and_are_never_stolen() {
     assert!(refreshed.expires_at >= lease.expires_at);
 
     // Releasing with a wrong nonce fails and leaves the lease; the right one frees it.
-    let err = within(fly.release_lease("agents", "m1", &"not-the-nonce".into()))
+    let err = within(fly.release_lease(&"agents".into(), &"m1".into(), &"not-the-nonce".into()))
         .await
         .unwrap_err();
     assert!(matches!(err, FlyError::LeaseConflict { .. }), "{err}");
     assert!(sim.machine("m1").unwrap().lease.is_some());
-    within(fly.release_lease("agents", "m1", &lease.nonce))
+    within(fly.release_lease(&"agents".into(), &"m1".into(), &lease.nonce))
         .await
         .unwrap();
     assert!(sim.machine("m1").unwrap().lease.is_none());
     // Releasing an already-gone lease is fine.
-    within(fly.release_lease("agents", "m1", &lease.nonce))
+    within(fly.release_lease(&"agents".into(), &"m1".into(), &lease.nonce))
         .await
         .unwrap();
 
@@ -198,15 +211,14 @@ async fn leases_carry_nonces_and_are_never_stolen() {
 async fn metadata_set_and_delete() {
     let sim = sim().await;
     let fly = client(&sim, TOKEN);
-    within(fly.set_metadata(
-        "agents",
-        "m1",
+    let (agents, m1, key) = (
+        AppName::from("agents"),
+        MachineId::from("m1"),
         "fleet_reconciler_hold",
-        "ops: incident 42",
-        None,
-    ))
-    .await
-    .unwrap();
+    );
+    within(fly.set_metadata(&agents, &m1, key, "ops: incident 42", None))
+        .await
+        .unwrap();
     assert_eq!(
         sim.machine("m1")
             .unwrap()
@@ -215,7 +227,7 @@ async fn metadata_set_and_delete() {
             .map(String::as_str),
         Some("ops: incident 42")
     );
-    within(fly.delete_metadata("agents", "m1", "fleet_reconciler_hold", None))
+    within(fly.delete_metadata(&agents, &m1, key, None))
         .await
         .unwrap();
     assert!(
@@ -225,7 +237,7 @@ async fn metadata_set_and_delete() {
             .contains_key("fleet_reconciler_hold")
     );
     // Deleting an absent key is not an error (a retried delete that applied).
-    within(fly.delete_metadata("agents", "m1", "fleet_reconciler_hold", None))
+    within(fly.delete_metadata(&agents, &m1, key, None))
         .await
         .unwrap();
     sim.shutdown().await;
@@ -235,18 +247,28 @@ async fn metadata_set_and_delete() {
 async fn restart_then_wait_and_wait_timeout() {
     let sim = sim().await;
     let fly = client(&sim, TOKEN);
-    within(fly.restart("agents", "m1", Some(Duration::from_secs(10)), None))
-        .await
-        .unwrap();
+    within(fly.restart(
+        &"agents".into(),
+        &"m1".into(),
+        Some(Duration::from_secs(10)),
+        None,
+    ))
+    .await
+    .unwrap();
     let r = sim
         .requests()
         .into_iter()
         .find(|r| r.action.as_deref() == Some("restart"))
         .unwrap();
     assert_eq!(r.query.as_deref(), Some("timeout=10s"));
-    within(fly.wait("agents", "m1", "started", Duration::from_secs(5)))
-        .await
-        .unwrap();
+    within(fly.wait(
+        &"agents".into(),
+        &"m1".into(),
+        WaitState::Started,
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
     let view = sim.machine("m1").unwrap();
     assert_eq!(
         (
@@ -259,11 +281,25 @@ async fn restart_then_wait_and_wait_timeout() {
 
     // A stopped machine never becomes started: Fly's 408 becomes WaitTimeout, not retried.
     sim.clear_requests();
-    let err = within(fly.wait("agents", "m2", "started", Duration::from_secs(1)))
-        .await
-        .unwrap_err();
+    let err = within(fly.wait(
+        &"agents".into(),
+        &"m2".into(),
+        WaitState::Started,
+        Duration::from_secs(1),
+    ))
+    .await
+    .unwrap_err();
     assert!(matches!(err, FlyError::WaitTimeout { .. }), "{err}");
+    assert!(err.to_string().contains("state started"), "{err}");
     assert_eq!(sim.requests().len(), 1);
+    let wait = &sim.requests()[0];
+    assert!(
+        wait.query
+            .as_deref()
+            .is_some_and(|q| q.split('&').any(|p| p == "state=started")),
+        "{:?}",
+        wait.query
+    );
     sim.shutdown().await;
 }
 
@@ -277,27 +313,29 @@ async fn transient_errors_retry_but_unsafe_calls_do_not_repeat() {
     config.rate_limits = None;
     let fly = FlyClient::new(config, TOKEN).unwrap();
     sim.fail_next(3, 503, None);
-    within(fly.list_machines("agents")).await.unwrap();
+    within(fly.list_machines(&"agents".into())).await.unwrap();
     assert_eq!(sim.pending_failures(), 0);
 
     // Retries are bounded: more failures than retries is an error naming the status.
     sim.fail_next(10, 502, None);
-    let err = within(fly.list_machines("agents")).await.unwrap_err();
+    let err = within(fly.list_machines(&"agents".into()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, FlyError::Status { status: 502, .. }), "{err}");
     assert_eq!(sim.pending_failures(), 10 - 5, "1 try + 4 retries");
 
     // A 5xx on restart may have restarted the machine: not repeated blindly.
     while sim.pending_failures() > 0 {
-        let _ = fly.list_machines("agents").await;
+        let _ = fly.list_machines(&"agents".into()).await;
     }
     sim.fail_next(1, 500, None);
-    let err = within(fly.restart("agents", "m1", None, None))
+    let err = within(fly.restart(&"agents".into(), &"m1".into(), None, None))
         .await
         .unwrap_err();
     assert!(matches!(err, FlyError::Status { status: 500, .. }), "{err}");
     // …but a 429 (not processed) is.
     sim.fail_next(1, 429, Some(0));
-    within(fly.restart("agents", "m1", None, None))
+    within(fly.restart(&"agents".into(), &"m1".into(), None, None))
         .await
         .unwrap();
     assert_eq!(sim.machine("m1").unwrap().restart_count, 1);
@@ -313,7 +351,9 @@ async fn unreachable_api_is_a_transport_error() {
     config.base_backoff = Duration::from_millis(5);
     config.max_retries = 2;
     let fly = FlyClient::new(config, TOKEN).unwrap();
-    let err = within(fly.list_machines("agents")).await.unwrap_err();
+    let err = within(fly.list_machines(&"agents".into()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, FlyError::Transport { .. }), "{err}");
     assert!(err.to_string().contains("unreachable"), "{err}");
     assert_eq!(err.kind(), "transport");
@@ -419,7 +459,7 @@ async fn listing_api(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_over_the_old_64_mib_cap_is_decoded_machine_by_machine() {
     let (url, sent, server) = listing_api(17_000, 4 << 10, None).await;
-    let machines = within(bloated_client(&url).list_machines("agents"))
+    let machines = within(bloated_client(&url).list_machines(&"agents".into()))
         .await
         .unwrap();
     assert!(sent.load(Ordering::SeqCst) > 64 * MIB);
@@ -435,7 +475,7 @@ async fn a_list_over_the_old_64_mib_cap_is_decoded_machine_by_machine() {
 async fn an_oversized_machine_in_a_list_is_refused_by_id_without_reading_on() {
     // Machine 10 carries 3 MiB; 30,000 more (about 120 MiB) follow it.
     let (url, sent, server) = listing_api(30_000, 4 << 10, Some((10, 3 * MIB))).await;
-    let err = within(bloated_client(&url).list_machines("agents"))
+    let err = within(bloated_client(&url).list_machines(&"agents".into()))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "too_large", "{err}");
@@ -457,7 +497,7 @@ async fn an_oversized_machine_in_a_list_is_refused_by_id_without_reading_on() {
 async fn a_list_that_is_not_an_array_is_a_decode_error() {
     let (url, _, server) = listing_api(0, 0, None).await;
     // `]` alone: not an array.
-    let err = within(bloated_client(&url).list_machines("agents"))
+    let err = within(bloated_client(&url).list_machines(&"agents".into()))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "decode", "{err}");
@@ -468,7 +508,7 @@ async fn a_list_that_is_not_an_array_is_a_decode_error() {
 async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoint() {
     // An announced length over the cap fails before the body is read.
     let (url, sent, server) = bloated_api(3 * LIST_CAP, true, 200).await;
-    let err = within(bloated_client(&url).list_machines("agents"))
+    let err = within(bloated_client(&url).list_machines(&"agents".into()))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "too_large", "{err}");
@@ -481,7 +521,7 @@ async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoin
 
     // A single machine has a smaller cap than the list.
     let (url, _, server) = bloated_api(2 * OBJECT_CAP, false, 200).await;
-    let err = within(bloated_client(&url).get_machine("agents", "m1"))
+    let err = within(bloated_client(&url).get_machine(&"agents".into(), &"m1".into()))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "too_large", "{err}");
@@ -490,7 +530,7 @@ async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoin
         "{err}"
     );
     // …while a list of that size is fine.
-    let machines = within(bloated_client(&url).list_machines("agents"))
+    let machines = within(bloated_client(&url).list_machines(&"agents".into()))
         .await
         .unwrap();
     assert!(machines.is_empty());
@@ -498,7 +538,7 @@ async fn oversized_answers_are_refused_by_their_announced_length_and_per_endpoin
 
     // An error answer is read only as far as its message needs.
     let (url, sent, server) = bloated_api(3 * LIST_CAP, false, 404).await;
-    let err = within(bloated_client(&url).get_machine("agents", "m1"))
+    let err = within(bloated_client(&url).get_machine(&"agents".into(), &"m1".into()))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "not_found", "{err}");
@@ -610,7 +650,7 @@ async fn a_call_within_a_deadline_is_cut_at_it_and_never_retried_past_it() {
     let deadline = start + Duration::from_secs(5);
     let err = fly
         .within(deadline)
-        .cordon("agents", "m1", None)
+        .cordon(&"agents".into(), &"m1".into(), None)
         .await
         .unwrap_err();
     let ended = tokio::time::Instant::now();
@@ -641,7 +681,7 @@ async fn a_call_within_a_deadline_is_cut_at_it_and_never_retried_past_it() {
     // At or after the deadline nothing is sent at all.
     let err = fly
         .within(deadline)
-        .get_machine("agents", "m1")
+        .get_machine(&"agents".into(), &"m1".into())
         .await
         .unwrap_err();
     assert!(
@@ -654,7 +694,7 @@ async fn a_call_within_a_deadline_is_cut_at_it_and_never_retried_past_it() {
     let err = fly
         .within(deadline)
         .within(deadline + Duration::from_secs(60))
-        .list_machines("agents")
+        .list_machines(&"agents".into())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "past_deadline", "{err}");
@@ -674,7 +714,7 @@ async fn a_retry_after_beyond_the_deadline_ends_the_call_at_once() {
     let deadline = start + Duration::from_secs(3);
     let err = fly
         .within(deadline)
-        .restart("agents", "m1", None, None)
+        .restart(&"agents".into(), &"m1".into(), None, None)
         .await
         .unwrap_err();
     assert!(
@@ -710,7 +750,7 @@ async fn a_retry_that_would_cross_the_deadline_is_not_made() {
     let deadline = start + Duration::from_secs(3);
     let err = fly
         .within(deadline)
-        .list_machines("agents")
+        .list_machines(&"agents".into())
         .await
         .unwrap_err();
     assert!(
@@ -723,7 +763,7 @@ async fn a_retry_that_would_cross_the_deadline_is_not_made() {
     assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
 
     // Without a deadline, the same client retries as before.
-    let err = fly.list_machines("agents").await.unwrap_err();
+    let err = fly.list_machines(&"agents".into()).await.unwrap_err();
     assert!(matches!(err, FlyError::Status { status: 503, .. }), "{err}");
     assert_eq!(api.arrivals().len(), 2 + 5, "1 try + 4 retries");
 }
@@ -763,10 +803,15 @@ async fn a_burst_on_one_machine_is_spaced_as_flys_limits_say() {
     let api = StandIn::start(fly_ok).await;
     let fly = api.client();
     let start = tokio::time::Instant::now();
+    let (agents, m1, m2) = (
+        AppName::from("agents"),
+        MachineId::from("m1"),
+        MachineId::from("m2"),
+    );
     let cordons = (0..10)
-        .map(|_| fly.cordon("agents", "m1", None).boxed())
-        .chain((0..3).map(|_| fly.cordon("agents", "m2", None).boxed()))
-        .chain((0..3).map(|_| fly.uncordon("agents", "m1", None).boxed()));
+        .map(|_| fly.cordon(&agents, &m1, None).boxed())
+        .chain((0..3).map(|_| fly.cordon(&agents, &m2, None).boxed()))
+        .chain((0..3).map(|_| fly.uncordon(&agents, &m1, None).boxed()));
     for r in futures::future::join_all(cordons).await {
         r.unwrap();
     }
@@ -791,7 +836,8 @@ async fn a_burst_on_one_machine_is_spaced_as_flys_limits_say() {
 
     // Gets: ten at once, then one every 200 ms.
     let start = tokio::time::Instant::now();
-    let gets = (0..15).map(|_| fly.get_machine("agents", "m3"));
+    let m3 = MachineId::from("m3");
+    let gets = (0..15).map(|_| fly.get_machine(&agents, &m3));
     for r in futures::future::join_all(gets).await {
         r.unwrap();
     }
@@ -810,7 +856,8 @@ async fn a_burst_on_one_machine_is_spaced_as_flys_limits_say() {
     config.rate_limits = None;
     let free = FlyClient::new(config, TOKEN).unwrap();
     let start = tokio::time::Instant::now();
-    for r in futures::future::join_all((0..6).map(|_| free.cordon("agents", "m4", None))).await {
+    let m4 = MachineId::from("m4");
+    for r in futures::future::join_all((0..6).map(|_| free.cordon(&agents, &m4, None))).await {
         r.unwrap();
     }
     let m4 = offsets(&api, start, "/v1/apps/agents/machines/m4/cordon");
@@ -829,10 +876,16 @@ async fn a_token_past_the_deadline_ends_the_call_unsent() {
     let leased = fly.within(deadline);
     for _ in 0..4 {
         // Three at once and one at 1 s: all before the deadline.
-        leased.cordon("agents", "m1", None).await.unwrap();
+        leased
+            .cordon(&"agents".into(), &"m1".into(), None)
+            .await
+            .unwrap();
     }
     let before = tokio::time::Instant::now();
-    let err = leased.cordon("agents", "m1", None).await.unwrap_err();
+    let err = leased
+        .cordon(&"agents".into(), &"m1".into(), None)
+        .await
+        .unwrap_err();
     assert_eq!(
         tokio::time::Instant::now(),
         before,
@@ -846,7 +899,9 @@ async fn a_token_past_the_deadline_ends_the_call_unsent() {
     assert_eq!(m1.len(), 4, "{m1:?}");
     assert!(m1.iter().all(|at| *at < 1.5), "{m1:?}");
     // Another clone without a deadline shares the bucket: it waits its turn (2 s).
-    fly.cordon("agents", "m1", None).await.unwrap();
+    fly.cordon(&"agents".into(), &"m1".into(), None)
+        .await
+        .unwrap();
     let m1 = offsets(&api, start, "/v1/apps/agents/machines/m1/cordon");
     assert!((m1[4] - 2.0).abs() < 0.1, "{m1:?}");
 }
@@ -867,7 +922,12 @@ async fn a_429_that_outlasts_the_retries_is_rate_limited() {
         config.max_retries = 2;
         let fly = FlyClient::new(config, TOKEN).unwrap();
         let err = fly
-            .acquire_lease("agents", "m1", Duration::from_secs(13), "rotation")
+            .acquire_lease(
+                &"agents".into(),
+                &"m1".into(),
+                Duration::from_secs(13),
+                "rotation",
+            )
             .await
             .unwrap_err();
         assert!(
@@ -893,11 +953,14 @@ async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
     .await;
     let fly = api.client();
     let ttl = Duration::from_secs(13);
-    let lease = fly.acquire_lease("agents", "m1", ttl, "r").await.unwrap();
+    let lease = fly
+        .acquire_lease(&"agents".into(), &"m1".into(), ttl, "r")
+        .await
+        .unwrap();
     assert_eq!(lease.nonce.expose_secret(), "nonce-a");
     for expires_at in [200, 300] {
         let l = fly
-            .refresh_lease("agents", "m1", &lease.nonce, ttl, "r")
+            .refresh_lease(&"agents".into(), &"m1".into(), &lease.nonce, ttl, "r")
             .await
             .unwrap();
         assert_eq!(
@@ -906,7 +969,7 @@ async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
         );
     }
     let err = fly
-        .refresh_lease("agents", "m1", &lease.nonce, ttl, "r")
+        .refresh_lease(&"agents".into(), &"m1".into(), &lease.nonce, ttl, "r")
         .await
         .unwrap_err();
     assert!(
@@ -926,10 +989,17 @@ async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
 async fn restart_sends_a_timeout_only_when_given() {
     let api = StandIn::start(|_, _| ok_json("{}")).await;
     let fly = api.client();
-    fly.restart("agents", "m1", None, None).await.unwrap();
-    fly.restart("agents", "m1", Some(Duration::from_secs(300)), None)
+    fly.restart(&"agents".into(), &"m1".into(), None, None)
         .await
         .unwrap();
+    fly.restart(
+        &"agents".into(),
+        &"m1".into(),
+        Some(Duration::from_secs(300)),
+        None,
+    )
+    .await
+    .unwrap();
     let queries: Vec<(String, String)> = api
         .arrivals()
         .into_iter()

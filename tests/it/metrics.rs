@@ -393,11 +393,13 @@ async fn fly_observer_counts_requests_by_op_and_code() {
         .unwrap()
         .with_observer(m.fly_observer());
 
-    within(fly.list_machines("alpha")).await.unwrap();
-    within(fly.list_machines("beta")).await.unwrap();
-    within(fly.get_machine("alpha", "nope")).await.unwrap_err();
+    within(fly.list_machines(&"alpha".into())).await.unwrap();
+    within(fly.list_machines(&"beta".into())).await.unwrap();
+    within(fly.get_machine(&"alpha".into(), &"nope".into()))
+        .await
+        .unwrap_err();
     sim.fail_next(1, 503, None);
-    within(fly.list_machines("alpha")).await.unwrap(); // 503, then retried: 200
+    within(fly.list_machines(&"alpha".into())).await.unwrap(); // 503, then retried: 200
 
     let s = parse(&m.render().unwrap());
     let count = |op: &str, code: &str| {

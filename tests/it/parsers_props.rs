@@ -15,15 +15,13 @@ use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
 use fleet_reconciler::config::{Config, ConfigError, HealthUrlTemplate, UrlVars};
-use fleet_reconciler::metadata::marker::{
-    MAX_MARKER_OWNER_CHARS, MAX_MARKER_TARGET_CHARS, Marker, Phase, RotationMode,
-};
+use fleet_reconciler::metadata::marker::{MAX_MARKER_OWNER_CHARS, Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{
     Approval, ApprovalMode, MAX_APPROVAL_BY_CHARS, MAX_APPROVAL_TARGET_CHARS,
 };
 use fleet_reconciler::metadata::slots::{Coordinator, SlotSet};
 use fleet_reconciler::metadata::unprobed::Unprobed;
-use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
 use fleet_reconciler::observe::probe::{ProbeOutcome, parse_report};
 use fleet_reconciler::text::{MAX_DETAIL_CHARS, MAX_TAG_CHARS};
@@ -353,7 +351,7 @@ fn marker() -> impl Strategy<Value = Marker> {
                 (restart_at, retry_at, drain_requested, cordoned),
             )| Marker {
                 tag,
-                target,
+                target: CommitId::parse(&target).expect("40 hex digits"),
                 phase: [
                     Phase::Claiming,
                     Phase::Draining,
@@ -436,7 +434,6 @@ proptest! {
         match Marker::decode(&text) {
             Ok(m) => {
                 prop_assert!(chars(&m.tag) <= MAX_TAG_CHARS, "marker tag of {} chars", chars(&m.tag));
-                prop_assert!(chars(&m.target) <= MAX_MARKER_TARGET_CHARS);
                 prop_assert!(chars(&m.owner) <= MAX_MARKER_OWNER_CHARS);
                 prop_assert_eq!(Marker::parse(&text), Some(m));
             }

@@ -150,7 +150,7 @@ fn marker() -> impl Strategy<Value = Marker> {
                 (instance_id, failed),
             )| Marker {
                 tag: format!("tag-{tag}"),
-                target,
+                target: CommitId::parse(&target).expect("a commit id"),
                 phase,
                 mode,
                 action,
@@ -506,9 +506,9 @@ proptest! {
                 let expected = s.expected.as_ref().expect("a restart continues a rotation");
                 // A manual machine only with an approval naming its commit.
                 if expected.action == PolicyAction::Manual {
-                    let approved = m.approval.as_ref().is_some_and(|(t, _)| t == &marker.target);
+                    let approved = m.approval.as_ref().is_some_and(|(t, _)| marker.target == *t);
                     prop_assert!(approved, "manual restart without a current approval: {s}");
-                    prop_assert_eq!(&marker.target, TIP);
+                    prop_assert_eq!(marker.target.as_str(), TIP);
                 }
                 match guard {
                     // Live work only where the policy says so.

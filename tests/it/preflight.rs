@@ -644,10 +644,13 @@ async fn a_client_sends_each_app_its_own_token_and_nothing_to_others() {
             .collect(),
     };
     let fly = FlyClient::with_tokens(FlyClientConfig::new(&sim.api_url()), &tokens).unwrap();
-    assert_eq!(fly.list_machines("agents").await.unwrap().len(), 2);
-    assert_eq!(fly.list_machines("batch").await.unwrap().len(), 1);
+    assert_eq!(fly.list_machines(&"agents".into()).await.unwrap().len(), 2);
+    assert_eq!(fly.list_machines(&"batch".into()).await.unwrap().len(), 1);
     sim.clear_requests();
-    let e = fly.list_machines("fleet-reconciler").await.unwrap_err();
+    let e = fly
+        .list_machines(&"fleet-reconciler".into())
+        .await
+        .unwrap_err();
     assert!(matches!(e, FlyError::NoToken { .. }), "{e}");
     assert!(sim.requests().is_empty(), "nothing sent without a token");
     // With a fallback, the other apps get it (and only they).
@@ -659,8 +662,10 @@ async fn a_client_sends_each_app_its_own_token_and_nothing_to_others() {
         },
     )
     .unwrap();
-    fly.get_machine("fleet-reconciler", "coord0").await.unwrap();
-    fly.list_machines("agents").await.unwrap();
+    fly.get_machine(&"fleet-reconciler".into(), &"coord0".into())
+        .await
+        .unwrap();
+    fly.list_machines(&"agents".into()).await.unwrap();
     assert!(
         sim.requests().iter().all(|r| r.authorized),
         "{:#?}",

@@ -667,7 +667,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
     let now = sim.now();
     let drain = |id: &str| Marker {
         tag: format!("{id}-legacy"),
-        target: w.tip.clone(),
+        target: fleet_reconciler::model::CommitId::parse(&w.tip).expect("the tip"),
         phase: Phase::Draining,
         mode: fleet_reconciler::metadata::marker::RotationMode::Wait,
         action: fleet_reconciler::model::PolicyAction::AlertAndWait,
@@ -1099,7 +1099,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
     let now = sim.now();
     let restarting = Marker {
         tag: "m1-done".into(),
-        target: w.tip.clone(),
+        target: fleet_reconciler::model::CommitId::parse(&w.tip).expect("the tip"),
         phase: Phase::Restarting,
         mode: fleet_reconciler::metadata::marker::RotationMode::Now,
         action: fleet_reconciler::model::PolicyAction::Manual,
@@ -1503,7 +1503,7 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     };
     let operator = Operator::new(daemon::fly_client(&cfg, &secrets).unwrap(), &cfg);
     let written = operator
-        .hold("m1", "oncall", "incident 44", sim.now())
+        .hold(&"m1".into(), "oncall", "incident 44", sim.now())
         .await
         .unwrap();
     assert!(written.fenced);

@@ -371,7 +371,7 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     // A marker of ours is shown as the sweep parsed it.
     let ours = Marker {
         tag: "a-behind-test".into(),
-        target: h.overlay.tip(),
+        target: fleet_reconciler::model::CommitId::parse(&h.overlay.tip()).expect("the tip"),
         phase: Phase::Restarting,
         mode: RotationMode::Grace,
         action: PolicyAction::Restart,

@@ -413,7 +413,7 @@ async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
         &config,
     );
     let written = operator
-        .hold("b1", "oncall", "investigating", chrono::Utc::now())
+        .hold(&"b1".into(), "oncall", "investigating", chrono::Utc::now())
         .await
         .expect("the hold reaches beta's machine");
     assert_eq!(written.app, "beta");
@@ -422,7 +422,7 @@ async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
 
     // A machine in no readable app: the error names the app not searched.
     let err = operator
-        .hold("zz", "oncall", "x", chrono::Utc::now())
+        .hold(&"zz".into(), "oncall", "x", chrono::Utc::now())
         .await
         .unwrap_err();
     assert!(

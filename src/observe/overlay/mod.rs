@@ -344,32 +344,63 @@ pub enum OverlayError {
     },
 }
 
+/// What kind of overlay failure an [`OverlayError`] is: its snake-case name
+/// is the bounded label metrics and the CLI's error object carry. Every way
+/// a fetch fails (timed out, busy, its thread lost) is `fetch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+pub enum OverlayErrorKind {
+    MirrorDir,
+    InitMirror,
+    OpenMirror,
+    ConfigureRemote,
+    SourceMissing,
+    Fetch,
+    BranchMissing,
+    ReadBranch,
+    ReadRefs,
+    TipMissing,
+    Resolve,
+    ReadCommit,
+    MalformedCommit,
+    HistoryTooLarge,
+    Diff,
+    ObjectFormat,
+    Task,
+}
+
 impl OverlayError {
-    /// A bounded label for metrics (`kind="fetch"`), never a `Debug` string.
-    pub fn kind(&self) -> &'static str {
+    /// Which kind of failure this is.
+    pub fn error_kind(&self) -> OverlayErrorKind {
+        use OverlayErrorKind as K;
         match self {
-            OverlayError::MirrorDir { .. } => "mirror_dir",
-            OverlayError::InitMirror { .. } => "init_mirror",
-            OverlayError::OpenMirror { .. } => "open_mirror",
-            OverlayError::ConfigureRemote { .. } => "configure_remote",
-            OverlayError::SourceMissing { .. } => "source_missing",
-            OverlayError::Fetch { .. } => "fetch",
-            OverlayError::BranchMissing { .. } => "branch_missing",
-            OverlayError::ReadBranch { .. } => "read_branch",
-            OverlayError::ReadRefs { .. } => "read_refs",
-            OverlayError::TipMissing { .. } => "tip_missing",
-            OverlayError::Resolve { .. } => "resolve",
-            OverlayError::ReadCommit { .. } => "read_commit",
-            OverlayError::MalformedCommit { .. } => "malformed_commit",
-            OverlayError::HistoryTooLarge { .. } => "history_too_large",
-            OverlayError::Diff { .. } => "diff",
-            OverlayError::ObjectFormat { .. } => "object_format",
+            OverlayError::MirrorDir { .. } => K::MirrorDir,
+            OverlayError::InitMirror { .. } => K::InitMirror,
+            OverlayError::OpenMirror { .. } => K::OpenMirror,
+            OverlayError::ConfigureRemote { .. } => K::ConfigureRemote,
+            OverlayError::SourceMissing { .. } => K::SourceMissing,
+            OverlayError::Fetch { .. } => K::Fetch,
+            OverlayError::BranchMissing { .. } => K::BranchMissing,
+            OverlayError::ReadBranch { .. } => K::ReadBranch,
+            OverlayError::ReadRefs { .. } => K::ReadRefs,
+            OverlayError::TipMissing { .. } => K::TipMissing,
+            OverlayError::Resolve { .. } => K::Resolve,
+            OverlayError::ReadCommit { .. } => K::ReadCommit,
+            OverlayError::MalformedCommit { .. } => K::MalformedCommit,
+            OverlayError::HistoryTooLarge { .. } => K::HistoryTooLarge,
+            OverlayError::Diff { .. } => K::Diff,
+            OverlayError::ObjectFormat { .. } => K::ObjectFormat,
             OverlayError::FetchTimedOut { .. }
             | OverlayError::FetchBusy { .. }
             | OverlayError::FetchThread { .. }
-            | OverlayError::FetchLost => "fetch",
-            OverlayError::Task { .. } => "task",
+            | OverlayError::FetchLost => K::Fetch,
+            OverlayError::Task { .. } => K::Task,
         }
+    }
+
+    /// A bounded label for metrics (`kind="fetch"`), never a `Debug` string.
+    pub fn kind(&self) -> &'static str {
+        self.error_kind().into()
     }
 }
 
@@ -837,6 +868,16 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "branch release not found in overlay repository /srv/o"
+        );
+        // Every way a fetch fails is labelled `fetch`, as before the kinds were typed.
+        assert_eq!(
+            OverlayError::FetchLost.error_kind(),
+            OverlayErrorKind::Fetch
+        );
+        assert_eq!(OverlayError::FetchLost.kind(), "fetch");
+        assert_eq!(
+            OverlayErrorKind::HistoryTooLarge.to_string(),
+            "history_too_large"
         );
     }
 }

@@ -971,7 +971,7 @@ async fn approve(
         at: state.clock.now(),
     };
     let app = operator
-        .approve(id, &approval)
+        .approve(&MachineId::from(id), &approval)
         .await
         .map_err(operator_error)?;
     tracing::info!(
@@ -1001,7 +1001,7 @@ async fn hold(
         at: state.clock.now(),
     };
     let written = operator
-        .hold(id, &hold.by, &hold.reason, hold.at)
+        .hold(&MachineId::from(id), &hold.by, &hold.reason, hold.at)
         .await
         .map_err(operator_error)?;
     let app = &written.app;
@@ -1018,7 +1018,10 @@ async fn release(
 ) -> Result<Response, ApiError> {
     let id = checked_id(&id)?;
     let operator = operator(&state)?;
-    let app = operator.release(id).await.map_err(operator_error)?;
+    let app = operator
+        .release(&MachineId::from(id))
+        .await
+        .map_err(operator_error)?;
     tracing::info!(app = %app, machine_id = id, "operator released a hold");
     Ok(json_response(
         StatusCode::OK,
@@ -1032,7 +1035,10 @@ async fn revoke(
 ) -> Result<Response, ApiError> {
     let id = checked_id(&id)?;
     let operator = operator(&state)?;
-    let revoked = operator.revoke(id).await.map_err(operator_error)?;
+    let revoked = operator
+        .revoke(&MachineId::from(id))
+        .await
+        .map_err(operator_error)?;
     let approval = revoked.removed.as_deref().map(|v| {
         Approval::parse(v)
             .and_then(|a| serde_json::to_value(a).ok())

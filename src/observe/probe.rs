@@ -170,20 +170,41 @@ impl Prober {
     /// one huge app does not make a small one wait for all of it.
     pub async fn probe_all(&self, urls: Vec<String>) -> Vec<ProbeOutcome> {
         let mut out: Vec<Option<ProbeOutcome>> = vec![None; urls.len()];
-        let http = if distinct_hosts(&urls, self.concurrency) <= self.concurrency {
+        self.probe_each(urls.into_iter().enumerate().collect(), |i, _, outcome| {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(outcome);
+            }
+        })
+        .await;
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| ProbeOutcome::Unreachable("not probed".into())))
+            .collect()
+    }
+
+    /// Probes each `(key, url)` and hands `each` the key, the URL back and
+    /// the outcome as it is read, in the order the answers come: a sweep
+    /// puts each outcome on its row at once instead of holding them all.
+    pub async fn probe_each<K>(
+        &self,
+        urls: Vec<(K, String)>,
+        mut each: impl FnMut(K, String, ProbeOutcome),
+    ) {
+        let http = if distinct_hosts(urls.iter().map(|(_, u)| u.as_str()), self.concurrency)
+            <= self.concurrency
+        {
             &self.http
         } else {
             &self.one_shot
         };
-        let mut results = futures::stream::iter(urls.into_iter().enumerate())
-            .map(|(i, url)| async move { (i, self.probe_with(http, &url).await) })
+        let mut results = futures::stream::iter(urls)
+            .map(|(key, url)| async move {
+                let outcome = self.probe_with(http, &url).await;
+                (key, url, outcome)
+            })
             .buffer_unordered(self.concurrency);
-        while let Some((i, outcome)) = results.next().await {
-            out[i] = Some(outcome);
+        while let Some((key, url, outcome)) = results.next().await {
+            each(key, url, outcome);
         }
-        out.into_iter()
-            .map(|o| o.unwrap_or_else(|| ProbeOutcome::Unreachable("not probed".into())))
-            .collect()
     }
 
     /// Probes one health URL.
@@ -256,7 +277,7 @@ impl Prober {
 
 /// How many distinct hosts (scheme, host, port) `urls` name, counted up
 /// to just past `limit`.
-fn distinct_hosts(urls: &[String], limit: usize) -> usize {
+fn distinct_hosts<'a>(urls: impl Iterator<Item = &'a str>, limit: usize) -> usize {
     let mut hosts = std::collections::HashSet::new();
     for u in urls {
         // What precedes the path: `http://host:port`.
@@ -365,8 +386,12 @@ mod tests {
         ]
         .map(String::from)
         .to_vec();
-        assert_eq!(distinct_hosts(&urls, 100), 5);
-        assert_eq!(distinct_hosts(&urls, 2), 3, "stops once past the limit");
+        assert_eq!(distinct_hosts(urls.iter().map(String::as_str), 100), 5);
+        assert_eq!(
+            distinct_hosts(urls.iter().map(String::as_str), 2),
+            3,
+            "stops once past the limit"
+        );
     }
 
     fn bad(body: &str) -> String {

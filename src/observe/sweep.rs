@@ -15,7 +15,7 @@
 //! listing, and its hold and marker from that listing.
 //! It must never mutate anything: no Fly writes, no agent POSTs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -162,7 +162,9 @@ pub struct MachineInputs {
     pub instance_id: String,
     /// Whether Fly Proxy routes to it, as listed (`None`: Fly did not say).
     pub cordoned: Option<bool>,
-    /// Fly's own health checks, as listed.
+    /// Fly's own health checks that are not passing, as listed: only
+    /// whether every check passes is read, and a passing check's output is
+    /// most of its size, so passing ones are not kept.
     pub checks: Vec<MachineCheck>,
     /// Recent lifecycle events as listed (exit events show crash loops).
     pub events: Vec<MachineEvent>,
@@ -383,23 +385,29 @@ impl Sweeper {
                 .filter(|(_, m)| m.inputs.health_url.is_some())
                 .map(|(i, m)| (index_of(m), i)),
         );
-        let urls: Vec<String> = probed
-            .iter()
-            .filter_map(|&i| rows[i].inputs.health_url.clone())
+        // Each URL is lent to the probe and put back with its outcome: no
+        // second copy of every URL, nor of every outcome, at once.
+        let urls: Vec<(usize, String)> = probed
+            .into_iter()
+            .filter_map(|i| rows.get_mut(i)?.inputs.health_url.take().map(|u| (i, u)))
             .collect();
-        let outcomes = self.prober.probe_all(urls).await;
-        for (i, outcome) in probed.into_iter().zip(outcomes) {
-            probed_row(&mut rows[i], outcome);
-        }
+        self.prober
+            .probe_each(urls, |i, url, outcome| {
+                if let Some(row) = rows.get_mut(i) {
+                    row.inputs.health_url = Some(url);
+                    probed_row(row, outcome);
+                }
+            })
+            .await;
 
-        // Git: one batch for every distinct reported ref.
-        let refs: Vec<String> = {
-            let mut refs: Vec<String> =
-                rows.iter().filter_map(|m| m.reported_ref.clone()).collect();
-            refs.sort();
-            refs.dedup();
-            refs
-        };
+        // Git: one batch for every distinct reported ref (copied once each).
+        let refs: Vec<String> = rows
+            .iter()
+            .filter_map(|m| m.reported_ref.as_deref())
+            .collect::<BTreeSet<&str>>()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
         let analysis = self
             .overlay
             .analyze(&tip.commit, refs, &self.signals)
@@ -504,7 +512,7 @@ fn listed_row(app: &AppConfig, m: Machine) -> MachineReport {
     row.inputs.metadata_unknown = metadata_unknown;
     row.inputs.instance_id = m.instance_id;
     row.inputs.cordoned = m.cordoned;
-    row.inputs.checks = m.checks;
+    row.inputs.checks = m.checks.into_iter().filter(|c| !c.passing()).collect();
     row.inputs.events = m.events;
     row.inputs.health_url = health_url;
     // The row says so: its pool, hold and marker are not what it shows.
@@ -1010,7 +1018,7 @@ mod tests {
     }
 
     #[test]
-    fn a_listed_row_keeps_only_the_metadata_keys_and_events_it_reads() {
+    fn a_listed_row_keeps_only_the_metadata_keys_events_and_checks_it_reads() {
         let config = Config::parse(
             std::path::Path::new("t.toml"),
             "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
@@ -1020,7 +1028,8 @@ mod tests {
         let m: Machine = serde_json::from_str(
             r#"{"id":"m1","name":"n","state":"started","region":"iad","private_ip":"fdaa::2",
                 "config":{"metadata":{"fly_platform_version":"v2","fly_process_group":"web","fleet_reconciler_hold":"ops"}},
-                "events":[{"type":"launch","timestamp":1},{"type":"exit","timestamp":2},{"type":"start","timestamp":3}]}"#,
+                "events":[{"type":"launch","timestamp":1},{"type":"exit","timestamp":2},{"type":"start","timestamp":3}],
+                "checks":[{"name":"up","status":"passing","output":"HTTP 200 OK after 3 ms"},{"name":"db","status":"critical","output":"refused"}]}"#,
         )
         .unwrap();
         let mut r = listed_row(&config.apps[0], m);
@@ -1032,6 +1041,9 @@ mod tests {
         );
         assert_eq!(r.inputs.events.len(), 1);
         assert_eq!(r.inputs.events[0].timestamp, 2);
+        // Only whether every check passes is read: the failing one is kept.
+        assert_eq!(r.inputs.checks.len(), 1);
+        assert_eq!(r.inputs.checks[0].name, "db");
         assert!(r.inputs.health_url.is_some());
         // Every key the daemon reads is one it keeps.
         for key in [

@@ -28,6 +28,7 @@
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`preflight`] | the `preflight` command's checks (secrets, apps with their own tokens, coordinator, overlay, webhooks, health sample), typed findings |
 //! | [`fly`] | the Fly Machines API client: typed calls, retries, leases, metadata |
+//! | [`heap`] | the allocator's settings: one malloc arena, freed pages handed back after each sweep |
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`metadata`] | what is kept in Fly machine metadata, each key's format and parse (no I/O): [`metadata::marker`] (the rotation marker), [`metadata::operator`] (hold, approval), [`metadata::unprobed`] (the probe-failure record), [`metadata::slots`] (exact pool caps across replicas), [`metadata::controls`] (one machine's keys, parsed once) |
 //! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction`, and `Reason` (why a drifted row has its severity, as `decide::severity::explain` gives it) |
@@ -80,6 +81,7 @@ pub mod demo;
 pub mod events;
 pub mod fds;
 pub mod fly;
+pub mod heap;
 pub mod http;
 pub mod json_stream;
 pub mod logging;

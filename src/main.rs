@@ -234,6 +234,7 @@ fn main() -> ExitCode {
     if let Err(e) = init_logging(cli.log_format) {
         return fatal.report(&e.into());
     }
+    fleet_reconciler::heap::one_arena();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

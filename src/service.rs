@@ -182,7 +182,7 @@ pub async fn run(
         |outcome| {
             reporter.report(&outcome);
             observe(&outcome);
-            return_freed_memory();
+            crate::heap::return_freed_memory();
         },
     );
     // Fly kills a machine 5 s after SIGTERM by default: steps in flight get
@@ -220,24 +220,6 @@ pub async fn run(
         Ok(Err(_)) | Err(_) => Ok(()),
     }
 }
-
-/// Hands the heap pages a sweep freed back to the system. A sweep of
-/// 10,000 machines allocates and frees hundreds of MiB (listings, probes,
-/// rows); glibc keeps freed pages in its arenas, so without this the
-/// resident size ratchets up to the largest sweep's high-water mark plus
-/// fragmentation (the soak bench, #22: +33 % against +20 % with it, at
-/// 2,000 machines). It only releases free memory; it takes milliseconds
-/// once per sweep.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-// malloc_trim(3) has no safe wrapper.
-#[allow(unsafe_code)]
-fn return_freed_memory() {
-    // SAFETY: malloc_trim takes no pointer and touches only free chunks.
-    unsafe { libc::malloc_trim(0) };
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn return_freed_memory() {}
 
 /// How long, after shutdown is asked for, steps in flight may take, then
 /// the webhook deliveries, then open HTTP requests: 4 s in all, inside the

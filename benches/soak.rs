@@ -6,7 +6,9 @@
 //!
 //! Run with `cargo bench --bench soak` (options after `--`: `--machines N`
 //! (10000), `--hours H` (24), `--every D` (30s: the nominal sweep interval
-//! the hours are counted in), `--release-every H` (4)). The sweeps run back
+//! the hours are counted in), `--release-every H` (4), `--exit-at-end` (for
+//! a heap profiler: exit without dropping anything, so what is live shows
+//! as leaked)). The sweeps run back
 //! to back (the configured `sweep.interval` is 1 ms): "24 h" is 24 × 3600 /
 //! 30 = 2,880 sweeps, however long they take here. The simulated fleet is in
 //! the same process, with its request log off; its own state grows only
@@ -34,6 +36,10 @@ struct Args {
     hours: u64,
     every: Duration,
     release_every_hours: u64,
+    /// Exit at once after the end's figures, dropping nothing: under a heap
+    /// profiler (heaptrack) everything live then shows as leaked, so two
+    /// runs of different lengths diff into what grew.
+    exit_at_end: bool,
 }
 
 fn args() -> Result<Args, Error> {
@@ -42,6 +48,7 @@ fn args() -> Result<Args, Error> {
         hours: 24,
         every: Duration::from_secs(30),
         release_every_hours: 4,
+        exit_at_end: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
@@ -52,6 +59,7 @@ fn args() -> Result<Args, Error> {
             "--hours" => out.hours = value()?.parse()?,
             "--every" => out.every = humantime::parse_duration(value()?)?,
             "--release-every" => out.release_every_hours = value()?.parse()?,
+            "--exit-at-end" => out.exit_at_end = true,
             // cargo bench passes `--bench`.
             _ => {}
         }
@@ -79,6 +87,8 @@ fn heap_mib() -> f64 {
 
 fn main() -> Result<(), Error> {
     let args = args()?;
+    // As the daemon's `main` does.
+    fleet_reconciler::heap::one_arena();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -152,6 +162,7 @@ async fn soak(args: Args) -> Result<(), Error> {
     let mut first_hour: Option<f64> = None;
     let mut peak: f64 = 0.0;
     let stopper = stop.clone();
+    let exit_at_end = args.exit_at_end;
     let sim_handle = sim.handle();
     let observe = move |outcome: &SweepOutcome| {
         let events = match outcome {
@@ -226,6 +237,9 @@ async fn soak(args: Args) -> Result<(), Error> {
                     "MISSED"
                 }
             );
+            if exit_at_end {
+                std::process::exit(0);
+            }
             stopper.cancel();
         }
     };

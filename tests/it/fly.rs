@@ -1122,3 +1122,68 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     let m1 = row("m1");
     assert!(m1.inputs.metadata_unknown.is_none() && m1.detail.is_none());
 }
+
+/// #22 soak: a burst of calls (a release wave's steps) opens as many
+/// connections as calls in flight; afterwards only a few stay open. Before,
+/// every one stayed idle in the pool with its buffers for 90 s, so a daemon
+/// sweeping more often than that kept them all.
+#[tokio::test]
+async fn a_burst_of_calls_leaves_only_a_few_connections_open() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // (open now, most open at once)
+    let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let counted = open.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let now = counted.0.fetch_add(1, Ordering::SeqCst) + 1;
+            counted.1.fetch_max(now, Ordering::SeqCst);
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let body = r#"{"id":"m1","name":"n","state":"started","region":"iad"}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut buf = [0u8; 4096];
+                // One answer per request (a GET: no body), held back a
+                // moment so the burst's calls overlap, until the client closes.
+                while let Ok(n) = conn.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if conn.write_all(answer.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+                counted.0.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let mut config = FlyClientConfig::new(&url);
+    config.rate_limits = None;
+    let fly = FlyClient::new(config, TOKEN).unwrap();
+    let app = AppName::from("agents");
+    let calls = (0..32).map(|i| {
+        let (fly, app) = (&fly, &app);
+        async move {
+            fly.get_machine(app, &MachineId::from(format!("m{i}")))
+                .await
+        }
+    });
+    let answers = within(futures::future::join_all(calls)).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert!(
+        open.1.load(Ordering::SeqCst) > 8,
+        "the burst overlapped: {} connections at once",
+        open.1.load(Ordering::SeqCst)
+    );
+    crate::common::eventually(
+        "at most 8 connections left open",
+        Duration::from_secs(10),
+        async || open.0.load(Ordering::SeqCst) <= 8,
+    )
+    .await;
+}

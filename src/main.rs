@@ -947,9 +947,7 @@ async fn approve(
         }
     };
     let target = match commit {
-        Some(c) => fleet_reconciler::model::CommitId::parse(&c)
-            .ok_or(CliError::BadCommit(c))?
-            .to_string(),
+        Some(c) => fleet_reconciler::model::CommitId::parse(&c).ok_or(CliError::BadCommit(c))?,
         None => {
             let sweeper = daemon::connect(config.clone(), &secrets).await?;
             sweeper
@@ -958,7 +956,6 @@ async fn approve(
                 .await
                 .context("cannot fetch the release tip to approve (or pass --commit)")?
                 .commit
-                .to_string()
         }
     };
     let approval = Approval {
@@ -970,7 +967,7 @@ async fn approve(
     let app = operator.approve(machine, &approval).await?;
     let text = format!(
         "approved: {app}/{machine} may rotate to {} ({})",
-        &approval.target[..12],
+        fleet_reconciler::model::short_commit(&approval.target),
         match mode {
             ApprovalMode::WhenIdle => "when idle",
             ApprovalMode::Now => "now",

@@ -143,6 +143,22 @@ impl CommitId {
         (s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit()))
             .then(|| CommitId(Arc::from(s.to_ascii_lowercase())))
     }
+
+    /// Reads a commit id the way [`CommitId::parse`] does (40 hex digits,
+    /// any case, normalised to lowercase), so a value written by hand or by
+    /// an older reconciler compares with the tip as the same type and never
+    /// by text; anything else is an error naming what was found (bounded).
+    pub fn deserialize_checked<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<CommitId, D::Error> {
+        let text = String::deserialize(d)?;
+        CommitId::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "not a commit id (40 hex digits): {:?}",
+                crate::text::bounded(&text, 64)
+            ))
+        })
+    }
 }
 
 text_newtype!(CommitId);

@@ -139,10 +139,9 @@ pub struct Marker {
     /// Identifies this rotation to a cooperating agent (drain/undrain).
     pub tag: String,
     /// The commit the machine is being rotated to (the tip when claimed).
-    /// Read through [`CommitId::deserialize_checked`]: a marker written by an older reconciler
-    /// with an upper-case target reads as its lowercase commit; any other
-    /// text makes the marker unreadable (field `target`).
-    #[serde(deserialize_with = "CommitId::deserialize_checked")]
+    /// Read as any commit id is (see [`CommitId`]): a marker written by an
+    /// older reconciler with an upper-case target reads as its lowercase
+    /// commit; any other text makes the marker unreadable (field `target`).
     pub target: CommitId,
     pub phase: Phase,
     pub mode: RotationMode,

@@ -24,12 +24,11 @@ pub enum ApprovalMode {
 /// One approval of one rotation: valid only for the commit it names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Approval {
-    /// The target commit the operator approved rotating to. Read through
-    /// [`CommitId::deserialize_checked`], as a marker's target is: written
-    /// by hand in another case it is the same commit; any other text (a
-    /// short id, a SHA-256 id, garbage) makes the approval unreadable, naming
-    /// the field `target`, so it authorizes nothing.
-    #[serde(deserialize_with = "CommitId::deserialize_checked")]
+    /// The target commit the operator approved rotating to. Read as any
+    /// commit id is (see [`CommitId`]): written by hand in another case it is
+    /// the same commit; any other text (a short id, a SHA-256 id, garbage)
+    /// makes the approval unreadable, naming the field `target`, so it
+    /// authorizes nothing.
     pub target: CommitId,
     pub mode: ApprovalMode,
     pub by: String,

@@ -181,19 +181,39 @@ pub enum NotifyError {
     AlertmanagerMismatch { expected: usize, got: usize },
 }
 
+/// Which [`NotifyError`] this is, without its data; its snake-case name is
+/// the bounded label. A webhook's and an Alertmanager's same problem share
+/// one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum NotifyErrorKind {
+    MissingEnv,
+    SecretsMismatch,
+    MissingSecret,
+    InvalidUrl,
+    Client,
+}
+
 impl NotifyError {
-    /// A bounded label for metrics.
-    pub fn kind(&self) -> &'static str {
+    pub fn error_kind(&self) -> NotifyErrorKind {
         match self {
-            NotifyError::MissingEnv { .. } => "missing_env",
-            NotifyError::SecretsMismatch { .. } => "secrets_mismatch",
-            NotifyError::MissingSecret { .. } => "missing_secret",
-            NotifyError::InvalidUrl { .. } => "invalid_url",
-            NotifyError::Client(_) => "client",
-            NotifyError::AlertmanagerMissingEnv { .. } => "missing_env",
-            NotifyError::AlertmanagerInvalidUrl { .. } => "invalid_url",
-            NotifyError::AlertmanagerMismatch { .. } => "secrets_mismatch",
+            NotifyError::MissingEnv { .. } | NotifyError::AlertmanagerMissingEnv { .. } => {
+                NotifyErrorKind::MissingEnv
+            }
+            NotifyError::SecretsMismatch { .. } | NotifyError::AlertmanagerMismatch { .. } => {
+                NotifyErrorKind::SecretsMismatch
+            }
+            NotifyError::MissingSecret { .. } => NotifyErrorKind::MissingSecret,
+            NotifyError::InvalidUrl { .. } | NotifyError::AlertmanagerInvalidUrl { .. } => {
+                NotifyErrorKind::InvalidUrl
+            }
+            NotifyError::Client(_) => NotifyErrorKind::Client,
         }
+    }
+
+    /// A bounded label for metrics: the kind's snake-case name.
+    pub fn kind(&self) -> &'static str {
+        self.error_kind().into()
     }
 }
 
@@ -1807,6 +1827,41 @@ mod tests {
                 ("action_unfenced", "event")
             ]
         );
+    }
+
+    /// The labels metrics carry, pinned so a rename is seen; an
+    /// Alertmanager's problem has the label of the webhook's same problem.
+    #[test]
+    fn notify_error_kinds_keep_their_labels() {
+        use strum::VariantArray;
+        let labels: Vec<&str> = NotifyErrorKind::VARIANTS.iter().map(|k| k.into()).collect();
+        assert_eq!(
+            labels,
+            [
+                "missing_env",
+                "secrets_mismatch",
+                "missing_secret",
+                "invalid_url",
+                "client"
+            ]
+        );
+        let am = [
+            NotifyError::AlertmanagerMissingEnv {
+                index: 0,
+                var: "V".into(),
+            },
+            NotifyError::AlertmanagerInvalidUrl {
+                index: 0,
+                url_env: "V".into(),
+                problem: "p",
+            },
+            NotifyError::AlertmanagerMismatch {
+                expected: 1,
+                got: 0,
+            },
+        ];
+        let kinds: Vec<&str> = am.iter().map(NotifyError::kind).collect();
+        assert_eq!(kinds, ["missing_env", "invalid_url", "secrets_mismatch"]);
     }
 
     #[test]

@@ -535,7 +535,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
                     && let Some((id, _)) = cycle.plan.machines.iter().find(|(_, m)| matches!(m.decision, Decision::AwaitingApproval { .. })) {
                         approved = true;
                         let approval = Approval {
-                            target: cycle.report.tip.commit.to_string(),
+                            target: cycle.report.tip.commit.clone(),
                             mode: ApprovalMode::WhenIdle,
                             by: "demo-operator".into(),
                             at: cycle.now,

@@ -12,7 +12,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AppName, MachineId, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, PolicyAction, Severity};
 
 /// Conditions that fire while they hold and resolve when they clear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -93,7 +93,7 @@ pub struct Alert {
     pub app: Option<AppName>,
     pub machine_id: Option<MachineId>,
     /// The commit the alert is about (the release tip a machine should run).
-    pub commit: Option<String>,
+    pub commit: Option<CommitId>,
     pub severity: Severity,
     /// One plain sentence for a human.
     pub summary: String,
@@ -104,14 +104,40 @@ pub struct Alert {
 impl Alert {
     /// Stable identity: the same condition always has the same key, whatever
     /// its message says, so dedupe, repeat and resolve line up.
-    pub fn dedup_key(&self) -> String {
-        format!(
+    pub fn dedup_key(&self) -> DedupKey {
+        DedupKey(format!(
             "fleet-reconciler/{}/{}/{}/{}",
             self.kind.trigger_name(),
             self.app.as_deref().unwrap_or("*"),
             self.machine_id.as_deref().unwrap_or("*"),
             self.commit.as_deref().unwrap_or("*"),
-        )
+        ))
+    }
+}
+
+/// The identity of an alert, an incident or an event as the notifier and
+/// its receivers know it (`fleet-reconciler/<event>/<app>/<machine>/<commit>`,
+/// a group's with its segments): dedupe, repeat and resolve line up on it.
+/// Built only here and by the notifier's grouping, never from message text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DedupKey(String);
+
+impl DedupKey {
+    /// A key of the notifier's own (a group's, an event's): its parts as
+    /// that key's builder joins them.
+    pub(crate) fn new(key: String) -> DedupKey {
+        DedupKey(key)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DedupKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -162,7 +188,7 @@ mod tests {
             kind: AlertKind::Drift,
             app: Some("agents".into()),
             machine_id: Some("m1".into()),
-            commit: Some("abc".into()),
+            commit: CommitId::parse(&"a".repeat(40)),
             severity: Severity::High,
             summary: "m1 is 3 commits behind".into(),
             details: BTreeMap::new(),
@@ -171,8 +197,33 @@ mod tests {
         a.summary = "m1 is 4 commits behind".into();
         a.severity = Severity::Critical;
         assert_eq!(a.dedup_key(), key);
-        a.commit = Some("def".into());
+        a.commit = CommitId::parse(&"d".repeat(40));
         assert_ne!(a.dedup_key(), key, "a new target is a new alert");
-        assert_eq!(key, "fleet-reconciler/drift_detected/agents/m1/abc");
+        assert_eq!(
+            key.as_str(),
+            format!(
+                "fleet-reconciler/drift_detected/agents/m1/{}",
+                "a".repeat(40)
+            )
+        );
+        // Stored and sent as the plain text it always was.
+        assert_eq!(serde_json::to_string(&key).ok(), Some(format!("\"{key}\"")));
+    }
+
+    /// An alert read back (the notifier's state file) has a commit id: in
+    /// another case it is the same alert; text that is no commit is refused.
+    /// (Before, `commit` was any text, and an upper-case one another key.)
+    #[test]
+    fn an_alert_read_back_has_a_commit_id() {
+        let read = |commit: &str| {
+            serde_json::from_str::<Alert>(&format!(
+                r#"{{"kind":"drift","app":"agents","machine_id":"m1","commit":"{commit}","severity":"high","summary":"s","details":{{}}}}"#
+            ))
+        };
+        let lower = read(&"ab".repeat(20)).expect("a commit id");
+        let upper = read(&"AB".repeat(20)).expect("an upper-case commit id");
+        assert_eq!(upper.dedup_key(), lower.dedup_key());
+        let why = read("abc").expect_err("no commit id").to_string();
+        assert!(why.contains("not a commit id"), "{why}");
     }
 }

@@ -238,8 +238,19 @@ struct RefreshedLease {
 }
 
 /// A state Fly's wait endpoint (`GET …/machines/{id}/wait?state=`) accepts,
-/// as its API specification lists them; it is sent as its snake-case name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
+/// as its API specification lists them; it is sent as its snake-case name
+/// (and read from it by the simulator).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::EnumString,
+    strum::VariantArray,
+)]
 #[strum(serialize_all = "snake_case")]
 pub enum WaitState {
     Started,

@@ -125,9 +125,20 @@ impl Serialize for CommitId {
     }
 }
 
+/// Reads a commit id the way [`CommitId::parse`] does (40 hex digits, any
+/// case, normalised to lowercase), so a value written by hand or by an older
+/// reconciler compares with the tip as the same type and never by text;
+/// anything else is an error quoting what was found (bounded). Every read
+/// of one checks it: metadata, documents read back, request bodies.
 impl<'de> Deserialize<'de> for CommitId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<CommitId, D::Error> {
-        Ok(CommitId(Arc::from(String::deserialize(d)?)))
+        let text = String::deserialize(d)?;
+        CommitId::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "not a commit id (40 hex digits): {:?}",
+                crate::text::bounded(&text, 64)
+            ))
+        })
     }
 }
 
@@ -606,6 +617,39 @@ mod tests {
         assert_eq!(CommitId::parse(&upper).unwrap().as_str(), "a".repeat(40));
         assert!(CommitId::parse(&"a".repeat(39)).is_none());
         assert!(CommitId::parse(&"g".repeat(40)).is_none());
+    }
+
+    /// A JSON read of a commit id checks it as `parse` does (before, any
+    /// text was taken as a commit id): in a document read back, a missing
+    /// commit with a short id is refused, naming the field.
+    #[test]
+    fn every_json_read_of_a_commit_id_checks_it() {
+        let read = |text: &str| serde_json::from_str::<CommitId>(text);
+        let upper = "ABCDEF0123".repeat(4);
+        let id = read(&format!("\"{upper}\"")).expect("an upper-case commit id");
+        assert_eq!(id.as_str(), upper.to_ascii_lowercase());
+        assert_eq!(
+            serde_json::to_string(&id).ok(),
+            Some(format!("\"{}\"", upper.to_ascii_lowercase()))
+        );
+        for odd in [
+            "\"abc1234\"",
+            "\"\"",
+            &format!("\"{}\"", "f".repeat(64)),
+            "7",
+        ] {
+            assert!(read(odd).is_err(), "{odd}");
+        }
+        let why =
+            crate::text::decode_json::<MissingCommit>(r#"{"commit":"abc1234","subject":"s"}"#)
+                .expect_err("a short id");
+        assert!(
+            why.contains("commit") && why.contains("not a commit id") && why.contains("abc1234"),
+            "{why}"
+        );
+        let long = format!("\"{}\"", "x".repeat(5000));
+        let why = read(&long).expect_err("long").to_string();
+        assert!(why.chars().count() < 200, "{why}");
     }
 
     #[test]

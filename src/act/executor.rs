@@ -86,7 +86,10 @@ pub enum Declined {
     #[error("an operator put the machine on hold")]
     Held,
     #[error("no current approval names commit {target}{}", if *.interrupting { " with --now" } else { "" })]
-    NotApproved { target: String, interrupting: bool },
+    NotApproved {
+        target: CommitId,
+        interrupting: bool,
+    },
     #[error("the machine is {state}, not started")]
     NotStarted { state: MachineState },
     #[error("pool {pool} of {app} is at its cap of {cap}")]
@@ -1585,7 +1588,7 @@ impl Executor {
 
 /// For `manual` rotations: the approval must still stand and name the
 /// commit, and say `now` where the call may interrupt live work.
-fn approved(machine: &Machine, target: &str, interrupting: bool) -> Result<(), Declined> {
+fn approved(machine: &Machine, target: &CommitId, interrupting: bool) -> Result<(), Declined> {
     machine
         .metadata(APPROVE_KEY)
         .ok()
@@ -1595,7 +1598,7 @@ fn approved(machine: &Machine, target: &str, interrupting: bool) -> Result<(), D
         .filter(|a| !interrupting || a.mode == ApprovalMode::Now)
         .map(drop)
         .ok_or_else(|| Declined::NotApproved {
-            target: target.to_string(),
+            target: target.clone(),
             interrupting,
         })
 }

@@ -2063,7 +2063,7 @@ fn drift_summary(m: &MachineReport) -> String {
 fn machine_alert(
     kind: AlertKind,
     m: &MachineReport,
-    tip: &str,
+    tip: &CommitId,
     severity: Severity,
     summary: String,
 ) -> Alert {
@@ -2088,7 +2088,7 @@ fn machine_alert(
         kind,
         app: Some(m.app.clone()),
         machine_id: Some(m.machine_id.clone()),
-        commit: Some(tip.to_string()),
+        commit: Some(tip.clone()),
         severity,
         summary,
         details,

@@ -189,7 +189,7 @@ impl M {
 
     fn approved(mut self, target: &str, mode: ApprovalMode) -> M {
         let a = Approval {
-            target: target.into(),
+            target: commit(target),
             mode,
             by: "alice".into(),
             at: t0(),

@@ -14,6 +14,7 @@ use super::marker::Marker;
 use super::operator::{Approval, Hold};
 use super::unprobed::Unprobed;
 use super::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
+use crate::model::CommitId;
 
 /// One machine's controls, as its metadata held them when it was listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,7 +76,7 @@ impl Controls {
     }
 
     /// An approval authorizes a rotation to the commit it names, only.
-    pub fn approval_for(&self, commit: &str) -> Option<&Approval> {
+    pub fn approval_for(&self, commit: &CommitId) -> Option<&Approval> {
         self.approval().filter(|a| a.approves(commit))
     }
 
@@ -106,7 +107,7 @@ mod tests {
             at,
         })
         .unwrap();
-        let target = "a".repeat(40);
+        let target = CommitId::parse(&"a".repeat(40)).expect("a commit id");
         let approval = serde_json::to_string(&Approval {
             target: target.clone(),
             mode: ApprovalMode::Now,
@@ -116,8 +117,9 @@ mod tests {
         .unwrap();
         let c = Controls::parse(&meta(&[(HOLD_KEY, &hold), (APPROVE_KEY, &approval)]));
         assert_eq!(c.hold().map(|h| h.by.as_str()), Some("ops"));
-        assert!(c.approval_for(&target.to_uppercase()).is_some());
-        assert!(c.approval_for(&"b".repeat(40)).is_none());
+        assert!(c.approval_for(&target).is_some());
+        let other = CommitId::parse(&"b".repeat(40)).expect("a commit id");
+        assert!(c.approval_for(&other).is_none());
         assert_eq!((c.marker.clone(), c.unprobed.clone()), (None, None));
 
         let c = Controls::parse(&meta(&[

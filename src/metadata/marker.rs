@@ -139,10 +139,9 @@ pub struct Marker {
     /// Identifies this rotation to a cooperating agent (drain/undrain).
     pub tag: String,
     /// The commit the machine is being rotated to (the tip when claimed).
-    /// Read through [`commit_id`]: a marker written by an older reconciler
-    /// with an upper-case target reads as its lowercase commit; any other
-    /// text makes the marker unreadable (field `target`).
-    #[serde(deserialize_with = "commit_id")]
+    /// Read as any commit id is (see [`CommitId`]): a marker written by an
+    /// older reconciler with an upper-case target reads as its lowercase
+    /// commit; any other text makes the marker unreadable (field `target`).
     pub target: CommitId,
     pub phase: Phase,
     pub mode: RotationMode,
@@ -204,19 +203,6 @@ pub struct Failure {
     pub attempts: u32,
     /// What the last attempt showed (bounded like any detail text).
     pub evidence: String,
-}
-
-/// Reads a commit id the way [`CommitId::parse`] does (40 hex digits, any
-/// case, normalised to lowercase), so a marker's target compares with the
-/// tip as the same type and never by text.
-fn commit_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CommitId, D::Error> {
-    let text = String::deserialize(d)?;
-    CommitId::parse(&text).ok_or_else(|| {
-        serde::de::Error::custom(format!(
-            "not a commit id (40 hex digits): {:?}",
-            crate::text::bounded(&text, 64)
-        ))
-    })
 }
 
 /// Longest `owner` a marker may carry (ours are a host name and a pid).

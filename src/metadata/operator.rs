@@ -9,6 +9,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::model::CommitId;
+
 /// How an approved `manual` rotation proceeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -22,16 +24,17 @@ pub enum ApprovalMode {
 /// One approval of one rotation: valid only for the commit it names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Approval {
-    /// The target commit (full hex) the operator approved rotating to.
-    pub target: String,
+    /// The target commit the operator approved rotating to. Read as any
+    /// commit id is (see [`CommitId`]): written by hand in another case it is
+    /// the same commit; any other text (a short id, a SHA-256 id, garbage)
+    /// makes the approval unreadable, naming the field `target`, so it
+    /// authorizes nothing.
+    pub target: CommitId,
     pub mode: ApprovalMode,
     pub by: String,
     pub at: DateTime<Utc>,
 }
 
-/// Longest `target` an approval may name: a commit id (40 hex digits; 64
-/// for SHA-256 repositories). A longer one could approve no commit.
-pub const MAX_APPROVAL_TARGET_CHARS: usize = 64;
 /// Longest `by` kept from an approval; a longer one is cut (it is shown,
 /// never compared).
 pub const MAX_APPROVAL_BY_CHARS: usize = 256;
@@ -46,11 +49,6 @@ impl Approval {
     /// at fault, in at most [`crate::text::MAX_DETAIL_CHARS`] characters).
     pub fn decode(value: &str) -> Result<Approval, String> {
         let mut approval: Approval = crate::text::decode_json(value)?;
-        if approval.target.chars().count() > MAX_APPROVAL_TARGET_CHARS {
-            return Err(format!(
-                "field `target`: longer than {MAX_APPROVAL_TARGET_CHARS} characters"
-            ));
-        }
         if approval.by.chars().count() > MAX_APPROVAL_BY_CHARS {
             approval.by = crate::text::bounded(&approval.by, MAX_APPROVAL_BY_CHARS);
         }
@@ -58,8 +56,8 @@ impl Approval {
     }
 
     /// Whether this approval authorizes a rotation to `commit` (and only it).
-    pub fn approves(&self, commit: &str) -> bool {
-        self.target.eq_ignore_ascii_case(commit)
+    pub fn approves(&self, commit: &CommitId) -> bool {
+        self.target == *commit
     }
 }
 
@@ -78,7 +76,7 @@ mod tests {
     #[test]
     fn approval_round_trips_and_garbage_authorizes_nothing() {
         let a = Approval {
-            target: "a".repeat(40),
+            target: CommitId::parse(&"a".repeat(40)).expect("a commit id"),
             mode: ApprovalMode::WhenIdle,
             by: "alice".into(),
             at: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
@@ -88,5 +86,43 @@ mod tests {
         assert_eq!(Approval::parse(&text), Some(a));
         assert_eq!(Approval::parse("yes"), None);
         assert_eq!(Approval::parse("{\"target\":\"x\"}"), None);
+    }
+
+    /// An approval's target is read as a commit id: another case is the same
+    /// commit (and is written back lowercase), anything else is refused,
+    /// naming the field. Before, `target` was any text up to 64 characters,
+    /// read as given and compared ignoring case: a short or SHA-256 id read
+    /// as an approval that approved nothing.
+    #[test]
+    fn an_approval_target_reads_as_its_commit_or_is_refused() {
+        let value = |target: &str| {
+            format!(
+                r#"{{"target":"{target}","mode":"now","by":"ops","at":"2026-01-01T00:00:00Z"}}"#
+            )
+        };
+        let upper = "ABCDEF0123".repeat(4);
+        let a = Approval::decode(&value(&upper)).expect("an upper-case commit id reads");
+        assert_eq!(a.target.as_str(), upper.to_ascii_lowercase());
+        let lower = value(&upper.to_ascii_lowercase());
+        assert_eq!(
+            serde_json::to_string(&a).ok().as_deref(),
+            Some(lower.as_str())
+        );
+        let tip = CommitId::parse(&upper).expect("a commit id");
+        assert!(a.approves(&tip));
+        assert!(!a.approves(&CommitId::parse(&"b".repeat(40)).expect("a commit id")));
+        for odd in [
+            "abcdef0",
+            &"a".repeat(64),
+            &"z".repeat(40),
+            "",
+            &format!("{} ", "a".repeat(40)),
+        ] {
+            let why = Approval::decode(&value(odd)).expect_err(odd);
+            assert!(
+                why.contains("`target`") && why.contains("not a commit id"),
+                "{why}"
+            );
+        }
     }
 }

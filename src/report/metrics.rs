@@ -139,7 +139,14 @@ pub const REQUEST_DURATION_BUCKETS: [f64; 12] = [
 pub const GIT_FETCH_DURATION_BUCKETS: [f64; 11] =
     [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
-#[derive(Debug, thiserror::Error)]
+/// `MetricsErrorKind`: which error, without its data; its snake-case name
+/// is the bounded label ([`MetricsError::kind`]).
+#[derive(Debug, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(MetricsErrorKind),
+    derive(strum::IntoStaticStr, strum::VariantArray, Hash),
+    strum(serialize_all = "snake_case")
+)]
 pub enum MetricsError {
     #[error("cannot register metric {name}: {source}")]
     Register {
@@ -152,11 +159,13 @@ pub enum MetricsError {
 }
 
 impl MetricsError {
+    pub fn error_kind(&self) -> MetricsErrorKind {
+        self.into()
+    }
+
+    /// A bounded label: the kind's snake-case name.
     pub fn kind(&self) -> &'static str {
-        match self {
-            MetricsError::Register { .. } => "register",
-            MetricsError::Encode(_) => "encode",
-        }
+        self.error_kind().into()
     }
 }
 
@@ -890,6 +899,22 @@ fn unix_seconds(t: DateTime<Utc>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The labels logs carry, pinned so a rename is seen.
+    #[test]
+    fn metrics_error_kinds_keep_their_labels() {
+        use strum::VariantArray;
+        let labels: Vec<&str> = MetricsErrorKind::VARIANTS
+            .iter()
+            .map(|k| k.into())
+            .collect();
+        assert_eq!(labels, ["register", "encode"]);
+        let e = MetricsError::Encode(prometheus::Error::Msg("x".into()));
+        assert_eq!(
+            (e.error_kind(), e.kind()),
+            (MetricsErrorKind::Encode, "encode")
+        );
+    }
     use crate::model::PolicyAction;
     use crate::observe::sweep::{AppSummary, MachineReport, TipReport};
 

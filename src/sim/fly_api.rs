@@ -24,6 +24,8 @@ use super::machine::{
 };
 use super::state::{Shared, Step, schedule};
 use super::wire::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json, rfc3339};
+use crate::fly::WaitState;
+use strum::VariantArray;
 
 type SharedState = State<Arc<Shared>>;
 type QueryMap = Query<HashMap<String, String>>;
@@ -32,8 +34,41 @@ type QueryMap = Query<HashMap<String, String>>;
 const DEFAULT_LEASE_TTL_SECS: u64 = 30;
 /// `wait` timeout when the request names none (seconds), as on Fly.
 const DEFAULT_WAIT_TIMEOUT_SECS: u64 = 60;
-/// States `wait?state=` accepts on Fly.
-const WAIT_STATES: [&str; 4] = ["started", "stopped", "suspended", "destroyed"];
+/// The states `wait?state=` accepts (Fly's specification lists them; the
+/// client sends them as [`WaitState`]), comma-separated or repeated, and
+/// whether a machine's state is one of them. `settled`: any state a
+/// machine rests in, the others named and `failed`.
+fn wait_states(q: &[(String, String)]) -> Result<Vec<WaitState>, ApiError> {
+    let named: Vec<&str> = q
+        .iter()
+        .filter(|(k, _)| k == "state")
+        .flat_map(|(_, v)| v.split(','))
+        .collect();
+    if named.is_empty() {
+        return Ok(vec![WaitState::Started]);
+    }
+    named
+        .into_iter()
+        .map(|s| {
+            s.parse::<WaitState>().map_err(|_| {
+                let all: Vec<&str> = WaitState::VARIANTS.iter().map(|w| w.into()).collect();
+                ApiError::bad_request(format!(
+                    "invalid state {s:?}: expected one of {}",
+                    all.join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+fn reached(state: &str, wanted: &[WaitState]) -> bool {
+    wanted.iter().any(|w| match w {
+        WaitState::Settled => WaitState::VARIANTS
+            .iter()
+            .any(|r| *r != WaitState::Settled && state == <&str>::from(r)),
+        w => state == <&str>::from(w),
+    })
+}
 
 #[derive(Serialize)]
 struct MachineJson<'a> {
@@ -552,16 +587,16 @@ pub(crate) async fn start(
 pub(crate) async fn wait(
     State(shared): SharedState,
     Path((app, id)): Path<(String, String)>,
-    Query(q): QueryMap,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Response, ApiError> {
-    let target = q.get("state").map_or("started", String::as_str);
-    if !WAIT_STATES.contains(&target) {
-        return Err(ApiError::bad_request(format!(
-            "invalid state {target:?}: expected one of {}",
-            WAIT_STATES.join(", ")
-        )));
-    }
-    let timeout_secs = match q.get("timeout") {
+    let wanted = wait_states(&q)?;
+    let target = wanted
+        .iter()
+        .map(<&str>::from)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let timeout = q.iter().find(|(k, _)| k == "timeout").map(|(_, v)| v);
+    let timeout_secs = match timeout {
         None => DEFAULT_WAIT_TIMEOUT_SECS,
         Some(t) => t.parse::<u64>().map_err(|_| {
             ApiError::bad_request(format!("invalid timeout {t:?}: expected seconds"))
@@ -574,7 +609,7 @@ pub(crate) async fn wait(
         {
             let world = shared.lock();
             let m = world.machine(&app, &id)?;
-            if m.state == target {
+            if reached(&m.state, &wanted) {
                 let body =
                     serde_json::json!({ "ok": true, "state": m.state, "version": m.instance_id });
                 return Ok(Json(body).into_response());

@@ -16,7 +16,7 @@ use axum::routing::post;
 use chrono::{DateTime, TimeZone, Utc};
 use fleet_reconciler::config::{AlertmanagerConfig, AlertsConfig, PublicUrl};
 use fleet_reconciler::events::{Alert, AlertKind};
-use fleet_reconciler::model::Severity;
+use fleet_reconciler::model::{CommitId, Severity};
 use fleet_reconciler::report::notify::{Notifier, NotifierOptions, alertmanager_urls_from_env};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -139,7 +139,7 @@ fn drift(app: &str, machine: &str, severity: Severity) -> Alert {
         kind: AlertKind::Drift,
         app: Some(app.into()),
         machine_id: Some(machine.into()),
-        commit: Some(TIP.into()),
+        commit: CommitId::parse(TIP),
         severity,
         summary: format!("{machine} in {app} runs an overlay 3 commit(s) behind the release tip"),
         details: BTreeMap::from([

@@ -47,7 +47,7 @@ use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::slots::SlotSet;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY};
-use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::sim::{
     AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, OperatorWriteRefused,
     RecordedRequest, RequestTarget, Sim, SimApp, SimFleet, SimMachine, SimMachineView, WorldFault,
@@ -663,7 +663,7 @@ impl Operators {
         patience: Duration,
     ) {
         let approval = serde_json::to_string(&Approval {
-            target: tip.to_string(),
+            target: CommitId::parse(tip).expect("a commit id"),
             mode,
             by: "chaos-operator".into(),
             at: sim.now(),

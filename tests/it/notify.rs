@@ -26,7 +26,7 @@ use fleet_reconciler::config::{
 };
 use fleet_reconciler::demo::DEMO_CONFIG;
 use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind};
-use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::report::notify::{
     Coherence, CoherenceSample, DETAIL_MACHINES, FleetAlertInput, FleetAlertRules,
@@ -267,7 +267,7 @@ fn drift(machine: &str, severity: Severity) -> Alert {
         kind: AlertKind::Drift,
         app: Some("agents-prod".into()),
         machine_id: Some(machine.into()),
-        commit: Some(COMMIT.into()),
+        commit: CommitId::parse(COMMIT),
         severity,
         summary: format!("{machine} is 3 commits behind the release tip"),
         details: BTreeMap::from([
@@ -342,7 +342,7 @@ async fn json_body_follows_the_schema_and_is_signed() {
     assert_eq!(b["event"], "drift_detected");
     assert_eq!(b["status"], "firing");
     assert_eq!(b["repeat"], false);
-    assert_eq!(b["dedup_key"], alert.dedup_key());
+    assert_eq!(b["dedup_key"], alert.dedup_key().as_str());
     assert_eq!(b["app"], "agents-prod");
     assert_eq!(b["machine_id"], "m1");
     assert_eq!(b["commit"], COMMIT);
@@ -395,7 +395,7 @@ async fn json_body_follows_the_schema_and_is_signed() {
         (&r["event"], &r["status"]),
         (&"drift_resolved".into(), &"resolved".into())
     );
-    assert_eq!(r["dedup_key"], alert.dedup_key());
+    assert_eq!(r["dedup_key"], alert.dedup_key().as_str());
     assert_eq!(r["at"], "2026-05-01T12:02:00Z");
 
     // The signature is an HMAC-SHA256 of "<timestamp>.<exact body bytes>",
@@ -518,7 +518,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
             .iter()
             .find(|a| a.machine_id.as_deref() == Some(machine))
             .unwrap();
-        assert_eq!(b["dedup_key"], alert.dedup_key());
+        assert_eq!(b["dedup_key"], alert.dedup_key().as_str());
         assert_eq!(p["summary"], alert.summary);
         assert_eq!(p["source"], "fleet-reconciler/agents-prod");
         assert_eq!(p["group"], "agents-prod");
@@ -550,7 +550,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
     // Resolves are queued before new triggers of the same sweep.
     let esc = &bodies[5];
     assert_eq!(esc["event_action"], "trigger");
-    assert_eq!(esc["dedup_key"], alerts[0].dedup_key());
+    assert_eq!(esc["dedup_key"], alerts[0].dedup_key().as_str());
     assert_eq!(esc["payload"]["severity"], "error");
     assert_eq!(esc["payload"]["summary"], "m-low is now 25 commits behind");
     // m-critical cleared: its resolve carries exactly three fields.
@@ -564,7 +564,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
     keys.sort_unstable();
     assert_eq!(keys, ["dedup_key", "event_action", "routing_key"]);
     assert_eq!(resolve["event_action"], "resolve");
-    assert_eq!(resolve["dedup_key"], alerts[3].dedup_key());
+    assert_eq!(resolve["dedup_key"], alerts[3].dedup_key().as_str());
     n.stop().await;
 }
 
@@ -1071,7 +1071,7 @@ fn healthy(c: &CoherenceSample, now: DateTime<Utc>) -> FleetAlertInput<'_> {
 }
 
 fn keys(alerts: &[Alert]) -> Vec<String> {
-    alerts.iter().map(Alert::dedup_key).collect()
+    alerts.iter().map(|a| a.dedup_key().to_string()).collect()
 }
 
 #[test]
@@ -1757,7 +1757,7 @@ fn restored_machine_alerts_are_carried_until_confirmed_or_cleared() {
         drift("drifting", Severity::High),
         drift("unreachable", Severity::High),
         Alert {
-            commit: Some("an-older-tip".into()),
+            commit: CommitId::parse(&"e".repeat(40)),
             ..drift("old-tip", Severity::High)
         },
         // Fleet-level: not carried here (see FleetAlertTracker::restore).

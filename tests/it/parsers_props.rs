@@ -16,9 +16,7 @@ use std::sync::OnceLock;
 use chrono::{DateTime, Utc};
 use fleet_reconciler::config::{Config, ConfigError, HealthUrlTemplate, UrlVars};
 use fleet_reconciler::metadata::marker::{MAX_MARKER_OWNER_CHARS, Marker, Phase, RotationMode};
-use fleet_reconciler::metadata::operator::{
-    Approval, ApprovalMode, MAX_APPROVAL_BY_CHARS, MAX_APPROVAL_TARGET_CHARS,
-};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, MAX_APPROVAL_BY_CHARS};
 use fleet_reconciler::metadata::slots::{Coordinator, SlotSet};
 use fleet_reconciler::metadata::unprobed::Unprobed;
 use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
@@ -449,31 +447,39 @@ proptest! {
 
     #[test]
     fn hostile_approvals(
-        target in hostile_string(), mode in any::<bool>(), by in hostile_string(), at in extreme_time(),
-        field in 0usize..4, value in raw_json(1),
+        target in prop_oneof![2 => "[0-9a-fA-F]{40}", 1 => hostile_string()], mode in any::<bool>(),
+        by in hostile_string(), at in extreme_time(), field in 0usize..4, value in raw_json(1),
     ) {
-        let a = Approval {
-            target,
-            mode: if mode { ApprovalMode::Now } else { ApprovalMode::WhenIdle },
-            by,
-            at,
-        };
-        let text = serde_json::to_string(&a).unwrap();
-        // What an operator wrote reads back, whatever the timestamp; a
-        // target no commit can have authorizes nothing, a long `by` is cut.
-        let read = Approval::parse(&text);
-        if chars(&a.target) > MAX_APPROVAL_TARGET_CHARS {
-            prop_assert_eq!(read, None);
-        } else if chars(&a.by) > MAX_APPROVAL_BY_CHARS {
-            let read = read.unwrap();
-            prop_assert_eq!(&read.target, &a.target);
-            prop_assert!(a.by.starts_with(read.by.trim_end_matches('…')));
-        } else {
-            prop_assert_eq!(read.as_ref(), Some(&a));
+        let mode = if mode { ApprovalMode::Now } else { ApprovalMode::WhenIdle };
+        let text = serde_json::json!({ "target": &target, "mode": mode, "by": &by, "at": at }).to_string();
+        // What an operator wrote reads back, whatever the timestamp, its
+        // target as the commit it names in any case; a target no commit can
+        // have makes it unreadable (it authorizes nothing), a long `by` is cut.
+        match (CommitId::parse(&target), Approval::decode(&text)) {
+            (None, read) => {
+                let why = read.expect_err("a target that is no commit id");
+                prop_assert!(why.contains("`target`"), "target not named in {why:?}");
+            }
+            (Some(commit), read) => {
+                let read = read.unwrap();
+                prop_assert_eq!(&read.target, &commit);
+                prop_assert_eq!(read.mode, mode);
+                prop_assert_eq!(read.at, at);
+                if chars(&by) > MAX_APPROVAL_BY_CHARS {
+                    prop_assert!(by.starts_with(read.by.trim_end_matches('…')));
+                } else {
+                    prop_assert_eq!(&read.by, &by);
+                }
+            }
         }
         // Then one field of a valid approval made hostile.
         let key = ["target", "mode", "by", "at"][field];
-        let valid = Approval { target: a.target.chars().take(40).collect(), by: a.by.chars().take(40).collect(), ..a };
+        let valid = Approval {
+            target: CommitId::parse(&"a".repeat(40)).unwrap(),
+            mode,
+            by: by.chars().take(40).collect(),
+            at,
+        };
         let mut obj: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&serde_json::to_string(&valid).unwrap()).unwrap();
         obj.remove(key);
@@ -482,7 +488,7 @@ proptest! {
         let text = format!("{text},\"{key}\":{value}}}");
         match Approval::decode(&text) {
             Ok(a) => {
-                prop_assert!(chars(&a.target) <= MAX_APPROVAL_TARGET_CHARS);
+                prop_assert_eq!(a.target.len(), 40);
                 prop_assert!(chars(&a.by) <= MAX_APPROVAL_BY_CHARS + 1);
             }
             Err(why) => {

@@ -291,7 +291,7 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> MachineReport {
     }
     if let Some((target, now)) = &m.approval {
         let a = Approval {
-            target: target.clone(),
+            target: CommitId::parse(target).expect("a commit id"),
             mode: if *now {
                 ApprovalMode::Now
             } else {

@@ -22,6 +22,7 @@ use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::metadata::marker::{Marker, Phase};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
+use fleet_reconciler::model::CommitId;
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -430,7 +431,7 @@ async fn a_manual_machine_is_touched_only_after_approve() {
     );
     // An operator approves "now": restarted despite live work, once.
     let approval = Approval {
-        target: w.tip.clone(),
+        target: CommitId::parse(&w.tip).expect("a commit id"),
         mode: ApprovalMode::Now,
         by: "alice".into(),
         at: sim.now(),
@@ -817,7 +818,7 @@ async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
         .await
         .unwrap();
     let approval = Approval {
-        target: w.tip.clone(),
+        target: CommitId::parse(&w.tip).expect("a commit id"),
         mode: ApprovalMode::WhenIdle,
         by: "alice".into(),
         at: sim.now(),
@@ -1132,7 +1133,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
     sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
     sim.set_metadata("m1", MARKER_KEY, &restarting.to_value());
     let other = Approval {
-        target: w.old.clone(),
+        target: CommitId::parse(&w.old).expect("a commit id"),
         mode: ApprovalMode::Now,
         by: "alice".into(),
         at: now,
@@ -1304,7 +1305,7 @@ fn in_flight(
 /// The operator's `now` approval of the tip on `id`, or a `when-idle` one.
 fn approve(sim: &Sim, w: &World, id: &str, mode: ApprovalMode) {
     let approval = Approval {
-        target: w.tip.clone(),
+        target: CommitId::parse(&w.tip).expect("a commit id"),
         mode,
         by: "alice".into(),
         at: sim.now(),

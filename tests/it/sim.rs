@@ -2692,3 +2692,42 @@ async fn chaos_storms_throttle_a_machine_at_the_documented_limits() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(h.get("/m1").await.status, StatusCode::OK);
 }
+
+/// The wait endpoint takes every state Fly's specification lists, as the
+/// client's `WaitState` sends them, comma-separated or repeated; `settled`
+/// is any state a machine rests in. (Before, `failed` and `settled` were
+/// refused with 400, and a list was read as one unknown state.)
+#[tokio::test]
+async fn wait_takes_every_state_the_client_sends() {
+    use fleet_reconciler::fly::WaitState;
+    use strum::VariantArray;
+    let h = Harness::start(fleet()).await;
+    // m3 is stopped; a zero timeout answers at once: 200 if reached, else 408.
+    for state in WaitState::VARIANTS {
+        let reply = h.wait_for("m3", &state.to_string(), 0).await;
+        let reached = matches!(state, WaitState::Stopped | WaitState::Settled);
+        let want = if reached {
+            StatusCode::OK
+        } else {
+            StatusCode::REQUEST_TIMEOUT
+        };
+        assert_eq!(reply.status, want, "{state}: {:?}", reply.body);
+    }
+    for query in ["state=started,stopped", "state=started&state=stopped"] {
+        let reply = h.get(&format!("/m3/wait?{query}&timeout=0")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{query}: {:?}", reply.body);
+        assert_eq!(reply.body["state"], "stopped");
+    }
+    let refused = h.get("/m3/wait?state=stopped,dancing&timeout=0").await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(
+        error_text(&refused).contains("\"dancing\""),
+        "{:?}",
+        refused.body
+    );
+    assert!(
+        error_text(&refused).contains("settled"),
+        "{:?}",
+        refused.body
+    );
+}

@@ -24,6 +24,7 @@ use super::group::Grouped;
 use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
 use crate::config::AlertmanagerConfig;
+use crate::events::DedupKey;
 use crate::model::Severity;
 
 /// Alertmanager's endpoint for posting alerts, under the configured base URL.
@@ -70,7 +71,7 @@ pub(super) struct SavedAm {
     pub url_env: String,
     /// Group key → the alert last posted as firing.
     #[serde(default)]
-    pub firing: BTreeMap<String, AmAlert>,
+    pub firing: BTreeMap<DedupKey, AmAlert>,
     /// Fingerprint → a resolve (with `endsAt`) not yet accepted.
     #[serde(default)]
     pub resolving: BTreeMap<String, AmAlert>,
@@ -78,7 +79,7 @@ pub(super) struct SavedAm {
 
 #[derive(Default)]
 struct AmState {
-    firing: BTreeMap<String, AmAlert>,
+    firing: BTreeMap<DedupKey, AmAlert>,
     resolving: BTreeMap<String, AmAlert>,
     /// A post is due (set by every `update` that has anything to say).
     due: bool,
@@ -134,7 +135,7 @@ fn labels(g: &Grouped) -> BTreeMap<String, String> {
     // A pool and region are identity of a machine alert, and of a group
     // keyed by pool; a group spanning pools has no pool label.
     let per_machine = a.machine_id.is_some();
-    if per_machine || g.key.contains("/pool=") {
+    if per_machine || g.key.as_str().contains("/pool=") {
         put("pool", a.details.get("pool").map(String::as_str));
     }
     if per_machine {
@@ -207,14 +208,14 @@ impl AmSink {
 
     /// Takes the incidents holding at `now`: keeps `startsAt` of those
     /// already firing, owes a resolve for those gone, and makes a post due.
-    pub fn update(&self, current: &BTreeMap<String, Grouped>, now: DateTime<Utc>) {
+    pub fn update(&self, current: &BTreeMap<DedupKey, Grouped>, now: DateTime<Utc>) {
         let mut st = lock(&self.state);
         let st = &mut *st;
-        let wanted: BTreeMap<&String, &Grouped> = current
+        let wanted: BTreeMap<&DedupKey, &Grouped> = current
             .iter()
             .filter(|(_, g)| g.alert.severity >= self.min_severity)
             .collect();
-        let gone: Vec<String> = st
+        let gone: Vec<DedupKey> = st
             .firing
             .keys()
             .filter(|k| !wanted.contains_key(k))

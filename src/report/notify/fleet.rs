@@ -17,7 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
-use crate::events::{Alert, AlertKind};
+use crate::events::{Alert, AlertKind, DedupKey};
 use crate::model::{AppName, MachineStatus, Severity};
 use crate::observe::sweep::{FleetReport, StaleApp};
 pub use crate::report::coherence::{Coherence, CoherenceSample};
@@ -447,7 +447,7 @@ impl FleetAlertTracker {
 pub struct RestoredMachineAlerts {
     grace: Duration,
     /// The alert, and when this run first saw its machine drifted.
-    alerts: BTreeMap<String, (Alert, Option<DateTime<Utc>>)>,
+    alerts: BTreeMap<DedupKey, (Alert, Option<DateTime<Utc>>)>,
 }
 
 impl RestoredMachineAlerts {
@@ -480,7 +480,7 @@ impl RestoredMachineAlerts {
         if self.alerts.is_empty() {
             return Vec::new();
         }
-        let live: std::collections::HashSet<String> =
+        let live: std::collections::HashSet<DedupKey> =
             planned.iter().map(Alert::dedup_key).collect();
         let grace = chrono::Duration::from_std(self.grace).unwrap_or(chrono::Duration::MAX);
         let tip = report.tip.commit.as_str();
@@ -609,7 +609,7 @@ mod tests {
         alerts
             .iter()
             .filter(|a| a.kind == AlertKind::AppUnlistable)
-            .map(Alert::dedup_key)
+            .map(|a| a.dedup_key().to_string())
             .collect()
     }
 

@@ -139,7 +139,7 @@ fn json_body(n: &Notification) -> JsonBody<'_> {
         status: n.status.as_str(),
         repeat: n.repeat,
         update: n.update,
-        dedup_key: &n.dedup_key,
+        dedup_key: n.dedup_key.as_str(),
         app: n.app.as_deref(),
         machine_id: n.machine_id.as_deref(),
         commit: n.commit.as_deref(),
@@ -368,7 +368,7 @@ pub fn pagerduty_dedup_key(key: &str) -> String {
 }
 
 fn pagerduty_body(n: &Notification, routing_key: &str) -> Vec<u8> {
-    let dedup_key = pagerduty_dedup_key(&n.dedup_key);
+    let dedup_key = pagerduty_dedup_key(n.dedup_key.as_str());
     if n.status == Status::Resolved {
         return to_vec(&PagerdutyResolve {
             routing_key,
@@ -427,6 +427,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+    use crate::events::DedupKey;
 
     fn notification(status: Status) -> Notification {
         Notification {
@@ -434,7 +435,7 @@ mod tests {
             event: "drift_detected".into(),
             repeat: false,
             update: false,
-            dedup_key: "fleet-reconciler/drift_detected/agents/m1/abc".into(),
+            dedup_key: DedupKey::new("fleet-reconciler/drift_detected/agents/m1/abc".into()),
             app: Some("agents".into()),
             machine_id: Some("m1".into()),
             commit: Some("0123456789abcdef0123456789abcdef01234567".into()),

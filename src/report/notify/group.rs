@@ -12,8 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::GroupField;
+use crate::events::DedupKey;
 use crate::events::{Alert, AlertKind};
-use crate::model::Severity;
+use crate::model::{CommitId, Severity};
 
 /// Machines named in a group's summary; the rest are counted.
 pub const SUMMARY_MACHINES: usize = 10;
@@ -24,7 +25,7 @@ pub const DETAIL_MACHINES: usize = 50;
 /// machines in it (a change of them is news to the sinks).
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Grouped {
-    pub key: String,
+    pub key: DedupKey,
     pub alert: Alert,
     pub members: BTreeSet<String>,
 }
@@ -56,10 +57,10 @@ fn pool(alert: &Alert) -> &str {
 /// The key of the group `alert` belongs to. With `machine`, today's
 /// per-machine key (app, machine, tip), so a state file written before
 /// grouping lines up; `pool` and `severity` add a segment each when listed.
-fn group_key(alert: &Alert, fields: &BTreeSet<GroupField>) -> String {
+fn group_key(alert: &Alert, fields: &BTreeSet<GroupField>) -> DedupKey {
     let has = |f| fields.contains(&f);
     let mut key = if has(GroupField::Machine) {
-        alert.dedup_key()
+        alert.dedup_key().as_str().to_owned()
     } else {
         format!(
             "fleet-reconciler/{}/{}/*/{}",
@@ -82,14 +83,14 @@ fn group_key(alert: &Alert, fields: &BTreeSet<GroupField>) -> String {
     if has(GroupField::Severity) {
         key.push_str(&format!("/severity={}", alert.severity));
     }
-    key
+    DedupKey::new(key)
 }
 
 /// Groups `alerts` by `by`. One alert per key (the more severe wins when a
 /// key comes twice); the result is keyed by group key.
-pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<String, Grouped> {
-    let mut single: BTreeMap<String, &Alert> = BTreeMap::new();
-    let mut groups: BTreeMap<String, Vec<&Alert>> = BTreeMap::new();
+pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<DedupKey, Grouped> {
+    let mut single: BTreeMap<DedupKey, &Alert> = BTreeMap::new();
+    let mut groups: BTreeMap<DedupKey, Vec<&Alert>> = BTreeMap::new();
     for alert in alerts {
         if !grouped_kind(alert.kind) || alert.machine_id.is_none() {
             single
@@ -105,7 +106,7 @@ pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<String, Gro
         let key = group_key(alert, &fields(alert.kind, by));
         groups.entry(key).or_default().push(alert);
     }
-    let mut out: BTreeMap<String, Grouped> = single
+    let mut out: BTreeMap<DedupKey, Grouped> = single
         .into_iter()
         .map(|(key, alert)| {
             let members = alert.machine_id.iter().map(|m| m.to_string()).collect();
@@ -125,7 +126,7 @@ pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<String, Gro
 }
 
 /// The alert of one group of machine alerts (`members` is never empty).
-fn group_alert(key: String, members: &[&Alert], fields: &BTreeSet<GroupField>) -> Grouped {
+fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>) -> Grouped {
     // One entry per machine, its most severe alert.
     let mut by_machine: BTreeMap<&str, &Alert> = BTreeMap::new();
     for a in members {
@@ -158,7 +159,7 @@ fn group_alert(key: String, members: &[&Alert], fields: &BTreeSet<GroupField>) -
         alerts.iter().filter_map(|a| get(a)).collect()
     };
     let apps = distinct(&|a| a.app.as_deref().map(str::to_owned));
-    let tips = distinct(&|a| a.commit.clone());
+    let tips: BTreeSet<&CommitId> = alerts.iter().filter_map(|a| a.commit.as_ref()).collect();
     let pools = distinct(&|a| a.details.get("pool").cloned());
     let rules = distinct(&|a| a.details.get("severity_rule").cloned());
     let ids: Vec<&str> = by_machine.keys().copied().collect();
@@ -169,7 +170,9 @@ fn group_alert(key: String, members: &[&Alert], fields: &BTreeSet<GroupField>) -
             .flatten()
     };
     let app = one(&apps);
-    let tip = one(&tips);
+    let tip = (tips.len() == 1)
+        .then(|| tips.first().map(|t| (*t).clone()))
+        .flatten();
 
     let listed = bounded(&ids, SUMMARY_MACHINES);
     let (machines, trail, wait) = if n == 1 {
@@ -258,7 +261,7 @@ mod tests {
             kind: AlertKind::Drift,
             app: Some(app.into()),
             machine_id: Some(machine.into()),
-            commit: Some("0123456789abcdef".into()),
+            commit: crate::model::CommitId::parse(&"0123456789abcdef".repeat(3)[..40]),
             severity: sev,
             summary: format!("{machine} is behind"),
             details: BTreeMap::from([("pool".to_owned(), pool.to_owned())]),
@@ -270,8 +273,8 @@ mod tests {
         let a = drift("agents", "m1", "p", Severity::High);
         let by = [GroupField::App, GroupField::Tip, GroupField::Severity];
         assert_eq!(
-            group_key(&a, &fields(a.kind, &by)),
-            "fleet-reconciler/drift_detected/agents/*/0123456789abcdef/severity=high"
+            group_key(&a, &fields(a.kind, &by)).as_str(),
+            "fleet-reconciler/drift_detected/agents/*/0123456789abcdef0123456789abcdef01234567/severity=high"
         );
         assert_eq!(
             group_key(&a, &fields(a.kind, &[GroupField::Machine])),
@@ -299,8 +302,9 @@ mod tests {
                         GroupField::Tip
                     ]
                 )
-            ),
-            "fleet-reconciler/manual_approval_required/agents/*/0123456789abcdef"
+            )
+            .as_str(),
+            "fleet-reconciler/manual_approval_required/agents/*/0123456789abcdef0123456789abcdef01234567"
         );
     }
 

@@ -99,7 +99,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig, WebhookFormat};
-use crate::events::{ActionEvent, Alert, AlertKind, EventKind};
+use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
 use crate::model::{AppName, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
@@ -181,19 +181,39 @@ pub enum NotifyError {
     AlertmanagerMismatch { expected: usize, got: usize },
 }
 
+/// Which [`NotifyError`] this is, without its data; its snake-case name is
+/// the bounded label. A webhook's and an Alertmanager's same problem share
+/// one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum NotifyErrorKind {
+    MissingEnv,
+    SecretsMismatch,
+    MissingSecret,
+    InvalidUrl,
+    Client,
+}
+
 impl NotifyError {
-    /// A bounded label for metrics.
-    pub fn kind(&self) -> &'static str {
+    pub fn error_kind(&self) -> NotifyErrorKind {
         match self {
-            NotifyError::MissingEnv { .. } => "missing_env",
-            NotifyError::SecretsMismatch { .. } => "secrets_mismatch",
-            NotifyError::MissingSecret { .. } => "missing_secret",
-            NotifyError::InvalidUrl { .. } => "invalid_url",
-            NotifyError::Client(_) => "client",
-            NotifyError::AlertmanagerMissingEnv { .. } => "missing_env",
-            NotifyError::AlertmanagerInvalidUrl { .. } => "invalid_url",
-            NotifyError::AlertmanagerMismatch { .. } => "secrets_mismatch",
+            NotifyError::MissingEnv { .. } | NotifyError::AlertmanagerMissingEnv { .. } => {
+                NotifyErrorKind::MissingEnv
+            }
+            NotifyError::SecretsMismatch { .. } | NotifyError::AlertmanagerMismatch { .. } => {
+                NotifyErrorKind::SecretsMismatch
+            }
+            NotifyError::MissingSecret { .. } => NotifyErrorKind::MissingSecret,
+            NotifyError::InvalidUrl { .. } | NotifyError::AlertmanagerInvalidUrl { .. } => {
+                NotifyErrorKind::InvalidUrl
+            }
+            NotifyError::Client(_) => NotifyErrorKind::Client,
         }
+    }
+
+    /// A bounded label for metrics: the kind's snake-case name.
+    pub fn kind(&self) -> &'static str {
+        self.error_kind().into()
     }
 }
 
@@ -340,7 +360,7 @@ pub(crate) struct Notification {
     /// A firing group whose machines changed (joined or converged).
     #[serde(default)]
     pub(crate) update: bool,
-    pub(crate) dedup_key: String,
+    pub(crate) dedup_key: DedupKey,
     pub(crate) app: Option<AppName>,
     pub(crate) machine_id: Option<MachineId>,
     pub(crate) commit: Option<String>,
@@ -351,16 +371,16 @@ pub(crate) struct Notification {
 }
 
 impl Notification {
-    fn trigger(alert: &Alert, key: &str, repeat: bool, now: DateTime<Utc>) -> Notification {
+    fn trigger(alert: &Alert, key: &DedupKey, repeat: bool, now: DateTime<Utc>) -> Notification {
         Notification {
             status: Status::Firing,
             event: alert.kind.trigger_name().to_owned(),
             repeat,
             update: false,
-            dedup_key: key.to_owned(),
+            dedup_key: key.clone(),
             app: alert.app.clone(),
             machine_id: alert.machine_id.clone(),
-            commit: alert.commit.clone(),
+            commit: alert.commit.as_ref().map(|c| c.as_str().to_owned()),
             severity: alert.severity,
             summary: alert.summary.clone(),
             details: alert.details.clone(),
@@ -368,7 +388,7 @@ impl Notification {
         }
     }
 
-    fn resolve(last: &Alert, key: &str, now: DateTime<Utc>) -> Notification {
+    fn resolve(last: &Alert, key: &DedupKey, now: DateTime<Utc>) -> Notification {
         Notification {
             status: Status::Resolved,
             event: last.kind.resolve_name().to_owned(),
@@ -420,14 +440,14 @@ fn log_alert(alert: &Alert, event: &str, message: &str) {
 }
 
 /// Identity of a one-shot event: its kind and the rotation (app, machine, target).
-fn event_key(kind: EventKind, e: &ActionEvent) -> String {
-    format!(
+fn event_key(kind: EventKind, e: &ActionEvent) -> DedupKey {
+    DedupKey::new(format!(
         "fleet-reconciler/{}/{}/{}/{}",
         kind.name(),
         e.app,
         e.machine_id,
         e.commit
-    )
+    ))
 }
 
 /// Counters and queue depth of one sink, for metrics and readiness.
@@ -464,7 +484,7 @@ struct Shared {
     http: reqwest::Client,
     options: NotifierOptions,
     /// Every alert firing at the last `update`, for one log line per transition.
-    fired: Mutex<BTreeMap<String, Alert>>,
+    fired: Mutex<BTreeMap<DedupKey, Alert>>,
     /// The alerts the state file said were firing, as read.
     restored: Vec<Alert>,
     /// `alerts.group_by`.
@@ -491,12 +511,12 @@ struct Sink {
 #[derive(Default)]
 struct SinkState {
     /// Keys this sink has been sent (or has queued) a trigger for.
-    firing: BTreeMap<String, Tracked>,
+    firing: BTreeMap<DedupKey, Tracked>,
     /// PagerDuty only: `action_failed` keys triggered and not yet resolved.
-    open_failures: HashSet<String>,
+    open_failures: HashSet<DedupKey>,
     queue: VecDeque<Arc<Notification>>,
     /// Queued notifications per dedup key (repeats are not stacked behind them).
-    pending: HashMap<String, usize>,
+    pending: HashMap<DedupKey, usize>,
     /// Refusals in the current overflow episode (`None`: not overflowing).
     overflow: Option<u64>,
     /// Set aside, newest last.
@@ -549,7 +569,7 @@ fn rfc3339(t: DateTime<Utc>) -> String {
 }
 
 /// The key of `alert_sink_failing` (one alert for all failing sinks).
-fn sink_failing_key() -> String {
+fn sink_failing_key() -> DedupKey {
     sink_failing_alert(String::new(), BTreeMap::new()).dedup_key()
 }
 
@@ -641,7 +661,7 @@ impl Notifier {
             restore_sinks(&sinks, saved.sinks);
             restore_alertmanagers(&alertmanagers, saved.alertmanagers);
         }
-        let fired: BTreeMap<String, Alert> = restored
+        let fired: BTreeMap<DedupKey, Alert> = restored
             .iter()
             .map(|a| (a.dedup_key(), a.clone()))
             .collect();
@@ -674,7 +694,7 @@ impl Notifier {
     /// network or the disk: it only takes short, uncontended locks and wakes `run`.
     pub fn update(&self, firing: &[Alert], events: &[ActionEvent], now: DateTime<Utc>) {
         // One alert per key; if the planner sent a key twice, the more severe wins.
-        let mut raw: BTreeMap<String, &Alert> = BTreeMap::new();
+        let mut raw: BTreeMap<DedupKey, &Alert> = BTreeMap::new();
         for alert in firing {
             raw.entry(alert.dedup_key())
                 .and_modify(|a| {
@@ -711,7 +731,10 @@ impl Notifier {
 
     /// The incidents `alerts` make: grouped by `alerts.group_by`, each
     /// alert with its links.
-    fn incidents<'a>(&self, alerts: impl Iterator<Item = &'a Alert>) -> BTreeMap<String, Grouped> {
+    fn incidents<'a>(
+        &self,
+        alerts: impl Iterator<Item = &'a Alert>,
+    ) -> BTreeMap<DedupKey, Grouped> {
         let alerts: Vec<Alert> = alerts.cloned().collect();
         let mut groups = group::group(&alerts, &self.shared.group_by);
         for g in groups.values_mut() {
@@ -771,7 +794,7 @@ impl Notifier {
     }
 
     /// One line per alert that started, changed severity or cleared.
-    fn log_transitions(&self, current: &BTreeMap<String, &Alert>) {
+    fn log_transitions(&self, current: &BTreeMap<DedupKey, &Alert>) {
         let mut fired = lock(&self.shared.fired);
         for (key, alert) in current {
             let previous = fired.get(key).map(|a| a.severity);
@@ -996,7 +1019,7 @@ impl Sink {
     fn plan(
         &self,
         st: &mut SinkState,
-        current: &BTreeMap<String, Grouped>,
+        current: &BTreeMap<DedupKey, Grouped>,
         events: &[ActionEvent],
         links: &Links,
         now: DateTime<Utc>,
@@ -1007,13 +1030,13 @@ impl Sink {
         // A failing sink is not told about sinks failing (it would only
         // dead-letter that too), nor that they recovered.
         let frozen = st.failing.is_some().then(sink_failing_key);
-        let frozen = frozen.as_deref();
+        let frozen = frozen.as_ref();
         // Resolves first: after a release, the old target's alerts clear
         // before the new target's fire.
-        let cleared: Vec<String> = st
+        let cleared: Vec<DedupKey> = st
             .firing
             .keys()
-            .filter(|k| !current.contains_key(*k) && Some(k.as_str()) != frozen)
+            .filter(|k| !current.contains_key(*k) && Some(*k) != frozen)
             .cloned()
             .collect();
         for key in cleared {
@@ -1026,7 +1049,7 @@ impl Sink {
         let repeat = chrono::Duration::from_std(self.repeat_interval).ok();
         for (key, g) in current {
             let alert = &g.alert;
-            if Some(key.as_str()) == frozen {
+            if Some(key) == frozen {
                 continue;
             }
             match st.firing.get_mut(key) {
@@ -1269,7 +1292,7 @@ impl Sink {
     /// dead-lettered resolve of each alert no longer firing is queued again.
     fn recover(&self, st: &mut SinkState) {
         let failing = st.failing.take();
-        let mut resolves: BTreeMap<String, usize> = BTreeMap::new();
+        let mut resolves: BTreeMap<DedupKey, usize> = BTreeMap::new();
         for (i, d) in st.dead_letters.iter().enumerate() {
             let n = &d.notification;
             if n.status == Status::Resolved && !st.firing.contains_key(&n.dedup_key) {
@@ -1621,7 +1644,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
-    use crate::model::PolicyAction;
+    use crate::model::{CommitId, PolicyAction};
 
     fn hook(format: WebhookFormat, min: Severity, repeat_mins: u64) -> WebhookConfig {
         WebhookConfig {
@@ -1662,7 +1685,7 @@ mod tests {
             kind: crate::events::AlertKind::Drift,
             app: Some("agents".into()),
             machine_id: Some(machine.into()),
-            commit: Some("c0ffee".into()),
+            commit: CommitId::parse(&"c0ffee".repeat(7)[..40]),
             severity,
             summary: format!("{machine} is behind"),
             details: BTreeMap::new(),
@@ -1788,7 +1811,7 @@ mod tests {
             pd.iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(),
             [("action_failed", "event"), ("action_succeeded", "resolved")]
         );
-        let pd_keys: Vec<String> = lock(&n.shared.sinks[0].state)
+        let pd_keys: Vec<DedupKey> = lock(&n.shared.sinks[0].state)
             .queue
             .iter()
             .map(|q| q.dedup_key.clone())
@@ -1807,6 +1830,41 @@ mod tests {
                 ("action_unfenced", "event")
             ]
         );
+    }
+
+    /// The labels metrics carry, pinned so a rename is seen; an
+    /// Alertmanager's problem has the label of the webhook's same problem.
+    #[test]
+    fn notify_error_kinds_keep_their_labels() {
+        use strum::VariantArray;
+        let labels: Vec<&str> = NotifyErrorKind::VARIANTS.iter().map(|k| k.into()).collect();
+        assert_eq!(
+            labels,
+            [
+                "missing_env",
+                "secrets_mismatch",
+                "missing_secret",
+                "invalid_url",
+                "client"
+            ]
+        );
+        let am = [
+            NotifyError::AlertmanagerMissingEnv {
+                index: 0,
+                var: "V".into(),
+            },
+            NotifyError::AlertmanagerInvalidUrl {
+                index: 0,
+                url_env: "V".into(),
+                problem: "p",
+            },
+            NotifyError::AlertmanagerMismatch {
+                expected: 1,
+                got: 0,
+            },
+        ];
+        let kinds: Vec<&str> = am.iter().map(NotifyError::kind).collect();
+        assert_eq!(kinds, ["missing_env", "invalid_url", "secrets_mismatch"]);
     }
 
     #[test]

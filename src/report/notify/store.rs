@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::Notification;
-use crate::events::Alert;
+use crate::events::{Alert, DedupKey};
 use crate::model::Severity;
 
 /// `kind` of the file: refuses to read some other JSON document as state.
@@ -46,9 +46,9 @@ pub(super) struct StateFile {
 pub(super) struct SavedSink {
     pub format: String,
     pub url_env: String,
-    pub firing: BTreeMap<String, SavedTracked>,
+    pub firing: BTreeMap<DedupKey, SavedTracked>,
     #[serde(default)]
-    pub open_failures: BTreeSet<String>,
+    pub open_failures: BTreeSet<DedupKey>,
     #[serde(default)]
     pub queue: Vec<Notification>,
     #[serde(default)]

@@ -50,17 +50,37 @@ pub enum StatusError {
     TooLarge { limit: usize },
 }
 
+/// Which [`StatusError`] this is, without its data; its snake-case name is
+/// the `kind` the CLI's error object carries (`daemon_<kind>`). The two
+/// answers that do not decode share one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum StatusErrorKind {
+    InvalidUrl,
+    Transport,
+    NotReady,
+    Status,
+    Decode,
+    UnknownMachine,
+    TooLarge,
+}
+
 impl StatusError {
-    pub fn kind(&self) -> &'static str {
+    pub fn error_kind(&self) -> StatusErrorKind {
         match self {
-            StatusError::InvalidUrl { .. } => "invalid_url",
-            StatusError::Transport(_) => "transport",
-            StatusError::NotReady(_) => "not_ready",
-            StatusError::Status { .. } => "status",
-            StatusError::Decode(_) | StatusError::DecodeMachine(_) => "decode",
-            StatusError::UnknownMachine { .. } => "unknown_machine",
-            StatusError::TooLarge { .. } => "too_large",
+            StatusError::InvalidUrl { .. } => StatusErrorKind::InvalidUrl,
+            StatusError::Transport(_) => StatusErrorKind::Transport,
+            StatusError::NotReady(_) => StatusErrorKind::NotReady,
+            StatusError::Status { .. } => StatusErrorKind::Status,
+            StatusError::Decode(_) | StatusError::DecodeMachine(_) => StatusErrorKind::Decode,
+            StatusError::UnknownMachine { .. } => StatusErrorKind::UnknownMachine,
+            StatusError::TooLarge { .. } => StatusErrorKind::TooLarge,
         }
+    }
+
+    /// A bounded label: the kind's snake-case name.
+    pub fn kind(&self) -> &'static str {
+        self.error_kind().into()
     }
 }
 
@@ -301,5 +321,32 @@ impl MachineView {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels the CLI's error object carries (`daemon_<kind>`), pinned
+    /// so a rename is seen; both undecodable answers are `decode`.
+    #[test]
+    fn status_error_kinds_keep_their_labels() {
+        use strum::VariantArray;
+        let labels: Vec<&str> = StatusErrorKind::VARIANTS.iter().map(|k| k.into()).collect();
+        assert_eq!(
+            labels,
+            [
+                "invalid_url",
+                "transport",
+                "not_ready",
+                "status",
+                "decode",
+                "unknown_machine",
+                "too_large"
+            ]
+        );
+        assert_eq!(StatusError::DecodeMachine("x".into()).kind(), "decode");
+        assert_eq!(StatusError::Decode("x".into()).kind(), "decode");
     }
 }

@@ -964,7 +964,7 @@ async fn approve(
         ));
     };
     let approval = Approval {
-        target: target.to_string(),
+        target,
         // Like the CLI: interrupting live work is asked for, never a default.
         mode: req.mode.unwrap_or(ApprovalMode::WhenIdle),
         by: actor(req.by),

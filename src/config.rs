@@ -1605,6 +1605,26 @@ fn low() -> Severity {
     Severity::Low
 }
 
+/// A valid config for the decide modules' tests: the required `[overlay]`
+/// and one app, `app`, whose machines name their pool in metadata `pool`,
+/// then `extra` (whole sections: pools, severity rules, rotation).
+#[cfg(test)]
+pub(crate) fn test_config(extra: &str) -> Config {
+    let text = format!(
+        r#"
+[overlay]
+repo = "/r"
+branch = "release"
+mirror_dir = "/m"
+[[apps]]
+name = "app"
+pool_key = "pool"
+{extra}
+"#
+    );
+    Config::parse(Path::new("t.toml"), &text).expect("a test config")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,5 @@
 //! Planner unit tests: fixtures in, steps and alerts out. No network, no clock.
 
-use std::path::Path;
-
 use chrono::{DateTime, Duration as Cd, Utc};
 
 use super::*;
@@ -26,15 +24,8 @@ fn t0() -> DateTime<Utc> {
 }
 
 fn config(extra: &str) -> Config {
-    let text = format!(
+    crate::config::test_config(&format!(
         r#"
-[overlay]
-repo = "/r"
-branch = "release"
-mirror_dir = "/m"
-[[apps]]
-name = "app"
-pool_key = "pool"
 [pools.default]
 max_concurrent_rotations = 1
 actions = {{ low = "alert-and-wait", medium = "restart", high = "manual", critical = "reload" }}
@@ -43,8 +34,7 @@ max_concurrent_rotations = 2
 actions = {{ low = "observe", medium = "alert-and-wait", high = "alert-and-wait", critical = "alert-and-wait" }}
 {extra}
 "#
-    );
-    Config::parse(Path::new("t.toml"), &text).unwrap()
+    ))
 }
 
 /// The policy of `config("")`, built directly: `default` (cap 1) and

@@ -79,27 +79,20 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
-    use std::path::Path;
 
     use super::*;
     use crate::config::ActionMap;
 
     #[test]
     fn a_pool_without_a_section_follows_default_and_config_agrees() {
-        let text = r#"
-[overlay]
-repo = "/r"
-branch = "release"
-mirror_dir = "/m"
-[[apps]]
-name = "app"
+        let pools = r#"
 [pools.default]
 max_concurrent_rotations = 3
 actions = { low = "observe", medium = "observe", high = "restart", critical = "manual" }
 [pools.canary]
 actions = { low = "restart", medium = "restart", high = "restart", critical = "restart" }
 "#;
-        let config = Config::parse(Path::new("t.toml"), text).expect("config");
+        let config = crate::config::test_config(pools);
         let policy = Policy::from_config(&config);
         for (pool, cap) in [("default", 3), ("canary", 1), ("unlisted", 3)] {
             let configured = config.pools.get(pool).unwrap_or(&config.pools["default"]);
@@ -111,13 +104,9 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
             );
         }
         // Without `[pools.default]`, the built-in safe default.
-        let bare = Policy::from_config(
-            &Config::parse(
-                Path::new("t.toml"),
-                &text.replace("[pools.default]", "[pools.x]"),
-            )
-            .expect("config"),
-        );
+        let bare = Policy::from_config(&crate::config::test_config(
+            &pools.replace("[pools.default]", "[pools.x]"),
+        ));
         assert_eq!(bare.pool("unlisted").actions, ActionMap::default());
         assert_eq!(
             policy.action("unlisted", Severity::Low),

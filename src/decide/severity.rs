@@ -381,13 +381,8 @@ mod tests {
 
     #[test]
     fn first_match_wins_and_conditions_combine() {
-        let text = r#"
-[overlay]
-repo = "/r"
-branch = "release"
-mirror_dir = "/m"
-[[apps]]
-name = "a"
+        let cfg = crate::config::test_config(
+            r#"
 [[severity]]
 level = "medium"
 paths = ["skills/*.md"]
@@ -395,8 +390,8 @@ min_commits_behind = 3
 [[severity]]
 level = "high"
 paths = ["skills/**"]
-"#;
-        let cfg = Config::parse(std::path::Path::new("t.toml"), text).unwrap();
+"#,
+        );
         let c = |r: &DriftRange| classify(&cfg.severity, Drift::Range(r)).severity;
         let range = |behind, paths: &[&str], trailers: &[&str]| {
             range(&cfg.severity, behind, paths, trailers)
@@ -541,20 +536,15 @@ paths = ["skills/**"]
 
     #[test]
     fn rule_text_writes_every_condition_as_toml() {
-        let text = r#"
-[overlay]
-repo = "/r"
-branch = "release"
-mirror_dir = "/m"
-[[apps]]
-name = "a"
+        let cfg = crate::config::test_config(
+            r#"
 [[severity]]
 level = "medium"
 trailers = ["Reviewed-By", "Security"]
 paths = ["skills/*.md"]
 min_commits_behind = 3
-"#;
-        let cfg = Config::parse(std::path::Path::new("t.toml"), text).unwrap();
+"#,
+        );
         assert_eq!(
             rule_text(&cfg.severity[0]),
             r#"level = "medium", trailers = ["reviewed-by", "security"], paths = ["skills/*.md"], min_commits_behind = 3"#

@@ -182,6 +182,9 @@ pub async fn run(
         |outcome| {
             reporter.report(&outcome);
             observe(&outcome);
+            // The cycle (its report, plan and steps) is most of what a
+            // sweep allocated: free it first, then hand the pages back.
+            drop(outcome);
             crate::heap::return_freed_memory();
         },
     );

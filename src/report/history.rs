@@ -9,7 +9,7 @@
 //! a day of releases over 10,000 machines stays small. It must never decide
 //! or act: it records what the executor reports.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -258,12 +258,10 @@ impl History {
         }
         for (id, new) in added {
             let old = self.machines.get(id).map(|h| h.as_ref()).unwrap_or(&[]);
-            let mut entries: VecDeque<HistoryEntry> = old.iter().cloned().chain(new).collect();
-            while entries.len() > HISTORY_LINES {
-                entries.pop_front();
-            }
-            self.machines
-                .insert(id.clone(), entries.into_iter().collect());
+            // The newest HISTORY_LINES of the old entries and the new.
+            let over = (old.len() + new.len()).saturating_sub(HISTORY_LINES);
+            let entries = old.iter().cloned().chain(new).skip(over).collect();
+            self.machines.insert(id.clone(), entries);
         }
     }
 

@@ -170,12 +170,27 @@ pub struct ActionEvent {
     pub kind: EventKind,
     pub app: AppName,
     pub machine_id: MachineId,
-    /// The target commit of the rotation.
-    pub commit: String,
+    /// The rotation the step belongs to; `None` for a step of no rotation
+    /// (keeping the probe-failure record), which has no target or action.
+    pub rotation: Option<EventRotation>,
     pub severity: Severity,
-    pub action: PolicyAction,
     pub summary: String,
     pub at: DateTime<Utc>,
+}
+
+/// What an event's rotation is about, from its marker.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EventRotation {
+    /// The target commit of the rotation.
+    pub commit: CommitId,
+    pub action: PolicyAction,
+}
+
+impl ActionEvent {
+    /// The target commit of the event's rotation, if it has one.
+    pub fn commit(&self) -> Option<&CommitId> {
+        self.rotation.as_ref().map(|r| &r.commit)
+    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
 use crate::decide::policy::Policy;
-use crate::events::{ActionEvent, EventKind};
+use crate::events::{ActionEvent, EventKind, EventRotation};
 use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
 use crate::metadata::marker::{Ending, Marker, Phase};
 use crate::metadata::operator::{Approval, ApprovalMode};
@@ -1647,7 +1647,8 @@ fn log_step(step: &Step, outcome: &Outcome) {
 
 /// An `action_unfenced` event for each thing a step may have done unfenced,
 /// at least at `high`: it asks a human to look, whatever the drift's
-/// severity.
+/// severity. A step of no rotation (the probe-failure record) names none:
+/// no target, no action.
 fn unfenced_events(step: &Step, unfenced: &[Unfenced], at: DateTime<Utc>) -> Vec<ActionEvent> {
     let t = &step.target;
     let marker = step.new_marker().or(step.expected.as_ref());
@@ -1657,13 +1658,19 @@ fn unfenced_events(step: &Step, unfenced: &[Unfenced], at: DateTime<Utc>) -> Vec
             kind: EventKind::ActionUnfenced,
             app: t.app.clone(),
             machine_id: t.machine_id.clone(),
-            commit: marker.map(|m| m.target.to_string()).unwrap_or_default(),
+            rotation: marker.map(rotation_of),
             severity: marker.map_or(Severity::High, |m| m.severity.max(Severity::High)),
-            action: marker.map_or(PolicyAction::Manual, |m| m.action),
             summary: format!("{step} on {}: {u}", t.machine_id),
             at,
         })
         .collect()
+}
+
+fn rotation_of(marker: &Marker) -> EventRotation {
+    EventRotation {
+        commit: marker.target.clone(),
+        action: marker.action,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1680,9 +1687,8 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
         kind,
         app: t.app.clone(),
         machine_id: t.machine_id.clone(),
-        commit: marker.target.to_string(),
+        rotation: Some(rotation_of(marker)),
         severity: marker.severity,
-        action: marker.action,
         summary,
         at,
     };
@@ -1712,6 +1718,31 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step of no rotation that may have landed unfenced pages at `high`
+    /// and names no rotation (before: commit `""` and action `manual`).
+    #[test]
+    fn an_unfenced_step_of_no_rotation_names_none() {
+        let step = Step {
+            target: Target {
+                app: "agents".into(),
+                machine_id: "m1".into(),
+                pool: "default".into(),
+                health_url: None,
+            },
+            expected: None,
+            kind: StepKind::ClearUnprobed,
+        };
+        let at = chrono::DateTime::UNIX_EPOCH;
+        let unanswered = Unfenced::Unanswered {
+            lease: LeaseOf::Machine,
+        };
+        let events = unfenced_events(&step, &[unanswered], at);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind, EventKind::ActionUnfenced);
+        assert_eq!(events[0].rotation, None);
+        assert_eq!(events[0].severity, Severity::High);
+    }
 
     /// The step's error and the outcome it becomes say the same thing.
     #[test]

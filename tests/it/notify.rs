@@ -25,7 +25,7 @@ use fleet_reconciler::config::{
     AlertsConfig, Config, DEFAULT_GROUP_BY, GroupField, PublicUrl, WebhookConfig, WebhookFormat,
 };
 use fleet_reconciler::demo::DEMO_CONFIG;
-use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind};
+use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind, EventRotation};
 use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::report::notify::{
@@ -286,9 +286,11 @@ fn event(kind: EventKind, machine: &str) -> ActionEvent {
         kind,
         app: "agents-prod".into(),
         machine_id: machine.into(),
-        commit: COMMIT.into(),
+        rotation: Some(EventRotation {
+            commit: CommitId::parse(COMMIT).unwrap(),
+            action: PolicyAction::Restart,
+        }),
         severity: Severity::High,
-        action: PolicyAction::Restart,
         summary: format!("restart of {machine} failed: machine did not start"),
         at: t(0),
     }

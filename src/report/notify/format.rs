@@ -438,7 +438,7 @@ mod tests {
             dedup_key: DedupKey::new("fleet-reconciler/drift_detected/agents/m1/abc".into()),
             app: Some("agents".into()),
             machine_id: Some("m1".into()),
-            commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+            commit: crate::model::CommitId::parse("0123456789abcdef0123456789abcdef01234567"),
             severity: Severity::High,
             summary: "m1 is <3> commits & behind".into(),
             details: BTreeMap::from([("commits_behind".into(), "3".into())]),

@@ -100,7 +100,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig, WebhookFormat};
 use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
-use crate::model::{AppName, MachineId, Severity};
+use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
 use links::Links;
@@ -363,7 +363,10 @@ pub(crate) struct Notification {
     pub(crate) dedup_key: DedupKey,
     pub(crate) app: Option<AppName>,
     pub(crate) machine_id: Option<MachineId>,
-    pub(crate) commit: Option<String>,
+    /// Read back from the state file, the `""` that older versions wrote for
+    /// an event of no rotation is no commit.
+    #[serde(default, deserialize_with = "empty_as_no_commit")]
+    pub(crate) commit: Option<CommitId>,
     pub(crate) severity: Severity,
     pub(crate) summary: String,
     pub(crate) details: BTreeMap<String, String>,
@@ -380,7 +383,7 @@ impl Notification {
             dedup_key: key.clone(),
             app: alert.app.clone(),
             machine_id: alert.machine_id.clone(),
-            commit: alert.commit.as_ref().map(|c| c.as_str().to_owned()),
+            commit: alert.commit.clone(),
             severity: alert.severity,
             summary: alert.summary.clone(),
             details: alert.details.clone(),
@@ -399,12 +402,15 @@ impl Notification {
     }
 
     fn event(e: &ActionEvent, links: &Links) -> Notification {
-        let mut details = BTreeMap::from([("action".to_owned(), e.action.as_str().to_owned())]);
+        let mut details = BTreeMap::new();
+        if let Some(r) = &e.rotation {
+            details.insert("action".to_owned(), r.action.as_str().to_owned());
+        }
         links.annotate(
             &mut details,
             links::ACTION_ANCHOR,
             Some(&e.machine_id),
-            Some(&e.commit),
+            e.commit().map(CommitId::as_str),
         );
         Notification {
             status: Status::Event,
@@ -414,7 +420,7 @@ impl Notification {
             dedup_key: event_key(e.kind, e),
             app: Some(e.app.clone()),
             machine_id: Some(e.machine_id.clone()),
-            commit: Some(e.commit.clone()),
+            commit: e.commit().cloned(),
             severity: e.severity,
             summary: e.summary.clone(),
             details,
@@ -446,8 +452,23 @@ fn event_key(kind: EventKind, e: &ActionEvent) -> DedupKey {
         kind.name(),
         e.app,
         e.machine_id,
-        e.commit
+        e.commit().map_or("*", CommitId::as_str)
     ))
+}
+
+/// `commit` of a stored notification: a commit id, `null`, or the `""` an
+/// event of no rotation was stored with before it had none.
+fn empty_as_no_commit<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<CommitId>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(text) if text.is_empty() => Ok(None),
+        Some(text) => {
+            CommitId::deserialize(serde::de::value::StringDeserializer::<D::Error>::new(text))
+                .map(Some)
+        }
+    }
 }
 
 /// Counters and queue depth of one sink, for metrics and readiness.
@@ -1644,6 +1665,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+    use crate::events::EventRotation;
     use crate::model::{CommitId, PolicyAction};
 
     fn hook(format: WebhookFormat, min: Severity, repeat_mins: u64) -> WebhookConfig {
@@ -1792,9 +1814,11 @@ mod tests {
             kind,
             app: "agents".into(),
             machine_id: "m1".into(),
-            commit: "c0ffee".into(),
+            rotation: Some(EventRotation {
+                commit: CommitId::parse(&"c0ffee".repeat(7)[..40]).unwrap(),
+                action: PolicyAction::Restart,
+            }),
             severity: Severity::High,
-            action: PolicyAction::Restart,
             summary: "restart".into(),
             at: t(0),
         };
@@ -1830,6 +1854,53 @@ mod tests {
                 ("action_unfenced", "event")
             ]
         );
+    }
+
+    /// A step of no rotation (a probe-failure record written unfenced)
+    /// names no commit and no action: `"commit": null`, no `tip` or
+    /// `action` detail, `*` in the key (before: `""` and a made-up
+    /// `manual`). A stored notification with the old `""` still reads back.
+    #[test]
+    fn an_event_of_no_rotation_names_no_commit_or_action() {
+        let n = notifier(vec![hook(WebhookFormat::Json, Severity::Low, 30)], 100);
+        let event = ActionEvent {
+            kind: EventKind::ActionUnfenced,
+            app: "agents".into(),
+            machine_id: "m1".into(),
+            rotation: None,
+            severity: Severity::High,
+            summary: "record the probe failures on m1: no answer".into(),
+            at: t(0),
+        };
+        n.update(&[], &[event], t(0));
+        let sent = Notification::clone(&lock(&n.shared.sinks[0].state).queue[0]);
+        assert_eq!(sent.commit, None);
+        assert_eq!(
+            sent.dedup_key.as_str(),
+            "fleet-reconciler/action_unfenced/agents/m1/*"
+        );
+        assert!(
+            !sent.details.contains_key("action") && !sent.details.contains_key(TIP),
+            "{:?}",
+            sent.details
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&format::render(WebhookFormat::Json, &sent, None, None, 0).body)
+                .unwrap();
+        assert_eq!(body["commit"], serde_json::Value::Null);
+
+        let mut stored = serde_json::to_value(&sent).unwrap();
+        stored["commit"] = "".into();
+        let read: Notification = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(read.commit, None);
+        stored["commit"] = "AB".repeat(20).into();
+        let read: Notification = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(read.commit, CommitId::parse(&"ab".repeat(20)));
+        stored["commit"] = "c0ffee".into();
+        let why = serde_json::from_value::<Notification>(stored)
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("not a commit id"), "{why}");
     }
 
     /// The labels metrics carry, pinned so a rename is seen; an

@@ -14,7 +14,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::metadata::marker::{Phase, RotationMode};
-use crate::model::{MachineState, Severity, short_commit};
+use crate::model::{CommitId, MachineState, PoolName, Severity, short_commit};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made
 /// later still says when something happens, and the planner's `now` is the
@@ -57,10 +57,13 @@ pub enum Decision {
     },
     /// The pool's policy is `manual`: the rotation waits for
     /// `fleet-reconciler approve` of `target` (the release tip).
-    AwaitingApproval { target: String, severity: Severity },
+    AwaitingApproval {
+        target: CommitId,
+        severity: Severity,
+    },
     /// Qualifies for a rotation, but the pool's rotations are at its cap.
     WaitingForSlot {
-        pool: String,
+        pool: PoolName,
         in_use: usize,
         cap: usize,
     },
@@ -356,7 +359,7 @@ mod tests {
                 phase: None,
             },
             Decision::AwaitingApproval {
-                target: "ab".into(),
+                target: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
                 severity: Severity::High,
             },
             Decision::WaitingForSlot {

@@ -954,7 +954,7 @@ impl<'a> Planning<'a> {
             self.decide(
                 m,
                 Decision::WaitingForSlot {
-                    pool: m.pool.clone(),
+                    pool: PoolName::from(m.pool.as_str()),
                     in_use,
                     cap,
                 },
@@ -1238,7 +1238,7 @@ fn candidate<'a>(
                     ),
                 ));
                 return Err(Decision::AwaitingApproval {
-                    target: tip.to_string(),
+                    target: tip.clone(),
                     severity: sev,
                 });
             }

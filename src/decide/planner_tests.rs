@@ -2002,7 +2002,7 @@ fn decision_awaiting_approval_of_the_tip() {
     assert_eq!(
         decision_of(&mut fx, "m1", t0(), t0() + Cd::hours(1)),
         Decision::AwaitingApproval {
-            target: TIP.into(),
+            target: commit(TIP),
             severity: Severity::High
         }
     );

@@ -22,7 +22,7 @@ use fleet_reconciler::demo;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
-use fleet_reconciler::model::{PolicyAction, Severity};
+use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
 use fleet_reconciler::report::history::{HistoryEntry, HistoryStep, MachineHistory};
 use fleet_reconciler::report::metrics::Metrics;
@@ -730,7 +730,7 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
         "a-crit".into(),
         MachineExtra {
             decision: Some(Decision::AwaitingApproval {
-                target: h.overlay.tip(),
+                target: CommitId::parse(&h.overlay.tip()).unwrap(),
                 severity: Severity::Critical,
             }),
             ..MachineExtra::default()
@@ -1319,7 +1319,7 @@ async fn screenshot_server_over_the_demo_fleet() {
         };
         let decision = match (m.action.map(|a| a.as_str()), k % 3) {
             (Some("manual"), _) => Some(Decision::AwaitingApproval {
-                target: report.tip.commit.to_string(),
+                target: report.tip.commit.clone(),
                 severity: m.severity.unwrap_or(Severity::High),
             }),
             (Some("restart"), 0) => Some(rotating(Phase::Restarting)),

@@ -743,7 +743,7 @@ impl<'a> Planning<'a> {
         };
         if m.inputs.cordoned != Some(true)
             || !set
-                .slots(&m.app, ctx.pool)
+                .slots(&m.app, &PoolName::from(ctx.pool))
                 .iter()
                 .any(|s| s.machine_id == m.machine_id)
         {
@@ -767,7 +767,7 @@ impl<'a> Planning<'a> {
         let m = ctx.m;
         self.decide(m, rotation_decision(ctx, marker));
         let orphan = matches!(&self.report.slots, SlotsView::Known(set)
-            if !set.holds(&m.app, ctx.pool, &m.machine_id, &marker.tag));
+            if !set.holds(&m.app, &PoolName::from(ctx.pool), &m.machine_id, &marker.tag));
         if orphan
             && marker.phase == Phase::Releasing
             && !m.state.is_started()
@@ -1137,7 +1137,7 @@ fn slots_in_use(
             // way, and its slot was let go so the pool is not starved.
             (Some(Ok(marker)), Some(set)) => {
                 marker.phase.holds_slot()
-                    && !set.holds(&m.app, pool, &m.machine_id, &marker.tag)
+                    && !set.holds(&m.app, &PoolName::from(pool), &m.machine_id, &marker.tag)
                     && (marker.phase != Phase::Releasing || m.state.is_started())
             }
             (Some(Ok(marker)), None) => marker.phase.holds_slot(),

@@ -1562,8 +1562,8 @@ fn a_rotation_without_its_slot_is_undone() {
     assert_eq!(next.ending, Some(Ending::Cancelled));
     // With its slot it proceeds.
     set.try_add(
-        "app",
-        "default",
+        &"app".into(),
+        &"default".into(),
         crate::metadata::slots::Slot {
             machine_id: "m1".into(),
             tag: m.tag.clone(),
@@ -1661,8 +1661,8 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
         ("o-verify", &restarting),
     ] {
         set.try_add(
-            "other",
-            "default",
+            &"other".into(),
+            &"default".into(),
             crate::metadata::slots::Slot {
                 machine_id: id.into(),
                 tag: m.tag.clone(),
@@ -2311,8 +2311,8 @@ fn slots_with(entries: &[(&str, &str, &str)]) -> SlotsView {
     let mut set = crate::metadata::slots::SlotSet::parse(None).unwrap();
     for (pool, machine_id, tag) in entries {
         set.try_add(
-            "app",
-            pool,
+            &"app".into(),
+            &(*pool).into(),
             crate::metadata::slots::Slot {
                 machine_id: (*machine_id).into(),
                 tag: (*tag).into(),

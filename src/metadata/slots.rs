@@ -43,7 +43,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SLOTS_KEY;
-use crate::model::{AppName, MachineId};
+use crate::model::{AppName, MachineId, PoolName};
 
 /// The slot-set format this version writes and reads.
 pub const SLOTS_VERSION: u32 = 1;
@@ -94,7 +94,8 @@ pub struct Slot {
     pub since: DateTime<Utc>,
 }
 
-/// Every pool's slots, keyed `app/pool`.
+/// Every pool's slots, keyed `app/pool` (the metadata's text; read and
+/// changed through an app's [`AppName`] and a [`PoolName`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotSet {
     pub version: u32,
@@ -112,7 +113,7 @@ pub enum SlotsError {
     Version(u32),
 }
 
-fn pool_key(app: &str, pool: &str) -> String {
+fn pool_key(app: &AppName, pool: &PoolName) -> String {
     format!("{app}/{pool}")
 }
 
@@ -140,7 +141,7 @@ impl SlotSet {
     }
 
     /// The slots of one pool.
-    pub fn slots(&self, app: &str, pool: &str) -> &[Slot] {
+    pub fn slots(&self, app: &AppName, pool: &PoolName) -> &[Slot] {
         self.pools
             .get(&pool_key(app, pool))
             .map(Vec::as_slice)
@@ -148,14 +149,14 @@ impl SlotSet {
     }
 
     /// Whether the rotation `tag` of `machine_id` holds a slot of the pool.
-    pub fn holds(&self, app: &str, pool: &str, machine_id: &str, tag: &str) -> bool {
+    pub fn holds(&self, app: &AppName, pool: &PoolName, machine_id: &MachineId, tag: &str) -> bool {
         self.slots(app, pool)
             .iter()
-            .any(|s| s.machine_id == machine_id && s.tag == tag)
+            .any(|s| s.machine_id == *machine_id && s.tag == tag)
     }
 
     /// Adds the slot if the pool has room (or already holds it); `false` when full.
-    pub fn try_add(&mut self, app: &str, pool: &str, slot: Slot, cap: usize) -> bool {
+    pub fn try_add(&mut self, app: &AppName, pool: &PoolName, slot: Slot, cap: usize) -> bool {
         if self.holds(app, pool, &slot.machine_id, &slot.tag) {
             return true;
         }
@@ -168,13 +169,19 @@ impl SlotSet {
     }
 
     /// Removes one rotation's slot; `true` if it was there.
-    pub fn remove(&mut self, app: &str, pool: &str, machine_id: &str, tag: &str) -> bool {
+    pub fn remove(
+        &mut self,
+        app: &AppName,
+        pool: &PoolName,
+        machine_id: &MachineId,
+        tag: &str,
+    ) -> bool {
         let key = pool_key(app, pool);
         let Some(slots) = self.pools.get_mut(&key) else {
             return false;
         };
         let before = slots.len();
-        slots.retain(|s| !(s.machine_id == machine_id && s.tag == tag));
+        slots.retain(|s| !(s.machine_id == *machine_id && s.tag == tag));
         let removed = slots.len() != before;
         if slots.is_empty() {
             self.pools.remove(&key);
@@ -198,27 +205,41 @@ mod tests {
 
     #[test]
     fn a_pool_never_gets_more_slots_than_its_cap() {
+        let (a, b) = (AppName::from("a"), AppName::from("b"));
+        let (p, other) = (PoolName::from("p"), PoolName::from("other"));
+        let m2 = MachineId::from("m2");
         let mut set = SlotSet::parse(None).unwrap();
-        assert!(set.try_add("a", "p", slot("m1", "t1"), 2));
-        assert!(set.try_add("a", "p", slot("m1", "t1"), 2), "idempotent");
-        assert!(set.try_add("a", "p", slot("m2", "t2"), 2));
-        assert!(!set.try_add("a", "p", slot("m3", "t3"), 2));
+        assert!(set.try_add(&a, &p, slot("m1", "t1"), 2));
+        assert!(set.try_add(&a, &p, slot("m1", "t1"), 2), "idempotent");
+        assert!(set.try_add(&a, &p, slot("m2", "t2"), 2));
+        assert!(!set.try_add(&a, &p, slot("m3", "t3"), 2));
         assert!(
-            set.try_add("a", "other", slot("m3", "t3"), 1),
+            set.try_add(&a, &other, slot("m3", "t3"), 1),
             "caps are per pool"
         );
-        assert!(set.try_add("b", "p", slot("m4", "t4"), 1), "and per app");
-        assert_eq!(set.slots("a", "p").len(), 2);
-        assert!(set.holds("a", "p", "m2", "t2") && !set.holds("a", "p", "m2", "old"));
-        assert!(!set.remove("a", "p", "m2", "old"), "another rotation's tag");
-        assert!(set.remove("a", "p", "m2", "t2"));
-        assert!(set.try_add("a", "p", slot("m3", "t3"), 2));
+        assert!(set.try_add(&b, &p, slot("m4", "t4"), 1), "and per app");
+        assert_eq!(set.slots(&a, &p).len(), 2);
+        assert!(set.holds(&a, &p, &m2, "t2") && !set.holds(&a, &p, &m2, "old"));
+        assert!(!set.remove(&a, &p, &m2, "old"), "another rotation's tag");
+        assert!(set.remove(&a, &p, &m2, "t2"));
+        assert!(set.try_add(&a, &p, slot("m3", "t3"), 2));
+    }
+
+    /// The metadata text is `app/pool` keys, as every version wrote it.
+    #[test]
+    fn the_set_is_written_as_it_always_was() {
+        let mut set = SlotSet::parse(None).unwrap();
+        set.try_add(&"a".into(), &"p".into(), slot("m1", "t1"), 1);
+        assert_eq!(
+            set.to_value(),
+            r#"{"version":1,"pools":{"a/p":[{"machine_id":"m1","tag":"t1","owner":"r1","since":"2027-01-15T08:00:00Z"}]}}"#
+        );
     }
 
     #[test]
     fn the_set_round_trips_and_garbage_fails_closed() {
         let mut set = SlotSet::parse(None).unwrap();
-        set.try_add("a", "p", slot("m1", "t1"), 1);
+        set.try_add(&"a".into(), &"p".into(), slot("m1", "t1"), 1);
         assert_eq!(SlotSet::parse(Some(&set.to_value())), Ok(set));
         assert!(matches!(
             SlotSet::parse(Some("{")),

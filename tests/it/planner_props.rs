@@ -392,7 +392,7 @@ proptest! {
             let mut set = SlotSet::parse(None).unwrap();
             for (i, m) in machines.iter().enumerate() {
                 if let (true, Some(mk)) = (m.slotted, &m.marker) {
-                    set.try_add("app", POOLS[m.pool], Slot {
+                    set.try_add(&"app".into(), &POOLS[m.pool].into(), Slot {
                         machine_id: format!("m{i}").into(),
                         tag: mk.tag.clone(),
                         owner: "other".into(),

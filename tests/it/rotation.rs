@@ -689,8 +689,8 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
     // m2 won the pool's only slot; m1's claim never did.
     let mut slots = SlotSet::parse(None).unwrap();
     slots.try_add(
-        "app",
-        "default",
+        &"app".into(),
+        &"default".into(),
         Slot {
             machine_id: "m2".into(),
             tag: "m2-legacy".into(),
@@ -1120,8 +1120,8 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
     };
     let mut slots = SlotSet::parse(None).unwrap();
     slots.try_add(
-        "app",
-        "default",
+        &"app".into(),
+        &"default".into(),
         Slot {
             machine_id: "m1".into(),
             tag: "m1-done".into(),
@@ -1156,7 +1156,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
                 .map(String::as_str),
         )
         .unwrap()
-        .slots("app", "default")
+        .slots(&"app".into(), &"default".into())
         .is_empty()
     })
     .await;

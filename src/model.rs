@@ -116,7 +116,7 @@ macro_rules! string_id {
 // Its text is shared: every machine on one ref holds the same one (a clone
 // is a reference count, not 40 bytes per machine).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, schemars::JsonSchema)]
-#[schemars(transparent)]
+#[schemars(transparent, extend("pattern" = "^[0-9a-f]{40}$"))]
 pub struct CommitId(Arc<str>);
 
 impl Serialize for CommitId {
@@ -617,6 +617,20 @@ mod tests {
         assert_eq!(CommitId::parse(&upper).unwrap().as_str(), "a".repeat(40));
         assert!(CommitId::parse(&"a".repeat(39)).is_none());
         assert!(CommitId::parse(&"g".repeat(40)).is_none());
+    }
+
+    /// The schema says what a commit id is: what `parse` writes passes, an
+    /// abbreviation or an upper-case id does not.
+    #[test]
+    fn commit_id_schema_has_its_pattern() {
+        let schema = serde_json::to_value(schemars::schema_for!(CommitId)).unwrap();
+        assert_eq!(schema["pattern"], "^[0-9a-f]{40}$");
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let id = CommitId::parse(&"AB12".repeat(10)).unwrap();
+        assert!(validator.is_valid(&serde_json::to_value(&id).unwrap()));
+        for odd in ["abc1234".to_owned(), "AB12".repeat(10), "ab12".repeat(11)] {
+            assert!(!validator.is_valid(&odd.clone().into()), "{odd}");
+        }
     }
 
     /// A JSON read of a commit id checks it as `parse` does (before, any

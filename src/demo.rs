@@ -167,12 +167,12 @@ impl DemoRepo {
         Ok(oid)
     }
 
-    /// The history the demo fleet is spread over.
+    /// The history the demo fleet is spread over (commits made in a fixed
+    /// order: the same ids on every run).
     pub fn build_history(&mut self) -> Result<DemoHistory, git2::Error> {
         let mut release = Vec::new();
-        let root = self.commit(
-            "release",
-            &[],
+        self.on_release(
+            &mut release,
             &[
                 ("README.md", "# agent overlay\n"),
                 ("skills/search.md", "search v1\n"),
@@ -182,21 +182,73 @@ impl DemoRepo {
             ],
             "Initial overlay",
         )?;
-        release.push(root);
-        let mut tip = root;
         for i in 1..=4 {
-            tip = self.commit(
-                "release",
-                &[tip],
+            self.on_release(
+                &mut release,
                 &[("skills/search.md", &format!("search v1.{i}\n"))],
                 &format!("Tune search skill prompt ({i})"),
             )?;
-            release.push(tip);
         }
-        // A feature branch merged back: a merge commit in the range.
+        self.merge_feature_branch(&mut release)?;
+        let policy_change = release.len();
+        self.on_release(
+            &mut release,
+            &[("policies/tools.yaml", "allow: [search]\ndeny: [shell]\n")],
+            "Deny the shell tool in untrusted sessions",
+        )?;
+        for i in 1..=3 {
+            self.on_release(
+                &mut release,
+                &[("skills/summarize.md", &format!("summarize v2.{i}\n"))],
+                &format!("Summarize: wording ({i})"),
+            )?;
+        }
+        let security_fix = release.len();
+        self.on_release(
+            &mut release,
+            &[("connectors/github.yaml", "scopes: [repo, read:org]\ntoken_ref: vault://gh\n")],
+            "GitHub connector: load token from vault\n\nThe token was readable from the skill sandbox.\n\nSecurity: CVE-2026-4242\nReviewed-by: sec-team",
+        )?;
+        for i in 1..=22 {
+            self.on_release(
+                &mut release,
+                &[(
+                    &format!("skills/notes/{i:02}.md") as &str,
+                    &format!("note {i}\n") as &str,
+                )],
+                &format!("Add skill note {i}"),
+            )?;
+        }
+        let canary = self.canary_branch(release[release.len() - 3])?;
+        Ok(DemoHistory {
+            release,
+            policy_change,
+            security_fix,
+            canary,
+        })
+    }
+
+    /// Commits `files` on `release` on top of its last commit (none: a root
+    /// commit) and appends it.
+    fn on_release(
+        &mut self,
+        release: &mut Vec<Oid>,
+        files: &[(&str, &str)],
+        message: &str,
+    ) -> Result<Oid, git2::Error> {
+        let parents: Vec<Oid> = release.last().copied().into_iter().collect();
+        let oid = self.commit("release", &parents, files, message)?;
+        release.push(oid);
+        Ok(oid)
+    }
+
+    /// A feature branch merged back (a merge commit in the range), with a
+    /// release commit made while it was open.
+    fn merge_feature_branch(&mut self, release: &mut Vec<Oid>) -> Result<(), git2::Error> {
+        let base: Vec<Oid> = release.last().copied().into_iter().collect();
         let f1 = self.commit(
             "feat/summarize",
-            &[tip],
+            &base,
             &[("skills/summarize.md", "summarize v1\n")],
             "Add summarize skill",
         )?;
@@ -206,75 +258,35 @@ impl DemoRepo {
             &[("skills/summarize.md", "summarize v2\n")],
             "Summarize: cap output length",
         )?;
-        tip = self.commit(
-            "release",
-            &[tip],
+        let meanwhile = self.on_release(
+            release,
             &[("connectors/github.yaml", "scopes: [repo, read:org]\n")],
             "GitHub connector: read org membership",
         )?;
-        release.push(tip);
-        tip = self.commit(
+        let merge = self.commit(
             "release",
-            &[tip, f2],
+            &[meanwhile, f2],
             &[],
             "Merge branch 'feat/summarize' into release",
         )?;
-        release.push(tip);
-        tip = self.commit(
-            "release",
-            &[tip],
-            &[("policies/tools.yaml", "allow: [search]\ndeny: [shell]\n")],
-            "Deny the shell tool in untrusted sessions",
-        )?;
-        let policy_change = release.len();
-        release.push(tip);
-        for i in 1..=3 {
-            tip = self.commit(
-                "release",
-                &[tip],
-                &[("skills/summarize.md", &format!("summarize v2.{i}\n"))],
-                &format!("Summarize: wording ({i})"),
-            )?;
-            release.push(tip);
-        }
-        tip = self.commit(
-            "release",
-            &[tip],
-            &[("connectors/github.yaml", "scopes: [repo, read:org]\ntoken_ref: vault://gh\n")],
-            "GitHub connector: load token from vault\n\nThe token was readable from the skill sandbox.\n\nSecurity: CVE-2026-4242\nReviewed-by: sec-team",
-        )?;
-        let security_fix = release.len();
-        release.push(tip);
-        for i in 1..=22 {
-            tip = self.commit(
-                "release",
-                &[tip],
-                &[(
-                    &format!("skills/notes/{i:02}.md") as &str,
-                    &format!("note {i}\n") as &str,
-                )],
-                &format!("Add skill note {i}"),
-            )?;
-            release.push(tip);
-        }
+        release.push(merge);
+        Ok(())
+    }
+
+    /// The `canary` branch: two commits on `base`, not on `release`; its tip.
+    fn canary_branch(&mut self, base: Oid) -> Result<Oid, git2::Error> {
         let c1 = self.commit(
             "canary",
-            &[release[release.len() - 3]],
+            &[base],
             &[("skills/search.md", "search v2 (canary)\n")],
             "Canary: new search ranking",
         )?;
-        let canary = self.commit(
+        self.commit(
             "canary",
             &[c1],
             &[("skills/search.md", "search v2.1 (canary)\n")],
             "Canary: ranking fix",
-        )?;
-        Ok(DemoHistory {
-            release,
-            policy_change,
-            security_fix,
-            canary,
-        })
+        )
     }
 }
 
@@ -375,9 +387,75 @@ fn demo_machines(
     machines
 }
 
+/// The simulated world one demo run acts on: its temporary directory (gone
+/// when dropped), the overlay repository and its tip, the simulated fleet.
+struct DemoWorld {
+    work: tempfile::TempDir,
+    repo: DemoRepo,
+    repo_path: PathBuf,
+    /// The release tip before the demo advances it.
+    tip: Oid,
+    sim: Sim,
+}
+
 /// Runs the demo until `sweeps` sweeps have been shown or ctrl-c.
 pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let mut config = Config::parse(&options.config_path, &options.config_text)?;
+    let DemoWorld {
+        work,
+        repo,
+        repo_path,
+        tip,
+        sim,
+    } = start_world(&mut config).await?;
+    let alertmanager_urls = add_alertmanager(&mut config, options.alertmanager.as_deref());
+    let target = work.path().join(DEMO_TARGET_CONFIG);
+    std::fs::write(&target, target_config(&options.config_text, &config)?)
+        .with_context(|| format!("cannot write {}", target.display()))?;
+    let secrets = Secrets {
+        fly_token: DEMO_TOKEN.into(),
+        git_token: None,
+    };
+    let owner = format!("demo-{}", std::process::id());
+    let (listener, page) = bind_status_page(&mut config).await?;
+    let config = Arc::new(config);
+    let operator = Operator::new(daemon::fly_client(&config, &secrets)?, &config);
+    print_intro(&config, &options, &sim, &repo_path, &target, &page);
+
+    let shutdown = CancellationToken::new();
+    // SIGTERM as well as ctrl-c: either winds the demo down, so `work` (the
+    // temporary directory) is dropped and removed.
+    tokio::spawn(crate::signal::cancel_on_signal(shutdown.clone()));
+
+    let mut progress = DemoProgress {
+        sweeps: options.sweeps,
+        keep_running: options.keep_running,
+        stop: shutdown.clone(),
+        operator,
+        repo,
+        tip,
+        sim: &sim,
+        shown: 0,
+        released_at: None,
+        approved: false,
+        quiet: 0,
+        settled_said: false,
+    };
+    let service_secrets = ServiceSecrets {
+        core: secrets,
+        alertmanagers: alertmanager_urls,
+        ..ServiceSecrets::default()
+    };
+    let args = service::RunArgs::new(config.clone(), service_secrets, listener, owner, shutdown);
+    service::run(args, |outcome| progress.on_sweep(outcome)).await?;
+    sim.shutdown().await;
+    drop(work);
+    Ok(())
+}
+
+/// The temporary directory, the overlay repository with its history, and
+/// the simulated fleet spread over it; `config` is pointed at them.
+async fn start_world(config: &mut Config) -> anyhow::Result<DemoWorld> {
     let work = tempfile::Builder::new()
         .prefix("fleet-reconciler-demo-")
         .tempdir()
@@ -389,33 +467,13 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         .build_history()
         .context("cannot build the demo overlay history")?;
     let tip = *history.release.last().context("empty demo history")?;
-
-    let pools = ["dispatch", "conversation"];
-    let mut fleet = SimFleet::new(DEMO_TOKEN)
-        .release_tip(tip.to_string())
-        .restart_delay(std::time::Duration::from_secs(1));
-    // The agent alert-and-wait waits for works three restart graces (30 s
-    // with the demo's own config), so it is still busy when it is claimed.
-    let busy_while = config.rotation.restart_grace.saturating_mul(3);
-    for (i, app) in config.apps.iter().enumerate() {
-        fleet = fleet.app(SimApp::new(app.name.clone()).machines(demo_machines(
-            i,
-            pools[i % 2],
-            &history,
-            busy_while,
-        )));
-    }
     // The machine whose lease and metadata keep the rotation slots: a
     // stopped machine of the daemon's own app, as in a real deployment.
     let coordinator = crate::metadata::slots::Coordinator {
         app: "fleet-reconciler".into(),
         machine_id: "c00rd1na7e0".into(),
     };
-    fleet = fleet.app(
-        SimApp::new(coordinator.app.clone())
-            .machine(SimMachine::new(coordinator.machine_id.clone()).stopped()),
-    );
-    let sim = Sim::start(fleet)
+    let sim = Sim::start(demo_fleet(config, &history, tip, &coordinator))
         .await
         .context("cannot start the simulated fleet")?;
     config.rotation.coordinator = Some(coordinator);
@@ -429,34 +487,67 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     for app in &mut config.apps {
         app.health_url = template.clone();
     }
-    // `--alertmanager URL`: one `[[alerts.alertmanager]]`, its URL handed
-    // over as `run` reads it from the environment.
-    let alertmanager_urls: Vec<secrecy::SecretString> = match &options.alertmanager {
-        Some(url) => {
-            config
-                .alerts
-                .alertmanagers
-                .push(crate::config::AlertmanagerConfig {
-                    url_env: DEMO_ALERTMANAGER_ENV.into(),
-                    min_severity: crate::model::Severity::Low,
-                    // A team label, as the shipped Prometheus rules carry.
-                    labels: [("team".to_owned(), "agent-platform".to_owned())].into(),
-                });
-            vec![url.clone().into()]
-        }
-        None => Vec::new(),
+    Ok(DemoWorld {
+        work,
+        repo,
+        repo_path,
+        tip,
+        sim,
+    })
+}
+
+/// The configured apps' machines over `history` in two pools, and the
+/// coordinator's stopped machine.
+fn demo_fleet(
+    config: &Config,
+    history: &DemoHistory,
+    tip: Oid,
+    coordinator: &crate::metadata::slots::Coordinator,
+) -> SimFleet {
+    let pools = ["dispatch", "conversation"];
+    let mut fleet = SimFleet::new(DEMO_TOKEN)
+        .release_tip(tip.to_string())
+        .restart_delay(std::time::Duration::from_secs(1));
+    // The agent alert-and-wait waits for works three restart graces (30 s
+    // with the demo's own config), so it is still busy when it is claimed.
+    let busy_while = config.rotation.restart_grace.saturating_mul(3);
+    for (i, app) in config.apps.iter().enumerate() {
+        fleet = fleet.app(SimApp::new(app.name.clone()).machines(demo_machines(
+            i,
+            pools[i % 2],
+            history,
+            busy_while,
+        )));
+    }
+    fleet.app(
+        SimApp::new(coordinator.app.clone())
+            .machine(SimMachine::new(coordinator.machine_id.clone()).stopped()),
+    )
+}
+
+/// `--alertmanager URL`: one `[[alerts.alertmanager]]`, its URL handed
+/// over as `run` reads it from the environment.
+fn add_alertmanager(config: &mut Config, url: Option<&str>) -> Vec<secrecy::SecretString> {
+    let Some(url) = url else {
+        return Vec::new();
     };
-    let interval = config.sweep.interval.get();
-    let target = work.path().join(DEMO_TARGET_CONFIG);
-    std::fs::write(&target, target_config(&options.config_text, &config)?)
-        .with_context(|| format!("cannot write {}", target.display()))?;
-    let secrets = Secrets {
-        fly_token: DEMO_TOKEN.into(),
-        git_token: None,
-    };
-    let owner = format!("demo-{}", std::process::id());
-    // The demo serves the status page, API and metrics like `run` does; if
-    // the configured port is taken, any free one will do.
+    config
+        .alerts
+        .alertmanagers
+        .push(crate::config::AlertmanagerConfig {
+            url_env: DEMO_ALERTMANAGER_ENV.into(),
+            min_severity: crate::model::Severity::Low,
+            // A team label, as the shipped Prometheus rules carry.
+            labels: [("team".to_owned(), "agent-platform".to_owned())].into(),
+        });
+    vec![url.to_owned().into()]
+}
+
+/// The listener of the status page, API and metrics (served like `run`
+/// does; if the configured port is taken, any free one will do) and its URL.
+async fn bind_status_page(
+    config: &mut Config,
+) -> anyhow::Result<(tokio::net::TcpListener, String)> {
     let listener = match tokio::net::TcpListener::bind(config.server.listen).await {
         Ok(l) => l,
         Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -471,9 +562,18 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     if config.server.public_url.is_none() {
         config.server.public_url = crate::config::PublicUrl::parse(&page).ok();
     }
-    let config = Arc::new(config);
-    let operator = Operator::new(daemon::fly_client(&config, &secrets)?, &config);
+    Ok((listener, page))
+}
 
+/// Where everything is, and what is about to happen.
+fn print_intro(
+    config: &Config,
+    options: &DemoOptions,
+    sim: &Sim,
+    repo_path: &Path,
+    target: &Path,
+    page: &str,
+) {
     println!(
         "fleet-reconciler demo: simulated Fly API at {}, overlay repository at {}",
         sim.api_url(),
@@ -492,95 +592,168 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     );
     println!(
         "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. ctrl-c to stop.\n",
-        humantime::format_duration(interval),
+        humantime::format_duration(config.sweep.interval.get()),
         humantime::format_duration(config.rotation.min_drift_age),
     );
+}
 
-    let shutdown = CancellationToken::new();
-    // SIGTERM as well as ctrl-c: either winds the demo down, so `work` (the
-    // temporary directory) is dropped and removed.
-    tokio::spawn(crate::signal::cancel_on_signal(shutdown.clone()));
+/// The demo's script, sweep by sweep: show each sweep, ship a release
+/// after the second, play the operator once, stop when told or settled.
+struct DemoProgress<'a> {
+    /// Sweeps before stopping; 0 runs until settled.
+    sweeps: u32,
+    keep_running: bool,
+    stop: CancellationToken,
+    operator: Operator,
+    repo: DemoRepo,
+    tip: Oid,
+    sim: &'a Sim,
+    shown: u32,
+    released_at: Option<u32>,
+    approved: bool,
+    /// Sweeps since the release with nothing in progress or planned.
+    quiet: u32,
+    settled_said: bool,
+}
 
-    let mut shown = 0u32;
-    let mut released_at: Option<u32> = None;
-    let mut approved = false;
-    let mut quiet = 0u32;
-    let stop = shutdown.clone();
-    let options_sweeps = options.sweeps;
-    let keep_running = options.keep_running;
-    let mut settled_said = false;
-    let service_secrets = ServiceSecrets {
-        core: secrets,
-        alertmanagers: alertmanager_urls,
-        ..ServiceSecrets::default()
-    };
-    service::run(service::RunArgs::new(config.clone(), service_secrets, listener, owner, shutdown.clone()), |outcome| {
-        shown += 1;
-        println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
+impl DemoProgress<'_> {
+    fn on_sweep(&mut self, outcome: &SweepOutcome) {
+        self.shown += 1;
+        println!(
+            "── sweep {} · {} ──",
+            self.shown,
+            chrono::Utc::now().format("%H:%M:%S")
+        );
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions()));
-                for s in &cycle.steps {
-                    println!("  {} → {}", s.step, s.outcome);
-                }
-                println!("(cycle took {} ms)", cycle.duration.as_millis());
-                if let Some(e) = &cycle.fetch_error {
-                    println!("warning: overlay not fetched, using the last known tip: {e}");
-                }
+                show_cycle(cycle);
                 // Settled: after the release, nothing in progress or planned for 3 sweeps.
-                let busy = !cycle.steps.is_empty() || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);
-                quiet = if busy || released_at.is_none() { 0 } else { quiet + 1 };
-                // Play the operator once: approve one machine that waits for it.
-                if !approved && released_at.is_some_and(|r| shown >= r + 3)
-                    && let Some((id, _)) = cycle.plan.machines.iter().find(|(_, m)| matches!(m.decision, Decision::AwaitingApproval { .. })) {
-                        approved = true;
-                        let approval = Approval {
-                            target: cycle.report.tip.commit.clone(),
-                            mode: ApprovalMode::WhenIdle,
-                            by: "demo-operator".into(),
-                            at: cycle.now,
-                        };
-                        println!(">>> an operator approves {id}: fleet-reconciler approve {id} --when-idle");
-                        let (operator, id) = (operator.clone(), id.clone());
-                        tokio::spawn(async move {
-                            if let Err(e) = operator.approve(&id, &approval).await {
-                                println!("demo: approval failed: {e}");
-                            }
-                        });
-                    }
+                let busy = !cycle.steps.is_empty()
+                    || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);
+                self.quiet = if busy || self.released_at.is_none() {
+                    0
+                } else {
+                    self.quiet + 1
+                };
+                self.play_operator(cycle);
             }
             SweepOutcome::Failed { error, .. } => println!("sweep failed: {error}"),
         }
         println!();
-        if shown == 2 && released_at.is_none() {
-            released_at = Some(shown);
-            match repo.commit(
-                "release",
-                &[tip],
-                &[("guards/pii.yaml", "redact: [email, phone, iban]\n")],
-                "PII guard: redact phone numbers and IBANs",
-            ) {
-                Ok(new_tip) => {
-                    println!(">>> release branch advanced to {new_tip} (a guards/ change): machines on the old tip now drift\n");
-                    sim.set_release_tip(&new_tip.to_string());
-                }
-                Err(e) => println!("demo: cannot advance the release branch: {e}"),
-            }
+        if self.shown == 2 && self.released_at.is_none() {
+            self.released_at = Some(self.shown);
+            self.release();
         }
-        let limit_reached = options_sweeps != 0 && shown >= options_sweeps;
-        let settled = options_sweeps == 0 && quiet >= 3;
-        if settled && !settled_said {
-            settled_said = true;
-            println!("the fleet has settled: every machine that policy allows to rotate runs the release tip.");
-            if keep_running {
+        self.stop_when_done();
+    }
+
+    /// Plays the operator once, from the third sweep after the release on:
+    /// approves one machine that waits for it.
+    fn play_operator(&mut self, cycle: &daemon::Cycle) {
+        if self.approved || self.released_at.is_none_or(|r| self.shown < r + 3) {
+            return;
+        }
+        let Some((id, _)) = cycle
+            .plan
+            .machines
+            .iter()
+            .find(|(_, m)| matches!(m.decision, Decision::AwaitingApproval { .. }))
+        else {
+            return;
+        };
+        self.approved = true;
+        let approval = Approval {
+            target: cycle.report.tip.commit.clone(),
+            mode: ApprovalMode::WhenIdle,
+            by: "demo-operator".into(),
+            at: cycle.now,
+        };
+        println!(">>> an operator approves {id}: fleet-reconciler approve {id} --when-idle");
+        let (operator, id) = (self.operator.clone(), id.clone());
+        tokio::spawn(async move {
+            if let Err(e) = operator.approve(&id, &approval).await {
+                println!("demo: approval failed: {e}");
+            }
+        });
+    }
+
+    /// Ships a release: the machines on the old tip drift.
+    fn release(&mut self) {
+        match self.repo.commit(
+            "release",
+            &[self.tip],
+            &[("guards/pii.yaml", "redact: [email, phone, iban]\n")],
+            "PII guard: redact phone numbers and IBANs",
+        ) {
+            Ok(new_tip) => {
+                println!(
+                    ">>> release branch advanced to {new_tip} (a guards/ change): machines on the old tip now drift\n"
+                );
+                self.sim.set_release_tip(&new_tip.to_string());
+            }
+            Err(e) => println!("demo: cannot advance the release branch: {e}"),
+        }
+    }
+
+    /// Stops after `sweeps` sweeps, or once settled unless `keep_running`.
+    fn stop_when_done(&mut self) {
+        let limit_reached = self.sweeps != 0 && self.shown >= self.sweeps;
+        let settled = self.sweeps == 0 && self.quiet >= 3;
+        if settled && !self.settled_said {
+            self.settled_said = true;
+            println!(
+                "the fleet has settled: every machine that policy allows to rotate runs the release tip."
+            );
+            if self.keep_running {
                 println!("still serving (--keep-running): ctrl-c to stop.");
             }
         }
-        if limit_reached || (settled && !keep_running) {
-            stop.cancel();
+        if limit_reached || (settled && !self.keep_running) {
+            self.stop.cancel();
         }
-    })
-    .await?;
-    sim.shutdown().await;
-    Ok(())
+    }
+}
+
+/// One sweep's table, steps and timing.
+fn show_cycle(cycle: &daemon::Cycle) {
+    print!(
+        "{}",
+        render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions())
+    );
+    for s in &cycle.steps {
+        println!("  {} → {}", s.step, s.outcome);
+    }
+    println!("(cycle took {} ms)", cycle.duration.as_millis());
+    if let Some(e) = &cycle.fetch_error {
+        println!("warning: overlay not fetched, using the last known tip: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The history is the same on every run (the demo's pinned machines,
+    /// `check`'s and the deploy tests' fixtures rely on its ids).
+    #[test]
+    fn the_history_is_the_same_on_every_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = DemoRepo::create(&dir.path().join("o.git"))
+            .unwrap()
+            .build_history()
+            .unwrap();
+        let ids = format!(
+            "{} {} {} {} {} {}",
+            h.release.len(),
+            h.release[0],
+            h.release[h.policy_change],
+            h.release[h.security_fix],
+            h.release[h.release.len() - 1],
+            h.canary
+        );
+        assert_eq!(
+            ids,
+            "34 fda531b5ad2e9420604857896cfbb992d30a7822 d6064176facef314152d50842fdaafcf403dbfc0 d99434db766bc21541c6f0f8de20fb5bdcf1c752 ffeb6bacf1c46ad41ebf64d49b1abe75c5fff612 d436e36852e61184061cf9701994617ecb8b4080"
+        );
+    }
 }

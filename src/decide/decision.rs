@@ -224,22 +224,7 @@ impl fmt::Display for Decision {
                 since,
                 reason,
                 phase,
-            } => {
-                write!(f, "held")?;
-                if let Some(by) = by {
-                    write!(f, " by {by}")?;
-                }
-                if let Some(since) = since {
-                    write!(f, " since {}", at(since))?;
-                }
-                if let Some(reason) = reason {
-                    write!(f, " ({reason})")?;
-                }
-                if let Some(p) = phase {
-                    write!(f, "; its rotation waits in phase {p}")?;
-                }
-                f.write_str("; nothing is done until `release`")
-            }
+            } => held(f, by.as_deref(), since.as_ref(), reason.as_deref(), *phase),
             Decision::AwaitingApproval { target, severity } => write!(
                 f,
                 "{severity} drift in a manual pool: awaiting approval of {}",
@@ -260,39 +245,23 @@ impl fmt::Display for Decision {
                 at(since),
                 at(deadline)
             ),
-            Decision::Claiming { mode } => {
-                write!(
-                    f,
-                    "claiming a pool slot for a rotation (mode {})",
-                    mode.as_str()
-                )
-            }
+            Decision::Claiming { mode } => write!(
+                f,
+                "claiming a pool slot for a rotation (mode {})",
+                mode.as_str()
+            ),
             Decision::InRotation {
                 phase,
                 deadline,
                 verifying,
-            } => {
-                if *verifying {
-                    write!(f, "restarted; verifying it reports the target")?;
-                } else {
-                    write!(f, "rotation in phase {phase}")?;
-                }
-                if let Some(d) = deadline {
-                    write!(f, "; next deadline {}", at(d))?;
-                }
-                Ok(())
-            }
+            } => in_rotation(f, *phase, deadline.as_ref(), *verifying),
             Decision::Yielded { retry_at } => write!(
                 f,
                 "the rotation yielded without interrupting work; it retries at {}",
                 opt_at(retry_at)
             ),
             Decision::Unprobeable { since, ceiling_at } => {
-                write!(f, "no usable health report since {}", opt_at(since))?;
-                match ceiling_at {
-                    Some(c) => write!(f, "; the probe-failure ceiling falls at {}", at(c)),
-                    None => f.write_str("; no restart for it (its policy does not act by itself, or no drift was seen)"),
-                }
+                unprobeable(f, since, ceiling_at.as_ref())
             }
             Decision::TipUncertain { fetched_at } => write!(
                 f,
@@ -313,12 +282,7 @@ impl fmt::Display for Decision {
                 attempts,
                 at: when,
                 evidence,
-            } => write!(
-                f,
-                "the rotation to {} failed after {attempts} restart(s) at {} ({evidence}); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
-                short_commit(target),
-                at(when)
-            ),
+            } => rotation_failed(f, target, *attempts, when, evidence),
             Decision::MetadataUnknown { why } => write!(
                 f,
                 "Fly does not show its metadata ({why}): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken"
@@ -336,14 +300,87 @@ impl fmt::Display for Decision {
     }
 }
 
+/// `Held`: who, since when and why, as far as the hold says.
+fn held(
+    f: &mut fmt::Formatter<'_>,
+    by: Option<&str>,
+    since: Option<&DateTime<Utc>>,
+    reason: Option<&str>,
+    phase: Option<Phase>,
+) -> fmt::Result {
+    f.write_str("held")?;
+    if let Some(by) = by {
+        write!(f, " by {by}")?;
+    }
+    if let Some(since) = since {
+        write!(f, " since {}", at(since))?;
+    }
+    if let Some(reason) = reason {
+        write!(f, " ({reason})")?;
+    }
+    if let Some(p) = phase {
+        write!(f, "; its rotation waits in phase {p}")?;
+    }
+    f.write_str("; nothing is done until `release`")
+}
+
+/// `InRotation`: the phase (or verifying) and the next deadline.
+fn in_rotation(
+    f: &mut fmt::Formatter<'_>,
+    phase: Phase,
+    deadline: Option<&DateTime<Utc>>,
+    verifying: bool,
+) -> fmt::Result {
+    if verifying {
+        f.write_str("restarted; verifying it reports the target")?;
+    } else {
+        write!(f, "rotation in phase {phase}")?;
+    }
+    if let Some(d) = deadline {
+        write!(f, "; next deadline {}", at(d))?;
+    }
+    Ok(())
+}
+
+/// `Unprobeable`: since when, and whether the ceiling will restart it.
+fn unprobeable(
+    f: &mut fmt::Formatter<'_>,
+    since: &Option<DateTime<Utc>>,
+    ceiling_at: Option<&DateTime<Utc>>,
+) -> fmt::Result {
+    write!(f, "no usable health report since {}", opt_at(since))?;
+    match ceiling_at {
+        Some(c) => write!(f, "; the probe-failure ceiling falls at {}", at(c)),
+        None => f.write_str(
+            "; no restart for it (its policy does not act by itself, or no drift was seen)",
+        ),
+    }
+}
+
+/// `RotationFailed`: toward what, after how many restarts, and what now.
+fn rotation_failed(
+    f: &mut fmt::Formatter<'_>,
+    target: &str,
+    attempts: u32,
+    when: &DateTime<Utc>,
+    evidence: &str,
+) -> fmt::Result {
+    write!(
+        f,
+        "the rotation to {} failed after {attempts} restart(s) at {} ({evidence}); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
+        short_commit(target),
+        at(when)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn kinds_match_the_json_tag() {
+    /// One decision of every kind.
+    fn one_of_each() -> Vec<Decision> {
         let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("time");
-        let all = [
+        vec![
             Decision::OnTip,
             Decision::NotRunning {
                 state: "stopped".into(),
@@ -400,7 +437,12 @@ mod tests {
                 held: false,
                 phase: None,
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn kinds_match_the_json_tag() {
+        let all = one_of_each();
         assert_eq!(all.len(), Decision::KINDS.len());
         for d in all {
             let json = serde_json::to_value(&d).expect("json");
@@ -408,5 +450,69 @@ mod tests {
             let back: Decision = serde_json::from_value(json).expect("round trip");
             assert_eq!(back, d);
         }
+    }
+
+    /// The sentence of each kind, as every view shows it (and with the
+    /// optional parts a kind has).
+    #[test]
+    fn every_kind_reads_as_before() {
+        let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("time");
+        let mut all = one_of_each();
+        all.extend([
+            Decision::Held {
+                by: Some("ops".into()),
+                since: Some(t),
+                reason: Some("incident".into()),
+                phase: Some(Phase::Draining),
+            },
+            Decision::InRotation {
+                phase: Phase::Restarting,
+                deadline: Some(t),
+                verifying: true,
+            },
+            Decision::Unprobeable {
+                since: Some(t),
+                ceiling_at: Some(t),
+            },
+            Decision::AppNotListed {
+                held: true,
+                phase: None,
+            },
+            Decision::AppNotListed {
+                held: false,
+                phase: Some(Phase::Draining),
+            },
+        ]);
+        let text: Vec<String> = all.iter().map(Decision::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "on the release tip",
+                "not running (Fly state stopped); not probed or rotated",
+                "drifted since 2027-01-15T08:00:00Z; younger than rotation.min_drift_age, nothing is done before 2027-01-15T08:00:00Z",
+                "low drift; the pool's policy is observe: reported, never acted on",
+                "held; nothing is done until `release`",
+                "high drift in a manual pool: awaiting approval of abababababab",
+                "waiting for a slot: pool default has 1 of 1 rotation(s) in progress",
+                "recent input: the agent is left alone until 2027-01-15T08:00:00Z",
+                "draining since 2027-01-15T08:00:00Z: live work, restarted only when idle; yields at 2027-01-15T08:00:00Z rather than interrupt it",
+                "claiming a pool slot for a rotation (mode wait)",
+                "rotation in phase draining",
+                "the rotation yielded without interrupting work; it retries at an unknown time",
+                "no usable health report since an unknown time; no restart for it (its policy does not act by itself, or no drift was seen)",
+                "the overlay fetch is failing (last good fetch an unknown time): no rotation starts toward a tip that may be stale",
+                "reports a ref the mirror cannot resolve (since an unknown time); waiting for a later fetch to confirm",
+                "a rotation marker this reconciler cannot read (x); not touching it",
+                "the rotation to ab failed after 3 restart(s) at 2027-01-15T08:00:00Z (still on 22); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
+                "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
+                "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
+                "paused: app not listed; the last sweep could not list its app, nothing is done to it",
+                "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
+                "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",
+                "no usable health report since 2027-01-15T08:00:00Z; the probe-failure ceiling falls at 2027-01-15T08:00:00Z",
+                "held; paused: app not listed; the last sweep could not list its app, nothing is done to it",
+                "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
+            ]
+        );
     }
 }

@@ -648,29 +648,14 @@ impl Executor {
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let t = &step.target;
-        let (app, id) = (&t.app, &t.machine_id);
-        let mut w = Watch {
-            t,
-            lease,
-            marker: step.expected.clone(),
-            approval: step
-                .new_marker()
-                .or(step.expected.as_ref())
-                .filter(|m| m.action == PolicyAction::Manual)
-                .map(|m| m.target.clone()),
-        };
+        let mut w = Watch::of(step, lease);
         // The plan was made from a snapshot: act only on what is true now.
-        let machine = self
-            .check(
-                &w,
-                if step.needs_slot() {
-                    Call::Disruptive
-                } else {
-                    Call::Write
-                },
-            )
-            .await?;
-        let nonce = lease.nonce();
+        let call = if step.needs_slot() {
+            Call::Disruptive
+        } else {
+            Call::Write
+        };
+        let machine = self.check(&w, call).await?;
         match &step.kind {
             StepKind::Claim {
                 marker,
@@ -680,16 +665,7 @@ impl Executor {
                 self.claim(&mut w, step, marker, &machine, *drain, *reload)
                     .await
             }
-            StepKind::Withdraw { .. } => {
-                lease.ensure()?;
-                self.bounded(lease)
-                    .delete_metadata(app, id, MARKER_KEY, nonce)
-                    .await?;
-                if let Some(m) = &step.expected {
-                    self.release_slot(t, &m.tag, lease).await;
-                }
-                Ok(())
-            }
+            StepKind::Withdraw { .. } => self.withdraw(step, lease).await,
             StepKind::Advance { marker, cordon, .. } => {
                 self.advance(&mut w, step, marker, *cordon).await
             }
@@ -714,32 +690,46 @@ impl Executor {
                 // newer one (for a later tip) stays for the next rotation.
                 let clear_approval =
                     *clear_approval && approved(&machine, &marker.target, false).is_ok();
-                // A drain may have been requested after the snapshot the plan
-                // saw (a lost answer, another replica's retry): judged here,
-                // under the lease, undrain whenever the marker says one may
-                // have been asked of an agent that still runs.
-                let undrain = *undrain
-                    || step.expected.as_ref().is_some_and(|e| {
-                        e.drain_requested && e.phase != Phase::Yielded && machine.is_started()
-                    });
+                let undrain = *undrain || undrain_anyway(step, &machine);
                 self.release_rotation(&mut w, step, marker, undrain, clear_approval)
                     .await
             }
             StepKind::RecordUnprobed { record } => {
-                lease.ensure()?;
-                self.bounded(lease)
-                    .set_metadata(app, id, UNPROBED_KEY, &record.to_value(), nonce)
-                    .await?;
-                Ok(())
+                self.write_unprobed(t, lease, Some(&record.to_value()))
+                    .await
             }
-            StepKind::ClearUnprobed => {
-                lease.ensure()?;
-                self.bounded(lease)
-                    .delete_metadata(app, id, UNPROBED_KEY, nonce)
-                    .await?;
-                Ok(())
-            }
+            StepKind::ClearUnprobed => self.write_unprobed(t, lease, None).await,
         }
+    }
+
+    /// The claim goes (nothing was cordoned), and its slot if it won one.
+    async fn withdraw(&self, step: &Step, lease: &Held) -> Result<(), StepError> {
+        let t = &step.target;
+        lease.ensure()?;
+        self.bounded(lease)
+            .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, lease.nonce())
+            .await?;
+        if let Some(m) = &step.expected {
+            self.release_slot(t, &m.tag, lease).await;
+        }
+        Ok(())
+    }
+
+    /// Writes the probe-failure record (`value`), or deletes it (`None`).
+    async fn write_unprobed(
+        &self,
+        t: &Target,
+        lease: &Held,
+        value: Option<&str>,
+    ) -> Result<(), StepError> {
+        lease.ensure()?;
+        let fly = self.bounded(lease);
+        let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
+        match value {
+            Some(v) => fly.set_metadata(app, id, UNPROBED_KEY, v, nonce).await?,
+            None => fly.delete_metadata(app, id, UNPROBED_KEY, nonce).await?,
+        }
+        Ok(())
     }
 
     /// A marker's phase changes (with `cordon`, the machine is cordoned and,
@@ -1611,6 +1601,33 @@ struct Watch<'a> {
     marker: Option<Marker>,
     /// A `manual` rotation's commit, which a standing approval must name.
     approval: Option<CommitId>,
+}
+
+impl<'a> Watch<'a> {
+    /// What `step` expects of its machine at first: the plan's marker, and
+    /// for a `manual` rotation the commit an approval must name.
+    fn of(step: &'a Step, lease: &'a Held) -> Watch<'a> {
+        Watch {
+            t: &step.target,
+            lease,
+            marker: step.expected.clone(),
+            approval: step
+                .new_marker()
+                .or(step.expected.as_ref())
+                .filter(|m| m.action == PolicyAction::Manual)
+                .map(|m| m.target.clone()),
+        }
+    }
+}
+
+/// A drain may have been requested after the snapshot the plan saw (a lost
+/// answer, another replica's retry): judged here, under the lease, undrain
+/// whenever the marker says one may have been asked of an agent that still
+/// runs.
+fn undrain_anyway(step: &Step, machine: &Machine) -> bool {
+    step.expected
+        .as_ref()
+        .is_some_and(|e| e.drain_requested && e.phase != Phase::Yielded && machine.is_started())
 }
 
 /// What the next call of a step needs of the machine.

@@ -19,6 +19,7 @@ use crate::daemon::{self, Secrets, SweepOutcome};
 use crate::decide::decision::Decision;
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::report::render;
+use crate::report::wire::FleetDocument;
 use crate::service::{self, ServiceSecrets};
 use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
@@ -519,7 +520,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
         println!("── sweep {shown} · {} ──", chrono::Utc::now().format("%H:%M:%S"));
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                print!("{}", render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions()));
+                print!("{}", render::to_table(&FleetDocument::planned(&cycle.report, &cycle.plan)));
                 for s in &cycle.steps {
                     println!("  {} → {}", s.step, s.outcome);
                 }

@@ -20,7 +20,7 @@
 //!
 //! | module | concern |
 //! | --- | --- |
-//! | [`observe`] | read-only: [`observe::sweep`] (one pass → `FleetReport`), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
+//! | [`observe`] | read-only: [`observe::sweep`] (one pass → `Observation`: what was seen, no verdict), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
 //! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders) |
 //! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve / revoke) |
 //! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |

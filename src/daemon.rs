@@ -2,7 +2,9 @@
 //! and runs sweeps on an interval until shutdown.
 //!
 //! Owns the lifecycle of a sweep (when to fetch the overlay, when to sweep,
-//! what to keep when a fetch fails). It must never read the environment or the
+//! what to keep when a fetch fails) and the memory a loop keeps across
+//! sweeps (`LastListings`, the `Tracker`), which each turn passes to
+//! `decide::prepare`: observe → prepare → plan → act. It must never read the environment or the
 //! clock for decisions beyond scheduling: secrets come in as `Secrets`, and
 //! shutdown as a `CancellationToken`.
 

@@ -17,6 +17,7 @@ pub mod decision;
 pub mod listings;
 pub mod planner;
 pub mod policy;
+pub mod reason;
 pub mod severity;
 pub mod snapshot;
 pub mod step;

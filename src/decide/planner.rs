@@ -1,4 +1,5 @@
-//! The planner: snapshot + markers + operator state + `now` → steps and alerts.
+//! The planner: a [`Snapshot`] (markers and operator state in it) + `now` →
+//! a [`Plan`]: one decision and at most one step per machine, and alerts.
 //!
 //! Owns every policy decision of docs/design.md §5 and §6: the drift grace period,
 //! holds, approvals, pool caps, the live-work and recent-input guards, the

@@ -5,12 +5,12 @@ use chrono::{DateTime, Duration as Cd, Utc};
 use super::*;
 use crate::config::Config;
 use crate::decide::decision::Decision;
+use crate::decide::reason::{Reason, RuleMatch, SharedReason};
 use crate::decide::snapshot::{Snapshot, Verdict};
 use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::model::CommitId;
-use crate::model::{Reason, RuleMatch, SharedReason};
 use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
 use crate::observe::sweep::{MachineInputs, ObservedMachine, SlotsView};
 

@@ -18,10 +18,9 @@ use std::sync::Arc;
 
 use crate::config::SeverityRule;
 use crate::decide::policy::Policy;
+use crate::decide::reason::{Evidence, Reason, RuleMatch, SharedReason, Unresolved};
 use crate::decide::snapshot::{Snapshot, Verdict};
-use crate::model::{
-    CommitId, Evidence, PolicyAction, Reason, RuleMatch, Severity, SharedReason, Unresolved,
-};
+use crate::model::{CommitId, PolicyAction, Severity};
 use crate::observe::overlay::{DriftRange, RefAnalysis, SignalId, Signals};
 use crate::observe::sweep::{Observation, ObservedMachine};
 

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use crate::decide::listings::LastListings;
 use crate::decide::planner::Tracker;
 use crate::decide::policy::Policy;
+use crate::decide::reason::SharedReason;
 use crate::decide::severity;
-use crate::model::SharedReason;
 use crate::model::{MachineStatus, PolicyAction, Severity};
 use crate::observe::sweep::{
     AppListing, Observation, ObservedMachine, SlotsView, StaleApp, TipReport,
@@ -236,8 +236,8 @@ fn ratio(on_tip: usize, started: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::reason::{Reason, RuleMatch};
     use crate::model::MachineState;
-    use crate::model::{Reason, RuleMatch};
 
     /// A row is no bigger than the `MachineReport` it replaced (576 bytes
     /// on 64-bit targets): 100,000 of them are held at once.

@@ -940,15 +940,17 @@ mod tests {
         let verdict = status.is_classified().then(|| Verdict {
             severity: Severity::Medium,
             action: PolicyAction::AlertAndWait,
-            reason: crate::model::SharedReason(std::sync::Arc::new(crate::model::Reason {
-                rule: crate::model::RuleMatch::NoMatch {
-                    level: Severity::Medium,
+            reason: crate::decide::reason::SharedReason(std::sync::Arc::new(
+                crate::decide::reason::Reason {
+                    rule: crate::decide::reason::RuleMatch::NoMatch {
+                        level: Severity::Medium,
+                    },
+                    evidence: Vec::new(),
+                    behind,
+                    missing: Vec::new(),
+                    evidence_partial: false,
                 },
-                evidence: Vec::new(),
-                behind,
-                missing: Vec::new(),
-                evidence_partial: false,
-            })),
+            )),
         });
         JudgedMachine::new(seen, verdict)
     }

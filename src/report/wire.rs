@@ -22,10 +22,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
+use crate::decide::reason::{Reason, SharedReason};
 use crate::decide::snapshot::{AppSummary, JudgedMachine, Snapshot, stale_apps};
 use crate::model::{
-    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Reason, Severity,
-    SharedReason,
+    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
 };
 use crate::observe::sweep::{StaleApp, TipReport};
 
@@ -545,8 +545,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::decide::reason::RuleMatch;
     use crate::decide::snapshot::Verdict;
-    use crate::model::{MissingCommit, RuleMatch};
+    use crate::model::MissingCommit;
     use crate::observe::sweep::{ObservedMachine, SlotsView};
 
     fn commit(c: char) -> CommitId {

@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decide::reason::{Evidence, Reason, RuleMatch, Unresolved};
 use fleet_reconciler::decide::snapshot::{JudgedMachine, Snapshot};
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
-use fleet_reconciler::model::{
-    CommitId, Evidence, MachineStatus, MissingCommit, PolicyAction, Reason, RuleMatch, Severity,
-    Unresolved,
-};
+use fleet_reconciler::model::{CommitId, MachineStatus, MissingCommit, PolicyAction, Severity};
 use fleet_reconciler::report::wire::FleetDocument;
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};

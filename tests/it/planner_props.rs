@@ -19,6 +19,7 @@ use fleet_reconciler::decide::planner::{
     FetchState, PlanInput, RestartGuard, StepKind, Tracker, plan, restart_allowed,
 };
 use fleet_reconciler::decide::policy::Policy;
+use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
 use fleet_reconciler::decide::snapshot::{JudgedMachine, Verdict};
 use fleet_reconciler::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
@@ -26,7 +27,6 @@ use fleet_reconciler::metadata::slots::{Slot, SlotSet};
 use fleet_reconciler::metadata::unprobed::Unprobed;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
-use fleet_reconciler::model::{Reason, RuleMatch, SharedReason};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, Capability, RotationState};
 use fleet_reconciler::observe::sweep::{MachineInputs, ObservedMachine, SlotsView, observation};

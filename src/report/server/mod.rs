@@ -2,8 +2,10 @@
 //! controls and the status page.
 //!
 //! Owns the routes of docs/design.md §8.4 and the shared [`FleetView`] the sweep loop
-//! publishes into. Reads are served from the last sweep and never trigger
-//! one; the only ways it touches the world are the admin POSTs, which write
+//! publishes into (the last sweep's `decide::Snapshot`: pages and
+//! `/api/v1/machines/{id}` read its rows' controls and agent reports, and
+//! `/api/v1/fleet` is written from it as a [`FleetDocument`]). Reads are
+//! served from the last sweep and never trigger one; the only ways it touches the world are the admin POSTs, which write
 //! operator metadata through [`Operator`] (hold / release / approve / revoke) or wake
 //! the loop ([`ServerState::refresh_requests`]), all behind the bearer admin
 //! token compared in constant time. It must never run a sweep, act on a

@@ -10,7 +10,7 @@
 //! per sweep interval. Built with `maud`: every interpolated string (from
 //! an agent, Fly or the config) is HTML-escaped by the template itself, and
 //! markup is only ever what the templates here spell out. It must never
-//! compute a status, severity or action the sweep did not already decide.
+//! compute a status, severity or action the snapshot does not already carry.
 
 use std::cmp::Reverse;
 use std::time::Duration;

@@ -108,9 +108,10 @@ pub async fn check(sweeper: &Sweeper) -> Result<Snapshot, CheckError> {
 }
 
 /// One sweep, prepared by a process with no memory of earlier ones:
-/// observe the fleet against `tip` (read-only), then [`prepare`] it with
-/// fresh listings and a fresh tracker (each drift's severity, reason and
-/// action decided). `check` starts here.
+/// observe the fleet against `tip` (read-only), then [`prepare`] it with a
+/// one-shot listings memory (nothing carried, nothing copied) and a fresh
+/// tracker (each drift's severity, reason and action decided). `check`
+/// starts here.
 pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<Snapshot, SweepError> {
     let policy = Policy::from_config(&sweeper.config);
     let observation = sweeper.sweep(tip).await?;
@@ -120,7 +121,7 @@ pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<Snapshot, SweepError>
     Ok(prepare(
         &policy,
         observation,
-        &mut LastListings::default(),
+        &mut LastListings::one_shot(),
         &mut Tracker::default(),
         DateTime::UNIX_EPOCH,
     ))
@@ -173,7 +174,7 @@ pub fn plan_as_seen_before(
     let snapshot = prepare(
         policy,
         observation,
-        &mut LastListings::default(),
+        &mut LastListings::one_shot(),
         &mut tracker,
         first_seen,
     );

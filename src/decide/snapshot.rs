@@ -243,6 +243,11 @@ mod tests {
     /// on 64-bit targets): 100,000 of them are held at once.
     #[test]
     fn a_judged_row_is_no_bigger_than_before() {
+        println!(
+            "JudgedMachine {} B, ObservedMachine {} B",
+            std::mem::size_of::<JudgedMachine>(),
+            std::mem::size_of::<ObservedMachine>()
+        );
         assert!(
             std::mem::size_of::<JudgedMachine>() <= 576,
             "{} bytes",

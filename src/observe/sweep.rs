@@ -246,6 +246,9 @@ impl SweepError {
     }
 }
 
+/// The apps a sweep could not list: each one's index in the config, and why.
+type Unlisted = Vec<(usize, SweepError)>;
+
 /// Everything a sweep reads from; built once in `main` and reused.
 #[derive(Clone)]
 pub struct Sweeper {
@@ -264,46 +267,7 @@ impl Sweeper {
     /// `decide::prepare` gives the drifted rows their severity, action
     /// and reason.
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
-        // Inventory: every app concurrently. An app that cannot be listed is
-        // reported stale (and counts for nothing); the others are swept as
-        // usual. With no app listed there is nothing to report. Each machine
-        // becomes its row as it is decoded: the listing is not kept.
-        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
-            let listed = self
-                .fly
-                .list_machines_with(&AppName::from(app.name.as_str()), |m| listed_row(app, m))
-                .await;
-            (app, listed)
-        }))
-        .await;
-        // The rows are made once and completed in place: at 100,000 machines
-        // a second vector of them would be tens of MiB more at the peak.
-        let mut rows: Vec<ObservedMachine> = Vec::new();
-        let mut unlisted: Vec<(usize, SweepError)> = Vec::new();
-        for (app_index, (app, listing)) in listings.into_iter().enumerate() {
-            // Rows in config order of their apps, by name (then id) in each.
-            let listing = listing.map(|mut listed| {
-                listed.sort_by(|a, b| a.name.cmp(&b.name).then(a.machine_id.cmp(&b.machine_id)));
-                listed
-            });
-            match listing {
-                // The first app's rows are taken as they are, not copied.
-                Ok(listed) if rows.is_empty() => rows = listed,
-                Ok(listed) => rows.extend(listed),
-                Err(source) => unlisted.push((
-                    app_index,
-                    SweepError::Inventory {
-                        app: app.name.clone(),
-                        source,
-                    },
-                )),
-            }
-        }
-        if unlisted.len() == self.config.apps.len()
-            && let Some((_, first)) = unlisted.drain(..).next()
-        {
-            return Err(first);
-        }
+        let (mut rows, unlisted) = self.inventory().await?;
         rows.shrink_to_fit();
         let slots = self.read_slots().await;
         let app_index: HashMap<&str, usize> = self
@@ -367,6 +331,53 @@ impl Sweeper {
         observation.slots = slots;
         pools_from_slots(&mut observation);
         Ok(observation)
+    }
+
+    /// Every app's machines, listed concurrently, as rows in config order
+    /// of their apps (by name, then id, in each), and the apps that could
+    /// not be listed (by config index). An error only when none could be.
+    async fn inventory(&self) -> Result<(Vec<ObservedMachine>, Unlisted), SweepError> {
+        // Inventory: every app concurrently. An app that cannot be listed is
+        // reported stale (and counts for nothing); the others are swept as
+        // usual. With no app listed there is nothing to report. Each machine
+        // becomes its row as it is decoded: the listing is not kept.
+        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
+            let listed = self
+                .fly
+                .list_machines_with(&AppName::from(app.name.as_str()), |m| listed_row(app, m))
+                .await;
+            (app, listed)
+        }))
+        .await;
+        // The rows are made once and completed in place: at 100,000 machines
+        // a second vector of them would be tens of MiB more at the peak.
+        let mut rows: Vec<ObservedMachine> = Vec::new();
+        let mut unlisted: Unlisted = Vec::new();
+        for (app_index, (app, listing)) in listings.into_iter().enumerate() {
+            // Rows in config order of their apps, by name (then id) in each.
+            let listing = listing.map(|mut listed| {
+                listed.sort_by(|a, b| a.name.cmp(&b.name).then(a.machine_id.cmp(&b.machine_id)));
+                listed
+            });
+            match listing {
+                // The first app's rows are taken as they are, not copied.
+                Ok(listed) if rows.is_empty() => rows = listed,
+                Ok(listed) => rows.extend(listed),
+                Err(source) => unlisted.push((
+                    app_index,
+                    SweepError::Inventory {
+                        app: app.name.clone(),
+                        source,
+                    },
+                )),
+            }
+        }
+        if unlisted.len() == self.config.apps.len()
+            && let Some((_, first)) = unlisted.drain(..).next()
+        {
+            return Err(first);
+        }
+        Ok((rows, unlisted))
     }
 
     /// The coordinator's slot set; trouble reading it is data, not a failed sweep.

@@ -11,9 +11,10 @@ use serde::Serialize;
 
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
+use crate::decide::snapshot::AppSummary;
 use crate::decide::snapshot::Snapshot;
 use crate::model::{MachineStatus, PolicyAction, Severity};
-use crate::report::wire::FleetDocument;
+use crate::report::wire::{FleetDocument, RowView};
 
 /// The `check --output json` document of `doc`, pretty.
 pub fn to_json(doc: &FleetDocument<'_>) -> String {
@@ -63,40 +64,10 @@ pub fn to_table(report: &FleetDocument<'_>) -> String {
         "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
         "STATUS", "DECISION", "DETAIL",
     ];
-    let dash = || "-".to_string();
     let stale = report.stale_app_names();
     let rows: Vec<[String; 13]> = report
         .rows()
-        .map(|m| {
-            [
-                m.app.to_string(),
-                m.machine_id.to_string(),
-                m.name.to_owned(),
-                m.region.to_owned(),
-                m.pool.to_owned(),
-                m.reported_ref
-                    .map(|r| r.chars().take(12).collect())
-                    .unwrap_or_else(dash),
-                m.commits_behind.map(|n| n.to_string()).unwrap_or_else(dash),
-                m.commits_ahead.map(|n| n.to_string()).unwrap_or_else(dash),
-                m.severity.map(|s| s.to_string()).unwrap_or_else(dash),
-                m.action.map(|a| a.to_string()).unwrap_or_else(dash),
-                if m.status == MachineStatus::NotRunning {
-                    format!("not_running ({})", m.state)
-                } else {
-                    m.status.to_string()
-                },
-                report
-                    .decision(m.machine_id)
-                    .map(Decision::label)
-                    .unwrap_or_else(dash),
-                match (stale.contains(m.app.as_str()), m.detail) {
-                    (false, detail) => detail.unwrap_or_default().to_owned(),
-                    (true, None) => "stale (app not listed)".to_string(),
-                    (true, Some(d)) => format!("stale (app not listed); {d}"),
-                },
-            ]
-        })
+        .map(|m| cells(report, m, stale.contains(m.app.as_str())))
         .collect();
     // Names, regions and details come from Fly and the agents: a control
     // character (ESC, BEL, CR) is shown escaped, never sent to the terminal.
@@ -131,40 +102,7 @@ pub fn to_table(report: &FleetDocument<'_>) -> String {
     }
     out.push('\n');
     for app in report.apps.iter() {
-        let mut problems = Vec::new();
-        for status in MachineStatus::ALL {
-            if matches!(status, MachineStatus::OnTip) {
-                continue;
-            }
-            let n = report.count(Some(&app.name), status);
-            if n > 0 {
-                problems.push(format!("{n} {status}"));
-            }
-        }
-        let figures = format!(
-            "{}/{} started machines on tip, coherence {:.1}%{}",
-            app.on_tip,
-            app.machines,
-            app.coherence * 100.0,
-            if problems.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", problems.join(", "))
-            }
-        );
-        let line = match &app.stale {
-            None => format!("{}: {figures}", app.name),
-            Some(s) => match s.last_listed_at {
-                None => format!("{}: not listed: {}", app.name, s.error),
-                Some(at) => format!(
-                    "{}: not listed, showing its listing of {}: {figures}; {}",
-                    app.name,
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    s.error
-                ),
-            },
-        };
-        let _ = writeln!(out, "{}", printable(&line));
+        let _ = writeln!(out, "{}", printable(&app_line(report, app)));
     }
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
@@ -185,6 +123,77 @@ pub fn to_table(report: &FleetDocument<'_>) -> String {
         }
     );
     out
+}
+
+/// One machine's cells, in the table's column order (`stale`: its app was
+/// not listed by the sweep).
+fn cells(report: &FleetDocument<'_>, m: RowView<'_>, stale: bool) -> [String; 13] {
+    let dash = || "-".to_string();
+    [
+        m.app.to_string(),
+        m.machine_id.to_string(),
+        m.name.to_owned(),
+        m.region.to_owned(),
+        m.pool.to_owned(),
+        m.reported_ref
+            .map(|r| r.chars().take(12).collect())
+            .unwrap_or_else(dash),
+        m.commits_behind.map(|n| n.to_string()).unwrap_or_else(dash),
+        m.commits_ahead.map(|n| n.to_string()).unwrap_or_else(dash),
+        m.severity.map(|s| s.to_string()).unwrap_or_else(dash),
+        m.action.map(|a| a.to_string()).unwrap_or_else(dash),
+        if m.status == MachineStatus::NotRunning {
+            format!("not_running ({})", m.state)
+        } else {
+            m.status.to_string()
+        },
+        report
+            .decision(m.machine_id)
+            .map(Decision::label)
+            .unwrap_or_else(dash),
+        match (stale, m.detail) {
+            (false, detail) => detail.unwrap_or_default().to_owned(),
+            (true, None) => "stale (app not listed)".to_string(),
+            (true, Some(d)) => format!("stale (app not listed); {d}"),
+        },
+    ]
+}
+
+/// One app's coherence line, or why it was not listed.
+fn app_line(report: &FleetDocument<'_>, app: &AppSummary) -> String {
+    let mut problems = Vec::new();
+    for status in MachineStatus::ALL {
+        if matches!(status, MachineStatus::OnTip) {
+            continue;
+        }
+        let n = report.count(Some(&app.name), status);
+        if n > 0 {
+            problems.push(format!("{n} {status}"));
+        }
+    }
+    let figures = format!(
+        "{}/{} started machines on tip, coherence {:.1}%{}",
+        app.on_tip,
+        app.machines,
+        app.coherence * 100.0,
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", problems.join(", "))
+        }
+    );
+    match &app.stale {
+        None => format!("{}: {figures}", app.name),
+        Some(s) => match s.last_listed_at {
+            None => format!("{}: not listed: {}", app.name, s.error),
+            Some(at) => format!(
+                "{}: not listed, showing its listing of {}: {figures}; {}",
+                app.name,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                s.error
+            ),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -274,7 +274,7 @@ impl<'a> FleetDocument<'a> {
 
 /// The JSON Schema of [`FleetDocument`] (docs/fleet.schema.json), pretty.
 pub fn fleet_schema() -> String {
-    let schema = schemars::schema_for!(DocIn);
+    let schema = schemars::schema_for!(FleetDocument<'static>);
     serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
 }
 
@@ -408,6 +408,8 @@ impl Serialize for FleetDocument<'_> {
     }
 }
 
+// The document as read. Its doc comment below is the published schema's
+// description (docs/fleet.schema.json), kept word for word.
 /// The `check --output json` and `GET /api/v1/fleet` document: the report
 /// in its wire form ([`crate::report::wire`], which owns `schema_version`)
 /// and each machine's decision. docs/fleet.schema.json is generated from

@@ -106,7 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..rounds {
             let plan = fleet_reconciler::decide::planner::plan(&fleet_reconciler::decide::planner::PlanInput {
                 policy: &policy,
-                report: &report,
+                snapshot: &report,
                 tracker: &tracker,
                 owner: "bench",
                 fetch: fleet_reconciler::decide::planner::FetchState {
@@ -121,7 +121,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "  plan: {:>8.2} ms per plan over {} machines ({steps} steps, {} drifted)",
             started.elapsed().as_secs_f64() * 1000.0 / rounds as f64,
             report.machines.len(),
-            report.machines.iter().filter(|m| m.severity.is_some()).count(),
+            report.machines.iter().filter(|m| m.severity().is_some()).count(),
         );
         if let Some(mib) = peak_rss_mib() {
             println!("  peak RSS (daemon + simulated fleet): {mib:.1} MiB");

@@ -2,7 +2,9 @@
 //! and runs sweeps on an interval until shutdown.
 //!
 //! Owns the lifecycle of a sweep (when to fetch the overlay, when to sweep,
-//! what to keep when a fetch fails). It must never read the environment or the
+//! what to keep when a fetch fails) and the memory a loop keeps across
+//! sweeps (`LastListings`, the `Tracker`), which each turn passes to
+//! `decide::prepare`: observe → prepare → plan → act. It must never read the environment or the
 //! clock for decisions beyond scheduling: secrets come in as `Secrets`, and
 //! shutdown as a `CancellationToken`.
 
@@ -16,15 +18,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::act::executor::{Executor, StepReport};
 use crate::clock::{Clock, SharedClock};
+use crate::decide::listings::LastListings;
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
 use crate::decide::policy::Policy;
-use crate::decide::severity;
+use crate::decide::{Snapshot, prepare, severity};
 
 use crate::config::Config;
 use crate::fly::{FlyClient, FlyClientBuildError, FlyClientConfig, FlyTokens};
 use crate::observe::overlay::{Overlay, OverlayError, OverlaySource, Tip};
 use crate::observe::probe::{ProbeBuildError, Prober};
-use crate::observe::sweep::{FleetReport, LastListings, SweepError, Sweeper};
+use crate::observe::sweep::{Observation, SweepError, Sweeper};
 
 /// Secrets read from the environment at the binary's edge; `Debug` shows
 /// neither (secrecy), and they are exposed only where sent.
@@ -95,7 +98,7 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
 }
 
 /// One fetch and one read-only sweep: the `check` command.
-pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
+pub async fn check(sweeper: &Sweeper) -> Result<Snapshot, CheckError> {
     let tip = sweeper
         .overlay
         .fetch_within(sweeper.config.overlay.fetch_timeout.get())
@@ -104,21 +107,24 @@ pub async fn check(sweeper: &Sweeper) -> Result<FleetReport, CheckError> {
     Ok(sweep(sweeper, &tip).await?)
 }
 
-/// One sweep, judged: observe the fleet against `tip` (read-only), then
-/// decide each drift's severity, reason and action
-/// ([`severity::judge`]). The loop, `check` and `plan` all start here.
-pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<FleetReport, SweepError> {
-    sweep_judged(sweeper, &Policy::from_config(&sweeper.config), tip).await
-}
-
-/// [`sweep`] under a policy built once by the caller.
-async fn sweep_judged(
-    sweeper: &Sweeper,
-    policy: &Policy,
-    tip: &Tip,
-) -> Result<FleetReport, SweepError> {
+/// One sweep, prepared by a process with no memory of earlier ones:
+/// observe the fleet against `tip` (read-only), then [`prepare`] it with a
+/// one-shot listings memory (nothing carried, nothing copied) and a fresh
+/// tracker (each drift's severity, reason and action decided). `check`
+/// starts here.
+pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<Snapshot, SweepError> {
+    let policy = Policy::from_config(&sweeper.config);
     let observation = sweeper.sweep(tip).await?;
-    Ok(severity::judge(policy, observation))
+    // The memory is new and thrown away, so the time it is prepared at is
+    // never read back: no stale app has a last listing to date, and no
+    // drift clock outlives this call. The epoch stands in for it.
+    Ok(prepare(
+        &policy,
+        observation,
+        &mut LastListings::one_shot(),
+        &mut Tracker::default(),
+        DateTime::UNIX_EPOCH,
+    ))
 }
 
 /// One fetch, one read-only sweep and the plan a daemon would make from it:
@@ -134,37 +140,48 @@ pub async fn plan_once(
     sweeper: &Sweeper,
     owner: &str,
     clock: &dyn Clock,
-) -> Result<(FleetReport, Plan), CheckError> {
+) -> Result<(Snapshot, Plan), CheckError> {
     let tip = sweeper
         .overlay
         .fetch_within(sweeper.config.overlay.fetch_timeout.get())
         .await
         .map_err(CheckError::Fetch)?;
     let policy = Policy::from_config(&sweeper.config);
-    let report = sweep_judged(sweeper, &policy, &tip).await?;
-    let now = clock.now();
-    let plan = plan_as_seen_before(&policy, &report, owner, now);
-    Ok((report, plan))
+    let observation = sweeper.sweep(&tip).await?;
+    Ok(plan_as_seen_before(
+        &policy,
+        observation,
+        owner,
+        clock.now(),
+    ))
 }
 
-/// The plan for `report` at `now` of a daemon that first saw it
-/// `rotation.min_drift_age` ago and fetched the overlay just now.
+/// The snapshot of `observation` and its plan at `now`, as a daemon makes
+/// them that first saw it `rotation.min_drift_age` ago and fetched the
+/// overlay just now.
 pub fn plan_as_seen_before(
     policy: &Policy,
-    report: &FleetReport,
+    observation: Observation,
     owner: &str,
     now: DateTime<Utc>,
-) -> Plan {
+) -> (Snapshot, Plan) {
     let mut tracker = Tracker::default();
     let first_seen = chrono::Duration::from_std(policy.rotation.min_drift_age)
         .ok()
         .and_then(|age| now.checked_sub_signed(age))
         .unwrap_or(now);
-    tracker.observe(report, first_seen);
-    tracker.observe(report, now);
-    planner::plan(&PlanInput {
+    // Prepared as first seen then, and seen again now.
+    let snapshot = prepare(
         policy,
-        report,
+        observation,
+        &mut LastListings::one_shot(),
+        &mut tracker,
+        first_seen,
+    );
+    tracker.observe(&snapshot, now);
+    let plan = planner::plan(&PlanInput {
+        policy,
+        snapshot: &snapshot,
         tracker: &tracker,
         owner,
         fetch: FetchState {
@@ -172,7 +189,8 @@ pub fn plan_as_seen_before(
             failing: false,
         },
         now,
-    })
+    });
+    (snapshot, plan)
 }
 
 /// What one turn of the loop produced.
@@ -192,7 +210,8 @@ pub enum SweepOutcome {
 /// One successful sweep, its plan, and what the executor did.
 #[derive(Debug)]
 pub struct Cycle {
-    pub report: FleetReport,
+    /// The sweep's snapshot, as planned on.
+    pub report: Snapshot,
     pub plan: Plan,
     pub steps: Vec<StepReport>,
     /// Observe + plan + act.
@@ -359,10 +378,10 @@ async fn sweep_loop(
         };
         let swept = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = sweep_judged(sweeper, &policy, &current) => r,
+            r = sweeper.sweep(&current) => r,
         };
-        let mut report = match swept {
-            Ok(report) => report,
+        let observation = match swept {
+            Ok(observation) => observation,
             Err(e) => {
                 // Nothing was observed or done this turn: an ERROR, not a warning.
                 tracing::error!(error = %e, kind = e.kind(), "sweep failed");
@@ -376,12 +395,10 @@ async fn sweep_loop(
             }
         };
         let now = options.clock.now();
-        // An app this sweep could not list keeps its last listing, as stale.
-        listings.carry(&mut report, now);
-        tracker.observe(&report, now);
+        let report = prepare(&policy, observation, &mut listings, &mut tracker, now);
         let plan = planner::plan(&PlanInput {
             policy: &policy,
-            report: &report,
+            snapshot: &report,
             tracker: &tracker,
             owner: &options.owner,
             fetch: FetchState {

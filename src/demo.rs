@@ -19,6 +19,7 @@ use crate::daemon::{self, Secrets, SweepOutcome};
 use crate::decide::decision::Decision;
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::report::render;
+use crate::report::wire::FleetDocument;
 use crate::service::{self, ServiceSecrets};
 use crate::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
@@ -718,7 +719,7 @@ impl DemoProgress<'_> {
 fn show_cycle(cycle: &daemon::Cycle) {
     print!(
         "{}",
-        render::to_table_with_decisions(&cycle.report, &cycle.plan.decisions())
+        render::to_table(&FleetDocument::planned(&cycle.report, &cycle.plan))
     );
     for s in &cycle.steps {
         println!("  {} → {}", s.step, s.outcome);

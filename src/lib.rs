@@ -10,8 +10,11 @@
 //!
 //! One sweep, from `main`: [`service::run`] (or `check`/`plan` in
 //! [`daemon`]) drives [`daemon::reconcile_loop`], whose every turn fetches the
-//! overlay, calls [`observe`] for a snapshot, [`decide`] for a plan, and
-//! [`act`] for the steps; [`report`] shows the result. Calls go only
+//! overlay, calls [`observe`] for an observation (what was seen, no
+//! verdict), [`decide`] to prepare it into a snapshot (verdicts, stale
+//! apps' last listings, coherence) and plan on it, and [`act`] for the
+//! steps; [`report`] shows the result (and builds the wire document from
+//! the snapshot at the edge). Calls go only
 //! downstream, and so do types: a stage names its own types, those of the
 //! stages before it, and the shared vocabulary beside the flow ([`model`],
 //! [`metadata`], [`events`], [`config`], ...), never a later stage's. So
@@ -20,10 +23,10 @@
 //!
 //! | module | concern |
 //! | --- | --- |
-//! | [`observe`] | read-only: [`observe::sweep`] (one pass → `FleetReport`), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
-//! | [`decide`] | pure: [`decide::severity`] (drift → level → the pool's action, and the reason), [`decide::planner`] (snapshot + markers + now → steps, alerts, decisions), [`decide::decision`] (the typed decision every view renders) |
+//! | [`observe`] | read-only: [`observe::sweep`] (one pass → `Observation`: what was seen, no verdict), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
+//! | [`decide`] | pure: `Observation → prepare → Snapshot → plan → Plan`. [`decide::snapshot`] ([`decide::prepare`]: judge, carry stale apps' last listings ([`decide::listings`]), coherence, tracker → `Snapshot`), [`decide::severity`] (drift → level → the pool's action) and [`decide::reason`] (why: the typed `Reason`), [`decide::planner`] (snapshot + markers + now → one `MachinePlan` per machine, alerts), [`decide::decision`] (the typed decision every view renders) |
 //! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve / revoke) |
-//! | [`report`] | views: [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
+//! | [`report`] | views: [`report::wire`] (the fleet document: written from a `Snapshot`, read back by `status` as the same type), [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
 //! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`preflight`] | the `preflight` command's checks (secrets, apps with their own tokens, coordinator, overlay, webhooks, health sample), typed findings |
@@ -31,7 +34,7 @@
 //! | [`heap`] | the allocator's settings: one malloc arena, freed pages handed back after each sweep |
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`metadata`] | what is kept in Fly machine metadata, each key's format and parse (no I/O): [`metadata::marker`] (the rotation marker), [`metadata::operator`] (hold, approval), [`metadata::unprobed`] (the probe-failure record), [`metadata::slots`] (exact pool caps across replicas), [`metadata::controls`] (one machine's keys, parsed once) |
-//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction`, and `Reason` (why a drifted row has its severity, as `decide::severity::explain` gives it) |
+//! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction`, `MissingCommit` |
 //! | [`events`] | alerts (conditions) and one-shot action events for on-call |
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |

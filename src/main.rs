@@ -12,16 +12,14 @@ use fleet_reconciler::act::operator::{Operator, OperatorError};
 use fleet_reconciler::clock::SystemClock;
 use fleet_reconciler::config::{Config, ConfigError};
 use fleet_reconciler::daemon::{self, CheckError, Secrets, SetupError};
-use fleet_reconciler::decide::decision::Decision;
 #[cfg(feature = "sim")]
 use fleet_reconciler::demo;
 use fleet_reconciler::fly::{FlyClientBuildError, FlyTokens};
 use fleet_reconciler::metadata::HOLD_KEY;
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
-use fleet_reconciler::model::MachineId;
 use fleet_reconciler::observe::overlay::OverlayError;
-use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::preflight;
+use fleet_reconciler::report::wire::FleetDocument;
 use fleet_reconciler::report::{notify, render, server};
 use fleet_reconciler::service::{self, ServiceSecrets};
 use secrecy::SecretString;
@@ -385,8 +383,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let (view, json) = server::fetch_machine(&url, &machine, timeout).await?;
                 return Ok(print_machine(&view, &json, out.output));
             }
-            let doc = server::fetch_fleet_document(&url, timeout).await?;
-            Ok(print_fleet(&doc.report, &doc.decisions, out.output))
+            let doc = server::fetch_fleet(&url, timeout).await?;
+            Ok(print_fleet(&doc, out.output))
         }
         Command::Approve {
             machine,
@@ -429,13 +427,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // machine (`plan --output json` has the decisions).
                 Output::Json => {
                     let fleet = daemon::check(&sweeper).await?;
-                    Ok(print_fleet(&fleet, &Default::default(), out.output))
+                    Ok(print_fleet(&FleetDocument::of(&fleet), out.output))
                 }
                 // The table's DECISION column: the planner's, as `plan` makes it.
                 Output::Text => {
                     let (fleet, plan) =
                         daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
-                    Ok(print_fleet(&fleet, &plan.decisions(), out.output))
+                    Ok(print_fleet(
+                        &FleetDocument::planned(&fleet, &plan),
+                        out.output,
+                    ))
                 }
             }
         }
@@ -453,7 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     print!("{}", render::plan_to_table(&fleet, &plan));
                 }
             }
-            Ok(exit_code_of(&fleet))
+            Ok(exit_code_of(&FleetDocument::of(&fleet)))
         }
         #[cfg(feature = "sim")]
         Command::Demo {
@@ -1110,21 +1111,17 @@ fn print_document(doc: &impl serde::Serialize) {
     let _ = render::write_json(&mut out, doc, pretty).and_then(|()| out.flush());
 }
 
-fn print_fleet(
-    fleet: &FleetReport,
-    decisions: &std::collections::BTreeMap<MachineId, Decision>,
-    output: Output,
-) -> ExitCode {
+fn print_fleet(fleet: &FleetDocument<'_>, output: Output) -> ExitCode {
     match output {
-        Output::Json => print_document(&render::fleet_document(fleet, decisions)),
-        Output::Text => print!("{}", render::to_table_with_decisions(fleet, decisions)),
+        Output::Json => print_document(fleet),
+        Output::Text => print!("{}", render::to_table(fleet)),
     }
     exit_code_of(fleet)
 }
 
 /// `check`'s exit code: 2 when an app could not be listed (said on stderr),
 /// else 0 coherent, 1 drift or unprobeable machines.
-fn exit_code_of(fleet: &FleetReport) -> ExitCode {
+fn exit_code_of(fleet: &FleetDocument<'_>) -> ExitCode {
     let mut unlisted = false;
     for (_, stale) in fleet.stale_apps() {
         unlisted = true;

@@ -1,19 +1,26 @@
-//! Decide: a [`policy::Policy`], the judged snapshot, persisted markers and
-//! `now` → a [`planner::Plan`]: one [`planner::MachinePlan`] per machine (its
-//! decision, at most one step, its drift clock) and the alerts that hold.
-//! Pure: no clients, no clock, no randomness.
+//! Decide: `Observation → prepare → Snapshot → plan → Plan`. Pure: no
+//! clients, no clock, no randomness.
 //!
-//! [`policy`] is the narrow view of the config that deciding reads, built
-//! once; [`severity`] turns measured drift into a level and the pool's action
-//! (and says why); [`planner::plan`] applies holds, approvals, pool caps, the
-//! live-work guards and every ceiling of the rotation state machine (whose
-//! marker, like every value kept in machine metadata, is
-//! [`crate::metadata`]'s), and names a [`decision::Decision`] for each
-//! machine; [`step`] is the shape of what it asks the executor to do, and
-//! why. Nothing under `decide` performs a step or reads the world itself.
+//! [`prepare`] turns what one sweep saw ([`crate::observe::sweep::Observation`])
+//! into the [`Snapshot`] everything downstream reads: each drifted row judged
+//! ([`severity`]: measured drift → a level, the pool's action, and why),
+//! stale apps' last listings carried ([`listings`]), coherence computed, and
+//! the planner's memory ([`planner::Tracker`]) brought up to date.
+//! [`plan`] then applies holds, approvals, pool caps, the live-work guards
+//! and every ceiling of the rotation state machine to the snapshot, under a
+//! [`policy::Policy`] built once, and returns a [`Plan`]: one
+//! [`planner::MachinePlan`] per machine (its [`decision::Decision`], at most
+//! one [`step`], its drift clock) and the alerts that hold. Nothing under
+//! `decide` performs a step or reads the world itself.
 
 pub mod decision;
+pub mod listings;
 pub mod planner;
 pub mod policy;
+pub mod reason;
 pub mod severity;
+pub mod snapshot;
 pub mod step;
+
+pub use planner::{Plan, plan};
+pub use snapshot::{Snapshot, prepare};

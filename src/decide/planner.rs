@@ -1,4 +1,5 @@
-//! The planner: snapshot + markers + operator state + `now` → steps and alerts.
+//! The planner: a [`Snapshot`] (markers and operator state in it) + `now` →
+//! a [`Plan`]: one decision and at most one step per machine, and alerts.
 //!
 //! Owns every policy decision of docs/design.md §5 and §6: the drift grace period,
 //! holds, approvals, pool caps, the live-work and recent-input guards, the
@@ -24,6 +25,7 @@ use chrono::{DateTime, Utc};
 
 use crate::decide::decision::Decision;
 use crate::decide::policy::Policy;
+use crate::decide::snapshot::{JudgedMachine, Snapshot};
 pub use crate::decide::step::{
     AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, WithdrawWhy,
 };
@@ -35,7 +37,7 @@ use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
 use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{AgentReport, Capability};
-use crate::observe::sweep::{FleetReport, MachineReport, SlotsView};
+use crate::observe::sweep::SlotsView;
 
 /// How far in the future a heartbeat may be (clock skew) and still count as fresh.
 pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
@@ -141,10 +143,10 @@ impl Tracker {
     /// Folds one sweep in. Machines absent from the report are forgotten;
     /// machines of an app the sweep could not list are kept as they were
     /// (nothing new is known of them).
-    pub fn observe(&mut self, report: &FleetReport, now: DateTime<Utc>) {
-        let stale = report.stale_app_names();
-        let mut next = HashMap::with_capacity(report.machines.len());
-        for m in &report.machines {
+    pub fn observe(&mut self, snapshot: &Snapshot, now: DateTime<Utc>) {
+        let stale = snapshot.stale_app_names();
+        let mut next = HashMap::with_capacity(snapshot.machines.len());
+        for m in &snapshot.machines {
             let mut seen = self.machines.remove(&m.machine_id).unwrap_or_default();
             if stale.contains(m.app.as_str()) {
                 next.insert(m.machine_id.clone(), seen);
@@ -155,8 +157,8 @@ impl Tracker {
                     seen.drift_since = seen.drift_since.or(Some(now));
                     seen.unprobed_since = None;
                     seen.last_known_drifted = true;
-                    seen.last_known_action = m.action;
-                    seen.last_known_severity = m.severity;
+                    seen.last_known_action = m.action();
+                    seen.last_known_severity = m.severity();
                 }
                 MachineStatus::OnTip => seen = Seen::default(),
                 // Stopped: not counted; its drift clock starts over when it runs.
@@ -174,7 +176,7 @@ impl Tracker {
             next.insert(m.machine_id.clone(), seen);
         }
         self.machines = next;
-        self.slots_unknown_since = match report.slots {
+        self.slots_unknown_since = match snapshot.slots {
             SlotsView::Unknown(_) => self.slots_unknown_since.or(Some(now)),
             SlotsView::Known(_) | SlotsView::NotConfigured => None,
         };
@@ -214,7 +216,7 @@ pub struct FetchState {
 /// Everything `plan` reads.
 pub struct PlanInput<'a> {
     pub policy: &'a Policy,
-    pub report: &'a FleetReport,
+    pub snapshot: &'a Snapshot,
     pub tracker: &'a Tracker,
     /// This reconciler's identity, written into markers it creates.
     pub owner: &'a str,
@@ -268,7 +270,7 @@ fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
     }
 }
 
-fn operator_state(m: &MachineReport, now: DateTime<Utc>) -> OperatorState<'_> {
+fn operator_state(m: &JudgedMachine, now: DateTime<Utc>) -> OperatorState<'_> {
     OperatorState {
         controls: &m.inputs.controls,
         marker: m
@@ -376,7 +378,7 @@ fn recent_input_until(
 }
 
 /// The report of a started machine, if this sweep has one.
-fn usable_report(m: &MachineReport) -> Option<&AgentReport> {
+fn usable_report(m: &JudgedMachine) -> Option<&AgentReport> {
     m.inputs.report.as_ref().filter(|_| m.state.is_started())
 }
 
@@ -390,7 +392,7 @@ fn automatic(action: PolicyAction) -> bool {
 
 /// The probe-failure evidence for a machine without a usable report: the
 /// persisted record, else this run's memory.
-fn unprobed_evidence(tracker: &Tracker, m: &MachineReport, op: &OperatorState) -> Option<Unprobed> {
+fn unprobed_evidence(tracker: &Tracker, m: &JudgedMachine, op: &OperatorState) -> Option<Unprobed> {
     // Last seen drifted in this run, or mid-rotation (the marker says it was).
     let since = tracker.unprobed_since(&m.machine_id);
     let remembered = tracker
@@ -438,7 +440,7 @@ fn past_probe_ceiling(
 struct Candidate<'a> {
     severity: Severity,
     since: DateTime<Utc>,
-    m: &'a MachineReport,
+    m: &'a JudgedMachine,
     mode: RotationMode,
     action: PolicyAction,
     /// The marker the claim replaces: a due `yielded` one, or our own
@@ -454,13 +456,13 @@ struct Candidate<'a> {
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     // Markers, holds and approvals as this plan reads them, once per machine.
     let ops: Vec<OperatorState> = input
-        .report
+        .snapshot
         .machines
         .iter()
         .map(|m| operator_state(m, input.now))
         .collect();
     let mut planning = Planning::new(input, &ops);
-    for (m, op) in input.report.machines.iter().zip(&ops) {
+    for (m, op) in input.snapshot.machines.iter().zip(&ops) {
         planning.machine(m, op);
     }
     planning.claim_in_rank_order();
@@ -471,7 +473,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 /// The one context of a plan's steps: what they read, and the plan they build.
 struct Planning<'a> {
     policy: &'a Policy,
-    report: &'a FleetReport,
+    report: &'a Snapshot,
     tracker: &'a Tracker,
     owner: &'a str,
     fetch: FetchState,
@@ -501,7 +503,7 @@ struct Draft {
 
 impl<'a> Planning<'a> {
     fn new(input: &PlanInput<'a>, ops: &[OperatorState]) -> Planning<'a> {
-        let report = input.report;
+        let report = input.snapshot;
         let in_use = slots_in_use(report, ops);
         Planning {
             policy: input.policy,
@@ -551,11 +553,11 @@ impl<'a> Planning<'a> {
         }
     }
 
-    fn decide(&mut self, m: &MachineReport, decision: Decision) {
+    fn decide(&mut self, m: &JudgedMachine, decision: Decision) {
         self.draft(m).decision = Some(decision);
     }
 
-    fn draft(&mut self, m: &MachineReport) -> &mut Draft {
+    fn draft(&mut self, m: &JudgedMachine) -> &mut Draft {
         self.machines.entry(m.machine_id.clone()).or_default()
     }
 
@@ -579,7 +581,7 @@ impl<'a> Planning<'a> {
         self.start_order.push(id);
     }
 
-    fn alert(&mut self, kind: AlertKind, m: &MachineReport, severity: Severity, summary: String) {
+    fn alert(&mut self, kind: AlertKind, m: &JudgedMachine, severity: Severity, summary: String) {
         let alert = machine_alert(kind, m, self.tip, severity, summary);
         self.alerts.push(alert);
     }
@@ -587,7 +589,7 @@ impl<'a> Planning<'a> {
     /// One machine: skipped while its app is not listed; its drift alert;
     /// nothing more while it is held; else the step its marker calls for,
     /// or its candidacy for a claim; then the probe-failure bookkeeping.
-    fn machine(&mut self, m: &'a MachineReport, op: &'a OperatorState) {
+    fn machine(&mut self, m: &'a JudgedMachine, op: &'a OperatorState) {
         self.draft(m).drift_since = self.tracker.drift_since(&m.machine_id);
         if self.app_not_listed(m, op) {
             return;
@@ -652,7 +654,7 @@ impl<'a> Planning<'a> {
     /// no step for its machines, not even an undo, and no alert of its own
     /// (the caller keeps those that were firing). A rotation in progress
     /// there waits, marker and slot as they are, until it lists.
-    fn app_not_listed(&mut self, m: &MachineReport, op: &OperatorState) -> bool {
+    fn app_not_listed(&mut self, m: &JudgedMachine, op: &OperatorState) -> bool {
         if !self.stale.contains(m.app.as_str()) {
             return false;
         }
@@ -666,19 +668,19 @@ impl<'a> Planning<'a> {
 
     /// The drift alert, once the drift (or, unprobeable now, the last drift
     /// seen) is older than `min_drift_age`.
-    fn drift_alert(&mut self, m: &MachineReport, evidence: Option<&Unprobed>) {
+    fn drift_alert(&mut self, m: &JudgedMachine, evidence: Option<&Unprobed>) {
         let aged = self
             .tracker
             .drift_since(&m.machine_id)
             .is_some_and(|t| after(t, self.policy.rotation.min_drift_age) <= self.now);
-        if let (Some(severity), true) = (m.severity.or(evidence.map(|e| e.severity)), aged) {
+        if let (Some(severity), true) = (m.severity().or(evidence.map(|e| e.severity)), aged) {
             self.alert(AlertKind::Drift, m, severity, drift_summary(m));
         }
     }
 
     /// A held machine: decided `held`, and a rotation it holds a slot for
     /// is reported stuck. True when held.
-    fn held(&mut self, m: &MachineReport, op: &OperatorState) -> bool {
+    fn held(&mut self, m: &JudgedMachine, op: &OperatorState) -> bool {
         if !op.controls.is_held() {
             return false;
         }
@@ -712,7 +714,7 @@ impl<'a> Planning<'a> {
     }
 
     /// A marker this reconciler cannot read is left alone, and reported.
-    fn unreadable_marker(&mut self, m: &MachineReport, why: &str) -> Option<Step> {
+    fn unreadable_marker(&mut self, m: &JudgedMachine, why: &str) -> Option<Step> {
         self.decide(
             m,
             Decision::UnreadableMarker {
@@ -807,7 +809,7 @@ impl<'a> Planning<'a> {
     fn unfinished_claim_or_yielded(
         &mut self,
         ctx: &Ctx<'_>,
-        m: &'a MachineReport,
+        m: &'a JudgedMachine,
         marker: &Marker,
     ) -> Option<Step> {
         let yielded = marker.phase == Phase::Yielded;
@@ -895,7 +897,7 @@ impl<'a> Planning<'a> {
     fn candidacy(
         &mut self,
         ctx: &Ctx<'_>,
-        m: &'a MachineReport,
+        m: &'a JudgedMachine,
         expected: Option<&Marker>,
     ) -> bool {
         match candidate(ctx, m, &mut self.alerts) {
@@ -1076,10 +1078,7 @@ impl<'a> Planning<'a> {
 /// without a slot (being undone, maybe still cordoned) count too. Without a
 /// known set, every marker that may hold a slot counts, unreadable and
 /// unknown ones included.
-fn slots_in_use(
-    report: &FleetReport,
-    ops: &[OperatorState],
-) -> BTreeMap<(AppName, PoolName), usize> {
+fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, PoolName), usize> {
     let mut in_use: BTreeMap<(AppName, PoolName), usize> = BTreeMap::new();
     let set = match &report.slots {
         SlotsView::Known(set) => Some(set),
@@ -1087,7 +1086,7 @@ fn slots_in_use(
     };
     if let Some(set) = set {
         let stale = report.stale_app_names();
-        let machines: HashMap<(&str, &str), (&MachineReport, &OperatorState)> = report
+        let machines: HashMap<(&str, &str), (&JudgedMachine, &OperatorState)> = report
             .machines
             .iter()
             .zip(ops)
@@ -1162,7 +1161,7 @@ fn rotating(op: &OperatorState) -> Option<Phase> {
 }
 
 /// What a machine that is neither drifted nor unprobeable is doing.
-fn resting(m: &MachineReport) -> Decision {
+fn resting(m: &JudgedMachine) -> Decision {
     if !m.state.is_started() || m.status == MachineStatus::NotRunning {
         Decision::NotRunning {
             state: m.state.clone(),
@@ -1176,7 +1175,7 @@ fn resting(m: &MachineReport) -> Decision {
 /// if not, what is decided for it instead.
 fn candidate<'a>(
     ctx: &Ctx<'_>,
-    m: &'a MachineReport,
+    m: &'a JudgedMachine,
     alerts: &mut Vec<Alert>,
 ) -> Result<Candidate<'a>, Decision> {
     let Ctx {
@@ -1200,7 +1199,7 @@ fn candidate<'a>(
     if unprobeable(m.status) {
         return unprobeable_candidate(ctx, m);
     }
-    let Some(sev) = m.severity else {
+    let Some(sev) = m.severity() else {
         // A classified machine always has a severity; nothing to act on without one.
         return Err(resting(m));
     };
@@ -1221,7 +1220,7 @@ fn candidate<'a>(
     {
         return Err(Decision::UnconfirmedRef { since: drift_since });
     }
-    let action = m.action.unwrap_or(PolicyAction::Observe);
+    let action = m.action().unwrap_or(PolicyAction::Observe);
     let report = usable_report(m);
     let mode = match action {
         PolicyAction::Observe => return Err(Decision::ObserveOnly { severity: sev }),
@@ -1283,7 +1282,7 @@ fn automatic_mode(action: PolicyAction, report: Option<&AgentReport>) -> Option<
 /// agent still cannot be probed.
 fn unprobeable_candidate<'a>(
     ctx: &Ctx<'_>,
-    m: &'a MachineReport,
+    m: &'a JudgedMachine,
 ) -> Result<Candidate<'a>, Decision> {
     let Ctx {
         policy,
@@ -1382,7 +1381,7 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
 
 /// Keeps the persisted probe-failure record in step with what is seen.
 fn unprobed_bookkeeping(
-    m: &MachineReport,
+    m: &JudgedMachine,
     op: &OperatorState,
     target: &Target,
     evidence: Option<&Unprobed>,
@@ -1410,7 +1409,7 @@ fn unprobed_bookkeeping(
     }
 }
 
-fn target_of(m: &MachineReport) -> Target {
+fn target_of(m: &JudgedMachine) -> Target {
     Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
@@ -1423,7 +1422,7 @@ fn target_of(m: &MachineReport) -> Target {
 fn release(
     target: &Target,
     marker: &Marker,
-    m: &MachineReport,
+    m: &JudgedMachine,
     op: &OperatorState,
     ending: Ending,
     why: ReleaseWhy,
@@ -1460,7 +1459,7 @@ fn release(
 /// What `advance` reads about one machine.
 struct Ctx<'a> {
     policy: &'a Policy,
-    m: &'a MachineReport,
+    m: &'a JudgedMachine,
     op: &'a OperatorState<'a>,
     target: &'a Target,
     /// The pool the rotation's slot is in (the marker's), else the machine's.
@@ -1856,7 +1855,7 @@ fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
 
 /// Whether the machine's instance differs from the one the marker recorded:
 /// `fly deploy` / `fly machine update` replaced it (a restart keeps it).
-fn updated_from_outside(m: &MachineReport, marker: &Marker) -> bool {
+fn updated_from_outside(m: &JudgedMachine, marker: &Marker) -> bool {
     marker
         .instance_id
         .as_deref()
@@ -1864,7 +1863,7 @@ fn updated_from_outside(m: &MachineReport, marker: &Marker) -> bool {
 }
 
 /// Exit events since `since`, within `window` of it (a crash loop's evidence).
-fn exits_since(m: &MachineReport, since: DateTime<Utc>, window: Duration) -> usize {
+fn exits_since(m: &JudgedMachine, since: DateTime<Utc>, window: Duration) -> usize {
     let from = since.timestamp_millis();
     let to = after(since, window).timestamp_millis();
     m.inputs
@@ -2050,7 +2049,7 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
     step
 }
 
-fn drift_summary(m: &MachineReport) -> String {
+fn drift_summary(m: &JudgedMachine) -> String {
     match (m.status, m.commits_behind) {
         (MachineStatus::Drifted, Some(n)) => format!(
             "{} in {} runs an overlay {n} commit(s) behind the release tip",
@@ -2062,7 +2061,7 @@ fn drift_summary(m: &MachineReport) -> String {
 
 fn machine_alert(
     kind: AlertKind,
-    m: &MachineReport,
+    m: &JudgedMachine,
     tip: &CommitId,
     severity: Severity,
     summary: String,
@@ -2077,11 +2076,11 @@ fn machine_alert(
     if let Some(r) = &m.reported_ref {
         details.insert("reported_ref".to_string(), r.clone());
     }
-    if let Some(a) = m.action {
+    if let Some(a) = m.action() {
         details.insert("action".to_string(), a.to_string());
     }
     // The rule that decided the severity, for the payload (a stable text per rule).
-    if let Some(r) = &m.reason {
+    if let Some(r) = m.reason() {
         details.insert("severity_rule".to_string(), r.rule.to_string());
     }
     Alert {

@@ -5,12 +5,14 @@ use chrono::{DateTime, Duration as Cd, Utc};
 use super::*;
 use crate::config::Config;
 use crate::decide::decision::Decision;
+use crate::decide::reason::{Reason, RuleMatch, SharedReason};
+use crate::decide::snapshot::{Snapshot, Verdict};
 use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::model::CommitId;
 use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
-use crate::observe::sweep::{FleetReport, MachineInputs, MachineReport, SlotsView};
+use crate::observe::sweep::{MachineInputs, ObservedMachine, SlotsView};
 
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
@@ -74,34 +76,66 @@ fn the_direct_policy_is_the_configs() {
     assert_eq!(direct.sweep_interval, parsed.sweep_interval);
 }
 
-/// A machine fixture, chainable.
+/// A machine fixture, chainable: the machine as seen, and its verdict.
 #[derive(Clone)]
-struct M(MachineReport);
+struct M(ObservedMachine, Option<Verdict>);
+
+/// A reason for fixtures' verdicts (the planner reads only its rule's text).
+fn some_reason() -> SharedReason {
+    SharedReason(std::sync::Arc::new(Reason {
+        rule: RuleMatch::NoMatch {
+            level: Severity::Low,
+        },
+        evidence: Vec::new(),
+        behind: Some(3),
+        missing: Vec::new(),
+        evidence_partial: false,
+    }))
+}
+
+/// The snapshot of `machines` against the tip: each machine's controls
+/// parsed from its metadata, as the sweep parses them, and its verdict.
+fn snapshot(config: &Config, machines: Vec<M>) -> Snapshot {
+    let tip = crate::observe::overlay::Tip {
+        branch: "release".into(),
+        commit: crate::model::CommitId::parse(TIP).unwrap(),
+    };
+    let (seen, verdicts): (Vec<ObservedMachine>, Vec<Option<Verdict>>) =
+        machines.into_iter().map(|M(m, v)| (m, v)).unzip();
+    let mut verdicts = verdicts.into_iter();
+    let observation = crate::observe::sweep::observation(config, &tip, seen);
+    Snapshot::judged(observation, |_| {
+        verdicts.next().flatten().map(std::sync::Arc::new)
+    })
+}
 
 impl M {
     fn on_tip(id: &str) -> M {
-        M(MachineReport {
-            region: "iad".into(),
-            status: MachineStatus::OnTip,
-            reported_ref: Some(TIP.into()),
-            commit: CommitId::parse(TIP),
-            commits_behind: Some(0),
-            commits_ahead: Some(0),
-            inputs: MachineInputs {
-                report: Some(AgentReport {
-                    overlay_ref: TIP.into(),
-                    activity: Some(Activity::Idle),
-                    live_sessions: Some(0),
-                    last_input_at: None,
-                    heartbeat_at: None,
-                    capabilities: vec![],
-                    rotation: None,
-                }),
-                health_url: Some(format!("http://agents/{id}/health")),
-                ..MachineInputs::default()
+        M(
+            ObservedMachine {
+                region: "iad".into(),
+                status: MachineStatus::OnTip,
+                reported_ref: Some(TIP.into()),
+                commit: CommitId::parse(TIP),
+                commits_behind: Some(0),
+                commits_ahead: Some(0),
+                inputs: MachineInputs {
+                    report: Some(AgentReport {
+                        overlay_ref: TIP.into(),
+                        activity: Some(Activity::Idle),
+                        live_sessions: Some(0),
+                        last_input_at: None,
+                        heartbeat_at: None,
+                        capabilities: vec![],
+                        rotation: None,
+                    }),
+                    health_url: Some(format!("http://agents/{id}/health")),
+                    ..MachineInputs::default()
+                },
+                ..ObservedMachine::listed("app", id, id, crate::model::MachineState::Started)
             },
-            ..MachineReport::listed("app", id, id, crate::model::MachineState::Started)
-        })
+            None,
+        )
     }
 
     /// Drifted at `severity`, with the action the `default` pool maps it to.
@@ -111,8 +145,11 @@ impl M {
         m.0.reported_ref = Some(OLD.into());
         m.0.commit = CommitId::parse(OLD);
         m.0.commits_behind = Some(3);
-        m.0.severity = Some(severity);
-        m.0.action = Some(policy().action("default", severity));
+        m.1 = Some(Verdict {
+            severity,
+            action: policy().action("default", severity),
+            reason: some_reason(),
+        });
         if let Some(r) = m.0.inputs.report.as_mut() {
             r.overlay_ref = OLD.into();
         }
@@ -122,7 +159,9 @@ impl M {
     fn pool(mut self, pool: &str, action: PolicyAction) -> M {
         self.0.pool = pool.into();
         self.0.inputs.metadata.insert("pool".into(), pool.into());
-        self.0.action = Some(action);
+        if let Some(v) = &mut self.1 {
+            v.action = action;
+        }
         self
     }
 
@@ -164,8 +203,7 @@ impl M {
         self.0.status = MachineStatus::Unreachable;
         self.0.inputs.report = None;
         self.0.reported_ref = None;
-        self.0.severity = None;
-        self.0.action = None;
+        self.1 = None;
         self
     }
 
@@ -235,7 +273,7 @@ struct Fx {
     /// Only for building the report (its apps).
     config: Config,
     policy: Policy,
-    machines: Vec<MachineReport>,
+    machines: Vec<M>,
     tracker: Tracker,
 }
 
@@ -255,19 +293,12 @@ impl Fx {
     }
 
     fn with(mut self, m: M) -> Fx {
-        self.machines.push(m.0);
+        self.machines.push(m);
         self
     }
 
-    fn report(&self) -> FleetReport {
-        crate::observe::sweep::build_report(
-            &self.config,
-            &crate::observe::overlay::Tip {
-                branch: "release".into(),
-                commit: crate::model::CommitId::parse(TIP).unwrap(),
-            },
-            self.machines.clone(),
-        )
+    fn report(&self) -> Snapshot {
+        snapshot(&self.config, self.machines.clone())
     }
 
     /// Observes the fleet at `first_seen` (starting drift clocks), then plans at `now`.
@@ -277,7 +308,7 @@ impl Fx {
         self.tracker.observe(&report, now);
         plan(&PlanInput {
             policy: &self.policy,
-            report: &report,
+            snapshot: &report,
             tracker: &self.tracker,
             owner: "r1",
             fetch: fetched(),
@@ -422,7 +453,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
         tracker.observe(report, now);
         let p = plan(&PlanInput {
             policy: &cfg,
-            report,
+            snapshot: report,
             tracker: &tracker,
             owner: "r",
             fetch: fetched(),
@@ -450,7 +481,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
     tracker.observe(&healthy, t0() + Cd::minutes(21));
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &healthy,
+        snapshot: &healthy,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -997,7 +1028,7 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
     let tracker = Tracker::default();
     let plan = plan(&PlanInput {
         policy: &policy(),
-        report: &report,
+        snapshot: &report,
         tracker: &tracker,
         owner: "new-replica",
         fetch: fetched(),
@@ -1016,10 +1047,10 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
     assert!(plan.steps().is_empty(), "{:?}", plan.steps());
 }
 
-fn plan_fn(report: &FleetReport, tracker: &Tracker, now: DateTime<Utc>) -> Plan {
+fn plan_fn(report: &Snapshot, tracker: &Tracker, now: DateTime<Utc>) -> Plan {
     plan(&PlanInput {
         policy: &policy(),
-        report,
+        snapshot: report,
         tracker,
         owner: "r",
         fetch: fetched(),
@@ -1041,7 +1072,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0() + Cd::hours(3));
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &gone,
+        snapshot: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1052,7 +1083,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, now);
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &gone,
+        snapshot: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1073,7 +1104,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0() + Cd::hours(5));
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &gone,
+        snapshot: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1091,7 +1122,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0() + Cd::minutes(59));
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &gone,
+        snapshot: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1104,7 +1135,7 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     tracker.observe(&gone, t0() + Cd::hours(4));
     let p = plan(&PlanInput {
         policy: &wide,
-        report: &gone,
+        snapshot: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1137,7 +1168,7 @@ fn unreachable_machines_of_observe_and_manual_pools_are_never_restarted() {
         tracker.observe(&gone, now);
         let p = plan(&PlanInput {
             policy: &cfg,
-            report: &gone,
+            snapshot: &gone,
             tracker: &tracker,
             owner: "r",
             fetch: fetched(),
@@ -1178,7 +1209,7 @@ impl Fx {
         self.tracker.observe(&report, now);
         plan(&PlanInput {
             policy: &self.policy,
-            report: &report,
+            snapshot: &report,
             tracker: &self.tracker,
             owner: "r1",
             fetch,
@@ -1196,8 +1227,7 @@ impl M {
         self.0.status = MachineStatus::BadReport;
         self.0.inputs.report = None;
         self.0.reported_ref = None;
-        self.0.severity = None;
-        self.0.action = None;
+        self.1 = None;
         self
     }
 
@@ -1387,7 +1417,7 @@ fn scenario_8_bad_reports_count_toward_the_probe_failure_ceiling() {
     tracker.observe(&garbage, now);
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &garbage,
+        snapshot: &garbage,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1408,7 +1438,7 @@ fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
     tracker.observe(&gone, t0() + Cd::minutes(1));
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &gone,
+        snapshot: &gone,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1429,7 +1459,7 @@ fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
     let fresh = Tracker::default();
     let p = plan(&PlanInput {
         policy: &cfg,
-        report: &recorded,
+        snapshot: &recorded,
         tracker: &fresh,
         owner: "r",
         fetch: fetched(),
@@ -1625,7 +1655,7 @@ impl M {
 }
 
 /// Marks `app` as not listed by the sweep (its machines are its last listing).
-fn stale(mut report: FleetReport, app: &str) -> FleetReport {
+fn stale(mut report: Snapshot, app: &str) -> Snapshot {
     let summary = report
         .apps
         .iter_mut()
@@ -1729,7 +1759,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
         fx.tracker.observe(&report, now);
         plan(&PlanInput {
             policy: &fx.policy,
-            report: &report,
+            snapshot: &report,
             tracker: &fx.tracker,
             owner: "r1",
             fetch: fetched(),
@@ -1827,17 +1857,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
 #[test]
 fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
     let config = config("[[apps]]\nname = \"other\"\n");
-    let tip = crate::observe::overlay::Tip {
-        branch: "release".into(),
-        commit: crate::model::CommitId::parse(TIP).unwrap(),
-    };
-    let report = |machines: Vec<M>| {
-        crate::observe::sweep::build_report(
-            &config,
-            &tip,
-            machines.into_iter().map(|m| m.0).collect(),
-        )
-    };
+    let report = |machines: Vec<M>| snapshot(&config, machines);
     let mut tracker = Tracker::default();
     tracker.observe(
         &report(vec![
@@ -2532,7 +2552,7 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
             .approved(TIP, ApprovalMode::WhenIdle)
             .marker(&ended),
     );
-    if let Some(v) = fx.machines[0].inputs.metadata.get_mut(APPROVE_KEY) {
+    if let Some(v) = fx.machines[0].0.inputs.metadata.get_mut(APPROVE_KEY) {
         *v = v.replace(
             &t0().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             &later.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

@@ -9,20 +9,20 @@
 //! evidence and the newest missing commits, as a typed [`Reason`] the
 //! report carries on every drifted row (docs/design.md §5.2).
 //!
-//! [`judge`] is where a sweep's observation becomes the judged report the
-//! planner and every view read: the sweep measures drift and decides
-//! nothing; each drifted row's severity, reason and action are set here.
+//! [`judge`] is where a sweep's observation gets its verdicts (the first
+//! part of `decide::prepare`): the sweep measures drift and decides
+//! nothing; each drifted row's severity, reason and action are given here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::SeverityRule;
 use crate::decide::policy::Policy;
-use crate::model::{
-    CommitId, Evidence, PolicyAction, Reason, RuleMatch, Severity, SharedReason, Unresolved,
-};
+use crate::decide::reason::{Evidence, Reason, RuleMatch, SharedReason, Unresolved};
+use crate::decide::snapshot::{Snapshot, Verdict};
+use crate::model::{CommitId, PolicyAction, Severity};
 use crate::observe::overlay::{DriftRange, RefAnalysis, SignalId, Signals};
-use crate::observe::sweep::{FleetReport, Observation};
+use crate::observe::sweep::{Observation, ObservedMachine};
 
 /// What is known about a drift when it is classified.
 #[derive(Clone, Copy, Debug)]
@@ -234,57 +234,68 @@ fn matches(rule: &SeverityRule, ids: RuleSignals, drift: Drift<'_>) -> bool {
 }
 
 /// Decides, for each machine of a sweep's observation whose ref is not the
-/// tip, its severity (the first matching rule), why (the [`Reason`], shared by
-/// every machine on the same ref) and its pool's action. A drift whose path
-/// rules are not yet checked on every missing commit is only observed:
-/// nothing acts on a partial answer, later sweeps finish it.
-pub fn judge(policy: &Policy, observation: Observation) -> FleetReport {
-    let mut report = observation.0;
-    let mut reasons = Reasons::default();
-    for m in &mut report.machines {
+/// tip, its [`Verdict`]: its severity (the first matching rule), why (the
+/// [`Reason`], shared by every machine on the same ref) and its pool's
+/// action. A drift whose path rules are not yet checked on every missing
+/// commit is only observed: nothing acts on a partial answer, later sweeps
+/// finish it. The rows come back in the same order, with coherence figures.
+pub fn judge(policy: &Policy, observation: Observation) -> Snapshot {
+    let mut verdicts = Verdicts::default();
+    Snapshot::judged(observation, |m| verdicts.of(policy, m))
+}
+
+/// Verdicts of one sweep: classified and explained once per distinct
+/// reported ref, and one shared verdict per ref and pool, so a fleet on a
+/// few refs holds a few of each.
+#[derive(Default)]
+struct Verdicts {
+    by_ref: HashMap<String, ByRef>,
+}
+
+struct ByRef {
+    class: Classification,
+    reason: SharedReason,
+    by_pool: HashMap<String, Arc<Verdict>>,
+}
+
+impl Verdicts {
+    fn of(&mut self, policy: &Policy, m: &ObservedMachine) -> Option<Arc<Verdict>> {
         let (drift, partial) = match &m.inputs.analysis {
             Some(RefAnalysis::Drifted { range, .. }) => {
                 (Drift::Range(range), range.paths_incomplete)
             }
             Some(RefAnalysis::Ambiguous) => (Drift::Unresolved(Unresolved::Ambiguous), false),
             Some(RefAnalysis::Unknown) => (Drift::Unresolved(Unresolved::Unknown), false),
-            Some(RefAnalysis::OnTip { .. }) | None => continue,
+            Some(RefAnalysis::OnTip { .. }) | None => return None,
         };
         let reported_ref = m.reported_ref.as_deref().unwrap_or_default();
-        let (class, reason) = reasons.get(&policy.severity, reported_ref, drift);
-        m.severity = Some(class.severity);
-        m.reason = Some(reason);
-        m.action = Some(if partial {
-            PolicyAction::Observe
-        } else {
-            policy.action(&m.pool, class.severity)
-        });
-    }
-    report
-}
-
-/// Classifications and reasons of one sweep, once per distinct reported
-/// ref: a fleet on a few refs shares a few reasons.
-#[derive(Default)]
-struct Reasons {
-    by_ref: HashMap<String, (Classification, SharedReason)>,
-}
-
-impl Reasons {
-    fn get(
-        &mut self,
-        rules: &[SeverityRule],
-        reported_ref: &str,
-        drift: Drift<'_>,
-    ) -> (Classification, SharedReason) {
-        if let Some((class, reason)) = self.by_ref.get(reported_ref) {
-            return (*class, reason.clone());
+        let rules = &policy.severity;
+        // Looked up before inserting: no key is copied for a known ref.
+        if !self.by_ref.contains_key(reported_ref) {
+            let class = classify(rules, drift);
+            let by_ref = ByRef {
+                class,
+                reason: SharedReason(Arc::new(explain(rules, drift, class))),
+                by_pool: HashMap::new(),
+            };
+            self.by_ref.insert(reported_ref.to_owned(), by_ref);
         }
-        let class = classify(rules, drift);
-        let reason = SharedReason(Arc::new(explain(rules, drift, class)));
-        self.by_ref
-            .insert(reported_ref.to_owned(), (class, reason.clone()));
-        (class, reason)
+        let entry = self.by_ref.get_mut(reported_ref)?;
+        if let Some(verdict) = entry.by_pool.get(m.pool.as_str()) {
+            return Some(Arc::clone(verdict));
+        }
+        let severity = entry.class.severity;
+        let verdict = Arc::new(Verdict {
+            severity,
+            action: if partial {
+                PolicyAction::Observe
+            } else {
+                policy.action(&m.pool, severity)
+            },
+            reason: entry.reason.clone(),
+        });
+        entry.by_pool.insert(m.pool.clone(), Arc::clone(&verdict));
+        Some(verdict)
     }
 }
 
@@ -558,7 +569,7 @@ min_commits_behind = 3
     #[test]
     fn judge_decides_severity_reason_and_action_per_ref() {
         use crate::model::{MachineState, MachineStatus};
-        use crate::observe::sweep::{MachineInputs, MachineReport, build_report};
+        use crate::observe::sweep::{MachineInputs, ObservedMachine, observation};
         let config = Config::parse(
             std::path::Path::new("t.toml"),
             "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
@@ -570,14 +581,14 @@ min_commits_behind = 3
             analysis: Some(analysis),
             ..MachineInputs::default()
         };
-        let drifted = |id: &str, r: &str, range: DriftRange| MachineReport {
+        let drifted = |id: &str, r: &str, range: DriftRange| ObservedMachine {
             status: MachineStatus::Drifted,
             reported_ref: Some(r.into()),
             inputs: analysed(RefAnalysis::Drifted {
                 commit: commit.clone(),
                 range: Arc::new(range),
             }),
-            ..MachineReport::listed("a", id, id, MachineState::Started)
+            ..ObservedMachine::listed("a", id, id, MachineState::Started)
         };
         let small = range(&config.severity, 1, &[], &[]);
         let partial = DriftRange {
@@ -588,27 +599,27 @@ min_commits_behind = 3
             drifted("m1", "r1", small.clone()),
             drifted("m2", "r1", small),
             drifted("m3", "r2", partial),
-            MachineReport {
+            ObservedMachine {
                 status: MachineStatus::UnknownRef,
                 reported_ref: Some("nope".into()),
                 inputs: analysed(RefAnalysis::Unknown),
-                ..MachineReport::listed("a", "m4", "m4", MachineState::Started)
+                ..ObservedMachine::listed("a", "m4", "m4", MachineState::Started)
             },
-            MachineReport {
+            ObservedMachine {
                 status: MachineStatus::OnTip,
                 inputs: analysed(RefAnalysis::OnTip {
                     commit: commit.clone(),
                 }),
-                ..MachineReport::listed("a", "m5", "m5", MachineState::Started)
+                ..ObservedMachine::listed("a", "m5", "m5", MachineState::Started)
             },
-            MachineReport::listed("a", "m6", "m6", MachineState::Started),
+            ObservedMachine::listed("a", "m6", "m6", MachineState::Started),
         ];
         let tip = crate::observe::overlay::Tip {
             branch: "release".into(),
             commit: commit.clone(),
         };
         let policy = Policy::from_config(&config);
-        let report = judge(&policy, Observation(build_report(&config, &tip, machines)));
+        let report = judge(&policy, observation(&config, &tip, machines));
         let m = |id: &str| {
             report
                 .machines
@@ -620,19 +631,25 @@ min_commits_behind = 3
             &config.severity,
             Drift::Range(&range(&config.severity, 1, &[], &[])),
         );
-        assert_eq!(m("m1").severity, Some(low.severity));
-        assert_eq!(m("m1").action, Some(policy.action("default", low.severity)));
-        assert_ne!(m("m1").action, Some(PolicyAction::Observe));
-        let (r1, r2) = (m("m1").reason.as_ref(), m("m2").reason.as_ref());
+        assert_eq!(m("m1").severity(), Some(low.severity));
+        assert_eq!(
+            m("m1").action(),
+            Some(policy.action("default", low.severity))
+        );
+        assert_ne!(m("m1").action(), Some(PolicyAction::Observe));
+        let (r1, r2) = (m("m1").reason(), m("m2").reason());
         assert!(Arc::ptr_eq(&r1.expect("reason").0, &r2.expect("reason").0));
-        assert_eq!(m("m3").severity, Some(low.severity));
-        assert_eq!(m("m3").action, Some(PolicyAction::Observe));
+        assert_eq!(m("m3").severity(), Some(low.severity));
+        assert_eq!(m("m3").action(), Some(PolicyAction::Observe));
         let unknown = classify(&config.severity, Drift::Unresolved(Unresolved::Unknown));
-        assert_eq!(m("m4").severity, Some(unknown.severity));
-        assert!(m("m4").reason.is_some());
+        assert_eq!(m("m4").severity(), Some(unknown.severity));
+        assert!(m("m4").reason().is_some());
+        // One verdict per ref and pool, shared.
+        let (v1, v2) = (m("m1").verdict.as_ref(), m("m2").verdict.as_ref());
+        assert!(Arc::ptr_eq(v1.expect("verdict"), v2.expect("verdict")));
         for id in ["m5", "m6"] {
-            assert_eq!((m(id).severity, m(id).action), (None, None), "{id}");
-            assert!(m(id).reason.is_none(), "{id}");
+            assert_eq!((m(id).severity(), m(id).action()), (None, None), "{id}");
+            assert!(m(id).reason().is_none(), "{id}");
         }
     }
 }

@@ -3,9 +3,10 @@
 //! One sweep ([`sweep::Sweeper::sweep`]) lists every configured app's
 //! machines through [`crate::fly`], polls the started ones' health endpoints
 //! ([`probe`]) and asks the git mirror ([`overlay`]) how far each reported
-//! ref trails the release tip. The result is a [`sweep::FleetReport`]: the
-//! snapshot the planner decides on. Nothing under `observe` writes to Fly,
-//! POSTs to an agent, or decides what to do about what it saw.
+//! ref trails the release tip. The result is a [`sweep::Observation`]: what
+//! was seen, with no verdict on it (`decide::prepare` makes it the snapshot
+//! the planner decides on). Nothing under `observe` writes to Fly, POSTs to
+//! an agent, judges what it saw, or names a later stage's types.
 
 pub mod overlay;
 pub mod probe;

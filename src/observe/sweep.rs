@@ -1,21 +1,23 @@
-//! One sweep: inventory, probes and git, folded into a `FleetReport`.
+//! One sweep: inventory, probes and git, folded into an [`Observation`].
 //!
 //! Owns the observe half of observe → decide → act: list every configured
 //! app's machines, probe the started ones, ask the overlay about each
-//! reported ref, and compute coherence. Per-machine trouble
+//! reported ref, and read the coordinator's slots. Per-machine trouble
 //! becomes a per-machine status, and per-app trouble a per-app one: an app
 //! whose machines cannot be listed (deleted, a token without access to it, a
 //! partial Fly outage) is reported *stale* with the error, and never
 //! invalidates what the other apps' listings say. Only failures that make the
 //! whole picture untrustworthy (no app can be listed, git failing) fail the
-//! sweep. [`LastListings`] lets the daemon show a stale app's last listing.
+//! sweep (`decide::prepare` shows a stale app's last listing).
 //! A machine whose metadata is unknown (its host is not `ok`) is never
 //! shown as "no hold, no marker, pool default": its row says its metadata is
 //! unknown, its pool comes from its coordinator slot or its last known
 //! listing, and its hold and marker from that listing.
-//! It must never mutate anything: no Fly writes, no agent POSTs.
+//! It must never mutate anything (no Fly writes, no agent POSTs) nor judge
+//! what it saw: no severity, action, reason or coherence figure is made
+//! here, and nothing here is written on the wire.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -26,34 +28,37 @@ use crate::fly::{FlyClient, FlyError, Machine, MachineCheck, MachineEvent};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::controls::Controls;
 use crate::metadata::slots::SlotSet;
-use crate::model::{
-    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity, SharedReason,
-};
+use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
-/// The result of one sweep; serializes as the `check --output json` document
-/// (and reads back from it: `status` parses a daemon's `/api/v1/fleet`), in
-/// the shape `crate::report::wire` owns.
-#[derive(Clone, Debug)]
-pub struct FleetReport {
+/// What one sweep saw, before any policy: the tip it measured against,
+/// each configured app's listing status, every machine's row and the
+/// coordinator's slots. It carries no verdict (severity, action, reason)
+/// and no coherence figure: `decide::prepare` makes the snapshot the planner
+/// and every view read from it. Not serializable: what goes on the wire is
+/// `report::wire`'s document, built from that snapshot.
+#[derive(Debug)]
+#[must_use = "an observation is prepared into a decide::Snapshot"]
+pub struct Observation {
     pub tip: TipReport,
-    /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
-    pub coherence: f64,
-    pub apps: Vec<AppSummary>,
-    pub machines: Vec<MachineReport>,
+    /// One entry per configured app, in config order.
+    pub apps: Vec<AppListing>,
+    /// Rows in config order of their apps, by name (then id) in each.
+    pub machines: Vec<ObservedMachine>,
     /// The coordinator's slot set, read after the machines were listed (so
-    /// every slot of a marker in the listing is in it). Not part of the JSON.
+    /// every slot of a marker in the listing is in it).
     pub slots: SlotsView,
 }
 
-/// What one sweep saw, before any policy: each drifted row carries the
-/// overlay's analysis of its ref (`MachineInputs::analysis`) and no severity,
-/// action or reason yet. Only `decide::severity::judge` turns it into
-/// the `FleetReport` that is shown and planned on.
-#[derive(Debug)]
-#[must_use = "an observation is judged into a FleetReport"]
-pub struct Observation(pub(crate) FleetReport);
+/// Whether this sweep could list one configured app.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppListing {
+    pub name: String,
+    /// Set when this sweep could not list the app's machines: none of its
+    /// machines are in the observation.
+    pub stale: Option<StaleApp>,
+}
 
 /// What the sweep saw of the rotation slots.
 #[derive(Clone, Debug, Default)]
@@ -66,24 +71,29 @@ pub enum SlotsView {
     Unknown(String),
 }
 
+impl SlotsView {
+    /// The pool whose coordinator slot names `machine_id` of `app`, if one
+    /// does: read in the same sweep, so it stands in for the pool label of
+    /// a machine whose metadata is unknown.
+    pub fn pool_of(&self, app: &str, machine_id: &str) -> Option<String> {
+        let SlotsView::Known(set) = self else {
+            return None;
+        };
+        let prefix = format!("{app}/");
+        set.pools.iter().find_map(|(key, slots)| {
+            let pool = key.strip_prefix(&prefix)?;
+            slots
+                .iter()
+                .any(|s| s.machine_id == machine_id)
+                .then(|| pool.to_string())
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct TipReport {
     pub branch: String,
     pub commit: CommitId,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct AppSummary {
-    pub name: String,
-    /// Machines in state `started` (the coherence denominator).
-    pub machines: usize,
-    pub on_tip: usize,
-    pub coherence: f64,
-    /// Set when this sweep could not list the app's machines; absent when it
-    /// could. The figures above and the app's machines are then those of its
-    /// last listing (none when there was none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stale: Option<StaleApp>,
 }
 
 /// Why an app's entry is not from this sweep.
@@ -100,8 +110,11 @@ pub struct StaleApp {
     pub last_listed_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct MachineReport {
+/// One machine as the sweep saw it: the row every view shows (without
+/// the verdict `decide` adds to a drifted one) and, in [`MachineInputs`],
+/// what deciding and acting read beyond it.
+#[derive(Clone, Debug)]
+pub struct ObservedMachine {
     pub app: AppName,
     pub machine_id: MachineId,
     pub name: String,
@@ -113,22 +126,11 @@ pub struct MachineReport {
     pub commit: Option<CommitId>,
     pub commits_behind: Option<u64>,
     pub commits_ahead: Option<u64>,
-    pub severity: Option<Severity>,
-    pub action: Option<PolicyAction>,
     /// Why a machine is unreachable or its report bad, and whether its
     /// metadata is unknown (its host is not `ok`) and where its pool and
-    /// controls come from then; null otherwise.
-    #[serde(default)]
+    /// controls come from then; `None` otherwise.
     pub detail: Option<String>,
-    /// Why a drifted machine (`drifted`, `unknown_ref`, `ambiguous_ref`)
-    /// has its severity: the rule, its evidence, the newest missing
-    /// commits. Null otherwise. Shared by every machine on the same ref.
-    #[serde(default)]
-    pub reason: Option<SharedReason>,
-    /// What decide and act read of this machine beyond the row above. It is
-    /// never serialized: the row is what `check --output json` and the API
-    /// show (and `status` reads back), these are the inputs behind it.
-    #[serde(skip)]
+    /// What decide and act read of this machine beyond the row above.
     pub inputs: MachineInputs,
 }
 
@@ -136,14 +138,14 @@ pub struct MachineReport {
 #[derive(Clone, Debug)]
 pub struct MachineInputs {
     /// What the overlay said about the reported ref, for
-    /// `decide::severity::judge`.
+    /// `decide::prepare`'s judgement.
     pub analysis: Option<RefAnalysis>,
     /// The agent's parsed report, for the planner.
     pub report: Option<AgentReport>,
     /// The hold, approval, marker and probe-failure record in `metadata`,
-    /// parsed once by [`build_report`]. While `metadata_unknown`: the hold
-    /// and marker of the machine's last listing that knew them
-    /// ([`LastListings::carry`]), never an approval; empty when none did.
+    /// parsed once by [`observation`]. While `metadata_unknown`: the hold
+    /// and marker of the machine's last listing that knew them (filled in
+    /// by `decide::prepare`), never an approval; empty when none did.
     /// Shared: most machines have none, and those share one empty value
     /// ([`shared_controls`]) instead of holding 368 bytes each.
     pub controls: Arc<Controls>,
@@ -201,11 +203,11 @@ pub fn shared_controls(controls: Controls) -> Arc<Controls> {
     }
 }
 
-impl MachineReport {
+impl ObservedMachine {
     /// A machine as listed, before any probe or analysis: `not_running`,
-    /// region empty, pool `default`, nothing reported, nothing judged.
-    pub fn listed(app: &str, machine_id: &str, name: &str, state: MachineState) -> MachineReport {
-        MachineReport {
+    /// region empty, pool `default`, nothing reported.
+    pub fn listed(app: &str, machine_id: &str, name: &str, state: MachineState) -> ObservedMachine {
+        ObservedMachine {
             app: app.into(),
             machine_id: machine_id.into(),
             name: name.to_string(),
@@ -217,73 +219,9 @@ impl MachineReport {
             commit: None,
             commits_behind: None,
             commits_ahead: None,
-            severity: None,
-            action: None,
             detail: None,
-            reason: None,
             inputs: MachineInputs::default(),
         }
-    }
-}
-
-impl FleetReport {
-    /// True when every started machine reports the tip.
-    pub fn is_coherent(&self) -> bool {
-        self.machines
-            .iter()
-            .all(|m| matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
-    }
-
-    pub fn count(&self, app: Option<&str>, status: MachineStatus) -> usize {
-        self.machines
-            .iter()
-            .filter(|m| app.is_none_or(|a| m.app == a) && m.status == status)
-            .count()
-    }
-
-    /// The apps this sweep could not list, with why.
-    pub fn stale_apps(&self) -> impl Iterator<Item = (&str, &StaleApp)> {
-        self.apps
-            .iter()
-            .filter_map(|a| a.stale.as_ref().map(|s| (a.name.as_str(), s)))
-    }
-
-    /// Names of the apps this sweep could not list.
-    pub fn stale_app_names(&self) -> HashSet<&str> {
-        self.stale_apps().map(|(name, _)| name).collect()
-    }
-
-    /// Recomputes per-app and fleet coherence from the machines.
-    fn summarize(&mut self) {
-        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
-        for m in &self.machines {
-            if m.status == MachineStatus::NotRunning {
-                continue;
-            }
-            let c = counts.entry(m.app.as_str()).or_default();
-            c.0 += 1;
-            if m.status == MachineStatus::OnTip {
-                c.1 += 1;
-            }
-        }
-        for app in &mut self.apps {
-            let (started, on_tip) = counts.get(app.name.as_str()).copied().unwrap_or_default();
-            app.machines = started;
-            app.on_tip = on_tip;
-            app.coherence = ratio(on_tip, started);
-        }
-        let started: usize = self.apps.iter().map(|a| a.machines).sum();
-        let on_tip: usize = self.apps.iter().map(|a| a.on_tip).sum();
-        self.coherence = ratio(on_tip, started);
-    }
-}
-
-/// On-tip ÷ started; 1.0 with no started machine.
-fn ratio(on_tip: usize, started: usize) -> f64 {
-    if started == 0 {
-        1.0
-    } else {
-        on_tip as f64 / started as f64
     }
 }
 
@@ -308,6 +246,9 @@ impl SweepError {
     }
 }
 
+/// The apps a sweep could not list: each one's index in the config, and why.
+type Unlisted = Vec<(usize, SweepError)>;
+
 /// Everything a sweep reads from; built once in `main` and reused.
 #[derive(Clone)]
 pub struct Sweeper {
@@ -323,49 +264,10 @@ pub struct Sweeper {
 
 impl Sweeper {
     /// Observes the fleet against `tip`. Read-only, and decides nothing:
-    /// `decide::severity::judge` gives the drifted rows their
-    /// severity, action and reason.
+    /// `decide::prepare` gives the drifted rows their severity, action
+    /// and reason.
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
-        // Inventory: every app concurrently. An app that cannot be listed is
-        // reported stale (and counts for nothing); the others are swept as
-        // usual. With no app listed there is nothing to report. Each machine
-        // becomes its row as it is decoded: the listing is not kept.
-        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
-            let listed = self
-                .fly
-                .list_machines_with(&AppName::from(app.name.as_str()), |m| listed_row(app, m))
-                .await;
-            (app, listed)
-        }))
-        .await;
-        // The rows are made once and completed in place: at 100,000 machines
-        // a second vector of them would be tens of MiB more at the peak.
-        let mut rows: Vec<MachineReport> = Vec::new();
-        let mut unlisted: Vec<(usize, SweepError)> = Vec::new();
-        for (app_index, (app, listing)) in listings.into_iter().enumerate() {
-            // Rows in config order of their apps, by name (then id) in each.
-            let listing = listing.map(|mut listed| {
-                listed.sort_by(|a, b| a.name.cmp(&b.name).then(a.machine_id.cmp(&b.machine_id)));
-                listed
-            });
-            match listing {
-                // The first app's rows are taken as they are, not copied.
-                Ok(listed) if rows.is_empty() => rows = listed,
-                Ok(listed) => rows.extend(listed),
-                Err(source) => unlisted.push((
-                    app_index,
-                    SweepError::Inventory {
-                        app: app.name.clone(),
-                        source,
-                    },
-                )),
-            }
-        }
-        if unlisted.len() == self.config.apps.len()
-            && let Some((_, first)) = unlisted.drain(..).next()
-        {
-            return Err(first);
-        }
+        let (mut rows, unlisted) = self.inventory().await?;
         rows.shrink_to_fit();
         let slots = self.read_slots().await;
         let app_index: HashMap<&str, usize> = self
@@ -375,7 +277,7 @@ impl Sweeper {
             .enumerate()
             .map(|(i, app)| (app.name.as_str(), i))
             .collect();
-        let index_of = |m: &MachineReport| app_index.get(m.app.as_str()).copied().unwrap_or(0);
+        let index_of = |m: &ObservedMachine| app_index.get(m.app.as_str()).copied().unwrap_or(0);
 
         // Probes: only started machines with a safe URL have a reachable
         // agent; each outcome goes on its row as it is read.
@@ -416,9 +318,9 @@ impl Sweeper {
         for m in &mut rows {
             analysed_row(m, &analysis);
         }
-        let mut report = build_report(&self.config, tip, rows);
+        let mut observation = observation(&self.config, tip, rows);
         for (app_index, e) in unlisted {
-            if let Some(app) = report.apps.get_mut(app_index) {
+            if let Some(app) = observation.apps.get_mut(app_index) {
                 app.stale = Some(StaleApp {
                     error: e.to_string(),
                     kind: e.kind().to_string(),
@@ -426,9 +328,56 @@ impl Sweeper {
                 });
             }
         }
-        report.slots = slots;
-        pools_from_slots(&mut report);
-        Ok(Observation(report))
+        observation.slots = slots;
+        pools_from_slots(&mut observation);
+        Ok(observation)
+    }
+
+    /// Every app's machines, listed concurrently, as rows in config order
+    /// of their apps (by name, then id, in each), and the apps that could
+    /// not be listed (by config index). An error only when none could be.
+    async fn inventory(&self) -> Result<(Vec<ObservedMachine>, Unlisted), SweepError> {
+        // Inventory: every app concurrently. An app that cannot be listed is
+        // reported stale (and counts for nothing); the others are swept as
+        // usual. With no app listed there is nothing to report. Each machine
+        // becomes its row as it is decoded: the listing is not kept.
+        let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
+            let listed = self
+                .fly
+                .list_machines_with(&AppName::from(app.name.as_str()), |m| listed_row(app, m))
+                .await;
+            (app, listed)
+        }))
+        .await;
+        // The rows are made once and completed in place: at 100,000 machines
+        // a second vector of them would be tens of MiB more at the peak.
+        let mut rows: Vec<ObservedMachine> = Vec::new();
+        let mut unlisted: Unlisted = Vec::new();
+        for (app_index, (app, listing)) in listings.into_iter().enumerate() {
+            // Rows in config order of their apps, by name (then id) in each.
+            let listing = listing.map(|mut listed| {
+                listed.sort_by(|a, b| a.name.cmp(&b.name).then(a.machine_id.cmp(&b.machine_id)));
+                listed
+            });
+            match listing {
+                // The first app's rows are taken as they are, not copied.
+                Ok(listed) if rows.is_empty() => rows = listed,
+                Ok(listed) => rows.extend(listed),
+                Err(source) => unlisted.push((
+                    app_index,
+                    SweepError::Inventory {
+                        app: app.name.clone(),
+                        source,
+                    },
+                )),
+            }
+        }
+        if unlisted.len() == self.config.apps.len()
+            && let Some((_, first)) = unlisted.drain(..).next()
+        {
+            return Err(first);
+        }
+        Ok((rows, unlisted))
     }
 
     /// The coordinator's slot set; trouble reading it is data, not a failed sweep.
@@ -452,7 +401,7 @@ impl Sweeper {
 
 /// `text` after what the row's `detail` already says (its note that the
 /// metadata is unknown, put there as it was listed).
-fn add_detail(r: &mut MachineReport, text: String) {
+fn add_detail(r: &mut ObservedMachine, text: String) {
     r.detail = Some(match r.detail.take() {
         Some(note) => format!("{note}; {text}"),
         None => text,
@@ -461,7 +410,7 @@ fn add_detail(r: &mut MachineReport, text: String) {
 
 /// The row of `m` as listed: only what later steps read is kept, and its
 /// health URL when it is started.
-fn listed_row(app: &AppConfig, m: Machine) -> MachineReport {
+fn listed_row(app: &AppConfig, m: Machine) -> ObservedMachine {
     // Unknown is never empty: a host Fly cannot reach keeps its metadata
     // out of `metadata`, and says why.
     let unknown = m.known_metadata().err();
@@ -503,10 +452,10 @@ fn listed_row(app: &AppConfig, m: Machine) -> MachineReport {
     } else {
         None
     };
-    let mut row = MachineReport {
+    let mut row = ObservedMachine {
         region: m.region,
         pool,
-        ..MachineReport::listed(&app.name, &m.id, &m.name, m.state)
+        ..ObservedMachine::listed(&app.name, &m.id, &m.name, m.state)
     };
     row.inputs.metadata = metadata;
     row.inputs.metadata_unknown = metadata_unknown;
@@ -529,7 +478,7 @@ fn listed_row(app: &AppConfig, m: Machine) -> MachineReport {
 }
 
 /// What the probe of its agent said.
-fn probed_row(r: &mut MachineReport, probe: ProbeOutcome) {
+fn probed_row(r: &mut ObservedMachine, probe: ProbeOutcome) {
     match probe {
         ProbeOutcome::Unreachable(why) => {
             r.status = MachineStatus::Unreachable;
@@ -547,7 +496,7 @@ fn probed_row(r: &mut MachineReport, probe: ProbeOutcome) {
 }
 
 /// The row completed: what the overlay said of its reported ref.
-fn analysed_row(r: &mut MachineReport, analysis: &HashMap<String, RefAnalysis>) {
+fn analysed_row(r: &mut ObservedMachine, analysis: &HashMap<String, RefAnalysis>) {
     let Some(reported) = &r.reported_ref else {
         return;
     };
@@ -583,9 +532,6 @@ fn analysed_row(r: &mut MachineReport, analysis: &HashMap<String, RefAnalysis>) 
     r.inputs.analysis = Some(verdict);
 }
 
-/// The pool whose coordinator slot names `machine_id`, if one does: read in
-/// the same sweep, so it stands in for the pool label of a machine whose
-/// metadata is unknown.
 /// Items keyed by their app, reordered so that apps take turns: every
 /// app's first item, then every app's second, and so on (each app's items
 /// keep their order). One huge app then shares the probe budget with a
@@ -607,28 +553,14 @@ fn taking_turns(items: impl Iterator<Item = (usize, usize)>) -> Vec<usize> {
     out
 }
 
-fn slot_pool(slots: &SlotsView, app: &str, machine_id: &str) -> Option<String> {
-    let SlotsView::Known(set) = slots else {
-        return None;
-    };
-    let prefix = format!("{app}/");
-    set.pools.iter().find_map(|(key, slots)| {
-        let pool = key.strip_prefix(&prefix)?;
-        slots
-            .iter()
-            .any(|s| s.machine_id == machine_id)
-            .then(|| pool.to_string())
-    })
-}
-
 /// Gives each machine whose metadata is unknown the pool its coordinator
 /// slot names, when one does.
-fn pools_from_slots(report: &mut FleetReport) {
-    for m in &mut report.machines {
+fn pools_from_slots(observation: &mut Observation) {
+    for m in &mut observation.machines {
         if m.inputs.metadata_unknown.is_none() {
             continue;
         }
-        if let Some(pool) = slot_pool(&report.slots, &m.app, &m.machine_id) {
+        if let Some(pool) = observation.slots.pool_of(&m.app, &m.machine_id) {
             let note = format!("pool {pool} per its slot in the coordinator's slot set");
             m.detail = Some(match m.detail.take() {
                 Some(d) => format!("{d}; {note}"),
@@ -657,175 +589,28 @@ pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a
 /// fully checked yet.
 pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing commit (git work per sweep is bounded); observed only until later sweeps finish";
 
-/// Folds machine reports into the fleet report: per-app and fleet
-/// coherence, and each machine's [`Controls`] read from its metadata.
-pub fn build_report(config: &Config, tip: &Tip, mut machines: Vec<MachineReport>) -> FleetReport {
+/// The observation of `machines` against `tip`: every configured app
+/// listed (none stale), no slots read, and each machine's [`Controls`]
+/// parsed from its metadata.
+pub fn observation(config: &Config, tip: &Tip, mut machines: Vec<ObservedMachine>) -> Observation {
     for m in &mut machines {
         m.inputs.controls = shared_controls(Controls::parse(&m.inputs.metadata));
     }
-    let mut report = FleetReport {
+    Observation {
         tip: TipReport {
             branch: tip.branch.clone(),
             commit: tip.commit.clone(),
         },
-        coherence: 1.0,
         apps: config
             .apps
             .iter()
-            .map(|app| AppSummary {
+            .map(|app| AppListing {
                 name: app.name.clone(),
-                machines: 0,
-                on_tip: 0,
-                coherence: 1.0,
                 stale: None,
             })
             .collect(),
         machines,
         slots: SlotsView::NotConfigured,
-    };
-    report.summarize();
-    report
-}
-
-/// Each app's last successful listing, kept by the daemon across sweeps: an
-/// app a sweep cannot list keeps its last known machines and figures in the
-/// report (marked stale, with when they were listed) rather than vanishing
-/// from the report, the metrics and the planner's memory. A provider error in
-/// one app never invalidates the data of the others, and never makes its own
-/// machines look gone.
-#[derive(Debug, Default)]
-pub struct LastListings {
-    apps: HashMap<String, Listing>,
-    /// Apps whose last listing failed, with the error logged.
-    failing: HashMap<String, String>,
-}
-
-#[derive(Debug)]
-struct Listing {
-    at: DateTime<Utc>,
-    machines: Vec<MachineReport>,
-    /// When each machine's metadata was last known (listed with it).
-    known_at: HashMap<MachineId, DateTime<Utc>>,
-}
-
-impl Listing {
-    /// Fills each machine of a fresh listing whose metadata is unknown from
-    /// this earlier listing: its pool (unless its coordinator slot named
-    /// one this sweep) and the controls that restrain (hold, marker), never
-    /// the approval, which authorizes. Returns when each machine's metadata
-    /// was last known.
-    fn fill_unknown(
-        &self,
-        machines: &mut [MachineReport],
-        slots: &SlotsView,
-        now: DateTime<Utc>,
-    ) -> HashMap<MachineId, DateTime<Utc>> {
-        let mut known_at = HashMap::new();
-        for m in machines {
-            if m.inputs.metadata_unknown.is_none() {
-                known_at.insert(m.machine_id.clone(), now);
-                continue;
-            }
-            let (Some(last), Some(at)) = (
-                self.machines.iter().find(|l| l.machine_id == m.machine_id),
-                self.known_at.get(&m.machine_id),
-            ) else {
-                continue;
-            };
-            known_at.insert(m.machine_id.clone(), *at);
-            let from_slot = slot_pool(slots, &m.app, &m.machine_id).is_some();
-            if !from_slot {
-                m.pool = last.pool.clone();
-            }
-            m.inputs.controls = shared_controls(Controls {
-                hold: last.inputs.controls.hold.clone(),
-                marker: last.inputs.controls.marker.clone(),
-                approval: None,
-                unprobed: None,
-            });
-            let note = format!(
-                "{}hold and marker as last listed at {}",
-                if from_slot { "" } else { "pool, " },
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            );
-            m.detail = Some(match m.detail.take() {
-                Some(d) => format!("{d}; {note}"),
-                None => note,
-            });
-        }
-        known_at
-    }
-}
-
-impl LastListings {
-    /// Folds the sweep that ended at `now` in: remembers every listed app's
-    /// machines, and gives every stale app its last listing (its machines,
-    /// recomputed figures and `last_listed_at`). Logs when an app stops and
-    /// starts being listable.
-    pub fn carry(&mut self, report: &mut FleetReport, now: DateTime<Utc>) {
-        let mut by_app: HashMap<AppName, Vec<MachineReport>> = HashMap::new();
-        let mut order: Vec<AppName> = Vec::new();
-        for m in std::mem::take(&mut report.machines) {
-            if !by_app.contains_key(&m.app) {
-                order.push(m.app.clone());
-            }
-            by_app.entry(m.app.clone()).or_default().push(m);
-        }
-        let mut machines = Vec::new();
-        let mut carried = false;
-        for app in &mut report.apps {
-            let listed = by_app.remove(app.name.as_str()).unwrap_or_default();
-            match &mut app.stale {
-                None => {
-                    if self.failing.remove(&app.name).is_some() {
-                        tracing::info!(app = %app.name, "app listed again: its machines are managed again");
-                    }
-                    let mut listed = listed;
-                    // Unknown is never empty: a machine whose host is down
-                    // keeps what its last listing said of it.
-                    let known_at = match self.apps.get(&app.name) {
-                        Some(last) => last.fill_unknown(&mut listed, &report.slots, now),
-                        None => listed
-                            .iter()
-                            .filter(|m| m.inputs.metadata_unknown.is_none())
-                            .map(|m| (m.machine_id.clone(), now))
-                            .collect(),
-                    };
-                    self.apps.insert(
-                        app.name.clone(),
-                        Listing {
-                            at: now,
-                            machines: listed.clone(),
-                            known_at,
-                        },
-                    );
-                    machines.extend(listed);
-                }
-                Some(stale) => {
-                    if self.failing.get(&app.name) != Some(&stale.error) {
-                        tracing::warn!(
-                            app = %app.name, error = %stale.error, kind = %stale.kind,
-                            "cannot list the app's machines: its last listing is shown as stale and nothing is done to its machines until it lists again"
-                        );
-                        self.failing.insert(app.name.clone(), stale.error.clone());
-                    }
-                    machines.extend(listed);
-                    if let Some(last) = self.apps.get(&app.name) {
-                        stale.last_listed_at = Some(last.at);
-                        machines.extend(last.machines.iter().cloned());
-                        carried = true;
-                    }
-                }
-            }
-        }
-        // Machines of an app without a summary cannot come from `sweep`; keep them.
-        for app in order {
-            machines.extend(by_app.remove(&app).unwrap_or_default());
-        }
-        report.machines = machines;
-        if carried {
-            report.summarize();
-        }
     }
 }
 
@@ -842,179 +627,6 @@ mod tests {
             "each app's first, then each app's second, …; order within an app kept"
         );
         assert!(taking_turns(std::iter::empty()).is_empty());
-    }
-
-    fn config() -> Config {
-        Config::parse(
-            std::path::Path::new("t.toml"),
-            "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
-             [[apps]]\nname = \"a\"\n[[apps]]\nname = \"b\"\n",
-        )
-        .unwrap()
-    }
-
-    fn machine(app: &str, id: &str, status: MachineStatus) -> MachineReport {
-        MachineReport {
-            region: "iad".into(),
-            status,
-            ..MachineReport::listed(app, id, id, MachineState::Started)
-        }
-    }
-
-    fn report(machines: Vec<MachineReport>, unlisted: &[&str]) -> FleetReport {
-        let tip = Tip {
-            branch: "release".into(),
-            commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
-        };
-        let mut r = build_report(&config(), &tip, machines);
-        for app in r
-            .apps
-            .iter_mut()
-            .filter(|a| unlisted.contains(&a.name.as_str()))
-        {
-            app.stale = Some(StaleApp {
-                error: format!("cannot list machines of app {}: boom", app.name),
-                kind: "status".into(),
-                last_listed_at: None,
-            });
-        }
-        r
-    }
-
-    fn at(secs: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
-    }
-
-    #[test]
-    fn a_stale_app_keeps_its_last_listing_and_the_others_are_fresh() {
-        let mut listings = LastListings::default();
-        let mut first = report(
-            vec![
-                machine("a", "a1", MachineStatus::OnTip),
-                machine("b", "b1", MachineStatus::Drifted),
-                machine("b", "b2", MachineStatus::OnTip),
-            ],
-            &[],
-        );
-        listings.carry(&mut first, at(0));
-        assert_eq!(first.machines.len(), 3);
-
-        // b cannot be listed; a changed meanwhile.
-        let mut second = report(vec![machine("a", "a1", MachineStatus::Drifted)], &["b"]);
-        assert_eq!(
-            second.apps[1].machines, 0,
-            "the sweep alone knows nothing of b"
-        );
-        listings.carry(&mut second, at(30));
-        let ids: Vec<&str> = second
-            .machines
-            .iter()
-            .map(|m| m.machine_id.as_str())
-            .collect();
-        assert_eq!(ids, ["a1", "b1", "b2"]);
-        assert_eq!(
-            second.machines[0].status,
-            MachineStatus::Drifted,
-            "a is fresh"
-        );
-        let b = &second.apps[1];
-        assert_eq!((b.machines, b.on_tip, b.coherence), (2, 1, 0.5));
-        let s = b.stale.as_ref().unwrap();
-        assert_eq!(s.last_listed_at, Some(at(0)));
-        assert!(s.error.contains("app b"));
-        assert!(second.apps[0].stale.is_none());
-        // Fleet figures: a now, b as last listed.
-        assert!((second.coherence - 1.0 / 3.0).abs() < 1e-9);
-        assert_eq!(second.stale_app_names(), HashSet::from(["b"]));
-
-        // Still not listed: still the first listing, still dated then.
-        let mut third = report(vec![machine("a", "a1", MachineStatus::OnTip)], &["b"]);
-        listings.carry(&mut third, at(60));
-        assert_eq!(
-            third.apps[1].stale.as_ref().unwrap().last_listed_at,
-            Some(at(0))
-        );
-        assert_eq!(third.machines.len(), 3);
-
-        // Listed again: its new listing, nothing stale.
-        let mut fourth = report(
-            vec![
-                machine("a", "a1", MachineStatus::OnTip),
-                machine("b", "b2", MachineStatus::OnTip),
-            ],
-            &[],
-        );
-        listings.carry(&mut fourth, at(90));
-        assert_eq!(fourth.machines.len(), 2);
-        assert_eq!(fourth.stale_apps().count(), 0);
-        assert_eq!(fourth.coherence, 1.0);
-    }
-
-    #[test]
-    fn an_app_never_listed_has_no_machines_and_no_date() {
-        let mut listings = LastListings::default();
-        let mut r = report(vec![machine("a", "a1", MachineStatus::OnTip)], &["b"]);
-        listings.carry(&mut r, at(0));
-        assert_eq!(r.machines.len(), 1);
-        let b = &r.apps[1];
-        assert_eq!((b.machines, b.on_tip), (0, 0));
-        assert_eq!(b.stale.as_ref().unwrap().last_listed_at, None);
-        // The JSON names it and says why; a listed app's entry is unchanged.
-        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
-        assert!(v["apps"][0].get("stale").is_none());
-        assert_eq!(v["apps"][1]["stale"]["kind"], "status");
-        assert!(v["apps"][1]["stale"]["last_listed_at"].is_null());
-        // …and reads back (`status` parses a daemon's document).
-        let back: FleetReport = serde_json::from_value(v).unwrap();
-        assert_eq!(back.apps[1].stale, r.apps[1].stale);
-        assert!(back.apps[0].stale.is_none());
-    }
-
-    /// A host down for several sweeps: each keeps the pool and hold of the
-    /// last listing that knew them, dated from then; the host back, the
-    /// fresh metadata wins.
-    #[test]
-    fn unknown_metadata_keeps_the_last_known_pool_and_hold_across_sweeps() {
-        let known = || {
-            let mut m = machine("a", "a1", MachineStatus::OnTip);
-            m.pool = "p".into();
-            m.inputs.metadata =
-                BTreeMap::from([(crate::metadata::HOLD_KEY.to_string(), "ops".to_string())]);
-            m
-        };
-        let unknown = || {
-            let mut m = machine("a", "a1", MachineStatus::Unreachable);
-            m.inputs.metadata_unknown = Some("host down".into());
-            m.detail = Some("metadata unknown".into());
-            m
-        };
-        let mut listings = LastListings::default();
-        let mut r = report(vec![known()], &[]);
-        listings.carry(&mut r, at(0));
-        for later in [30, 60] {
-            let mut r = report(vec![unknown()], &[]);
-            listings.carry(&mut r, at(later));
-            let m = &r.machines[0];
-            assert_eq!(m.pool, "p");
-            assert!(m.inputs.controls.is_held());
-            assert!(m.inputs.metadata.is_empty());
-            let detail = m.detail.as_deref().unwrap_or_default();
-            assert!(
-                detail.starts_with(
-                    "metadata unknown; pool, hold and marker as last listed at 2027-01-15T08:00:00Z"
-                ),
-                "{detail}"
-            );
-        }
-        let mut r = report(vec![machine("a", "a1", MachineStatus::OnTip)], &[]);
-        listings.carry(&mut r, at(90));
-        assert_eq!(r.machines[0].pool, "default");
-        assert!(!r.machines[0].inputs.controls.is_held());
-        // Never known at all: nothing to carry, the row says it is unknown.
-        let mut listings = LastListings::default();
-        let mut r = report(vec![unknown()], &[]);
-        listings.carry(&mut r, at(0));
-        assert_eq!(r.machines[0].detail.as_deref(), Some("metadata unknown"));
     }
 
     #[test]

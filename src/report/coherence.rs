@@ -4,7 +4,7 @@
 //! Owns the one in-memory shape of those figures, [`CoherenceSample`]: the
 //! fleet alerts judge it ([`crate::report::notify`]) and the status page's
 //! trend keeps a ring of them ([`crate::report::server::CoherenceTrend`]).
-//! It copies the sweep's figures from the report's `AppSummary` rows (the
+//! It copies the sweep's figures from the snapshot's `AppSummary` rows (the
 //! wire's shape of the same three numbers) and must never compute a
 //! coherence of its own.
 
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use crate::observe::sweep::{AppSummary, FleetReport};
+use crate::decide::snapshot::{AppSummary, Snapshot};
 
 /// On-tip ÷ started machines of the fleet or one app.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,20 +46,20 @@ impl CoherenceSample {
     /// The figures of `report`, a sweep that finished `at`, for every app
     /// it names: an app it could not list and never had listed counts as
     /// the sweep shows it (no machines).
-    pub fn of(report: &FleetReport, at: DateTime<Utc>) -> CoherenceSample {
+    pub fn of(report: &Snapshot, at: DateTime<Utc>) -> CoherenceSample {
         CoherenceSample::with_apps(report, at, |_| true)
     }
 
     /// [`CoherenceSample::of`] without the apps never listed: they have no
     /// figures of their own (a gap in the trend's line, not a 100 %).
-    pub fn of_listed(report: &FleetReport, at: DateTime<Utc>) -> CoherenceSample {
+    pub fn of_listed(report: &Snapshot, at: DateTime<Utc>) -> CoherenceSample {
         CoherenceSample::with_apps(report, at, |a| {
             a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some())
         })
     }
 
     fn with_apps(
-        report: &FleetReport,
+        report: &Snapshot,
         at: DateTime<Utc>,
         keep: impl Fn(&AppSummary) -> bool,
     ) -> CoherenceSample {

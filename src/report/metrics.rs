@@ -50,10 +50,10 @@ use prometheus::{
 };
 
 use crate::decide::decision::Decision;
+use crate::decide::snapshot::Snapshot;
 use crate::fly::RequestObserver;
 use crate::model::{AppName, MachineId, MachineStatus, Severity};
 use crate::observe::DurationObserver;
-use crate::observe::sweep::FleetReport;
 
 /// Content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
@@ -554,7 +554,7 @@ impl Metrics {
 
     /// Publishes a successful sweep: coherence, status and severity counts,
     /// per-machine drift, duration, and the success timestamp.
-    pub fn record_sweep(&self, report: &FleetReport, duration: Duration, now: DateTime<Utc>) {
+    pub fn record_sweep(&self, report: &Snapshot, duration: Duration, now: DateTime<Utc>) {
         let mut exported = self.exported();
 
         // When each app was last listed: now, or the last listing a stale app shows.
@@ -590,7 +590,7 @@ impl Metrics {
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
         for m in &report.machines {
             *status_counts.entry((&m.app, m.status)).or_default() += 1;
-            if let Some(s) = m.severity {
+            if let Some(s) = m.severity() {
                 *severity_counts.entry((&m.app, s)).or_default() += 1;
             }
         }
@@ -625,7 +625,7 @@ impl Metrics {
             .filter(|a| !report.apps.iter().any(|s| &s.name == *a))
         {
             // An app with machines but no summary cannot happen with
-            // `build_report`; derive it the same way rather than omit it.
+            // `decide::prepare`; derive it the same way rather than omit it.
             let started = report
                 .machines
                 .iter()
@@ -915,11 +915,12 @@ mod tests {
             (MetricsErrorKind::Encode, "encode")
         );
     }
+    use crate::decide::snapshot::{AppSummary, JudgedMachine, Verdict};
     use crate::model::PolicyAction;
-    use crate::observe::sweep::{AppSummary, MachineReport, TipReport};
+    use crate::observe::sweep::{ObservedMachine, TipReport};
 
-    fn machine(app: &str, id: &str, status: MachineStatus, behind: Option<u64>) -> MachineReport {
-        MachineReport {
+    fn machine(app: &str, id: &str, status: MachineStatus, behind: Option<u64>) -> JudgedMachine {
+        let seen = ObservedMachine {
             region: "iad".into(),
             state: if status == MachineStatus::NotRunning {
                 "stopped".into()
@@ -929,18 +930,32 @@ mod tests {
             status,
             commits_behind: behind,
             commits_ahead: behind.map(|_| 0),
-            severity: status.is_classified().then_some(Severity::Medium),
-            action: status.is_classified().then_some(PolicyAction::AlertAndWait),
-            ..MachineReport::listed(
+            ..ObservedMachine::listed(
                 app,
                 id,
                 &format!("name-{id}"),
                 crate::model::MachineState::Stopped,
             )
-        }
+        };
+        let verdict = status.is_classified().then(|| Verdict {
+            severity: Severity::Medium,
+            action: PolicyAction::AlertAndWait,
+            reason: crate::decide::reason::SharedReason(std::sync::Arc::new(
+                crate::decide::reason::Reason {
+                    rule: crate::decide::reason::RuleMatch::NoMatch {
+                        level: Severity::Medium,
+                    },
+                    evidence: Vec::new(),
+                    behind,
+                    missing: Vec::new(),
+                    evidence_partial: false,
+                },
+            )),
+        });
+        JudgedMachine::new(seen, verdict)
     }
 
-    fn report(machines: Vec<MachineReport>) -> FleetReport {
+    fn report(machines: Vec<JudgedMachine>) -> Snapshot {
         let mut apps: Vec<String> = machines.iter().map(|m| m.app.to_string()).collect();
         apps.dedup();
         let summaries: Vec<AppSummary> = apps
@@ -967,7 +982,7 @@ mod tests {
                 }
             })
             .collect();
-        FleetReport {
+        Snapshot {
             tip: TipReport {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),

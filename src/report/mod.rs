@@ -2,13 +2,16 @@
 //!
 //! [`reporter`] turns each cycle of `run` into metrics, the server's view
 //! and notifications, keeping each machine's [`history`] and each sweep's
-//! [`coherence`] figures; [`render`] turns a
-//! `FleetReport` and a plan into tables and JSON (the CLI); [`metrics`] owns
+//! [`coherence`] figures; [`wire`] owns the fleet document
+//! ([`wire::FleetDocument`]: built at the edge from a `decide::Snapshot`,
+//! written by `check --output json` and `GET /api/v1/fleet`, and read back
+//! by `status` as the same type); [`render`] turns that document, or a
+//! snapshot and its plan, into tables and JSON (the CLI); [`metrics`] owns
 //! the Prometheus registry; [`server`] serves `/metrics`, health, the fleet
 //! API, the admin POSTs and the status pages; [`notify`] pages on-call
-//! through webhooks; [`wire`] owns the fleet document's JSON shape. Nothing
-//! under `report` computes a status, a severity or a decision: it shows the
-//! sweep's and the planner's.
+//! through webhooks. Nothing under `report` computes a status, a severity,
+//! a coherence figure or a decision: it shows the snapshot's and the
+//! planner's.
 
 pub mod coherence;
 pub mod history;

@@ -1,66 +1,25 @@
-//! Rendering a `FleetReport` for people (a table) and programs (JSON).
+//! Rendering a fleet document for people (a table) and programs (JSON),
+//! and a snapshot with its plan (`plan`).
 //!
 //! Owns presentation only; it must never compute a status or a count that the
-//! sweep did not already decide.
+//! sweep and `decide::prepare` did not already make. What the JSON document
+//! is, and how it reads back, is [`crate::report::wire`]'s.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
-use crate::model::{MachineId, MachineStatus, PolicyAction, Severity};
-use crate::observe::sweep::FleetReport;
+use crate::decide::snapshot::AppSummary;
+use crate::decide::snapshot::Snapshot;
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::report::wire::{FleetDocument, RowView};
 
-/// The `check --output json` and `GET /api/v1/fleet` document: the report
-/// in its wire form ([`crate::report::wire`], which owns `schema_version`)
-/// and each machine's decision. docs/fleet.schema.json is generated from
-/// this type (a test keeps the file up to date and validates real output
-/// against it); `status` reads it back.
-#[derive(Clone, Debug, Serialize, serde::Deserialize, schemars::JsonSchema)]
-#[schemars(title = "fleet-reconciler fleet document")]
-pub struct FleetDocument {
-    #[serde(flatten)]
-    pub report: FleetReport,
-    /// Each machine's decision in the daemon's last sweep, by machine id
-    /// (`GET /api/v1/fleet`; a machine without one is absent). `check
-    /// --output json` has none: `plan --output json` gives them.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub decisions: BTreeMap<MachineId, Decision>,
-}
-
-/// A [`FleetDocument`] as written, borrowing what it shows.
-#[derive(Serialize)]
-struct FleetDocumentRef<'a> {
-    #[serde(flatten)]
-    report: &'a FleetReport,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    decisions: BTreeMap<&'a MachineId, &'a Decision>,
-}
-
-/// The [`FleetDocument`] of `report` with `decisions`, ready to serialize.
-pub fn fleet_document<'a>(
-    report: &'a FleetReport,
-    decisions: impl IntoIterator<Item = (&'a MachineId, &'a Decision)>,
-) -> impl Serialize + 'a {
-    FleetDocumentRef {
-        report,
-        decisions: decisions.into_iter().collect(),
-    }
-}
-
-/// The JSON Schema of [`FleetDocument`] (docs/fleet.schema.json), pretty.
-pub fn fleet_schema() -> String {
-    let schema = schemars::schema_for!(FleetDocument);
-    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
-}
-
-/// The `check --output json` document of a report without decisions.
-pub fn to_json(report: &FleetReport) -> String {
+/// The `check --output json` document of `doc`, pretty.
+pub fn to_json(doc: &FleetDocument<'_>) -> String {
     // Serializing plain structs of strings and numbers cannot fail.
-    serde_json::to_string_pretty(&fleet_document(report, []))
-        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    serde_json::to_string_pretty(doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// A document (the [`to_json`] report, [`plan_to_json`]'s) written to `out`
@@ -80,13 +39,6 @@ pub fn write_json(
     out.write_all(b"\n")
 }
 
-/// A readable table: one row per machine, then one coherence line per app.
-/// An app the sweep could not list says so, with the error, on its line; its
-/// rows (if any) are its last listing, marked `stale` in DETAIL.
-pub fn to_table(report: &FleetReport) -> String {
-    to_table_with_decisions(report, &BTreeMap::new())
-}
-
 /// `s` with every control character escaped (`\u{1b}`).
 pub fn printable(s: &str) -> String {
     if !s.chars().any(char::is_control) {
@@ -103,52 +55,19 @@ pub fn printable(s: &str) -> String {
         .collect()
 }
 
-/// The table with the planner's DECISION per machine (its short label), as
-/// `plan` and `demo` show it.
-pub fn to_table_with_decisions(
-    report: &FleetReport,
-    decisions: &BTreeMap<MachineId, Decision>,
-) -> String {
+/// A readable table: one row per machine, with the DECISION of each that
+/// the document has (`-` without), then one coherence line per app. An app
+/// the sweep could not list says so, with the error, on its line; its rows
+/// (if any) are its last listing, marked `stale` in DETAIL.
+pub fn to_table(report: &FleetDocument<'_>) -> String {
     let headers = [
         "APP", "MACHINE", "NAME", "REGION", "POOL", "REF", "BEHIND", "AHEAD", "SEVERITY", "ACTION",
         "STATUS", "DECISION", "DETAIL",
     ];
-    let dash = || "-".to_string();
     let stale = report.stale_app_names();
     let rows: Vec<[String; 13]> = report
-        .machines
-        .iter()
-        .map(|m| {
-            [
-                m.app.to_string(),
-                m.machine_id.to_string(),
-                m.name.clone(),
-                m.region.clone(),
-                m.pool.clone(),
-                m.reported_ref
-                    .as_deref()
-                    .map(|r| r.chars().take(12).collect())
-                    .unwrap_or_else(dash),
-                m.commits_behind.map(|n| n.to_string()).unwrap_or_else(dash),
-                m.commits_ahead.map(|n| n.to_string()).unwrap_or_else(dash),
-                m.severity.map(|s| s.to_string()).unwrap_or_else(dash),
-                m.action.map(|a| a.to_string()).unwrap_or_else(dash),
-                if m.status == MachineStatus::NotRunning {
-                    format!("not_running ({})", m.state)
-                } else {
-                    m.status.to_string()
-                },
-                decisions
-                    .get(&m.machine_id)
-                    .map(Decision::label)
-                    .unwrap_or_else(dash),
-                match (stale.contains(m.app.as_str()), &m.detail) {
-                    (false, detail) => detail.clone().unwrap_or_default(),
-                    (true, None) => "stale (app not listed)".to_string(),
-                    (true, Some(d)) => format!("stale (app not listed); {d}"),
-                },
-            ]
-        })
+        .rows()
+        .map(|m| cells(report, m, stale.contains(m.app.as_str())))
         .collect();
     // Names, regions and details come from Fly and the agents: a control
     // character (ESC, BEL, CR) is shown escaped, never sent to the terminal.
@@ -182,41 +101,8 @@ pub fn to_table_with_decisions(
         line(&mut out, &cells);
     }
     out.push('\n');
-    for app in &report.apps {
-        let mut problems = Vec::new();
-        for status in MachineStatus::ALL {
-            if matches!(status, MachineStatus::OnTip) {
-                continue;
-            }
-            let n = report.count(Some(&app.name), status);
-            if n > 0 {
-                problems.push(format!("{n} {status}"));
-            }
-        }
-        let figures = format!(
-            "{}/{} started machines on tip, coherence {:.1}%{}",
-            app.on_tip,
-            app.machines,
-            app.coherence * 100.0,
-            if problems.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", problems.join(", "))
-            }
-        );
-        let line = match &app.stale {
-            None => format!("{}: {figures}", app.name),
-            Some(s) => match s.last_listed_at {
-                None => format!("{}: not listed: {}", app.name, s.error),
-                Some(at) => format!(
-                    "{}: not listed, showing its listing of {}: {figures}; {}",
-                    app.name,
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    s.error
-                ),
-            },
-        };
-        let _ = writeln!(out, "{}", printable(&line));
+    for app in report.apps.iter() {
+        let _ = writeln!(out, "{}", printable(&app_line(report, app)));
     }
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
@@ -239,9 +125,90 @@ pub fn to_table_with_decisions(
     out
 }
 
+/// One machine's cells, in the table's column order (`stale`: its app was
+/// not listed by the sweep).
+fn cells(report: &FleetDocument<'_>, m: RowView<'_>, stale: bool) -> [String; 13] {
+    let dash = || "-".to_string();
+    [
+        m.app.to_string(),
+        m.machine_id.to_string(),
+        m.name.to_owned(),
+        m.region.to_owned(),
+        m.pool.to_owned(),
+        m.reported_ref
+            .map(|r| r.chars().take(12).collect())
+            .unwrap_or_else(dash),
+        m.commits_behind.map(|n| n.to_string()).unwrap_or_else(dash),
+        m.commits_ahead.map(|n| n.to_string()).unwrap_or_else(dash),
+        m.severity.map(|s| s.to_string()).unwrap_or_else(dash),
+        m.action.map(|a| a.to_string()).unwrap_or_else(dash),
+        if m.status == MachineStatus::NotRunning {
+            format!("not_running ({})", m.state)
+        } else {
+            m.status.to_string()
+        },
+        report
+            .decision(m.machine_id)
+            .map(Decision::label)
+            .unwrap_or_else(dash),
+        match (stale, m.detail) {
+            (false, detail) => detail.unwrap_or_default().to_owned(),
+            (true, None) => "stale (app not listed)".to_string(),
+            (true, Some(d)) => format!("stale (app not listed); {d}"),
+        },
+    ]
+}
+
+/// One app's coherence line, or why it was not listed.
+fn app_line(report: &FleetDocument<'_>, app: &AppSummary) -> String {
+    let mut problems = Vec::new();
+    for status in MachineStatus::ALL {
+        if matches!(status, MachineStatus::OnTip) {
+            continue;
+        }
+        let n = report.count(Some(&app.name), status);
+        if n > 0 {
+            problems.push(format!("{n} {status}"));
+        }
+    }
+    let figures = format!(
+        "{}/{} started machines on tip, coherence {:.1}%{}",
+        app.on_tip,
+        app.machines,
+        app.coherence * 100.0,
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", problems.join(", "))
+        }
+    );
+    match &app.stale {
+        None => format!("{}: {figures}", app.name),
+        Some(s) => match s.last_listed_at {
+            None => format!("{}: not listed: {}", app.name, s.error),
+            Some(at) => format!(
+                "{}: not listed, showing its listing of {}: {figures}; {}",
+                app.name,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                s.error
+            ),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The snapshot of `machines`, none judged.
+    fn snapshot(
+        config: &crate::config::Config,
+        tip: &crate::observe::overlay::Tip,
+        machines: Vec<crate::observe::sweep::ObservedMachine>,
+    ) -> Snapshot {
+        let observation = crate::observe::sweep::observation(config, tip, machines);
+        Snapshot::judged(observation, |_| None)
+    }
 
     #[test]
     fn control_characters_from_outside_never_reach_the_terminal() {
@@ -252,12 +219,12 @@ mod tests {
             "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"app\"\n",
         )
         .unwrap();
-        let machine = crate::observe::sweep::MachineReport {
+        let machine = crate::observe::sweep::ObservedMachine {
             name: "evil\u{1b}]0;pwned\u{7}".into(),
             region: "iad\r".into(),
             status: MachineStatus::BadReport,
             detail: Some("bad \u{1b}[31mred".into()),
-            ..crate::observe::sweep::MachineReport::listed(
+            ..crate::observe::sweep::ObservedMachine::listed(
                 "app",
                 "m1",
                 "",
@@ -268,11 +235,7 @@ mod tests {
             branch: "release".into(),
             commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
         };
-        let table = to_table(&crate::observe::sweep::build_report(
-            &config,
-            &tip,
-            vec![machine],
-        ));
+        let table = to_table(&FleetDocument::of(&snapshot(&config, &tip, vec![machine])));
         assert!(
             !table.chars().any(|c| c.is_control() && c != '\n'),
             "{table:?}"
@@ -288,10 +251,10 @@ mod tests {
              [[apps]]\nname = \"a\"\n[[apps]]\nname = \"b\"\n[[apps]]\nname = \"c\"\n",
         )
         .unwrap();
-        let machine = |app: &str, id: &str| crate::observe::sweep::MachineReport {
+        let machine = |app: &str, id: &str| crate::observe::sweep::ObservedMachine {
             region: "iad".into(),
             status: MachineStatus::OnTip,
-            ..crate::observe::sweep::MachineReport::listed(
+            ..crate::observe::sweep::ObservedMachine::listed(
                 app,
                 id,
                 id,
@@ -302,11 +265,7 @@ mod tests {
             branch: "release".into(),
             commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
         };
-        let mut report = crate::observe::sweep::build_report(
-            &config,
-            &tip,
-            vec![machine("a", "a1"), machine("b", "b1")],
-        );
+        let mut report = snapshot(&config, &tip, vec![machine("a", "a1"), machine("b", "b1")]);
         let stale = |app: &str, at| crate::observe::sweep::StaleApp {
             error: format!("cannot list machines of app {app}: answered 503"),
             kind: "status".into(),
@@ -317,7 +276,7 @@ mod tests {
             chrono::DateTime::from_timestamp(1_800_000_000, 0),
         ));
         report.apps[2].stale = Some(stale("c", None));
-        let table = to_table(&report);
+        let table = to_table(&FleetDocument::of(&report));
         let line = |prefix: &str| {
             table
                 .lines()
@@ -380,7 +339,7 @@ pub struct PlannedStep {
     pub description: String,
 }
 
-pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a> {
+pub fn plan_to_json<'a>(report: &'a Snapshot, plan: &'a Plan) -> PlanJson<'a> {
     PlanJson {
         tip: report.tip.commit.as_str(),
         branch: &report.tip.branch,
@@ -396,8 +355,8 @@ pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a>
                     name: &m.name,
                     pool: &m.pool,
                     status: m.status,
-                    severity: m.severity,
-                    action: m.action,
+                    severity: m.severity(),
+                    action: m.action(),
                     decision,
                     summary: decision.map(ToString::to_string),
                 }
@@ -418,8 +377,8 @@ pub fn plan_to_json<'a>(report: &'a FleetReport, plan: &'a Plan) -> PlanJson<'a>
 
 /// `plan`'s table: the fleet with each machine's decision, then why for every
 /// machine that is not on the tip, then the steps a daemon would take now.
-pub fn plan_to_table(report: &FleetReport, plan: &Plan) -> String {
-    let mut out = to_table_with_decisions(report, &plan.decisions());
+pub fn plan_to_table(report: &Snapshot, plan: &Plan) -> String {
+    let mut out = to_table(&FleetDocument::planned(report, plan));
     let why: Vec<String> = report
         .machines
         .iter()

@@ -1,24 +1,33 @@
 //! The fleet document on the wire: `check --output json` and
-//! `GET /api/v1/fleet` write it, `status` reads it back.
+//! `GET /api/v1/fleet` write it, `status` reads it back, as one type
+//! ([`FleetDocument`]).
 //!
-//! Owns the shape of that document ([`SCHEMA_VERSION`]): the reason for a
+//! Owns the shape of that document ([`SCHEMA_VERSION`]) and of one machine's
+//! row ([`MachineRow`], also `GET /api/v1/machines/{id}`'s): the reason for a
 //! drift is carried once per reported ref, in a `refs` table keyed by the
 //! ref's commit (its reported text when it did not resolve), and each
 //! machine row names its entry (`reason_ref`). Machines on the same ref
 //! share one reason in memory already; the document no longer repeats it
-//! per machine (at 100,000 machines, 3 KB each). It must never compute
-//! anything: it writes what the sweep and `judge` decided, and reads back
-//! exactly that.
+//! per machine (at 100,000 machines, 3 KB each). A document is built at the
+//! edge from a [`Snapshot`] (borrowing its rows, each written as it is
+//! serialized: a 100,000-machine document is never held twice) or read
+//! back (its rows owned); either way it shows the same thing. It must never
+//! compute anything: it writes what the sweep and `decide::prepare` made,
+//! and reads back exactly that, with nothing left out.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::decide::decision::Decision;
+use crate::decide::planner::Plan;
+use crate::decide::reason::{Reason, SharedReason};
+use crate::decide::snapshot::{AppSummary, JudgedMachine, Snapshot, stale_apps};
 use crate::model::{
-    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Reason, Severity,
-    SharedReason,
+    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
 };
-use crate::observe::sweep::{AppSummary, FleetReport, MachineReport, SlotsView, TipReport};
+use crate::observe::sweep::{StaleApp, TipReport};
 
 /// The document's version. 3: a row leaves out what it would repeat or
 /// what is null (`reason_ref` when the entry is its `commit`'s,
@@ -32,6 +41,243 @@ pub const SCHEMA_VERSION: u32 = 3;
 /// with every field written, so it reads the same way.
 pub const READABLE_VERSIONS: [u32; 2] = [2, 3];
 
+/// The `check --output json` and `GET /api/v1/fleet` document: a sweep's
+/// snapshot in its wire form and each machine's decision (`status` shows
+/// them). Written from a [`Snapshot`] ([`FleetDocument::of`]) and read back
+/// ([`Deserialize`]) as this same type; its JSON Schema is
+/// docs/fleet.schema.json ([`fleet_schema`]).
+#[derive(Clone, Debug)]
+pub struct FleetDocument<'a> {
+    pub tip: Cow<'a, TipReport>,
+    /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
+    pub coherence: f64,
+    pub apps: Cow<'a, [AppSummary]>,
+    pub machines: Rows<'a>,
+    /// Each machine's decision in the daemon's last sweep, by machine id (a
+    /// machine without one is absent; `check --output json` has none).
+    pub decisions: BTreeMap<Cow<'a, MachineId>, Cow<'a, Decision>>,
+}
+
+/// A document's machine rows.
+#[derive(Clone, Debug)]
+pub enum Rows<'a> {
+    /// A snapshot's rows, borrowed: each is made into its written form as
+    /// it is serialized.
+    Snapshot(&'a [JudgedMachine]),
+    /// The rows of a document read back.
+    Read(Vec<MachineRow>),
+}
+
+// One machine's row as the fleet document shows it (read back from one, or
+// `GET /api/v1/machines/{id}`'s `machine`, with its reason inline). Its
+// schema keeps the name the published machine schema gives it. (A `//`
+// comment: a doc comment would become the schema's description.)
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "MachineReport")]
+pub struct MachineRow {
+    pub app: AppName,
+    pub machine_id: MachineId,
+    pub name: String,
+    pub region: String,
+    pub pool: String,
+    pub state: MachineState,
+    pub status: MachineStatus,
+    pub reported_ref: Option<String>,
+    pub commit: Option<CommitId>,
+    pub commits_behind: Option<u64>,
+    pub commits_ahead: Option<u64>,
+    pub severity: Option<Severity>,
+    pub action: Option<PolicyAction>,
+    /// Why a machine is unreachable or its report bad, and whether its
+    /// metadata is unknown (its host is not `ok`) and where its pool and
+    /// controls come from then; null otherwise.
+    #[serde(default)]
+    pub detail: Option<String>,
+    /// Why a drifted machine (`drifted`, `unknown_ref`, `ambiguous_ref`)
+    /// has its severity: the rule, its evidence, the newest missing
+    /// commits. Null otherwise. Shared by every machine on the same ref.
+    #[serde(default)]
+    pub reason: Option<SharedReason>,
+}
+
+/// One row of a document, whichever way it was made: what every view of
+/// the document reads.
+#[derive(Clone, Copy, Debug)]
+pub struct RowView<'a> {
+    pub app: &'a AppName,
+    pub machine_id: &'a MachineId,
+    pub name: &'a str,
+    pub region: &'a str,
+    pub pool: &'a str,
+    pub state: &'a MachineState,
+    pub status: MachineStatus,
+    pub reported_ref: Option<&'a str>,
+    pub commit: Option<&'a CommitId>,
+    pub commits_behind: Option<u64>,
+    pub commits_ahead: Option<u64>,
+    pub severity: Option<Severity>,
+    pub action: Option<PolicyAction>,
+    pub detail: Option<&'a str>,
+    pub reason: Option<&'a SharedReason>,
+}
+
+impl<'a> From<&'a JudgedMachine> for RowView<'a> {
+    fn from(m: &'a JudgedMachine) -> RowView<'a> {
+        RowView {
+            app: &m.app,
+            machine_id: &m.machine_id,
+            name: &m.name,
+            region: &m.region,
+            pool: &m.pool,
+            state: &m.state,
+            status: m.status,
+            reported_ref: m.reported_ref.as_deref(),
+            commit: m.commit.as_ref(),
+            commits_behind: m.commits_behind,
+            commits_ahead: m.commits_ahead,
+            severity: m.severity(),
+            action: m.action(),
+            detail: m.detail.as_deref(),
+            reason: m.reason(),
+        }
+    }
+}
+
+impl<'a> From<&'a MachineRow> for RowView<'a> {
+    fn from(m: &'a MachineRow) -> RowView<'a> {
+        RowView {
+            app: &m.app,
+            machine_id: &m.machine_id,
+            name: &m.name,
+            region: &m.region,
+            pool: &m.pool,
+            state: &m.state,
+            status: m.status,
+            reported_ref: m.reported_ref.as_deref(),
+            commit: m.commit.as_ref(),
+            commits_behind: m.commits_behind,
+            commits_ahead: m.commits_ahead,
+            severity: m.severity,
+            action: m.action,
+            detail: m.detail.as_deref(),
+            reason: m.reason.as_ref(),
+        }
+    }
+}
+
+impl From<RowView<'_>> for MachineRow {
+    fn from(m: RowView<'_>) -> MachineRow {
+        MachineRow {
+            app: m.app.clone(),
+            machine_id: m.machine_id.clone(),
+            name: m.name.to_owned(),
+            region: m.region.to_owned(),
+            pool: m.pool.to_owned(),
+            state: m.state.clone(),
+            status: m.status,
+            reported_ref: m.reported_ref.map(str::to_owned),
+            commit: m.commit.cloned(),
+            commits_behind: m.commits_behind,
+            commits_ahead: m.commits_ahead,
+            severity: m.severity,
+            action: m.action,
+            detail: m.detail.map(str::to_owned),
+            reason: m.reason.cloned(),
+        }
+    }
+}
+
+impl Rows<'_> {
+    pub fn iter(&self) -> impl Iterator<Item = RowView<'_>> {
+        let (judged, read) = match self {
+            Rows::Snapshot(rows) => (*rows, &[][..]),
+            Rows::Read(rows) => (&[][..], rows.as_slice()),
+        };
+        judged
+            .iter()
+            .map(RowView::from)
+            .chain(read.iter().map(RowView::from))
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::Snapshot(rows) => rows.len(),
+            Rows::Read(rows) => rows.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a> FleetDocument<'a> {
+    /// The document of `snapshot`, without decisions (`check`).
+    pub fn of(snapshot: &'a Snapshot) -> FleetDocument<'a> {
+        FleetDocument {
+            tip: Cow::Borrowed(&snapshot.tip),
+            coherence: snapshot.coherence,
+            apps: Cow::Borrowed(&snapshot.apps),
+            machines: Rows::Snapshot(&snapshot.machines),
+            decisions: BTreeMap::new(),
+        }
+    }
+
+    /// With each machine's decision (the daemon's, or `plan`'s).
+    pub fn with_decisions(
+        mut self,
+        decisions: impl IntoIterator<Item = (&'a MachineId, &'a Decision)>,
+    ) -> FleetDocument<'a> {
+        self.decisions = decisions
+            .into_iter()
+            .map(|(id, d)| (Cow::Borrowed(id), Cow::Borrowed(d)))
+            .collect();
+        self
+    }
+
+    /// The document of `snapshot` with `plan`'s decisions (`plan`, `demo`).
+    pub fn planned(snapshot: &'a Snapshot, plan: &'a Plan) -> FleetDocument<'a> {
+        FleetDocument::of(snapshot)
+            .with_decisions(plan.machines.iter().map(|(id, m)| (id, &m.decision)))
+    }
+
+    pub fn rows(&self) -> impl Iterator<Item = RowView<'_>> {
+        self.machines.iter()
+    }
+
+    pub fn decision(&self, machine_id: &MachineId) -> Option<&Decision> {
+        self.decisions.get(machine_id).map(|d| &**d)
+    }
+
+    /// True when every started machine reports the tip.
+    pub fn is_coherent(&self) -> bool {
+        self.rows()
+            .all(|m| matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
+    }
+
+    pub fn count(&self, app: Option<&str>, status: MachineStatus) -> usize {
+        self.rows()
+            .filter(|m| app.is_none_or(|a| *m.app == a) && m.status == status)
+            .count()
+    }
+
+    /// The apps the sweep could not list, with why.
+    pub fn stale_apps(&self) -> impl Iterator<Item = (&str, &StaleApp)> {
+        stale_apps(&self.apps)
+    }
+
+    /// Names of the apps the sweep could not list.
+    pub fn stale_app_names(&self) -> HashSet<&str> {
+        self.stale_apps().map(|(name, _)| name).collect()
+    }
+}
+
+/// The JSON Schema of [`FleetDocument`] (docs/fleet.schema.json), pretty.
+pub fn fleet_schema() -> String {
+    let schema = schemars::schema_for!(FleetDocument<'static>);
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
+}
+
 #[derive(Serialize)]
 struct DocOut<'a> {
     schema_version: u32,
@@ -40,14 +286,16 @@ struct DocOut<'a> {
     apps: &'a [AppSummary],
     /// Each reported ref's reason, once.
     refs: BTreeMap<&'a str, &'a Reason>,
-    machines: Rows<'a>,
+    machines: RowsOut<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decisions: Option<&'a BTreeMap<Cow<'a, MachineId>, Cow<'a, Decision>>>,
 }
 
 /// The machine rows, each made as it is written: a 100,000-machine
 /// document never holds its rows twice.
-struct Rows<'a>(&'a [MachineReport]);
+struct RowsOut<'a>(&'a Rows<'a>);
 
-impl Serialize for Rows<'_> {
+impl Serialize for RowsOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(self.0.iter().map(row_out))
     }
@@ -86,47 +334,44 @@ struct RowOut<'a> {
 
 /// The `refs` key of a machine's reason: its commit, or the text it
 /// reported when that did not resolve.
-fn ref_key(m: &MachineReport) -> Option<&str> {
-    m.commit
-        .as_ref()
-        .map(CommitId::as_str)
-        .or(m.reported_ref.as_deref())
+fn ref_key<'a>(m: &RowView<'a>) -> Option<&'a str> {
+    m.commit.map(CommitId::as_str).or(m.reported_ref)
 }
 
 /// The row of `m` as written: `reported_ref` only when it is not the whole
 /// commit, `reason_ref` only when the entry is not the commit's (a judged
 /// row, one with a `severity`, finds its reason under its `commit`).
-fn row_out(m: &MachineReport) -> RowOut<'_> {
-    let commit = m.commit.as_ref().map(CommitId::as_str);
-    let reported_ref = m.reported_ref.as_deref().filter(|r| Some(*r) != commit);
-    let reason_ref = match (&m.reason, ref_key(m)) {
+fn row_out(m: RowView<'_>) -> RowOut<'_> {
+    let commit = m.commit.map(CommitId::as_str);
+    let reported_ref = m.reported_ref.filter(|r| Some(*r) != commit);
+    let reason_ref = match (m.reason, ref_key(&m)) {
         (Some(_), Some(key)) if !(m.severity.is_some() && Some(key) == commit) => Some(key),
         _ => None,
     };
     RowOut {
-        app: &m.app,
-        machine_id: &m.machine_id,
-        name: &m.name,
-        region: &m.region,
-        pool: &m.pool,
-        state: &m.state,
+        app: m.app,
+        machine_id: m.machine_id,
+        name: m.name,
+        region: m.region,
+        pool: m.pool,
+        state: m.state,
         status: m.status,
         reported_ref,
-        commit: m.commit.as_ref(),
+        commit: m.commit,
         commits_behind: m.commits_behind,
         commits_ahead: m.commits_ahead,
         severity: m.severity,
         action: m.action,
-        detail: m.detail.as_deref(),
+        detail: m.detail,
         reason_ref,
     }
 }
 
-impl Serialize for FleetReport {
+impl Serialize for FleetDocument<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut refs: BTreeMap<&str, &Reason> = BTreeMap::new();
-        for m in &self.machines {
-            match (&m.reason, ref_key(m)) {
+        for m in self.rows() {
+            match (m.reason, ref_key(&m)) {
                 (Some(reason), Some(key)) => match refs.get(key) {
                     Some(known) if *known != &**reason => {
                         // Never expected (one ref, one analysis): a
@@ -156,15 +401,22 @@ impl Serialize for FleetReport {
             coherence: self.coherence,
             apps: &self.apps,
             refs,
-            machines: Rows(&self.machines),
+            machines: RowsOut(&self.machines),
+            decisions: (!self.decisions.is_empty()).then_some(&self.decisions),
         }
         .serialize(s)
     }
 }
 
-/// The document as read; its JSON Schema is the published one
-/// (docs/fleet.schema.json, through `render::FleetDocument`).
+// The document as read. Its doc comment below is the published schema's
+// description (docs/fleet.schema.json), kept word for word.
+/// The `check --output json` and `GET /api/v1/fleet` document: the report
+/// in its wire form ([`crate::report::wire`], which owns `schema_version`)
+/// and each machine's decision. docs/fleet.schema.json is generated from
+/// this type (a test keeps the file up to date and validates real output
+/// against it); `status` reads it back.
 #[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(title = "fleet-reconciler fleet document")]
 struct DocIn {
     schema_version: u32,
     tip: TipReport,
@@ -173,6 +425,11 @@ struct DocIn {
     #[serde(default)]
     refs: BTreeMap<String, Reason>,
     machines: Vec<RowIn>,
+    /// Each machine's decision in the daemon's last sweep, by machine id
+    /// (`GET /api/v1/fleet`; a machine without one is absent). `check
+    /// --output json` has none: `plan --output json` gives them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    decisions: BTreeMap<MachineId, Decision>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -209,14 +466,10 @@ struct RowIn {
     reason_ref: Option<String>,
 }
 
-/// The schema of the document [`FleetReport`] reads: the wire form's.
-impl schemars::JsonSchema for FleetReport {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "FleetReport".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
+/// The schema of the document [`FleetDocument`] reads and writes.
+impl schemars::JsonSchema for FleetDocument<'_> {
+    fn schema_name() -> Cow<'static, str> {
+        "FleetDocument".into()
     }
 
     fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -224,8 +477,8 @@ impl schemars::JsonSchema for FleetReport {
     }
 }
 
-impl<'de> Deserialize<'de> for FleetReport {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FleetReport, D::Error> {
+impl<'de> Deserialize<'de> for FleetDocument<'_> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let doc = DocIn::deserialize(d)?;
         if !READABLE_VERSIONS.contains(&doc.schema_version) {
@@ -257,31 +510,34 @@ impl<'de> Deserialize<'de> for FleetReport {
             let reported_ref = row
                 .reported_ref
                 .or_else(|| row.commit.as_ref().map(|c| c.as_str().to_owned()));
-            let mut m = MachineReport::listed(
-                row.app.as_str(),
-                row.machine_id.as_str(),
-                &row.name,
-                row.state,
-            );
-            m.region = row.region;
-            m.pool = row.pool;
-            m.status = row.status;
-            m.reported_ref = reported_ref;
-            m.commit = row.commit;
-            m.commits_behind = row.commits_behind;
-            m.commits_ahead = row.commits_ahead;
-            m.severity = row.severity;
-            m.action = row.action;
-            m.detail = row.detail;
-            m.reason = reason;
-            machines.push(m);
+            machines.push(MachineRow {
+                app: row.app,
+                machine_id: row.machine_id,
+                name: row.name,
+                region: row.region,
+                pool: row.pool,
+                state: row.state,
+                status: row.status,
+                reported_ref,
+                commit: row.commit,
+                commits_behind: row.commits_behind,
+                commits_ahead: row.commits_ahead,
+                severity: row.severity,
+                action: row.action,
+                detail: row.detail,
+                reason,
+            });
         }
-        Ok(FleetReport {
-            tip: doc.tip,
+        Ok(FleetDocument {
+            tip: Cow::Owned(doc.tip),
             coherence: doc.coherence,
-            apps: doc.apps,
-            machines,
-            slots: SlotsView::default(),
+            apps: Cow::Owned(doc.apps),
+            machines: Rows::Read(machines),
+            decisions: doc
+                .decisions
+                .into_iter()
+                .map(|(id, d)| (Cow::Owned(id), Cow::Owned(d)))
+                .collect(),
         })
     }
 }
@@ -291,14 +547,37 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{MissingCommit, RuleMatch};
+    use crate::decide::reason::RuleMatch;
+    use crate::decide::snapshot::Verdict;
+    use crate::model::MissingCommit;
+    use crate::observe::sweep::{ObservedMachine, SlotsView};
 
     fn commit(c: char) -> CommitId {
         CommitId::parse(&c.to_string().repeat(40)).unwrap()
     }
 
+    fn verdict(severity: Severity, reason: &SharedReason) -> Verdict {
+        Verdict {
+            severity,
+            action: PolicyAction::Observe,
+            reason: reason.clone(),
+        }
+    }
+
+    fn write(snapshot: &Snapshot) -> String {
+        serde_json::to_string(&FleetDocument::of(snapshot)).unwrap()
+    }
+
+    fn read(text: &str) -> Vec<MachineRow> {
+        let doc: FleetDocument = serde_json::from_str(text).unwrap();
+        match doc.machines {
+            Rows::Read(rows) => rows,
+            Rows::Snapshot(_) => panic!("a document read back owns its rows"),
+        }
+    }
+
     /// `n` machines drifted on one ref, one on another, one stopped.
-    fn report(n: usize) -> FleetReport {
+    fn report(n: usize) -> Snapshot {
         let reason = |behind: u64| {
             SharedReason(Arc::new(Reason {
                 rule: RuleMatch::NoMatch {
@@ -319,25 +598,21 @@ mod tests {
         };
         let (shared, other) = (reason(20), reason(3));
         let drifted = |id: String, on: char, r: &SharedReason| {
-            let mut m = MachineReport::listed("agents", &id, &id, MachineState::Started);
+            let mut m = ObservedMachine::listed("agents", &id, &id, MachineState::Started);
             m.status = MachineStatus::Drifted;
             m.commit = Some(commit(on));
             m.reported_ref = Some(on.to_string().repeat(12));
-            m.severity = Some(Severity::Low);
-            m.reason = Some(r.clone());
-            m
+            JudgedMachine::new(m, Some(verdict(Severity::Low, r)))
         };
-        let mut machines: Vec<MachineReport> = (0..n)
+        let mut machines: Vec<JudgedMachine> = (0..n)
             .map(|i| drifted(format!("m{i}"), 'a', &shared))
             .collect();
         machines.push(drifted("x".into(), 'b', &other));
-        machines.push(MachineReport::listed(
-            "agents",
-            "stopped",
-            "stopped",
-            MachineState::Stopped,
+        machines.push(JudgedMachine::new(
+            ObservedMachine::listed("agents", "stopped", "stopped", MachineState::Stopped),
+            None,
         ));
-        FleetReport {
+        Snapshot {
             tip: TipReport {
                 branch: "release".into(),
                 commit: commit('f'),
@@ -351,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_reason_is_written_once_per_ref_and_reads_back_shared() {
-        let text = serde_json::to_string(&report(500)).unwrap();
+        let text = write(&report(500));
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["schema_version"], SCHEMA_VERSION);
         assert_eq!(v["refs"].as_object().unwrap().len(), 2);
@@ -361,15 +636,15 @@ mod tests {
         assert!(v["machines"][501].get("reason_ref").is_none());
         // Once, not 500 times: the subjects appear in the document once each.
         assert_eq!(text.matches("commit subject number 7\"").count(), 2);
-        let back: FleetReport = serde_json::from_str(&text).unwrap();
-        let (a, b) = (&back.machines[0], &back.machines[499]);
+        let back = read(&text);
+        let (a, b) = (&back[0], &back[499]);
         assert!(Arc::ptr_eq(
             &a.reason.as_ref().unwrap().0,
             &b.reason.as_ref().unwrap().0
         ));
-        assert_eq!(a.reason, report(1).machines[0].reason);
-        assert_eq!(back.machines[500].reason.as_ref().unwrap().behind, Some(3));
-        assert!(back.machines[501].reason.is_none());
+        assert_eq!(a.reason.as_ref(), report(1).machines[0].reason());
+        assert_eq!(back[500].reason.as_ref().unwrap().behind, Some(3));
+        assert!(back[501].reason.is_none());
     }
 
     #[test]
@@ -377,15 +652,17 @@ mod tests {
         let mut r = report(1);
         // One agent reported the whole commit, one an abbreviation, and one
         // a ref that did not resolve (its reason is under what it reported).
-        r.machines[0].reported_ref = Some("a".repeat(40));
-        let mut unknown = MachineReport::listed("agents", "u", "u", MachineState::Started);
+        r.machines[0].seen.reported_ref = Some("a".repeat(40));
+        let mut unknown = ObservedMachine::listed("agents", "u", "u", MachineState::Started);
         unknown.status = MachineStatus::UnknownRef;
         unknown.reported_ref = Some("0123abcd".into());
-        unknown.severity = Some(Severity::Critical);
-        unknown.reason = r.machines[1].reason.clone();
         unknown.detail = Some("ref is not a commit of the overlay repository".into());
-        r.machines.push(unknown);
-        let v = serde_json::to_value(&r).unwrap();
+        let reason = r.machines[1].reason().cloned().unwrap();
+        r.machines.push(JudgedMachine::new(
+            unknown,
+            Some(verdict(Severity::Critical, &reason)),
+        ));
+        let v = serde_json::to_value(FleetDocument::of(&r)).unwrap();
         let rows = v["machines"].as_array().unwrap();
         let keys = |i: usize| -> Vec<&str> {
             rows[i]
@@ -405,18 +682,18 @@ mod tests {
         assert!(!keys(2).contains(&"commit") && !keys(2).contains(&"detail"));
         assert_eq!(rows[3]["reason_ref"], "0123abcd");
         assert!(v["refs"].get("0123abcd").is_some());
-        let back: FleetReport = serde_json::from_value(v).unwrap();
-        for (a, b) in back.machines.iter().zip(&r.machines) {
-            assert_eq!(a.reported_ref, b.reported_ref, "{}", a.machine_id);
-            assert_eq!(a.reason, b.reason, "{}", a.machine_id);
-            assert_eq!(a.detail, b.detail, "{}", a.machine_id);
+        let back = read(&v.to_string());
+        assert_eq!(back.len(), r.machines.len());
+        for (a, b) in back.iter().zip(&r.machines) {
+            // Read back, a row is the row that was written, field by field.
+            assert_eq!(*a, MachineRow::from(RowView::from(b)), "{}", a.machine_id);
         }
     }
 
     #[test]
     fn a_version_2_document_with_every_field_written_reads_the_same() {
         let r = report(2);
-        let mut v = serde_json::to_value(&r).unwrap();
+        let mut v = serde_json::to_value(FleetDocument::of(&r)).unwrap();
         v["schema_version"] = 2.into();
         for row in v["machines"].as_array_mut().unwrap() {
             let row = row.as_object_mut().unwrap();
@@ -433,24 +710,61 @@ mod tests {
                 row.entry(field).or_insert(serde_json::Value::Null);
             }
         }
-        let back: FleetReport = serde_json::from_value(v).unwrap();
-        assert_eq!(back.machines.len(), r.machines.len());
-        for (a, b) in back.machines.iter().zip(&r.machines) {
-            assert_eq!(a.reason, b.reason, "{}", a.machine_id);
-            assert_eq!(a.reported_ref, b.reported_ref, "{}", a.machine_id);
+        let back = read(&v.to_string());
+        assert_eq!(back.len(), r.machines.len());
+        for (a, b) in back.iter().zip(&r.machines) {
+            assert_eq!(*a, MachineRow::from(RowView::from(b)), "{}", a.machine_id);
         }
     }
 
     #[test]
     fn a_document_of_another_version_or_naming_a_missing_ref_is_refused() {
-        let mut v = serde_json::to_value(report(2)).unwrap();
+        let mut v = serde_json::to_value(FleetDocument::of(&report(2))).unwrap();
         v["schema_version"] = 1.into();
-        let e = serde_json::from_value::<FleetReport>(v.clone()).unwrap_err();
+        let e = serde_json::from_value::<FleetDocument>(v.clone()).unwrap_err();
         assert!(e.to_string().contains("schema_version 1"), "{e}");
         v["schema_version"] = SCHEMA_VERSION.into();
         v["refs"] = serde_json::json!({});
         v["machines"][0]["reason_ref"] = "a".repeat(40).into();
-        let e = serde_json::from_value::<FleetReport>(v).unwrap_err();
+        let e = serde_json::from_value::<FleetDocument>(v).unwrap_err();
         assert!(e.to_string().contains("machine m0 names reason_ref"), "{e}");
+    }
+
+    /// An app the sweep could not list: its entry names it and says why, a
+    /// listed app's has no `stale`, and both read back as written; the
+    /// decisions, present, read back too.
+    #[test]
+    fn stale_apps_and_decisions_read_back_as_written() {
+        let mut r = report(1);
+        let app = |name: &str, stale: Option<StaleApp>| AppSummary {
+            name: name.into(),
+            machines: 0,
+            on_tip: 0,
+            coherence: 1.0,
+            stale,
+        };
+        let stale = StaleApp {
+            error: "cannot list machines of app b: boom".into(),
+            kind: "status".into(),
+            last_listed_at: None,
+        };
+        r.apps = vec![app("agents", None), app("b", Some(stale.clone()))];
+        let decision = Decision::OnTip;
+        let id = MachineId::from("m0");
+        let doc = FleetDocument::of(&r).with_decisions([(&id, &decision)]);
+        let v = serde_json::to_value(&doc).unwrap();
+        assert!(v["apps"][0].get("stale").is_none());
+        assert_eq!(v["apps"][1]["stale"]["kind"], "status");
+        assert!(v["apps"][1]["stale"]["last_listed_at"].is_null());
+        let back: FleetDocument = serde_json::from_value(v).unwrap();
+        assert_eq!(back.apps[1].stale.as_ref(), Some(&stale));
+        assert!(back.apps[0].stale.is_none());
+        assert_eq!(back.stale_app_names(), HashSet::from(["b"]));
+        assert_eq!(back.decision(&id), Some(&decision));
+        // Written again, the document read back is the same bytes.
+        assert_eq!(
+            serde_json::to_string(&back).unwrap(),
+            serde_json::to_string(&doc).unwrap()
+        );
     }
 }

@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decide::reason::{Evidence, Reason, RuleMatch, Unresolved};
+use fleet_reconciler::decide::snapshot::{JudgedMachine, Snapshot};
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
-use fleet_reconciler::model::{
-    CommitId, Evidence, MachineStatus, MissingCommit, PolicyAction, Reason, RuleMatch, Severity,
-    Unresolved,
-};
-use fleet_reconciler::observe::sweep::{FleetReport, MachineReport};
+use fleet_reconciler::model::{CommitId, MachineStatus, MissingCommit, PolicyAction, Severity};
+use fleet_reconciler::report::wire::FleetDocument;
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
 
@@ -141,11 +140,11 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
-async fn sweep(sim: &Sim, fx: &Fixture) -> FleetReport {
+async fn sweep(sim: &Sim, fx: &Fixture) -> Snapshot {
     sweep_with(sim, fx, "").await
 }
 
-async fn sweep_with(sim: &Sim, fx: &Fixture, extra: &str) -> FleetReport {
+async fn sweep_with(sim: &Sim, fx: &Fixture, extra: &str) -> Snapshot {
     let config = Config::parse(Path::new("test.toml"), &config_text(sim, fx, extra)).unwrap();
     let sweeper = daemon::connect(
         Arc::new(config),
@@ -192,14 +191,14 @@ fn subject(repo: &Repository, oid: Oid) -> String {
     commit.message().unwrap().lines().next().unwrap().to_owned()
 }
 
-fn reason<'a>(report: &'a FleetReport, id: &str) -> &'a Reason {
+fn reason<'a>(report: &'a Snapshot, id: &str) -> &'a Reason {
     by_id(report, id)
-        .reason
-        .as_deref()
+        .reason()
+        .map(|r| &**r)
         .unwrap_or_else(|| panic!("{id} has no reason"))
 }
 
-fn by_id<'a>(report: &'a FleetReport, id: &str) -> &'a MachineReport {
+fn by_id<'a>(report: &'a Snapshot, id: &str) -> &'a JudgedMachine {
     report
         .machines
         .iter()
@@ -315,7 +314,7 @@ async fn every_status_is_reported_correctly() {
         let m = expect(id, MachineStatus::OnTip);
         assert_eq!((m.commits_behind, m.commits_ahead), (Some(0), Some(0)));
         assert_eq!(m.commit.as_deref(), Some(tip(h).to_string().as_str()));
-        assert_eq!((m.severity, m.action), (None, None));
+        assert_eq!((m.severity(), m.action()), (None, None));
     }
     assert_eq!(
         by_id(&report, "abbrev").reported_ref.as_deref(),
@@ -353,7 +352,7 @@ async fn every_status_is_reported_correctly() {
     assert_eq!(by_id(&report, "behind-1").commits_behind, Some(1));
 
     // Severity: ordered rules; action: the machine's pool.
-    let sev = |id: &str| (by_id(&report, id).severity, by_id(&report, id).action);
+    let sev = |id: &str| (by_id(&report, id).severity(), by_id(&report, id).action());
     assert_eq!(
         sev("behind-1"),
         (Some(Severity::Low), Some(PolicyAction::Observe))
@@ -373,14 +372,14 @@ async fn every_status_is_reported_correctly() {
 
     let m = expect("unknown", MachineStatus::UnknownRef);
     assert_eq!(
-        (m.severity, m.action),
+        (m.severity(), m.action()),
         (Some(Severity::Critical), Some(PolicyAction::Manual))
     );
     assert_eq!((m.commit.as_deref(), m.commits_behind), (None, None));
     let m = expect("ambiguous", MachineStatus::AmbiguousRef);
     assert_eq!(m.reported_ref.as_deref(), Some(fx.ambiguous.as_str()));
     assert_eq!(
-        m.severity,
+        m.severity(),
         Some(Severity::Critical),
         "ambiguous fails closed"
     );
@@ -388,11 +387,11 @@ async fn every_status_is_reported_correctly() {
     for id in ["hang", "http-500"] {
         let m = expect(id, MachineStatus::Unreachable);
         assert!(m.detail.is_some());
-        assert_eq!((m.severity, m.reported_ref.as_deref()), (None, None));
+        assert_eq!((m.severity(), m.reported_ref.as_deref()), (None, None));
     }
     for id in ["garbage", "oversized", "no-ref", "non-hex"] {
         let m = expect(id, MachineStatus::BadReport);
-        assert_eq!((m.severity, m.action), (None, None));
+        assert_eq!((m.severity(), m.action()), (None, None));
     }
     assert!(
         by_id(&report, "oversized")
@@ -489,7 +488,7 @@ async fn every_status_is_reported_correctly() {
         "non-hex",
         "stopped",
     ] {
-        assert!(by_id(&report, id).reason.is_none(), "{id}");
+        assert!(by_id(&report, id).reason().is_none(), "{id}");
     }
 
     // Coherence: on-tip ÷ started, per app and fleet.
@@ -508,8 +507,10 @@ async fn json_output_has_the_documented_shape() {
     let fx = overlay_fixture();
     let sim = Sim::start(mixed_fleet(&fx)).await.unwrap();
     let report = sweep(&sim, &fx).await;
-    let v: serde_json::Value =
-        serde_json::from_str(&fleet_reconciler::report::render::to_json(&report)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&fleet_reconciler::report::render::to_json(
+        &FleetDocument::of(&report),
+    ))
+    .unwrap();
     let keys = |v: &serde_json::Value| {
         let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         k.sort();
@@ -608,15 +609,8 @@ async fn json_output_has_the_documented_shape() {
     assert_eq!(reason["behind"], canary["commits_behind"]);
     assert_eq!(keys(&reason["missing"][0]), ["commit", "subject"]);
     let back = fleet_reconciler::report::server::parse_fleet(&v.to_string()).unwrap();
-    let canary_back = back
-        .machines
-        .iter()
-        .find(|m| m.machine_id == "canary")
-        .unwrap();
-    assert_eq!(
-        canary_back.reason.as_deref(),
-        by_id(&report, "canary").reason.as_deref()
-    );
+    let canary_back = back.rows().find(|m| *m.machine_id == "canary").unwrap();
+    assert_eq!(canary_back.reason, by_id(&report, "canary").reason());
     sim.shutdown().await;
 }
 
@@ -665,7 +659,10 @@ min_commits_behind = 5
             path: Some("policies/tools.yaml".into()),
         }]
     );
-    assert_eq!(by_id(&report, "pre-policy").severity, Some(Severity::High));
+    assert_eq!(
+        by_id(&report, "pre-policy").severity(),
+        Some(Severity::High)
+    );
 
     let r = reason(&report, "pre-security");
     assert_eq!(
@@ -732,7 +729,10 @@ async fn an_unresolved_ref_no_rule_matches_is_critical_by_default_and_says_so() 
             resolution: Unresolved::Unknown
         }]
     );
-    assert_eq!(by_id(&report, "unknown").severity, Some(Severity::Critical));
+    assert_eq!(
+        by_id(&report, "unknown").severity(),
+        Some(Severity::Critical)
+    );
     sim.shutdown().await;
 }
 
@@ -1227,7 +1227,7 @@ async fn a_low_open_file_limit_is_raised_at_start_and_logged() {
 async fn the_published_schema_is_current_and_check_output_validates_against_it() {
     let validator = crate::common::published_schema(
         "fleet.schema.json",
-        &fleet_reconciler::report::render::fleet_schema(),
+        &fleet_reconciler::report::wire::fleet_schema(),
     );
 
     let fx = overlay_fixture();

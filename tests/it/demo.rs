@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use fleet_reconciler::decide::decision::Decision;
 use fleet_reconciler::model::{MachineStatus, PolicyAction, Severity};
-use fleet_reconciler::observe::sweep::{FleetReport, MachineReport};
 use fleet_reconciler::report::server::{MachineView, StatusError, fetch_fleet, fetch_machine};
+use fleet_reconciler::report::wire::{FleetDocument, RowView};
 
 use crate::common::{ChildGuard, free_port};
 
@@ -69,7 +69,7 @@ impl Demo {
     }
 
     /// The last sweep's report, once the demo serves one.
-    async fn fleet(&self) -> Option<FleetReport> {
+    async fn fleet(&self) -> Option<FleetDocument<'static>> {
         not_yet(fetch_fleet(&self.base, Duration::from_secs(5)).await)
     }
 
@@ -101,10 +101,9 @@ fn not_yet<T>(answer: Result<T, StatusError>) -> Option<T> {
     }
 }
 
-fn row<'a>(report: &'a FleetReport, name: &str) -> &'a MachineReport {
+fn row<'a>(report: &'a FleetDocument<'_>, name: &str) -> RowView<'a> {
     report
-        .machines
-        .iter()
+        .rows()
         .find(|m| m.name == name)
         .unwrap_or_else(|| panic!("{name} missing in {:?}", report.machines))
 }
@@ -118,7 +117,7 @@ type Drift = (
     MachineStatus,
 );
 
-fn drift(m: &MachineReport) -> Drift {
+fn drift(m: RowView<'_>) -> Drift {
     (
         m.commits_behind,
         m.commits_ahead,
@@ -140,8 +139,8 @@ async fn demo_detects_drift_and_the_release_it_ships() {
     ]);
     // The release ships after the second sweep; six show it and then some.
     let mut demo = Demo::start(&config, port, 6);
-    let mut before: Option<FleetReport> = None;
-    let mut after: Option<FleetReport> = None;
+    let mut before: Option<FleetDocument<'static>> = None;
+    let mut after: Option<FleetDocument<'static>> = None;
     crate::common::eventually(
         "a report before and one after the release",
         Duration::from_secs(60),
@@ -212,7 +211,7 @@ async fn demo_detects_drift_and_the_release_it_ships() {
         MachineStatus::NotRunning,
     ] {
         assert!(
-            before.machines.iter().any(|m| m.status == status),
+            before.rows().any(|m| m.status == status),
             "{status:?} in {:?}",
             before.machines
         );
@@ -231,7 +230,7 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
     let mut demo = Demo::start(&config, port, 0);
     // Watch the fleet until the demo stops by itself once settled; remember
     // the last report and the decision for agent-c-00 at that moment.
-    let mut last: Option<FleetReport> = None;
+    let mut last: Option<FleetDocument<'static>> = None;
     let mut waiting: Option<Decision> = None;
     let mut d05_drained_live_work = false;
     crate::common::eventually(

@@ -1034,8 +1034,11 @@ fn listed(id: &str, host: &str, metadata: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_not_empty() {
     use fleet_reconciler::daemon::{self, Secrets};
+    use fleet_reconciler::decide::listings::LastListings;
+    use fleet_reconciler::decide::planner::Tracker;
+    use fleet_reconciler::decide::policy::Policy;
+    use fleet_reconciler::decide::prepare;
     use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, SLOTS_KEY};
-    use fleet_reconciler::observe::sweep::LastListings;
 
     let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let outage = down.clone();
@@ -1078,10 +1081,13 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         git_token: None,
     };
     let sweeper = within(daemon::connect(config, &secrets)).await.unwrap();
-    let mut listings = LastListings::default();
+    // Swept and prepared as the loop does, with its memory of listings.
+    let policy = Policy::from_config(&sweeper.config);
+    let tip = within(sweeper.overlay.fetch()).await.unwrap();
+    let (mut listings, mut tracker) = (LastListings::default(), Tracker::default());
     let first_at = chrono::Utc::now();
-    let mut first = within(daemon::check(&sweeper)).await.unwrap();
-    listings.carry(&mut first, first_at);
+    let observed = within(sweeper.sweep(&tip)).await.unwrap();
+    let first = prepare(&policy, observed, &mut listings, &mut tracker, first_at);
     let m2 = first
         .machines
         .iter()
@@ -1091,8 +1097,14 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     assert!(m2.inputs.controls.is_held());
 
     down.store(true, Ordering::SeqCst);
-    let mut second = within(daemon::check(&sweeper)).await.unwrap();
-    listings.carry(&mut second, chrono::Utc::now());
+    let observed = within(sweeper.sweep(&tip)).await.unwrap();
+    let second = prepare(
+        &policy,
+        observed,
+        &mut listings,
+        &mut tracker,
+        chrono::Utc::now(),
+    );
     let row = |id: &str| second.machines.iter().find(|m| m.machine_id == id).unwrap();
     let m2 = row("m2");
     assert!(m2.inputs.metadata_unknown.is_some());

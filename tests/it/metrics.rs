@@ -10,9 +10,10 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
 use fleet_reconciler::model::MachineStatus;
-use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
+use fleet_reconciler::observe::sweep::Sweeper;
 use fleet_reconciler::report::metrics::{self, Metrics};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
@@ -125,7 +126,7 @@ concurrency = 8
     }
 }
 
-async fn sweep(sweeper: &Sweeper) -> FleetReport {
+async fn sweep(sweeper: &Sweeper) -> Snapshot {
     within(daemon::check(sweeper)).await.unwrap()
 }
 

@@ -24,10 +24,10 @@ use fleet_reconciler::clock::TokioClock;
 use fleet_reconciler::config::{
     AlertsConfig, Config, DEFAULT_GROUP_BY, GroupField, PublicUrl, WebhookConfig, WebhookFormat,
 };
+use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::demo::DEMO_CONFIG;
 use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind, EventRotation};
 use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
-use fleet_reconciler::observe::sweep::FleetReport;
 use fleet_reconciler::report::notify::{
     Coherence, CoherenceSample, DETAIL_MACHINES, FleetAlertInput, FleetAlertRules,
     FleetAlertTracker, Notifier, NotifierOptions, RestoredMachineAlerts, SinkSecrets,
@@ -1724,27 +1724,28 @@ async fn a_receiver_failing_for_long_is_dead_lettered_after_the_bound() {
 
 // ------------------------------------------------------------------ carried over a restart
 
-/// A sweep report with these (machine, status) in app agents-prod, tip COMMIT.
-fn report(machines: &[(&str, &str)]) -> FleetReport {
-    let machines: Vec<Value> = machines
+/// A sweep's snapshot with these (machine, status) in app agents-prod, tip
+/// COMMIT, none judged.
+fn report(machines: &[(&str, &str)]) -> Snapshot {
+    use fleet_reconciler::observe::sweep::{Observation, ObservedMachine, SlotsView, TipReport};
+    let machines = machines
         .iter()
-        .map(|(id, status)| {
-            serde_json::json!({
-                "app": "agents-prod", "machine_id": id, "name": id, "region": "ams",
-                "pool": "default", "state": "started", "status": status,
-                "reported_ref": null, "commit": null, "commits_behind": null,
-                "commits_ahead": null, "severity": null, "action": null,
-            })
+        .map(|(id, status)| ObservedMachine {
+            region: "ams".into(),
+            status: serde_json::from_value(Value::from(*status)).unwrap(),
+            ..ObservedMachine::listed("agents-prod", id, id, "started".into())
         })
         .collect();
-    serde_json::from_value(serde_json::json!({
-        "schema_version": fleet_reconciler::report::wire::SCHEMA_VERSION,
-        "tip": {"branch": "release", "commit": COMMIT},
-        "coherence": 0.0,
-        "apps": [],
-        "machines": machines,
-    }))
-    .unwrap()
+    let observation = Observation {
+        tip: TipReport {
+            branch: "release".into(),
+            commit: CommitId::parse(COMMIT).unwrap(),
+        },
+        apps: Vec::new(),
+        machines,
+        slots: SlotsView::NotConfigured,
+    };
+    Snapshot::judged(observation, |_| None)
 }
 
 /// After a restart the planner raises a drift alert only `min_drift_age`

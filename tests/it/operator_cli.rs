@@ -825,7 +825,7 @@ async fn status_shows_each_machines_decision() {
     let v: Value = serde_json::from_str(&out.stdout).unwrap();
     let validator = crate::common::published_schema(
         "fleet.schema.json",
-        &fleet_reconciler::report::render::fleet_schema(),
+        &fleet_reconciler::report::wire::fleet_schema(),
     );
     let errors = crate::common::schema_errors(&validator, &v);
     assert!(errors.is_empty(), "{errors:#?}");

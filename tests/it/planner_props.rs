@@ -14,10 +14,13 @@ use chrono::{DateTime, Duration as Cd, Utc};
 use std::num::NonZeroU32;
 
 use fleet_reconciler::config::{ActionMap, Config, PoolConfig};
+use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::decide::planner::{
     FetchState, PlanInput, RestartGuard, StepKind, Tracker, plan, restart_allowed,
 };
 use fleet_reconciler::decide::policy::Policy;
+use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
+use fleet_reconciler::decide::snapshot::{JudgedMachine, Verdict};
 use fleet_reconciler::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
 use fleet_reconciler::metadata::slots::{Slot, SlotSet};
@@ -26,7 +29,7 @@ use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY
 use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, Capability, RotationState};
-use fleet_reconciler::observe::sweep::{MachineInputs, MachineReport, SlotsView, build_report};
+use fleet_reconciler::observe::sweep::{MachineInputs, ObservedMachine, SlotsView, observation};
 use proptest::prelude::*;
 
 const TIP: &str = "1111111111111111111111111111111111111111";
@@ -283,7 +286,9 @@ fn machine() -> impl Strategy<Value = Machine> {
         )
 }
 
-fn to_report(policy: &Policy, i: usize, m: &Machine) -> MachineReport {
+/// The machine as the sweep would see it, and the verdict `prepare` would
+/// give it.
+fn to_report(policy: &Policy, i: usize, m: &Machine) -> (ObservedMachine, Option<Verdict>) {
     let pool = POOLS[m.pool];
     let mut metadata = BTreeMap::from([("pool".to_string(), pool.to_string())]);
     if m.held {
@@ -334,7 +339,18 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> MachineReport {
     if status == MachineStatus::OnTip {
         report.overlay_ref = TIP.into();
     }
-    MachineReport {
+    let verdict = classified.then(|| Verdict {
+        severity: m.severity,
+        action: policy.action(pool, m.severity),
+        reason: SharedReason(std::sync::Arc::new(Reason {
+            rule: RuleMatch::NoMatch { level: m.severity },
+            evidence: Vec::new(),
+            behind: None,
+            missing: Vec::new(),
+            evidence_partial: false,
+        })),
+    });
+    let seen = ObservedMachine {
         region: "iad".into(),
         pool: pool.into(),
         state: if m.started { "started" } else { "stopped" }.into(),
@@ -343,8 +359,6 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> MachineReport {
         commit: (status == MachineStatus::Drifted)
             .then(|| fleet_reconciler::model::CommitId::parse(OLD))
             .flatten(),
-        severity: classified.then_some(m.severity),
-        action: classified.then(|| policy.action(pool, m.severity)),
         inputs: MachineInputs {
             report: (usable && m.started).then_some(report),
             metadata,
@@ -355,13 +369,14 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> MachineReport {
             health_url: Some(format!("http://agents/m{i}/health")),
             ..MachineInputs::default()
         },
-        ..MachineReport::listed(
+        ..ObservedMachine::listed(
             "app",
             &format!("m{i}"),
             &format!("m{i}"),
             fleet_reconciler::model::MachineState::Stopped,
         )
-    }
+    };
+    (seen, verdict)
 }
 
 proptest! {
@@ -381,12 +396,16 @@ proptest! {
         let slots_known = slots == 0;
         let slots_unknown = slots == 1;
         let now = t0() + Cd::seconds(now);
-        let reports: Vec<MachineReport> =
-            machines.iter().enumerate().map(|(i, m)| to_report(&policy, i, m)).collect();
-        let mut report = build_report(
-            &config,
-            &Tip { branch: "release".into(), commit: CommitId::parse(TIP).unwrap() },
-            reports,
+        let (seen, verdicts): (Vec<ObservedMachine>, Vec<Option<Verdict>>) =
+            machines.iter().enumerate().map(|(i, m)| to_report(&policy, i, m)).unzip();
+        let mut verdicts = verdicts.into_iter();
+        let mut report = Snapshot::judged(
+            observation(
+                &config,
+                &Tip { branch: "release".into(), commit: CommitId::parse(TIP).unwrap() },
+                seen,
+            ),
+            |_| verdicts.next().flatten().map(std::sync::Arc::new),
         );
         if slots_known {
             let mut set = SlotSet::parse(None).unwrap();
@@ -409,9 +428,9 @@ proptest! {
         tracker.observe(&report, t0() + Cd::seconds(first_seen));
         tracker.observe(&report, now);
         let fetch = FetchState { fetched_at: Some(now), failing: fetch_failing };
-        let p = plan(&PlanInput { policy: &policy, report: &report, tracker: &tracker, owner: "r", fetch, now });
+        let p = plan(&PlanInput { policy: &policy, snapshot: &report, tracker: &tracker, owner: "r", fetch, now });
 
-        let by_id: HashMap<&str, (&Machine, &MachineReport)> = machines
+        let by_id: HashMap<&str, (&Machine, &JudgedMachine)> = machines
             .iter()
             .zip(&report.machines)
             .map(|(m, r)| (r.machine_id.as_str(), (m, r)))

@@ -595,7 +595,7 @@ impl Hand {
         self.tracker.observe(&report, now);
         plan(&PlanInput {
             policy: &fleet_reconciler::decide::policy::Policy::from_config(&self.sweeper.config),
-            report: &report,
+            snapshot: &report,
             tracker: &self.tracker,
             owner: "hand",
             fetch: FetchState {

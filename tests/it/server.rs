@@ -17,19 +17,21 @@ use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::{Config, HealthUrlTemplate};
 use fleet_reconciler::daemon::{self, Secrets};
+use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::decide::decision::Decision;
 use fleet_reconciler::demo;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
-use fleet_reconciler::observe::sweep::{FleetReport, Sweeper};
+use fleet_reconciler::observe::sweep::Sweeper;
 use fleet_reconciler::report::history::{HistoryEntry, HistoryStep, MachineHistory};
 use fleet_reconciler::report::metrics::Metrics;
 use fleet_reconciler::report::render;
 use fleet_reconciler::report::server::{
     self, FleetView, MachineExtra, ServerLimits, ServerState, StatusError,
 };
+use fleet_reconciler::report::wire::FleetDocument;
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -228,7 +230,7 @@ impl Harness {
     }
 
     /// One sweep, published as the daemon loop would.
-    async fn sweep(&self) -> FleetReport {
+    async fn sweep(&self) -> Snapshot {
         let report = within(daemon::check(&self.sweeper)).await.unwrap();
         let now = self.clock.now();
         self.state.view().record_sweep(report.clone(), now);
@@ -314,7 +316,8 @@ async fn health_readiness_and_fleet_before_and_after_a_sweep() {
     assert!(resp.headers().contains_key("last-modified"));
     let body = json_of(resp).await;
     // Exactly the `check --output json` document of that sweep.
-    let expected: Value = serde_json::from_str(&render::to_json(&report)).unwrap();
+    let expected: Value =
+        serde_json::from_str(&render::to_json(&FleetDocument::of(&report))).unwrap();
     assert_eq!(body, expected);
     assert_eq!(body["tip"]["branch"], "release");
     assert_eq!(body["tip"]["commit"], h.overlay.tip());
@@ -894,7 +897,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
         .machines
         .iter()
         .find(|m| m.machine_id == "a-crit")
-        .and_then(|m| m.reason.clone())
+        .and_then(|m| m.reason().cloned())
         .expect("a reason");
     assert!(
         page.contains("<section class=\"box\" id=\"reason\">"),
@@ -1064,8 +1067,10 @@ async fn status_client_prints_the_check_table() {
     ))
     .await
     .unwrap();
-    assert_eq!(render::to_table(&fetched), render::to_table(&report));
-    assert_eq!(render::to_json(&fetched), render::to_json(&report));
+    // The document read back is the one the daemon wrote, to the byte.
+    let written = FleetDocument::of(&report);
+    assert_eq!(render::to_table(&fetched), render::to_table(&written));
+    assert_eq!(render::to_json(&fetched), render::to_json(&written));
     assert_eq!(fetched.is_coherent(), report.is_coherent());
 
     let err = within(server::fetch_fleet("ftp://x", Duration::from_secs(1)))
@@ -1111,7 +1116,7 @@ async fn status_client_reads_one_machine_and_its_reason() {
         .find(|m| m.machine_id == "a-behind")
         .unwrap();
     assert_eq!(view.machine.machine_id, "a-behind");
-    assert_eq!(view.machine.reason, row.reason);
+    assert_eq!(view.machine.reason.as_ref(), row.reason());
     assert_eq!(json["machine"]["commits_behind"], 3);
     let text = view.render();
     for expected in [
@@ -1124,7 +1129,7 @@ async fn status_client_reads_one_machine_and_its_reason() {
     ] {
         assert!(text.contains(expected), "{expected:?} in\n{text}");
     }
-    let reason = row.reason.as_deref().unwrap();
+    let reason = row.reason().unwrap();
     for c in &reason.missing {
         assert!(text.contains(&c.commit.as_str()[..12]), "{text}");
     }
@@ -1309,7 +1314,7 @@ async fn screenshot_server_over_the_demo_fleet() {
     for (k, m) in report
         .machines
         .iter()
-        .filter(|m| m.severity.is_some())
+        .filter(|m| m.severity().is_some())
         .enumerate()
     {
         let rotating = |phase| Decision::InRotation {
@@ -1317,10 +1322,10 @@ async fn screenshot_server_over_the_demo_fleet() {
             deadline: None,
             verifying: false,
         };
-        let decision = match (m.action.map(|a| a.as_str()), k % 3) {
+        let decision = match (m.action().map(|a| a.as_str()), k % 3) {
             (Some("manual"), _) => Some(Decision::AwaitingApproval {
                 target: report.tip.commit.clone(),
-                severity: m.severity.unwrap_or(Severity::High),
+                severity: m.severity().unwrap_or(Severity::High),
             }),
             (Some("restart"), 0) => Some(rotating(Phase::Restarting)),
             (Some("restart"), _) => Some(rotating(Phase::Draining)),

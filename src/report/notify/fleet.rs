@@ -17,9 +17,10 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
+use crate::decide::snapshot::Snapshot;
 use crate::events::{Alert, AlertKind, DedupKey};
 use crate::model::{AppName, MachineStatus, Severity};
-use crate::observe::sweep::{FleetReport, StaleApp};
+use crate::observe::sweep::StaleApp;
 pub use crate::report::coherence::{Coherence, CoherenceSample};
 
 /// Severity of the coherence alert.
@@ -159,7 +160,7 @@ impl FleetAlertTracker {
     /// Records which apps a successful sweep could not list; call before
     /// [`FleetAlertTracker::evaluate`]. A failed sweep lists nothing: without
     /// this call the last known set stands (and keeps ageing).
-    pub fn observe_listings(&mut self, report: &FleetReport) {
+    pub fn observe_listings(&mut self, report: &Snapshot) {
         self.unlisted = report
             .stale_apps()
             .map(|(name, stale)| {
@@ -473,7 +474,7 @@ impl RestoredMachineAlerts {
     /// `planned` ones.
     pub fn after_sweep(
         &mut self,
-        report: &FleetReport,
+        report: &Snapshot,
         planned: &[Alert],
         now: DateTime<Utc>,
     ) -> Vec<Alert> {
@@ -546,7 +547,8 @@ fn percent(ratio: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::sweep::{AppSummary, TipReport};
+    use crate::decide::snapshot::AppSummary;
+    use crate::observe::sweep::TipReport;
 
     fn t(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
@@ -565,7 +567,7 @@ mod tests {
     }
 
     /// A report of apps `a` and `b`, `b` not listed since `b_listed` (`Some(None)`: never).
-    fn report(b_unlisted: Option<Option<DateTime<Utc>>>) -> FleetReport {
+    fn report(b_unlisted: Option<Option<DateTime<Utc>>>) -> Snapshot {
         let app = |name: &str, stale: Option<StaleApp>| AppSummary {
             name: name.into(),
             machines: 0,
@@ -573,7 +575,7 @@ mod tests {
             coherence: 1.0,
             stale,
         };
-        FleetReport {
+        Snapshot {
             tip: TipReport {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),

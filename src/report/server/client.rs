@@ -1,8 +1,9 @@
 //! The typed client of `GET /api/v1/fleet` and `GET /api/v1/machines/{id}`,
 //! for the `status` command.
 //!
-//! Owns reading a running daemon's last sweep back into a [`FleetReport`], so
-//! `status` prints exactly the table `check` prints (`render::to_table`),
+//! Owns reading a running daemon's last sweep back into the
+//! [`FleetDocument`] it wrote, so `status` prints exactly the table `check`
+//! prints (`render::to_table`),
 //! and one machine's detail into a [`MachineView`] (`status MACHINE`). It
 //! must never follow a redirect, send credentials, read an answer past its
 //! bound ([`MAX_FLEET_BODY_BYTES`], [`MAX_MACHINE_BODY_BYTES`]), or put the
@@ -16,8 +17,8 @@ use serde::Deserialize;
 
 use crate::decide::decision::Decision;
 use crate::model::short_commit as short;
-use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
-use crate::report::render::FleetDocument;
+use crate::observe::sweep::StaleApp;
+use crate::report::wire::{FleetDocument, MachineRow};
 
 /// The largest fleet document read: a 10,000-machine fleet with reasons is
 /// tens of MiB of pretty JSON.
@@ -26,7 +27,7 @@ pub const MAX_FLEET_BODY_BYTES: usize = 256 << 20;
 pub const MAX_MACHINE_BODY_BYTES: usize = 4 << 20;
 
 /// Parses a `check --output json` / `GET /api/v1/fleet` document.
-pub fn parse_fleet(json: &str) -> Result<FleetReport, serde_json::Error> {
+pub fn parse_fleet(json: &str) -> Result<FleetDocument<'static>, serde_json::Error> {
     serde_json::from_str(json)
 }
 
@@ -89,7 +90,7 @@ impl StatusError {
 #[derive(Clone, Debug, Deserialize)]
 pub struct MachineView {
     /// The machine's row of the fleet report, `reason` included.
-    pub machine: MachineReport,
+    pub machine: MachineRow,
     #[serde(default)]
     pub agent_report: Option<serde_json::Value>,
     #[serde(default)]
@@ -112,18 +113,13 @@ pub struct MachineView {
     pub app_stale: Option<StaleApp>,
 }
 
-/// Reads the last sweep from a running daemon at `base_url` (e.g.
-/// `http://127.0.0.1:9090`), the whole exchange bounded by `timeout`.
-pub async fn fetch_fleet(base_url: &str, timeout: Duration) -> Result<FleetReport, StatusError> {
-    Ok(fetch_fleet_document(base_url, timeout).await?.report)
-}
-
-/// [`fetch_fleet`] with the daemon's decisions of that sweep (the whole
-/// document, for `status`'s DECISION column).
-pub async fn fetch_fleet_document(
+/// Reads the last sweep, with the daemon's decisions of it, from a running
+/// daemon at `base_url` (e.g. `http://127.0.0.1:9090`), the whole exchange
+/// bounded by `timeout`.
+pub async fn fetch_fleet(
     base_url: &str,
     timeout: Duration,
-) -> Result<FleetDocument, StatusError> {
+) -> Result<FleetDocument<'static>, StatusError> {
     let url = api_url(base_url, &["fleet"])?;
     let text = get_text(url, timeout, MAX_FLEET_BODY_BYTES).await?;
     serde_json::from_str(&text).map_err(|e| StatusError::Decode(e.to_string()))

@@ -2,8 +2,10 @@
 //! controls and the status page.
 //!
 //! Owns the routes of docs/design.md §8.4 and the shared [`FleetView`] the sweep loop
-//! publishes into. Reads are served from the last sweep and never trigger
-//! one; the only ways it touches the world are the admin POSTs, which write
+//! publishes into (the last sweep's `decide::Snapshot`: pages and
+//! `/api/v1/machines/{id}` read its rows' controls and agent reports, and
+//! `/api/v1/fleet` is written from it as a [`FleetDocument`]). Reads are
+//! served from the last sweep and never trigger one; the only ways it touches the world are the admin POSTs, which write
 //! operator metadata through [`Operator`] (hold / release / approve / revoke) or wake
 //! the loop ([`ServerState::refresh_requests`]), all behind the bearer admin
 //! token compared in constant time. It must never run a sweep, act on a
@@ -52,19 +54,20 @@ use tower::timeout::TimeoutLayer;
 use crate::act::operator::{Operator, OperatorError};
 use crate::clock::SharedClock;
 use crate::decide::decision::Decision;
+use crate::decide::snapshot::{JudgedMachine, Snapshot};
 use crate::metadata::operator::{Approval, ApprovalMode, Hold};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use crate::model::{CommitId, MachineId};
 use crate::observe::probe::AgentReport;
-use crate::observe::sweep::{FleetReport, MachineReport, StaleApp};
+use crate::observe::sweep::StaleApp;
 use crate::report::coherence::CoherenceSample;
 use crate::report::history::{self, MachineHistory};
 use crate::report::metrics::{self, Metrics};
-use crate::report::render;
+use crate::report::wire::{FleetDocument, MachineRow, RowView};
 
 pub use client::{
     MAX_FLEET_BODY_BYTES, MAX_MACHINE_BODY_BYTES, MachineView, StatusError, fetch_fleet,
-    fetch_fleet_document, fetch_machine, parse_fleet,
+    fetch_machine, parse_fleet,
 };
 pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
 pub use listen::serve;
@@ -100,7 +103,7 @@ pub struct MachineExtra {
 
 impl MachineExtra {
     /// The history of machine `m` as shown (page, API and `status MACHINE`).
-    pub fn history_lines(&self, m: &MachineReport) -> Vec<String> {
+    pub fn history_lines(&self, m: &JudgedMachine) -> Vec<String> {
         history::lines(&self.history, &m.app, &m.machine_id)
     }
 }
@@ -115,7 +118,7 @@ pub struct SweepFailure {
 /// Everything the server shows, as of the last sweep.
 #[derive(Clone, Debug)]
 pub struct Observed {
-    pub report: Option<Arc<FleetReport>>,
+    pub report: Option<Arc<Snapshot>>,
     /// When the last successful sweep finished.
     pub last_success: Option<DateTime<Utc>>,
     pub last_failure: Option<SweepFailure>,
@@ -230,7 +233,7 @@ impl FleetView {
     }
 
     /// Publishes a successful sweep that finished at `at`.
-    pub fn record_sweep(&self, report: FleetReport, at: DateTime<Utc>) {
+    pub fn record_sweep(&self, report: Snapshot, at: DateTime<Utc>) {
         self.update(|o| {
             Arc::make_mut(&mut o.trend).push(CoherenceSample::of_listed(&report, at));
             o.report = Some(Arc::new(report));
@@ -673,7 +676,7 @@ async fn readyz(State(state): State<ServerState>) -> Response {
     }
 }
 
-fn last_report(observed: &Observed) -> Result<Arc<FleetReport>, ApiError> {
+fn last_report(observed: &Observed) -> Result<Arc<Snapshot>, ApiError> {
     observed.report.clone().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -690,8 +693,8 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
         .extras
         .iter()
         .filter_map(|(id, e)| Some((id, e.decision.as_ref()?)));
-    let body = serde_json::to_string(&render::fleet_document(&report, decisions))
-        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    let doc = FleetDocument::of(&report).with_decisions(decisions);
+    let body = serde_json::to_string(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     let mut resp = ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response();
     if let Some(at) = observed.last_success {
         let http_date = httpdate::fmt_http_date(at.into());
@@ -710,7 +713,7 @@ struct MachineDetail<'a> {
     /// this document moves with it.
     schema_version: u32,
     /// The machine's row of the `check` JSON, with its `reason` inline.
-    machine: &'a MachineReport,
+    machine: MachineRow,
     /// The agent's last parsed health report (null when it gave none).
     agent_report: Option<&'a AgentReport>,
     /// The operator hold, if any (parsed; the raw value if it is not ours).
@@ -741,7 +744,7 @@ pub fn machine_schema() -> String {
 
 /// A metadata value that is not one of ours, shown as written: as JSON when
 /// it parses, else as a string.
-fn as_written(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
+fn as_written(m: &JudgedMachine, key: &str) -> Option<serde_json::Value> {
     m.inputs
         .metadata
         .get(key)
@@ -752,7 +755,7 @@ fn as_written(m: &MachineReport, key: &str) -> Option<serde_json::Value> {
 /// [`crate::metadata::controls`]) as its typed JSON, else the value as
 /// written, else nothing.
 fn control_json<T: Serialize>(
-    m: &MachineReport,
+    m: &JudgedMachine,
     key: &str,
     ours: Option<&T>,
 ) -> Option<serde_json::Value> {
@@ -778,7 +781,7 @@ async fn machine(
     let extra = observed.extras.get(id);
     let detail = MachineDetail {
         schema_version: crate::report::wire::SCHEMA_VERSION,
-        machine: m,
+        machine: MachineRow::from(RowView::from(m)),
         agent_report: m.inputs.report.as_ref(),
         hold: control_json(m, HOLD_KEY, m.inputs.controls.hold()),
         approval: control_json(m, APPROVE_KEY, m.inputs.controls.approval()),
@@ -1150,7 +1153,8 @@ mod tests {
             branch: "release".into(),
             commit: CommitId::parse(&"a".repeat(40)).expect("commit"),
         };
-        let report = crate::observe::sweep::build_report(&config, &tip, Vec::new());
+        let observation = crate::observe::sweep::observation(&config, &tip, Vec::new());
+        let report = Snapshot::judged(observation, |_| None);
 
         assert_eq!(
             status(readyz(State(state.clone())).await),

@@ -10,7 +10,7 @@
 //! per sweep interval. Built with `maud`: every interpolated string (from
 //! an agent, Fly or the config) is HTML-escaped by the template itself, and
 //! markup is only ever what the templates here spell out. It must never
-//! compute a status, severity or action the sweep did not already decide.
+//! compute a status, severity or action the snapshot does not already carry.
 
 use std::cmp::Reverse;
 use std::time::Duration;
@@ -19,13 +19,13 @@ use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::decide::decision::Decision;
+use crate::decide::snapshot::{JudgedMachine, Snapshot};
 use crate::metadata::controls::HoldValue;
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::{APPROVE_KEY, MARKER_KEY};
 use crate::model::short_commit as short;
 use crate::model::{MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{Activity, AgentReport};
-use crate::observe::sweep::{FleetReport, MachineReport};
 
 use super::trend::CoherenceTrend;
 use super::{Observed, age, checked_id, control_json};
@@ -254,7 +254,7 @@ fn card(
     }
 }
 
-fn cards(report: &FleetReport, trend: &CoherenceTrend, threshold: f64) -> Markup {
+fn cards(report: &Snapshot, trend: &CoherenceTrend, threshold: f64) -> Markup {
     let started: usize = report.apps.iter().map(|a| a.machines).sum();
     let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
     html! {
@@ -299,7 +299,7 @@ fn cards(report: &FleetReport, trend: &CoherenceTrend, threshold: f64) -> Markup
 }
 
 /// Counts of an app's machines per status other than on the tip.
-fn status_chips(report: &FleetReport, app: &str) -> Markup {
+fn status_chips(report: &Snapshot, app: &str) -> Markup {
     let counts: Vec<(MachineStatus, usize)> = MachineStatus::ALL
         .into_iter()
         .filter(|s| *s != MachineStatus::OnTip)
@@ -321,8 +321,8 @@ fn status_chips(report: &FleetReport, app: &str) -> Markup {
 
 /// Most urgent first: critical → low, then machines that could not be
 /// classified (unreachable, bad report); then the furthest behind.
-fn urgency(m: &MachineReport) -> (Reverse<u8>, Reverse<u64>) {
-    let rank = match (m.severity, m.status) {
+fn urgency(m: &JudgedMachine) -> (Reverse<u8>, Reverse<u64>) {
+    let rank = match (m.severity(), m.status) {
         (Some(Severity::Critical), _) => 6,
         (Some(Severity::High), _) => 5,
         (Some(Severity::Medium), _) => 4,
@@ -333,8 +333,8 @@ fn urgency(m: &MachineReport) -> (Reverse<u8>, Reverse<u64>) {
     (Reverse(rank), Reverse(m.commits_behind.unwrap_or(0)))
 }
 
-fn attention(report: &FleetReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
-    let mut rows: Vec<&MachineReport> = report
+fn attention(report: &Snapshot, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    let mut rows: Vec<&JudgedMachine> = report
         .machines
         .iter()
         .filter(|m| !matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
@@ -392,7 +392,7 @@ fn severity_badge(severity: Option<Severity>) -> Markup {
 }
 
 /// How far behind (and ahead) the report says the machine is.
-fn behind_ahead(m: &MachineReport) -> Markup {
+fn behind_ahead(m: &JudgedMachine) -> Markup {
     html! {
         @match (m.commits_behind, m.commits_ahead) {
             (Some(b), Some(a)) if a > 0 => { (b) div.id { "+" (a) " ahead" } }
@@ -433,7 +433,7 @@ fn decision_detail(observed: &Observed, machine_id: &str) -> Markup {
 }
 
 /// The operator hold and a pending approval, as tags.
-fn operator_tags(m: &MachineReport) -> Markup {
+fn operator_tags(m: &JudgedMachine) -> Markup {
     html! {
         @if let Some(hold) = &m.inputs.controls.hold {
             @let (label, why) = match hold {
@@ -448,12 +448,12 @@ fn operator_tags(m: &MachineReport) -> Markup {
     }
 }
 
-fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+fn row(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let decided = decision(observed, &m.machine_id);
     let tagged = m.inputs.controls.is_held() || m.inputs.controls.approval().is_some();
     html! {
         tr {
-            td { (severity_badge(m.severity)) }
+            td { (severity_badge(m.severity())) }
             td {
                 (machine_link(m))
                 div.id { span.mono { (m.machine_id) } " · " (m.region) }
@@ -469,7 +469,7 @@ fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
             td.num { (behind_ahead(m)) }
             td { (drift_since(observed, &m.machine_id, now)) }
             td {
-                @match m.action {
+                @match m.action() {
                     Some(a) => (a),
                     None => (dash()),
                 }
@@ -489,7 +489,7 @@ fn row(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
 
 /// The machine's name, linking to its page when its id is one the page
 /// route accepts.
-fn machine_link(m: &MachineReport) -> Markup {
+fn machine_link(m: &JudgedMachine) -> Markup {
     html! {
         @if checked_id(&m.machine_id).is_ok() {
             a.m href={ "/machines/" (m.machine_id) } { (m.name) }
@@ -719,7 +719,7 @@ fn instant(t: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
 }
 
 /// The machine's row of the sweep, every field.
-fn report_section(m: &MachineReport) -> Markup {
+fn report_section(m: &JudgedMachine) -> Markup {
     html! {
         section.box #report {
             h2 { "Report" }
@@ -744,14 +744,14 @@ fn report_section(m: &MachineReport) -> Markup {
                 }
                 dt { "Severity" } dd {
                     // "unverified" only where a report was wanted and not usable.
-                    @if m.severity.is_none() && matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
+                    @if m.severity().is_none() && matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
                         (dash())
                     } @else {
-                        (severity_badge(m.severity))
+                        (severity_badge(m.severity()))
                     }
                 }
                 dt { "Action" } dd {
-                    @match m.action {
+                    @match m.action() {
                         Some(a) => (a),
                         None => (dash()),
                     }
@@ -763,7 +763,7 @@ fn report_section(m: &MachineReport) -> Markup {
 }
 
 /// The rotation: the decision, hold, approval, marker and history.
-fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) -> Markup {
+fn rotation_section(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let extra = observed.extras.get(&m.machine_id);
     let marker = control_json(m, MARKER_KEY, m.inputs.controls.marker())
         .and_then(|v| serde_json::to_string_pretty(&v).ok());
@@ -817,13 +817,13 @@ fn rotation_section(m: &MachineReport, observed: &Observed, now: DateTime<Utc>) 
 /// Why the machine has its severity, as the sweep explained it: the
 /// matched rule, its evidence, the newest missing commits. Nothing for a
 /// machine without drift.
-fn reason_section(m: &MachineReport) -> Markup {
-    let Some(reason) = m.reason.as_deref() else {
+fn reason_section(m: &JudgedMachine) -> Markup {
+    let Some(reason) = m.reason().map(|r| &**r) else {
         return html! {};
     };
     html! {
         section.box #reason {
-            h2 { "Why " (severity_badge(m.severity)) }
+            h2 { "Why " (severity_badge(m.severity())) }
             dl.kv {
                 dt { "Rule" } dd { (reason.rule) }
                 @for e in &reason.evidence {
@@ -854,7 +854,7 @@ fn activity(a: Option<Activity>) -> &'static str {
 }
 
 /// The agent's last parsed health report.
-fn agent_section(m: &MachineReport, now: DateTime<Utc>) -> Markup {
+fn agent_section(m: &JudgedMachine, now: DateTime<Utc>) -> Markup {
     html! {
         section.box #agent {
             h2 { "Agent report" }
@@ -919,10 +919,10 @@ fn agent_report(r: &AgentReport, now: DateTime<Utc>) -> Markup {
 /// The operator commands that apply to `m` now, each with why: approve
 /// when its drift waits for one (the sweep's action is `manual`), release
 /// when held, else hold; and the fleet's table.
-pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)> {
+pub(crate) fn operator_commands(m: &JudgedMachine) -> Vec<(&'static str, String)> {
     let id = &m.machine_id;
     let mut out = Vec::new();
-    if m.action == Some(PolicyAction::Manual) {
+    if m.action() == Some(PolicyAction::Manual) {
         out.push((
             "Approve the rotation to the release tip, for the first moment it has no live work:",
             format!("fleet-reconciler approve {id}"),
@@ -954,7 +954,7 @@ pub(crate) fn operator_commands(m: &MachineReport) -> Vec<(&'static str, String)
     out
 }
 
-fn commands_section(m: &MachineReport) -> Markup {
+fn commands_section(m: &JudgedMachine) -> Markup {
     html! {
         section.box.cmd #actions {
             h2 { "Operator actions" }

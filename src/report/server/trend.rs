@@ -86,7 +86,7 @@ impl CoherenceTrend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::sweep::FleetReport;
+    use crate::decide::snapshot::Snapshot;
     use crate::report::coherence::Coherence;
     use chrono::{DateTime, Utc};
     use std::collections::BTreeMap;
@@ -145,7 +145,8 @@ mod tests {
 
     #[test]
     fn a_sample_keeps_the_sweeps_figures_and_skips_apps_never_listed() {
-        use crate::observe::sweep::{AppSummary, StaleApp, TipReport};
+        use crate::decide::snapshot::AppSummary;
+        use crate::observe::sweep::{StaleApp, TipReport};
         let app = |name: &str, on_tip, machines, stale: Option<Option<DateTime<Utc>>>| AppSummary {
             name: name.into(),
             machines,
@@ -161,7 +162,7 @@ mod tests {
                 last_listed_at,
             }),
         };
-        let report = FleetReport {
+        let report = Snapshot {
             tip: TipReport {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(&"c0ffee".repeat(7)[..40]).unwrap(),

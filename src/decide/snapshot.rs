@@ -1,0 +1,304 @@
+//! The snapshot the planner and every view read: a sweep's observation
+//! with each drifted row's verdict, stale apps' last listings and the
+//! coherence figures.
+//!
+//! Owns [`prepare`], the one step from what was seen to what is planned on
+//! (what omicron calls preparing the planning input): judge each drifted
+//! row ([`severity::judge`]), carry the last listing of every app the sweep
+//! could not list and fill in metadata a host could not give
+//! ([`LastListings`], the daemon's memory that deciding reads), compute
+//! per-app and fleet coherence, and fold the sweep into the planner's
+//! [`Tracker`]. It must never read the world (no clients, no clock: `now`
+//! is passed in) nor decide steps: that is [`crate::decide::planner`]'s.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::decide::listings::LastListings;
+use crate::decide::planner::Tracker;
+use crate::decide::policy::Policy;
+use crate::decide::reason::SharedReason;
+use crate::decide::severity;
+use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::observe::sweep::{
+    AppListing, Observation, ObservedMachine, SlotsView, StaleApp, TipReport,
+};
+
+/// Prepares one sweep's observation for planning at `now`: judges it,
+/// carries stale apps' last listings (a carried row keeps the verdict it
+/// had), and folds the result into `tracker`. The loop keeps `listings`
+/// and `tracker` across sweeps; a one-shot command passes fresh ones.
+pub fn prepare(
+    policy: &Policy,
+    observation: Observation,
+    listings: &mut LastListings,
+    tracker: &mut Tracker,
+    now: DateTime<Utc>,
+) -> Snapshot {
+    let mut snapshot = severity::judge(policy, observation);
+    // An app this sweep could not list keeps its last listing, as stale.
+    if listings.carry(&mut snapshot, now) {
+        snapshot.summarize();
+    }
+    tracker.observe(&snapshot, now);
+    snapshot
+}
+
+/// What the planner plans on and every view shows, as of one sweep.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub tip: TipReport,
+    /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
+    pub coherence: f64,
+    pub apps: Vec<AppSummary>,
+    pub machines: Vec<JudgedMachine>,
+    /// The coordinator's slot set as the sweep read it.
+    pub slots: SlotsView,
+}
+
+// One configured app's figures. Written as it is in the fleet document
+// (`report::wire`), whose published schema names it: a `//` comment, as a
+// doc comment would become a description in docs/fleet.schema.json.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct AppSummary {
+    pub name: String,
+    /// Machines in state `started` (the coherence denominator).
+    pub machines: usize,
+    pub on_tip: usize,
+    pub coherence: f64,
+    /// Set when this sweep could not list the app's machines; absent when it
+    /// could. The figures above and the app's machines are then those of its
+    /// last listing (none when there was none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<StaleApp>,
+}
+
+/// Why a drifted row (`drifted`, `unknown_ref`, `ambiguous_ref`) is what
+/// it is and what its pool does about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub severity: Severity,
+    /// The pool's action for that severity, or `observe` while the drift's
+    /// path rules are not checked on every missing commit.
+    pub action: PolicyAction,
+    /// The rule, its evidence and the newest missing commits; shared by
+    /// every machine on the same ref.
+    pub reason: SharedReason,
+}
+
+/// A machine as seen, and, when it drifted, the verdict on it.
+///
+/// It reads as the [`ObservedMachine`] it wraps (`Deref`): a judged row is
+/// an observed row plus a verdict, and the planner and views read both.
+#[derive(Clone, Debug)]
+pub struct JudgedMachine {
+    pub seen: ObservedMachine,
+    /// Shared by every machine on the same ref in the same pool (a pointer
+    /// per row, not a copy): `None` for a row that is not drifted.
+    pub verdict: Option<Arc<Verdict>>,
+}
+
+impl std::ops::Deref for JudgedMachine {
+    type Target = ObservedMachine;
+    fn deref(&self) -> &ObservedMachine {
+        &self.seen
+    }
+}
+
+impl JudgedMachine {
+    pub fn new(seen: ObservedMachine, verdict: Option<Verdict>) -> JudgedMachine {
+        JudgedMachine {
+            seen,
+            verdict: verdict.map(Arc::new),
+        }
+    }
+
+    pub fn severity(&self) -> Option<Severity> {
+        self.verdict.as_ref().map(|v| v.severity)
+    }
+
+    pub fn action(&self) -> Option<PolicyAction> {
+        self.verdict.as_ref().map(|v| v.action)
+    }
+
+    pub fn reason(&self) -> Option<&SharedReason> {
+        self.verdict.as_ref().map(|v| &v.reason)
+    }
+}
+
+/// The apps of `apps` that the sweep could not list, with why.
+pub fn stale_apps(apps: &[AppSummary]) -> impl Iterator<Item = (&str, &StaleApp)> {
+    apps.iter()
+        .filter_map(|a| a.stale.as_ref().map(|s| (a.name.as_str(), s)))
+}
+
+impl Snapshot {
+    /// `observation`'s rows, each with the verdict `verdict` gives it, and
+    /// the coherence figures of those rows.
+    pub fn judged(
+        observation: Observation,
+        mut verdict: impl FnMut(&ObservedMachine) -> Option<Arc<Verdict>>,
+    ) -> Snapshot {
+        let Observation {
+            tip,
+            apps,
+            machines,
+            slots,
+        } = observation;
+        let machines = machines
+            .into_iter()
+            .map(|seen| JudgedMachine {
+                verdict: verdict(&seen),
+                seen,
+            })
+            .collect();
+        let mut snapshot = Snapshot {
+            tip,
+            coherence: 1.0,
+            apps: apps
+                .into_iter()
+                .map(|AppListing { name, stale }| AppSummary {
+                    name,
+                    machines: 0,
+                    on_tip: 0,
+                    coherence: 1.0,
+                    stale,
+                })
+                .collect(),
+            machines,
+            slots,
+        };
+        snapshot.summarize();
+        snapshot
+    }
+
+    /// True when every started machine reports the tip.
+    pub fn is_coherent(&self) -> bool {
+        self.machines
+            .iter()
+            .all(|m| matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
+    }
+
+    pub fn count(&self, app: Option<&str>, status: MachineStatus) -> usize {
+        self.machines
+            .iter()
+            .filter(|m| app.is_none_or(|a| m.app == a) && m.status == status)
+            .count()
+    }
+
+    /// The apps this sweep could not list, with why.
+    pub fn stale_apps(&self) -> impl Iterator<Item = (&str, &StaleApp)> {
+        stale_apps(&self.apps)
+    }
+
+    /// Names of the apps this sweep could not list.
+    pub fn stale_app_names(&self) -> HashSet<&str> {
+        self.stale_apps().map(|(name, _)| name).collect()
+    }
+
+    /// Recomputes per-app and fleet coherence from the machines.
+    pub(crate) fn summarize(&mut self) {
+        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
+        for m in &self.machines {
+            if m.status == MachineStatus::NotRunning {
+                continue;
+            }
+            let c = counts.entry(m.app.as_str()).or_default();
+            c.0 += 1;
+            if m.status == MachineStatus::OnTip {
+                c.1 += 1;
+            }
+        }
+        for app in &mut self.apps {
+            let (started, on_tip) = counts.get(app.name.as_str()).copied().unwrap_or_default();
+            app.machines = started;
+            app.on_tip = on_tip;
+            app.coherence = ratio(on_tip, started);
+        }
+        let started: usize = self.apps.iter().map(|a| a.machines).sum();
+        let on_tip: usize = self.apps.iter().map(|a| a.on_tip).sum();
+        self.coherence = ratio(on_tip, started);
+    }
+}
+
+/// On-tip ÷ started; 1.0 with no started machine.
+fn ratio(on_tip: usize, started: usize) -> f64 {
+    if started == 0 {
+        1.0
+    } else {
+        on_tip as f64 / started as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::reason::{Reason, RuleMatch};
+    use crate::model::MachineState;
+
+    /// A row is no bigger than the `MachineReport` it replaced (576 bytes
+    /// on 64-bit targets): 100,000 of them are held at once.
+    #[test]
+    fn a_judged_row_is_no_bigger_than_before() {
+        println!(
+            "JudgedMachine {} B, ObservedMachine {} B",
+            std::mem::size_of::<JudgedMachine>(),
+            std::mem::size_of::<ObservedMachine>()
+        );
+        assert!(
+            std::mem::size_of::<JudgedMachine>() <= 576,
+            "{} bytes",
+            std::mem::size_of::<JudgedMachine>()
+        );
+    }
+
+    #[test]
+    fn coherence_counts_started_machines_and_verdicts_read_through() {
+        let config = crate::config::test_config("");
+        let tip = crate::observe::overlay::Tip {
+            branch: "release".into(),
+            commit: crate::model::CommitId::parse(&"a".repeat(40)).expect("commit"),
+        };
+        let row = |id: &str, status, state| ObservedMachine {
+            status,
+            ..ObservedMachine::listed("app", id, id, state)
+        };
+        let observation = crate::observe::sweep::observation(
+            &config,
+            &tip,
+            vec![
+                row("m1", MachineStatus::OnTip, MachineState::Started),
+                row("m2", MachineStatus::Drifted, MachineState::Started),
+                row("m3", MachineStatus::NotRunning, MachineState::Stopped),
+            ],
+        );
+        let verdict = Arc::new(Verdict {
+            severity: Severity::High,
+            action: PolicyAction::Manual,
+            reason: SharedReason(Arc::new(Reason {
+                rule: RuleMatch::NoMatch {
+                    level: Severity::Low,
+                },
+                evidence: Vec::new(),
+                behind: Some(1),
+                missing: Vec::new(),
+                evidence_partial: false,
+            })),
+        });
+        let snapshot = Snapshot::judged(observation, |m| {
+            (m.status == MachineStatus::Drifted).then(|| Arc::clone(&verdict))
+        });
+        assert_eq!(snapshot.coherence, 0.5);
+        assert_eq!((snapshot.apps[0].machines, snapshot.apps[0].on_tip), (2, 1));
+        assert!(!snapshot.is_coherent());
+        let m2 = &snapshot.machines[1];
+        assert_eq!(
+            (m2.severity(), m2.action()),
+            (Some(Severity::High), Some(PolicyAction::Manual))
+        );
+        assert!(snapshot.machines[0].reason().is_none());
+    }
+}

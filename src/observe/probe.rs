@@ -3,14 +3,16 @@
 //! Owns the agent side of docs/design.md §4: one GET per started machine, bounded
 //! concurrency over one connection budget (`probe.concurrency` open
 //! connections at most, for the whole sweep: idle connections are kept only
-//! when every host of a sweep fits the budget, so a fleet of 10,000 agents
-//! does not hold 10,000 sockets between sweeps), a per-request deadline covering the
+//! when every host of a sweep fits the budget, and then each host keeps its
+//! share of it, so a fleet of 10,000 agents does not hold 10,000 sockets
+//! between sweeps, nor two hosts twice the budget), a per-request deadline covering the
 //! whole exchange, a body cap enforced while reading (the rest is never
 //! buffered), and strict parsing of the report. A bad agent yields a
 //! per-machine outcome, never an error for the sweep. It must never send the
 //! Fly token or the agent control token on a health GET, and never decide
 //! anything from a report.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -112,12 +114,19 @@ pub struct ProbeBuildError(#[from] reqwest::Error);
 /// Polls agents' health endpoints.
 #[derive(Clone)]
 pub struct Prober {
-    /// Keeps idle connections: for sweeps whose hosts fit the budget.
-    http: reqwest::Client,
+    /// Keeps idle connections, for sweeps whose hosts fit the budget: at
+    /// most the budget over the hosts per host (the share it was built
+    /// with), so all of them together keep at most the budget. hyper's pool
+    /// caps idle connections per host only, and the host that goes first
+    /// would otherwise keep the whole budget idle while the next opens its
+    /// own. Rebuilt (its pool dropped) when a sweep's share differs.
+    pooled: Arc<Mutex<Option<(usize, reqwest::Client)>>>,
     /// Closes each connection after its answer: for sweeps with more hosts
     /// than the budget (each agent is a host of its own on 6PN), where idle
-    /// connections would pile up to one per agent.
+    /// connections would pile up to one per agent, and for single probes
+    /// (the executor's after a restart), which have nothing to reuse.
     one_shot: reqwest::Client,
+    connect_timeout: Duration,
     timeout: Duration,
     max_body: usize,
     concurrency: usize,
@@ -136,19 +145,11 @@ impl std::fmt::Debug for Prober {
 
 impl Prober {
     pub fn new(config: &ProbeConfig) -> Result<Prober, ProbeBuildError> {
-        let builder = || {
-            crate::http::client_builder()
-                .connect_timeout(config.timeout.get())
-                .redirect(reqwest::redirect::Policy::none())
-        };
-        let http = builder()
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(config.concurrency.get())
-            .build()?;
-        let one_shot = builder().pool_max_idle_per_host(0).build()?;
+        let connect_timeout = config.timeout.get();
         Ok(Prober {
-            http,
-            one_shot,
+            pooled: Arc::default(),
+            one_shot: client(connect_timeout, 0)?,
+            connect_timeout,
             timeout: config.timeout.get(),
             max_body: config.max_body_bytes.get(),
             concurrency: config.concurrency.get(),
@@ -189,13 +190,13 @@ impl Prober {
         urls: Vec<(K, String)>,
         mut each: impl FnMut(K, String, ProbeOutcome),
     ) {
-        let http = if distinct_hosts(urls.iter().map(|(_, u)| u.as_str()), self.concurrency)
-            <= self.concurrency
-        {
-            &self.http
+        let hosts = distinct_hosts(urls.iter().map(|(_, u)| u.as_str()), self.concurrency);
+        let http = if (1..=self.concurrency).contains(&hosts) {
+            self.pooled(self.concurrency / hosts)
         } else {
-            &self.one_shot
+            self.one_shot.clone()
         };
+        let http = &http;
         let mut results = futures::stream::iter(urls)
             .map(|(key, url)| async move {
                 let outcome = self.probe_with(http, &url).await;
@@ -207,9 +208,28 @@ impl Prober {
         }
     }
 
-    /// Probes one health URL.
+    /// Probes one health URL, on a connection of its own.
     pub async fn probe(&self, url: &str) -> ProbeOutcome {
-        self.probe_with(&self.http, url).await
+        self.probe_with(&self.one_shot, url).await
+    }
+
+    /// The client keeping at most `per_host` idle connections per host.
+    fn pooled(&self, per_host: usize) -> reqwest::Client {
+        let mut pooled = self.pooled.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((share, http)) = pooled.as_ref()
+            && *share == per_host
+        {
+            return http.clone();
+        }
+        match client(self.connect_timeout, per_host) {
+            Ok(http) => {
+                *pooled = Some((per_host, http.clone()));
+                http
+            }
+            // The same settings built at start; should they not now,
+            // connections are not kept.
+            Err(_) => self.one_shot.clone(),
+        }
     }
 
     /// One probe with `http` (pooled or one-shot), timed for the observer.
@@ -273,6 +293,20 @@ impl Prober {
         }
         Ok(body)
     }
+}
+
+/// A client for health GETs keeping at most `idle_per_host` idle
+/// connections per host (none: each closed after its answer).
+fn client(
+    connect_timeout: Duration,
+    idle_per_host: usize,
+) -> Result<reqwest::Client, reqwest::Error> {
+    crate::http::client_builder()
+        .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(idle_per_host)
+        .build()
 }
 
 /// How many distinct hosts (scheme, host, port) `urls` name, counted up

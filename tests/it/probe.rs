@@ -202,6 +202,15 @@ async fn http_errors_and_refused_connections_are_unreachable() {
 /// each agent is on 6PN), speaking just enough HTTP/1.1 to answer a report
 /// on a kept-alive connection. Counts the connections open now and at most.
 async fn many_agents(hosts: usize) -> (Vec<String>, Arc<(AtomicUsize, AtomicUsize)>) {
+    slow_agents(hosts, Duration::ZERO).await
+}
+
+/// [`many_agents`] answering each request `delay` after it came, so that
+/// a sweep's requests overlap.
+async fn slow_agents(
+    hosts: usize,
+    delay: Duration,
+) -> (Vec<String>, Arc<(AtomicUsize, AtomicUsize)>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let mut urls = Vec::new();
@@ -223,7 +232,11 @@ async fn many_agents(hosts: usize) -> (Vec<String>, Arc<(AtomicUsize, AtomicUsiz
                     let mut buf = [0u8; 4096];
                     // One answer per request until the client closes.
                     while let Ok(n) = conn.read(&mut buf).await {
-                        if n == 0 || conn.write_all(answer.as_bytes()).await.is_err() {
+                        if n == 0 {
+                            break;
+                        }
+                        tokio::time::sleep(delay).await;
+                        if conn.write_all(answer.as_bytes()).await.is_err() {
                             break;
                         }
                     }
@@ -276,4 +289,45 @@ async fn a_sweep_of_more_hosts_than_the_budget_keeps_no_connection_open() {
     within(prober.probe_all(few.clone())).await;
     within(prober.probe_all(few)).await;
     assert_eq!(open.0.load(Ordering::SeqCst), 4, "reused, kept open");
+}
+
+/// #22: hosts that fit the budget share it: all of them together keep at
+/// most `probe.concurrency` connections open after a sweep. Before, each
+/// host could keep the whole budget idle: the first host's connections
+/// stayed while the second opened its own, twice the budget kept for 90 s.
+#[tokio::test]
+async fn hosts_that_fit_the_budget_share_it_between_sweeps() {
+    let (hosts, open) = slow_agents(2, Duration::from_millis(50)).await;
+    let prober = Prober::new(&ProbeConfig {
+        concurrency: NonZeroUsize::new(8).unwrap(),
+        ..ProbeConfig::default()
+    })
+    .unwrap();
+    // The first host's agents, then the second's: each has the whole
+    // budget in flight in turn.
+    let urls: Vec<String> = hosts
+        .iter()
+        .flat_map(|h| std::iter::repeat_n(h.clone(), 24))
+        .collect();
+    let outcomes = within(prober.probe_all(urls)).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, ProbeOutcome::Report(_))),
+        "{outcomes:?}"
+    );
+    assert!(
+        open.1.load(Ordering::SeqCst) > 8,
+        "each host had the budget in flight: {} connections at most",
+        open.1.load(Ordering::SeqCst)
+    );
+    crate::common::eventually(
+        "at most the budget (8) left open",
+        Duration::from_secs(10),
+        async || open.0.load(Ordering::SeqCst) <= 8,
+    )
+    .await;
+    // The next sweep reuses what was kept.
+    within(prober.probe_all(hosts.clone())).await;
+    assert!(open.0.load(Ordering::SeqCst) <= 8);
 }

@@ -1108,6 +1108,8 @@ struct Phases {
     analysis: Duration,
     /// Every app's list fetched by a bare client (bytes only).
     list_bytes: Duration,
+    /// Those lists split into machine objects in memory, not decoded.
+    split: Duration,
     /// Those lists split and decoded in memory, as the Fly client does.
     decode: Duration,
     /// Every app's list fetched and decoded by the Fly client.
@@ -1173,6 +1175,15 @@ impl Phases {
             Ok(got.into_iter().collect::<Result<Vec<_>, _>>()?)
         })
         .await?;
+        let (split, ()) = best_time(3, || async {
+            for body in &bodies {
+                let mut splitter = ArraySplitter::new(MAX_MACHINE_BYTES);
+                splitter.push(body, &mut |_: &[u8]| Ok::<(), Error>(()))?;
+                splitter.finish()?;
+            }
+            Ok(())
+        })
+        .await?;
         let (decode, ()) = best_time(3, || async {
             for body in &bodies {
                 decode_list(body)?;
@@ -1224,6 +1235,7 @@ impl Phases {
             fetch,
             analysis,
             list_bytes,
+            split,
             decode,
             list,
             probe,
@@ -1243,6 +1255,7 @@ impl Phases {
             ("overlay fetch (nothing new)", self.fetch),
             ("analysis of the distinct refs, first", self.analysis),
             ("lists: bytes only (bare client)", self.list_bytes),
+            ("lists: split alone (in memory)", self.split),
             ("lists: split and decoded alone (in memory)", self.decode),
             ("lists: fetched and decoded (Fly client)", self.list),
             ("probes: prober on every agent", self.probe),

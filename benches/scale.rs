@@ -63,7 +63,7 @@ struct Args {
     serve: Option<usize>,
     /// Where the fleet is served from (`--fleet frozen|live|in-process`).
     fleet: FleetMode,
-    /// Time each step of `check` alone as well (`--phases`).
+    /// Time each step of `check` alone as well, at 10,000 machines (`--phases`).
     phases: bool,
 }
 
@@ -1420,7 +1420,8 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
         } else {
             None
         };
-        let phases = if args.phases {
+        // At the issue's 10,000 only: at 100,000 the steps take a minute more.
+        let phases = if args.phases && size == 10_000 {
             Some(Phases::measure(&config, scratch, health_urls, distinct_refs(h, size)).await?)
         } else {
             None
@@ -1519,18 +1520,15 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
             Some(t) => format!("{} {}", mib_cell(mib), verdict(mib, t, mib_cell)),
             None => mib_cell(mib),
         };
-        let per_machine = bytes as f64 / size.max(1) as f64;
+        let per_machine = thousands(bytes / size.max(1));
         let json_cell = if size == 100_000 {
             format!(
-                "{:.1} MB ({per_machine:.0} B a machine: {})",
+                "{:.1} MB ({per_machine} B a machine: {})",
                 bytes as f64 / 1e6,
                 if json_met { "met" } else { "**missed**" }
             )
         } else {
-            format!(
-                "{:.1} MB ({per_machine:.0} B a machine)",
-                bytes as f64 / 1e6
-            )
+            format!("{:.1} MB ({per_machine} B a machine)", bytes as f64 / 1e6)
         };
         table.push(format!(
             "| {} ({apps}) | {wall_cell} | {} ({:.1}×) | {rss_cell} | {json_cell} | {}/{} | {} |",

@@ -23,9 +23,12 @@ use fastrand::Rng;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::severity;
+use fleet_reconciler::fly::{MAX_MACHINE_BYTES, Machine};
+use fleet_reconciler::json_stream::ArraySplitter;
 use fleet_reconciler::observe::overlay::{Overlay, OverlaySource, RefAnalysis, Signals};
 use fleet_reconciler::observe::probe::Prober;
-use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
+use fleet_reconciler::report::render;
+use fleet_reconciler::sim::{FrozenServer, Sim, SimApp, SimFleet, SimMachine};
 use futures::StreamExt;
 
 type Error = Box<dyn std::error::Error>;
@@ -58,9 +61,13 @@ struct Args {
     /// Start a fleet of this size, print a config for it and wait (for a
     /// memory profiler run by hand against `check`).
     serve: Option<usize>,
+    /// Where the fleet is served from (`--fleet frozen|live|in-process`).
+    fleet: FleetMode,
+    /// Time each step of `check` alone as well, at 10,000 machines (`--phases`).
+    phases: bool,
 }
 
-fn args() -> Args {
+fn args() -> Result<Args, Error> {
     let mut out = Args {
         commits: 100_000,
         machines: 10_000,
@@ -69,6 +76,8 @@ fn args() -> Args {
         branch: "master".into(),
         sizes_only: false,
         serve: None,
+        fleet: FleetMode::Frozen,
+        phases: false,
     };
     let argv: Vec<String> = std::env::args().collect();
     let value = |name: &str| {
@@ -92,7 +101,11 @@ fn args() -> Args {
     }
     out.sizes_only = argv.iter().any(|a| a == "--sizes-only");
     out.serve = value("--serve").and_then(|v| v.parse().ok());
-    out
+    if let Some(mode) = value("--fleet") {
+        out.fleet = FleetMode::parse(&mode)?;
+    }
+    out.phases = argv.iter().any(|a| a == "--phases");
+    Ok(out)
 }
 
 // ------------------------------------------------------------- history
@@ -432,8 +445,15 @@ fn apps_for(machines: usize) -> usize {
 
 async fn start_fleet_in(h: &History, machines: usize, apps: usize) -> Result<Sim, Error> {
     let refs = fleet_refs(h, machines, 500);
+    Ok(Sim::start(sim_fleet(&h.tip, &refs, apps)).await?)
+}
+
+/// The simulated fleet of `refs` (what machine `m{i:06}` reports, by `i`)
+/// in `apps` apps, machine `i` in app `i % apps`.
+fn sim_fleet(tip: &str, refs: &[(String, Option<usize>)], apps: usize) -> SimFleet {
+    let machines = refs.len();
     let mut fleet = SimFleet::new(TOKEN)
-        .release_tip(h.tip.clone())
+        .release_tip(tip.to_owned())
         .record_requests(false);
     for a in 0..apps {
         let app = SimApp::new(format!("app-{a}")).machines((a..machines).step_by(apps).map(|i| {
@@ -448,7 +468,203 @@ async fn start_fleet_in(h: &History, machines: usize, apps: usize) -> Result<Sim
         }));
         fleet = fleet.app(app);
     }
-    Ok(Sim::start(fleet).await?)
+    fleet
+}
+
+// ------------------------------------------------- the fleet's process
+
+/// Where the fleet `check` and the bare client talk to is served from
+/// (`--fleet frozen|live|in-process`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum FleetMode {
+    /// A child process serving every answer rendered once by the simulator
+    /// as static bytes (as nginx serves files): the fair loopback reference.
+    Frozen,
+    /// A child process running the live simulator (JSON written per request).
+    Live,
+    /// The live simulator inside the bench process (before issue 22's
+    /// reference was made fair: it shares the cores with `check`).
+    InProcess,
+}
+
+impl FleetMode {
+    fn parse(text: &str) -> Result<FleetMode, Error> {
+        match text {
+            "frozen" => Ok(FleetMode::Frozen),
+            "live" => Ok(FleetMode::Live),
+            "in-process" => Ok(FleetMode::InProcess),
+            other => Err(format!("--fleet {other:?}: expected frozen, live or in-process").into()),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            FleetMode::Frozen => {
+                "served by a child process as static bytes (every answer rendered once by the simulator)"
+            }
+            FleetMode::Live => "served by the live simulator in a child process",
+            FleetMode::InProcess => "served by the live simulator inside the bench process",
+        }
+    }
+}
+
+/// First argument of the fleet-serving mode of this binary.
+const FLEET_CHILD: &str = "--fleet-child";
+
+/// A fleet `check` is run against, in this process or a child.
+enum Fleet {
+    InProcess(Sim),
+    Child {
+        child: std::process::Child,
+        addr: std::net::SocketAddr,
+    },
+}
+
+impl Fleet {
+    /// Starts the fleet of `machines` in `apps` apps; in a child process
+    /// (this binary with [`FLEET_CHILD`]) unless `mode` is `InProcess`.
+    /// Returns once it answers.
+    async fn start(
+        h: &History,
+        machines: usize,
+        apps: usize,
+        mode: FleetMode,
+        scratch: &Path,
+    ) -> Result<Fleet, Error> {
+        if mode == FleetMode::InProcess {
+            return Ok(Fleet::InProcess(start_fleet_in(h, machines, apps).await?));
+        }
+        // The child builds the same fleet from the same refs, written out.
+        let spec = scratch.join(format!("fleet-{machines}.spec"));
+        let mut text = format!("{} {apps}\n", h.tip);
+        for (commit, len) in fleet_refs(h, machines, 500) {
+            text.push_str(&format!("{commit} {}\n", len.unwrap_or(0)));
+        }
+        std::fs::write(&spec, text)?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg(FLEET_CHILD)
+            .arg(if mode == FleetMode::Frozen {
+                "frozen"
+            } else {
+                "live"
+            })
+            .arg(&spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        let read = child
+            .stdout
+            .take()
+            .map(|out| std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line));
+        let addr = match (read, line.trim().parse()) {
+            (Some(Ok(_)), Ok(addr)) => addr,
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("the fleet process did not start: {line:?}").into());
+            }
+        };
+        Ok(Fleet::Child { child, addr })
+    }
+
+    fn api_url(&self) -> String {
+        match self {
+            Fleet::InProcess(sim) => sim.api_url(),
+            Fleet::Child { addr, .. } => format!("http://{addr}"),
+        }
+    }
+
+    fn health_url_template(&self) -> String {
+        format!("{}/agents/{{machine_id}}/health", self.api_url())
+    }
+
+    /// Every machine's health URL (machines are `m000000`, `m000001`, …).
+    fn health_urls(&self, machines: usize) -> Vec<String> {
+        let template = self.health_url_template();
+        (0..machines)
+            .map(|i| template.replace("{machine_id}", &format!("m{i:06}")))
+            .collect()
+    }
+
+    async fn shutdown(self) -> Result<(), Error> {
+        match self {
+            Fleet::InProcess(sim) => sim.shutdown().await,
+            Fleet::Child { mut child, .. } => {
+                // Its stdin closing is its signal to stop.
+                drop(child.stdin.take());
+                let status = child.wait()?;
+                if !status.success() {
+                    return Err(format!("the fleet process failed: {status}").into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a fleet child serves from.
+enum Serving {
+    Live(Sim),
+    Frozen(FrozenServer),
+}
+
+/// `--fleet-child frozen|live SPEC`: serves the fleet SPEC describes (a
+/// line `TIP APPS`, then `COMMIT LEN` for each machine, `LEN` 0 for a
+/// full id), prints its address, and serves until stdin closes.
+fn fleet_child(args: &[String]) -> Result<(), Error> {
+    let [mode, spec] = args else {
+        return Err("usage: --fleet-child frozen|live SPEC".into());
+    };
+    let mode = FleetMode::parse(mode)?;
+    let text = std::fs::read_to_string(spec)?;
+    let mut lines = text.lines();
+    let (tip, apps) = lines
+        .next()
+        .and_then(|l| l.split_once(' '))
+        .ok_or("spec: no `TIP APPS` line")?;
+    let apps: usize = apps.parse()?;
+    let mut refs = Vec::new();
+    for line in lines {
+        let (commit, len) = line
+            .split_once(' ')
+            .ok_or("spec: a line without a length")?;
+        let len: usize = len.parse()?;
+        refs.push((commit.to_owned(), (len > 0).then_some(len)));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let sim = Sim::start(sim_fleet(tip, &refs, apps)).await?;
+        let serving = if mode == FleetMode::Frozen {
+            let server = sim.freeze().await?.serve().await?;
+            // The live simulator is no longer needed: free its memory.
+            sim.shutdown().await;
+            Serving::Frozen(server)
+        } else {
+            Serving::Live(sim)
+        };
+        let addr = match &serving {
+            Serving::Live(sim) => sim.addr(),
+            Serving::Frozen(server) => server.addr(),
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{addr}")?;
+            out.flush()?;
+        }
+        tokio::task::spawn_blocking(|| {
+            let mut rest = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut rest)
+        })
+        .await??;
+        match serving {
+            Serving::Live(sim) => sim.shutdown().await,
+            Serving::Frozen(server) => server.shutdown().await,
+        }
+        Ok::<(), Error>(())
+    })
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -458,20 +674,28 @@ enum Rules {
 }
 
 fn config_text(sim: &Sim, h: &History, mirror: &Path, rules: Rules) -> String {
-    config_text_in(sim, h, mirror, rules, APPS)
+    let urls = (sim.api_url(), sim.health_url_template());
+    config_text_in(&urls, h, mirror, rules, APPS)
 }
 
-fn config_text_in(sim: &Sim, h: &History, mirror: &Path, rules: Rules, apps: usize) -> String {
+/// A config for the fleet at `urls` (its API URL and health URL template).
+fn config_text_in(
+    urls: &(String, String),
+    h: &History,
+    mirror: &Path,
+    rules: Rules,
+    apps: usize,
+) -> String {
     let mut text = format!(
         "[fly]\napi_url = \"{}\"\n[overlay]\nrepo = \"{}\"\nbranch = \"release\"\nmirror_dir = \"{}\"\n[probe]\nconcurrency = {CONCURRENCY}\n",
-        sim.api_url(),
+        urls.0,
         h.repo.display(),
         mirror.display()
     );
     for a in 0..apps {
         text.push_str(&format!(
             "[[apps]]\nname = \"app-{a}\"\nhealth_url = \"{}\"\n",
-            sim.health_url_template()
+            urls.1
         ));
     }
     text.push_str("[[severity]]\nlevel = \"critical\"\nunknown_ref = true\n");
@@ -510,6 +734,18 @@ const MEASURE: &str = "--measure-child";
 /// simulated fleet), so the check is started by a fresh, small copy of this
 /// binary ([`measure_child`]) and its rusage read there.
 fn run_check(config: &Path, scratch: &Path) -> Result<CheckRun, Error> {
+    // 0 coherent, 1 drift: both are answers; anything else is a failure.
+    run_measured(config, scratch, &["check", "--output", "json"], &["0", "1"])
+}
+
+/// The binary with `--config CONFIG COMMAND…`, measured as [`run_check`]
+/// says; an exit code not in `answers` is a failure.
+fn run_measured(
+    config: &Path,
+    scratch: &Path,
+    command: &[&str],
+    answers: &[&str],
+) -> Result<CheckRun, Error> {
     let out_path = scratch.join("check.json");
     let err_path = scratch.join("check.err");
     let report = scratch.join("check.rusage");
@@ -519,7 +755,7 @@ fn run_check(config: &Path, scratch: &Path) -> Result<CheckRun, Error> {
         .arg(env!("CARGO_BIN_EXE_fleet-reconciler"))
         .arg("--config")
         .arg(config)
-        .args(["check", "--output", "json"])
+        .args(command)
         .env("FLY_API_TOKEN", TOKEN)
         .env("RUST_LOG", "warn")
         .stdout(std::fs::File::create(&out_path)?)
@@ -531,10 +767,9 @@ fn run_check(config: &Path, scratch: &Path) -> Result<CheckRun, Error> {
     else {
         return Err(format!("measurer failed ({status}): {measured}").into());
     };
-    // 0 coherent, 1 drift: both are answers; anything else is a failure.
-    if !matches!(*code, "0" | "1") {
+    if !answers.contains(code) {
         let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-        return Err(format!("check failed ({code}): {err}").into());
+        return Err(format!("{command:?} failed ({code}): {err}").into());
     }
     Ok(CheckRun {
         wall: Duration::from_micros(micros.parse()?),
@@ -719,11 +954,12 @@ fn graph_file(mirror: &Path) -> PathBuf {
 
 /// `--serve SIZE`: the fleet and a config for it, until interrupted, so
 /// that `check` can be run by hand under a profiler (heaptrack, massif).
-async fn serve(h: &History, size: usize, scratch: &Path) -> Result<(), Error> {
+async fn serve(h: &History, size: usize, mode: FleetMode, scratch: &Path) -> Result<(), Error> {
     let mirror = scratch.join("mirror.git");
     open_overlay(h, &mirror).await?.fetch().await?;
     let apps = apps_for(size);
-    let sim = start_fleet_in(h, size, apps).await?;
+    let fleet = Fleet::start(h, size, apps, mode, scratch).await?;
+    let urls = (fleet.api_url(), fleet.health_url_template());
     for rules in [Rules::Counts, Rules::Paths] {
         let name = if rules == Rules::Counts {
             "count"
@@ -731,16 +967,18 @@ async fn serve(h: &History, size: usize, scratch: &Path) -> Result<(), Error> {
             "paths"
         };
         let config = scratch.join(format!("{name}.toml"));
-        std::fs::write(&config, config_text_in(&sim, h, &mirror, rules, apps))?;
+        std::fs::write(&config, config_text_in(&urls, h, &mirror, rules, apps))?;
         println!(
             "{name} rules: FLY_API_TOKEN={TOKEN} fleet-reconciler --config {} check --output json",
             config.display()
         );
     }
-    println!("serving {size} machines in {apps} apps; interrupt to stop");
+    println!(
+        "serving {size} machines in {apps} apps, {}; interrupt to stop",
+        mode.describe()
+    );
     tokio::signal::ctrl_c().await?;
-    sim.shutdown().await;
-    Ok(())
+    fleet.shutdown().await
 }
 
 /// (behind, ahead) of each full commit, by the git CLI.
@@ -809,19 +1047,14 @@ fn answers_against_git(
 
 /// A bare client's GET of every agent at the prober's concurrency: the
 /// loopback limit a sweep's probing is measured against (best of 2).
-async fn bare_probe(sim: &Sim) -> Result<Duration, Error> {
-    let urls: Vec<String> = sim
-        .machines()
-        .iter()
-        .map(|m| sim.health_url(&m.id))
-        .collect();
+async fn bare_probe(urls: &[String]) -> Result<Duration, Error> {
     let bare = reqwest::Client::builder()
         .user_agent("fleet-reconciler-bench")
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let mut best = Duration::MAX;
     for _ in 0..2 {
-        best = best.min(bare_get_all(&bare, &urls).await?);
+        best = best.min(bare_get_all(&bare, urls).await?);
     }
     Ok(best)
 }
@@ -859,9 +1092,278 @@ fn best_check(config: &Path, scratch: &Path) -> Result<CheckRun, Error> {
     })
 }
 
+/// Where `check`'s time goes, timed from outside it: the steps `check`
+/// takes, each run and timed on its own in this process against the same
+/// fleet and mirror (`check` itself prints no timings).
+struct Phases {
+    /// `fleet-reconciler --config … validate-config` as a child, measured
+    /// like `check`: process start, config, exit.
+    process: Duration,
+    /// `daemon::connect`: the clients, the mirror opened.
+    connect: Duration,
+    /// The overlay fetch `check` makes (nothing new upstream).
+    fetch: Duration,
+    /// The first analysis of the fleet's distinct refs in the process
+    /// (saved graph read, one walk).
+    analysis: Duration,
+    /// Every app's list fetched by a bare client (bytes only).
+    list_bytes: Duration,
+    /// Those lists split into machine objects in memory, not decoded.
+    split: Duration,
+    /// Those lists split and decoded in memory, as the Fly client does.
+    decode: Duration,
+    /// Every app's list fetched and decoded by the Fly client.
+    list: Duration,
+    /// The prober on every health URL.
+    probe: Duration,
+    /// A bare client on the same URLs, taking turns with the prober.
+    bare_probes: Duration,
+    /// A whole sweep (list, probe, analysis: cached now) and judgement.
+    sweep: Duration,
+    /// The `check --output json` document written to memory.
+    json: Duration,
+}
+
+impl Phases {
+    async fn measure(
+        config_path: &Path,
+        scratch: &Path,
+        urls: Vec<String>,
+        refs: Vec<String>,
+    ) -> Result<Phases, Error> {
+        // It reads and checks the config as `check` does; these configs
+        // have no coordinator, which it reports (exit 2) as `run` needs one.
+        let process = best_of(2, || {
+            run_measured(config_path, scratch, &["validate-config"], &["0", "1", "2"])
+        })?;
+        let config = Arc::new(Config::parse(
+            config_path,
+            &std::fs::read_to_string(config_path)?,
+        )?);
+        let secrets = Secrets {
+            fly_token: TOKEN.into(),
+            git_token: None,
+        };
+        let started = Instant::now();
+        let sweeper = daemon::connect(Arc::clone(&config), &secrets).await?;
+        let connect = started.elapsed();
+        let started = Instant::now();
+        let tip = sweeper
+            .overlay
+            .fetch_within(config.overlay.fetch_timeout.get())
+            .await?;
+        let fetch = started.elapsed();
+        let started = Instant::now();
+        sweeper
+            .overlay
+            .analyze(&tip.commit, refs, &sweeper.signals)
+            .await?;
+        let analysis = started.elapsed();
+        let api = config.fly.api_url.to_string();
+        let list_urls: Vec<String> = config
+            .apps
+            .iter()
+            .map(|a| format!("{}/v1/apps/{}/machines", api.trim_end_matches('/'), a.name))
+            .collect();
+        let bare = reqwest::Client::new();
+        let (list_bytes, bodies) = best_time(3, || async {
+            let got = futures::future::join_all(list_urls.iter().map(|url| {
+                let request = bare.get(url).bearer_auth(TOKEN);
+                async move { request.send().await?.error_for_status()?.bytes().await }
+            }))
+            .await;
+            Ok(got.into_iter().collect::<Result<Vec<_>, _>>()?)
+        })
+        .await?;
+        let (split, ()) = best_time(3, || async {
+            for body in &bodies {
+                let mut splitter = ArraySplitter::new(MAX_MACHINE_BYTES);
+                splitter.push(body, &mut |_: &[u8]| Ok::<(), Error>(()))?;
+                splitter.finish()?;
+            }
+            Ok(())
+        })
+        .await?;
+        let (decode, ()) = best_time(3, || async {
+            for body in &bodies {
+                decode_list(body)?;
+            }
+            Ok(())
+        })
+        .await?;
+        drop(bodies);
+        let (list, ()) = best_time(3, || async {
+            for listed in futures::future::join_all(config.apps.iter().map(|app| {
+                let (fly, app) = (&sweeper.fly, app.name.as_str().into());
+                async move { fly.list_machines(&app).await }
+            }))
+            .await
+            {
+                listed?;
+            }
+            Ok(())
+        })
+        .await?;
+        // The prober and a bare client taking turns, so that both see the
+        // same moments of a shared machine's load.
+        let bare_prober = reqwest::Client::builder()
+            .user_agent("fleet-reconciler-bench")
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let (mut probe, mut bare_probes) = (Duration::MAX, Duration::MAX);
+        for _ in 0..3 {
+            let started = Instant::now();
+            sweeper.prober.probe_all(urls.clone()).await;
+            probe = probe.min(started.elapsed());
+            bare_probes = bare_probes.min(bare_get_all(&bare_prober, &urls).await?);
+        }
+        let (sweep, fleet) =
+            best_time(3, || async { Ok(daemon::sweep(&sweeper, &tip).await?) }).await?;
+        let (json, ()) = best_time(3, || async {
+            let mut out = Vec::new();
+            render::write_json(
+                &mut out,
+                &render::fleet_document(&fleet, &BTreeMap::new()),
+                false,
+            )?;
+            Ok(())
+        })
+        .await?;
+        Ok(Phases {
+            process: process.wall,
+            connect,
+            fetch,
+            analysis,
+            list_bytes,
+            split,
+            decode,
+            list,
+            probe,
+            bare_probes,
+            sweep,
+            json,
+        })
+    }
+
+    fn print(&self, report: &mut Report, check: Duration) {
+        let rows = [
+            (
+                "process start, config, exit (validate-config)",
+                self.process,
+            ),
+            ("connect: clients, mirror opened", self.connect),
+            ("overlay fetch (nothing new)", self.fetch),
+            ("analysis of the distinct refs, first", self.analysis),
+            ("lists: bytes only (bare client)", self.list_bytes),
+            ("lists: split alone (in memory)", self.split),
+            ("lists: split and decoded alone (in memory)", self.decode),
+            ("lists: fetched and decoded (Fly client)", self.list),
+            ("probes: prober on every agent", self.probe),
+            (
+                "  bare client, same GETs, taking turns with it",
+                self.bare_probes,
+            ),
+            ("whole sweep (analysis cached) + judgement", self.sweep),
+            ("JSON document written", self.json),
+        ];
+        println!(
+            "     where check's time goes (each step alone in the bench's process, best of 3):"
+        );
+        for (what, d) in rows {
+            report.info(&format!("       {what}"), secs(d));
+        }
+        let sum = self.process + self.connect + self.fetch + self.analysis + self.sweep + self.json;
+        report.info(
+            "       sum: process + connect + fetch + analysis + sweep + JSON",
+            format!("{} (check {})", secs(sum), secs(check)),
+        );
+        report.info(
+            "       check beyond the bare client's probing",
+            secs(check.saturating_sub(self.bare_probes)),
+        );
+    }
+}
+
+/// The fastest of `n` runs of `step` (at least one), and the last run's output.
+async fn best_time<T, F: Future<Output = Result<T, Error>>>(
+    n: usize,
+    mut step: impl FnMut() -> F,
+) -> Result<(Duration, T), Error> {
+    let started = Instant::now();
+    let mut out = step().await?;
+    let mut best = started.elapsed();
+    for _ in 1..n {
+        let started = Instant::now();
+        out = step().await?;
+        best = best.min(started.elapsed());
+    }
+    Ok((best, out))
+}
+
+/// A list answer split and decoded as [`fleet_reconciler::fly::FlyClient`]
+/// does it, in memory: the machines it holds.
+fn decode_list(body: &[u8]) -> Result<usize, Error> {
+    let mut splitter = ArraySplitter::new(MAX_MACHINE_BYTES);
+    let mut machines = 0;
+    splitter.push(body, &mut |element: &[u8]| {
+        serde_json::from_slice::<Machine>(element).map_err(|e| e.to_string())?;
+        machines += 1;
+        Ok::<(), Error>(())
+    })?;
+    splitter.finish()?;
+    Ok(machines)
+}
+
+/// The fastest of `n` runs.
+fn best_of(n: usize, mut run: impl FnMut() -> Result<CheckRun, Error>) -> Result<CheckRun, Error> {
+    let mut best: Option<CheckRun> = None;
+    for _ in 0..n {
+        let this = run()?;
+        if best.as_ref().is_none_or(|b| this.wall < b.wall) {
+            best = Some(this);
+        }
+    }
+    best.ok_or_else(|| "no run".into())
+}
+
+/// `12,345`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `(≤ 0.6 s: met)` or `(≤ 0.6 s: **missed** by 0.15 s)`, as the README writes it.
+fn verdict(figure: f64, target: f64, shown: impl Fn(f64) -> String) -> String {
+    if figure <= target {
+        format!("(≤ {}: met)", shown(target))
+    } else {
+        format!(
+            "(≤ {}: **missed** by {})",
+            shown(target),
+            shown(figure - target)
+        )
+    }
+}
+
+fn seconds_cell(v: f64) -> String {
+    secs(Duration::from_secs_f64(v))
+}
+
+fn mib_cell(v: f64) -> String {
+    format!("{v:.1} MiB")
+}
+
 /// Issue 22's targets at each fleet size, each beside its figure and the
 /// references measured in this run: the git CLI's answers (and their
 /// time), a bare HTTP client probing the same agents (the loopback limit).
+/// Prints the README's Performance table, ready to paste.
 async fn by_fleet_size(
     h: &History,
     args: &Args,
@@ -877,7 +1379,9 @@ async fn by_fleet_size(
     let (oracle, git_time) = git_oracle(h, &tip, largest)?;
     println!(
         "
-issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown, count rules, saved graph)"
+issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown, count rules, saved graph)
+  fleet {}",
+        args.fleet.describe()
     );
     report.info(
         &format!(
@@ -891,30 +1395,38 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
     )?)?;
     let validator = jsonschema::validator_for(&schema)?;
     let mut table = vec![
-        "| machines (apps) | `check` wall | bare client probing all | git CLI answers | peak RSS | JSON | answers = git's |".to_owned(),
+        "| machines (apps) | `check` wall (target) | bare client, same GETs (`check` ÷ it) | peak RSS (target) | JSON (target ≤ 30 MB at 100k) | answers = git's | schema |".to_owned(),
         "| --- | --- | --- | --- | --- | --- | --- |".to_owned(),
     ];
     for &size in &args.sizes {
         let apps = apps_for(size);
-        let sim = start_fleet_in(h, size, apps).await?;
+        let fleet = Fleet::start(h, size, apps, args.fleet, scratch).await?;
+        let urls = (fleet.api_url(), fleet.health_url_template());
         let config = scratch.join(format!("count-{size}.toml"));
         std::fs::write(
             &config,
-            config_text_in(&sim, h, &mirror, Rules::Counts, apps),
+            config_text_in(&urls, h, &mirror, Rules::Counts, apps),
         )?;
         let run = best_check(&config, scratch)?;
-        let bare = bare_probe(&sim).await?;
+        let health_urls = fleet.health_urls(size);
+        let bare = bare_probe(&health_urls).await?;
         let paths = if size == 10_000 {
             let config = scratch.join(format!("paths-{size}.toml"));
             std::fs::write(
                 &config,
-                config_text_in(&sim, h, &mirror, Rules::Paths, apps),
+                config_text_in(&urls, h, &mirror, Rules::Paths, apps),
             )?;
             Some(best_check(&config, scratch)?)
         } else {
             None
         };
-        sim.shutdown().await;
+        // At the issue's 10,000 only: at 100,000 the steps take a minute more.
+        let phases = if args.phases && size == 10_000 {
+            Some(Phases::measure(&config, scratch, health_urls, distinct_refs(h, size)).await?)
+        } else {
+            None
+        };
+        fleet.shutdown().await?;
         let doc: serde_json::Value = serde_json::from_str(&run.output)?;
         let expected = fleet_refs(h, size, 500);
         let (right, checked) = answers_against_git(&doc, &expected, &oracle);
@@ -979,7 +1491,6 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
             "0",
             invalid == 0,
         );
-        let mut paths_cell = String::new();
         if let Some(p) = &paths {
             report.row(
                 &label("paths rule: check wall"),
@@ -993,22 +1504,63 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
                 "≤ 48 MiB",
                 p.peak_mib <= 48.0,
             );
-            paths_cell = format!("; `paths` rule: {}, {:.1} MiB", secs(p.wall), p.peak_mib);
         }
+        if let Some(phases) = &phases {
+            phases.print(report, wall);
+        }
+        let wall_cell = match time_target {
+            Some(t) => format!(
+                "{} {}",
+                secs(wall),
+                verdict(wall.as_secs_f64(), t.as_secs_f64(), seconds_cell)
+            ),
+            None => secs(wall),
+        };
+        let rss_cell = match rss_target {
+            Some(t) => format!("{} {}", mib_cell(mib), verdict(mib, t, mib_cell)),
+            None => mib_cell(mib),
+        };
+        let per_machine = thousands(bytes / size.max(1));
+        let json_cell = if size == 100_000 {
+            format!(
+                "{:.1} MB ({per_machine} B a machine: {})",
+                bytes as f64 / 1e6,
+                if json_met { "met" } else { "**missed**" }
+            )
+        } else {
+            format!("{:.1} MB ({per_machine} B a machine)", bytes as f64 / 1e6)
+        };
         table.push(format!(
-            "| {size} ({apps}) | {}{} | {} ({:.1}×) | {} | {mib:.1} MiB{paths_cell} | {:.1} MB ({:.0} B/machine) | {right}/{checked} |",
-            secs(wall),
-            time_target.map(|t| format!(" (≤ {})", secs(t))).unwrap_or_default(),
+            "| {} ({apps}) | {wall_cell} | {} ({:.1}×) | {rss_cell} | {json_cell} | {}/{} | {} |",
+            thousands(size),
             secs(bare),
             ratio(wall, bare),
-            secs(git_time),
-            bytes as f64 / 1e6,
-            bytes as f64 / size.max(1) as f64,
+            thousands(right),
+            thousands(checked),
+            if invalid == 0 {
+                "valid".to_owned()
+            } else {
+                format!("{invalid} errors")
+            },
         ));
+        if let Some(p) = &paths {
+            let t = Duration::from_secs(1);
+            table.push(format!(
+                "| {} ({apps}), `paths` rule | {} {} | | {} {} | | | |",
+                thousands(size),
+                secs(p.wall),
+                verdict(p.wall.as_secs_f64(), t.as_secs_f64(), seconds_cell),
+                mib_cell(p.peak_mib),
+                verdict(p.peak_mib, 48.0, mib_cell),
+            ));
+        }
     }
     println!(
         "
+git CLI reference: `git rev-list --left-right --count TIP...C` for each of the {} commits: {}
 {}",
+        thousands(oracle.len()),
+        secs(git_time),
         table.join("\n")
     );
     Ok(())
@@ -1018,10 +1570,12 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
 
 fn main() -> Result<(), Error> {
     let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(MEASURE) {
-        return measure_child(&argv[2..]);
+    match argv.get(1).map(String::as_str) {
+        Some(MEASURE) => return measure_child(&argv[2..]),
+        Some(FLEET_CHILD) => return fleet_child(&argv[2..]),
+        _ => {}
     }
-    let args = args();
+    let args = args()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -1048,7 +1602,7 @@ async fn bench(args: Args) -> Result<(), Error> {
     let scratch = tempfile::tempdir()?;
     let mut report = Report { rows: Vec::new() };
     if let Some(size) = args.serve {
-        return serve(&h, size, scratch.path()).await;
+        return serve(&h, size, args.fleet, scratch.path()).await;
     }
     if !args.sizes_only {
         let sim = start_fleet(&h, args.machines).await?;
@@ -1495,7 +2049,7 @@ async fn bench(args: Args) -> Result<(), Error> {
     let missed: Vec<&(String, String, String, bool)> =
         report.rows.iter().filter(|r| !r.3).collect();
     println!(
-        "\nsummary: {} of {} targets met; bench process peak RSS {:.1} MiB (simulated fleet included)",
+        "\nsummary: {} of {} targets met; bench process peak RSS {:.1} MiB (the in-process fleet included, if any)",
         report.rows.len() - missed.len(),
         report.rows.len(),
         peak_rss_mib()

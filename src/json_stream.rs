@@ -104,6 +104,18 @@ impl ArraySplitter {
                 let start = i;
                 let mut end = None;
                 while i < chunk.len() {
+                    if self.in_string && !self.escaped {
+                        // Most of a machine's bytes are inside strings: jump
+                        // to the next quote or backslash instead of stepping
+                        // through the state machine byte by byte.
+                        match chunk[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                            Some(skip) => i += skip,
+                            None => {
+                                i = chunk.len();
+                                break;
+                            }
+                        }
+                    }
                     let b = chunk[i];
                     i += 1;
                     if self.in_string {
@@ -236,6 +248,29 @@ mod tests {
         }
         s.finish()?;
         Ok(out)
+    }
+
+    /// Strings are skipped to their next quote or backslash: an escaped
+    /// backslash before the closing quote, and brackets inside strings,
+    /// must not end (or fail to end) an element, wherever the chunks cut.
+    #[test]
+    fn strings_are_skipped_whole_wherever_the_chunks_cut() {
+        let text = br#"[{"id":"x","s":"a\\","t":"}{\"][","u":"\\\""},{"id":"y"}]"#;
+        let want = [
+            r#"{"id":"x","s":"a\\","t":"}{\"][","u":"\\\""}"#,
+            r#"{"id":"y"}"#,
+        ];
+        assert_eq!(split(&[text], 1 << 10).unwrap(), want);
+        for cut in 0..text.len() {
+            for second in cut..text.len() {
+                let chunks = [&text[..cut], &text[cut..second], &text[second..]];
+                assert_eq!(
+                    split(&chunks, 1 << 10).unwrap(),
+                    want,
+                    "cuts at {cut}, {second}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -194,13 +194,16 @@
 //! 5. `handle` ([`SimHandle`]: out-of-band operations, hooks, the audit);
 //! 6. `fly_api` and `agent` (the handlers);
 //! 7. `http` (the routes and the recording/auth/fault front door);
-//! 8. this module: [`Sim`] (serve, shut down) and the public names.
+//! 8. `frozen` (read-only answers rendered once through `http` and served
+//!    as static bytes: the benchmarks' loopback reference);
+//! 9. this module: [`Sim`] (serve, shut down) and the public names.
 
 mod agent;
 mod audit;
 mod chaos;
 mod fixture;
 mod fly_api;
+mod frozen;
 mod handle;
 mod http;
 mod machine;
@@ -226,6 +229,7 @@ pub use fixture::{
     DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN, HostDownMetadata, HostStatus,
     MetadataFencing, NON_HEX_REF, RateLimit, RateLimits, RetryAfter, SimApp, SimFleet, SimMachine,
 };
+pub use frozen::{FreezeError, FrozenFleet, FrozenServer};
 pub use handle::{Hook, SimHandle};
 pub use view::{
     Credential, LeaseView, OperatorWriteRefused, OutsideLease, RecordedRequest, RequestTarget,
@@ -293,17 +297,25 @@ impl Sim {
 
     /// Base URL of the Fly API stand-in, without `/v1` (clients append it).
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.addr)
+        wire::api_url(self.addr)
     }
 
     /// Health URL template for the daemon's app config.
     pub fn health_url_template(&self) -> String {
-        format!("http://{}/agents/{{machine_id}}/health", self.addr)
+        wire::health_url_template(self.addr)
     }
 
     /// Health URL of one machine's agent.
     pub fn health_url(&self, machine_id: &str) -> String {
-        format!("http://{}/agents/{machine_id}/health", self.addr)
+        wire::health_url(self.addr, machine_id)
+    }
+
+    /// Every app's machine list and every agent's health answer as this
+    /// simulator gives them now, rendered once to be served as static
+    /// bytes ([`FrozenFleet::serve`]): the loopback reference of the
+    /// benchmarks. Refused when an agent hangs (its answer never ends).
+    pub async fn freeze(&self) -> Result<FrozenFleet, FreezeError> {
+        FrozenFleet::render(&self.handle.shared).await
     }
 
     /// A handle on the simulator, for tasks and hooks.
@@ -337,7 +349,7 @@ impl Drop for Sim {
 #[cfg(test)]
 mod tests {
     /// The modules in the layout's order (module docs), with their source.
-    const LAYERS: [(&str, &str); 11] = [
+    const LAYERS: [(&str, &str); 12] = [
         ("fixture", include_str!("fixture.rs")),
         ("view", include_str!("view.rs")),
         ("chaos", include_str!("chaos.rs")),
@@ -349,6 +361,7 @@ mod tests {
         ("fly_api", include_str!("fly_api.rs")),
         ("agent", include_str!("agent.rs")),
         ("http", include_str!("http.rs")),
+        ("frozen", include_str!("frozen.rs")),
     ];
 
     /// The sibling modules a source names as `super::name` (also inside

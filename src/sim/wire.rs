@@ -6,6 +6,8 @@
 //! handlers (`fly_api`, `agent`) and the router (`http`) both import it and
 //! neither imports the other's way up.
 
+use std::net::SocketAddr;
+
 use axum::Json;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -155,6 +157,21 @@ pub(crate) fn agent_token_matches(configured: Option<&str>, authorization: Optio
         None => true,
         Some(token) => authorization.and_then(|a| credentials(a, "Bearer")) == Some(token),
     }
+}
+
+/// Base URL of the Fly API stand-in served at `addr`, without `/v1`.
+pub(crate) fn api_url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// Health URL template (the daemon's app config) of agents served at `addr`.
+pub(crate) fn health_url_template(addr: SocketAddr) -> String {
+    format!("http://{addr}/agents/{{machine_id}}/health")
+}
+
+/// Health URL of one machine's agent served at `addr`.
+pub(crate) fn health_url(addr: SocketAddr, machine_id: &str) -> String {
+    format!("http://{addr}/agents/{machine_id}/health")
 }
 
 /// RFC 3339 at second precision with `Z`, as the Fly API prints timestamps.

@@ -2731,3 +2731,109 @@ async fn wait_takes_every_state_the_client_sends() {
         refused.body
     );
 }
+
+/// A frozen fleet answers every list and health path with the live
+/// simulator's answer (status, content type, body: the same bytes but for
+/// the agents' `heartbeat_at`, which the live one renders anew), answers
+/// nothing else, and changes nothing: the benchmarks' static reference
+/// serves what the simulator would.
+#[tokio::test]
+async fn a_frozen_fleet_serves_the_live_answers_as_they_were() {
+    /// A body with any top-level `heartbeat_at` taken out (raw bytes if not JSON).
+    fn without_heartbeat(body: &[u8]) -> Result<Value, Vec<u8>> {
+        let mut value: Value = serde_json::from_slice(body).map_err(|_| body.to_vec())?;
+        if let Some(o) = value.as_object_mut() {
+            o.remove("heartbeat_at");
+        }
+        Ok(value)
+    }
+
+    let fleet = fleet().app(
+        SimApp::new("odd apps")
+            .machine(SimMachine::new("g1").behaviour(Behaviour::Garbage))
+            .machine(SimMachine::new("e1").behaviour(Behaviour::HttpError(500))),
+    );
+    let h = Harness::start(fleet).await;
+    let frozen = within(h.sim.freeze()).await.expect("the fleet freezes");
+    // 3 lists, 6 agents.
+    assert_eq!(frozen.len(), 9);
+    let server = within(frozen.clone().serve()).await.expect("it serves");
+    let lists = ["agents", "other", "odd apps"].map(|app| {
+        let app = app.replace(' ', "%20");
+        (format!("/v1/apps/{app}/machines"), true)
+    });
+    let agents =
+        ["m1", "m2", "m3", "o1", "g1", "e1"].map(|id| (format!("/agents/{id}/health"), false));
+    for (path, fly) in lists.into_iter().chain(agents) {
+        let get = |base: String| {
+            let request = h.http.get(format!("{base}{path}"));
+            if fly {
+                request.bearer_auth(TOKEN)
+            } else {
+                request
+            }
+        };
+        let live = within(get(h.sim.api_url()).send())
+            .await
+            .expect("live answers");
+        let served = within(get(server.api_url()).send())
+            .await
+            .expect("frozen answers");
+        assert_eq!(served.status(), live.status(), "{path}");
+        assert_eq!(
+            served.headers().get(header::CONTENT_TYPE),
+            live.headers().get(header::CONTENT_TYPE),
+            "{path}"
+        );
+        let live = within(live.bytes()).await.expect("live body");
+        let served = within(served.bytes()).await.expect("frozen body");
+        assert_eq!(
+            without_heartbeat(&served),
+            without_heartbeat(&live),
+            "{path}"
+        );
+        if fly {
+            assert_eq!(served, live, "{path}: a list is the same bytes");
+        }
+        assert_eq!(frozen.body(&path), Some(&served[..]), "{path}");
+    }
+    // m3 is stopped: its agent's 503 is served as it was.
+    assert_eq!(
+        within(h.http.get(server.health_url("m3")).send())
+            .await
+            .expect("answers")
+            .status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    // Only what was rendered, and only reads.
+    let unknown = within(h.http.get(server.health_url("nope")).send())
+        .await
+        .expect("answers");
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    let post = h
+        .http
+        .post(format!(
+            "{}/v1/apps/agents/machines/m1/restart",
+            server.api_url()
+        ))
+        .bearer_auth(TOKEN);
+    let post = within(post.send()).await.expect("answers");
+    assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let restart = h
+        .http
+        .post(format!("{}/agents/m1/health", server.api_url()));
+    assert_eq!(
+        within(restart.send()).await.expect("answers").status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert_eq!(h.sim.machine("m1").map(|m| m.restart_count), Some(0));
+    within(server.shutdown()).await;
+
+    // An agent that never answers cannot be rendered once.
+    h.sim.set_behaviour("m2", Behaviour::Hang);
+    let refused = within(h.sim.freeze()).await.err().map(|e| e.to_string());
+    assert!(
+        refused.as_deref().is_some_and(|e| e.contains("m2")),
+        "{refused:?}"
+    );
+}

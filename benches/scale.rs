@@ -1223,7 +1223,7 @@ impl Phases {
             let mut out = Vec::new();
             render::write_json(
                 &mut out,
-                &render::fleet_document(&fleet, &BTreeMap::new()),
+                &fleet_reconciler::report::wire::FleetDocument::of(&fleet),
                 false,
             )?;
             Ok(())

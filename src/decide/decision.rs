@@ -228,7 +228,7 @@ impl fmt::Display for Decision {
             Decision::AwaitingApproval { target, severity } => write!(
                 f,
                 "{severity} drift in a manual pool: awaiting approval of {}",
-                short_commit(target)
+                short_commit(target.as_str())
             ),
             Decision::WaitingForSlot { pool, in_use, cap } => write!(
                 f,

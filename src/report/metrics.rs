@@ -589,9 +589,9 @@ impl Metrics {
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
         for m in &report.machines {
-            *status_counts.entry((&m.app, m.status)).or_default() += 1;
+            *status_counts.entry((m.app.as_str(), m.status)).or_default() += 1;
             if let Some(s) = m.severity() {
-                *severity_counts.entry((&m.app, s)).or_default() += 1;
+                *severity_counts.entry((m.app.as_str(), s)).or_default() += 1;
             }
         }
         for app in &apps {

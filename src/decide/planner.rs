@@ -838,7 +838,7 @@ impl<'a> Planning<'a> {
                 self.decide(
                     m,
                     Decision::RotationFailed {
-                        target: marker.target.to_string(),
+                        target: marker.target.clone(),
                         attempts: failed.attempts,
                         at: failed.at,
                         evidence: failed.evidence.clone(),

@@ -52,7 +52,7 @@ use prometheus::{
 use crate::decide::decision::Decision;
 use crate::decide::snapshot::Snapshot;
 use crate::fly::RequestObserver;
-use crate::model::{AppName, MachineId, MachineStatus, Severity};
+use crate::model::{AppName, MachineId, MachineStatus, PoolName, Severity};
 use crate::observe::DurationObserver;
 
 /// Content type of [`Metrics::render`]'s output.
@@ -714,9 +714,9 @@ impl Metrics {
     /// Counts one remediation step on a machine of `pool`. `action` and
     /// `result` must come from a fixed vocabulary (e.g. `restart` /
     /// `succeeded`), never from a message.
-    pub fn record_action(&self, app: &str, pool: &str, action: &str, result: &str) {
+    pub fn record_action(&self, app: &AppName, pool: &PoolName, action: &str, result: &str) {
         self.actions
-            .with_label_values(&[app, pool, action, result])
+            .with_label_values(&[app.as_str(), pool.as_str(), action, result])
             .inc();
     }
 

@@ -242,8 +242,8 @@ impl<'a> Reporter<'a> {
         let mut events = Vec::new();
         for s in steps {
             self.metrics.record_action(
-                s.step.target.app.as_str(),
-                s.step.target.pool.as_str(),
+                &s.step.target.app,
+                &s.step.target.pool,
                 s.step.kind(),
                 s.outcome.result(),
             );

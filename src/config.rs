@@ -990,7 +990,7 @@ impl Config {
             src.invalid(key, inner.span(), inner.message().to_string())
         })?;
         let apps = src.apps(raw.apps, &raw.fly.api_url)?;
-        if raw.pools.keys().any(|name| name.trim().is_empty()) {
+        if raw.pools.keys().any(|name| name.as_str().trim().is_empty()) {
             return Err(src.invalid("pools".into(), None, "pool name is empty".into()));
         }
         let severity = match raw.severity {
@@ -1052,12 +1052,12 @@ impl Config {
                 }
                 None => out.push(match &self.rotation.coordinator_token_env {
                     Some(var) => AppToken {
-                        app: &c.app,
+                        app: c.app.as_str(),
                         var,
                         key: "rotation.coordinator_token_env".into(),
                     },
                     None => AppToken {
-                        app: &c.app,
+                        app: c.app.as_str(),
                         var: &self.fly.token_env,
                         key: "fly.token_env".into(),
                     },

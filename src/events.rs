@@ -108,9 +108,12 @@ impl Alert {
         DedupKey(format!(
             "fleet-reconciler/{}/{}/{}/{}",
             self.kind.trigger_name(),
-            self.app.as_deref().unwrap_or("*"),
-            self.machine_id.as_deref().unwrap_or("*"),
-            self.commit.as_deref().unwrap_or("*"),
+            self.app.as_ref().map(AppName::as_str).unwrap_or("*"),
+            self.machine_id
+                .as_ref()
+                .map(MachineId::as_str)
+                .unwrap_or("*"),
+            self.commit.as_ref().map(CommitId::as_str).unwrap_or("*"),
         ))
     }
 }

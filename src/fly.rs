@@ -724,12 +724,17 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    fn new(op: &'static str, method: Method, app: &'a str, machine: Option<&'a str>) -> Self {
+    fn new(
+        op: &'static str,
+        method: Method,
+        app: &'a AppName,
+        machine: Option<&'a MachineId>,
+    ) -> Self {
         Call {
             op,
             method,
-            app,
-            machine,
+            app: app.as_str(),
+            machine: machine.map(MachineId::as_str),
             segments: &[],
             query: &[],
             body: None,
@@ -974,12 +979,7 @@ impl FlyClient {
         machine: &MachineId,
     ) -> Result<Machine, FlyError> {
         let body = self
-            .send(Call::new(
-                "get_machine",
-                Method::GET,
-                app,
-                Some(machine.as_str()),
-            ))
+            .send(Call::new("get_machine", Method::GET, app, Some(machine)))
             .await?;
         decode(&body, "get_machine", app)
     }
@@ -997,7 +997,7 @@ impl FlyClient {
         let query = timeout
             .map(|t| vec![("timeout", format!("{}s", t.as_secs().max(1)))])
             .unwrap_or_default();
-        let mut call = Call::new("restart", Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new("restart", Method::POST, app, Some(machine));
         call.segments = &["restart"];
         call.query = &query;
         call.nonce = nonce;
@@ -1011,7 +1011,7 @@ impl FlyClient {
         machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("stop", Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new("stop", Method::POST, app, Some(machine));
         call.segments = &["stop"];
         call.body = Some(serde_json::json!({}));
         call.nonce = nonce;
@@ -1025,7 +1025,7 @@ impl FlyClient {
         machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("start", Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new("start", Method::POST, app, Some(machine));
         call.segments = &["start"];
         call.nonce = nonce;
         call.idempotence = Idempotence::Unsafe;
@@ -1049,7 +1049,7 @@ impl FlyClient {
             secs = secs.min(left.max(1));
         }
         let query = [("state", state.to_string()), ("timeout", secs.to_string())];
-        let mut call = Call::new("wait", Method::GET, app, Some(machine.as_str()));
+        let mut call = Call::new("wait", Method::GET, app, Some(machine));
         call.segments = &["wait"];
         call.query = &query;
         call.extra_timeout = Duration::from_secs(secs);
@@ -1070,7 +1070,7 @@ impl FlyClient {
         machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("cordon", Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new("cordon", Method::POST, app, Some(machine));
         call.segments = &["cordon"];
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -1082,7 +1082,7 @@ impl FlyClient {
         machine: &MachineId,
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("uncordon", Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new("uncordon", Method::POST, app, Some(machine));
         call.segments = &["uncordon"];
         call.nonce = nonce;
         self.send(call).await.map(drop)
@@ -1171,7 +1171,7 @@ impl FlyClient {
     ) -> Result<bytes::Bytes, FlyError> {
         let ttl = ttl.as_secs().max(1);
         let query = [("ttl", ttl.to_string())];
-        let mut call = Call::new(op, Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new(op, Method::POST, app, Some(machine));
         call.segments = &["lease"];
         call.bucket = "lease";
         call.query = &query;
@@ -1188,7 +1188,7 @@ impl FlyClient {
         machine: &MachineId,
         nonce: &SecretString,
     ) -> Result<(), FlyError> {
-        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine.as_str()));
+        let mut call = Call::new("release_lease", Method::DELETE, app, Some(machine));
         call.segments = &["lease"];
         call.nonce = Some(nonce);
         match self.send(call).await {
@@ -1208,7 +1208,7 @@ impl FlyClient {
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
-        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine.as_str()));
+        let mut call = Call::new("set_metadata", Method::POST, app, Some(machine));
         call.segments = &segments;
         // Every key's POST is one endpoint to Fly's limits, at worst.
         call.bucket = "set_metadata";
@@ -1225,12 +1225,7 @@ impl FlyClient {
         nonce: Option<&SecretString>,
     ) -> Result<(), FlyError> {
         let segments = ["metadata", key];
-        let mut call = Call::new(
-            "delete_metadata",
-            Method::DELETE,
-            app,
-            Some(machine.as_str()),
-        );
+        let mut call = Call::new("delete_metadata", Method::DELETE, app, Some(machine));
         call.segments = &segments;
         call.nonce = nonce;
         match self.send(call).await {
@@ -1578,7 +1573,7 @@ fn status_error(
 fn decode<T: serde::de::DeserializeOwned>(
     body: &[u8],
     op: &'static str,
-    app: &str,
+    app: &AppName,
 ) -> Result<T, FlyError> {
     // serde quotes the offending value: bounded, whatever Fly sent.
     serde_json::from_slice(body).map_err(|e| FlyError::Decode {
@@ -1818,7 +1813,8 @@ mod tests {
     fn urls_escape_path_segments() {
         let c = FlyClient::new(FlyClientConfig::new("http://h:1/"), "t").unwrap();
         let segments = ["metadata", "a/b"];
-        let mut call = Call::new("x", Method::GET, "my app", Some("m1"));
+        let (app, machine) = (AppName::from("my app"), MachineId::from("m1"));
+        let mut call = Call::new("x", Method::GET, &app, Some(&machine));
         call.segments = &segments;
         assert_eq!(
             c.url(&call).as_str(),

@@ -929,7 +929,7 @@ async fn approve(
         ApprovalMode::Now => {
             let (app, _) = operator.locate(machine).await?;
             let url = confirm.url.clone().unwrap_or_else(|| daemon_url(&config));
-            let live = live_work(&url, machine).await;
+            let live = live_work(&url, machine.as_str()).await;
             let said = live.describe(&format!("{app}/{machine}"));
             if live.any() {
                 let confirmed = confirm.yes
@@ -968,7 +968,7 @@ async fn approve(
     let app = operator.approve(machine, &approval).await?;
     let text = format!(
         "approved: {app}/{machine} may rotate to {} ({})",
-        fleet_reconciler::model::short_commit(&approval.target),
+        fleet_reconciler::model::short_commit(approval.target.as_str()),
         match mode {
             ApprovalMode::WhenIdle => "when idle",
             ApprovalMode::Now => "now",

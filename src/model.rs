@@ -14,30 +14,12 @@ use serde::{Deserialize, Serialize};
 use strum::EnumCount;
 
 /// The text behaviour of a string newtype: compared, hashed, printed and
-/// serialized as its text, and usable wherever a `&str` is read.
+/// serialized as its text. No `Deref` to `str` (nor `AsRef`/`Borrow`): an id
+/// does not silently become a string; `as_str()` says where text is meant.
 macro_rules! text_newtype {
     ($name:ident) => {
         impl $name {
             pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl std::ops::Deref for $name {
-            type Target = str;
-            fn deref(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl std::borrow::Borrow<str> for $name {
-            fn borrow(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl AsRef<str> for $name {
-            fn as_ref(&self) -> &str {
                 &self.0
             }
         }
@@ -310,6 +292,14 @@ string_id! {
 string_id! {
     /// A pool's name: a machine's `pool` metadata label, a `[pools.NAME]` section.
     PoolName
+}
+
+// A pool's policy is looked up by the machine row's pool label, which is
+// text (`ObservedMachine::pool`); only this newtype lends its text to maps.
+impl std::borrow::Borrow<str> for PoolName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
 }
 
 /// A Fly machine's state, as the Machines API names it. States this version

@@ -570,7 +570,7 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
             format!("not checked: no token in {}", token.var),
         )];
     };
-    let fly = match client_for(config, &c.app, secret) {
+    let fly = match client_for(config, c.app.as_str(), secret) {
         Ok(f) => f,
         Err(e) => {
             return vec![Finding::fail(
@@ -592,7 +592,7 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
                     "create it (docs/deploy.md, \"The coordination machine\") and set rotation.coordinator to its APP/MACHINE_ID; `fly machine list -a {}` shows the ids",
                     c.app
                 ),
-                _ => fly_fix(&e, &c.app, token.var, config),
+                _ => fly_fix(&e, c.app.as_str(), token.var, config),
             };
             return vec![Finding::fail(
                 CheckKind::Coordinator,
@@ -680,7 +680,7 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
                 CheckKind::Coordinator,
                 format!("{subject} lease"),
                 format!("cannot be leased with the token in {}: {e}", token.var),
-                fly_fix(&e, &c.app, token.var, config),
+                fly_fix(&e, c.app.as_str(), token.var, config),
             ),
         },
     );

@@ -113,7 +113,7 @@ pub enum Decision {
     /// released; no new attempt for `target` until the tip moves or an
     /// operator runs `approve` again.
     RotationFailed {
-        target: String,
+        target: CommitId,
         attempts: u32,
         at: DateTime<Utc>,
         evidence: String,
@@ -228,7 +228,7 @@ impl fmt::Display for Decision {
             Decision::AwaitingApproval { target, severity } => write!(
                 f,
                 "{severity} drift in a manual pool: awaiting approval of {}",
-                short_commit(target)
+                short_commit(target.as_str())
             ),
             Decision::WaitingForSlot { pool, in_use, cap } => write!(
                 f,
@@ -360,7 +360,7 @@ fn unprobeable(
 /// `RotationFailed`: toward what, after how many restarts, and what now.
 fn rotation_failed(
     f: &mut fmt::Formatter<'_>,
-    target: &str,
+    target: &CommitId,
     attempts: u32,
     when: &DateTime<Utc>,
     evidence: &str,
@@ -368,7 +368,7 @@ fn rotation_failed(
     write!(
         f,
         "the rotation to {} failed after {attempts} restart(s) at {} ({evidence}); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
-        short_commit(target),
+        short_commit(target.as_str()),
         at(when)
     )
 }
@@ -426,7 +426,7 @@ mod tests {
             Decision::UnconfirmedRef { since: None },
             Decision::UnreadableMarker { why: "x".into() },
             Decision::RotationFailed {
-                target: "ab".into(),
+                target: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
                 attempts: 3,
                 at: t,
                 evidence: "still on 22".into(),
@@ -503,7 +503,7 @@ mod tests {
                 "the overlay fetch is failing (last good fetch an unknown time): no rotation starts toward a tip that may be stale",
                 "reports a ref the mirror cannot resolve (since an unknown time); waiting for a later fetch to confirm",
                 "a rotation marker this reconciler cannot read (x); not touching it",
-                "the rotation to ab failed after 3 restart(s) at 2027-01-15T08:00:00Z (still on 22); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
+                "the rotation to abababababab failed after 3 restart(s) at 2027-01-15T08:00:00Z (still on 22); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",

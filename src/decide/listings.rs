@@ -64,7 +64,9 @@ impl Listing {
                 continue;
             };
             known_at.insert(m.machine_id.clone(), *at);
-            let from_slot = slots.pool_of(&m.app, &m.machine_id).is_some();
+            let from_slot = slots
+                .pool_of(m.app.as_str(), m.machine_id.as_str())
+                .is_some();
             let m = &mut m.seen;
             if !from_slot {
                 m.pool = last.pool.clone();
@@ -121,7 +123,9 @@ impl LastListings {
         let mut machines = Vec::new();
         let mut carried = false;
         for app in &mut snapshot.apps {
-            let listed = by_app.remove(app.name.as_str()).unwrap_or_default();
+            let listed = by_app
+                .remove(&AppName::from(app.name.as_str()))
+                .unwrap_or_default();
             match &mut app.stale {
                 None => {
                     if self.failing.remove(&app.name).is_some() {

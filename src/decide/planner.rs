@@ -92,7 +92,7 @@ impl Plan {
         !self.start_order.is_empty()
     }
 
-    pub fn decision(&self, machine_id: &str) -> Option<&Decision> {
+    pub fn decision(&self, machine_id: &MachineId) -> Option<&Decision> {
         self.machines.get(machine_id).map(|m| &m.decision)
     }
 
@@ -104,7 +104,7 @@ impl Plan {
             .collect()
     }
 
-    pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+    pub fn drift_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
         self.machines.get(machine_id)?.drift_since
     }
 }
@@ -188,18 +188,18 @@ impl Tracker {
     }
 
     /// Whether the last usable report of the machine showed drift.
-    fn carried_drift(&self, machine_id: &str) -> Option<&Seen> {
+    fn carried_drift(&self, machine_id: &MachineId) -> Option<&Seen> {
         self.machines
             .get(machine_id)
             .filter(|s| s.last_known_drifted && s.drift_since.is_some())
     }
 
-    pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+    pub fn drift_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
         self.machines.get(machine_id)?.drift_since
     }
 
     /// Since when the machine has given no usable report, in this run.
-    pub fn unprobed_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+    pub fn unprobed_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
         self.machines.get(machine_id)?.unprobed_since
     }
 }
@@ -838,7 +838,7 @@ impl<'a> Planning<'a> {
                 self.decide(
                     m,
                     Decision::RotationFailed {
-                        target: marker.target.to_string(),
+                        target: marker.target.clone(),
                         attempts: failed.attempts,
                         at: failed.at,
                         evidence: failed.evidence.clone(),
@@ -850,7 +850,7 @@ impl<'a> Planning<'a> {
                     marker.severity.max(Severity::High),
                     format!(
                         "the rotation of {id} to {} failed after {} restart(s) at {} ({}); no new attempt until the tip moves or `fleet-reconciler approve {id}`",
-                        crate::model::short_commit(&marker.target),
+                        crate::model::short_commit(marker.target.as_str()),
                         failed.attempts,
                         failed.at.to_rfc3339(),
                         failed.evidence,
@@ -984,7 +984,7 @@ impl<'a> Planning<'a> {
                 .bytes()
                 .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
             Marker::new_tag(
-                &m.machine_id,
+                m.machine_id.as_str(),
                 self.tip,
                 now,
                 now.timestamp_subsec_nanos() ^ owner_hash,
@@ -1906,7 +1906,7 @@ fn end_attempt(
             severity,
             format!(
                 "the rotation of {id} to {} failed after {attempts} restart(s) ({evidence}); uncordoned and its slot released; no new attempt until the tip moves or `fleet-reconciler approve {id}`",
-                crate::model::short_commit(&marker.target),
+                crate::model::short_commit(marker.target.as_str()),
                 id = m.machine_id,
             ),
         );

@@ -10,12 +10,16 @@ use crate::decide::snapshot::{Snapshot, Verdict};
 use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
-use crate::model::CommitId;
+use crate::model::{AppName, CommitId, MachineId};
 use crate::observe::probe::{Activity, AgentReport, Capability, RotationState};
 use crate::observe::sweep::{MachineInputs, ObservedMachine, SlotsView};
 
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
+
+fn mid(id: &str) -> MachineId {
+    MachineId::from(id)
+}
 
 fn commit(id: &str) -> CommitId {
     CommitId::parse(id).expect("a commit id")
@@ -341,7 +345,7 @@ fn alerts(plan: &Plan, kind: AlertKind) -> Vec<&str> {
     plan.alerts
         .iter()
         .filter(|a| a.kind == kind)
-        .filter_map(|a| a.machine_id.as_deref())
+        .filter_map(|a| a.machine_id.as_ref().map(MachineId::as_str))
         .collect()
 }
 
@@ -416,12 +420,12 @@ fn each_machine_has_one_entry_and_claims_start_last() {
             .collect::<Vec<_>>(),
         ["a", "b", "c"]
     );
-    let a = &plan.machines["a"];
+    let a = &plan.machines[&mid("a")];
     assert!(matches!(a.decision, Decision::Claiming { .. }), "{a:?}");
     assert_eq!(a.step.as_ref().map(Step::kind), Some("claim"));
     assert_eq!(a.drift_since, Some(t0()));
-    assert_eq!(plan.machines["c"].decision, Decision::OnTip);
-    assert_eq!(plan.machines["c"].drift_since, None);
+    assert_eq!(plan.machines[&mid("c")].decision, Decision::OnTip);
+    assert_eq!(plan.machines[&mid("c")].drift_since, None);
 }
 
 #[test]
@@ -433,7 +437,10 @@ fn drift_clock_restarts_when_the_machine_was_on_tip_in_between() {
     tracker.observe(&drifted, t0());
     tracker.observe(&healthy, t0() + Cd::seconds(60));
     tracker.observe(&drifted, t0() + Cd::seconds(200));
-    assert_eq!(tracker.drift_since("m1"), Some(t0() + Cd::seconds(200)));
+    assert_eq!(
+        tracker.drift_since(&mid("m1")),
+        Some(t0() + Cd::seconds(200))
+    );
 }
 
 #[test]
@@ -473,7 +480,7 @@ fn a_missed_probe_neither_clears_nor_restarts_a_drift() {
     }
     tracker.observe(&drifted, t0() + Cd::minutes(20));
     assert_eq!(
-        tracker.drift_since("m1"),
+        tracker.drift_since(&mid("m1")),
         Some(t0()),
         "the drift clock did not restart"
     );
@@ -521,7 +528,10 @@ fn a_held_machine_is_never_acted_on_and_its_hold_never_cleared() {
             plan.steps()
         );
         assert_eq!(
-            plan.decisions().get("m1").map(Decision::label).as_deref(),
+            plan.decisions()
+                .get(&mid("m1"))
+                .map(Decision::label)
+                .as_deref(),
             Some("held")
         );
     }
@@ -670,7 +680,10 @@ fn recent_input_keeps_a_machine_out_of_rotation() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps().is_empty());
     assert_eq!(
-        plan.decisions().get("m1").map(Decision::label).as_deref(),
+        plan.decisions()
+            .get(&mid("m1"))
+            .map(Decision::label)
+            .as_deref(),
         Some("recent input")
     );
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).input_at(now - Cd::minutes(11)));
@@ -736,7 +749,10 @@ fn a_due_retry_waits_for_a_slot_like_any_claim() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(
-        plan.decisions().get("y").map(Decision::label).as_deref(),
+        plan.decisions()
+            .get(&mid("y"))
+            .map(Decision::label)
+            .as_deref(),
         Some("waiting for a slot")
     );
 }
@@ -890,7 +906,10 @@ fn pool_caps_hold_and_the_most_severe_go_first() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(
-        plan.decisions().get("a").map(Decision::label).as_deref(),
+        plan.decisions()
+            .get(&mid("a"))
+            .map(Decision::label)
+            .as_deref(),
         Some("waiting for a slot")
     );
     assert_eq!(
@@ -944,7 +963,7 @@ fn a_marker_whose_target_is_no_commit_id_is_unreadable() {
         let mut fx = Fx::new("").with(machine);
         let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
         assert!(plan.steps().is_empty(), "{target}: {:?}", plan.steps());
-        match plan.decisions().get("m1") {
+        match plan.decisions().get(&mid("m1")) {
             Some(Decision::UnreadableMarker { why }) => {
                 assert!(why.contains("`target`"), "{target}: {why}")
             }
@@ -1513,7 +1532,10 @@ fn a_hold_mid_rotation_keeps_its_slot_and_says_what_waits_on_it() {
     let plan = fx.plan_at(t0(), now);
     assert!(plan.steps().is_empty(), "{:?}", plan.steps());
     assert_eq!(
-        plan.decisions().get("a").map(Decision::label).as_deref(),
+        plan.decisions()
+            .get(&mid("a"))
+            .map(Decision::label)
+            .as_deref(),
         Some("waiting for a slot")
     );
     let stuck: Vec<&Alert> = plan
@@ -1789,7 +1811,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
         listed
             .alerts
             .iter()
-            .any(|a| a.app.as_deref() == Some("other"))
+            .any(|a| a.app == Some(AppName::from("other")))
     );
 
     // Not listed: nothing at all for `other` (not even the undos), while
@@ -1800,14 +1822,14 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
         unlisted
             .alerts
             .iter()
-            .all(|a| a.app.as_deref() == Some("app")),
+            .all(|a| a.app == Some(AppName::from("app"))),
         "no alert of its own: {:?}",
         unlisted.alerts
     );
     assert_eq!(alerts(&unlisted, AlertKind::Drift), ["a-drift"]);
     // The rotations in progress wait where they are, and say so.
     assert_eq!(
-        unlisted.decisions().get("o-drain"),
+        unlisted.decisions().get(&mid("o-drain")),
         Some(&Decision::AppNotListed {
             held: false,
             phase: Some(Phase::Draining)
@@ -1816,7 +1838,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     assert_eq!(
         unlisted
             .decisions()
-            .get("o-drain")
+            .get(&mid("o-drain"))
             .map(Decision::label)
             .as_deref(),
         Some("draining; paused: app not listed")
@@ -1824,7 +1846,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     assert_eq!(
         unlisted
             .decisions()
-            .get("o-held")
+            .get(&mid("o-held"))
             .map(Decision::label)
             .as_deref(),
         Some("held; paused: app not listed")
@@ -1832,7 +1854,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     assert_eq!(
         unlisted
             .decisions()
-            .get("o-drift")
+            .get(&mid("o-drift"))
             .map(Decision::label)
             .as_deref(),
         Some("paused: app not listed")
@@ -1847,7 +1869,7 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     assert_eq!(
         unlisted
             .decisions()
-            .get("a-drift")
+            .get(&mid("a-drift"))
             .map(Decision::label)
             .as_deref(),
         Some("claiming")
@@ -1878,8 +1900,8 @@ fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
         ),
         later,
     );
-    assert_eq!(tracker.drift_since("d"), Some(t0()));
-    assert_eq!(tracker.unprobed_since("u"), None);
+    assert_eq!(tracker.drift_since(&mid("d")), Some(t0()));
+    assert_eq!(tracker.unprobed_since(&mid("u")), None);
     // Listed again: the clocks follow the listing.
     tracker.observe(
         &report(vec![
@@ -1888,8 +1910,8 @@ fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
         ]),
         later,
     );
-    assert_eq!(tracker.drift_since("d"), None);
-    assert_eq!(tracker.unprobed_since("u"), Some(later));
+    assert_eq!(tracker.drift_since(&mid("d")), None);
+    assert_eq!(tracker.unprobed_since(&mid("u")), Some(later));
 }
 
 // ---- decisions: one fixture per variant (issue 11) -------------------------------
@@ -1899,7 +1921,7 @@ fn a_stale_listing_neither_starts_nor_stops_a_machines_clocks() {
 fn decision_of(fx: &mut Fx, id: &str, first_seen: DateTime<Utc>, now: DateTime<Utc>) -> Decision {
     let plan = fx.plan_at(first_seen, now);
     plan.decisions()
-        .get(id)
+        .get(&mid(id))
         .cloned()
         .unwrap_or_else(|| panic!("no decision for {id}: {plan:?}"))
 }
@@ -1921,9 +1943,9 @@ fn every_machine_of_the_report_gets_a_decision() {
         ["a", "b", "c", "d"]
     );
     // The one drift clock: the tracker's, for the machines off the tip.
-    assert_eq!(plan.drift_since("b"), Some(t0()));
-    assert_eq!(plan.drift_since("c"), Some(t0()));
-    assert_eq!(plan.drift_since("a"), None);
+    assert_eq!(plan.drift_since(&mid("b")), Some(t0()));
+    assert_eq!(plan.drift_since(&mid("c")), Some(t0()));
+    assert_eq!(plan.drift_since(&mid("a")), None);
 }
 
 #[test]
@@ -2062,7 +2084,7 @@ fn decision_waiting_for_a_slot_names_the_pool_and_its_use() {
         .with(M::drifted("w3", Severity::Low).pool("wide", PolicyAction::AlertAndWait));
     let plan = fx.plan_at(t0(), now);
     assert_eq!(
-        plan.decisions().get("w3"),
+        plan.decisions().get(&mid("w3")),
         Some(&Decision::WaitingForSlot {
             pool: "wide".into(),
             in_use: 2,
@@ -2250,7 +2272,7 @@ fn decision_tip_uncertain_and_unconfirmed_ref() {
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low));
     let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
     assert_eq!(
-        plan.decisions().get("m1"),
+        plan.decisions().get(&mid("m1")),
         Some(&Decision::TipUncertain {
             fetched_at: Some(t0() - Cd::hours(1))
         })
@@ -2258,7 +2280,7 @@ fn decision_tip_uncertain_and_unconfirmed_ref() {
     // A machine on the tip is on the tip, whatever the fetch does.
     let mut fx = Fx::new("").with(M::on_tip("m1"));
     let plan = fx.plan_with(t0(), now, failing, SlotsView::NotConfigured);
-    assert_eq!(plan.decisions().get("m1"), Some(&Decision::OnTip));
+    assert_eq!(plan.decisions().get(&mid("m1")), Some(&Decision::OnTip));
 
     let mut unknown = M::drifted("m1", Severity::Critical);
     unknown.0.status = MachineStatus::UnknownRef;
@@ -2270,7 +2292,7 @@ fn decision_tip_uncertain_and_unconfirmed_ref() {
     let mut fx = Fx::new("").with(unknown);
     let plan = fx.plan_with(t0(), now, stale_ok, SlotsView::NotConfigured);
     assert_eq!(
-        plan.decisions().get("m1"),
+        plan.decisions().get(&mid("m1")),
         Some(&Decision::UnconfirmedRef { since: Some(t0()) })
     );
 }
@@ -2459,7 +2481,7 @@ fn item7_an_unreadable_marker_takes_no_slot_the_coordinator_does_not_give_it() {
     assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"]);
     assert!(matches!(
-        plan.decisions()["x"],
+        plan.decisions()[&mid("x")],
         Decision::UnreadableMarker { .. }
     ));
     // When the coordinator does hold a slot for it, it is counted.
@@ -2472,7 +2494,7 @@ fn item7_an_unreadable_marker_takes_no_slot_the_coordinator_does_not_give_it() {
     );
     assert!(plan.steps().is_empty(), "{plan:?}");
     assert!(matches!(
-        plan.decisions()["a"],
+        plan.decisions()[&mid("a")],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
 }
@@ -2534,7 +2556,7 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
     let plan = fx.plan_at(t0(), later);
     assert!(plan.steps().is_empty(), "{plan:?}");
     assert_eq!(alerts(&plan, AlertKind::RotationFailed), ["m1"]);
-    match &plan.decisions()["m1"] {
+    match &plan.decisions()[&mid("m1")] {
         Decision::RotationFailed {
             target, attempts, ..
         } => assert_eq!((target.as_str(), *attempts), (TIP, 3)),
@@ -2610,10 +2632,10 @@ fn item11_a_machine_whose_metadata_is_unknown_gets_no_step_and_keeps_its_slot() 
     );
     assert!(plan.steps().is_empty(), "{plan:?}");
     assert!(matches!(
-        plan.decisions()["a"],
+        plan.decisions()[&mid("a")],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
-    match &plan.decisions()["m1"] {
+    match &plan.decisions()[&mid("m1")] {
         Decision::MetadataUnknown { why } => assert!(why.contains("host_status"), "{why}"),
         other => panic!("{other:?}"),
     }
@@ -2632,7 +2654,7 @@ fn item11_an_unknown_slot_set_is_never_an_empty_one() {
     let plan = fx.plan_with(t0(), now, fetched(), unknown.clone());
     assert!(plan.steps().is_empty(), "{plan:?}");
     assert!(matches!(
-        plan.decisions()["a"],
+        plan.decisions()[&mid("a")],
         Decision::SlotsUnknown { .. }
     ));
     // No restart of a rotation in progress; its undo still goes.
@@ -2766,7 +2788,7 @@ fn item16_an_outside_update_mid_rotation_ends_the_rotation() {
         panic!("{plan:?}")
     };
     assert_eq!(marker.instance_id, None);
-    assert_eq!(marker.pool.as_deref(), Some("default"));
+    assert_eq!(marker.pool, Some(PoolName::from("default")));
 }
 
 #[test]
@@ -2838,7 +2860,7 @@ fn item7_a_slot_left_behind_does_not_block_its_pool() {
         slots_with(&[("default", "x", &d.tag)]),
     );
     assert!(matches!(
-        plan.decisions()["a"],
+        plan.decisions()[&mid("a")],
         Decision::WaitingForSlot { in_use: 1, .. }
     ));
 }
@@ -2855,7 +2877,7 @@ fn a_slot_whose_machine_is_cordoned_without_a_marker_is_kept_and_alerted() {
     let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[("default", "x", "t1")]));
     assert!(
         matches!(
-            plan.decisions()["a"],
+            plan.decisions()[&mid("a")],
             Decision::WaitingForSlot { in_use: 1, .. }
         ),
         "{plan:?}"

@@ -210,7 +210,7 @@ impl fmt::Display for Step {
             StepKind::Release { marker, why, .. } if marker.failed.is_some() => write!(
                 f,
                 "{target}: the rotation failed ({why}); undo it and release its slot, no new attempt for {}",
-                crate::model::short_commit(&marker.target)
+                crate::model::short_commit(marker.target.as_str())
             ),
             StepKind::Release { marker, why, .. } => match marker.ending {
                 Some(Ending::Yielded) => write!(

@@ -243,7 +243,7 @@ impl Marker {
         if marker
             .pool
             .as_ref()
-            .is_some_and(|v| v.chars().count() > detail)
+            .is_some_and(|v| v.as_str().chars().count() > detail)
         {
             return too_long("pool", detail);
         }
@@ -277,7 +277,7 @@ impl Marker {
     /// The pool the rotation's slot is in: the one recorded at the claim, else
     /// (older markers) the machine's current pool.
     pub fn pool_or<'a>(&'a self, current: &'a str) -> &'a str {
-        self.pool.as_deref().unwrap_or(current)
+        self.pool.as_ref().map_or(current, PoolName::as_str)
     }
 
     /// Whether the machine may be cordoned by this rotation (so undo uncordons).

@@ -560,7 +560,10 @@ fn pools_from_slots(observation: &mut Observation) {
         if m.inputs.metadata_unknown.is_none() {
             continue;
         }
-        if let Some(pool) = observation.slots.pool_of(&m.app, &m.machine_id) {
+        if let Some(pool) = observation
+            .slots
+            .pool_of(m.app.as_str(), m.machine_id.as_str())
+        {
             let note = format!("pool {pool} per its slot in the coordinator's slot set");
             m.detail = Some(match m.detail.take() {
                 Some(d) => format!("{d}; {note}"),

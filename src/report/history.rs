@@ -103,7 +103,7 @@ impl HistoryStep {
             },
             StepKind::Release { marker, why, .. } if marker.failed.is_some() => HistoryStep::Fail {
                 why: *why,
-                target: short_commit(&marker.target).into(),
+                target: short_commit(marker.target.as_str()).into(),
             },
             StepKind::Release { marker, why, .. } => match marker.ending {
                 Some(Ending::Yielded) => HistoryStep::Yield {

@@ -52,7 +52,7 @@ use prometheus::{
 use crate::decide::decision::Decision;
 use crate::decide::snapshot::Snapshot;
 use crate::fly::RequestObserver;
-use crate::model::{AppName, MachineId, MachineStatus, Severity};
+use crate::model::{AppName, MachineId, MachineStatus, PoolName, Severity};
 use crate::observe::DurationObserver;
 
 /// Content type of [`Metrics::render`]'s output.
@@ -589,9 +589,9 @@ impl Metrics {
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
         for m in &report.machines {
-            *status_counts.entry((&m.app, m.status)).or_default() += 1;
+            *status_counts.entry((m.app.as_str(), m.status)).or_default() += 1;
             if let Some(s) = m.severity() {
-                *severity_counts.entry((&m.app, s)).or_default() += 1;
+                *severity_counts.entry((m.app.as_str(), s)).or_default() += 1;
             }
         }
         for app in &apps {
@@ -714,9 +714,9 @@ impl Metrics {
     /// Counts one remediation step on a machine of `pool`. `action` and
     /// `result` must come from a fixed vocabulary (e.g. `restart` /
     /// `succeeded`), never from a message.
-    pub fn record_action(&self, app: &str, pool: &str, action: &str, result: &str) {
+    pub fn record_action(&self, app: &AppName, pool: &PoolName, action: &str, result: &str) {
         self.actions
-            .with_label_values(&[app, pool, action, result])
+            .with_label_values(&[app.as_str(), pool.as_str(), action, result])
             .inc();
     }
 

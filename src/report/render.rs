@@ -350,8 +350,8 @@ pub fn plan_to_json<'a>(report: &'a Snapshot, plan: &'a Plan) -> PlanJson<'a> {
             .map(|m| {
                 let decision = plan.decision(&m.machine_id);
                 PlannedMachine {
-                    app: &m.app,
-                    machine_id: &m.machine_id,
+                    app: m.app.as_str(),
+                    machine_id: m.machine_id.as_str(),
                     name: &m.name,
                     pool: &m.pool,
                     status: m.status,

@@ -274,7 +274,7 @@ impl<'a> Reporter<'a> {
                 last_sweep_success: Some(now),
                 consecutive_sweep_failures: 0,
                 last_tip_fetch: tip_fetched_at,
-                tip_commit: Some(&report.tip.commit),
+                tip_commit: Some(report.tip.commit.as_str()),
             },
             now,
         );
@@ -285,7 +285,11 @@ impl<'a> Reporter<'a> {
         alerts.extend(
             self.machine_alerts
                 .iter()
-                .filter(|a| a.app.as_deref().is_some_and(|app| stale.contains(app)))
+                .filter(|a| {
+                    a.app
+                        .as_ref()
+                        .is_some_and(|app| stale.contains(app.as_str()))
+                })
                 .cloned(),
         );
         // Alerts from before a restart, until this run's evidence settles them.
@@ -298,7 +302,7 @@ impl<'a> Reporter<'a> {
             now,
         );
 
-        self.view.set_tip(&report.tip.commit);
+        self.view.set_tip(report.tip.commit.as_str());
         self.view.set_extras(extras);
         self.view.record_sweep(report.clone(), now);
     }

@@ -953,7 +953,7 @@ fn slots_of(sim: &Sim) -> (usize, Vec<String>) {
         for slot in slots {
             total += 1;
             let marker_tag = sim
-                .machine(&slot.machine_id)
+                .machine(slot.machine_id.as_str())
                 .and_then(|m| m.metadata.get(MARKER_KEY).cloned())
                 .and_then(|v| Marker::parse(&v))
                 .map(|m| m.tag);

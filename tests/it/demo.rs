@@ -242,11 +242,11 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
             }
             if let Some(r) = demo.fleet().await {
                 let c00 = row(&r, "agent-c-00").machine_id.clone();
-                if let Some(view) = demo.machine(&c00).await {
+                if let Some(view) = demo.machine(c00.as_str()).await {
                     waiting = view.decision;
                 }
                 let d05 = row(&r, "agent-d-05").machine_id.clone();
-                if let Some(view) = demo.machine(&d05).await {
+                if let Some(view) = demo.machine(d05.as_str()).await {
                     d05_drained_live_work |=
                         matches!(view.decision, Some(Decision::LiveWork { .. }));
                 }

@@ -523,8 +523,8 @@ async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
     m.record_tip_fetched(now);
     m.record_sweep(&report, Duration::from_millis(830), now);
     m.record_sweep_failure("transport");
-    m.record_action("alpha", "default", "restart", "succeeded");
-    m.record_action("alpha", "default", "drain", "failed");
+    m.record_action(&"alpha".into(), &"default".into(), "restart", "succeeded");
+    m.record_action(&"alpha".into(), &"default".into(), "drain", "failed");
     m.set_rotations_in_progress(&[("alpha", "default", 1), ("beta", "default", 0)]);
     m.record_webhook_delivery("pagerduty", "delivered");
     m.set_webhook_sink(0, "pagerduty", 0, false);
@@ -773,7 +773,7 @@ fn failed_action_series_exist_at_zero_before_the_first_failure() {
             }
         }
     }
-    m.record_action("alpha", "canary", "restart", "failed");
+    m.record_action(&"alpha".into(), &"canary".into(), "restart", "failed");
     // A pool no longer passed keeps its counters (a counter never vanishes).
     m.set_rotations_in_progress(&[("alpha", "default", 0)]);
     let s = parse(&m.render().unwrap());

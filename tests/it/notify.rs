@@ -518,7 +518,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
         let machine = p["component"].as_str().unwrap();
         let alert = alerts
             .iter()
-            .find(|a| a.machine_id.as_deref() == Some(machine))
+            .find(|a| a.machine_id.as_ref().is_some_and(|m| m == machine))
             .unwrap();
         assert_eq!(b["dedup_key"], alert.dedup_key().as_str());
         assert_eq!(p["summary"], alert.summary);

@@ -488,7 +488,7 @@ proptest! {
         let text = format!("{text},\"{key}\":{value}}}");
         match Approval::decode(&text) {
             Ok(a) => {
-                prop_assert_eq!(a.target.len(), 40);
+                prop_assert_eq!(a.target.as_str().len(), 40);
                 prop_assert!(chars(&a.by) <= MAX_APPROVAL_BY_CHARS + 1);
             }
             Err(why) => {

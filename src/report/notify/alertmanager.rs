@@ -25,7 +25,7 @@ use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
 use crate::config::AlertmanagerConfig;
 use crate::events::DedupKey;
-use crate::model::Severity;
+use crate::model::{AppName, CommitId, MachineId, Severity};
 
 /// Alertmanager's endpoint for posting alerts, under the configured base URL.
 pub const ALERTMANAGER_PATH: &str = "api/v2/alerts";
@@ -129,9 +129,9 @@ fn labels(g: &Grouped) -> BTreeMap<String, String> {
             labels.insert(k.to_owned(), v.to_owned());
         }
     };
-    put("fly_app", a.app.as_deref());
-    put("tip", a.commit.as_deref());
-    put("machine_id", a.machine_id.as_deref());
+    put("fly_app", a.app.as_ref().map(AppName::as_str));
+    put("tip", a.commit.as_ref().map(CommitId::as_str));
+    put("machine_id", a.machine_id.as_ref().map(MachineId::as_str));
     // A pool and region are identity of a machine alert, and of a group
     // keyed by pool; a group spanning pools has no pool label.
     let per_machine = a.machine_id.is_some();

@@ -484,15 +484,17 @@ impl RestoredMachineAlerts {
         let live: std::collections::HashSet<DedupKey> =
             planned.iter().map(Alert::dedup_key).collect();
         let grace = chrono::Duration::from_std(self.grace).unwrap_or(chrono::Duration::MAX);
-        let tip = report.tip.commit.as_str();
+        let tip = &report.tip.commit;
         self.alerts.retain(|key, (alert, drifted_since)| {
-            if live.contains(key) || alert.commit.as_deref().is_some_and(|c| c != tip) {
+            if live.contains(key) || alert.commit.as_ref().is_some_and(|c| c != tip) {
                 return false;
             }
-            let machine = alert.machine_id.as_deref();
-            let Some(m) = report.machines.iter().find(|m| {
-                Some(m.machine_id.as_str()) == machine && alert.app.as_deref() == Some(&m.app)
-            }) else {
+            let machine = alert.machine_id.as_ref();
+            let Some(m) = report
+                .machines
+                .iter()
+                .find(|m| Some(&m.machine_id) == machine && alert.app.as_ref() == Some(&m.app))
+            else {
                 return false; // gone
             };
             match m.status {

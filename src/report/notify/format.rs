@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::{Notification, Status};
 use crate::config::WebhookFormat;
-use crate::model::Severity;
+use crate::model::{AppName, CommitId, MachineId, Severity};
 
 /// Version of the generic JSON schema; bumped on an incompatible change.
 pub const JSON_SCHEMA_VERSION: u32 = 1;
@@ -140,9 +140,9 @@ fn json_body(n: &Notification) -> JsonBody<'_> {
         repeat: n.repeat,
         update: n.update,
         dedup_key: n.dedup_key.as_str(),
-        app: n.app.as_deref(),
-        machine_id: n.machine_id.as_deref(),
-        commit: n.commit.as_deref(),
+        app: n.app.as_ref().map(AppName::as_str),
+        machine_id: n.machine_id.as_ref().map(MachineId::as_str),
+        commit: n.commit.as_ref().map(CommitId::as_str),
         severity: n.severity,
         summary: &n.summary,
         details: &n.details,
@@ -229,8 +229,8 @@ fn slack_body(n: &Notification) -> SlackBody {
     };
     let commit = n
         .commit
-        .as_deref()
-        .map(|c| format!("`{}`", short_commit(c)))
+        .as_ref()
+        .map(|c| format!("`{}`", short_commit(c.as_str())))
         .unwrap_or_else(dash);
     SlackBody {
         text,
@@ -245,10 +245,12 @@ fn slack_body(n: &Notification) -> SlackBody {
                     text: slack_escape(&truncate(&n.summary, SLACK_SECTION_MAX)),
                 },
                 fields: vec![
-                    field("App", n.app.as_deref().map_or_else(dash, str::to_owned)),
+                    field("App", n.app.as_ref().map_or_else(dash, AppName::to_string)),
                     field(
                         "Machine",
-                        n.machine_id.as_deref().map_or_else(dash, str::to_owned),
+                        n.machine_id
+                            .as_ref()
+                            .map_or_else(dash, MachineId::to_string),
                     ),
                     field("Severity", n.severity.to_string()),
                     // Backticks are not escaped: the value is a hex commit id.
@@ -380,9 +382,9 @@ fn pagerduty_body(n: &Notification, routing_key: &str) -> Vec<u8> {
     let identity = [
         ("event", Some(n.event.as_str())),
         ("status", Some(n.status.as_str())),
-        ("app", n.app.as_deref()),
-        ("machine_id", n.machine_id.as_deref()),
-        ("commit", n.commit.as_deref()),
+        ("app", n.app.as_ref().map(AppName::as_str)),
+        ("machine_id", n.machine_id.as_ref().map(MachineId::as_str)),
+        ("commit", n.commit.as_ref().map(CommitId::as_str)),
         ("severity", Some(n.severity.as_str())),
     ];
     for (k, v) in identity {
@@ -413,8 +415,8 @@ fn pagerduty_body(n: &Notification, routing_key: &str) -> Vec<u8> {
                 Some(app) => format!("fleet-reconciler/{app}"),
                 None => "fleet-reconciler".to_owned(),
             },
-            component: n.machine_id.as_deref(),
-            group: n.app.as_deref(),
+            component: n.machine_id.as_ref().map(MachineId::as_str),
+            group: n.app.as_ref().map(AppName::as_str),
             class: &n.event,
             timestamp: rfc3339(n),
             custom_details,

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::config::GroupField;
 use crate::events::DedupKey;
 use crate::events::{Alert, AlertKind};
-use crate::model::{CommitId, Severity};
+use crate::model::{AppName, CommitId, MachineId, Severity};
 
 /// Machines named in a group's summary; the rest are counted.
 pub const SUMMARY_MACHINES: usize = 10;
@@ -67,12 +67,14 @@ fn group_key(alert: &Alert, fields: &BTreeSet<GroupField>) -> DedupKey {
             alert.kind.trigger_name(),
             alert
                 .app
-                .as_deref()
+                .as_ref()
+                .map(AppName::as_str)
                 .filter(|_| has(GroupField::App))
                 .unwrap_or("*"),
             alert
                 .commit
-                .as_deref()
+                .as_ref()
+                .map(CommitId::as_str)
                 .filter(|_| has(GroupField::Tip))
                 .unwrap_or("*"),
         )
@@ -130,7 +132,7 @@ fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>)
     // One entry per machine, its most severe alert.
     let mut by_machine: BTreeMap<&str, &Alert> = BTreeMap::new();
     for a in members {
-        let id = a.machine_id.as_deref().unwrap_or_default();
+        let id = a.machine_id.as_ref().map_or("", MachineId::as_str);
         by_machine
             .entry(id)
             .and_modify(|b| {
@@ -158,7 +160,7 @@ fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>)
     let distinct = |get: &dyn Fn(&Alert) -> Option<String>| -> BTreeSet<String> {
         alerts.iter().filter_map(|a| get(a)).collect()
     };
-    let apps = distinct(&|a| a.app.as_deref().map(str::to_owned));
+    let apps = distinct(&|a| a.app.as_ref().map(AppName::to_string));
     let tips: BTreeSet<&CommitId> = alerts.iter().filter_map(|a| a.commit.as_ref()).collect();
     let pools = distinct(&|a| a.details.get("pool").cloned());
     let rules = distinct(&|a| a.details.get("severity_rule").cloned());
@@ -189,7 +191,7 @@ fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>)
         _ => String::new(),
     };
     let target = match &tip {
-        Some(t) => format!("release tip {}", short(t)),
+        Some(t) => format!("release tip {}", short(t.as_str())),
         None => "the release tip".to_owned(),
     };
     let summary = match first.kind {

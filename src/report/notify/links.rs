@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::config::{AlertsConfig, PublicUrl};
 use crate::events::AlertKind;
-use crate::model::Severity;
+use crate::model::{CommitId, MachineId, Severity};
 
 /// The `details` keys the links are carried in.
 pub const RUNBOOK_URL: &str = "runbook_url";
@@ -81,20 +81,20 @@ impl Links {
         &self,
         details: &mut BTreeMap<String, String>,
         anchor: &str,
-        machine_id: Option<&str>,
-        commit: Option<&str>,
+        machine_id: Option<&MachineId>,
+        commit: Option<&CommitId>,
     ) {
         details.insert(RUNBOOK_URL.to_owned(), self.runbook(anchor));
         if let Some(url) = self.status_page() {
             details.insert(STATUS_URL.to_owned(), url);
         }
-        if let Some(url) = machine_id.and_then(|m| self.machine_page(m)) {
+        if let Some(url) = machine_id.and_then(|m| self.machine_page(m.as_str())) {
             details.insert(MACHINE_URL.to_owned(), url);
         }
         if let Some(c) = commit {
             details
                 .entry(TIP.to_owned())
-                .or_insert_with(|| c.to_owned());
+                .or_insert_with(|| c.to_string());
         }
     }
 
@@ -104,8 +104,8 @@ impl Links {
         details: &mut BTreeMap<String, String>,
         kind: AlertKind,
         severity: Severity,
-        machine_id: Option<&str>,
-        commit: Option<&str>,
+        machine_id: Option<&MachineId>,
+        commit: Option<&CommitId>,
     ) {
         self.annotate(details, runbook_anchor(kind), machine_id, commit);
         if let Some(rule) = fixed_rule(kind, severity) {

@@ -410,7 +410,7 @@ impl Notification {
             &mut details,
             links::ACTION_ANCHOR,
             Some(&e.machine_id),
-            e.commit().map(CommitId::as_str),
+            e.commit(),
         );
         Notification {
             status: Status::Event,
@@ -428,17 +428,17 @@ impl Notification {
         }
     }
 
-    fn field<T: AsRef<str>>(v: &Option<T>) -> &str {
-        v.as_ref().map_or("*", AsRef::as_ref)
+    fn field(v: Option<&str>) -> &str {
+        v.unwrap_or("*")
     }
 }
 
 fn log_alert(alert: &Alert, event: &str, message: &str) {
     tracing::info!(
         event,
-        app = Notification::field(&alert.app),
-        machine_id = Notification::field(&alert.machine_id),
-        commit = Notification::field(&alert.commit),
+        app = Notification::field(alert.app.as_ref().map(AppName::as_str)),
+        machine_id = Notification::field(alert.machine_id.as_ref().map(MachineId::as_str)),
+        commit = Notification::field(alert.commit.as_ref().map(CommitId::as_str)),
         severity = %alert.severity,
         summary = %alert.summary,
         "{message}"
@@ -766,8 +766,8 @@ impl Notifier {
                 &mut a.details,
                 a.kind,
                 a.severity,
-                machine.as_deref(),
-                commit.as_deref(),
+                machine.as_ref(),
+                commit.as_ref(),
             );
         }
         groups
@@ -1287,9 +1287,9 @@ impl Sink {
             event = n.event.as_str(),
             status = n.status.as_str(),
             repeat = n.repeat,
-            app = Notification::field(&n.app),
-            machine_id = Notification::field(&n.machine_id),
-            commit = Notification::field(&n.commit),
+            app = Notification::field(n.app.as_ref().map(AppName::as_str)),
+            machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
+            commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
             severity = %n.severity,
             sink_format = format_name(self.format),
             sink_index = self.index,
@@ -1568,9 +1568,9 @@ impl Shared {
             event = n.event.as_str(),
             status = n.status.as_str(),
             repeat = n.repeat,
-            app = Notification::field(&n.app),
-            machine_id = Notification::field(&n.machine_id),
-            commit = Notification::field(&n.commit),
+            app = Notification::field(n.app.as_ref().map(AppName::as_str)),
+            machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
+            commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
             severity = %n.severity,
             sink_format = format_name(sink.format),
             sink_index = sink.index,
@@ -1636,9 +1636,9 @@ impl Shared {
                 event = n.event.as_str(),
                 status = n.status.as_str(),
                 repeat = n.repeat,
-                app = Notification::field(&n.app),
-                machine_id = Notification::field(&n.machine_id),
-                commit = Notification::field(&n.commit),
+                app = Notification::field(n.app.as_ref().map(AppName::as_str)),
+                machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
+                commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
                 severity = %n.severity,
                 sink_format = format_name(sink.format),
                 sink_index = sink.index,

@@ -230,8 +230,11 @@ impl MachineView {
         let mut line = |key: &str, value: String| {
             let _ = writeln!(out, "{:<10}{}", format!("{key}:"), value);
         };
-        line("machine", format!("{} ({})", p(&m.machine_id), p(&m.name)));
-        line("app", p(&m.app));
+        line(
+            "machine",
+            format!("{} ({})", p(m.machine_id.as_str()), p(&m.name)),
+        );
+        line("app", p(m.app.as_str()));
         line("region", p(&m.region));
         line("pool", p(&m.pool));
         line("state", p(m.state.as_str()));

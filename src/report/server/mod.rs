@@ -104,7 +104,7 @@ pub struct MachineExtra {
 impl MachineExtra {
     /// The history of machine `m` as shown (page, API and `status MACHINE`).
     pub fn history_lines(&self, m: &JudgedMachine) -> Vec<String> {
-        history::lines(&self.history, &m.app, &m.machine_id)
+        history::lines(&self.history, m.app.as_str(), m.machine_id.as_str())
     }
 }
 
@@ -145,7 +145,7 @@ pub struct Observed {
 
 impl Observed {
     /// When the machine's current drift (or trouble) started, if known.
-    pub fn drift_since(&self, machine_id: &str) -> Option<DateTime<Utc>> {
+    pub fn drift_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
         self.extras.get(machine_id).and_then(|e| e.drift_since)
     }
 
@@ -778,7 +778,7 @@ async fn machine(
             format!("machine {id} is not in the last sweep of any configured app"),
         ));
     };
-    let extra = observed.extras.get(id);
+    let extra = observed.extras.get(&m.machine_id);
     let detail = MachineDetail {
         schema_version: crate::report::wire::SCHEMA_VERSION,
         machine: MachineRow::from(RowView::from(m)),
@@ -788,8 +788,8 @@ async fn machine(
         rotation: control_json(m, MARKER_KEY, m.inputs.controls.marker()),
         decision: extra.and_then(|e| e.decision.as_ref()),
         history: extra.map(|e| e.history_lines(m)).unwrap_or_default(),
-        drift_since: observed.drift_since(id),
-        tip: &report.tip.commit,
+        drift_since: observed.drift_since(&m.machine_id),
+        tip: report.tip.commit.as_str(),
         swept_at: observed.last_success,
         app_stale: report
             .apps

@@ -24,7 +24,7 @@ use crate::metadata::controls::HoldValue;
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::{APPROVE_KEY, MARKER_KEY};
 use crate::model::short_commit as short;
-use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::model::{CommitId, MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{Activity, AgentReport};
 
 use super::trend::CoherenceTrend;
@@ -182,7 +182,7 @@ fn header(observed: &Observed, now: DateTime<Utc>) -> Markup {
             div.meta {
                 @if let Some(r) = &observed.report {
                     "release tip " b { (r.tip.branch) } " @ "
-                    code title=(r.tip.commit) { (short(&r.tip.commit)) }
+                    code title=(r.tip.commit) { (short(r.tip.commit.as_str())) }
                     @if let Some(fetched) = observed.tip.as_deref().filter(|t| r.tip.commit != *t) {
                         " (fetched " code title=(fetched) { (short(fetched)) } ", not swept yet)"
                     }
@@ -403,7 +403,7 @@ fn behind_ahead(m: &JudgedMachine) -> Markup {
 }
 
 /// "Drift since", as both pages show it: the age, the instant in its title.
-fn drift_since(observed: &Observed, machine_id: &str, now: DateTime<Utc>) -> Markup {
+fn drift_since(observed: &Observed, machine_id: &MachineId, now: DateTime<Utc>) -> Markup {
     match observed.drift_since(machine_id) {
         Some(t) => html! {
             span title={ "since " (t.format("%Y-%m-%d %H:%M:%S UTC")) } { (age(now, t)) }
@@ -415,13 +415,13 @@ fn drift_since(observed: &Observed, machine_id: &str, now: DateTime<Utc>) -> Mar
 /// The planner's decision for the machine in the last sweep, as a tag (its
 /// short label; the full sentence in the title); nothing for a machine on
 /// the tip or without one.
-fn decision(observed: &Observed, machine_id: &str) -> Option<Markup> {
+fn decision(observed: &Observed, machine_id: &MachineId) -> Option<Markup> {
     let d = observed.extras.get(machine_id)?.decision.as_ref()?;
     (*d != Decision::OnTip).then(|| html! { span.tag title=(d) { (d.label()) } })
 }
 
 /// The decision as the machine page shows it: the tag and the sentence.
-fn decision_detail(observed: &Observed, machine_id: &str) -> Markup {
+fn decision_detail(observed: &Observed, machine_id: &MachineId) -> Markup {
     match observed
         .extras
         .get(machine_id)
@@ -443,7 +443,7 @@ fn operator_tags(m: &JudgedMachine) -> Markup {
             span.tag.hold title=(why) { (label) } " "
         }
         @if let Some(a) = m.inputs.controls.approval() {
-            span.tag.approved title={ "approved by " (a.by) " for " (short(&a.target)) } { "approved" } " "
+            span.tag.approved title={ "approved by " (a.by) " for " (short(a.target.as_str())) } { "approved" } " "
         }
     }
 }
@@ -491,7 +491,7 @@ fn row(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
 /// route accepts.
 fn machine_link(m: &JudgedMachine) -> Markup {
     html! {
-        @if checked_id(&m.machine_id).is_ok() {
+        @if checked_id(m.machine_id.as_str()).is_ok() {
             a.m href={ "/machines/" (m.machine_id) } { (m.name) }
         } @else {
             (m.name)
@@ -673,7 +673,7 @@ pub fn render_machine_page(observed: &Observed, id: &str, now: DateTime<Utc>) ->
                 @if let Some(at) = observed.last_success {
                     " · swept " b { (age(now, at)) " ago" }
                 }
-                " · release tip " code title=(report.tip.commit) { (short(&report.tip.commit)) }
+                " · release tip " code title=(report.tip.commit) { (short(report.tip.commit.as_str())) }
             }
         }
         (banners(observed, now))
@@ -732,7 +732,7 @@ fn report_section(m: &JudgedMachine) -> Markup {
                 dt { "State" } dd { (m.state) }
                 dt { "Status" } dd { (m.status.as_str().replace('_', " ")) }
                 dt { "Ref" } dd { (code_or_dash(m.reported_ref.as_deref())) }
-                dt { "Commit" } dd { (code_or_dash(m.commit.as_deref())) }
+                dt { "Commit" } dd { (code_or_dash(m.commit.as_ref().map(CommitId::as_str))) }
                 dt { "Behind / ahead" } dd {
                     @match (m.commits_behind, m.commits_ahead) {
                         (None, None) => (dash()),
@@ -787,7 +787,7 @@ fn rotation_section(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) 
                         Some(parsed) => @match parsed {
                             Ok(a) => {
                                 span.tag.approved { "approved" } " by " (a.by) " for "
-                                code title=(a.target) { (short(&a.target)) }
+                                code title=(a.target) { (short(a.target.as_str())) }
                                 @match a.mode {
                                     ApprovalMode::Now => " (now)",
                                     ApprovalMode::WhenIdle => " (when idle)",

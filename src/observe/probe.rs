@@ -49,8 +49,9 @@ pub struct RotationState {
 /// A parsed, validated health report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct AgentReport {
-    /// Lowercase hex, 4 to 40 digits. Shared: a sweep gives every report of
-    /// the same text one copy (`observe::sweep`), which its row names too.
+    /// Lowercase hex, 4 to 40 digits.
+    // Shared: a sweep gives every report of the same text one copy
+    // (`observe::sweep::Texts`), which its row's `reported_ref` names too.
     #[serde(serialize_with = "shared_text")]
     #[schemars(with = "String")]
     pub overlay_ref: Arc<str>,

@@ -745,6 +745,36 @@ mod tests {
     }
 
     #[test]
+    fn rows_of_a_sweep_share_region_pool_and_ref_texts() {
+        let config = crate::config::test_config("");
+        let machine = |id: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "name": id, "state": "started", "region": "iad",
+                "private_ip": "fdaa::2", "config": {"metadata": {}}
+            }))
+            .expect("machine")
+        };
+        let mut texts = Texts::default();
+        let mut a = listed_row(&config.apps[0], machine("m1"), &mut texts);
+        let mut b = listed_row(&config.apps[0], machine("m2"), &mut texts);
+        assert!(Arc::ptr_eq(&a.region, &b.region) && &*a.region == "iad");
+        assert!(Arc::ptr_eq(&a.pool, &b.pool));
+        // Each parse makes its own text; the sweep keeps one, which the
+        // row and its report both hold.
+        let report = || crate::observe::probe::parse_report(br#"{"overlay_ref":"ABCD1234"}"#);
+        probed_row(&mut a, report(), &mut texts);
+        probed_row(&mut b, report(), &mut texts);
+        let (Some(ra), Some(rb)) = (&a.reported_ref, &b.reported_ref) else {
+            panic!("no reported ref: {a:?}")
+        };
+        assert!(Arc::ptr_eq(ra, rb) && &**ra == "abcd1234");
+        let overlay_ref = a.inputs.report.as_ref().map(|r| Arc::clone(&r.overlay_ref));
+        assert!(overlay_ref.is_some_and(|r| Arc::ptr_eq(&r, ra)));
+        // Nothing unusual about these machines: no box is made for it.
+        assert!(a.inputs.unusual.is_none());
+    }
+
+    #[test]
     fn pools_come_from_metadata_or_default() {
         let md = |k: &str| {
             if k == "pool" {

@@ -53,7 +53,7 @@ impl Listing {
     ) -> HashMap<MachineId, DateTime<Utc>> {
         let mut known_at = HashMap::new();
         for m in machines {
-            if m.inputs.metadata_unknown.is_none() {
+            if m.inputs.metadata_unknown().is_none() {
                 known_at.insert(m.machine_id.clone(), now);
                 continue;
             }
@@ -138,7 +138,7 @@ impl LastListings {
                         Some(last) => last.fill_unknown(&mut listed, &snapshot.slots, now),
                         None => listed
                             .iter()
-                            .filter(|m| m.inputs.metadata_unknown.is_none())
+                            .filter(|m| m.inputs.metadata_unknown().is_none())
                             .map(|m| (m.machine_id.clone(), now))
                             .collect(),
                     };
@@ -367,7 +367,7 @@ mod tests {
         };
         let unknown = || {
             let mut m = machine("a", "a1", MachineStatus::Unreachable);
-            m.inputs.metadata_unknown = Some("host down".into());
+            m.inputs.unusual_mut().metadata_unknown = Some("host down".into());
             m.detail = Some("metadata unknown".into());
             m
         };
@@ -376,7 +376,7 @@ mod tests {
         for later in [30, 60] {
             let r = prepared(&mut listings, vec![unknown()], &[], at(later));
             let m = &r.machines[0];
-            assert_eq!(m.pool, "p");
+            assert_eq!(&*m.pool, "p");
             assert!(m.inputs.controls.is_held());
             assert!(m.inputs.metadata.is_empty());
             let detail = m.detail.as_deref().unwrap_or_default();
@@ -393,7 +393,7 @@ mod tests {
             &[],
             at(90),
         );
-        assert_eq!(r.machines[0].pool, "default");
+        assert_eq!(&*r.machines[0].pool, "default");
         assert!(!r.machines[0].inputs.controls.is_held());
         // Never known at all: nothing to carry, the row says it is unknown.
         let mut listings = LastListings::default();

@@ -602,8 +602,13 @@ impl<'a> Planning<'a> {
         self.drift_alert(m, evidence.as_ref());
         // Unknown is not empty: no hold, marker or approval can be seen, so
         // nothing at all is planned (not even an undo or bookkeeping).
-        if let Some(why) = &m.inputs.metadata_unknown {
-            self.decide(m, Decision::MetadataUnknown { why: why.clone() });
+        if let Some(why) = m.inputs.metadata_unknown() {
+            self.decide(
+                m,
+                Decision::MetadataUnknown {
+                    why: why.to_string(),
+                },
+            );
             return;
         }
         if self.held(m, op) {
@@ -613,7 +618,7 @@ impl<'a> Planning<'a> {
         // A rotation ends in the pool whose slot it won, whatever the label says now.
         let pool = match &op.marker {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
-            _ => m.pool.as_str(),
+            _ => &*m.pool,
         };
         target.pool = PoolName::from(pool);
         let ctx = Ctx {
@@ -948,7 +953,7 @@ impl<'a> Planning<'a> {
         let cap = self.policy.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = self
             .in_use
-            .entry((m.app.clone(), PoolName::from(m.pool.as_str())))
+            .entry((m.app.clone(), PoolName::from(&*m.pool)))
             .or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
@@ -956,7 +961,7 @@ impl<'a> Planning<'a> {
             self.decide(
                 m,
                 Decision::WaitingForSlot {
-                    pool: PoolName::from(m.pool.as_str()),
+                    pool: PoolName::from(&*m.pool),
                     in_use,
                     cap,
                 },
@@ -1009,7 +1014,7 @@ impl<'a> Planning<'a> {
             // Recorded by the executor from the machine it reads under the
             // lease, not from this (older) snapshot.
             instance_id: None,
-            pool: Some(PoolName::from(m.pool.as_str())),
+            pool: Some(PoolName::from(&*m.pool)),
             failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
@@ -1101,7 +1106,7 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
                 .filter(
                     |slot| match machines.get(&(app, slot.machine_id.as_str())) {
                         None => stale.contains(app),
-                        Some((m, _)) if m.inputs.metadata_unknown.is_some() => true,
+                        Some((m, _)) if m.inputs.metadata_unknown().is_some() => true,
                         Some((m, op)) => match &op.marker {
                             // Cordoned with its marker gone (an outside
                             // update reverted it around our cordon): its
@@ -1127,10 +1132,10 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
     for (m, op) in report.machines.iter().zip(ops) {
         let pool = match &op.marker {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
-            _ => m.pool.as_str(),
+            _ => &*m.pool,
         };
         let holds = match (&op.marker, set) {
-            (_, None) if m.inputs.metadata_unknown.is_some() => true,
+            (_, None) if m.inputs.metadata_unknown().is_some() => true,
             // A rotation without its slot still has capacity out, unless
             // the machine stopped (autostop): then it serves nothing either
             // way, and its slot was let go so the pool is not starved.
@@ -1413,7 +1418,7 @@ fn target_of(m: &JudgedMachine) -> Target {
     Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
-        pool: PoolName::from(m.pool.as_str()),
+        pool: PoolName::from(&*m.pool),
         health_url: m.inputs.health_url.clone(),
     }
 }
@@ -1598,7 +1603,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         // restart).
         let fly_healthy = m.state.is_started()
             && m.inputs
-                .checks
+                .checks()
                 .iter()
                 .all(crate::fly::MachineCheck::passing)
             && !self.crash_loop;
@@ -1867,7 +1872,7 @@ fn exits_since(m: &JudgedMachine, since: DateTime<Utc>, window: Duration) -> usi
     let from = since.timestamp_millis();
     let to = after(since, window).timestamp_millis();
     m.inputs
-        .events
+        .events()
         .iter()
         .filter(|e| e.kind == "exit" && (from..=to).contains(&e.timestamp))
         .count()
@@ -2068,13 +2073,13 @@ fn machine_alert(
 ) -> Alert {
     let mut details = BTreeMap::new();
     details.insert("status".to_string(), m.status.to_string());
-    details.insert("pool".to_string(), m.pool.clone());
-    details.insert("region".to_string(), m.region.clone());
+    details.insert("pool".to_string(), m.pool.to_string());
+    details.insert("region".to_string(), m.region.to_string());
     if let Some(n) = m.commits_behind {
         details.insert("commits_behind".to_string(), n.to_string());
     }
     if let Some(r) = &m.reported_ref {
-        details.insert("reported_ref".to_string(), r.clone());
+        details.insert("reported_ref".to_string(), r.to_string());
     }
     if let Some(a) = m.action() {
         details.insert("action".to_string(), a.to_string());

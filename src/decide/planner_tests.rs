@@ -2313,7 +2313,7 @@ fn decision_unreadable_marker_names_the_field() {
 impl M {
     fn metadata_unknown(mut self, why: &str) -> M {
         self.0.inputs.metadata.clear();
-        self.0.inputs.metadata_unknown = Some(why.into());
+        self.0.inputs.unusual_mut().metadata_unknown = Some(why.into());
         self
     }
 
@@ -2328,22 +2328,30 @@ impl M {
     }
 
     fn check(mut self, status: &str) -> M {
-        self.0.inputs.checks.push(crate::fly::MachineCheck {
-            name: "http".into(),
-            status: status.into(),
-            output: String::new(),
-            updated_at: String::new(),
-        });
+        self.0
+            .inputs
+            .unusual_mut()
+            .checks
+            .push(crate::fly::MachineCheck {
+                name: "http".into(),
+                status: status.into(),
+                output: String::new(),
+                updated_at: String::new(),
+            });
         self
     }
 
     fn exit_at(mut self, at: DateTime<Utc>) -> M {
-        self.0.inputs.events.push(crate::fly::MachineEvent {
-            kind: "exit".into(),
-            status: "stopped".into(),
-            source: "flyd".into(),
-            timestamp: at.timestamp_millis(),
-        });
+        self.0
+            .inputs
+            .unusual_mut()
+            .events
+            .push(crate::fly::MachineEvent {
+                kind: "exit".into(),
+                status: "stopped".into(),
+                source: "flyd".into(),
+                timestamp: at.timestamp_millis(),
+            });
         self
     }
 }

@@ -281,7 +281,7 @@ impl Verdicts {
             self.by_ref.insert(reported_ref.to_owned(), by_ref);
         }
         let entry = self.by_ref.get_mut(reported_ref)?;
-        if let Some(verdict) = entry.by_pool.get(m.pool.as_str()) {
+        if let Some(verdict) = entry.by_pool.get(&*m.pool) {
             return Some(Arc::clone(verdict));
         }
         let severity = entry.class.severity;
@@ -294,7 +294,9 @@ impl Verdicts {
             },
             reason: entry.reason.clone(),
         });
-        entry.by_pool.insert(m.pool.clone(), Arc::clone(&verdict));
+        entry
+            .by_pool
+            .insert(m.pool.to_string(), Arc::clone(&verdict));
         Some(verdict)
     }
 }

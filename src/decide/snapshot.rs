@@ -239,8 +239,9 @@ mod tests {
     use crate::decide::reason::{Reason, RuleMatch};
     use crate::model::MachineState;
 
-    /// A row is no bigger than the `MachineReport` it replaced (576 bytes
-    /// on 64-bit targets): 100,000 of them are held at once.
+    /// A row is no bigger than it was made (480 bytes on 64-bit targets,
+    /// from 576: shared region, pool and ref texts, the rarely set parts
+    /// behind one pointer): 100,000 of them are held at once.
     #[test]
     fn a_judged_row_is_no_bigger_than_before() {
         println!(
@@ -249,7 +250,7 @@ mod tests {
             std::mem::size_of::<ObservedMachine>()
         );
         assert!(
-            std::mem::size_of::<JudgedMachine>() <= 576,
+            std::mem::size_of::<JudgedMachine>() <= 480,
             "{} bytes",
             std::mem::size_of::<JudgedMachine>()
         );

@@ -51,13 +51,22 @@ pub struct RotationState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct AgentReport {
     /// Lowercase hex, 4 to 40 digits.
-    pub overlay_ref: String,
+    // Shared: a sweep gives every report of the same text one copy
+    // (`observe::sweep::Texts`), which its row's `reported_ref` names too.
+    #[serde(serialize_with = "shared_text")]
+    #[schemars(with = "String")]
+    pub overlay_ref: Arc<str>,
     pub activity: Option<Activity>,
     pub live_sessions: Option<u64>,
     pub last_input_at: Option<DateTime<Utc>>,
     pub heartbeat_at: Option<DateTime<Utc>>,
     pub capabilities: Vec<Capability>,
     pub rotation: Option<RotationState>,
+}
+
+/// A shared text, written as the text.
+fn shared_text<S: serde::Serializer>(text: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(text)
 }
 
 impl AgentReport {
@@ -380,7 +389,7 @@ fn parse_unbounded(body: &[u8]) -> ProbeOutcome {
         ));
     }
     ProbeOutcome::Report(AgentReport {
-        overlay_ref: r.to_ascii_lowercase(),
+        overlay_ref: r.to_ascii_lowercase().into(),
         activity: wire.activity,
         live_sessions: wire.live_sessions,
         last_input_at: wire.last_input_at,
@@ -440,7 +449,7 @@ mod tests {
         let ProbeOutcome::Report(r) = parse_report(br#"{"overlay_ref":"A4F9D2B"}"#) else {
             panic!("minimal report rejected")
         };
-        assert_eq!(r.overlay_ref, "a4f9d2b");
+        assert_eq!(&*r.overlay_ref, "a4f9d2b");
         assert!(!r.has_live_work());
         let ProbeOutcome::Report(r) = parse_report(
             br#"{"overlay_ref":"a4f9d2b","activity":"busy","live_sessions":0,

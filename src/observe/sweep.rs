@@ -17,7 +17,7 @@
 //! what it saw: no severity, action, reason or coherence figure is made
 //! here, and nothing here is written on the wire.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -118,11 +118,15 @@ pub struct ObservedMachine {
     pub app: AppName,
     pub machine_id: MachineId,
     pub name: String,
-    pub region: String,
-    pub pool: String,
+    /// Shared by every row of the sweep in the same region ([`Texts`]).
+    pub region: Arc<str>,
+    /// Shared by every row of the sweep in the same pool ([`Texts`]).
+    pub pool: Arc<str>,
     pub state: MachineState,
     pub status: MachineStatus,
-    pub reported_ref: Option<String>,
+    /// The text of `inputs.report`'s `overlay_ref` (one allocation, shared
+    /// by every row reporting the same text in the sweep), or `None`.
+    pub reported_ref: Option<Arc<str>>,
     pub commit: Option<CommitId>,
     pub commits_behind: Option<u64>,
     pub commits_ahead: Option<u64>,
@@ -150,8 +154,24 @@ pub struct MachineInputs {
     /// ([`shared_controls`]) instead of holding 368 bytes each.
     pub controls: Arc<Controls>,
     /// The machine's Fly metadata, as listed. Empty, and not to be read,
-    /// while `metadata_unknown` says why it cannot be known.
+    /// while `metadata_unknown()` says why it cannot be known.
     pub metadata: BTreeMap<String, String>,
+    /// The machine's version as listed: a restart keeps it, an outside
+    /// update (`fly deploy`, `fly machine update`) changes it.
+    pub instance_id: String,
+    /// Whether Fly Proxy routes to it, as listed (`None`: Fly did not say).
+    pub cordoned: Option<bool>,
+    /// What most machines lack, boxed so that they pay one pointer for it
+    /// ([`Unusual`]); `None` when every part of it is empty.
+    pub unusual: Option<Box<Unusual>>,
+    /// The rendered health URL (started machines), for cooperative calls.
+    pub health_url: Option<String>,
+}
+
+/// The parts of a machine's inputs most machines lack: kept behind one
+/// pointer on the row (8 bytes instead of 72 for every machine).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unusual {
     /// Why the metadata (and with it the hold, approval, marker and pool
     /// label) is unknown: the host is not `ok` (Fly shows only
     /// `incomplete_config`) or the listing carried no config. `None`: known.
@@ -159,19 +179,39 @@ pub struct MachineInputs {
     /// the row's `pool` is then the one its coordinator slot names, else
     /// its last known one, else `default` (the row's `detail` says which).
     pub metadata_unknown: Option<String>,
-    /// The machine's version as listed: a restart keeps it, an outside
-    /// update (`fly deploy`, `fly machine update`) changes it.
-    pub instance_id: String,
-    /// Whether Fly Proxy routes to it, as listed (`None`: Fly did not say).
-    pub cordoned: Option<bool>,
     /// Fly's own health checks that are not passing, as listed: only
     /// whether every check passes is read, and a passing check's output is
     /// most of its size, so passing ones are not kept.
     pub checks: Vec<MachineCheck>,
     /// Recent lifecycle events as listed (exit events show crash loops).
     pub events: Vec<MachineEvent>,
-    /// The rendered health URL (started machines), for cooperative calls.
-    pub health_url: Option<String>,
+}
+
+impl MachineInputs {
+    /// Why the machine's metadata is unknown ([`Unusual::metadata_unknown`]).
+    pub fn metadata_unknown(&self) -> Option<&str> {
+        self.unusual.as_ref()?.metadata_unknown.as_deref()
+    }
+
+    /// Fly's failing health checks ([`Unusual::checks`]).
+    pub fn checks(&self) -> &[MachineCheck] {
+        self.unusual.as_ref().map_or(&[], |u| &u.checks)
+    }
+
+    /// Recent lifecycle events as listed ([`Unusual::events`]).
+    pub fn events(&self) -> &[MachineEvent] {
+        self.unusual.as_ref().map_or(&[], |u| &u.events)
+    }
+
+    /// The unusual parts, to be changed (made when there were none).
+    pub fn unusual_mut(&mut self) -> &mut Unusual {
+        self.unusual.get_or_insert_with(Box::default)
+    }
+
+    /// `unusual`, kept only when some part of it is not empty.
+    fn set_unusual(&mut self, unusual: Unusual) {
+        self.unusual = (unusual != Unusual::default()).then(|| Box::new(unusual));
+    }
 }
 
 impl Default for MachineInputs {
@@ -181,11 +221,9 @@ impl Default for MachineInputs {
             report: None,
             controls: shared_controls(Controls::default()),
             metadata: BTreeMap::new(),
-            metadata_unknown: None,
             instance_id: String::new(),
             cordoned: None,
-            checks: Vec::new(),
-            events: Vec::new(),
+            unusual: None,
             health_url: None,
         }
     }
@@ -203,6 +241,30 @@ pub fn shared_controls(controls: Controls) -> Arc<Controls> {
     }
 }
 
+/// Texts many rows of a sweep share (regions, pools, reported refs), one
+/// allocation each: at 10,000 machines a row's own copies were about 160
+/// bytes of its heap.
+#[derive(Debug, Default)]
+pub struct Texts(HashSet<Arc<str>>);
+
+impl Texts {
+    /// The shared copy of `text`, made on its first use.
+    pub fn get(&mut self, text: &str) -> Arc<str> {
+        if let Some(shared) = self.0.get(text) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<str> = Arc::from(text);
+        self.0.insert(Arc::clone(&shared));
+        shared
+    }
+}
+
+/// The empty region and the default pool, one copy each for the process:
+/// rows made without a [`Texts`] allocate neither.
+static NO_REGION: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+static DEFAULT_POOL: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from(crate::config::DEFAULT_POOL));
+
 impl ObservedMachine {
     /// A machine as listed, before any probe or analysis: `not_running`,
     /// region empty, pool `default`, nothing reported.
@@ -211,8 +273,8 @@ impl ObservedMachine {
             app: app.into(),
             machine_id: machine_id.into(),
             name: name.to_string(),
-            region: String::new(),
-            pool: crate::config::DEFAULT_POOL.to_string(),
+            region: Arc::clone(&NO_REGION),
+            pool: Arc::clone(&DEFAULT_POOL),
             state,
             status: MachineStatus::NotRunning,
             reported_ref: None,
@@ -293,14 +355,16 @@ impl Sweeper {
             .into_iter()
             .filter_map(|i| rows.get_mut(i)?.inputs.health_url.take().map(|u| (i, u)))
             .collect();
+        let mut refs = Texts::default();
         self.prober
             .probe_each(urls, |i, url, outcome| {
                 if let Some(row) = rows.get_mut(i) {
                     row.inputs.health_url = Some(url);
-                    probed_row(row, outcome);
+                    probed_row(row, outcome, &mut refs);
                 }
             })
             .await;
+        drop(refs);
 
         // Git: one batch for every distinct reported ref (copied once each).
         let refs: Vec<String> = rows
@@ -342,9 +406,12 @@ impl Sweeper {
         // usual. With no app listed there is nothing to report. Each machine
         // becomes its row as it is decoded: the listing is not kept.
         let listings = futures::future::join_all(self.config.apps.iter().map(|app| async move {
+            let mut texts = Texts::default();
             let listed = self
                 .fly
-                .list_machines_with(&AppName::from(app.name.as_str()), |m| listed_row(app, m))
+                .list_machines_with(&AppName::from(app.name.as_str()), |m| {
+                    listed_row(app, m, &mut texts)
+                })
                 .await;
             (app, listed)
         }))
@@ -410,7 +477,7 @@ fn add_detail(r: &mut ObservedMachine, text: String) {
 
 /// The row of `m` as listed: only what later steps read is kept, and its
 /// health URL when it is started.
-fn listed_row(app: &AppConfig, m: Machine) -> ObservedMachine {
+fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine {
     // Unknown is never empty: a host Fly cannot reach keeps its metadata
     // out of `metadata`, and says why.
     let unknown = m.known_metadata().err();
@@ -453,16 +520,18 @@ fn listed_row(app: &AppConfig, m: Machine) -> ObservedMachine {
         None
     };
     let mut row = ObservedMachine {
-        region: m.region,
-        pool,
+        region: texts.get(&m.region),
+        pool: texts.get(&pool),
         ..ObservedMachine::listed(&app.name, &m.id, &m.name, m.state)
     };
     row.inputs.metadata = metadata;
-    row.inputs.metadata_unknown = metadata_unknown;
     row.inputs.instance_id = m.instance_id;
     row.inputs.cordoned = m.cordoned;
-    row.inputs.checks = m.checks.into_iter().filter(|c| !c.passing()).collect();
-    row.inputs.events = m.events;
+    row.inputs.set_unusual(Unusual {
+        metadata_unknown,
+        checks: m.checks.into_iter().filter(|c| !c.passing()).collect(),
+        events: m.events,
+    });
     row.inputs.health_url = health_url;
     // The row says so: its pool, hold and marker are not what it shows.
     if let Some(e) = unknown {
@@ -472,13 +541,14 @@ fn listed_row(app: &AppConfig, m: Machine) -> ObservedMachine {
         ));
     }
     if let Some(why) = url_error {
-        probed_row(&mut row, ProbeOutcome::Unreachable(why));
+        probed_row(&mut row, ProbeOutcome::Unreachable(why), texts);
     }
     row
 }
 
-/// What the probe of its agent said.
-fn probed_row(r: &mut ObservedMachine, probe: ProbeOutcome) {
+/// What the probe of its agent said; the reported ref's text is the one
+/// copy in `refs`, held by the row and its report alike.
+fn probed_row(r: &mut ObservedMachine, probe: ProbeOutcome, refs: &mut Texts) {
     match probe {
         ProbeOutcome::Unreachable(why) => {
             r.status = MachineStatus::Unreachable;
@@ -488,8 +558,10 @@ fn probed_row(r: &mut ObservedMachine, probe: ProbeOutcome) {
             r.status = MachineStatus::BadReport;
             add_detail(r, why);
         }
-        ProbeOutcome::Report(report) => {
-            r.reported_ref = Some(report.overlay_ref.clone());
+        ProbeOutcome::Report(mut report) => {
+            let reported = refs.get(&report.overlay_ref);
+            report.overlay_ref = Arc::clone(&reported);
+            r.reported_ref = Some(reported);
             r.inputs.report = Some(report);
         }
     }
@@ -501,7 +573,7 @@ fn analysed_row(r: &mut ObservedMachine, analysis: &HashMap<String, RefAnalysis>
         return;
     };
     let verdict = analysis
-        .get(reported)
+        .get(&**reported)
         .cloned()
         .unwrap_or(RefAnalysis::Unknown);
     match &verdict {
@@ -557,7 +629,7 @@ fn taking_turns(items: impl Iterator<Item = (usize, usize)>) -> Vec<usize> {
 /// slot names, when one does.
 fn pools_from_slots(observation: &mut Observation) {
     for m in &mut observation.machines {
-        if m.inputs.metadata_unknown.is_none() {
+        if m.inputs.metadata_unknown().is_none() {
             continue;
         }
         if let Some(pool) = observation
@@ -569,7 +641,7 @@ fn pools_from_slots(observation: &mut Observation) {
                 Some(d) => format!("{d}; {note}"),
                 None => note,
             });
-            m.pool = pool;
+            m.pool = pool.into();
         }
     }
 }
@@ -647,18 +719,18 @@ mod tests {
                 "checks":[{"name":"up","status":"passing","output":"HTTP 200 OK after 3 ms"},{"name":"db","status":"critical","output":"refused"}]}"#,
         )
         .unwrap();
-        let mut r = listed_row(&config.apps[0], m);
+        let mut r = listed_row(&config.apps[0], m, &mut Texts::default());
         analysed_row(&mut r, &HashMap::new());
-        assert_eq!(r.pool, "web");
+        assert_eq!(&*r.pool, "web");
         assert_eq!(
             r.inputs.metadata.keys().collect::<Vec<_>>(),
             ["fleet_reconciler_hold", "fly_process_group"]
         );
-        assert_eq!(r.inputs.events.len(), 1);
-        assert_eq!(r.inputs.events[0].timestamp, 2);
+        assert_eq!(r.inputs.events().len(), 1);
+        assert_eq!(r.inputs.events()[0].timestamp, 2);
         // Only whether every check passes is read: the failing one is kept.
-        assert_eq!(r.inputs.checks.len(), 1);
-        assert_eq!(r.inputs.checks[0].name, "db");
+        assert_eq!(r.inputs.checks().len(), 1);
+        assert_eq!(r.inputs.checks()[0].name, "db");
         assert!(r.inputs.health_url.is_some());
         // Every key the daemon reads is one it keeps.
         for key in [
@@ -673,6 +745,36 @@ mod tests {
         // Machines without controls share one empty record.
         let (a, b) = (MachineInputs::default(), MachineInputs::default());
         assert!(Arc::ptr_eq(&a.controls, &b.controls));
+    }
+
+    #[test]
+    fn rows_of_a_sweep_share_region_pool_and_ref_texts() {
+        let config = crate::config::test_config("");
+        let machine = |id: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "name": id, "state": "started", "region": "iad",
+                "private_ip": "fdaa::2", "config": {"metadata": {}}
+            }))
+            .expect("machine")
+        };
+        let mut texts = Texts::default();
+        let mut a = listed_row(&config.apps[0], machine("m1"), &mut texts);
+        let mut b = listed_row(&config.apps[0], machine("m2"), &mut texts);
+        assert!(Arc::ptr_eq(&a.region, &b.region) && &*a.region == "iad");
+        assert!(Arc::ptr_eq(&a.pool, &b.pool));
+        // Each parse makes its own text; the sweep keeps one, which the
+        // row and its report both hold.
+        let report = || crate::observe::probe::parse_report(br#"{"overlay_ref":"ABCD1234"}"#);
+        probed_row(&mut a, report(), &mut texts);
+        probed_row(&mut b, report(), &mut texts);
+        let (Some(ra), Some(rb)) = (&a.reported_ref, &b.reported_ref) else {
+            panic!("no reported ref: {a:?}")
+        };
+        assert!(Arc::ptr_eq(ra, rb) && &**ra == "abcd1234");
+        let overlay_ref = a.inputs.report.as_ref().map(|r| Arc::clone(&r.overlay_ref));
+        assert!(overlay_ref.is_some_and(|r| Arc::ptr_eq(&r, ra)));
+        // Nothing unusual about these machines: no box is made for it.
+        assert!(a.inputs.unusual.is_none());
     }
 
     #[test]

@@ -666,7 +666,7 @@ impl Metrics {
                 self.commits_behind
                     .with_label_values(&[m.app.as_str(), m.machine_id.as_str(), &m.region])
                     .set(i64::try_from(behind).unwrap_or(i64::MAX));
-                current.insert((m.app.clone(), m.machine_id.clone(), m.region.clone()));
+                current.insert((m.app.clone(), m.machine_id.clone(), m.region.to_string()));
             }
         }
         for (app, id, region) in exported.machines.difference(&current) {

@@ -223,7 +223,7 @@ impl<'a> Reporter<'a> {
         let mut pools: BTreeMap<(&str, &str), usize> = report
             .machines
             .iter()
-            .map(|m| ((m.app.as_str(), m.pool.as_str()), 0))
+            .map(|m| ((m.app.as_str(), &*m.pool), 0))
             .collect();
         for ((app, pool), n) in &plan.rotations_in_progress {
             pools.insert((app.as_str(), pool.as_str()), *n);

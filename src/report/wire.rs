@@ -601,7 +601,7 @@ mod tests {
             let mut m = ObservedMachine::listed("agents", &id, &id, MachineState::Started);
             m.status = MachineStatus::Drifted;
             m.commit = Some(commit(on));
-            m.reported_ref = Some(on.to_string().repeat(12));
+            m.reported_ref = Some(on.to_string().repeat(12).into());
             JudgedMachine::new(m, Some(verdict(Severity::Low, r)))
         };
         let mut machines: Vec<JudgedMachine> = (0..n)
@@ -652,7 +652,7 @@ mod tests {
         let mut r = report(1);
         // One agent reported the whole commit, one an abbreviation, and one
         // a ref that did not resolve (its reason is under what it reported).
-        r.machines[0].seen.reported_ref = Some("a".repeat(40));
+        r.machines[0].seen.reported_ref = Some("a".repeat(40).into());
         let mut unknown = ObservedMachine::listed("agents", "u", "u", MachineState::Started);
         unknown.status = MachineStatus::UnknownRef;
         unknown.reported_ref = Some("0123abcd".into());

@@ -351,7 +351,7 @@ health_url = "{health}"
     )
     .await;
     assert_eq!(status, 202, "{body}");
-    wait_for(&agent, "the reload", |r| r.overlay_ref == old_short).await;
+    wait_for(&agent, "the reload", |r| *r.overlay_ref == *old_short).await;
     let (code, v, stderr) = run_check(&config).await;
     assert_eq!(code, 1, "agent behind the tip: {v}\n{stderr}");
     let m = &v["machines"][0];
@@ -371,7 +371,10 @@ health_url = "{health}"
     )
     .await;
     assert_eq!(status, 202);
-    wait_for(&agent, "the reload to the tip", |r| r.overlay_ref == tip_s).await;
+    wait_for(&agent, "the reload to the tip", |r| {
+        *r.overlay_ref == *tip_s
+    })
+    .await;
     let (code, v, _) = run_check(&config).await;
     assert_eq!(code, 0, "{v}");
     sim.shutdown().await;
@@ -392,7 +395,7 @@ async fn drain_undrain_and_reload_follow_the_contract() {
 
     // Health: the full report, parsed by the daemon's parser, with no token.
     let r = report(&agent).await;
-    assert_eq!(r.overlay_ref, "a4f9d2b");
+    assert_eq!(&*r.overlay_ref, "a4f9d2b");
     assert_eq!(r.activity, Some(Activity::Idle));
     assert_eq!(r.live_sessions, Some(0));
     assert!(r.can(Capability::Drain) && r.can(Capability::Reload));
@@ -531,12 +534,12 @@ async fn drain_undrain_and_reload_follow_the_contract() {
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["ref"], "beef1234");
     assert_eq!(
-        report(&agent).await.overlay_ref,
+        &*report(&agent).await.overlay_ref,
         "a4f9d2b",
         "not in the middle of a job"
     );
     let r = wait_for(&agent, "the deferred reload", |r| {
-        r.overlay_ref == "beef1234"
+        &*r.overlay_ref == "beef1234"
     })
     .await;
     assert!(!r.has_live_work());

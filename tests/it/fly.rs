@@ -1093,7 +1093,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         .iter()
         .find(|m| m.machine_id == "m2")
         .unwrap();
-    assert!(m2.inputs.metadata_unknown.is_none());
+    assert!(m2.inputs.metadata_unknown().is_none());
     assert!(m2.inputs.controls.is_held());
 
     down.store(true, Ordering::SeqCst);
@@ -1107,12 +1107,15 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     );
     let row = |id: &str| second.machines.iter().find(|m| m.machine_id == id).unwrap();
     let m2 = row("m2");
-    assert!(m2.inputs.metadata_unknown.is_some());
+    assert!(m2.inputs.metadata_unknown().is_some());
     assert!(
         m2.inputs.metadata.is_empty(),
         "unknown metadata is never read"
     );
-    assert_eq!(m2.pool, "dispatch", "the pool as last listed, not default");
+    assert_eq!(
+        &*m2.pool, "dispatch",
+        "the pool as last listed, not default"
+    );
     assert!(m2.inputs.controls.is_held(), "the hold as last listed");
     assert!(
         m2.inputs.controls.approval.is_none(),
@@ -1124,7 +1127,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         "{detail}"
     );
     let m3 = row("m3");
-    assert_eq!(m3.pool, "dispatch", "the pool its coordinator slot names");
+    assert_eq!(&*m3.pool, "dispatch", "the pool its coordinator slot names");
     let detail = m3.detail.clone().unwrap_or_default();
     assert!(
         detail.contains("host") && detail.contains("slot"),
@@ -1132,7 +1135,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     );
     // The machine whose host is fine is unaffected.
     let m1 = row("m1");
-    assert!(m1.inputs.metadata_unknown.is_none() && m1.detail.is_none());
+    assert!(m1.inputs.metadata_unknown().is_none() && m1.detail.is_none());
 }
 
 /// #22 soak: a burst of calls (a release wave's steps) opens as many

@@ -29,7 +29,9 @@ use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY
 use fleet_reconciler::model::{CommitId, MachineStatus, PolicyAction, Severity};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, Capability, RotationState};
-use fleet_reconciler::observe::sweep::{MachineInputs, ObservedMachine, SlotsView, observation};
+use fleet_reconciler::observe::sweep::{
+    MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
+};
 use proptest::prelude::*;
 
 const TIP: &str = "1111111111111111111111111111111111111111";
@@ -362,9 +364,12 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> (ObservedMachine, Option
         inputs: MachineInputs {
             report: (usable && m.started).then_some(report),
             metadata,
-            metadata_unknown: m
-                .metadata_unknown
-                .then(|| "host_status unreachable".to_string()),
+            unusual: m.metadata_unknown.then(|| {
+                Box::new(Unusual {
+                    metadata_unknown: Some("host_status unreachable".to_string()),
+                    ..Unusual::default()
+                })
+            }),
             instance_id: m.instance_id.clone(),
             health_url: Some(format!("http://agents/m{i}/health")),
             ..MachineInputs::default()

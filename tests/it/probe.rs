@@ -123,7 +123,7 @@ async fn concurrency_is_bounded_and_connections_reused() {
     assert_eq!(out.len(), 40);
     assert!(
         out.iter()
-            .all(|o| matches!(o, ProbeOutcome::Report(r) if r.overlay_ref == "abcd1234"))
+            .all(|o| matches!(o, ProbeOutcome::Report(r) if &*r.overlay_ref == "abcd1234"))
     );
     let max = stats.max_in_flight.load(Ordering::SeqCst);
     assert!(max <= 4, "at most 4 in flight, saw {max}");

@@ -109,8 +109,8 @@ pub async fn check(sweeper: &Sweeper) -> Result<Snapshot, CheckError> {
 
 /// One sweep, prepared by a process with no memory of earlier ones:
 /// observe the fleet against `tip` (read-only), then [`prepare`] it with a
-/// one-shot listings memory (nothing carried, nothing copied) and a fresh
-/// tracker (each drift's severity, reason and action decided). `check`
+/// one-shot listings memory and tracker (nothing carried, copied or kept:
+/// each drift's severity, reason and action decided). `check`
 /// starts here.
 pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<Snapshot, SweepError> {
     let policy = Policy::from_config(&sweeper.config);
@@ -122,7 +122,7 @@ pub async fn sweep(sweeper: &Sweeper, tip: &Tip) -> Result<Snapshot, SweepError>
         &policy,
         observation,
         &mut LastListings::one_shot(),
-        &mut Tracker::default(),
+        &mut Tracker::one_shot(),
         DateTime::UNIX_EPOCH,
     ))
 }

@@ -1144,39 +1144,16 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
 /// sweeping more often than that kept them all.
 #[tokio::test]
 async fn a_burst_of_calls_leaves_only_a_few_connections_open() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    // (open now, most open at once)
+    // (open now, most open at once); each answer held back a moment so the
+    // burst's calls overlap.
     let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
-    let counted = open.clone();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let now = counted.0.fetch_add(1, Ordering::SeqCst) + 1;
-            counted.1.fetch_max(now, Ordering::SeqCst);
-            let counted = counted.clone();
-            tokio::spawn(async move {
-                let body = r#"{"id":"m1","name":"n","state":"started","region":"iad"}"#;
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                let mut buf = [0u8; 4096];
-                // One answer per request (a GET: no body), held back a
-                // moment so the burst's calls overlap, until the client closes.
-                while let Ok(n) = conn.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    if conn.write_all(answer.as_bytes()).await.is_err() {
-                        break;
-                    }
-                }
-                counted.0.fetch_sub(1, Ordering::SeqCst);
-            });
-        }
-    });
+    let addr = crate::common::counting_server(
+        r#"{"id":"m1","name":"n","state":"started","region":"iad"}"#,
+        Duration::from_millis(200),
+        open.clone(),
+    )
+    .await;
+    let url = format!("http://{addr}");
     let mut config = FlyClientConfig::new(&url);
     config.rate_limits = None;
     let fly = FlyClient::new(config, TOKEN).unwrap();

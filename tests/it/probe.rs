@@ -211,39 +211,13 @@ async fn slow_agents(
     hosts: usize,
     delay: Duration,
 ) -> (Vec<String>, Arc<(AtomicUsize, AtomicUsize)>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let open = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let mut urls = Vec::new();
     for _ in 0..hosts {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.push(format!("http://{}/health", listener.local_addr().unwrap()));
-        let open = open.clone();
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                let now = open.0.fetch_add(1, Ordering::SeqCst) + 1;
-                open.1.fetch_max(now, Ordering::SeqCst);
-                let open = open.clone();
-                tokio::spawn(async move {
-                    let body = r#"{"overlay_ref":"abcd1234"}"#;
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let mut buf = [0u8; 4096];
-                    // One answer per request until the client closes.
-                    while let Ok(n) = conn.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        tokio::time::sleep(delay).await;
-                        if conn.write_all(answer.as_bytes()).await.is_err() {
-                            break;
-                        }
-                    }
-                    open.0.fetch_sub(1, Ordering::SeqCst);
-                });
-            }
-        });
+        let addr =
+            crate::common::counting_server(r#"{"overlay_ref":"abcd1234"}"#, delay, open.clone())
+                .await;
+        urls.push(format!("http://{addr}/health"));
     }
     (urls, open)
 }

@@ -184,3 +184,51 @@ pub fn schema_errors(validator: &jsonschema::Validator, doc: &serde_json::Value)
         .map(|e| format!("{e} at {}", e.instance_path()))
         .collect()
 }
+
+/// Connections a [`counting_server`] has open now (`.0`) and had open at
+/// most at once (`.1`).
+pub type OpenConnections = std::sync::Arc<(
+    std::sync::atomic::AtomicUsize,
+    std::sync::atomic::AtomicUsize,
+)>;
+
+/// A loopback HTTP/1.1 server speaking just enough to answer every request
+/// on a kept-alive connection with `body` (JSON), `delay` after it came, so
+/// that a burst's requests overlap; counts its connections in `open`
+/// (several servers may share one count). Returns its address.
+pub async fn counting_server(
+    body: &'static str,
+    delay: Duration,
+    open: OpenConnections,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let now = open.0.fetch_add(1, Ordering::SeqCst) + 1;
+            open.1.fetch_max(now, Ordering::SeqCst);
+            let open = open.clone();
+            tokio::spawn(async move {
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut buf = [0u8; 4096];
+                // One answer per request (a GET: no body) until the client closes.
+                while let Ok(n) = conn.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if conn.write_all(answer.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+                open.0.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    addr
+}

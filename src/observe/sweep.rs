@@ -17,7 +17,7 @@
 //! what it saw: no severity, action, reason or coherence figure is made
 //! here, and nothing here is written on the wire.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -257,6 +257,13 @@ impl Texts {
         self.0.insert(Arc::clone(&shared));
         shared
     }
+
+    /// Every distinct text, sorted, as owned strings (the set is dropped).
+    pub fn into_sorted(self) -> Vec<String> {
+        let mut texts: Vec<String> = self.0.iter().map(|t| t.to_string()).collect();
+        texts.sort_unstable();
+        texts
+    }
 }
 
 /// The empty region and the default pool, one copy each for the process:
@@ -364,16 +371,10 @@ impl Sweeper {
                 }
             })
             .await;
-        drop(refs);
 
-        // Git: one batch for every distinct reported ref (copied once each).
-        let refs: Vec<String> = rows
-            .iter()
-            .filter_map(|m| m.reported_ref.as_deref())
-            .collect::<BTreeSet<&str>>()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        // Git: one batch for every distinct reported ref: the texts the
+        // probes' rows share are exactly those (copied once each, in order).
+        let refs = refs.into_sorted();
         let analysis = self
             .overlay
             .analyze(&tip.commit, refs, &self.signals)

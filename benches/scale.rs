@@ -1948,10 +1948,11 @@ async fn bench(args: Args) -> Result<(), Error> {
             root_report = Some(fleet_reconciler::daemon::sweep(&sweeper, &new_tip).await?);
             with_root = with_root.min(started.elapsed());
         }
+        let root_id = fleet_reconciler::model::MachineId::from(root_machine);
         let behind = root_report
             .iter()
             .flat_map(|r| r.machines.iter())
-            .find(|m| m.machine_id == root_machine)
+            .find(|m| m.machine_id == root_id)
             .and_then(|m| m.commits_behind);
         report.row(
             "4. agent on the root commit: extra git work, first time",

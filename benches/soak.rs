@@ -358,7 +358,7 @@ async fn soak(args: Args) -> Result<(), Error> {
                     .iter()
                     .filter(|s| s.step.kind() == "restart" && s.outcome.result() == "succeeded")
                     .count();
-                coherence.clone_from(&cycle.report.coherence);
+                coherence.clone_from(&cycle.report.coherence.ratio);
                 // Fly's recent events per machine, as listed: each restart
                 // adds some, up to Fly's (the sim's) cap of 20.
                 let machines = cycle.report.machines.len().max(1);

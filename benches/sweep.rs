@@ -89,7 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if round == 0 { "cold git cache" } else { "warm" },
                 took.as_secs_f64() * 1000.0,
                 machines as f64 / took.as_secs_f64(),
-                report.coherence,
+                report.coherence.ratio,
                 report.machines.len()
             );
         }

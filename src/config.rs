@@ -18,7 +18,7 @@ use std::time::Duration;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Deserializer};
 
-use crate::model::{PolicyAction, PoolName, Severity};
+use crate::model::{AppName, PolicyAction, PoolName, Severity};
 
 /// Where a config error was found: file, key path, and line when known.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +170,7 @@ impl Default for ProbeConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppConfig {
-    pub name: String,
+    pub name: AppName,
     #[serde(default = "default_health_url")]
     pub health_url: HealthUrlTemplate,
     /// Machine metadata key naming the machine's pool; none = every machine in `default`.
@@ -368,7 +368,7 @@ impl Default for AlertsConfig {
 /// One Fly app and the token its calls carry ([`Config::fly_tokens`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppToken<'a> {
-    pub app: &'a str,
+    pub app: &'a AppName,
     /// The environment variable holding the token.
     pub var: &'a str,
     /// The config key that names `var` (`apps[1].token_env`, `fly.token_env`, …).
@@ -421,7 +421,7 @@ fn check_token_envs(
             "rotation.coordinator_token_env".into(),
             format!(
                 "the coordinator's app {:?} is apps[{i}], whose token_env is {own:?}: one app has one token, so leave coordinator_token_env out (the app's token is used) or make them the same",
-                app.name
+                app.name.as_str()
             ),
         ));
     }
@@ -1042,7 +1042,7 @@ impl Config {
             })
             .collect();
         if let Some(c) = &self.rotation.coordinator {
-            match out.iter_mut().find(|t| c.app == t.app) {
+            match out.iter_mut().find(|t| &c.app == t.app) {
                 // Checked at load: the same variable as the app's, if set.
                 Some(t) => {
                     if let Some(var) = &self.rotation.coordinator_token_env {
@@ -1052,12 +1052,12 @@ impl Config {
                 }
                 None => out.push(match &self.rotation.coordinator_token_env {
                     Some(var) => AppToken {
-                        app: c.app.as_str(),
+                        app: &c.app,
                         var,
                         key: "rotation.coordinator_token_env".into(),
                     },
                     None => AppToken {
-                        app: c.app.as_str(),
+                        app: &c.app,
                         var: &self.fly.token_env,
                         key: "fly.token_env".into(),
                     },
@@ -1095,8 +1095,8 @@ impl Config {
         dir.join(DEFAULT_ALERT_STATE_FILE)
     }
 
-    pub fn app(&self, name: &str) -> Option<&AppConfig> {
-        self.apps.iter().find(|a| a.name == name)
+    pub fn app(&self, name: &AppName) -> Option<&AppConfig> {
+        self.apps.iter().find(|a| &a.name == name)
     }
 }
 
@@ -1150,11 +1150,11 @@ impl Source<'_> {
                     Some(span),
                     format!(
                         "the health URL of app {:?} has no per-machine placeholder ({{machine_id}} or {{private_ip}}): every machine would be probed at the same URL, so one agent's report could authorize restarting another; e.g. http://{{machine_id}}.vm.{{app}}.internal:8080/health",
-                        crate::text::bounded(&app.name, 64)
+                        crate::text::bounded(app.name.as_str(), 64)
                     ),
                 ));
             }
-            if app.name.trim().is_empty() {
+            if app.name.as_str().trim().is_empty() {
                 return Err(self.invalid(
                     format!("apps[{i}].name"),
                     Some(span),
@@ -1165,7 +1165,7 @@ impl Source<'_> {
                 return Err(self.invalid(
                     format!("apps[{i}].name"),
                     Some(span),
-                    format!("app {:?} is listed twice", app.name),
+                    format!("app {:?} is listed twice", app.name.as_str()),
                 ));
             }
             apps.push(app);

@@ -559,7 +559,7 @@ pub struct FlyTokens {
     pub fallback: Option<SecretString>,
     /// App name → its own token (`apps[].token_env`,
     /// `rotation.coordinator_token_env`).
-    pub apps: BTreeMap<String, SecretString>,
+    pub apps: BTreeMap<AppName, SecretString>,
 }
 
 impl FlyTokens {
@@ -572,7 +572,7 @@ impl FlyTokens {
     }
 
     /// The token a call on `app` sends.
-    pub fn for_app(&self, app: &str) -> Option<&SecretString> {
+    pub fn for_app(&self, app: &AppName) -> Option<&SecretString> {
         self.apps.get(app).or(self.fallback.as_ref())
     }
 }
@@ -593,7 +593,7 @@ impl From<String> for FlyTokens {
 #[derive(Clone, Default)]
 struct AuthHeaders {
     fallback: Option<HeaderValue>,
-    apps: HashMap<String, HeaderValue>,
+    apps: HashMap<AppName, HeaderValue>,
 }
 
 impl AuthHeaders {
@@ -615,7 +615,7 @@ impl AuthHeaders {
         })
     }
 
-    fn for_app(&self, app: &str) -> Option<&HeaderValue> {
+    fn for_app(&self, app: &AppName) -> Option<&HeaderValue> {
         self.apps.get(app).or(self.fallback.as_ref())
     }
 }
@@ -706,7 +706,7 @@ enum Idempotence {
 struct Call<'a> {
     op: &'static str,
     method: Method,
-    app: &'a str,
+    app: &'a AppName,
     machine: Option<&'a str>,
     /// Path segments after `/v1/apps/{app}/machines`.
     segments: &'a [&'a str],
@@ -733,7 +733,7 @@ impl<'a> Call<'a> {
         Call {
             op,
             method,
-            app: app.as_str(),
+            app,
             machine: machine.map(MachineId::as_str),
             segments: &[],
             query: &[],
@@ -1241,7 +1241,7 @@ impl FlyClient {
         if let Ok(mut path) = url.path_segments_mut() {
             // Segments are percent-encoded, so an app or key cannot escape its slot.
             path.pop_if_empty()
-                .extend(["v1", "apps", call.app, "machines"]);
+                .extend(["v1", "apps", call.app.as_str(), "machines"]);
             if let Some(m) = call.machine {
                 path.push(m);
             }
@@ -1398,7 +1398,7 @@ impl FlyClient {
             }
             tracing::debug!(
                 op = call.op,
-                app = call.app,
+                app = call.app.as_str(),
                 machine_id = call.machine,
                 attempt,
                 delay_ms = delay.as_millis() as u64,

@@ -1163,7 +1163,7 @@ fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecrets> {
                         app.name
                     )
                 })?;
-            agent_tokens.insert(app.name.clone(), SecretString::from(token));
+            agent_tokens.insert(app.name.to_string(), SecretString::from(token));
         }
     }
     let admin_token = std::env::var(&config.server.admin_token_env)
@@ -1193,7 +1193,7 @@ fn secrets_from_env(config: &Config) -> anyhow::Result<Secrets> {
     for t in config.fly_tokens() {
         match env_secret(t.var) {
             Some(token) => {
-                apps.insert(t.app.to_string(), token);
+                apps.insert(t.app.clone(), token);
             }
             None => match missing.iter_mut().find(|(var, _)| var == t.var) {
                 Some((_, names)) => names.push(t.app.to_string()),

@@ -170,13 +170,13 @@ pub async fn run(config: &Config, env: Lookup<'_>) -> Report {
     report.findings.push(mirror_dir(config));
     let mut listed = BTreeMap::new();
     for token in config.fly_tokens() {
-        if config.apps.iter().all(|a| a.name != token.app) {
+        if config.apps.iter().all(|a| &a.name != token.app) {
             continue; // the coordinator's own app: checked below
         }
         let (finding, machines) = list_app(config, env, token.app, token.var).await;
         report.findings.push(finding);
         if let Some(machines) = machines {
-            listed.insert(token.app.to_string(), machines);
+            listed.insert(token.app.clone(), machines);
         }
     }
     if let Some(c) = &config.rotation.coordinator {
@@ -252,8 +252,8 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             .iter_mut()
             .find(|(v, k, _)| *v == t.var && *k == t.key)
         {
-            Some((_, _, apps)) => apps.push(t.app),
-            None => by_key.push((t.var, t.key, vec![t.app])),
+            Some((_, _, apps)) => apps.push(t.app.as_str()),
+            None => by_key.push((t.var, t.key, vec![t.app.as_str()])),
         }
     }
     for (var, key, apps) in by_key {
@@ -457,10 +457,10 @@ fn mirror_dir(config: &Config) -> Finding {
 
 /// A client that holds one app's token and nothing else: a token is only
 /// ever tried against its own app.
-fn client_for(config: &Config, app: &str, token: SecretString) -> Result<FlyClient, String> {
+fn client_for(config: &Config, app: &AppName, token: SecretString) -> Result<FlyClient, String> {
     let tokens = FlyTokens {
         fallback: None,
-        apps: BTreeMap::from([(app.to_string(), token)]),
+        apps: BTreeMap::from([(app.clone(), token)]),
     };
     FlyClient::with_tokens(
         FlyClientConfig {
@@ -479,7 +479,7 @@ fn client_for(config: &Config, app: &str, token: SecretString) -> Result<FlyClie
 }
 
 /// The fix for a Fly error on `app` whose token is in `var`.
-fn fly_fix(e: &FlyError, app: &str, var: &str, config: &Config) -> String {
+fn fly_fix(e: &FlyError, app: &AppName, var: &str, config: &Config) -> String {
     match e {
         FlyError::Unauthorized { .. } => format!(
             "the token in {var} is not accepted for app {app}: mint one for it, `fly tokens create deploy -a {app}`, and set it as {var}"
@@ -499,7 +499,7 @@ fn fly_fix(e: &FlyError, app: &str, var: &str, config: &Config) -> String {
 async fn list_app(
     config: &Config,
     env: Lookup<'_>,
-    app: &str,
+    app: &AppName,
     var: &str,
 ) -> (Finding, Option<Vec<Machine>>) {
     let subject = app.to_string();
@@ -527,7 +527,7 @@ async fn list_app(
             );
         }
     };
-    match fly.list_machines(&AppName::from(app)).await {
+    match fly.list_machines(app).await {
         Ok(machines) => {
             let started = machines.iter().filter(|m| m.is_started()).count();
             (
@@ -560,7 +560,7 @@ async fn list_app(
 /// answering 409 proves the token may lease it, and nothing is disturbed.
 async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) -> Vec<Finding> {
     let subject = c.to_string();
-    let Some(token) = config.fly_tokens().into_iter().find(|t| c.app == t.app) else {
+    let Some(token) = config.fly_tokens().into_iter().find(|t| &c.app == t.app) else {
         return Vec::new();
     };
     let Some(secret) = read(env, token.var) else {
@@ -570,7 +570,7 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
             format!("not checked: no token in {}", token.var),
         )];
     };
-    let fly = match client_for(config, c.app.as_str(), secret) {
+    let fly = match client_for(config, &c.app, secret) {
         Ok(f) => f,
         Err(e) => {
             return vec![Finding::fail(
@@ -592,7 +592,7 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
                     "create it (docs/deploy.md, \"The coordination machine\") and set rotation.coordinator to its APP/MACHINE_ID; `fly machine list -a {}` shows the ids",
                     c.app
                 ),
-                _ => fly_fix(&e, c.app.as_str(), token.var, config),
+                _ => fly_fix(&e, &c.app, token.var, config),
             };
             return vec![Finding::fail(
                 CheckKind::Coordinator,
@@ -680,7 +680,7 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
                 CheckKind::Coordinator,
                 format!("{subject} lease"),
                 format!("cannot be leased with the token in {}: {e}", token.var),
-                fly_fix(&e, c.app.as_str(), token.var, config),
+                fly_fix(&e, &c.app, token.var, config),
             ),
         },
     );
@@ -971,7 +971,7 @@ async fn alertmanagers(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
 
 /// Up to [`HEALTH_SAMPLE`] started machines of each listed app: each must
 /// answer its health URL with a usable report.
-async fn health_sample(config: &Config, listed: &BTreeMap<String, Vec<Machine>>) -> Vec<Finding> {
+async fn health_sample(config: &Config, listed: &BTreeMap<AppName, Vec<Machine>>) -> Vec<Finding> {
     let prober = match Prober::new(&config.probe) {
         Ok(p) => p,
         Err(e) => {
@@ -1009,7 +1009,7 @@ async fn health_sample(config: &Config, listed: &BTreeMap<String, Vec<Machine>>)
         }
         let mut problems = Vec::new();
         for m in &sample {
-            match probe_one(&prober, &app.health_url, &app.name, m).await {
+            match probe_one(&prober, &app.health_url, app.name.as_str(), m).await {
                 Ok(()) => {}
                 Err(why) => problems.push(format!("{}: {why}", m.id)),
             }

@@ -24,9 +24,9 @@ use crate::observe::sweep::{SlotsView, shared_controls};
 /// machines look gone.
 #[derive(Debug, Default)]
 pub struct LastListings {
-    apps: HashMap<String, Listing>,
+    apps: HashMap<AppName, Listing>,
     /// Apps whose last listing failed, with the error logged.
-    failing: HashMap<String, String>,
+    failing: HashMap<AppName, String>,
     /// Set for a process that sweeps once ([`LastListings::one_shot`]).
     one_shot: bool,
 }
@@ -64,9 +64,7 @@ impl Listing {
                 continue;
             };
             known_at.insert(m.machine_id.clone(), *at);
-            let from_slot = slots
-                .pool_of(m.app.as_str(), m.machine_id.as_str())
-                .is_some();
+            let from_slot = slots.pool_of(&m.app, &m.machine_id).is_some();
             let m = &mut m.seen;
             if !from_slot {
                 m.pool = last.pool.clone();
@@ -123,9 +121,7 @@ impl LastListings {
         let mut machines = Vec::new();
         let mut carried = false;
         for app in &mut snapshot.apps {
-            let listed = by_app
-                .remove(&AppName::from(app.name.as_str()))
-                .unwrap_or_default();
+            let listed = by_app.remove(&app.name).unwrap_or_default();
             match &mut app.stale {
                 None => {
                     if self.failing.remove(&app.name).is_some() {
@@ -185,7 +181,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::decide::policy::Policy;
-    use crate::decide::snapshot::prepare;
+    use crate::decide::snapshot::{Coherence, prepare};
     use crate::model::{MachineState, MachineStatus};
     use crate::observe::overlay::Tip;
     use crate::observe::sweep::{Observation, ObservedMachine, StaleApp};
@@ -278,13 +274,14 @@ mod tests {
             "a is fresh"
         );
         let b = &second.apps[1];
-        assert_eq!((b.machines, b.on_tip, b.coherence), (2, 1, 0.5));
+        assert_eq!(b.coherence, Coherence::of(1, 2));
+        assert_eq!(b.coherence.ratio, 0.5);
         let s = b.stale.as_ref().unwrap();
         assert_eq!(s.last_listed_at, Some(at(0)));
         assert!(s.error.contains("app b"));
         assert!(second.apps[0].stale.is_none());
         // Fleet figures: a now, b as last listed.
-        assert!((second.coherence - 1.0 / 3.0).abs() < 1e-9);
+        assert!((second.coherence.ratio - 1.0 / 3.0).abs() < 1e-9);
         assert_eq!(second.stale_app_names(), HashSet::from(["b"]));
 
         // Still not listed: still the first listing, still dated then.
@@ -312,7 +309,7 @@ mod tests {
         );
         assert_eq!(fourth.machines.len(), 2);
         assert_eq!(fourth.stale_apps().count(), 0);
-        assert_eq!(fourth.coherence, 1.0);
+        assert_eq!(fourth.coherence.ratio, 1.0);
     }
 
     #[test]
@@ -326,7 +323,7 @@ mod tests {
         );
         assert_eq!(r.machines.len(), 1);
         let b = &r.apps[1];
-        assert_eq!((b.machines, b.on_tip), (0, 0));
+        assert_eq!((b.coherence.machines, b.coherence.on_tip), (0, 0));
         assert_eq!(b.stale.as_ref().unwrap().last_listed_at, None);
         // (The fleet document's entry for it: `report::wire`'s tests.)
     }
@@ -349,7 +346,10 @@ mod tests {
         let second = prepared(&mut listings, vec![machines().remove(0)], &["b"], at(30));
         assert_eq!(second.machines.len(), 1);
         assert_eq!(second.apps[1].stale.as_ref().unwrap().last_listed_at, None);
-        assert_eq!((second.apps[1].machines, second.coherence), (0, 1.0));
+        assert_eq!(
+            (second.apps[1].coherence.machines, second.coherence.ratio),
+            (0, 1.0)
+        );
         assert!(listings.apps.is_empty() && listings.failing.is_empty());
     }
 

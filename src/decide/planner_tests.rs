@@ -350,6 +350,7 @@ fn alerts(plan: &Plan, kind: AlertKind) -> Vec<&str> {
 }
 
 fn restart_of<'a>(plan: &'a Plan, id: &str) -> Option<(&'a Marker, bool)> {
+    let id = MachineId::from(id);
     plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Restart { marker, guard, .. } if s.target.machine_id == id => {
             Some((marker, *guard == RestartGuard::MayInterrupt))
@@ -385,7 +386,7 @@ fn young_drift_triggers_nothing_and_aged_drift_alerts_and_claims() {
         (marker.phase, marker.mode, *drain, *reload),
         (Phase::Claiming, RotationMode::Wait, false, false)
     );
-    assert_eq!(marker.target, TIP);
+    assert_eq!(marker.target, CommitId::parse(TIP).unwrap());
     assert_eq!(aged.steps()[0].expected, None);
 }
 
@@ -1284,6 +1285,7 @@ impl M {
 }
 
 fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, ReleaseWhy)> {
+    let id = MachineId::from(id);
     plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Release {
             marker,
@@ -1296,6 +1298,7 @@ fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, ReleaseWhy)> {
 }
 
 fn guard_of(plan: &Plan, id: &str) -> Option<RestartGuard> {
+    let id = MachineId::from(id);
     plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Restart { guard, .. } if s.target.machine_id == id => Some(*guard),
         _ => None,
@@ -1695,7 +1698,7 @@ fn stale(mut report: Snapshot, app: &str) -> Snapshot {
     let summary = report
         .apps
         .iter_mut()
-        .find(|a| a.name == app)
+        .find(|a| a.name == AppName::from(app))
         .expect("a configured app");
     summary.stale = Some(crate::observe::sweep::StaleApp {
         error: format!(
@@ -2397,6 +2400,7 @@ fn failing_fetch() -> FetchState {
 }
 
 fn advance_of(plan: &Plan, id: &str) -> Option<(Marker, bool)> {
+    let id = MachineId::from(id);
     plan.steps().into_iter().find_map(|s| match &s.kind {
         StepKind::Advance { marker, cordon, .. } if s.target.machine_id == id => {
             Some((marker.clone(), *cordon))
@@ -2831,10 +2835,14 @@ fn item17_a_pool_label_edited_mid_rotation_keeps_the_pool_of_its_slot() {
     let step = plan
         .steps()
         .into_iter()
-        .find(|s| s.target.machine_id == "m1")
+        .find(|s| s.target.machine_id == MachineId::from("m1"))
         .expect("a step");
     assert!(matches!(step.kind, StepKind::Restart { .. }), "{plan:?}");
-    assert_eq!(step.target.pool, "default", "slot calls go to its own pool");
+    assert_eq!(
+        step.target.pool,
+        PoolName::from("default"),
+        "slot calls go to its own pool"
+    );
     // It takes no slot of its new pool: `w` claims there.
     assert!(kinds(&plan).contains(&("w", "claim")), "{plan:?}");
     assert_eq!(

@@ -306,7 +306,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::config::default_severity_rules;
-    use crate::model::CommitId;
+    use crate::model::{CommitId, MachineId};
 
     /// The range the overlay reports for commits that touched `paths` and
     /// carry `trailers`: each rule's signal is raised exactly when the rule's
@@ -626,7 +626,7 @@ min_commits_behind = 3
             report
                 .machines
                 .iter()
-                .find(|m| m.machine_id == id)
+                .find(|m| m.machine_id == MachineId::from(id))
                 .expect("machine")
         };
         let low = classify(

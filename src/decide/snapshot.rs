@@ -7,8 +7,9 @@
 //! row ([`severity::judge`]), carry the last listing of every app the sweep
 //! could not list and fill in metadata a host could not give
 //! ([`LastListings`], the daemon's memory that deciding reads), compute
-//! per-app and fleet coherence, and fold the sweep into the planner's
-//! [`Tracker`]. It must never read the world (no clients, no clock: `now`
+//! per-app and fleet coherence ([`Coherence`], the one shape of those
+//! figures, which the wire and the alerts reuse), and fold the sweep into
+//! the planner's [`Tracker`]. It must never read the world (no clients, no clock: `now`
 //! is passed in) nor decide steps: that is [`crate::decide::planner`]'s.
 
 use std::collections::{HashMap, HashSet};
@@ -22,7 +23,7 @@ use crate::decide::planner::Tracker;
 use crate::decide::policy::Policy;
 use crate::decide::reason::SharedReason;
 use crate::decide::severity;
-use crate::model::{MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, MachineStatus, PolicyAction, Severity};
 use crate::observe::sweep::{
     AppListing, Observation, ObservedMachine, SlotsView, StaleApp, TipReport,
 };
@@ -51,24 +52,58 @@ pub fn prepare(
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub tip: TipReport,
-    /// on-tip ÷ started, over the whole fleet (1.0 with no started machine).
-    pub coherence: f64,
+    /// Over the whole fleet: the sums of the apps' figures.
+    pub coherence: Coherence,
     pub apps: Vec<AppSummary>,
     pub machines: Vec<JudgedMachine>,
     /// The coordinator's slot set as the sweep read it.
     pub slots: SlotsView,
 }
 
-// One configured app's figures. Written as it is in the fleet document
-// (`report::wire`), whose published schema names it: a `//` comment, as a
-// doc comment would become a description in docs/fleet.schema.json.
-#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct AppSummary {
-    pub name: String,
+// The coherence of the fleet or of one app: on-tip ÷ started machines (1.0
+// with no started machine), with the two counts. The one shape of these
+// figures: an app's row on the wire carries them inline (`AppSummary`), the
+// fleet alerts and the status page's trend keep them
+// (`report::coherence::CoherenceSample`). `//` comments on the type: its
+// schema is flattened into `AppSummary`'s, and a doc comment would add a
+// description to that one in docs/fleet.schema.json.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Coherence {
     /// Machines in state `started` (the coherence denominator).
     pub machines: usize,
     pub on_tip: usize,
-    pub coherence: f64,
+    // Named `coherence` where the fleet document writes it.
+    #[serde(rename = "coherence")]
+    pub ratio: f64,
+}
+
+impl Coherence {
+    /// `on_tip` of `machines` started machines.
+    pub fn of(on_tip: usize, machines: usize) -> Coherence {
+        Coherence {
+            machines,
+            on_tip,
+            ratio: if machines == 0 {
+                1.0
+            } else {
+                on_tip as f64 / machines as f64
+            },
+        }
+    }
+}
+
+// One configured app's figures. Written as it is in the fleet document
+// (`report::wire`), whose published schema names it: a `//` comment, as a
+// doc comment would become a description in docs/fleet.schema.json. The
+// figures are written inline (`machines`, `on_tip`, `coherence`).
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct AppSummary {
+    // A plain string in the published schema, as it was before the name
+    // was typed.
+    #[schemars(with = "String")]
+    pub name: AppName,
+    #[serde(flatten)]
+    pub coherence: Coherence,
     /// Set when this sweep could not list the app's machines; absent when it
     /// could. The figures above and the app's machines are then those of its
     /// last listing (none when there was none).
@@ -130,9 +165,9 @@ impl JudgedMachine {
 }
 
 /// The apps of `apps` that the sweep could not list, with why.
-pub fn stale_apps(apps: &[AppSummary]) -> impl Iterator<Item = (&str, &StaleApp)> {
+pub fn stale_apps(apps: &[AppSummary]) -> impl Iterator<Item = (&AppName, &StaleApp)> {
     apps.iter()
-        .filter_map(|a| a.stale.as_ref().map(|s| (a.name.as_str(), s)))
+        .filter_map(|a| a.stale.as_ref().map(|s| (&a.name, s)))
 }
 
 impl Snapshot {
@@ -157,14 +192,12 @@ impl Snapshot {
             .collect();
         let mut snapshot = Snapshot {
             tip,
-            coherence: 1.0,
+            coherence: Coherence::of(0, 0),
             apps: apps
                 .into_iter()
                 .map(|AppListing { name, stale }| AppSummary {
                     name,
-                    machines: 0,
-                    on_tip: 0,
-                    coherence: 1.0,
+                    coherence: Coherence::of(0, 0),
                     stale,
                 })
                 .collect(),
@@ -182,54 +215,44 @@ impl Snapshot {
             .all(|m| matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
     }
 
-    pub fn count(&self, app: Option<&str>, status: MachineStatus) -> usize {
+    pub fn count(&self, app: Option<&AppName>, status: MachineStatus) -> usize {
         self.machines
             .iter()
-            .filter(|m| app.is_none_or(|a| m.app == a) && m.status == status)
+            .filter(|m| app.is_none_or(|a| &m.app == a) && m.status == status)
             .count()
     }
 
     /// The apps this sweep could not list, with why.
-    pub fn stale_apps(&self) -> impl Iterator<Item = (&str, &StaleApp)> {
+    pub fn stale_apps(&self) -> impl Iterator<Item = (&AppName, &StaleApp)> {
         stale_apps(&self.apps)
     }
 
-    /// Names of the apps this sweep could not list.
+    /// Names of the apps this sweep could not list (as text: the slot set
+    /// names an app in its keys' text).
     pub fn stale_app_names(&self) -> HashSet<&str> {
-        self.stale_apps().map(|(name, _)| name).collect()
+        self.stale_apps().map(|(name, _)| name.as_str()).collect()
     }
 
     /// Recomputes per-app and fleet coherence from the machines.
     pub(crate) fn summarize(&mut self) {
-        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
+        let mut counts: HashMap<&AppName, (usize, usize)> = HashMap::new();
         for m in &self.machines {
             if m.status == MachineStatus::NotRunning {
                 continue;
             }
-            let c = counts.entry(m.app.as_str()).or_default();
+            let c = counts.entry(&m.app).or_default();
             c.0 += 1;
             if m.status == MachineStatus::OnTip {
                 c.1 += 1;
             }
         }
         for app in &mut self.apps {
-            let (started, on_tip) = counts.get(app.name.as_str()).copied().unwrap_or_default();
-            app.machines = started;
-            app.on_tip = on_tip;
-            app.coherence = ratio(on_tip, started);
+            let (started, on_tip) = counts.get(&app.name).copied().unwrap_or_default();
+            app.coherence = Coherence::of(on_tip, started);
         }
-        let started: usize = self.apps.iter().map(|a| a.machines).sum();
-        let on_tip: usize = self.apps.iter().map(|a| a.on_tip).sum();
-        self.coherence = ratio(on_tip, started);
-    }
-}
-
-/// On-tip ÷ started; 1.0 with no started machine.
-fn ratio(on_tip: usize, started: usize) -> f64 {
-    if started == 0 {
-        1.0
-    } else {
-        on_tip as f64 / started as f64
+        let started: usize = self.apps.iter().map(|a| a.coherence.machines).sum();
+        let on_tip: usize = self.apps.iter().map(|a| a.coherence.on_tip).sum();
+        self.coherence = Coherence::of(on_tip, started);
     }
 }
 
@@ -292,8 +315,9 @@ mod tests {
         let snapshot = Snapshot::judged(observation, |m| {
             (m.status == MachineStatus::Drifted).then(|| Arc::clone(&verdict))
         });
-        assert_eq!(snapshot.coherence, 0.5);
-        assert_eq!((snapshot.apps[0].machines, snapshot.apps[0].on_tip), (2, 1));
+        assert_eq!(snapshot.coherence, Coherence::of(1, 2));
+        assert_eq!(snapshot.coherence.ratio, 0.5);
+        assert_eq!(snapshot.apps[0].coherence, Coherence::of(1, 2));
         assert!(!snapshot.is_coherent());
         let m2 = &snapshot.machines[1];
         assert_eq!(

@@ -254,8 +254,8 @@ mod tests {
     #[test]
     fn coordinators_are_app_slash_machine() {
         let c: Coordinator = "fleet-reconciler/3d8d9e5b".parse().unwrap();
-        assert_eq!(c.app, "fleet-reconciler");
-        assert_eq!(c.machine_id, "3d8d9e5b");
+        assert_eq!(c.app, AppName::from("fleet-reconciler"));
+        assert_eq!(c.machine_id, MachineId::from("3d8d9e5b"));
         for bad in ["", "app", "/m", "a/", "a/b/c", "a b/c"] {
             assert!(bad.parse::<Coordinator>().is_err(), "{bad}");
         }

@@ -54,7 +54,7 @@ pub struct Observation {
 /// Whether this sweep could list one configured app.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppListing {
-    pub name: String,
+    pub name: AppName,
     /// Set when this sweep could not list the app's machines: none of its
     /// machines are in the observation.
     pub stale: Option<StaleApp>,
@@ -75,7 +75,7 @@ impl SlotsView {
     /// The pool whose coordinator slot names `machine_id` of `app`, if one
     /// does: read in the same sweep, so it stands in for the pool label of
     /// a machine whose metadata is unknown.
-    pub fn pool_of(&self, app: &str, machine_id: &str) -> Option<String> {
+    pub fn pool_of(&self, app: &AppName, machine_id: &MachineId) -> Option<String> {
         let SlotsView::Known(set) = self else {
             return None;
         };
@@ -84,7 +84,7 @@ impl SlotsView {
             let pool = key.strip_prefix(&prefix)?;
             slots
                 .iter()
-                .any(|s| s.machine_id == machine_id)
+                .any(|s| &s.machine_id == machine_id)
                 .then(|| pool.to_string())
         })
     }
@@ -298,7 +298,7 @@ impl ObservedMachine {
 pub enum SweepError {
     #[error("cannot list machines of app {app}: {source}")]
     Inventory {
-        app: String,
+        app: AppName,
         #[source]
         source: FlyError,
     },
@@ -339,14 +339,14 @@ impl Sweeper {
         let (mut rows, unlisted) = self.inventory().await?;
         rows.shrink_to_fit();
         let slots = self.read_slots().await;
-        let app_index: HashMap<&str, usize> = self
+        let app_index: HashMap<&AppName, usize> = self
             .config
             .apps
             .iter()
             .enumerate()
-            .map(|(i, app)| (app.name.as_str(), i))
+            .map(|(i, app)| (&app.name, i))
             .collect();
-        let index_of = |m: &ObservedMachine| app_index.get(m.app.as_str()).copied().unwrap_or(0);
+        let index_of = |m: &ObservedMachine| app_index.get(&m.app).copied().unwrap_or(0);
 
         // Probes: only started machines with a safe URL have a reachable
         // agent; each outcome goes on its row as it is read.
@@ -410,9 +410,7 @@ impl Sweeper {
             let mut texts = Texts::default();
             let listed = self
                 .fly
-                .list_machines_with(&AppName::from(app.name.as_str()), |m| {
-                    listed_row(app, m, &mut texts)
-                })
+                .list_machines_with(&app.name, |m| listed_row(app, m, &mut texts))
                 .await;
             (app, listed)
         }))
@@ -502,7 +500,7 @@ fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine
     let health_url = if m.is_started() {
         let rendered = app.health_url.render(&UrlVars {
             machine_id: &m.id,
-            app: &app.name,
+            app: app.name.as_str(),
             private_ip: &m.private_ip,
             region: &m.region,
             name: &m.name,
@@ -523,7 +521,7 @@ fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine
     let mut row = ObservedMachine {
         region: texts.get(&m.region),
         pool: texts.get(&pool),
-        ..ObservedMachine::listed(&app.name, &m.id, &m.name, m.state)
+        ..ObservedMachine::listed(app.name.as_str(), &m.id, &m.name, m.state)
     };
     row.inputs.metadata = metadata;
     row.inputs.instance_id = m.instance_id;
@@ -633,10 +631,7 @@ fn pools_from_slots(observation: &mut Observation) {
         if m.inputs.metadata_unknown().is_none() {
             continue;
         }
-        if let Some(pool) = observation
-            .slots
-            .pool_of(m.app.as_str(), m.machine_id.as_str())
-        {
+        if let Some(pool) = observation.slots.pool_of(&m.app, &m.machine_id) {
             let note = format!("pool {pool} per its slot in the coordinator's slot set");
             m.detail = Some(match m.detail.take() {
                 Some(d) => format!("{d}; {note}"),

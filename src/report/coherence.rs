@@ -1,36 +1,20 @@
-//! Coherence as one sweep measured it: on-tip ÷ started machines, for the
-//! fleet and for each app.
+//! Coherence as one sweep measured it, kept past the sweep: the fleet's
+//! and each app's figures at one instant.
 //!
-//! Owns the one in-memory shape of those figures, [`CoherenceSample`]: the
-//! fleet alerts judge it ([`crate::report::notify`]) and the status page's
-//! trend keeps a ring of them ([`crate::report::server::CoherenceTrend`]).
-//! It copies the sweep's figures from the snapshot's `AppSummary` rows (the
-//! wire's shape of the same three numbers) and must never compute a
-//! coherence of its own.
+//! Owns [`CoherenceSample`]: the fleet alerts judge it
+//! ([`crate::report::notify`]) and the status page's trend keeps a ring of
+//! them ([`crate::report::server::CoherenceTrend`]). The figures themselves
+//! are [`Coherence`], the one shape the snapshot computes and the wire
+//! writes (an `AppSummary` row carries one inline); a sample copies them
+//! from the snapshot and must never compute a coherence of its own.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
+pub use crate::decide::snapshot::Coherence;
 use crate::decide::snapshot::{AppSummary, Snapshot};
-
-/// On-tip ÷ started machines of the fleet or one app.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Coherence {
-    pub ratio: f64,
-    pub on_tip: usize,
-    pub machines: usize,
-}
-
-impl From<&AppSummary> for Coherence {
-    fn from(a: &AppSummary) -> Coherence {
-        Coherence {
-            ratio: a.coherence,
-            on_tip: a.on_tip,
-            machines: a.machines,
-        }
-    }
-}
+use crate::model::AppName;
 
 /// The coherence a successful sweep measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,7 +23,7 @@ pub struct CoherenceSample {
     pub at: DateTime<Utc>,
     pub fleet: Coherence,
     /// Per app of the sweep (see [`CoherenceSample::of`] for which).
-    pub apps: BTreeMap<String, Coherence>,
+    pub apps: BTreeMap<AppName, Coherence>,
 }
 
 impl CoherenceSample {
@@ -58,25 +42,22 @@ impl CoherenceSample {
         })
     }
 
+    // The fleet's figures are the snapshot's whichever apps are kept: an
+    // app left out was never listed, so it has no machines to count.
     fn with_apps(
         report: &Snapshot,
         at: DateTime<Utc>,
         keep: impl Fn(&AppSummary) -> bool,
     ) -> CoherenceSample {
-        let apps: BTreeMap<String, Coherence> = report
-            .apps
-            .iter()
-            .filter(|a| keep(a))
-            .map(|a| (a.name.clone(), Coherence::from(a)))
-            .collect();
         CoherenceSample {
             at,
-            fleet: Coherence {
-                ratio: report.coherence,
-                on_tip: apps.values().map(|c| c.on_tip).sum(),
-                machines: apps.values().map(|c| c.machines).sum(),
-            },
-            apps,
+            fleet: report.coherence,
+            apps: report
+                .apps
+                .iter()
+                .filter(|a| keep(a))
+                .map(|a| (a.name.clone(), a.coherence))
+                .collect(),
         }
     }
 }

@@ -50,7 +50,7 @@ use prometheus::{
 };
 
 use crate::decide::decision::Decision;
-use crate::decide::snapshot::Snapshot;
+use crate::decide::snapshot::{Coherence, Snapshot};
 use crate::fly::RequestObserver;
 use crate::model::{AppName, MachineId, MachineStatus, PoolName, Severity};
 use crate::observe::DurationObserver;
@@ -173,7 +173,7 @@ impl MetricsError {
 /// so that series which are no longer true are removed instead of left stale.
 #[derive(Default)]
 struct Exported {
-    apps: BTreeSet<String>,
+    apps: BTreeSet<AppName>,
     /// (app, machine_id, region)
     machines: BTreeSet<(AppName, MachineId, String)>,
     /// (app, pool)
@@ -185,7 +185,7 @@ struct Exported {
     /// Last successful overlay fetch; before the first, process start.
     tip_fetched_at: Option<DateTime<Utc>>,
     /// Per app: its last successful listing (`None`: never, since start).
-    app_listed_at: BTreeMap<String, Option<DateTime<Utc>>>,
+    app_listed_at: BTreeMap<AppName, Option<DateTime<Utc>>>,
 }
 
 /// Every series the daemon exports, in one registry.
@@ -558,7 +558,7 @@ impl Metrics {
         let mut exported = self.exported();
 
         // When each app was last listed: now, or the last listing a stale app shows.
-        let listed_at: BTreeMap<String, Option<DateTime<Utc>>> = report
+        let listed_at: BTreeMap<AppName, Option<DateTime<Utc>>> = report
             .apps
             .iter()
             .map(|a| {
@@ -578,13 +578,13 @@ impl Metrics {
 
         // Apps: those the report summarises, plus any a machine names; not an
         // app never listed (it has no figures, only its age).
-        let mut apps: BTreeSet<String> = report
+        let mut apps: BTreeSet<AppName> = report
             .apps
             .iter()
             .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
             .map(|a| a.name.clone())
             .collect();
-        apps.extend(report.machines.iter().map(|m| m.app.to_string()));
+        apps.extend(report.machines.iter().map(|m| m.app.clone()));
 
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
@@ -618,7 +618,7 @@ impl Metrics {
         for summary in report.apps.iter().filter(|a| apps.contains(&a.name)) {
             self.coherence
                 .with_label_values(&[summary.name.as_str()])
-                .set(summary.coherence);
+                .set(summary.coherence.ratio);
         }
         for app in apps
             .iter()
@@ -632,14 +632,10 @@ impl Metrics {
                 .filter(|m| &m.app == app && m.status != MachineStatus::NotRunning)
                 .count();
             let on_tip = report.count(Some(app), MachineStatus::OnTip);
-            let ratio = if started == 0 {
-                1.0
-            } else {
-                on_tip as f64 / started as f64
-            };
+            let ratio = Coherence::of(on_tip, started).ratio;
             self.coherence.with_label_values(&[app.as_str()]).set(ratio);
         }
-        self.fleet_coherence.set(report.coherence);
+        self.fleet_coherence.set(report.coherence.ratio);
         for gone in exported.apps.difference(&apps) {
             let _ = self.coherence.remove_label_values(&[gone.as_str()]);
             for status in MachineStatus::ALL {
@@ -956,7 +952,7 @@ mod tests {
     }
 
     fn report(machines: Vec<JudgedMachine>) -> Snapshot {
-        let mut apps: Vec<String> = machines.iter().map(|m| m.app.to_string()).collect();
+        let mut apps: Vec<AppName> = machines.iter().map(|m| m.app.clone()).collect();
         apps.dedup();
         let summaries: Vec<AppSummary> = apps
             .iter()
@@ -971,13 +967,7 @@ mod tests {
                     .count();
                 AppSummary {
                     name: a.clone(),
-                    machines: started,
-                    on_tip,
-                    coherence: if started == 0 {
-                        1.0
-                    } else {
-                        on_tip as f64 / started as f64
-                    },
+                    coherence: Coherence::of(on_tip, started),
                     stale: None,
                 }
             })
@@ -987,7 +977,10 @@ mod tests {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
             },
-            coherence: 0.5,
+            coherence: Coherence {
+                ratio: 0.5,
+                ..Coherence::of(0, 0)
+            },
             apps: summaries,
             machines,
             slots: Default::default(),
@@ -1094,9 +1087,7 @@ mod tests {
         let mut r = report(vec![machine("a", "a1", MachineStatus::OnTip, Some(0))]);
         r.apps.push(AppSummary {
             name: "b".into(),
-            machines: 0,
-            on_tip: 0,
-            coherence: 1.0,
+            coherence: Coherence::of(0, 0),
             stale: Some(crate::observe::sweep::StaleApp {
                 error: "cannot list machines of app b: boom".into(),
                 kind: "not_found".into(),

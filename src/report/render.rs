@@ -104,8 +104,8 @@ pub fn to_table(report: &FleetDocument<'_>) -> String {
     for app in report.apps.iter() {
         let _ = writeln!(out, "{}", printable(&app_line(report, app)));
     }
-    let started: usize = report.apps.iter().map(|a| a.machines).sum();
-    let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
+    let started: usize = report.apps.iter().map(|a| a.coherence.machines).sum();
+    let on_tip: usize = report.apps.iter().map(|a| a.coherence.on_tip).sum();
     let mut unlisted: Vec<&str> = stale.into_iter().collect();
     unlisted.sort_unstable();
     let _ = writeln!(
@@ -173,9 +173,9 @@ fn app_line(report: &FleetDocument<'_>, app: &AppSummary) -> String {
     }
     let figures = format!(
         "{}/{} started machines on tip, coherence {:.1}%{}",
-        app.on_tip,
-        app.machines,
-        app.coherence * 100.0,
+        app.coherence.on_tip,
+        app.coherence.machines,
+        app.coherence.ratio * 100.0,
         if problems.is_empty() {
             String::new()
         } else {

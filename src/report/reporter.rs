@@ -302,7 +302,7 @@ impl<'a> Reporter<'a> {
             now,
         );
 
-        self.view.set_tip(report.tip.commit.as_str());
+        self.view.set_tip(&report.tip.commit);
         self.view.set_extras(extras);
         self.view.record_sweep(report.clone(), now);
     }

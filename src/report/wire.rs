@@ -216,7 +216,7 @@ impl<'a> FleetDocument<'a> {
     pub fn of(snapshot: &'a Snapshot) -> FleetDocument<'a> {
         FleetDocument {
             tip: Cow::Borrowed(&snapshot.tip),
-            coherence: snapshot.coherence,
+            coherence: snapshot.coherence.ratio,
             apps: Cow::Borrowed(&snapshot.apps),
             machines: Rows::Snapshot(&snapshot.machines),
             decisions: BTreeMap::new(),
@@ -255,20 +255,20 @@ impl<'a> FleetDocument<'a> {
             .all(|m| matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
     }
 
-    pub fn count(&self, app: Option<&str>, status: MachineStatus) -> usize {
+    pub fn count(&self, app: Option<&AppName>, status: MachineStatus) -> usize {
         self.rows()
-            .filter(|m| app.is_none_or(|a| *m.app == a) && m.status == status)
+            .filter(|m| app.is_none_or(|a| m.app == a) && m.status == status)
             .count()
     }
 
     /// The apps the sweep could not list, with why.
-    pub fn stale_apps(&self) -> impl Iterator<Item = (&str, &StaleApp)> {
+    pub fn stale_apps(&self) -> impl Iterator<Item = (&AppName, &StaleApp)> {
         stale_apps(&self.apps)
     }
 
     /// Names of the apps the sweep could not list.
     pub fn stale_app_names(&self) -> HashSet<&str> {
-        self.stale_apps().map(|(name, _)| name).collect()
+        self.stale_apps().map(|(name, _)| name.as_str()).collect()
     }
 }
 
@@ -548,7 +548,7 @@ mod tests {
 
     use super::*;
     use crate::decide::reason::RuleMatch;
-    use crate::decide::snapshot::Verdict;
+    use crate::decide::snapshot::{Coherence, Verdict};
     use crate::model::MissingCommit;
     use crate::observe::sweep::{ObservedMachine, SlotsView};
 
@@ -617,7 +617,10 @@ mod tests {
                 branch: "release".into(),
                 commit: commit('f'),
             },
-            coherence: 0.0,
+            coherence: Coherence {
+                ratio: 0.0,
+                ..Coherence::of(0, 0)
+            },
             apps: Vec::new(),
             machines,
             slots: SlotsView::default(),
@@ -730,6 +733,44 @@ mod tests {
         assert!(e.to_string().contains("machine m0 names reason_ref"), "{e}");
     }
 
+    /// An app's row carries its coherence figures inline, in the order the
+    /// fleet document has always written them (name, machines, on_tip,
+    /// coherence, then stale), and the fleet's figure is the bare ratio:
+    /// the bytes, not only the keys, read back the same.
+    #[test]
+    fn app_rows_write_their_figures_inline_in_the_published_order() {
+        let mut r = report(0);
+        r.coherence = Coherence::of(1, 4);
+        r.apps = vec![
+            AppSummary {
+                name: "agents".into(),
+                coherence: Coherence::of(1, 2),
+                stale: None,
+            },
+            AppSummary {
+                name: "b".into(),
+                coherence: Coherence::of(0, 2),
+                stale: Some(StaleApp {
+                    error: "boom".into(),
+                    kind: "status".into(),
+                    last_listed_at: None,
+                }),
+            },
+        ];
+        let text = serde_json::to_string(&FleetDocument::of(&r)).unwrap();
+        let apps = concat!(
+            r#""coherence":0.25,"apps":["#,
+            r#"{"name":"agents","machines":2,"on_tip":1,"coherence":0.5},"#,
+            r#"{"name":"b","machines":2,"on_tip":0,"coherence":0.0,"#,
+            r#""stale":{"error":"boom","kind":"status","last_listed_at":null}}],"#,
+        );
+        assert!(text.contains(apps), "{text}");
+        let back: FleetDocument = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.apps[0].coherence, Coherence::of(1, 2));
+        assert_eq!(back.coherence, 0.25);
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    }
+
     /// An app the sweep could not list: its entry names it and says why, a
     /// listed app's has no `stale`, and both read back as written; the
     /// decisions, present, read back too.
@@ -738,9 +779,7 @@ mod tests {
         let mut r = report(1);
         let app = |name: &str, stale: Option<StaleApp>| AppSummary {
             name: name.into(),
-            machines: 0,
-            on_tip: 0,
-            coherence: 1.0,
+            coherence: Coherence::of(0, 0),
             stale,
         };
         let stale = StaleApp {

@@ -12,7 +12,9 @@ use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::reason::{Evidence, Reason, RuleMatch, Unresolved};
 use fleet_reconciler::decide::snapshot::{JudgedMachine, Snapshot};
 use fleet_reconciler::demo::{DemoHistory, DemoRepo};
-use fleet_reconciler::model::{CommitId, MachineStatus, MissingCommit, PolicyAction, Severity};
+use fleet_reconciler::model::{
+    AppName, CommitId, MachineId, MachineStatus, MissingCommit, PolicyAction, Severity,
+};
 use fleet_reconciler::report::wire::FleetDocument;
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
@@ -202,7 +204,7 @@ fn by_id<'a>(report: &'a Snapshot, id: &str) -> &'a JudgedMachine {
     report
         .machines
         .iter()
-        .find(|m| m.machine_id == id)
+        .find(|m| m.machine_id == MachineId::from(id))
         .unwrap_or_else(|| panic!("machine {id} missing from report"))
 }
 
@@ -303,7 +305,10 @@ async fn every_status_is_reported_correctly() {
     let repo = Repository::open_bare(&fx.repo_path).unwrap();
 
     assert_eq!(report.tip.branch, "release");
-    assert_eq!(report.tip.commit, tip(h).to_string());
+    assert_eq!(
+        report.tip.commit,
+        CommitId::parse(&tip(h).to_string()).unwrap()
+    );
 
     let expect = |id: &str, status: MachineStatus| {
         let m = by_id(&report, id);
@@ -498,12 +503,25 @@ async fn every_status_is_reported_correctly() {
     }
 
     // Coherence: on-tip ÷ started, per app and fleet.
-    let dispatch = report.apps.iter().find(|a| a.name == "dispatch").unwrap();
+    let app = |name: &str| {
+        let name = AppName::from(name);
+        report
+            .apps
+            .iter()
+            .find(|a| a.name == name)
+            .unwrap()
+            .coherence
+    };
+    let dispatch = app("dispatch");
     assert_eq!((dispatch.machines, dispatch.on_tip), (7, 2));
-    assert!((dispatch.coherence - 2.0 / 7.0).abs() < 1e-9);
-    let chat = report.apps.iter().find(|a| a.name == "chat").unwrap();
-    assert_eq!((chat.machines, chat.on_tip, chat.coherence), (8, 0, 0.0));
-    assert!((report.coherence - 2.0 / 15.0).abs() < 1e-9);
+    assert!((dispatch.ratio - 2.0 / 7.0).abs() < 1e-9);
+    let chat = app("chat");
+    assert_eq!((chat.machines, chat.on_tip, chat.ratio), (8, 0, 0.0));
+    assert_eq!(
+        (report.coherence.machines, report.coherence.on_tip),
+        (15, 2)
+    );
+    assert!((report.coherence.ratio - 2.0 / 15.0).abs() < 1e-9);
     assert!(!report.is_coherent());
     sim.shutdown().await;
 }
@@ -615,7 +633,10 @@ async fn json_output_has_the_documented_shape() {
     assert_eq!(reason["behind"], canary["commits_behind"]);
     assert_eq!(keys(&reason["missing"][0]), ["commit", "subject"]);
     let back = fleet_reconciler::report::server::parse_fleet(&v.to_string()).unwrap();
-    let canary_back = back.rows().find(|m| *m.machine_id == "canary").unwrap();
+    let canary_back = back
+        .rows()
+        .find(|m| *m.machine_id == MachineId::from("canary"))
+        .unwrap();
     assert_eq!(canary_back.reason, by_id(&report, "canary").reason());
     sim.shutdown().await;
 }

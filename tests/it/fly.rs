@@ -1091,7 +1091,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     let m2 = first
         .machines
         .iter()
-        .find(|m| m.machine_id == "m2")
+        .find(|m| m.machine_id == MachineId::from("m2"))
         .unwrap();
     assert!(m2.inputs.metadata_unknown().is_none());
     assert!(m2.inputs.controls.is_held());
@@ -1105,7 +1105,10 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         &mut tracker,
         chrono::Utc::now(),
     );
-    let row = |id: &str| second.machines.iter().find(|m| m.machine_id == id).unwrap();
+    let row = |id: &str| {
+        let id = MachineId::from(id);
+        second.machines.iter().find(|m| m.machine_id == id).unwrap()
+    };
     let m2 = row("m2");
     assert!(m2.inputs.metadata_unknown().is_some());
     assert!(

@@ -12,7 +12,7 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::fly::{FlyClient, FlyClientConfig};
-use fleet_reconciler::model::MachineStatus;
+use fleet_reconciler::model::{MachineId, MachineStatus};
 use fleet_reconciler::observe::sweep::Sweeper;
 use fleet_reconciler::report::metrics::{self, Metrics};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
@@ -180,15 +180,19 @@ async fn coherence_and_status_counts_match_the_sweep() {
     // …and exactly what the report says.
     for app in &report.apps {
         assert_eq!(
-            value(&s, metrics::COHERENCE_RATIO, &[("fly_app", &app.name)]),
-            app.coherence
+            value(
+                &s,
+                metrics::COHERENCE_RATIO,
+                &[("fly_app", app.name.as_str())]
+            ),
+            app.coherence.ratio
         );
     }
     // The fleet: its own series, not a sentinel app label value.
     assert!((value(&s, metrics::FLEET_COHERENCE_RATIO, &[]) - 4.0 / 7.0).abs() < 1e-12);
     assert_eq!(
         value(&s, metrics::FLEET_COHERENCE_RATIO, &[]),
-        report.coherence
+        report.coherence.ratio
     );
     assert!(
         find(&s, metrics::COHERENCE_RATIO, &[])
@@ -337,7 +341,9 @@ async fn per_machine_series_are_removed_when_back_on_tip_or_gone() {
 
     // d2 vanishes from the inventory (destroyed): its series goes too.
     let mut without = report.clone();
-    without.machines.retain(|x| x.machine_id != "d2");
+    without
+        .machines
+        .retain(|x| x.machine_id != MachineId::from("d2"));
     m.record_sweep(&without, Duration::from_millis(200), Utc::now());
     assert!(ids(&m).is_empty(), "{:?}", ids(&m));
     let text = m.render().unwrap();

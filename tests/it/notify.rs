@@ -27,7 +27,7 @@ use fleet_reconciler::config::{
 use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::demo::DEMO_CONFIG;
 use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind, EventRotation};
-use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
+use fleet_reconciler::model::{AppName, CommitId, MachineId, PolicyAction, Severity};
 use fleet_reconciler::report::notify::{
     Coherence, CoherenceSample, DETAIL_MACHINES, FleetAlertInput, FleetAlertRules,
     FleetAlertTracker, Notifier, NotifierOptions, RestoredMachineAlerts, SinkSecrets,
@@ -518,7 +518,7 @@ async fn pagerduty_trigger_and_resolve_follow_events_v2() {
         let machine = p["component"].as_str().unwrap();
         let alert = alerts
             .iter()
-            .find(|a| a.machine_id.as_ref().is_some_and(|m| m == machine))
+            .find(|a| a.machine_id == Some(MachineId::from(machine)))
             .unwrap();
         assert_eq!(b["dedup_key"], alert.dedup_key().as_str());
         assert_eq!(p["summary"], alert.summary);
@@ -1029,34 +1029,16 @@ fn rules() -> FleetAlertRules {
 }
 
 fn sample(apps: &[(&str, usize, usize)]) -> CoherenceSample {
-    let ratio = |on: usize, all: usize| {
-        if all == 0 {
-            1.0
-        } else {
-            on as f64 / all as f64
-        }
-    };
-    let apps: BTreeMap<String, Coherence> = apps
+    let apps: BTreeMap<AppName, Coherence> = apps
         .iter()
-        .map(|&(name, on_tip, machines)| {
-            let c = Coherence {
-                ratio: ratio(on_tip, machines),
-                on_tip,
-                machines,
-            };
-            (name.to_owned(), c)
-        })
+        .map(|&(name, on_tip, machines)| (AppName::from(name), Coherence::of(on_tip, machines)))
         .collect();
     let on: usize = apps.values().map(|c| c.on_tip).sum();
     let all: usize = apps.values().map(|c| c.machines).sum();
     CoherenceSample {
         // The tracker reads the time it is given, not the sample's.
         at: DateTime::<Utc>::UNIX_EPOCH,
-        fleet: Coherence {
-            ratio: ratio(on, all),
-            on_tip: on,
-            machines: all,
-        },
+        fleet: Coherence::of(on, all),
         apps,
     }
 }

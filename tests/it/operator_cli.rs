@@ -19,6 +19,7 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::metadata::operator::Approval;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY};
+use fleet_reconciler::model::CommitId;
 use fleet_reconciler::report::metrics::Metrics;
 use fleet_reconciler::report::server::{self, FleetView, MachineExtra, ServerState};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
@@ -239,7 +240,7 @@ async fn approve_prints_the_approval_it_wrote_as_json() {
     assert_eq!(v["approval"]["mode"], "when-idle");
     assert_eq!(v["approval"]["by"], "env-user");
     let written = Approval::parse(&metadata(&fx.sim, "c1", APPROVE_KEY).unwrap()).unwrap();
-    assert_eq!(written.target, commit);
+    assert_eq!(written.target, CommitId::parse(&commit).unwrap());
     fx.sim.shutdown().await;
 }
 

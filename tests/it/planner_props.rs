@@ -125,8 +125,13 @@ fn severity() -> impl Strategy<Value = Severity> {
     ]
 }
 
-fn commit() -> impl Strategy<Value = String> {
-    prop_oneof![4 => Just(TIP.to_string()), 1 => Just(OLD.to_string())]
+fn commit() -> impl Strategy<Value = CommitId> {
+    prop_oneof![4 => Just(TIP), 1 => Just(OLD)]
+        .prop_map(|c| CommitId::parse(c).expect("a commit id"))
+}
+
+fn tip() -> CommitId {
+    CommitId::parse(TIP).expect("a commit id")
 }
 
 fn marker() -> impl Strategy<Value = Marker> {
@@ -155,7 +160,7 @@ fn marker() -> impl Strategy<Value = Marker> {
                 (instance_id, failed),
             )| Marker {
                 tag: format!("tag-{tag}"),
-                target: CommitId::parse(&target).expect("a commit id"),
+                target,
                 phase,
                 mode,
                 action,
@@ -232,7 +237,7 @@ struct Machine {
     severity: Severity,
     report: AgentReport,
     held: bool,
-    approval: Option<(String, bool)>,
+    approval: Option<(CommitId, bool)>,
     marker: Option<Marker>,
     garbage_marker: bool,
     unprobed: Option<DateTime<Utc>>,
@@ -298,7 +303,7 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> (ObservedMachine, Option
     }
     if let Some((target, now)) = &m.approval {
         let a = Approval {
-            target: CommitId::parse(target).expect("a commit id"),
+            target: target.clone(),
             mode: if *now {
                 ApprovalMode::Now
             } else {
@@ -510,9 +515,9 @@ proptest! {
             if let (StepKind::Claim { .. }, Some(e)) = (&s.kind, s.expected.as_ref())
                 && let Some(f) = &e.failed
                 && e.phase == Phase::Yielded
-                && e.target == TIP
+                && e.target == tip()
             {
-                let approved_after = m.approval.as_ref().is_some_and(|(t, _)| t == TIP);
+                let approved_after = m.approval.as_ref().is_some_and(|(t, _)| *t == tip());
                 prop_assert!(approved_after && f.at < t0(), "{s} retries a failed rotation");
             }
             // No new attempt once rotation.max_attempts restarts failed.
@@ -532,7 +537,7 @@ proptest! {
                 if expected.action == PolicyAction::Manual {
                     let approved = m.approval.as_ref().is_some_and(|(t, _)| marker.target == *t);
                     prop_assert!(approved, "manual restart without a current approval: {s}");
-                    prop_assert_eq!(marker.target.as_str(), TIP);
+                    prop_assert_eq!(&marker.target, &tip());
                 }
                 match guard {
                     // Live work only where the policy says so.

@@ -640,7 +640,7 @@ async fn a_client_sends_each_app_its_own_token_and_nothing_to_others() {
         fallback: None,
         apps: [("agents", AGENTS_TOKEN), ("batch", BATCH_TOKEN)]
             .into_iter()
-            .map(|(a, t)| (a.to_string(), t.into()))
+            .map(|(a, t)| (a.into(), t.into()))
             .collect(),
     };
     let fly = FlyClient::with_tokens(FlyClientConfig::new(&sim.api_url()), &tokens).unwrap();

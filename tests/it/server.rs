@@ -23,7 +23,7 @@ use fleet_reconciler::demo;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
-use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
+use fleet_reconciler::model::{CommitId, MachineId, PolicyAction, Severity};
 use fleet_reconciler::observe::sweep::Sweeper;
 use fleet_reconciler::report::history::{HistoryEntry, HistoryStep, MachineHistory};
 use fleet_reconciler::report::metrics::Metrics;
@@ -600,7 +600,7 @@ async fn hold_release_and_approve_write_fly_metadata() {
     assert_eq!(resp.status(), StatusCode::OK);
     let value = h.sim.machine("a-crit").unwrap().metadata[APPROVE_KEY].clone();
     let approval = Approval::parse(&value).expect("a valid approval");
-    assert_eq!(approval.target, h.overlay.tip());
+    assert_eq!(approval.target, CommitId::parse(&h.overlay.tip()).unwrap());
     assert_eq!(approval.mode, ApprovalMode::WhenIdle);
     assert_eq!(approval.by, "admin-api");
 
@@ -896,7 +896,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
         .unwrap()
         .machines
         .iter()
-        .find(|m| m.machine_id == "a-crit")
+        .find(|m| m.machine_id == MachineId::from("a-crit"))
         .and_then(|m| m.reason().cloned())
         .expect("a reason");
     assert!(
@@ -1113,9 +1113,9 @@ async fn status_client_reads_one_machine_and_its_reason() {
     let row = report
         .machines
         .iter()
-        .find(|m| m.machine_id == "a-behind")
+        .find(|m| m.machine_id == MachineId::from("a-behind"))
         .unwrap();
-    assert_eq!(view.machine.machine_id, "a-behind");
+    assert_eq!(view.machine.machine_id, MachineId::from("a-behind"));
     assert_eq!(view.machine.reason.as_ref(), row.reason());
     assert_eq!(json["machine"]["commits_behind"], 3);
     let text = view.render();

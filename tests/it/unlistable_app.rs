@@ -14,6 +14,7 @@ use axum::routing::post;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{Secrets, SweepOutcome};
 use fleet_reconciler::metadata::MARKER_KEY;
+use fleet_reconciler::model::AppName;
 use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
@@ -416,7 +417,7 @@ async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
         .hold(&"b1".into(), "oncall", "investigating", chrono::Utc::now())
         .await
         .expect("the hold reaches beta's machine");
-    assert_eq!(written.app, "beta");
+    assert_eq!(written.app, AppName::from("beta"));
     assert!(written.fenced, "written under the lease");
     assert!(sim.machine("b1").unwrap().metadata.contains_key(HOLD_KEY));
 

@@ -127,12 +127,12 @@ pub struct FleetAlertTracker {
     /// The first `now` seen: "never succeeded" is measured from here.
     started: Option<DateTime<Utc>>,
     fleet_below: Option<Below>,
-    apps_below: BTreeMap<String, Below>,
+    apps_below: BTreeMap<AppName, Below>,
     /// Number of apps in the last sample (the fleet-wide alert is redundant for one).
     app_count: usize,
     /// The apps the last successful sweep could not list, and how many of
     /// their machines it shows from their last listing.
-    unlisted: BTreeMap<String, (StaleApp, usize)>,
+    unlisted: BTreeMap<AppName, (StaleApp, usize)>,
     /// `sweep_failing` fired before a restart: it holds until a sweep succeeds.
     sweep_failing_carried: bool,
     /// `tip_stale` fired before a restart: it holds until a fetch succeeds.
@@ -164,8 +164,8 @@ impl FleetAlertTracker {
         self.unlisted = report
             .stale_apps()
             .map(|(name, stale)| {
-                let shown = report.machines.iter().filter(|m| m.app == name).count();
-                (name.to_owned(), (stale.clone(), shown))
+                let shown = report.machines.iter().filter(|m| &m.app == name).count();
+                (name.clone(), (stale.clone(), shown))
             })
             .collect();
     }
@@ -211,7 +211,7 @@ impl FleetAlertTracker {
             };
             match &alert.app {
                 Some(app) => {
-                    self.apps_below.insert(app.to_string(), below);
+                    self.apps_below.insert(app.clone(), below);
                 }
                 None => self.fleet_below = Some(below),
             }
@@ -265,7 +265,7 @@ impl FleetAlertTracker {
                 };
                 Some(Alert {
                     kind: AlertKind::AppUnlistable,
-                    app: Some(app.as_str().into()),
+                    app: Some(app.clone()),
                     machine_id: None,
                     commit: None,
                     severity: APP_UNLISTABLE_SEVERITY,
@@ -308,7 +308,7 @@ impl FleetAlertTracker {
 
     fn coherence_alert(
         &self,
-        app: Option<&str>,
+        app: Option<&AppName>,
         below: Below,
         tip: Option<&str>,
         now: DateTime<Utc>,
@@ -337,7 +337,7 @@ impl FleetAlertTracker {
         }
         Some(Alert {
             kind: AlertKind::CoherenceBelowThreshold,
-            app: app.map(AppName::from),
+            app: app.cloned(),
             machine_id: None,
             // Not keyed by the tip: a release during the incident is the same incident.
             commit: None,
@@ -572,9 +572,7 @@ mod tests {
     fn report(b_unlisted: Option<Option<DateTime<Utc>>>) -> Snapshot {
         let app = |name: &str, stale: Option<StaleApp>| AppSummary {
             name: name.into(),
-            machines: 0,
-            on_tip: 0,
-            coherence: 1.0,
+            coherence: Coherence::of(0, 0),
             stale,
         };
         Snapshot {
@@ -582,7 +580,7 @@ mod tests {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(&"a".repeat(40)).unwrap(),
             },
-            coherence: 1.0,
+            coherence: Coherence::of(0, 0),
             apps: vec![
                 app("a", None),
                 app(

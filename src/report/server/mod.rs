@@ -128,7 +128,7 @@ pub struct Observed {
     pub extras: Arc<BTreeMap<MachineId, MachineExtra>>,
     /// The release tip most recently fetched (may be newer than the report's);
     /// approvals name it.
-    pub tip: Option<String>,
+    pub tip: Option<CommitId>,
     /// `alerts.coherence_threshold`: the status page colours by it.
     pub coherence_threshold: f64,
     /// When the server's view was created (readiness reasons, tip age).
@@ -150,10 +150,10 @@ impl Observed {
     }
 
     /// The commit approvals target: the last fetched tip, else the report's.
-    pub fn current_tip(&self) -> Option<&str> {
+    pub fn current_tip(&self) -> Option<&CommitId> {
         self.tip
-            .as_deref()
-            .or_else(|| self.report.as_ref().map(|r| r.tip.commit.as_str()))
+            .as_ref()
+            .or_else(|| self.report.as_ref().map(|r| &r.tip.commit))
     }
 
     /// `Ok` unless the loop has finished no turn for [`LIVE_INTERVALS`]
@@ -257,8 +257,8 @@ impl FleetView {
     }
 
     /// The release tip just fetched (full commit id).
-    pub fn set_tip(&self, commit: &str) {
-        self.update(|o| o.tip = Some(commit.to_string()));
+    pub fn set_tip(&self, commit: &CommitId) {
+        self.update(|o| o.tip = Some(commit.clone()));
     }
 
     pub fn set_coherence_threshold(&self, threshold: f64) {
@@ -565,16 +565,17 @@ fn operator_error(e: OperatorError) -> ApiError {
     ApiError::new(status, e.to_string())
 }
 
-/// Machine ids are Fly's lowercase hex; anything outside a conservative
-/// alphabet is refused before it reaches a URL or a page.
-fn checked_id(id: &str) -> Result<&str, ApiError> {
+/// A machine id from a URL path, typed at the edge. Machine ids are Fly's
+/// lowercase hex; anything outside a conservative alphabet is refused
+/// before it reaches a URL or a page.
+fn checked_id(id: &str) -> Result<MachineId, ApiError> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if ok {
-        Ok(id)
+        Ok(MachineId::from(id))
     } else {
         Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -623,7 +624,7 @@ async fn machine_page(State(state): State<ServerState>, Path(id): Path<String>) 
             e.status,
             page::render_message_page("Bad machine id", &e.message),
         ),
-        Ok(id) => match render_machine_page(&observed, id, now) {
+        Ok(id) => match render_machine_page(&observed, &id, now) {
             Some(page) => (StatusCode::OK, page),
             None if observed.report.is_none() => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -947,24 +948,23 @@ async fn approve(
     let req: ApproveBody = body(&state, bytes)?;
     let operator = operator(&state)?;
     let target = match req.target {
-        Some(t) => t,
+        Some(t) => CommitId::parse(&t).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("cannot approve machine {id}: target must be a full 40-hex commit id"),
+            )
+        })?,
         None => state
             .view
             .snapshot()
             .current_tip()
-            .map(str::to_string)
+            .cloned()
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("cannot approve machine {id}: no release tip known yet"),
                 )
             })?,
-    };
-    let Some(target) = CommitId::parse(&target) else {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("cannot approve machine {id}: target must be a full 40-hex commit id"),
-        ));
     };
     let approval = Approval {
         target,
@@ -974,11 +974,11 @@ async fn approve(
         at: state.clock.now(),
     };
     let app = operator
-        .approve(&MachineId::from(id), &approval)
+        .approve(&id, &approval)
         .await
         .map_err(operator_error)?;
     tracing::info!(
-        app = %app, machine_id = id, commit = %approval.target, by = %approval.by,
+        app = %app, machine_id = id.as_str(), commit = %approval.target, by = %approval.by,
         mode = ?approval.mode, "operator approved a manual rotation"
     );
     Ok(json_response(
@@ -1004,11 +1004,11 @@ async fn hold(
         at: state.clock.now(),
     };
     let written = operator
-        .hold(&MachineId::from(id), &hold.by, &hold.reason, hold.at)
+        .hold(&id, &hold.by, &hold.reason, hold.at)
         .await
         .map_err(operator_error)?;
     let app = &written.app;
-    tracing::info!(app = %app, machine_id = id, by = %hold.by, reason = %hold.reason, fenced = written.fenced, "operator put a hold on a machine");
+    tracing::info!(app = %app, machine_id = id.as_str(), by = %hold.by, reason = %hold.reason, fenced = written.fenced, "operator put a hold on a machine");
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "app": app, "machine_id": id, "hold": hold, "fenced": written.fenced }),
@@ -1021,11 +1021,8 @@ async fn release(
 ) -> Result<Response, ApiError> {
     let id = checked_id(&id)?;
     let operator = operator(&state)?;
-    let app = operator
-        .release(&MachineId::from(id))
-        .await
-        .map_err(operator_error)?;
-    tracing::info!(app = %app, machine_id = id, "operator released a hold");
+    let app = operator.release(&id).await.map_err(operator_error)?;
+    tracing::info!(app = %app, machine_id = id.as_str(), "operator released a hold");
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "app": app, "machine_id": id, "released": true }),
@@ -1038,16 +1035,13 @@ async fn revoke(
 ) -> Result<Response, ApiError> {
     let id = checked_id(&id)?;
     let operator = operator(&state)?;
-    let revoked = operator
-        .revoke(&MachineId::from(id))
-        .await
-        .map_err(operator_error)?;
+    let revoked = operator.revoke(&id).await.map_err(operator_error)?;
     let approval = revoked.removed.as_deref().map(|v| {
         Approval::parse(v)
             .and_then(|a| serde_json::to_value(a).ok())
             .unwrap_or_else(|| v.into())
     });
-    tracing::info!(app = %revoked.app, machine_id = id, removed = approval.is_some(), fenced = revoked.fenced, "operator revoked an approval");
+    tracing::info!(app = %revoked.app, machine_id = id.as_str(), removed = approval.is_some(), fenced = revoked.fenced, "operator revoked an approval");
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({
@@ -1126,7 +1120,10 @@ mod tests {
 
     #[test]
     fn bad_machine_ids_are_refused() {
-        assert!(checked_id("148e1f0a").is_ok());
+        assert_eq!(
+            checked_id("148e1f0a").ok(),
+            Some(MachineId::from("148e1f0a"))
+        );
         assert!(checked_id("").is_err());
         assert!(checked_id("<script>").is_err());
         assert!(checked_id(&"a".repeat(65)).is_err());

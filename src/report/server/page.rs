@@ -24,7 +24,7 @@ use crate::metadata::controls::HoldValue;
 use crate::metadata::operator::ApprovalMode;
 use crate::metadata::{APPROVE_KEY, MARKER_KEY};
 use crate::model::short_commit as short;
-use crate::model::{CommitId, MachineId, MachineStatus, PolicyAction, Severity};
+use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{Activity, AgentReport};
 
 use super::trend::CoherenceTrend;
@@ -135,7 +135,7 @@ ol.history { margin:0; padding-left:22px; font-size:13px; }
 /// Renders the page for `observed` as of `now`.
 pub fn render_status_page(observed: &Observed, now: DateTime<Utc>) -> String {
     let title = match &observed.report {
-        Some(r) => format!("{} coherent · fleet-reconciler", percent(r.coherence)),
+        Some(r) => format!("{} coherent · fleet-reconciler", percent(r.coherence.ratio)),
         None => "fleet-reconciler".to_string(),
     };
     let body = html! {
@@ -183,8 +183,8 @@ fn header(observed: &Observed, now: DateTime<Utc>) -> Markup {
                 @if let Some(r) = &observed.report {
                     "release tip " b { (r.tip.branch) } " @ "
                     code title=(r.tip.commit) { (short(r.tip.commit.as_str())) }
-                    @if let Some(fetched) = observed.tip.as_deref().filter(|t| r.tip.commit != *t) {
-                        " (fetched " code title=(fetched) { (short(fetched)) } ", not swept yet)"
+                    @if let Some(fetched) = observed.tip.as_ref().filter(|t| r.tip.commit != **t) {
+                        " (fetched " code title=(fetched) { (short(fetched.as_str())) } ", not swept yet)"
                     }
                 }
                 @if let Some(at) = observed.last_success {
@@ -255,16 +255,17 @@ fn card(
 }
 
 fn cards(report: &Snapshot, trend: &CoherenceTrend, threshold: f64) -> Markup {
-    let started: usize = report.apps.iter().map(|a| a.machines).sum();
-    let on_tip: usize = report.apps.iter().map(|a| a.on_tip).sum();
+    let fleet = report.coherence;
     html! {
         section.cards {
             (card(
-                &format!("fleet {}", level(report.coherence, threshold)),
+                &format!("fleet {}", level(fleet.ratio, threshold)),
                 "Fleet coherence",
-                report.coherence,
+                fleet.ratio,
                 &format!(
-                    "{on_tip} of {started} started machines on the release tip · {} apps",
+                    "{} of {} started machines on the release tip · {} apps",
+                    fleet.on_tip,
+                    fleet.machines,
                     report.apps.len()
                 ),
                 trend_chart(trend, None, threshold),
@@ -273,22 +274,22 @@ fn cards(report: &Snapshot, trend: &CoherenceTrend, threshold: f64) -> Markup {
             @for app in &report.apps {
                 @let (class, sub) = match &app.stale {
                     None => (
-                        level(app.coherence, threshold),
-                        format!("{} of {} started machines on tip", app.on_tip, app.machines),
+                        level(app.coherence.ratio, threshold),
+                        format!("{} of {} started machines on tip", app.coherence.on_tip, app.coherence.machines),
                     ),
                     Some(s) if s.last_listed_at.is_some() => (
                         "warn",
                         format!(
                             "{} of {} started machines on tip · stale: not listed",
-                            app.on_tip, app.machines
+                            app.coherence.on_tip, app.coherence.machines
                         ),
                     ),
                     Some(_) => ("warn", "not listed: machines unknown".to_string()),
                 };
                 (card(
                     class,
-                    &app.name,
-                    app.coherence,
+                    app.name.as_str(),
+                    app.coherence.ratio,
                     &sub,
                     trend_chart(trend, Some(&app.name), threshold),
                     status_chips(report, &app.name),
@@ -299,7 +300,7 @@ fn cards(report: &Snapshot, trend: &CoherenceTrend, threshold: f64) -> Markup {
 }
 
 /// Counts of an app's machines per status other than on the tip.
-fn status_chips(report: &Snapshot, app: &str) -> Markup {
+fn status_chips(report: &Snapshot, app: &AppName) -> Markup {
     let counts: Vec<(MachineStatus, usize)> = MachineStatus::ALL
         .into_iter()
         .filter(|s| *s != MachineStatus::OnTip)
@@ -340,7 +341,7 @@ fn attention(report: &Snapshot, observed: &Observed, now: DateTime<Utc>) -> Mark
         .filter(|m| !matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
         .collect();
     if rows.is_empty() {
-        let started: usize = report.apps.iter().map(|a| a.machines).sum();
+        let started = report.coherence.machines;
         return html! {
             h2 { "Machines needing attention" }
             div.allgood {
@@ -578,7 +579,7 @@ fn sweeps(n: usize) -> String {
 }
 
 /// What the chart shows, in words: its accessible name and tooltip.
-fn trend_label(trend: &CoherenceTrend, app: Option<&str>) -> String {
+fn trend_label(trend: &CoherenceTrend, app: Option<&AppName>) -> String {
     let what = match app {
         Some(name) => format!("Coherence of {name}"),
         None => "Fleet coherence".to_string(),
@@ -617,7 +618,7 @@ fn trend_label(trend: &CoherenceTrend, app: Option<&str>) -> String {
 /// Coherence over the ring's sweeps as an inline SVG line (the fleet's, or
 /// `app`'s), with the alert threshold dashed; its text alternative is its
 /// `title` and `aria-label`, and a caption repeats the range.
-fn trend_chart(trend: &CoherenceTrend, app: Option<&str>, threshold: f64) -> Markup {
+fn trend_chart(trend: &CoherenceTrend, app: Option<&AppName>, threshold: f64) -> Markup {
     let label = trend_label(trend, app);
     let series = trend.series(app);
     let values: Vec<f64> = series.iter().copied().flatten().collect();
@@ -655,9 +656,13 @@ pub(crate) fn render_message_page(title: &str, message: &str) -> String {
 
 /// The page of machine `id` as of the last sweep; `None` when there is no
 /// sweep yet or the machine is not in it.
-pub fn render_machine_page(observed: &Observed, id: &str, now: DateTime<Utc>) -> Option<String> {
+pub fn render_machine_page(
+    observed: &Observed,
+    id: &MachineId,
+    now: DateTime<Utc>,
+) -> Option<String> {
     let report = observed.report.as_ref()?;
-    let m = report.machines.iter().find(|m| m.machine_id == id)?;
+    let m = report.machines.iter().find(|m| &m.machine_id == id)?;
     let stale = report
         .apps
         .iter()
@@ -987,7 +992,7 @@ mod tests {
                         on_tip: (c * 4.0) as usize,
                         machines: 4,
                     };
-                    ("<b>app</b>".to_string(), point)
+                    (AppName::from("<b>app</b>"), point)
                 })
                 .into_iter()
                 .collect();
@@ -1063,7 +1068,7 @@ mod tests {
         assert!(fleet.contains("y1=\"6.0\" y2=\"6.0\""), "{fleet}");
         // The app is missing from the middle sweep: two pieces; its name is
         // escaped in the label.
-        let app = trend_chart(&ring, Some("<b>app</b>"), 0.9).into_string();
+        let app = trend_chart(&ring, Some(&AppName::from("<b>app</b>")), 0.9).into_string();
         assert_eq!(app.matches("<polyline").count(), 2, "{app}");
         assert!(app.contains("points=\"0.0,3.0 0.0,3.0\""), "{app}");
         assert!(app.contains("points=\"240.0,18.0 240.0,18.0\""), "{app}");

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 
+use crate::model::AppName;
 use crate::report::coherence::CoherenceSample;
 
 /// Samples kept: two hours of sweeps at a 30 s interval.
@@ -72,7 +73,7 @@ impl CoherenceTrend {
 
     /// One value per sample, oldest first: the fleet's coherence (`None`
     /// app), or the app's, `None` where a sample lacks the app.
-    pub fn series(&self, app: Option<&str>) -> Vec<Option<f64>> {
+    pub fn series(&self, app: Option<&AppName>) -> Vec<Option<f64>> {
         self.samples
             .iter()
             .map(|s| match app {
@@ -106,7 +107,7 @@ mod tests {
             fleet: ratio(fleet),
             apps: apps
                 .iter()
-                .map(|(n, c)| (n.to_string(), ratio(*c)))
+                .map(|(n, c)| (AppName::from(*n), ratio(*c)))
                 .collect(),
         }
     }
@@ -149,13 +150,7 @@ mod tests {
         use crate::observe::sweep::{StaleApp, TipReport};
         let app = |name: &str, on_tip, machines, stale: Option<Option<DateTime<Utc>>>| AppSummary {
             name: name.into(),
-            machines,
-            on_tip,
-            coherence: if machines == 0 {
-                1.0
-            } else {
-                on_tip as f64 / machines as f64
-            },
+            coherence: Coherence::of(on_tip, machines),
             stale: stale.map(|last_listed_at| StaleApp {
                 error: format!("cannot list machines of app {name}"),
                 kind: "transport".into(),
@@ -167,7 +162,12 @@ mod tests {
                 branch: "release".into(),
                 commit: crate::model::CommitId::parse(&"c0ffee".repeat(7)[..40]).unwrap(),
             },
-            coherence: 0.6,
+            // Not the apps' sums: a sample copies the snapshot's figures.
+            coherence: Coherence {
+                ratio: 0.6,
+                on_tip: 3,
+                machines: 6,
+            },
             apps: vec![
                 app("a", 1, 4, None),
                 app("b", 2, 2, Some(Some(t(-60)))),
@@ -193,12 +193,15 @@ mod tests {
         };
         assert_eq!(
             s.apps,
-            BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)])
+            BTreeMap::from([(AppName::from("a"), a), (AppName::from("b"), b)])
         );
         // The fleet alerts count every app the sweep names.
         let all = CoherenceSample::of(&report, t(5));
         assert_eq!(all.apps.len(), 3);
-        assert_eq!(all.apps.get("c").map(|c| c.machines), Some(0));
+        assert_eq!(
+            all.apps.get(&AppName::from("c")).map(|c| c.machines),
+            Some(0)
+        );
     }
 
     #[test]
@@ -207,9 +210,15 @@ mod tests {
         ring.push(sample(0, 1.0, &[("a", 1.0)]));
         ring.push(sample(1, 0.5, &[("a", 0.5), ("b", 0.25)]));
         ring.push(sample(2, 0.75, &[("b", 0.75)]));
-        assert_eq!(ring.series(Some("a")), [Some(1.0), Some(0.5), None]);
-        assert_eq!(ring.series(Some("b")), [None, Some(0.25), Some(0.75)]);
-        assert_eq!(ring.series(Some("c")), [None, None, None]);
+        assert_eq!(
+            ring.series(Some(&AppName::from("a"))),
+            [Some(1.0), Some(0.5), None]
+        );
+        assert_eq!(
+            ring.series(Some(&AppName::from("b"))),
+            [None, Some(0.25), Some(0.75)]
+        );
+        assert_eq!(ring.series(Some(&AppName::from("c"))), [None, None, None]);
         assert_eq!(ring.series(None), [Some(1.0), Some(0.5), Some(0.75)]);
     }
 }

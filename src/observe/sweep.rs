@@ -28,7 +28,7 @@ use crate::fly::{FlyClient, FlyError, Machine, MachineCheck, MachineEvent};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::controls::Controls;
 use crate::metadata::slots::SlotSet;
-use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus};
+use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus, PoolName};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
@@ -121,7 +121,7 @@ pub struct ObservedMachine {
     /// Shared by every row of the sweep in the same region ([`Texts`]).
     pub region: Arc<str>,
     /// Shared by every row of the sweep in the same pool ([`Texts`]).
-    pub pool: Arc<str>,
+    pub pool: PoolName,
     pub state: MachineState,
     pub status: MachineStatus,
     /// The text of `inputs.report`'s `overlay_ref` (one allocation, shared
@@ -269,8 +269,8 @@ impl Texts {
 /// The empty region and the default pool, one copy each for the process:
 /// rows made without a [`Texts`] allocate neither.
 static NO_REGION: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
-static DEFAULT_POOL: std::sync::LazyLock<Arc<str>> =
-    std::sync::LazyLock::new(|| Arc::from(crate::config::DEFAULT_POOL));
+static DEFAULT_POOL: std::sync::LazyLock<PoolName> =
+    std::sync::LazyLock::new(|| PoolName::from(crate::config::DEFAULT_POOL));
 
 impl ObservedMachine {
     /// A machine as listed, before any probe or analysis: `not_running`,
@@ -281,7 +281,7 @@ impl ObservedMachine {
             machine_id: machine_id.into(),
             name: name.to_string(),
             region: Arc::clone(&NO_REGION),
-            pool: Arc::clone(&DEFAULT_POOL),
+            pool: DEFAULT_POOL.clone(),
             state,
             status: MachineStatus::NotRunning,
             reported_ref: None,
@@ -522,7 +522,7 @@ fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine
     };
     let mut row = ObservedMachine {
         region: texts.get(&m.region),
-        pool: texts.get(&pool),
+        pool: PoolName::from(texts.get(&pool)),
         ..ObservedMachine::listed(&app.name, &m.id, &m.name, m.state)
     };
     row.inputs.metadata = metadata;
@@ -722,7 +722,7 @@ mod tests {
         .unwrap();
         let mut r = listed_row(&config.apps[0], m, &mut Texts::default());
         analysed_row(&mut r, &HashMap::new());
-        assert_eq!(&*r.pool, "web");
+        assert_eq!(r.pool, "web");
         assert_eq!(
             r.inputs.metadata.keys().collect::<Vec<_>>(),
             ["fleet_reconciler_hold", "fly_process_group"]
@@ -762,7 +762,8 @@ mod tests {
         let mut a = listed_row(&config.apps[0], machine("m1"), &mut texts);
         let mut b = listed_row(&config.apps[0], machine("m2"), &mut texts);
         assert!(Arc::ptr_eq(&a.region, &b.region) && &*a.region == "iad");
-        assert!(Arc::ptr_eq(&a.pool, &b.pool));
+        // One allocation of the pool's text, which both rows' names hold.
+        assert!(std::ptr::eq(a.pool.as_str(), b.pool.as_str()) && a.pool == "default");
         // Each parse makes its own text; the sweep keeps one, which the
         // row and its report both hold.
         let report = || crate::observe::probe::parse_report(br#"{"overlay_ref":"ABCD1234"}"#);

@@ -75,7 +75,7 @@ impl SlotsView {
     /// The pool whose coordinator slot names `machine_id` of `app`, if one
     /// does: read in the same sweep, so it stands in for the pool label of
     /// a machine whose metadata is unknown.
-    pub fn pool_of(&self, app: &str, machine_id: &str) -> Option<String> {
+    pub fn pool_of(&self, app: &str, machine_id: &str) -> Option<PoolName> {
         let SlotsView::Known(set) = self else {
             return None;
         };
@@ -85,7 +85,7 @@ impl SlotsView {
             slots
                 .iter()
                 .any(|s| s.machine_id == machine_id)
-                .then(|| pool.to_string())
+                .then(|| PoolName::from(pool))
         })
     }
 }
@@ -522,7 +522,7 @@ fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine
     };
     let mut row = ObservedMachine {
         region: texts.get(&m.region),
-        pool: PoolName::from(texts.get(&pool)),
+        pool: PoolName::from(texts.get(pool)),
         ..ObservedMachine::listed(&app.name, &m.id, &m.name, m.state)
     };
     row.inputs.metadata = metadata;
@@ -642,7 +642,7 @@ fn pools_from_slots(observation: &mut Observation) {
                 Some(d) => format!("{d}; {note}"),
                 None => note,
             });
-            m.pool = pool.into();
+            m.pool = pool;
         }
     }
 }
@@ -652,13 +652,12 @@ fn pools_from_slots(observation: &mut Observation) {
 const OWN_KEY_PREFIX: &str = "fleet_reconciler_";
 
 /// The pool a machine belongs to: the value of the app's pool key, or `default`.
-pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> String {
+pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> &'a str {
     pool_key
         .and_then(metadata)
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .unwrap_or(crate::config::DEFAULT_POOL)
-        .to_string()
 }
 
 /// The detail of a drifted machine whose range the path rules have not

@@ -1076,7 +1076,8 @@ impl Config {
                 .any(|s| p.actions.for_severity(*s) != PolicyAction::Observe)
         };
         self.pools.values().any(acts)
-            || (!self.pools.contains_key(DEFAULT_POOL) && acts(&PoolConfig::default()))
+            || (!self.pools.contains_key(&PoolName::from(DEFAULT_POOL))
+                && acts(&PoolConfig::default()))
     }
 
     /// Where the webhooks' alert state persists: `alerts.state_file`, or
@@ -2320,11 +2321,12 @@ name = "agents"
             "{MINIMAL}\n[pools.default]\nmax_concurrent_rotations = 3\nactions = {{ high = \"restart\" }}\n[pools.dispatch]\nactions = {{ low = \"observe\" }}\n"
         ))
         .unwrap();
-        assert_eq!(c.pools["default"].max_concurrent_rotations.get(), 3);
-        assert_eq!(c.pools["default"].actions.high, PolicyAction::Restart);
-        assert_eq!(c.pools["dispatch"].max_concurrent_rotations.get(), 1);
-        assert_eq!(c.pools["dispatch"].actions.low, PolicyAction::Observe);
+        let pool = |name: &str| &c.pools[&PoolName::from(name)];
+        assert_eq!(pool("default").max_concurrent_rotations.get(), 3);
+        assert_eq!(pool("default").actions.high, PolicyAction::Restart);
+        assert_eq!(pool("dispatch").max_concurrent_rotations.get(), 1);
+        assert_eq!(pool("dispatch").actions.low, PolicyAction::Observe);
         // Levels not written in a pool keep the safe defaults.
-        assert_eq!(c.pools["dispatch"].actions.critical, PolicyAction::Manual);
+        assert_eq!(pool("dispatch").actions.critical, PolicyAction::Manual);
     }
 }

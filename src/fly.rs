@@ -1276,137 +1276,208 @@ impl FlyClient {
             });
         };
         let url = self.url(call);
-        let full_timeout = self.config.request_timeout + call.extra_timeout;
         let mut attempt = 0u32;
         loop {
-            if self.deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(call.past_deadline());
-            }
-            // Every attempt (a retry too) spends a token: Fly counts it.
-            if let Some(limiter) = &self.limiter {
-                let key = BucketKey {
-                    app: call.app.to_string(),
-                    machine: call.machine(),
-                    action: call.bucket,
-                };
-                match limiter.reserve(key, Instant::now(), self.deadline) {
-                    Ok(at) => tokio::time::sleep_until(at).await,
-                    Err(wait) => return Err(call.rate_limited(Some(wait))),
-                }
-            }
-            // Nothing is sent at or after the deadline: past it the caller's
-            // lease may be someone else's.
-            let now = Instant::now();
-            let left = match self.deadline {
-                Some(d) if now >= d => return Err(call.past_deadline()),
-                Some(d) => Some(d - now),
-                None => None,
+            let (error, wait_hint) = match self.attempt(call, &url, &auth).await? {
+                Attempted::Answered(resp, cut) => return Ok((resp, cut)),
+                Attempted::Retryable { error, wait_hint } => (error, wait_hint),
             };
-            let timeout = left.map_or(full_timeout, |left| full_timeout.min(left));
-            let cut = timeout < full_timeout;
-            let mut req = self
-                .http
-                .request(call.method.clone(), url.clone())
-                .header(AUTHORIZATION, auth.clone())
-                .timeout(timeout);
-            if let Some(nonce) = call.nonce {
-                match HeaderValue::from_str(nonce.expose_secret()) {
-                    Ok(mut v) => {
-                        v.set_sensitive(true);
-                        req = req.header(LEASE_NONCE_HEADER, v);
-                    }
-                    Err(_) => {
-                        return Err(FlyError::Status {
-                            op: call.op,
-                            app: call.app.to_string(),
-                            machine: call.machine.map(str::to_string),
-                            status: 0,
-                            message: "lease nonce is not a valid header value".into(),
-                        });
-                    }
-                }
-            }
-            if let Some(body) = &call.body {
-                req = req.json(body);
-            }
-            let outcome = req.send().await;
-            // The error this attempt ends the call with unless it is retried.
-            let (error, wait_hint) = match outcome {
-                Ok(resp) => {
-                    let status = resp.status();
-                    self.observe(call.op, status.as_str(), now.elapsed());
-                    if status.is_success() {
-                        return Ok((resp, cut));
-                    }
-                    // A gateway's 502/504 says Fly's proxy gave up waiting,
-                    // not that the machine's API did nothing.
-                    if matches!(
-                        status,
-                        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
-                    ) {
-                        self.note_unanswered(call);
-                    }
-                    let retry_after = parse_retry_after(resp.headers());
-                    let transient = status == StatusCode::TOO_MANY_REQUESTS
-                        || (call.idempotence == Idempotence::Safe
-                            && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
-                                || status.is_server_error()));
-                    let text = read_error_body(resp).await;
-                    let error = status_error(call, status, &text, retry_after);
-                    if !transient {
-                        return Err(error);
-                    }
-                    (error, retry_after)
-                }
-                Err(e) => {
-                    let kind = if e.is_timeout() { "timeout" } else { "error" };
-                    self.observe(call.op, kind, now.elapsed());
-                    // A connect error means the request never left: always safe to repeat.
-                    let never_sent = e.is_connect();
-                    if !never_sent {
-                        self.note_unanswered(call);
-                    }
-                    if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
-                        return Err(call.outcome_unknown());
-                    }
-                    // An attempt the deadline cut: it is not repeated, and a
-                    // write it carried may have landed.
-                    if e.is_timeout() && cut {
-                        return Err(call.cut_at_deadline());
-                    }
-                    let error = call.transport(&e);
-                    if !(never_sent || call.idempotence == Idempotence::Safe) {
-                        return Err(error);
-                    }
-                    (error, None)
-                }
-            };
-            if attempt >= self.config.max_retries {
-                return Err(error);
-            }
-            let delay = backoff(
-                attempt,
-                self.config.base_backoff,
-                self.config.max_backoff,
-                wait_hint,
-                fastrand::f64(),
-            );
-            // A retry that could only be sent at or past the deadline is not
-            // waited for: the caller learns now, while its lease holds.
-            if self.deadline.is_some_and(|d| Instant::now() + delay >= d) {
-                return Err(error);
-            }
-            tracing::debug!(
-                op = call.op,
-                app = call.app.as_str(),
-                machine_id = call.machine,
-                attempt,
-                delay_ms = delay.as_millis() as u64,
-                "retrying Fly API request"
-            );
+            let delay = self.retry_delay(call, attempt, error, wait_hint)?;
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
+    }
+
+    /// One attempt of `call`: its turn, its request, and what its answer
+    /// (or its failure) means. An error is final: the call is not retried.
+    async fn attempt(
+        &self,
+        call: &Call<'_>,
+        url: &url::Url,
+        auth: &HeaderValue,
+    ) -> Result<Attempted, FlyError> {
+        self.take_turn(call).await?;
+        let now = Instant::now();
+        let (req, cut) = self.request(call, url, auth, now)?;
+        match req.send().await {
+            Ok(resp) => self.classify_answer(call, resp, now, cut).await,
+            Err(e) => self.classify_failure(call, &e, now, cut),
+        }
+    }
+
+    /// Waits for the attempt's turn: never past the deadline, and every
+    /// attempt (a retry too) spends a rate-limit token, as Fly counts it.
+    async fn take_turn(&self, call: &Call<'_>) -> Result<(), FlyError> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(call.past_deadline());
+        }
+        if let Some(limiter) = &self.limiter {
+            let key = BucketKey {
+                app: call.app.to_string(),
+                machine: call.machine(),
+                action: call.bucket,
+            };
+            match limiter.reserve(key, Instant::now(), self.deadline) {
+                Ok(at) => tokio::time::sleep_until(at).await,
+                Err(wait) => return Err(call.rate_limited(Some(wait))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The attempt's request, its timeout bounded by the time left before
+    /// the deadline, and whether that cut it short.
+    fn request(
+        &self,
+        call: &Call<'_>,
+        url: &url::Url,
+        auth: &HeaderValue,
+        now: Instant,
+    ) -> Result<(reqwest::RequestBuilder, bool), FlyError> {
+        // Nothing is sent at or after the deadline: past it the caller's
+        // lease may be someone else's.
+        let left = match self.deadline {
+            Some(d) if now >= d => return Err(call.past_deadline()),
+            Some(d) => Some(d - now),
+            None => None,
+        };
+        let full_timeout = self.config.request_timeout + call.extra_timeout;
+        let timeout = left.map_or(full_timeout, |left| full_timeout.min(left));
+        let cut = timeout < full_timeout;
+        let mut req = self
+            .http
+            .request(call.method.clone(), url.clone())
+            .header(AUTHORIZATION, auth.clone())
+            .timeout(timeout);
+        if let Some(nonce) = call.nonce {
+            match HeaderValue::from_str(nonce.expose_secret()) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    req = req.header(LEASE_NONCE_HEADER, v);
+                }
+                Err(_) => {
+                    return Err(FlyError::Status {
+                        op: call.op,
+                        app: call.app.to_string(),
+                        machine: call.machine.map(str::to_string),
+                        status: 0,
+                        message: "lease nonce is not a valid header value".into(),
+                    });
+                }
+            }
+        }
+        if let Some(body) = &call.body {
+            req = req.json(body);
+        }
+        Ok((req, cut))
+    }
+
+    /// What an answer means: a success, a refusal worth repeating (429, and
+    /// a safe call's 408 or 5xx) or the call's final error.
+    async fn classify_answer(
+        &self,
+        call: &Call<'_>,
+        resp: reqwest::Response,
+        sent: Instant,
+        cut: bool,
+    ) -> Result<Attempted, FlyError> {
+        let status = resp.status();
+        self.observe(call.op, status.as_str(), sent.elapsed());
+        if status.is_success() {
+            return Ok(Attempted::Answered(resp, cut));
+        }
+        // A gateway's 502/504 says Fly's proxy gave up waiting,
+        // not that the machine's API did nothing.
+        if matches!(
+            status,
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+        ) {
+            self.note_unanswered(call);
+        }
+        let retry_after = parse_retry_after(resp.headers());
+        let transient = status == StatusCode::TOO_MANY_REQUESTS
+            || (call.idempotence == Idempotence::Safe
+                && (status == StatusCode::REQUEST_TIMEOUT && call.op != "wait"
+                    || status.is_server_error()));
+        let text = read_error_body(resp).await;
+        let error = status_error(call, status, &text, retry_after);
+        if !transient {
+            return Err(error);
+        }
+        Ok(Attempted::Retryable {
+            error,
+            wait_hint: retry_after,
+        })
+    }
+
+    /// What a request that got no answer means: repeatable when it never
+    /// left or the call is safe to repeat; a timeout of an unsafe call, or
+    /// one the deadline cut, is final (a write it carried may have landed).
+    fn classify_failure(
+        &self,
+        call: &Call<'_>,
+        e: &reqwest::Error,
+        sent: Instant,
+        cut: bool,
+    ) -> Result<Attempted, FlyError> {
+        let kind = if e.is_timeout() { "timeout" } else { "error" };
+        self.observe(call.op, kind, sent.elapsed());
+        // A connect error means the request never left: always safe to repeat.
+        let never_sent = e.is_connect();
+        if !never_sent {
+            self.note_unanswered(call);
+        }
+        if e.is_timeout() && call.idempotence == Idempotence::Unsafe {
+            return Err(call.outcome_unknown());
+        }
+        // An attempt the deadline cut: it is not repeated, and a
+        // write it carried may have landed.
+        if e.is_timeout() && cut {
+            return Err(call.cut_at_deadline());
+        }
+        let error = call.transport(e);
+        if !(never_sent || call.idempotence == Idempotence::Safe) {
+            return Err(error);
+        }
+        Ok(Attempted::Retryable {
+            error,
+            wait_hint: None,
+        })
+    }
+
+    /// How long to wait before retrying after `error`, or `error` itself
+    /// when the retries are spent or the retry would fall past the deadline.
+    fn retry_delay(
+        &self,
+        call: &Call<'_>,
+        attempt: u32,
+        error: FlyError,
+        wait_hint: Option<Duration>,
+    ) -> Result<Duration, FlyError> {
+        if attempt >= self.config.max_retries {
+            return Err(error);
+        }
+        let delay = backoff(
+            attempt,
+            self.config.base_backoff,
+            self.config.max_backoff,
+            wait_hint,
+            fastrand::f64(),
+        );
+        // A retry that could only be sent at or past the deadline is not
+        // waited for: the caller learns now, while its lease holds.
+        if self.deadline.is_some_and(|d| Instant::now() + delay >= d) {
+            return Err(error);
+        }
+        tracing::debug!(
+            op = call.op,
+            app = call.app.as_str(),
+            machine_id = call.machine,
+            attempt,
+            delay_ms = delay.as_millis() as u64,
+            "retrying Fly API request"
+        );
+        Ok(delay)
     }
 
     /// A mutating attempt that may have reached Fly got no answer of its
@@ -1424,6 +1495,17 @@ impl FlyClient {
             o(op, code, took);
         }
     }
+}
+
+/// What one attempt of a call came to, short of a final error.
+enum Attempted {
+    /// A success answer, unread, and whether the deadline cut its timeout.
+    Answered(reqwest::Response, bool),
+    /// A failure worth repeating, with Fly's `Retry-After`, if any.
+    Retryable {
+        error: FlyError,
+        wait_hint: Option<Duration>,
+    },
 }
 
 enum Capped {

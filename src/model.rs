@@ -259,16 +259,49 @@ string_id! {
     AppName
 }
 
-string_id! {
-    /// A pool's name: a machine's `pool` metadata label, a `[pools.NAME]` section.
-    PoolName
+/// A pool's name: a machine's `pool` metadata label, a `[pools.NAME]` section.
+// Its text is shared: every row of a sweep in one pool holds the same one
+// (a clone is a reference count, not a copy per machine).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, schemars::JsonSchema)]
+#[schemars(transparent)]
+pub struct PoolName(Arc<str>);
+
+impl Serialize for PoolName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
 }
 
-// A pool's policy is looked up by the machine row's pool label, which is
-// text (`ObservedMachine::pool`); only this newtype lends its text to maps.
-impl std::borrow::Borrow<str> for PoolName {
-    fn borrow(&self) -> &str {
-        &self.0
+impl<'de> Deserialize<'de> for PoolName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PoolName, D::Error> {
+        String::deserialize(d).map(PoolName::from)
+    }
+}
+
+text_newtype!(PoolName);
+
+impl From<PoolName> for String {
+    fn from(name: PoolName) -> String {
+        name.0.to_string()
+    }
+}
+
+impl From<String> for PoolName {
+    fn from(s: String) -> PoolName {
+        PoolName(Arc::from(s))
+    }
+}
+
+impl From<&str> for PoolName {
+    fn from(s: &str) -> PoolName {
+        PoolName(Arc::from(s))
+    }
+}
+
+/// Takes the shared text as it is: no copy.
+impl From<Arc<str>> for PoolName {
+    fn from(s: Arc<str>) -> PoolName {
+        PoolName(s)
     }
 }
 
@@ -434,6 +467,32 @@ mod tests {
         let long = format!("\"{}\"", "x".repeat(5000));
         let why = read(&long).expect_err("long").to_string();
         assert!(why.chars().count() < 200, "{why}");
+    }
+
+    /// A pool's name is shared text: a clone (every row of a sweep in the
+    /// pool holds one) is a reference count, not a copy; on the wire and in
+    /// the schema it is plain text, as when it was a `String`.
+    #[test]
+    fn a_pool_name_is_shared_text_written_as_a_string() {
+        let web = PoolName::from("web");
+        let row = web.clone();
+        assert!(
+            std::ptr::eq(web.as_str(), row.as_str()),
+            "a clone copied the text"
+        );
+        let text: Arc<str> = Arc::from("web");
+        assert!(std::ptr::eq(
+            PoolName::from(Arc::clone(&text)).as_str(),
+            &*text
+        ));
+        assert_eq!(serde_json::to_string(&web).ok().as_deref(), Some("\"web\""));
+        let read: PoolName = serde_json::from_str("\"web\"").unwrap();
+        assert_eq!((read.clone(), String::from(read)), (web, "web".to_owned()));
+        let schema = serde_json::to_value(schemars::schema_for!(PoolName)).unwrap();
+        assert_eq!(schema["type"], "string");
+        // A pool table keyed by name reads back from TOML.
+        let pools: std::collections::BTreeMap<PoolName, u32> = toml::from_str("web = 1").unwrap();
+        assert_eq!(pools.get(&PoolName::from("web")), Some(&1));
     }
 
     #[test]

@@ -1197,11 +1197,7 @@ impl Executor {
     /// reclaiming slots whose rotation is over. Batched with the other slot
     /// changes waiting at this instant (`change_slots`).
     async fn win_slot(&self, t: &Target, marker: &Marker, lease: &Held) -> Result<(), StepError> {
-        let cap = self
-            .policy
-            .pool(t.pool.as_str())
-            .max_concurrent_rotations
-            .get() as usize;
+        let cap = self.policy.pool(&t.pool).max_concurrent_rotations.get() as usize;
         let slot = Slot {
             machine_id: t.machine_id.clone(),
             tag: marker.tag.clone(),

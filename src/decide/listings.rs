@@ -376,7 +376,7 @@ mod tests {
         for later in [30, 60] {
             let r = prepared(&mut listings, vec![unknown()], &[], at(later));
             let m = &r.machines[0];
-            assert_eq!(&*m.pool, "p");
+            assert_eq!(m.pool.as_str(), "p");
             assert!(m.inputs.controls.is_held());
             assert!(m.inputs.metadata.is_empty());
             let detail = m.detail.as_deref().unwrap_or_default();
@@ -393,7 +393,7 @@ mod tests {
             &[],
             at(90),
         );
-        assert_eq!(&*r.machines[0].pool, "default");
+        assert_eq!(r.machines[0].pool.as_str(), "default");
         assert!(!r.machines[0].inputs.controls.is_held());
         // Never known at all: nothing to carry, the row says it is unknown.
         let mut listings = LastListings::default();

@@ -441,7 +441,7 @@ fn unprobed_evidence(tracker: &Tracker, m: &JudgedMachine, op: &OperatorState) -
 /// touched this way.
 fn past_probe_ceiling(
     policy: &Policy,
-    pool: &str,
+    pool: &PoolName,
     evidence: Option<&Unprobed>,
     now: DateTime<Utc>,
 ) -> bool {
@@ -634,9 +634,9 @@ impl<'a> Planning<'a> {
         // A rotation ends in the pool whose slot it won, whatever the label says now.
         let pool = match &op.marker {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
-            _ => &*m.pool,
+            _ => &m.pool,
         };
-        target.pool = PoolName::from(pool);
+        target.pool = pool.clone();
         let ctx = Ctx {
             policy: self.policy,
             m,
@@ -766,7 +766,7 @@ impl<'a> Planning<'a> {
         };
         if m.inputs.cordoned != Some(true)
             || !set
-                .slots(&m.app, &PoolName::from(ctx.pool))
+                .slots(&m.app, ctx.pool)
                 .iter()
                 .any(|s| s.machine_id == m.machine_id)
         {
@@ -790,7 +790,7 @@ impl<'a> Planning<'a> {
         let m = ctx.m;
         self.decide(m, rotation_decision(ctx, marker));
         let orphan = matches!(&self.report.slots, SlotsView::Known(set)
-            if !set.holds(&m.app, &PoolName::from(ctx.pool), &m.machine_id, &marker.tag));
+            if !set.holds(&m.app, ctx.pool, &m.machine_id, &marker.tag));
         if orphan
             && marker.phase == Phase::Releasing
             && !m.state.is_started()
@@ -969,7 +969,7 @@ impl<'a> Planning<'a> {
         let cap = self.policy.pool(&m.pool).max_concurrent_rotations.get() as usize;
         let used = self
             .in_use
-            .entry((m.app.clone(), PoolName::from(&*m.pool)))
+            .entry((m.app.clone(), m.pool.clone()))
             .or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
         if *used >= cap {
@@ -977,7 +977,7 @@ impl<'a> Planning<'a> {
             self.decide(
                 m,
                 Decision::WaitingForSlot {
-                    pool: PoolName::from(&*m.pool),
+                    pool: m.pool.clone(),
                     in_use,
                     cap,
                 },
@@ -1030,7 +1030,7 @@ impl<'a> Planning<'a> {
             // Recorded by the executor from the machine it reads under the
             // lease, not from this (older) snapshot.
             instance_id: None,
-            pool: Some(PoolName::from(&*m.pool)),
+            pool: Some(m.pool.clone()),
             failed: None,
         };
         self.decide(m, Decision::Claiming { mode });
@@ -1148,7 +1148,7 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
     for (m, op) in report.machines.iter().zip(ops) {
         let pool = match &op.marker {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
-            _ => &*m.pool,
+            _ => &m.pool,
         };
         let holds = match (&op.marker, set) {
             (_, None) if m.inputs.metadata_unknown().is_some() => true,
@@ -1157,7 +1157,7 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
             // way, and its slot was let go so the pool is not starved.
             (Some(Ok(marker)), Some(set)) => {
                 marker.phase.holds_slot()
-                    && !set.holds(&m.app, &PoolName::from(pool), &m.machine_id, &marker.tag)
+                    && !set.holds(&m.app, pool, &m.machine_id, &marker.tag)
                     && (marker.phase != Phase::Releasing || m.state.is_started())
             }
             (Some(Ok(marker)), None) => marker.phase.holds_slot(),
@@ -1165,9 +1165,7 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
             (Some(Err(_)), Some(_)) | (None, _) => false,
         };
         if holds {
-            *in_use
-                .entry((m.app.clone(), PoolName::from(pool)))
-                .or_default() += 1;
+            *in_use.entry((m.app.clone(), pool.clone())).or_default() += 1;
         }
     }
     in_use
@@ -1337,7 +1335,7 @@ fn unprobeable_candidate<'a>(
 /// by itself, then and now.
 fn probe_ceiling_at(
     policy: &Policy,
-    pool: &str,
+    pool: &PoolName,
     evidence: Option<&Unprobed>,
 ) -> Option<DateTime<Utc>> {
     evidence
@@ -1434,7 +1432,7 @@ fn target_of(m: &JudgedMachine) -> Target {
     Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
-        pool: PoolName::from(&*m.pool),
+        pool: m.pool.clone(),
         health_url: m.inputs.health_url.clone(),
     }
 }
@@ -1484,7 +1482,7 @@ struct Ctx<'a> {
     op: &'a OperatorState<'a>,
     target: &'a Target,
     /// The pool the rotation's slot is in (the marker's), else the machine's.
-    pool: &'a str,
+    pool: &'a PoolName,
     evidence: Option<&'a Unprobed>,
     /// When this run first saw the machine's current drift.
     drift_since: Option<DateTime<Utc>>,

@@ -64,15 +64,15 @@ fn policy() -> Policy {
 #[test]
 fn the_direct_policy_is_the_configs() {
     let (direct, parsed) = (policy(), Policy::from_config(&config("")));
-    for pool in ["default", "wide", "other"] {
+    for pool in ["default", "wide", "other"].map(PoolName::from) {
         assert_eq!(
-            direct.pool(pool).actions,
-            parsed.pool(pool).actions,
+            direct.pool(&pool).actions,
+            parsed.pool(&pool).actions,
             "{pool}"
         );
         assert_eq!(
-            direct.pool(pool).max_concurrent_rotations,
-            parsed.pool(pool).max_concurrent_rotations,
+            direct.pool(&pool).max_concurrent_rotations,
+            parsed.pool(&pool).max_concurrent_rotations,
             "{pool}"
         );
     }
@@ -151,7 +151,7 @@ impl M {
         m.0.commits_behind = Some(3);
         m.1 = Some(Verdict {
             severity,
-            action: policy().action("default", severity),
+            action: policy().action(&"default".into(), severity),
             reason: some_reason(),
         });
         if let Some(r) = m.0.inputs.report.as_mut() {

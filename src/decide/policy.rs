@@ -51,7 +51,11 @@ impl Policy {
             rotation: config.rotation.clone(),
             sweep_interval: config.sweep.interval.get(),
             pools: config.pools.clone(),
-            fallback: config.pools.get(DEFAULT_POOL).cloned().unwrap_or_default(),
+            fallback: config
+                .pools
+                .get(&PoolName::from(DEFAULT_POOL))
+                .cloned()
+                .unwrap_or_default(),
             severity: config.severity.clone(),
         }
     }
@@ -66,12 +70,12 @@ impl Policy {
     }
 
     /// The policy of a pool; pools without their own section use `default`.
-    pub fn pool(&self, name: &str) -> &PoolConfig {
+    pub fn pool(&self, name: &PoolName) -> &PoolConfig {
         self.pools.get(name).unwrap_or(&self.fallback)
     }
 
     /// What pool `name` does about drift of `severity`.
-    pub fn action(&self, pool: &str, severity: Severity) -> PolicyAction {
+    pub fn action(&self, pool: &PoolName, severity: Severity) -> PolicyAction {
         self.pool(pool).actions.for_severity(severity)
     }
 }
@@ -94,8 +98,9 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
 "#;
         let config = crate::config::test_config(pools);
         let policy = Policy::from_config(&config);
-        for (pool, cap) in [("default", 3), ("canary", 1), ("unlisted", 3)] {
-            let configured = config.pools.get(pool).unwrap_or(&config.pools["default"]);
+        let [default, canary, unlisted] = ["default", "canary", "unlisted"].map(PoolName::from);
+        for (pool, cap) in [(&default, 3), (&canary, 1), (&unlisted, 3)] {
+            let configured = config.pools.get(pool).unwrap_or(&config.pools[&default]);
             assert_eq!(policy.pool(pool).actions, configured.actions, "{pool}");
             assert_eq!(
                 policy.pool(pool).max_concurrent_rotations.get(),
@@ -107,15 +112,12 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
         let bare = Policy::from_config(&crate::config::test_config(
             &pools.replace("[pools.default]", "[pools.x]"),
         ));
-        assert_eq!(bare.pool("unlisted").actions, ActionMap::default());
+        assert_eq!(bare.pool(&unlisted).actions, ActionMap::default());
         assert_eq!(
-            policy.action("unlisted", Severity::Low),
+            policy.action(&unlisted, Severity::Low),
             PolicyAction::Observe
         );
-        assert_eq!(
-            policy.action("canary", Severity::Low),
-            PolicyAction::Restart
-        );
+        assert_eq!(policy.action(&canary, Severity::Low), PolicyAction::Restart);
 
         let direct = Policy::default().with_pool(
             "default",
@@ -130,11 +132,11 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
             },
         );
         assert_eq!(
-            direct.pool("unlisted").actions,
-            policy.pool("unlisted").actions
+            direct.pool(&unlisted).actions,
+            policy.pool(&unlisted).actions
         );
         assert_eq!(
-            direct.pool("unlisted").max_concurrent_rotations.get(),
+            direct.pool(&unlisted).max_concurrent_rotations.get(),
             3,
             "with_pool(\"default\") is the fallback too"
         );

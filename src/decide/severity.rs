@@ -20,7 +20,7 @@ use crate::config::SeverityRule;
 use crate::decide::policy::Policy;
 use crate::decide::reason::{Evidence, Reason, RuleMatch, SharedReason, Unresolved};
 use crate::decide::snapshot::{Snapshot, Verdict};
-use crate::model::{CommitId, PolicyAction, Severity};
+use crate::model::{CommitId, PolicyAction, PoolName, Severity};
 use crate::observe::overlay::{DriftRange, RefAnalysis, SignalId, Signals};
 use crate::observe::sweep::{Observation, ObservedMachine};
 
@@ -255,7 +255,7 @@ struct Verdicts {
 struct ByRef {
     class: Classification,
     reason: SharedReason,
-    by_pool: HashMap<String, Arc<Verdict>>,
+    by_pool: HashMap<PoolName, Arc<Verdict>>,
 }
 
 impl Verdicts {
@@ -281,7 +281,7 @@ impl Verdicts {
             self.by_ref.insert(reported_ref.to_owned(), by_ref);
         }
         let entry = self.by_ref.get_mut(reported_ref)?;
-        if let Some(verdict) = entry.by_pool.get(&*m.pool) {
+        if let Some(verdict) = entry.by_pool.get(&m.pool) {
             return Some(Arc::clone(verdict));
         }
         let severity = entry.class.severity;
@@ -294,9 +294,7 @@ impl Verdicts {
             },
             reason: entry.reason.clone(),
         });
-        entry
-            .by_pool
-            .insert(m.pool.to_string(), Arc::clone(&verdict));
+        entry.by_pool.insert(m.pool.clone(), Arc::clone(&verdict));
         Some(verdict)
     }
 }
@@ -636,7 +634,7 @@ min_commits_behind = 3
         assert_eq!(m("m1").severity(), Some(low.severity));
         assert_eq!(
             m("m1").action(),
-            Some(policy.action("default", low.severity))
+            Some(policy.action(&"default".into(), low.severity))
         );
         assert_ne!(m("m1").action(), Some(PolicyAction::Observe));
         let (r1, r2) = (m("m1").reason(), m("m2").reason());

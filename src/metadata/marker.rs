@@ -276,8 +276,8 @@ impl Marker {
 
     /// The pool the rotation's slot is in: the one recorded at the claim, else
     /// (older markers) the machine's current pool.
-    pub fn pool_or<'a>(&'a self, current: &'a str) -> &'a str {
-        self.pool.as_ref().map_or(current, PoolName::as_str)
+    pub fn pool_or<'a>(&'a self, current: &'a PoolName) -> &'a PoolName {
+        self.pool.as_ref().unwrap_or(current)
     }
 
     /// Whether the machine may be cordoned by this rotation (so undo uncordons).

@@ -28,7 +28,7 @@ use crate::fly::{FlyClient, FlyError, Machine, MachineCheck, MachineEvent};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::controls::Controls;
 use crate::metadata::slots::SlotSet;
-use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus};
+use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus, PoolName};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
@@ -75,7 +75,7 @@ impl SlotsView {
     /// The pool whose coordinator slot names `machine_id` of `app`, if one
     /// does: read in the same sweep, so it stands in for the pool label of
     /// a machine whose metadata is unknown.
-    pub fn pool_of(&self, app: &AppName, machine_id: &MachineId) -> Option<String> {
+    pub fn pool_of(&self, app: &AppName, machine_id: &MachineId) -> Option<PoolName> {
         let SlotsView::Known(set) = self else {
             return None;
         };
@@ -85,7 +85,7 @@ impl SlotsView {
             slots
                 .iter()
                 .any(|s| &s.machine_id == machine_id)
-                .then(|| pool.to_string())
+                .then(|| PoolName::from(pool))
         })
     }
 }
@@ -121,7 +121,7 @@ pub struct ObservedMachine {
     /// Shared by every row of the sweep in the same region ([`Texts`]).
     pub region: Arc<str>,
     /// Shared by every row of the sweep in the same pool ([`Texts`]).
-    pub pool: Arc<str>,
+    pub pool: PoolName,
     pub state: MachineState,
     pub status: MachineStatus,
     /// The text of `inputs.report`'s `overlay_ref` (one allocation, shared
@@ -269,8 +269,8 @@ impl Texts {
 /// The empty region and the default pool, one copy each for the process:
 /// rows made without a [`Texts`] allocate neither.
 static NO_REGION: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
-static DEFAULT_POOL: std::sync::LazyLock<Arc<str>> =
-    std::sync::LazyLock::new(|| Arc::from(crate::config::DEFAULT_POOL));
+static DEFAULT_POOL: std::sync::LazyLock<PoolName> =
+    std::sync::LazyLock::new(|| PoolName::from(crate::config::DEFAULT_POOL));
 
 impl ObservedMachine {
     /// A machine as listed, before any probe or analysis: `not_running`,
@@ -281,7 +281,7 @@ impl ObservedMachine {
             machine_id: machine_id.into(),
             name: name.to_string(),
             region: Arc::clone(&NO_REGION),
-            pool: Arc::clone(&DEFAULT_POOL),
+            pool: DEFAULT_POOL.clone(),
             state,
             status: MachineStatus::NotRunning,
             reported_ref: None,
@@ -520,7 +520,7 @@ fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine
     };
     let mut row = ObservedMachine {
         region: texts.get(&m.region),
-        pool: texts.get(&pool),
+        pool: PoolName::from(texts.get(pool)),
         ..ObservedMachine::listed(app.name.as_str(), &m.id, &m.name, m.state)
     };
     row.inputs.metadata = metadata;
@@ -637,7 +637,7 @@ fn pools_from_slots(observation: &mut Observation) {
                 Some(d) => format!("{d}; {note}"),
                 None => note,
             });
-            m.pool = pool.into();
+            m.pool = pool;
         }
     }
 }
@@ -647,13 +647,12 @@ fn pools_from_slots(observation: &mut Observation) {
 const OWN_KEY_PREFIX: &str = "fleet_reconciler_";
 
 /// The pool a machine belongs to: the value of the app's pool key, or `default`.
-pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> String {
+pub fn pool_of<'a>(pool_key: Option<&str>, metadata: impl Fn(&str) -> Option<&'a str>) -> &'a str {
     pool_key
         .and_then(metadata)
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .unwrap_or(crate::config::DEFAULT_POOL)
-        .to_string()
 }
 
 /// The detail of a drifted machine whose range the path rules have not
@@ -717,7 +716,7 @@ mod tests {
         .unwrap();
         let mut r = listed_row(&config.apps[0], m, &mut Texts::default());
         analysed_row(&mut r, &HashMap::new());
-        assert_eq!(&*r.pool, "web");
+        assert_eq!(r.pool.as_str(), "web");
         assert_eq!(
             r.inputs.metadata.keys().collect::<Vec<_>>(),
             ["fleet_reconciler_hold", "fly_process_group"]
@@ -757,7 +756,8 @@ mod tests {
         let mut a = listed_row(&config.apps[0], machine("m1"), &mut texts);
         let mut b = listed_row(&config.apps[0], machine("m2"), &mut texts);
         assert!(Arc::ptr_eq(&a.region, &b.region) && &*a.region == "iad");
-        assert!(Arc::ptr_eq(&a.pool, &b.pool));
+        // One allocation of the pool's text, which both rows' names hold.
+        assert!(std::ptr::eq(a.pool.as_str(), b.pool.as_str()) && a.pool.as_str() == "default");
         // Each parse makes its own text; the sweep keeps one, which the
         // row and its report both hold.
         let report = || crate::observe::probe::parse_report(br#"{"overlay_ref":"ABCD1234"}"#);

@@ -721,17 +721,17 @@ impl Metrics {
     /// passed are removed. Each pool passed also gets its action series at 0
     /// ([`ACTIONS`] × [`ACTION_RESULTS`]), kept for the life of the process
     /// (a counter must not vanish).
-    pub fn set_rotations_in_progress(&self, rotations: &[(&str, &str, usize)]) {
+    pub fn set_rotations_in_progress(&self, rotations: &[(&AppName, &PoolName, usize)]) {
         let mut exported = self.exported();
         let mut current = BTreeSet::new();
         for (app, pool, n) in rotations {
             self.rotations
-                .with_label_values(&[*app, *pool])
+                .with_label_values(&[app.as_str(), pool.as_str()])
                 .set(i64::try_from(*n).unwrap_or(i64::MAX));
             for action in ACTIONS {
                 for result in ACTION_RESULTS {
                     self.actions
-                        .with_label_values(&[*app, *pool, action, result]);
+                        .with_label_values(&[app.as_str(), pool.as_str(), action, result]);
                 }
             }
             current.insert((app.to_string(), pool.to_string()));
@@ -1177,8 +1177,13 @@ mod tests {
     #[test]
     fn rotations_are_replaced_as_a_set() {
         let m = Metrics::new(false).unwrap();
-        m.set_rotations_in_progress(&[("a", "p1", 2), ("a", "p2", 1)]);
-        m.set_rotations_in_progress(&[("a", "p1", 0)]);
+        let (a, p1, p2) = (
+            AppName::from("a"),
+            PoolName::from("p1"),
+            PoolName::from("p2"),
+        );
+        m.set_rotations_in_progress(&[(&a, &p1, 2), (&a, &p2, 1)]);
+        m.set_rotations_in_progress(&[(&a, &p1, 0)]);
         let text = m.render().unwrap();
         assert!(
             text.contains("fleet_reconciler_rotations_in_progress{fly_app=\"a\",pool=\"p1\"} 0")

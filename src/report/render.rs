@@ -134,7 +134,7 @@ fn cells(report: &FleetDocument<'_>, m: RowView<'_>, stale: bool) -> [String; 13
         m.machine_id.to_string(),
         m.name.to_owned(),
         m.region.to_owned(),
-        m.pool.to_owned(),
+        m.pool.to_string(),
         m.reported_ref
             .map(|r| r.chars().take(12).collect())
             .unwrap_or_else(dash),
@@ -353,7 +353,7 @@ pub fn plan_to_json<'a>(report: &'a Snapshot, plan: &'a Plan) -> PlanJson<'a> {
                     app: m.app.as_str(),
                     machine_id: m.machine_id.as_str(),
                     name: &m.name,
-                    pool: &m.pool,
+                    pool: m.pool.as_str(),
                     status: m.status,
                     severity: m.severity(),
                     action: m.action(),

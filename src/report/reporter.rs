@@ -18,7 +18,7 @@ use crate::daemon::{Cycle, SweepOutcome};
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
 use crate::events::Alert;
-use crate::model::MachineId;
+use crate::model::{AppName, MachineId, PoolName};
 use crate::report::history::History;
 use crate::report::metrics::Metrics;
 use crate::report::notify::{
@@ -220,15 +220,15 @@ impl<'a> Reporter<'a> {
             self.metrics.record_tip_fetched(at);
         }
         // Every pool that has machines, zeros included, so the series stay.
-        let mut pools: BTreeMap<(&str, &str), usize> = report
+        let mut pools: BTreeMap<(&AppName, &PoolName), usize> = report
             .machines
             .iter()
-            .map(|m| ((m.app.as_str(), &*m.pool), 0))
+            .map(|m| ((&m.app, &m.pool), 0))
             .collect();
         for ((app, pool), n) in &plan.rotations_in_progress {
-            pools.insert((app.as_str(), pool.as_str()), *n);
+            pools.insert((app, pool), *n);
         }
-        let rotations: Vec<(&str, &str, usize)> =
+        let rotations: Vec<(&AppName, &PoolName, usize)> =
             pools.into_iter().map(|((a, p), n)| (a, p, n)).collect();
         self.metrics.set_rotations_in_progress(&rotations);
         self.log_decisions(plan);

@@ -25,7 +25,7 @@ use crate::decide::planner::Plan;
 use crate::decide::reason::{Reason, SharedReason};
 use crate::decide::snapshot::{AppSummary, JudgedMachine, Snapshot, stale_apps};
 use crate::model::{
-    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, Severity,
+    AppName, CommitId, MachineId, MachineState, MachineStatus, PolicyAction, PoolName, Severity,
 };
 use crate::observe::sweep::{StaleApp, TipReport};
 
@@ -79,7 +79,9 @@ pub struct MachineRow {
     pub machine_id: MachineId,
     pub name: String,
     pub region: String,
-    pub pool: String,
+    // Plain text in the published schema, as it was when it was a `String`.
+    #[schemars(with = "String")]
+    pub pool: PoolName,
     pub state: MachineState,
     pub status: MachineStatus,
     pub reported_ref: Option<String>,
@@ -108,7 +110,7 @@ pub struct RowView<'a> {
     pub machine_id: &'a MachineId,
     pub name: &'a str,
     pub region: &'a str,
-    pub pool: &'a str,
+    pub pool: &'a PoolName,
     pub state: &'a MachineState,
     pub status: MachineStatus,
     pub reported_ref: Option<&'a str>,
@@ -172,7 +174,7 @@ impl From<RowView<'_>> for MachineRow {
             machine_id: m.machine_id.clone(),
             name: m.name.to_owned(),
             region: m.region.to_owned(),
-            pool: m.pool.to_owned(),
+            pool: m.pool.clone(),
             state: m.state.clone(),
             status: m.status,
             reported_ref: m.reported_ref.map(str::to_owned),
@@ -308,7 +310,7 @@ struct RowOut<'a> {
     machine_id: &'a MachineId,
     name: &'a str,
     region: &'a str,
-    pool: &'a str,
+    pool: &'a PoolName,
     state: &'a MachineState,
     status: MachineStatus,
     /// Left out when it is the whole `commit` (most agents report that).
@@ -515,7 +517,7 @@ impl<'de> Deserialize<'de> for FleetDocument<'_> {
                 machine_id: row.machine_id,
                 name: row.name,
                 region: row.region,
-                pool: row.pool,
+                pool: row.pool.into(),
                 state: row.state,
                 status: row.status,
                 reported_ref,

@@ -375,8 +375,8 @@ async fn every_status_is_reported_correctly() {
     );
     // pre-policy also misses the Security commit, which comes later: critical.
     assert_eq!(sev("pre-policy").0, Some(Severity::Critical));
-    assert_eq!(&*by_id(&report, "pre-policy").pool, "default");
-    assert_eq!(&*by_id(&report, "behind-6").pool, "fast");
+    assert_eq!(by_id(&report, "pre-policy").pool.as_str(), "default");
+    assert_eq!(by_id(&report, "behind-6").pool.as_str(), "fast");
 
     let m = expect("unknown", MachineStatus::UnknownRef);
     assert_eq!(

@@ -1115,10 +1115,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         m2.inputs.metadata.is_empty(),
         "unknown metadata is never read"
     );
-    assert_eq!(
-        &*m2.pool, "dispatch",
-        "the pool as last listed, not default"
-    );
+    assert_eq!(m2.pool.as_str(), "dispatch", "the pool as last listed, not default");
     assert!(m2.inputs.controls.is_held(), "the hold as last listed");
     assert!(
         m2.inputs.controls.approval.is_none(),
@@ -1130,7 +1127,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         "{detail}"
     );
     let m3 = row("m3");
-    assert_eq!(&*m3.pool, "dispatch", "the pool its coordinator slot names");
+    assert_eq!(m3.pool.as_str(), "dispatch", "the pool its coordinator slot names");
     let detail = m3.detail.clone().unwrap_or_default();
     assert!(
         detail.contains("host") && detail.contains("slot"),

@@ -531,7 +531,10 @@ async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
     m.record_sweep_failure("transport");
     m.record_action(&"alpha".into(), &"default".into(), "restart", "succeeded");
     m.record_action(&"alpha".into(), &"default".into(), "drain", "failed");
-    m.set_rotations_in_progress(&[("alpha", "default", 1), ("beta", "default", 0)]);
+    m.set_rotations_in_progress(&[
+        (&"alpha".into(), &"default".into(), 1),
+        (&"beta".into(), &"default".into(), 0),
+    ]);
     m.record_webhook_delivery("pagerduty", "delivered");
     m.set_webhook_sink(0, "pagerduty", 0, false);
     m.set_decisions([(
@@ -757,7 +760,10 @@ async fn every_metric_name_in_the_docs_and_deploy_files_is_exported() {
 #[test]
 fn failed_action_series_exist_at_zero_before_the_first_failure() {
     let m = Metrics::new(false).unwrap();
-    m.set_rotations_in_progress(&[("alpha", "default", 0), ("alpha", "canary", 1)]);
+    m.set_rotations_in_progress(&[
+        (&"alpha".into(), &"default".into(), 0),
+        (&"alpha".into(), &"canary".into(), 1),
+    ]);
     let s = parse(&m.render().unwrap());
     for pool in ["default", "canary"] {
         for action in metrics::ACTIONS {
@@ -781,7 +787,7 @@ fn failed_action_series_exist_at_zero_before_the_first_failure() {
     }
     m.record_action(&"alpha".into(), &"canary".into(), "restart", "failed");
     // A pool no longer passed keeps its counters (a counter never vanishes).
-    m.set_rotations_in_progress(&[("alpha", "default", 0)]);
+    m.set_rotations_in_progress(&[(&"alpha".into(), &"default".into(), 0)]);
     let s = parse(&m.render().unwrap());
     assert_eq!(
         value(

@@ -348,7 +348,7 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> (ObservedMachine, Option
     }
     let verdict = classified.then(|| Verdict {
         severity: m.severity,
-        action: policy.action(pool, m.severity),
+        action: policy.action(&pool.into(), m.severity),
         reason: SharedReason(std::sync::Arc::new(Reason {
             rule: RuleMatch::NoMatch { level: m.severity },
             evidence: Vec::new(),
@@ -544,7 +544,7 @@ proptest! {
                     RestartGuard::MayInterrupt => {
                         let grace = expected.mode == RotationMode::Grace
                             && expected.action == PolicyAction::Restart
-                            && policy.action(POOLS[m.pool], expected.severity)
+                            && policy.action(&POOLS[m.pool].into(), expected.severity)
                                 == PolicyAction::Restart
                             && expected.attempt_started_at
                                 .checked_add_signed(Cd::from_std(policy.rotation.restart_grace).unwrap())
@@ -568,7 +568,7 @@ proptest! {
             }
         }
         for (pool, n) in claims {
-            let cap = policy.pool(pool).max_concurrent_rotations.get() as usize;
+            let cap = policy.pool(&pool.into()).max_concurrent_rotations.get() as usize;
             let used = out.get(pool).copied().unwrap_or(0);
             prop_assert!(used + n <= cap.max(used), "pool {pool}: {used} in use + {n} claims > cap {cap}");
         }

@@ -236,7 +236,7 @@ impl MachineView {
         );
         line("app", p(m.app.as_str()));
         line("region", p(&m.region));
-        line("pool", p(&m.pool));
+        line("pool", p(m.pool.as_str()));
         line("state", p(m.state.as_str()));
         line("status", m.status.to_string());
         line("ref", or_dash(m.reported_ref.as_deref().map(p)));

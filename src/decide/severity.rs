@@ -626,7 +626,7 @@ min_commits_behind = 3
             report
                 .machines
                 .iter()
-                .find(|m| m.machine_id == id)
+                .find(|m| m.seen.machine_id == id)
                 .expect("machine")
         };
         let low = classify(

@@ -584,14 +584,16 @@ impl Metrics {
             .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
             .map(|a| a.name.clone())
             .collect();
-        apps.extend(report.machines.iter().map(|m| m.app.to_string()));
+        apps.extend(report.machines.iter().map(|m| m.seen.app.to_string()));
 
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
         for m in &report.machines {
-            *status_counts.entry((m.app.as_str(), m.status)).or_default() += 1;
+            *status_counts
+                .entry((m.seen.app.as_str(), m.seen.status))
+                .or_default() += 1;
             if let Some(s) = m.severity() {
-                *severity_counts.entry((m.app.as_str(), s)).or_default() += 1;
+                *severity_counts.entry((m.seen.app.as_str(), s)).or_default() += 1;
             }
         }
         for app in &apps {
@@ -629,7 +631,7 @@ impl Metrics {
             let started = report
                 .machines
                 .iter()
-                .filter(|m| &m.app == app && m.status != MachineStatus::NotRunning)
+                .filter(|m| &m.seen.app == app && m.seen.status != MachineStatus::NotRunning)
                 .count();
             let on_tip = report.count(Some(app), MachineStatus::OnTip);
             let ratio = if started == 0 {
@@ -659,14 +661,22 @@ impl Metrics {
         let mut current = BTreeSet::new();
         if self.per_machine {
             for m in &report.machines {
-                if m.status != MachineStatus::Drifted {
+                if m.seen.status != MachineStatus::Drifted {
                     continue;
                 }
-                let behind = m.commits_behind.unwrap_or(0);
+                let behind = m.seen.commits_behind.unwrap_or(0);
                 self.commits_behind
-                    .with_label_values(&[m.app.as_str(), m.machine_id.as_str(), &m.region])
+                    .with_label_values(&[
+                        m.seen.app.as_str(),
+                        m.seen.machine_id.as_str(),
+                        &m.seen.region,
+                    ])
                     .set(i64::try_from(behind).unwrap_or(i64::MAX));
-                current.insert((m.app.clone(), m.machine_id.clone(), m.region.to_string()));
+                current.insert((
+                    m.seen.app.clone(),
+                    m.seen.machine_id.clone(),
+                    m.seen.region.to_string(),
+                ));
             }
         }
         for (app, id, region) in exported.machines.difference(&current) {
@@ -956,18 +966,18 @@ mod tests {
     }
 
     fn report(machines: Vec<JudgedMachine>) -> Snapshot {
-        let mut apps: Vec<String> = machines.iter().map(|m| m.app.to_string()).collect();
+        let mut apps: Vec<String> = machines.iter().map(|m| m.seen.app.to_string()).collect();
         apps.dedup();
         let summaries: Vec<AppSummary> = apps
             .iter()
             .map(|a| {
                 let started = machines
                     .iter()
-                    .filter(|m| &m.app == a && m.status != MachineStatus::NotRunning)
+                    .filter(|m| &m.seen.app == a && m.seen.status != MachineStatus::NotRunning)
                     .count();
                 let on_tip = machines
                     .iter()
-                    .filter(|m| &m.app == a && m.status == MachineStatus::OnTip)
+                    .filter(|m| &m.seen.app == a && m.seen.status == MachineStatus::OnTip)
                     .count();
                 AppSummary {
                     name: a.clone(),

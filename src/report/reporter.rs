@@ -223,7 +223,7 @@ impl<'a> Reporter<'a> {
         let mut pools: BTreeMap<(&str, &str), usize> = report
             .machines
             .iter()
-            .map(|m| ((m.app.as_str(), &*m.pool), 0))
+            .map(|m| ((m.seen.app.as_str(), &*m.seen.pool), 0))
             .collect();
         for ((app, pool), n) in &plan.rotations_in_progress {
             pools.insert((app.as_str(), pool.as_str()), *n);
@@ -232,12 +232,11 @@ impl<'a> Reporter<'a> {
             pools.into_iter().map(|((a, p), n)| (a, p, n)).collect();
         self.metrics.set_rotations_in_progress(&rotations);
         self.log_decisions(plan);
-        self.metrics.set_decisions(
-            report
-                .machines
-                .iter()
-                .filter_map(|m| plan.decision(&m.machine_id).map(|d| (m.app.as_str(), d))),
-        );
+        self.metrics
+            .set_decisions(report.machines.iter().filter_map(|m| {
+                plan.decision(&m.seen.machine_id)
+                    .map(|d| (m.seen.app.as_str(), d))
+            }));
 
         let mut events = Vec::new();
         for s in steps {
@@ -251,18 +250,23 @@ impl<'a> Reporter<'a> {
         }
         self.history.record(steps, now);
         // Forget machines that are gone.
-        let listed: HashSet<&MachineId> = report.machines.iter().map(|m| &m.machine_id).collect();
+        let listed: HashSet<&MachineId> =
+            report.machines.iter().map(|m| &m.seen.machine_id).collect();
         self.history.retain(|id| listed.contains(id));
 
         let mut extras = BTreeMap::new();
         for m in &report.machines {
             let extra = MachineExtra {
-                decision: plan.decision(&m.machine_id).cloned(),
-                history: self.history.of(&m.machine_id).cloned().unwrap_or_default(),
-                drift_since: plan.drift_since(&m.machine_id),
+                decision: plan.decision(&m.seen.machine_id).cloned(),
+                history: self
+                    .history
+                    .of(&m.seen.machine_id)
+                    .cloned()
+                    .unwrap_or_default(),
+                drift_since: plan.drift_since(&m.seen.machine_id),
             };
             if extra != MachineExtra::default() {
-                extras.insert(m.machine_id.clone(), extra);
+                extras.insert(m.seen.machine_id.clone(), extra);
             }
         }
 

@@ -337,7 +337,7 @@ async fn per_machine_series_are_removed_when_back_on_tip_or_gone() {
 
     // d2 vanishes from the inventory (destroyed): its series goes too.
     let mut without = report.clone();
-    without.machines.retain(|x| x.machine_id != "d2");
+    without.machines.retain(|x| x.seen.machine_id != "d2");
     m.record_sweep(&without, Duration::from_millis(200), Utc::now());
     assert!(ids(&m).is_empty(), "{:?}", ids(&m));
     let text = m.render().unwrap();

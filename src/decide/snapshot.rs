@@ -94,7 +94,15 @@ pub struct Verdict {
 /// What was seen is `seen`, read as such (`m.seen.status`): a function that
 /// reads only that takes the [`ObservedMachine`]; one that also needs the
 /// verdict takes this. Deliberately no `Deref` to the observed row, so a
-/// judged row never silently passes for one that was only seen.
+/// judged row never silently passes for one that was only seen:
+///
+/// ```compile_fail,E0308
+/// use fleet_reconciler::decide::snapshot::JudgedMachine;
+/// use fleet_reconciler::observe::sweep::ObservedMachine;
+/// fn seen(m: &JudgedMachine) -> &ObservedMachine {
+///     m // only `&m.seen` is the observed row
+/// }
+/// ```
 #[derive(Clone, Debug)]
 pub struct JudgedMachine {
     pub seen: ObservedMachine,

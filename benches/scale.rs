@@ -1952,8 +1952,8 @@ async fn bench(args: Args) -> Result<(), Error> {
         let behind = root_report
             .iter()
             .flat_map(|r| r.machines.iter())
-            .find(|m| m.machine_id == root_id)
-            .and_then(|m| m.commits_behind);
+            .find(|m| m.seen.machine_id == root_id)
+            .and_then(|m| m.seen.commits_behind);
         report.row(
             "4. agent on the root commit: extra git work, first time",
             secs(root_first),

@@ -366,7 +366,7 @@ async fn soak(args: Args) -> Result<(), Error> {
                     .report
                     .machines
                     .iter()
-                    .map(|m| m.inputs.events().len())
+                    .map(|m| m.seen.inputs.events().len())
                     .sum();
                 listed as f64 / machines as f64
             }

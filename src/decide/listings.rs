@@ -53,25 +53,27 @@ impl Listing {
     ) -> HashMap<MachineId, DateTime<Utc>> {
         let mut known_at = HashMap::new();
         for m in machines {
-            if m.inputs.metadata_unknown().is_none() {
-                known_at.insert(m.machine_id.clone(), now);
+            if m.seen.inputs.metadata_unknown().is_none() {
+                known_at.insert(m.seen.machine_id.clone(), now);
                 continue;
             }
             let (Some(last), Some(at)) = (
-                self.machines.iter().find(|l| l.machine_id == m.machine_id),
-                self.known_at.get(&m.machine_id),
+                self.machines
+                    .iter()
+                    .find(|l| l.seen.machine_id == m.seen.machine_id),
+                self.known_at.get(&m.seen.machine_id),
             ) else {
                 continue;
             };
-            known_at.insert(m.machine_id.clone(), *at);
-            let from_slot = slots.pool_of(&m.app, &m.machine_id).is_some();
+            known_at.insert(m.seen.machine_id.clone(), *at);
+            let from_slot = slots.pool_of(&m.seen.app, &m.seen.machine_id).is_some();
             let m = &mut m.seen;
             if !from_slot {
-                m.pool = last.pool.clone();
+                m.pool = last.seen.pool.clone();
             }
             m.inputs.controls = shared_controls(Controls {
-                hold: last.inputs.controls.hold.clone(),
-                marker: last.inputs.controls.marker.clone(),
+                hold: last.seen.inputs.controls.hold.clone(),
+                marker: last.seen.inputs.controls.marker.clone(),
                 approval: None,
                 unprobed: None,
             });
@@ -113,10 +115,10 @@ impl LastListings {
         let mut by_app: HashMap<AppName, Vec<JudgedMachine>> = HashMap::new();
         let mut order: Vec<AppName> = Vec::new();
         for m in std::mem::take(&mut snapshot.machines) {
-            if !by_app.contains_key(&m.app) {
-                order.push(m.app.clone());
+            if !by_app.contains_key(&m.seen.app) {
+                order.push(m.seen.app.clone());
             }
-            by_app.entry(m.app.clone()).or_default().push(m);
+            by_app.entry(m.seen.app.clone()).or_default().push(m);
         }
         let mut machines = Vec::new();
         let mut carried = false;
@@ -134,8 +136,8 @@ impl LastListings {
                         Some(last) => last.fill_unknown(&mut listed, &snapshot.slots, now),
                         None => listed
                             .iter()
-                            .filter(|m| m.inputs.metadata_unknown().is_none())
-                            .map(|m| (m.machine_id.clone(), now))
+                            .filter(|m| m.seen.inputs.metadata_unknown().is_none())
+                            .map(|m| (m.seen.machine_id.clone(), now))
                             .collect(),
                     };
                     self.apps.insert(
@@ -265,11 +267,11 @@ mod tests {
         let ids: Vec<&str> = second
             .machines
             .iter()
-            .map(|m| m.machine_id.as_str())
+            .map(|m| m.seen.machine_id.as_str())
             .collect();
         assert_eq!(ids, ["a1", "b1", "b2"]);
         assert_eq!(
-            second.machines[0].status,
+            second.machines[0].seen.status,
             MachineStatus::Drifted,
             "a is fresh"
         );
@@ -376,10 +378,10 @@ mod tests {
         for later in [30, 60] {
             let r = prepared(&mut listings, vec![unknown()], &[], at(later));
             let m = &r.machines[0];
-            assert_eq!(m.pool.as_str(), "p");
-            assert!(m.inputs.controls.is_held());
-            assert!(m.inputs.metadata.is_empty());
-            let detail = m.detail.as_deref().unwrap_or_default();
+            assert_eq!(m.seen.pool.as_str(), "p");
+            assert!(m.seen.inputs.controls.is_held());
+            assert!(m.seen.inputs.metadata.is_empty());
+            let detail = m.seen.detail.as_deref().unwrap_or_default();
             assert!(
                 detail.starts_with(
                     "metadata unknown; pool, hold and marker as last listed at 2027-01-15T08:00:00Z"
@@ -393,11 +395,14 @@ mod tests {
             &[],
             at(90),
         );
-        assert_eq!(r.machines[0].pool.as_str(), "default");
-        assert!(!r.machines[0].inputs.controls.is_held());
+        assert_eq!(r.machines[0].seen.pool.as_str(), "default");
+        assert!(!r.machines[0].seen.inputs.controls.is_held());
         // Never known at all: nothing to carry, the row says it is unknown.
         let mut listings = LastListings::default();
         let r = prepared(&mut listings, vec![unknown()], &[], at(0));
-        assert_eq!(r.machines[0].detail.as_deref(), Some("metadata unknown"));
+        assert_eq!(
+            r.machines[0].seen.detail.as_deref(),
+            Some("metadata unknown")
+        );
     }
 }

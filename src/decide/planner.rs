@@ -37,7 +37,7 @@ use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
 use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{AgentReport, Capability};
-use crate::observe::sweep::SlotsView;
+use crate::observe::sweep::{ObservedMachine, SlotsView};
 
 /// How far in the future a heartbeat may be (clock skew) and still count as fresh.
 pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
@@ -163,12 +163,12 @@ impl Tracker {
         let stale = snapshot.stale_app_names();
         let mut next = HashMap::with_capacity(snapshot.machines.len());
         for m in &snapshot.machines {
-            let mut seen = self.machines.remove(&m.machine_id).unwrap_or_default();
-            if stale.contains(m.app.as_str()) {
-                next.insert(m.machine_id.clone(), seen);
+            let mut seen = self.machines.remove(&m.seen.machine_id).unwrap_or_default();
+            if stale.contains(m.seen.app.as_str()) {
+                next.insert(m.seen.machine_id.clone(), seen);
                 continue;
             }
-            match m.status {
+            match m.seen.status {
                 s if s.is_classified() => {
                     seen.drift_since = seen.drift_since.or(Some(now));
                     seen.unprobed_since = None;
@@ -189,7 +189,7 @@ impl Tracker {
                     seen.unprobed_since = seen.unprobed_since.or(Some(now));
                 }
             }
-            next.insert(m.machine_id.clone(), seen);
+            next.insert(m.seen.machine_id.clone(), seen);
         }
         self.machines = next;
         self.slots_unknown_since = match snapshot.slots {
@@ -286,7 +286,7 @@ fn plausible(marker: Marker, now: DateTime<Utc>) -> Result<Marker, String> {
     }
 }
 
-fn operator_state(m: &JudgedMachine, now: DateTime<Utc>) -> OperatorState<'_> {
+fn operator_state(m: &ObservedMachine, now: DateTime<Utc>) -> OperatorState<'_> {
     OperatorState {
         controls: &m.inputs.controls,
         marker: m
@@ -394,7 +394,7 @@ fn recent_input_until(
 }
 
 /// The report of a started machine, if this sweep has one.
-fn usable_report(m: &JudgedMachine) -> Option<&AgentReport> {
+fn usable_report(m: &ObservedMachine) -> Option<&AgentReport> {
     m.inputs.report.as_ref().filter(|_| m.state.is_started())
 }
 
@@ -408,7 +408,11 @@ fn automatic(action: PolicyAction) -> bool {
 
 /// The probe-failure evidence for a machine without a usable report: the
 /// persisted record, else this run's memory.
-fn unprobed_evidence(tracker: &Tracker, m: &JudgedMachine, op: &OperatorState) -> Option<Unprobed> {
+fn unprobed_evidence(
+    tracker: &Tracker,
+    m: &ObservedMachine,
+    op: &OperatorState,
+) -> Option<Unprobed> {
     // Last seen drifted in this run, or mid-rotation (the marker says it was).
     let since = tracker.unprobed_since(&m.machine_id);
     let remembered = tracker
@@ -456,7 +460,7 @@ fn past_probe_ceiling(
 struct Candidate<'a> {
     severity: Severity,
     since: DateTime<Utc>,
-    m: &'a JudgedMachine,
+    m: &'a ObservedMachine,
     mode: RotationMode,
     action: PolicyAction,
     /// The marker the claim replaces: a due `yielded` one, or our own
@@ -475,7 +479,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         .snapshot
         .machines
         .iter()
-        .map(|m| operator_state(m, input.now))
+        .map(|m| operator_state(&m.seen, input.now))
         .collect();
     let mut planning = Planning::new(input, &ops);
     for (m, op) in input.snapshot.machines.iter().zip(&ops) {
@@ -569,11 +573,11 @@ impl<'a> Planning<'a> {
         }
     }
 
-    fn decide(&mut self, m: &JudgedMachine, decision: Decision) {
+    fn decide(&mut self, m: &ObservedMachine, decision: Decision) {
         self.draft(m).decision = Some(decision);
     }
 
-    fn draft(&mut self, m: &JudgedMachine) -> &mut Draft {
+    fn draft(&mut self, m: &ObservedMachine) -> &mut Draft {
         self.machines.entry(m.machine_id.clone()).or_default()
     }
 
@@ -606,21 +610,21 @@ impl<'a> Planning<'a> {
     /// nothing more while it is held; else the step its marker calls for,
     /// or its candidacy for a claim; then the probe-failure bookkeeping.
     fn machine(&mut self, m: &'a JudgedMachine, op: &'a OperatorState) {
-        self.draft(m).drift_since = self.tracker.drift_since(&m.machine_id);
-        if self.app_not_listed(m, op) {
+        self.draft(&m.seen).drift_since = self.tracker.drift_since(&m.seen.machine_id);
+        if self.app_not_listed(&m.seen, op) {
             return;
         }
         // Unprobeable now, drifted before: still drifting as far as anyone
         // knows, so its alert keeps firing (no flapping).
-        let evidence = unprobeable(m.status)
-            .then(|| unprobed_evidence(self.tracker, m, op))
+        let evidence = unprobeable(m.seen.status)
+            .then(|| unprobed_evidence(self.tracker, &m.seen, op))
             .flatten();
         self.drift_alert(m, evidence.as_ref());
         // Unknown is not empty: no hold, marker or approval can be seen, so
         // nothing at all is planned (not even an undo or bookkeeping).
-        if let Some(why) = m.inputs.metadata_unknown() {
+        if let Some(why) = m.seen.inputs.metadata_unknown() {
             self.decide(
-                m,
+                &m.seen,
                 Decision::MetadataUnknown {
                     why: why.to_string(),
                 },
@@ -630,11 +634,11 @@ impl<'a> Planning<'a> {
         if self.held(m, op) {
             return; // never act on a held machine, never clear its hold
         }
-        let mut target = target_of(m);
+        let mut target = target_of(&m.seen);
         // A rotation ends in the pool whose slot it won, whatever the label says now.
         let pool = match &op.marker {
-            Some(Ok(marker)) => marker.pool_or(&m.pool),
-            _ => &m.pool,
+            Some(Ok(marker)) => marker.pool_or(&m.seen.pool),
+            _ => &m.seen.pool,
         };
         target.pool = pool.clone();
         let ctx = Ctx {
@@ -644,8 +648,8 @@ impl<'a> Planning<'a> {
             target: &target,
             pool,
             evidence: evidence.as_ref(),
-            drift_since: self.tracker.drift_since(&m.machine_id),
-            unprobed_since: self.tracker.unprobed_since(&m.machine_id),
+            drift_since: self.tracker.drift_since(&m.seen.machine_id),
+            unprobed_since: self.tracker.unprobed_since(&m.seen.machine_id),
             fetch: self.fetch,
             now: self.now,
             tip: self.tip,
@@ -662,7 +666,7 @@ impl<'a> Planning<'a> {
                 None
             }
         };
-        let step = step.or_else(|| unprobed_bookkeeping(m, op, &target, evidence.as_ref()));
+        let step = step.or_else(|| unprobed_bookkeeping(&m.seen, op, &target, evidence.as_ref()));
         // Unknown is not empty: a step that needs its slot waits until the
         // coordinator can be read (the undo needs none and goes on).
         let step = step.filter(|s| !(s.needs_slot() && self.slots_unknown().is_some()));
@@ -675,7 +679,7 @@ impl<'a> Planning<'a> {
     /// no step for its machines, not even an undo, and no alert of its own
     /// (the caller keeps those that were firing). A rotation in progress
     /// there waits, marker and slot as they are, until it lists.
-    fn app_not_listed(&mut self, m: &JudgedMachine, op: &OperatorState) -> bool {
+    fn app_not_listed(&mut self, m: &ObservedMachine, op: &OperatorState) -> bool {
         if !self.stale.contains(m.app.as_str()) {
             return false;
         }
@@ -692,10 +696,10 @@ impl<'a> Planning<'a> {
     fn drift_alert(&mut self, m: &JudgedMachine, evidence: Option<&Unprobed>) {
         let aged = self
             .tracker
-            .drift_since(&m.machine_id)
+            .drift_since(&m.seen.machine_id)
             .is_some_and(|t| after(t, self.policy.rotation.min_drift_age) <= self.now);
         if let (Some(severity), true) = (m.severity().or(evidence.map(|e| e.severity)), aged) {
-            self.alert(AlertKind::Drift, m, severity, drift_summary(m));
+            self.alert(AlertKind::Drift, m, severity, drift_summary(&m.seen));
         }
     }
 
@@ -712,7 +716,7 @@ impl<'a> Planning<'a> {
             reason: hold.map(|h| h.reason.clone()),
             phase: rotating(op),
         };
-        self.decide(m, decision);
+        self.decide(&m.seen, decision);
         if let Some(Ok(marker)) = &op.marker
             && marker.phase.holds_slot()
         {
@@ -722,10 +726,10 @@ impl<'a> Planning<'a> {
                 marker.severity.max(Severity::High),
                 format!(
                     "{id} is held mid-rotation (phase {phase}{cordon}{fence}); pool {pool} of {app} waits on its slot; `fleet-reconciler release {id}` lets the rotation continue from phase {phase}",
-                    id = m.machine_id,
+                    id = m.seen.machine_id,
                     phase = marker.phase,
-                    pool = m.pool,
-                    app = m.app,
+                    pool = m.seen.pool,
+                    app = m.seen.app,
                     cordon = if marker.may_have_cordoned() { ", cordoned" } else { "" },
                     fence = if marker.drain_requested { ", drain requested" } else { "" },
                 ),
@@ -737,7 +741,7 @@ impl<'a> Planning<'a> {
     /// A marker this reconciler cannot read is left alone, and reported.
     fn unreadable_marker(&mut self, m: &JudgedMachine, why: &str) -> Option<Step> {
         self.decide(
-            m,
+            &m.seen,
             Decision::UnreadableMarker {
                 why: why.to_string(),
             },
@@ -748,7 +752,7 @@ impl<'a> Planning<'a> {
             Severity::High,
             format!(
                 "{} has a rotation marker (metadata key {MARKER_KEY}) this reconciler cannot read ({why}); not touching it",
-                m.machine_id
+                m.seen.machine_id
             ),
         );
         None
@@ -764,11 +768,11 @@ impl<'a> Planning<'a> {
         let SlotsView::Known(set) = &self.report.slots else {
             return;
         };
-        if m.inputs.cordoned != Some(true)
+        if m.seen.inputs.cordoned != Some(true)
             || !set
-                .slots(&m.app, ctx.pool)
+                .slots(&m.seen.app, ctx.pool)
                 .iter()
-                .any(|s| s.machine_id == m.machine_id)
+                .any(|s| s.machine_id == m.seen.machine_id)
         {
             return;
         }
@@ -779,7 +783,7 @@ impl<'a> Planning<'a> {
             Severity::High,
             format!(
                 "{} is cordoned and holds a rotation slot of pool {} but carries no rotation marker (an outside update such as `fly deploy` reverted it): `fly machine uncordon {} -a {}`; the slot is freed once it is uncordoned",
-                m.machine_id, ctx.pool, m.machine_id, m.app
+                m.seen.machine_id, ctx.pool, m.seen.machine_id, m.seen.app
             ),
         ));
     }
@@ -788,12 +792,12 @@ impl<'a> Planning<'a> {
     /// slot for it, else its next step.
     fn rotation_in_progress(&mut self, ctx: &Ctx<'_>, marker: &Marker) -> Option<Step> {
         let m = ctx.m;
-        self.decide(m, rotation_decision(ctx, marker));
+        self.decide(&m.seen, rotation_decision(ctx, marker));
         let orphan = matches!(&self.report.slots, SlotsView::Known(set)
-            if !set.holds(&m.app, ctx.pool, &m.machine_id, &marker.tag));
+            if !set.holds(&m.seen.app, ctx.pool, &m.seen.machine_id, &marker.tag));
         if orphan
             && marker.phase == Phase::Releasing
-            && !m.state.is_started()
+            && !m.seen.state.is_started()
             && marker.may_have_cordoned()
         {
             // The executor let the slot go because the machine stopped
@@ -806,7 +810,7 @@ impl<'a> Planning<'a> {
                 marker.severity.max(Severity::High),
                 format!(
                     "{} is {} and may still be cordoned (its uncordon failed); Fly Proxy will not start it on demand until it is uncordoned: `fly machine uncordon {} -a {}` (retried every sweep)",
-                    m.machine_id, m.state, m.machine_id, m.app
+                    m.seen.machine_id, m.seen.state, m.seen.machine_id, m.seen.app
                 ),
             ));
         }
@@ -814,7 +818,7 @@ impl<'a> Planning<'a> {
             Some(release(
                 ctx.target,
                 marker,
-                m,
+                &m.seen,
                 ctx.op,
                 Ending::Cancelled,
                 ReleaseWhy::NoSlot,
@@ -834,12 +838,12 @@ impl<'a> Planning<'a> {
         marker: &Marker,
     ) -> Option<Step> {
         let yielded = marker.phase == Phase::Yielded;
-        if yielded && m.status == MachineStatus::OnTip {
-            self.decide(m, Decision::OnTip);
+        if yielded && m.seen.status == MachineStatus::OnTip {
+            self.decide(&m.seen, Decision::OnTip);
             return Some(release(
                 ctx.target,
                 marker,
-                m,
+                &m.seen,
                 ctx.op,
                 Ending::Finished,
                 ReleaseWhy::OnTip,
@@ -857,7 +861,7 @@ impl<'a> Planning<'a> {
                     .is_some_and(|a| a.at > failed.at);
             if !rearmed {
                 self.decide(
-                    m,
+                    &m.seen,
                     Decision::RotationFailed {
                         target: marker.target.clone(),
                         attempts: failed.attempts,
@@ -875,14 +879,14 @@ impl<'a> Planning<'a> {
                         failed.attempts,
                         failed.at.to_rfc3339(),
                         failed.evidence,
-                        id = m.machine_id,
+                        id = m.seen.machine_id,
                     ),
                 );
                 return None;
             }
         } else if yielded && marker.retry_at.is_none_or(|t| t > self.now) {
             self.decide(
-                m,
+                &m.seen,
                 Decision::Yielded {
                     retry_at: marker.retry_at,
                 },
@@ -893,7 +897,7 @@ impl<'a> Planning<'a> {
                 marker.severity,
                 format!(
                     "rotation of {} yielded without interrupting work; retrying at {}",
-                    m.machine_id,
+                    m.seen.machine_id,
                     marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
                 ),
             );
@@ -928,7 +932,7 @@ impl<'a> Planning<'a> {
                 true
             }
             Err(decision) => {
-                self.decide(m, decision);
+                self.decide(&m.seen, decision);
                 false
             }
         }
@@ -1107,9 +1111,10 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
     };
     if let Some(set) = set {
         let stale = report.stale_app_names();
-        let machines: HashMap<(&str, &str), (&JudgedMachine, &OperatorState)> = report
+        let machines: HashMap<(&str, &str), (&ObservedMachine, &OperatorState)> = report
             .machines
             .iter()
+            .map(|m| &m.seen)
             .zip(ops)
             .map(|(m, op)| ((m.app.as_str(), m.machine_id.as_str()), (m, op)))
             .collect();
@@ -1145,7 +1150,7 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
             }
         }
     }
-    for (m, op) in report.machines.iter().zip(ops) {
+    for (m, op) in report.machines.iter().map(|m| &m.seen).zip(ops) {
         let pool = match &op.marker {
             Some(Ok(marker)) => marker.pool_or(&m.pool),
             _ => &m.pool,
@@ -1180,7 +1185,7 @@ fn rotating(op: &OperatorState) -> Option<Phase> {
 }
 
 /// What a machine that is neither drifted nor unprobeable is doing.
-fn resting(m: &JudgedMachine) -> Decision {
+fn resting(m: &ObservedMachine) -> Decision {
     if !m.state.is_started() || m.status == MachineStatus::NotRunning {
         Decision::NotRunning {
             state: m.state.clone(),
@@ -1206,8 +1211,9 @@ fn candidate<'a>(
         tip,
         ..
     } = *ctx;
-    if !(m.status.is_classified() || unprobeable(m.status)) || !m.state.is_started() {
-        return Err(resting(m));
+    if !(m.seen.status.is_classified() || unprobeable(m.seen.status)) || !m.seen.state.is_started()
+    {
+        return Err(resting(&m.seen));
     }
     // The tip may be stale: drift measured against it is no evidence to act on.
     if fetch.failing {
@@ -1215,12 +1221,12 @@ fn candidate<'a>(
             fetched_at: fetch.fetched_at,
         });
     }
-    if unprobeable(m.status) {
-        return unprobeable_candidate(ctx, m);
+    if unprobeable(m.seen.status) {
+        return unprobeable_candidate(ctx, &m.seen);
     }
     let Some(sev) = m.severity() else {
         // A classified machine always has a severity; nothing to act on without one.
-        return Err(resting(m));
+        return Err(resting(&m.seen));
     };
     let min_age = policy.rotation.min_drift_age;
     let Some(since) = drift_since.filter(|t| after(*t, min_age) <= now) else {
@@ -1233,14 +1239,14 @@ fn candidate<'a>(
     // A ref the mirror cannot resolve may be newer than our tip: act on it
     // only once a fetch after we first saw it still cannot resolve it.
     if matches!(
-        m.status,
+        m.seen.status,
         MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
     ) && !matches!((fetch.fetched_at, drift_since), (Some(f), Some(d)) if f > d)
     {
         return Err(Decision::UnconfirmedRef { since: drift_since });
     }
     let action = m.action().unwrap_or(PolicyAction::Observe);
-    let report = usable_report(m);
+    let report = usable_report(&m.seen);
     let mode = match action {
         PolicyAction::Observe => return Err(Decision::ObserveOnly { severity: sev }),
         PolicyAction::Manual => match op.controls.approval_for(tip) {
@@ -1252,7 +1258,7 @@ fn candidate<'a>(
                     sev,
                     format!(
                         "{} needs an operator: `fleet-reconciler approve {}` (or --when-idle)",
-                        m.machine_id, m.machine_id
+                        m.seen.machine_id, m.seen.machine_id
                     ),
                 ));
                 return Err(Decision::AwaitingApproval {
@@ -1275,7 +1281,7 @@ fn candidate<'a>(
     Ok(Candidate {
         severity: sev,
         since,
-        m,
+        m: &m.seen,
         mode,
         action,
         expected: None,
@@ -1301,7 +1307,7 @@ fn automatic_mode(action: PolicyAction, report: Option<&AgentReport>) -> Option<
 /// agent still cannot be probed.
 fn unprobeable_candidate<'a>(
     ctx: &Ctx<'_>,
-    m: &'a JudgedMachine,
+    m: &'a ObservedMachine,
 ) -> Result<Candidate<'a>, Decision> {
     let Ctx {
         policy,
@@ -1354,7 +1360,7 @@ fn checkpointed(report: Option<&AgentReport>, marker: &Marker) -> bool {
 fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
     let Ctx { policy, m, now, .. } = *ctx;
     let rot = &policy.rotation;
-    let report = usable_report(m);
+    let report = usable_report(&m.seen);
     let in_rotation = |deadline| Decision::InRotation {
         phase: marker.phase,
         deadline,
@@ -1385,7 +1391,7 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
                 marker.restart_at.unwrap_or(marker.attempt_started_at),
                 rot.verify_deadline,
             )),
-            verifying: m.state.is_started(),
+            verifying: m.seen.state.is_started(),
         },
         Phase::Backoff => in_rotation(marker.retry_at),
         // Past it the undo is alerted (`rotation_stuck`) and an unreachable
@@ -1400,7 +1406,7 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
 
 /// Keeps the persisted probe-failure record in step with what is seen.
 fn unprobed_bookkeeping(
-    m: &JudgedMachine,
+    m: &ObservedMachine,
     op: &OperatorState,
     target: &Target,
     evidence: Option<&Unprobed>,
@@ -1428,7 +1434,7 @@ fn unprobed_bookkeeping(
     }
 }
 
-fn target_of(m: &JudgedMachine) -> Target {
+fn target_of(m: &ObservedMachine) -> Target {
     Target {
         app: m.app.clone(),
         machine_id: m.machine_id.clone(),
@@ -1441,7 +1447,7 @@ fn target_of(m: &JudgedMachine) -> Target {
 fn release(
     target: &Target,
     marker: &Marker,
-    m: &JudgedMachine,
+    m: &ObservedMachine,
     op: &OperatorState,
     ending: Ending,
     why: ReleaseWhy,
@@ -1505,7 +1511,9 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         return Some(step);
     }
     match marker.phase {
-        Phase::Draining | Phase::Backoff | Phase::Reloading if ctx.m.state.is_settled_down() => {
+        Phase::Draining | Phase::Backoff | Phase::Reloading
+            if ctx.m.seen.state.is_settled_down() =>
+        {
             Some(r.release(Ending::Cancelled, ReleaseWhy::LeftStarted))
         }
         Phase::Draining => r.draining(),
@@ -1542,18 +1550,19 @@ impl<'c, 'a> Rotation<'c, 'a> {
     fn new(ctx: &'c Ctx<'a>, marker: &'c Marker) -> Rotation<'c, 'a> {
         let m = ctx.m;
         let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
-        let exits = exits_since(m, restarted_at, ctx.policy.rotation.verify_deadline);
-        let reports_target = m.status == MachineStatus::OnTip
-            || (m.status == MachineStatus::Drifted && m.commit.as_ref() == Some(&marker.target));
+        let exits = exits_since(&m.seen, restarted_at, ctx.policy.rotation.verify_deadline);
+        let reports_target = m.seen.status == MachineStatus::OnTip
+            || (m.seen.status == MachineStatus::Drifted
+                && m.seen.commit.as_ref() == Some(&marker.target));
         let unproven = ctx.fetch.failing
             && matches!(
-                m.status,
+                m.seen.status,
                 MachineStatus::UnknownRef | MachineStatus::AmbiguousRef
             );
         Rotation {
             ctx,
             marker,
-            report: usable_report(m),
+            report: usable_report(&m.seen),
             restarted_at,
             exits,
             crash_loop: marker.phase == Phase::Restarting && exits >= CRASH_LOOP_EXITS,
@@ -1561,9 +1570,9 @@ impl<'c, 'a> Rotation<'c, 'a> {
             manual: marker.action == PolicyAction::Manual,
             unproven,
             cordon_lost: !unproven
-                && m.state.is_started()
+                && m.seen.state.is_started()
                 && marker.may_have_cordoned()
-                && m.inputs.cordoned == Some(false),
+                && m.seen.inputs.cordoned == Some(false),
         }
     }
 
@@ -1577,7 +1586,15 @@ impl<'c, 'a> Rotation<'c, 'a> {
 
     fn release(&self, ending: Ending, why: ReleaseWhy) -> Step {
         let ctx = self.ctx;
-        release(ctx.target, self.marker, ctx.m, ctx.op, ending, why, ctx.now)
+        release(
+            ctx.target,
+            self.marker,
+            &ctx.m.seen,
+            ctx.op,
+            ending,
+            why,
+            ctx.now,
+        )
     }
 
     fn restart(&self, why: RestartWhy, guard: RestartGuard) -> Step {
@@ -1615,8 +1632,9 @@ impl<'c, 'a> Rotation<'c, 'a> {
         // restart, the agent's word counts only once Fly agrees: started,
         // every check passing, not crash-looping (as flyctl waits after a
         // restart).
-        let fly_healthy = m.state.is_started()
-            && m.inputs
+        let fly_healthy = m.seen.state.is_started()
+            && m.seen
+                .inputs
                 .checks()
                 .iter()
                 .all(crate::fly::MachineCheck::passing)
@@ -1628,7 +1646,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         // this marker describes is stale (its cordon, fence and checkpoint
         // may be gone), so it is undone, never continued; the next sweep
         // judges afresh.
-        if updated_from_outside(m, marker)
+        if updated_from_outside(&m.seen, marker)
             && let Some(ours) = marker.instance_id.as_deref()
         {
             alerts.push(machine_alert(
@@ -1638,7 +1656,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
                 marker.severity.max(Severity::High),
                 format!(
                     "{} was updated from outside mid-rotation (instance {ours} is now {}); the rotation is undone, not continued",
-                    m.machine_id, m.inputs.instance_id
+                    m.seen.machine_id, m.seen.inputs.instance_id
                 ),
             ));
             return Some(self.release(Ending::Cancelled, ReleaseWhy::UpdatedFromOutside));
@@ -1696,7 +1714,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             ..
         } = *self.ctx;
         let marker = self.marker;
-        if unprobeable(m.status)
+        if unprobeable(m.seen.status)
             && automatic(marker.action)
             && past_probe_ceiling(policy, pool, evidence, now)
         {
@@ -1774,7 +1792,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         if self.unproven {
             return None;
         }
-        if m.state.is_settled_down() {
+        if m.seen.state.is_settled_down() {
             return Some(self.release(Ending::Cancelled, ReleaseWhy::DidNotComeBack));
         }
         let evidence = if self.reports_target {
@@ -1782,9 +1800,9 @@ impl<'c, 'a> Rotation<'c, 'a> {
         } else {
             format!(
                 "{} within {} of its restart",
-                match &m.reported_ref {
+                match &m.seen.reported_ref {
                     Some(r) => format!("reports {}", crate::model::short_commit(r)),
-                    None => format!("gave no usable report ({})", m.status),
+                    None => format!("gave no usable report ({})", m.seen.status),
                 },
                 humantime::format_duration(rot.verify_deadline)
             )
@@ -1829,7 +1847,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             marker.severity.max(Severity::High),
             format!(
                 "{} failed verification {} time(s) of at most {}; kept cordoned",
-                m.machine_id,
+                m.seen.machine_id,
                 marker.attempt,
                 rot.max_attempts.get()
             ),
@@ -1874,7 +1892,7 @@ fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
 
 /// Whether the machine's instance differs from the one the marker recorded:
 /// `fly deploy` / `fly machine update` replaced it (a restart keeps it).
-fn updated_from_outside(m: &JudgedMachine, marker: &Marker) -> bool {
+fn updated_from_outside(m: &ObservedMachine, marker: &Marker) -> bool {
     marker
         .instance_id
         .as_deref()
@@ -1882,7 +1900,7 @@ fn updated_from_outside(m: &JudgedMachine, marker: &Marker) -> bool {
 }
 
 /// Exit events since `since`, within `window` of it (a crash loop's evidence).
-fn exits_since(m: &JudgedMachine, since: DateTime<Utc>, window: Duration) -> usize {
+fn exits_since(m: &ObservedMachine, since: DateTime<Utc>, window: Duration) -> usize {
     let from = since.timestamp_millis();
     let to = after(since, window).timestamp_millis();
     m.inputs
@@ -1926,7 +1944,7 @@ fn end_attempt(
             format!(
                 "the rotation of {id} to {} failed after {attempts} restart(s) ({evidence}); uncordoned and its slot released; no new attempt until the tip moves or `fleet-reconciler approve {id}`",
                 crate::model::short_commit(marker.target.as_str()),
-                id = m.machine_id,
+                id = m.seen.machine_id,
             ),
         );
         alert
@@ -1942,7 +1960,7 @@ fn end_attempt(
         let mut s = release(
             target,
             marker,
-            m,
+            &m.seen,
             op,
             Ending::Yielded,
             ReleaseWhy::MaxAttempts,
@@ -1970,7 +1988,7 @@ fn end_attempt(
         severity,
         format!(
             "{} did not verify after restart {attempts} of at most {} ({evidence}); kept cordoned",
-            m.machine_id,
+            m.seen.machine_id,
             rot.max_attempts.get()
         ),
     ));
@@ -2008,14 +2026,14 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
     let mut step = release(
         target,
         marker,
-        m,
+        &m.seen,
         op,
         Ending::Cancelled,
         ReleaseWhy::UndoUnfinished,
         now,
     );
     let undrain = matches!(step.kind, StepKind::Release { undrain: true, .. });
-    if undrain && updated_from_outside(m, marker) {
+    if undrain && updated_from_outside(&m.seen, marker) {
         // The update restarted the agent, which lifted its fence: only the
         // uncordon is left (and no restart of ours follows a stale plan).
         if let StepKind::Release { undrain, .. } = &mut step.kind {
@@ -2028,7 +2046,7 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
     }
     let ceiling = humantime::format_duration(rot.release_ceiling.get());
     let severity = marker.severity.max(Severity::High);
-    if usable_report(m).is_some() {
+    if usable_report(&m.seen).is_some() {
         alerts.push(machine_alert(
             AlertKind::RotationStuck,
             m,
@@ -2036,7 +2054,7 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
             severity,
             format!(
                 "{} still reports itself fenced {ceiling} after its undo began; the undrain is retried and its slot stays taken",
-                m.machine_id
+                m.seen.machine_id
             ),
         ));
         return step;
@@ -2059,7 +2077,7 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         severity,
         format!(
             "{} gave no usable report for {ceiling} of its undo: its undrain is given up (the agent may still be fenced), it is uncordoned and its slot released",
-            m.machine_id
+            m.seen.machine_id
         ),
     ));
     if let StepKind::Release { undrain, .. } = &mut step.kind {
@@ -2068,7 +2086,7 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
     step
 }
 
-fn drift_summary(m: &JudgedMachine) -> String {
+fn drift_summary(m: &ObservedMachine) -> String {
     match (m.status, m.commits_behind) {
         (MachineStatus::Drifted, Some(n)) => format!(
             "{} in {} runs an overlay {n} commit(s) behind the release tip",
@@ -2086,13 +2104,13 @@ fn machine_alert(
     summary: String,
 ) -> Alert {
     let mut details = BTreeMap::new();
-    details.insert("status".to_string(), m.status.to_string());
-    details.insert("pool".to_string(), m.pool.to_string());
-    details.insert("region".to_string(), m.region.to_string());
-    if let Some(n) = m.commits_behind {
+    details.insert("status".to_string(), m.seen.status.to_string());
+    details.insert("pool".to_string(), m.seen.pool.to_string());
+    details.insert("region".to_string(), m.seen.region.to_string());
+    if let Some(n) = m.seen.commits_behind {
         details.insert("commits_behind".to_string(), n.to_string());
     }
-    if let Some(r) = &m.reported_ref {
+    if let Some(r) = &m.seen.reported_ref {
         details.insert("reported_ref".to_string(), r.to_string());
     }
     if let Some(a) = m.action() {
@@ -2104,8 +2122,8 @@ fn machine_alert(
     }
     Alert {
         kind,
-        app: Some(m.app.clone()),
-        machine_id: Some(m.machine_id.clone()),
+        app: Some(m.seen.app.clone()),
+        machine_id: Some(m.seen.machine_id.clone()),
         commit: Some(tip.clone()),
         severity,
         summary,

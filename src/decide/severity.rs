@@ -624,7 +624,7 @@ min_commits_behind = 3
             report
                 .machines
                 .iter()
-                .find(|m| m.machine_id == MachineId::from(id))
+                .find(|m| m.seen.machine_id == MachineId::from(id))
                 .expect("machine")
         };
         let low = classify(

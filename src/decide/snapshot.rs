@@ -126,21 +126,24 @@ pub struct Verdict {
 
 /// A machine as seen, and, when it drifted, the verdict on it.
 ///
-/// It reads as the [`ObservedMachine`] it wraps (`Deref`): a judged row is
-/// an observed row plus a verdict, and the planner and views read both.
+/// What was seen is `seen`, read as such (`m.seen.status`): a function that
+/// reads only that takes the [`ObservedMachine`]; one that also needs the
+/// verdict takes this. Deliberately no `Deref` to the observed row, so a
+/// judged row never silently passes for one that was only seen:
+///
+/// ```compile_fail,E0308
+/// use fleet_reconciler::decide::snapshot::JudgedMachine;
+/// use fleet_reconciler::observe::sweep::ObservedMachine;
+/// fn seen(m: &JudgedMachine) -> &ObservedMachine {
+///     m // only `&m.seen` is the observed row
+/// }
+/// ```
 #[derive(Clone, Debug)]
 pub struct JudgedMachine {
     pub seen: ObservedMachine,
     /// Shared by every machine on the same ref in the same pool (a pointer
     /// per row, not a copy): `None` for a row that is not drifted.
     pub verdict: Option<Arc<Verdict>>,
-}
-
-impl std::ops::Deref for JudgedMachine {
-    type Target = ObservedMachine;
-    fn deref(&self) -> &ObservedMachine {
-        &self.seen
-    }
 }
 
 impl JudgedMachine {
@@ -210,15 +213,18 @@ impl Snapshot {
 
     /// True when every started machine reports the tip.
     pub fn is_coherent(&self) -> bool {
-        self.machines
-            .iter()
-            .all(|m| matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
+        self.machines.iter().all(|m| {
+            matches!(
+                m.seen.status,
+                MachineStatus::OnTip | MachineStatus::NotRunning
+            )
+        })
     }
 
     pub fn count(&self, app: Option<&AppName>, status: MachineStatus) -> usize {
         self.machines
             .iter()
-            .filter(|m| app.is_none_or(|a| &m.app == a) && m.status == status)
+            .filter(|m| app.is_none_or(|a| &m.seen.app == a) && m.seen.status == status)
             .count()
     }
 
@@ -237,12 +243,12 @@ impl Snapshot {
     pub(crate) fn summarize(&mut self) {
         let mut counts: HashMap<&AppName, (usize, usize)> = HashMap::new();
         for m in &self.machines {
-            if m.status == MachineStatus::NotRunning {
+            if m.seen.status == MachineStatus::NotRunning {
                 continue;
             }
-            let c = counts.entry(&m.app).or_default();
+            let c = counts.entry(&m.seen.app).or_default();
             c.0 += 1;
-            if m.status == MachineStatus::OnTip {
+            if m.seen.status == MachineStatus::OnTip {
                 c.1 += 1;
             }
         }

@@ -282,16 +282,19 @@ fn float_gauge(registry: &Registry, name: &'static str, help: &str) -> Result<Ga
     register(registry, name, g)
 }
 
-impl Metrics {
-    /// A fresh registry with every series registered. `per_machine` is
-    /// `metrics.per_machine`: whether `fleet_reconciler_overlay_commits_behind` is exported.
-    pub fn new(per_machine: bool) -> Result<Metrics, MetricsError> {
-        Metrics::new_at(per_machine, Utc::now())
-    }
+/// What the last sweep saw of the fleet: coherence, machines per status and
+/// severity, per-machine drift, the tip it measured against.
+struct FleetSeries {
+    coherence: GaugeVec,
+    fleet_coherence: Gauge,
+    machines: IntGaugeVec,
+    commits_behind: IntGaugeVec,
+    drift_severity: IntGaugeVec,
+    tip_info: IntGaugeVec,
+}
 
-    /// Like [`Metrics::new`], with the process start time injected (tests).
-    pub fn new_at(per_machine: bool, now: DateTime<Utc>) -> Result<Metrics, MetricsError> {
-        let r = Registry::new();
+impl FleetSeries {
+    fn register(r: &Registry) -> Result<FleetSeries, MetricsError> {
         let coherence = {
             let name = COHERENCE_RATIO;
             let vec = GaugeVec::new(
@@ -303,64 +306,108 @@ impl Metrics {
                 &[APP_LABEL],
             )
             .map_err(|source| MetricsError::Register { name, source })?;
-            register(&r, name, vec)?
+            register(r, name, vec)?
         };
         let fleet_coherence = float_gauge(
-            &r,
+            r,
             FLEET_COHERENCE_RATIO,
             "Share of the started machines of every configured app whose agent reports the \
              overlay release tip (0..1; 1 when no machine is started).",
         )?;
         let machines = gauge_vec(
-            &r,
+            r,
             MACHINES,
             "Machines per app by overlay status of the last sweep: on_tip, drifted, unreachable, \
              bad_report, unknown_ref, ambiguous_ref, not_running (not started, not counted in coherence).",
             &[APP_LABEL, "status"],
         )?;
         let commits_behind = gauge_vec(
-            &r,
+            r,
             COMMITS_BEHIND,
             "Commits of the release branch missing from the overlay a drifted machine runs; \
              one series per drifted machine (absent when on the tip).",
             &[APP_LABEL, "machine_id", REGION_LABEL],
         )?;
         let drift_severity = gauge_vec(
-            &r,
+            r,
             DRIFT_SEVERITY_MACHINES,
             "Machines per app whose drift is classified at this severity (drifted, unknown_ref \
              and ambiguous_ref machines).",
             &[APP_LABEL, "severity"],
         )?;
+        let tip_info = gauge_vec(
+            r,
+            TIP_INFO,
+            "Always 1: the release branch and tip commit of the last successful sweep.",
+            &["branch", "commit"],
+        )?;
+        Ok(FleetSeries {
+            coherence,
+            fleet_coherence,
+            machines,
+            commits_behind,
+            drift_severity,
+            tip_info,
+        })
+    }
+}
+
+/// What the planner decided and the executor did: rotations, decisions, actions.
+struct PlanSeries {
+    rotations: IntGaugeVec,
+    decisions: IntGaugeVec,
+    actions: IntCounterVec,
+}
+
+impl PlanSeries {
+    fn register(r: &Registry) -> Result<PlanSeries, MetricsError> {
         let rotations = gauge_vec(
-            &r,
+            r,
             ROTATIONS_IN_PROGRESS,
             "Rotations (drain, restart, verify) holding a slot of the pool's concurrency cap.",
             &[APP_LABEL, "pool"],
         )?;
         let decisions = gauge_vec(
-            &r,
+            r,
             MACHINE_DECISIONS,
             "Machines per app by what the planner decided for them in the last sweep \
              (on_tip, drift_young, awaiting_approval, waiting_for_slot, live_work, held, ...).",
             &[APP_LABEL, "decision"],
         )?;
         let actions = counter_vec(
-            &r,
+            r,
             ACTIONS_TOTAL,
             "Remediation steps the daemon performed on machines, by pool, action and result \
              (every action and result of each pool starts at 0).",
             &[APP_LABEL, "pool", "action", "result"],
         )?;
+        Ok(PlanSeries {
+            rotations,
+            decisions,
+            actions,
+        })
+    }
+}
+
+/// Calls out of the process: the Fly API, agent probes, git fetches.
+struct CallSeries {
+    fly_requests: IntCounterVec,
+    fly_request_duration: HistogramVec,
+    probe_duration: HistogramVec,
+    git_fetch_duration: HistogramVec,
+}
+
+impl CallSeries {
+    fn register(r: &Registry) -> Result<CallSeries, MetricsError> {
         let fly_requests = counter_vec(
-            &r,
+            r,
             FLY_API_REQUESTS_TOTAL,
             "HTTP exchanges with the Fly Machines API by operation and status code \
              (\"timeout\" or \"error\" when no response arrived); retries count separately.",
             &["op", "code"],
         )?;
         let fly_request_duration = histogram_vec(
-            &r,
+            r,
             FLY_API_REQUEST_DURATION_SECONDS,
             "Time from sending a Fly Machines API request to its response headers (or its \
              failure), by operation and outcome: ok (2xx), client_error (4xx), server_error \
@@ -369,7 +416,7 @@ impl Metrics {
             &["op", "outcome"],
         )?;
         let probe_duration = histogram_vec(
-            &r,
+            r,
             AGENT_PROBE_DURATION_SECONDS,
             "Time to probe one agent's health endpoint, by outcome: report, unreachable \
              (refused, timed out, HTTP error), bad_report.",
@@ -377,12 +424,32 @@ impl Metrics {
             &["outcome"],
         )?;
         let git_fetch_duration = histogram_vec(
-            &r,
+            r,
             GIT_FETCH_DURATION_SECONDS,
             "Time to fetch the overlay repository, by outcome: ok or failed.",
             &GIT_FETCH_DURATION_BUCKETS,
             &["outcome"],
         )?;
+        Ok(CallSeries {
+            fly_requests,
+            fly_request_duration,
+            probe_duration,
+            git_fetch_duration,
+        })
+    }
+}
+
+/// Whether sweeps succeed and how fresh their data is.
+struct SweepSeries {
+    sweep_duration: Histogram,
+    sweeps: IntCounterVec,
+    last_success: Gauge,
+    tip_age: Gauge,
+    app_age: GaugeVec,
+}
+
+impl SweepSeries {
+    fn register(r: &Registry) -> Result<SweepSeries, MetricsError> {
         let sweep_duration = {
             let name = SWEEP_DURATION_SECONDS;
             let h = Histogram::with_opts(
@@ -393,10 +460,10 @@ impl Metrics {
                 .buckets(SWEEP_DURATION_BUCKETS.to_vec()),
             )
             .map_err(|source| MetricsError::Register { name, source })?;
-            register(&r, name, h)?
+            register(r, name, h)?
         };
         let sweeps = counter_vec(
-            &r,
+            r,
             SWEEPS_TOTAL,
             "Sweeps by result: \"success\", or the kind of failure that made the whole sweep \
              untrustworthy (e.g. no app could be listed, git failing). A sweep that could not \
@@ -405,12 +472,12 @@ impl Metrics {
         )?;
         sweeps.with_label_values(&[SWEEP_SUCCESS]);
         let last_success = float_gauge(
-            &r,
+            r,
             LAST_SWEEP_SUCCESS_TIMESTAMP,
             "Unix time of the last successful sweep (0 before the first); alert when it stops advancing.",
         )?;
         let tip_age = float_gauge(
-            &r,
+            r,
             TIP_AGE_SECONDS,
             "Seconds since the overlay release branch was last fetched successfully \
              (since the daemon started, before the first fetch); grows while fetches fail.",
@@ -428,23 +495,78 @@ impl Metrics {
                 &[APP_LABEL],
             )
             .map_err(|source| MetricsError::Register { name, source })?;
-            register(&r, name, vec)?
+            register(r, name, vec)?
         };
-        let tip_info = gauge_vec(
-            &r,
-            TIP_INFO,
-            "Always 1: the release branch and tip commit of the last successful sweep.",
-            &["branch", "commit"],
-        )?;
+        Ok(SweepSeries {
+            sweep_duration,
+            sweeps,
+            last_success,
+            tip_age,
+            app_age,
+        })
+    }
+}
+
+/// Alert deliveries: webhook attempts, dead letters, the alert state file.
+struct DeliverySeries {
+    webhook_deliveries: IntCounterVec,
+    webhook_dead_letters: IntGaugeVec,
+    webhook_sink_failing: IntGaugeVec,
+    alert_state_write_failures: IntCounter,
+}
+
+impl DeliverySeries {
+    fn register(r: &Registry) -> Result<DeliverySeries, MetricsError> {
         let webhook_deliveries = counter_vec(
-            &r,
+            r,
             WEBHOOK_DELIVERIES_TOTAL,
             "Alert webhook deliveries by sink format and result: delivered and dead_lettered \
              notifications, failed attempts (retried unless dead-lettered), dropped on a full queue.",
             &["format", "result"],
         )?;
+        let webhook_dead_letters = gauge_vec(
+            r,
+            WEBHOOK_DEAD_LETTERS,
+            "Notifications a webhook could not take, set aside in the alert state file.",
+            &["sink", "format"],
+        )?;
+        let webhook_sink_failing = gauge_vec(
+            r,
+            WEBHOOK_SINK_FAILING,
+            "1 while a webhook dead-letters what it is sent (permanent refusal or failing for long), else 0.",
+            &["sink", "format"],
+        )?;
+        let alert_state_write_failures = register(
+            r,
+            ALERT_STATE_WRITE_FAILURES_TOTAL,
+            IntCounter::new(
+                ALERT_STATE_WRITE_FAILURES_TOTAL,
+                "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
+            )
+            .map_err(|source| MetricsError::Register {
+                name: ALERT_STATE_WRITE_FAILURES_TOTAL,
+                source,
+            })?,
+        )?;
+        Ok(DeliverySeries {
+            webhook_deliveries,
+            webhook_dead_letters,
+            webhook_sink_failing,
+            alert_state_write_failures,
+        })
+    }
+}
+
+/// The HTTP server's refusals: admin authentication, connections over the cap.
+struct ServerSeries {
+    admin_auth_failures: IntCounterVec,
+    connections_rejected: IntCounter,
+}
+
+impl ServerSeries {
+    fn register(r: &Registry) -> Result<ServerSeries, MetricsError> {
         let admin_auth_failures = counter_vec(
-            &r,
+            r,
             ADMIN_AUTH_FAILURES_TOTAL,
             "Admin API requests refused for authentication, by reason: missing_token, \
              wrong_token, or rate_limited (the source had too many failures in its window).",
@@ -460,52 +582,90 @@ impl Metrics {
                 "HTTP connections closed at once because server.max_connections were open.",
             ))
             .map_err(|source| MetricsError::Register { name, source })?;
-            register(&r, name, c)?
+            register(r, name, c)?
         };
-        let webhook_dead_letters = gauge_vec(
-            &r,
-            WEBHOOK_DEAD_LETTERS,
-            "Notifications a webhook could not take, set aside in the alert state file.",
-            &["sink", "format"],
-        )?;
-        let webhook_sink_failing = gauge_vec(
-            &r,
-            WEBHOOK_SINK_FAILING,
-            "1 while a webhook dead-letters what it is sent (permanent refusal or failing for long), else 0.",
-            &["sink", "format"],
-        )?;
-        let alert_state_write_failures = register(
-            &r,
-            ALERT_STATE_WRITE_FAILURES_TOTAL,
-            IntCounter::new(
-                ALERT_STATE_WRITE_FAILURES_TOTAL,
-                "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
-            )
-            .map_err(|source| MetricsError::Register {
-                name: ALERT_STATE_WRITE_FAILURES_TOTAL,
-                source,
-            })?,
-        )?;
-        let build_info = gauge_vec(
-            &r,
-            BUILD_INFO,
-            "Always 1: the fleet-reconciler version serving these metrics.",
-            &["version"],
-        )?;
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        // process_cpu_seconds_total, process_resident_memory_bytes,
-        // process_open_fds, process_start_time_seconds, … (Linux only: the
-        // collector reads /proc).
-        #[cfg(target_os = "linux")]
-        r.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))
-        .map_err(|source| MetricsError::Register {
-            name: "process_*",
-            source,
-        })?;
+        Ok(ServerSeries {
+            admin_auth_failures,
+            connections_rejected,
+        })
+    }
+}
+
+/// The process itself: the build's version (always 1) and, on Linux, the
+/// standard `process_*` series. Nothing in the process updates them.
+fn register_process(r: &Registry) -> Result<(), MetricsError> {
+    let build_info = gauge_vec(
+        r,
+        BUILD_INFO,
+        "Always 1: the fleet-reconciler version serving these metrics.",
+        &["version"],
+    )?;
+    build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    // process_cpu_seconds_total, process_resident_memory_bytes,
+    // process_open_fds, process_start_time_seconds, … (Linux only: the
+    // collector reads /proc).
+    #[cfg(target_os = "linux")]
+    r.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))
+    .map_err(|source| MetricsError::Register {
+        name: "process_*",
+        source,
+    })?;
+    Ok(())
+}
+
+impl Metrics {
+    /// A fresh registry with every series registered. `per_machine` is
+    /// `metrics.per_machine`: whether `fleet_reconciler_overlay_commits_behind` is exported.
+    pub fn new(per_machine: bool) -> Result<Metrics, MetricsError> {
+        Metrics::new_at(per_machine, Utc::now())
+    }
+
+    /// Like [`Metrics::new`], with the process start time injected (tests).
+    /// Registers every family, one group per concern; the exposition lists
+    /// families by name whatever the order they are registered in.
+    pub fn new_at(per_machine: bool, now: DateTime<Utc>) -> Result<Metrics, MetricsError> {
+        let r = Registry::new();
+        let FleetSeries {
+            coherence,
+            fleet_coherence,
+            machines,
+            commits_behind,
+            drift_severity,
+            tip_info,
+        } = FleetSeries::register(&r)?;
+        let PlanSeries {
+            rotations,
+            decisions,
+            actions,
+        } = PlanSeries::register(&r)?;
+        let CallSeries {
+            fly_requests,
+            fly_request_duration,
+            probe_duration,
+            git_fetch_duration,
+        } = CallSeries::register(&r)?;
+        let SweepSeries {
+            sweep_duration,
+            sweeps,
+            last_success,
+            tip_age,
+            app_age,
+        } = SweepSeries::register(&r)?;
+        let DeliverySeries {
+            webhook_deliveries,
+            webhook_dead_letters,
+            webhook_sink_failing,
+            alert_state_write_failures,
+        } = DeliverySeries::register(&r)?;
+        let ServerSeries {
+            admin_auth_failures,
+            connections_rejected,
+        } = ServerSeries::register(&r)?;
+        register_process(&r)?;
         Ok(Metrics {
             registry: r,
             per_machine,
@@ -556,8 +716,21 @@ impl Metrics {
     /// per-machine drift, duration, and the success timestamp.
     pub fn record_sweep(&self, report: &Snapshot, duration: Duration, now: DateTime<Utc>) {
         let mut exported = self.exported();
+        self.record_listings(&mut exported, report, now);
+        let apps = apps_with_figures(report);
+        self.record_counts(report, &apps);
+        self.record_coherence(report, &apps);
+        self.remove_gone_apps(&mut exported, apps);
+        self.record_commits_behind(&mut exported, report);
+        self.record_tip(&mut exported, report);
+        self.sweep_duration.observe(duration.as_secs_f64());
+        self.sweeps.with_label_values(&[SWEEP_SUCCESS]).inc();
+        self.last_success.set(unix_seconds(now));
+    }
 
-        // When each app was last listed: now, or the last listing a stale app shows.
+    /// When each app was last listed (now, or the last listing a stale app
+    /// shows), for its data age; apps no longer configured lose their series.
+    fn record_listings(&self, exported: &mut Exported, report: &Snapshot, now: DateTime<Utc>) {
         let listed_at: BTreeMap<AppName, Option<DateTime<Utc>>> = report
             .apps
             .iter()
@@ -575,26 +748,22 @@ impl Metrics {
             }
         }
         exported.app_listed_at = listed_at;
+    }
 
-        // Apps: those the report summarises, plus any a machine names; not an
-        // app never listed (it has no figures, only its age).
-        let mut apps: BTreeSet<AppName> = report
-            .apps
-            .iter()
-            .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
-            .map(|a| a.name.clone())
-            .collect();
-        apps.extend(report.machines.iter().map(|m| m.app.clone()));
-
+    /// Machines per status and per severity, every status and severity of
+    /// every app in `apps`, zeros included.
+    fn record_counts(&self, report: &Snapshot, apps: &BTreeSet<AppName>) {
         let mut status_counts: BTreeMap<(&str, MachineStatus), i64> = BTreeMap::new();
         let mut severity_counts: BTreeMap<(&str, Severity), i64> = BTreeMap::new();
         for m in &report.machines {
-            *status_counts.entry((m.app.as_str(), m.status)).or_default() += 1;
+            *status_counts
+                .entry((m.seen.app.as_str(), m.seen.status))
+                .or_default() += 1;
             if let Some(s) = m.severity() {
-                *severity_counts.entry((m.app.as_str(), s)).or_default() += 1;
+                *severity_counts.entry((m.seen.app.as_str(), s)).or_default() += 1;
             }
         }
-        for app in &apps {
+        for app in apps {
             for status in MachineStatus::ALL {
                 let n = status_counts
                     .get(&(app.as_str(), status))
@@ -614,7 +783,11 @@ impl Metrics {
                     .set(n);
             }
         }
-        // Coherence exactly as the report computed it (on_tip ÷ started).
+    }
+
+    /// Per-app and fleet coherence, exactly as the report computed it
+    /// (on_tip ÷ started).
+    fn record_coherence(&self, report: &Snapshot, apps: &BTreeSet<AppName>) {
         for summary in report.apps.iter().filter(|a| apps.contains(&a.name)) {
             self.coherence
                 .with_label_values(&[summary.name.as_str()])
@@ -629,13 +802,18 @@ impl Metrics {
             let started = report
                 .machines
                 .iter()
-                .filter(|m| &m.app == app && m.status != MachineStatus::NotRunning)
+                .filter(|m| &m.seen.app == app && m.seen.status != MachineStatus::NotRunning)
                 .count();
             let on_tip = report.count(Some(app), MachineStatus::OnTip);
             let ratio = Coherence::of(on_tip, started).ratio;
             self.coherence.with_label_values(&[app.as_str()]).set(ratio);
         }
         self.fleet_coherence.set(report.coherence.ratio);
+    }
+
+    /// Removes the per-app series of apps that had figures and no longer
+    /// do; `apps` become the exported set.
+    fn remove_gone_apps(&self, exported: &mut Exported, apps: BTreeSet<AppName>) {
         for gone in exported.apps.difference(&apps) {
             let _ = self.coherence.remove_label_values(&[gone.as_str()]);
             for status in MachineStatus::ALL {
@@ -650,19 +828,30 @@ impl Metrics {
             }
         }
         exported.apps = apps;
+    }
 
-        // Per machine: exactly the drifted machines of this sweep.
+    /// Per machine: exactly the drifted machines of this sweep (none
+    /// without `metrics.per_machine`).
+    fn record_commits_behind(&self, exported: &mut Exported, report: &Snapshot) {
         let mut current = BTreeSet::new();
         if self.per_machine {
             for m in &report.machines {
-                if m.status != MachineStatus::Drifted {
+                if m.seen.status != MachineStatus::Drifted {
                     continue;
                 }
-                let behind = m.commits_behind.unwrap_or(0);
+                let behind = m.seen.commits_behind.unwrap_or(0);
                 self.commits_behind
-                    .with_label_values(&[m.app.as_str(), m.machine_id.as_str(), &m.region])
+                    .with_label_values(&[
+                        m.seen.app.as_str(),
+                        m.seen.machine_id.as_str(),
+                        &m.seen.region,
+                    ])
                     .set(i64::try_from(behind).unwrap_or(i64::MAX));
-                current.insert((m.app.clone(), m.machine_id.clone(), m.region.to_string()));
+                current.insert((
+                    m.seen.app.clone(),
+                    m.seen.machine_id.clone(),
+                    m.seen.region.to_string(),
+                ));
             }
         }
         for (app, id, region) in exported.machines.difference(&current) {
@@ -673,8 +862,10 @@ impl Metrics {
             ]);
         }
         exported.machines = current;
+    }
 
-        // The tip the sweep measured against.
+    /// The tip the sweep measured against, replacing the one before.
+    fn record_tip(&self, exported: &mut Exported, report: &Snapshot) {
         let tip = (report.tip.branch.clone(), report.tip.commit.to_string());
         if exported.tip.as_ref() != Some(&tip) {
             if let Some((branch, commit)) = exported.tip.take() {
@@ -687,10 +878,6 @@ impl Metrics {
                 .set(1);
             exported.tip = Some(tip);
         }
-
-        self.sweep_duration.observe(duration.as_secs_f64());
-        self.sweeps.with_label_values(&[SWEEP_SUCCESS]).inc();
-        self.last_success.set(unix_seconds(now));
     }
 
     /// Counts a sweep that failed as a whole; `kind` is a bounded error kind
@@ -877,6 +1064,19 @@ impl Metrics {
     }
 }
 
+/// The apps with per-app figures: those the report summarises, plus any a
+/// machine names; not an app never listed (it has no figures, only its age).
+fn apps_with_figures(report: &Snapshot) -> BTreeSet<AppName> {
+    let mut apps: BTreeSet<AppName> = report
+        .apps
+        .iter()
+        .filter(|a| a.stale.as_ref().is_none_or(|s| s.last_listed_at.is_some()))
+        .map(|a| a.name.clone())
+        .collect();
+    apps.extend(report.machines.iter().map(|m| m.seen.app.clone()));
+    apps
+}
+
 /// The bounded `outcome` of a Fly API exchange from its `code` label.
 fn fly_outcome(code: &str) -> &'static str {
     match code.as_bytes().first() {
@@ -952,18 +1152,18 @@ mod tests {
     }
 
     fn report(machines: Vec<JudgedMachine>) -> Snapshot {
-        let mut apps: Vec<AppName> = machines.iter().map(|m| m.app.clone()).collect();
+        let mut apps: Vec<AppName> = machines.iter().map(|m| m.seen.app.clone()).collect();
         apps.dedup();
         let summaries: Vec<AppSummary> = apps
             .iter()
             .map(|a| {
                 let started = machines
                     .iter()
-                    .filter(|m| &m.app == a && m.status != MachineStatus::NotRunning)
+                    .filter(|m| &m.seen.app == a && m.seen.status != MachineStatus::NotRunning)
                     .count();
                 let on_tip = machines
                     .iter()
-                    .filter(|m| &m.app == a && m.status == MachineStatus::OnTip)
+                    .filter(|m| &m.seen.app == a && m.seen.status == MachineStatus::OnTip)
                     .count();
                 AppSummary {
                     name: a.clone(),

@@ -348,13 +348,13 @@ pub fn plan_to_json<'a>(report: &'a Snapshot, plan: &'a Plan) -> PlanJson<'a> {
             .machines
             .iter()
             .map(|m| {
-                let decision = plan.decision(&m.machine_id);
+                let decision = plan.decision(&m.seen.machine_id);
                 PlannedMachine {
-                    app: m.app.as_str(),
-                    machine_id: m.machine_id.as_str(),
-                    name: &m.name,
-                    pool: m.pool.as_str(),
-                    status: m.status,
+                    app: m.seen.app.as_str(),
+                    machine_id: m.seen.machine_id.as_str(),
+                    name: &m.seen.name,
+                    pool: m.seen.pool.as_str(),
+                    status: m.seen.status,
                     severity: m.severity(),
                     action: m.action(),
                     decision,
@@ -383,9 +383,9 @@ pub fn plan_to_table(report: &Snapshot, plan: &Plan) -> String {
         .machines
         .iter()
         .filter_map(|m| {
-            let d = plan.decision(&m.machine_id)?;
+            let d = plan.decision(&m.seen.machine_id)?;
             (*d != Decision::OnTip)
-                .then(|| printable(&format!("  {}/{}: {d}", m.app, m.machine_id)))
+                .then(|| printable(&format!("  {}/{}: {d}", m.seen.app, m.seen.machine_id)))
         })
         .collect();
     if !why.is_empty() {

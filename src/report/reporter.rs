@@ -13,11 +13,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
+use crate::act::executor::StepReport;
 use crate::config::Config;
 use crate::daemon::{Cycle, SweepOutcome};
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
-use crate::events::Alert;
+use crate::decide::snapshot::Snapshot;
+use crate::events::{ActionEvent, Alert};
 use crate::model::{AppName, MachineId, PoolName};
 use crate::report::history::History;
 use crate::report::metrics::Metrics;
@@ -201,29 +203,44 @@ impl<'a> Reporter<'a> {
         }
     }
 
+    /// Reports a successful sweep, one phase each: its metrics, its steps
+    /// (counted, kept in the history), the machines' extras, its alerts,
+    /// then the server's view.
     fn swept(&mut self, cycle: &Cycle) {
+        let Cycle {
+            report, steps, now, ..
+        } = cycle;
+        self.failures = 0;
+        self.last_success = Some(*now);
+        self.record_sweep_metrics(cycle);
+        let events = self.record_steps(report, steps, *now);
+        let extras = self.extras(report, &cycle.plan);
+        self.alert(cycle, &events);
+        self.view.set_tip(&report.tip.commit);
+        self.view.set_extras(extras);
+        self.view.record_sweep(report.clone(), *now);
+    }
+
+    /// The sweep's series: its figures, the tip's fetch, the rotations in
+    /// progress and the decisions (each decision change logged).
+    fn record_sweep_metrics(&mut self, cycle: &Cycle) {
         let Cycle {
             report,
             plan,
-            steps,
             duration,
             tip_fetched_at,
             now,
             ..
         } = cycle;
-        let (duration, tip_fetched_at, now) = (*duration, *tip_fetched_at, *now);
-        self.failures = 0;
-        self.last_success = Some(now);
-
-        self.metrics.record_sweep(report, duration, now);
-        if let Some(at) = tip_fetched_at {
+        self.metrics.record_sweep(report, *duration, *now);
+        if let Some(at) = *tip_fetched_at {
             self.metrics.record_tip_fetched(at);
         }
         // Every pool that has machines, zeros included, so the series stay.
         let mut pools: BTreeMap<(&AppName, &PoolName), usize> = report
             .machines
             .iter()
-            .map(|m| ((&m.app, &m.pool), 0))
+            .map(|m| ((&m.seen.app, &m.seen.pool), 0))
             .collect();
         for ((app, pool), n) in &plan.rotations_in_progress {
             pools.insert((app, pool), *n);
@@ -232,13 +249,21 @@ impl<'a> Reporter<'a> {
             pools.into_iter().map(|((a, p), n)| (a, p, n)).collect();
         self.metrics.set_rotations_in_progress(&rotations);
         self.log_decisions(plan);
-        self.metrics.set_decisions(
-            report
-                .machines
-                .iter()
-                .filter_map(|m| plan.decision(&m.machine_id).map(|d| (m.app.as_str(), d))),
-        );
+        self.metrics
+            .set_decisions(report.machines.iter().filter_map(|m| {
+                plan.decision(&m.seen.machine_id)
+                    .map(|d| (m.seen.app.as_str(), d))
+            }));
+    }
 
+    /// Counts each step taken and records it in the history (machines gone
+    /// from `report` are forgotten); the steps' events, for the notifier.
+    fn record_steps(
+        &mut self,
+        report: &Snapshot,
+        steps: &[StepReport],
+        now: DateTime<Utc>,
+    ) -> Vec<ActionEvent> {
         let mut events = Vec::new();
         for s in steps {
             self.metrics.record_action(
@@ -251,21 +276,45 @@ impl<'a> Reporter<'a> {
         }
         self.history.record(steps, now);
         // Forget machines that are gone.
-        let listed: HashSet<&MachineId> = report.machines.iter().map(|m| &m.machine_id).collect();
+        let listed: HashSet<&MachineId> =
+            report.machines.iter().map(|m| &m.seen.machine_id).collect();
         self.history.retain(|id| listed.contains(id));
+        events
+    }
 
+    /// What the server shows of each machine beyond its row: its decision,
+    /// its history, its drift clock (none for a machine with none of them).
+    fn extras(&self, report: &Snapshot, plan: &Plan) -> BTreeMap<MachineId, MachineExtra> {
         let mut extras = BTreeMap::new();
         for m in &report.machines {
             let extra = MachineExtra {
-                decision: plan.decision(&m.machine_id).cloned(),
-                history: self.history.of(&m.machine_id).cloned().unwrap_or_default(),
-                drift_since: plan.drift_since(&m.machine_id),
+                decision: plan.decision(&m.seen.machine_id).cloned(),
+                history: self
+                    .history
+                    .of(&m.seen.machine_id)
+                    .cloned()
+                    .unwrap_or_default(),
+                drift_since: plan.drift_since(&m.seen.machine_id),
             };
             if extra != MachineExtra::default() {
-                extras.insert(m.machine_id.clone(), extra);
+                extras.insert(m.seen.machine_id.clone(), extra);
             }
         }
+        extras
+    }
 
+    /// The fleet's alerts and the machines' (the plan's, those carried for
+    /// apps this sweep could not list, restored ones not yet settled), sent
+    /// to the notifier with the steps' events.
+    fn alert(&mut self, cycle: &Cycle, events: &[ActionEvent]) {
+        let Cycle {
+            report,
+            plan,
+            tip_fetched_at,
+            now,
+            ..
+        } = cycle;
+        let now = *now;
         let sample = CoherenceSample::of(report, now);
         self.fleet_alerts.observe_listings(report);
         let fleet = self.fleet_alerts.evaluate(
@@ -273,7 +322,7 @@ impl<'a> Reporter<'a> {
                 coherence: Some(&sample),
                 last_sweep_success: Some(now),
                 consecutive_sweep_failures: 0,
-                last_tip_fetch: tip_fetched_at,
+                last_tip_fetch: *tip_fetched_at,
                 tip_commit: Some(report.tip.commit.as_str()),
             },
             now,
@@ -298,12 +347,8 @@ impl<'a> Reporter<'a> {
         self.machine_alerts = alerts;
         self.notifier.update(
             &with_machine_alerts(&self.machine_alerts, fleet),
-            &events,
+            events,
             now,
         );
-
-        self.view.set_tip(&report.tip.commit);
-        self.view.set_extras(extras);
-        self.view.record_sweep(report.clone(), now);
     }
 }

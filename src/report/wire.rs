@@ -126,20 +126,20 @@ pub struct RowView<'a> {
 impl<'a> From<&'a JudgedMachine> for RowView<'a> {
     fn from(m: &'a JudgedMachine) -> RowView<'a> {
         RowView {
-            app: &m.app,
-            machine_id: &m.machine_id,
-            name: &m.name,
-            region: &m.region,
-            pool: &m.pool,
-            state: &m.state,
-            status: m.status,
-            reported_ref: m.reported_ref.as_deref(),
-            commit: m.commit.as_ref(),
-            commits_behind: m.commits_behind,
-            commits_ahead: m.commits_ahead,
+            app: &m.seen.app,
+            machine_id: &m.seen.machine_id,
+            name: &m.seen.name,
+            region: &m.seen.region,
+            pool: &m.seen.pool,
+            state: &m.seen.state,
+            status: m.seen.status,
+            reported_ref: m.seen.reported_ref.as_deref(),
+            commit: m.seen.commit.as_ref(),
+            commits_behind: m.seen.commits_behind,
+            commits_ahead: m.seen.commits_ahead,
             severity: m.severity(),
             action: m.action(),
-            detail: m.detail.as_deref(),
+            detail: m.seen.detail.as_deref(),
             reason: m.reason(),
         }
     }

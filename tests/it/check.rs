@@ -204,7 +204,7 @@ fn by_id<'a>(report: &'a Snapshot, id: &str) -> &'a JudgedMachine {
     report
         .machines
         .iter()
-        .find(|m| m.machine_id == MachineId::from(id))
+        .find(|m| m.seen.machine_id == MachineId::from(id))
         .unwrap_or_else(|| panic!("machine {id} missing from report"))
 }
 
@@ -312,20 +312,23 @@ async fn every_status_is_reported_correctly() {
 
     let expect = |id: &str, status: MachineStatus| {
         let m = by_id(&report, id);
-        assert_eq!(m.status, status, "status of {id}: {m:?}");
+        assert_eq!(m.seen.status, status, "status of {id}: {m:?}");
         m
     };
     for id in ["on-tip", "abbrev"] {
         let m = expect(id, MachineStatus::OnTip);
-        assert_eq!((m.commits_behind, m.commits_ahead), (Some(0), Some(0)));
         assert_eq!(
-            m.commit.as_ref().map(CommitId::as_str),
+            (m.seen.commits_behind, m.seen.commits_ahead),
+            (Some(0), Some(0))
+        );
+        assert_eq!(
+            m.seen.commit.as_ref().map(CommitId::as_str),
             Some(tip(h).to_string().as_str())
         );
         assert_eq!((m.severity(), m.action()), (None, None));
     }
     assert_eq!(
-        by_id(&report, "abbrev").reported_ref.as_deref(),
+        by_id(&report, "abbrev").seen.reported_ref.as_deref(),
         Some(&tip(h).to_string()[..7])
     );
 
@@ -339,25 +342,25 @@ async fn every_status_is_reported_correctly() {
     ] {
         let m = expect(id, MachineStatus::Drifted);
         assert_eq!(
-            m.commit.as_ref().map(CommitId::as_str),
+            m.seen.commit.as_ref().map(CommitId::as_str),
             Some(commit.to_string().as_str()),
             "{id}"
         );
         assert_eq!(
-            m.commits_behind,
+            m.seen.commits_behind,
             Some(independent_count(&repo, tip(h), commit)),
             "{id} behind"
         );
         assert_eq!(
-            m.commits_ahead,
+            m.seen.commits_ahead,
             Some(independent_count(&repo, commit, tip(h))),
             "{id} ahead"
         );
     }
     // The pre-policy range crosses the merge of feat/summarize? No: it is after
     // it; the oldest ranges (pre-policy, pre-security) span merges and trailers.
-    assert_eq!(by_id(&report, "canary").commits_ahead, Some(2));
-    assert_eq!(by_id(&report, "behind-1").commits_behind, Some(1));
+    assert_eq!(by_id(&report, "canary").seen.commits_ahead, Some(2));
+    assert_eq!(by_id(&report, "behind-1").seen.commits_behind, Some(1));
 
     // Severity: ordered rules; action: the machine's pool.
     let sev = |id: &str| (by_id(&report, id).severity(), by_id(&report, id).action());
@@ -375,8 +378,8 @@ async fn every_status_is_reported_correctly() {
     );
     // pre-policy also misses the Security commit, which comes later: critical.
     assert_eq!(sev("pre-policy").0, Some(Severity::Critical));
-    assert_eq!(by_id(&report, "pre-policy").pool.as_str(), "default");
-    assert_eq!(by_id(&report, "behind-6").pool.as_str(), "fast");
+    assert_eq!(by_id(&report, "pre-policy").seen.pool.as_str(), "default");
+    assert_eq!(by_id(&report, "behind-6").seen.pool.as_str(), "fast");
 
     let m = expect("unknown", MachineStatus::UnknownRef);
     assert_eq!(
@@ -384,11 +387,14 @@ async fn every_status_is_reported_correctly() {
         (Some(Severity::Critical), Some(PolicyAction::Manual))
     );
     assert_eq!(
-        (m.commit.as_ref().map(CommitId::as_str), m.commits_behind),
+        (
+            m.seen.commit.as_ref().map(CommitId::as_str),
+            m.seen.commits_behind
+        ),
         (None, None)
     );
     let m = expect("ambiguous", MachineStatus::AmbiguousRef);
-    assert_eq!(m.reported_ref.as_deref(), Some(fx.ambiguous.as_str()));
+    assert_eq!(m.seen.reported_ref.as_deref(), Some(fx.ambiguous.as_str()));
     assert_eq!(
         m.severity(),
         Some(Severity::Critical),
@@ -397,8 +403,8 @@ async fn every_status_is_reported_correctly() {
 
     for id in ["hang", "http-500"] {
         let m = expect(id, MachineStatus::Unreachable);
-        assert!(m.detail.is_some());
-        assert_eq!((m.severity(), m.reported_ref.as_deref()), (None, None));
+        assert!(m.seen.detail.is_some());
+        assert_eq!((m.severity(), m.seen.reported_ref.as_deref()), (None, None));
     }
     for id in ["garbage", "oversized", "no-ref", "non-hex"] {
         let m = expect(id, MachineStatus::BadReport);
@@ -406,13 +412,17 @@ async fn every_status_is_reported_correctly() {
     }
     assert!(
         by_id(&report, "oversized")
+            .seen
             .detail
             .as_deref()
             .unwrap()
             .contains("65536")
     );
     let m = expect("stopped", MachineStatus::NotRunning);
-    assert_eq!((m.reported_ref.as_deref(), m.commits_behind), (None, None));
+    assert_eq!(
+        (m.seen.reported_ref.as_deref(), m.seen.commits_behind),
+        (None, None)
+    );
 
     // Reasons (built-in rules): the newest missing commits agree with a
     // revwalk of the same range, at most 20 of them.
@@ -424,7 +434,7 @@ async fn every_status_is_reported_correctly() {
         ("canary", h.canary),
     ] {
         let r = reason(&report, id);
-        assert_eq!(r.behind, by_id(&report, id).commits_behind, "{id}");
+        assert_eq!(r.behind, by_id(&report, id).seen.commits_behind, "{id}");
         assert_eq!(
             r.missing,
             expected_missing(&repo, tip(h), commit, 20),

@@ -1091,10 +1091,10 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     let m2 = first
         .machines
         .iter()
-        .find(|m| m.machine_id == MachineId::from("m2"))
+        .find(|m| m.seen.machine_id == MachineId::from("m2"))
         .unwrap();
-    assert!(m2.inputs.metadata_unknown().is_none());
-    assert!(m2.inputs.controls.is_held());
+    assert!(m2.seen.inputs.metadata_unknown().is_none());
+    assert!(m2.seen.inputs.controls.is_held());
 
     down.store(true, Ordering::SeqCst);
     let observed = within(sweeper.sweep(&tip)).await.unwrap();
@@ -1107,35 +1107,35 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     );
     let row = |id: &str| {
         let id = MachineId::from(id);
-        second.machines.iter().find(|m| m.machine_id == id).unwrap()
+        second.machines.iter().find(|m| m.seen.machine_id == id).unwrap()
     };
     let m2 = row("m2");
-    assert!(m2.inputs.metadata_unknown().is_some());
+    assert!(m2.seen.inputs.metadata_unknown().is_some());
     assert!(
-        m2.inputs.metadata.is_empty(),
+        m2.seen.inputs.metadata.is_empty(),
         "unknown metadata is never read"
     );
-    assert_eq!(m2.pool.as_str(), "dispatch", "the pool as last listed, not default");
-    assert!(m2.inputs.controls.is_held(), "the hold as last listed");
+    assert_eq!(m2.seen.pool.as_str(), "dispatch", "the pool as last listed, not default");
+    assert!(m2.seen.inputs.controls.is_held(), "the hold as last listed");
     assert!(
-        m2.inputs.controls.approval.is_none(),
+        m2.seen.inputs.controls.approval.is_none(),
         "an approval is never carried"
     );
-    let detail = m2.detail.clone().unwrap_or_default();
+    let detail = m2.seen.detail.clone().unwrap_or_default();
     assert!(
         detail.contains("host") && detail.contains("last listed"),
         "{detail}"
     );
     let m3 = row("m3");
-    assert_eq!(m3.pool.as_str(), "dispatch", "the pool its coordinator slot names");
-    let detail = m3.detail.clone().unwrap_or_default();
+    assert_eq!(m3.seen.pool.as_str(), "dispatch", "the pool its coordinator slot names");
+    let detail = m3.seen.detail.clone().unwrap_or_default();
     assert!(
         detail.contains("host") && detail.contains("slot"),
         "{detail}"
     );
     // The machine whose host is fine is unaffected.
     let m1 = row("m1");
-    assert!(m1.inputs.metadata_unknown().is_none() && m1.detail.is_none());
+    assert!(m1.seen.inputs.metadata_unknown().is_none() && m1.seen.detail.is_none());
 }
 
 /// #22 soak: a burst of calls (a release wave's steps) opens as many

@@ -163,7 +163,10 @@ coordinator = "coord/c0"
                 if let SweepOutcome::Swept(cycle) = outcome {
                     let mut s = statuses.lock().unwrap();
                     for m in &cycle.report.machines {
-                        s.insert(m.machine_id.to_string(), (m.status, m.detail.clone()));
+                        s.insert(
+                            m.seen.machine_id.to_string(),
+                            (m.seen.status, m.seen.detail.clone()),
+                        );
                     }
                 }
             })

@@ -343,7 +343,7 @@ async fn per_machine_series_are_removed_when_back_on_tip_or_gone() {
     let mut without = report.clone();
     without
         .machines
-        .retain(|x| x.machine_id != MachineId::from("d2"));
+        .retain(|x| x.seen.machine_id != MachineId::from("d2"));
     m.record_sweep(&without, Duration::from_millis(200), Utc::now());
     assert!(ids(&m).is_empty(), "{:?}", ids(&m));
     let text = m.render().unwrap();

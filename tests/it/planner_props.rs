@@ -443,7 +443,7 @@ proptest! {
         let by_id: HashMap<&str, (&Machine, &JudgedMachine)> = machines
             .iter()
             .zip(&report.machines)
-            .map(|(m, r)| (r.machine_id.as_str(), (m, r)))
+            .map(|(m, r)| (r.seen.machine_id.as_str(), (m, r)))
             .collect();
         // One step per machine.
         let mut seen = std::collections::HashSet::new();
@@ -555,11 +555,11 @@ proptest! {
                             "may interrupt without grace or approval: {s} from {expected:?}");
                     }
                     RestartGuard::Idle => {
-                        let r = r.inputs.report.as_ref().expect("idle is judged on a report");
+                        let r = r.seen.inputs.report.as_ref().expect("idle is judged on a report");
                         prop_assert!(restart_allowed(&policy, r, expected, now).is_ok(), "{s}");
                     }
                     RestartGuard::Unprobeable => {
-                        prop_assert!(matches!(r.status, MachineStatus::Unreachable | MachineStatus::BadReport), "{s}");
+                        prop_assert!(matches!(r.seen.status, MachineStatus::Unreachable | MachineStatus::BadReport), "{s}");
                         prop_assert!(matches!(expected.action,
                             PolicyAction::AlertAndWait | PolicyAction::Restart | PolicyAction::Reload), "{s}");
                         prop_assert!(POOLS[m.pool] != "manual", "a ceiling restart in a manual pool: {s}");

@@ -896,7 +896,7 @@ async fn machine_pages_show_the_report_and_the_commands_that_apply() {
         .unwrap()
         .machines
         .iter()
-        .find(|m| m.machine_id == MachineId::from("a-crit"))
+        .find(|m| m.seen.machine_id == MachineId::from("a-crit"))
         .and_then(|m| m.reason().cloned())
         .expect("a reason");
     assert!(
@@ -1113,7 +1113,7 @@ async fn status_client_reads_one_machine_and_its_reason() {
     let row = report
         .machines
         .iter()
-        .find(|m| m.machine_id == MachineId::from("a-behind"))
+        .find(|m| m.seen.machine_id == MachineId::from("a-behind"))
         .unwrap();
     assert_eq!(view.machine.machine_id, MachineId::from("a-behind"));
     assert_eq!(view.machine.reason.as_ref(), row.reason());
@@ -1337,7 +1337,7 @@ async fn screenshot_server_over_the_demo_fleet() {
             _ => None,
         };
         extras.insert(
-            m.machine_id.clone(),
+            m.seen.machine_id.clone(),
             MachineExtra {
                 decision,
                 drift_since: Some(now - TimeDelta::minutes(7 + 23 * k as i64)),

@@ -164,7 +164,7 @@ impl FleetAlertTracker {
         self.unlisted = report
             .stale_apps()
             .map(|(name, stale)| {
-                let shown = report.machines.iter().filter(|m| &m.app == name).count();
+                let shown = report.machines.iter().filter(|m| &m.seen.app == name).count();
                 (name.clone(), (stale.clone(), shown))
             })
             .collect();
@@ -490,14 +490,12 @@ impl RestoredMachineAlerts {
                 return false;
             }
             let machine = alert.machine_id.as_ref();
-            let Some(m) = report
-                .machines
-                .iter()
-                .find(|m| Some(&m.machine_id) == machine && alert.app.as_ref() == Some(&m.app))
-            else {
+            let Some(m) = report.machines.iter().find(|m| {
+                Some(&m.seen.machine_id) == machine && alert.app.as_ref() == Some(&m.seen.app)
+            }) else {
                 return false; // gone
             };
-            match m.status {
+            match m.seen.status {
                 MachineStatus::OnTip | MachineStatus::NotRunning => false,
                 MachineStatus::Unreachable | MachineStatus::BadReport => true,
                 MachineStatus::Drifted

@@ -54,12 +54,12 @@ use tower::timeout::TimeoutLayer;
 use crate::act::operator::{Operator, OperatorError};
 use crate::clock::SharedClock;
 use crate::decide::decision::Decision;
-use crate::decide::snapshot::{JudgedMachine, Snapshot};
+use crate::decide::snapshot::Snapshot;
 use crate::metadata::operator::{Approval, ApprovalMode, Hold};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use crate::model::{CommitId, MachineId};
 use crate::observe::probe::AgentReport;
-use crate::observe::sweep::StaleApp;
+use crate::observe::sweep::{ObservedMachine, StaleApp};
 use crate::report::coherence::CoherenceSample;
 use crate::report::history::{self, MachineHistory};
 use crate::report::metrics::{self, Metrics};
@@ -103,7 +103,7 @@ pub struct MachineExtra {
 
 impl MachineExtra {
     /// The history of machine `m` as shown (page, API and `status MACHINE`).
-    pub fn history_lines(&self, m: &JudgedMachine) -> Vec<String> {
+    pub fn history_lines(&self, m: &ObservedMachine) -> Vec<String> {
         history::lines(&self.history, m.app.as_str(), m.machine_id.as_str())
     }
 }
@@ -745,7 +745,7 @@ pub fn machine_schema() -> String {
 
 /// A metadata value that is not one of ours, shown as written: as JSON when
 /// it parses, else as a string.
-fn as_written(m: &JudgedMachine, key: &str) -> Option<serde_json::Value> {
+fn as_written(m: &ObservedMachine, key: &str) -> Option<serde_json::Value> {
     m.inputs
         .metadata
         .get(key)
@@ -756,7 +756,7 @@ fn as_written(m: &JudgedMachine, key: &str) -> Option<serde_json::Value> {
 /// [`crate::metadata::controls`]) as its typed JSON, else the value as
 /// written, else nothing.
 fn control_json<T: Serialize>(
-    m: &JudgedMachine,
+    m: &ObservedMachine,
     key: &str,
     ours: Option<&T>,
 ) -> Option<serde_json::Value> {
@@ -773,29 +773,29 @@ async fn machine(
     let id = checked_id(&id)?;
     let observed = state.view.snapshot();
     let report = last_report(&observed)?;
-    let Some(m) = report.machines.iter().find(|m| m.machine_id == id) else {
+    let Some(m) = report.machines.iter().find(|m| m.seen.machine_id == id) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("machine {id} is not in the last sweep of any configured app"),
         ));
     };
-    let extra = observed.extras.get(&m.machine_id);
+    let extra = observed.extras.get(&m.seen.machine_id);
     let detail = MachineDetail {
         schema_version: crate::report::wire::SCHEMA_VERSION,
         machine: MachineRow::from(RowView::from(m)),
-        agent_report: m.inputs.report.as_ref(),
-        hold: control_json(m, HOLD_KEY, m.inputs.controls.hold()),
-        approval: control_json(m, APPROVE_KEY, m.inputs.controls.approval()),
-        rotation: control_json(m, MARKER_KEY, m.inputs.controls.marker()),
+        agent_report: m.seen.inputs.report.as_ref(),
+        hold: control_json(&m.seen, HOLD_KEY, m.seen.inputs.controls.hold()),
+        approval: control_json(&m.seen, APPROVE_KEY, m.seen.inputs.controls.approval()),
+        rotation: control_json(&m.seen, MARKER_KEY, m.seen.inputs.controls.marker()),
         decision: extra.and_then(|e| e.decision.as_ref()),
-        history: extra.map(|e| e.history_lines(m)).unwrap_or_default(),
-        drift_since: observed.drift_since(&m.machine_id),
+        history: extra.map(|e| e.history_lines(&m.seen)).unwrap_or_default(),
+        drift_since: observed.drift_since(&m.seen.machine_id),
         tip: report.tip.commit.as_str(),
         swept_at: observed.last_success,
         app_stale: report
             .apps
             .iter()
-            .find(|a| a.name == m.app)
+            .find(|a| a.name == m.seen.app)
             .and_then(|a| a.stale.as_ref()),
     };
     Ok(json_response(StatusCode::OK, &detail))

@@ -26,6 +26,7 @@ use crate::metadata::{APPROVE_KEY, MARKER_KEY};
 use crate::model::short_commit as short;
 use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, Severity};
 use crate::observe::probe::{Activity, AgentReport};
+use crate::observe::sweep::ObservedMachine;
 
 use super::trend::CoherenceTrend;
 use super::{Observed, age, checked_id, control_json};
@@ -323,7 +324,7 @@ fn status_chips(report: &Snapshot, app: &AppName) -> Markup {
 /// Most urgent first: critical → low, then machines that could not be
 /// classified (unreachable, bad report); then the furthest behind.
 fn urgency(m: &JudgedMachine) -> (Reverse<u8>, Reverse<u64>) {
-    let rank = match (m.severity(), m.status) {
+    let rank = match (m.severity(), m.seen.status) {
         (Some(Severity::Critical), _) => 6,
         (Some(Severity::High), _) => 5,
         (Some(Severity::Medium), _) => 4,
@@ -331,14 +332,19 @@ fn urgency(m: &JudgedMachine) -> (Reverse<u8>, Reverse<u64>) {
         (None, MachineStatus::Unreachable) => 2,
         (None, _) => 1,
     };
-    (Reverse(rank), Reverse(m.commits_behind.unwrap_or(0)))
+    (Reverse(rank), Reverse(m.seen.commits_behind.unwrap_or(0)))
 }
 
 fn attention(report: &Snapshot, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let mut rows: Vec<&JudgedMachine> = report
         .machines
         .iter()
-        .filter(|m| !matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning))
+        .filter(|m| {
+            !matches!(
+                m.seen.status,
+                MachineStatus::OnTip | MachineStatus::NotRunning
+            )
+        })
         .collect();
     if rows.is_empty() {
         let started = report.coherence.machines;
@@ -352,8 +358,8 @@ fn attention(report: &Snapshot, observed: &Observed, now: DateTime<Utc>) -> Mark
     rows.sort_by(|a, b| {
         urgency(a)
             .cmp(&urgency(b))
-            .then_with(|| a.app.cmp(&b.app))
-            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.seen.app.cmp(&b.seen.app))
+            .then_with(|| a.seen.name.cmp(&b.seen.name))
     });
     html! {
         h2 { "Machines needing attention (" (rows.len()) ")" }
@@ -393,7 +399,7 @@ fn severity_badge(severity: Option<Severity>) -> Markup {
 }
 
 /// How far behind (and ahead) the report says the machine is.
-fn behind_ahead(m: &JudgedMachine) -> Markup {
+fn behind_ahead(m: &ObservedMachine) -> Markup {
     html! {
         @match (m.commits_behind, m.commits_ahead) {
             (Some(b), Some(a)) if a > 0 => { (b) div.id { "+" (a) " ahead" } }
@@ -434,7 +440,7 @@ fn decision_detail(observed: &Observed, machine_id: &MachineId) -> Markup {
 }
 
 /// The operator hold and a pending approval, as tags.
-fn operator_tags(m: &JudgedMachine) -> Markup {
+fn operator_tags(m: &ObservedMachine) -> Markup {
     html! {
         @if let Some(hold) = &m.inputs.controls.hold {
             @let (label, why) = match hold {
@@ -450,25 +456,25 @@ fn operator_tags(m: &JudgedMachine) -> Markup {
 }
 
 fn row(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
-    let decided = decision(observed, &m.machine_id);
-    let tagged = m.inputs.controls.is_held() || m.inputs.controls.approval().is_some();
+    let decided = decision(observed, &m.seen.machine_id);
+    let tagged = m.seen.inputs.controls.is_held() || m.seen.inputs.controls.approval().is_some();
     html! {
         tr {
             td { (severity_badge(m.severity())) }
             td {
-                (machine_link(m))
-                div.id { span.mono { (m.machine_id) } " · " (m.region) }
+                (machine_link(&m.seen))
+                div.id { span.mono { (m.seen.machine_id) } " · " (m.seen.region) }
             }
-            td { (m.app) div.id { (m.pool) } }
-            td { (m.status.as_str().replace('_', " ")) }
+            td { (m.seen.app) div.id { (m.seen.pool) } }
+            td { (m.seen.status.as_str().replace('_', " ")) }
             td {
-                @match m.reported_ref.as_deref() {
+                @match m.seen.reported_ref.as_deref() {
                     Some(r) => code { (short(r)) },
                     None => (dash()),
                 }
             }
-            td.num { (behind_ahead(m)) }
-            td { (drift_since(observed, &m.machine_id, now)) }
+            td.num { (behind_ahead(&m.seen)) }
+            td { (drift_since(observed, &m.seen.machine_id, now)) }
             td {
                 @match m.action() {
                     Some(a) => (a),
@@ -480,17 +486,17 @@ fn row(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
                     (dash())
                 } @else {
                     @if let Some(d) = decided { (d) " " }
-                    (operator_tags(m))
+                    (operator_tags(&m.seen))
                 }
             }
-            td.detail { (m.detail.as_deref().unwrap_or("")) }
+            td.detail { (m.seen.detail.as_deref().unwrap_or("")) }
         }
     }
 }
 
 /// The machine's name, linking to its page when its id is one the page
 /// route accepts.
-fn machine_link(m: &JudgedMachine) -> Markup {
+fn machine_link(m: &ObservedMachine) -> Markup {
     html! {
         @if checked_id(m.machine_id.as_str()).is_ok() {
             a.m href={ "/machines/" (m.machine_id) } { (m.name) }
@@ -662,19 +668,19 @@ pub fn render_machine_page(
     now: DateTime<Utc>,
 ) -> Option<String> {
     let report = observed.report.as_ref()?;
-    let m = report.machines.iter().find(|m| &m.machine_id == id)?;
+    let m = report.machines.iter().find(|m| &m.seen.machine_id == id)?;
     let stale = report
         .apps
         .iter()
-        .find(|a| a.name == m.app)
+        .find(|a| a.name == m.seen.app)
         .and_then(|a| a.stale.as_ref());
     let body = html! {
         header {
-            h1 { (m.name) }
+            h1 { (m.seen.name) }
             div.meta {
                 a href="/" { "← fleet" } " · "
-                span.mono { (m.machine_id) } " · app " b { (m.app) } " · pool " b { (m.pool) }
-                " · " (m.region)
+                span.mono { (m.seen.machine_id) } " · app " b { (m.seen.app) } " · pool " b { (m.seen.pool) }
+                " · " (m.seen.region)
                 @if let Some(at) = observed.last_success {
                     " · swept " b { (age(now, at)) " ago" }
                 }
@@ -684,25 +690,25 @@ pub fn render_machine_page(
         (banners(observed, now))
         @if let Some(s) = stale {
             div.banner.warn {
-                "App " b { (m.app) } " could not be listed in the last sweep: " (s.error)
+                "App " b { (m.seen.app) } " could not be listed in the last sweep: " (s.error)
                 ". This is the machine as last listed; nothing is done to it until the app lists again."
             }
         }
         div.grid {
             (report_section(m))
-            (rotation_section(m, observed, now))
+            (rotation_section(&m.seen, observed, now))
             (reason_section(m))
-            (agent_section(m, now))
+            (agent_section(&m.seen, now))
             (commands_section(m))
         }
         footer {
-            a href={ "/api/v1/machines/" (m.machine_id) } { "this machine as JSON" } " · "
+            a href={ "/api/v1/machines/" (m.seen.machine_id) } { "this machine as JSON" } " · "
             a href="/" { "fleet status" }
             " · rendered " (now.format("%H:%M:%S UTC"))
             " · reloads every " (refresh_seconds(observed.sweep_interval)) "s"
         }
     };
-    let title = format!("{} · {} · fleet-reconciler", m.name, m.app);
+    let title = format!("{} · {} · fleet-reconciler", m.seen.name, m.seen.app);
     Some(document(
         &title,
         Some(refresh_seconds(observed.sweep_interval)),
@@ -729,17 +735,17 @@ fn report_section(m: &JudgedMachine) -> Markup {
         section.box #report {
             h2 { "Report" }
             dl.kv {
-                dt { "App" } dd { (m.app) }
-                dt { "Name" } dd { (m.name) }
-                dt { "Machine" } dd { span.mono { (m.machine_id) } }
-                dt { "Region" } dd { (m.region) }
-                dt { "Pool" } dd { (m.pool) }
-                dt { "State" } dd { (m.state) }
-                dt { "Status" } dd { (m.status.as_str().replace('_', " ")) }
-                dt { "Ref" } dd { (code_or_dash(m.reported_ref.as_deref())) }
-                dt { "Commit" } dd { (code_or_dash(m.commit.as_ref().map(CommitId::as_str))) }
+                dt { "App" } dd { (m.seen.app) }
+                dt { "Name" } dd { (m.seen.name) }
+                dt { "Machine" } dd { span.mono { (m.seen.machine_id) } }
+                dt { "Region" } dd { (m.seen.region) }
+                dt { "Pool" } dd { (m.seen.pool) }
+                dt { "State" } dd { (m.seen.state) }
+                dt { "Status" } dd { (m.seen.status.as_str().replace('_', " ")) }
+                dt { "Ref" } dd { (code_or_dash(m.seen.reported_ref.as_deref())) }
+                dt { "Commit" } dd { (code_or_dash(m.seen.commit.as_ref().map(CommitId::as_str))) }
                 dt { "Behind / ahead" } dd {
-                    @match (m.commits_behind, m.commits_ahead) {
+                    @match (m.seen.commits_behind, m.seen.commits_ahead) {
                         (None, None) => (dash()),
                         (b, a) => {
                             (b.map_or("–".to_string(), |b| b.to_string())) " behind · "
@@ -749,7 +755,7 @@ fn report_section(m: &JudgedMachine) -> Markup {
                 }
                 dt { "Severity" } dd {
                     // "unverified" only where a report was wanted and not usable.
-                    @if m.severity().is_none() && matches!(m.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
+                    @if m.severity().is_none() && matches!(m.seen.status, MachineStatus::OnTip | MachineStatus::NotRunning) {
                         (dash())
                     } @else {
                         (severity_badge(m.severity()))
@@ -761,14 +767,14 @@ fn report_section(m: &JudgedMachine) -> Markup {
                         None => (dash()),
                     }
                 }
-                dt { "Detail" } dd { (m.detail.as_deref().unwrap_or("–")) }
+                dt { "Detail" } dd { (m.seen.detail.as_deref().unwrap_or("–")) }
             }
         }
     }
 }
 
 /// The rotation: the decision, hold, approval, marker and history.
-fn rotation_section(m: &JudgedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
+fn rotation_section(m: &ObservedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let extra = observed.extras.get(&m.machine_id);
     let marker = control_json(m, MARKER_KEY, m.inputs.controls.marker())
         .and_then(|v| serde_json::to_string_pretty(&v).ok());
@@ -859,7 +865,7 @@ fn activity(a: Option<Activity>) -> &'static str {
 }
 
 /// The agent's last parsed health report.
-fn agent_section(m: &JudgedMachine, now: DateTime<Utc>) -> Markup {
+fn agent_section(m: &ObservedMachine, now: DateTime<Utc>) -> Markup {
     html! {
         section.box #agent {
             h2 { "Agent report" }
@@ -925,7 +931,7 @@ fn agent_report(r: &AgentReport, now: DateTime<Utc>) -> Markup {
 /// when its drift waits for one (the sweep's action is `manual`), release
 /// when held, else hold; and the fleet's table.
 pub(crate) fn operator_commands(m: &JudgedMachine) -> Vec<(&'static str, String)> {
-    let id = &m.machine_id;
+    let id = &m.seen.machine_id;
     let mut out = Vec::new();
     if m.action() == Some(PolicyAction::Manual) {
         out.push((
@@ -937,7 +943,7 @@ pub(crate) fn operator_commands(m: &JudgedMachine) -> Vec<(&'static str, String)
             format!("fleet-reconciler approve {id} --now"),
         ));
     }
-    if m.inputs.controls.is_held() {
+    if m.seen.inputs.controls.is_held() {
         out.push((
             "Release the hold (reconcilers may act on it again):",
             format!("fleet-reconciler release {id}"),

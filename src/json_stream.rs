@@ -101,70 +101,9 @@ impl ArraySplitter {
         while i < chunk.len() {
             if self.at == Where::InElement {
                 // Scan to the element's end (or the chunk's), then copy once.
-                let start = i;
-                let mut end = None;
-                while i < chunk.len() {
-                    if self.in_string && !self.escaped {
-                        // Most of a machine's bytes are inside strings: jump
-                        // to the next quote or backslash instead of stepping
-                        // through the state machine byte by byte.
-                        match chunk[i..].iter().position(|&b| b == b'"' || b == b'\\') {
-                            Some(skip) => i += skip,
-                            None => {
-                                i = chunk.len();
-                                break;
-                            }
-                        }
-                    }
-                    let b = chunk[i];
-                    i += 1;
-                    if self.in_string {
-                        if self.escaped {
-                            self.escaped = false;
-                        } else if b == b'\\' {
-                            self.escaped = true;
-                        } else if b == b'"' {
-                            self.in_string = false;
-                        }
-                    } else {
-                        match b {
-                            b'"' => self.in_string = true,
-                            b'{' | b'[' => self.depth += 1,
-                            b'}' | b']' => {
-                                self.depth = self.depth.saturating_sub(1);
-                                if self.depth == 0 {
-                                    end = Some(i);
-                                    break;
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                let piece = &chunk[start..end.unwrap_or(i)];
-                if self.element.len() + piece.len() > self.limit {
-                    let room = self.limit.saturating_sub(self.element.len());
-                    self.element
-                        .extend_from_slice(&piece[..room.min(piece.len())]);
-                    return Err(SplitError::TooLarge {
-                        index: self.elements,
-                        id: leading_id(&self.element),
-                        limit: self.limit,
-                    }
-                    .into());
-                }
-                self.element.extend_from_slice(piece);
-                if end.is_some() {
-                    let done = each(&self.element);
-                    self.elements += 1;
-                    self.element.clear();
-                    // A huge element's buffer is not kept for the rest.
-                    if self.element.capacity() > 64 << 10 {
-                        self.element.shrink_to(64 << 10);
-                    }
-                    self.at = Where::AfterElement;
-                    done?;
-                }
+                let (next, ended) = self.scan_element(chunk, i);
+                self.take_piece(&chunk[i..next], ended, each)?;
+                i = next;
                 continue;
             }
             let b = chunk[i];
@@ -173,37 +112,120 @@ impl ArraySplitter {
             if b.is_ascii_whitespace() {
                 continue;
             }
-            let found = char::from(b);
-            self.at = match (self.at, b) {
-                (Where::Before, b'[') => Where::First,
-                (Where::Before, _) => return Err(SplitError::NotAnArray { found, at }.into()),
-                (Where::First | Where::AfterElement, b']') => Where::Done,
-                (Where::AfterElement, b',') => Where::AfterComma,
-                (Where::AfterElement, _) => {
-                    return Err(SplitError::MissingComma {
-                        index: self.elements.saturating_sub(1),
-                        found,
-                    }
-                    .into());
-                }
-                (Where::First | Where::AfterComma, b'{') => {
-                    self.depth = 1;
-                    self.element.push(b);
-                    Where::InElement
-                }
-                (Where::First | Where::AfterComma, _) => {
-                    return Err(SplitError::NotAnObject {
-                        index: self.elements,
-                        found,
-                    }
-                    .into());
-                }
-                (Where::Done, _) => return Err(SplitError::TrailingData { found, at }.into()),
-                (Where::InElement, _) => unreachable!("handled above"),
-            };
+            self.at = self.between_elements(b, at)?;
         }
         self.offset += chunk.len() as u64;
         Ok(())
+    }
+
+    /// Inside an element: steps through `chunk` from `i`, tracking strings,
+    /// escapes and nesting, up to the byte after the element's closing
+    /// bracket or the chunk's end; returns that position and whether the
+    /// element ended. Nothing is copied here, so the caller copies once.
+    #[inline]
+    fn scan_element(&mut self, chunk: &[u8], mut i: usize) -> (usize, bool) {
+        while i < chunk.len() {
+            if self.in_string && !self.escaped {
+                // Most of a machine's bytes are inside strings: jump
+                // to the next quote or backslash instead of stepping
+                // through the state machine byte by byte.
+                match chunk[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                    Some(skip) => i += skip,
+                    None => return (chunk.len(), false),
+                }
+            }
+            let b = chunk[i];
+            i += 1;
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                }
+            } else {
+                match b {
+                    b'"' => self.in_string = true,
+                    b'{' | b'[' => self.depth += 1,
+                    b'}' | b']' => {
+                        self.depth = self.depth.saturating_sub(1);
+                        if self.depth == 0 {
+                            return (i, true);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        (i, false)
+    }
+
+    /// Appends the scanned `piece` to the current element within the limit,
+    /// and hands the element over when `ended`.
+    #[inline]
+    fn take_piece<E: From<SplitError>>(
+        &mut self,
+        piece: &[u8],
+        ended: bool,
+        each: &mut impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.element.len() + piece.len() > self.limit {
+            let room = self.limit.saturating_sub(self.element.len());
+            self.element
+                .extend_from_slice(&piece[..room.min(piece.len())]);
+            return Err(SplitError::TooLarge {
+                index: self.elements,
+                id: leading_id(&self.element),
+                limit: self.limit,
+            }
+            .into());
+        }
+        self.element.extend_from_slice(piece);
+        if ended {
+            let done = each(&self.element);
+            self.elements += 1;
+            self.element.clear();
+            // A huge element's buffer is not kept for the rest.
+            if self.element.capacity() > 64 << 10 {
+                self.element.shrink_to(64 << 10);
+            }
+            self.at = Where::AfterElement;
+            done?;
+        }
+        Ok(())
+    }
+
+    /// Outside elements: where the non-whitespace byte `b` (at byte `at` of
+    /// the whole answer) leads, or why it breaks the array's shape.
+    #[inline]
+    fn between_elements(&mut self, b: u8, at: u64) -> Result<Where, SplitError> {
+        let found = char::from(b);
+        Ok(match (self.at, b) {
+            (Where::Before, b'[') => Where::First,
+            (Where::Before, _) => return Err(SplitError::NotAnArray { found, at }),
+            (Where::First | Where::AfterElement, b']') => Where::Done,
+            (Where::AfterElement, b',') => Where::AfterComma,
+            (Where::AfterElement, _) => {
+                return Err(SplitError::MissingComma {
+                    index: self.elements.saturating_sub(1),
+                    found,
+                });
+            }
+            (Where::First | Where::AfterComma, b'{') => {
+                self.depth = 1;
+                self.element.push(b);
+                Where::InElement
+            }
+            (Where::First | Where::AfterComma, _) => {
+                return Err(SplitError::NotAnObject {
+                    index: self.elements,
+                    found,
+                });
+            }
+            (Where::Done, _) => return Err(SplitError::TrailingData { found, at }),
+            (Where::InElement, _) => unreachable!("push scans elements itself"),
+        })
     }
 
     /// After the last chunk: the array must have ended.

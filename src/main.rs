@@ -355,36 +355,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             finish(out.output, validate_config(&config_path, check_env)?)
         }
         Command::Preflight { out } => preflight(&config_path, out.output).await,
-        Command::Run => {
-            let config = Arc::new(config_path.load()?);
-            let secrets = service_secrets_from_env(&config)?;
-            let listener = tokio::net::TcpListener::bind(config.server.listen)
-                .await
-                .with_context(|| {
-                    format!("cannot listen on {} (server.listen)", config.server.listen)
-                })?;
-            let owner = owner_id();
-            let shutdown = CancellationToken::new();
-            tokio::spawn(fleet_reconciler::signal::cancel_on_signal(shutdown.clone()));
-            service::run(
-                service::RunArgs::new(config, secrets, listener, owner, shutdown),
-                |_| {},
-            )
-            .await?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Run => run_daemon(&config_path).await,
         Command::Status { machine, url, out } => {
-            let url = match url {
-                Some(u) => u,
-                None => daemon_url(&config_path.load()?),
-            };
-            let timeout = std::time::Duration::from_secs(10);
-            if let Some(machine) = machine {
-                let (view, json) = server::fetch_machine(&url, &machine, timeout).await?;
-                return Ok(print_machine(&view, &json, out.output));
-            }
-            let doc = server::fetch_fleet(&url, timeout).await?;
-            Ok(print_fleet(&doc, out.output))
+            status(&config_path, machine, url, out.output).await
         }
         Command::Approve {
             machine,
@@ -417,45 +390,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Release { machine, out } => {
             finish(out.output, release(&config_path, &machine).await?)
         }
-        Command::Check { out } => {
-            let config = Arc::new(config_path.load()?);
-            let secrets = secrets_from_env(&config)?;
-            let sweeper = daemon::connect(config, &secrets).await?;
-            match out.output {
-                // The document for programs stays the sweep's alone: no
-                // planner time or memory at 10,000 machines, no bytes per
-                // machine (`plan --output json` has the decisions).
-                Output::Json => {
-                    let fleet = daemon::check(&sweeper).await?;
-                    Ok(print_fleet(&FleetDocument::of(&fleet), out.output))
-                }
-                // The table's DECISION column: the planner's, as `plan` makes it.
-                Output::Text => {
-                    let (fleet, plan) =
-                        daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
-                    Ok(print_fleet(
-                        &FleetDocument::planned(&fleet, &plan),
-                        out.output,
-                    ))
-                }
-            }
-        }
-        Command::Plan { out } => {
-            let config = Arc::new(config_path.load()?);
-            let secrets = secrets_from_env(&config)?;
-            let sweeper = daemon::connect(config, &secrets).await?;
-            let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
-            match out.output {
-                Output::Json => print_document(&render::plan_to_json(&fleet, &plan)),
-                Output::Text => {
-                    eprintln!(
-                        "(a one-shot plan: drift is taken as seen for rotation.min_drift_age; nothing is written)"
-                    );
-                    print!("{}", render::plan_to_table(&fleet, &plan));
-                }
-            }
-            Ok(exit_code_of(&FleetDocument::of(&fleet)))
-        }
+        Command::Check { out } => check(&config_path, out.output).await,
+        Command::Plan { out } => plan(&config_path, out.output).await,
         #[cfg(feature = "sim")]
         Command::Demo {
             sweeps,
@@ -466,23 +402,111 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if explicit_config {
                 return Err(CliError::DemoConfig.into());
             }
-            let text = match &demo_config {
-                Some(path) => std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?,
-                None => demo::DEMO_CONFIG.to_string(),
-            };
-            let path = demo_config.unwrap_or_else(|| PathBuf::from("config/demo.toml"));
-            demo::run(demo::DemoOptions {
-                config_path: path,
-                config_text: text,
-                sweeps,
-                keep_running,
-                alertmanager,
-            })
-            .await?;
-            Ok(ExitCode::SUCCESS)
+            run_demo(sweeps, demo_config, keep_running, alertmanager).await
         }
     }
+}
+
+/// `run`: the daemon, until SIGTERM or ctrl-c.
+async fn run_daemon(config_path: &ConfigPath) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config_path.load()?);
+    let secrets = service_secrets_from_env(&config)?;
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
+    let owner = owner_id();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(fleet_reconciler::signal::cancel_on_signal(shutdown.clone()));
+    service::run(
+        service::RunArgs::new(config, secrets, listener, owner, shutdown),
+        |_| {},
+    )
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `status`: a running daemon's fleet, or one machine's detail.
+async fn status(
+    config_path: &ConfigPath,
+    machine: Option<String>,
+    url: Option<String>,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    let url = match url {
+        Some(u) => u,
+        None => daemon_url(&config_path.load()?),
+    };
+    let timeout = std::time::Duration::from_secs(10);
+    if let Some(machine) = machine {
+        let (view, json) = server::fetch_machine(&url, &machine, timeout).await?;
+        return Ok(print_machine(&view, &json, output));
+    }
+    let doc = server::fetch_fleet(&url, timeout).await?;
+    Ok(print_fleet(&doc, output))
+}
+
+/// `check`: one read-only sweep, reported.
+async fn check(config_path: &ConfigPath, output: Output) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config_path.load()?);
+    let secrets = secrets_from_env(&config)?;
+    let sweeper = daemon::connect(config, &secrets).await?;
+    match output {
+        // The document for programs stays the sweep's alone: no
+        // planner time or memory at 10,000 machines, no bytes per
+        // machine (`plan --output json` has the decisions).
+        Output::Json => {
+            let fleet = daemon::check(&sweeper).await?;
+            Ok(print_fleet(&FleetDocument::of(&fleet), output))
+        }
+        // The table's DECISION column: the planner's, as `plan` makes it.
+        Output::Text => {
+            let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
+            Ok(print_fleet(&FleetDocument::planned(&fleet, &plan), output))
+        }
+    }
+}
+
+/// `plan`: one read-only sweep, then each machine's decision and the steps.
+async fn plan(config_path: &ConfigPath, output: Output) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config_path.load()?);
+    let secrets = secrets_from_env(&config)?;
+    let sweeper = daemon::connect(config, &secrets).await?;
+    let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
+    match output {
+        Output::Json => print_document(&render::plan_to_json(&fleet, &plan)),
+        Output::Text => {
+            eprintln!(
+                "(a one-shot plan: drift is taken as seen for rotation.min_drift_age; nothing is written)"
+            );
+            print!("{}", render::plan_to_table(&fleet, &plan));
+        }
+    }
+    Ok(exit_code_of(&FleetDocument::of(&fleet)))
+}
+
+/// `demo`: the simulated fleet, on the built-in config or `demo_config`.
+#[cfg(feature = "sim")]
+async fn run_demo(
+    sweeps: u32,
+    demo_config: Option<PathBuf>,
+    keep_running: bool,
+    alertmanager: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let text = match &demo_config {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?,
+        None => demo::DEMO_CONFIG.to_string(),
+    };
+    let path = demo_config.unwrap_or_else(|| PathBuf::from("config/demo.toml"));
+    demo::run(demo::DemoOptions {
+        config_path: path,
+        config_text: text,
+        sweeps,
+        keep_running,
+        alertmanager,
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The daemon's address from `server.listen` of the config (loopback when

@@ -227,24 +227,39 @@ struct Wanted {
 
 /// Every variable the config names, once each, in the order of the config.
 fn wanted(config: &Config) -> Vec<Wanted> {
-    let mut out: Vec<Wanted> = Vec::new();
-    let mut add =
-        |var: &str, used: String, required: bool, without: &'static str, fix: String| match out
-            .iter_mut()
-            .find(|w| w.var == var)
-        {
+    let mut out = Wants::default();
+    want_fly_tokens(config, &mut out);
+    want_service_tokens(config, &mut out);
+    want_alert_secrets(config, &mut out);
+    out.0
+}
+
+/// The variables wanted so far, once each, in the order first named.
+#[derive(Default)]
+struct Wants(Vec<Wanted>);
+
+impl Wants {
+    /// Names `var` for one more use; a variable named again keeps its first
+    /// fix and is required when any of its uses requires it.
+    fn add(&mut self, var: &str, used: String, required: bool, without: &'static str, fix: String) {
+        match self.0.iter_mut().find(|w| w.var == var) {
             Some(w) => {
                 w.uses.push(used);
                 w.required |= required;
             }
-            None => out.push(Wanted {
+            None => self.0.push(Wanted {
                 var: var.to_string(),
                 uses: vec![used],
                 required,
                 without,
                 fix,
             }),
-        };
+        }
+    }
+}
+
+/// The Fly tokens of the apps and the coordinator.
+fn want_fly_tokens(config: &Config, out: &mut Wants) {
     // One line per variable and key: `fly.token_env` may serve many apps.
     let mut by_key: Vec<(&str, String, Vec<&str>)> = Vec::new();
     for t in config.fly_tokens() {
@@ -266,7 +281,7 @@ fn wanted(config: &Config) -> Vec<Wanted> {
                 apps.join(", ")
             ),
         };
-        add(
+        out.add(
             var,
             format!("Fly token of app {} ({key})", apps.join(", ")),
             true,
@@ -274,7 +289,11 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             fix,
         );
     }
-    add(
+}
+
+/// The overlay's token, the agents' tokens and the admin API's token.
+fn want_service_tokens(config: &Config, out: &mut Wants) {
+    out.add(
         &config.overlay.token_env,
         "overlay token (overlay.token_env)".into(),
         false,
@@ -283,7 +302,7 @@ fn wanted(config: &Config) -> Vec<Wanted> {
     );
     for (i, app) in config.apps.iter().enumerate() {
         if let Some(var) = &app.agent_token_env {
-            add(
+            out.add(
                 var,
                 format!(
                     "agents' bearer token of app {} (apps[{i}].agent_token_env)",
@@ -297,16 +316,21 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             );
         }
     }
-    add(
+    out.add(
         &config.server.admin_token_env,
         "admin API token (server.admin_token_env)".into(),
         false,
         "the admin API is disabled",
         String::new(),
     );
+}
+
+/// The webhooks' URLs, routing keys and HMAC secrets, and the
+/// Alertmanagers' URLs.
+fn want_alert_secrets(config: &Config, out: &mut Wants) {
     for (i, hook) in config.alerts.webhooks.iter().enumerate() {
         let fix = |var: &str, what: &str| format!("fly secrets set {var}=… ({what})");
-        add(
+        out.add(
             &hook.url_env,
             format!("URL of alerts.webhooks[{i}] (url_env)"),
             true,
@@ -314,7 +338,7 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             fix(&hook.url_env, "the webhook's URL"),
         );
         if let Some(var) = &hook.routing_key_env {
-            add(
+            out.add(
                 var,
                 format!("PagerDuty routing key of alerts.webhooks[{i}] (routing_key_env)"),
                 true,
@@ -323,7 +347,7 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             );
         }
         if let Some(var) = &hook.secret_env {
-            add(
+            out.add(
                 var,
                 format!("HMAC secret of alerts.webhooks[{i}] (secret_env)"),
                 true,
@@ -333,7 +357,7 @@ fn wanted(config: &Config) -> Vec<Wanted> {
         }
     }
     for (i, am) in config.alerts.alertmanagers.iter().enumerate() {
-        add(
+        out.add(
             &am.url_env,
             format!("URL of alerts.alertmanager[{i}] (url_env)"),
             true,
@@ -344,7 +368,6 @@ fn wanted(config: &Config) -> Vec<Wanted> {
             ),
         );
     }
-    out
 }
 
 fn secrets(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
@@ -584,26 +607,48 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
             )];
         }
     };
-    let machine = match fly.get_machine(&c.app, &c.machine_id).await {
+    let machine = match coordinator_read(config, c, &fly, token.var, &subject).await {
         Ok(m) => m,
+        Err(finding) => return vec![finding],
+    };
+    vec![
+        coordinator_state(c, &machine, &subject),
+        coordinator_slots(c, &machine, &subject),
+        coordinator_lease(config, c, &fly, token.var, &subject).await,
+    ]
+}
+
+/// The coordinator machine, or why it cannot be read with the token in `var`.
+async fn coordinator_read(
+    config: &Config,
+    c: &Coordinator,
+    fly: &FlyClient,
+    var: &str,
+    subject: &str,
+) -> Result<Machine, Finding> {
+    match fly.get_machine(&c.app, &c.machine_id).await {
+        Ok(m) => Ok(m),
         Err(e) => {
             let fix = match e {
                 FlyError::NotFound { .. } => format!(
                     "create it (docs/deploy.md, \"The coordination machine\") and set rotation.coordinator to its APP/MACHINE_ID; `fly machine list -a {}` shows the ids",
                     c.app
                 ),
-                _ => fly_fix(&e, &c.app, token.var, config),
+                _ => fly_fix(&e, &c.app, var, config),
             };
-            return vec![Finding::fail(
+            Err(Finding::fail(
                 CheckKind::Coordinator,
                 subject,
-                format!("cannot be read with the token in {}: {e}", token.var),
+                format!("cannot be read with the token in {}: {e}", var),
                 fix,
-            )];
+            ))
         }
-    };
-    let mut out = Vec::new();
-    out.push(if !machine_is_stopped(&machine) {
+    }
+}
+
+/// Whether the coordinator is stopped, as it must be.
+fn coordinator_state(c: &Coordinator, machine: &Machine, subject: &str) -> Finding {
+    if !machine_is_stopped(machine) {
         Finding::fail(
             CheckKind::Coordinator,
             format!("{subject} state"),
@@ -619,8 +664,12 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
             format!("{subject} state"),
             "exists and is stopped",
         )
-    });
-    out.push(match machine.metadata(SLOTS_KEY) {
+    }
+}
+
+/// Whether the coordinator's slot key reads.
+fn coordinator_slots(c: &Coordinator, machine: &Machine, subject: &str) -> Finding {
+    match machine.metadata(SLOTS_KEY) {
         Ok(value) => match SlotSet::parse(value) {
             Ok(set) => Finding::ok(
                 CheckKind::Coordinator,
@@ -645,46 +694,53 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
             e.to_string(),
             "wait for Fly to reach the machine's host again (`fly machine status`)",
         ),
-    });
-    out.push(
-        match fly
-            .acquire_lease(
-                &c.app,
-                &c.machine_id,
-                LEASE_TTL,
-                "fleet-reconciler preflight: taken and released at once",
-            )
-            .await
-        {
-            Ok(lease) => match fly.release_lease(&c.app, &c.machine_id, &lease.nonce).await {
-                Ok(()) => Finding::ok(
-                    CheckKind::Coordinator,
-                    format!("{subject} lease"),
-                    "leasable: taken and released",
-                ),
-                Err(e) => Finding::ok(
-                    CheckKind::Coordinator,
-                    format!("{subject} lease"),
-                    format!(
-                        "leasable: taken, but not released ({e}); it lapses in {}",
-                        humantime::format_duration(LEASE_TTL)
-                    ),
-                ),
-            },
-            Err(FlyError::LeaseConflict { .. }) => Finding::ok(
+    }
+}
+
+/// Whether the coordinator's lease can be taken (and is released at once).
+async fn coordinator_lease(
+    config: &Config,
+    c: &Coordinator,
+    fly: &FlyClient,
+    var: &str,
+    subject: &str,
+) -> Finding {
+    match fly
+        .acquire_lease(
+            &c.app,
+            &c.machine_id,
+            LEASE_TTL,
+            "fleet-reconciler preflight: taken and released at once",
+        )
+        .await
+    {
+        Ok(lease) => match fly.release_lease(&c.app, &c.machine_id, &lease.nonce).await {
+            Ok(()) => Finding::ok(
                 CheckKind::Coordinator,
                 format!("{subject} lease"),
-                "leasable: held by another actor right now (a running reconciler changing slots), so not taken",
+                "leasable: taken and released",
             ),
-            Err(e) => Finding::fail(
+            Err(e) => Finding::ok(
                 CheckKind::Coordinator,
                 format!("{subject} lease"),
-                format!("cannot be leased with the token in {}: {e}", token.var),
-                fly_fix(&e, &c.app, token.var, config),
+                format!(
+                    "leasable: taken, but not released ({e}); it lapses in {}",
+                    humantime::format_duration(LEASE_TTL)
+                ),
             ),
         },
-    );
-    out
+        Err(FlyError::LeaseConflict { .. }) => Finding::ok(
+            CheckKind::Coordinator,
+            format!("{subject} lease"),
+            "leasable: held by another actor right now (a running reconciler changing slots), so not taken",
+        ),
+        Err(e) => Finding::fail(
+            CheckKind::Coordinator,
+            format!("{subject} lease"),
+            format!("cannot be leased with the token in {}: {e}", var),
+            fly_fix(&e, &c.app, var, config),
+        ),
+    }
 }
 
 /// Down and staying down: what a coordinator is.

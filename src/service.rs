@@ -20,6 +20,7 @@ use crate::act::operator::Operator;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::daemon::{self, LoopOptions, Secrets, SetupError, SweepOutcome};
+use crate::observe::sweep::Sweeper;
 use crate::report::metrics::{Metrics, MetricsError};
 use crate::report::notify::{Notifier, NotifierOptions, NotifyError, SinkSecrets};
 use crate::report::reporter::Reporter;
@@ -107,16 +108,7 @@ pub async fn run(
         clock,
     } = args;
     let metrics = Arc::new(Metrics::new_at(config.metrics.per_machine, clock.now())?);
-    let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
-    sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
-    sweeper.prober = sweeper
-        .prober
-        .clone()
-        .with_observer(metrics.probe_observer());
-    sweeper.overlay = sweeper
-        .overlay
-        .clone()
-        .with_observer(metrics.git_fetch_observer());
+    let sweeper = connect_observed(&config, &secrets, &metrics).await?;
     let executor = Executor::new(
         sweeper.fly.clone(),
         config.clone(),
@@ -126,36 +118,9 @@ pub async fn run(
             ..ExecutorConfig::new(&owner)
         },
     )?;
-    // Alert state on the data volume: a restart neither re-pages what still
-    // fires nor forgets to resolve what cleared, nor loses what was queued.
-    let notifier = Notifier::with_sinks(
-        &config.alerts,
-        secrets.webhooks.clone(),
-        secrets.alertmanagers.clone(),
-        NotifierOptions {
-            state_file: Some(config.alert_state_file()),
-            clock: clock.clone(),
-            public_url: config.server.public_url.clone(),
-            ..NotifierOptions::default()
-        },
-    )?;
-    let view = FleetView::new(config.sweep.interval.get(), clock.now());
-    view.set_coherence_threshold(config.alerts.coherence_threshold);
-    // A turn may wait out Fly calls and their retries (a slow API is not a
-    // stuck loop).
-    let fly_calls = config.fly.request_timeout.get() * (config.fly.max_retries + 1);
-    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout.get());
-    let state = ServerState::new(metrics.clone(), view.clone())
-        .with_operator(Operator::new(sweeper.fly.clone(), &config))
-        .with_admin_token(
-            secrets
-                .admin_token
-                .as_ref()
-                .map(|t| t.expose_secret().to_string()),
-            &config.server.admin_token_env,
-        )
-        .with_limits(ServerLimits::from_config(&config.server))
-        .with_clock(clock.clone());
+    let notifier = notifier(&config, &secrets, &clock)?;
+    let view = fleet_view(&config, &clock);
+    let state = server_state(&config, &secrets, &metrics, &view, &sweeper, &clock);
     let refresh = state.refresh_requests();
 
     // The server and the notifier outlive the loop a little: the server stops
@@ -188,6 +153,96 @@ pub async fn run(
             crate::heap::return_freed_memory();
         },
     );
+    reconcile_until_shutdown(reconciling, &shutdown).await;
+    notifier_stop.cancel();
+    flush_notifier(&notifier, delivery).await;
+    server_stop.cancel();
+    match tokio::time::timeout(SHUTDOWN_SERVER_GRACE, server).await {
+        Ok(Ok(result)) => result.map_err(ServiceError::Server),
+        Ok(Err(_)) | Err(_) => Ok(()),
+    }
+}
+
+/// The sweeper, its Fly client, prober and overlay reporting to `metrics`.
+async fn connect_observed(
+    config: &Arc<Config>,
+    secrets: &ServiceSecrets,
+    metrics: &Metrics,
+) -> Result<Sweeper, SetupError> {
+    let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
+    sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
+    sweeper.prober = sweeper
+        .prober
+        .clone()
+        .with_observer(metrics.probe_observer());
+    sweeper.overlay = sweeper
+        .overlay
+        .clone()
+        .with_observer(metrics.git_fetch_observer());
+    Ok(sweeper)
+}
+
+/// The notifier of `config.alerts`, its state kept on the data volume.
+fn notifier(
+    config: &Config,
+    secrets: &ServiceSecrets,
+    clock: &SharedClock,
+) -> Result<Notifier, NotifyError> {
+    // Alert state on the data volume: a restart neither re-pages what still
+    // fires nor forgets to resolve what cleared, nor loses what was queued.
+    Notifier::with_sinks(
+        &config.alerts,
+        secrets.webhooks.clone(),
+        secrets.alertmanagers.clone(),
+        NotifierOptions {
+            state_file: Some(config.alert_state_file()),
+            clock: clock.clone(),
+            public_url: config.server.public_url.clone(),
+            ..NotifierOptions::default()
+        },
+    )
+}
+
+/// The view the server shows, with the thresholds it judges the loop by.
+fn fleet_view(config: &Config, clock: &SharedClock) -> FleetView {
+    let view = FleetView::new(config.sweep.interval.get(), clock.now());
+    view.set_coherence_threshold(config.alerts.coherence_threshold);
+    // A turn may wait out Fly calls and their retries (a slow API is not a
+    // stuck loop).
+    let fly_calls = config.fly.request_timeout.get() * (config.fly.max_retries + 1);
+    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout.get());
+    view
+}
+
+/// What the HTTP server serves: metrics, the view, the operator's commands
+/// behind the admin token, within the configured limits.
+fn server_state(
+    config: &Config,
+    secrets: &ServiceSecrets,
+    metrics: &Arc<Metrics>,
+    view: &FleetView,
+    sweeper: &Sweeper,
+    clock: &SharedClock,
+) -> ServerState {
+    ServerState::new(metrics.clone(), view.clone())
+        .with_operator(Operator::new(sweeper.fly.clone(), config))
+        .with_admin_token(
+            secrets
+                .admin_token
+                .as_ref()
+                .map(|t| t.expose_secret().to_string()),
+            &config.server.admin_token_env,
+        )
+        .with_limits(ServerLimits::from_config(&config.server))
+        .with_clock(clock.clone())
+}
+
+/// Runs `reconciling` until it stops after `shutdown`, or until the steps'
+/// grace is over.
+async fn reconcile_until_shutdown(
+    reconciling: impl std::future::Future<Output = ()>,
+    shutdown: &CancellationToken,
+) {
     // Fly kills a machine 5 s after SIGTERM by default: steps in flight get
     // a moment to finish their short calls and release their leases, then
     // are dropped. That is as safe as a crash, which the protocol is built
@@ -206,7 +261,11 @@ pub async fn run(
             "shutting down with steps still in flight: their markers are written and their leases expire with their TTL"
         ),
     }
-    notifier_stop.cancel();
+}
+
+/// Waits a moment for the (stopped) notifier's deliveries; what they did
+/// not deliver is saved for the next start.
+async fn flush_notifier(notifier: &Notifier, delivery: tokio::task::JoinHandle<()>) {
     if tokio::time::timeout(SHUTDOWN_FLUSH_GRACE, delivery)
         .await
         .is_err()
@@ -216,11 +275,6 @@ pub async fn run(
         if let Err(e) = notifier.save() {
             tracing::warn!(error = %e, "cannot write the alert state file at shutdown");
         }
-    }
-    server_stop.cancel();
-    match tokio::time::timeout(SHUTDOWN_SERVER_GRACE, server).await {
-        Ok(Ok(result)) => result.map_err(ServiceError::Server),
-        Ok(Err(_)) | Err(_) => Ok(()),
     }
 }
 

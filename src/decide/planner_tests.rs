@@ -1784,31 +1784,33 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
     (fx, SlotsView::Known(set))
 }
 
-#[test]
-fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
+/// The plan over [`busy_other_app`] five minutes in, with `other` not
+/// listed by the sweep when `stale_other`.
+fn plan_busy_other_app(stale_other: bool) -> Plan {
     let now = t0() + Cd::minutes(5);
-    let plan_for = |stale_other: bool| {
-        let (mut fx, slots) = busy_other_app(now);
-        let mut report = fx.report();
-        report.slots = slots;
-        if stale_other {
-            report = stale(report, "other");
-        }
-        fx.tracker.observe(&report, t0());
-        fx.tracker.observe(&report, now);
-        plan(&PlanInput {
-            policy: &fx.policy,
-            snapshot: &report,
-            tracker: &fx.tracker,
-            owner: "r1",
-            fetch: fetched(),
-            now,
-        })
-    };
+    let (mut fx, slots) = busy_other_app(now);
+    let mut report = fx.report();
+    report.slots = slots;
+    if stale_other {
+        report = stale(report, "other");
+    }
+    fx.tracker.observe(&report, t0());
+    fx.tracker.observe(&report, now);
+    plan(&PlanInput {
+        policy: &fx.policy,
+        snapshot: &report,
+        tracker: &fx.tracker,
+        owner: "r1",
+        fetch: fetched(),
+        now,
+    })
+}
 
+#[test]
+fn every_kind_of_step_for_the_machines_of_an_app_that_was_listed() {
     // Listed, `other` has work of every kind: a claim, a restart, two undos,
     // a verify backoff, a bookkeeping step, and alerts.
-    let listed = plan_for(false);
+    let listed = plan_busy_other_app(false);
     let mut steps = kinds(&listed);
     steps.sort_unstable();
     assert_eq!(
@@ -1830,10 +1832,13 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
             .iter()
             .any(|a| a.app == Some(AppName::from("other")))
     );
+}
 
+#[test]
+fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
     // Not listed: nothing at all for `other` (not even the undos), while
     // `app` is planned exactly as before.
-    let unlisted = plan_for(true);
+    let unlisted = plan_busy_other_app(true);
     assert_eq!(kinds(&unlisted), [("a-drift", "claim")], "{unlisted:?}");
     assert!(
         unlisted
@@ -1844,6 +1849,11 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
         unlisted.alerts
     );
     assert_eq!(alerts(&unlisted, AlertKind::Drift), ["a-drift"]);
+}
+
+#[test]
+fn the_rotations_of_an_app_that_could_not_be_listed_wait_and_say_so() {
+    let unlisted = plan_busy_other_app(true);
     // The rotations in progress wait where they are, and say so.
     assert_eq!(
         unlisted.decisions().get(&mid("o-drain")),
@@ -1876,6 +1886,11 @@ fn no_step_for_the_machines_of_an_app_that_could_not_be_listed() {
             .as_deref(),
         Some("paused: app not listed")
     );
+}
+
+#[test]
+fn the_slots_of_an_app_that_could_not_be_listed_count_in_its_own_pool_only() {
+    let unlisted = plan_busy_other_app(true);
     // Their slots still count against their own pool, and only there.
     assert_eq!(
         unlisted

@@ -423,37 +423,45 @@ paths = ["skills/**"]
         );
     }
 
-    #[test]
-    fn reasons_name_the_rule_and_the_evidence_of_each_condition() {
+    /// The classification of `r` under `rules`, and its reason.
+    fn explained(rules: &[SeverityRule], r: &DriftRange) -> (Classification, Reason) {
+        let class = classify(rules, Drift::Range(r));
+        (class, explain(rules, Drift::Range(r), class))
+    }
+
+    /// The commit [`with_detail`] names as the newest missing one.
+    fn detail_commit() -> CommitId {
+        CommitId::parse(&"e".repeat(40)).expect("commit id")
+    }
+
+    /// `r` with every signal's evidence matching `matched` in a commit
+    /// "Fix it", the newest missing one being [`detail_commit`].
+    fn with_detail(mut r: DriftRange, matched: &str) -> DriftRange {
         use crate::model::MissingCommit;
         use crate::observe::overlay::EvidenceDetail;
-        let rules = default_severity_rules();
-        let commit = CommitId::parse(&"e".repeat(40)).expect("commit id");
-        let explained = |r: &DriftRange| {
-            let class = classify(&rules, Drift::Range(r));
-            (class, explain(&rules, Drift::Range(r), class))
-        };
-        let with_detail = |mut r: DriftRange, matched: &str| {
-            for id in r.evidence.keys().copied().collect::<Vec<_>>() {
-                r.evidence_detail.insert(
-                    id,
-                    EvidenceDetail {
-                        subject: "Fix it".into(),
-                        matched: Some(matched.into()),
-                    },
-                );
-            }
-            r.newest = vec![Arc::new(MissingCommit {
-                commit: commit.clone(),
-                subject: "Fix it".into(),
-            })];
-            r
-        };
+        for id in r.evidence.keys().copied().collect::<Vec<_>>() {
+            r.evidence_detail.insert(
+                id,
+                EvidenceDetail {
+                    subject: "Fix it".into(),
+                    matched: Some(matched.into()),
+                },
+            );
+        }
+        r.newest = vec![Arc::new(MissingCommit {
+            commit: detail_commit(),
+            subject: "Fix it".into(),
+        })];
+        r
+    }
 
-        let (class, reason) = explained(&with_detail(
-            range(&rules, 30, &[], &["Security"]),
-            "Security",
-        ));
+    #[test]
+    fn reasons_name_the_rule_and_the_evidence_of_a_trailer() {
+        let rules = default_severity_rules();
+        let (class, reason) = explained(
+            &rules,
+            &with_detail(range(&rules, 30, &[], &["Security"]), "Security"),
+        );
         assert_eq!(class.rule, Some(1));
         assert_eq!(
             reason.rule,
@@ -465,17 +473,21 @@ paths = ["skills/**"]
         assert_eq!(
             reason.evidence,
             [Evidence::Trailer {
-                commit: commit.clone(),
+                commit: detail_commit(),
                 subject: "Fix it".into(),
                 trailer: Some("Security".into())
             }]
         );
         assert_eq!((reason.behind, reason.missing.len()), (Some(30), 1));
+    }
 
-        let (_, reason) = explained(&with_detail(
-            range(&rules, 2, &["guards/x.yaml"], &[]),
-            "guards/x.yaml",
-        ));
+    #[test]
+    fn reasons_name_the_rule_and_the_evidence_of_a_path() {
+        let rules = default_severity_rules();
+        let (_, reason) = explained(
+            &rules,
+            &with_detail(range(&rules, 2, &["guards/x.yaml"], &[]), "guards/x.yaml"),
+        );
         assert_eq!(
             reason.rule,
             RuleMatch::Matched {
@@ -487,8 +499,12 @@ paths = ["skills/**"]
             &reason.evidence[..],
             [Evidence::Path { path: Some(p), .. }] if p == "guards/x.yaml"
         ));
+    }
 
-        let (class, reason) = explained(&range(&rules, 20, &[], &[]));
+    #[test]
+    fn reasons_name_the_rule_and_the_evidence_of_commits_behind() {
+        let rules = default_severity_rules();
+        let (class, reason) = explained(&rules, &range(&rules, 20, &[], &[]));
         assert_eq!(
             class,
             Classification {
@@ -503,8 +519,12 @@ paths = ["skills/**"]
                 min_commits_behind: 20
             }]
         );
+    }
 
-        let (class, reason) = explained(&range(&rules, 4, &["skills/a.md"], &[]));
+    #[test]
+    fn reasons_name_no_rule_and_no_evidence_when_none_matches() {
+        let rules = default_severity_rules();
+        let (class, reason) = explained(&rules, &range(&rules, 4, &["skills/a.md"], &[]));
         assert_eq!(
             class,
             Classification {
@@ -523,8 +543,12 @@ paths = ["skills/**"]
         // A partial answer says so.
         let mut partial = range(&rules, 4, &[], &[]);
         partial.paths_incomplete = true;
-        assert!(explained(&partial).1.evidence_partial);
+        assert!(explained(&rules, &partial).1.evidence_partial);
+    }
 
+    #[test]
+    fn reasons_name_the_rule_and_the_evidence_of_an_unresolved_ref() {
+        let rules = default_severity_rules();
         let drift = Drift::Unresolved(Unresolved::Ambiguous);
         let class = classify(&rules, drift);
         let reason = explain(&rules, drift, class);

@@ -129,7 +129,36 @@ pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<DedupKey, G
 
 /// The alert of one group of machine alerts (`members` is never empty).
 fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>) -> Grouped {
-    // One entry per machine, its most severe alert.
+    let by_machine = worst_per_machine(members);
+    let first = by_machine.values().next().copied().unwrap_or(members[0]);
+    if fields.contains(&GroupField::Machine) {
+        // A group of one machine: the alert as the planner wrote it.
+        return Grouped {
+            key,
+            alert: first.clone(),
+            members: by_machine.keys().map(|m| (*m).to_owned()).collect(),
+        };
+    }
+    let shared = Shared::of(&by_machine);
+    let summary = group_summary(first.kind, &shared, fields);
+    let details = group_details(&shared, fields);
+    Grouped {
+        key,
+        alert: Alert {
+            kind: first.kind,
+            app: shared.app.map(Into::into),
+            machine_id: None,
+            commit: shared.tip,
+            severity: shared.severity,
+            summary,
+            details,
+        },
+        members: shared.ids.iter().map(|m| (*m).to_owned()).collect(),
+    }
+}
+
+/// One entry per machine, its most severe alert.
+fn worst_per_machine<'a>(members: &[&'a Alert]) -> BTreeMap<&'a str, &'a Alert> {
     let mut by_machine: BTreeMap<&str, &Alert> = BTreeMap::new();
     for a in members {
         let id = a.machine_id.as_ref().map_or("", MachineId::as_str);
@@ -142,70 +171,112 @@ fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>)
             })
             .or_insert(a);
     }
-    let first = by_machine.values().next().copied().unwrap_or(members[0]);
-    if fields.contains(&GroupField::Machine) {
-        // A group of one machine: the alert as the planner wrote it.
-        return Grouped {
-            key,
-            alert: first.clone(),
-            members: by_machine.keys().map(|m| (*m).to_owned()).collect(),
-        };
-    }
-    let alerts: Vec<&Alert> = by_machine.values().copied().collect();
-    let severity = alerts
-        .iter()
-        .map(|a| a.severity)
-        .max()
-        .unwrap_or(Severity::Low);
-    let distinct = |get: &dyn Fn(&Alert) -> Option<String>| -> BTreeSet<String> {
-        alerts.iter().filter_map(|a| get(a)).collect()
-    };
-    let apps = distinct(&|a| a.app.as_ref().map(AppName::to_string));
-    let tips: BTreeSet<&CommitId> = alerts.iter().filter_map(|a| a.commit.as_ref()).collect();
-    let pools = distinct(&|a| a.details.get("pool").cloned());
-    let rules = distinct(&|a| a.details.get("severity_rule").cloned());
-    let ids: Vec<&str> = by_machine.keys().copied().collect();
-    let n = ids.len();
-    let one = |set: &BTreeSet<String>| {
-        (set.len() == 1)
-            .then(|| set.iter().next().cloned())
-            .flatten()
-    };
-    let app = one(&apps);
-    let tip = (tips.len() == 1)
-        .then(|| tips.first().map(|t| (*t).clone()))
-        .flatten();
+    by_machine
+}
 
-    let listed = bounded(&ids, SUMMARY_MACHINES);
+/// What a group's machines (their worst alerts) have in common, and where
+/// they differ, for its summary and details.
+struct Shared<'a> {
+    /// The machines, in order.
+    ids: Vec<&'a str>,
+    severity: Severity,
+    apps: BTreeSet<String>,
+    /// The app, when all are of one.
+    app: Option<String>,
+    /// The release tip, when all trail one.
+    tip: Option<CommitId>,
+    pools: BTreeSet<String>,
+    rules: BTreeSet<String>,
+}
+
+impl<'a> Shared<'a> {
+    fn of(by_machine: &BTreeMap<&'a str, &Alert>) -> Shared<'a> {
+        let alerts: Vec<&Alert> = by_machine.values().copied().collect();
+        let severity = alerts
+            .iter()
+            .map(|a| a.severity)
+            .max()
+            .unwrap_or(Severity::Low);
+        let distinct = |get: &dyn Fn(&Alert) -> Option<String>| -> BTreeSet<String> {
+            alerts.iter().filter_map(|a| get(a)).collect()
+        };
+        let apps = distinct(&|a| a.app.as_ref().map(AppName::to_string));
+        let tips: BTreeSet<&CommitId> = alerts.iter().filter_map(|a| a.commit.as_ref()).collect();
+        let pools = distinct(&|a| a.details.get("pool").cloned());
+        let rules = distinct(&|a| a.details.get("severity_rule").cloned());
+        let ids: Vec<&str> = by_machine.keys().copied().collect();
+        let app = only(&apps);
+        let tip = (tips.len() == 1)
+            .then(|| tips.first().map(|t| (*t).clone()))
+            .flatten();
+        Shared {
+            ids,
+            severity,
+            apps,
+            app,
+            tip,
+            pools,
+            rules,
+        }
+    }
+}
+
+/// The one value of `set`, when it has exactly one.
+fn only(set: &BTreeSet<String>) -> Option<String> {
+    (set.len() == 1)
+        .then(|| set.iter().next().cloned())
+        .flatten()
+}
+
+/// A group's summary: how many machines, where, and what they trail or await.
+fn group_summary(kind: AlertKind, shared: &Shared, fields: &BTreeSet<GroupField>) -> String {
+    let Shared {
+        ids,
+        severity,
+        apps,
+        app,
+        tip,
+        pools,
+        ..
+    } = shared;
+    let n = ids.len();
+    let listed = bounded(ids, SUMMARY_MACHINES);
     let (machines, trail, wait) = if n == 1 {
         ("machine", "trails", "awaits")
     } else {
         ("machines", "trail", "await")
     };
-    let scope = match &app {
+    let scope = match app {
         Some(app) => format!(" of {app}"),
         None => format!(" in {} apps", apps.len()),
     };
-    let pool_scope = match one(&pools) {
+    let pool_scope = match only(pools) {
         Some(p) if fields.contains(&GroupField::Pool) => format!(" (pool {p})"),
         _ => String::new(),
     };
-    let target = match &tip {
+    let target = match tip {
         Some(t) => format!("release tip {}", short(t.as_str())),
         None => "the release tip".to_owned(),
     };
-    let summary = match first.kind {
+    match kind {
         AlertKind::ManualApprovalRequired => format!(
             "{n} {machines}{scope}{pool_scope} {wait} approval for {target}: {listed}. `fleet-reconciler approve <machine>` (or --when-idle) each"
         ),
         _ => format!(
             "{n} {machines}{scope}{pool_scope} {trail} {target} (severity {severity}): {listed}"
         ),
-    };
+    }
+}
 
+/// A group's details: its machines, how it is grouped, and the pools,
+/// severity rules and apps of its members.
+fn group_details(shared: &Shared, fields: &BTreeSet<GroupField>) -> BTreeMap<String, String> {
     let mut details = BTreeMap::from([
-        ("machines".to_owned(), n.to_string()),
-        ("machine_ids".to_owned(), bounded(&ids, DETAIL_MACHINES)),
+        ("machines".to_owned(), shared.ids.len().to_string()),
+        (
+            "machine_ids".to_owned(),
+            bounded(&shared.ids, DETAIL_MACHINES),
+        ),
         (
             "group_by".to_owned(),
             fields
@@ -216,28 +287,16 @@ fn group_alert(key: DedupKey, members: &[&Alert], fields: &BTreeSet<GroupField>)
         ),
     ]);
     let join = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(", ");
-    if !pools.is_empty() {
-        details.insert("pool".to_owned(), join(&pools));
+    if !shared.pools.is_empty() {
+        details.insert("pool".to_owned(), join(&shared.pools));
     }
-    if !rules.is_empty() {
-        details.insert("severity_rule".to_owned(), join(&rules));
+    if !shared.rules.is_empty() {
+        details.insert("severity_rule".to_owned(), join(&shared.rules));
     }
-    if apps.len() > 1 {
-        details.insert("apps".to_owned(), join(&apps));
+    if shared.apps.len() > 1 {
+        details.insert("apps".to_owned(), join(&shared.apps));
     }
-    Grouped {
-        key,
-        alert: Alert {
-            kind: first.kind,
-            app: app.map(Into::into),
-            machine_id: None,
-            commit: tip,
-            severity,
-            summary,
-            details,
-        },
-        members: ids.iter().map(|m| (*m).to_owned()).collect(),
-    }
+    details
 }
 
 /// `a, b, c and 7 more` (at most `max` named).

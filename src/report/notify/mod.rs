@@ -1046,7 +1046,6 @@ impl Sink {
         now: DateTime<Utc>,
         capacity: usize,
     ) -> usize {
-        let mut queued = 0;
         let refused_before = st.dropped;
         // A failing sink is not told about sinks failing (it would only
         // dead-letter that too), nor that they recovered.
@@ -1054,6 +1053,26 @@ impl Sink {
         let frozen = frozen.as_ref();
         // Resolves first: after a release, the old target's alerts clear
         // before the new target's fire.
+        let mut queued = self.plan_resolves(st, current, frozen, now, capacity);
+        queued += self.plan_alerts(st, current, frozen, now, capacity);
+        queued += self.plan_events(st, events, links, capacity);
+        if st.dropped == refused_before && st.queue.len() < capacity {
+            self.end_overflow(st);
+        }
+        queued
+    }
+
+    /// Resolves the tracked alerts that no longer hold (but the `frozen`
+    /// one); returns how many were queued.
+    fn plan_resolves(
+        &self,
+        st: &mut SinkState,
+        current: &BTreeMap<DedupKey, Grouped>,
+        frozen: Option<&DedupKey>,
+        now: DateTime<Utc>,
+        capacity: usize,
+    ) -> usize {
+        let mut queued = 0;
         let cleared: Vec<DedupKey> = st
             .firing
             .keys()
@@ -1067,6 +1086,21 @@ impl Sink {
                 queued += 1;
             } // else: still tracked, so the next sweep offers the resolve again.
         }
+        queued
+    }
+
+    /// Triggers the alerts that newly hold, and re-notifies the tracked ones
+    /// that escalated, changed members or are due a repeat (but the `frozen`
+    /// one); returns how many were queued.
+    fn plan_alerts(
+        &self,
+        st: &mut SinkState,
+        current: &BTreeMap<DedupKey, Grouped>,
+        frozen: Option<&DedupKey>,
+        now: DateTime<Utc>,
+        capacity: usize,
+    ) -> usize {
+        let mut queued = 0;
         let repeat = chrono::Duration::from_std(self.repeat_interval).ok();
         for (key, g) in current {
             let alert = &g.alert;
@@ -1095,41 +1129,67 @@ impl Sink {
                     if t.members.is_empty() {
                         t.members = g.members.clone();
                     }
-                    let wanted = alert.severity >= self.min_severity;
-                    let quiet = !st.pending.contains_key(key);
-                    let t = st.firing.get(key).expect("checked above");
-                    let escalated = alert.severity > t.notified_severity && wanted;
-                    // Machines joined or converged: the incident is updated
-                    // (not while an earlier notification of it waits).
-                    let changed = t.members != g.members && wanted && quiet;
-                    let repeat_due = wanted
-                        && repeat.is_some_and(|r| !r.is_zero() && now - t.last_notified >= r)
-                        && quiet;
-                    let n = Notification {
-                        update: changed && !escalated,
-                        ..Notification::trigger(alert, key, !escalated && !changed, now)
-                    };
-                    let sent = (escalated || changed || repeat_due) && self.push(st, n, capacity);
-                    if sent {
-                        queued += 1;
-                    }
-                    let t = st.firing.get_mut(key).expect("checked above");
-                    if sent {
-                        t.members = g.members.clone();
-                        t.last_notified = now;
-                        t.notified_severity = t.notified_severity.max(alert.severity);
-                        if escalated {
-                            t.dead_lettered = false;
-                        }
-                    }
-                    if alert.severity < t.notified_severity && !escalated {
-                        // Fell: remember, so that rising again re-notifies.
-                        t.notified_severity = alert.severity;
-                    }
-                    t.alert = alert.clone();
+                    queued += self.plan_tracked(st, key, g, repeat, now, capacity);
                 }
             }
         }
+        queued
+    }
+
+    /// One alert already tracked under `key`: notifies it again when it
+    /// escalated, its members changed or a repeat is due, and keeps what was
+    /// notified; returns how many were queued (0 or 1).
+    fn plan_tracked(
+        &self,
+        st: &mut SinkState,
+        key: &DedupKey,
+        g: &Grouped,
+        repeat: Option<chrono::Duration>,
+        now: DateTime<Utc>,
+        capacity: usize,
+    ) -> usize {
+        let alert = &g.alert;
+        let wanted = alert.severity >= self.min_severity;
+        let quiet = !st.pending.contains_key(key);
+        let t = st.firing.get(key).expect("checked above");
+        let escalated = alert.severity > t.notified_severity && wanted;
+        // Machines joined or converged: the incident is updated
+        // (not while an earlier notification of it waits).
+        let changed = t.members != g.members && wanted && quiet;
+        let repeat_due =
+            wanted && repeat.is_some_and(|r| !r.is_zero() && now - t.last_notified >= r) && quiet;
+        let n = Notification {
+            update: changed && !escalated,
+            ..Notification::trigger(alert, key, !escalated && !changed, now)
+        };
+        let sent = (escalated || changed || repeat_due) && self.push(st, n, capacity);
+        let t = st.firing.get_mut(key).expect("checked above");
+        if sent {
+            t.members = g.members.clone();
+            t.last_notified = now;
+            t.notified_severity = t.notified_severity.max(alert.severity);
+            if escalated {
+                t.dead_lettered = false;
+            }
+        }
+        if alert.severity < t.notified_severity && !escalated {
+            // Fell: remember, so that rising again re-notifies.
+            t.notified_severity = alert.severity;
+        }
+        t.alert = alert.clone();
+        usize::from(sent)
+    }
+
+    /// This sweep's action events: every wanted one to a chat sink; to
+    /// PagerDuty only what pages; returns how many were queued.
+    fn plan_events(
+        &self,
+        st: &mut SinkState,
+        events: &[ActionEvent],
+        links: &Links,
+        capacity: usize,
+    ) -> usize {
+        let mut queued = 0;
         for e in events {
             let wanted = e.severity >= self.min_severity;
             if self.format != WebhookFormat::Pagerduty {
@@ -1169,9 +1229,6 @@ impl Sink {
                 | EventKind::ActionStarted
                 | EventKind::ActionUnfenced => {}
             }
-        }
-        if st.dropped == refused_before && st.queue.len() < capacity {
-            self.end_overflow(st);
         }
         queued
     }

@@ -1107,7 +1107,11 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     );
     let row = |id: &str| {
         let id = MachineId::from(id);
-        second.machines.iter().find(|m| m.seen.machine_id == id).unwrap()
+        second
+            .machines
+            .iter()
+            .find(|m| m.seen.machine_id == id)
+            .unwrap()
     };
     let m2 = row("m2");
     assert!(m2.seen.inputs.metadata_unknown().is_some());
@@ -1115,7 +1119,11 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         m2.seen.inputs.metadata.is_empty(),
         "unknown metadata is never read"
     );
-    assert_eq!(m2.seen.pool.as_str(), "dispatch", "the pool as last listed, not default");
+    assert_eq!(
+        m2.seen.pool.as_str(),
+        "dispatch",
+        "the pool as last listed, not default"
+    );
     assert!(m2.seen.inputs.controls.is_held(), "the hold as last listed");
     assert!(
         m2.seen.inputs.controls.approval.is_none(),
@@ -1127,7 +1135,11 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
         "{detail}"
     );
     let m3 = row("m3");
-    assert_eq!(m3.seen.pool.as_str(), "dispatch", "the pool its coordinator slot names");
+    assert_eq!(
+        m3.seen.pool.as_str(),
+        "dispatch",
+        "the pool its coordinator slot names"
+    );
     let detail = m3.seen.detail.clone().unwrap_or_default();
     assert!(
         detail.contains("host") && detail.contains("slot"),

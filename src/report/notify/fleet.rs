@@ -164,7 +164,11 @@ impl FleetAlertTracker {
         self.unlisted = report
             .stale_apps()
             .map(|(name, stale)| {
-                let shown = report.machines.iter().filter(|m| &m.seen.app == name).count();
+                let shown = report
+                    .machines
+                    .iter()
+                    .filter(|m| &m.seen.app == name)
+                    .count();
                 (name.clone(), (stale.clone(), shown))
             })
             .collect();

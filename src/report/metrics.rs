@@ -250,6 +250,16 @@ fn gauge_vec(
     register(registry, name, vec)
 }
 
+fn counter(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+) -> Result<IntCounter, MetricsError> {
+    let c = IntCounter::with_opts(Opts::new(name, help))
+        .map_err(|source| MetricsError::Register { name, source })?;
+    register(registry, name, c)
+}
+
 fn counter_vec(
     registry: &Registry,
     name: &'static str,
@@ -536,17 +546,10 @@ impl DeliverySeries {
             "1 while a webhook dead-letters what it is sent (permanent refusal or failing for long), else 0.",
             &["sink", "format"],
         )?;
-        let alert_state_write_failures = register(
+        let alert_state_write_failures = counter(
             r,
             ALERT_STATE_WRITE_FAILURES_TOTAL,
-            IntCounter::new(
-                ALERT_STATE_WRITE_FAILURES_TOTAL,
-                "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
-            )
-            .map_err(|source| MetricsError::Register {
-                name: ALERT_STATE_WRITE_FAILURES_TOTAL,
-                source,
-            })?,
+            "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
         )?;
         Ok(DeliverySeries {
             webhook_deliveries,
@@ -575,15 +578,11 @@ impl ServerSeries {
         for reason in ADMIN_AUTH_FAILURE_REASONS {
             admin_auth_failures.with_label_values(&[reason]);
         }
-        let connections_rejected = {
-            let name = HTTP_CONNECTIONS_REJECTED_TOTAL;
-            let c = IntCounter::with_opts(Opts::new(
-                name,
-                "HTTP connections closed at once because server.max_connections were open.",
-            ))
-            .map_err(|source| MetricsError::Register { name, source })?;
-            register(r, name, c)?
-        };
+        let connections_rejected = counter(
+            r,
+            HTTP_CONNECTIONS_REJECTED_TOTAL,
+            "HTTP connections closed at once because server.max_connections were open.",
+        )?;
         Ok(ServerSeries {
             admin_auth_failures,
             connections_rejected,

@@ -1670,7 +1670,29 @@ impl<'c, 'a> Rotation<'c, 'a> {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::TipMovedPastApproval));
             }
         }
+        // A rotation keeps no authority it was claimed with: once the current
+        // policy gives the current drift another action (the tip moved to a
+        // more severe commit, the pool's policy changed), it stops before any
+        // further restart and the next sweep claims it under that action.
+        // The restart already sent is verified first (a failed verify goes
+        // to `backoff`, judged here again).
+        if marker.phase != Phase::Restarting && self.current_action() != marker.action {
+            return Some(self.release(Ending::Cancelled, ReleaseWhy::AuthorityChanged));
+        }
         None
+    }
+
+    /// The machine's drift now: the verdict's severity, else (no usable
+    /// report) the marker's.
+    fn current_severity(&self) -> Severity {
+        self.ctx.m.severity().unwrap_or(self.marker.severity)
+    }
+
+    /// What the current policy of the rotation's pool says about the current drift.
+    fn current_action(&self) -> PolicyAction {
+        self.ctx
+            .policy
+            .action(self.ctx.pool, self.current_severity())
     }
 
     /// Draining: a restart once the policy or the agent allows it, else a
@@ -1732,7 +1754,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
                 .approval_for(&marker.target)
                 .is_some_and(|a| a.mode == ApprovalMode::Now);
         let pool_restarts = marker.action == PolicyAction::Restart
-            && policy.action(pool, marker.severity) == PolicyAction::Restart;
+            && self.current_action() == PolicyAction::Restart;
         match marker.mode {
             RotationMode::Now if approved_now => {
                 return Some(self.restart(RestartWhy::ApprovedNow, RestartGuard::MayInterrupt));

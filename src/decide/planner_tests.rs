@@ -619,8 +619,14 @@ fn approve_now_restarts_live_work_and_when_idle_does_not() {
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&wrong_pool));
     assert!(restart_of(&fx.plan_at(t0(), now), "m1").is_none());
 
-    let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
-    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&m));
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.action = PolicyAction::Manual;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::High)
+            .busy()
+            .approved(TIP, ApprovalMode::WhenIdle)
+            .marker(&m),
+    );
     assert!(fx.plan_at(t0(), t0() + Cd::minutes(59)).steps().is_empty());
 }
 
@@ -877,7 +883,8 @@ fn claims_of_cooperating_agents_request_a_drain_and_reload_agents_a_reload() {
 
 #[test]
 fn unproven_reload_falls_back_to_alert_and_wait() {
-    let m = marker("m1", Phase::Reloading, RotationMode::Reload, t0());
+    let mut m = marker("m1", Phase::Reloading, RotationMode::Reload, t0());
+    (m.action, m.severity) = (PolicyAction::Reload, Severity::Critical);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable().marker(&m));
     assert!(fx.plan_at(t0(), t0() + Cd::minutes(4)).steps().is_empty());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable().marker(&m));
@@ -2935,4 +2942,178 @@ fn a_slot_whose_machine_is_cordoned_without_a_marker_is_kept_and_alerted() {
     let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[("default", "x", "t1")]));
     assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
     assert!(alerts(&plan, AlertKind::RotationStuck).is_empty());
+}
+
+// ---- issue #32: authority and approvals ----------------------------------------
+
+/// Only the `default` pool, with `actions` (low, medium, high, critical) and cap `cap`.
+fn default_pool(cap: u32, actions: [PolicyAction; 4]) -> Policy {
+    use crate::config::{ActionMap, PoolConfig};
+    Policy::default().with_pool(
+        "default",
+        PoolConfig {
+            max_concurrent_rotations: std::num::NonZeroU32::new(cap).unwrap(),
+            actions: ActionMap::from(actions),
+        },
+    )
+}
+
+/// The marker the executor leaves once `step` went through (the slot won
+/// and the cordon made for a claim, the marker written for a restart, the
+/// undo done for a yield).
+fn applied(step: &Step) -> Marker {
+    match &step.kind {
+        StepKind::Claim { marker, .. } => Marker {
+            phase: Phase::Draining,
+            cordoned: Some(true),
+            instance_id: Some("i1".into()),
+            ..marker.clone()
+        },
+        StepKind::Restart { marker, .. } => marker.clone(),
+        StepKind::Release { marker, .. } if marker.ending == Some(Ending::Yielded) => Marker {
+            phase: Phase::Yielded,
+            ending: None,
+            cordoned: Some(false),
+            drain_requested: false,
+            ..marker.clone()
+        },
+        other => panic!("not applied by this helper: {other:?}"),
+    }
+}
+
+/// The one rotation step of `id` in `plan`.
+fn step_of<'a>(plan: &'a Plan, id: &str) -> &'a Step {
+    let steps = rotation_steps(plan);
+    let id = MachineId::from(id);
+    steps
+        .into_iter()
+        .find(|s| s.target.machine_id == id)
+        .unwrap_or_else(|| panic!("no step for {id}: {plan:?}"))
+}
+
+impl M {
+    /// An approval of `target` written at `at` (another value than `approved`'s).
+    fn approved_at(mut self, target: &str, mode: ApprovalMode, at: DateTime<Utc>) -> M {
+        let a = Approval {
+            target: commit(target),
+            mode,
+            by: "bob".into(),
+            at,
+        };
+        self.0
+            .inputs
+            .metadata
+            .insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
+        self
+    }
+
+    fn unapproved(mut self) -> M {
+        self.0.inputs.metadata.remove(APPROVE_KEY);
+        self
+    }
+}
+
+/// #32 item 1: a rotation keeps no authority it was claimed with. m1 drifted
+/// low and was claimed (alert-and-wait) while busy; then the tip moved to a
+/// `Security:` commit: critical, which the pool maps to `manual`. Idle now,
+/// it was restarted onto the critical release with no approval. Every phase
+/// that can still lead to a restart judges the current severity and policy.
+#[test]
+fn issue32_item1_a_rotation_whose_authority_changed_is_cancelled_and_claimed_afresh() {
+    use PolicyAction::{AlertAndWait, Manual, Restart};
+    let now = t0() + Cd::minutes(5);
+    let security = default_pool(1, [AlertAndWait, Restart, Manual, Manual]);
+    let claimed = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .pool("default", Manual)
+            .marker(&claimed),
+    );
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), now);
+    assert!(
+        restart_of(&plan, "m1").is_none(),
+        "restarted onto a critical release without an approval: {plan:?}"
+    );
+    let (next, _, why) = release_of(&plan, "m1").expect("cancelled");
+    assert_eq!(next.ending, Some(Ending::Cancelled));
+    assert_eq!(why, ReleaseWhy::AuthorityChanged);
+    // The next sweep claims it under the current policy: an operator is asked.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).pool("default", Manual));
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(alerts(&plan, AlertKind::ManualApprovalRequired), ["m1"]);
+    assert!(plan.steps().is_empty(), "{plan:?}");
+
+    // The daemon restarted with the pool changed to `manual`: same severity.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .pool("default", Manual)
+            .marker(&claimed),
+    );
+    fx.policy = default_pool(1, [Manual; 4]);
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::AuthorityChanged)
+    );
+
+    // `restart` below critical: the grace never interrupts a machine whose
+    // current severity the pool leaves to an operator.
+    let mut grace = marker("m1", Phase::Draining, RotationMode::Grace, t0());
+    grace.action = Restart;
+    grace.severity = Severity::Medium;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .busy()
+            .pool("default", Manual)
+            .marker(&grace),
+    );
+    fx.policy = default_pool(1, [Restart, Restart, Restart, Manual]);
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::AuthorityChanged)
+    );
+
+    // A failed verify's next attempt is judged again.
+    let mut backoff = marker("m1", Phase::Backoff, RotationMode::Wait, t0());
+    backoff.restart_at = Some(t0());
+    backoff.attempt = 1;
+    backoff.retry_at = Some(now - Cd::seconds(1));
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .pool("default", Manual)
+            .marker(&backoff),
+    );
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::AuthorityChanged),
+        "{plan:?}"
+    );
+
+    // The restart already sent: its verify goes on.
+    let restarting = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .pool("default", Manual)
+            .marker(&restarting),
+    );
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
+    assert!(release_of(&plan, "m1").is_none(), "{plan:?}");
+
+    // Unprobeable: no current severity, the marker's stands.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .marker(&claimed),
+    );
+    fx.policy = security;
+    let plan = fx.plan_at(t0(), now);
+    assert!(release_of(&plan, "m1").is_none(), "{plan:?}");
 }

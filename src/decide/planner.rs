@@ -1015,6 +1015,13 @@ impl<'a> Planning<'a> {
                 now.timestamp_subsec_nanos() ^ owner_hash,
             )
         });
+        // A retry of the same target carries its count of restarts on (a
+        // yield must not reset `rotation.max_attempts`); a failed target
+        // that is re-armed starts over.
+        let attempt = expected
+            .as_ref()
+            .filter(|e| e.target == *self.tip && e.failed.is_none())
+            .map_or(0, |e| e.attempt);
         let marker = Marker {
             tag,
             target: self.tip.clone(),
@@ -1024,7 +1031,7 @@ impl<'a> Planning<'a> {
             severity,
             started_at: now,
             attempt_started_at: now,
-            attempt: 0,
+            attempt,
             owner: self.owner.to_string(),
             restart_at: None,
             retry_at: None,
@@ -1516,7 +1523,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         {
             Some(r.release(Ending::Cancelled, ReleaseWhy::LeftStarted))
         }
-        Phase::Draining => r.draining(),
+        Phase::Draining => r.draining(alerts),
         Phase::Reloading => r.reloading(),
         Phase::Restarting => r.restarting(alerts),
         Phase::Backoff => r.backoff(alerts),
@@ -1697,7 +1704,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
 
     /// Draining: a restart once the policy or the agent allows it, else a
     /// yield at a ceiling, else the drain asked again if it never arrived.
-    fn draining(&self) -> Option<Step> {
+    fn draining(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
         let Ctx { policy, now, .. } = *self.ctx;
         let (marker, report) = (self.marker, self.report);
         let rot = &policy.rotation;
@@ -1705,6 +1712,18 @@ impl<'c, 'a> Rotation<'c, 'a> {
         if !self.unproven
             && let Some(step) = self.restart_when_allowed()
         {
+            // Judged before every restart: the count is carried across
+            // yields, so a retry may have none left.
+            if marker.attempt >= rot.max_attempts.get() {
+                let evidence = "rotation.max_attempts reached".to_string();
+                return Some(end_attempt(
+                    self.ctx,
+                    marker,
+                    marker.attempt,
+                    evidence,
+                    alerts,
+                ));
+            }
             return Some(step);
         }
         if after(since, rot.drain_ceiling) <= now {

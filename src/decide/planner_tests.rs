@@ -3117,3 +3117,54 @@ fn issue32_item1_a_rotation_whose_authority_changed_is_cancelled_and_claimed_afr
     let plan = fx.plan_at(t0(), now);
     assert!(release_of(&plan, "m1").is_none(), "{plan:?}");
 }
+
+/// #32 item 6: a yield does not reset `max_attempts`. A retry that drained
+/// into a busy agent yielded, and the next claim started at attempt 0: 3
+/// restarts with `max_attempts = 2`.
+#[test]
+fn issue32_item6_a_claim_after_a_yield_carries_the_restart_count_on() {
+    let two = |r: &mut crate::config::RotationConfig| {
+        r.max_attempts = std::num::NonZeroU32::new(2).unwrap();
+    };
+    let now = t0() + Cd::hours(3);
+    // One restart did not verify; its retry yielded at the drain ceiling.
+    let mut y = marker("m1", Phase::Yielded, RotationMode::Wait, t0());
+    y.attempt = 1;
+    y.restart_at = Some(t0());
+    y.retry_at = Some(now - Cd::minutes(1));
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&y));
+    let claim = fx.plan_at(t0(), now);
+    let draining = applied(step_of(&claim, "m1"));
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&draining));
+    let restart = fx.plan_at(t0(), now + Cd::seconds(10));
+    let restarting = restart_of(&restart, "m1")
+        .expect("restart 2 of 2")
+        .0
+        .clone();
+    // Restart 2 did not verify: the rotation fails, no third restart.
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&restarting));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(10));
+    let (next, _, why) = release_of(&plan, "m1").unwrap_or_else(|| panic!("{plan:?}"));
+    assert_eq!(why, ReleaseWhy::MaxAttempts);
+    assert_eq!(next.failed.map(|f| f.attempts), Some(2));
+
+    // Judged before every restart: a rotation whose count is spent fails
+    // instead of restarting again.
+    let mut spent = marker("m1", Phase::Draining, RotationMode::Wait, now);
+    spent.attempt = 2;
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&spent));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(10));
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::MaxAttempts)
+    );
+}

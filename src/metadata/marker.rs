@@ -152,7 +152,10 @@ pub struct Marker {
     pub started_at: DateTime<Utc>,
     /// When the current attempt (drain, reload, restart) began; deadlines count from here.
     pub attempt_started_at: DateTime<Utc>,
-    /// Verify failures so far (drives the capped backoff).
+    /// Restarts of `target` that did not verify (drives the capped backoff
+    /// and `rotation.max_attempts`). A claim that replaces a `yielded`
+    /// marker of the same target carries it on; a cancelled rotation's
+    /// marker is deleted, and its count with it.
     #[serde(default)]
     pub attempt: u32,
     /// The reconciler instance that claimed it.

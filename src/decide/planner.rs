@@ -485,6 +485,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     for (m, op) in input.snapshot.machines.iter().zip(&ops) {
         planning.machine(m, op);
     }
+    planning.yield_over_cap();
     planning.claim_in_rank_order();
     planning.coordinator_alert();
     planning.finish()
@@ -510,6 +511,20 @@ struct Planning<'a> {
     start_order: Vec<MachineId>,
     alerts: Vec<Alert>,
     rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
+    /// Per (app, pool): the rotations that may yield if the pool is over
+    /// its current cap, and how many of its rotations end this sweep anyway.
+    over_cap: BTreeMap<(AppName, PoolName), OverCap>,
+}
+
+/// A pool's rotations in progress, as far as its current cap is concerned.
+#[derive(Default)]
+struct OverCap {
+    /// Rotations that have not restarted (`draining`, `reloading`) and go
+    /// on this sweep, each with the yield that would end it.
+    yieldable: Vec<(DateTime<Utc>, MachineId, Step)>,
+    /// Rotations this plan undoes (or goes on undoing): their slots are on
+    /// their way out.
+    ending: usize,
 }
 
 /// A machine's entry while the plan is made: every machine is decided by
@@ -540,6 +555,7 @@ impl<'a> Planning<'a> {
             machines: BTreeMap::new(),
             start_order: Vec::new(),
             alerts: Vec::new(),
+            over_cap: BTreeMap::new(),
         }
     }
 
@@ -814,7 +830,7 @@ impl<'a> Planning<'a> {
                 ),
             ));
         }
-        if orphan && marker.phase != Phase::Releasing {
+        let step = if orphan && marker.phase != Phase::Releasing {
             Some(release(
                 ctx.target,
                 marker,
@@ -826,6 +842,48 @@ impl<'a> Planning<'a> {
             ))
         } else {
             advance(ctx, marker, &mut self.alerts)
+        };
+        self.note_for_cap(ctx, marker, step.as_ref());
+        step
+    }
+
+    /// Notes what the pool's current cap may ask of this rotation: one
+    /// that has not restarted and goes on may yield; one being undone frees
+    /// its slot anyway.
+    fn note_for_cap(&mut self, ctx: &Ctx<'_>, marker: &Marker, step: Option<&Step>) {
+        let key = (ctx.m.seen.app.clone(), ctx.pool.clone());
+        let ends = matches!(step, Some(s) if matches!(s.kind, StepKind::Release { .. }));
+        if ends {
+            self.over_cap.entry(key).or_default().ending += 1;
+        } else if !ends && matches!(marker.phase, Phase::Draining | Phase::Reloading) {
+            let yield_ = Rotation::new(ctx, marker).yield_(ReleaseWhy::OverCap);
+            self.over_cap.entry(key).or_default().yieldable.push((
+                marker.started_at,
+                ctx.m.seen.machine_id.clone(),
+                yield_,
+            ));
+        }
+    }
+
+    /// A pool whose rotations exceed its current cap (lowered since they
+    /// were claimed) yields the excess that has not restarted, through the
+    /// ordinary yield (undone, retried after `retry_after`). Newest first:
+    /// `started_at` of markers written by different replicas' clocks, which
+    /// only chooses which rotations yield, never whether or how many.
+    fn yield_over_cap(&mut self) {
+        for ((app, pool), mut over) in std::mem::take(&mut self.over_cap) {
+            let cap = self.policy.pool(&pool).max_concurrent_rotations.get() as usize;
+            let in_use = self.in_use.get(&(app, pool)).copied().unwrap_or(0);
+            let excess = in_use.saturating_sub(cap).saturating_sub(over.ending);
+            over.yieldable
+                .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            for (_, id, step) in over.yieldable.into_iter().take(excess) {
+                let draft = self.machines.entry(id.clone()).or_default();
+                draft.step = Some(step);
+                if !self.start_order.contains(&id) {
+                    self.start_order.push(id);
+                }
+            }
         }
     }
 

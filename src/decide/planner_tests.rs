@@ -1788,6 +1788,15 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
                 .marker(&marker("o-held", Phase::Draining, RotationMode::Wait, t0())),
         )
         .with(answers);
+    // Room for all of `other`'s rotations: none is over its pool's cap.
+    let mut fx = fx;
+    fx.policy = policy().with_pool(
+        "default",
+        crate::config::PoolConfig {
+            max_concurrent_rotations: std::num::NonZeroU32::new(5).unwrap(),
+            ..policy().pool(&"default".into()).clone()
+        },
+    );
     (fx, SlotsView::Known(set))
 }
 
@@ -3167,4 +3176,52 @@ fn issue32_item6_a_claim_after_a_yield_carries_the_restart_count_on() {
         release_of(&plan, "m1").map(|r| r.2),
         Some(ReleaseWhy::MaxAttempts)
     );
+}
+/// #32 item 9: a lowered cap is not exceeded by rotations in flight. Two busy
+/// machines claimed under cap 2; the daemon restarts with cap 1: the newest
+/// that has not restarted yields; one that has restarted is never touched.
+#[test]
+fn issue32_item9_rotations_over_a_lowered_cap_yield_the_newest_first() {
+    let now = t0() + Cd::minutes(5);
+    let a = marker("a", Phase::Draining, RotationMode::Wait, t0());
+    let b = marker(
+        "b",
+        Phase::Draining,
+        RotationMode::Wait,
+        t0() + Cd::minutes(1),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("a", Severity::Low).busy().marker(&a))
+        .with(M::drifted("b", Severity::Low).busy().marker(&b));
+    let plan = fx.plan_at(t0(), now);
+    let (next, _, _) = release_of(&plan, "b").unwrap_or_else(|| panic!("{plan:?}"));
+    assert_eq!(next.ending, Some(Ending::Yielded));
+    assert!(next.retry_at.is_some());
+    assert_eq!(kinds(&plan), [("b", "yield")], "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "b").map(|r| r.2),
+        Some(ReleaseWhy::OverCap)
+    );
+
+    // The newest has restarted: the other one yields.
+    let r = marker(
+        "a",
+        Phase::Restarting,
+        RotationMode::Wait,
+        t0() + Cd::minutes(2),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("a", Severity::Low).busy().marker(&r))
+        .with(M::drifted("b", Severity::Low).busy().marker(&b));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        release_of(&plan, "b").map(|r| r.2),
+        Some(ReleaseWhy::OverCap),
+        "{plan:?}"
+    );
+    assert!(release_of(&plan, "a").is_none(), "{plan:?}");
+
+    // Within the cap, nothing yields.
+    let mut fx = Fx::new("").with(M::drifted("b", Severity::Low).busy().marker(&b));
+    assert!(fx.plan_at(t0(), now).steps().is_empty());
 }

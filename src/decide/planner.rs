@@ -910,13 +910,13 @@ impl<'a> Planning<'a> {
         }
         if yielded && let Some(failed) = &marker.failed {
             // No new attempt for the failed target until the tip moves or an
-            // operator approves it again (after the failure).
+            // operator approves it anew: an approval other than the one that
+            // stood when it failed (never by comparing the operator's clock
+            // with ours). The rotation it re-arms consumes it.
+            let controls = &ctx.op.controls;
             let rearmed = marker.target != *self.tip
-                || ctx
-                    .op
-                    .controls
-                    .approval_for(self.tip)
-                    .is_some_and(|a| a.at > failed.at);
+                || (controls.approval_for(self.tip).is_some()
+                    && controls.approval_id() != failed.approval.as_ref());
             if !rearmed {
                 self.decide(
                     &m.seen,
@@ -1080,6 +1080,14 @@ impl<'a> Planning<'a> {
             .as_ref()
             .filter(|e| e.target == *self.tip && e.failed.is_none())
             .map_or(0, |e| e.attempt);
+        // The approval this rotation uses, consumed once it has restarted: a
+        // `manual` claim's, or the one that re-armed its failed target.
+        let rearmed = expected
+            .as_ref()
+            .is_some_and(|e| e.failed.is_some() && e.target == *self.tip);
+        let approval = (action == PolicyAction::Manual || rearmed)
+            .then(|| m.inputs.controls.approval_id().cloned())
+            .flatten();
         let marker = Marker {
             tag,
             target: self.tip.clone(),
@@ -1101,6 +1109,7 @@ impl<'a> Planning<'a> {
             instance_id: None,
             pool: Some(m.pool.clone()),
             failed: None,
+            approval,
         };
         self.decide(m, Decision::Claiming { mode });
         self.step(Step {
@@ -1534,12 +1543,24 @@ fn release(
     let proven_unfenced = !m.state.is_started()
         || usable_report(m).is_some_and(|r| r.rotation.as_ref().is_none_or(|rot| !rot.fenced));
     let ending = next.ending.unwrap_or(ending);
+    // An approval authorizes one rotation: the one that used it consumes it
+    // once it has restarted, whatever its ending, if it is still the
+    // approval on the machine (a newer one stays). Without one (automatic
+    // rotations, markers of older versions) a finished rotation spends the
+    // approval of its commit (the executor checks which it is).
+    let clear_approval = match &marker.approval {
+        Some(id) => {
+            (marker.restart_at.is_some() || ending == Ending::Finished)
+                && op.controls.approval_id() == Some(id)
+        }
+        None => ending == Ending::Finished && op.controls.has_approval_key(),
+    };
     Step {
         target: target.clone(),
         expected: Some(marker.clone()),
         kind: StepKind::Release {
             undrain: marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced,
-            clear_approval: ending == Ending::Finished && op.controls.has_approval_key(),
+            clear_approval,
             marker: next,
             why,
         },
@@ -2071,6 +2092,7 @@ fn end_attempt(
                 at: now,
                 attempts,
                 evidence,
+                approval: op.controls.approval_id().cloned(),
             });
         }
         return s;

@@ -262,6 +262,7 @@ fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> M
         instance_id: None,
         pool: None,
         failed: None,
+        approval: None,
     }
 }
 
@@ -3015,11 +3016,6 @@ impl M {
             .insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
         self
     }
-
-    fn unapproved(mut self) -> M {
-        self.0.inputs.metadata.remove(APPROVE_KEY);
-        self
-    }
 }
 
 /// #32 item 1: a rotation keeps no authority it was claimed with. m1 drifted
@@ -3224,4 +3220,127 @@ fn issue32_item9_rotations_over_a_lowered_cap_yield_the_newest_first() {
     // Within the cap, nothing yields.
     let mut fx = Fx::new("").with(M::drifted("b", Severity::Low).busy().marker(&b));
     assert!(fx.plan_at(t0(), now).steps().is_empty());
+}
+
+/// #32 item 2: an approval authorizes exactly one rotation. `approve --now`,
+/// the busy machine restarted as approved, then `fly deploy` replaced it
+/// during verify: the rotation ended cancelled, the approval stayed, and
+/// the next sweep restarted the busy machine again.
+#[test]
+fn issue32_item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
+    let now = t0() + Cd::hours(1);
+    let busy = || M::drifted("m1", Severity::High).busy().instance("i1");
+    let mut fx = Fx::new("").with(busy().approved(TIP, ApprovalMode::Now));
+    let draining = applied(step_of(&fx.plan_at(t0(), now), "m1"));
+    // The claim names the approval it uses.
+    let used = fx.report().machines[0]
+        .seen
+        .inputs
+        .controls
+        .approval_id
+        .clone();
+    assert!(used.is_some());
+    assert_eq!(draining.approval, used);
+    let mut fx = Fx::new("").with(busy().approved(TIP, ApprovalMode::Now).marker(&draining));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(10));
+    let restarting = restart_of(&plan, "m1").expect("approved now").0.clone();
+    let deployed = || busy().instance("i2").marker(&restarting);
+    let cancelled = |plan: &Plan| match &step_of(plan, "m1").kind {
+        StepKind::Release {
+            clear_approval,
+            why,
+            marker,
+            ..
+        } => {
+            assert_eq!(*why, ReleaseWhy::UpdatedFromOutside);
+            assert_eq!(marker.ending, Some(Ending::Cancelled));
+            *clear_approval
+        }
+        other => panic!("{other:?}"),
+    };
+    let mut fx = Fx::new("").with(deployed().approved(TIP, ApprovalMode::Now));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(20));
+    assert!(
+        cancelled(&plan),
+        "the approval outlives the rotation it authorized: {plan:?}"
+    );
+    // A newer approval, written since the claim, stays for the next rotation.
+    let mut fx =
+        Fx::new("").with(deployed().approved_at(TIP, ApprovalMode::Now, t0() + Cd::minutes(61)));
+    assert!(!cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
+    // A rotation that never restarted leaves its approval standing.
+    let mut fx = Fx::new("").with(
+        busy()
+            .instance("i2")
+            .approved(TIP, ApprovalMode::Now)
+            .marker(&draining),
+    );
+    assert!(!cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
+}
+
+/// #32 item 5: a failed rotation is re-armed by a new approval, never by
+/// comparing an operator host's clock with a replica's. An approval stamped
+/// 10 minutes ahead re-armed the failed target after every failure: 10
+/// restarts with `max_attempts = 1`.
+#[test]
+fn issue32_item5_only_a_new_approval_rearms_a_failed_target() {
+    let one = |r: &mut crate::config::RotationConfig| {
+        r.max_attempts = std::num::NonZeroU32::MIN;
+    };
+    let now = t0() + Cd::hours(1);
+    let ahead = now + Cd::minutes(10);
+    let mut r = marker("m1", Phase::Restarting, RotationMode::Grace, now);
+    (r.action, r.severity) = (PolicyAction::Restart, Severity::Medium);
+    let m = || M::drifted("m1", Severity::Medium).approved_at(TIP, ApprovalMode::WhenIdle, ahead);
+    let mut fx = Fx::new("").rotation(one).with(m().marker(&r));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(6));
+    let failed = step_of(&plan, "m1");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::MaxAttempts)
+    );
+    let yielded = applied(failed);
+    let failed_with = yielded.failed.as_ref().and_then(|f| f.approval.clone());
+    assert!(failed_with.is_some(), "{yielded:?}");
+    let mut fx = Fx::new("").rotation(one).with(m().marker(&yielded));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(7));
+    assert!(
+        rotation_steps(&plan).is_empty(),
+        "the approval that stood when it failed re-armed it: {plan:?}"
+    );
+    assert!(matches!(
+        plan.decisions()[&mid("m1")],
+        Decision::RotationFailed { .. }
+    ));
+    // A new approval of the target re-arms it, once.
+    let mut fx = Fx::new("").rotation(one).with(
+        M::drifted("m1", Severity::Medium)
+            .approved_at(TIP, ApprovalMode::WhenIdle, now - Cd::days(1))
+            .marker(&yielded),
+    );
+    let plan = fx.plan_at(t0(), now + Cd::minutes(7));
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
+    // ... and the rotation it re-armed names it, to consume it.
+    let new = fx.report().machines[0]
+        .seen
+        .inputs
+        .controls
+        .approval_id
+        .clone();
+    assert!(new.is_some() && new != failed_with);
+    assert_eq!(applied(step_of(&plan, "m1")).approval, new);
+    assert_eq!(
+        applied(step_of(&plan, "m1")).attempt,
+        0,
+        "re-armed: starts over"
+    );
+    // A failure recorded by an older version names no approval: any
+    // approval of the target re-arms it (the rotation then consumes it).
+    let mut older = yielded.clone();
+    if let Some(f) = older.failed.as_mut() {
+        f.approval = None;
+    }
+    let mut fx = Fx::new("").rotation(one).with(m().marker(&older));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(7));
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
 }

@@ -16,6 +16,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::operator::{ApprovalId, MAX_APPROVAL_ID_CHARS};
 use crate::model::{CommitId, PolicyAction, PoolName, Severity};
 
 /// Where a rotation stands (docs/design.md §6.2).
@@ -196,6 +197,13 @@ pub struct Marker {
     /// operator approves again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<Failure>,
+    /// The approval this rotation uses: a `manual` claim's, or the one that
+    /// re-armed a failed target. An approval authorizes one rotation: once
+    /// this one has restarted, its ending (whatever it is) deletes that
+    /// approval, if it is still the one on the machine (a newer one stays).
+    /// `None`: an automatic rotation, or markers of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalId>,
 }
 
 /// Why a rotation ended as failed, with the evidence (for the alert and views).
@@ -206,6 +214,12 @@ pub struct Failure {
     pub attempts: u32,
     /// What the last attempt showed (bounded like any detail text).
     pub evidence: String,
+    /// The approval that stood when it failed: only another one re-arms the
+    /// target (no timestamps of two clocks compared). `None`: none stood,
+    /// or a failure recorded by an older version; then any approval of the
+    /// target re-arms it, and the rotation it re-arms consumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalId>,
 }
 
 /// Longest `owner` a marker may carry (ours are a host name and a pid).
@@ -256,6 +270,16 @@ impl Marker {
             .is_some_and(|f| f.evidence.chars().count() > detail)
         {
             return too_long("failed.evidence", detail);
+        }
+        let long_id = |id: &Option<ApprovalId>| {
+            id.as_ref()
+                .is_some_and(|id| id.as_str().chars().count() > MAX_APPROVAL_ID_CHARS)
+        };
+        if long_id(&marker.approval) {
+            return too_long("approval", MAX_APPROVAL_ID_CHARS);
+        }
+        if marker.failed.as_ref().is_some_and(|f| long_id(&f.approval)) {
+            return too_long("failed.approval", MAX_APPROVAL_ID_CHARS);
         }
         Ok(marker)
     }
@@ -322,6 +346,7 @@ mod tests {
             instance_id: Some("01H".into()),
             pool: Some("default".into()),
             failed: None,
+            approval: Some(ApprovalId::of("{}")),
         };
         assert_eq!(m.tag, "m1-abababa-1800000000-0000beef");
         let v = m.to_value();

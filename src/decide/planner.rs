@@ -855,7 +855,7 @@ impl<'a> Planning<'a> {
         let ends = matches!(step, Some(s) if matches!(s.kind, StepKind::Release { .. }));
         if ends {
             self.over_cap.entry(key).or_default().ending += 1;
-        } else if !ends && matches!(marker.phase, Phase::Draining | Phase::Reloading) {
+        } else if matches!(marker.phase, Phase::Draining | Phase::Reloading) {
             let yield_ = Rotation::new(ctx, marker).yield_(ReleaseWhy::OverCap);
             self.over_cap.entry(key).or_default().yieldable.push((
                 marker.started_at,

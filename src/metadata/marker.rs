@@ -354,8 +354,16 @@ mod tests {
             v.contains("\"phase\":\"draining\"") && v.contains("\"mode\":\"grace\""),
             "{v}"
         );
-        assert_eq!(Marker::parse(&v), Some(m));
+        assert_eq!(Marker::parse(&v), Some(m.clone()));
         assert_eq!(Marker::parse("{}"), None);
+        // An approval id is bounded like any text of ours.
+        let long = v.replace(
+            &format!("\"approval\":\"{}\"", ApprovalId::of("{}").as_str()),
+            &format!("\"approval\":\"{}\"", "a".repeat(65)),
+        );
+        assert_ne!(long, v);
+        let why = Marker::decode(&long).expect_err("too long");
+        assert!(why.contains("`approval`"), "{why}");
         assert_eq!(Marker::parse("rotating"), None);
     }
 
@@ -402,6 +410,8 @@ mod tests {
         let v = r#"{"tag":"t","target":"abababababababababababababababababababab","phase":"draining","mode":"wait","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}"#;
         let m = Marker::parse(v).unwrap();
         assert_eq!(m.cordoned, None);
+        // Nor did they name an approval, or a count beyond their own.
+        assert_eq!((m.approval.clone(), m.attempt), (None, 0));
         assert!(m.may_have_cordoned());
         let claiming = Marker {
             phase: Phase::Claiming,

@@ -34,7 +34,7 @@ use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind, EventRotation};
 use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
 use crate::metadata::marker::{Ending, Marker, Phase};
-use crate::metadata::operator::{Approval, ApprovalMode};
+use crate::metadata::operator::{Approval, ApprovalId, ApprovalMode};
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
 use crate::model::{AppName, CommitId, MachineId, MachineState, PolicyAction, PoolName, Severity};
@@ -686,10 +686,18 @@ impl Executor {
                 clear_approval,
                 ..
             } => {
-                // Only the approval of this rotation's commit is consumed; a
-                // newer one (for a later tip) stays for the next rotation.
-                let clear_approval =
-                    *clear_approval && approved(&machine, &marker.target, false).is_ok();
+                // Only the approval this rotation used is consumed (the marker
+                // names it); a newer one stays for the next rotation. Markers
+                // naming none: the approval of this rotation's commit.
+                let clear_approval = *clear_approval
+                    && match &marker.approval {
+                        Some(id) => machine
+                            .metadata(APPROVE_KEY)
+                            .ok()
+                            .flatten()
+                            .is_some_and(|v| ApprovalId::of(v) == *id),
+                        None => approved(&machine, &marker.target, false).is_ok(),
+                    };
                 let undrain = *undrain || undrain_anyway(step, &machine);
                 self.release_rotation(&mut w, step, marker, undrain, clear_approval)
                     .await
@@ -1040,6 +1048,13 @@ impl Executor {
             )
             .await?;
         }
+        if clear_approval {
+            self.check(w, Call::Write).await?;
+            lease.ensure()?;
+            self.bounded(lease)
+                .delete_metadata(app, id, APPROVE_KEY, nonce)
+                .await?;
+        }
         match marker.ending.unwrap_or(Ending::Cancelled) {
             Ending::Yielded => {
                 let mut yielded = marker.clone();
@@ -1051,13 +1066,6 @@ impl Executor {
                 self.write_marker(w, &yielded).await?;
             }
             Ending::Finished | Ending::Cancelled => {
-                if clear_approval {
-                    self.check(w, Call::Write).await?;
-                    lease.ensure()?;
-                    self.bounded(lease)
-                        .delete_metadata(app, id, APPROVE_KEY, nonce)
-                        .await?;
-                }
                 self.check(w, Call::Write).await?;
                 lease.ensure()?;
                 self.bounded(lease)

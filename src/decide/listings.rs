@@ -75,6 +75,7 @@ impl Listing {
                 hold: last.seen.inputs.controls.hold.clone(),
                 marker: last.seen.inputs.controls.marker.clone(),
                 approval: None,
+                approval_id: None,
                 unprobed: None,
             });
             let note = format!(

@@ -485,6 +485,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     for (m, op) in input.snapshot.machines.iter().zip(&ops) {
         planning.machine(m, op);
     }
+    planning.yield_over_cap();
     planning.claim_in_rank_order();
     planning.coordinator_alert();
     planning.finish()
@@ -510,6 +511,20 @@ struct Planning<'a> {
     start_order: Vec<MachineId>,
     alerts: Vec<Alert>,
     rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
+    /// Per (app, pool): the rotations that may yield if the pool is over
+    /// its current cap, and how many of its rotations end this sweep anyway.
+    over_cap: BTreeMap<(AppName, PoolName), OverCap>,
+}
+
+/// A pool's rotations in progress, as far as its current cap is concerned.
+#[derive(Default)]
+struct OverCap {
+    /// Rotations that have not restarted (`draining`, `reloading`) and go
+    /// on this sweep, each with the yield that would end it.
+    yieldable: Vec<(DateTime<Utc>, MachineId, Step)>,
+    /// Rotations this plan undoes (or goes on undoing): their slots are on
+    /// their way out.
+    ending: usize,
 }
 
 /// A machine's entry while the plan is made: every machine is decided by
@@ -540,6 +555,7 @@ impl<'a> Planning<'a> {
             machines: BTreeMap::new(),
             start_order: Vec::new(),
             alerts: Vec::new(),
+            over_cap: BTreeMap::new(),
         }
     }
 
@@ -814,7 +830,7 @@ impl<'a> Planning<'a> {
                 ),
             ));
         }
-        if orphan && marker.phase != Phase::Releasing {
+        let step = if orphan && marker.phase != Phase::Releasing {
             Some(release(
                 ctx.target,
                 marker,
@@ -826,6 +842,48 @@ impl<'a> Planning<'a> {
             ))
         } else {
             advance(ctx, marker, &mut self.alerts)
+        };
+        self.note_for_cap(ctx, marker, step.as_ref());
+        step
+    }
+
+    /// Notes what the pool's current cap may ask of this rotation: one
+    /// that has not restarted and goes on may yield; one being undone frees
+    /// its slot anyway.
+    fn note_for_cap(&mut self, ctx: &Ctx<'_>, marker: &Marker, step: Option<&Step>) {
+        let key = (ctx.m.seen.app.clone(), ctx.pool.clone());
+        let ends = matches!(step, Some(s) if matches!(s.kind, StepKind::Release { .. }));
+        if ends {
+            self.over_cap.entry(key).or_default().ending += 1;
+        } else if matches!(marker.phase, Phase::Draining | Phase::Reloading) {
+            let yield_ = Rotation::new(ctx, marker).yield_(ReleaseWhy::OverCap);
+            self.over_cap.entry(key).or_default().yieldable.push((
+                marker.started_at,
+                ctx.m.seen.machine_id.clone(),
+                yield_,
+            ));
+        }
+    }
+
+    /// A pool whose rotations exceed its current cap (lowered since they
+    /// were claimed) yields the excess that has not restarted, through the
+    /// ordinary yield (undone, retried after `retry_after`). Newest first:
+    /// `started_at` of markers written by different replicas' clocks, which
+    /// only chooses which rotations yield, never whether or how many.
+    fn yield_over_cap(&mut self) {
+        for ((app, pool), mut over) in std::mem::take(&mut self.over_cap) {
+            let cap = self.policy.pool(&pool).max_concurrent_rotations.get() as usize;
+            let in_use = self.in_use.get(&(app, pool)).copied().unwrap_or(0);
+            let excess = in_use.saturating_sub(cap).saturating_sub(over.ending);
+            over.yieldable
+                .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            for (_, id, step) in over.yieldable.into_iter().take(excess) {
+                let draft = self.machines.entry(id.clone()).or_default();
+                draft.step = Some(step);
+                if !self.start_order.contains(&id) {
+                    self.start_order.push(id);
+                }
+            }
         }
     }
 
@@ -852,13 +910,13 @@ impl<'a> Planning<'a> {
         }
         if yielded && let Some(failed) = &marker.failed {
             // No new attempt for the failed target until the tip moves or an
-            // operator approves it again (after the failure).
+            // operator approves it anew: an approval other than the one that
+            // stood when it failed (never by comparing the operator's clock
+            // with ours). The rotation it re-arms consumes it.
+            let controls = &ctx.op.controls;
             let rearmed = marker.target != *self.tip
-                || ctx
-                    .op
-                    .controls
-                    .approval_for(self.tip)
-                    .is_some_and(|a| a.at > failed.at);
+                || (controls.approval_for(self.tip).is_some()
+                    && controls.approval_id() != failed.approval.as_ref());
             if !rearmed {
                 self.decide(
                     &m.seen,
@@ -1015,6 +1073,21 @@ impl<'a> Planning<'a> {
                 now.timestamp_subsec_nanos() ^ owner_hash,
             )
         });
+        // A retry of the same target carries its count of restarts on (a
+        // yield must not reset `rotation.max_attempts`); a failed target
+        // that is re-armed starts over.
+        let attempt = expected
+            .as_ref()
+            .filter(|e| e.target == *self.tip && e.failed.is_none())
+            .map_or(0, |e| e.attempt);
+        // The approval this rotation uses, consumed once it has restarted: a
+        // `manual` claim's, or the one that re-armed its failed target.
+        let rearmed = expected
+            .as_ref()
+            .is_some_and(|e| e.failed.is_some() && e.target == *self.tip);
+        let approval = (action == PolicyAction::Manual || rearmed)
+            .then(|| m.inputs.controls.approval_id().cloned())
+            .flatten();
         let marker = Marker {
             tag,
             target: self.tip.clone(),
@@ -1024,7 +1097,7 @@ impl<'a> Planning<'a> {
             severity,
             started_at: now,
             attempt_started_at: now,
-            attempt: 0,
+            attempt,
             owner: self.owner.to_string(),
             restart_at: None,
             retry_at: None,
@@ -1036,6 +1109,7 @@ impl<'a> Planning<'a> {
             instance_id: None,
             pool: Some(m.pool.clone()),
             failed: None,
+            approval,
         };
         self.decide(m, Decision::Claiming { mode });
         self.step(Step {
@@ -1469,12 +1543,24 @@ fn release(
     let proven_unfenced = !m.state.is_started()
         || usable_report(m).is_some_and(|r| r.rotation.as_ref().is_none_or(|rot| !rot.fenced));
     let ending = next.ending.unwrap_or(ending);
+    // An approval authorizes one rotation: the one that used it consumes it
+    // once it has restarted, whatever its ending, if it is still the
+    // approval on the machine (a newer one stays). Without one (automatic
+    // rotations, markers of older versions) a finished rotation spends the
+    // approval of its commit (the executor checks which it is).
+    let clear_approval = match &marker.approval {
+        Some(id) => {
+            (marker.restart_at.is_some() || ending == Ending::Finished)
+                && op.controls.approval_id() == Some(id)
+        }
+        None => ending == Ending::Finished && op.controls.has_approval_key(),
+    };
     Step {
         target: target.clone(),
         expected: Some(marker.clone()),
         kind: StepKind::Release {
             undrain: marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced,
-            clear_approval: ending == Ending::Finished && op.controls.has_approval_key(),
+            clear_approval,
             marker: next,
             why,
         },
@@ -1516,7 +1602,7 @@ fn advance(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Option<St
         {
             Some(r.release(Ending::Cancelled, ReleaseWhy::LeftStarted))
         }
-        Phase::Draining => r.draining(),
+        Phase::Draining => r.draining(alerts),
         Phase::Reloading => r.reloading(),
         Phase::Restarting => r.restarting(alerts),
         Phase::Backoff => r.backoff(alerts),
@@ -1670,12 +1756,34 @@ impl<'c, 'a> Rotation<'c, 'a> {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::TipMovedPastApproval));
             }
         }
+        // A rotation keeps no authority it was claimed with: once the current
+        // policy gives the current drift another action (the tip moved to a
+        // more severe commit, the pool's policy changed), it stops before any
+        // further restart and the next sweep claims it under that action.
+        // The restart already sent is verified first (a failed verify goes
+        // to `backoff`, judged here again).
+        if marker.phase != Phase::Restarting && self.current_action() != marker.action {
+            return Some(self.release(Ending::Cancelled, ReleaseWhy::AuthorityChanged));
+        }
         None
+    }
+
+    /// The machine's drift now: the verdict's severity, else (no usable
+    /// report) the marker's.
+    fn current_severity(&self) -> Severity {
+        self.ctx.m.severity().unwrap_or(self.marker.severity)
+    }
+
+    /// What the current policy of the rotation's pool says about the current drift.
+    fn current_action(&self) -> PolicyAction {
+        self.ctx
+            .policy
+            .action(self.ctx.pool, self.current_severity())
     }
 
     /// Draining: a restart once the policy or the agent allows it, else a
     /// yield at a ceiling, else the drain asked again if it never arrived.
-    fn draining(&self) -> Option<Step> {
+    fn draining(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
         let Ctx { policy, now, .. } = *self.ctx;
         let (marker, report) = (self.marker, self.report);
         let rot = &policy.rotation;
@@ -1683,6 +1791,18 @@ impl<'c, 'a> Rotation<'c, 'a> {
         if !self.unproven
             && let Some(step) = self.restart_when_allowed()
         {
+            // Judged before every restart: the count is carried across
+            // yields, so a retry may have none left.
+            if marker.attempt >= rot.max_attempts.get() {
+                let evidence = "rotation.max_attempts reached".to_string();
+                return Some(end_attempt(
+                    self.ctx,
+                    marker,
+                    marker.attempt,
+                    evidence,
+                    alerts,
+                ));
+            }
             return Some(step);
         }
         if after(since, rot.drain_ceiling) <= now {
@@ -1732,7 +1852,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
                 .approval_for(&marker.target)
                 .is_some_and(|a| a.mode == ApprovalMode::Now);
         let pool_restarts = marker.action == PolicyAction::Restart
-            && policy.action(pool, marker.severity) == PolicyAction::Restart;
+            && self.current_action() == PolicyAction::Restart;
         match marker.mode {
             RotationMode::Now if approved_now => {
                 return Some(self.restart(RestartWhy::ApprovedNow, RestartGuard::MayInterrupt));
@@ -1972,6 +2092,7 @@ fn end_attempt(
                 at: now,
                 attempts,
                 evidence,
+                approval: op.controls.approval_id().cloned(),
             });
         }
         return s;

@@ -262,6 +262,7 @@ fn marker(id: &str, phase: Phase, mode: RotationMode, since: DateTime<Utc>) -> M
         instance_id: None,
         pool: None,
         failed: None,
+        approval: None,
     }
 }
 
@@ -619,8 +620,14 @@ fn approve_now_restarts_live_work_and_when_idle_does_not() {
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&wrong_pool));
     assert!(restart_of(&fx.plan_at(t0(), now), "m1").is_none());
 
-    let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
-    let mut fx = Fx::new("").with(M::drifted("m1", Severity::High).busy().marker(&m));
+    let mut m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    m.action = PolicyAction::Manual;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::High)
+            .busy()
+            .approved(TIP, ApprovalMode::WhenIdle)
+            .marker(&m),
+    );
     assert!(fx.plan_at(t0(), t0() + Cd::minutes(59)).steps().is_empty());
 }
 
@@ -877,7 +884,8 @@ fn claims_of_cooperating_agents_request_a_drain_and_reload_agents_a_reload() {
 
 #[test]
 fn unproven_reload_falls_back_to_alert_and_wait() {
-    let m = marker("m1", Phase::Reloading, RotationMode::Reload, t0());
+    let mut m = marker("m1", Phase::Reloading, RotationMode::Reload, t0());
+    (m.action, m.severity) = (PolicyAction::Reload, Severity::Critical);
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable().marker(&m));
     assert!(fx.plan_at(t0(), t0() + Cd::minutes(4)).steps().is_empty());
     let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).reloadable().marker(&m));
@@ -1781,6 +1789,15 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
                 .marker(&marker("o-held", Phase::Draining, RotationMode::Wait, t0())),
         )
         .with(answers);
+    // Room for all of `other`'s rotations: none is over its pool's cap.
+    let mut fx = fx;
+    fx.policy = policy().with_pool(
+        "default",
+        crate::config::PoolConfig {
+            max_concurrent_rotations: std::num::NonZeroU32::new(5).unwrap(),
+            ..policy().pool(&"default".into()).clone()
+        },
+    );
     (fx, SlotsView::Known(set))
 }
 
@@ -2935,4 +2952,395 @@ fn a_slot_whose_machine_is_cordoned_without_a_marker_is_kept_and_alerted() {
     let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[("default", "x", "t1")]));
     assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
     assert!(alerts(&plan, AlertKind::RotationStuck).is_empty());
+}
+
+// ---- issue #32: authority and approvals ----------------------------------------
+
+/// Only the `default` pool, with `actions` (low, medium, high, critical) and cap `cap`.
+fn default_pool(cap: u32, actions: [PolicyAction; 4]) -> Policy {
+    use crate::config::{ActionMap, PoolConfig};
+    Policy::default().with_pool(
+        "default",
+        PoolConfig {
+            max_concurrent_rotations: std::num::NonZeroU32::new(cap).unwrap(),
+            actions: ActionMap::from(actions),
+        },
+    )
+}
+
+/// The marker the executor leaves once `step` went through (the slot won
+/// and the cordon made for a claim, the marker written for a restart, the
+/// undo done for a yield).
+fn applied(step: &Step) -> Marker {
+    match &step.kind {
+        StepKind::Claim { marker, .. } => Marker {
+            phase: Phase::Draining,
+            cordoned: Some(true),
+            instance_id: Some("i1".into()),
+            ..marker.clone()
+        },
+        StepKind::Restart { marker, .. } => marker.clone(),
+        StepKind::Release { marker, .. } if marker.ending == Some(Ending::Yielded) => Marker {
+            phase: Phase::Yielded,
+            ending: None,
+            cordoned: Some(false),
+            drain_requested: false,
+            ..marker.clone()
+        },
+        other => panic!("not applied by this helper: {other:?}"),
+    }
+}
+
+/// The one rotation step of `id` in `plan`.
+fn step_of<'a>(plan: &'a Plan, id: &str) -> &'a Step {
+    let steps = rotation_steps(plan);
+    let id = MachineId::from(id);
+    steps
+        .into_iter()
+        .find(|s| s.target.machine_id == id)
+        .unwrap_or_else(|| panic!("no step for {id}: {plan:?}"))
+}
+
+impl M {
+    /// An approval of `target` written at `at` (another value than `approved`'s).
+    fn approved_at(mut self, target: &str, mode: ApprovalMode, at: DateTime<Utc>) -> M {
+        let a = Approval {
+            target: commit(target),
+            mode,
+            by: "bob".into(),
+            at,
+        };
+        self.0
+            .inputs
+            .metadata
+            .insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
+        self
+    }
+}
+
+/// #32 item 1: a rotation keeps no authority it was claimed with. m1 drifted
+/// low and was claimed (alert-and-wait) while busy; then the tip moved to a
+/// `Security:` commit: critical, which the pool maps to `manual`. Idle now,
+/// it was restarted onto the critical release with no approval. Every phase
+/// that can still lead to a restart judges the current severity and policy.
+#[test]
+fn issue32_item1_a_rotation_whose_authority_changed_is_cancelled_and_claimed_afresh() {
+    use PolicyAction::{AlertAndWait, Manual, Restart};
+    let now = t0() + Cd::minutes(5);
+    let security = default_pool(1, [AlertAndWait, Restart, Manual, Manual]);
+    let claimed = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .pool("default", Manual)
+            .marker(&claimed),
+    );
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), now);
+    assert!(
+        restart_of(&plan, "m1").is_none(),
+        "restarted onto a critical release without an approval: {plan:?}"
+    );
+    let (next, _, why) = release_of(&plan, "m1").expect("cancelled");
+    assert_eq!(next.ending, Some(Ending::Cancelled));
+    assert_eq!(why, ReleaseWhy::AuthorityChanged);
+    // The next sweep claims it under the current policy: an operator is asked.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Critical).pool("default", Manual));
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(alerts(&plan, AlertKind::ManualApprovalRequired), ["m1"]);
+    assert!(plan.steps().is_empty(), "{plan:?}");
+
+    // The daemon restarted with the pool changed to `manual`: same severity.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .pool("default", Manual)
+            .marker(&claimed),
+    );
+    fx.policy = default_pool(1, [Manual; 4]);
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::AuthorityChanged)
+    );
+
+    // `restart` below critical: the grace never interrupts a machine whose
+    // current severity the pool leaves to an operator.
+    let mut grace = marker("m1", Phase::Draining, RotationMode::Grace, t0());
+    grace.action = Restart;
+    grace.severity = Severity::Medium;
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .busy()
+            .pool("default", Manual)
+            .marker(&grace),
+    );
+    fx.policy = default_pool(1, [Restart, Restart, Restart, Manual]);
+    let plan = fx.plan_at(t0(), now);
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::AuthorityChanged)
+    );
+
+    // A failed verify's next attempt is judged again.
+    let mut backoff = marker("m1", Phase::Backoff, RotationMode::Wait, t0());
+    backoff.restart_at = Some(t0());
+    backoff.attempt = 1;
+    backoff.retry_at = Some(now - Cd::seconds(1));
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .pool("default", Manual)
+            .marker(&backoff),
+    );
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::AuthorityChanged),
+        "{plan:?}"
+    );
+
+    // The restart already sent: its verify goes on.
+    let restarting = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Critical)
+            .pool("default", Manual)
+            .marker(&restarting),
+    );
+    fx.policy = security.clone();
+    let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
+    assert!(release_of(&plan, "m1").is_none(), "{plan:?}");
+
+    // Unprobeable: no current severity, the marker's stands.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .marker(&claimed),
+    );
+    fx.policy = security;
+    let plan = fx.plan_at(t0(), now);
+    assert!(release_of(&plan, "m1").is_none(), "{plan:?}");
+}
+
+/// #32 item 6: a yield does not reset `max_attempts`. A retry that drained
+/// into a busy agent yielded, and the next claim started at attempt 0: 3
+/// restarts with `max_attempts = 2`.
+#[test]
+fn issue32_item6_a_claim_after_a_yield_carries_the_restart_count_on() {
+    let two = |r: &mut crate::config::RotationConfig| {
+        r.max_attempts = std::num::NonZeroU32::new(2).unwrap();
+    };
+    let now = t0() + Cd::hours(3);
+    // One restart did not verify; its retry yielded at the drain ceiling.
+    let mut y = marker("m1", Phase::Yielded, RotationMode::Wait, t0());
+    y.attempt = 1;
+    y.restart_at = Some(t0());
+    y.retry_at = Some(now - Cd::minutes(1));
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&y));
+    let claim = fx.plan_at(t0(), now);
+    let draining = applied(step_of(&claim, "m1"));
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&draining));
+    let restart = fx.plan_at(t0(), now + Cd::seconds(10));
+    let restarting = restart_of(&restart, "m1")
+        .expect("restart 2 of 2")
+        .0
+        .clone();
+    // Restart 2 did not verify: the rotation fails, no third restart.
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&restarting));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(10));
+    let (next, _, why) = release_of(&plan, "m1").unwrap_or_else(|| panic!("{plan:?}"));
+    assert_eq!(why, ReleaseWhy::MaxAttempts);
+    assert_eq!(next.failed.map(|f| f.attempts), Some(2));
+
+    // Judged before every restart: a rotation whose count is spent fails
+    // instead of restarting again.
+    let mut spent = marker("m1", Phase::Draining, RotationMode::Wait, now);
+    spent.attempt = 2;
+    let mut fx = Fx::new("")
+        .rotation(two)
+        .with(M::drifted("m1", Severity::Low).marker(&spent));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(10));
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::MaxAttempts)
+    );
+}
+/// #32 item 9: a lowered cap is not exceeded by rotations in flight. Two busy
+/// machines claimed under cap 2; the daemon restarts with cap 1: the newest
+/// that has not restarted yields; one that has restarted is never touched.
+#[test]
+fn issue32_item9_rotations_over_a_lowered_cap_yield_the_newest_first() {
+    let now = t0() + Cd::minutes(5);
+    let a = marker("a", Phase::Draining, RotationMode::Wait, t0());
+    let b = marker(
+        "b",
+        Phase::Draining,
+        RotationMode::Wait,
+        t0() + Cd::minutes(1),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("a", Severity::Low).busy().marker(&a))
+        .with(M::drifted("b", Severity::Low).busy().marker(&b));
+    let plan = fx.plan_at(t0(), now);
+    let (next, _, _) = release_of(&plan, "b").unwrap_or_else(|| panic!("{plan:?}"));
+    assert_eq!(next.ending, Some(Ending::Yielded));
+    assert!(next.retry_at.is_some());
+    assert_eq!(kinds(&plan), [("b", "yield")], "{plan:?}");
+    assert_eq!(
+        release_of(&plan, "b").map(|r| r.2),
+        Some(ReleaseWhy::OverCap)
+    );
+
+    // The newest has restarted: the other one yields.
+    let r = marker(
+        "a",
+        Phase::Restarting,
+        RotationMode::Wait,
+        t0() + Cd::minutes(2),
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("a", Severity::Low).busy().marker(&r))
+        .with(M::drifted("b", Severity::Low).busy().marker(&b));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(
+        release_of(&plan, "b").map(|r| r.2),
+        Some(ReleaseWhy::OverCap),
+        "{plan:?}"
+    );
+    assert!(release_of(&plan, "a").is_none(), "{plan:?}");
+
+    // Within the cap, nothing yields.
+    let mut fx = Fx::new("").with(M::drifted("b", Severity::Low).busy().marker(&b));
+    assert!(fx.plan_at(t0(), now).steps().is_empty());
+}
+
+/// #32 item 2: an approval authorizes exactly one rotation. `approve --now`,
+/// the busy machine restarted as approved, then `fly deploy` replaced it
+/// during verify: the rotation ended cancelled, the approval stayed, and
+/// the next sweep restarted the busy machine again.
+#[test]
+fn issue32_item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
+    let now = t0() + Cd::hours(1);
+    let busy = || M::drifted("m1", Severity::High).busy().instance("i1");
+    let mut fx = Fx::new("").with(busy().approved(TIP, ApprovalMode::Now));
+    let draining = applied(step_of(&fx.plan_at(t0(), now), "m1"));
+    // The claim names the approval it uses.
+    let used = fx.report().machines[0]
+        .seen
+        .inputs
+        .controls
+        .approval_id
+        .clone();
+    assert!(used.is_some());
+    assert_eq!(draining.approval, used);
+    let mut fx = Fx::new("").with(busy().approved(TIP, ApprovalMode::Now).marker(&draining));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(10));
+    let restarting = restart_of(&plan, "m1").expect("approved now").0.clone();
+    let deployed = || busy().instance("i2").marker(&restarting);
+    let cancelled = |plan: &Plan| match &step_of(plan, "m1").kind {
+        StepKind::Release {
+            clear_approval,
+            why,
+            marker,
+            ..
+        } => {
+            assert_eq!(*why, ReleaseWhy::UpdatedFromOutside);
+            assert_eq!(marker.ending, Some(Ending::Cancelled));
+            *clear_approval
+        }
+        other => panic!("{other:?}"),
+    };
+    let mut fx = Fx::new("").with(deployed().approved(TIP, ApprovalMode::Now));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(20));
+    assert!(
+        cancelled(&plan),
+        "the approval outlives the rotation it authorized: {plan:?}"
+    );
+    // A newer approval, written since the claim, stays for the next rotation.
+    let mut fx =
+        Fx::new("").with(deployed().approved_at(TIP, ApprovalMode::Now, t0() + Cd::minutes(61)));
+    assert!(!cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
+    // A rotation that never restarted leaves its approval standing.
+    let mut fx = Fx::new("").with(
+        busy()
+            .instance("i2")
+            .approved(TIP, ApprovalMode::Now)
+            .marker(&draining),
+    );
+    assert!(!cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
+}
+
+/// #32 item 5: a failed rotation is re-armed by a new approval, never by
+/// comparing an operator host's clock with a replica's. An approval stamped
+/// 10 minutes ahead re-armed the failed target after every failure: 10
+/// restarts with `max_attempts = 1`.
+#[test]
+fn issue32_item5_only_a_new_approval_rearms_a_failed_target() {
+    let one = |r: &mut crate::config::RotationConfig| {
+        r.max_attempts = std::num::NonZeroU32::MIN;
+    };
+    let now = t0() + Cd::hours(1);
+    let ahead = now + Cd::minutes(10);
+    let mut r = marker("m1", Phase::Restarting, RotationMode::Grace, now);
+    (r.action, r.severity) = (PolicyAction::Restart, Severity::Medium);
+    let m = || M::drifted("m1", Severity::Medium).approved_at(TIP, ApprovalMode::WhenIdle, ahead);
+    let mut fx = Fx::new("").rotation(one).with(m().marker(&r));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(6));
+    let failed = step_of(&plan, "m1");
+    assert_eq!(
+        release_of(&plan, "m1").map(|r| r.2),
+        Some(ReleaseWhy::MaxAttempts)
+    );
+    let yielded = applied(failed);
+    let failed_with = yielded.failed.as_ref().and_then(|f| f.approval.clone());
+    assert!(failed_with.is_some(), "{yielded:?}");
+    let mut fx = Fx::new("").rotation(one).with(m().marker(&yielded));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(7));
+    assert!(
+        rotation_steps(&plan).is_empty(),
+        "the approval that stood when it failed re-armed it: {plan:?}"
+    );
+    assert!(matches!(
+        plan.decisions()[&mid("m1")],
+        Decision::RotationFailed { .. }
+    ));
+    // A new approval of the target re-arms it, once.
+    let mut fx = Fx::new("").rotation(one).with(
+        M::drifted("m1", Severity::Medium)
+            .approved_at(TIP, ApprovalMode::WhenIdle, now - Cd::days(1))
+            .marker(&yielded),
+    );
+    let plan = fx.plan_at(t0(), now + Cd::minutes(7));
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
+    // ... and the rotation it re-armed names it, to consume it.
+    let new = fx.report().machines[0]
+        .seen
+        .inputs
+        .controls
+        .approval_id
+        .clone();
+    assert!(new.is_some() && new != failed_with);
+    assert_eq!(applied(step_of(&plan, "m1")).approval, new);
+    assert_eq!(
+        applied(step_of(&plan, "m1")).attempt,
+        0,
+        "re-armed: starts over"
+    );
+    // A failure recorded by an older version names no approval: any
+    // approval of the target re-arms it (the rotation then consumes it).
+    let mut older = yielded.clone();
+    if let Some(f) = older.failed.as_mut() {
+        f.approval = None;
+    }
+    let mut fx = Fx::new("").rotation(one).with(m().marker(&older));
+    let plan = fx.plan_at(t0(), now + Cd::minutes(7));
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
 }

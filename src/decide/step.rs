@@ -305,6 +305,8 @@ reasons! {
         BackoffStuck => "the backoff could not move on after its retry fell due",
         MaxAttempts => "failed: rotation.max_attempts restarts did not verify",
         UndoUnfinished => "undo not finished yet",
+        AuthorityChanged => "the current policy gives the machine's current drift another action than the rotation was claimed with; claimed afresh",
+        OverCap => "the pool's rotations exceed its current max_concurrent_rotations",
     }
 }
 

@@ -1,6 +1,8 @@
 //! What one machine's metadata says to the planner: the operator's hold and
 //! approval, the rotation marker and the probe-failure record, parsed once
-//! when the sweep folds the machine into its report.
+//! when the sweep folds the machine into its report, and which approval is
+//! there ([`ApprovalId`], a fingerprint of its value: a rotation names the
+//! approval it used, and consumes only that one).
 //!
 //! Owns reading those four keys (their formats are [`super::operator`],
 //! [`super::marker`] and [`super::unprobed`]). The planner, the status pages and
@@ -11,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::marker::Marker;
-use super::operator::{Approval, Hold};
+use super::operator::{Approval, ApprovalId, Hold};
 use super::unprobed::Unprobed;
 use super::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use crate::model::CommitId;
@@ -23,6 +25,8 @@ pub struct Controls {
     pub hold: Option<HoldValue>,
     /// The approval key's value: an approval, or why it is not one.
     pub approval: Option<Result<Approval, String>>,
+    /// Which approval that is (a fingerprint of its value), when it is one.
+    pub approval_id: Option<ApprovalId>,
     /// The rotation marker, or why it is not one of ours (the field at fault).
     pub marker: Option<Result<Marker, String>>,
     /// The persisted probe-failure record (an unreadable one counts as none:
@@ -48,6 +52,10 @@ impl Controls {
                     Err(_) => HoldValue::Other(v.clone()),
                 }),
             approval: metadata.get(APPROVE_KEY).map(|v| Approval::decode(v)),
+            approval_id: metadata
+                .get(APPROVE_KEY)
+                .filter(|v| Approval::parse(v).is_some())
+                .map(|v| ApprovalId::of(v)),
             marker: metadata.get(MARKER_KEY).map(|v| Marker::decode(v)),
             unprobed: metadata.get(UNPROBED_KEY).and_then(|v| Unprobed::parse(v)),
         }
@@ -78,6 +86,11 @@ impl Controls {
     /// An approval authorizes a rotation to the commit it names, only.
     pub fn approval_for(&self, commit: &CommitId) -> Option<&Approval> {
         self.approval().filter(|a| a.approves(commit))
+    }
+
+    /// Which approval is on the machine, when it is one.
+    pub fn approval_id(&self) -> Option<&ApprovalId> {
+        self.approval_id.as_ref()
     }
 
     pub fn has_approval_key(&self) -> bool {

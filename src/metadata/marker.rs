@@ -16,6 +16,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::operator::{ApprovalId, MAX_APPROVAL_ID_CHARS};
 use crate::model::{CommitId, PolicyAction, PoolName, Severity};
 
 /// Where a rotation stands (docs/design.md §6.2).
@@ -152,7 +153,10 @@ pub struct Marker {
     pub started_at: DateTime<Utc>,
     /// When the current attempt (drain, reload, restart) began; deadlines count from here.
     pub attempt_started_at: DateTime<Utc>,
-    /// Verify failures so far (drives the capped backoff).
+    /// Restarts of `target` that did not verify (drives the capped backoff
+    /// and `rotation.max_attempts`). A claim that replaces a `yielded`
+    /// marker of the same target carries it on; a cancelled rotation's
+    /// marker is deleted, and its count with it.
     #[serde(default)]
     pub attempt: u32,
     /// The reconciler instance that claimed it.
@@ -193,6 +197,13 @@ pub struct Marker {
     /// operator approves again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<Failure>,
+    /// The approval this rotation uses: a `manual` claim's, or the one that
+    /// re-armed a failed target. An approval authorizes one rotation: once
+    /// this one has restarted, its ending (whatever it is) deletes that
+    /// approval, if it is still the one on the machine (a newer one stays).
+    /// `None`: an automatic rotation, or markers of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalId>,
 }
 
 /// Why a rotation ended as failed, with the evidence (for the alert and views).
@@ -203,6 +214,12 @@ pub struct Failure {
     pub attempts: u32,
     /// What the last attempt showed (bounded like any detail text).
     pub evidence: String,
+    /// The approval that stood when it failed: only another one re-arms the
+    /// target (no timestamps of two clocks compared). `None`: none stood,
+    /// or a failure recorded by an older version; then any approval of the
+    /// target re-arms it, and the rotation it re-arms consumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalId>,
 }
 
 /// Longest `owner` a marker may carry (ours are a host name and a pid).
@@ -253,6 +270,16 @@ impl Marker {
             .is_some_and(|f| f.evidence.chars().count() > detail)
         {
             return too_long("failed.evidence", detail);
+        }
+        let long_id = |id: &Option<ApprovalId>| {
+            id.as_ref()
+                .is_some_and(|id| id.as_str().chars().count() > MAX_APPROVAL_ID_CHARS)
+        };
+        if long_id(&marker.approval) {
+            return too_long("approval", MAX_APPROVAL_ID_CHARS);
+        }
+        if marker.failed.as_ref().is_some_and(|f| long_id(&f.approval)) {
+            return too_long("failed.approval", MAX_APPROVAL_ID_CHARS);
         }
         Ok(marker)
     }
@@ -319,6 +346,7 @@ mod tests {
             instance_id: Some("01H".into()),
             pool: Some("default".into()),
             failed: None,
+            approval: Some(ApprovalId::of("{}")),
         };
         assert_eq!(m.tag, "m1-abababa-1800000000-0000beef");
         let v = m.to_value();
@@ -326,8 +354,16 @@ mod tests {
             v.contains("\"phase\":\"draining\"") && v.contains("\"mode\":\"grace\""),
             "{v}"
         );
-        assert_eq!(Marker::parse(&v), Some(m));
+        assert_eq!(Marker::parse(&v), Some(m.clone()));
         assert_eq!(Marker::parse("{}"), None);
+        // An approval id is bounded like any text of ours.
+        let long = v.replace(
+            &format!("\"approval\":\"{}\"", ApprovalId::of("{}").as_str()),
+            &format!("\"approval\":\"{}\"", "a".repeat(65)),
+        );
+        assert_ne!(long, v);
+        let why = Marker::decode(&long).expect_err("too long");
+        assert!(why.contains("`approval`"), "{why}");
         assert_eq!(Marker::parse("rotating"), None);
     }
 
@@ -374,6 +410,8 @@ mod tests {
         let v = r#"{"tag":"t","target":"abababababababababababababababababababab","phase":"draining","mode":"wait","action":"restart","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}"#;
         let m = Marker::parse(v).unwrap();
         assert_eq!(m.cordoned, None);
+        // Nor did they name an approval, or a count beyond their own.
+        assert_eq!((m.approval.clone(), m.attempt), (None, 0));
         assert!(m.may_have_cordoned());
         let claiming = Marker {
             phase: Phase::Claiming,

@@ -8,6 +8,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::model::CommitId;
 
@@ -33,6 +34,31 @@ pub struct Approval {
     pub mode: ApprovalMode,
     pub by: String,
     pub at: DateTime<Utc>,
+}
+
+/// Which approval: an approval has no id of its own, so it is named by a
+/// fingerprint of its metadata value as written (the first 8 bytes of its
+/// SHA-256, in hex). Each `approve` writes a new value (its `at` at least
+/// differs), hence a new id. Only ever compared for equality: it says
+/// whether the approval on a machine is the one a rotation used, never
+/// which of two is newer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ApprovalId(String);
+
+/// Longest [`ApprovalId`] a marker may carry (ours are 16 characters).
+pub const MAX_APPROVAL_ID_CHARS: usize = 64;
+
+impl ApprovalId {
+    /// The id of the approval whose metadata value is `value`.
+    pub fn of(value: &str) -> ApprovalId {
+        let digest = Sha256::digest(value.as_bytes());
+        ApprovalId(hex::encode(digest.get(..8).unwrap_or_default()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// Longest `by` kept from an approval; a longer one is cut (it is shown,
@@ -86,6 +112,18 @@ mod tests {
         assert_eq!(Approval::parse(&text), Some(a));
         assert_eq!(Approval::parse("yes"), None);
         assert_eq!(Approval::parse("{\"target\":\"x\"}"), None);
+    }
+
+    /// An approval is named by its value: the same value, the same id; any
+    /// other value (a new `approve`), another.
+    #[test]
+    fn an_approval_id_names_one_value() {
+        let v = r#"{"target":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","mode":"now","by":"ops","at":"2026-01-01T00:00:00Z"}"#;
+        let id = ApprovalId::of(v);
+        assert_eq!(id, ApprovalId::of(v));
+        assert_eq!(id.as_str().len(), 16);
+        assert!(id.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(id, ApprovalId::of(&v.replace(":00Z", ":01Z")));
     }
 
     /// An approval's target is read as a commit id: another case is the same

@@ -320,6 +320,7 @@ mod tests {
                     at: at(3),
                     attempts: 3,
                     evidence: "crash loop".into(),
+                    approval: None,
                 }),
                 ..marker(Phase::Releasing)
             },

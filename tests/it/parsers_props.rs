@@ -385,6 +385,7 @@ fn marker() -> impl Strategy<Value = Marker> {
                 instance_id: None,
                 pool: None,
                 failed: None,
+                approval: None,
             },
         )
 }

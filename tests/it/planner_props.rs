@@ -22,7 +22,7 @@ use fleet_reconciler::decide::policy::Policy;
 use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
 use fleet_reconciler::decide::snapshot::{JudgedMachine, Verdict};
 use fleet_reconciler::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
-use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalId, ApprovalMode};
 use fleet_reconciler::metadata::slots::{Slot, SlotSet};
 use fleet_reconciler::metadata::unprobed::Unprobed;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
@@ -147,7 +147,7 @@ fn marker() -> impl Strategy<Value = Marker> {
         0u8..3,
         (
             proptest::option::of(prop_oneof![Just("i1".to_string()), Just("i2".to_string())]),
-            proptest::option::weighted(0.2, (time(), 1u32..5)),
+            proptest::option::weighted(0.2, (time(), 1u32..5, proptest::option::of(any::<bool>()))),
         ),
     )
         .prop_map(
@@ -176,11 +176,15 @@ fn marker() -> impl Strategy<Value = Marker> {
                 ending,
                 instance_id,
                 pool: None,
-                failed: failed.map(|(at, attempts)| Failure {
+                // The approval that stood at the failure: sometimes the one
+                // the machine carries (`approval_value`'s of the tip).
+                failed: failed.map(|(at, attempts, stood)| Failure {
                     at,
                     attempts,
                     evidence: "still old".into(),
+                    approval: stood.map(|now| ApprovalId::of(&approval_value(&tip(), now))),
                 }),
+                approval: None,
             },
         )
 }
@@ -295,6 +299,21 @@ fn machine() -> impl Strategy<Value = Machine> {
 
 /// The machine as the sweep would see it, and the verdict `prepare` would
 /// give it.
+/// The metadata value of the approval of `target` (`now`, else `when-idle`).
+fn approval_value(target: &CommitId, now: bool) -> String {
+    let a = Approval {
+        target: target.clone(),
+        mode: if now {
+            ApprovalMode::Now
+        } else {
+            ApprovalMode::WhenIdle
+        },
+        by: "op".into(),
+        at: t0(),
+    };
+    serde_json::to_string(&a).unwrap_or_default()
+}
+
 fn to_report(policy: &Policy, i: usize, m: &Machine) -> (ObservedMachine, Option<Verdict>) {
     let pool = POOLS[m.pool];
     let mut metadata = BTreeMap::from([("pool".to_string(), pool.to_string())]);
@@ -302,17 +321,7 @@ fn to_report(policy: &Policy, i: usize, m: &Machine) -> (ObservedMachine, Option
         metadata.insert(HOLD_KEY.into(), "ops".into());
     }
     if let Some((target, now)) = &m.approval {
-        let a = Approval {
-            target: target.clone(),
-            mode: if *now {
-                ApprovalMode::Now
-            } else {
-                ApprovalMode::WhenIdle
-            },
-            by: "op".into(),
-            at: t0(),
-        };
-        metadata.insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
+        metadata.insert(APPROVE_KEY.into(), approval_value(target, *now));
     }
     if let Some(mk) = &m.marker {
         metadata.insert(MARKER_KEY.into(), mk.to_value());
@@ -517,8 +526,15 @@ proptest! {
                 && e.phase == Phase::Yielded
                 && e.target == tip()
             {
-                let approved_after = m.approval.as_ref().is_some_and(|(t, _)| *t == tip());
-                prop_assert!(approved_after && f.at < t0(), "{s} retries a failed rotation");
+                // Only by an approval of the tip other than the one that
+                // stood when it failed (no two clocks compared).
+                let new_approval = m
+                    .approval
+                    .as_ref()
+                    .filter(|(t, _)| *t == tip())
+                    .map(|(t, now)| ApprovalId::of(&approval_value(t, *now)))
+                    .is_some_and(|id| f.approval.as_ref() != Some(&id));
+                prop_assert!(new_approval, "{s} retries a failed rotation");
             }
             // No new attempt once rotation.max_attempts restarts failed.
             if let (StepKind::Advance { marker, .. }, Some(e)) = (&s.kind, s.expected.as_ref())

@@ -685,6 +685,7 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
         instance_id: None,
         pool: None,
         failed: None,
+        approval: None,
     };
     // m2 won the pool's only slot; m1's claim never did.
     let mut slots = SlotSet::parse(None).unwrap();
@@ -1117,6 +1118,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         instance_id: None,
         pool: None,
         failed: None,
+        approval: None,
     };
     let mut slots = SlotSet::parse(None).unwrap();
     slots.try_add(
@@ -2077,6 +2079,111 @@ async fn a_cordon_that_lands_after_an_outside_update_is_undone_at_once() {
             .iter()
             .any(|s| s.contains("updated from outside") && s.contains("cordon")),
         "{reported:?}"
+    );
+    sim.shutdown().await;
+}
+
+/// #32 item 2. Before: `approve --now`, the busy machine restarted as
+/// approved, then `fly deploy` replaced it during verify: the rotation
+/// ended cancelled (updated from outside), the approval stayed, and the
+/// next sweep restarted the busy machine again. An approval authorizes one
+/// rotation: the one that used it consumes it once it has restarted,
+/// whatever its ending.
+#[tokio::test(start_paused = true)]
+async fn item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::decide::planner::{ReleaseWhy, StepKind};
+    use fleet_reconciler::sim::OutsideLease;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    let cfg = config(&sim, &w, "m", &all("manual"), 1, "");
+    let mut hand = Hand::new(&sim, cfg).await;
+    approve(&sim, &w, "m1", ApprovalMode::Now);
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(
+        restart.steps()[0].kind(),
+        "restart",
+        "{:?}",
+        restart.steps()
+    );
+    assert_eq!(hand.run(&restart).await[0].outcome, Outcome::Done);
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    // `fly deploy` during verify: a new instance, on the old overlay, busy.
+    let snapshot = sim.machine("m1").unwrap().metadata;
+    sim.outside_update("m1", &snapshot, OutsideLease::ReuseFound)
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    sim.set_loaded_ref("m1", &w.old);
+    sim.set_live_sessions("m1", 1);
+    let cancel = hand.plan().await;
+    assert!(
+        matches!(
+            &cancel.steps()[0].kind,
+            StepKind::Release {
+                why: ReleaseWhy::UpdatedFromOutside,
+                ..
+            }
+        ),
+        "{:?}",
+        cancel.steps()
+    );
+    assert_eq!(hand.run(&cancel).await[0].outcome, Outcome::Done);
+    assert!(marker_of(&sim, "m1").is_none());
+    assert!(
+        !sim.machine("m1")
+            .unwrap()
+            .metadata
+            .contains_key(APPROVE_KEY),
+        "the approval outlived the rotation it authorized"
+    );
+    // The next sweeps ask an operator again; the busy machine is not restarted.
+    for _ in 0..3 {
+        let next = hand.plan().await;
+        hand.run(&next).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(restarts(&sim, "m1").len(), 1, "restarted again");
+    sim.shutdown().await;
+}
+
+/// #32 item 2: a newer approval, written after the rotation claimed with
+/// another, stays when the rotation ends: it is the next rotation's.
+#[tokio::test(start_paused = true)]
+async fn item2_a_newer_approval_outlives_the_rotation_that_used_another() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::sim::OutsideLease;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    let cfg = config(&sim, &w, "m", &all("manual"), 1, "");
+    let mut hand = Hand::new(&sim, cfg).await;
+    approve(&sim, &w, "m1", ApprovalMode::Now);
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(hand.run(&restart).await[0].outcome, Outcome::Done);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    // The operator approves again (a new value), then `fly deploy`.
+    approve(&sim, &w, "m1", ApprovalMode::WhenIdle);
+    let newer = sim.machine("m1").unwrap().metadata[APPROVE_KEY].clone();
+    let snapshot = sim.machine("m1").unwrap().metadata;
+    sim.outside_update("m1", &snapshot, OutsideLease::ReuseFound)
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    sim.set_loaded_ref("m1", &w.old);
+    let cancel = hand.plan().await;
+    assert_eq!(cancel.steps()[0].kind(), "cancel", "{:?}", cancel.steps());
+    assert_eq!(hand.run(&cancel).await[0].outcome, Outcome::Done);
+    assert!(marker_of(&sim, "m1").is_none());
+    assert_eq!(
+        sim.machine("m1").unwrap().metadata.get(APPROVE_KEY),
+        Some(&newer)
     );
     sim.shutdown().await;
 }

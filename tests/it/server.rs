@@ -391,6 +391,7 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
         instance_id: None,
         pool: None,
         failed: None,
+        approval: None,
     };
     assert!(h.sim.set_metadata("a-behind", MARKER_KEY, &ours.to_value()));
     h.sweep().await;

@@ -352,7 +352,7 @@ fn unprobeable(
     match ceiling_at {
         Some(c) => write!(f, "; the probe-failure ceiling falls at {}", at(c)),
         None => f.write_str(
-            "; no restart for it (its policy does not act by itself, or no drift was seen)",
+            "; no restart for it (its policy does not act by itself, no drift was seen, or none of Fly's checks fails: it stays alerted)",
         ),
     }
 }
@@ -499,7 +499,7 @@ mod tests {
                 "claiming a pool slot for a rotation (mode wait)",
                 "rotation in phase draining",
                 "the rotation yielded without interrupting work; it retries at an unknown time",
-                "no usable health report since an unknown time; no restart for it (its policy does not act by itself, or no drift was seen)",
+                "no usable health report since an unknown time; no restart for it (its policy does not act by itself, no drift was seen, or none of Fly's checks fails: it stays alerted)",
                 "the overlay fetch is failing (last good fetch an unknown time): no rotation starts toward a tip that may be stale",
                 "reports a ref the mirror cannot resolve (since an unknown time); waiting for a later fetch to confirm",
                 "a rotation marker this reconciler cannot read (x); not touching it",

@@ -90,10 +90,11 @@ pub enum Decision {
     },
     /// A rotation gave up without interrupting work; it retries at `retry_at`.
     Yielded { retry_at: Option<DateTime<Utc>> },
-    /// No usable health report since `since` (this run's memory or the
-    /// persisted record). `ceiling_at`: when `rotation.probe_failure_ceiling`
-    /// lets an automatic policy restart it (none for observe/manual pools,
-    /// or when it was never seen drifted).
+    /// No usable health report since `since` (the shared record, counted
+    /// from this run's first sight of it, else this run's memory).
+    /// `ceiling_at`: when `rotation.probe_failure_ceiling` lets an automatic
+    /// policy restart it (none for observe/manual pools, when no record
+    /// shows a drift, or while none of Fly's checks fails).
     Unprobeable {
         since: Option<DateTime<Utc>>,
         ceiling_at: Option<DateTime<Utc>>,

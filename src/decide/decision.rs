@@ -90,10 +90,11 @@ pub enum Decision {
     },
     /// A rotation gave up without interrupting work; it retries at `retry_at`.
     Yielded { retry_at: Option<DateTime<Utc>> },
-    /// No usable health report since `since` (this run's memory or the
-    /// persisted record). `ceiling_at`: when `rotation.probe_failure_ceiling`
-    /// lets an automatic policy restart it (none for observe/manual pools,
-    /// or when it was never seen drifted).
+    /// No usable health report since `since` (the shared record, counted
+    /// from this run's first sight of it, else this run's memory).
+    /// `ceiling_at`: when `rotation.probe_failure_ceiling` lets an automatic
+    /// policy restart it (none for observe/manual pools, when no record
+    /// shows a drift, or while none of Fly's checks fails).
     Unprobeable {
         since: Option<DateTime<Utc>>,
         ceiling_at: Option<DateTime<Utc>>,
@@ -352,7 +353,7 @@ fn unprobeable(
     match ceiling_at {
         Some(c) => write!(f, "; the probe-failure ceiling falls at {}", at(c)),
         None => f.write_str(
-            "; no restart for it (its policy does not act by itself, or no drift was seen)",
+            "; no restart for it (its policy does not act by itself, no drift was seen, or none of Fly's checks fails: it stays alerted)",
         ),
     }
 }
@@ -499,7 +500,7 @@ mod tests {
                 "claiming a pool slot for a rotation (mode wait)",
                 "rotation in phase draining",
                 "the rotation yielded without interrupting work; it retries at an unknown time",
-                "no usable health report since an unknown time; no restart for it (its policy does not act by itself, or no drift was seen)",
+                "no usable health report since an unknown time; no restart for it (its policy does not act by itself, no drift was seen, or none of Fly's checks fails: it stays alerted)",
                 "the overlay fetch is failing (last good fetch an unknown time): no rotation starts toward a tip that may be stale",
                 "reports a ref the mirror cannot resolve (since an unknown time); waiting for a later fetch to confirm",
                 "a rotation marker this reconciler cannot read (x); not touching it",

@@ -7,7 +7,11 @@
 //! state machine. It is a pure function: no clients, no clock, no randomness;
 //! markers, slots and operator state come from the snapshot, and the only
 //! memory between sweeps is the `Tracker` (when drift and unprobeability
-//! began), which the caller passes in. It must never perform a step itself,
+//! began, when each marker and probe-failure record was first seen), which
+//! the caller passes in. It never compares a time another clock wrote (a
+//! marker's, a record's) with `now` except through this run's first sight
+//! of it, and never lets its own memory of a failed probe count toward the
+//! probe-failure ceiling (only the shared record does). It must never perform a step itself,
 //! nor plan one for a machine of an app the sweep could not list (its data is
 //! a past listing's; a rotation in progress there waits until the app lists).
 //!
@@ -109,9 +113,14 @@ impl Plan {
     }
 }
 
-/// Memory between sweeps: when each machine's drift and unprobeability began.
-/// Lost on restart, which only delays alerts and actions, never hastens them;
-/// the probe-failure evidence is also persisted ([`Unprobed`]).
+/// Memory between sweeps: when each machine's drift and unprobeability
+/// began, and when this run first saw each machine's current marker and
+/// probe-failure record. Every ceiling and deadline is measured on this
+/// replica's clock: a time another replica wrote counts from the later of
+/// itself and this run's first sight of what carries it
+/// ([`Tracker::marker_seen`], [`Tracker::record_seen`]). Lost on restart,
+/// which only delays alerts and actions (the first sight is then later),
+/// never hastens them.
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
     machines: HashMap<MachineId, Seen>,
@@ -132,6 +141,100 @@ struct Seen {
     /// What the pool's policy said about that drift, and at which severity.
     last_known_action: Option<PolicyAction>,
     last_known_severity: Option<Severity>,
+    /// First sight of the machine's current marker.
+    marker: Option<MarkerSight>,
+    /// First sight of the machine's current probe-failure record.
+    record: Option<RecordSight>,
+}
+
+/// What makes a marker the same one for its first-sight clock: the fields
+/// its ceilings and deadlines are measured from. A new phase, attempt,
+/// restart or retry is a new marker, first seen afresh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MarkerKey {
+    tag: String,
+    phase: Phase,
+    attempt: u32,
+    attempt_started_at: DateTime<Utc>,
+    restart_at: Option<DateTime<Utc>>,
+    retry_at: Option<DateTime<Utc>>,
+}
+
+impl MarkerKey {
+    fn of(m: &Marker) -> MarkerKey {
+        MarkerKey {
+            tag: m.tag.clone(),
+            phase: m.phase,
+            attempt: m.attempt,
+            attempt_started_at: m.attempt_started_at,
+            restart_at: m.restart_at,
+            retry_at: m.retry_at,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct MarkerSight {
+    key: MarkerKey,
+    seen: MarkerSeen,
+}
+
+/// When this run first saw a marker as it is now, on this replica's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MarkerSeen {
+    pub at: DateTime<Utc>,
+    /// First sight of it while Fly said the machine was cordoned.
+    pub cordoned_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug)]
+struct RecordSight {
+    record: Unprobed,
+    at: DateTime<Utc>,
+}
+
+impl Seen {
+    /// Folds in the marker and the probe-failure record of this sweep. Unknown
+    /// metadata shows neither: what was seen stands.
+    fn sight(&mut self, m: &ObservedMachine, now: DateTime<Utc>) {
+        if m.inputs.metadata_unknown().is_some() {
+            return;
+        }
+        let marker = m
+            .inputs
+            .controls
+            .marker
+            .as_ref()
+            .and_then(|r| r.as_ref().ok());
+        self.marker = marker.map(|marker| {
+            let key = MarkerKey::of(marker);
+            let mut sight = self
+                .marker
+                .take()
+                .filter(|s| s.key == key)
+                .unwrap_or(MarkerSight {
+                    key,
+                    seen: MarkerSeen {
+                        at: now,
+                        cordoned_at: None,
+                    },
+                });
+            if m.inputs.cordoned == Some(true) {
+                sight.seen.cordoned_at = sight.seen.cordoned_at.or(Some(now));
+            }
+            sight
+        });
+        // A record cleared and written again is a new one: its clock starts over.
+        self.record = m.inputs.controls.unprobed.as_ref().map(|record| {
+            self.record
+                .take()
+                .filter(|s| s.record == *record)
+                .unwrap_or(RecordSight {
+                    record: record.clone(),
+                    at: now,
+                })
+        });
+    }
 }
 
 /// No usable report: unreachable, or an answer that is not a report.
@@ -168,6 +271,9 @@ impl Tracker {
                 next.insert(m.seen.machine_id.clone(), seen);
                 continue;
             }
+            // Markers and records keep their first sight whatever the status.
+            seen.sight(&m.seen, now);
+            let (marker, record) = (seen.marker.take(), seen.record.take());
             match m.seen.status {
                 s if s.is_classified() => {
                     seen.drift_since = seen.drift_since.or(Some(now));
@@ -189,6 +295,7 @@ impl Tracker {
                     seen.unprobed_since = seen.unprobed_since.or(Some(now));
                 }
             }
+            (seen.marker, seen.record) = (marker, record);
             next.insert(m.seen.machine_id.clone(), seen);
         }
         self.machines = next;
@@ -217,6 +324,20 @@ impl Tracker {
     /// Since when the machine has given no usable report, in this run.
     pub fn unprobed_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
         self.machines.get(machine_id)?.unprobed_since
+    }
+
+    /// When this run first saw `marker` on the machine as it is now (same
+    /// tag, phase, attempt and times); `None` if it has not.
+    pub fn marker_seen(&self, machine_id: &MachineId, marker: &Marker) -> Option<MarkerSeen> {
+        let sight = self.machines.get(machine_id)?.marker.as_ref()?;
+        (sight.key == MarkerKey::of(marker)).then_some(sight.seen)
+    }
+
+    /// When this run first saw `record` on the machine (since it was last
+    /// absent or different); `None` if it has not.
+    pub fn record_seen(&self, machine_id: &MachineId, record: &Unprobed) -> Option<DateTime<Utc>> {
+        let sight = self.machines.get(machine_id)?.record.as_ref()?;
+        (sight.record == *record).then_some(sight.at)
     }
 }
 
@@ -406,16 +527,36 @@ fn automatic(action: PolicyAction) -> bool {
     )
 }
 
-/// The probe-failure evidence for a machine without a usable report: the
-/// persisted record, else this run's memory.
+/// The probe-failure evidence the ceiling counts, for a machine without a
+/// usable report: only the shared record, which any replica that gets a
+/// usable report clears (this run's memory would restart work another
+/// replica sees). Its `since` is on its writer's clock: it counts from the
+/// later of it and this run's first sight of the record (`now` if unseen).
 fn unprobed_evidence(
+    tracker: &Tracker,
+    m: &ObservedMachine,
+    op: &OperatorState,
+    now: DateTime<Utc>,
+) -> Option<Unprobed> {
+    let record = op.controls.unprobed.as_ref()?;
+    let seen = tracker.record_seen(&m.machine_id, record).unwrap_or(now);
+    Some(Unprobed {
+        since: record.since.max(seen),
+        ..record.clone()
+    })
+}
+
+/// This run's own memory of an unprobeable machine's drift: it feeds the
+/// drift alert's severity and the shared record when there is none, never
+/// the ceiling.
+fn remembered_evidence(
     tracker: &Tracker,
     m: &ObservedMachine,
     op: &OperatorState,
 ) -> Option<Unprobed> {
     // Last seen drifted in this run, or mid-rotation (the marker says it was).
     let since = tracker.unprobed_since(&m.machine_id);
-    let remembered = tracker
+    tracker
         .carried_drift(&m.machine_id)
         .and_then(|s| {
             Some(Unprobed {
@@ -431,13 +572,17 @@ fn unprobed_evidence(
                 severity: marker.severity,
             }),
             _ => None,
-        });
-    match (&op.controls.unprobed, remembered) {
-        // The older clock wins: a daemon restart never restarts the clock.
-        (Some(p), Some(r)) if r.since < p.since => Some(r),
-        (Some(p), _) => Some(p.clone()),
-        (None, r) => r,
-    }
+        })
+}
+
+/// Whether Fly itself calls the machine unhealthy: at least one of its
+/// checks is not passing. Without that, a machine we cannot probe may be
+/// serving (we may be the one cut off), so the ceiling never restarts it.
+fn fly_check_failing(m: &ObservedMachine) -> bool {
+    m.inputs
+        .checks()
+        .iter()
+        .any(|c| !crate::fly::MachineCheck::passing(c))
 }
 
 /// Unprobeable past the ceiling after being seen drifted under a policy that
@@ -633,9 +778,12 @@ impl<'a> Planning<'a> {
         // Unprobeable now, drifted before: still drifting as far as anyone
         // knows, so its alert keeps firing (no flapping).
         let evidence = unprobeable(m.seen.status)
-            .then(|| unprobed_evidence(self.tracker, &m.seen, op))
+            .then(|| unprobed_evidence(self.tracker, &m.seen, op, self.now))
             .flatten();
-        self.drift_alert(m, evidence.as_ref());
+        let remembered = unprobeable(m.seen.status)
+            .then(|| remembered_evidence(self.tracker, &m.seen, op))
+            .flatten();
+        self.drift_alert(m, evidence.as_ref().or(remembered.as_ref()));
         // Unknown is not empty: no hold, marker or approval can be seen, so
         // nothing at all is planned (not even an undo or bookkeeping).
         if let Some(why) = m.seen.inputs.metadata_unknown() {
@@ -664,6 +812,10 @@ impl<'a> Planning<'a> {
             target: &target,
             pool,
             evidence: evidence.as_ref(),
+            marker_seen: match &op.marker {
+                Some(Ok(marker)) => self.tracker.marker_seen(&m.seen.machine_id, marker),
+                _ => None,
+            },
             drift_since: self.tracker.drift_since(&m.seen.machine_id),
             unprobed_since: self.tracker.unprobed_since(&m.seen.machine_id),
             fetch: self.fetch,
@@ -682,7 +834,7 @@ impl<'a> Planning<'a> {
                 None
             }
         };
-        let step = step.or_else(|| unprobed_bookkeeping(&m.seen, op, &target, evidence.as_ref()));
+        let step = step.or_else(|| unprobed_bookkeeping(&m.seen, op, &target, remembered.as_ref()));
         // Unknown is not empty: a step that needs its slot waits until the
         // coordinator can be read (the undo needs none and goes on).
         let step = step.filter(|s| !(s.needs_slot() && self.slots_unknown().is_some()));
@@ -715,7 +867,13 @@ impl<'a> Planning<'a> {
             .drift_since(&m.seen.machine_id)
             .is_some_and(|t| after(t, self.policy.rotation.min_drift_age) <= self.now);
         if let (Some(severity), true) = (m.severity().or(evidence.map(|e| e.severity)), aged) {
-            self.alert(AlertKind::Drift, m, severity, drift_summary(&m.seen));
+            let mut summary = drift_summary(&m.seen);
+            if evidence.is_some() && !fly_check_failing(&m.seen) {
+                summary.push_str(
+                    "; Fly's checks do not fail (or it has none): the probe-failure ceiling will not restart it",
+                );
+            }
+            self.alert(AlertKind::Drift, m, severity, summary);
         }
     }
 
@@ -896,6 +1054,7 @@ impl<'a> Planning<'a> {
         marker: &Marker,
     ) -> Option<Step> {
         let yielded = marker.phase == Phase::Yielded;
+        let retry_at = marker.retry_at.map(|t| ctx.retry_due(marker, t));
         if yielded && m.seen.status == MachineStatus::OnTip {
             self.decide(&m.seen, Decision::OnTip);
             return Some(release(
@@ -942,13 +1101,8 @@ impl<'a> Planning<'a> {
                 );
                 return None;
             }
-        } else if yielded && marker.retry_at.is_none_or(|t| t > self.now) {
-            self.decide(
-                &m.seen,
-                Decision::Yielded {
-                    retry_at: marker.retry_at,
-                },
-            );
+        } else if yielded && retry_at.is_none_or(|t| t > self.now) {
+            self.decide(&m.seen, Decision::Yielded { retry_at });
             self.alert(
                 AlertKind::RotationStuck,
                 m,
@@ -956,7 +1110,7 @@ impl<'a> Planning<'a> {
                 format!(
                     "rotation of {} yielded without interrupting work; retrying at {}",
                     m.seen.machine_id,
-                    marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                    retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
                 ),
             );
             return None;
@@ -1390,7 +1544,9 @@ fn unprobeable_candidate<'a>(
         now,
         ..
     } = *ctx;
-    if past_probe_ceiling(policy, &m.pool, evidence, now)
+    let failing = fly_check_failing(m);
+    if failing
+        && past_probe_ceiling(policy, &m.pool, evidence, now)
         && let Some(e) = evidence
         && let action = policy.action(&m.pool, e.severity)
         && let Some(mode) = automatic_mode(action, None)
@@ -1406,7 +1562,8 @@ fn unprobeable_candidate<'a>(
     }
     Err(Decision::Unprobeable {
         since: evidence.map(|e| e.since).or(unprobed_since),
-        ceiling_at: probe_ceiling_at(policy, &m.pool, evidence),
+        // Fly calls it healthy (or has no checks): no ceiling applies.
+        ceiling_at: probe_ceiling_at(policy, &m.pool, evidence).filter(|_| failing),
     })
 }
 
@@ -1442,7 +1599,7 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
     };
     match marker.phase {
         Phase::Draining => {
-            let since = marker.attempt_started_at;
+            let since = ctx.on_our_clock(marker.attempt_started_at);
             let mut deadline = after(since, rot.drain_ceiling);
             if marker.drain_requested && !checkpointed(report, marker) {
                 deadline = deadline.min(after(since, rot.checkpoint_deadline));
@@ -1456,22 +1613,23 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
                 _ => in_rotation(Some(deadline)),
             }
         }
-        Phase::Reloading => {
-            in_rotation(Some(after(marker.attempt_started_at, rot.verify_deadline)))
-        }
+        Phase::Reloading => in_rotation(Some(after(
+            ctx.on_our_clock(marker.attempt_started_at),
+            rot.verify_deadline,
+        ))),
         Phase::Restarting => Decision::InRotation {
             phase: marker.phase,
             deadline: Some(after(
-                marker.restart_at.unwrap_or(marker.attempt_started_at),
+                ctx.on_our_clock(marker.restart_at.unwrap_or(marker.attempt_started_at)),
                 rot.verify_deadline,
             )),
             verifying: m.seen.state.is_started(),
         },
-        Phase::Backoff => in_rotation(marker.retry_at),
+        Phase::Backoff => in_rotation(marker.retry_at.map(|t| ctx.retry_due(marker, t))),
         // Past it the undo is alerted (`rotation_stuck`) and an unreachable
         // agent's undrain is given up.
         Phase::Releasing => in_rotation(Some(after(
-            marker.attempt_started_at,
+            ctx.on_our_clock(marker.attempt_started_at),
             rot.release_ceiling.get(),
         ))),
         Phase::Claiming | Phase::Yielded => in_rotation(None),
@@ -1575,7 +1733,10 @@ struct Ctx<'a> {
     target: &'a Target,
     /// The pool the rotation's slot is in (the marker's), else the machine's.
     pool: &'a PoolName,
+    /// The shared probe-failure record, on this replica's clock.
     evidence: Option<&'a Unprobed>,
+    /// When this run first saw the machine's marker as it is now.
+    marker_seen: Option<MarkerSeen>,
     /// When this run first saw the machine's current drift.
     drift_since: Option<DateTime<Utc>>,
     /// When this run first saw it without a usable report.
@@ -1583,6 +1744,38 @@ struct Ctx<'a> {
     fetch: FetchState,
     now: DateTime<Utc>,
     tip: &'a CommitId,
+}
+
+impl Ctx<'_> {
+    /// `t`, a time the machine's marker states (its writer's clock), on
+    /// this replica's clock: the later of `t` and this run's first sight of
+    /// the marker as it is now, or `now` if this run has not seen it (a
+    /// daemon restart delays, never hastens). Every comparison of a marker
+    /// time with `now` goes through here.
+    fn on_our_clock(&self, t: DateTime<Utc>) -> DateTime<Utc> {
+        t.max(self.marker_seen.map_or(self.now, |s| s.at))
+    }
+
+    /// When `restart_grace` began: the later of the attempt's start and this
+    /// run's first sight of the marker while Fly said cordoned (the grace
+    /// counts from the cordon, not from the intent); `None` until then.
+    fn grace_since(&self, marker: &Marker) -> Option<DateTime<Utc>> {
+        let cordoned = self.marker_seen?.cordoned_at?;
+        Some(self.on_our_clock(marker.attempt_started_at).max(cordoned))
+    }
+
+    /// When a marker's `retry_at` falls due on this replica's clock: the
+    /// wait its writer meant (from the attempt's start to `retry_at`, at most
+    /// `rotation.retry_after`, the longest any of ours is) counted from
+    /// [`Ctx::on_our_clock`], and never before `retry_at` itself.
+    fn retry_due(&self, marker: &Marker, retry_at: DateTime<Utc>) -> DateTime<Utc> {
+        let wait = retry_at
+            .signed_duration_since(marker.attempt_started_at)
+            .to_std()
+            .unwrap_or_default()
+            .min(self.policy.rotation.retry_after);
+        retry_at.max(after(self.on_our_clock(marker.attempt_started_at), wait))
+    }
 }
 
 /// The next step of a rotation that holds a slot, if any: the undo of one
@@ -1787,7 +1980,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let Ctx { policy, now, .. } = *self.ctx;
         let (marker, report) = (self.marker, self.report);
         let rot = &policy.rotation;
-        let since = marker.attempt_started_at;
+        let since = self.ctx.on_our_clock(marker.attempt_started_at);
         if !self.unproven
             && let Some(step) = self.restart_when_allowed()
         {
@@ -1836,6 +2029,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let marker = self.marker;
         if unprobeable(m.seen.status)
             && automatic(marker.action)
+            && fly_check_failing(&m.seen)
             && past_probe_ceiling(policy, pool, evidence, now)
         {
             return Some(self.restart(
@@ -1859,7 +2053,10 @@ impl<'c, 'a> Rotation<'c, 'a> {
             }
             RotationMode::Grace
                 if pool_restarts
-                    && after(marker.attempt_started_at, policy.rotation.restart_grace) <= now =>
+                    && self
+                        .ctx
+                        .grace_since(marker)
+                        .is_some_and(|t| after(t, policy.rotation.restart_grace) <= now) =>
             {
                 return Some(self.restart(RestartWhy::GraceElapsed, RestartGuard::MayInterrupt));
             }
@@ -1875,7 +2072,11 @@ impl<'c, 'a> Rotation<'c, 'a> {
     fn reloading(&self) -> Option<Step> {
         let Ctx { policy, now, .. } = *self.ctx;
         let marker = self.marker;
-        if after(marker.attempt_started_at, policy.rotation.verify_deadline) > now || self.unproven
+        if after(
+            self.ctx.on_our_clock(marker.attempt_started_at),
+            policy.rotation.verify_deadline,
+        ) > now
+            || self.unproven
         {
             return None;
         }
@@ -1904,7 +2105,11 @@ impl<'c, 'a> Rotation<'c, 'a> {
             let attempts = marker.attempt.saturating_add(1);
             return Some(end_attempt(self.ctx, marker, attempts, evidence, alerts));
         }
-        if after(self.restarted_at, rot.verify_deadline) > now {
+        if after(
+            self.ctx.on_our_clock(self.restarted_at),
+            rot.verify_deadline,
+        ) > now
+        {
             return self
                 .cordon_lost
                 .then(|| self.recordon(AdvanceWhy::CordonLostAtRestart));
@@ -1946,7 +2151,10 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let rot = &policy.rotation;
         // Due and still not moved on (the coordinator unreadable, every step
         // declined): it yields rather than stay cordoned.
-        let due = marker.retry_at.unwrap_or(marker.attempt_started_at);
+        let due = match marker.retry_at {
+            Some(t) => self.ctx.retry_due(marker, t),
+            None => self.ctx.on_our_clock(marker.attempt_started_at),
+        };
         if after(due, rot.verify_deadline) <= now {
             return Some(self.yield_(ReleaseWhy::BackoffStuck));
         }
@@ -2162,7 +2370,12 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         }
         return step;
     }
-    if !undrain || after(marker.attempt_started_at, rot.release_ceiling.get()) > now {
+    if !undrain
+        || after(
+            ctx.on_our_clock(marker.attempt_started_at),
+            rot.release_ceiling.get(),
+        ) > now
+    {
         return step;
     }
     let ceiling = humantime::format_duration(rot.release_ceiling.get());
@@ -2180,7 +2393,10 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         ));
         return step;
     }
-    if automatic(marker.action) && past_probe_ceiling(policy, pool, evidence, now) {
+    if automatic(marker.action)
+        && fly_check_failing(&m.seen)
+        && past_probe_ceiling(policy, pool, evidence, now)
+    {
         return Step {
             target: target.clone(),
             expected: Some(marker.clone()),

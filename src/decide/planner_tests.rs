@@ -681,7 +681,11 @@ fn restart_interrupts_work_only_after_its_grace() {
     let mut m = marker("m1", Phase::Draining, RotationMode::Grace, t0());
     m.action = PolicyAction::Restart;
     m.severity = Severity::Medium;
-    let busy = M::drifted("m1", Severity::Medium).busy().marker(&m);
+    // (The grace counts from the cordon Fly shows: seen cordoned at t0.)
+    let busy = M::drifted("m1", Severity::Medium)
+        .busy()
+        .fly_cordoned(true)
+        .marker(&m);
     let mut fx = Fx::new("").with(busy.clone());
     assert!(restart_of(&fx.plan_at(t0(), t0() + Cd::seconds(59)), "m1").is_none());
     let mut fx = Fx::new("").with(busy);
@@ -1058,26 +1062,29 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
 }
 
 #[test]
-fn a_fresh_planner_resumes_with_the_original_deadlines() {
-    // A new daemon: empty tracker, marker written 61 s ago by another owner.
+fn a_fresh_planner_resumes_with_deadlines_counted_from_its_first_sight() {
+    // A new daemon: empty tracker, marker written 61 s ago by another owner
+    // (another clock). Its memory is lost, so the grace counts from its own
+    // first sight of the marker: later than the original deadline, never
+    // earlier.
     let mut m = marker("m1", Phase::Draining, RotationMode::Grace, t0());
     m.owner = "old-replica".into();
     m.action = PolicyAction::Restart;
     m.severity = Severity::Medium;
     let report = Fx::new("")
-        .with(M::drifted("m1", Severity::Medium).busy().marker(&m))
+        .with(
+            M::drifted("m1", Severity::Medium)
+                .busy()
+                .fly_cordoned(true)
+                .marker(&m),
+        )
         .report();
-    let tracker = Tracker::default();
-    let plan = plan(&PlanInput {
-        policy: &policy(),
-        snapshot: &report,
-        tracker: &tracker,
-        owner: "new-replica",
-        fetch: fetched(),
-        now: t0() + Cd::seconds(61),
-    });
+    let mut tracker = Tracker::default();
+    let plan = sweep_plan(&mut tracker, &report, t0() + Cd::seconds(61));
+    assert!(restart_of(&plan, "m1").is_none(), "{:?}", plan.steps());
+    let plan = sweep_plan(&mut tracker, &report, t0() + Cd::seconds(121));
     let (next, interrupts) =
-        restart_of(&plan, "m1").expect("grace counted from the marker, not from our start");
+        restart_of(&plan, "m1").expect("grace counted from the first sight of the marker");
     assert!(interrupts);
     assert_eq!(next.started_at, t0(), "the rotation keeps its start");
     // A rotation already restarting is not restarted again by a new daemon.
@@ -1085,7 +1092,7 @@ fn a_fresh_planner_resumes_with_the_original_deadlines() {
     let report = Fx::new("")
         .with(M::drifted("m2", Severity::Medium).marker(&r))
         .report();
-    let plan = plan_fn(&report, &tracker, t0() + Cd::seconds(61));
+    let plan = sweep_plan(&mut tracker, &report, t0() + Cd::seconds(121));
     assert!(plan.steps().is_empty(), "{:?}", plan.steps());
 }
 
@@ -1102,14 +1109,29 @@ fn plan_fn(report: &Snapshot, tracker: &Tracker, now: DateTime<Utc>) -> Plan {
 
 #[test]
 fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
-    // Seen drifted, then unreachable for 4 h: claimed with an immediate restart.
+    // Seen drifted, then unreachable (the shared record written, Fly's
+    // check failing) for 4 h: claimed with an immediate restart.
     let cfg = policy();
     let mut tracker = Tracker::default();
     let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+    let first = Fx::new("")
+        .with(
+            M::drifted("m1", Severity::Low)
+                .unreachable()
+                .check("critical"),
+        )
+        .report();
     let gone = Fx::new("")
-        .with(M::drifted("m1", Severity::Low).unreachable())
+        .with(
+            M::drifted("m1", Severity::Low)
+                .unreachable()
+                .check("critical")
+                .unprobed_since(t0() + Cd::minutes(1)),
+        )
         .report();
     tracker.observe(&drifted, t0());
+    let p = sweep_plan(&mut tracker, &first, t0() + Cd::minutes(1));
+    assert_eq!(kinds(&p), [("m1", "record_unprobed")]);
     tracker.observe(&gone, t0() + Cd::minutes(1));
     tracker.observe(&gone, t0() + Cd::hours(3));
     let p = plan(&PlanInput {
@@ -1140,13 +1162,14 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     // The pool's own policy (alert-and-wait), never the operator's "now".
     assert_eq!(claimed.mode, RotationMode::Wait);
 
-    // Never seen drifted: unreachable alone is not a reason to restart.
+    // Never seen drifted (no record either): unreachable alone is not a
+    // reason to restart.
     let mut tracker = Tracker::default();
-    tracker.observe(&gone, t0());
-    tracker.observe(&gone, t0() + Cd::hours(5));
+    tracker.observe(&first, t0());
+    tracker.observe(&first, t0() + Cd::hours(5));
     let p = plan(&PlanInput {
         policy: &cfg,
-        snapshot: &gone,
+        snapshot: &first,
         tracker: &tracker,
         owner: "r",
         fetch: fetched(),
@@ -1157,7 +1180,13 @@ fn unreachable_past_the_probe_failure_ceiling_is_restarted() {
     // Mid-rotation: draining and unreachable past the ceiling → restart.
     let m = marker("m1", Phase::Draining, RotationMode::Wait, t0());
     let gone = Fx::new("")
-        .with(M::drifted("m1", Severity::Low).unreachable().marker(&m))
+        .with(
+            M::drifted("m1", Severity::Low)
+                .unreachable()
+                .check("critical")
+                .unprobed_since(t0())
+                .marker(&m),
+        )
         .report();
     let mut tracker = Tracker::default();
     tracker.observe(&gone, t0());
@@ -1325,10 +1354,11 @@ fn scenario_3_a_ceiling_restart_needs_the_agent_still_unprobeable() {
     let mut fx = Fx::new("").rotation(wide).with(
         M::drifted("m1", Severity::Low)
             .unreachable()
+            .check("critical")
             .unprobed_since(t0())
             .marker(&m),
     );
-    let plan = fx.plan_at(now, now);
+    let plan = fx.plan_at(t0(), now);
     assert_eq!(guard_of(&plan, "m1"), Some(RestartGuard::Unprobeable));
     // The agent answers again, busy: judged by its report, never restarted.
     let mut fx = Fx::new("").rotation(wide).with(
@@ -1337,7 +1367,7 @@ fn scenario_3_a_ceiling_restart_needs_the_agent_still_unprobeable() {
             .unprobed_since(t0())
             .marker(&m),
     );
-    let plan = fx.plan_at(now, now);
+    let plan = fx.plan_at(t0(), now);
     assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
     assert!(
         plan.steps()
@@ -1355,10 +1385,11 @@ fn scenario_4_a_due_retry_of_a_hung_agent_replaces_its_yielded_marker() {
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Low)
             .unreachable()
+            .check("critical")
             .unprobed_since(t0())
             .marker(&y),
     );
-    let plan = fx.plan_at(now, now);
+    let plan = fx.plan_at(t0(), now);
     let claim = plan
         .steps()
         .into_iter()
@@ -1445,11 +1476,13 @@ fn scenario_8_bad_reports_count_toward_the_probe_failure_ceiling() {
     let cfg = policy();
     let mut tracker = Tracker::default();
     let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+    // The shared record, written at the first failure; Fly's check failing.
+    let failed = |m: M| m.check("critical").unprobed_since(t0() + Cd::minutes(30));
     let gone = Fx::new("")
-        .with(M::drifted("m1", Severity::Low).unreachable())
+        .with(failed(M::drifted("m1", Severity::Low).unreachable()))
         .report();
     let garbage = Fx::new("")
-        .with(M::drifted("m1", Severity::Low).bad_report())
+        .with(failed(M::drifted("m1", Severity::Low).bad_report()))
         .report();
     tracker.observe(&drifted, t0());
     // Alternating timeouts and garbage never reset the clock.
@@ -1492,23 +1525,21 @@ fn probe_failure_evidence_is_persisted_and_survives_a_new_daemon() {
         panic!("{p:?}")
     };
     assert_eq!(record.since, t0() + Cd::minutes(1));
-    // A new daemon (empty tracker) reads the record: the ceiling still fires on time.
+    // A new daemon (empty tracker, started at +2 h) reads the record: the
+    // ceiling counts from its first sight of it (a delay, never a hastening).
     let recorded = Fx::new("")
         .with(
             M::drifted("m1", Severity::Low)
                 .unreachable()
+                .check("critical")
                 .unprobed_since(t0() + Cd::minutes(1)),
         )
         .report();
-    let fresh = Tracker::default();
-    let p = plan(&PlanInput {
-        policy: &cfg,
-        snapshot: &recorded,
-        tracker: &fresh,
-        owner: "r",
-        fetch: fetched(),
-        now: t0() + Cd::minutes(1) + Cd::hours(4),
-    });
+    let mut fresh = Tracker::default();
+    fresh.observe(&recorded, t0() + Cd::hours(2));
+    let p = sweep_plan(&mut fresh, &recorded, t0() + Cd::minutes(1) + Cd::hours(4));
+    assert!(rotation_steps(&p).is_empty(), "{p:?}");
+    let p = sweep_plan(&mut fresh, &recorded, t0() + Cd::hours(6));
     assert_eq!(kinds(&p), [("m1", "claim")], "{p:?}");
     // The agent answers again: the record goes.
     let back = Fx::new("")
@@ -2290,14 +2321,21 @@ fn decision_yielded_until_its_retry() {
 #[test]
 fn decision_unprobeable_since_and_ceiling() {
     let now = t0() + Cd::hours(1);
-    // Seen drifted under alert-and-wait (the persisted record): the ceiling (4h) applies.
+    // Seen drifted under alert-and-wait (the persisted record), Fly's check
+    // failing: the ceiling (4h) applies, from this run's first sight of the
+    // record (t0; its own `since` is another clock's).
     let since = t0() - Cd::minutes(10);
-    let mut fx = Fx::new("").with(M::on_tip("m1").unreachable().unprobed_since(since));
+    let mut fx = Fx::new("").with(
+        M::on_tip("m1")
+            .unreachable()
+            .check("critical")
+            .unprobed_since(since),
+    );
     assert_eq!(
         decision_of(&mut fx, "m1", t0(), now),
         Decision::Unprobeable {
-            since: Some(since),
-            ceiling_at: Some(since + Cd::hours(4))
+            since: Some(t0()),
+            ceiling_at: Some(t0() + Cd::hours(4))
         }
     );
     // Never seen drifted: no ceiling, only the clock of this run.
@@ -2495,10 +2533,11 @@ fn item6_an_unreachable_fenced_agent_past_the_probe_failure_ceiling_is_restarted
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Low)
             .unreachable()
+            .check("critical")
             .unprobed_since(t0() - Cd::hours(5))
             .marker(&r),
     );
-    let plan = fx.plan_at(t0(), t0() + Cd::minutes(31));
+    let plan = fx.plan_at(t0() - Cd::hours(5), t0() + Cd::minutes(31));
     assert_eq!(
         guard_of(&plan, "m1"),
         Some(RestartGuard::Unprobeable),
@@ -3343,4 +3382,274 @@ fn issue32_item5_only_a_new_approval_rearms_a_failed_target() {
     let mut fx = Fx::new("").rotation(one).with(m().marker(&older));
     let plan = fx.plan_at(t0(), now + Cd::minutes(7));
     assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
+}
+
+// ---- issue #32: one clock, and probe evidence from every replica ---------
+
+/// One replica's sweep: `tracker` (its memory) observes `report` at `now`,
+/// then it plans.
+fn sweep_plan(tracker: &mut Tracker, report: &Snapshot, now: DateTime<Utc>) -> Plan {
+    tracker.observe(report, now);
+    plan_fn(report, tracker, now)
+}
+
+/// A `draining` rotation of a `restart` pool, written by `owner` at `at`
+/// (its own clock).
+fn grace_marker(id: &str, owner: &str, at: DateTime<Utc>) -> Marker {
+    let mut m = marker(id, Phase::Draining, RotationMode::Grace, at);
+    m.owner = owner.into();
+    m.action = PolicyAction::Restart;
+    m.severity = Severity::Medium;
+    m.cordoned = Some(true);
+    m
+}
+
+#[test]
+fn item8_a_replica_whose_clock_is_behind_does_not_cut_the_grace() {
+    // A's clock is 10 minutes behind: its claim says t0 - 10m. B first sees
+    // it (cordoned, busy) at t0: the 60 s grace runs on B's clock from t0.
+    let m = grace_marker("m1", "replica-a", t0() - Cd::minutes(10));
+    let report = Fx::new("")
+        .with(
+            M::drifted("m1", Severity::Medium)
+                .busy()
+                .fly_cordoned(true)
+                .marker(&m),
+        )
+        .report();
+    let mut b = Tracker::default();
+    let plan = sweep_plan(&mut b, &report, t0());
+    assert!(
+        restart_of(&plan, "m1").is_none(),
+        "restarted at B's first sight of a marker written by a clock 10 min behind: {:?}",
+        plan.steps()
+    );
+    assert_eq!(
+        plan.decision(&mid("m1")),
+        Some(&Decision::LiveWork {
+            since: t0(),
+            deadline: t0() + Cd::hours(1)
+        }),
+        "the shown deadlines are on B's clock"
+    );
+    let plan = sweep_plan(&mut b, &report, t0() + Cd::seconds(59));
+    assert!(restart_of(&plan, "m1").is_none(), "{:?}", plan.steps());
+    let plan = sweep_plan(&mut b, &report, t0() + Cd::seconds(60));
+    assert!(restart_of(&plan, "m1").is_some_and(|(_, interrupts)| interrupts));
+
+    // The drain ceiling (1 h) too: a marker 2 h old by its writer's clock,
+    // first seen now, does not yield at once.
+    let w = marker(
+        "m2",
+        Phase::Draining,
+        RotationMode::Wait,
+        t0() - Cd::hours(2),
+    );
+    let report = Fx::new("")
+        .with(M::drifted("m2", Severity::Low).busy().marker(&w))
+        .report();
+    let mut b = Tracker::default();
+    let plan = sweep_plan(&mut b, &report, t0());
+    assert!(release_of(&plan, "m2").is_none(), "{:?}", plan.steps());
+    let plan = sweep_plan(&mut b, &report, t0() + Cd::hours(1));
+    assert_eq!(
+        release_of(&plan, "m2").map(|(_, _, why)| why),
+        Some(ReleaseWhy::DrainCeiling)
+    );
+
+    // A yielded marker's retry: written by a clock 10 min behind (retry_at
+    // = its now + 1 h), first seen at t0: not due before t0 + 1 h.
+    let mut y = marker(
+        "m3",
+        Phase::Yielded,
+        RotationMode::Wait,
+        t0() - Cd::minutes(10),
+    );
+    y.retry_at = Some(t0() + Cd::minutes(50));
+    let report = Fx::new("")
+        .with(M::drifted("m3", Severity::Low).marker(&y))
+        .report();
+    let mut b = Tracker::default();
+    b.observe(&report, t0());
+    let plan = sweep_plan(&mut b, &report, t0() + Cd::minutes(55));
+    assert_eq!(
+        plan.decision(&mid("m3")),
+        Some(&Decision::Yielded {
+            retry_at: Some(t0() + Cd::hours(1))
+        }),
+        "{:?}",
+        plan.steps()
+    );
+    let plan = sweep_plan(&mut b, &report, t0() + Cd::hours(1));
+    assert_eq!(kinds(&plan), [("m3", "claim")]);
+}
+
+#[test]
+fn item12_the_grace_counts_from_the_cordon_fly_confirmed() {
+    // The marker is written at t0; the cordon lands 3 s later (after a 429
+    // and a 500): Fly first says cordoned at t0 + 3 s.
+    let m = grace_marker("m1", "r", t0());
+    let machine = M::drifted("m1", Severity::Medium).busy().marker(&m);
+    let before = Fx::new("")
+        .with(machine.clone().fly_cordoned(false))
+        .report();
+    let after = Fx::new("")
+        .with(machine.clone().fly_cordoned(true))
+        .report();
+    let mut r = Tracker::default();
+    let plan = sweep_plan(&mut r, &before, t0() + Cd::seconds(2));
+    assert!(restart_of(&plan, "m1").is_none());
+    let plan = sweep_plan(&mut r, &after, t0() + Cd::seconds(3));
+    assert!(restart_of(&plan, "m1").is_none());
+    let plan = sweep_plan(&mut r, &after, t0() + Cd::seconds(62));
+    assert!(
+        restart_of(&plan, "m1").is_none(),
+        "busy work interrupted 59 s after the cordon against a 60 s grace: {:?}",
+        plan.steps()
+    );
+    let plan = sweep_plan(&mut r, &after, t0() + Cd::seconds(63));
+    assert!(restart_of(&plan, "m1").is_some_and(|(_, interrupts)| interrupts));
+
+    // Never seen cordoned: the grace has not started (the drain ceiling
+    // still yields, interrupting nothing).
+    for cordoned in [None, Some(false)] {
+        let mut m = machine.clone();
+        m.0.inputs.cordoned = cordoned;
+        let report = Fx::new("").with(m).report();
+        let mut r = Tracker::default();
+        r.observe(&report, t0());
+        let plan = sweep_plan(&mut r, &report, t0() + Cd::minutes(59));
+        assert!(
+            restart_of(&plan, "m1").is_none(),
+            "{cordoned:?}: {:?}",
+            plan.steps()
+        );
+    }
+}
+
+#[test]
+fn item3_a_replica_cut_off_from_the_agents_never_restarts_what_another_sees() {
+    // Replica A saw m1 drifted, then lost the agents for 5 h. Replica B
+    // probes m1 every sweep and clears the shared record each time: A's own
+    // memory is no evidence for the ceiling.
+    let drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+    let cut_off = |m: M| Fx::new("").with(m.unreachable().check("critical")).report();
+    let no_record = cut_off(M::drifted("m1", Severity::Low));
+    let mut a = Tracker::default();
+    a.observe(&drifted, t0());
+    a.observe(&no_record, t0() + Cd::minutes(1));
+    let plan = sweep_plan(&mut a, &no_record, t0() + Cd::hours(5));
+    assert!(
+        rotation_steps(&plan).is_empty(),
+        "A claimed on its own memory while B clears the record: {:?}",
+        plan.steps()
+    );
+    assert_eq!(
+        kinds(&plan),
+        [("m1", "record_unprobed")],
+        "A still records what it sees"
+    );
+    assert_eq!(alerts(&plan, AlertKind::Drift), ["m1"], "and alerts");
+
+    // The record counts from A's first sight of it; B's clear and A's new
+    // record start that clock over.
+    let record = cut_off(M::drifted("m1", Severity::Low).unprobed_since(t0()));
+    let mut a = Tracker::default();
+    a.observe(&record, t0() + Cd::minutes(1));
+    a.observe(&no_record, t0() + Cd::hours(2));
+    a.observe(&record, t0() + Cd::hours(2) + Cd::minutes(1));
+    let plan = sweep_plan(&mut a, &record, t0() + Cd::hours(5));
+    assert!(rotation_steps(&plan).is_empty(), "{:?}", plan.steps());
+    let plan = sweep_plan(&mut a, &record, t0() + Cd::hours(6) + Cd::minutes(1));
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{:?}", plan.steps());
+
+    // A record whose `since` another replica's clock wrote 5 h back counts
+    // from this replica's first sight.
+    let mut a = Tracker::default();
+    a.observe(&record, t0() + Cd::hours(1));
+    let plan = sweep_plan(&mut a, &record, t0() + Cd::hours(2));
+    assert!(rotation_steps(&plan).is_empty(), "{:?}", plan.steps());
+    assert_eq!(
+        plan.decision(&mid("m1")),
+        Some(&Decision::Unprobeable {
+            since: Some(t0() + Cd::hours(1)),
+            ceiling_at: Some(t0() + Cd::hours(5)),
+        })
+    );
+}
+
+#[test]
+fn item3_the_probe_failure_ceiling_restarts_only_what_fly_calls_failing() {
+    let wide = |r: &mut crate::config::RotationConfig| {
+        r.drain_ceiling = std::time::Duration::from_secs(10 * 3600);
+    };
+    let now = t0() + Cd::hours(5);
+    let unreachable = |id: &str| {
+        M::drifted(id, Severity::Low)
+            .unreachable()
+            .unprobed_since(t0())
+    };
+    let d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    for (checks, ok) in [
+        (None, false),
+        (Some("passing"), false),
+        (Some("critical"), true),
+    ] {
+        let with = |m: M| match checks {
+            Some(c) => m.check(c),
+            None => m,
+        };
+        // No rotation yet (seen drifted first): a claim only if Fly's checks fail.
+        let mut fx = Fx::new("").with(with(unreachable("m1")));
+        let seen_drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+        fx.tracker.observe(&seen_drifted, t0());
+        let plan = fx.plan_at(t0(), now);
+        assert_eq!(
+            kinds(&plan) == [("m1", "claim")],
+            ok,
+            "{checks:?}: {:?}",
+            plan.steps()
+        );
+        if !ok {
+            assert!(
+                matches!(
+                    plan.decision(&mid("m1")),
+                    Some(Decision::Unprobeable {
+                        ceiling_at: None,
+                        ..
+                    })
+                ),
+                "{checks:?}: {:?}",
+                plan.decision(&mid("m1"))
+            );
+            let drift = plan
+                .alerts
+                .iter()
+                .find(|a| a.kind == AlertKind::Drift)
+                .expect("stays alerted");
+            assert!(drift.summary.contains("Fly's checks"), "{}", drift.summary);
+        }
+        // Draining: the unprobeable restart needs them failing too.
+        let mut fx = Fx::new("")
+            .rotation(wide)
+            .with(with(unreachable("m1")).marker(&d));
+        let plan = fx.plan_at(t0(), now);
+        assert_eq!(
+            guard_of(&plan, "m1") == Some(RestartGuard::Unprobeable),
+            ok,
+            "{checks:?}: {:?}",
+            plan.steps()
+        );
+        // Releasing a fenced agent past both ceilings: restarted only then;
+        // else its undrain is given up.
+        let r = releasing_fenced("m1");
+        let mut fx = Fx::new("").with(with(unreachable("m1")).marker(&r));
+        let plan = fx.plan_at(t0(), t0() + Cd::hours(5));
+        assert_eq!(
+            guard_of(&plan, "m1") == Some(RestartGuard::Unprobeable),
+            ok,
+            "{checks:?}: {:?}",
+            plan.steps()
+        );
+    }
 }

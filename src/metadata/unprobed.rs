@@ -3,8 +3,12 @@
 //! [`UNPROBED_KEY`](super::UNPROBED_KEY).
 //!
 //! Owns the record's format and parse. The planner plans writing and
-//! clearing it (so the probe-failure ceiling survives daemon restarts) and
-//! `act::executor` writes it. It must never do I/O.
+//! clearing it and `act::executor` writes it. It is the only evidence the
+//! probe-failure ceiling counts, shared by every replica: one that gets a
+//! usable report clears it, so a replica cut off from the agents cannot
+//! restart work another one sees. Its `since` is its writer's clock: a
+//! reader counts from the later of it and its own first sight of the
+//! record. It must never do I/O.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -14,7 +18,8 @@ use crate::model::{PolicyAction, Severity};
 /// Probe-failure evidence, persisted under [`UNPROBED_KEY`](super::UNPROBED_KEY).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unprobed {
-    /// First sweep without a usable report (unreachable or bad report).
+    /// First sweep without a usable report (unreachable or bad report), on
+    /// its writer's clock.
     pub since: DateTime<Utc>,
     /// What the pool's policy said about the drift last seen.
     pub action: PolicyAction,

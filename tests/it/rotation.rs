@@ -879,6 +879,9 @@ async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
     })
     .await;
     sim.set_behaviour("m1", Behaviour::HttpError(503));
+    // Fly's own check fails too: the ceiling restarts only what Fly calls unhealthy.
+    use fleet_reconciler::sim::{CheckStatus, DEFAULT_CHECK};
+    sim.set_check("m1", DEFAULT_CHECK, CheckStatus::Critical);
     eventually("evidence recorded", Duration::from_secs(10), async || {
         sim.machine("m1")
             .is_some_and(|m| m.metadata.contains_key(UNPROBED_KEY))
@@ -1400,6 +1403,8 @@ async fn a_drain_that_lands_after_the_snapshot_is_undone_by_the_yield() {
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
     let marker = marker_of(&sim, "m1").unwrap();
     assert!(marker.drain_requested && sim.machine("m1").unwrap().fence.is_none());
+    // The sweep that first sees the draining marker: deadlines count from it.
+    hand.plan().await;
     tokio::time::advance(Duration::from_secs(120)).await;
     let yield_ = hand.plan().await;
     assert_eq!(yield_.steps()[0].kind(), "yield", "{:?}", yield_.steps());
@@ -2185,5 +2190,58 @@ async fn item2_a_newer_approval_outlives_the_rotation_that_used_another() {
         sim.machine("m1").unwrap().metadata.get(APPROVE_KEY),
         Some(&newer)
     );
+    sim.shutdown().await;
+}
+
+/// Sim-clock times at which `action` calls on `id` were accepted.
+fn accepted(sim: &Sim, id: &str, action: &str) -> Vec<chrono::DateTime<Utc>> {
+    sim.requests()
+        .into_iter()
+        .filter(|r| {
+            r.machine_id.as_deref() == Some(id)
+                && r.action.as_deref() == Some(action)
+                && r.status == Some(200)
+        })
+        .map(|r| r.at)
+        .collect()
+}
+
+/// #32 item 12. Before: `restart_grace` counted from the marker's write, so
+/// a cordon that landed seconds later (after a 429 and a 500) let a busy
+/// machine be restarted less than the grace after Fly cordoned it.
+#[tokio::test(start_paused = true)]
+async fn the_restart_grace_counts_from_the_cordon_fly_accepted() {
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    sim.fault_next_call("m1", "POST", "cordon", ChaosFault::TooManyRequests);
+    sim.fault_next_call("m1", "POST", "cordon", ChaosFault::ServerError);
+    let grace = chrono::Duration::seconds(5);
+    let d = Daemon::start(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"5s\""),
+        "r1",
+    )
+    .await;
+    eventually(
+        "the busy machine restarted",
+        Duration::from_secs(30),
+        async || !restarts(&sim, "m1").is_empty(),
+    )
+    .await;
+    let cordoned = *accepted(&sim, "m1", "cordon")
+        .first()
+        .expect("the cordon was accepted");
+    let restarted = restarts(&sim, "m1")[0];
+    assert!(
+        restarted - cordoned >= grace,
+        "restarted {} ms after the cordon landed, against a {} s grace",
+        (restarted - cordoned).num_milliseconds(),
+        grace.num_seconds()
+    );
+    converged(&sim, "m1", &w.tip, Duration::from_secs(10)).await;
+    d.stop().await;
     sim.shutdown().await;
 }

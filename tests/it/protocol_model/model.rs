@@ -13,8 +13,8 @@ use stateright::{Model, Property};
 
 use super::sweep::{commit, commit_index, reclaim_stale, report, sweep_and_plan};
 use super::world::{
-    APP, Conf, Exec, Guard, LastCall, Machine, MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE,
-    Record, Replica, World, at, machine_id,
+    APP, CORDON_WAIT_BOUND, Conf, Exec, Guard, LastCall, Machine, MarkerWrite, Mem, Need, Op, POOL,
+    RESTART_GRACE, Record, Replica, World, at, machine_id,
 };
 
 /// What the world may do besides the replicas, per scenario.
@@ -124,6 +124,7 @@ impl Model for Scenario {
                     skew: *skew,
                     mem: Mem::default(),
                     queue: Vec::new(),
+                    last_plan: None,
                 })
                 .collect(),
             approvals: 0,
@@ -289,6 +290,7 @@ impl Model for Scenario {
                 replica.conf = conf;
                 replica.mem = Mem::default();
                 replica.queue.clear();
+                replica.last_plan = None;
                 // Its leases lapse with their TTL (folded into this step).
                 for m in &mut w.machines {
                     if m.lease == Some(r as u8) {
@@ -327,6 +329,7 @@ impl Model for Scenario {
             Property::always(RESTARTS_WITHIN_ATTEMPTS, |_, w: &World| {
                 w.record.restarts.values().all(|n| *n <= 2)
             }),
+            Property::always(WAITS_END_OR_ALERT, |_, w: &World| waits_end_or_alert(w)),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -348,6 +351,7 @@ pub const ONE_APPROVAL_ONE_ROTATION: &str = "one approval, one rotation";
 pub const UNDO_RECORDED: &str = "nothing cordoned or fenced without a record that undoes it";
 pub const MANUAL_APPROVED: &str = "no restart in a manual pool without an approval of that commit";
 pub const RESTARTS_WITHIN_ATTEMPTS: &str = "restarts per machine and target within max_attempts";
+pub const WAITS_END_OR_ALERT: &str = "every wait ends within its ceiling, or its alert fires";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -413,6 +417,22 @@ fn undo_recorded(w: &World) -> bool {
             });
             cordon_ok && fence_ok
         })
+}
+
+/// A machine cordoned past the longest ceiling: every plan made since
+/// then alerts about it or acts on it (its undo).
+pub fn waits_end_or_alert(w: &World) -> bool {
+    w.machines.iter().enumerate().all(|(i, m)| {
+        let Some(since) = m.cordoned_at.filter(|_| m.cordoned) else {
+            return true;
+        };
+        w.replicas.iter().all(|r| match &r.last_plan {
+            Some((t, answered)) if *t >= since + CORDON_WAIT_BOUND => {
+                answered.get(i).copied().unwrap_or(true)
+            }
+            _ => true,
+        })
+    })
 }
 
 /// Whether a slot of the pool names machine `i`.

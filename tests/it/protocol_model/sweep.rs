@@ -13,6 +13,7 @@ use fleet_reconciler::decide::planner::{
 };
 use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
 use fleet_reconciler::decide::snapshot::Verdict;
+use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::metadata::marker::{Ending, Marker, Phase};
 use fleet_reconciler::metadata::slots::SlotSet;
 use fleet_reconciler::model::{CommitId, MachineStatus};
@@ -178,6 +179,18 @@ pub fn sweep_and_plan(w: &mut World, r: usize) {
         },
         now,
     });
+    let answered: Vec<bool> = (0..w.machines.len())
+        .map(|i| {
+            let id = super::world::machine_id(i);
+            p.alerts.iter().any(|a| {
+                a.machine_id.as_ref() == Some(&id)
+                    && matches!(a.kind, AlertKind::RotationStuck | AlertKind::RotationFailed)
+            }) || p.steps().iter().any(|s| s.target.machine_id == id)
+        })
+        .collect();
+    let time = w.time;
+    let replica = &mut w.replicas[r];
+    replica.last_plan = Some((time, answered));
     replica.queue = p.steps().into_iter().filter_map(calls).collect();
 }
 

@@ -31,6 +31,9 @@ pub const CRITICAL: u8 = 2;
 /// The model's rotation durations: tiny, so the tick quanta cross them
 /// within the depth.
 pub const RESTART_GRACE: i64 = 10;
+/// The longest wait a cordoned machine may be left in (the drain and
+/// checkpoint ceilings, 60 s) plus one sweep's slack.
+pub const CORDON_WAIT_BOUND: i64 = 90;
 
 pub fn t0() -> DateTime<Utc> {
     DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default()
@@ -53,14 +56,17 @@ pub enum Conf {
     Manual { cap: u8 },
     /// `manual`, but `restart` for a critical drift.
     ManualCriticalRestart { cap: u8 },
+    /// `restart`, but `manual` for a critical drift.
+    RestartCriticalManual { cap: u8 },
 }
 
 impl Conf {
     pub fn cap(self) -> u8 {
         match self {
-            Conf::Restart { cap } | Conf::Manual { cap } | Conf::ManualCriticalRestart { cap } => {
-                cap
-            }
+            Conf::Restart { cap }
+            | Conf::Manual { cap }
+            | Conf::ManualCriticalRestart { cap }
+            | Conf::RestartCriticalManual { cap } => cap,
         }
     }
 
@@ -70,6 +76,7 @@ impl Conf {
             Conf::Restart { .. } => [Restart; 4],
             Conf::Manual { .. } => [Manual; 4],
             Conf::ManualCriticalRestart { .. } => [Manual, Manual, Manual, Restart],
+            Conf::RestartCriticalManual { .. } => [Restart, Restart, Restart, Manual],
         };
         let pool = PoolConfig {
             max_concurrent_rotations: NonZeroU32::new(u32::from(self.cap()))
@@ -292,6 +299,9 @@ pub struct Replica {
     pub mem: Mem,
     /// Steps of the last plan still to run, first one in progress.
     pub queue: Vec<Exec>,
+    /// The last plan: its true time, and per machine whether it alerted
+    /// (`rotation_stuck`, `rotation_failed`) or planned a step.
+    pub last_plan: Option<(i64, Vec<bool>)>,
 }
 
 /// What the invariants need of the past.

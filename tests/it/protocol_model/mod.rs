@@ -22,6 +22,7 @@
 //! | `grace_skew` | 2 replicas, clocks −60 s and +60 s, busy agents, ticks, cap 1 | busy restart, cordons/slots within cap |
 //! | `hold_race` | holds without a lease, lost answers, 429s, host outage | hold reported, undo recorded |
 //! | `approvals` | manual pool, approve now / when-idle / revoke, tip moves incl. critical | one approval one rotation, manual approved, busy restart |
+//! | `retries` | manual pool approved now, an agent that comes back on the old commit (verify fails, backoff, retry, fail), 40 s ticks | one approval one rotation, restarts within attempts, waits end or alert |
 //! | `tip_authority` | the tip moves to a critical commit that the pool leaves to an operator, mid-rotation | manual approved, busy restart |
 //! | `ceilings` | a busy agent approved when idle, host outage, 40 s ticks past every ceiling | waits end or alert |
 //! | `config_change` | replica restart: cap 2 → 1 and restart → manual, 3 machines | slots/cordons within cap, manual approved, busy restart |
@@ -103,6 +104,23 @@ pub fn scenarios() -> Vec<Scenario> {
             ticks: &[],
             horizon: 0,
             budget: 2,
+            tip: 1,
+            interleave: false,
+            only: None,
+        },
+        Scenario {
+            name: "retries",
+            busy: vec![true],
+            confs: vec![Conf::Manual { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                approve_now: true,
+                stuck_agents: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 200,
+            budget: 1,
             tip: 1,
             interleave: false,
             only: None,
@@ -339,6 +357,11 @@ mod tests {
     #[test]
     fn approvals() {
         check("approvals");
+    }
+
+    #[test]
+    fn retries() {
+        check("retries");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct Env {
     pub lost_answers: bool,
     /// Calls may be refused with 429 (no effect).
     pub rate_limits: bool,
+    /// A restarted agent comes back on the commit it ran (its image pins
+    /// it): the verify fails, and the rotation backs off and tries again.
+    pub stuck_agents: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -224,7 +227,7 @@ impl Model for Scenario {
         }
         match action {
             Action::Sweep(r) => sweep_and_plan(&mut w, r),
-            Action::Call(r, answer) => call(&mut w, r, answer),
+            Action::Call(r, answer) => call(&mut w, r, answer, self.env.stuck_agents),
             Action::Tick(q) => w.time += q,
             Action::Hold(i) => {
                 let hold = Hold {
@@ -450,7 +453,7 @@ fn approval_of(m: &Machine) -> Option<Approval> {
 }
 
 /// Replica `r` makes the next call of its step, and Fly answers `answer`.
-fn call(w: &mut World, r: usize, answer: Answer) {
+fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
     let Some(mut ex) = w.replicas[r].queue.first().cloned() else {
         return;
     };
@@ -459,7 +462,7 @@ fn call(w: &mut World, r: usize, answer: Answer) {
         return;
     }
     let op = ex.ops.remove(0);
-    let next = one_call(w, r, &mut ex, &op, answer);
+    let next = one_call(w, r, &mut ex, &op, answer, stuck);
     let ended = match next {
         Next::Go => ex.ops.is_empty(),
         Next::Then(ops) => {
@@ -524,7 +527,7 @@ fn answered(answer: Answer, w: &World, ex: &Exec) -> Next {
     }
 }
 
-fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer) -> Next {
+fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stuck: bool) -> Next {
     let now = at(w.time + w.replicas[r].skew);
     let i = ex.machine;
     match op {
@@ -777,7 +780,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer) -> 
                 }
                 // Restart keeps the instance; the agent loads the tip; the
                 // cordon does not survive (FLY-REALITY's model).
-                m.loaded = tip;
+                if !stuck {
+                    m.loaded = tip;
+                }
                 m.busy = false;
                 m.fenced = None;
                 m.cordoned = false;

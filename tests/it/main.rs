@@ -29,6 +29,7 @@ mod parsers_props;
 mod planner_props;
 mod preflight;
 mod probe;
+mod protocol_model;
 mod rotation;
 mod run;
 mod server;

@@ -1,0 +1,881 @@
+//! The stateright `Model`: replica actions (sweep and plan; the next call
+//! of the step in progress, with Fly's possible answers), environment
+//! actions (switchable per scenario), and the invariants of docs/safety.md
+//! evaluated on the abstract state.
+
+use fleet_reconciler::decide::planner::restart_allowed;
+use fleet_reconciler::metadata::marker::{Marker, Phase};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
+use fleet_reconciler::metadata::slots::Slot;
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
+use fleet_reconciler::model::PolicyAction;
+use stateright::{Model, Property};
+
+use super::sweep::{commit, commit_index, reclaim_stale, report, sweep_and_plan};
+use super::world::{
+    APP, CORDON_WAIT_BOUND, Conf, Exec, Guard, LastCall, Machine, MarkerWrite, Mem, Need, Op, POOL,
+    RESTART_GRACE, Record, Replica, World, at, machine_id,
+};
+
+/// What the world may do besides the replicas, per scenario.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Env {
+    pub hold: bool,
+    pub approve_now: bool,
+    pub approve_when_idle: bool,
+    pub revoke: bool,
+    pub busy_toggle: bool,
+    pub tip_moves: bool,
+    pub outside_update: bool,
+    pub host_outage: bool,
+    /// A replica restarts with this configuration.
+    pub replica_restart: Option<Conf>,
+    /// Mutating calls may take effect and lose their answer.
+    pub lost_answers: bool,
+    /// Calls may be refused with 429 (no effect).
+    pub rate_limits: bool,
+    /// A restarted agent comes back on the commit it ran (its image pins
+    /// it): the verify fails, and the rotation backs off and tries again.
+    pub stuck_agents: bool,
+}
+
+/// One bounded model: a world to start from and what may happen to it.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: &'static str,
+    /// Each machine's agent: busy at the start.
+    pub busy: Vec<bool>,
+    pub confs: Vec<Conf>,
+    /// Each replica's clock minus true time, seconds.
+    pub skews: Vec<i64>,
+    pub env: Env,
+    pub ticks: &'static [i64],
+    pub horizon: i64,
+    /// Environment events (not ticks) at most.
+    pub budget: u8,
+    /// Check only this property (the search for a shortest counterexample).
+    pub only: Option<&'static str>,
+    /// The tip at the start (the machines run commit 0).
+    pub tip: u8,
+    /// Whether the replicas' steps interleave call by call; otherwise a
+    /// replica sweeps or calls only while no other is inside a step (the
+    /// environment still acts between any two calls).
+    pub interleave: bool,
+}
+
+/// How Fly answered one call.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Answer {
+    Ok,
+    /// 429: no effect.
+    RateLimited,
+    /// Took effect, but the answer was lost (timeout, broken connection).
+    Lost,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Action {
+    Sweep(usize),
+    Call(usize, Answer),
+    Tick(i64),
+    Hold(usize),
+    Unhold(usize),
+    Approve(usize, bool),
+    Revoke(usize),
+    ToggleBusy(usize),
+    MoveTip,
+    OutsideUpdate(usize),
+    Outage(usize),
+    RestartReplica(usize),
+}
+
+/// How a call left its step.
+enum Next {
+    Go,
+    /// Failed: the step stops; the read after its last call and the lease
+    /// release still run.
+    Fail,
+    /// Stopped with no lease to release.
+    Drop,
+    /// Go on with these calls instead.
+    Then(Vec<Op>),
+}
+
+impl Model for Scenario {
+    type State = World;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<World> {
+        let mut machines: Vec<Machine> = self.busy.iter().map(|b| Machine::new(*b)).collect();
+        for m in &mut machines {
+            m.loaded = 0;
+        }
+        let empty = fleet_reconciler::metadata::slots::SlotSet::parse(None)
+            .map(|s| s.to_value())
+            .unwrap_or_default();
+        vec![World {
+            time: 0,
+            tip: self.tip,
+            machines,
+            slots: empty,
+            replicas: self
+                .confs
+                .iter()
+                .zip(&self.skews)
+                .map(|(conf, skew)| Replica {
+                    conf: *conf,
+                    skew: *skew,
+                    mem: Mem::default(),
+                    queue: Vec::new(),
+                    last_plan: None,
+                })
+                .collect(),
+            approvals: 0,
+            budget: self.budget,
+            record: Record::default(),
+        }]
+    }
+
+    fn actions(&self, w: &World, actions: &mut Vec<Action>) {
+        // A broken promise ends its path: stateright keeps the last path it
+        // visits to a violating state, so the first one must be the last.
+        if w.record.violated()
+            || self.properties().iter().any(|p| {
+                p.expectation == stateright::Expectation::Always && !(p.condition)(self, w)
+            })
+        {
+            return;
+        }
+        let busy = w.replicas.iter().position(|r| !r.queue.is_empty());
+        for (r, replica) in w.replicas.iter().enumerate() {
+            if !self.interleave && busy.is_some_and(|b| b != r) {
+                continue;
+            }
+            match replica.queue.first().and_then(|e| e.ops.first()) {
+                None => actions.push(Action::Sweep(r)),
+                Some(op) => {
+                    actions.push(Action::Call(r, Answer::Ok));
+                    let (may_429, may_lose) = answers(op);
+                    if may_429 && self.env.rate_limits {
+                        actions.push(Action::Call(r, Answer::RateLimited));
+                    }
+                    if may_lose && self.env.lost_answers {
+                        actions.push(Action::Call(r, Answer::Lost));
+                    }
+                }
+            }
+        }
+        for q in self.ticks {
+            if w.time + q <= self.horizon {
+                actions.push(Action::Tick(*q));
+            }
+        }
+        if w.budget == 0 {
+            return;
+        }
+        let e = &self.env;
+        for (i, m) in w.machines.iter().enumerate() {
+            let held = m.metadata.contains_key(HOLD_KEY);
+            if e.hold && m.host_ok {
+                actions.push(if held {
+                    Action::Unhold(i)
+                } else {
+                    Action::Hold(i)
+                });
+            }
+            if m.host_ok {
+                if e.approve_now {
+                    actions.push(Action::Approve(i, true));
+                }
+                if e.approve_when_idle {
+                    actions.push(Action::Approve(i, false));
+                }
+                if e.revoke && m.metadata.contains_key(APPROVE_KEY) {
+                    actions.push(Action::Revoke(i));
+                }
+            }
+            if e.busy_toggle {
+                actions.push(Action::ToggleBusy(i));
+            }
+            if e.outside_update {
+                actions.push(Action::OutsideUpdate(i));
+            }
+            if e.host_outage {
+                actions.push(Action::Outage(i));
+            }
+        }
+        if e.tip_moves && usize::from(w.tip) + 1 < super::world::COMMITS.len() {
+            actions.push(Action::MoveTip);
+        }
+        if let Some(conf) = e.replica_restart {
+            for (r, replica) in w.replicas.iter().enumerate() {
+                if replica.conf != conf {
+                    actions.push(Action::RestartReplica(r));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &World, action: Action) -> Option<World> {
+        let mut w = last.clone();
+        let env_event = !matches!(
+            action,
+            Action::Sweep(_) | Action::Call(..) | Action::Tick(_)
+        );
+        if env_event {
+            w.budget = w.budget.saturating_sub(1);
+        }
+        match action {
+            Action::Sweep(r) => sweep_and_plan(&mut w, r),
+            Action::Call(r, answer) => call(&mut w, r, answer, self.env.stuck_agents),
+            Action::Tick(q) => w.time += q,
+            Action::Hold(i) => {
+                let hold = Hold {
+                    by: "ops".into(),
+                    reason: "model".into(),
+                    at: at(w.time),
+                };
+                let value = serde_json::to_string(&hold).ok()?;
+                w.machines[i].metadata.insert(HOLD_KEY.into(), value);
+            }
+            Action::Unhold(i) => {
+                w.machines[i].metadata.remove(HOLD_KEY);
+            }
+            Action::Approve(i, now) => {
+                let approval = Approval {
+                    target: commit(w.tip),
+                    mode: if now {
+                        ApprovalMode::Now
+                    } else {
+                        ApprovalMode::WhenIdle
+                    },
+                    by: format!("op{}", w.approvals),
+                    at: at(w.time),
+                };
+                w.approvals += 1;
+                let value = serde_json::to_string(&approval).ok()?;
+                w.machines[i].metadata.insert(APPROVE_KEY.into(), value);
+            }
+            Action::Revoke(i) => {
+                w.machines[i].metadata.remove(APPROVE_KEY);
+            }
+            Action::ToggleBusy(i) => {
+                let m = &mut w.machines[i];
+                if !m.started || !m.host_ok {
+                    return None;
+                }
+                m.busy = !m.busy;
+            }
+            Action::MoveTip => w.tip += 1,
+            Action::OutsideUpdate(i) => {
+                // `fly deploy` from an old snapshot: new instance, metadata
+                // reverted, cordon gone (FLY-REALITY's model), agent restarted
+                // on the tip.
+                let tip = w.tip;
+                let m = &mut w.machines[i];
+                m.instance += 1;
+                m.metadata = m.older.clone();
+                m.cordoned = false;
+                m.cordoned_at = None;
+                m.loaded = tip;
+                m.busy = false;
+                m.fenced = None;
+            }
+            Action::Outage(i) => {
+                let m = &mut w.machines[i];
+                m.host_ok = !m.host_ok;
+            }
+            Action::RestartReplica(r) => {
+                let conf = self.env.replica_restart?;
+                let live = live(&w);
+                w.record.allowance = w.record.allowance.max(live);
+                let replica = &mut w.replicas[r];
+                replica.conf = conf;
+                replica.mem = Mem::default();
+                replica.queue.clear();
+                replica.last_plan = None;
+                // Its leases lapse with their TTL (folded into this step).
+                for m in &mut w.machines {
+                    if m.lease == Some(r as u8) {
+                        m.lease = None;
+                    }
+                }
+            }
+        }
+        let live = live(&w);
+        w.record.allowance = w.record.allowance.min(live);
+        Some(w)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        let mut all = vec![
+            Property::always(BUSY_RESTART, |_, w: &World| w.record.busy_restart.is_none()),
+            Property::always(SLOTS_WITHIN_CAP, |_, w: &World| {
+                slots_in_use(w) <= cap_bound(w)
+            }),
+            Property::always(CORDONS_WITHIN_CAP, |_, w: &World| {
+                cordoned(w) <= cap_bound(w)
+            }),
+            Property::always(HOLD_REPORTED, |_, w: &World| {
+                w.record.hold_unreported.is_none()
+            }),
+            Property::always(ONE_APPROVAL_ONE_ROTATION, |_, w: &World| {
+                w.record
+                    .approval_rotations
+                    .values()
+                    .all(|tags| tags.len() <= 1)
+            }),
+            Property::always(UNDO_RECORDED, |_, w: &World| undo_recorded(w)),
+            Property::always(MANUAL_APPROVED, |_, w: &World| {
+                w.record.manual_restart.is_none()
+            }),
+            Property::always(RESTARTS_WITHIN_ATTEMPTS, |_, w: &World| {
+                w.record.restarts.values().all(|n| *n <= 2)
+            }),
+            Property::always(WAITS_END_OR_ALERT, |_, w: &World| waits_end_or_alert(w)),
+            // Coverage: the bounded run reaches a restart at all.
+            Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
+                !w.record.restarts.is_empty()
+            }),
+        ];
+        if let Some(only) = self.only {
+            all.retain(|p| p.name == only);
+        }
+        all
+    }
+}
+
+pub const BUSY_RESTART: &str =
+    "no busy restart unless the policy allows it and the grace passed on one clock";
+pub const SLOTS_WITHIN_CAP: &str = "live slots within the cap";
+pub const CORDONS_WITHIN_CAP: &str = "cordoned machines within the cap";
+pub const HOLD_REPORTED: &str = "a disruptive call after a hold is reported";
+pub const ONE_APPROVAL_ONE_ROTATION: &str = "one approval, one rotation";
+pub const UNDO_RECORDED: &str = "nothing cordoned or fenced without a record that undoes it";
+pub const MANUAL_APPROVED: &str = "no restart in a manual pool without an approval of that commit";
+pub const RESTARTS_WITHIN_ATTEMPTS: &str = "restarts per machine and target within max_attempts";
+pub const WAITS_END_OR_ALERT: &str = "every wait ends within its ceiling, or its alert fires";
+pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
+
+/// Which answers a call may get: (429, lost answer). Reads are never
+/// "lost" (a lost read is a failed one); acquiring a lease whose answer is
+/// lost would leave it to its TTL, which the model does not time.
+fn answers(op: &Op) -> (bool, bool) {
+    match op {
+        Op::Acquire | Op::Check(_) | Op::VerifySlot { .. } | Op::WinSlot { .. } => (true, false),
+        Op::ReleaseSlot { .. } | Op::ReadAfterAndRelease => (true, false),
+        Op::Probe { .. } => (false, false),
+        Op::Drain { .. } | Op::Undrain { .. } => (false, true),
+        Op::WriteMarker(_)
+        | Op::Cordon
+        | Op::Uncordon
+        | Op::Restart
+        | Op::DeleteMarker
+        | Op::DeleteApproval { .. }
+        | Op::SetUnprobed(_) => (true, true),
+    }
+}
+
+fn slots_in_use(w: &World) -> u8 {
+    w.slot_set()
+        .map(|s| s.slots(&APP.into(), &POOL.into()).len())
+        .and_then(|n| u8::try_from(n).ok())
+        .unwrap_or(u8::MAX)
+}
+
+fn cordoned(w: &World) -> u8 {
+    w.machines.iter().filter(|m| m.cordoned).count() as u8
+}
+
+fn live(w: &World) -> u8 {
+    slots_in_use(w).max(cordoned(w))
+}
+
+/// The largest cap any replica runs with, or what was live when a cap was
+/// lowered (that excess yields; no new claim may use it).
+fn cap_bound(w: &World) -> u8 {
+    let cap = w.replicas.iter().map(|r| r.conf.cap()).max().unwrap_or(0);
+    cap.max(w.record.allowance)
+}
+
+/// Every machine no step is working on: cordoned only with a marker that
+/// says it may have cordoned, fenced only with a marker whose drain it is.
+fn undo_recorded(w: &World) -> bool {
+    w.machines
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.lease.is_none() && m.host_ok)
+        .all(|(i, m)| {
+            let marker = m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v));
+            // A cordon whose marker an outside update reverted is shown by
+            // the planner's `cordoned_without_marker` alert while its slot
+            // stands: that alert is its record.
+            let alerted = marker.is_none() && slot_holder(w, i);
+            let cordon_ok =
+                !m.cordoned || alerted || marker.as_ref().is_some_and(|mk| mk.may_have_cordoned());
+            let fence_ok = m.fenced.as_ref().is_none_or(|tag| {
+                marker
+                    .as_ref()
+                    .is_some_and(|mk| mk.drain_requested && &mk.tag == tag)
+            });
+            cordon_ok && fence_ok
+        })
+}
+
+/// A machine cordoned past the longest ceiling: every plan made since
+/// then alerts about it or acts on it (its undo).
+pub fn waits_end_or_alert(w: &World) -> bool {
+    w.machines.iter().enumerate().all(|(i, m)| {
+        let Some(since) = m.cordoned_at.filter(|_| m.cordoned) else {
+            return true;
+        };
+        w.replicas.iter().all(|r| match &r.last_plan {
+            Some((t, answered)) if *t >= since + CORDON_WAIT_BOUND => {
+                answered.get(i).copied().unwrap_or(true)
+            }
+            _ => true,
+        })
+    })
+}
+
+/// Whether a slot of the pool names machine `i`.
+fn slot_holder(w: &World, i: usize) -> bool {
+    w.slot_set().is_some_and(|s| {
+        s.slots(&APP.into(), &POOL.into())
+            .iter()
+            .any(|slot| slot.machine_id == machine_id(i))
+    })
+}
+
+/// The approval on a machine, if it parses.
+fn approval_of(m: &Machine) -> Option<Approval> {
+    m.metadata.get(APPROVE_KEY).and_then(|v| Approval::parse(v))
+}
+
+/// Replica `r` makes the next call of its step, and Fly answers `answer`.
+fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
+    let Some(mut ex) = w.replicas[r].queue.first().cloned() else {
+        return;
+    };
+    if ex.ops.is_empty() {
+        w.replicas[r].queue.remove(0);
+        return;
+    }
+    let op = ex.ops.remove(0);
+    let next = one_call(w, r, &mut ex, &op, answer, stuck);
+    let ended = match next {
+        Next::Go => ex.ops.is_empty(),
+        Next::Then(ops) => {
+            ex.ops = ops;
+            false
+        }
+        Next::Fail if ex.leased => {
+            ex.ops = vec![Op::ReadAfterAndRelease];
+            false
+        }
+        Next::Fail | Next::Drop => true,
+    };
+    if ended {
+        // A hold lifted before the read after the call cannot be seen by
+        // any read: only a hold still standing must have been reported.
+        if ex.hold_unreported && w.machines[ex.machine].metadata.contains_key(HOLD_KEY) {
+            w.record.hold_unreported = Some(format!(
+                "m{}: a disruptive call landed on a held machine and the step ended without reporting it",
+                ex.machine
+            ));
+        }
+        if ex.leased && w.machines[ex.machine].lease == Some(r as u8) {
+            w.machines[ex.machine].lease = None;
+        }
+        w.replicas[r].queue.remove(0);
+    } else {
+        w.replicas[r].queue[0] = ex;
+    }
+}
+
+/// `Executor::read_back`: every read under the lease, against the
+/// disruptive call before it.
+fn read_back(w: &mut World, ex: &mut Exec) {
+    let m = &mut w.machines[ex.machine];
+    ex.seen_instance = Some(m.instance);
+    let Some(last) = ex.last_call.take() else {
+        return;
+    };
+    // `known_metadata`: a host Fly cannot reach shows none, so no hold.
+    if m.host_ok && m.metadata.contains_key(HOLD_KEY) {
+        ex.hold_unreported = false;
+    }
+    if last.instance.is_some_and(|before| before != m.instance) {
+        // `undo_raced`: the uncordon, best effort (host ok, same lease).
+        if last.undo_uncordon && m.host_ok {
+            m.cordoned = false;
+            m.cordoned_at = None;
+        }
+    }
+}
+
+/// A mutating Fly call on the machine lands: host reachable and not 429.
+fn lands(w: &World, ex: &Exec, answer: Answer) -> bool {
+    answer != Answer::RateLimited && w.machines[ex.machine].host_ok
+}
+
+fn answered(answer: Answer, w: &World, ex: &Exec) -> Next {
+    if answer == Answer::Ok && w.machines[ex.machine].host_ok {
+        Next::Go
+    } else {
+        Next::Fail
+    }
+}
+
+fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stuck: bool) -> Next {
+    let now = at(w.time + w.replicas[r].skew);
+    let i = ex.machine;
+    match op {
+        // `Executor::acquire`: someone else's lease means skip.
+        Op::Acquire => {
+            let m = &mut w.machines[i];
+            if answer != Answer::Ok || m.lease.is_some() || !m.host_ok {
+                return Next::Drop;
+            }
+            m.lease = Some(r as u8);
+            ex.leased = true;
+            Next::Go
+        }
+        // `Executor::check`.
+        Op::Check(need) => {
+            if answer != Answer::Ok {
+                return Next::Fail;
+            }
+            read_back(w, ex);
+            let m = &w.machines[i];
+            if ex.first_instance.is_none() {
+                ex.first_instance = Some(m.instance);
+                ex.first_approved = approval_of(m).is_some();
+            }
+            if !m.host_ok || m.metadata.contains_key(HOLD_KEY) {
+                return Next::Fail;
+            }
+            ex.seen_approval = m.metadata.get(APPROVE_KEY).cloned();
+            let expected = ex.watch.as_deref().map(Marker::parse);
+            let current = m.metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
+            let unchanged = match (&expected, &current) {
+                (None, None) => true,
+                (Some(Some(e)), Some(Some(n))) => e == n,
+                _ => false,
+            };
+            if !unchanged {
+                return Next::Fail;
+            }
+            if *need != Need::Write {
+                let ours = expected.flatten().and_then(|e| e.instance_id);
+                if ours.is_some_and(|ours| ours != format!("i{}", m.instance)) {
+                    return Next::Fail;
+                }
+                if !m.started {
+                    return Next::Fail;
+                }
+                if let Some(target) = ex.approval {
+                    // `approved`: names the commit, and `now` to interrupt.
+                    let ok = approval_of(m).is_some_and(|a| {
+                        a.approves(&commit(target))
+                            && (*need != Need::Interrupting || a.mode == ApprovalMode::Now)
+                    });
+                    if !ok {
+                        return Next::Fail;
+                    }
+                }
+            }
+            Next::Go
+        }
+        // `Executor::write_marker` (the marker as the call site fills it).
+        Op::WriteMarker(write) => {
+            let instance = ex.first_instance.map(|n| format!("i{n}"));
+            let value = match write {
+                MarkerWrite::Exact(v) => Some(v.clone()),
+                MarkerWrite::ClaimIntent(v) => Marker::parse(v).map(|mut m| {
+                    m.phase = Phase::Claiming;
+                    m.started_at = now;
+                    m.attempt_started_at = now;
+                    m.cordoned = Some(false);
+                    m.instance_id = instance;
+                    m.to_value()
+                }),
+                MarkerWrite::FirstPhase { reload } => {
+                    ex.watch.as_deref().and_then(Marker::parse).map(|mut m| {
+                        m.phase = if *reload {
+                            Phase::Reloading
+                        } else {
+                            Phase::Draining
+                        };
+                        m.started_at = now;
+                        m.attempt_started_at = now;
+                        m.cordoned = Some(!reload);
+                        m.to_value()
+                    })
+                }
+                MarkerWrite::Restarting(v) => Marker::parse(v).map(|mut m| {
+                    m.restart_at = Some(now);
+                    m.attempt_started_at = now;
+                    m.instance_id = instance;
+                    m.to_value()
+                }),
+            };
+            let Some(value) = value else {
+                return Next::Fail;
+            };
+            if lands(w, ex, answer) {
+                w.machines[i]
+                    .metadata
+                    .insert(MARKER_KEY.into(), value.clone());
+            }
+            let next = answered(answer, w, ex);
+            if matches!(next, Next::Go) {
+                ex.watch = Some(value);
+            }
+            next
+        }
+        // `win_slot` → `apply_slot_changes`: a write whose answer is lost is
+        // read again and kept when the set proves it, so only 429 fails.
+        Op::WinSlot { tag } => {
+            if answer != Answer::Ok {
+                return Next::Fail;
+            }
+            let Some(mut set) = w.slot_set() else {
+                return Next::Fail;
+            };
+            let cap = usize::from(w.replicas[r].conf.cap());
+            let slot = Slot {
+                machine_id: machine_id(i),
+                tag: tag.clone(),
+                owner: format!("r{r}"),
+                since: now,
+            };
+            let (app, pool) = (APP.into(), POOL.into());
+            let mut won = set.try_add(&app, &pool, slot.clone(), cap);
+            if !won {
+                reclaim_stale(w, &mut set);
+                won = set.try_add(&app, &pool, slot, cap);
+            }
+            if won {
+                w.slots = set.to_value();
+                Next::Go
+            } else {
+                // Pool full: the intent goes, nothing was cordoned.
+                Next::Then(vec![
+                    Op::Check(Need::Write),
+                    Op::DeleteMarker,
+                    Op::ReadAfterAndRelease,
+                ])
+            }
+        }
+        // `verify_slot`.
+        Op::VerifySlot { tag } => {
+            let holds = w
+                .slot_set()
+                .is_some_and(|s| s.holds(&APP.into(), &POOL.into(), &machine_id(i), tag));
+            if answer == Answer::Ok && holds {
+                Next::Go
+            } else {
+                Next::Fail
+            }
+        }
+        // `cordon` after `lease.calling("cordon", Some(Undo::Uncordon))`.
+        Op::Cordon => {
+            ex.last_call = Some(LastCall {
+                instance: ex.seen_instance,
+                undo_uncordon: true,
+            });
+            if lands(w, ex, answer) {
+                let time = w.time;
+                let m = &mut w.machines[i];
+                if m.metadata.contains_key(HOLD_KEY) {
+                    ex.hold_unreported = true;
+                }
+                if !m.cordoned {
+                    m.cordoned_at = Some(time);
+                }
+                m.cordoned = true;
+            }
+            answered(answer, w, ex)
+        }
+        // `release_rotation`'s uncordon.
+        Op::Uncordon => {
+            if lands(w, ex, answer) {
+                let m = &mut w.machines[i];
+                m.cordoned = false;
+                m.cordoned_at = None;
+            }
+            answered(answer, w, ex)
+        }
+        // `Executor::drain`'s POST (`calling` first).
+        Op::Drain { tag, tolerant } => {
+            ex.last_call = Some(LastCall {
+                instance: ex.seen_instance,
+                undo_uncordon: false,
+            });
+            let m = &mut w.machines[i];
+            if m.host_ok && m.started {
+                if m.metadata.contains_key(HOLD_KEY) {
+                    ex.hold_unreported = true;
+                }
+                m.fenced = Some(tag.clone());
+            }
+            match answered(answer, w, ex) {
+                Next::Fail if *tolerant => Next::Go,
+                n => n,
+            }
+        }
+        // `release_rotation`'s undrain POST.
+        Op::Undrain { tag } => {
+            let m = &mut w.machines[i];
+            if m.host_ok && m.fenced.as_ref() == Some(tag) {
+                m.fenced = None;
+            }
+            answered(answer, w, ex)
+        }
+        // `Executor::fresh_probe`.
+        Op::Probe {
+            guard,
+            expected,
+            target,
+        } => {
+            let Some(expected_marker) = Marker::parse(expected) else {
+                return Next::Fail;
+            };
+            let policy = w.replicas[r].conf.policy();
+            ex.busy_at_probe = Some(w.machines[i].busy);
+            let allowed = match report(w, i) {
+                Some(rep) if commit(*target).as_str().starts_with(&*rep.overlay_ref) => false,
+                Some(rep) => match guard {
+                    Guard::MayInterrupt => true,
+                    Guard::Idle | Guard::Unprobeable => {
+                        restart_allowed(&policy, &rep, &expected_marker, now).is_ok()
+                    }
+                },
+                None => *guard != Guard::Idle,
+            };
+            if allowed {
+                Next::Go
+            } else {
+                // Nothing restarted: the plan's marker goes back.
+                Next::Then(vec![
+                    Op::Check(Need::Write),
+                    Op::WriteMarker(MarkerWrite::Exact(expected.clone())),
+                    Op::ReadAfterAndRelease,
+                ])
+            }
+        }
+        // `FlyClient::restart` after `lease.calling("restart", None)`.
+        Op::Restart => {
+            ex.last_call = Some(LastCall {
+                instance: ex.seen_instance,
+                undo_uncordon: false,
+            });
+            if lands(w, ex, answer) {
+                judge_restart(w, r, ex);
+                let tip = w.tip;
+                let m = &mut w.machines[i];
+                if m.metadata.contains_key(HOLD_KEY) {
+                    ex.hold_unreported = true;
+                }
+                // Restart keeps the instance; the agent loads the tip; the
+                // cordon does not survive (FLY-REALITY's model).
+                if !stuck {
+                    m.loaded = tip;
+                }
+                m.busy = false;
+                m.fenced = None;
+                m.cordoned = false;
+                m.cordoned_at = None;
+            }
+            answered(answer, w, ex)
+        }
+        Op::DeleteMarker => {
+            if lands(w, ex, answer) {
+                w.machines[i].metadata.remove(MARKER_KEY);
+            }
+            answered(answer, w, ex)
+        }
+        // Only the approval of this rotation's commit, as the first read saw.
+        Op::DeleteApproval { target } => {
+            let m = &mut w.machines[i];
+            let ours = approval_of(m).is_some_and(|a| commit_index(&a.target) == *target);
+            if ex.first_approved && ours && lands(w, ex, answer) {
+                w.machines[i].metadata.remove(APPROVE_KEY);
+            }
+            answered(answer, w, ex)
+        }
+        Op::SetUnprobed(value) => {
+            if lands(w, ex, answer) {
+                let md = &mut w.machines[i].metadata;
+                match value {
+                    Some(v) => md.insert(UNPROBED_KEY.into(), v.clone()),
+                    None => md.remove(UNPROBED_KEY),
+                };
+            }
+            answered(answer, w, ex)
+        }
+        // Best effort: a slot left behind is reclaimed by the next claim.
+        Op::ReleaseSlot { tag } => {
+            if answer == Answer::Ok
+                && let Some(mut set) = w.slot_set()
+            {
+                set.remove(&APP.into(), &POOL.into(), &machine_id(i), tag);
+                w.slots = set.to_value();
+            }
+            Next::Go
+        }
+        // `read_after_last_call` (an unreadable machine tells nothing), then
+        // `release`.
+        Op::ReadAfterAndRelease => {
+            if ex.last_call.is_some() && answer == Answer::Ok {
+                read_back(w, ex);
+            }
+            Next::Go
+        }
+    }
+}
+
+/// The invariants judged at the instant a restart lands on the step's
+/// machine: on the marker in force, the approval the last check read, the
+/// agent's work at the fresh probe, and true time since the cordon landed.
+fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
+    let i = ex.machine;
+    let m = &w.machines[i];
+    let Some(marker) = m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v)) else {
+        return;
+    };
+    let target = commit_index(&marker.target);
+    let action = w.replicas[r].conf.action(w.tip);
+    let approval = ex
+        .seen_approval
+        .as_deref()
+        .and_then(Approval::parse)
+        .filter(|a| a.approves(&marker.target));
+    let busy = ex.busy_at_probe.unwrap_or(m.busy);
+    let approved_now = approval
+        .as_ref()
+        .is_some_and(|a| a.mode == ApprovalMode::Now);
+    let grace = action == PolicyAction::Restart
+        && m.cordoned_at.is_some_and(|c| w.time - c >= RESTART_GRACE);
+    if busy && !approved_now && !grace && w.record.busy_restart.is_none() {
+        w.record.busy_restart = Some(format!(
+            "m{i} busy, restarted by r{r} at t={} (policy {action}, cordon since {:?}, marker action {})",
+            w.time, m.cordoned_at, marker.action
+        ));
+    }
+    let manual = action == PolicyAction::Manual || marker.action == PolicyAction::Manual;
+    if manual && approval.is_none() && w.record.manual_restart.is_none() {
+        w.record.manual_restart = Some(format!(
+            "m{i} restarted by r{r} toward {target} without an approval of it"
+        ));
+    }
+    if manual && let Some(a) = approval {
+        w.record
+            .approval_rotations
+            .entry(a.by)
+            .or_default()
+            .insert(marker.tag.clone());
+    }
+    *w.record.restarts.entry((i as u8, target)).or_default() += 1;
+}

@@ -1,0 +1,430 @@
+//! "Sweep and plan": the real `Snapshot` built from the abstract world as
+//! the sweep would see it, the real `Tracker::observe` and `plan`, and each
+//! planned `Step` turned into the executor's calls (mirrored as data).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use fleet_reconciler::config::Config;
+use fleet_reconciler::decide::Snapshot;
+use fleet_reconciler::decide::planner::{
+    FetchState, PlanInput, RestartGuard, Step, StepKind, plan,
+};
+use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
+use fleet_reconciler::decide::snapshot::Verdict;
+use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::metadata::marker::{Ending, Marker, Phase};
+use fleet_reconciler::metadata::slots::SlotSet;
+use fleet_reconciler::model::{CommitId, MachineStatus};
+use fleet_reconciler::observe::overlay::Tip;
+use fleet_reconciler::observe::probe::{Activity, AgentReport, RotationState};
+use fleet_reconciler::observe::sweep::{
+    MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
+};
+
+use super::world::{
+    APP, COMMITS, Exec, Guard, MarkerWrite, Need, Op, POOL_KEY, World, at, severity,
+};
+
+fn config() -> Config {
+    let text = format!(
+        "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n\
+         [[apps]]\nname = \"{APP}\"\npool_key = \"{POOL_KEY}\"\n"
+    );
+    Config::parse(Path::new("model.toml"), &text).expect("the model's config parses")
+}
+
+pub fn commit(i: u8) -> CommitId {
+    CommitId::parse(COMMITS[usize::from(i)]).expect("a commit id")
+}
+
+/// The commit index of a commit id (markers name targets by id).
+pub fn commit_index(c: &CommitId) -> u8 {
+    COMMITS
+        .iter()
+        .position(|x| *x == c.as_str())
+        .and_then(|i| u8::try_from(i).ok())
+        .unwrap_or(u8::MAX)
+}
+
+/// The agent's report, as a probe would read it at true time `now`.
+pub fn report(w: &World, i: usize) -> Option<AgentReport> {
+    let m = &w.machines[i];
+    (m.started && m.host_ok).then(|| AgentReport {
+        overlay_ref: COMMITS[usize::from(m.loaded)].into(),
+        activity: Some(if m.busy {
+            Activity::Busy
+        } else {
+            Activity::Idle
+        }),
+        live_sessions: Some(u64::from(m.busy)),
+        last_input_at: None,
+        heartbeat_at: None,
+        capabilities: vec![],
+        rotation: m.fenced.as_ref().map(|tag| RotationState {
+            fenced: true,
+            checkpoint: Some(tag.clone()),
+        }),
+    })
+}
+
+fn reason() -> SharedReason {
+    SharedReason(Arc::new(Reason {
+        rule: RuleMatch::NoMatch {
+            level: fleet_reconciler::model::Severity::Medium,
+        },
+        evidence: Vec::new(),
+        behind: Some(1),
+        missing: Vec::new(),
+        evidence_partial: false,
+    }))
+}
+
+/// The snapshot replica `r` gets from one sweep of the world.
+pub fn snapshot(w: &World, r: usize) -> Snapshot {
+    let policy = w.replicas[r].conf.policy();
+    let tip = Tip {
+        branch: "release".into(),
+        commit: commit(w.tip),
+    };
+    let (seen, verdicts): (Vec<ObservedMachine>, Vec<Option<Verdict>>) = w
+        .machines
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let id = format!("m{i}");
+            let report = report(w, i);
+            let status = if !m.started {
+                MachineStatus::NotRunning
+            } else if !m.host_ok {
+                MachineStatus::Unreachable
+            } else if m.loaded == w.tip {
+                MachineStatus::OnTip
+            } else {
+                MachineStatus::Drifted
+            };
+            let verdict = (status == MachineStatus::Drifted).then(|| Verdict {
+                severity: severity(w.tip),
+                action: policy.action(&POOL_KEY_VALUE.into(), severity(w.tip)),
+                reason: reason(),
+            });
+            let seen = ObservedMachine {
+                region: "iad".into(),
+                pool: POOL_KEY_VALUE.into(),
+                status,
+                reported_ref: report.as_ref().map(|r| r.overlay_ref.clone()),
+                commit: (status == MachineStatus::Drifted).then(|| commit(m.loaded)),
+                commits_behind: (status == MachineStatus::Drifted).then_some(1),
+                commits_ahead: (status == MachineStatus::Drifted).then_some(0),
+                inputs: MachineInputs {
+                    report,
+                    metadata: if m.host_ok {
+                        m.metadata.clone()
+                    } else {
+                        BTreeMap::new()
+                    },
+                    unusual: (!m.host_ok).then(|| {
+                        Box::new(Unusual {
+                            metadata_unknown: Some("host_status unreachable".into()),
+                            ..Unusual::default()
+                        })
+                    }),
+                    instance_id: format!("i{}", m.instance),
+                    cordoned: m.host_ok.then_some(m.cordoned),
+                    health_url: Some(format!("http://agents/{id}/health")),
+                    ..MachineInputs::default()
+                },
+                ..ObservedMachine::listed(
+                    APP,
+                    &id,
+                    &id,
+                    if m.started { "started" } else { "stopped" }.into(),
+                )
+            };
+            (seen, verdict)
+        })
+        .unzip();
+    let mut verdicts = verdicts.into_iter();
+    let mut snapshot = Snapshot::judged(observation(&config(), &tip, seen), |_| {
+        verdicts.next().flatten().map(Arc::new)
+    });
+    snapshot.slots = match w.slot_set() {
+        Some(set) => SlotsView::Known(set),
+        None => SlotsView::Unknown("unreadable".into()),
+    };
+    snapshot
+}
+
+const POOL_KEY_VALUE: &str = super::world::POOL;
+
+/// Replica `r` sweeps and plans: its tracker folds the sweep in, the real
+/// planner plans at the replica's own clock, and each step becomes the
+/// calls the executor makes for it.
+pub fn sweep_and_plan(w: &mut World, r: usize) {
+    let snap = snapshot(w, r);
+    let now = at(w.time + w.replicas[r].skew);
+    let replica = &mut w.replicas[r];
+    replica.mem.0.observe(&snap, now);
+    let policy = replica.conf.policy();
+    let owner = format!("r{r}");
+    let p = plan(&PlanInput {
+        policy: &policy,
+        snapshot: &snap,
+        tracker: &replica.mem.0,
+        owner: &owner,
+        fetch: FetchState {
+            fetched_at: Some(now),
+            failing: false,
+        },
+        now,
+    });
+    let answered: Vec<bool> = (0..w.machines.len())
+        .map(|i| {
+            let id = super::world::machine_id(i);
+            p.alerts.iter().any(|a| {
+                a.machine_id.as_ref() == Some(&id)
+                    && matches!(a.kind, AlertKind::RotationStuck | AlertKind::RotationFailed)
+            }) || p.steps().iter().any(|s| s.target.machine_id == id)
+        })
+        .collect();
+    let time = w.time;
+    let replica = &mut w.replicas[r];
+    replica.last_plan = Some((time, answered));
+    replica.queue = p.steps().into_iter().filter_map(calls).collect();
+}
+
+fn index(step: &Step) -> usize {
+    step.target
+        .machine_id
+        .as_str()
+        .strip_prefix('m')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// The executor's calls for one step (`Executor::run` → `under_lease`).
+fn calls(step: &Step) -> Option<Exec> {
+    let machine = index(step);
+    let expected = step.expected.as_ref().map(Marker::to_value);
+    // `Watch::of`: a manual rotation's commit must stay approved.
+    let approval = step
+        .new_marker()
+        .or(step.expected.as_ref())
+        .filter(|m| m.action == fleet_reconciler::model::PolicyAction::Manual)
+        .map(|m| commit_index(&m.target));
+    let need = if step.needs_slot() {
+        Need::Disruptive
+    } else {
+        Need::Write
+    };
+    let mut ops = vec![Op::Acquire, Op::Check(need)];
+    match &step.kind {
+        // `Executor::claim`.
+        StepKind::Claim {
+            marker,
+            drain,
+            reload,
+        } => {
+            let ours = step
+                .expected
+                .as_ref()
+                .is_some_and(|m| m.phase == Phase::Claiming && m.tag == marker.tag);
+            if !ours {
+                ops.push(Op::WriteMarker(MarkerWrite::ClaimIntent(marker.to_value())));
+            }
+            ops.push(Op::WinSlot {
+                tag: marker.tag.clone(),
+            });
+            ops.push(Op::Check(Need::Write));
+            ops.push(Op::WriteMarker(MarkerWrite::FirstPhase { reload: *reload }));
+            ops.push(Op::Check(Need::Disruptive));
+            if !*reload {
+                ops.push(Op::Cordon);
+                if *drain {
+                    ops.push(Op::Check(Need::Disruptive));
+                    ops.push(Op::Drain {
+                        tag: marker.tag.clone(),
+                        tolerant: true,
+                    });
+                }
+            }
+        }
+        // `Executor::withdraw`.
+        StepKind::Withdraw { .. } => {
+            ops.push(Op::DeleteMarker);
+            if let Some(m) = &step.expected {
+                ops.push(Op::ReleaseSlot { tag: m.tag.clone() });
+            }
+        }
+        // `Executor::advance`.
+        StepKind::Advance { marker, cordon, .. } => {
+            if *cordon {
+                ops.push(Op::VerifySlot {
+                    tag: marker.tag.clone(),
+                });
+            }
+            if step.expected.as_ref() != Some(marker) {
+                ops.push(Op::WriteMarker(MarkerWrite::Exact(marker.to_value())));
+            }
+            if *cordon {
+                ops.push(Op::Check(Need::Disruptive));
+                ops.push(Op::Cordon);
+                if marker.drain_requested && marker.phase == Phase::Draining {
+                    ops.push(Op::Check(Need::Disruptive));
+                    ops.push(Op::Drain {
+                        tag: marker.tag.clone(),
+                        tolerant: false,
+                    });
+                }
+            }
+        }
+        // `under_lease`'s `StepKind::Drain`.
+        StepKind::Drain => {
+            let m = step.expected.as_ref()?;
+            ops.push(Op::VerifySlot { tag: m.tag.clone() });
+            ops.push(Op::Check(Need::Disruptive));
+            ops.push(Op::Drain {
+                tag: m.tag.clone(),
+                tolerant: false,
+            });
+        }
+        // `Executor::restart`, in the order after #32 item 11: the probe,
+        // then the check immediately before the restart.
+        StepKind::Restart { marker, guard, .. } => {
+            let e = step.expected.as_ref()?;
+            ops.push(Op::VerifySlot {
+                tag: marker.tag.clone(),
+            });
+            if e.may_have_cordoned() {
+                ops.push(Op::Check(Need::Disruptive));
+                ops.push(Op::Cordon);
+            }
+            ops.push(Op::Check(Need::Write));
+            ops.push(Op::WriteMarker(MarkerWrite::Restarting(marker.to_value())));
+            let guard = match guard {
+                RestartGuard::MayInterrupt => Guard::MayInterrupt,
+                RestartGuard::Idle => Guard::Idle,
+                RestartGuard::Unprobeable => Guard::Unprobeable,
+            };
+            ops.push(Op::Probe {
+                guard,
+                expected: e.to_value(),
+                target: commit_index(&marker.target),
+            });
+            ops.push(Op::Check(if guard == Guard::MayInterrupt {
+                Need::Interrupting
+            } else {
+                Need::Disruptive
+            }));
+            ops.push(Op::Restart);
+        }
+        // `Executor::release_rotation` (the clear_approval and undrain
+        // decisions of `under_lease` are made on the first read).
+        StepKind::Release {
+            marker,
+            undrain,
+            clear_approval,
+            ..
+        } => {
+            if step.expected.as_ref() != Some(marker) {
+                ops.push(Op::WriteMarker(MarkerWrite::Exact(marker.to_value())));
+            }
+            if marker.may_have_cordoned() {
+                ops.push(Op::Check(Need::Write));
+                ops.push(Op::Uncordon);
+            }
+            let anyway = step
+                .expected
+                .as_ref()
+                .is_some_and(|e| e.drain_requested && e.phase != Phase::Yielded);
+            if *undrain || anyway {
+                ops.push(Op::Check(Need::Write));
+                ops.push(Op::Undrain {
+                    tag: marker.tag.clone(),
+                });
+            }
+            match marker.ending.unwrap_or(Ending::Cancelled) {
+                Ending::Yielded => {
+                    let mut y = marker.clone();
+                    y.phase = Phase::Yielded;
+                    y.ending = None;
+                    y.cordoned = Some(false);
+                    y.drain_requested = false;
+                    ops.push(Op::Check(Need::Write));
+                    ops.push(Op::WriteMarker(MarkerWrite::Exact(y.to_value())));
+                }
+                Ending::Finished | Ending::Cancelled => {
+                    if *clear_approval {
+                        ops.push(Op::Check(Need::Write));
+                        ops.push(Op::DeleteApproval {
+                            target: commit_index(&marker.target),
+                        });
+                    }
+                    ops.push(Op::Check(Need::Write));
+                    ops.push(Op::DeleteMarker);
+                }
+            }
+            ops.push(Op::ReleaseSlot {
+                tag: marker.tag.clone(),
+            });
+        }
+        StepKind::RecordUnprobed { record } => {
+            ops.push(Op::SetUnprobed(Some(record.to_value())));
+        }
+        StepKind::ClearUnprobed => ops.push(Op::SetUnprobed(None)),
+    }
+    ops.push(Op::ReadAfterAndRelease);
+    Some(Exec {
+        label: step.to_string(),
+        machine,
+        ops,
+        watch: expected,
+        approval,
+        first_instance: None,
+        first_approved: false,
+        seen_instance: None,
+        last_call: None,
+        hold_unreported: false,
+        leased: false,
+        seen_approval: None,
+        busy_at_probe: None,
+    })
+}
+
+/// The slot set with the stale slots of our pool reclaimed, as
+/// `Executor::stale_slots` judges them (anything unreadable is live).
+pub fn reclaim_stale(w: &World, set: &mut SlotSet) {
+    let (app, pool) = (APP.into(), POOL_KEY_VALUE.into());
+    let stale: Vec<_> = set
+        .slots(&app, &pool)
+        .iter()
+        .filter(|slot| {
+            let Some(i) = slot
+                .machine_id
+                .as_str()
+                .strip_prefix('m')
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|i| *i < w.machines.len())
+            else {
+                return true;
+            };
+            let m = &w.machines[i];
+            let live = if !m.host_ok {
+                true
+            } else {
+                match m.metadata.get(fleet_reconciler::metadata::MARKER_KEY) {
+                    None => m.cordoned,
+                    Some(v) => Marker::parse(v).is_none_or(|mk| {
+                        mk.tag == slot.tag && (mk.phase.holds_slot() || mk.phase == Phase::Claiming)
+                    }),
+                }
+            };
+            !live
+        })
+        .cloned()
+        .collect();
+    for s in stale {
+        set.remove(&app, &pool, &s.machine_id, &s.tag);
+    }
+}

@@ -1,0 +1,351 @@
+//! The abstract world: Fly (machines, metadata, leases, cordons), the agents,
+//! the coordinator's slot set, the release tip, true time, and the replicas.
+//! Metadata values are the real formats (`Marker`, `Approval`, `Hold`,
+//! `SlotSet` serialized by their own code), so the real sweep parse and the
+//! real planner read them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use fleet_reconciler::config::{ActionMap, PoolConfig};
+use fleet_reconciler::decide::planner::Tracker;
+use fleet_reconciler::decide::policy::Policy;
+use fleet_reconciler::metadata::slots::SlotSet;
+use fleet_reconciler::model::{MachineId, PolicyAction, Severity};
+
+pub const APP: &str = "app";
+pub const POOL: &str = "default";
+/// The pool label key of the app (`apps[].pool_key`).
+pub const POOL_KEY: &str = "pool";
+/// Commits the release tip moves through; the last one is critical.
+pub const COMMITS: [&str; 3] = [
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+    "cccccccccccccccccccccccccccccccccccccccc",
+];
+pub const CRITICAL: u8 = 2;
+
+/// The model's rotation durations: tiny, so the tick quanta cross them
+/// within the depth.
+pub const RESTART_GRACE: i64 = 10;
+/// The longest wait a cordoned machine may be left in (the drain and
+/// checkpoint ceilings, 60 s) plus one sweep's slack.
+pub const CORDON_WAIT_BOUND: i64 = 90;
+
+pub fn t0() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default()
+}
+
+pub fn at(secs: i64) -> DateTime<Utc> {
+    t0() + chrono::Duration::seconds(secs)
+}
+
+pub fn machine_id(i: usize) -> MachineId {
+    MachineId::from(format!("m{i}").as_str())
+}
+
+/// A replica's configuration: the pool's cap and actions.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Conf {
+    /// `restart` at every severity.
+    Restart { cap: u8 },
+    /// `manual` at every severity.
+    Manual { cap: u8 },
+    /// `manual`, but `restart` for a critical drift.
+    ManualCriticalRestart { cap: u8 },
+    /// `restart`, but `manual` for a critical drift.
+    RestartCriticalManual { cap: u8 },
+}
+
+impl Conf {
+    pub fn cap(self) -> u8 {
+        match self {
+            Conf::Restart { cap }
+            | Conf::Manual { cap }
+            | Conf::ManualCriticalRestart { cap }
+            | Conf::RestartCriticalManual { cap } => cap,
+        }
+    }
+
+    pub fn policy(self) -> Policy {
+        use PolicyAction::{Manual, Restart};
+        let actions = match self {
+            Conf::Restart { .. } => [Restart; 4],
+            Conf::Manual { .. } => [Manual; 4],
+            Conf::ManualCriticalRestart { .. } => [Manual, Manual, Manual, Restart],
+            Conf::RestartCriticalManual { .. } => [Restart, Restart, Restart, Manual],
+        };
+        let pool = PoolConfig {
+            max_concurrent_rotations: NonZeroU32::new(u32::from(self.cap()))
+                .unwrap_or(NonZeroU32::MIN),
+            actions: ActionMap::from(actions),
+        };
+        let mut policy = Policy::default().with_pool(POOL, pool);
+        let r = &mut policy.rotation;
+        r.min_drift_age = Duration::ZERO;
+        r.restart_grace = Duration::from_secs(RESTART_GRACE as u64);
+        r.drain_ceiling = Duration::from_secs(60);
+        r.checkpoint_deadline = Duration::from_secs(60);
+        r.retry_after = Duration::from_secs(60);
+        r.probe_failure_ceiling = Duration::from_secs(120);
+        r.verify_deadline = Duration::from_secs(30);
+        r.recent_input_guard = Duration::ZERO;
+        r.max_attempts = NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN);
+        policy
+    }
+
+    /// What this configuration does about drift toward the commit `tip`.
+    pub fn action(self, tip: u8) -> PolicyAction {
+        self.policy().action(&POOL.into(), severity(tip))
+    }
+}
+
+/// The fixed verdict: a critical commit is critical, any other drift medium.
+pub fn severity(tip: u8) -> Severity {
+    if tip == CRITICAL {
+        Severity::Critical
+    } else {
+        Severity::Medium
+    }
+}
+
+/// One Fly machine and the agent on it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Machine {
+    pub started: bool,
+    pub host_ok: bool,
+    pub instance: u8,
+    pub cordoned: bool,
+    pub metadata: BTreeMap<String, String>,
+    /// The metadata an outside update (`fly deploy` from an old snapshot)
+    /// writes back.
+    pub older: BTreeMap<String, String>,
+    /// The replica holding the machine's Fly lease.
+    pub lease: Option<u8>,
+    pub busy: bool,
+    /// The agent's fence: the rotation tag it drained for.
+    pub fenced: Option<String>,
+    /// The commit index the agent loaded.
+    pub loaded: u8,
+    /// True time the cordon in force landed (for the one-clock grace).
+    pub cordoned_at: Option<i64>,
+}
+
+impl Machine {
+    pub fn new(busy: bool) -> Machine {
+        let metadata = BTreeMap::from([(POOL_KEY.to_string(), POOL.to_string())]);
+        Machine {
+            started: true,
+            host_ok: true,
+            instance: 1,
+            cordoned: false,
+            older: metadata.clone(),
+            metadata,
+            lease: None,
+            busy,
+            fenced: None,
+            loaded: 0,
+            cordoned_at: None,
+        }
+    }
+}
+
+/// The planner's memory between sweeps, compared by what it exposes (the
+/// drift and unprobed clocks of each model machine): `Tracker` has no `Eq`.
+#[derive(Clone, Debug, Default)]
+pub struct Mem(pub Tracker);
+
+/// One machine's clocks as the tracker exposes them: drift, unprobed.
+type Clocks = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+impl Mem {
+    fn key(&self) -> Vec<Clocks> {
+        (0..3)
+            .map(|i| {
+                let id = machine_id(i);
+                (self.0.drift_since(&id), self.0.unprobed_since(&id))
+            })
+            .chain(std::iter::once((self.0.slots_unknown_since(), None)))
+            .collect()
+    }
+}
+
+impl PartialEq for Mem {
+    fn eq(&self, other: &Mem) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for Mem {}
+impl Hash for Mem {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+/// A call's need, mirroring the executor's private `Call`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Need {
+    Write,
+    Disruptive,
+    Interrupting,
+}
+
+/// A guard of a restart (the planner's `RestartGuard`, which has no `Hash`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Guard {
+    MayInterrupt,
+    Idle,
+    Unprobeable,
+}
+
+/// A marker the executor writes, some fields filled at the call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum MarkerWrite {
+    /// As planned (advance, release, a restored marker).
+    Exact(String),
+    /// `claim`: the plan's marker as `claiming`, times now, our instance.
+    ClaimIntent(String),
+    /// `claim` after the slot: the first phase, times now, `cordoned`.
+    FirstPhase { reload: bool },
+    /// `restart`: the plan's marker, `restart_at` and attempt now, our instance.
+    Restarting(String),
+}
+
+/// One Fly (or agent) call of a step, as the executor makes it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Op {
+    /// `Executor::acquire`: the machine's lease.
+    Acquire,
+    /// `Executor::check`: GET, `read_back`, then the preconditions.
+    Check(Need),
+    /// `Executor::write_marker`.
+    WriteMarker(MarkerWrite),
+    /// `Executor::win_slot` → `apply_slot_changes`: one coordinator lease,
+    /// read, stale reclaim, write (atomic here).
+    WinSlot { tag: String },
+    /// `Executor::verify_slot`: a read of the coordinator.
+    VerifySlot { tag: String },
+    /// `FlyClient::cordon` (claim, advance, restart).
+    Cordon,
+    /// `FlyClient::uncordon` (release_rotation).
+    Uncordon,
+    /// `Executor::drain`'s POST (after its check).
+    Drain { tag: String, tolerant: bool },
+    /// `release_rotation`'s undrain POST.
+    Undrain { tag: String },
+    /// `Executor::fresh_probe`: declined → the plan's marker is put back.
+    Probe {
+        guard: Guard,
+        expected: String,
+        target: u8,
+    },
+    /// `FlyClient::restart`.
+    Restart,
+    /// `delete_metadata` of our marker (withdraw, claim at cap, release).
+    DeleteMarker,
+    /// `release_rotation`: the approval of this rotation's commit, if the
+    /// first read showed one.
+    DeleteApproval { target: u8 },
+    /// `write_unprobed`.
+    SetUnprobed(Option<String>),
+    /// `Executor::release_slot` (best effort).
+    ReleaseSlot { tag: String },
+    /// `run`'s `read_after_last_call`, then the lease release.
+    ReadAfterAndRelease,
+}
+
+/// The disruptive call not yet followed by a read (`Held::last_call`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct LastCall {
+    pub instance: Option<u8>,
+    pub undo_uncordon: bool,
+}
+
+/// One step being carried out by a replica.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Exec {
+    /// The step as the planner describes it (for traces).
+    pub label: String,
+    pub machine: usize,
+    pub ops: Vec<Op>,
+    /// The marker the machine must carry (`Watch::marker`).
+    pub watch: Option<String>,
+    /// A manual rotation's commit (`Watch::approval`).
+    pub approval: Option<u8>,
+    /// The first check's read: instance, and whether an approval named the
+    /// step's target then.
+    pub first_instance: Option<u8>,
+    pub first_approved: bool,
+    pub seen_instance: Option<u8>,
+    pub last_call: Option<LastCall>,
+    /// A disruptive call landed on a held machine and no read has reported it.
+    pub hold_unreported: bool,
+    /// Whether the lease was taken (a declined acquire holds nothing).
+    pub leased: bool,
+    /// The approval the last check read, and the agent's work at the
+    /// fresh probe: a revoke or new work landing after them, within the
+    /// restart's round trip, is the gap no read can close (docs/safety.md).
+    pub seen_approval: Option<String>,
+    pub busy_at_probe: Option<bool>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Replica {
+    pub conf: Conf,
+    pub skew: i64,
+    pub mem: Mem,
+    /// Steps of the last plan still to run, first one in progress.
+    pub queue: Vec<Exec>,
+    /// The last plan: its true time, and per machine whether it alerted
+    /// (`rotation_stuck`, `rotation_failed`) or planned a step.
+    pub last_plan: Option<(i64, Vec<bool>)>,
+}
+
+/// What the invariants need of the past.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub struct Record {
+    /// Busy agents restarted without the policy's leave (text for the trace).
+    pub busy_restart: Option<String>,
+    pub manual_restart: Option<String>,
+    pub hold_unreported: Option<String>,
+    /// Per approval (its `by`): the rotation tags restarted under it.
+    pub approval_rotations: BTreeMap<String, BTreeSet<String>>,
+    /// Restarts per (machine, target).
+    pub restarts: BTreeMap<(u8, u8), u8>,
+    /// Live slots allowed past the cap right after a cap was lowered (the
+    /// excess yields; only new claims are bounded by the new cap).
+    pub allowance: u8,
+}
+
+impl Record {
+    /// A promise judged at a transition was broken.
+    pub fn violated(&self) -> bool {
+        self.busy_restart.is_some()
+            || self.manual_restart.is_some()
+            || self.hold_unreported.is_some()
+            || self.approval_rotations.values().any(|t| t.len() > 1)
+            || self.restarts.values().any(|n| *n > 2)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct World {
+    pub time: i64,
+    pub tip: u8,
+    pub machines: Vec<Machine>,
+    pub slots: String,
+    pub replicas: Vec<Replica>,
+    pub approvals: u8,
+    /// Environment events left (bounds the space).
+    pub budget: u8,
+    pub record: Record,
+}
+
+impl World {
+    pub fn slot_set(&self) -> Option<SlotSet> {
+        SlotSet::parse(Some(&self.slots)).ok()
+    }
+}

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
+use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target, Undrain};
 use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind, EventRotation};
 use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
@@ -690,7 +690,13 @@ impl Executor {
                 // newer one (for a later tip) stays for the next rotation.
                 let clear_approval =
                     *clear_approval && approved(&machine, &marker.target, false).is_ok();
-                let undrain = *undrain || undrain_anyway(step, &machine);
+                let undrain = match undrain {
+                    Undrain::Needed => true,
+                    Undrain::NotNeeded => undrain_anyway(step, &machine),
+                    // The planner gave it up (alerted): asking again would
+                    // fail every sweep and keep the slot forever.
+                    Undrain::GivenUp => false,
+                };
                 self.release_rotation(&mut w, step, marker, undrain, clear_approval)
                     .await
             }
@@ -1623,7 +1629,7 @@ impl<'a> Watch<'a> {
 /// A drain may have been requested after the snapshot the plan saw (a lost
 /// answer, another replica's retry): judged here, under the lease, undrain
 /// whenever the marker says one may have been asked of an agent that still
-/// runs.
+/// runs. Never applied to an undrain the planner gave up ([`Undrain::GivenUp`]).
 fn undrain_anyway(step: &Step, machine: &Machine) -> bool {
     step.expected
         .as_ref()

@@ -27,7 +27,7 @@ use crate::decide::decision::Decision;
 use crate::decide::policy::Policy;
 use crate::decide::snapshot::{JudgedMachine, Snapshot};
 pub use crate::decide::step::{
-    AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, WithdrawWhy,
+    AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, Undrain, WithdrawWhy,
 };
 use crate::events::{Alert, AlertKind};
 use crate::metadata::MARKER_KEY;
@@ -1473,7 +1473,12 @@ fn release(
         target: target.clone(),
         expected: Some(marker.clone()),
         kind: StepKind::Release {
-            undrain: marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced,
+            undrain: if marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced
+            {
+                Undrain::Needed
+            } else {
+                Undrain::NotNeeded
+            },
             clear_approval: ending == Ending::Finished && op.controls.has_approval_key(),
             marker: next,
             why,
@@ -2032,12 +2037,18 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         ReleaseWhy::UndoUnfinished,
         now,
     );
-    let undrain = matches!(step.kind, StepKind::Release { undrain: true, .. });
+    let undrain = matches!(
+        step.kind,
+        StepKind::Release {
+            undrain: Undrain::Needed,
+            ..
+        }
+    );
     if undrain && updated_from_outside(&m.seen, marker) {
         // The update restarted the agent, which lifted its fence: only the
         // uncordon is left (and no restart of ours follows a stale plan).
         if let StepKind::Release { undrain, .. } = &mut step.kind {
-            *undrain = false;
+            *undrain = Undrain::GivenUp;
         }
         return step;
     }
@@ -2080,8 +2091,10 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
             m.seen.machine_id
         ),
     ));
+    // Given up in the step itself, so the executor's late-drain rule does
+    // not ask it again.
     if let StepKind::Release { undrain, .. } = &mut step.kind {
-        *undrain = false;
+        *undrain = Undrain::GivenUp;
     }
     step
 }

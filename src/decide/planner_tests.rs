@@ -638,7 +638,7 @@ fn finishing_a_manual_rotation_consumes_the_approval() {
     else {
         panic!("{plan:?}")
     };
-    assert!(*clear_approval && !*undrain);
+    assert!(*clear_approval && *undrain != Undrain::Needed);
     assert_eq!(next.ending, Some(Ending::Finished));
     assert_eq!(plan.steps()[0].expected.as_ref(), Some(&m));
 }
@@ -840,7 +840,7 @@ fn checkpoint_deadline_releases_the_fence_and_yields() {
     else {
         panic!("{plan:?}")
     };
-    assert!(*undrain);
+    assert_eq!(*undrain, Undrain::Needed);
     assert_eq!(*why, ReleaseWhy::CheckpointDeadline);
     assert_eq!(next.retry_at, Some(now + Cd::hours(1)));
 }
@@ -1292,7 +1292,7 @@ fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, ReleaseWhy)> {
             undrain,
             why,
             ..
-        } if s.target.machine_id == id => Some((marker.clone(), *undrain, *why)),
+        } if s.target.machine_id == id => Some((marker.clone(), *undrain == Undrain::Needed, *why)),
         _ => None,
     })
 }

@@ -2080,3 +2080,90 @@ async fn a_cordon_that_lands_after_an_outside_update_is_undone_at_once() {
     );
     sim.shutdown().await;
 }
+
+// ---- #32: the executor's defects ------------------------------------------------
+
+/// The coordinator's slot set, as the sim holds it.
+fn slots_of(sim: &Sim) -> fleet_reconciler::metadata::slots::SlotSet {
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::slots::SlotSet;
+    let metadata = sim.machine(COORD).unwrap().metadata;
+    SlotSet::parse(metadata.get(SLOTS_KEY).map(String::as_str)).unwrap()
+}
+
+/// #32 item 4. Before: past `rotation.release_ceiling` the planner gave up
+/// the undrain of an unreachable agent, and the executor's late-drain rule
+/// put it back: the undrain failed every sweep, the slot was never freed and
+/// the (here `manual`) pool starved.
+#[tokio::test(start_paused = true)]
+async fn a_release_past_its_ceiling_gives_up_an_unreachable_agents_undrain_and_frees_its_slot() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::marker::{Ending, RotationMode};
+    use fleet_reconciler::metadata::slots::Slot;
+    let w = world();
+    // Started and cordoned; its agent gives no usable report.
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .cordoned(true)
+                .behaviour(Behaviour::HttpError(503)),
+        ],
+    ))
+    .await
+    .unwrap();
+    let begun = sim.now() - chrono::Duration::hours(1);
+    let releasing = Marker {
+        tag: "m1-t32".into(),
+        target: CommitId::parse(&w.tip).expect("the tip"),
+        phase: Phase::Releasing,
+        mode: RotationMode::Wait,
+        action: fleet_reconciler::model::PolicyAction::Manual,
+        severity: fleet_reconciler::model::Severity::Low,
+        started_at: begun,
+        attempt_started_at: begun,
+        attempt: 0,
+        owner: "hand".into(),
+        restart_at: None,
+        retry_at: None,
+        drain_requested: true,
+        cordoned: Some(true),
+        ending: Some(Ending::Cancelled),
+        instance_id: Some(sim.machine("m1").unwrap().instance_id),
+        pool: None,
+        failed: None,
+    };
+    let mut slots = slots_of(&sim);
+    slots.try_add(
+        &"app".into(),
+        &"default".into(),
+        Slot {
+            machine_id: "m1".into(),
+            tag: releasing.tag.clone(),
+            owner: "hand".into(),
+            since: begun,
+        },
+        1,
+    );
+    sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
+    sim.set_metadata("m1", MARKER_KEY, &releasing.to_value());
+    // Its undrain cannot be delivered.
+    for _ in 0..3 {
+        sim.fail_next_agent_call("m1", "undrain", 503);
+    }
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("manual"), 1, "")).await;
+    let plan = hand.plan().await;
+    assert_eq!(plan.steps()[0].kind(), "cancel", "{:?}", plan.steps());
+    let done = hand.run(&plan).await;
+    assert_eq!(done[0].outcome, Outcome::Done, "{:?}", done[0].outcome);
+    assert!(
+        !slots_of(&sim).holds(&"app".into(), &"default".into(), &"m1".into(), "m1-t32"),
+        "the slot of a given-up undrain is never freed"
+    );
+    let m1 = sim.machine("m1").unwrap();
+    assert!(!m1.cordoned && marker_of(&sim, "m1").is_none(), "{m1:?}");
+    sim.shutdown().await;
+}

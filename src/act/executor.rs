@@ -665,7 +665,7 @@ impl Executor {
                 self.claim(&mut w, step, marker, &machine, *drain, *reload)
                     .await
             }
-            StepKind::Withdraw { .. } => self.withdraw(step, lease).await,
+            StepKind::Withdraw { .. } => self.withdraw(&w, step, &machine).await,
             StepKind::Advance { marker, cordon, .. } => {
                 self.advance(&mut w, step, marker, *cordon).await
             }
@@ -697,7 +697,10 @@ impl Executor {
                     // fail every sweep and keep the slot forever.
                     Undrain::GivenUp => false,
                 };
-                self.release_rotation(&mut w, step, marker, undrain, clear_approval)
+                // A cordon Fly shows is lifted even where the marker says none
+                // was made (one that landed after an outside update).
+                let uncordon = marker.may_have_cordoned() || machine.cordoned == Some(true);
+                self.release_rotation(&mut w, step, marker, uncordon, undrain, clear_approval)
                     .await
             }
             StepKind::RecordUnprobed { record } => {
@@ -708,9 +711,25 @@ impl Executor {
         }
     }
 
-    /// The claim goes (nothing was cordoned), and its slot if it won one.
-    async fn withdraw(&self, step: &Step, lease: &Held) -> Result<(), StepError> {
-        let t = &step.target;
+    /// The claim goes, and its slot if it won one. Our own cordon is never
+    /// under a `claiming` marker, but one that landed after an outside update
+    /// reverted the marker to the claim is (when its immediate undo failed):
+    /// whenever Fly shows the machine cordoned it is uncordoned first, so
+    /// the marker and the slot never go while a cordon stays.
+    async fn withdraw(
+        &self,
+        w: &Watch<'_>,
+        step: &Step,
+        machine: &Machine,
+    ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
+        if machine.cordoned == Some(true) {
+            lease.ensure()?;
+            self.bounded(lease)
+                .uncordon(&t.app, &t.machine_id, lease.nonce())
+                .await?;
+            self.check(w, Call::Write).await?;
+        }
         lease.ensure()?;
         self.bounded(lease)
             .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, lease.nonce())
@@ -1005,6 +1024,7 @@ impl Executor {
         w: &mut Watch<'_>,
         step: &Step,
         marker: &Marker,
+        uncordon: bool,
         undrain: bool,
         clear_approval: bool,
     ) -> Result<(), StepError> {
@@ -1013,7 +1033,7 @@ impl Executor {
         if step.expected.as_ref() != Some(marker) {
             self.write_marker(w, marker).await?;
         }
-        if marker.may_have_cordoned() {
+        if uncordon {
             self.check(w, Call::Write).await?;
             lease.ensure()?;
             if let Err(e) = self.bounded(lease).uncordon(app, id, nonce).await {

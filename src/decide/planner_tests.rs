@@ -2936,3 +2936,37 @@ fn a_slot_whose_machine_is_cordoned_without_a_marker_is_kept_and_alerted() {
     assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
     assert!(alerts(&plan, AlertKind::RotationStuck).is_empty());
 }
+
+/// #32 item 7. Before: a machine cordoned with no marker was counted and
+/// alerted only while it still held a coordinator slot; after a withdraw
+/// (which deleted the marker and the slot, not the cordon) it was out of
+/// the count and nobody was told.
+#[test]
+fn a_machine_cordoned_without_a_marker_or_a_slot_is_counted_and_alerted() {
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("")
+        .with(M::on_tip("x").fly_cordoned(true))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
+    assert!(
+        matches!(
+            plan.decisions()[&mid("a")],
+            Decision::WaitingForSlot { in_use: 1, .. }
+        ),
+        "the cordoned machine's capacity is out: {plan:?}"
+    );
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"], "{plan:?}");
+    // Without a known slot set too.
+    let mut fx = Fx::new("")
+        .with(M::on_tip("x").fly_cordoned(true))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_at(t0(), now);
+    assert!(
+        matches!(
+            plan.decisions()[&mid("a")],
+            Decision::WaitingForSlot { in_use: 1, .. }
+        ),
+        "{plan:?}"
+    );
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"], "{plan:?}");
+}

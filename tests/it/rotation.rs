@@ -2167,3 +2167,52 @@ async fn a_release_past_its_ceiling_gives_up_an_unreachable_agents_undrain_and_f
     assert!(!m1.cordoned && marker_of(&sim, "m1").is_none(), "{m1:?}");
     sim.shutdown().await;
 }
+
+/// #32 item 7. Before: `fly deploy` landed between our read and our cordon
+/// from a snapshot that held our `claiming` marker; the immediate uncordon
+/// failed (the host went down); the planner then withdrew the claim, which
+/// deleted the marker and the slot but not the cordon: a machine cordoned
+/// with no marker, no slot and no alert.
+#[tokio::test(start_paused = true)]
+async fn a_cordon_after_a_deploy_that_reverted_to_our_claim_is_undone_by_the_withdraw() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::sim::{HostStatus, OutsideLease};
+    let (_world, sim, mut hand, claim) = busy_machine_to_claim().await;
+    // The deploy's snapshot is taken just after our `claiming` marker write.
+    sim.handle().after_next_call("m1", "POST", "metadata", |h| {
+        let snapshot = h.machine("m1").expect("m1").metadata;
+        h.before_next_call("m1", "POST", "cordon", move |h| {
+            h.outside_update("m1", &snapshot, OutsideLease::ReuseFound)
+                .expect("the deploy lands");
+            // The undo of the cordon finds the host gone.
+            h.before_next_call("m1", "POST", "uncordon", |h| {
+                h.set_host_status("m1", HostStatus::Unreachable);
+            });
+        });
+    });
+    hand.run(&claim).await;
+    sim.set_host_status("m1", HostStatus::Ok);
+    let m1 = sim.machine("m1").unwrap();
+    assert!(m1.cordoned, "the setup: the undo failed");
+    assert_eq!(
+        marker_of(&sim, "m1").map(|m| m.phase),
+        Some(Phase::Claiming),
+        "the setup: the deploy reverted to our claim"
+    );
+    let withdraw = hand.plan().await;
+    assert_eq!(
+        withdraw.steps()[0].kind(),
+        "withdraw",
+        "{:?}",
+        withdraw.steps()
+    );
+    let done = hand.run(&withdraw).await;
+    assert_eq!(done[0].outcome, Outcome::Done, "{:?}", done[0].outcome);
+    let m1 = sim.machine("m1").unwrap();
+    assert!(
+        !m1.cordoned,
+        "left cordoned with no marker and no slot: {:?}",
+        m1.metadata
+    );
+    sim.shutdown().await;
+}

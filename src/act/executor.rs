@@ -161,6 +161,10 @@ pub enum Unfenced {
     /// connection broke after it was sent). Fly has no server-side deadline:
     /// it may carry the call out later, after the lease lapsed.
     Unanswered { lease: LeaseOf },
+    /// The read after a disruptive call could not be made (the GET failed,
+    /// or the host was unreachable and the metadata unknown): a hold that
+    /// landed around the call cannot be ruled out. Unknown is never "none".
+    ReadBackFailed { call: &'static str, why: String },
 }
 
 /// Whose lease fenced a call.
@@ -182,6 +186,10 @@ impl std::fmt::Display for Unfenced {
             Unfenced::UpdatedAround { call } => write!(
                 f,
                 "the machine was updated from outside (fly deploy?) around our {call} call, which may have landed on the new instance; a cordon or drain is undone at once, check the machine"
+            ),
+            Unfenced::ReadBackFailed { call, why } => write!(
+                f,
+                "the machine could not be read after our {call} call ({why}): a hold that landed around it would go unseen; check the machine's metadata and the agent's work"
             ),
             Unfenced::Unanswered {
                 lease: LeaseOf::Machine,
@@ -560,21 +568,34 @@ impl Executor {
         let t = &step.target;
         let lease = self.acquire(&t.app, &t.machine_id).await?;
         let result = self.under_lease(step, &lease, shutdown).await;
-        // The step's last disruptive call had no read after it.
-        self.read_after_last_call(t, &lease).await;
+        // The step's last disruptive call had no read after it; this is
+        // its last chance.
+        if let Some(why) = self.read_after_last_call(t, &lease).await
+            && let Some(last) = lock(&lease.last_call).take()
+        {
+            lease.note(Unfenced::ReadBackFailed {
+                call: last.call,
+                why,
+            });
+        }
         unfenced.extend(lease.take_unfenced(LeaseOf::Machine));
         self.release(lease).await;
         result
     }
 
     /// One read after a disruptive call that no check followed (see
-    /// [`Executor::read_back`]). An unreadable machine tells nothing.
-    async fn read_after_last_call(&self, t: &Target, lease: &Held) {
+    /// [`Executor::read_back`]). When the GET fails, the call stays for a
+    /// later read, and why is returned.
+    async fn read_after_last_call(&self, t: &Target, lease: &Held) -> Option<String> {
         if lock(&lease.last_call).is_none() {
-            return;
+            return None;
         }
-        if let Ok(m) = self.fly.get_machine(&t.app, &t.machine_id).await {
-            self.read_back(t, lease, &m).await;
+        match self.fly.get_machine(&t.app, &t.machine_id).await {
+            Ok(m) => {
+                self.read_back(t, lease, &m).await;
+                None
+            }
+            Err(e) => Some(e.to_string()),
         }
     }
 
@@ -591,10 +612,16 @@ impl Executor {
         let Some(last) = lock(&lease.last_call).take() else {
             return;
         };
-        if let Ok(metadata) = machine.known_metadata()
-            && metadata.contains_key(HOLD_KEY)
-        {
-            lease.note(Unfenced::HoldLanded { call: last.call });
+        match machine.known_metadata() {
+            Ok(metadata) if metadata.contains_key(HOLD_KEY) => {
+                lease.note(Unfenced::HoldLanded { call: last.call });
+            }
+            Ok(_) => {}
+            // A host Fly cannot reach hides a hold that raced the call.
+            Err(e) => lease.note(Unfenced::ReadBackFailed {
+                call: last.call,
+                why: e.to_string(),
+            }),
         }
         if last
             .instance
@@ -860,8 +887,9 @@ impl Executor {
         lease.calling("restart", None);
         self.bounded(lease).restart(app, id, None, nonce).await?;
         // Read back at once, not after the wait for `started`: a hold
-        // written later did not race the restart.
-        self.read_after_last_call(t, lease).await;
+        // written later did not race the restart. If this read fails, the
+        // step's last read tries again (and reports it if that fails too).
+        let _ = self.read_after_last_call(t, lease).await;
         tokio::select! {
             _ = shutdown.cancelled() => Ok(()),
             r = self.fly.wait(app, id, WaitState::Started, self.tuning.start_wait) => match r {

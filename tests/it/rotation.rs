@@ -2216,3 +2216,30 @@ async fn a_cordon_after_a_deploy_that_reverted_to_our_claim_is_undone_by_the_wit
     );
     sim.shutdown().await;
 }
+
+/// #32 item 10. Before: when the read after a restart found the host
+/// unreachable (its metadata unknown), the call was dropped: a hold that
+/// raced the restart passed unseen, with no `action_unfenced`.
+#[tokio::test(start_paused = true)]
+async fn a_read_after_the_restart_that_cannot_be_made_is_reported() {
+    use fleet_reconciler::sim::HostStatus;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    sim.handle().after_next_call("m1", "POST", "restart", |h| {
+        h.set_metadata("m1", HOLD_KEY, "ops: incident 49");
+        h.set_host_status("m1", HostStatus::Unreachable);
+    });
+    let done = hand.run(&restart).await;
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    let reported = unfenced(&done);
+    assert!(
+        reported
+            .iter()
+            .any(|s| s.contains("restart") && s.contains("could not be read")),
+        "{reported:?} ({:?})",
+        done[0].outcome
+    );
+    sim.shutdown().await;
+}

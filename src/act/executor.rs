@@ -8,7 +8,10 @@
 //! marker the plan saw, for `manual` an approval that still names the
 //! rotation's commit, the rotation's slot, and before a restart that must not
 //! interrupt work a fresh probe of the agent — then writes the new marker, and
-//! only then acts. A failed precondition is a typed [`Declined`], never an
+//! only then acts. The read a disruptive call is judged on is the last thing
+//! before it (a restart's comes after its probe), and every such call is read
+//! back after it; what that read finds, or cannot find, is reported as
+//! [`Unfenced`]. A failed precondition is a typed [`Declined`], never an
 //! error retried blindly. Once a lease refresh failed, the step makes no
 //! further mutating call.
 //!
@@ -817,9 +820,10 @@ impl Executor {
         Ok(())
     }
 
-    /// The restart: cordoned, the marker written first, then the probe that
-    /// authorizes it as the last call before it (the marker is put back when
-    /// it is declined), then the wait for `started`.
+    /// The restart: cordoned, the marker written first, then the probe, then
+    /// the read it is judged on as the last call before it (the marker is
+    /// put back when it is declined),
+    /// then the wait for `started`.
     async fn restart(
         &self,
         w: &mut Watch<'_>,
@@ -853,32 +857,23 @@ impl Executor {
         // reconciler waits out the verify deadline instead of restarting twice.
         self.check(w, Call::Write).await?;
         self.write_marker(w, &marker).await?;
-        // The marker write may have taken seconds (retries): the hold,
-        // the approval and the agent's work are judged again now, and
-        // the probe that authorizes the restart is the last call before it.
+        // The probe (seconds) comes first, then the read the restart is
+        // judged on (the hold, the approval): a hold can slip
+        // in only within that one round trip, which the read after the
+        // restart reports.
         let authorized = async {
+            self.fresh_probe(t, expected, &marker.target, guard).await?;
             let need = if guard == RestartGuard::MayInterrupt {
                 Call::Interrupting
             } else {
                 Call::Disruptive
             };
             self.check(w, need).await?;
-            self.fresh_probe(t, expected, &marker.target, guard).await
+            Ok::<(), StepError>(())
         }
         .await;
         if let Err(declined) = authorized {
-            // Nothing was restarted: put the plan's marker back so the
-            // rotation is not taken for one that restarted (best effort:
-            // if this fails, the verify deadline only delays it).
-            let restored = async {
-                // Judged like any call: not on a held machine.
-                self.check(w, Call::Write).await?;
-                self.write_marker(w, expected).await
-            }
-            .await;
-            if let Err(e) = restored {
-                tracing::info!(%app, machine_id = %id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
-            }
+            self.put_marker_back(w, expected).await;
             return Err(declined);
         }
         lease.ensure()?;
@@ -897,6 +892,20 @@ impl Executor {
                 Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
                 Err(e) => Err(e.into()),
             },
+        }
+    }
+
+    /// Nothing was restarted: puts the plan's marker back so the rotation is
+    /// not taken for one that restarted. Best effort, judged like any call
+    /// (not on a held machine): if it fails, the verify deadline only delays it.
+    async fn put_marker_back(&self, w: &mut Watch<'_>, expected: &Marker) {
+        let restored = async {
+            self.check(w, Call::Write).await?;
+            self.write_marker(w, expected).await
+        }
+        .await;
+        if let Err(e) = restored {
+            tracing::info!(app = %w.t.app, machine_id = %w.t.machine_id, error = %e, "could not restore the marker after a restart not carried out; the verify deadline covers it");
         }
     }
 

@@ -2243,3 +2243,24 @@ async fn a_read_after_the_restart_that_cannot_be_made_is_reported() {
     );
     sim.shutdown().await;
 }
+
+/// #32 item 11. Before: the machine was read before the fresh probe, and
+/// the restart followed the probe with no read between: a hold written
+/// while the probe was in flight did not stop it.
+#[tokio::test(start_paused = true)]
+async fn a_hold_written_while_the_probe_is_in_flight_stops_the_restart() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    // The executor's fresh probe is the agent's next health call.
+    sim.handle().before_next_call("m1", "GET", "health", |h| {
+        h.set_metadata("m1", HOLD_KEY, "ops: incident 50");
+    });
+    let done = hand.run(&restart).await;
+    assert_eq!(sim.handle().pending_hooks(), 0, "the probe was made");
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::Held));
+    assert!(restarts(&sim, "m1").is_empty(), "restarted a held machine");
+    sim.shutdown().await;
+}

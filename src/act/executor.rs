@@ -822,7 +822,7 @@ impl Executor {
 
     /// The restart: cordoned, the marker written first, then the probe, then
     /// the read it is judged on as the last call before it (the marker is
-    /// put back when it is declined),
+    /// put back when it is declined, or when Fly's rate limit refuses it),
     /// then the wait for `started`.
     async fn restart(
         &self,
@@ -880,7 +880,18 @@ impl Executor {
         // No timeout: Fly then waits the app's own kill_timeout (up to
         // 300 s) for the agent to checkpoint on its stop signal.
         lease.calling("restart", None);
-        self.bounded(lease).restart(app, id, None, nonce).await?;
+        match self.bounded(lease).restart(app, id, None, nonce).await {
+            Ok(()) => {}
+            // Fly's rate limit refused it (every retry too): nothing
+            // restarted, so neither the marker nor the read after it may
+            // say one did.
+            Err(FlyError::RateLimited { .. } | FlyError::Status { status: 429, .. }) => {
+                lock(&lease.last_call).take();
+                self.put_marker_back(w, expected).await;
+                return Err(Declined::RateLimited.into());
+            }
+            Err(e) => return Err(e.into()),
+        }
         // Read back at once, not after the wait for `started`: a hold
         // written later did not race the restart. If this read fails, the
         // step's last read tries again (and reports it if that fails too).

@@ -2264,3 +2264,30 @@ async fn a_hold_written_while_the_probe_is_in_flight_stops_the_restart() {
     assert!(restarts(&sim, "m1").is_empty(), "restarted a held machine");
     sim.shutdown().await;
 }
+
+/// #32 item 13d. Before: a restart refused by Fly's rate limit ended as a
+/// skip, but its marker already said `restarting`: the rotation was taken
+/// for one that restarted and waited out the verify deadline.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limited_restart_puts_the_marker_back() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    let before = marker_of(&sim, "m1").unwrap();
+    // Every attempt of the restart (first and retries) answers 429.
+    for _ in 0..5 {
+        sim.fault_next_call("m1", "POST", "restart", ChaosFault::TooManyRequests);
+    }
+    let done = hand.run(&restart).await;
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::RateLimited));
+    assert!(restarts(&sim, "m1").is_empty());
+    assert_eq!(
+        marker_of(&sim, "m1"),
+        Some(before),
+        "the marker says a restart happened"
+    );
+    sim.shutdown().await;
+}

@@ -123,6 +123,10 @@ pub enum Declined {
     AgentAnswers(planner::NotIdle),
     #[error("fresh probe: the agent already runs the target")]
     OnTarget,
+    /// An unprobeable agent's restart, and Fly shows health checks that all
+    /// pass: the machine serves as far as Fly can tell.
+    #[error("the agent gives no usable report but Fly's health checks all pass; not restarted")]
+    FlyChecksPass,
     #[error("shutting down")]
     ShuttingDown,
     #[error(
@@ -858,7 +862,7 @@ impl Executor {
         self.check(w, Call::Write).await?;
         self.write_marker(w, &marker).await?;
         // The probe (seconds) comes first, then the read the restart is
-        // judged on (the hold, the approval): a hold can slip
+        // judged on (the hold, the approval, Fly's checks): a hold can slip
         // in only within that one round trip, which the read after the
         // restart reports.
         let authorized = async {
@@ -868,7 +872,10 @@ impl Executor {
             } else {
                 Call::Disruptive
             };
-            self.check(w, need).await?;
+            let now = self.check(w, need).await?;
+            if guard == RestartGuard::Unprobeable && fly_checks_pass(&now) {
+                return Err(Declined::FlyChecksPass.into());
+            }
             Ok::<(), StepError>(())
         }
         .await;
@@ -1702,6 +1709,11 @@ fn undrain_anyway(step: &Step, machine: &Machine) -> bool {
     step.expected
         .as_ref()
         .is_some_and(|e| e.drain_requested && e.phase != Phase::Yielded && machine.is_started())
+}
+
+/// Fly shows health checks of the machine and every one passes.
+fn fly_checks_pass(machine: &Machine) -> bool {
+    !machine.checks.is_empty() && machine.checks.iter().all(|c| c.passing())
 }
 
 /// What the next call of a step needs of the machine.

@@ -877,7 +877,14 @@ async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
         sweeps(&first) >= 1
     })
     .await;
+    // Unreachable, and failing Fly's check too: an unprobeable agent whose
+    // machine passes every check serves, and is not restarted (#32 item 3).
     sim.set_behaviour("m1", Behaviour::HttpError(503));
+    sim.set_check(
+        "m1",
+        fleet_reconciler::sim::DEFAULT_CHECK,
+        fleet_reconciler::sim::CheckStatus::Critical,
+    );
     eventually("evidence recorded", Duration::from_secs(10), async || {
         sim.machine("m1")
             .is_some_and(|m| m.metadata.contains_key(UNPROBED_KEY))
@@ -2288,6 +2295,63 @@ async fn a_rate_limited_restart_puts_the_marker_back() {
         marker_of(&sim, "m1"),
         Some(before),
         "the marker says a restart happened"
+    );
+    sim.shutdown().await;
+}
+
+/// #32 item 3, the executor's part. Before: an unprobeable agent's restart
+/// went ahead whatever Fly showed; when Fly's health checks all pass at the
+/// moment of the restart, the machine serves as far as Fly can tell, and
+/// the restart is declined.
+#[tokio::test(start_paused = true)]
+async fn an_unprobeable_restart_is_declined_when_flys_checks_all_pass() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    use fleet_reconciler::decide::planner::{RestartGuard, StepKind};
+    use fleet_reconciler::sim::{CheckStatus, DEFAULT_CHECK};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "probe_failure_ceiling = \"3s\"",
+        ),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    // The agent stops answering, and Fly's check fails with it.
+    sim.set_behaviour("m1", Behaviour::HttpError(503));
+    sim.set_check("m1", DEFAULT_CHECK, CheckStatus::Critical);
+    let record = hand.plan().await;
+    hand.run(&record).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let restart = hand.plan().await;
+    assert!(
+        matches!(
+            restart.steps()[0].kind,
+            StepKind::Restart {
+                guard: RestartGuard::Unprobeable,
+                ..
+            }
+        ),
+        "{:?}",
+        restart.steps()
+    );
+    // After the snapshot, Fly's check passes again.
+    sim.set_check("m1", DEFAULT_CHECK, CheckStatus::Passing);
+    let done = hand.run(&restart).await;
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::FlyChecksPass));
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "restarted a serving machine"
     );
     sim.shutdown().await;
 }

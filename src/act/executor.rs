@@ -8,7 +8,10 @@
 //! marker the plan saw, for `manual` an approval that still names the
 //! rotation's commit, the rotation's slot, and before a restart that must not
 //! interrupt work a fresh probe of the agent — then writes the new marker, and
-//! only then acts. A failed precondition is a typed [`Declined`], never an
+//! only then acts. The read a disruptive call is judged on is the last thing
+//! before it (a restart's comes after its probe), and every such call is read
+//! back after it; what that read finds, or cannot find, is reported as
+//! [`Unfenced`]. A failed precondition is a typed [`Declined`], never an
 //! error retried blindly. Once a lease refresh failed, the step makes no
 //! further mutating call.
 //!
@@ -29,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target};
+use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target, Undrain};
 use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind, EventRotation};
 use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
@@ -120,6 +123,10 @@ pub enum Declined {
     AgentAnswers(planner::NotIdle),
     #[error("fresh probe: the agent already runs the target")]
     OnTarget,
+    /// An unprobeable agent's restart, and Fly shows health checks that all
+    /// pass: the machine serves as far as Fly can tell.
+    #[error("the agent gives no usable report but Fly's health checks all pass; not restarted")]
+    FlyChecksPass,
     #[error("shutting down")]
     ShuttingDown,
     #[error(
@@ -161,6 +168,10 @@ pub enum Unfenced {
     /// connection broke after it was sent). Fly has no server-side deadline:
     /// it may carry the call out later, after the lease lapsed.
     Unanswered { lease: LeaseOf },
+    /// The read after a disruptive call could not be made (the GET failed,
+    /// or the host was unreachable and the metadata unknown): a hold that
+    /// landed around the call cannot be ruled out. Unknown is never "none".
+    ReadBackFailed { call: &'static str, why: String },
 }
 
 /// Whose lease fenced a call.
@@ -182,6 +193,10 @@ impl std::fmt::Display for Unfenced {
             Unfenced::UpdatedAround { call } => write!(
                 f,
                 "the machine was updated from outside (fly deploy?) around our {call} call, which may have landed on the new instance; a cordon or drain is undone at once, check the machine"
+            ),
+            Unfenced::ReadBackFailed { call, why } => write!(
+                f,
+                "the machine could not be read after our {call} call ({why}): a hold that landed around it would go unseen; check the machine's metadata and the agent's work"
             ),
             Unfenced::Unanswered {
                 lease: LeaseOf::Machine,
@@ -560,21 +575,34 @@ impl Executor {
         let t = &step.target;
         let lease = self.acquire(&t.app, &t.machine_id).await?;
         let result = self.under_lease(step, &lease, shutdown).await;
-        // The step's last disruptive call had no read after it.
-        self.read_after_last_call(t, &lease).await;
+        // The step's last disruptive call had no read after it; this is
+        // its last chance.
+        if let Some(why) = self.read_after_last_call(t, &lease).await
+            && let Some(last) = lock(&lease.last_call).take()
+        {
+            lease.note(Unfenced::ReadBackFailed {
+                call: last.call,
+                why,
+            });
+        }
         unfenced.extend(lease.take_unfenced(LeaseOf::Machine));
         self.release(lease).await;
         result
     }
 
     /// One read after a disruptive call that no check followed (see
-    /// [`Executor::read_back`]). An unreadable machine tells nothing.
-    async fn read_after_last_call(&self, t: &Target, lease: &Held) {
+    /// [`Executor::read_back`]). When the GET fails, the call stays for a
+    /// later read, and why is returned.
+    async fn read_after_last_call(&self, t: &Target, lease: &Held) -> Option<String> {
         if lock(&lease.last_call).is_none() {
-            return;
+            return None;
         }
-        if let Ok(m) = self.fly.get_machine(&t.app, &t.machine_id).await {
-            self.read_back(t, lease, &m).await;
+        match self.fly.get_machine(&t.app, &t.machine_id).await {
+            Ok(m) => {
+                self.read_back(t, lease, &m).await;
+                None
+            }
+            Err(e) => Some(e.to_string()),
         }
     }
 
@@ -591,10 +619,16 @@ impl Executor {
         let Some(last) = lock(&lease.last_call).take() else {
             return;
         };
-        if let Ok(metadata) = machine.known_metadata()
-            && metadata.contains_key(HOLD_KEY)
-        {
-            lease.note(Unfenced::HoldLanded { call: last.call });
+        match machine.known_metadata() {
+            Ok(metadata) if metadata.contains_key(HOLD_KEY) => {
+                lease.note(Unfenced::HoldLanded { call: last.call });
+            }
+            Ok(_) => {}
+            // A host Fly cannot reach hides a hold that raced the call.
+            Err(e) => lease.note(Unfenced::ReadBackFailed {
+                call: last.call,
+                why: e.to_string(),
+            }),
         }
         if last
             .instance
@@ -665,7 +699,7 @@ impl Executor {
                 self.claim(&mut w, step, marker, &machine, *drain, *reload)
                     .await
             }
-            StepKind::Withdraw { .. } => self.withdraw(step, lease).await,
+            StepKind::Withdraw { .. } => self.withdraw(&w, step, &machine).await,
             StepKind::Advance { marker, cordon, .. } => {
                 self.advance(&mut w, step, marker, *cordon).await
             }
@@ -698,8 +732,17 @@ impl Executor {
                             .is_some_and(|v| ApprovalId::of(v) == *id),
                         None => approved(&machine, &marker.target, false).is_ok(),
                     };
-                let undrain = *undrain || undrain_anyway(step, &machine);
-                self.release_rotation(&mut w, step, marker, undrain, clear_approval)
+                let undrain = match undrain {
+                    Undrain::Needed => true,
+                    Undrain::NotNeeded => undrain_anyway(step, &machine),
+                    // The planner gave it up (alerted): asking again would
+                    // fail every sweep and keep the slot forever.
+                    Undrain::GivenUp => false,
+                };
+                // A cordon Fly shows is lifted even where the marker says none
+                // was made (one that landed after an outside update).
+                let uncordon = marker.may_have_cordoned() || machine.cordoned == Some(true);
+                self.release_rotation(&mut w, step, marker, uncordon, undrain, clear_approval)
                     .await
             }
             StepKind::RecordUnprobed { record } => {
@@ -710,9 +753,25 @@ impl Executor {
         }
     }
 
-    /// The claim goes (nothing was cordoned), and its slot if it won one.
-    async fn withdraw(&self, step: &Step, lease: &Held) -> Result<(), StepError> {
-        let t = &step.target;
+    /// The claim goes, and its slot if it won one. Our own cordon is never
+    /// under a `claiming` marker, but one that landed after an outside update
+    /// reverted the marker to the claim is (when its immediate undo failed):
+    /// whenever Fly shows the machine cordoned it is uncordoned first, so
+    /// the marker and the slot never go while a cordon stays.
+    async fn withdraw(
+        &self,
+        w: &Watch<'_>,
+        step: &Step,
+        machine: &Machine,
+    ) -> Result<(), StepError> {
+        let (t, lease) = (w.t, w.lease);
+        if machine.cordoned == Some(true) {
+            lease.ensure()?;
+            self.bounded(lease)
+                .uncordon(&t.app, &t.machine_id, lease.nonce())
+                .await?;
+            self.check(w, Call::Write).await?;
+        }
         lease.ensure()?;
         self.bounded(lease)
             .delete_metadata(&t.app, &t.machine_id, MARKER_KEY, lease.nonce())
@@ -773,9 +832,10 @@ impl Executor {
         Ok(())
     }
 
-    /// The restart: cordoned, the marker written first, then the probe that
-    /// authorizes it as the last call before it (the marker is put back when
-    /// it is declined), then the wait for `started`.
+    /// The restart: cordoned, the marker written first, then the probe, then
+    /// the read it is judged on as the last call before it (the marker is
+    /// put back when it is declined, or when Fly's rate limit refuses it),
+    /// then the wait for `started`.
     async fn restart(
         &self,
         w: &mut Watch<'_>,
@@ -809,42 +869,48 @@ impl Executor {
         // reconciler waits out the verify deadline instead of restarting twice.
         self.check(w, Call::Write).await?;
         self.write_marker(w, &marker).await?;
-        // The marker write may have taken seconds (retries): the hold,
-        // the approval and the agent's work are judged again now, and
-        // the probe that authorizes the restart is the last call before it.
+        // The probe (seconds) comes first, then the read the restart is
+        // judged on (the hold, the approval, Fly's checks): a hold can slip
+        // in only within that one round trip, which the read after the
+        // restart reports.
         let authorized = async {
+            self.fresh_probe(t, expected, &marker.target, guard).await?;
             let need = if guard == RestartGuard::MayInterrupt {
                 Call::Interrupting
             } else {
                 Call::Disruptive
             };
-            self.check(w, need).await?;
-            self.fresh_probe(t, expected, &marker.target, guard).await
+            let now = self.check(w, need).await?;
+            if guard == RestartGuard::Unprobeable && fly_checks_pass(&now) {
+                return Err(Declined::FlyChecksPass.into());
+            }
+            Ok::<(), StepError>(())
         }
         .await;
         if let Err(declined) = authorized {
-            // Nothing was restarted: put the plan's marker back so the
-            // rotation is not taken for one that restarted (best effort:
-            // if this fails, the verify deadline only delays it).
-            let restored = async {
-                // Judged like any call: not on a held machine.
-                self.check(w, Call::Write).await?;
-                self.write_marker(w, expected).await
-            }
-            .await;
-            if let Err(e) = restored {
-                tracing::info!(%app, machine_id = %id, error = %e, "could not restore the marker after a declined restart; the verify deadline covers it");
-            }
+            self.put_marker_back(w, expected).await;
             return Err(declined);
         }
         lease.ensure()?;
         // No timeout: Fly then waits the app's own kill_timeout (up to
         // 300 s) for the agent to checkpoint on its stop signal.
         lease.calling("restart", None);
-        self.bounded(lease).restart(app, id, None, nonce).await?;
+        match self.bounded(lease).restart(app, id, None, nonce).await {
+            Ok(()) => {}
+            // Fly's rate limit refused it (every retry too): nothing
+            // restarted, so neither the marker nor the read after it may
+            // say one did.
+            Err(FlyError::RateLimited { .. } | FlyError::Status { status: 429, .. }) => {
+                lock(&lease.last_call).take();
+                self.put_marker_back(w, expected).await;
+                return Err(Declined::RateLimited.into());
+            }
+            Err(e) => return Err(e.into()),
+        }
         // Read back at once, not after the wait for `started`: a hold
-        // written later did not race the restart.
-        self.read_after_last_call(t, lease).await;
+        // written later did not race the restart. If this read fails, the
+        // step's last read tries again (and reports it if that fails too).
+        let _ = self.read_after_last_call(t, lease).await;
         tokio::select! {
             _ = shutdown.cancelled() => Ok(()),
             r = self.fly.wait(app, id, WaitState::Started, self.tuning.start_wait) => match r {
@@ -852,6 +918,20 @@ impl Executor {
                 Ok(()) | Err(FlyError::WaitTimeout { .. }) => Ok(()),
                 Err(e) => Err(e.into()),
             },
+        }
+    }
+
+    /// Nothing was restarted: puts the plan's marker back so the rotation is
+    /// not taken for one that restarted. Best effort, judged like any call
+    /// (not on a held machine): if it fails, the verify deadline only delays it.
+    async fn put_marker_back(&self, w: &mut Watch<'_>, expected: &Marker) {
+        let restored = async {
+            self.check(w, Call::Write).await?;
+            self.write_marker(w, expected).await
+        }
+        .await;
+        if let Err(e) = restored {
+            tracing::info!(app = %w.t.app, machine_id = %w.t.machine_id, error = %e, "could not restore the marker after a restart not carried out; the verify deadline covers it");
         }
     }
 
@@ -1007,6 +1087,7 @@ impl Executor {
         w: &mut Watch<'_>,
         step: &Step,
         marker: &Marker,
+        uncordon: bool,
         undrain: bool,
         clear_approval: bool,
     ) -> Result<(), StepError> {
@@ -1015,7 +1096,7 @@ impl Executor {
         if step.expected.as_ref() != Some(marker) {
             self.write_marker(w, marker).await?;
         }
-        if marker.may_have_cordoned() {
+        if uncordon {
             self.check(w, Call::Write).await?;
             lease.ensure()?;
             if let Err(e) = self.bounded(lease).uncordon(app, id, nonce).await {
@@ -1631,11 +1712,16 @@ impl<'a> Watch<'a> {
 /// A drain may have been requested after the snapshot the plan saw (a lost
 /// answer, another replica's retry): judged here, under the lease, undrain
 /// whenever the marker says one may have been asked of an agent that still
-/// runs.
+/// runs. Never applied to an undrain the planner gave up ([`Undrain::GivenUp`]).
 fn undrain_anyway(step: &Step, machine: &Machine) -> bool {
     step.expected
         .as_ref()
         .is_some_and(|e| e.drain_requested && e.phase != Phase::Yielded && machine.is_started())
+}
+
+/// Fly shows health checks of the machine and every one passes.
+fn fly_checks_pass(machine: &Machine) -> bool {
+    !machine.checks.is_empty() && machine.checks.iter().all(|c| c.passing())
 }
 
 /// What the next call of a step needs of the machine.

@@ -31,7 +31,7 @@ use crate::decide::decision::Decision;
 use crate::decide::policy::Policy;
 use crate::decide::snapshot::{JudgedMachine, Snapshot};
 pub use crate::decide::step::{
-    AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, WithdrawWhy,
+    AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, Undrain, WithdrawWhy,
 };
 use crate::events::{Alert, AlertKind};
 use crate::metadata::MARKER_KEY;
@@ -932,33 +932,44 @@ impl<'a> Planning<'a> {
         None
     }
 
-    /// A machine Fly says is cordoned, with no marker, that holds a slot in
-    /// the coordinator: our cordon landed after an outside update reverted
-    /// the marker, and the executor's immediate uncordon failed. Its slot is
-    /// kept (the cap holds); a human uncordons it, or a new rotation of the
-    /// machine ends with an uncordon.
+    /// A machine Fly says is cordoned and that no marker claims: our cordon
+    /// landed after an outside update reverted the marker (to none, or to
+    /// our `claiming` one, which was then withdrawn), and the executor's
+    /// immediate uncordon failed. Its capacity is out whether or not it
+    /// still holds a slot, so it always counts (see [`slots_in_use`]) and is
+    /// alerted; a human uncordons it, or a new rotation of the machine ends
+    /// with an uncordon. A machine whose metadata is unknown may carry a
+    /// marker: not alerted as one without.
     fn cordoned_without_marker(&mut self, ctx: &Ctx<'_>) {
         let m = ctx.m;
-        let SlotsView::Known(set) = &self.report.slots else {
-            return;
-        };
-        if m.seen.inputs.cordoned != Some(true)
-            || !set
-                .slots(&m.seen.app, ctx.pool)
-                .iter()
-                .any(|s| s.machine_id == m.seen.machine_id)
-        {
+        if m.seen.inputs.cordoned != Some(true) || m.seen.inputs.metadata_unknown().is_some() {
             return;
         }
+        let slot = match &self.report.slots {
+            SlotsView::Known(set) => set
+                .slots(&m.seen.app, ctx.pool)
+                .iter()
+                .any(|s| s.machine_id == m.seen.machine_id),
+            SlotsView::Unknown(_) | SlotsView::NotConfigured => false,
+        };
+        let (id, app) = (&m.seen.machine_id, &m.seen.app);
+        let summary = if slot {
+            format!(
+                "{id} is cordoned and holds a rotation slot of pool {} but carries no rotation marker (an outside update such as `fly deploy` reverted it): `fly machine uncordon {id} -a {app}`; the slot is freed once it is uncordoned",
+                ctx.pool
+            )
+        } else {
+            format!(
+                "{id} is cordoned but carries no rotation marker (an outside update such as `fly deploy` may have reverted it around our cordon): it counts against pool {}'s cap until `fly machine uncordon {id} -a {app}`",
+                ctx.pool
+            )
+        };
         self.alerts.push(machine_alert(
             AlertKind::RotationStuck,
             m,
             ctx.tip,
             Severity::High,
-            format!(
-                "{} is cordoned and holds a rotation slot of pool {} but carries no rotation marker (an outside update such as `fly deploy` reverted it): `fly machine uncordon {} -a {}`; the slot is freed once it is uncordoned",
-                m.seen.machine_id, ctx.pool, m.seen.machine_id, m.seen.app
-            ),
+            summary,
         ));
     }
 
@@ -1328,9 +1339,11 @@ impl<'a> Planning<'a> {
 /// marker is unreadable, or which is cordoned with no marker at all, keeps
 /// its slot (fail closed), and an unreadable marker counts only for a slot
 /// it holds. Readable markers holding capacity
-/// without a slot (being undone, maybe still cordoned) count too. Without a
-/// known set, every marker that may hold a slot counts, unreadable and
-/// unknown ones included.
+/// without a slot (being undone, maybe still cordoned) count too, and so
+/// does a machine Fly shows cordoned with no marker and no slot (its
+/// capacity is out all the same). Without a known set, every marker that
+/// may hold a slot counts, unreadable and unknown ones included, and every
+/// machine cordoned with no marker.
 fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, PoolName), usize> {
     let mut in_use: BTreeMap<(AppName, PoolName), usize> = BTreeMap::new();
     let set = match &report.slots {
@@ -1395,7 +1408,16 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
             }
             (Some(Ok(marker)), None) => marker.phase.holds_slot(),
             (Some(Err(_)), None) => true,
-            (Some(Err(_)), Some(_)) | (None, _) => false,
+            (Some(Err(_)), Some(_)) => false,
+            // Cordoned with no marker: counted above if it holds a slot.
+            (None, Some(set)) => {
+                m.inputs.cordoned == Some(true)
+                    && !set
+                        .slots(&m.app, pool)
+                        .iter()
+                        .any(|s| s.machine_id == m.machine_id)
+            }
+            (None, None) => m.inputs.cordoned == Some(true),
         };
         if holds {
             *in_use.entry((m.app.clone(), pool.clone())).or_default() += 1;
@@ -1717,7 +1739,12 @@ fn release(
         target: target.clone(),
         expected: Some(marker.clone()),
         kind: StepKind::Release {
-            undrain: marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced,
+            undrain: if marker.drain_requested && marker.phase != Phase::Yielded && !proven_unfenced
+            {
+                Undrain::Needed
+            } else {
+                Undrain::NotNeeded
+            },
             clear_approval,
             marker: next,
             why,
@@ -2361,12 +2388,18 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
         ReleaseWhy::UndoUnfinished,
         now,
     );
-    let undrain = matches!(step.kind, StepKind::Release { undrain: true, .. });
+    let undrain = matches!(
+        step.kind,
+        StepKind::Release {
+            undrain: Undrain::Needed,
+            ..
+        }
+    );
     if undrain && updated_from_outside(&m.seen, marker) {
         // The update restarted the agent, which lifted its fence: only the
         // uncordon is left (and no restart of ours follows a stale plan).
         if let StepKind::Release { undrain, .. } = &mut step.kind {
-            *undrain = false;
+            *undrain = Undrain::GivenUp;
         }
         return step;
     }
@@ -2417,8 +2450,10 @@ fn releasing(ctx: &Ctx<'_>, marker: &Marker, alerts: &mut Vec<Alert>) -> Step {
             m.seen.machine_id
         ),
     ));
+    // Given up in the step itself, so the executor's late-drain rule does
+    // not ask it again.
     if let StepKind::Release { undrain, .. } = &mut step.kind {
-        *undrain = false;
+        *undrain = Undrain::GivenUp;
     }
     step
 }

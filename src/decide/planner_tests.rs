@@ -645,7 +645,7 @@ fn finishing_a_manual_rotation_consumes_the_approval() {
     else {
         panic!("{plan:?}")
     };
-    assert!(*clear_approval && !*undrain);
+    assert!(*clear_approval && *undrain != Undrain::Needed);
     assert_eq!(next.ending, Some(Ending::Finished));
     assert_eq!(plan.steps()[0].expected.as_ref(), Some(&m));
 }
@@ -851,7 +851,7 @@ fn checkpoint_deadline_releases_the_fence_and_yields() {
     else {
         panic!("{plan:?}")
     };
-    assert!(*undrain);
+    assert_eq!(*undrain, Undrain::Needed);
     assert_eq!(*why, ReleaseWhy::CheckpointDeadline);
     assert_eq!(next.retry_at, Some(now + Cd::hours(1)));
 }
@@ -1329,7 +1329,7 @@ fn release_of(plan: &Plan, id: &str) -> Option<(Marker, bool, ReleaseWhy)> {
             undrain,
             why,
             ..
-        } if s.target.machine_id == id => Some((marker.clone(), *undrain, *why)),
+        } if s.target.machine_id == id => Some((marker.clone(), *undrain == Undrain::Needed, *why)),
         _ => None,
     })
 }
@@ -3652,4 +3652,38 @@ fn item3_the_probe_failure_ceiling_restarts_only_what_fly_calls_failing() {
             plan.steps()
         );
     }
+}
+
+/// #32 item 7. Before: a machine cordoned with no marker was counted and
+/// alerted only while it still held a coordinator slot; after a withdraw
+/// (which deleted the marker and the slot, not the cordon) it was out of
+/// the count and nobody was told.
+#[test]
+fn a_machine_cordoned_without_a_marker_or_a_slot_is_counted_and_alerted() {
+    let now = t0() + Cd::hours(1);
+    let mut fx = Fx::new("")
+        .with(M::on_tip("x").fly_cordoned(true))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
+    assert!(
+        matches!(
+            plan.decisions()[&mid("a")],
+            Decision::WaitingForSlot { in_use: 1, .. }
+        ),
+        "the cordoned machine's capacity is out: {plan:?}"
+    );
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"], "{plan:?}");
+    // Without a known slot set too.
+    let mut fx = Fx::new("")
+        .with(M::on_tip("x").fly_cordoned(true))
+        .with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_at(t0(), now);
+    assert!(
+        matches!(
+            plan.decisions()[&mid("a")],
+            Decision::WaitingForSlot { in_use: 1, .. }
+        ),
+        "{plan:?}"
+    );
+    assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"], "{plan:?}");
 }

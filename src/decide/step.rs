@@ -54,6 +54,23 @@ pub enum RestartGuard {
     Unprobeable,
 }
 
+/// Whether a release asks the agent to lift its fence (`overlay/undrain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undrain {
+    /// A drain was asked of an agent that still runs and does not report
+    /// itself unfenced.
+    Needed,
+    /// The snapshot shows no fence to lift; the executor still undrains when
+    /// the marker says a drain may have been asked since (judged under the
+    /// lease: a lost answer, another replica's retry).
+    NotNeeded,
+    /// Never asked, whatever the marker says: the planner gave it up (an
+    /// agent unreachable past `rotation.release_ceiling`, alerted), or an
+    /// outside update restarted the agent, which lifted its fence. Asking
+    /// anyway would fail every sweep and keep the slot forever.
+    GivenUp,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepKind {
     /// Write the `claiming` marker (unless it is already there), win a slot in
@@ -82,11 +99,11 @@ pub enum StepKind {
         why: RestartWhy,
     },
     /// Undo what the rotation did: write the `releasing` marker, uncordon (if
-    /// it may have cordoned), undrain (with `undrain`), then end as
-    /// `marker.ending` says; the slot is released last.
+    /// it may have cordoned, or Fly shows it cordoned), undrain (as `undrain`
+    /// says), then end as `marker.ending` says; the slot is released last.
     Release {
         marker: Marker,
-        undrain: bool,
+        undrain: Undrain,
         clear_approval: bool,
         why: ReleaseWhy,
     },

@@ -324,7 +324,7 @@ mod tests {
                 }),
                 ..marker(Phase::Releasing)
             },
-            undrain: true,
+            undrain: crate::decide::step::Undrain::Needed,
             clear_approval: false,
             why: ReleaseWhy::TipMovedPastApproval,
         };

@@ -2245,3 +2245,279 @@ async fn the_restart_grace_counts_from_the_cordon_fly_accepted() {
     d.stop().await;
     sim.shutdown().await;
 }
+
+// ---- #32: the executor's defects ------------------------------------------------
+
+/// The coordinator's slot set, as the sim holds it.
+fn slots_of(sim: &Sim) -> fleet_reconciler::metadata::slots::SlotSet {
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::slots::SlotSet;
+    let metadata = sim.machine(COORD).unwrap().metadata;
+    SlotSet::parse(metadata.get(SLOTS_KEY).map(String::as_str)).unwrap()
+}
+
+/// #32 item 4. Before: past `rotation.release_ceiling` the planner gave up
+/// the undrain of an unreachable agent, and the executor's late-drain rule
+/// put it back: the undrain failed every sweep, the slot was never freed and
+/// the (here `manual`) pool starved.
+#[tokio::test(start_paused = true)]
+async fn a_release_past_its_ceiling_gives_up_an_unreachable_agents_undrain_and_frees_its_slot() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::marker::{Ending, RotationMode};
+    use fleet_reconciler::metadata::slots::Slot;
+    let w = world();
+    // Started and cordoned; its agent gives no usable report.
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1")
+                .loaded(w.old.clone())
+                .cooperative()
+                .cordoned(true)
+                .behaviour(Behaviour::HttpError(503)),
+        ],
+    ))
+    .await
+    .unwrap();
+    let begun = sim.now() - chrono::Duration::hours(1);
+    let releasing = Marker {
+        tag: "m1-t32".into(),
+        target: CommitId::parse(&w.tip).expect("the tip"),
+        phase: Phase::Releasing,
+        mode: RotationMode::Wait,
+        action: fleet_reconciler::model::PolicyAction::Manual,
+        severity: fleet_reconciler::model::Severity::Low,
+        started_at: begun,
+        attempt_started_at: begun,
+        attempt: 0,
+        owner: "hand".into(),
+        restart_at: None,
+        retry_at: None,
+        drain_requested: true,
+        cordoned: Some(true),
+        ending: Some(Ending::Cancelled),
+        instance_id: Some(sim.machine("m1").unwrap().instance_id),
+        pool: None,
+        failed: None,
+        approval: None,
+    };
+    let mut slots = slots_of(&sim);
+    slots.try_add(
+        &"app".into(),
+        &"default".into(),
+        Slot {
+            machine_id: "m1".into(),
+            tag: releasing.tag.clone(),
+            owner: "hand".into(),
+            since: begun,
+        },
+        1,
+    );
+    sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
+    sim.set_metadata("m1", MARKER_KEY, &releasing.to_value());
+    // Its undrain cannot be delivered.
+    for _ in 0..3 {
+        sim.fail_next_agent_call("m1", "undrain", 503);
+    }
+    let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("manual"), 1, "")).await;
+    // The release ceiling counts on this replica's clock, from its first
+    // sight of the marker (#32 item 8): seen now, past it half an hour on.
+    let seen = hand.plan().await;
+    assert_eq!(seen.steps()[0].kind(), "cancel", "{:?}", seen.steps());
+    tokio::time::advance(Duration::from_secs(1801)).await;
+    let plan = hand.plan().await;
+    assert_eq!(plan.steps()[0].kind(), "cancel", "{:?}", plan.steps());
+    let done = hand.run(&plan).await;
+    assert_eq!(done[0].outcome, Outcome::Done, "{:?}", done[0].outcome);
+    assert!(
+        !slots_of(&sim).holds(&"app".into(), &"default".into(), &"m1".into(), "m1-t32"),
+        "the slot of a given-up undrain is never freed"
+    );
+    let m1 = sim.machine("m1").unwrap();
+    assert!(!m1.cordoned && marker_of(&sim, "m1").is_none(), "{m1:?}");
+    sim.shutdown().await;
+}
+
+/// #32 item 7. Before: `fly deploy` landed between our read and our cordon
+/// from a snapshot that held our `claiming` marker; the immediate uncordon
+/// failed (the host went down); the planner then withdrew the claim, which
+/// deleted the marker and the slot but not the cordon: a machine cordoned
+/// with no marker, no slot and no alert.
+#[tokio::test(start_paused = true)]
+async fn a_cordon_after_a_deploy_that_reverted_to_our_claim_is_undone_by_the_withdraw() {
+    use fleet_reconciler::act::executor::Outcome;
+    use fleet_reconciler::sim::{HostStatus, OutsideLease};
+    let (_world, sim, mut hand, claim) = busy_machine_to_claim().await;
+    // The deploy's snapshot is taken just after our `claiming` marker write.
+    sim.handle().after_next_call("m1", "POST", "metadata", |h| {
+        let snapshot = h.machine("m1").expect("m1").metadata;
+        h.before_next_call("m1", "POST", "cordon", move |h| {
+            h.outside_update("m1", &snapshot, OutsideLease::ReuseFound)
+                .expect("the deploy lands");
+            // The undo of the cordon finds the host gone.
+            h.before_next_call("m1", "POST", "uncordon", |h| {
+                h.set_host_status("m1", HostStatus::Unreachable);
+            });
+        });
+    });
+    hand.run(&claim).await;
+    sim.set_host_status("m1", HostStatus::Ok);
+    let m1 = sim.machine("m1").unwrap();
+    assert!(m1.cordoned, "the setup: the undo failed");
+    assert_eq!(
+        marker_of(&sim, "m1").map(|m| m.phase),
+        Some(Phase::Claiming),
+        "the setup: the deploy reverted to our claim"
+    );
+    let withdraw = hand.plan().await;
+    assert_eq!(
+        withdraw.steps()[0].kind(),
+        "withdraw",
+        "{:?}",
+        withdraw.steps()
+    );
+    let done = hand.run(&withdraw).await;
+    assert_eq!(done[0].outcome, Outcome::Done, "{:?}", done[0].outcome);
+    let m1 = sim.machine("m1").unwrap();
+    assert!(
+        !m1.cordoned,
+        "left cordoned with no marker and no slot: {:?}",
+        m1.metadata
+    );
+    sim.shutdown().await;
+}
+
+/// #32 item 10. Before: when the read after a restart found the host
+/// unreachable (its metadata unknown), the call was dropped: a hold that
+/// raced the restart passed unseen, with no `action_unfenced`.
+#[tokio::test(start_paused = true)]
+async fn a_read_after_the_restart_that_cannot_be_made_is_reported() {
+    use fleet_reconciler::sim::HostStatus;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    sim.handle().after_next_call("m1", "POST", "restart", |h| {
+        h.set_metadata("m1", HOLD_KEY, "ops: incident 49");
+        h.set_host_status("m1", HostStatus::Unreachable);
+    });
+    let done = hand.run(&restart).await;
+    assert_eq!(restarts(&sim, "m1").len(), 1);
+    let reported = unfenced(&done);
+    assert!(
+        reported
+            .iter()
+            .any(|s| s.contains("restart") && s.contains("could not be read")),
+        "{reported:?} ({:?})",
+        done[0].outcome
+    );
+    sim.shutdown().await;
+}
+
+/// #32 item 11. Before: the machine was read before the fresh probe, and
+/// the restart followed the probe with no read between: a hold written
+/// while the probe was in flight did not stop it.
+#[tokio::test(start_paused = true)]
+async fn a_hold_written_while_the_probe_is_in_flight_stops_the_restart() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    // The executor's fresh probe is the agent's next health call.
+    sim.handle().before_next_call("m1", "GET", "health", |h| {
+        h.set_metadata("m1", HOLD_KEY, "ops: incident 50");
+    });
+    let done = hand.run(&restart).await;
+    assert_eq!(sim.handle().pending_hooks(), 0, "the probe was made");
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::Held));
+    assert!(restarts(&sim, "m1").is_empty(), "restarted a held machine");
+    sim.shutdown().await;
+}
+
+/// #32 item 13d. Before: a restart refused by Fly's rate limit ended as a
+/// skip, but its marker already said `restarting`: the rotation was taken
+/// for one that restarted and waited out the verify deadline.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limited_restart_puts_the_marker_back() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    use fleet_reconciler::sim::ChaosFault;
+    let w = world();
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
+    let restart = claimed_then_restart(&mut hand).await;
+    let before = marker_of(&sim, "m1").unwrap();
+    // Every attempt of the restart (first and retries) answers 429.
+    for _ in 0..5 {
+        sim.fault_next_call("m1", "POST", "restart", ChaosFault::TooManyRequests);
+    }
+    let done = hand.run(&restart).await;
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::RateLimited));
+    assert!(restarts(&sim, "m1").is_empty());
+    assert_eq!(
+        marker_of(&sim, "m1"),
+        Some(before),
+        "the marker says a restart happened"
+    );
+    sim.shutdown().await;
+}
+
+/// #32 item 3, the executor's part. Before: an unprobeable agent's restart
+/// went ahead whatever Fly showed; when Fly's health checks all pass at the
+/// moment of the restart, the machine serves as far as Fly can tell, and
+/// the restart is declined.
+#[tokio::test(start_paused = true)]
+async fn an_unprobeable_restart_is_declined_when_flys_checks_all_pass() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    use fleet_reconciler::decide::planner::{RestartGuard, StepKind};
+    use fleet_reconciler::sim::{CheckStatus, DEFAULT_CHECK};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![busy_for_an_hour(&w, "m1")]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(
+            &sim,
+            &w,
+            "m",
+            &all("alert-and-wait"),
+            1,
+            "probe_failure_ceiling = \"3s\"",
+        ),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    // The agent stops answering, and Fly's check fails with it.
+    sim.set_behaviour("m1", Behaviour::HttpError(503));
+    sim.set_check("m1", DEFAULT_CHECK, CheckStatus::Critical);
+    let record = hand.plan().await;
+    hand.run(&record).await;
+    // The ceiling counts from this replica's first sight of the record (#32 item 3).
+    let _ = hand.plan().await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let restart = hand.plan().await;
+    assert!(
+        matches!(
+            restart.steps()[0].kind,
+            StepKind::Restart {
+                guard: RestartGuard::Unprobeable,
+                ..
+            }
+        ),
+        "{:?}",
+        restart.steps()
+    );
+    // After the snapshot, Fly's check passes again.
+    sim.set_check("m1", DEFAULT_CHECK, CheckStatus::Passing);
+    let done = hand.run(&restart).await;
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::FlyChecksPass));
+    assert!(
+        restarts(&sim, "m1").is_empty(),
+        "restarted a serving machine"
+    );
+    sim.shutdown().await;
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::decide::Snapshot;
 use fleet_reconciler::decide::planner::{
-    FetchState, PlanInput, RestartGuard, Step, StepKind, plan,
+    FetchState, PlanInput, RestartGuard, Step, StepKind, Undrain, plan,
 };
 use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
 use fleet_reconciler::decide::snapshot::Verdict;
@@ -334,11 +334,17 @@ fn calls(step: &Step) -> Option<Exec> {
                 ops.push(Op::Check(Need::Write));
                 ops.push(Op::Uncordon);
             }
+            // executor `under_lease`, Release arm: a given-up undrain is never asked.
             let anyway = step
                 .expected
                 .as_ref()
                 .is_some_and(|e| e.drain_requested && e.phase != Phase::Yielded);
-            if *undrain || anyway {
+            let undrain = match undrain {
+                Undrain::Needed => true,
+                Undrain::NotNeeded => anyway,
+                Undrain::GivenUp => false,
+            };
+            if undrain {
                 ops.push(Op::Check(Need::Write));
                 ops.push(Op::Undrain {
                     tag: marker.tag.clone(),

@@ -1348,3 +1348,31 @@ async fn item13h_console_and_release_command_machines_are_not_listed() {
         .unwrap();
     sim.shutdown().await;
 }
+
+/// A refresh sent after our lease lapsed: Fly (the sim, as its module says)
+/// takes a new lease for the stale nonce and answers with another nonce,
+/// which is not ours (flyctl's rule).
+#[tokio::test]
+async fn item13f_a_refresh_after_the_lease_lapsed_is_a_lost_lease() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    let (app, m1) = (AppName::from("agents"), MachineId::from("m1"));
+    let lease = within(fly.acquire_lease(&app, &m1, Duration::from_secs(5), "r"))
+        .await
+        .unwrap();
+    sim.advance_clock(Duration::from_secs(6));
+    let err = within(fly.refresh_lease(&app, &m1, &lease.nonce, Duration::from_secs(5), "r"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            FlyError::LeaseNonceChanged {
+                op: "refresh_lease",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    sim.shutdown().await;
+}

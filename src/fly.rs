@@ -4,7 +4,9 @@
 //! §3, which names the OpenAPI spec it follows). It retries
 //! transient failures (408, 429, 5xx, connection refused) with jittered
 //! exponential backoff honouring `Retry-After`, but only where a retry cannot
-//! do the action twice. A client made [`FlyClient::within`] a deadline (a
+//! do the action twice; a write answered 408 (Fly timed out talking to the
+//! host, it may have landed) is treated as one that timed out. A client
+//! made [`FlyClient::within`] a deadline (a
 //! lease's validity) never sends nor retries a call at or after it: each
 //! attempt's timeout is cut to the time left, and a retry whose wait would
 //! end past it is not waited for ([`FlyError::PastDeadline`],
@@ -983,7 +985,7 @@ impl FlyClient {
 
     /// A clone of this client that raises `flag` whenever a mutating attempt
     /// may have been sent and got no answer (a timeout, a connection lost
-    /// after connecting). Fly has no server-side deadline: such a call may be
+    /// after connecting, a 408 or a gateway's 502/504). Fly has no server-side deadline: such a call may be
     /// carried out later, after the caller's lease lapsed, and a retry that
     /// succeeded does not stop the first attempt landing late.
     pub fn noting_unanswered(&self, flag: Arc<AtomicBool>) -> FlyClient {

@@ -4,7 +4,9 @@
 //! §3, which names the OpenAPI spec it follows). It retries
 //! transient failures (408, 429, 5xx, connection refused) with jittered
 //! exponential backoff honouring `Retry-After`, but only where a retry cannot
-//! do the action twice. A client made [`FlyClient::within`] a deadline (a
+//! do the action twice; a write answered 408 (Fly timed out talking to the
+//! host, it may have landed) is treated as one that timed out. A client
+//! made [`FlyClient::within`] a deadline (a
 //! lease's validity) never sends nor retries a call at or after it: each
 //! attempt's timeout is cut to the time left, and a retry whose wait would
 //! end past it is not waited for ([`FlyError::PastDeadline`],
@@ -13,7 +15,9 @@
 //! ([`RateLimits`], Fly's documented limits), shared by all clones; a token
 //! that would come past the deadline ends the call unsent. It reads
 //! answers only up to a size cap ([`MAX_LIST_BODY_BYTES`],
-//! [`MAX_BODY_BYTES`]). It must never decide anything, never log or return
+//! [`MAX_BODY_BYTES`]). A listing leaves out the machines of one-off
+//! commands (`fly console`, release commands), as fly-go tells them apart.
+//! It must never decide anything, never log or return
 //! the token, and never steal or clear a lease it does not hold.
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
@@ -101,10 +106,45 @@ pub enum HostStatus {
     Other,
 }
 
+/// The parts of a machine's config that are read (OpenAPI
+/// `fly.MachineConfig`); the rest is skipped as it is decoded.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 pub struct MachineConfig {
     #[serde(default, deserialize_with = "null_as_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// How many top-level health checks the config defines (`checks`, a
+    /// map by name). Fly reports one result per defined check.
+    #[serde(default, deserialize_with = "count_entries", skip_serializing)]
+    pub checks: usize,
+    /// How many service checks the config defines (`services[].checks`).
+    #[serde(
+        default,
+        rename = "services",
+        deserialize_with = "count_service_checks",
+        skip_serializing
+    )]
+    pub service_checks: usize,
+    /// `stop_config.timeout`: how long a stop (a restart's too) waits after
+    /// the signal before killing, at most [`MAX_STOP_TIMEOUT`]; `None`
+    /// when the config sets none (Fly's default applies).
+    #[serde(
+        default,
+        rename = "stop_config",
+        deserialize_with = "stop_timeout",
+        skip_serializing
+    )]
+    pub stop_timeout: Option<Duration>,
+}
+
+/// Fly's cap on a stop timeout (`stop_config.timeout`, `kill_timeout`).
+pub const MAX_STOP_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl MachineConfig {
+    /// Every health check the config defines, top-level and per service
+    /// (as flyctl counts them, `WaitForHealthchecksToPass`).
+    pub fn defined_checks(&self) -> usize {
+        self.checks.saturating_add(self.service_checks)
+    }
 }
 
 /// One of Fly's health checks of a machine (OpenAPI `CheckStatus`).
@@ -117,8 +157,10 @@ pub struct MachineCheck {
     pub status: String,
     #[serde(default)]
     pub output: String,
-    #[serde(default)]
-    pub updated_at: String,
+    /// When Fly last wrote this result (Fly's clock); `None` when absent
+    /// or unreadable (then the result is never taken as fresh).
+    #[serde(default, deserialize_with = "lenient_time")]
+    pub updated_at: Option<DateTime<Utc>>,
 }
 
 impl MachineEvent {
@@ -145,6 +187,28 @@ pub struct MachineEvent {
     /// Unix milliseconds.
     #[serde(default)]
     pub timestamp: i64,
+    /// What an exit event's `request.exit_event` says (fly-go
+    /// `MachineRequest`, `MachineExitEvent`); `None` on other events, or
+    /// when Fly gave none.
+    #[serde(
+        default,
+        rename = "request",
+        deserialize_with = "exit_of_request",
+        skip_serializing
+    )]
+    pub exit: Option<ExitDetail>,
+}
+
+/// The parts of an exit that tell a crash from a requested stop (fly-go
+/// `MachineExitEvent`; flyctl's `isConstantlyRestarting` reads these).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitDetail {
+    /// The process's exit code.
+    pub exit_code: i64,
+    /// Fly restarts the machine after it (its restart policy).
+    pub restarting: bool,
+    /// The exit followed a stop someone asked for (a stop or restart call).
+    pub requested_stop: bool,
 }
 
 /// The machine's metadata cannot be known from this answer: its host is not
@@ -182,6 +246,32 @@ impl Machine {
 
     pub fn host_ok(&self) -> bool {
         self.host_status == HostStatus::Ok
+    }
+
+    /// A machine flyctl makes for a one-off command, not one of the app's
+    /// own: a `fly console` machine, a release-command or a test-machine
+    /// command machine. fly-go's rule (`machine_types.go`:
+    /// `IsFlyAppsConsole`, `IsFlyAppsReleaseCommand`): metadata
+    /// `fly_platform_version` is `v2` and the process group
+    /// (`fly_process_group`, else the older `process_group`) names such a
+    /// command (`process_group` = `release_command` also marks a release
+    /// command). A machine whose metadata cannot be read is not one.
+    pub fn is_one_off_command(&self) -> bool {
+        let Ok(metadata) = self.known_metadata() else {
+            return false;
+        };
+        let get = |k: &str| metadata.get(k).map(String::as_str).unwrap_or("");
+        if get("fly_platform_version") != "v2" {
+            return false;
+        }
+        let group = match get("fly_process_group") {
+            "" => get("process_group"),
+            g => g,
+        };
+        matches!(
+            group,
+            "fly_app_console" | "fly_app_release_command" | "fly_app_test_machine_command"
+        ) || get("process_group") == "release_command"
     }
 
     pub fn is_started(&self) -> bool {
@@ -222,7 +312,8 @@ impl<L> LeaseResponse<L> {
     }
 }
 
-/// A refresh's answer: the nonce may be absent (then it is ours).
+/// A refresh's answer: the nonce may be absent (then the lease is not
+/// shown to be ours: [`FlyError::LeaseNonceChanged`]).
 #[derive(Deserialize)]
 struct RefreshedLease {
     #[serde(default)]
@@ -310,7 +401,7 @@ pub enum FlyError {
         machine: String,
     },
     #[error(
-        "Fly API: {op} on machine {machine} of app {app}: the lease came back with another nonce: ours is lost, someone else holds the machine"
+        "Fly API: {op} on machine {machine} of app {app}: the lease came back with another nonce or none: ours is lost, someone else may hold the machine"
     )]
     LeaseNonceChanged {
         op: &'static str,
@@ -438,10 +529,8 @@ pub struct RateLimits {
     pub action: Rate,
     /// `get_machine` of one machine: Fly documents 5/s, burst 10.
     pub get_machine: Rate,
-    /// `list_machines` of one app. Fly documents no limit for it (unknown):
-    /// this takes the read limit of get-machine, per app. Erring lax here
-    /// is safe: a 429 on a list is retried and at worst delays one sweep
-    /// of that app (reported stale), it never fails an action.
+    /// `list_machines` of one app: Fly documents 1/s, burst 3, per app
+    /// (FLY-REALITY.md, "Limits"). A sweep lists each app once.
     pub list: Rate,
 }
 
@@ -450,7 +539,7 @@ impl RateLimits {
     pub const FLY: RateLimits = RateLimits {
         action: Rate::per_second(1, 3),
         get_machine: Rate::per_second(5, 10),
-        list: Rate::per_second(5, 10),
+        list: Rate::per_second(1, 3),
     };
 }
 
@@ -620,15 +709,26 @@ impl AuthHeaders {
     }
 }
 
-/// docs/design.md §3: a `FlyV1 …` macaroon goes verbatim, anything else as
+/// docs/design.md §3: a `FlyV1 …` token goes verbatim; a bare macaroon
+/// (`fm1r_`, `fm1a_`, `fm2_`, alone or among comma-separated tokens) goes
+/// as `FlyV1` (fly-go `tokens/tokens.go`, `Parse` and `normalized`: the
+/// scheme is `FlyV1` as soon as one macaroon is present); anything else as
 /// Bearer. Marked sensitive, so no HTTP debug output shows it.
 fn auth_header(token: &str) -> Result<HeaderValue, FlyClientBuildError> {
     let token = token.trim();
     if token.is_empty() {
         return Err(FlyClientBuildError::BadToken);
     }
+    let macaroon = |t: &str| {
+        matches!(
+            t.trim().split_once('_').map(|(prefix, _)| prefix),
+            Some("fm1r" | "fm1a" | "fm2")
+        )
+    };
     let value = if token.starts_with("FlyV1 ") {
         token.to_string()
+    } else if token.split(',').any(macaroon) {
+        format!("FlyV1 {token}")
     } else {
         format!("Bearer {token}")
     };
@@ -885,7 +985,7 @@ impl FlyClient {
 
     /// A clone of this client that raises `flag` whenever a mutating attempt
     /// may have been sent and got no answer (a timeout, a connection lost
-    /// after connecting). Fly has no server-side deadline: such a call may be
+    /// after connecting, a 408 or a gateway's 502/504). Fly has no server-side deadline: such a call may be
     /// carried out later, after the caller's lease lapsed, and a retry that
     /// succeeded does not stop the first attempt landing late.
     pub fn noting_unanswered(&self, flag: Arc<AtomicBool>) -> FlyClient {
@@ -899,7 +999,9 @@ impl FlyClient {
     /// Every machine of the app, with metadata (never `summary=true`, which
     /// drops it), decoded as the answer arrives: one machine object larger
     /// than [`MAX_MACHINE_BYTES`] is refused naming its id, and no more of
-    /// the answer is read.
+    /// the answer is read. Machines of one-off commands (`fly console`,
+    /// release commands: [`Machine::is_one_off_command`]) are left out, as
+    /// fly-go's helpers tell them apart: they are no agents of the app.
     pub async fn list_machines(&self, app: &AppName) -> Result<Vec<Machine>, FlyError> {
         self.list_machines_with(app, |m| m).await
     }
@@ -961,7 +1063,9 @@ impl FlyClient {
                                 crate::text::bounded(&e.to_string(), crate::text::MAX_DETAIL_CHARS)
                             ),
                         })?;
-                    machines.push(keep(machine));
+                    if !machine.is_one_off_command() {
+                        machines.push(keep(machine));
+                    }
                     Ok::<(), ListError>(())
                 })
                 .map_err(|e| match e {
@@ -1114,8 +1218,8 @@ impl FlyClient {
         Ok(decode::<LeaseResponse>(&body, op, app)?.lease())
     }
 
-    /// Extends a lease we hold. An answer carrying another nonce means the
-    /// lease is no longer ours (as flyctl judges it):
+    /// Extends a lease we hold. A success answer carrying another nonce, or
+    /// none, does not show the lease is still ours (as flyctl judges it):
     /// `FlyError::LeaseNonceChanged`.
     pub async fn refresh_lease(
         &self,
@@ -1138,10 +1242,13 @@ impl FlyClient {
             )
             .await?;
         let answer = decode::<LeaseResponse<RefreshedLease>>(&body, op, app)?.lease();
+        // Only an answer naming our nonce extends our lease: flyctl
+        // compares the answer's nonce with its own, so a missing one fails
+        // there too (`leasable_machine.go`, `refreshLeaseUntilCanceled`).
         if answer
             .nonce
             .as_ref()
-            .is_some_and(|n| n.expose_secret() != nonce.expose_secret())
+            .is_none_or(|n| n.expose_secret() != nonce.expose_secret())
         {
             return Err(FlyError::LeaseNonceChanged {
                 op,
@@ -1394,6 +1501,17 @@ impl FlyClient {
         ) {
             self.note_unanswered(call);
         }
+        // A 408 is Fly timing out talking to the machine's host: "the
+        // side-effect may or may not have happened" (flyctl
+        // `internal/flapsutil/retry.go`). A write answered so is treated
+        // as one that timed out: unanswered, and an unsafe one is not
+        // repeated. (A GET's 408, `wait`'s "not yet" among them, is not.)
+        if status == StatusCode::REQUEST_TIMEOUT && call.method != Method::GET {
+            self.note_unanswered(call);
+            if call.idempotence == Idempotence::Unsafe {
+                return Err(call.outcome_unknown());
+            }
+        }
         let retry_after = parse_retry_after(resp.headers());
         let transient = status == StatusCode::TOO_MANY_REQUESTS
             || (call.idempotence == Idempotence::Safe
@@ -1602,13 +1720,26 @@ fn status_error(
     body: &str,
     retry_after: Option<Duration>,
 ) -> FlyError {
+    // Fly's `ErrorResponse` carries `error`; some answers (a 409 on a
+    // lease among them) say why in `message` instead, or in both.
     #[derive(Deserialize)]
     struct ErrorBody {
+        #[serde(default)]
         error: Option<String>,
+        #[serde(default)]
+        message: Option<String>,
     }
-    let message = serde_json::from_str::<ErrorBody>(body)
-        .ok()
-        .and_then(|b| b.error)
+    let said = serde_json::from_str::<ErrorBody>(body).ok().and_then(|b| {
+        match (
+            b.error.filter(|e| !e.is_empty()),
+            b.message.filter(|m| !m.is_empty()),
+        ) {
+            (Some(e), Some(m)) if e != m => Some(format!("{e}: {m}")),
+            (Some(e), _) => Some(e),
+            (None, m) => m,
+        }
+    });
+    let message = said
         .map(|m| crate::text::bounded(&m, 200))
         .unwrap_or_else(|| body.chars().take(200).collect());
     let app = call.app.to_string();
@@ -1680,6 +1811,130 @@ fn exit_events<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MachineEven
     events.retain(|e| e.kind == MachineEvent::EXIT);
     events.shrink_to_fit();
     Ok(events)
+}
+
+/// Anything, or the part of it that was understood: a field of an
+/// unexpected shape is read as absent rather than failing the machine
+/// (and with it the app's whole listing).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient<T> {
+    Read(T),
+    Other(serde::de::IgnoredAny),
+}
+
+impl<T> Lenient<T> {
+    fn read(self) -> Option<T> {
+        match self {
+            Lenient::Read(t) => Some(t),
+            Lenient::Other(_) => None,
+        }
+    }
+}
+
+/// The number of entries of a map (the values are skipped).
+fn count_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let map = Option::<Lenient<BTreeMap<String, serde::de::IgnoredAny>>>::deserialize(d)?;
+    Ok(map.and_then(Lenient::read).map_or(0, |m| m.len()))
+}
+
+/// The number of checks over every service of a config.
+fn count_service_checks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    #[derive(Deserialize)]
+    struct Service {
+        #[serde(default)]
+        checks: Option<Lenient<Vec<serde::de::IgnoredAny>>>,
+    }
+    let services = Option::<Lenient<Vec<Lenient<Service>>>>::deserialize(d)?;
+    Ok(services
+        .and_then(Lenient::read)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(Lenient::read)
+        .filter_map(|s| s.checks.and_then(Lenient::read))
+        .map(|c| c.len())
+        .fold(0, usize::saturating_add))
+}
+
+/// `stop_config.timeout`: a Go duration (`"10s"`, `"1m30s"`), or a number
+/// of nanoseconds (fly-go `Duration` accepts both). Capped at Fly's
+/// [`MAX_STOP_TIMEOUT`]; a value that cannot be read is taken as the cap,
+/// which only lengthens the waits it bounds.
+fn stop_timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum GoDuration {
+        Nanos(u64),
+        Text(String),
+    }
+    #[derive(Deserialize)]
+    struct StopConfig {
+        #[serde(default)]
+        timeout: Option<Lenient<GoDuration>>,
+    }
+    let config = Option::<Lenient<StopConfig>>::deserialize(d)?;
+    let Some(timeout) = config.and_then(Lenient::read).and_then(|c| c.timeout) else {
+        return Ok(None);
+    };
+    let read = match timeout.read() {
+        Some(GoDuration::Nanos(n)) => Some(Duration::from_nanos(n)),
+        Some(GoDuration::Text(t)) => humantime::parse_duration(t.trim()).ok(),
+        None => None,
+    };
+    Ok(Some(
+        read.map_or(MAX_STOP_TIMEOUT, |t| t.min(MAX_STOP_TIMEOUT)),
+    ))
+}
+
+/// An RFC 3339 instant, or `None` when absent or unreadable.
+fn lenient_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+    let text = Option::<Lenient<String>>::deserialize(d)?;
+    Ok(text
+        .and_then(Lenient::read)
+        .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+        .map(|t| t.with_timezone(&Utc)))
+}
+
+/// An event's `request.exit_event` (or, as fly-go's `GetExitCode` prefers,
+/// `request.MonitorEvent.exit_event`).
+fn exit_of_request<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ExitDetail>, D::Error> {
+    #[derive(Deserialize)]
+    struct Exit {
+        #[serde(default)]
+        exit_code: i64,
+        #[serde(default)]
+        restarting: bool,
+        #[serde(default)]
+        requested_stop: bool,
+    }
+    #[derive(Deserialize)]
+    struct Monitor {
+        #[serde(default)]
+        exit_event: Option<Lenient<Exit>>,
+    }
+    #[derive(Deserialize)]
+    struct Request {
+        #[serde(default)]
+        exit_event: Option<Lenient<Exit>>,
+        #[serde(default, rename = "MonitorEvent")]
+        monitor_event: Option<Lenient<Monitor>>,
+    }
+    let request = Option::<Lenient<Request>>::deserialize(d)?.and_then(Lenient::read);
+    let Some(request) = request else {
+        return Ok(None);
+    };
+    let monitored = request
+        .monitor_event
+        .and_then(Lenient::read)
+        .and_then(|m| m.exit_event)
+        .and_then(Lenient::read);
+    Ok(monitored
+        .or_else(|| request.exit_event.and_then(Lenient::read))
+        .map(|e| ExitDetail {
+            exit_code: e.exit_code,
+            restarting: e.restarting,
+            requested_stop: e.requested_stop,
+        }))
 }
 
 fn null_as_empty<'de, D: serde::Deserializer<'de>>(
@@ -1902,5 +2157,138 @@ mod tests {
             c.url(&call).as_str(),
             "http://h:1/v1/apps/my%20app/machines/m1/metadata/a%2Fb"
         );
+    }
+
+    /// fly-go `tokens.go`: a bare macaroon (`fm1r_`, `fm1a_`, `fm2_`, alone
+    /// or among comma-separated tokens) is sent as `FlyV1`, anything else
+    /// as `Bearer`; a token already carrying `FlyV1 ` goes verbatim.
+    #[test]
+    fn item13i_a_bare_macaroon_is_sent_as_flyv1() {
+        let header = |t: &str| auth_header(t).unwrap().to_str().unwrap().to_string();
+        assert_eq!(header("fm2_abc"), "FlyV1 fm2_abc");
+        assert_eq!(header(" fm1r_abc "), "FlyV1 fm1r_abc");
+        assert_eq!(header("fm1a_abc,fm2_def"), "FlyV1 fm1a_abc,fm2_def");
+        assert_eq!(header("oauth-token,fm2_def"), "FlyV1 oauth-token,fm2_def");
+        assert_eq!(header("FlyV1 fm2_abc"), "FlyV1 fm2_abc");
+        assert_eq!(header("fm3_abc"), "Bearer fm3_abc");
+        assert_eq!(header("secret-token"), "Bearer secret-token");
+    }
+
+    /// What a machine's config says of its checks and stop timeout, and
+    /// what an exit event's request says of the exit (fly-go shapes).
+    #[test]
+    fn item13_config_checks_stop_timeout_and_exit_details_are_read() {
+        let m: Machine = serde_json::from_value(serde_json::json!({
+            "id": "m1", "state": "started",
+            "config": {
+                "metadata": {},
+                "checks": {"alive": {"type": "tcp", "port": 8080}, "db": {"type": "http"}},
+                "services": [
+                    {"internal_port": 8080, "checks": [{"type": "http"}, {"type": "tcp"}]},
+                    {"internal_port": 9090},
+                    {"internal_port": 9091, "checks": null}
+                ],
+                "stop_config": {"timeout": "1m30s", "signal": "SIGINT"}
+            },
+            "checks": [{"name": "alive", "status": "passing", "updated_at": "2026-08-21T10:00:00.250Z"},
+                       {"name": "db", "status": "passing", "updated_at": "yesterday"}],
+            "events": [
+                {"type": "exit", "status": "stopped", "timestamp": 3,
+                 "request": {"exit_event": {"exit_code": 1, "restarting": true, "requested_stop": false}, "restart_count": 2}},
+                {"type": "exit", "status": "stopped", "timestamp": 2,
+                 "request": {"MonitorEvent": {"exit_event": {"exit_code": 143, "requested_stop": true}},
+                             "exit_event": {"exit_code": 0}}},
+                {"type": "exit", "status": "stopped", "timestamp": 1}
+            ]
+        }))
+        .unwrap();
+        let config = m.config.as_ref().unwrap();
+        assert_eq!((config.checks, config.service_checks), (2, 2));
+        assert_eq!(config.defined_checks(), 4);
+        assert_eq!(config.stop_timeout, Some(Duration::from_secs(90)));
+        assert_eq!(
+            m.checks[0].updated_at.map(|t| t.timestamp_millis()),
+            Some(1_787_306_400_250)
+        );
+        assert_eq!(m.checks[1].updated_at, None, "unreadable: never fresh");
+        let exits: Vec<Option<ExitDetail>> = m.events.iter().map(|e| e.exit).collect();
+        assert_eq!(
+            exits,
+            [
+                Some(ExitDetail {
+                    exit_code: 1,
+                    restarting: true,
+                    requested_stop: false
+                }),
+                // fly-go's `GetExitCode` prefers the monitor's exit event.
+                Some(ExitDetail {
+                    exit_code: 143,
+                    restarting: false,
+                    requested_stop: true
+                }),
+                None,
+            ]
+        );
+        // Stop timeouts: nanoseconds, capped at 300 s, unreadable as the cap.
+        let stop = |v: serde_json::Value| -> Option<Duration> {
+            serde_json::from_value::<MachineConfig>(serde_json::json!({ "stop_config": v }))
+                .unwrap()
+                .stop_timeout
+        };
+        assert_eq!(
+            stop(serde_json::json!({"timeout": 5_000_000_000u64})),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            stop(serde_json::json!({"timeout": "10m"})),
+            Some(MAX_STOP_TIMEOUT)
+        );
+        assert_eq!(
+            stop(serde_json::json!({"timeout": "soon"})),
+            Some(MAX_STOP_TIMEOUT)
+        );
+        assert_eq!(stop(serde_json::json!({"signal": "SIGTERM"})), None);
+        assert_eq!(stop(serde_json::json!(null)), None);
+        // A field of an unexpected shape is absent, not a failed listing.
+        let odd: MachineConfig = serde_json::from_value(serde_json::json!({
+            "checks": ["not", "a", "map"], "services": {"x": 1}, "stop_config": "10s"
+        }))
+        .unwrap();
+        assert_eq!((odd.defined_checks(), odd.stop_timeout), (0, None));
+    }
+
+    /// fly-go `machine_types.go`: console, release-command and test-machine
+    /// machines of the Apps platform are not the app's own.
+    #[test]
+    fn item13h_one_off_command_machines_are_told_apart() {
+        let machine = |metadata: serde_json::Value, host: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "id": "m1", "state": "started", "host_status": host,
+                "config": {"metadata": metadata}
+            }))
+            .unwrap()
+        };
+        let v2 = |group: &str| serde_json::json!({"fly_platform_version": "v2", "fly_process_group": group});
+        for group in [
+            "fly_app_console",
+            "fly_app_release_command",
+            "fly_app_test_machine_command",
+        ] {
+            assert!(machine(v2(group), "ok").is_one_off_command(), "{group}");
+        }
+        assert!(
+            machine(serde_json::json!({"fly_platform_version": "v2", "process_group": "release_command"}), "ok")
+                .is_one_off_command()
+        );
+        assert!(!machine(v2("app"), "ok").is_one_off_command());
+        assert!(
+            !machine(
+                serde_json::json!({"fly_process_group": "fly_app_console"}),
+                "ok"
+            )
+            .is_one_off_command()
+        );
+        // Unknown metadata is not read as anything.
+        assert!(!machine(v2("fly_app_console"), "unreachable").is_one_off_command());
     }
 }

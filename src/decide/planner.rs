@@ -41,12 +41,12 @@ use crate::metadata::operator::ApprovalMode;
 use crate::metadata::unprobed::Unprobed;
 use crate::model::{AppName, CommitId, MachineId, MachineStatus, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{AgentReport, Capability};
-use crate::observe::sweep::{ObservedMachine, SlotsView};
+use crate::observe::sweep::{FlyChecks, ObservedMachine, SlotsView};
 
 /// How far in the future a heartbeat may be (clock skew) and still count as fresh.
 pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
 
-/// Exit events since a restart, within the verify window, that make a crash
+/// Crashes since a restart, within the verify window, that make a crash
 /// loop (flyctl's `isConstantlyRestarting` judges the same way).
 pub const CRASH_LOOP_EXITS: usize = 2;
 
@@ -1641,7 +1641,8 @@ fn rotation_decision(ctx: &Ctx<'_>, marker: &Marker) -> Decision {
         ))),
         Phase::Restarting => Decision::InRotation {
             phase: marker.phase,
-            deadline: Some(after(
+            deadline: Some(restart_verified_by(
+                &m.seen,
                 ctx.on_our_clock(marker.restart_at.unwrap_or(marker.attempt_started_at)),
                 rot.verify_deadline,
             )),
@@ -1856,7 +1857,9 @@ impl<'c, 'a> Rotation<'c, 'a> {
     fn new(ctx: &'c Ctx<'a>, marker: &'c Marker) -> Rotation<'c, 'a> {
         let m = ctx.m;
         let restarted_at = marker.restart_at.unwrap_or(marker.attempt_started_at);
-        let exits = exits_since(&m.seen, restarted_at, ctx.policy.rotation.verify_deadline);
+        let verified_by =
+            restart_verified_by(&m.seen, restarted_at, ctx.policy.rotation.verify_deadline);
+        let exits = exits_since(&m.seen, restarted_at, verified_by);
         let reports_target = m.seen.status == MachineStatus::OnTip
             || (m.seen.status == MachineStatus::Drifted
                 && m.seen.commit.as_ref() == Some(&marker.target));
@@ -1936,14 +1939,29 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let marker = self.marker;
         // Maybe someone else restarted it, or the tip came to it. After our
         // restart, the agent's word counts only once Fly agrees: started,
-        // every check passing, not crash-looping (as flyctl waits after a
-        // restart).
+        // every check its config defines passing with a result written
+        // after the restart, not crash-looping (as flyctl waits after a
+        // restart for fresh results: an empty or older list is not passing).
+        // Clocks: `updated_at` is Fly's, the restart time ours, taken when
+        // the restart was planned, before it was sent. They are compared
+        // as they are, with no allowance: a Fly clock behind ours only
+        // makes fresh results look old (verification waits, at worst until
+        // the deadline fails the attempt); one ahead of ours by more than
+        // the time from plan to boot could pass a result from before the
+        // restart, a risk accepted because the agent must also report the
+        // target, which it loads only by booting.
+        let checks_fresh = match m.seen.inputs.fly_checks() {
+            FlyChecks::NoneDefined => true,
+            FlyChecks::NotAllPassing => false,
+            FlyChecks::AllPassingSince(oldest) => oldest > self.restarted_at.timestamp_millis(),
+        };
         let fly_healthy = m.seen.state.is_started()
             && m.seen
                 .inputs
                 .checks()
                 .iter()
                 .all(crate::fly::MachineCheck::passing)
+            && checks_fresh
             && !self.crash_loop;
         if self.reports_target && (marker.phase != Phase::Restarting || fly_healthy) {
             return Some(self.release(Ending::Finished, ReleaseWhy::OnTarget));
@@ -2132,7 +2150,8 @@ impl<'c, 'a> Rotation<'c, 'a> {
             let attempts = marker.attempt.saturating_add(1);
             return Some(end_attempt(self.ctx, marker, attempts, evidence, alerts));
         }
-        if after(
+        if restart_verified_by(
+            &m.seen,
             self.ctx.on_our_clock(self.restarted_at),
             rot.verify_deadline,
         ) > now
@@ -2254,14 +2273,34 @@ fn updated_from_outside(m: &ObservedMachine, marker: &Marker) -> bool {
         .is_some_and(|ours| !m.inputs.instance_id.is_empty() && ours != m.inputs.instance_id)
 }
 
-/// Exit events since `since`, within `window` of it (a crash loop's evidence).
-fn exits_since(m: &ObservedMachine, since: DateTime<Utc>, window: Duration) -> usize {
-    let from = since.timestamp_millis();
-    let to = after(since, window).timestamp_millis();
+/// When a restart made at `restarted_at` must have verified: Fly waits up
+/// to the machine's stop timeout (`stop_config.timeout`, at most 300 s)
+/// for it to stop before it boots, then `verify` covers boot and checks.
+/// The one place the restarting deadline is computed.
+fn restart_verified_by(
+    m: &ObservedMachine,
+    restarted_at: DateTime<Utc>,
+    verify: Duration,
+) -> DateTime<Utc> {
+    let stop = Duration::from_secs(u64::from(m.inputs.stop_timeout_secs));
+    after(after(restarted_at, stop), verify)
+}
+
+/// Crashes from `since` to `until` (a crash loop's evidence): as flyctl's
+/// `isConstantlyRestarting` counts them, exits Fly restarted, with a
+/// non-zero code, not requested (our own restart's exit is requested). An
+/// exit Fly gave no details of is not counted (the verify deadline still
+/// ends an attempt that does not come back).
+fn exits_since(m: &ObservedMachine, since: DateTime<Utc>, until: DateTime<Utc>) -> usize {
+    let (from, to) = (since.timestamp_millis(), until.timestamp_millis());
     m.inputs
         .events()
         .iter()
-        .filter(|e| e.kind == "exit" && (from..=to).contains(&e.timestamp))
+        .filter(|e| e.kind == crate::fly::MachineEvent::EXIT && (from..=to).contains(&e.timestamp))
+        .filter(|e| {
+            e.exit
+                .is_some_and(|x| x.restarting && !x.requested_stop && x.exit_code != 0)
+        })
         .count()
 }
 

@@ -2423,7 +2423,7 @@ impl M {
                 name: "http".into(),
                 status: status.into(),
                 output: String::new(),
-                updated_at: String::new(),
+                updated_at: None,
             });
         self
     }
@@ -2438,6 +2438,12 @@ impl M {
                 status: "stopped".into(),
                 source: "flyd".into(),
                 timestamp: at.timestamp_millis(),
+                // A crash Fly restarted (fly-go `MachineExitEvent`).
+                exit: Some(crate::fly::ExitDetail {
+                    exit_code: 1,
+                    restarting: true,
+                    requested_stop: false,
+                }),
             });
         self
     }
@@ -3686,4 +3692,159 @@ fn a_machine_cordoned_without_a_marker_or_a_slot_is_counted_and_alerted() {
         "{plan:?}"
     );
     assert_eq!(alerts(&plan, AlertKind::RotationStuck), ["x"], "{plan:?}");
+}
+
+// ---- issue 32 item 13: Fly's own clients and docs ----------------------------
+
+impl M {
+    fn fly_checks(mut self, checks: crate::observe::sweep::FlyChecks) -> M {
+        self.0.inputs.fly_checks = checks.into();
+        self
+    }
+
+    fn stop_timeout_secs(mut self, secs: u16) -> M {
+        self.0.inputs.stop_timeout_secs = secs;
+        self
+    }
+
+    /// An exit event at `at` with its `request.exit_event` details.
+    fn exit_detail(mut self, at: DateTime<Utc>, exit: Option<crate::fly::ExitDetail>) -> M {
+        self.0
+            .inputs
+            .unusual_mut()
+            .events
+            .push(crate::fly::MachineEvent {
+                kind: "exit".into(),
+                status: "stopped".into(),
+                source: "flyd".into(),
+                timestamp: at.timestamp_millis(),
+                exit,
+            });
+        self
+    }
+}
+
+/// flyctl waits for fresh check results after a restart: a config that
+/// defines checks verifies only once every one has a passing result
+/// written after the restart; one without checks is judged as before.
+#[test]
+fn item13b_verification_needs_a_check_result_newer_than_the_restart() {
+    use crate::observe::sweep::FlyChecks;
+    let r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let now = t0() + Cd::seconds(30);
+    let ms = |t: DateTime<Utc>| t.timestamp_millis();
+    for (checks, verified) in [
+        // Every check passing, but the oldest result predates the restart.
+        (
+            FlyChecks::AllPassingSince(ms(t0() - Cd::seconds(10))),
+            false,
+        ),
+        // Written at the restart's very instant: not after it.
+        (FlyChecks::AllPassingSince(ms(t0())), false),
+        // A defined check without a result (the list empty after a boot).
+        (FlyChecks::NotAllPassing, false),
+        // Every result written after the restart.
+        (FlyChecks::AllPassingSince(ms(t0() + Cd::seconds(5))), true),
+        // No check defined: the agent's report and `started` decide.
+        (FlyChecks::NoneDefined, true),
+    ] {
+        let mut fx = Fx::new("").with(M::on_tip("m1").fly_checks(checks).marker(&r));
+        let plan = fx.plan_at(t0(), now);
+        assert_eq!(
+            release_of(&plan, "m1").is_some(),
+            verified,
+            "{checks:?}: {:?}",
+            kinds(&plan)
+        );
+    }
+}
+
+/// flyctl's `isConstantlyRestarting`: only an exit Fly restarted, with a
+/// non-zero code and not requested, is a crash. Our own restart's exit
+/// (requested), a clean exit and an exit without details are not.
+#[test]
+fn item13c_only_unrequested_crashes_fly_restarted_count_toward_a_crash_loop() {
+    use crate::fly::ExitDetail;
+    let r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    let ours = ExitDetail {
+        exit_code: 143,
+        restarting: true,
+        requested_stop: true,
+    };
+    let crash = ExitDetail {
+        exit_code: 1,
+        restarting: true,
+        requested_stop: false,
+    };
+    let clean = ExitDetail {
+        exit_code: 0,
+        restarting: true,
+        requested_stop: false,
+    };
+    let not_restarted = ExitDetail {
+        exit_code: 1,
+        restarting: false,
+        requested_stop: false,
+    };
+    for other in [Some(ours), Some(clean), Some(not_restarted), None] {
+        let m = M::on_tip("m1")
+            .exit_detail(t0() + Cd::seconds(1), other)
+            .exit_detail(t0() + Cd::seconds(20), Some(crash))
+            .marker(&r);
+        let mut fx = Fx::new("").with(m);
+        assert_eq!(
+            kinds(&fx.plan_at(t0(), t0() + Cd::seconds(60))),
+            [("m1", "finish")],
+            "one crash and {other:?} is no crash loop"
+        );
+    }
+    // Two crashes are one.
+    let m = M::on_tip("m1")
+        .exit_detail(t0() + Cd::seconds(1), Some(crash))
+        .exit_detail(t0() + Cd::seconds(20), Some(crash))
+        .marker(&r);
+    let mut fx = Fx::new("").with(m);
+    let (next, _) = advance_of(&fx.plan_at(t0(), t0() + Cd::seconds(60)), "m1").expect("backoff");
+    assert_eq!(next.phase, Phase::Backoff);
+}
+
+/// A restart may wait the machine's stop timeout before the machine even
+/// stops: the verify deadline starts after it.
+#[test]
+fn item13e_the_verify_deadline_adds_the_machines_stop_timeout() {
+    let r = marker("m1", Phase::Restarting, RotationMode::Wait, t0());
+    // verify_deadline is 5 min; the stop timeout 300 s more.
+    let slow = || {
+        M::drifted("m1", Severity::Low)
+            .stop_timeout_secs(300)
+            .marker(&r)
+    };
+    let mut fx = Fx::new("").with(slow());
+    match decision_of(&mut fx, "m1", t0(), t0() + Cd::minutes(6)) {
+        Decision::InRotation { deadline, .. } => {
+            assert_eq!(deadline, Some(t0() + Cd::minutes(10)));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Past verify_deadline but within the stop timeout plus it: no verdict yet.
+    let mut fx = Fx::new("").with(slow());
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(6));
+    assert!(advance_of(&plan, "m1").is_none(), "{:?}", kinds(&plan));
+    // Past both: the attempt failed.
+    let mut fx = Fx::new("").with(slow());
+    let (next, _) = advance_of(&fx.plan_at(t0(), t0() + Cd::minutes(11)), "m1").expect("backoff");
+    assert_eq!(next.phase, Phase::Backoff);
+    // Exits count within the longer window too.
+    let crashing = M::on_tip("m1")
+        .stop_timeout_secs(300)
+        .exit_at(t0() + Cd::minutes(6))
+        .exit_at(t0() + Cd::minutes(7))
+        .marker(&r);
+    let mut fx = Fx::new("").with(crashing);
+    let (next, _) = advance_of(&fx.plan_at(t0(), t0() + Cd::minutes(8)), "m1").expect("backoff");
+    assert_eq!(next.phase, Phase::Backoff);
+    // Without a stop timeout, nothing is added.
+    let mut fx = Fx::new("").with(M::drifted("m1", Severity::Low).marker(&r));
+    let (next, _) = advance_of(&fx.plan_at(t0(), t0() + Cd::minutes(6)), "m1").expect("backoff");
+    assert_eq!(next.phase, Phase::Backoff);
 }

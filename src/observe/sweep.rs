@@ -161,11 +161,125 @@ pub struct MachineInputs {
     pub instance_id: String,
     /// Whether Fly Proxy routes to it, as listed (`None`: Fly did not say).
     pub cordoned: Option<bool>,
+    /// What Fly's health checks say as a whole: whether every check the
+    /// config defines has a passing result, and since when
+    /// ([`MachineInputs::fly_checks`]).
+    pub fly_checks: PackedChecks,
+    /// `stop_config.timeout` of its config in whole seconds (rounded up,
+    /// at most Fly's 300), as listed: how long a restart may wait for it
+    /// to stop before it boots; 0 when not set or the config is unknown.
+    /// Two bytes where a `Duration` would take sixteen.
+    pub stop_timeout_secs: u16,
     /// What most machines lack, boxed so that they pay one pointer for it
     /// ([`Unusual`]); `None` when every part of it is empty.
     pub unusual: Option<Box<Unusual>>,
     /// The rendered health URL (started machines), for cooperative calls.
     pub health_url: Option<String>,
+}
+
+/// Fly's health checks of a machine, summed up as the listing is read
+/// (the results themselves are not kept, [`Unusual::checks`] aside).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlyChecks {
+    /// Its config defines no check: Fly's checks say nothing of it.
+    #[default]
+    NoneDefined,
+    /// Some defined check has no result, or one that is not passing; or
+    /// the config is unknown (its host is not `ok`).
+    NotAllPassing,
+    /// Every defined check has a passing result; the oldest was written
+    /// at or after this instant (Unix milliseconds, Fly's clock, rounded
+    /// down; an unreadable time counts as the oldest there is).
+    AllPassingSince(i64),
+}
+
+impl FlyChecks {
+    /// What `m`'s checks say: every check its config defines against the
+    /// results Fly lists (flyctl waits for the same after a restart:
+    /// `WaitForHealthchecksToPass` counts the configured checks, and an
+    /// empty result list is not passing).
+    pub fn of(m: &Machine) -> FlyChecks {
+        let defined = match (m.host_ok(), &m.config) {
+            (true, Some(config)) => config.defined_checks(),
+            _ => return FlyChecks::NotAllPassing,
+        };
+        if defined == 0 {
+            return FlyChecks::NoneDefined;
+        }
+        if m.checks.len() < defined || !m.checks.iter().all(MachineCheck::passing) {
+            return FlyChecks::NotAllPassing;
+        }
+        let oldest = m
+            .checks
+            .iter()
+            .map(|c| c.updated_at.map_or(0, |t| t.timestamp_millis()))
+            .min()
+            .unwrap_or(0);
+        FlyChecks::AllPassingSince(oldest)
+    }
+}
+
+/// [`FlyChecks`] in five bytes, so that a row keeps it in what was its
+/// padding (100,000 rows are held at once): whole seconds as a `u32` and
+/// the rest in 4-ms steps, rounded down (a result looks at most 4 ms
+/// older than it is, which can only delay a verification); the last
+/// byte's values past those steps say which other case it is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PackedChecks([u8; 5]);
+
+impl PackedChecks {
+    const STEPS: u8 = 250;
+    const NONE_DEFINED: u8 = 250;
+    const NOT_ALL_PASSING: u8 = 251;
+
+    pub fn get(self) -> FlyChecks {
+        let [a, b, c, d, tail] = self.0;
+        match tail {
+            PackedChecks::NONE_DEFINED => FlyChecks::NoneDefined,
+            PackedChecks::NOT_ALL_PASSING => FlyChecks::NotAllPassing,
+            steps => {
+                let secs = i64::from(u32::from_le_bytes([a, b, c, d]));
+                FlyChecks::AllPassingSince(
+                    secs * 1000 + i64::from(steps.min(PackedChecks::STEPS - 1)) * 4,
+                )
+            }
+        }
+    }
+}
+
+impl From<FlyChecks> for PackedChecks {
+    fn from(checks: FlyChecks) -> PackedChecks {
+        let since = match checks {
+            FlyChecks::NoneDefined => {
+                return PackedChecks([0, 0, 0, 0, PackedChecks::NONE_DEFINED]);
+            }
+            FlyChecks::NotAllPassing => {
+                return PackedChecks([0, 0, 0, 0, PackedChecks::NOT_ALL_PASSING]);
+            }
+            FlyChecks::AllPassingSince(ms) => ms,
+        };
+        // Out of range (before 1970, after 2106): the oldest there is,
+        // never taken as fresh.
+        let secs = u32::try_from(since.div_euclid(1000)).ok();
+        let (secs, steps) = match secs {
+            Some(secs) => (secs, (since.rem_euclid(1000) / 4) as u8),
+            None => (0, 0),
+        };
+        let [a, b, c, d] = secs.to_le_bytes();
+        PackedChecks([a, b, c, d, steps])
+    }
+}
+
+impl Default for PackedChecks {
+    fn default() -> PackedChecks {
+        FlyChecks::default().into()
+    }
+}
+
+impl std::fmt::Debug for PackedChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
 }
 
 /// The parts of a machine's inputs most machines lack: kept behind one
@@ -191,6 +305,11 @@ impl MachineInputs {
     /// Why the machine's metadata is unknown ([`Unusual::metadata_unknown`]).
     pub fn metadata_unknown(&self) -> Option<&str> {
         self.unusual.as_ref()?.metadata_unknown.as_deref()
+    }
+
+    /// What Fly's health checks say as a whole ([`FlyChecks`]).
+    pub fn fly_checks(&self) -> FlyChecks {
+        self.fly_checks.get()
     }
 
     /// Fly's failing health checks ([`Unusual::checks`]).
@@ -223,6 +342,8 @@ impl Default for MachineInputs {
             metadata: BTreeMap::new(),
             instance_id: String::new(),
             cordoned: None,
+            fly_checks: PackedChecks::default(),
+            stop_timeout_secs: 0,
             unusual: None,
             health_url: None,
         }
@@ -518,11 +639,21 @@ fn listed_row(app: &AppConfig, m: Machine, texts: &mut Texts) -> ObservedMachine
     } else {
         None
     };
+    let fly_checks = FlyChecks::of(&m);
+    let stop_timeout_secs = match (&metadata_unknown, &m.config) {
+        (None, Some(c)) => c.stop_timeout.map_or(0, |t| {
+            let secs = t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0));
+            u16::try_from(secs).unwrap_or(u16::MAX)
+        }),
+        _ => 0,
+    };
     let mut row = ObservedMachine {
         region: texts.get(&m.region),
         pool: PoolName::from(texts.get(pool)),
         ..ObservedMachine::listed(app.name.as_str(), &m.id, &m.name, m.state)
     };
+    row.inputs.fly_checks = fly_checks.into();
+    row.inputs.stop_timeout_secs = stop_timeout_secs;
     row.inputs.metadata = metadata;
     row.inputs.instance_id = m.instance_id;
     row.inputs.cordoned = m.cordoned;
@@ -785,5 +916,86 @@ mod tests {
         assert_eq!(pool_of(Some("pool"), md), "dispatch");
         assert_eq!(pool_of(Some("other"), md), "default");
         assert_eq!(pool_of(None, md), "default");
+    }
+
+    /// #32 item 13 b/e: the row keeps whether every check the config
+    /// defines has a passing result and since when, and the stop timeout,
+    /// in what was padding.
+    #[test]
+    fn item13_a_listed_row_keeps_its_checks_freshness_and_stop_timeout() {
+        let config = crate::config::test_config("");
+        let row = |v: serde_json::Value| {
+            let m: Machine = serde_json::from_value(v).expect("machine");
+            listed_row(&config.apps[0], m, &mut Texts::default())
+        };
+        let with = |checks: serde_json::Value, results: serde_json::Value| {
+            row(serde_json::json!({
+                "id": "m1", "state": "started",
+                "config": {"metadata": {}, "checks": checks, "stop_config": {"timeout": "12.5s"}},
+                "checks": results
+            }))
+        };
+        let defined = serde_json::json!({"a": {}, "b": {}});
+        let passing = |at: &str| serde_json::json!({"status": "passing", "updated_at": at});
+        let r = with(
+            defined.clone(),
+            serde_json::json!([
+                passing("2026-08-21T10:00:05.123Z"),
+                passing("2026-08-21T10:00:01.009Z")
+            ]),
+        );
+        assert_eq!(
+            r.inputs.fly_checks(),
+            FlyChecks::AllPassingSince(1_787_306_401_008),
+            "the oldest, rounded down to 4 ms"
+        );
+        assert_eq!(r.inputs.stop_timeout_secs, 13, "rounded up");
+        // One defined check has no result yet: not all passing.
+        let r = with(
+            defined.clone(),
+            serde_json::json!([passing("2026-08-21T10:00:05Z")]),
+        );
+        assert_eq!(r.inputs.fly_checks(), FlyChecks::NotAllPassing);
+        let r = with(defined, serde_json::json!([]));
+        assert_eq!(r.inputs.fly_checks(), FlyChecks::NotAllPassing);
+        // None defined: results say nothing (failing ones are still kept).
+        let r = with(
+            serde_json::json!({}),
+            serde_json::json!([{"status": "critical"}]),
+        );
+        assert_eq!(r.inputs.fly_checks(), FlyChecks::NoneDefined);
+        assert_eq!(r.inputs.checks().len(), 1);
+        // An unreadable time is the oldest there is.
+        let r = with(
+            serde_json::json!({"a": {}}),
+            serde_json::json!([{"status": "passing"}]),
+        );
+        assert_eq!(r.inputs.fly_checks(), FlyChecks::AllPassingSince(0));
+        // Unknown config: not all passing, no stop timeout.
+        let r = row(
+            serde_json::json!({"id": "m1", "state": "started", "host_status": "unreachable",
+            "incomplete_config": {"metadata": {}, "stop_config": {"timeout": "10s"}}}),
+        );
+        assert_eq!(
+            (r.inputs.fly_checks(), r.inputs.stop_timeout_secs),
+            (FlyChecks::NotAllPassing, 0)
+        );
+        // Packing keeps every case; out of range is the oldest.
+        for c in [
+            FlyChecks::NoneDefined,
+            FlyChecks::NotAllPassing,
+            FlyChecks::AllPassingSince(0),
+            FlyChecks::AllPassingSince(1_787_306_401_996),
+        ] {
+            assert_eq!(PackedChecks::from(c).get(), c);
+        }
+        assert_eq!(
+            PackedChecks::from(FlyChecks::AllPassingSince(-5)).get(),
+            FlyChecks::AllPassingSince(0)
+        );
+        assert_eq!(
+            PackedChecks::from(FlyChecks::AllPassingSince(i64::MAX)).get(),
+            FlyChecks::AllPassingSince(0)
+        );
     }
 }

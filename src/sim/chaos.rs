@@ -161,6 +161,12 @@ pub enum ChaosFault {
     /// The request takes effect, then the answer is held for [`Chaos::hang`]
     /// and replaced by a 503.
     HangAfter,
+    /// The request takes effect, and the client gets a 408: Fly timed out
+    /// talking to the host, "the side-effect may or may not have happened"
+    /// (flyctl `internal/flapsutil/retry.go`). Only aimed
+    /// ([`super::SimHandle::fault_next_call`]), never drawn: not in
+    /// [`ChaosFault::ALL`], so old seeds keep their faults.
+    TimedOutAfter,
 }
 
 impl ChaosFault {
@@ -176,7 +182,10 @@ impl ChaosFault {
 
     /// Whether the real handler runs (and its effect takes place) despite the fault.
     pub fn takes_effect(self) -> bool {
-        matches!(self, ChaosFault::LostAfter | ChaosFault::HangAfter)
+        matches!(
+            self,
+            ChaosFault::LostAfter | ChaosFault::HangAfter | ChaosFault::TimedOutAfter
+        )
     }
 }
 
@@ -196,6 +205,7 @@ pub struct ChaosStats {
     pub hang_before: u64,
     pub lost_after: u64,
     pub hang_after: u64,
+    pub timed_out_after: u64,
 }
 
 impl ChaosStats {
@@ -207,13 +217,14 @@ impl ChaosStats {
             ChaosFault::HangBefore => self.hang_before,
             ChaosFault::LostAfter => self.lost_after,
             ChaosFault::HangAfter => self.hang_after,
+            ChaosFault::TimedOutAfter => self.timed_out_after,
         }
     }
 
     /// Request faults injected, all kinds together (faults of the world are
     /// counted apart, in `host_outages`, `rate_storms`, `holds`, `outside_updates`).
     pub fn injected(&self) -> u64 {
-        ChaosFault::ALL.iter().map(|f| self.count(*f)).sum()
+        ChaosFault::ALL.iter().map(|f| self.count(*f)).sum::<u64>() + self.timed_out_after
     }
 
     fn bump(&mut self, fault: ChaosFault) {
@@ -224,6 +235,7 @@ impl ChaosStats {
             ChaosFault::HangBefore => &mut self.hang_before,
             ChaosFault::LostAfter => &mut self.lost_after,
             ChaosFault::HangAfter => &mut self.hang_after,
+            ChaosFault::TimedOutAfter => &mut self.timed_out_after,
         };
         *counter += 1;
     }

@@ -100,8 +100,9 @@ pub enum RetryAfter {
 /// bucket per (machine, method, route) at [`RateLimits::action`]; every GET
 /// of a machine route (the machine, its metadata, its lease, `wait`) has a
 /// bucket per (machine, route) at [`RateLimits::get`]. Listing an app's
-/// machines is not limited (Fly documents no list limit). On by default at
-/// Fly's documented limits ([`RateLimits::fly`]).
+/// machines has its own limit per app ([`SimFleet::list_rate_limit`]),
+/// applied while these are on. On by default at Fly's documented limits
+/// ([`RateLimits::fly`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RateLimits {
     pub action: RateLimit,
@@ -218,6 +219,10 @@ pub struct SimFleet {
     pub reload_delay: Duration,
     /// Fly's rate limits ([`RateLimits::fly`] by default; `None`: unlimited).
     pub rate_limits: Option<RateLimits>,
+    /// Listing an app's machines, per app, while `rate_limits` are on: Fly
+    /// documents 1 request/s, burst 3 ([`RateLimit::fly`], the default;
+    /// `None`: lists unlimited).
+    pub list_rate_limit: Option<RateLimit>,
     /// Whether metadata writes need the lease nonce (not on Fly; see [`MetadataFencing`]).
     pub metadata_fencing: MetadataFencing,
     /// What `incomplete_config` shows of the metadata while a host is down.
@@ -245,6 +250,7 @@ impl Default for SimFleet {
             restart_delay: Duration::from_millis(200),
             reload_delay: Duration::from_millis(100),
             rate_limits: Some(RateLimits::fly()),
+            list_rate_limit: Some(RateLimit::fly()),
             metadata_fencing: MetadataFencing::Unfenced,
             host_down_metadata: HostDownMetadata::Absent,
             restart_keeps_cordon: true,
@@ -292,6 +298,11 @@ impl SimFleet {
 
     pub fn rate_limits(mut self, limits: Option<RateLimits>) -> SimFleet {
         self.rate_limits = limits;
+        self
+    }
+
+    pub fn list_rate_limit(mut self, limit: Option<RateLimit>) -> SimFleet {
+        self.list_rate_limit = limit;
         self
     }
 

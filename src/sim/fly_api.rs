@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use super::fixture::{HostDownMetadata, MetadataFencing};
 use super::machine::{
-    Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, StopOutcome, add,
-    new_nonce,
+    ExitEvent, Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, StopOutcome,
+    add, new_nonce,
 };
 use super::state::{Shared, Step, schedule};
 use super::wire::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json, rfc3339};
@@ -98,6 +98,27 @@ struct ConfigJson<'a> {
     /// Absent from an `incomplete_config` under [`HostDownMetadata::Absent`].
     #[serde(skip_serializing_if = "Option::is_none")]
     metadata: Option<BTreeMap<&'a str, &'a str>>,
+    /// The checks the machine's config defines, by name (OpenAPI
+    /// `fly.MachineConfig.checks`): one per check the machine reports.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    checks: BTreeMap<&'a str, CheckConfigJson>,
+    /// The machine's stop timeout (`kill_timeout`), as Fly shows it.
+    stop_config: StopConfigJson,
+}
+
+#[derive(Serialize)]
+struct CheckConfigJson {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    port: u16,
+    path: &'static str,
+    interval: &'static str,
+}
+
+#[derive(Serialize)]
+struct StopConfigJson {
+    /// A Go duration, as the spec shows it (`"10s"`).
+    timeout: String,
 }
 
 #[derive(Serialize)]
@@ -115,6 +136,21 @@ struct EventJson {
     status: &'static str,
     source: &'static str,
     timestamp: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request: Option<RequestJson>,
+}
+
+/// An event's `request` (fly-go `MachineRequest`): only its exit event.
+#[derive(Serialize)]
+struct RequestJson {
+    exit_event: ExitEventJson,
+}
+
+#[derive(Serialize)]
+struct ExitEventJson {
+    exit_code: i64,
+    restarting: bool,
+    requested_stop: bool,
 }
 
 impl MachineState {
@@ -128,13 +164,30 @@ impl MachineState {
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect()
         };
+        let config_json = |metadata| ConfigJson {
+            image: &self.image,
+            metadata,
+            checks: self
+                .checks
+                .iter()
+                .map(|c| {
+                    let check = CheckConfigJson {
+                        kind: "http",
+                        port: 8080,
+                        path: "/health",
+                        interval: "15s",
+                    };
+                    (c.name.as_str(), check)
+                })
+                .collect(),
+            stop_config: StopConfigJson {
+                timeout: format!("{}ms", self.kill_timeout.as_millis()),
+            },
+        };
         let (config, incomplete_config) = if summary {
             (None, None)
         } else if self.host_ok() {
-            let config = ConfigJson {
-                image: &self.image,
-                metadata: Some(all()),
-            };
+            let config = config_json(Some(all()));
             (Some(config), None)
         } else {
             let metadata = match shown {
@@ -147,11 +200,7 @@ impl MachineState {
                         .collect(),
                 ),
             };
-            let config = ConfigJson {
-                image: &self.image,
-                metadata,
-            };
-            (None, Some(config))
+            (None, Some(config_json(metadata)))
         };
         MachineJson {
             id: &self.id,
@@ -173,7 +222,12 @@ impl MachineState {
                     name: &c.name,
                     status: c.status.as_str(),
                     output: &c.output,
-                    updated_at: rfc3339(c.updated_at),
+                    // Fly's Go API writes RFC 3339 with fractions (Go's
+                    // `time.Time` JSON): a result's freshness after a
+                    // restart is judged to the millisecond.
+                    updated_at: c
+                        .updated_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                 })
                 .collect(),
             events: self
@@ -185,6 +239,13 @@ impl MachineState {
                     status: e.status,
                     source: e.source,
                     timestamp: e.timestamp,
+                    request: e.exit.map(|x| RequestJson {
+                        exit_event: ExitEventJson {
+                            exit_code: x.exit_code,
+                            restarting: x.restarting,
+                            requested_stop: x.requested_stop,
+                        },
+                    }),
                 })
                 .collect(),
         }
@@ -444,6 +505,8 @@ pub(crate) async fn restart(
         m.restart_count += 1;
         ctx.stop = Some(stop_outcome(m, timeout));
         m.event("restart", "stopping", "user", ctx.now);
+        // The process exits as asked; flyctl does not count it as a crash.
+        m.exit_event("user", ExitEvent::RESTART, ctx.now);
         ctx.take_down(m, "restart");
         Ok((m.transition(STOPPING, ctx.now), ctx.restart_delay))
     })?;
@@ -530,6 +593,7 @@ pub(crate) async fn stop(
         }
         ctx.stop = Some(stop_outcome(m, timeout));
         m.event("stop", "stopping", "user", ctx.now);
+        m.exit_event("user", ExitEvent::STOP, ctx.now);
         ctx.take_down(m, "stop");
         Ok(Some((
             m.transition(STOPPING, ctx.now),

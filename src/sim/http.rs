@@ -355,6 +355,23 @@ fn fly_gate(
             );
         }
     }
+    // Fly documents 1 request/s per app, burst 3, for listing machines.
+    if route.machine_id.is_none()
+        && parts.method == axum::http::Method::GET
+        && parts
+            .uri
+            .path()
+            .trim_end_matches('/')
+            .ends_with("/machines")
+        && let Some(app) = &route.app
+        && let Err(retry_after) =
+            world.take_rate_token(&format!("app {app}"), "GET list", RateClass::List)
+    {
+        return Gate::Refuse(
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded")
+                .retry_after(retry_after),
+        );
+    }
     let apps = &world.apps;
     world
         .chaos
@@ -399,6 +416,10 @@ fn gate_for(fault: ChaosFault, retry_after: u64, hang: Duration) -> Gate {
         ChaosFault::HangAfter => Gate::ServeThenFail {
             delay: hang,
             status: StatusCode::SERVICE_UNAVAILABLE,
+        },
+        ChaosFault::TimedOutAfter => Gate::ServeThenFail {
+            delay: Duration::ZERO,
+            status: StatusCode::REQUEST_TIMEOUT,
         },
     }
 }

@@ -156,7 +156,17 @@ impl MachineState {
             status,
             source,
             timestamp: now.timestamp_millis(),
+            exit: None,
         });
+    }
+
+    /// Appends an exit event with what Fly says of the exit in its
+    /// `request.exit_event` (fly-go `MachineExitEvent`).
+    pub(crate) fn exit_event(&mut self, source: &'static str, exit: ExitEvent, now: DateTime<Utc>) {
+        self.event("exit", "stopped", source, now);
+        if let Some(e) = self.events.back_mut() {
+            e.exit = Some(exit);
+        }
     }
 
     pub(crate) fn set_checks(&mut self, status: CheckStatus, output: &str, now: DateTime<Utc>) {
@@ -215,7 +225,7 @@ impl MachineState {
     /// A crash-looping process exits right after each start; Fly restarts it.
     pub(crate) fn crash_events(&mut self, now: DateTime<Utc>) {
         for _ in 0..2 {
-            self.event("exit", "stopped", "flyd", now);
+            self.exit_event("flyd", ExitEvent::CRASH, now);
             self.event("start", "started", "flyd", now);
         }
         self.set_checks(CheckStatus::Critical, "process exited (code 1)", now);
@@ -273,6 +283,38 @@ pub(crate) struct MachineEvent {
     pub(crate) source: &'static str,
     /// Milliseconds since the epoch, as Fly lists them.
     pub(crate) timestamp: i64,
+    /// An exit's `request.exit_event`.
+    pub(crate) exit: Option<ExitEvent>,
+}
+
+/// What Fly says of an exit (fly-go `MachineExitEvent`): flyctl counts
+/// toward a crash loop only exits Fly restarted, non-zero, not requested.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExitEvent {
+    pub(crate) exit_code: i64,
+    pub(crate) restarting: bool,
+    pub(crate) requested_stop: bool,
+}
+
+impl ExitEvent {
+    /// A process that died on its own; Fly restarts it.
+    pub(crate) const CRASH: ExitEvent = ExitEvent {
+        exit_code: 1,
+        restarting: true,
+        requested_stop: false,
+    };
+    /// The exit a restart call asks for (SIGTERM, then boot again).
+    pub(crate) const RESTART: ExitEvent = ExitEvent {
+        exit_code: 143,
+        restarting: true,
+        requested_stop: true,
+    };
+    /// The exit a stop call asks for.
+    pub(crate) const STOP: ExitEvent = ExitEvent {
+        exit_code: 143,
+        restarting: false,
+        requested_stop: true,
+    };
 }
 
 #[derive(Clone, Debug)]

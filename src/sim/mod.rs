@@ -100,8 +100,9 @@
 //!   3); every GET of a machine route (the machine, its metadata, its lease,
 //!   `wait`) a bucket per route at get-machine's 5/s, burst 10. Lease calls
 //!   count as actions: acquire and refresh are the same `POST …/lease` and
-//!   share a bucket, release (`DELETE`) has its own. Listing an app is not
-//!   limited (no documented limit). Whether a 429 carries `Retry-After` is
+//!   share a bucket, release (`DELETE`) has its own. Listing an app's
+//!   machines has a bucket per app at Fly's documented 1/s, burst 3
+//!   ([`SimFleet::list_rate_limit`], on while the others are). Whether a 429 carries `Retry-After` is
 //!   unknown ([`RetryAfter`]): by default it does not (the worse case: a
 //!   client must pace itself); `Always` and `Mixed` (every other 429) are
 //!   switches. The limit is taken at the front door (after auth, failing
@@ -115,7 +116,8 @@
 //!   and every mutating call answer 503 *without effect*. What Fly does then
 //!   is unknown; a 503 is the answer fly-go retries, and the case of a call
 //!   that took effect although its answer was lost is the chaos `LostAfter`
-//!   fault. `state` stays what Fly last knew. Works for any machine, the
+//!   fault (a 408 after the effect, Fly timing out talking to the host, is
+//!   the targeted-only `TimedOutAfter`). `state` stays what Fly last knew. Works for any machine, the
 //!   stopped coordinator included.
 //! - **Cordon** is the Machine JSON's `cordoned`. A restart (and stop/start)
 //!   keeps it (undocumented; switch [`SimHandle::set_restart_keeps_cordon`]);
@@ -136,8 +138,13 @@
 //!   [`RestartEvent::killed_before_checkpoint`] says so. The transition
 //!   delay is `restart_delay` either way.
 //! - **Checks and events.** The Machine JSON carries `checks` (each fixture
-//!   machine has [`DEFAULT_CHECK`]) and `events` (newest first, at most 20,
-//!   timestamps in ms). Restart, stop and update append a `user` event; each
+//!   machine has [`DEFAULT_CHECK`]; `updated_at` with milliseconds, as Go
+//!   writes it) and `events` (newest first, at most 20, timestamps in ms);
+//!   its `config` defines one check per name it reports (`checks`) and its
+//!   `stop_config.timeout` (the `kill_timeout`). Restart and stop also
+//!   append a requested `exit` (its `request.exit_event` says
+//!   `requested_stop`), a crash loop's exits are not requested, non-zero,
+//!   and restarted (fly-go `MachineExitEvent`). Restart, stop and update append a `user` event; each
 //!   boot a `flyd` `start` event, after which checks are `critical` for
 //!   [`SimFleet::checks_pass_after`] (tokio time), then `passing`.
 //!   [`SimHandle::set_crash_loop`] makes a machine come back `started` but

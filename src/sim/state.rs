@@ -112,6 +112,8 @@ pub(crate) struct PendingHook {
 pub(crate) enum RateClass {
     Get,
     Action,
+    /// Listing an app's machines: one bucket per app.
+    List,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -147,6 +149,8 @@ pub(crate) struct World {
     /// Statuses the next cooperative calls of one agent answer ([`super::SimHandle::fail_next_agent_call`]).
     pub(crate) agent_failures: Vec<(String, String, u16)>,
     pub(crate) rate_limits: Option<RateLimits>,
+    /// Listing an app's machines, per app, while `rate_limits` are on.
+    pub(crate) list_rate_limit: Option<RateLimit>,
     pub(crate) buckets: HashMap<(String, String), Bucket>,
     /// 429s the rate limit answered so far (drives [`RetryAfter::Mixed`]).
     pub(crate) throttled: u64,
@@ -212,6 +216,7 @@ impl World {
             failing_apps: HashMap::new(),
             agent_failures: Vec::new(),
             rate_limits: fleet.rate_limits,
+            list_rate_limit: fleet.list_rate_limit,
             buckets: HashMap::new(),
             throttled: 0,
             storms: HashMap::new(),
@@ -289,6 +294,10 @@ impl World {
         let limit = match class {
             RateClass::Get => limits.get,
             RateClass::Action => limits.action,
+            RateClass::List => match self.list_rate_limit {
+                Some(limit) => limit,
+                None => return Ok(()),
+            },
         };
         let storm = self.storms.get(machine_id).copied();
         match take_token(&mut self.buckets, machine_id, key, limit, storm) {

@@ -940,8 +940,8 @@ async fn a_429_that_outlasts_the_retries_is_rate_limited() {
     }
 }
 
-/// flyctl's rule: a refresh answered with another nonce is a lost lease;
-/// the same nonce, or none in the answer, is ours, extended.
+/// flyctl's rule: a refresh answered with another nonce, or none, is a
+/// lost lease; the same nonce is ours, extended.
 #[tokio::test(start_paused = true)]
 async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
     let api = StandIn::start(|n, _| match n {
@@ -958,29 +958,28 @@ async fn a_refresh_answered_with_another_nonce_is_a_lost_lease() {
         .await
         .unwrap();
     assert_eq!(lease.nonce.expose_secret(), "nonce-a");
-    for expires_at in [200, 300] {
-        let l = fly
-            .refresh_lease(&"agents".into(), &"m1".into(), &lease.nonce, ttl, "r")
-            .await
-            .unwrap();
-        assert_eq!(
-            (l.nonce.expose_secret(), l.expires_at),
-            ("nonce-a", expires_at)
-        );
-    }
-    let err = fly
+    let l = fly
         .refresh_lease(&"agents".into(), &"m1".into(), &lease.nonce, ttl, "r")
         .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, FlyError::LeaseNonceChanged { op: "refresh_lease", machine, .. } if machine == "m1"),
-        "{err:?}"
-    );
-    assert_eq!(err.kind(), "lease_nonce_changed");
-    assert!(
-        !err.to_string().contains("nonce-"),
-        "a nonce is never shown: {err}"
-    );
+        .unwrap();
+    assert_eq!((l.nonce.expose_secret(), l.expires_at), ("nonce-a", 200));
+    // A success without our nonce (#32 item 13 f: flyctl compares the
+    // answer's nonce with its own, so none is not ours), then another nonce.
+    for _ in 0..2 {
+        let err = fly
+            .refresh_lease(&"agents".into(), &"m1".into(), &lease.nonce, ttl, "r")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, FlyError::LeaseNonceChanged { op: "refresh_lease", machine, .. } if machine == "m1"),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), "lease_nonce_changed");
+        assert!(
+            !err.to_string().contains("nonce-"),
+            "a nonce is never shown: {err}"
+        );
+    }
 }
 
 /// Restart's `timeout` overrides the app's `kill_timeout` at Fly: sent only
@@ -1190,4 +1189,190 @@ async fn a_burst_of_calls_leaves_only_a_few_connections_open() {
         async || open.0.load(Ordering::SeqCst) <= 8,
     )
     .await;
+}
+
+// ---- #32 item 13: where Fly answers differently from what was assumed -------
+
+/// A 408 may have had its effect ("the side-effect may or may not have
+/// happened", flyctl `internal/flapsutil/retry.go`): a write answered 408
+/// is unanswered, and an unsafe one (restart, lease acquire) is not
+/// repeated; a safe one is retried as after a timeout. `wait`'s 408 stays
+/// "not yet", and is no unanswered write.
+#[tokio::test(start_paused = true)]
+async fn item13a_a_408_on_a_write_is_unanswered_and_an_unsafe_one_is_not_repeated() {
+    let api =
+        StandIn::start(|_, _| Answer::Status(408, None, r#"{"error":"request timed out"}"#.into()))
+            .await;
+    let (app, m1) = (AppName::from("agents"), MachineId::from("m1"));
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fly = api.client().noting_unanswered(flag.clone());
+    let raised = || flag.swap(false, std::sync::atomic::Ordering::SeqCst);
+
+    let err = fly.restart(&app, &m1, None, None).await.unwrap_err();
+    assert!(
+        matches!(&err, FlyError::OutcomeUnknown { op: "restart", .. }),
+        "{err:?}"
+    );
+    assert!(raised(), "a restart answered 408 may have landed");
+    assert_eq!(api.arrivals().len(), 1, "never repeated");
+
+    let err = fly
+        .acquire_lease(&app, &m1, Duration::from_secs(13), "r")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            FlyError::OutcomeUnknown {
+                op: "acquire_lease",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(raised());
+    assert_eq!(api.arrivals().len(), 2, "never repeated");
+
+    // A safe write is retried (1 try + 4 retries), and still unanswered.
+    let err = fly.cordon(&app, &m1, None).await.unwrap_err();
+    assert!(
+        matches!(&err, FlyError::Status { status: 408, .. }),
+        "{err:?}"
+    );
+    assert!(raised());
+    assert_eq!(api.arrivals().len(), 2 + 5);
+
+    // `wait` answered 408 is "not yet", not a write that may have landed.
+    let err = fly
+        .wait(&app, &m1, WaitState::Started, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, FlyError::WaitTimeout { .. }), "{err:?}");
+    assert!(!raised());
+}
+
+/// Fly documents 1 list request a second per app, burst 3: a client's
+/// lists of one app are spaced so; another app has its own bucket.
+#[tokio::test(start_paused = true)]
+async fn item13g_lists_keep_to_flys_per_app_limit() {
+    let api = StandIn::start(|_, _| ok_json("[]")).await;
+    let fly = api.client();
+    let start = tokio::time::Instant::now();
+    let (agents, batch) = (AppName::from("agents"), AppName::from("batch"));
+    let lists = (0..6)
+        .map(|_| fly.list_machines(&agents))
+        .chain((0..3).map(|_| fly.list_machines(&batch)));
+    for r in futures::future::join_all(lists).await {
+        r.unwrap();
+    }
+    let agents = offsets(&api, start, "/v1/apps/agents/machines");
+    assert_eq!(agents.len(), 6);
+    for (i, at) in agents.iter().enumerate() {
+        let earliest = i.saturating_sub(2) as f64;
+        assert!(
+            *at >= earliest - 0.001 && *at < earliest + 0.1,
+            "list {i} at {at:.3}s, expected {earliest}s: {agents:?}"
+        );
+    }
+    let batch = offsets(&api, start, "/v1/apps/batch/machines");
+    assert!(
+        batch.len() == 3 && batch.iter().all(|at| *at < 0.1),
+        "{batch:?}"
+    );
+}
+
+/// A 409 says why (a lease held by someone): its `message`, its `error`,
+/// or both, are kept in the error.
+#[tokio::test(start_paused = true)]
+async fn item13j_a_409_keeps_flys_message() {
+    let api = StandIn::start(|n, _| {
+        let body = match n {
+            0 => r#"{"message":"lease currently held by deploy@example.com"}"#,
+            1 => r#"{"error":"aborted","message":"lease currently held by ops"}"#,
+            _ => r#"{"error":"aborted: lease held"}"#,
+        };
+        Answer::Status(409, None, body.into())
+    })
+    .await;
+    let fly = api.client();
+    for expected in [
+        "lease currently held by deploy@example.com",
+        "aborted: lease currently held by ops",
+        "aborted: lease held",
+    ] {
+        let err = fly
+            .acquire_lease(&"agents".into(), &"m1".into(), Duration::from_secs(13), "r")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, FlyError::LeaseConflict { message, .. } if message == expected),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+}
+
+/// fly-go tells the machines of one-off commands apart (`fly console`,
+/// release commands): a listing leaves them out, they are no agents.
+#[tokio::test]
+async fn item13h_console_and_release_command_machines_are_not_listed() {
+    let sim = Sim::start(
+        SimFleet::new(TOKEN).release_tip(TIP).app(
+            SimApp::new("agents")
+                .machine(SimMachine::new("m1"))
+                .machine(
+                    SimMachine::new("console").metadata("fly_process_group", "fly_app_console"),
+                )
+                .machine(
+                    SimMachine::new("release")
+                        .metadata("fly_process_group", "fly_app_release_command"),
+                )
+                // Without the Apps platform's version it is not one of fly-go's.
+                .machine(
+                    SimMachine::new("legacy")
+                        .metadata("fly_platform_version", "v1")
+                        .metadata("fly_process_group", "fly_app_console"),
+                ),
+        ),
+    )
+    .await
+    .unwrap();
+    let fly = client(&sim, TOKEN);
+    let listed = within(fly.list_machines(&"agents".into())).await.unwrap();
+    let mut ids: Vec<&str> = listed.iter().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["legacy", "m1"], "{ids:?}");
+    // A get names it still (it is the caller's to judge).
+    within(fly.get_machine(&"agents".into(), &"console".into()))
+        .await
+        .unwrap();
+    sim.shutdown().await;
+}
+
+/// A refresh sent after our lease lapsed: Fly (the sim, as its module says)
+/// takes a new lease for the stale nonce and answers with another nonce,
+/// which is not ours (flyctl's rule).
+#[tokio::test]
+async fn item13f_a_refresh_after_the_lease_lapsed_is_a_lost_lease() {
+    let sim = sim().await;
+    let fly = client(&sim, TOKEN);
+    let (app, m1) = (AppName::from("agents"), MachineId::from("m1"));
+    let lease = within(fly.acquire_lease(&app, &m1, Duration::from_secs(5), "r"))
+        .await
+        .unwrap();
+    sim.advance_clock(Duration::from_secs(6));
+    let err = within(fly.refresh_lease(&app, &m1, &lease.nonce, Duration::from_secs(5), "r"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            FlyError::LeaseNonceChanged {
+                op: "refresh_lease",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    sim.shutdown().await;
 }

@@ -1113,7 +1113,9 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         attempt_started_at: now,
         attempt: 0,
         owner: "r0".into(),
-        restart_at: Some(now),
+        // Before its checks' results were written (the sim's start): fresh
+        // results are what verifies a restart (#32 item 13 b).
+        restart_at: Some(now - chrono::TimeDelta::seconds(1)),
         retry_at: None,
         drain_requested: false,
         cordoned: Some(true),

@@ -233,7 +233,8 @@ async fn a_fleet_token_with_flyv1_prefix_is_matched_without_it() {
 
 #[tokio::test]
 async fn list_and_get_have_the_machine_schema_shape() {
-    let h = Harness::start(fleet()).await;
+    // Many lists back to back: Fly's per-app list limit is tested apart.
+    let h = Harness::start(fleet().list_rate_limit(None)).await;
 
     let list = h.get("").await;
     assert_eq!(list.status, StatusCode::OK);
@@ -1311,6 +1312,7 @@ async fn chaos_injects_every_kind_and_lost_answers_still_take_effect() {
             ChaosFault::ServerError | ChaosFault::LostAfter => Seen::Status(500, None),
             ChaosFault::Unavailable => Seen::Status(503, None),
             ChaosFault::HangBefore | ChaosFault::HangAfter => Seen::TimedOut,
+            ChaosFault::TimedOutAfter => Seen::Status(408, None),
         };
         assert_eq!(outcome, expected, "{id}: {:?}", event.fault);
         assert_eq!(
@@ -2190,10 +2192,11 @@ async fn rate_limits_are_fly_documented_ones_by_default() {
         assert_eq!(h.get("/m2").await.status, StatusCode::OK);
     }
     assert_eq!(h.get("/m2").await.status, StatusCode::TOO_MANY_REQUESTS);
-    // Listing is not limited.
-    for _ in 0..15 {
+    // Listing: 1/s per app, burst 3 (#32 item 13 g; it was unlimited).
+    for _ in 0..3 {
         assert_eq!(h.get("").await.status, StatusCode::OK);
     }
+    assert_eq!(h.get("").await.status, StatusCode::TOO_MANY_REQUESTS);
 
     // Lease calls are actions: acquire and refresh share one bucket.
     let acquired = h.post("/m3/lease", None, None).await;
@@ -2527,8 +2530,14 @@ async fn checks_and_events_follow_boots_and_crash_loops() {
         .iter()
         .map(|e| e["type"].as_str().expect("type"))
         .collect();
-    assert_eq!(kinds, vec!["start", "restart"], "newest first");
+    // The restart's exit is one asked for (#32 item 13 c).
+    assert_eq!(kinds, vec!["start", "exit", "restart"], "newest first");
     assert_eq!(m2["events"][1]["source"], "user");
+    assert_eq!(
+        m2["events"][1]["request"]["exit_event"]["requested_stop"],
+        true
+    );
+    assert_eq!(m2["events"][2]["source"], "user");
     let newest = m2["events"][0]["timestamp"].as_i64().expect("ms");
     assert!(newest >= m2["events"][1]["timestamp"].as_i64().expect("ms"));
     assert!(newest > 1_600_000_000_000, "milliseconds: {newest}");
@@ -2836,4 +2845,98 @@ async fn a_frozen_fleet_serves_the_live_answers_as_they_were() {
         refused.as_deref().is_some_and(|e| e.contains("m2")),
         "{refused:?}"
     );
+}
+
+// ---- #32 item 13: Fly as its own clients read it ------------------------------
+
+/// What a machine's config defines is listed as Fly lists it: a check per
+/// reported result and the stop timeout; exits say whether they were asked
+/// for (a restart's is, a crash loop's are not), as fly-go's types read them.
+#[tokio::test]
+async fn item13_configs_list_checks_and_stop_timeout_and_exits_say_who_asked() {
+    let h = Harness::start(fleet()).await;
+    let fly = fleet_reconciler::fly::FlyClient::new(
+        fleet_reconciler::fly::FlyClientConfig::new(&h.sim.api_url()),
+        TOKEN,
+    )
+    .expect("client");
+    let get = |id: &'static str| {
+        let fly = fly.clone();
+        async move {
+            within(fly.get_machine(&APP.into(), &id.into()))
+                .await
+                .expect("machine")
+        }
+    };
+    let m1 = get("m1").await;
+    let config = m1.config.clone().expect("config");
+    assert_eq!(config.defined_checks(), 1, "{DEFAULT_CHECK} is defined");
+    assert_eq!(config.stop_timeout, Some(Duration::from_secs(5)));
+    assert_eq!(m1.checks.len(), 1);
+    assert!(m1.checks[0].updated_at.is_some());
+
+    // A restart's exit is requested; the checks are rewritten after it.
+    let before = h.sim.now();
+    let r = h.post("/m1/restart", None, None).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(h.wait_for("m1", "started", 5).await.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m1 = get("m1").await;
+    let exit = m1
+        .events
+        .first()
+        .and_then(|e| e.exit)
+        .expect("an exit with details");
+    assert!(exit.requested_stop && exit.restarting, "{exit:?}");
+    assert!(
+        m1.checks
+            .iter()
+            .all(|c| c.passing() && c.updated_at > Some(before)),
+        "{:?}",
+        m1.checks
+    );
+
+    // A crash loop's exits are Fly's restarts of a failing process.
+    assert!(h.sim.set_crash_loop("m2", true));
+    let m2 = get("m2").await;
+    let crashes: Vec<_> = m2.events.iter().filter_map(|e| e.exit).collect();
+    assert_eq!(crashes.len(), 2, "{:?}", m2.events);
+    assert!(
+        crashes
+            .iter()
+            .all(|x| x.restarting && !x.requested_stop && x.exit_code != 0),
+        "{crashes:?}"
+    );
+    h.sim.shutdown().await;
+}
+
+/// Fly documents 1 list request/s per app, burst 3: the fourth at once is
+/// refused (429); another app's list is not.
+#[tokio::test(start_paused = true)]
+async fn item13_lists_are_limited_per_app() {
+    let h = Harness::start(fleet()).await;
+    for _ in 0..3 {
+        assert_eq!(h.get("").await.status, StatusCode::OK);
+    }
+    assert_eq!(h.get("").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let other = h.fly_in("other", Method::GET, "", None, None).await;
+    assert_eq!(other.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(h.get("").await.status, StatusCode::OK);
+    // A machine's own calls are not counted against it.
+    assert_eq!(h.get("/m1").await.status, StatusCode::OK);
+    h.sim.shutdown().await;
+}
+
+/// A 408 aimed at a restart: the restart happens, the caller learns only
+/// that Fly timed out.
+#[tokio::test]
+async fn item13_a_408_after_the_effect() {
+    let h = Harness::start(fleet()).await;
+    h.sim
+        .fault_next_call("m1", "POST", "restart", ChaosFault::TimedOutAfter);
+    let r = h.post("/m1/restart", None, None).await;
+    assert_eq!(r.status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(h.sim.machine("m1").expect("m1").restart_count, 1);
+    h.sim.shutdown().await;
 }

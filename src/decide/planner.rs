@@ -2019,6 +2019,16 @@ impl<'c, 'a> Rotation<'c, 'a> {
             .action(self.ctx.pool, self.current_severity())
     }
 
+    /// The end of a rotation that has used up `rotation.max_attempts`
+    /// restarts (counted per machine and target, across yields), if it has.
+    fn out_of_attempts(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
+        let marker = self.marker;
+        (marker.attempt >= self.ctx.policy.rotation.max_attempts.get()).then(|| {
+            let evidence = "rotation.max_attempts reached".to_string();
+            end_attempt(self.ctx, marker, marker.attempt, evidence, alerts)
+        })
+    }
+
     /// Draining: a restart once the policy or the agent allows it, else a
     /// yield at a ceiling, else the drain asked again if it never arrived.
     fn draining(&self, alerts: &mut Vec<Alert>) -> Option<Step> {
@@ -2031,17 +2041,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
         {
             // Judged before every restart: the count is carried across
             // yields, so a retry may have none left.
-            if marker.attempt >= rot.max_attempts.get() {
-                let evidence = "rotation.max_attempts reached".to_string();
-                return Some(end_attempt(
-                    self.ctx,
-                    marker,
-                    marker.attempt,
-                    evidence,
-                    alerts,
-                ));
-            }
-            return Some(step);
+            return Some(self.out_of_attempts(alerts).unwrap_or(step));
         }
         if after(since, rot.drain_ceiling) <= now {
             return Some(self.yield_(ReleaseWhy::DrainCeiling));
@@ -2204,15 +2204,10 @@ impl<'c, 'a> Rotation<'c, 'a> {
         if after(due, rot.verify_deadline) <= now {
             return Some(self.yield_(ReleaseWhy::BackoffStuck));
         }
-        if due <= now && marker.attempt >= rot.max_attempts.get() {
-            let evidence = "rotation.max_attempts reached".to_string();
-            return Some(end_attempt(
-                self.ctx,
-                marker,
-                marker.attempt,
-                evidence,
-                alerts,
-            ));
+        if due <= now
+            && let Some(failed) = self.out_of_attempts(alerts)
+        {
+            return Some(failed);
         }
         alerts.push(machine_alert(
             AlertKind::RotationStuck,

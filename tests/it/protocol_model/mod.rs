@@ -15,7 +15,10 @@
 //! inside it); agents advertise no `drain`/`reload` and no heartbeat (no
 //! checkpoint handshake is explored); a lease's TTL lapses only when its
 //! replica restarts; `Tracker` states are told apart by the clocks it
-//! exposes (drift, unprobed, slots unknown).
+//! exposes (drift, unprobed, slots unknown), not by when it first saw a
+//! marker; machines have no Fly health checks (an unprobeable restart is
+//! never declined for passing checks) and never stop; a restart's
+//! immediate read back and the step's last read are one read.
 //!
 //! | scenario | dimensions | invariants it can break |
 //! | --- | --- | --- |
@@ -33,14 +36,20 @@
 //! at a call's landing use what the executor could know: the approval its
 //! last check read and the agent's work at the fresh probe (a revoke or new
 //! work within that round trip is the documented gap), and a hold counts
-//! as unreported only while it still stands when the step ends.
+//! as unreported only while it still stands when the step ends. The
+//! manual and busy-restart invariants judge the action on the tip of the
+//! snapshot the step was planned on: a tip move between the last check and
+//! the restart's landing cannot be seen within the step (a window of one
+//! step). A wait is counted, per replica, from its first sweep that could
+//! see the cordon: a replica's deadlines run from its own first sight of a
+//! marker (the one-clock rule).
 //!
-//! Counterexamples found on main at the time of writing, each a test in
-//! `counterexamples` (they fail until the Part 1 item named is fixed):
-//! item 8 (`grace_skew`), item 12 (`config_change`), item 1
-//! (`tip_authority`), item 10 (`hold_race`); and two outside the Part 1
-//! list: the read after a cordon refused with 429 (`hold_race`), a wait
-//! past its ceiling on an unreachable host with no alert (`ceilings`).
+//! Counterexamples found, each a test in `counterexamples`, each fixed
+//! since: items 8 (`grace_skew`), 12 (`config_change`), 1
+//! (`tip_authority`) and 10 (`hold_race`: a read back on an unreachable
+//! host, and one refused with 429); and outside the Part 1 list, a wait
+//! past its ceiling on an unreachable host with no alert (`ceilings`,
+//! fixed in the planner).
 
 pub mod model;
 mod sweep;
@@ -543,9 +552,10 @@ mod counterexamples {
         );
     }
 
-    /// Not a Part 1 item: a hold lands between the check and the cordon,
-    /// and the read after the cordon is refused (429): `read_after_last_call`
-    /// takes an unreadable machine to tell nothing, and nobody is told.
+    /// A hold lands between the check and the cordon, and the read after
+    /// the cordon is refused (429): `read_after_last_call` took an
+    /// unreadable machine to tell nothing, and nobody was told (fixed with
+    /// #32 item 10: `Unfenced::ReadBackFailed`).
     #[test]
     fn a_hold_around_a_cordon_is_reported_when_the_read_after_is_refused() {
         let s = scenario("hold_race");

@@ -515,6 +515,8 @@ mod counterexamples {
         let mut w = s.init_states().remove(0);
         w = act(&s, w, Action::Sweep(0));
         w = all_calls(&s, w, 0);
+        // The replica sees the cordon (its grace counts from there).
+        w = act(&s, w, Action::Sweep(0));
         w = act(&s, w, Action::Tick(12));
         w = act(&s, w, Action::MoveTip);
         w = act(&s, w, Action::Sweep(0));

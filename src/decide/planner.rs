@@ -784,20 +784,6 @@ impl<'a> Planning<'a> {
             .then(|| remembered_evidence(self.tracker, &m.seen, op))
             .flatten();
         self.drift_alert(m, evidence.as_ref().or(remembered.as_ref()));
-        // Unknown is not empty: no hold, marker or approval can be seen, so
-        // nothing at all is planned (not even an undo or bookkeeping).
-        if let Some(why) = m.seen.inputs.metadata_unknown() {
-            self.decide(
-                &m.seen,
-                Decision::MetadataUnknown {
-                    why: why.to_string(),
-                },
-            );
-            return;
-        }
-        if self.held(m, op) {
-            return; // never act on a held machine, never clear its hold
-        }
         let mut target = target_of(&m.seen);
         // A rotation ends in the pool whose slot it won, whatever the label says now.
         let pool = match &op.marker {
@@ -822,6 +808,15 @@ impl<'a> Planning<'a> {
             now: self.now,
             tip: self.tip,
         };
+        // Unknown is not empty: no hold, marker or approval can be seen, so
+        // nothing at all is planned (not even an undo or bookkeeping).
+        if let Some(why) = m.seen.inputs.metadata_unknown() {
+            self.metadata_unknown(&ctx, why);
+            return;
+        }
+        if self.held(m, op) {
+            return; // never act on a held machine, never clear its hold
+        }
         let step = match &op.marker {
             Some(Err(why)) => self.unreadable_marker(m, why),
             Some(Ok(marker)) if marker.phase.holds_slot() => {
@@ -841,6 +836,61 @@ impl<'a> Planning<'a> {
         if let Some(step) = step {
             self.step(step);
         }
+    }
+
+    /// A machine whose metadata Fly cannot show: nothing is planned for it.
+    /// A rotation its last listing knew (`decide::prepare` carries the
+    /// marker) whose ceiling passed on this replica's clock, or a cordon Fly
+    /// shows with no marker known, would wait unseen for as long as the host
+    /// is out: each is alerted, naming the outage.
+    fn metadata_unknown(&mut self, ctx: &Ctx<'_>, why: &str) {
+        let m = ctx.m;
+        self.decide(
+            &m.seen,
+            Decision::MetadataUnknown {
+                why: why.to_string(),
+            },
+        );
+        let id = &m.seen.machine_id;
+        let (severity, summary) = match &ctx.op.marker {
+            Some(Ok(marker)) if marker.phase.holds_slot() => {
+                let deadline = match rotation_decision(ctx, marker) {
+                    Decision::LiveWork { deadline, .. }
+                    | Decision::InRotation {
+                        deadline: Some(deadline),
+                        ..
+                    } => deadline,
+                    _ => return,
+                };
+                if deadline > ctx.now {
+                    return;
+                }
+                (
+                    marker.severity.max(Severity::High),
+                    format!(
+                        "{id} is mid-rotation (phase {phase}{cordon}) past its deadline {deadline}, and Fly cannot show its metadata ({why}): nothing can be done to it until its host is back; pool {pool} of {app} waits on its slot",
+                        phase = marker.phase,
+                        cordon = if marker.may_have_cordoned() {
+                            ", may be cordoned"
+                        } else {
+                            ""
+                        },
+                        deadline = deadline.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        pool = ctx.pool,
+                        app = m.seen.app,
+                    ),
+                )
+            }
+            None if m.seen.inputs.cordoned == Some(true) => (
+                Severity::High,
+                format!(
+                    "{id} is cordoned, no rotation marker of it is known, and Fly cannot show its metadata ({why}): nothing can be done to it until its host is back; `fly machine uncordon {id} -a {app}` if no rotation is under way",
+                    app = m.seen.app,
+                ),
+            ),
+            _ => return,
+        };
+        self.alert(AlertKind::RotationStuck, m, severity, summary);
     }
 
     /// An app the sweep could not list is known only from an older listing:

@@ -3848,3 +3848,80 @@ fn item13e_the_verify_deadline_adds_the_machines_stop_timeout() {
     let (next, _) = advance_of(&fx.plan_at(t0(), t0() + Cd::minutes(6)), "m1").expect("backoff");
     assert_eq!(next.phase, Phase::Backoff);
 }
+
+// ---- issue 32: waits the protocol model found unalerted -----------------------
+
+/// Found by the protocol model (`ceilings`): a rotation mid-drain whose
+/// host becomes unreachable. Its metadata is unknown, so nothing is done
+/// to it, but the marker its last listing knew (carried by
+/// `LastListings`, as `decide::prepare` does) is past its drain ceiling on
+/// our clock: it is alerted as stuck, naming the outage, with no step.
+#[test]
+fn item32_a_rotation_past_its_ceiling_on_an_unreachable_host_is_alerted() {
+    use crate::decide::listings::LastListings;
+    let d = marker("m1", Phase::Draining, RotationMode::Wait, t0());
+    let mut known = M::drifted("m1", Severity::Medium).busy().marker(&d);
+    known.0.inputs.cordoned = Some(true);
+    let dark = || {
+        M::drifted("m1", Severity::Medium)
+            .unreachable()
+            .metadata_unknown("host_status unreachable")
+    };
+    let (config, policy) = (config(""), policy());
+    let mut listings = LastListings::default();
+    let mut tracker = Tracker::default();
+    let mut sweep = |m: M, now: DateTime<Utc>| {
+        let mut report = snapshot(&config, vec![m]);
+        listings.carry(&mut report, now);
+        tracker.observe(&report, now);
+        plan(&PlanInput {
+            policy: &policy,
+            snapshot: &report,
+            tracker: &tracker,
+            owner: "r1",
+            fetch: fetched(),
+            now,
+        })
+    };
+    sweep(known, t0());
+    // Within the drain ceiling (1 h): only the outage is decided.
+    let plan = sweep(dark(), t0() + Cd::minutes(30));
+    assert!(plan.steps().is_empty(), "{plan:?}");
+    assert!(
+        alerts(&plan, AlertKind::RotationStuck).is_empty(),
+        "{plan:?}"
+    );
+    // Past it: alerted, still no step.
+    let plan = sweep(dark(), t0() + Cd::hours(2));
+    assert!(plan.steps().is_empty(), "{plan:?}");
+    assert!(matches!(
+        plan.decisions()[&mid("m1")],
+        Decision::MetadataUnknown { .. }
+    ));
+    let stuck: Vec<&str> = plan
+        .alerts
+        .iter()
+        .filter(|a| a.kind == AlertKind::RotationStuck)
+        .map(|a| a.summary.as_str())
+        .collect();
+    assert_eq!(stuck.len(), 1, "{plan:?}");
+    assert!(stuck[0].contains("host_status unreachable"), "{}", stuck[0]);
+}
+
+/// A machine Fly shows cordoned whose metadata is unknown and whose marker
+/// no listing knew: a cordon nothing may undo while the host is out.
+#[test]
+fn item32_a_cordon_on_an_unreachable_host_with_no_known_marker_is_alerted() {
+    let mut dark = M::drifted("m1", Severity::Medium)
+        .unreachable()
+        .metadata_unknown("host_status unreachable");
+    dark.0.inputs.cordoned = Some(true);
+    let mut fx = Fx::new("").with(dark);
+    let plan = fx.plan_at(t0(), t0() + Cd::minutes(1));
+    assert!(plan.steps().is_empty(), "{plan:?}");
+    assert_eq!(
+        alerts(&plan, AlertKind::RotationStuck),
+        vec!["m1"],
+        "{plan:?}"
+    );
+}

@@ -5,7 +5,7 @@
 
 use fleet_reconciler::decide::planner::restart_allowed;
 use fleet_reconciler::metadata::marker::{Marker, Phase};
-use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalId, ApprovalMode, Hold};
 use fleet_reconciler::metadata::slots::Slot;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use fleet_reconciler::model::PolicyAction;
@@ -13,8 +13,8 @@ use stateright::{Model, Property};
 
 use super::sweep::{commit, commit_index, reclaim_stale, report, sweep_and_plan};
 use super::world::{
-    APP, CORDON_WAIT_BOUND, Conf, Exec, Guard, LastCall, Machine, MarkerWrite, Mem, Need, Op, POOL,
-    RESTART_GRACE, Record, Replica, World, at, machine_id,
+    APP, CORDON_WAIT_BOUND, Cond, Conf, Exec, Guard, HoldMarker, Known, LastCall, Machine,
+    MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE, Record, Replica, World, at, machine_id,
 };
 
 /// What the world may do besides the replicas, per scenario.
@@ -61,6 +61,9 @@ pub struct Scenario {
     /// replica sweeps or calls only while no other is inside a step (the
     /// environment still acts between any two calls).
     pub interleave: bool,
+    /// Whether the bounded run of `cargo test` must reach a restart (the
+    /// coverage property); see each scenario that says no.
+    pub covers_restart: bool,
 }
 
 /// How Fly answered one call.
@@ -128,6 +131,8 @@ impl Model for Scenario {
                     mem: Mem::default(),
                     queue: Vec::new(),
                     last_plan: None,
+                    known: vec![Known::Never; self.busy.len()],
+                    cordon_seen: vec![None; self.busy.len()],
                 })
                 .collect(),
             approvals: 0,
@@ -225,8 +230,13 @@ impl Model for Scenario {
         if env_event {
             w.budget = w.budget.saturating_sub(1);
         }
+        let before: Vec<HoldMarker> = if self.env.host_outage {
+            w.machines.iter().map(Machine::hold_marker).collect()
+        } else {
+            Vec::new()
+        };
         match action {
-            Action::Sweep(r) => sweep_and_plan(&mut w, r),
+            Action::Sweep(r) => sweep_and_plan(&mut w, r, self.env.host_outage),
             Action::Call(r, answer) => call(&mut w, r, answer, self.env.stuck_agents),
             Action::Tick(q) => w.time += q,
             Action::Hold(i) => {
@@ -294,10 +304,22 @@ impl Model for Scenario {
                 replica.mem = Mem::default();
                 replica.queue.clear();
                 replica.last_plan = None;
+                replica.known.iter_mut().for_each(|k| *k = Known::Never);
+                replica.cordon_seen.iter_mut().for_each(|c| *c = None);
                 // Its leases lapse with their TTL (folded into this step).
                 for m in &mut w.machines {
                     if m.lease == Some(r as u8) {
                         m.lease = None;
+                    }
+                }
+            }
+        }
+        // What a replica's last sweep knew stays as it was then.
+        for (i, was) in before.into_iter().enumerate() {
+            if w.machines[i].hold_marker() != was {
+                for replica in &mut w.replicas {
+                    if replica.known[i] == Known::Same {
+                        replica.known[i] = Known::Was(was.clone());
                     }
                 }
             }
@@ -364,14 +386,14 @@ fn answers(op: &Op) -> (bool, bool) {
     match op {
         Op::Acquire | Op::Check(_) | Op::VerifySlot { .. } | Op::WinSlot { .. } => (true, false),
         Op::ReleaseSlot { .. } | Op::ReadAfterAndRelease => (true, false),
-        Op::Probe { .. } => (false, false),
+        Op::Probe { .. } | Op::If(..) => (false, false),
         Op::Drain { .. } | Op::Undrain { .. } => (false, true),
         Op::WriteMarker(_)
         | Op::Cordon
         | Op::Uncordon
-        | Op::Restart
+        | Op::Restart { .. }
         | Op::DeleteMarker
-        | Op::DeleteApproval { .. }
+        | Op::DeleteApproval
         | Op::SetUnprobed(_) => (true, true),
     }
 }
@@ -423,17 +445,26 @@ fn undo_recorded(w: &World) -> bool {
 }
 
 /// A machine cordoned past the longest ceiling: every plan made since
-/// then alerts about it or acts on it (its undo).
+/// then alerts about it or acts on it (its undo). Counted per replica from
+/// its first sweep that could see the cordon (host up): a replica's
+/// deadlines run from its own first sight of a marker, never from a time
+/// another clock wrote (the one-clock rule); a daemon sweeping on its
+/// interval sees it within one interval.
 pub fn waits_end_or_alert(w: &World) -> bool {
     w.machines.iter().enumerate().all(|(i, m)| {
-        let Some(since) = m.cordoned_at.filter(|_| m.cordoned) else {
+        if m.cordoned_at.is_none() || !m.cordoned {
             return true;
-        };
-        w.replicas.iter().all(|r| match &r.last_plan {
-            Some((t, answered)) if *t >= since + CORDON_WAIT_BOUND => {
-                answered.get(i).copied().unwrap_or(true)
+        }
+        w.replicas.iter().all(|r| {
+            let Some(since) = r.cordon_seen.get(i).copied().flatten() else {
+                return true;
+            };
+            match &r.last_plan {
+                Some((t, answered)) if *t >= since + CORDON_WAIT_BOUND => {
+                    answered.get(i).copied().unwrap_or(true)
+                }
+                _ => true,
             }
-            _ => true,
         })
     })
 }
@@ -464,9 +495,13 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
     let op = ex.ops.remove(0);
     let next = one_call(w, r, &mut ex, &op, answer, stuck);
     let ended = match next {
-        Next::Go => ex.ops.is_empty(),
+        Next::Go => {
+            resolve_ifs(&mut ex);
+            ex.ops.is_empty()
+        }
         Next::Then(ops) => {
             ex.ops = ops;
+            resolve_ifs(&mut ex);
             false
         }
         Next::Fail if ex.leased => {
@@ -493,6 +528,28 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
     }
 }
 
+/// The `If`s next in line, decided on the first read (`under_lease`):
+/// their calls spliced in, or dropped.
+fn resolve_ifs(ex: &mut Exec) {
+    while let Some(Op::If(cond, _)) = ex.ops.first() {
+        let holds = match cond {
+            Cond::Cordoned => ex.first_cordoned,
+            Cond::ApprovalToClear { named, target } => {
+                ex.first_approval.as_deref().is_some_and(|v| match named {
+                    Some(id) => ApprovalId::of(v).as_str() == id,
+                    None => Approval::parse(v).is_some_and(|a| a.approves(&commit(*target))),
+                })
+            }
+        };
+        let Op::If(_, then) = ex.ops.remove(0) else {
+            return;
+        };
+        if holds {
+            ex.ops.splice(0..0, then);
+        }
+    }
+}
+
 /// `Executor::read_back`: every read under the lease, against the
 /// disruptive call before it.
 fn read_back(w: &mut World, ex: &mut Exec) {
@@ -501,8 +558,10 @@ fn read_back(w: &mut World, ex: &mut Exec) {
     let Some(last) = ex.last_call.take() else {
         return;
     };
-    // `known_metadata`: a host Fly cannot reach shows none, so no hold.
-    if m.host_ok && m.metadata.contains_key(HOLD_KEY) {
+    // `known_metadata`: a hold found is `Unfenced::HoldLanded`; a host Fly
+    // cannot reach shows none, and that is `Unfenced::ReadBackFailed`
+    // (#32 item 10): reported either way.
+    if !m.host_ok || m.metadata.contains_key(HOLD_KEY) {
         ex.hold_unreported = false;
     }
     if last.instance.is_some_and(|before| before != m.instance) {
@@ -550,7 +609,8 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             let m = &w.machines[i];
             if ex.first_instance.is_none() {
                 ex.first_instance = Some(m.instance);
-                ex.first_approved = approval_of(m).is_some();
+                ex.first_cordoned = m.host_ok && m.cordoned;
+                ex.first_approval = m.metadata.get(APPROVE_KEY).cloned();
             }
             if !m.host_ok || m.metadata.contains_key(HOLD_KEY) {
                 return Next::Fail;
@@ -766,11 +826,21 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             }
         }
         // `FlyClient::restart` after `lease.calling("restart", None)`.
-        Op::Restart => {
+        Op::Restart { expected } => {
             ex.last_call = Some(LastCall {
                 instance: ex.seen_instance,
                 undo_uncordon: false,
             });
+            // `restart`'s 429 arm (#32 item 13d): nothing restarted, no read
+            // after it owed, the plan's marker put back (`put_marker_back`).
+            if answer == Answer::RateLimited {
+                ex.last_call = None;
+                return Next::Then(vec![
+                    Op::Check(Need::Write),
+                    Op::WriteMarker(MarkerWrite::Exact(expected.clone())),
+                    Op::ReadAfterAndRelease,
+                ]);
+            }
             if lands(w, ex, answer) {
                 judge_restart(w, r, ex);
                 let tip = w.tip;
@@ -796,11 +866,10 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             }
             answered(answer, w, ex)
         }
-        // Only the approval of this rotation's commit, as the first read saw.
-        Op::DeleteApproval { target } => {
-            let m = &mut w.machines[i];
-            let ours = approval_of(m).is_some_and(|a| commit_index(&a.target) == *target);
-            if ex.first_approved && ours && lands(w, ex, answer) {
+        // Decided on the first read (`Cond::ApprovalToClear`); the key is
+        // deleted whatever it holds now.
+        Op::DeleteApproval => {
+            if lands(w, ex, answer) {
                 w.machines[i].metadata.remove(APPROVE_KEY);
             }
             answered(answer, w, ex)
@@ -825,14 +894,21 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             }
             Next::Go
         }
-        // `read_after_last_call` (an unreadable machine tells nothing), then
-        // `release`.
+        // `run`: `read_after_last_call`, then `release`. A GET that fails
+        // is `Unfenced::ReadBackFailed` (#32 item 10): reported.
         Op::ReadAfterAndRelease => {
-            if ex.last_call.is_some() && answer == Answer::Ok {
-                read_back(w, ex);
+            if ex.last_call.is_some() {
+                if answer == Answer::Ok {
+                    read_back(w, ex);
+                } else {
+                    ex.last_call = None;
+                    ex.hold_unreported = false;
+                }
             }
             Next::Go
         }
+        // Resolved as soon as it is next (`resolve_ifs`); never a call.
+        Op::If(..) => Next::Go,
     }
 }
 
@@ -846,7 +922,11 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
         return;
     };
     let target = commit_index(&marker.target);
-    let action = w.replicas[r].conf.action(w.tip);
+    // The tip the acting replica's plan saw: a move to a commit of another
+    // action between its last check and the restart's landing cannot be
+    // seen within the step (the plan's tip is from the sweep's fetch); the
+    // window is one step long, closed by the next sweep.
+    let action = w.replicas[r].conf.action(ex.plan_tip);
     let approval = ex
         .seen_approval
         .as_deref()

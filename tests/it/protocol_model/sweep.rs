@@ -23,8 +23,12 @@ use fleet_reconciler::observe::sweep::{
     MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
 };
 
+use fleet_reconciler::decide::listings::LastListings;
+use fleet_reconciler::metadata::{HOLD_KEY, MARKER_KEY};
+
 use super::world::{
-    APP, COMMITS, Exec, Guard, MarkerWrite, Need, Op, POOL_KEY, World, at, severity,
+    APP, COMMITS, Cond, Exec, Guard, HoldMarker, Known, MarkerWrite, Need, Op, POOL_KEY, World, at,
+    severity,
 };
 
 fn config() -> Config {
@@ -81,8 +85,51 @@ fn reason() -> SharedReason {
     }))
 }
 
-/// The snapshot replica `r` gets from one sweep of the world.
+/// The snapshot replica `r` gets from one sweep of the world, as
+/// `decide::prepare` hands it to the planner: a machine whose host is out
+/// keeps the hold and marker of the last sweep that knew them
+/// (`LastListings::carry`, fed the replica's memory of that sweep).
 pub fn snapshot(w: &World, r: usize) -> Snapshot {
+    let mut snap = listed(w, r);
+    let known: Vec<Option<HoldMarker>> = w
+        .machines
+        .iter()
+        .zip(&w.replicas[r].known)
+        .map(|(m, k)| match k {
+            Known::Never => None,
+            Known::Same => Some(m.hold_marker()),
+            Known::Was(v) => Some(v.clone()),
+        })
+        .collect();
+    let carried = w
+        .machines
+        .iter()
+        .zip(&known)
+        .any(|(m, k)| !m.host_ok && k.is_some());
+    if carried {
+        let mut before = w.clone();
+        for (m, k) in before.machines.iter_mut().zip(&known) {
+            let Some((hold, marker)) = k else {
+                continue;
+            };
+            m.host_ok = true;
+            m.metadata = BTreeMap::from([(POOL_KEY.to_string(), POOL_KEY_VALUE.to_string())]);
+            for (key, value) in [(HOLD_KEY, hold), (MARKER_KEY, marker)] {
+                if let Some(v) = value {
+                    m.metadata.insert(key.to_string(), v.clone());
+                }
+            }
+        }
+        let now = at(w.time + w.replicas[r].skew);
+        let mut listings = LastListings::default();
+        listings.carry(&mut listed(&before, r), now);
+        listings.carry(&mut snap, now);
+    }
+    snap
+}
+
+/// The snapshot of one sweep of the world, before `prepare`.
+fn listed(w: &World, r: usize) -> Snapshot {
     let policy = w.replicas[r].conf.policy();
     let tip = Tip {
         branch: "release".into(),
@@ -161,8 +208,21 @@ const POOL_KEY_VALUE: &str = super::world::POOL;
 /// Replica `r` sweeps and plans: its tracker folds the sweep in, the real
 /// planner plans at the replica's own clock, and each step becomes the
 /// calls the executor makes for it.
-pub fn sweep_and_plan(w: &mut World, r: usize) {
+pub fn sweep_and_plan(w: &mut World, r: usize, hosts_go_out: bool) {
     let snap = snapshot(w, r);
+    let time = w.time;
+    let machines = w.machines.clone();
+    let replica = &mut w.replicas[r];
+    for (i, m) in machines.iter().enumerate() {
+        if hosts_go_out && m.host_ok {
+            replica.known[i] = Known::Same;
+        }
+        replica.cordon_seen[i] = match (m.cordoned, m.host_ok) {
+            (false, _) => None,
+            (true, true) => replica.cordon_seen[i].or(Some(time)),
+            (true, false) => replica.cordon_seen[i],
+        };
+    }
     let now = at(w.time + w.replicas[r].skew);
     let replica = &mut w.replicas[r];
     replica.mem.0.observe(&snap, now);
@@ -188,10 +248,14 @@ pub fn sweep_and_plan(w: &mut World, r: usize) {
             }) || p.steps().iter().any(|s| s.target.machine_id == id)
         })
         .collect();
-    let time = w.time;
+    let tip = w.tip;
     let replica = &mut w.replicas[r];
     replica.last_plan = Some((time, answered));
-    replica.queue = p.steps().into_iter().filter_map(calls).collect();
+    replica.queue = p
+        .steps()
+        .into_iter()
+        .filter_map(|s| calls(s, tip))
+        .collect();
 }
 
 fn index(step: &Step) -> usize {
@@ -203,8 +267,9 @@ fn index(step: &Step) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-/// The executor's calls for one step (`Executor::run` → `under_lease`).
-fn calls(step: &Step) -> Option<Exec> {
+/// The executor's calls for one step (`Executor::run` → `under_lease`),
+/// planned on a snapshot of the tip `tip`.
+fn calls(step: &Step, tip: u8) -> Option<Exec> {
     let machine = index(step);
     let expected = step.expected.as_ref().map(Marker::to_value);
     // `Watch::of`: a manual rotation's commit must stay approved.
@@ -250,8 +315,13 @@ fn calls(step: &Step) -> Option<Exec> {
                 }
             }
         }
-        // `Executor::withdraw`.
+        // `Executor::withdraw`: a cordon Fly shows at the first read is
+        // lifted first, then read again (#32 item 7).
         StepKind::Withdraw { .. } => {
+            ops.push(Op::If(
+                Cond::Cordoned,
+                vec![Op::Uncordon, Op::Check(Need::Write)],
+            ));
             ops.push(Op::DeleteMarker);
             if let Some(m) = &step.expected {
                 ops.push(Op::ReleaseSlot { tag: m.tag.clone() });
@@ -317,10 +387,15 @@ fn calls(step: &Step) -> Option<Exec> {
             } else {
                 Need::Disruptive
             }));
-            ops.push(Op::Restart);
+            // `restart`'s 429 arm puts the plan's marker back (#32 item 13d).
+            // Its `Declined::FlyChecksPass` (#32 item 3) never fires here:
+            // the model's machines have no Fly checks configured.
+            ops.push(Op::Restart {
+                expected: e.to_value(),
+            });
         }
-        // `Executor::release_rotation` (the clear_approval and undrain
-        // decisions of `under_lease` are made on the first read).
+        // `Executor::release_rotation` (the uncordon, clear_approval and
+        // undrain decisions of `under_lease` are made on the first read).
         StepKind::Release {
             marker,
             undrain,
@@ -330,11 +405,17 @@ fn calls(step: &Step) -> Option<Exec> {
             if step.expected.as_ref() != Some(marker) {
                 ops.push(Op::WriteMarker(MarkerWrite::Exact(marker.to_value())));
             }
+            // `under_lease`: uncordon where the marker may have cordoned, or
+            // wherever Fly shows a cordon (#32 item 7).
+            let uncordon = vec![Op::Check(Need::Write), Op::Uncordon];
             if marker.may_have_cordoned() {
-                ops.push(Op::Check(Need::Write));
-                ops.push(Op::Uncordon);
+                ops.extend(uncordon);
+            } else {
+                ops.push(Op::If(Cond::Cordoned, uncordon));
             }
-            // executor `under_lease`, Release arm: a given-up undrain is never asked.
+            // `under_lease`, Release arm: a given-up undrain is never asked
+            // (#32 item 4). `undrain_anyway`'s `is_started` holds: the
+            // model's machines never stop.
             let anyway = step
                 .expected
                 .as_ref()
@@ -350,6 +431,16 @@ fn calls(step: &Step) -> Option<Exec> {
                     tag: marker.tag.clone(),
                 });
             }
+            // Only the approval this rotation used, whatever its ending.
+            if *clear_approval {
+                ops.push(Op::If(
+                    Cond::ApprovalToClear {
+                        named: marker.approval.as_ref().map(|a| a.as_str().to_string()),
+                        target: commit_index(&marker.target),
+                    },
+                    vec![Op::Check(Need::Write), Op::DeleteApproval],
+                ));
+            }
             match marker.ending.unwrap_or(Ending::Cancelled) {
                 Ending::Yielded => {
                     let mut y = marker.clone();
@@ -361,12 +452,6 @@ fn calls(step: &Step) -> Option<Exec> {
                     ops.push(Op::WriteMarker(MarkerWrite::Exact(y.to_value())));
                 }
                 Ending::Finished | Ending::Cancelled => {
-                    if *clear_approval {
-                        ops.push(Op::Check(Need::Write));
-                        ops.push(Op::DeleteApproval {
-                            target: commit_index(&marker.target),
-                        });
-                    }
                     ops.push(Op::Check(Need::Write));
                     ops.push(Op::DeleteMarker);
                 }
@@ -388,7 +473,9 @@ fn calls(step: &Step) -> Option<Exec> {
         watch: expected,
         approval,
         first_instance: None,
-        first_approved: false,
+        first_cordoned: false,
+        first_approval: None,
+        plan_tip: tip,
         seen_instance: None,
         last_call: None,
         hold_unreported: false,

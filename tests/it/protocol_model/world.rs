@@ -242,19 +242,36 @@ pub enum Op {
         expected: String,
         target: u8,
     },
-    /// `FlyClient::restart`.
-    Restart,
+    /// `FlyClient::restart`; a 429 puts `expected` (the plan's marker)
+    /// back (`Executor::put_marker_back`, #32 item 13d).
+    Restart { expected: String },
     /// `delete_metadata` of our marker (withdraw, claim at cap, release).
     DeleteMarker,
-    /// `release_rotation`: the approval of this rotation's commit, if the
-    /// first read showed one.
-    DeleteApproval { target: u8 },
+    /// `release_rotation`'s `delete_metadata(APPROVE_KEY)`: decided on the
+    /// first read (`If(Cond::ApprovalToClear ..)`), then deleted whatever
+    /// the key holds by then.
+    DeleteApproval,
     /// `write_unprobed`.
     SetUnprobed(Option<String>),
     /// `Executor::release_slot` (best effort).
     ReleaseSlot { tag: String },
     /// `run`'s `read_after_last_call`, then the lease release.
     ReadAfterAndRelease,
+    /// Calls made only when `Cond` held at the step's first read (the
+    /// decisions `under_lease` makes on it); no call of its own, resolved
+    /// as soon as it is next.
+    If(Cond, Vec<Op>),
+}
+
+/// What `under_lease` decides on the step's first read.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Cond {
+    /// Fly shows the machine cordoned (`machine.cordoned == Some(true)`).
+    Cordoned,
+    /// The approval this rotation used is there: the one the marker names
+    /// (its `ApprovalId`), or for a marker naming none one approving
+    /// `target` (`under_lease`'s `clear_approval`).
+    ApprovalToClear { named: Option<String>, target: u8 },
 }
 
 /// The disruptive call not yet followed by a read (`Held::last_call`).
@@ -275,10 +292,13 @@ pub struct Exec {
     pub watch: Option<String>,
     /// A manual rotation's commit (`Watch::approval`).
     pub approval: Option<u8>,
-    /// The first check's read: instance, and whether an approval named the
-    /// step's target then.
+    /// The first check's read: instance, Fly's cordon, the approval's value.
     pub first_instance: Option<u8>,
-    pub first_approved: bool,
+    pub first_cordoned: bool,
+    pub first_approval: Option<String>,
+    /// The tip of the snapshot the step was planned on: the acting
+    /// replica cannot see a later move within its step.
+    pub plan_tip: u8,
     pub seen_instance: Option<u8>,
     pub last_call: Option<LastCall>,
     /// A disruptive call landed on a held machine and no read has reported it.
@@ -292,6 +312,29 @@ pub struct Exec {
     pub busy_at_probe: Option<bool>,
 }
 
+/// A machine's hold and marker values.
+pub type HoldMarker = (Option<String>, Option<String>);
+
+/// What a replica's last sweep that knew a machine's metadata saw of it;
+/// `Same` while nothing changed since (fewer states than a copy).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Known {
+    #[default]
+    Never,
+    Same,
+    Was(HoldMarker),
+}
+
+impl Machine {
+    pub fn hold_marker(&self) -> HoldMarker {
+        let value = |k: &str| self.metadata.get(k).cloned();
+        (
+            value(fleet_reconciler::metadata::HOLD_KEY),
+            value(fleet_reconciler::metadata::MARKER_KEY),
+        )
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Replica {
     pub conf: Conf,
@@ -302,6 +345,14 @@ pub struct Replica {
     /// The last plan: its true time, and per machine whether it alerted
     /// (`rotation_stuck`, `rotation_failed`) or planned a step.
     pub last_plan: Option<(i64, Vec<bool>)>,
+    /// Per machine, the hold and marker of the last sweep that knew its
+    /// metadata (`LastListings`, which `decide::prepare` carries into a
+    /// sweep where the host is out); kept only where hosts can go out.
+    pub known: Vec<Known>,
+    /// Per machine, the true time of this replica's first sweep that could
+    /// see its cordon in force (host up): its deadlines count from its own
+    /// first sight (the one-clock rule), never from before.
+    pub cordon_seen: Vec<Option<i64>>,
 }
 
 /// What the invariants need of the past.

@@ -220,12 +220,15 @@ async fn demo_detects_drift_and_the_release_it_ships() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_converges_waits_for_busy_agents_and_for_approval() {
-    // The demo's busy-for-a-while agent works for three restart graces.
+    // The demo's busy-for-a-while agent works for three restart graces. The
+    // grace leaves room for the client keeping to Fly's List limit (1/s per
+    // app, burst 3), which slows sweeps 300 ms apart to about one a second:
+    // with less, that agent may be idle again before its slot comes free.
     let (config, port) = demo_config(&[
         ("interval = \"2s\"", "interval = \"300ms\""),
         ("timeout = \"1s\"", "timeout = \"300ms\""),
         ("min_drift_age = \"4s\"", "min_drift_age = \"1s\""),
-        ("restart_grace = \"10s\"", "restart_grace = \"4s\""),
+        ("restart_grace = \"10s\"", "restart_grace = \"8s\""),
     ]);
     let mut demo = Demo::start(&config, port, 0);
     // Watch the fleet until the demo stops by itself once settled; remember

@@ -22,7 +22,7 @@
 //!
 //! | scenario | dimensions | invariants it can break |
 //! | --- | --- | --- |
-//! | `grace_skew` | 2 replicas, clocks −60 s and +60 s, busy agents, ticks, cap 1 | busy restart, cordons/slots within cap |
+//! | `grace_skew` | 2 replicas, clocks −5 and +5 minutes, busy agents, ticks, cap 1 | busy restart, cordons/slots within cap |
 //! | `hold_race` | holds without a lease, lost answers, 429s, host outage | hold reported, undo recorded |
 //! | `approvals` | manual pool, approve now / when-idle / revoke, tip moves incl. critical | one approval one rotation, manual approved, busy restart |
 //! | `retries` | manual pool approved now, an agent that comes back on the old commit (verify fails, backoff, retry, fail), 40 s ticks | one approval one rotation, restarts within attempts, waits end or alert |
@@ -67,7 +67,7 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "grace_skew",
             busy: vec![true, true],
             confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
-            skews: vec![-60, 60],
+            skews: vec![-300, 300],
             env: Env {
                 busy_toggle: true,
                 ..Env::default()

@@ -30,6 +30,12 @@
 //! | `ceilings` | a busy agent approved when idle, host outage, 40 s ticks past every ceiling | waits end or alert |
 //! | `config_change` | replica restart: cap 2 → 1 and restart → manual, 3 machines | slots/cordons within cap, manual approved, busy restart |
 //! | `outside_update` | outside updates reverting metadata, 429s, lost answers | undo recorded, slots within cap, restarts within attempts |
+//! | `carry` | starts mid-protocol (`starts`): a `yielded` marker of the tip after 1 restart that did not verify; an agent that comes back on the old commit; 40 s ticks to 320 s, depth 90 | restarts within attempts (across yields) |
+//! | `consumed` | starts mid-protocol: a manual retry draining a busy agent under a when-idle approval it restarted with, cordoned, slot held; the agent idles, a new approval | one approval one rotation (consumed by a yield too), manual approved |
+//! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
+//!
+//! A mid-protocol start records the restarts and approval uses of the past
+//! it stands for, so the invariants count across that past.
 //!
 //! Every scenario checks every invariant (`model::Scenario::properties`);
 //! the last column says which its dimensions can reach. Invariants judged
@@ -50,8 +56,16 @@
 //! host, and one refused with 429); and outside the Part 1 list, a wait
 //! past its ceiling on an unreachable host with no alert (`ceilings`,
 //! fixed in the planner).
+//!
+//! Mutation check (each fix reverted by hand in `src/`, the model run):
+//! items 1, 8 (with 12), 10, 12 as above; 6 (a claim after a yield starts
+//! at `attempt: 0`) by `carry`, restarts within attempts; 2 (a yield
+//! keeps the approval it restarted with) by `consumed`, one approval one
+//! rotation; 5 (re-armed by `approval.at > failed.at`) by `rearm`, both.
+//! Not found yet: 9, 7, 4, 3, 11, 13d (see docs/safety.md).
 
 pub mod model;
+mod starts;
 mod sweep;
 mod world;
 
@@ -79,6 +93,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "hold_race",
@@ -102,6 +118,8 @@ pub fn scenarios() -> Vec<Scenario> {
             // bounded run short of the ~22 calls a restart takes; the
             // bench's deeper run reaches it.
             covers_restart: false,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "approvals",
@@ -122,6 +140,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "retries",
@@ -140,6 +160,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "tip_authority",
@@ -157,6 +179,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "ceilings",
@@ -177,6 +201,8 @@ pub fn scenarios() -> Vec<Scenario> {
             // Its agent never idles and its approval waits for idle: no
             // restart is reachable; it checks the waits and their alerts.
             covers_restart: false,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "config_change",
@@ -194,6 +220,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "outside_update",
@@ -213,6 +241,65 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
+        },
+        Scenario {
+            name: "carry",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                stuck_agents: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 320,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::yielded_after_one_restart),
+            depth: Some((90, 400_000)),
+        },
+        Scenario {
+            name: "consumed",
+            busy: vec![true],
+            confs: vec![Conf::Manual { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                busy_toggle: true,
+                approve_when_idle: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 2,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::retry_draining_under_an_approval),
+            depth: None,
+        },
+        Scenario {
+            name: "rearm",
+            busy: vec![false],
+            confs: vec![Conf::Manual { cap: 1 }],
+            skews: vec![0],
+            env: Env::default(),
+            ticks: &[40],
+            horizon: 80,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // Only the approval that stood at the failure is there: no
+            // restart may land.
+            covers_restart: false,
+            start: Some(starts::failed_with_its_approval_standing),
+            depth: None,
         },
     ]
 }
@@ -352,7 +439,9 @@ mod tests {
     }
 
     fn check(name: &str) {
-        let r = run(&scenario(name), DEPTH, MAX_STATES);
+        let s = scenario(name);
+        let (depth, states) = s.depth.unwrap_or((DEPTH, MAX_STATES));
+        let r = run(&s, depth, states);
         eprintln!(
             "{}: {} states, {} unique, depth {}, {:.1} s",
             r.name, r.states, r.unique, r.depth, r.seconds
@@ -363,7 +452,6 @@ mod tests {
             .map(|(p, trace)| format!("{p}:\n{trace}"))
             .collect();
         assert!(found.is_empty(), "{}: {}", r.name, found.join("\n"));
-        let s = scenario(name);
         assert!(
             r.covered || !s.covers_restart,
             "{}: no restart within the bound",
@@ -409,6 +497,21 @@ mod tests {
     #[test]
     fn outside_update() {
         check("outside_update");
+    }
+
+    #[test]
+    fn carry() {
+        check("carry");
+    }
+
+    #[test]
+    fn consumed() {
+        check("consumed");
+    }
+
+    #[test]
+    fn rearm() {
+        check("rearm");
     }
 }
 

@@ -64,6 +64,13 @@ pub struct Scenario {
     /// Whether the bounded run of `cargo test` must reach a restart (the
     /// coverage property); see each scenario that says no.
     pub covers_restart: bool,
+    /// Where the world starts, if not at rest (`starts`: mid-protocol, so
+    /// the part a fix guards lies within the bound).
+    pub start: Option<fn(&mut World)>,
+    /// The bounded depth and state count of `cargo test` when they differ
+    /// from the default (a scenario with little branching that needs two
+    /// restarts).
+    pub depth: Option<(usize, usize)>,
 }
 
 /// How Fly answered one call.
@@ -116,7 +123,7 @@ impl Model for Scenario {
         let empty = fleet_reconciler::metadata::slots::SlotSet::parse(None)
             .map(|s| s.to_value())
             .unwrap_or_default();
-        vec![World {
+        let mut w = World {
             time: 0,
             tip: self.tip,
             machines,
@@ -138,7 +145,11 @@ impl Model for Scenario {
             approvals: 0,
             budget: self.budget,
             record: Record::default(),
-        }]
+        };
+        if let Some(start) = self.start {
+            start(&mut w);
+        }
+        vec![w]
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {

@@ -1,0 +1,135 @@
+//! Worlds that start mid-protocol, so the part a Part 1 fix guards lies
+//! within the bounded depth: each builds its markers, approvals and slots
+//! with the real types (`Marker`, `Approval`, `ApprovalId`, `SlotSet`) and
+//! records the restarts the past it stands for already made (the
+//! invariants count across that past).
+
+use fleet_reconciler::metadata::marker::{Failure, Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalId, ApprovalMode};
+use fleet_reconciler::metadata::slots::{Slot, SlotSet};
+use fleet_reconciler::metadata::{APPROVE_KEY, MARKER_KEY};
+use fleet_reconciler::model::PolicyAction;
+
+use super::sweep::commit;
+use super::world::{APP, POOL, World, at, machine_id, severity};
+
+/// The tag of the rotation the start stands in.
+const TAG: &str = "m0-past";
+
+/// A marker of m0's past rotation toward the tip, claimed by replica 0.
+fn past(w: &World, phase: Phase, mode: RotationMode, action: PolicyAction) -> Marker {
+    Marker {
+        tag: TAG.into(),
+        target: commit(w.tip),
+        phase,
+        mode,
+        action,
+        severity: severity(w.tip),
+        started_at: at(-600),
+        attempt_started_at: at(-120),
+        attempt: 1,
+        owner: "r0".into(),
+        restart_at: Some(at(-300)),
+        retry_at: None,
+        drain_requested: false,
+        cordoned: Some(false),
+        ending: None,
+        instance_id: Some("i1".into()),
+        pool: Some(POOL.into()),
+        failed: None,
+        approval: None,
+    }
+}
+
+/// Operator `op0`'s approval of the tip, written at true time `written`
+/// on the operator's own clock; its metadata value.
+fn approve(w: &mut World, mode: ApprovalMode, written: i64) -> Option<String> {
+    let value = serde_json::to_string(&Approval {
+        target: commit(w.tip),
+        mode,
+        by: "op0".into(),
+        at: at(written),
+    })
+    .ok()?;
+    w.machines[0]
+        .metadata
+        .insert(APPROVE_KEY.into(), value.clone());
+    w.approvals = 1;
+    Some(value)
+}
+
+/// #32 item 6: one restart of the tip did not verify, its retry yielded
+/// (the agent was busy past the drain ceiling). The next claim carries
+/// the count on: one restart left of `max_attempts = 2`.
+pub fn yielded_after_one_restart(w: &mut World) {
+    let mut y = past(
+        w,
+        Phase::Yielded,
+        RotationMode::Grace,
+        PolicyAction::Restart,
+    );
+    y.retry_at = Some(at(-60));
+    w.machines[0]
+        .metadata
+        .insert(MARKER_KEY.into(), y.to_value());
+    w.record.restarts.insert((0, w.tip), 1);
+}
+
+/// #32 item 2: a manual rotation restarted under `op0`'s when-idle
+/// approval, did not verify, and its retry drains a busy agent, cordoned,
+/// its slot held: at the drain ceiling it yields, and that ending must
+/// consume the approval it restarted with.
+pub fn retry_draining_under_an_approval(w: &mut World) {
+    let Some(value) = approve(w, ApprovalMode::WhenIdle, -700) else {
+        return;
+    };
+    let mut d = past(w, Phase::Draining, RotationMode::Wait, PolicyAction::Manual);
+    d.retry_at = Some(at(-120));
+    d.cordoned = Some(true);
+    d.approval = Some(ApprovalId::of(&value));
+    let m = &mut w.machines[0];
+    m.metadata.insert(MARKER_KEY.into(), d.to_value());
+    m.cordoned = true;
+    m.cordoned_at = Some(-120);
+    if let Ok(mut set) = SlotSet::parse(None) {
+        let slot = Slot {
+            machine_id: machine_id(0),
+            tag: TAG.into(),
+            owner: "r0".into(),
+            since: at(-600),
+        };
+        set.try_add(&APP.into(), &POOL.into(), slot, 1);
+        w.slots = set.to_value();
+    }
+    w.record
+        .approval_rotations
+        .insert("op0".into(), [TAG.to_string()].into());
+    w.record.restarts.insert((0, w.tip), 1);
+}
+
+/// #32 item 5: a manual rotation restarted twice under `op0`'s approval
+/// and failed; the approval stands again (an outside update from a
+/// snapshot that held it). It was written on the operator's clock,
+/// 2 minutes ahead of the replica's that recorded the failure: only its
+/// fingerprint tells it is the one that stood, never the two times.
+pub fn failed_with_its_approval_standing(w: &mut World) {
+    let Some(value) = approve(w, ApprovalMode::Now, 60) else {
+        return;
+    };
+    let mut y = past(w, Phase::Yielded, RotationMode::Now, PolicyAction::Manual);
+    y.attempt = 2;
+    y.approval = Some(ApprovalId::of(&value));
+    y.failed = Some(Failure {
+        at: at(0),
+        attempts: 2,
+        evidence: "the agent came back on the old commit".into(),
+        approval: Some(ApprovalId::of(&value)),
+    });
+    w.machines[0]
+        .metadata
+        .insert(MARKER_KEY.into(), y.to_value());
+    w.record
+        .approval_rotations
+        .insert("op0".into(), [TAG.to_string()].into());
+    w.record.restarts.insert((0, w.tip), 2);
+}

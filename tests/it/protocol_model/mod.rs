@@ -32,6 +32,7 @@
 //! | `outside_update` | outside updates reverting metadata, 429s, lost answers | undo recorded, slots within cap, restarts within attempts |
 //! | `carry` | starts mid-protocol (`starts`): a `yielded` marker of the tip after 1 restart that did not verify; an agent that comes back on the old commit; 40 s ticks to 320 s, depth 90 | restarts within attempts (across yields) |
 //! | `consumed` | starts mid-protocol: a manual retry draining a busy agent under a when-idle approval it restarted with, cordoned, slot held; the agent idles, a new approval | one approval one rotation (consumed by a yield too), manual approved |
+//! | `cap_lowered` | starts mid-protocol: two rotations draining busy agents under cap 2, slots held; the replica's cap is now 1; the agents may idle | lowered cap yields, slots/cordons within cap, busy restart |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
@@ -61,8 +62,9 @@
 //! items 1, 8 (with 12), 10, 12 as above; 6 (a claim after a yield starts
 //! at `attempt: 0`) by `carry`, restarts within attempts; 2 (a yield
 //! keeps the approval it restarted with) by `consumed`, one approval one
-//! rotation; 5 (re-armed by `approval.at > failed.at`) by `rearm`, both.
-//! Not found yet: 9, 7, 4, 3, 11, 13d (see docs/safety.md).
+//! rotation; 5 (re-armed by `approval.at > failed.at`) by `rearm`, both;
+//! 9 (no `yield_over_cap`) by `cap_lowered`, lowered cap yields (judged on
+//! the plan). Not found yet: 7, 4, 3, 11, 13d (see docs/safety.md).
 
 pub mod model;
 mod starts;
@@ -301,6 +303,25 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::failed_with_its_approval_standing),
             depth: None,
         },
+        Scenario {
+            name: "cap_lowered",
+            busy: vec![true, true],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                busy_toggle: true,
+                ..Env::default()
+            },
+            ticks: &[12],
+            horizon: 24,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::two_draining_under_a_lowered_cap),
+            depth: None,
+        },
     ]
 }
 
@@ -512,6 +533,11 @@ mod tests {
     #[test]
     fn rearm() {
         check("rearm");
+    }
+
+    #[test]
+    fn cap_lowered() {
+        check("cap_lowered");
     }
 }
 

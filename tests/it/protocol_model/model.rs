@@ -366,6 +366,9 @@ impl Model for Scenario {
                 w.record.restarts.values().all(|n| *n <= 2)
             }),
             Property::always(WAITS_END_OR_ALERT, |_, w: &World| waits_end_or_alert(w)),
+            Property::always(LOWERED_CAP_YIELDS, |_, w: &World| {
+                w.record.over_cap_kept.is_none()
+            }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -388,6 +391,8 @@ pub const UNDO_RECORDED: &str = "nothing cordoned or fenced without a record tha
 pub const MANUAL_APPROVED: &str = "no restart in a manual pool without an approval of that commit";
 pub const RESTARTS_WITHIN_ATTEMPTS: &str = "restarts per machine and target within max_attempts";
 pub const WAITS_END_OR_ALERT: &str = "every wait ends within its ceiling, or its alert fires";
+pub const LOWERED_CAP_YIELDS: &str =
+    "a plan over its pool's cap ends the excess that has not restarted";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never

@@ -133,3 +133,42 @@ pub fn failed_with_its_approval_standing(w: &mut World) {
         .insert("op0".into(), [TAG.to_string()].into());
     w.record.restarts.insert((0, w.tip), 2);
 }
+
+/// #32 item 9: two rotations claimed under cap 2, both draining busy
+/// agents, cordoned, their slots held; the replica's pool now has cap 1
+/// (its configuration was lowered and it restarted).
+pub fn two_draining_under_a_lowered_cap(w: &mut World) {
+    let Ok(mut set) = SlotSet::parse(None) else {
+        return;
+    };
+    for i in 0..2 {
+        let tag = format!("m{i}-past");
+        let mut d = past(
+            w,
+            Phase::Draining,
+            RotationMode::Grace,
+            PolicyAction::Restart,
+        );
+        d.tag = tag.clone();
+        d.attempt = 0;
+        d.restart_at = None;
+        d.attempt_started_at = at(-5);
+        d.started_at = at(-5 - i as i64);
+        d.cordoned = Some(true);
+        let m = &mut w.machines[i];
+        m.metadata.insert(MARKER_KEY.into(), d.to_value());
+        m.cordoned = true;
+        m.cordoned_at = Some(-5);
+        let slot = Slot {
+            machine_id: machine_id(i),
+            tag,
+            owner: "r0".into(),
+            since: at(-5),
+        };
+        set.try_add(&APP.into(), &POOL.into(), slot, 2);
+    }
+    w.slots = set.to_value();
+    // The excess was live when the cap was lowered: it yields, and no
+    // new claim may use it.
+    w.record.allowance = 2;
+}

@@ -248,6 +248,9 @@ pub fn sweep_and_plan(w: &mut World, r: usize, hosts_go_out: bool) {
             }) || p.steps().iter().any(|s| s.target.machine_id == id)
         })
         .collect();
+    if w.record.over_cap_kept.is_none() {
+        w.record.over_cap_kept = over_cap_kept(w, &snap, r, &p.steps());
+    }
     let tip = w.tip;
     let replica = &mut w.replicas[r];
     replica.last_plan = Some((time, answered));
@@ -520,4 +523,35 @@ pub fn reclaim_stale(w: &World, set: &mut SlotSet) {
     for s in stale {
         set.remove(&app, &pool, &s.machine_id, &s.tag);
     }
+}
+
+/// #32 item 9, judged on the plan: a pool whose live slots (as the
+/// snapshot read them) exceed the replica's cap ends at least as many
+/// rotations as the excess, or every rotation that has not restarted
+/// (`draining`, `reloading`) if they are fewer. Those that restarted go
+/// on: interrupting them again would gain nothing.
+fn over_cap_kept(w: &World, snap: &Snapshot, r: usize, steps: &[&Step]) -> Option<String> {
+    let SlotsView::Known(set) = &snap.slots else {
+        return None;
+    };
+    let cap = usize::from(w.replicas[r].conf.cap());
+    let live = set.slots(&APP.into(), &POOL_KEY_VALUE.into()).len();
+    let excess = live.checked_sub(cap).filter(|e| *e > 0)?;
+    let yieldable = w
+        .machines
+        .iter()
+        .filter(|m| m.host_ok)
+        .filter_map(|m| m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v)))
+        .filter(|mk| matches!(mk.phase, Phase::Draining | Phase::Reloading))
+        .count();
+    let ending = steps
+        .iter()
+        .filter(|s| matches!(s.kind, StepKind::Release { .. }))
+        .count();
+    (ending < excess.min(yieldable)).then(|| {
+        format!(
+            "r{r} at t={}: {live} live slots over cap {cap}, {yieldable} not restarted, {ending} ended",
+            w.time
+        )
+    })
 }

@@ -369,6 +369,9 @@ pub struct Record {
     /// Live slots allowed past the cap right after a cap was lowered (the
     /// excess yields; only new claims are bounded by the new cap).
     pub allowance: u8,
+    /// A plan that saw its pool's live slots above its cap and left the
+    /// excess that had not restarted going on (#32 item 9).
+    pub over_cap_kept: Option<String>,
 }
 
 impl Record {
@@ -379,6 +382,7 @@ impl Record {
             || self.hold_unreported.is_some()
             || self.approval_rotations.values().any(|t| t.len() > 1)
             || self.restarts.values().any(|n| *n > 2)
+            || self.over_cap_kept.is_some()
     }
 }
 

@@ -33,6 +33,7 @@
 //! | `carry` | starts mid-protocol (`starts`): a `yielded` marker of the tip after 1 restart that did not verify; an agent that comes back on the old commit; 40 s ticks to 320 s, depth 90 | restarts within attempts (across yields) |
 //! | `consumed` | starts mid-protocol: a manual retry draining a busy agent under a when-idle approval it restarted with, cordoned, slot held; the agent idles, a new approval | one approval one rotation (consumed by a yield too), manual approved |
 //! | `cap_lowered` | starts mid-protocol: two rotations draining busy agents under cap 2, slots held; the replica's cap is now 1; the agents may idle | lowered cap yields, slots/cordons within cap, busy restart |
+//! | `undo_refused` | starts with our own `claiming` marker and a deploy snapshot holding it; one outside update; `undo_raced`'s uncordon may be refused | undo recorded (a refused undo's log is the record until the next plan has acted) |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
@@ -64,7 +65,10 @@
 //! keeps the approval it restarted with) by `consumed`, one approval one
 //! rotation; 5 (re-armed by `approval.at > failed.at`) by `rearm`, both;
 //! 9 (no `yield_over_cap`) by `cap_lowered`, lowered cap yields (judged on
-//! the plan). Not found yet: 7, 4, 3, 11, 13d (see docs/safety.md).
+//! the plan); 7 (withdraw lifts no cordon Fly shows; reverted in the
+//! executor's mirror, `sweep::calls`, since the model runs no executor
+//! code) by `undo_refused`, undo recorded. Not found yet: 4, 3, 11, 13d
+//! (see docs/safety.md).
 
 pub mod model;
 mod starts;
@@ -322,6 +326,26 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::two_draining_under_a_lowered_cap),
             depth: None,
         },
+        Scenario {
+            name: "undo_refused",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                outside_update: true,
+                failing_undo: true,
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::claiming_with_a_deploy_snapshot),
+            depth: None,
+        },
     ]
 }
 
@@ -538,6 +562,11 @@ mod tests {
     #[test]
     fn cap_lowered() {
         check("cap_lowered");
+    }
+
+    #[test]
+    fn undo_refused() {
+        check("undo_refused");
     }
 }
 

@@ -14,7 +14,8 @@ use stateright::{Model, Property};
 use super::sweep::{commit, commit_index, reclaim_stale, report, sweep_and_plan};
 use super::world::{
     APP, CORDON_WAIT_BOUND, Cond, Conf, Exec, Guard, HoldMarker, Known, LastCall, Machine,
-    MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE, Record, Replica, World, at, machine_id,
+    MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE, Record, Refused, Replica, World, at,
+    machine_id,
 };
 
 /// What the world may do besides the replicas, per scenario.
@@ -37,6 +38,9 @@ pub struct Env {
     /// A restarted agent comes back on the commit it ran (its image pins
     /// it): the verify fails, and the rotation backs off and tries again.
     pub stuck_agents: bool,
+    /// `undo_raced`'s uncordon (a cordon that landed on another instance)
+    /// may be refused: the read is answered, the undo has no effect.
+    pub failing_undo: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -81,6 +85,9 @@ pub enum Answer {
     RateLimited,
     /// Took effect, but the answer was lost (timeout, broken connection).
     Lost,
+    /// A read answered, after which `undo_raced`'s uncordon is refused
+    /// (`Env::failing_undo`).
+    UndoFailed,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -177,6 +184,13 @@ impl Model for Scenario {
                     }
                     if may_lose && self.env.lost_answers {
                         actions.push(Action::Call(r, Answer::Lost));
+                    }
+                    let undo_owed = replica.queue.first().and_then(|e| e.last_call.as_ref());
+                    if self.env.failing_undo
+                        && matches!(op, Op::Check(_) | Op::ReadAfterAndRelease)
+                        && undo_owed.is_some_and(|l| l.undo_uncordon)
+                    {
+                        actions.push(Action::Call(r, Answer::UndoFailed));
                     }
                 }
             }
@@ -449,8 +463,10 @@ fn undo_recorded(w: &World) -> bool {
             // the planner's `cordoned_without_marker` alert while its slot
             // stands: that alert is its record.
             let alerted = marker.is_none() && slot_holder(w, i);
-            let cordon_ok =
-                !m.cordoned || alerted || marker.as_ref().is_some_and(|mk| mk.may_have_cordoned());
+            let cordon_ok = !m.cordoned
+                || alerted
+                || m.undo_refused != Refused::No
+                || marker.as_ref().is_some_and(|mk| mk.may_have_cordoned());
             let fence_ok = m.fenced.as_ref().is_none_or(|tag| {
                 marker
                     .as_ref()
@@ -527,6 +543,10 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
         Next::Fail | Next::Drop => true,
     };
     if ended {
+        let m = &mut w.machines[ex.machine];
+        if m.undo_refused == Refused::Acting {
+            m.undo_refused = Refused::No;
+        }
         // A hold lifted before the read after the call cannot be seen by
         // any read: only a hold still standing must have been reported.
         if ex.hold_unreported && w.machines[ex.machine].metadata.contains_key(HOLD_KEY) {
@@ -567,8 +587,8 @@ fn resolve_ifs(ex: &mut Exec) {
 }
 
 /// `Executor::read_back`: every read under the lease, against the
-/// disruptive call before it.
-fn read_back(w: &mut World, ex: &mut Exec) {
+/// disruptive call before it; `undo_fails`: its undo's uncordon is refused.
+fn read_back(w: &mut World, ex: &mut Exec, undo_fails: bool) {
     let m = &mut w.machines[ex.machine];
     ex.seen_instance = Some(m.instance);
     let Some(last) = ex.last_call.take() else {
@@ -582,9 +602,12 @@ fn read_back(w: &mut World, ex: &mut Exec) {
     }
     if last.instance.is_some_and(|before| before != m.instance) {
         // `undo_raced`: the uncordon, best effort (host ok, same lease).
-        if last.undo_uncordon && m.host_ok {
+        if last.undo_uncordon && m.host_ok && !undo_fails {
             m.cordoned = false;
             m.cordoned_at = None;
+        }
+        if last.undo_uncordon && m.host_ok && undo_fails {
+            m.undo_refused = Refused::Logged;
         }
     }
 }
@@ -618,10 +641,10 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         }
         // `Executor::check`.
         Op::Check(need) => {
-            if answer != Answer::Ok {
+            if !matches!(answer, Answer::Ok | Answer::UndoFailed) {
                 return Next::Fail;
             }
-            read_back(w, ex);
+            read_back(w, ex, answer == Answer::UndoFailed);
             let m = &w.machines[i];
             if ex.first_instance.is_none() {
                 ex.first_instance = Some(m.instance);
@@ -914,8 +937,8 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         // is `Unfenced::ReadBackFailed` (#32 item 10): reported.
         Op::ReadAfterAndRelease => {
             if ex.last_call.is_some() {
-                if answer == Answer::Ok {
-                    read_back(w, ex);
+                if matches!(answer, Answer::Ok | Answer::UndoFailed) {
+                    read_back(w, ex, answer == Answer::UndoFailed);
                 } else {
                     ex.last_call = None;
                     ex.hold_unreported = false;

@@ -172,3 +172,24 @@ pub fn two_draining_under_a_lowered_cap(w: &mut World) {
     // new claim may use it.
     w.record.allowance = 2;
 }
+
+/// #32 item 7: replica 0's own `claiming` marker on m0 (the step that
+/// wrote it ended before its slot), and a deploy snapshot taken since (an outside update writes that marker
+/// back): an update landing between the check and the cordon leaves the
+/// cordon on a new instance under a `claiming` marker, and the agent on
+/// the tip, if the immediate undo is refused.
+pub fn claiming_with_a_deploy_snapshot(w: &mut World) {
+    let mut c = past(
+        w,
+        Phase::Claiming,
+        RotationMode::Grace,
+        PolicyAction::Restart,
+    );
+    c.attempt = 0;
+    c.restart_at = None;
+    c.started_at = at(0);
+    c.attempt_started_at = at(0);
+    let m = &mut w.machines[0];
+    m.metadata.insert(MARKER_KEY.into(), c.to_value());
+    m.older = m.metadata.clone();
+}

@@ -27,8 +27,8 @@ use fleet_reconciler::decide::listings::LastListings;
 use fleet_reconciler::metadata::{HOLD_KEY, MARKER_KEY};
 
 use super::world::{
-    APP, COMMITS, Cond, Exec, Guard, HoldMarker, Known, MarkerWrite, Need, Op, POOL_KEY, World, at,
-    severity,
+    APP, COMMITS, Cond, Exec, Guard, HoldMarker, Known, MarkerWrite, Need, Op, POOL_KEY, Refused,
+    World, at, severity,
 };
 
 fn config() -> Config {
@@ -248,6 +248,17 @@ pub fn sweep_and_plan(w: &mut World, r: usize, hosts_go_out: bool) {
             }) || p.steps().iter().any(|s| s.target.machine_id == id)
         })
         .collect();
+    // A refused undo was logged for this plan to act on: once its step on
+    // the machine is over (or it planned none), the cordon needs a record
+    // of its own.
+    for (i, m) in w.machines.iter_mut().enumerate() {
+        let id = super::world::machine_id(i);
+        let acting = p.steps().iter().any(|s| s.target.machine_id == id);
+        m.undo_refused = match m.undo_refused {
+            Refused::Logged if acting => Refused::Acting,
+            _ => Refused::No,
+        };
+    }
     if w.record.over_cap_kept.is_none() {
         w.record.over_cap_kept = over_cap_kept(w, &snap, r, &p.steps());
     }

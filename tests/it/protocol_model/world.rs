@@ -132,6 +132,20 @@ pub struct Machine {
     pub loaded: u8,
     /// True time the cordon in force landed (for the one-clock grace).
     pub cordoned_at: Option<i64>,
+    /// `undo_raced`'s uncordon was refused, logged as an error: that log
+    /// is the cordon's record until the next plan has acted on it.
+    pub undo_refused: Refused,
+}
+
+/// Where a refused undo stands (`Machine::undo_refused`).
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Refused {
+    #[default]
+    No,
+    /// Logged; no plan since.
+    Logged,
+    /// The next plan stepped on the machine; its step is not over.
+    Acting,
 }
 
 impl Machine {
@@ -149,6 +163,7 @@ impl Machine {
             fenced: None,
             loaded: 0,
             cordoned_at: None,
+            undo_refused: Refused::No,
         }
     }
 }

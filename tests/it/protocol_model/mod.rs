@@ -13,7 +13,8 @@
 //! step at a time per replica (its concurrency is 16); the coordinator's
 //! read-modify-write is one atomic call (its lease is taken and given back
 //! inside it); agents advertise no `drain`/`reload` and no heartbeat (no
-//! checkpoint handshake is explored); a lease's TTL lapses only when its
+//! checkpoint handshake is explored; only `undrain_given_up` starts after
+//! a drain, with an agent that answers nothing); a lease's TTL lapses only when its
 //! replica restarts; `Tracker` states are told apart by the clocks it
 //! exposes (drift, unprobed, slots unknown), not by when it first saw a
 //! marker; machines have no Fly health checks (an unprobeable restart is
@@ -34,6 +35,7 @@
 //! | `consumed` | starts mid-protocol: a manual retry draining a busy agent under a when-idle approval it restarted with, cordoned, slot held; the agent idles, a new approval | one approval one rotation (consumed by a yield too), manual approved |
 //! | `cap_lowered` | starts mid-protocol: two rotations draining busy agents under cap 2, slots held; the replica's cap is now 1; the agents may idle | lowered cap yields, slots/cordons within cap, busy restart |
 //! | `undo_refused` | starts with our own `claiming` marker and a deploy snapshot holding it; one outside update; `undo_raced`'s uncordon may be refused | undo recorded (a refused undo's log is the record until the next plan has acted) |
+//! | `undrain_given_up` | starts at a cancelled rotation's undo (`releasing`, undrain owed) with a fenced agent that answers nothing (Fly still reaches it); 40 s ticks past `release_ceiling` (60 s here) | a given-up undrain frees its slot, undo recorded |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
@@ -67,8 +69,10 @@
 //! 9 (no `yield_over_cap`) by `cap_lowered`, lowered cap yields (judged on
 //! the plan); 7 (withdraw lifts no cordon Fly shows; reverted in the
 //! executor's mirror, `sweep::calls`, since the model runs no executor
-//! code) by `undo_refused`, undo recorded. Not found yet: 4, 3, 11, 13d
-//! (see docs/safety.md).
+//! code) by `undo_refused`, undo recorded; 4 (the executor asks a
+//! given-up undrain again, `undrain_anyway`; reverted in the mirror) by
+//! `undrain_given_up`, a given-up undrain frees its slot. Not found yet:
+//! 3, 11, 13d (see docs/safety.md).
 
 pub mod model;
 mod starts;
@@ -346,6 +350,27 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::claiming_with_a_deploy_snapshot),
             depth: None,
         },
+        Scenario {
+            name: "undrain_given_up",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                agent_outage: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // Its agent never answers again: no restart is reachable; it
+            // checks that the given-up undo frees the slot.
+            covers_restart: false,
+            start: Some(starts::releasing_with_an_unreachable_agent),
+            depth: None,
+        },
     ]
 }
 
@@ -567,6 +592,11 @@ mod tests {
     #[test]
     fn undo_refused() {
         check("undo_refused");
+    }
+
+    #[test]
+    fn undrain_given_up() {
+        check("undrain_given_up");
     }
 }
 

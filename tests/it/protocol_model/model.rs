@@ -41,6 +41,9 @@ pub struct Env {
     /// `undo_raced`'s uncordon (a cordon that landed on another instance)
     /// may be refused: the read is answered, the undo has no effect.
     pub failing_undo: bool,
+    /// The agents advertise `drain`, and an agent may stop answering
+    /// (its probes and drain calls fail; Fly still reaches the machine).
+    pub agent_outage: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -103,6 +106,7 @@ pub enum Action {
     MoveTip,
     OutsideUpdate(usize),
     Outage(usize),
+    AgentOutage(usize),
     RestartReplica(usize),
 }
 
@@ -233,6 +237,9 @@ impl Model for Scenario {
             if e.host_outage {
                 actions.push(Action::Outage(i));
             }
+            if e.agent_outage && m.agent_ok {
+                actions.push(Action::AgentOutage(i));
+            }
         }
         if e.tip_moves && usize::from(w.tip) + 1 < super::world::COMMITS.len() {
             actions.push(Action::MoveTip);
@@ -320,6 +327,7 @@ impl Model for Scenario {
                 let m = &mut w.machines[i];
                 m.host_ok = !m.host_ok;
             }
+            Action::AgentOutage(i) => w.machines[i].agent_ok = false,
             Action::RestartReplica(r) => {
                 let conf = self.env.replica_restart?;
                 let live = live(&w);
@@ -383,6 +391,9 @@ impl Model for Scenario {
             Property::always(LOWERED_CAP_YIELDS, |_, w: &World| {
                 w.record.over_cap_kept.is_none()
             }),
+            Property::always(GIVEN_UP_FREES_SLOT, |_, w: &World| {
+                w.record.given_up_kept.is_none()
+            }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -407,6 +418,7 @@ pub const RESTARTS_WITHIN_ATTEMPTS: &str = "restarts per machine and target with
 pub const WAITS_END_OR_ALERT: &str = "every wait ends within its ceiling, or its alert fires";
 pub const LOWERED_CAP_YIELDS: &str =
     "a plan over its pool's cap ends the excess that has not restarted";
+pub const GIVEN_UP_FREES_SLOT: &str = "a release whose undrain was given up frees its slot";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -467,11 +479,14 @@ fn undo_recorded(w: &World) -> bool {
                 || alerted
                 || m.undo_refused != Refused::No
                 || marker.as_ref().is_some_and(|mk| mk.may_have_cordoned());
-            let fence_ok = m.fenced.as_ref().is_none_or(|tag| {
-                marker
-                    .as_ref()
-                    .is_some_and(|mk| mk.drain_requested && &mk.tag == tag)
-            });
+            // An agent no probe reaches: its fence was given up with a
+            // `rotation_stuck` alert past `release_ceiling` (#32 item 4).
+            let fence_ok = !m.agent_ok
+                || m.fenced.as_ref().is_none_or(|tag| {
+                    marker
+                        .as_ref()
+                        .is_some_and(|mk| mk.drain_requested && &mk.tag == tag)
+                });
             cordon_ok && fence_ok
         })
 }
@@ -543,6 +558,16 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
         Next::Fail | Next::Drop => true,
     };
     if ended {
+        if let Some(tag) = &ex.given_up
+            && w.record.given_up_kept.is_none()
+            && w.slot_set()
+                .is_some_and(|s| s.holds(&APP.into(), &POOL.into(), &machine_id(ex.machine), tag))
+        {
+            w.record.given_up_kept = Some(format!(
+                "m{}: the release that gave its undrain up ended with slot {tag} held",
+                ex.machine
+            ));
+        }
         let m = &mut w.machines[ex.machine];
         if m.undo_refused == Refused::Acting {
             m.undo_refused = Refused::No;
@@ -813,6 +838,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 undo_uncordon: false,
             });
             let m = &mut w.machines[i];
+            if !m.agent_ok {
+                return if *tolerant { Next::Go } else { Next::Fail };
+            }
             if m.host_ok && m.started {
                 if m.metadata.contains_key(HOLD_KEY) {
                     ex.hold_unreported = true;
@@ -827,6 +855,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         // `release_rotation`'s undrain POST.
         Op::Undrain { tag } => {
             let m = &mut w.machines[i];
+            if !m.agent_ok {
+                return Next::Fail;
+            }
             if m.host_ok && m.fenced.as_ref() == Some(tag) {
                 m.fenced = None;
             }

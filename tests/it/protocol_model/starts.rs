@@ -4,7 +4,7 @@
 //! records the restarts the past it stands for already made (the
 //! invariants count across that past).
 
-use fleet_reconciler::metadata::marker::{Failure, Marker, Phase, RotationMode};
+use fleet_reconciler::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalId, ApprovalMode};
 use fleet_reconciler::metadata::slots::{Slot, SlotSet};
 use fleet_reconciler::metadata::{APPROVE_KEY, MARKER_KEY};
@@ -192,4 +192,38 @@ pub fn claiming_with_a_deploy_snapshot(w: &mut World) {
     let m = &mut w.machines[0];
     m.metadata.insert(MARKER_KEY.into(), c.to_value());
     m.older = m.metadata.clone();
+}
+
+/// #32 item 4: a cancelled rotation whose agent advertised `drain` and was
+/// fenced; its undo began (`releasing`, uncordon and undrain owed), its
+/// slot held, and its agent answers no probe and no undrain since.
+pub fn releasing_with_an_unreachable_agent(w: &mut World) {
+    let mut r = past(
+        w,
+        Phase::Releasing,
+        RotationMode::Grace,
+        PolicyAction::Restart,
+    );
+    r.attempt = 0;
+    r.restart_at = None;
+    r.drain_requested = true;
+    r.cordoned = Some(true);
+    r.ending = Some(Ending::Cancelled);
+    r.attempt_started_at = at(0);
+    let m = &mut w.machines[0];
+    m.metadata.insert(MARKER_KEY.into(), r.to_value());
+    m.cordoned = true;
+    m.cordoned_at = Some(-600);
+    m.fenced = Some(TAG.into());
+    m.agent_ok = false;
+    if let Ok(mut set) = SlotSet::parse(None) {
+        let slot = Slot {
+            machine_id: machine_id(0),
+            tag: TAG.into(),
+            owner: "r0".into(),
+            since: at(-600),
+        };
+        set.try_add(&APP.into(), &POOL.into(), slot, 1);
+        w.slots = set.to_value();
+    }
 }

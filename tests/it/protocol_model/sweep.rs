@@ -55,7 +55,7 @@ pub fn commit_index(c: &CommitId) -> u8 {
 /// The agent's report, as a probe would read it at true time `now`.
 pub fn report(w: &World, i: usize) -> Option<AgentReport> {
     let m = &w.machines[i];
-    (m.started && m.host_ok).then(|| AgentReport {
+    (m.started && m.host_ok && m.agent_ok).then(|| AgentReport {
         overlay_ref: COMMITS[usize::from(m.loaded)].into(),
         activity: Some(if m.busy {
             Activity::Busy
@@ -144,7 +144,7 @@ fn listed(w: &World, r: usize) -> Snapshot {
             let report = report(w, i);
             let status = if !m.started {
                 MachineStatus::NotRunning
-            } else if !m.host_ok {
+            } else if !m.host_ok || !m.agent_ok {
                 MachineStatus::Unreachable
             } else if m.loaded == w.tip {
                 MachineStatus::OnTip
@@ -496,6 +496,14 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         leased: false,
         seen_approval: None,
         busy_at_probe: None,
+        given_up: match &step.kind {
+            StepKind::Release {
+                marker,
+                undrain: Undrain::GivenUp,
+                ..
+            } => Some(marker.tag.clone()),
+            _ => None,
+        },
     })
 }
 

@@ -94,6 +94,7 @@ impl Conf {
         r.verify_deadline = Duration::from_secs(30);
         r.recent_input_guard = Duration::ZERO;
         r.max_attempts = NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN);
+        r.release_ceiling = fleet_reconciler::config::NonZeroDuration::from_secs(60);
         policy
     }
 
@@ -135,6 +136,9 @@ pub struct Machine {
     /// `undo_raced`'s uncordon was refused, logged as an error: that log
     /// is the cordon's record until the next plan has acted on it.
     pub undo_refused: Refused,
+    /// Whether the agent answers its probes and drain calls (Fly still
+    /// reaches the machine; `host_ok` is Fly's side).
+    pub agent_ok: bool,
 }
 
 /// Where a refused undo stands (`Machine::undo_refused`).
@@ -164,6 +168,7 @@ impl Machine {
             loaded: 0,
             cordoned_at: None,
             undo_refused: Refused::No,
+            agent_ok: true,
         }
     }
 }
@@ -325,6 +330,8 @@ pub struct Exec {
     /// restart's round trip, is the gap no read can close (docs/safety.md).
     pub seen_approval: Option<String>,
     pub busy_at_probe: Option<bool>,
+    /// A release whose undrain the plan gave up: its tag.
+    pub given_up: Option<String>,
 }
 
 /// A machine's hold and marker values.
@@ -387,6 +394,9 @@ pub struct Record {
     /// A plan that saw its pool's live slots above its cap and left the
     /// excess that had not restarted going on (#32 item 9).
     pub over_cap_kept: Option<String>,
+    /// A release whose undrain the plan gave up ended with its slot held
+    /// (#32 item 4): asked again every sweep, it would hold it forever.
+    pub given_up_kept: Option<String>,
 }
 
 impl Record {
@@ -398,6 +408,7 @@ impl Record {
             || self.approval_rotations.values().any(|t| t.len() > 1)
             || self.restarts.values().any(|n| *n > 2)
             || self.over_cap_kept.is_some()
+            || self.given_up_kept.is_some()
     }
 }
 

@@ -14,12 +14,15 @@
 //! read-modify-write is one atomic call (its lease is taken and given back
 //! inside it); agents advertise no `drain`/`reload` and no heartbeat (no
 //! checkpoint handshake is explored; only `undrain_given_up` starts after
-//! a drain, with an agent that answers nothing); a lease's TTL lapses only when its
-//! replica restarts; `Tracker` states are told apart by the clocks it
-//! exposes (drift, unprobed, slots unknown), not by when it first saw a
-//! marker; machines have no Fly health checks (an unprobeable restart is
-//! never declined for passing checks) and never stop; a restart's
-//! immediate read back and the step's last read are one read.
+//! a drain, with an agent that answers nothing); a lease's TTL lapses only
+//! when its replica restarts; `Tracker` states are told apart by the
+//! clocks it exposes (drift, unprobed, slots unknown), not by when it
+//! first saw a marker; machines have no Fly health checks (an unprobeable
+//! restart is never declined for passing checks; no check ever fails, so
+//! the probe-failure ceiling never applies) and never stop; a restart's
+//! immediate read back and the step's last read are one read; mid-protocol
+//! starts (`starts`) stand for a past the model does not replay (a
+//! replica's tracker holds only what it saw since).
 //!
 //! | scenario | dimensions | invariants it can break |
 //! | --- | --- | --- |
@@ -36,6 +39,7 @@
 //! | `cap_lowered` | starts mid-protocol: two rotations draining busy agents under cap 2, slots held; the replica's cap is now 1; the agents may idle | lowered cap yields, slots/cordons within cap, busy restart |
 //! | `undo_refused` | starts with our own `claiming` marker and a deploy snapshot holding it; one outside update; `undo_raced`'s uncordon may be refused | undo recorded (a refused undo's log is the record until the next plan has acted) |
 //! | `undrain_given_up` | starts at a cancelled rotation's undo (`releasing`, undrain owed) with a fenced agent that answers nothing (Fly still reaches it); 40 s ticks past `release_ceiling` (60 s here) | a given-up undrain frees its slot, undo recorded |
+//! | `cut_off` | starts after one sweep that saw m0 drifted; the replica is cut off from the private network since (its probes fail, the busy agent answers), no Fly checks defined; 40 s ticks past the probe-failure ceiling | no unprobeable restart unless Fly's checks fail, busy restart |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
@@ -71,8 +75,11 @@
 //! executor's mirror, `sweep::calls`, since the model runs no executor
 //! code) by `undo_refused`, undo recorded; 4 (the executor asks a
 //! given-up undrain again, `undrain_anyway`; reverted in the mirror) by
-//! `undrain_given_up`, a given-up undrain frees its slot. Not found yet:
-//! 3, 11, 13d (see docs/safety.md).
+//! `undrain_given_up`, a given-up undrain frees its slot; 3 (the probe
+//! ceiling without failing Fly checks: `fly_check_failing` always true)
+//! by `cut_off`, no unprobeable restart and busy restart. Not found yet:
+//! 3's executor part (`Declined::FlyChecksPass`: the model defines no Fly
+//! checks), 11, 13d (see docs/safety.md).
 
 pub mod model;
 mod starts;
@@ -371,6 +378,24 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::releasing_with_an_unreachable_agent),
             depth: None,
         },
+        Scenario {
+            name: "cut_off",
+            busy: vec![true],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env::default(),
+            ticks: &[40],
+            horizon: 240,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // No agent may be restarted as unprobeable here: no restart
+            // is reachable; it checks the probe-failure ceiling.
+            covers_restart: false,
+            start: Some(starts::cut_off_after_seeing_the_drift),
+            depth: None,
+        },
     ]
 }
 
@@ -597,6 +622,11 @@ mod tests {
     #[test]
     fn undrain_given_up() {
         check("undrain_given_up");
+    }
+
+    #[test]
+    fn cut_off() {
+        check("cut_off");
     }
 }
 

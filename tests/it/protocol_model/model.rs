@@ -44,6 +44,9 @@ pub struct Env {
     /// The agents advertise `drain`, and an agent may stop answering
     /// (its probes and drain calls fail; Fly still reaches the machine).
     pub agent_outage: bool,
+    /// A replica is cut off from the private network (its probes fail;
+    /// Fly's API still answers it).
+    pub cut_off: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -107,6 +110,7 @@ pub enum Action {
     OutsideUpdate(usize),
     Outage(usize),
     AgentOutage(usize),
+    CutOff(usize),
     RestartReplica(usize),
 }
 
@@ -151,6 +155,7 @@ impl Model for Scenario {
                     last_plan: None,
                     known: vec![Known::Never; self.busy.len()],
                     cordon_seen: vec![None; self.busy.len()],
+                    cut_off: false,
                 })
                 .collect(),
             approvals: 0,
@@ -241,6 +246,13 @@ impl Model for Scenario {
                 actions.push(Action::AgentOutage(i));
             }
         }
+        if e.cut_off {
+            for (r, replica) in w.replicas.iter().enumerate() {
+                if !replica.cut_off {
+                    actions.push(Action::CutOff(r));
+                }
+            }
+        }
         if e.tip_moves && usize::from(w.tip) + 1 < super::world::COMMITS.len() {
             actions.push(Action::MoveTip);
         }
@@ -328,6 +340,7 @@ impl Model for Scenario {
                 m.host_ok = !m.host_ok;
             }
             Action::AgentOutage(i) => w.machines[i].agent_ok = false,
+            Action::CutOff(r) => w.replicas[r].cut_off = true,
             Action::RestartReplica(r) => {
                 let conf = self.env.replica_restart?;
                 let live = live(&w);
@@ -394,6 +407,9 @@ impl Model for Scenario {
             Property::always(GIVEN_UP_FREES_SLOT, |_, w: &World| {
                 w.record.given_up_kept.is_none()
             }),
+            Property::always(NO_SERVING_UNPROBEABLE_RESTART, |_, w: &World| {
+                w.record.serving_restarted.is_none()
+            }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -419,6 +435,8 @@ pub const WAITS_END_OR_ALERT: &str = "every wait ends within its ceiling, or its
 pub const LOWERED_CAP_YIELDS: &str =
     "a plan over its pool's cap ends the excess that has not restarted";
 pub const GIVEN_UP_FREES_SLOT: &str = "a release whose undrain was given up frees its slot";
+pub const NO_SERVING_UNPROBEABLE_RESTART: &str =
+    "no agent restarted as unprobeable unless Fly's checks fail";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -874,7 +892,8 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             };
             let policy = w.replicas[r].conf.policy();
             ex.busy_at_probe = Some(w.machines[i].busy);
-            let allowed = match report(w, i) {
+            ex.unprobeable = *guard == Guard::Unprobeable;
+            let allowed = match report(w, r, i) {
                 Some(rep) if commit(*target).as_str().starts_with(&*rep.overlay_ref) => false,
                 Some(rep) => match guard {
                     Guard::MayInterrupt => true,
@@ -1026,6 +1045,14 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
             .entry(a.by)
             .or_default()
             .insert(marker.tag.clone());
+    }
+    // The model's machines define no Fly checks: none fails, so no
+    // probe-failure ceiling applies (#32 item 3).
+    if ex.unprobeable && m.agent_ok && m.host_ok && w.record.serving_restarted.is_none() {
+        w.record.serving_restarted = Some(format!(
+            "m{i} restarted as unprobeable by r{r} at t={} while its agent answers (r{r} cut off: {})",
+            w.time, w.replicas[r].cut_off
+        ));
     }
     *w.record.restarts.entry((i as u8, target)).or_default() += 1;
 }

@@ -227,3 +227,16 @@ pub fn releasing_with_an_unreachable_agent(w: &mut World) {
         w.slots = set.to_value();
     }
 }
+
+/// #32 item 3: the replica swept once and saw m0 drifted (the steps of
+/// that plan did not run: say its pool was at its cap then), and is cut
+/// off from the private network since: every probe it makes fails, while
+/// the agent answers and Fly (which defines no health checks here) says
+/// nothing against it.
+pub fn cut_off_after_seeing_the_drift(w: &mut World) {
+    super::sweep::sweep_and_plan(w, 0, false);
+    if let Some(r) = w.replicas.first_mut() {
+        r.queue.clear();
+        r.cut_off = true;
+    }
+}

@@ -52,10 +52,11 @@ pub fn commit_index(c: &CommitId) -> u8 {
         .unwrap_or(u8::MAX)
 }
 
-/// The agent's report, as a probe would read it at true time `now`.
-pub fn report(w: &World, i: usize) -> Option<AgentReport> {
+/// The agent's report, as replica `r`'s probe would read it.
+pub fn report(w: &World, r: usize, i: usize) -> Option<AgentReport> {
     let m = &w.machines[i];
-    (m.started && m.host_ok && m.agent_ok).then(|| AgentReport {
+    let reached = m.started && m.host_ok && m.agent_ok && !w.replicas[r].cut_off;
+    reached.then(|| AgentReport {
         overlay_ref: COMMITS[usize::from(m.loaded)].into(),
         activity: Some(if m.busy {
             Activity::Busy
@@ -141,10 +142,10 @@ fn listed(w: &World, r: usize) -> Snapshot {
         .enumerate()
         .map(|(i, m)| {
             let id = format!("m{i}");
-            let report = report(w, i);
+            let report = report(w, r, i);
             let status = if !m.started {
                 MachineStatus::NotRunning
-            } else if !m.host_ok || !m.agent_ok {
+            } else if !m.host_ok || !m.agent_ok || w.replicas[r].cut_off {
                 MachineStatus::Unreachable
             } else if m.loaded == w.tip {
                 MachineStatus::OnTip
@@ -496,6 +497,7 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         leased: false,
         seen_approval: None,
         busy_at_probe: None,
+        unprobeable: false,
         given_up: match &step.kind {
             StepKind::Release {
                 marker,

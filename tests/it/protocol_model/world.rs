@@ -332,6 +332,8 @@ pub struct Exec {
     pub busy_at_probe: Option<bool>,
     /// A release whose undrain the plan gave up: its tag.
     pub given_up: Option<String>,
+    /// The restart's guard is `Unprobeable` (set at the fresh probe).
+    pub unprobeable: bool,
 }
 
 /// A machine's hold and marker values.
@@ -375,6 +377,9 @@ pub struct Replica {
     /// see its cordon in force (host up): its deadlines count from its own
     /// first sight (the one-clock rule), never from before.
     pub cordon_seen: Vec<Option<i64>>,
+    /// Cut off from the private network: its probes of every agent fail
+    /// (Fly's API still answers it).
+    pub cut_off: bool,
 }
 
 /// What the invariants need of the past.
@@ -397,6 +402,9 @@ pub struct Record {
     /// A release whose undrain the plan gave up ended with its slot held
     /// (#32 item 4): asked again every sweep, it would hold it forever.
     pub given_up_kept: Option<String>,
+    /// An agent that answers (only the acting replica's probes fail) was
+    /// restarted as unprobeable while Fly's checks did not fail (#32 item 3).
+    pub serving_restarted: Option<String>,
 }
 
 impl Record {
@@ -409,6 +417,7 @@ impl Record {
             || self.restarts.values().any(|n| *n > 2)
             || self.over_cap_kept.is_some()
             || self.given_up_kept.is_some()
+            || self.serving_restarted.is_some()
     }
 }
 

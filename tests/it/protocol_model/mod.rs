@@ -40,6 +40,7 @@
 //! | `undo_refused` | starts with our own `claiming` marker and a deploy snapshot holding it; one outside update; `undo_raced`'s uncordon may be refused | undo recorded (a refused undo's log is the record until the next plan has acted) |
 //! | `undrain_given_up` | starts at a cancelled rotation's undo (`releasing`, undrain owed) with a fenced agent that answers nothing (Fly still reaches it); 40 s ticks past `release_ceiling` (60 s here) | a given-up undrain frees its slot, undo recorded |
 //! | `cut_off` | starts after one sweep that saw m0 drifted; the replica is cut off from the private network since (its probes fail, the busy agent answers), no Fly checks defined; 40 s ticks past the probe-failure ceiling | no unprobeable restart unless Fly's checks fail, busy restart |
+//! | `restart_refused` | starts as `carry`; 429s on every call | a failed rotation counts only restarts that landed (a put-back that is itself refused is the known gap: the verify deadline then takes the `restarting` marker for a failed attempt) |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
@@ -77,9 +78,11 @@
 //! given-up undrain again, `undrain_anyway`; reverted in the mirror) by
 //! `undrain_given_up`, a given-up undrain frees its slot; 3 (the probe
 //! ceiling without failing Fly checks: `fly_check_failing` always true)
-//! by `cut_off`, no unprobeable restart and busy restart. Not found yet:
-//! 3's executor part (`Declined::FlyChecksPass`: the model defines no Fly
-//! checks), 11, 13d (see docs/safety.md).
+//! by `cut_off`, no unprobeable restart and busy restart; 13d (a 429 on
+//! the restart leaves the `restarting` marker; reverted in the mirror) by
+//! `restart_refused`, a failed rotation counts only restarts that landed.
+//! Not found yet: 3's executor part (`Declined::FlyChecksPass`: the model
+//! defines no Fly checks), 11 (see docs/safety.md).
 
 pub mod model;
 mod starts;
@@ -396,6 +399,26 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::cut_off_after_seeing_the_drift),
             depth: None,
         },
+        Scenario {
+            name: "restart_refused",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                stuck_agents: true,
+                rate_limits: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::yielded_after_one_restart),
+            depth: None,
+        },
     ]
 }
 
@@ -627,6 +650,11 @@ mod tests {
     #[test]
     fn cut_off() {
         check("cut_off");
+    }
+
+    #[test]
+    fn restart_refused() {
+        check("restart_refused");
     }
 }
 

@@ -410,6 +410,9 @@ impl Model for Scenario {
             Property::always(NO_SERVING_UNPROBEABLE_RESTART, |_, w: &World| {
                 w.record.serving_restarted.is_none()
             }),
+            Property::always(FAILURE_COUNTS_LANDED, |_, w: &World| {
+                failure_counts_landed(w)
+            }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -437,6 +440,7 @@ pub const LOWERED_CAP_YIELDS: &str =
 pub const GIVEN_UP_FREES_SLOT: &str = "a release whose undrain was given up frees its slot";
 pub const NO_SERVING_UNPROBEABLE_RESTART: &str =
     "no agent restarted as unprobeable unless Fly's checks fail";
+pub const FAILURE_COUNTS_LANDED: &str = "a failed rotation counts only restarts that landed";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -534,6 +538,25 @@ pub fn waits_end_or_alert(w: &World) -> bool {
     })
 }
 
+/// Every `failed` marker in force counts no more restarts of its target
+/// than landed on its machine (a refused restart is no attempt, #32 item
+/// 13d).
+fn failure_counts_landed(w: &World) -> bool {
+    w.machines.iter().enumerate().all(|(i, m)| {
+        let Some(mk) = m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v)) else {
+            return true;
+        };
+        let Some(f) = &mk.failed else {
+            return true;
+        };
+        let key = (i as u8, commit_index(&mk.target));
+        let landed = w.record.restarts.get(&key).copied().unwrap_or(0);
+        // Known gap: a put-back refused too leaves a `restarting` marker
+        // that the verify deadline takes for a failed attempt.
+        f.attempts <= u32::from(landed) || w.record.put_back_refused.contains(&key.0)
+    })
+}
+
 /// Whether a slot of the pool names machine `i`.
 fn slot_holder(w: &World, i: usize) -> bool {
     w.slot_set().is_some_and(|s| {
@@ -565,11 +588,29 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
             ex.ops.is_empty()
         }
         Next::Then(ops) => {
+            ex.putting_back = ops
+                .iter()
+                .any(|o| matches!(o, Op::WriteMarker(MarkerWrite::Exact(_))));
             ex.ops = ops;
             resolve_ifs(&mut ex);
             false
         }
+        // `restart`: the check after the probe failed; nothing restarted,
+        // the plan's marker goes back (`put_marker_back`).
+        Next::Fail if ex.leased && matches!(op, Op::Check(_)) && ex.put_back.is_some() => {
+            let expected = ex.put_back.take().unwrap_or_default();
+            ex.putting_back = true;
+            ex.ops = vec![
+                Op::Check(Need::Write),
+                Op::WriteMarker(MarkerWrite::Exact(expected)),
+                Op::ReadAfterAndRelease,
+            ];
+            false
+        }
         Next::Fail if ex.leased => {
+            if ex.putting_back {
+                w.record.put_back_refused.insert(ex.machine as u8);
+            }
             ex.ops = vec![Op::ReadAfterAndRelease];
             false
         }
@@ -904,6 +945,7 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 None => *guard != Guard::Idle,
             };
             if allowed {
+                ex.put_back = Some(expected.clone());
                 Next::Go
             } else {
                 // Nothing restarted: the plan's marker goes back.
@@ -916,6 +958,7 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         }
         // `FlyClient::restart` after `lease.calling("restart", None)`.
         Op::Restart { expected } => {
+            ex.put_back = None;
             ex.last_call = Some(LastCall {
                 instance: ex.seen_instance,
                 undo_uncordon: false,

@@ -498,6 +498,8 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         seen_approval: None,
         busy_at_probe: None,
         unprobeable: false,
+        put_back: None,
+        putting_back: false,
         given_up: match &step.kind {
             StepKind::Release {
                 marker,

@@ -334,6 +334,12 @@ pub struct Exec {
     pub given_up: Option<String>,
     /// The restart's guard is `Unprobeable` (set at the fresh probe).
     pub unprobeable: bool,
+    /// Between the fresh probe and the restart: the plan's marker, put
+    /// back if the check before the restart fails (`authorized`'s error
+    /// arm, `put_marker_back`).
+    pub put_back: Option<String>,
+    /// The calls left put the plan's marker back (nothing restarted).
+    pub putting_back: bool,
 }
 
 /// A machine's hold and marker values.
@@ -405,6 +411,9 @@ pub struct Record {
     /// An agent that answers (only the acting replica's probes fail) was
     /// restarted as unprobeable while Fly's checks did not fail (#32 item 3).
     pub serving_restarted: Option<String>,
+    /// Machines where a put-back of the plan's marker after a restart that
+    /// was not made failed (the known gap of `put_marker_back`).
+    pub put_back_refused: BTreeSet<u8>,
 }
 
 impl Record {

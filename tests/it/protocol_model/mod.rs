@@ -17,9 +17,9 @@
 //! a drain, with an agent that answers nothing); a lease's TTL lapses only
 //! when its replica restarts; `Tracker` states are told apart by the
 //! clocks it exposes (drift, unprobed, slots unknown), not by when it
-//! first saw a marker; machines have no Fly health checks (an unprobeable
-//! restart is never declined for passing checks; no check ever fails, so
-//! the probe-failure ceiling never applies) and never stop; a restart's
+//! first saw a marker; machines define no Fly health check except in
+//! `checks_flap` (elsewhere none fails, so the probe-failure ceiling never
+//! applies) and never stop; a restart's
 //! immediate read back and the step's last read are one read; mid-protocol
 //! starts (`starts`) stand for a past the model does not replay (a
 //! replica's tracker holds only what it saw since).
@@ -41,6 +41,7 @@
 //! | `undrain_given_up` | starts at a cancelled rotation's undo (`releasing`, undrain owed) with a fenced agent that answers nothing (Fly still reaches it); 40 s ticks past `release_ceiling` (60 s here) | a given-up undrain frees its slot, undo recorded |
 //! | `cut_off` | starts after one sweep that saw m0 drifted; the replica is cut off from the private network since (its probes fail, the busy agent answers), no Fly checks defined; 40 s ticks past the probe-failure ceiling | no unprobeable restart unless Fly's checks fail, busy restart |
 //! | `restart_refused` | starts as `carry`; 429s on every call | a failed rotation counts only restarts that landed (a put-back that is itself refused is the known gap: the verify deadline then takes the `restarting` marker for a failed attempt) |
+//! | `checks_flap` | as `cut_off`, and m0 defines a Fly health check, failing at first, that may flap once | no unprobeable restart unless Fly's checks fail (as the last check read them), busy restart (an agent unprobeable with failing checks is taken for dead) |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
@@ -81,8 +82,8 @@
 //! by `cut_off`, no unprobeable restart and busy restart; 13d (a 429 on
 //! the restart leaves the `restarting` marker; reverted in the mirror) by
 //! `restart_refused`, a failed rotation counts only restarts that landed.
-//! Not found yet: 3's executor part (`Declined::FlyChecksPass`: the model
-//! defines no Fly checks), 11 (see docs/safety.md).
+//! 3's executor part (no `Declined::FlyChecksPass`; mirror) by
+//! `checks_flap`, the same two. Not found yet: 11 (see docs/safety.md).
 
 pub mod model;
 mod starts;
@@ -419,6 +420,25 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::yielded_after_one_restart),
             depth: None,
         },
+        Scenario {
+            name: "checks_flap",
+            busy: vec![true],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                check_flaps: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::cut_off_with_a_failing_check),
+            depth: None,
+        },
     ]
 }
 
@@ -655,6 +675,11 @@ mod tests {
     #[test]
     fn restart_refused() {
         check("restart_refused");
+    }
+
+    #[test]
+    fn checks_flap() {
+        check("checks_flap");
     }
 }
 

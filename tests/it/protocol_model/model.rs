@@ -47,6 +47,8 @@ pub struct Env {
     /// A replica is cut off from the private network (its probes fail;
     /// Fly's API still answers it).
     pub cut_off: bool,
+    /// Machines define a Fly health check, which may flap.
+    pub check_flaps: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -111,6 +113,7 @@ pub enum Action {
     Outage(usize),
     AgentOutage(usize),
     CutOff(usize),
+    CheckFlap(usize),
     RestartReplica(usize),
 }
 
@@ -242,6 +245,9 @@ impl Model for Scenario {
             if e.host_outage {
                 actions.push(Action::Outage(i));
             }
+            if e.check_flaps && m.check_failing.is_some() {
+                actions.push(Action::CheckFlap(i));
+            }
             if e.agent_outage && m.agent_ok {
                 actions.push(Action::AgentOutage(i));
             }
@@ -341,6 +347,10 @@ impl Model for Scenario {
             }
             Action::AgentOutage(i) => w.machines[i].agent_ok = false,
             Action::CutOff(r) => w.replicas[r].cut_off = true,
+            Action::CheckFlap(i) => {
+                let c = &mut w.machines[i].check_failing;
+                *c = c.map(|f| !f);
+            }
             Action::RestartReplica(r) => {
                 let conf = self.env.replica_restart?;
                 let live = live(&w);
@@ -450,7 +460,7 @@ fn answers(op: &Op) -> (bool, bool) {
     match op {
         Op::Acquire | Op::Check(_) | Op::VerifySlot { .. } | Op::WinSlot { .. } => (true, false),
         Op::ReleaseSlot { .. } | Op::ReadAfterAndRelease => (true, false),
-        Op::Probe { .. } | Op::If(..) => (false, false),
+        Op::Probe { .. } | Op::If(..) | Op::FlyChecksPass { .. } => (false, false),
         Op::Drain { .. } | Op::Undrain { .. } => (false, true),
         Op::WriteMarker(_)
         | Op::Cordon
@@ -739,6 +749,7 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 return Next::Fail;
             }
             ex.seen_approval = m.metadata.get(APPROVE_KEY).cloned();
+            ex.checks_seen = Some(m.check_failing);
             let expected = ex.watch.as_deref().map(Marker::parse);
             let current = m.metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
             let unchanged = match (&expected, &current) {
@@ -956,6 +967,18 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 ])
             }
         }
+        // Judged on the check just before (one read here).
+        Op::FlyChecksPass { expected } => {
+            if ex.checks_seen == Some(Some(false)) {
+                Next::Then(vec![
+                    Op::Check(Need::Write),
+                    Op::WriteMarker(MarkerWrite::Exact(expected.clone())),
+                    Op::ReadAfterAndRelease,
+                ])
+            } else {
+                Next::Go
+            }
+        }
         // `FlyClient::restart` after `lease.calling("restart", None)`.
         Op::Restart { expected } => {
             ex.put_back = None;
@@ -1064,7 +1087,11 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
         .as_deref()
         .and_then(Approval::parse)
         .filter(|a| a.approves(&marker.target));
-    let busy = ex.busy_at_probe.unwrap_or(m.busy);
+    // An agent no probe reaches while Fly's checks fail is taken for dead
+    // past the probe-failure ceiling (docs/safety.md): its work is unknown.
+    let failing = ex.checks_seen.unwrap_or(m.check_failing) == Some(true);
+    let dead = ex.unprobeable && failing;
+    let busy = ex.busy_at_probe.unwrap_or(m.busy) && !dead;
     let approved_now = approval
         .as_ref()
         .is_some_and(|a| a.mode == ApprovalMode::Now);
@@ -1091,7 +1118,8 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
     }
     // The model's machines define no Fly checks: none fails, so no
     // probe-failure ceiling applies (#32 item 3).
-    if ex.unprobeable && m.agent_ok && m.host_ok && w.record.serving_restarted.is_none() {
+    if ex.unprobeable && m.agent_ok && m.host_ok && !failing && w.record.serving_restarted.is_none()
+    {
         w.record.serving_restarted = Some(format!(
             "m{i} restarted as unprobeable by r{r} at t={} while its agent answers (r{r} cut off: {})",
             w.time, w.replicas[r].cut_off

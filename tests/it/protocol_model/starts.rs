@@ -240,3 +240,10 @@ pub fn cut_off_after_seeing_the_drift(w: &mut World) {
         r.cut_off = true;
     }
 }
+
+/// #32 item 3, executor part: as `cut_off_after_seeing_the_drift`, and
+/// m0's config defines a Fly health check, failing now (it may flap).
+pub fn cut_off_with_a_failing_check(w: &mut World) {
+    w.machines[0].check_failing = Some(true);
+    cut_off_after_seeing_the_drift(w);
+}

@@ -20,7 +20,7 @@ use fleet_reconciler::model::{CommitId, MachineStatus};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, RotationState};
 use fleet_reconciler::observe::sweep::{
-    MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
+    FlyChecks, MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
 };
 
 use fleet_reconciler::decide::listings::LastListings;
@@ -172,12 +172,29 @@ fn listed(w: &World, r: usize) -> Snapshot {
                     } else {
                         BTreeMap::new()
                     },
-                    unusual: (!m.host_ok).then(|| {
+                    unusual: (!m.host_ok || m.check_failing == Some(true)).then(|| {
                         Box::new(Unusual {
-                            metadata_unknown: Some("host_status unreachable".into()),
+                            metadata_unknown: (!m.host_ok)
+                                .then(|| "host_status unreachable".into()),
+                            checks: if m.check_failing == Some(true) {
+                                vec![fleet_reconciler::fly::MachineCheck {
+                                    name: "health".into(),
+                                    status: "critical".into(),
+                                    output: String::new(),
+                                    updated_at: Some(at(w.time)),
+                                }]
+                            } else {
+                                Vec::new()
+                            },
                             ..Unusual::default()
                         })
                     }),
+                    fly_checks: match m.check_failing {
+                        None => FlyChecks::NoneDefined,
+                        Some(true) => FlyChecks::NotAllPassing,
+                        Some(false) => FlyChecks::AllPassingSince(at(w.time).timestamp_millis()),
+                    }
+                    .into(),
                     instance_id: format!("i{}", m.instance),
                     cordoned: m.host_ok.then_some(m.cordoned),
                     health_url: Some(format!("http://agents/{id}/health")),
@@ -402,9 +419,14 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
             } else {
                 Need::Disruptive
             }));
-            // `restart`'s 429 arm puts the plan's marker back (#32 item 13d).
-            // Its `Declined::FlyChecksPass` (#32 item 3) never fires here:
-            // the model's machines have no Fly checks configured.
+            // `restart`'s 429 arm puts the plan's marker back (#32 item 13d);
+            // an unprobeable restart is declined when Fly's checks all pass
+            // at that read (`Declined::FlyChecksPass`, #32 item 3).
+            if guard == Guard::Unprobeable {
+                ops.push(Op::FlyChecksPass {
+                    expected: e.to_value(),
+                });
+            }
             ops.push(Op::Restart {
                 expected: e.to_value(),
             });
@@ -500,6 +522,7 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         unprobeable: false,
         put_back: None,
         putting_back: false,
+        checks_seen: None,
         given_up: match &step.kind {
             StepKind::Release {
                 marker,

@@ -139,6 +139,9 @@ pub struct Machine {
     /// Whether the agent answers its probes and drain calls (Fly still
     /// reaches the machine; `host_ok` is Fly's side).
     pub agent_ok: bool,
+    /// Fly's health checks: `None` when the config defines none, else
+    /// whether one fails.
+    pub check_failing: Option<bool>,
 }
 
 /// Where a refused undo stands (`Machine::undo_refused`).
@@ -169,6 +172,7 @@ impl Machine {
             cordoned_at: None,
             undo_refused: Refused::No,
             agent_ok: true,
+            check_failing: None,
         }
     }
 }
@@ -262,6 +266,9 @@ pub enum Op {
         expected: String,
         target: u8,
     },
+    /// `restart`'s `Declined::FlyChecksPass`, judged on the check just
+    /// before (no call of its own): puts `expected` back.
+    FlyChecksPass { expected: String },
     /// `FlyClient::restart`; a 429 puts `expected` (the plan's marker)
     /// back (`Executor::put_marker_back`, #32 item 13d).
     Restart { expected: String },
@@ -340,6 +347,9 @@ pub struct Exec {
     pub put_back: Option<String>,
     /// The calls left put the plan's marker back (nothing restarted).
     pub putting_back: bool,
+    /// Fly's checks as the last check read them (a flap within the
+    /// restart's round trip is the same gap as a revoke).
+    pub checks_seen: Option<Option<bool>>,
 }
 
 /// A machine's hold and marker values.

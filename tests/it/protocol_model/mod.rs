@@ -13,12 +13,16 @@
 //! step at a time per replica (its concurrency is 16); the coordinator's
 //! read-modify-write is one atomic call (its lease is taken and given back
 //! inside it); agents advertise no `drain`/`reload` and no heartbeat (no
-//! checkpoint handshake is explored); a lease's TTL lapses only when its
-//! replica restarts; `Tracker` states are told apart by the clocks it
-//! exposes (drift, unprobed, slots unknown), not by when it first saw a
-//! marker; machines have no Fly health checks (an unprobeable restart is
-//! never declined for passing checks) and never stop; a restart's
-//! immediate read back and the step's last read are one read.
+//! checkpoint handshake is explored; only `undrain_given_up` starts after
+//! a drain, with an agent that answers nothing); a lease's TTL lapses only
+//! when its replica restarts; `Tracker` states are told apart by the
+//! clocks it exposes (drift, unprobed, slots unknown), not by when it
+//! first saw a marker; machines define no Fly health check except in
+//! `checks_flap` (elsewhere none fails, so the probe-failure ceiling never
+//! applies) and never stop; a restart's
+//! immediate read back and the step's last read are one read; mid-protocol
+//! starts (`starts`) stand for a past the model does not replay (a
+//! replica's tracker holds only what it saw since).
 //!
 //! | scenario | dimensions | invariants it can break |
 //! | --- | --- | --- |
@@ -30,6 +34,18 @@
 //! | `ceilings` | a busy agent approved when idle, host outage, 40 s ticks past every ceiling | waits end or alert |
 //! | `config_change` | replica restart: cap 2 → 1 and restart → manual, 3 machines | slots/cordons within cap, manual approved, busy restart |
 //! | `outside_update` | outside updates reverting metadata, 429s, lost answers | undo recorded, slots within cap, restarts within attempts |
+//! | `carry` | starts mid-protocol (`starts`): a `yielded` marker of the tip after 1 restart that did not verify; an agent that comes back on the old commit; 40 s ticks to 320 s, depth 90 | restarts within attempts (across yields) |
+//! | `consumed` | starts mid-protocol: a manual retry draining a busy agent under a when-idle approval it restarted with, cordoned, slot held; the agent idles, a new approval | one approval one rotation (consumed by a yield too), manual approved |
+//! | `cap_lowered` | starts mid-protocol: two rotations draining busy agents under cap 2, slots held; the replica's cap is now 1; the agents may idle | lowered cap yields, slots/cordons within cap, busy restart |
+//! | `undo_refused` | starts with our own `claiming` marker and a deploy snapshot holding it; one outside update; `undo_raced`'s uncordon may be refused | undo recorded (a refused undo's log is the record until the next plan has acted) |
+//! | `undrain_given_up` | starts at a cancelled rotation's undo (`releasing`, undrain owed) with a fenced agent that answers nothing (Fly still reaches it); 40 s ticks past `release_ceiling` (60 s here) | a given-up undrain frees its slot, undo recorded |
+//! | `cut_off` | starts after one sweep that saw m0 drifted; the replica is cut off from the private network since (its probes fail, the busy agent answers), no Fly checks defined; 40 s ticks past the probe-failure ceiling | no unprobeable restart unless Fly's checks fail, busy restart |
+//! | `restart_refused` | starts as `carry`; 429s on every call | a failed rotation counts only restarts that landed (a put-back that is itself refused is the known gap: the verify deadline then takes the `restarting` marker for a failed attempt) |
+//! | `checks_flap` | as `cut_off`, and m0 defines a Fly health check, failing at first, that may flap once | no unprobeable restart unless Fly's checks fail (as the last check read them), busy restart (an agent unprobeable with failing checks is taken for dead) |
+//! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
+//!
+//! A mid-protocol start records the restarts and approval uses of the past
+//! it stands for, so the invariants count across that past.
 //!
 //! Every scenario checks every invariant (`model::Scenario::properties`);
 //! the last column says which its dimensions can reach. Invariants judged
@@ -50,8 +66,27 @@
 //! host, and one refused with 429); and outside the Part 1 list, a wait
 //! past its ceiling on an unreachable host with no alert (`ceilings`,
 //! fixed in the planner).
+//!
+//! Mutation check (each fix reverted by hand in `src/`, the model run):
+//! items 1, 8 (with 12), 10, 12 as above; 6 (a claim after a yield starts
+//! at `attempt: 0`) by `carry`, restarts within attempts; 2 (a yield
+//! keeps the approval it restarted with) by `consumed`, one approval one
+//! rotation; 5 (re-armed by `approval.at > failed.at`) by `rearm`, both;
+//! 9 (no `yield_over_cap`) by `cap_lowered`, lowered cap yields (judged on
+//! the plan); 7 (withdraw lifts no cordon Fly shows; reverted in the
+//! executor's mirror, `sweep::calls`, since the model runs no executor
+//! code) by `undo_refused`, undo recorded; 4 (the executor asks a
+//! given-up undrain again, `undrain_anyway`; reverted in the mirror) by
+//! `undrain_given_up`, a given-up undrain frees its slot; 3 (the probe
+//! ceiling without failing Fly checks: `fly_check_failing` always true)
+//! by `cut_off`, no unprobeable restart and busy restart; 13d (a 429 on
+//! the restart leaves the `restarting` marker; reverted in the mirror) by
+//! `restart_refused`, a failed rotation counts only restarts that landed.
+//! 3's executor part (no `Declined::FlyChecksPass`; mirror) by
+//! `checks_flap`, the same two. Not found yet: 11 (see docs/safety.md).
 
 pub mod model;
+mod starts;
 mod sweep;
 mod world;
 
@@ -79,6 +114,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "hold_race",
@@ -102,6 +139,8 @@ pub fn scenarios() -> Vec<Scenario> {
             // bounded run short of the ~22 calls a restart takes; the
             // bench's deeper run reaches it.
             covers_restart: false,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "approvals",
@@ -122,6 +161,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "retries",
@@ -140,6 +181,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "tip_authority",
@@ -157,6 +200,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "ceilings",
@@ -177,6 +222,8 @@ pub fn scenarios() -> Vec<Scenario> {
             // Its agent never idles and its approval waits for idle: no
             // restart is reachable; it checks the waits and their alerts.
             covers_restart: false,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "config_change",
@@ -194,6 +241,8 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
         },
         Scenario {
             name: "outside_update",
@@ -213,6 +262,182 @@ pub fn scenarios() -> Vec<Scenario> {
             interleave: false,
             only: None,
             covers_restart: true,
+            start: None,
+            depth: None,
+        },
+        Scenario {
+            name: "carry",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                stuck_agents: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 320,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::yielded_after_one_restart),
+            depth: Some((90, 400_000)),
+        },
+        Scenario {
+            name: "consumed",
+            busy: vec![true],
+            confs: vec![Conf::Manual { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                busy_toggle: true,
+                approve_when_idle: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 2,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::retry_draining_under_an_approval),
+            depth: None,
+        },
+        Scenario {
+            name: "rearm",
+            busy: vec![false],
+            confs: vec![Conf::Manual { cap: 1 }],
+            skews: vec![0],
+            env: Env::default(),
+            ticks: &[40],
+            horizon: 80,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // Only the approval that stood at the failure is there: no
+            // restart may land.
+            covers_restart: false,
+            start: Some(starts::failed_with_its_approval_standing),
+            depth: None,
+        },
+        Scenario {
+            name: "cap_lowered",
+            busy: vec![true, true],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                busy_toggle: true,
+                ..Env::default()
+            },
+            ticks: &[12],
+            horizon: 24,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::two_draining_under_a_lowered_cap),
+            depth: None,
+        },
+        Scenario {
+            name: "undo_refused",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                outside_update: true,
+                failing_undo: true,
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::claiming_with_a_deploy_snapshot),
+            depth: None,
+        },
+        Scenario {
+            name: "undrain_given_up",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                agent_outage: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // Its agent never answers again: no restart is reachable; it
+            // checks that the given-up undo frees the slot.
+            covers_restart: false,
+            start: Some(starts::releasing_with_an_unreachable_agent),
+            depth: None,
+        },
+        Scenario {
+            name: "cut_off",
+            busy: vec![true],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env::default(),
+            ticks: &[40],
+            horizon: 240,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // No agent may be restarted as unprobeable here: no restart
+            // is reachable; it checks the probe-failure ceiling.
+            covers_restart: false,
+            start: Some(starts::cut_off_after_seeing_the_drift),
+            depth: None,
+        },
+        Scenario {
+            name: "restart_refused",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                stuck_agents: true,
+                rate_limits: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::yielded_after_one_restart),
+            depth: None,
+        },
+        Scenario {
+            name: "checks_flap",
+            busy: vec![true],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                check_flaps: true,
+                ..Env::default()
+            },
+            ticks: &[40],
+            horizon: 160,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::cut_off_with_a_failing_check),
+            depth: None,
         },
     ]
 }
@@ -352,7 +577,9 @@ mod tests {
     }
 
     fn check(name: &str) {
-        let r = run(&scenario(name), DEPTH, MAX_STATES);
+        let s = scenario(name);
+        let (depth, states) = s.depth.unwrap_or((DEPTH, MAX_STATES));
+        let r = run(&s, depth, states);
         eprintln!(
             "{}: {} states, {} unique, depth {}, {:.1} s",
             r.name, r.states, r.unique, r.depth, r.seconds
@@ -363,7 +590,6 @@ mod tests {
             .map(|(p, trace)| format!("{p}:\n{trace}"))
             .collect();
         assert!(found.is_empty(), "{}: {}", r.name, found.join("\n"));
-        let s = scenario(name);
         assert!(
             r.covered || !s.covers_restart,
             "{}: no restart within the bound",
@@ -409,6 +635,51 @@ mod tests {
     #[test]
     fn outside_update() {
         check("outside_update");
+    }
+
+    #[test]
+    fn carry() {
+        check("carry");
+    }
+
+    #[test]
+    fn consumed() {
+        check("consumed");
+    }
+
+    #[test]
+    fn rearm() {
+        check("rearm");
+    }
+
+    #[test]
+    fn cap_lowered() {
+        check("cap_lowered");
+    }
+
+    #[test]
+    fn undo_refused() {
+        check("undo_refused");
+    }
+
+    #[test]
+    fn undrain_given_up() {
+        check("undrain_given_up");
+    }
+
+    #[test]
+    fn cut_off() {
+        check("cut_off");
+    }
+
+    #[test]
+    fn restart_refused() {
+        check("restart_refused");
+    }
+
+    #[test]
+    fn checks_flap() {
+        check("checks_flap");
     }
 }
 

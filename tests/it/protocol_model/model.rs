@@ -14,7 +14,8 @@ use stateright::{Model, Property};
 use super::sweep::{commit, commit_index, reclaim_stale, report, sweep_and_plan};
 use super::world::{
     APP, CORDON_WAIT_BOUND, Cond, Conf, Exec, Guard, HoldMarker, Known, LastCall, Machine,
-    MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE, Record, Replica, World, at, machine_id,
+    MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE, Record, Refused, Replica, World, at,
+    machine_id,
 };
 
 /// What the world may do besides the replicas, per scenario.
@@ -37,6 +38,17 @@ pub struct Env {
     /// A restarted agent comes back on the commit it ran (its image pins
     /// it): the verify fails, and the rotation backs off and tries again.
     pub stuck_agents: bool,
+    /// `undo_raced`'s uncordon (a cordon that landed on another instance)
+    /// may be refused: the read is answered, the undo has no effect.
+    pub failing_undo: bool,
+    /// The agents advertise `drain`, and an agent may stop answering
+    /// (its probes and drain calls fail; Fly still reaches the machine).
+    pub agent_outage: bool,
+    /// A replica is cut off from the private network (its probes fail;
+    /// Fly's API still answers it).
+    pub cut_off: bool,
+    /// Machines define a Fly health check, which may flap.
+    pub check_flaps: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -64,6 +76,13 @@ pub struct Scenario {
     /// Whether the bounded run of `cargo test` must reach a restart (the
     /// coverage property); see each scenario that says no.
     pub covers_restart: bool,
+    /// Where the world starts, if not at rest (`starts`: mid-protocol, so
+    /// the part a fix guards lies within the bound).
+    pub start: Option<fn(&mut World)>,
+    /// The bounded depth and state count of `cargo test` when they differ
+    /// from the default (a scenario with little branching that needs two
+    /// restarts).
+    pub depth: Option<(usize, usize)>,
 }
 
 /// How Fly answered one call.
@@ -74,6 +93,9 @@ pub enum Answer {
     RateLimited,
     /// Took effect, but the answer was lost (timeout, broken connection).
     Lost,
+    /// A read answered, after which `undo_raced`'s uncordon is refused
+    /// (`Env::failing_undo`).
+    UndoFailed,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -89,6 +111,9 @@ pub enum Action {
     MoveTip,
     OutsideUpdate(usize),
     Outage(usize),
+    AgentOutage(usize),
+    CutOff(usize),
+    CheckFlap(usize),
     RestartReplica(usize),
 }
 
@@ -116,7 +141,7 @@ impl Model for Scenario {
         let empty = fleet_reconciler::metadata::slots::SlotSet::parse(None)
             .map(|s| s.to_value())
             .unwrap_or_default();
-        vec![World {
+        let mut w = World {
             time: 0,
             tip: self.tip,
             machines,
@@ -133,12 +158,17 @@ impl Model for Scenario {
                     last_plan: None,
                     known: vec![Known::Never; self.busy.len()],
                     cordon_seen: vec![None; self.busy.len()],
+                    cut_off: false,
                 })
                 .collect(),
             approvals: 0,
             budget: self.budget,
             record: Record::default(),
-        }]
+        };
+        if let Some(start) = self.start {
+            start(&mut w);
+        }
+        vec![w]
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
@@ -166,6 +196,13 @@ impl Model for Scenario {
                     }
                     if may_lose && self.env.lost_answers {
                         actions.push(Action::Call(r, Answer::Lost));
+                    }
+                    let undo_owed = replica.queue.first().and_then(|e| e.last_call.as_ref());
+                    if self.env.failing_undo
+                        && matches!(op, Op::Check(_) | Op::ReadAfterAndRelease)
+                        && undo_owed.is_some_and(|l| l.undo_uncordon)
+                    {
+                        actions.push(Action::Call(r, Answer::UndoFailed));
                     }
                 }
             }
@@ -207,6 +244,19 @@ impl Model for Scenario {
             }
             if e.host_outage {
                 actions.push(Action::Outage(i));
+            }
+            if e.check_flaps && m.check_failing.is_some() {
+                actions.push(Action::CheckFlap(i));
+            }
+            if e.agent_outage && m.agent_ok {
+                actions.push(Action::AgentOutage(i));
+            }
+        }
+        if e.cut_off {
+            for (r, replica) in w.replicas.iter().enumerate() {
+                if !replica.cut_off {
+                    actions.push(Action::CutOff(r));
+                }
             }
         }
         if e.tip_moves && usize::from(w.tip) + 1 < super::world::COMMITS.len() {
@@ -295,6 +345,12 @@ impl Model for Scenario {
                 let m = &mut w.machines[i];
                 m.host_ok = !m.host_ok;
             }
+            Action::AgentOutage(i) => w.machines[i].agent_ok = false,
+            Action::CutOff(r) => w.replicas[r].cut_off = true,
+            Action::CheckFlap(i) => {
+                let c = &mut w.machines[i].check_failing;
+                *c = c.map(|f| !f);
+            }
             Action::RestartReplica(r) => {
                 let conf = self.env.replica_restart?;
                 let live = live(&w);
@@ -355,6 +411,18 @@ impl Model for Scenario {
                 w.record.restarts.values().all(|n| *n <= 2)
             }),
             Property::always(WAITS_END_OR_ALERT, |_, w: &World| waits_end_or_alert(w)),
+            Property::always(LOWERED_CAP_YIELDS, |_, w: &World| {
+                w.record.over_cap_kept.is_none()
+            }),
+            Property::always(GIVEN_UP_FREES_SLOT, |_, w: &World| {
+                w.record.given_up_kept.is_none()
+            }),
+            Property::always(NO_SERVING_UNPROBEABLE_RESTART, |_, w: &World| {
+                w.record.serving_restarted.is_none()
+            }),
+            Property::always(FAILURE_COUNTS_LANDED, |_, w: &World| {
+                failure_counts_landed(w)
+            }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -377,6 +445,12 @@ pub const UNDO_RECORDED: &str = "nothing cordoned or fenced without a record tha
 pub const MANUAL_APPROVED: &str = "no restart in a manual pool without an approval of that commit";
 pub const RESTARTS_WITHIN_ATTEMPTS: &str = "restarts per machine and target within max_attempts";
 pub const WAITS_END_OR_ALERT: &str = "every wait ends within its ceiling, or its alert fires";
+pub const LOWERED_CAP_YIELDS: &str =
+    "a plan over its pool's cap ends the excess that has not restarted";
+pub const GIVEN_UP_FREES_SLOT: &str = "a release whose undrain was given up frees its slot";
+pub const NO_SERVING_UNPROBEABLE_RESTART: &str =
+    "no agent restarted as unprobeable unless Fly's checks fail";
+pub const FAILURE_COUNTS_LANDED: &str = "a failed rotation counts only restarts that landed";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -386,7 +460,7 @@ fn answers(op: &Op) -> (bool, bool) {
     match op {
         Op::Acquire | Op::Check(_) | Op::VerifySlot { .. } | Op::WinSlot { .. } => (true, false),
         Op::ReleaseSlot { .. } | Op::ReadAfterAndRelease => (true, false),
-        Op::Probe { .. } | Op::If(..) => (false, false),
+        Op::Probe { .. } | Op::If(..) | Op::FlyChecksPass { .. } => (false, false),
         Op::Drain { .. } | Op::Undrain { .. } => (false, true),
         Op::WriteMarker(_)
         | Op::Cordon
@@ -433,13 +507,18 @@ fn undo_recorded(w: &World) -> bool {
             // the planner's `cordoned_without_marker` alert while its slot
             // stands: that alert is its record.
             let alerted = marker.is_none() && slot_holder(w, i);
-            let cordon_ok =
-                !m.cordoned || alerted || marker.as_ref().is_some_and(|mk| mk.may_have_cordoned());
-            let fence_ok = m.fenced.as_ref().is_none_or(|tag| {
-                marker
-                    .as_ref()
-                    .is_some_and(|mk| mk.drain_requested && &mk.tag == tag)
-            });
+            let cordon_ok = !m.cordoned
+                || alerted
+                || m.undo_refused != Refused::No
+                || marker.as_ref().is_some_and(|mk| mk.may_have_cordoned());
+            // An agent no probe reaches: its fence was given up with a
+            // `rotation_stuck` alert past `release_ceiling` (#32 item 4).
+            let fence_ok = !m.agent_ok
+                || m.fenced.as_ref().is_none_or(|tag| {
+                    marker
+                        .as_ref()
+                        .is_some_and(|mk| mk.drain_requested && &mk.tag == tag)
+                });
             cordon_ok && fence_ok
         })
 }
@@ -466,6 +545,25 @@ pub fn waits_end_or_alert(w: &World) -> bool {
                 _ => true,
             }
         })
+    })
+}
+
+/// Every `failed` marker in force counts no more restarts of its target
+/// than landed on its machine (a refused restart is no attempt, #32 item
+/// 13d).
+fn failure_counts_landed(w: &World) -> bool {
+    w.machines.iter().enumerate().all(|(i, m)| {
+        let Some(mk) = m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v)) else {
+            return true;
+        };
+        let Some(f) = &mk.failed else {
+            return true;
+        };
+        let key = (i as u8, commit_index(&mk.target));
+        let landed = w.record.restarts.get(&key).copied().unwrap_or(0);
+        // Known gap: a put-back refused too leaves a `restarting` marker
+        // that the verify deadline takes for a failed attempt.
+        f.attempts <= u32::from(landed) || w.record.put_back_refused.contains(&key.0)
     })
 }
 
@@ -500,17 +598,49 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
             ex.ops.is_empty()
         }
         Next::Then(ops) => {
+            ex.putting_back = ops
+                .iter()
+                .any(|o| matches!(o, Op::WriteMarker(MarkerWrite::Exact(_))));
             ex.ops = ops;
             resolve_ifs(&mut ex);
             false
         }
+        // `restart`: the check after the probe failed; nothing restarted,
+        // the plan's marker goes back (`put_marker_back`).
+        Next::Fail if ex.leased && matches!(op, Op::Check(_)) && ex.put_back.is_some() => {
+            let expected = ex.put_back.take().unwrap_or_default();
+            ex.putting_back = true;
+            ex.ops = vec![
+                Op::Check(Need::Write),
+                Op::WriteMarker(MarkerWrite::Exact(expected)),
+                Op::ReadAfterAndRelease,
+            ];
+            false
+        }
         Next::Fail if ex.leased => {
+            if ex.putting_back {
+                w.record.put_back_refused.insert(ex.machine as u8);
+            }
             ex.ops = vec![Op::ReadAfterAndRelease];
             false
         }
         Next::Fail | Next::Drop => true,
     };
     if ended {
+        if let Some(tag) = &ex.given_up
+            && w.record.given_up_kept.is_none()
+            && w.slot_set()
+                .is_some_and(|s| s.holds(&APP.into(), &POOL.into(), &machine_id(ex.machine), tag))
+        {
+            w.record.given_up_kept = Some(format!(
+                "m{}: the release that gave its undrain up ended with slot {tag} held",
+                ex.machine
+            ));
+        }
+        let m = &mut w.machines[ex.machine];
+        if m.undo_refused == Refused::Acting {
+            m.undo_refused = Refused::No;
+        }
         // A hold lifted before the read after the call cannot be seen by
         // any read: only a hold still standing must have been reported.
         if ex.hold_unreported && w.machines[ex.machine].metadata.contains_key(HOLD_KEY) {
@@ -551,8 +681,8 @@ fn resolve_ifs(ex: &mut Exec) {
 }
 
 /// `Executor::read_back`: every read under the lease, against the
-/// disruptive call before it.
-fn read_back(w: &mut World, ex: &mut Exec) {
+/// disruptive call before it; `undo_fails`: its undo's uncordon is refused.
+fn read_back(w: &mut World, ex: &mut Exec, undo_fails: bool) {
     let m = &mut w.machines[ex.machine];
     ex.seen_instance = Some(m.instance);
     let Some(last) = ex.last_call.take() else {
@@ -566,9 +696,12 @@ fn read_back(w: &mut World, ex: &mut Exec) {
     }
     if last.instance.is_some_and(|before| before != m.instance) {
         // `undo_raced`: the uncordon, best effort (host ok, same lease).
-        if last.undo_uncordon && m.host_ok {
+        if last.undo_uncordon && m.host_ok && !undo_fails {
             m.cordoned = false;
             m.cordoned_at = None;
+        }
+        if last.undo_uncordon && m.host_ok && undo_fails {
+            m.undo_refused = Refused::Logged;
         }
     }
 }
@@ -602,10 +735,10 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         }
         // `Executor::check`.
         Op::Check(need) => {
-            if answer != Answer::Ok {
+            if !matches!(answer, Answer::Ok | Answer::UndoFailed) {
                 return Next::Fail;
             }
-            read_back(w, ex);
+            read_back(w, ex, answer == Answer::UndoFailed);
             let m = &w.machines[i];
             if ex.first_instance.is_none() {
                 ex.first_instance = Some(m.instance);
@@ -616,6 +749,7 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 return Next::Fail;
             }
             ex.seen_approval = m.metadata.get(APPROVE_KEY).cloned();
+            ex.checks_seen = Some(m.check_failing);
             let expected = ex.watch.as_deref().map(Marker::parse);
             let current = m.metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
             let unchanged = match (&expected, &current) {
@@ -774,6 +908,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 undo_uncordon: false,
             });
             let m = &mut w.machines[i];
+            if !m.agent_ok {
+                return if *tolerant { Next::Go } else { Next::Fail };
+            }
             if m.host_ok && m.started {
                 if m.metadata.contains_key(HOLD_KEY) {
                     ex.hold_unreported = true;
@@ -788,6 +925,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         // `release_rotation`'s undrain POST.
         Op::Undrain { tag } => {
             let m = &mut w.machines[i];
+            if !m.agent_ok {
+                return Next::Fail;
+            }
             if m.host_ok && m.fenced.as_ref() == Some(tag) {
                 m.fenced = None;
             }
@@ -804,7 +944,8 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             };
             let policy = w.replicas[r].conf.policy();
             ex.busy_at_probe = Some(w.machines[i].busy);
-            let allowed = match report(w, i) {
+            ex.unprobeable = *guard == Guard::Unprobeable;
+            let allowed = match report(w, r, i) {
                 Some(rep) if commit(*target).as_str().starts_with(&*rep.overlay_ref) => false,
                 Some(rep) => match guard {
                     Guard::MayInterrupt => true,
@@ -815,6 +956,7 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 None => *guard != Guard::Idle,
             };
             if allowed {
+                ex.put_back = Some(expected.clone());
                 Next::Go
             } else {
                 // Nothing restarted: the plan's marker goes back.
@@ -825,8 +967,21 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 ])
             }
         }
+        // Judged on the check just before (one read here).
+        Op::FlyChecksPass { expected } => {
+            if ex.checks_seen == Some(Some(false)) {
+                Next::Then(vec![
+                    Op::Check(Need::Write),
+                    Op::WriteMarker(MarkerWrite::Exact(expected.clone())),
+                    Op::ReadAfterAndRelease,
+                ])
+            } else {
+                Next::Go
+            }
+        }
         // `FlyClient::restart` after `lease.calling("restart", None)`.
         Op::Restart { expected } => {
+            ex.put_back = None;
             ex.last_call = Some(LastCall {
                 instance: ex.seen_instance,
                 undo_uncordon: false,
@@ -898,8 +1053,8 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         // is `Unfenced::ReadBackFailed` (#32 item 10): reported.
         Op::ReadAfterAndRelease => {
             if ex.last_call.is_some() {
-                if answer == Answer::Ok {
-                    read_back(w, ex);
+                if matches!(answer, Answer::Ok | Answer::UndoFailed) {
+                    read_back(w, ex, answer == Answer::UndoFailed);
                 } else {
                     ex.last_call = None;
                     ex.hold_unreported = false;
@@ -932,7 +1087,11 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
         .as_deref()
         .and_then(Approval::parse)
         .filter(|a| a.approves(&marker.target));
-    let busy = ex.busy_at_probe.unwrap_or(m.busy);
+    // An agent no probe reaches while Fly's checks fail is taken for dead
+    // past the probe-failure ceiling (docs/safety.md): its work is unknown.
+    let failing = ex.checks_seen.unwrap_or(m.check_failing) == Some(true);
+    let dead = ex.unprobeable && failing;
+    let busy = ex.busy_at_probe.unwrap_or(m.busy) && !dead;
     let approved_now = approval
         .as_ref()
         .is_some_and(|a| a.mode == ApprovalMode::Now);
@@ -956,6 +1115,15 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
             .entry(a.by)
             .or_default()
             .insert(marker.tag.clone());
+    }
+    // The model's machines define no Fly checks: none fails, so no
+    // probe-failure ceiling applies (#32 item 3).
+    if ex.unprobeable && m.agent_ok && m.host_ok && !failing && w.record.serving_restarted.is_none()
+    {
+        w.record.serving_restarted = Some(format!(
+            "m{i} restarted as unprobeable by r{r} at t={} while its agent answers (r{r} cut off: {})",
+            w.time, w.replicas[r].cut_off
+        ));
     }
     *w.record.restarts.entry((i as u8, target)).or_default() += 1;
 }

@@ -20,15 +20,15 @@ use fleet_reconciler::model::{CommitId, MachineStatus};
 use fleet_reconciler::observe::overlay::Tip;
 use fleet_reconciler::observe::probe::{Activity, AgentReport, RotationState};
 use fleet_reconciler::observe::sweep::{
-    MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
+    FlyChecks, MachineInputs, ObservedMachine, SlotsView, Unusual, observation,
 };
 
 use fleet_reconciler::decide::listings::LastListings;
 use fleet_reconciler::metadata::{HOLD_KEY, MARKER_KEY};
 
 use super::world::{
-    APP, COMMITS, Cond, Exec, Guard, HoldMarker, Known, MarkerWrite, Need, Op, POOL_KEY, World, at,
-    severity,
+    APP, COMMITS, Cond, Exec, Guard, HoldMarker, Known, MarkerWrite, Need, Op, POOL_KEY, Refused,
+    World, at, severity,
 };
 
 fn config() -> Config {
@@ -52,10 +52,11 @@ pub fn commit_index(c: &CommitId) -> u8 {
         .unwrap_or(u8::MAX)
 }
 
-/// The agent's report, as a probe would read it at true time `now`.
-pub fn report(w: &World, i: usize) -> Option<AgentReport> {
+/// The agent's report, as replica `r`'s probe would read it.
+pub fn report(w: &World, r: usize, i: usize) -> Option<AgentReport> {
     let m = &w.machines[i];
-    (m.started && m.host_ok).then(|| AgentReport {
+    let reached = m.started && m.host_ok && m.agent_ok && !w.replicas[r].cut_off;
+    reached.then(|| AgentReport {
         overlay_ref: COMMITS[usize::from(m.loaded)].into(),
         activity: Some(if m.busy {
             Activity::Busy
@@ -141,10 +142,10 @@ fn listed(w: &World, r: usize) -> Snapshot {
         .enumerate()
         .map(|(i, m)| {
             let id = format!("m{i}");
-            let report = report(w, i);
+            let report = report(w, r, i);
             let status = if !m.started {
                 MachineStatus::NotRunning
-            } else if !m.host_ok {
+            } else if !m.host_ok || !m.agent_ok || w.replicas[r].cut_off {
                 MachineStatus::Unreachable
             } else if m.loaded == w.tip {
                 MachineStatus::OnTip
@@ -171,12 +172,29 @@ fn listed(w: &World, r: usize) -> Snapshot {
                     } else {
                         BTreeMap::new()
                     },
-                    unusual: (!m.host_ok).then(|| {
+                    unusual: (!m.host_ok || m.check_failing == Some(true)).then(|| {
                         Box::new(Unusual {
-                            metadata_unknown: Some("host_status unreachable".into()),
+                            metadata_unknown: (!m.host_ok)
+                                .then(|| "host_status unreachable".into()),
+                            checks: if m.check_failing == Some(true) {
+                                vec![fleet_reconciler::fly::MachineCheck {
+                                    name: "health".into(),
+                                    status: "critical".into(),
+                                    output: String::new(),
+                                    updated_at: Some(at(w.time)),
+                                }]
+                            } else {
+                                Vec::new()
+                            },
                             ..Unusual::default()
                         })
                     }),
+                    fly_checks: match m.check_failing {
+                        None => FlyChecks::NoneDefined,
+                        Some(true) => FlyChecks::NotAllPassing,
+                        Some(false) => FlyChecks::AllPassingSince(at(w.time).timestamp_millis()),
+                    }
+                    .into(),
                     instance_id: format!("i{}", m.instance),
                     cordoned: m.host_ok.then_some(m.cordoned),
                     health_url: Some(format!("http://agents/{id}/health")),
@@ -248,6 +266,20 @@ pub fn sweep_and_plan(w: &mut World, r: usize, hosts_go_out: bool) {
             }) || p.steps().iter().any(|s| s.target.machine_id == id)
         })
         .collect();
+    // A refused undo was logged for this plan to act on: once its step on
+    // the machine is over (or it planned none), the cordon needs a record
+    // of its own.
+    for (i, m) in w.machines.iter_mut().enumerate() {
+        let id = super::world::machine_id(i);
+        let acting = p.steps().iter().any(|s| s.target.machine_id == id);
+        m.undo_refused = match m.undo_refused {
+            Refused::Logged if acting => Refused::Acting,
+            _ => Refused::No,
+        };
+    }
+    if w.record.over_cap_kept.is_none() {
+        w.record.over_cap_kept = over_cap_kept(w, &snap, r, &p.steps());
+    }
     let tip = w.tip;
     let replica = &mut w.replicas[r];
     replica.last_plan = Some((time, answered));
@@ -387,9 +419,14 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
             } else {
                 Need::Disruptive
             }));
-            // `restart`'s 429 arm puts the plan's marker back (#32 item 13d).
-            // Its `Declined::FlyChecksPass` (#32 item 3) never fires here:
-            // the model's machines have no Fly checks configured.
+            // `restart`'s 429 arm puts the plan's marker back (#32 item 13d);
+            // an unprobeable restart is declined when Fly's checks all pass
+            // at that read (`Declined::FlyChecksPass`, #32 item 3).
+            if guard == Guard::Unprobeable {
+                ops.push(Op::FlyChecksPass {
+                    expected: e.to_value(),
+                });
+            }
             ops.push(Op::Restart {
                 expected: e.to_value(),
             });
@@ -482,6 +519,18 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         leased: false,
         seen_approval: None,
         busy_at_probe: None,
+        unprobeable: false,
+        put_back: None,
+        putting_back: false,
+        checks_seen: None,
+        given_up: match &step.kind {
+            StepKind::Release {
+                marker,
+                undrain: Undrain::GivenUp,
+                ..
+            } => Some(marker.tag.clone()),
+            _ => None,
+        },
     })
 }
 
@@ -520,4 +569,35 @@ pub fn reclaim_stale(w: &World, set: &mut SlotSet) {
     for s in stale {
         set.remove(&app, &pool, &s.machine_id, &s.tag);
     }
+}
+
+/// #32 item 9, judged on the plan: a pool whose live slots (as the
+/// snapshot read them) exceed the replica's cap ends at least as many
+/// rotations as the excess, or every rotation that has not restarted
+/// (`draining`, `reloading`) if they are fewer. Those that restarted go
+/// on: interrupting them again would gain nothing.
+fn over_cap_kept(w: &World, snap: &Snapshot, r: usize, steps: &[&Step]) -> Option<String> {
+    let SlotsView::Known(set) = &snap.slots else {
+        return None;
+    };
+    let cap = usize::from(w.replicas[r].conf.cap());
+    let live = set.slots(&APP.into(), &POOL_KEY_VALUE.into()).len();
+    let excess = live.checked_sub(cap).filter(|e| *e > 0)?;
+    let yieldable = w
+        .machines
+        .iter()
+        .filter(|m| m.host_ok)
+        .filter_map(|m| m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v)))
+        .filter(|mk| matches!(mk.phase, Phase::Draining | Phase::Reloading))
+        .count();
+    let ending = steps
+        .iter()
+        .filter(|s| matches!(s.kind, StepKind::Release { .. }))
+        .count();
+    (ending < excess.min(yieldable)).then(|| {
+        format!(
+            "r{r} at t={}: {live} live slots over cap {cap}, {yieldable} not restarted, {ending} ended",
+            w.time
+        )
+    })
 }

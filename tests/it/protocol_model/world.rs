@@ -94,6 +94,7 @@ impl Conf {
         r.verify_deadline = Duration::from_secs(30);
         r.recent_input_guard = Duration::ZERO;
         r.max_attempts = NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN);
+        r.release_ceiling = fleet_reconciler::config::NonZeroDuration::from_secs(60);
         policy
     }
 
@@ -132,6 +133,26 @@ pub struct Machine {
     pub loaded: u8,
     /// True time the cordon in force landed (for the one-clock grace).
     pub cordoned_at: Option<i64>,
+    /// `undo_raced`'s uncordon was refused, logged as an error: that log
+    /// is the cordon's record until the next plan has acted on it.
+    pub undo_refused: Refused,
+    /// Whether the agent answers its probes and drain calls (Fly still
+    /// reaches the machine; `host_ok` is Fly's side).
+    pub agent_ok: bool,
+    /// Fly's health checks: `None` when the config defines none, else
+    /// whether one fails.
+    pub check_failing: Option<bool>,
+}
+
+/// Where a refused undo stands (`Machine::undo_refused`).
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Refused {
+    #[default]
+    No,
+    /// Logged; no plan since.
+    Logged,
+    /// The next plan stepped on the machine; its step is not over.
+    Acting,
 }
 
 impl Machine {
@@ -149,6 +170,9 @@ impl Machine {
             fenced: None,
             loaded: 0,
             cordoned_at: None,
+            undo_refused: Refused::No,
+            agent_ok: true,
+            check_failing: None,
         }
     }
 }
@@ -242,6 +266,9 @@ pub enum Op {
         expected: String,
         target: u8,
     },
+    /// `restart`'s `Declined::FlyChecksPass`, judged on the check just
+    /// before (no call of its own): puts `expected` back.
+    FlyChecksPass { expected: String },
     /// `FlyClient::restart`; a 429 puts `expected` (the plan's marker)
     /// back (`Executor::put_marker_back`, #32 item 13d).
     Restart { expected: String },
@@ -310,6 +337,19 @@ pub struct Exec {
     /// restart's round trip, is the gap no read can close (docs/safety.md).
     pub seen_approval: Option<String>,
     pub busy_at_probe: Option<bool>,
+    /// A release whose undrain the plan gave up: its tag.
+    pub given_up: Option<String>,
+    /// The restart's guard is `Unprobeable` (set at the fresh probe).
+    pub unprobeable: bool,
+    /// Between the fresh probe and the restart: the plan's marker, put
+    /// back if the check before the restart fails (`authorized`'s error
+    /// arm, `put_marker_back`).
+    pub put_back: Option<String>,
+    /// The calls left put the plan's marker back (nothing restarted).
+    pub putting_back: bool,
+    /// Fly's checks as the last check read them (a flap within the
+    /// restart's round trip is the same gap as a revoke).
+    pub checks_seen: Option<Option<bool>>,
 }
 
 /// A machine's hold and marker values.
@@ -353,6 +393,9 @@ pub struct Replica {
     /// see its cordon in force (host up): its deadlines count from its own
     /// first sight (the one-clock rule), never from before.
     pub cordon_seen: Vec<Option<i64>>,
+    /// Cut off from the private network: its probes of every agent fail
+    /// (Fly's API still answers it).
+    pub cut_off: bool,
 }
 
 /// What the invariants need of the past.
@@ -369,6 +412,18 @@ pub struct Record {
     /// Live slots allowed past the cap right after a cap was lowered (the
     /// excess yields; only new claims are bounded by the new cap).
     pub allowance: u8,
+    /// A plan that saw its pool's live slots above its cap and left the
+    /// excess that had not restarted going on (#32 item 9).
+    pub over_cap_kept: Option<String>,
+    /// A release whose undrain the plan gave up ended with its slot held
+    /// (#32 item 4): asked again every sweep, it would hold it forever.
+    pub given_up_kept: Option<String>,
+    /// An agent that answers (only the acting replica's probes fail) was
+    /// restarted as unprobeable while Fly's checks did not fail (#32 item 3).
+    pub serving_restarted: Option<String>,
+    /// Machines where a put-back of the plan's marker after a restart that
+    /// was not made failed (the known gap of `put_marker_back`).
+    pub put_back_refused: BTreeSet<u8>,
 }
 
 impl Record {
@@ -379,6 +434,9 @@ impl Record {
             || self.hold_unreported.is_some()
             || self.approval_rotations.values().any(|t| t.len() > 1)
             || self.restarts.values().any(|n| *n > 2)
+            || self.over_cap_kept.is_some()
+            || self.given_up_kept.is_some()
+            || self.serving_restarted.is_some()
     }
 }
 

@@ -1249,7 +1249,14 @@ impl<'a> Planning<'a> {
             .entry((m.app.clone(), m.pool.clone()))
             .or_default();
         let claiming = expected.as_ref().filter(|e| e.phase == Phase::Claiming);
-        if *used >= cap {
+        // Our unfinished claim whose slot is already won (its answer lost,
+        // or its daemon gone right after) is counted in `used` by that
+        // slot: it completes under its tag, taking nothing more.
+        let won = claiming.is_some_and(|c| {
+            matches!(&self.report.slots, SlotsView::Known(set)
+                if set.holds(&m.app, &m.pool, &m.machine_id, &c.tag))
+        });
+        if *used >= cap && !won {
             let in_use = *used;
             self.decide(
                 m,
@@ -1271,7 +1278,9 @@ impl<'a> Planning<'a> {
             }
             return;
         }
-        *used += 1;
+        if !won {
+            *used += 1;
+        }
         let cooperative = usable_report(m).is_some_and(|r| r.can(Capability::Drain));
         let reload = mode == RotationMode::Reload;
         let now = self.now;

@@ -3925,3 +3925,46 @@ fn item32_a_cordon_on_an_unreachable_host_with_no_known_marker_is_alerted() {
         "{plan:?}"
     );
 }
+
+/// Found by the protocol model (`undo_refused` start). Before: a claim that
+/// won its slot and lost its answer (or whose daemon died right after) was
+/// withdrawn on the next sweep as "pool at cap": `slots_in_use` counts the
+/// claim's own slot, and `claim` counted it against the claim. It is
+/// completed under its tag instead; another machine still waits.
+#[test]
+fn a_claim_that_already_won_its_slot_is_completed_not_withdrawn() {
+    let now = t0() + Cd::hours(1);
+    let c = marker("m1", Phase::Claiming, RotationMode::Wait, t0());
+    let mut set = crate::metadata::slots::SlotSet::parse(None).unwrap();
+    set.try_add(
+        &"app".into(),
+        &"default".into(),
+        crate::metadata::slots::Slot {
+            machine_id: "m1".into(),
+            tag: c.tag.clone(),
+            owner: "r1".into(),
+            since: t0(),
+        },
+        1,
+    );
+    let mut fx = Fx::new("")
+        .with(M::drifted("m1", Severity::Low).marker(&c))
+        .with(M::drifted("m2", Severity::Low));
+    let plan = fx.plan_with(t0(), now, fetched(), SlotsView::Known(set));
+    assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
+    let StepKind::Claim { marker: again, .. } = &step_of(&plan, "m1").kind else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(again.tag, c.tag, "completed under its own tag");
+    assert!(
+        matches!(
+            plan.decision(&MachineId::from("m2")),
+            Some(Decision::WaitingForSlot {
+                in_use: 1,
+                cap: 1,
+                ..
+            })
+        ),
+        "{plan:?}"
+    );
+}

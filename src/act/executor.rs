@@ -720,18 +720,9 @@ impl Executor {
                 clear_approval,
                 ..
             } => {
-                // Only the approval this rotation used is consumed (the marker
-                // names it); a newer one stays for the next rotation. Markers
-                // naming none: the approval of this rotation's commit.
-                let clear_approval = *clear_approval
-                    && match &marker.approval {
-                        Some(id) => machine
-                            .metadata(APPROVE_KEY)
-                            .ok()
-                            .flatten()
-                            .is_some_and(|v| ApprovalId::of(v) == *id),
-                        None => approved(&machine, &marker.target, false).is_ok(),
-                    };
+                // Only the approval this rotation used is consumed; a newer
+                // one stays for the next rotation.
+                let clear_approval = *clear_approval && stands_approval_of(&machine, marker);
                 let undrain = match undrain {
                     Undrain::Needed => true,
                     Undrain::NotNeeded => undrain_anyway(step, &machine),
@@ -1680,6 +1671,20 @@ fn approved(machine: &Machine, target: &CommitId, interrupting: bool) -> Result<
             target: target.clone(),
             interrupting,
         })
+}
+
+/// Whether the approval on the machine is the one `marker`'s rotation used
+/// (its fingerprint), so that consuming it leaves a newer one alone.
+/// Markers naming none (older versions): an approval of their commit.
+fn stands_approval_of(machine: &Machine, marker: &Marker) -> bool {
+    match &marker.approval {
+        Some(id) => machine
+            .metadata(APPROVE_KEY)
+            .ok()
+            .flatten()
+            .is_some_and(|v| ApprovalId::of(v) == *id),
+        None => approved(machine, &marker.target, false).is_ok(),
+    }
 }
 
 /// What each call of one step re-checks on a fresh read of the machine.

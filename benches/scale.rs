@@ -2,7 +2,9 @@
 //! for a 10,000-machine fleet, every figure printed beside its target.
 //!
 //! Run with `cargo bench --bench scale` (options after `--`: `--commits N`,
-//! `--machines N`, `--sizes 1000,10000,50000`). No network: the history is
+//! `--machines N`, `--sizes 1000,10000,50000`, `--fleet nginx` to serve the
+//! fleet as static files by nginx with machines of Fly's size (issue 35
+//! item 6), `--paths-rule a/**,b/**` for the `paths` rule's globs). No network: the history is
 //! made with `git fast-import` (cached under the target directory between
 //! runs), the fleet is the in-crate simulator on loopback, and `check` runs
 //! as the real binary in a child process so its peak RSS is its own.
@@ -65,7 +67,17 @@ struct Args {
     fleet: FleetMode,
     /// Time each step of `check` alone as well, at 10,000 machines (`--phases`).
     phases: bool,
+    /// The globs of the `paths` rule (`--paths-rule a/**,b/**`).
+    paths_rule: Vec<String>,
 }
+
+/// The `paths` rule's globs, set once from `--paths-rule`.
+static PATHS_RULE: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The default `paths` rule: directories of the synthetic history. A real
+/// history wants directories it changes often (issue 35 item 6 names
+/// `crates/cargo-util/**,src/cargo/core/**` for cargo's).
+const DEFAULT_PATHS_RULE: [&str; 2] = ["policies/**", "guards/**"];
 
 fn args() -> Result<Args, Error> {
     let mut out = Args {
@@ -78,6 +90,7 @@ fn args() -> Result<Args, Error> {
         serve: None,
         fleet: FleetMode::Frozen,
         phases: false,
+        paths_rule: DEFAULT_PATHS_RULE.map(String::from).to_vec(),
     };
     let argv: Vec<String> = std::env::args().collect();
     let value = |name: &str| {
@@ -105,6 +118,9 @@ fn args() -> Result<Args, Error> {
         out.fleet = FleetMode::parse(&mode)?;
     }
     out.phases = argv.iter().any(|a| a == "--phases");
+    if let Some(list) = value("--paths-rule") {
+        out.paths_rule = list.split(',').map(str::to_owned).collect();
+    }
     Ok(out)
 }
 
@@ -485,6 +501,10 @@ enum FleetMode {
     /// The live simulator inside the bench process (before issue 22's
     /// reference was made fair: it shares the cores with `check`).
     InProcess,
+    /// nginx in a child process serving the frozen answers as files, each
+    /// machine padded to about 1.4 KB as Fly's are (issue 35 item 6's
+    /// setup); the frozen server when there is no nginx.
+    Nginx,
 }
 
 impl FleetMode {
@@ -493,7 +513,10 @@ impl FleetMode {
             "frozen" => Ok(FleetMode::Frozen),
             "live" => Ok(FleetMode::Live),
             "in-process" => Ok(FleetMode::InProcess),
-            other => Err(format!("--fleet {other:?}: expected frozen, live or in-process").into()),
+            "nginx" => Ok(FleetMode::Nginx),
+            other => {
+                Err(format!("--fleet {other:?}: expected frozen, live, in-process or nginx").into())
+            }
         }
     }
 
@@ -504,6 +527,9 @@ impl FleetMode {
             }
             FleetMode::Live => "served by the live simulator in a child process",
             FleetMode::InProcess => "served by the live simulator inside the bench process",
+            FleetMode::Nginx => {
+                "served as static files by nginx (machines padded to Fly's ~1.4 KB)"
+            }
         }
     }
 }
@@ -543,10 +569,10 @@ impl Fleet {
         std::fs::write(&spec, text)?;
         let mut child = Command::new(std::env::current_exe()?)
             .arg(FLEET_CHILD)
-            .arg(if mode == FleetMode::Frozen {
-                "frozen"
-            } else {
-                "live"
+            .arg(match mode {
+                FleetMode::Frozen => "frozen",
+                FleetMode::Nginx => "nginx",
+                _ => "live",
             })
             .arg(&spec)
             .stdin(Stdio::piped())
@@ -607,6 +633,7 @@ impl Fleet {
 enum Serving {
     Live(Sim),
     Frozen(FrozenServer),
+    Nginx(Nginx),
 }
 
 /// `--fleet-child frozen|live SPEC`: serves the fleet SPEC describes (a
@@ -637,17 +664,33 @@ fn fleet_child(args: &[String]) -> Result<(), Error> {
         .build()?;
     rt.block_on(async {
         let sim = Sim::start(sim_fleet(tip, &refs, apps)).await?;
-        let serving = if mode == FleetMode::Frozen {
-            let server = sim.freeze().await?.serve().await?;
-            // The live simulator is no longer needed: free its memory.
-            sim.shutdown().await;
-            Serving::Frozen(server)
-        } else {
-            Serving::Live(sim)
+        let nginx = (mode == FleetMode::Nginx)
+            .then(nginx_binary)
+            .flatten();
+        if mode == FleetMode::Nginx && nginx.is_none() {
+            eprintln!(
+                "--fleet nginx: no nginx (set FLEET_BENCH_NGINX=/path/to/nginx, or install it in /usr/sbin or PATH): serving the frozen answers instead"
+            );
+        }
+        let serving = match (mode, nginx) {
+            (FleetMode::Nginx, Some(binary)) => {
+                let frozen = sim.freeze().await?;
+                sim.shutdown().await;
+                let dir = Path::new(spec).with_extension("nginx");
+                Serving::Nginx(Nginx::start(&binary, &dir, &frozen)?)
+            }
+            (FleetMode::Frozen | FleetMode::Nginx, _) => {
+                let server = sim.freeze().await?.serve().await?;
+                // The live simulator is no longer needed: free its memory.
+                sim.shutdown().await;
+                Serving::Frozen(server)
+            }
+            _ => Serving::Live(sim),
         };
         let addr = match &serving {
             Serving::Live(sim) => sim.addr(),
             Serving::Frozen(server) => server.addr(),
+            Serving::Nginx(nginx) => nginx.addr,
         };
         {
             let mut out = std::io::stdout().lock();
@@ -662,9 +705,182 @@ fn fleet_child(args: &[String]) -> Result<(), Error> {
         match serving {
             Serving::Live(sim) => sim.shutdown().await,
             Serving::Frozen(server) => server.shutdown().await,
+            Serving::Nginx(nginx) => nginx.stop()?,
         }
         Ok::<(), Error>(())
     })
+}
+
+/// nginx: `$FLEET_BENCH_NGINX` (not `$NGINX`: nginx reads that itself), else `/usr/sbin/nginx`, else `nginx` on PATH.
+fn nginx_binary() -> Option<PathBuf> {
+    let candidates = std::env::var_os("FLEET_BENCH_NGINX")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin/nginx"), PathBuf::from("nginx")]);
+    candidates.into_iter().find(|c| {
+        Command::new(c)
+            .arg("-v")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// An unprivileged nginx (`daemon off`, loopback, temp dir) serving a
+/// frozen fleet's answers as files.
+struct Nginx {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Nginx {
+    fn start(
+        binary: &Path,
+        dir: &Path,
+        frozen: &fleet_reconciler::sim::FrozenFleet,
+    ) -> Result<Nginx, Error> {
+        let _ = std::fs::remove_dir_all(dir);
+        let www = dir.join("www");
+        let (mut machines, mut machine_bytes) = (0usize, 0usize);
+        for (path, status, body) in frozen.answers() {
+            if status != 200 {
+                return Err(format!("GET {path} answers {status}: a file cannot").into());
+            }
+            let file = www.join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(file.parent().ok_or("a path without a parent")?)?;
+            if path.ends_with("/machines") {
+                let (padded, count) = fly_sized(body)?;
+                machines += count;
+                machine_bytes += padded.len();
+                std::fs::write(&file, padded)?;
+            } else {
+                std::fs::write(&file, body)?;
+            }
+        }
+        eprintln!(
+            "nginx fleet: {machines} machines, {:.0} B a machine in the list answers",
+            machine_bytes as f64 / machines.max(1) as f64
+        );
+        // A free loopback port (released just before nginx binds it).
+        let port = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?
+            .local_addr()?
+            .port();
+        let d = dir.display();
+        let conf = format!(
+            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nworker_rlimit_nofile 8192;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  default_type application/json;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  server {{\n    listen 127.0.0.1:{port};\n    root {www};\n    location / {{ try_files $uri =404; }}\n  }}\n}}\n",
+            www = www.display()
+        );
+        let conf_path = dir.join("nginx.conf");
+        std::fs::write(&conf_path, conf)?;
+        let child = Command::new(binary)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&conf_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()?;
+        let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+        let mut nginx = Nginx { child, addr };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Ok(nginx);
+            }
+            if let Some(status) = nginx.child.try_wait()? {
+                let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+                return Err(format!("nginx exited ({status}): {log}").into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = nginx.stop();
+        Err("nginx did not listen within 10 s".into())
+    }
+
+    /// SIGTERM (nginx's fast shutdown: the master stops its workers), then reap.
+    // kill(2) has no safe std wrapper; Child::kill's SIGKILL would orphan the workers.
+    #[allow(unsafe_code)]
+    fn stop(mut self) -> Result<(), Error> {
+        let pid = libc::pid_t::try_from(self.child.id())?;
+        // SAFETY: `pid` is our child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+/// A list answer with each machine padded to what Fly returns (about
+/// 1.4 KB): the config fields of the OpenAPI `fly.MachineConfig` the
+/// simulator leaves out (guest, env, services, restart, mounts) and the
+/// machine's `image_ref`. The reconciler reads none of
+/// them; they are what its decoder skips. Returns the bytes and the count.
+fn fly_sized(body: &[u8]) -> Result<(Vec<u8>, usize), Error> {
+    let mut list: Vec<serde_json::Value> = serde_json::from_slice(body)?;
+    for (i, m) in list.iter_mut().enumerate() {
+        let m = m
+            .as_object_mut()
+            .ok_or("a listed machine is not an object")?;
+        m.insert(
+            "image_ref".into(),
+            serde_json::json!({
+                "registry": "registry.fly.io",
+                "repository": "agent-fleet",
+                "tag": "deployment-01JD8ZK3Q7X5V2M4N6P8R0T2W4",
+                "digest": format!("sha256:{:064x}", i as u128 * 0x9e37_79b9_7f4a_7c15),
+            }),
+        );
+        let config = m
+            .get_mut("config")
+            .and_then(serde_json::Value::as_object_mut)
+            .ok_or("a listed machine without a config")?;
+        for (key, value) in [
+            (
+                "guest",
+                serde_json::json!({"cpu_kind": "shared", "cpus": 2, "memory_mb": 2048}),
+            ),
+            (
+                "env",
+                serde_json::json!({
+                    "FLY_PROCESS_GROUP": "app",
+                    "PRIMARY_REGION": "iad",
+                    "AGENT_MODE": "worker",
+                    "OVERLAY_DIR": "/data/overlay",
+                }),
+            ),
+            (
+                "services",
+                serde_json::json!([{
+                    "protocol": "tcp",
+                    "internal_port": 8080,
+                    "autostop": "off",
+                    "autostart": true,
+                    "ports": [
+                        {"port": 80, "handlers": ["http"], "force_https": true},
+                        {"port": 443, "handlers": ["tls", "http"]}
+                    ],
+                    "concurrency": {"type": "requests", "soft_limit": 200, "hard_limit": 250},
+                }]),
+            ),
+            (
+                "restart",
+                serde_json::json!({"policy": "on-failure", "max_retries": 10}),
+            ),
+            (
+                "mounts",
+                serde_json::json!([{
+                    "volume": format!("vol_{:016x}", (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)),
+                    "path": "/data",
+                    "name": "agent_data",
+                    "size_gb": 10,
+                    "encrypted": true,
+                }]),
+            ),
+        ] {
+            config.insert(key.into(), value);
+        }
+    }
+    let count = list.len();
+    Ok((serde_json::to_vec(&list)?, count))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -700,7 +916,17 @@ fn config_text_in(
     }
     text.push_str("[[severity]]\nlevel = \"critical\"\nunknown_ref = true\n");
     if rules == Rules::Paths {
-        text.push_str("[[severity]]\nlevel = \"high\"\npaths = [\"policies/**\", \"guards/**\"]\n");
+        let globs: Vec<String> = PATHS_RULE
+            .get()
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_PATHS_RULE.map(String::from).to_vec())
+            .iter()
+            .map(|g| format!("{g:?}"))
+            .collect();
+        text.push_str(&format!(
+            "[[severity]]\nlevel = \"high\"\npaths = [{}]\n",
+            globs.join(", ")
+        ));
     }
     text.push_str("[[severity]]\nlevel = \"high\"\nmin_commits_behind = 1000\n");
     text.push_str("[[severity]]\nlevel = \"medium\"\nmin_commits_behind = 20\n");
@@ -756,7 +982,7 @@ fn run_measured(
         .arg("--config")
         .arg(config)
         .args(command)
-        .env("FLY_API_TOKEN", TOKEN)
+        .env("FLEET_RECONCILER_FLY_TOKEN", TOKEN)
         .env("RUST_LOG", "warn")
         .stdout(std::fs::File::create(&out_path)?)
         .stderr(std::fs::File::create(&err_path)?)
@@ -969,7 +1195,7 @@ async fn serve(h: &History, size: usize, mode: FleetMode, scratch: &Path) -> Res
         let config = scratch.join(format!("{name}.toml"));
         std::fs::write(&config, config_text_in(&urls, h, &mirror, rules, apps))?;
         println!(
-            "{name} rules: FLY_API_TOKEN={TOKEN} fleet-reconciler --config {} check --output json",
+            "{name} rules: FLEET_RECONCILER_FLY_TOKEN={TOKEN} fleet-reconciler --config {} check --output json",
             config.display()
         );
     }
@@ -1143,6 +1369,7 @@ impl Phases {
         let secrets = Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         };
         let started = Instant::now();
         let sweeper = daemon::connect(Arc::clone(&config), &secrets).await?;
@@ -1416,7 +1643,12 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
                 &config,
                 config_text_in(&urls, h, &mirror, Rules::Paths, apps),
             )?;
-            Some(best_check(&config, scratch)?)
+            // The first run computes the rule's path facts (a diff per
+            // commit the fleet lacks) and saves them with the graph; the
+            // second reads them: both are `check`s an operator runs.
+            let first = run_check(&config, scratch)?;
+            let saved = run_check(&config, scratch)?;
+            Some((first, saved))
         } else {
             None
         };
@@ -1491,19 +1723,21 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
             "0",
             invalid == 0,
         );
-        if let Some(p) = &paths {
-            report.row(
-                &label("paths rule: check wall"),
-                secs(p.wall),
-                "≤ 1.0 s",
-                p.wall <= Duration::from_secs(1),
-            );
-            report.row(
-                &label("paths rule: peak RSS"),
-                format!("{:.1} MiB", p.peak_mib),
-                "≤ 48 MiB",
-                p.peak_mib <= 48.0,
-            );
+        if let Some((first, saved)) = &paths {
+            for (p, which) in [(first, "first"), (saved, "saved facts")] {
+                report.row(
+                    &label(&format!("paths rule ({which}): check wall")),
+                    secs(p.wall),
+                    "≤ 1.0 s",
+                    p.wall <= Duration::from_secs(1),
+                );
+                report.row(
+                    &label(&format!("paths rule ({which}): peak RSS")),
+                    format!("{:.1} MiB", p.peak_mib),
+                    "≤ 48 MiB",
+                    p.peak_mib <= 48.0,
+                );
+            }
         }
         if let Some(phases) = &phases {
             phases.print(report, wall);
@@ -1543,16 +1777,18 @@ issue 22 by fleet size (apps of up to 10,000 machines, 500 refs + tip + unknown,
                 format!("{invalid} errors")
             },
         ));
-        if let Some(p) = &paths {
+        if let Some((first, saved)) = &paths {
             let t = Duration::from_secs(1);
-            table.push(format!(
-                "| {} ({apps}), `paths` rule | {} {} | | {} {} | | | |",
-                thousands(size),
-                secs(p.wall),
-                verdict(p.wall.as_secs_f64(), t.as_secs_f64(), seconds_cell),
-                mib_cell(p.peak_mib),
-                verdict(p.peak_mib, 48.0, mib_cell),
-            ));
+            for (p, which) in [(first, "first"), (saved, "saved facts")] {
+                table.push(format!(
+                    "| {} ({apps}), `paths` rule, {which} | {} {} | | {} {} | | | |",
+                    thousands(size),
+                    secs(p.wall),
+                    verdict(p.wall.as_secs_f64(), t.as_secs_f64(), seconds_cell),
+                    mib_cell(p.peak_mib),
+                    verdict(p.peak_mib, 48.0, mib_cell),
+                ));
+            }
         }
     }
     println!(
@@ -1576,6 +1812,7 @@ fn main() -> Result<(), Error> {
         _ => {}
     }
     let args = args()?;
+    let _ = PATHS_RULE.set(args.paths_rule.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -1837,6 +2074,7 @@ async fn bench(args: Args) -> Result<(), Error> {
             &Secrets {
                 fly_token: TOKEN.into(),
                 git_token: None,
+                record_keys: Some(fleet_reconciler::sim::record_keys()),
             },
         )
         .await?;

@@ -322,6 +322,7 @@ async fn soak(args: Args) -> Result<(), Error> {
         core: Secrets {
             fly_token: "soak".into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         },
         ..ServiceSecrets::default()
     };
@@ -369,6 +370,16 @@ async fn soak(args: Args) -> Result<(), Error> {
                     .map(|m| m.seen.inputs.events().len())
                     .sum();
                 listed as f64 / machines as f64
+            }
+            // Counted with its steps, in the `Swept` that follows.
+            SweepOutcome::Observed { .. } => return,
+            // Steps that ran beside newer sweeps.
+            SweepOutcome::Acted { steps, .. } => {
+                restarts += steps
+                    .iter()
+                    .filter(|s| s.step.kind() == "restart" && s.outcome.result() == "succeeded")
+                    .count();
+                return;
             }
             SweepOutcome::Failed { error, .. } => {
                 failed += 1;

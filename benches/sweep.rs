@@ -74,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &Secrets {
                 fly_token: "bench".into(),
                 git_token: None,
+                record_keys: Some(fleet_reconciler::sim::record_keys()),
             },
         )
         .await?;

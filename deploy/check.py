@@ -59,7 +59,7 @@ CONFIG_PATH_IN_IMAGE = "/etc/fleet-reconciler/fleet-reconciler.toml"
 # itself, never the agents' app or region (those are fly_app, fly_region).
 SCRAPE_LABELS = ("app", "region")
 # Defaults of the config's *_env keys (README, configuration reference).
-DEFAULT_SECRET_ENVS = {"FLY_API_TOKEN", "OVERLAY_GIT_TOKEN", "FLEET_ADMIN_TOKEN"}
+DEFAULT_SECRET_ENVS = {"FLEET_RECONCILER_FLY_TOKEN", "OVERLAY_GIT_TOKEN", "FLEET_ADMIN_TOKEN"}
 
 errors: list[str] = []
 
@@ -343,6 +343,8 @@ DOCS = [
     "docs/design.md",
     "docs/observability.md",
     "docs/operations.md",
+    "docs/reference.md",
+    "docs/benchmarks.md",
     "docs/safety.md",
 ]
 
@@ -411,11 +413,14 @@ CONFIG_TABLES = {
     "pools.NAME.actions": "[pools.x.actions]",
     "severity[]": "[[severity]]",
     "rotation": "[rotation]",
+    "release": "[release]",
     "alerts": "[alerts]",
     "alerts.webhooks[]": "[[alerts.webhooks]]",
     "alerts.alertmanager[]": "[[alerts.alertmanager]]",
+    "alerts.heartbeat[]": "[[alerts.heartbeat]]",
     "metrics": "[metrics]",
     "server": "[server]",
+    "records": "[records]",
 }
 # Tables whose keys are names the user chooses (a pool, a label).
 FREE_MAPS = ("pools", "alerts.alertmanager[].labels")

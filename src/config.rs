@@ -72,6 +72,32 @@ pub struct Config {
     pub alerts: AlertsConfig,
     pub metrics: MetricsConfig,
     pub server: ServerConfig,
+    pub records: RecordsConfig,
+    pub release: ReleaseConfig,
+}
+
+/// `[release]`: guardrails of a release as a whole (docs/design.md,
+/// "Halted releases").
+#[derive(Clone, Debug, Deserialize)]
+// Missing keys come from `Default`, the one place each default is written.
+#[serde(default, deny_unknown_fields)]
+pub struct ReleaseConfig {
+    /// Rotations toward one tip that end failed (or crash-looping) within
+    /// `halt_window` that halt the tip for their app: no new claim toward
+    /// it until `fleet-reconciler resume`. 0: never halts.
+    pub halt_after_failures: u32,
+    /// How close together those failures must be, on this replica's clock
+    /// (when it first saw each end).
+    pub halt_window: NonZeroDuration,
+}
+
+impl Default for ReleaseConfig {
+    fn default() -> Self {
+        ReleaseConfig {
+            halt_after_failures: 0,
+            halt_window: NonZeroDuration::from_secs(30 * 60),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -99,7 +125,7 @@ impl Default for FlyConfig {
     fn default() -> Self {
         FlyConfig {
             api_url: "https://api.machines.dev".into(),
-            token_env: "FLY_API_TOKEN".into(),
+            token_env: FLY_TOKEN_ENV.into(),
             request_timeout: NonZeroDuration::from_secs(30),
             max_retries: 4,
             rate_limits: true,
@@ -349,6 +375,20 @@ pub struct AlertsConfig {
     /// `[[alerts.alertmanager]]`: Alertmanagers the alerts are posted to.
     #[serde(rename = "alertmanager")]
     pub alertmanagers: Vec<AlertmanagerConfig>,
+    /// `[[alerts.heartbeat]]`: dead-man's-switch URLs pinged after every
+    /// successful sweep (the receiver pages when the pings stop).
+    #[serde(rename = "heartbeat")]
+    pub heartbeats: Vec<HeartbeatConfig>,
+    /// How long a drift or approval incident must have been empty before it
+    /// resolves (`alerts.resolve_after`; default 3 × `sweep.interval`, at
+    /// least `alerts.stale_after`), on this replica's own clock.
+    #[serde(skip)]
+    pub resolve_after: Duration,
+    /// How old this replica's view of an app may be before it says nothing
+    /// about that app (`alerts.stale_after`; default 3 × `sweep.interval`);
+    /// also how far ahead Alertmanager's `endsAt` is set.
+    #[serde(skip)]
+    pub stale_after: Duration,
 }
 
 impl Default for AlertsConfig {
@@ -361,9 +401,26 @@ impl Default for AlertsConfig {
             runbook_url: DEFAULT_RUNBOOK_URL.to_owned(),
             webhooks: Vec::new(),
             alertmanagers: Vec::new(),
+            heartbeats: Vec::new(),
+            resolve_after: DEFAULT_SWEEP_INTERVAL * ALERT_SWEEPS,
+            stale_after: DEFAULT_SWEEP_INTERVAL * ALERT_SWEEPS,
         }
     }
 }
+
+/// The default of `fly.token_env`: a name flyctl does not read, so an
+/// operator who exports it on a workstation does not hand every later
+/// `fly` command in that shell the reconciler's token.
+pub const FLY_TOKEN_ENV: &str = "FLEET_RECONCILER_FLY_TOKEN";
+
+/// Read instead of [`FLY_TOKEN_ENV`] on a Fly machine (`FLY_MACHINE_ID`
+/// set) where that is unset and `fly.token_env` is left at its default:
+/// the usual secret name there, and no flyctl runs beside the daemon.
+pub const ON_FLY_TOKEN_ENV: &str = "FLY_API_TOKEN";
+/// `sweep.interval`'s default.
+const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// `alerts.resolve_after` and `alerts.stale_after` default to this many sweep intervals.
+pub const ALERT_SWEEPS: u32 = 3;
 
 /// One Fly app and the token its calls carry ([`Config::fly_tokens`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -373,6 +430,55 @@ pub struct AppToken<'a> {
     pub var: &'a str,
     /// The config key that names `var` (`apps[1].token_env`, `fly.token_env`, …).
     pub key: String,
+}
+
+impl AppToken<'_> {
+    /// The variable read when `var` is unset: [`ON_FLY_TOKEN_ENV`] for
+    /// `fly.token_env` at its default, else none.
+    pub fn fallback(&self) -> Option<&'static str> {
+        fly_token_fallback(&self.key, self.var)
+    }
+
+    /// The variable to read in `env` (a variable's value, blank = unset):
+    /// `var`, or on a Fly machine where it is unset its [`Self::fallback`]
+    /// when that is set.
+    pub fn source(&self, env: &dyn Fn(&str) -> Option<String>) -> &str {
+        fly_token_source(self.var, self.fallback(), env)
+    }
+}
+
+/// The one rule for a secret in the environment, read by `main`,
+/// `preflight` and the notifier: a variable holds one when it is set to
+/// something other than blanks (unset, empty and blank are all "not set":
+/// `fly secrets set X=""` or a stray newline is no token).
+pub fn env_value(env: impl Fn(&str) -> Option<String>, var: &str) -> Option<String> {
+    env(var).filter(|v| !v.trim().is_empty())
+}
+
+/// [`env_value`], held as a secret (never printed).
+pub fn env_secret(
+    env: impl Fn(&str) -> Option<String>,
+    var: &str,
+) -> Option<secrecy::SecretString> {
+    env_value(env, var).map(secrecy::SecretString::from)
+}
+
+/// See [`AppToken::fallback`].
+pub fn fly_token_fallback(key: &str, var: &str) -> Option<&'static str> {
+    (key == "fly.token_env" && var == FLY_TOKEN_ENV).then_some(ON_FLY_TOKEN_ENV)
+}
+
+/// See [`AppToken::source`].
+pub fn fly_token_source<'v>(
+    var: &'v str,
+    fallback: Option<&'static str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> &'v str {
+    let set = |v: &str| env_value(env, v).is_some();
+    match fallback {
+        Some(fallback) if !set(var) && set("FLY_MACHINE_ID") && set(fallback) => fallback,
+        _ => var,
+    }
 }
 
 /// `*_env` names are variable names, and one app has one token.
@@ -491,6 +597,49 @@ pub struct AlertmanagerConfig {
     pub labels: BTreeMap<String, String>,
 }
 
+/// One `[[alerts.heartbeat]]`: a dead-man's switch (healthchecks.io,
+/// Cronitor, a PagerDuty heartbeat, Alertmanager's Watchdog receiver) that
+/// pages when the pings stop, i.e. when the daemon is gone or no sweep
+/// succeeds.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatConfig {
+    /// Environment variable holding the ping URL: such URLs embed the
+    /// check's secret, so it is kept out of the file like the webhooks'.
+    pub url_env: String,
+    /// `get` (the default) or `post` (an empty body).
+    #[serde(default)]
+    pub method: HeartbeatMethod,
+    /// Whole-request deadline of one ping; never more than
+    /// [`MAX_HEARTBEAT_TIMEOUT`]. A ping runs beside the loop, never in it.
+    #[serde(default = "secs::<10>", deserialize_with = "duration")]
+    pub timeout: Duration,
+}
+
+/// The longest `alerts.heartbeat[].timeout`: a ping that takes longer is a
+/// receiver that is down, and the next sweep's ping is what counts.
+pub const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The HTTP method of a heartbeat ping (`alerts.heartbeat[].method`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeartbeatMethod {
+    #[default]
+    #[serde(alias = "GET")]
+    Get,
+    #[serde(alias = "POST")]
+    Post,
+}
+
+impl HeartbeatMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeartbeatMethod::Get => "GET",
+            HeartbeatMethod::Post => "POST",
+        }
+    }
+}
+
 /// The labels the daemon sets on the alerts it posts to Alertmanager
 /// (`alerts.alertmanager[].labels` may not set them).
 pub const ALERTMANAGER_LABELS: [&str; 8] = [
@@ -551,6 +700,83 @@ pub struct MetricsConfig {
 impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig { per_machine: true }
+    }
+}
+
+/// `[records]`: where the record key comes from (docs/safety.md, "Threat
+/// model"). The daemon seals every record it relies on later (rotation
+/// marker, unprobed record, slot set) and operators' holds and approvals
+/// with it; agents, which can write their app's metadata, cannot.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecordsConfig {
+    /// Environment variable holding the current record key (hex, at least
+    /// 32 bytes): it seals and verifies. Required when any pool acts.
+    pub key_env: String,
+    /// Environment variable holding the previous key during a key rotation:
+    /// it only verifies. Unset or empty: no previous key.
+    pub previous_key_env: String,
+}
+
+impl Default for RecordsConfig {
+    fn default() -> Self {
+        RecordsConfig {
+            key_env: "FLEET_RECONCILER_RECORD_KEY".into(),
+            previous_key_env: "FLEET_RECONCILER_PREVIOUS_RECORD_KEY".into(),
+        }
+    }
+}
+
+/// Why the record keys could not be read from the environment.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordKeyError {
+    #[error(
+        "{var} (config key `records.key_env`) is not set: every pool that acts needs a record key; make one with `openssl rand -hex 32` and set it as a secret of the reconciler's app, and give the same key to operators' CLI"
+    )]
+    Missing { var: String },
+    #[error("{var} (config key `{key}`) {source}")]
+    Invalid {
+        var: String,
+        key: &'static str,
+        source: crate::metadata::seal::KeyError,
+    },
+}
+
+impl RecordsConfig {
+    /// The record keys `env` holds: `Ok(None)` when the current one is not
+    /// set (observe-only use); a set value that is no key is an error, naming
+    /// the variable and the config key.
+    pub fn keys(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<crate::metadata::seal::RecordKeys>, RecordKeyError> {
+        use crate::metadata::seal::{RecordKey, RecordKeys};
+        let read =
+            |var: &str, key: &'static str| -> Result<Option<RecordKey>, RecordKeyError> {
+                match env_value(&env, var) {
+                    None => Ok(None),
+                    Some(text) => RecordKey::from_hex(&text).map(Some).map_err(|source| {
+                        RecordKeyError::Invalid {
+                            var: var.to_string(),
+                            key,
+                            source,
+                        }
+                    }),
+                }
+            };
+        let current = read(&self.key_env, "records.key_env")?;
+        let previous = read(&self.previous_key_env, "records.previous_key_env")?;
+        Ok(current.map(|current| RecordKeys { current, previous }))
+    }
+
+    /// [`RecordsConfig::keys`], required: a missing key is an error.
+    pub fn required_keys(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<crate::metadata::seal::RecordKeys, RecordKeyError> {
+        self.keys(env)?.ok_or_else(|| RecordKeyError::Missing {
+            var: self.key_env.clone(),
+        })
     }
 }
 
@@ -902,6 +1128,10 @@ struct RawConfig {
     metrics: MetricsConfig,
     #[serde(default)]
     server: ServerConfig,
+    #[serde(default)]
+    records: RecordsConfig,
+    #[serde(default)]
+    release: ReleaseConfig,
 }
 
 #[derive(Deserialize)]
@@ -916,6 +1146,9 @@ struct RawAlerts {
     runbook_url: String,
     webhooks: Vec<toml::Spanned<WebhookConfig>>,
     alertmanager: Vec<toml::Spanned<AlertmanagerConfig>>,
+    heartbeat: Vec<toml::Spanned<HeartbeatConfig>>,
+    resolve_after: Option<NonZeroDuration>,
+    stale_after: Option<NonZeroDuration>,
 }
 
 // Not derived: missing keys (or a missing [alerts] section) get
@@ -931,6 +1164,9 @@ impl Default for RawAlerts {
             runbook_url: d.runbook_url,
             webhooks: Vec::new(),
             alertmanager: Vec::new(),
+            heartbeat: Vec::new(),
+            resolve_after: None,
+            stale_after: None,
         }
     }
 }
@@ -997,7 +1233,7 @@ impl Config {
             None => default_severity_rules(),
             Some(rules) => src.severity_rules(rules)?,
         };
-        let alerts = src.alerts(raw.alerts)?;
+        let alerts = src.alerts(raw.alerts, raw.sweep.interval.get())?;
         src.server(&raw.server)?;
         check_token_envs(&raw.fly, &apps, &raw.rotation)
             .map_err(|(k, m)| src.invalid(k, None, m))?;
@@ -1014,6 +1250,8 @@ impl Config {
             alerts,
             metrics: raw.metrics,
             server: raw.server,
+            records: raw.records,
+            release: raw.release,
         })
     }
 
@@ -1069,6 +1307,15 @@ impl Config {
 
     /// Whether any pool can act on a machine (anything but `observe`);
     /// pools without a section use `default` or the built-in default, which acts.
+    /// Whether the coordinator sits in one of the swept apps, where any
+    /// agent can write its metadata (docs/deploy.md, "The coordination machine").
+    pub fn coordinator_exposed(&self) -> bool {
+        self.rotation
+            .coordinator
+            .as_ref()
+            .is_some_and(|c| self.apps.iter().any(|a| a.name.as_str() == c.app.as_str()))
+    }
+
     pub fn acts(&self) -> bool {
         let acts = |p: &PoolConfig| {
             Severity::ALL
@@ -1192,9 +1439,13 @@ impl Source<'_> {
 
     /// `[alerts]`: webhooks and Alertmanagers fit their format, the grouping
     /// is a set, the runbook is an http(s) URL, the state file names a file.
-    fn alerts(&self, raw: RawAlerts) -> Result<AlertsConfig, ConfigError> {
+    /// `alerts.stale_after` is at least a sweep interval, and
+    /// `alerts.resolve_after` at least `alerts.stale_after`.
+    fn alerts(&self, raw: RawAlerts, sweep: Duration) -> Result<AlertsConfig, ConfigError> {
+        let (stale_after, resolve_after) = self.alert_holds(&raw, sweep)?;
         let webhooks = self.webhooks(raw.webhooks)?;
         let alertmanagers = self.alertmanagers(raw.alertmanager)?;
+        let heartbeats = self.heartbeats(raw.heartbeat)?;
         check_group_by(&raw.group_by)
             .map_err(|m| self.invalid("alerts.group_by".into(), None, m))?;
         if !matches!(
@@ -1221,6 +1472,8 @@ impl Source<'_> {
             ));
         }
         Ok(AlertsConfig {
+            resolve_after,
+            stale_after,
             coherence_threshold: raw.coherence_threshold,
             coherence_for: raw.coherence_for,
             state_file: raw.state_file,
@@ -1228,7 +1481,75 @@ impl Source<'_> {
             runbook_url: raw.runbook_url,
             webhooks,
             alertmanagers,
+            heartbeats,
         })
+    }
+
+    /// `[[alerts.heartbeat]]`: a URL variable and a bounded timeout.
+    fn heartbeats(
+        &self,
+        raw: Vec<toml::Spanned<HeartbeatConfig>>,
+    ) -> Result<Vec<HeartbeatConfig>, ConfigError> {
+        let mut heartbeats = Vec::with_capacity(raw.len());
+        for (i, hb) in raw.into_iter().enumerate() {
+            let span = hb.span();
+            let hb = hb.into_inner();
+            if !is_env_name(&hb.url_env) {
+                return Err(self.invalid(
+                    format!("alerts.heartbeat[{i}].url_env"),
+                    Some(span),
+                    "is not an environment variable name (set it to the variable holding the ping URL, e.g. \"HEARTBEAT_URL\"; the URL itself never goes in the config)".into(),
+                ));
+            }
+            if hb.timeout.is_zero() || hb.timeout > MAX_HEARTBEAT_TIMEOUT {
+                return Err(self.invalid(
+                    format!("alerts.heartbeat[{i}].timeout"),
+                    Some(span),
+                    format!(
+                        "must be greater than zero and at most {}",
+                        humantime::format_duration(MAX_HEARTBEAT_TIMEOUT)
+                    ),
+                ));
+            }
+            heartbeats.push(hb);
+        }
+        Ok(heartbeats)
+    }
+
+    /// `(alerts.stale_after, alerts.resolve_after)`, defaulted and checked.
+    fn alert_holds(
+        &self,
+        raw: &RawAlerts,
+        sweep: Duration,
+    ) -> Result<(Duration, Duration), ConfigError> {
+        let sweeps = sweep.saturating_mul(ALERT_SWEEPS);
+        let stale = raw.stale_after.map_or(sweeps, NonZeroDuration::get);
+        if stale < sweep {
+            return Err(self.invalid(
+                "alerts.stale_after".into(),
+                None,
+                format!(
+                    "{} is shorter than sweep.interval ({}): every view would be stale before the next sweep",
+                    humantime::format_duration(stale),
+                    humantime::format_duration(sweep)
+                ),
+            ));
+        }
+        let resolve = raw
+            .resolve_after
+            .map_or(sweeps.max(stale), NonZeroDuration::get);
+        if resolve < stale {
+            return Err(self.invalid(
+                "alerts.resolve_after".into(),
+                None,
+                format!(
+                    "{} is shorter than alerts.stale_after ({}): a replica whose view is not yet stale could re-fire an incident another replica has resolved",
+                    humantime::format_duration(resolve),
+                    humantime::format_duration(stale)
+                ),
+            ));
+        }
+        Ok((stale, resolve))
     }
 
     /// `[[alerts.webhooks]]`: the keys each format takes, and only those.
@@ -1630,6 +1951,26 @@ pool_key = "pool"
 mod tests {
     use super::*;
 
+    /// The secrets rule: unset, empty and blank are one "not set"; anything
+    /// else is the value as written.
+    #[test]
+    fn a_blank_variable_holds_no_secret() {
+        use secrecy::ExposeSecret;
+        let env = |k: &str| match k {
+            "EMPTY" => Some(String::new()),
+            "BLANK" => Some(" \n".into()),
+            "SET" => Some(" tok ".into()),
+            _ => None,
+        };
+        for var in ["UNSET", "EMPTY", "BLANK"] {
+            assert!(env_secret(env, var).is_none(), "{var}");
+        }
+        assert_eq!(
+            env_secret(env, "SET").map(|s| s.expose_secret().to_string()),
+            Some(" tok ".into())
+        );
+    }
+
     const MINIMAL: &str = r#"
 [overlay]
 repo = "/srv/overlay"
@@ -1651,12 +1992,12 @@ name = "agents"
         }
     }
 
-    /// Each default the README's configuration table states, written into
-    /// the minimal config, gives the same `Config` as leaving the key out:
-    /// the README cannot drift from the code's defaults.
+    /// Each default the configuration table (docs/reference.md) states,
+    /// written into the minimal config, gives the same `Config` as leaving
+    /// the key out: the docs cannot drift from the code's defaults.
     #[test]
     fn readme_defaults_are_the_parsed_defaults() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../docs/reference.md");
         let defaults = format!("{:?}", parse(MINIMAL).unwrap());
         let mut checked = Vec::new();
         for row in readme.lines().filter(|l| l.starts_with("| `")) {
@@ -1725,14 +2066,51 @@ name = "agents"
             }
         }
         // The table's shape is what this test reads; make sure it still does.
-        assert!(checked.len() >= 30, "only {checked:?} read from README.md");
+        assert!(
+            checked.len() >= 30,
+            "only {checked:?} read from docs/reference.md"
+        );
+    }
+
+    /// The record key comes from the variables `[records]` names: unset is
+    /// none (observe-only), a value that is no key is an error naming the
+    /// variable and the config key, and `required_keys` names what to set.
+    #[test]
+    fn record_keys_are_read_from_the_named_variables() {
+        let c = parse(&format!("{MINIMAL}\n[records]\nkey_env = \"K\"\n")).unwrap();
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(c.records.keys(env(&[])).unwrap().is_none());
+        let missing = c.records.required_keys(env(&[])).unwrap_err();
+        assert!(
+            missing
+                .to_string()
+                .starts_with("K (config key `records.key_env`)"),
+            "{missing}"
+        );
+        let bad = c.records.keys(env(&[("K", "xyz")])).unwrap_err();
+        assert!(
+            bad.to_string().contains("records.key_env") && bad.to_string().contains("not hex"),
+            "{bad}"
+        );
+        const KEY: &str = "0101010101010101010101010101010101010101010101010101010101010101";
+        let keys = c.records.keys(env(&[("K", KEY)])).unwrap().expect("a key");
+        assert!(keys.previous.is_none());
+        assert!(!format!("{keys:?}").contains("0101"));
     }
 
     #[test]
     fn minimal_config_gets_documented_defaults() {
         let c = parse(MINIMAL).unwrap();
         assert_eq!(c.fly.api_url, "https://api.machines.dev");
-        assert_eq!(c.fly.token_env, "FLY_API_TOKEN");
+        // Not flyctl's FLY_API_TOKEN (issue 34 item 4).
+        assert_eq!(c.fly.token_env, "FLEET_RECONCILER_FLY_TOKEN");
         assert_eq!(c.sweep.interval.get(), Duration::from_secs(30));
         assert_eq!(c.probe.max_body_bytes.get(), 65536);
         assert_eq!(c.rotation.min_drift_age, Duration::from_secs(120));
@@ -1812,6 +2190,16 @@ name = "agents"
     /// (`NonZeroDuration`, `NonEmpty`, a count of at least 1): the key, the
     /// line and the same words as the checks they replace.
     #[test]
+    fn release_halts_are_off_by_default_and_read_as_written() {
+        let c = test_config("");
+        assert_eq!(c.release.halt_after_failures, 0, "off unless configured");
+        assert_eq!(c.release.halt_window.get(), Duration::from_secs(1800));
+        let c = test_config("[release]\nhalt_after_failures = 3\nhalt_window = \"10m\"\n");
+        assert_eq!(c.release.halt_after_failures, 3);
+        assert_eq!(c.release.halt_window.get(), Duration::from_secs(600));
+    }
+
+    #[test]
     fn zero_and_empty_values_are_refused_naming_key_and_line() {
         let overlay = |repo: &str, branch: &str| {
             format!(
@@ -1869,6 +2257,13 @@ name = "agents"
                 "0",
                 "must be at least 1 (the first restart is an attempt)",
             ),
+            (
+                "release",
+                "halt_window",
+                "\"0s\"",
+                "must be greater than zero",
+            ),
+            ("release", "halt_after_failures", "-1", "invalid value"),
         ] {
             let text = format!("{ok}[{section}]\n{key} = {value}\n");
             let e = err(&text);
@@ -2109,7 +2504,7 @@ name = "agents"
             vars(&c),
             [
                 "agents=AGENTS_TOKEN (apps[0].token_env)",
-                "batch=FLY_API_TOKEN (fly.token_env)"
+                "batch=FLEET_RECONCILER_FLY_TOKEN (fly.token_env)"
             ]
         );
         let c = parse(&format!(
@@ -2124,7 +2519,10 @@ name = "agents"
             "{two}[rotation]\ncoordinator = \"reconciler/c1\"\n"
         ))
         .unwrap();
-        assert_eq!(vars(&c)[2], "reconciler=FLY_API_TOKEN (fly.token_env)");
+        assert_eq!(
+            vars(&c)[2],
+            "reconciler=FLEET_RECONCILER_FLY_TOKEN (fly.token_env)"
+        );
         // A coordinator in a listed app: that app's token, listed once.
         let c = parse(&format!("{two}[rotation]\ncoordinator = \"agents/c1\"\n")).unwrap();
         assert_eq!(vars(&c).len(), 2);
@@ -2147,6 +2545,38 @@ name = "agents"
             e.contains("apps[0].token_env") && e.contains("not an environment variable name"),
             "{e}"
         );
+    }
+
+    /// flyctl's FLY_API_TOKEN is read only on a Fly machine, only for
+    /// `fly.token_env` at its default, and only when that is unset.
+    #[test]
+    fn flyctl_token_is_read_only_on_a_fly_machine() {
+        let c = parse(&format!(
+            "{MINIMAL}[[apps]]\nname = \"own\"\ntoken_env = \"OWN\"\n"
+        ))
+        .unwrap();
+        let tokens = c.fly_tokens();
+        let (default, own) = (&tokens[0], &tokens[1]);
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let laptop = env(&[("FLY_API_TOKEN", "flyctl's")]);
+        assert_eq!(default.source(&laptop), "FLEET_RECONCILER_FLY_TOKEN");
+        let on_fly = env(&[("FLY_API_TOKEN", "t"), ("FLY_MACHINE_ID", "m1")]);
+        assert_eq!(default.source(&on_fly), "FLY_API_TOKEN");
+        assert_eq!(own.source(&on_fly), "OWN");
+        let both = env(&[
+            ("FLY_API_TOKEN", "t"),
+            ("FLY_MACHINE_ID", "m1"),
+            ("FLEET_RECONCILER_FLY_TOKEN", "mine"),
+        ]);
+        assert_eq!(default.source(&both), "FLEET_RECONCILER_FLY_TOKEN");
+        let blank = env(&[("FLY_API_TOKEN", " "), ("FLY_MACHINE_ID", "m1")]);
+        assert_eq!(default.source(&blank), "FLEET_RECONCILER_FLY_TOKEN");
     }
 
     #[test]
@@ -2200,6 +2630,49 @@ name = "agents"
             "{MINIMAL}\n[[alerts.webhooks]]\nurl_env = \"U\"\nformat = \"teams\"\n"
         ));
         assert!(e.contains("teams"), "{e}");
+    }
+
+    #[test]
+    fn heartbeats_name_their_url_variable_and_a_bounded_timeout() {
+        let c = parse(&format!(
+            "{MINIMAL}\n[[alerts.heartbeat]]\nurl_env = \"HB\"\n[[alerts.heartbeat]]\nurl_env = \"HB2\"\nmethod = \"POST\"\ntimeout = \"3s\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.alerts.heartbeats.len(), 2);
+        assert_eq!(c.alerts.heartbeats[0].method, HeartbeatMethod::Get);
+        assert_eq!(c.alerts.heartbeats[0].timeout, Duration::from_secs(10));
+        assert_eq!(c.alerts.heartbeats[1].method, HeartbeatMethod::Post);
+        assert_eq!(c.alerts.heartbeats[1].timeout, Duration::from_secs(3));
+        for (toml, key, says) in [
+            (
+                "[[alerts.heartbeat]]\nurl_env = \"https://hc-ping.com/x\"\n",
+                "alerts.heartbeat[0].url_env",
+                "environment variable",
+            ),
+            (
+                "[[alerts.heartbeat]]\nurl = \"https://hc-ping.com/x\"\n",
+                "alerts.heartbeat",
+                "url",
+            ),
+            (
+                "[[alerts.heartbeat]]\nurl_env = \"HB\"\ntimeout = \"0s\"\n",
+                "alerts.heartbeat[0].timeout",
+                "greater than zero",
+            ),
+            (
+                "[[alerts.heartbeat]]\nurl_env = \"HB\"\ntimeout = \"5m\"\n",
+                "alerts.heartbeat[0].timeout",
+                "at most 1m",
+            ),
+            (
+                "[[alerts.heartbeat]]\nurl_env = \"HB\"\nmethod = \"put\"\n",
+                "alerts.heartbeat",
+                "put",
+            ),
+        ] {
+            let e = err(&format!("{MINIMAL}\n{toml}"));
+            assert!(e.contains(key) && e.contains(says), "{toml}: {e}");
+        }
     }
 
     #[test]
@@ -2276,6 +2749,32 @@ name = "agents"
             public.machine_page("m 1"),
             "https://fleet.example.com/x/machines/m%201"
         );
+    }
+
+    #[test]
+    fn alert_hold_downs_default_to_sweeps_and_are_ordered() {
+        let c = parse(&format!("{MINIMAL}\n[sweep]\ninterval = \"10s\"\n")).unwrap();
+        assert_eq!(c.alerts.stale_after, Duration::from_secs(30));
+        assert_eq!(c.alerts.resolve_after, Duration::from_secs(30));
+        let c = parse(&format!(
+            "{MINIMAL}\n[alerts]\nstale_after = \"5m\"\n[sweep]\ninterval = \"10s\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.alerts.resolve_after,
+            Duration::from_secs(300),
+            "raised to stale_after"
+        );
+        let e = err(&format!(
+            "{MINIMAL}\n[alerts]\nstale_after = \"2m\"\nresolve_after = \"1m\"\n"
+        ));
+        assert!(e.contains("alerts.resolve_after"), "{e}");
+        assert!(e.contains("alerts.stale_after (2m)"), "{e}");
+        let e = err(&format!("{MINIMAL}\n[alerts]\nstale_after = \"10s\"\n"));
+        assert!(e.contains("alerts.stale_after"), "{e}");
+        assert!(e.contains("sweep.interval (30s)"), "{e}");
+        let e = err(&format!("{MINIMAL}\n[alerts]\nresolve_after = \"0s\"\n"));
+        assert!(e.contains("alerts.resolve_after"), "{e}");
     }
 
     #[test]

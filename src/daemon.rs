@@ -16,11 +16,12 @@ use secrecy::SecretString;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::act::executor::{Executor, StepReport};
+use crate::act::executor::{Executor, Outcome, StepReport};
 use crate::clock::{Clock, SharedClock};
 use crate::decide::listings::LastListings;
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
 use crate::decide::policy::Policy;
+use crate::decide::step::StepKind;
 use crate::decide::{Snapshot, prepare, severity};
 
 use crate::config::Config;
@@ -37,6 +38,9 @@ pub struct Secrets {
     /// is one token for every app.
     pub fly_token: FlyTokens,
     pub git_token: Option<SecretString>,
+    /// The record keys (`[records] key_env`, `previous_key_env`): sealed
+    /// records are verified with them, and written only with them.
+    pub record_keys: Option<crate::metadata::seal::RecordKeys>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +98,7 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
         fly,
         prober,
         overlay,
+        record_keys: secrets.record_keys.clone(),
     })
 }
 
@@ -196,7 +201,23 @@ pub fn plan_as_seen_before(
 /// What one turn of the loop produced.
 #[derive(Debug)]
 pub enum SweepOutcome {
+    /// A sweep's snapshot, sent before its steps run (a restart can wait
+    /// minutes for the machine to start): the view is published from it at
+    /// once. The same sweep's `Swept` follows, with its steps.
+    Observed {
+        report: Box<Snapshot>,
+        /// The sweep's time (the loop's clock), as in its `Cycle`.
+        at: DateTime<Utc>,
+    },
     Swept(Box<Cycle>),
+    /// Steps a turn carried out while newer sweeps were published beside
+    /// them (a restart waits up to a minute): reported on their own as they
+    /// end, since their turn's view is no longer the newest.
+    Acted {
+        steps: Vec<StepReport>,
+        /// When they ended (the loop's clock).
+        at: DateTime<Utc>,
+    },
     Failed {
         error: String,
         kind: &'static str,
@@ -207,12 +228,14 @@ pub enum SweepOutcome {
     },
 }
 
-/// One successful sweep, its plan, and what the executor did.
+/// One successful sweep, its plan, and the steps the executor finished.
 #[derive(Debug)]
 pub struct Cycle {
     /// The sweep's snapshot, as planned on.
     pub report: Snapshot,
     pub plan: Plan,
+    /// This sweep's steps, as the executor carried them out (none when
+    /// sweeps were published beside them: then they come as `Acted`).
     pub steps: Vec<StepReport>,
     /// Observe + plan + act.
     pub duration: Duration,
@@ -335,7 +358,12 @@ async fn fetch_loop(
 }
 
 /// Sweeps on `sweep.interval` (and when the fetcher asks), with the last
-/// known tip.
+/// known tip. While the executor carries out a plan (a restart waits up to
+/// a minute for its machine to start), sweeps go on beside it every other
+/// interval, observing and planning only: the view and the alerts never
+/// fall more than a couple of sweeps behind (#37 item 4). What they plan is
+/// not carried out; the next turn after the steps plans afresh, and the
+/// steps are reported as they end (`Acted`).
 async fn sweep_loop(
     sweeper: &Sweeper,
     options: &LoopOptions<'_>,
@@ -351,79 +379,213 @@ async fn sweep_loop(
         _ = status.changed() => {}
         _ = tokio::time::sleep(sweeper.config.sweep.interval.get()) => {}
     }
-    let mut ticker = tokio::time::interval(sweeper.config.sweep.interval.get());
+    let interval = sweeper.config.sweep.interval.get();
+    let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut tracker = Tracker::default();
-    let mut listings = LastListings::default();
-    let policy = Policy::from_config(&sweeper.config);
+    let mut turns = Turns {
+        sweeper,
+        options,
+        status,
+        // The executor's own, when there is one: one policy for the run.
+        policy: options.executor.map_or_else(
+            || Arc::new(Policy::from_config(&sweeper.config)),
+            |e| e.policy().clone(),
+        ),
+        tracker: Tracker::default(),
+        listings: LastListings::default(),
+    };
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
             _ = sweep_now.notified() => {}
         }
+        let turn = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            t = turns.observe() => t,
+        };
+        let turn = match turn {
+            Ok(turn) => turn,
+            Err(failed) => {
+                on_cycle(failed);
+                continue;
+            }
+        };
+        if let Some(executor) = options.executor
+            && !shutdown.is_cancelled()
+        {
+            record_halts(executor, &turn.plan, &options.owner, turn.now).await;
+        }
+        let executor = match options.executor {
+            Some(executor) if turn.plan.has_steps() && !shutdown.is_cancelled() => executor,
+            _ => {
+                on_cycle(turns.swept(turn, Vec::new()));
+                continue;
+            }
+        };
+        // Published before the steps' waits: other replicas and readers see
+        // this sweep, not the one before (#37 item 4).
+        on_cycle(SweepOutcome::Observed {
+            report: Box::new(turn.report.clone()),
+            at: turn.now,
+        });
+        let acting = executor.execute(turn.plan.steps().into_iter().cloned().collect(), shutdown);
+        let mut observed_beside = false;
+        let observing = async {
+            // Every other interval: the steps' own calls share Fly's rate
+            // limits (the coordinator's above all) with these sweeps.
+            let mut beside =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval * 2, interval * 2);
+            beside.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = beside.tick() => {}
+                    _ = sweep_now.notified() => {}
+                }
+                let outcome = match turns.observe().await {
+                    Ok(beside) => turns.swept(beside, Vec::new()),
+                    Err(failed) => failed,
+                };
+                observed_beside = true;
+                on_cycle(outcome);
+            }
+        };
+        let steps = tokio::select! {
+            steps = acting => steps,
+            never = observing => match never {},
+        };
+        turns.remember_writes(&steps, turn.now);
+        if observed_beside {
+            // This turn's view is older than what was published meanwhile:
+            // only its steps are news.
+            on_cycle(SweepOutcome::Acted {
+                steps,
+                at: options.clock.now(),
+            });
+        } else {
+            on_cycle(turns.swept(turn, steps));
+        }
+    }
+}
+
+/// Writes on the coordinator each halt this plan detected (`[release]`):
+/// from then on every replica, and this one after a restart, reads it.
+async fn record_halts(executor: &Executor, plan: &Plan, owner: &str, now: DateTime<Utc>) {
+    for (app, halted) in &plan.halts {
+        let Some(record) = halted.record(owner, now) else {
+            continue;
+        };
+        match executor.record_halt(app, &record).await {
+            Ok(()) => {
+                tracing::warn!(%app, tip = %halted.tip, failures = halted.failures.len(), "release halted: no new rotation toward its tip until `fleet-reconciler resume`")
+            }
+            Err(e) => {
+                tracing::warn!(%app, tip = %halted.tip, error = %e, "the halt record could not be written on the coordinator; halted meanwhile, tried again next sweep")
+            }
+        }
+    }
+}
+
+/// One sweep and its plan, not yet acted on.
+struct Turn {
+    report: Snapshot,
+    plan: Plan,
+    fetch: FetchStatus,
+    started: Instant,
+    now: DateTime<Utc>,
+}
+
+/// What the sweep loop keeps across turns, and how one turn observes and
+/// plans.
+struct Turns<'s, 'o> {
+    sweeper: &'s Sweeper,
+    options: &'s LoopOptions<'o>,
+    status: tokio::sync::watch::Receiver<FetchStatus>,
+    policy: Arc<Policy>,
+    tracker: Tracker,
+    listings: LastListings,
+}
+
+impl Turns<'_, '_> {
+    /// Sweeps with the last known tip, then prepares and plans; a failed
+    /// turn is its `Failed` outcome.
+    async fn observe(&mut self) -> Result<Turn, SweepOutcome> {
         let started = Instant::now();
-        let fetch = status.borrow_and_update().clone();
+        let fetch = self.status.borrow_and_update().clone();
         let Some(current) = fetch.tip.clone() else {
-            on_cycle(SweepOutcome::Failed {
+            return Err(SweepOutcome::Failed {
                 error: format!(
                     "no overlay tip yet: {}",
                     fetch.error.as_deref().unwrap_or("fetch pending")
                 ),
                 kind: "overlay",
                 tip_fetched_at: fetch.fetched_at,
-                at: options.clock.now(),
+                at: self.options.clock.now(),
             });
-            continue;
         };
-        let swept = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = sweeper.sweep(&current) => r,
-        };
-        let observation = match swept {
+        let observation = match self.sweeper.sweep(&current).await {
             Ok(observation) => observation,
             Err(e) => {
                 // Nothing was observed or done this turn: an ERROR, not a warning.
                 tracing::error!(error = %e, kind = e.kind(), "sweep failed");
-                on_cycle(SweepOutcome::Failed {
+                return Err(SweepOutcome::Failed {
                     error: e.to_string(),
                     kind: e.kind(),
                     tip_fetched_at: fetch.fetched_at,
-                    at: options.clock.now(),
+                    at: self.options.clock.now(),
                 });
-                continue;
             }
         };
-        let now = options.clock.now();
-        let report = prepare(&policy, observation, &mut listings, &mut tracker, now);
+        let now = self.options.clock.now();
+        let report = prepare(
+            &self.policy,
+            observation,
+            &mut self.listings,
+            &mut self.tracker,
+            now,
+        );
         let plan = planner::plan(&PlanInput {
-            policy: &policy,
+            policy: &self.policy,
             snapshot: &report,
-            tracker: &tracker,
-            owner: &options.owner,
+            tracker: &self.tracker,
+            owner: &self.options.owner,
             fetch: FetchState {
                 fetched_at: fetch.fetched_at,
                 failing: fetch.error.is_some(),
             },
             now,
         });
-        let steps = match options.executor {
-            Some(executor) if plan.has_steps() && !shutdown.is_cancelled() => {
-                executor
-                    .execute(plan.steps().into_iter().cloned().collect(), shutdown)
-                    .await
-            }
-            _ => Vec::new(),
-        };
-        on_cycle(SweepOutcome::Swept(Box::new(Cycle {
+        Ok(Turn {
             report,
             plan,
-            steps,
-            duration: started.elapsed(),
-            tip_fetched_at: fetch.fetched_at,
-            fetch_error: fetch.error,
+            fetch,
+            started,
             now,
-        })));
+        })
+    }
+
+    /// The turn as reported, with the steps it carried out.
+    fn swept(&self, turn: Turn, steps: Vec<StepReport>) -> SweepOutcome {
+        SweepOutcome::Swept(Box::new(Cycle {
+            report: turn.report,
+            plan: turn.plan,
+            steps,
+            duration: turn.started.elapsed(),
+            tip_fetched_at: turn.fetch.fetched_at,
+            fetch_error: turn.fetch.error,
+            now: turn.now,
+        }))
+    }
+
+    /// What the steps wrote that the next sweeps must know was ours.
+    fn remember_writes(&mut self, steps: &[StepReport], now: DateTime<Utc>) {
+        for r in steps {
+            if let (Outcome::Done, StepKind::RecordUnprobed { record }) = (&r.outcome, &r.step.kind)
+            {
+                self.tracker
+                    .wrote_record(&r.step.target.machine_id, record, now);
+            }
+        }
     }
 }
 
@@ -436,8 +598,14 @@ mod tests {
         let secrets = Secrets {
             fly_token: "fly-sekrit".into(),
             git_token: Some("git-sekrit".into()),
+            record_keys: Some(crate::metadata::seal::RecordKeys::new(
+                crate::metadata::seal::RecordKey::from_hex(&"5e".repeat(32)).unwrap(),
+            )),
         };
         let shown = format!("{secrets:?}");
-        assert!(!shown.contains("sekrit"), "{shown}");
+        assert!(
+            !shown.contains("sekrit") && !shown.contains("5e5e"),
+            "{shown}"
+        );
     }
 }

@@ -44,6 +44,46 @@ pub struct DemoOptions {
     pub keep_running: bool,
     /// `--alertmanager`: also post the alerts to this Alertmanager.
     pub alertmanager: Option<String>,
+    /// `--verbose`: the full table each sweep, not one line.
+    pub verbose: bool,
+}
+
+/// The demo's stdout. A reader that goes away (`demo | head`) ends the
+/// demo quietly, as `ls` ends, instead of a panic in `println!`: the
+/// first write that fails stops the demo (its temporary directory is
+/// removed as on ctrl-c) and nothing more is written.
+#[derive(Clone)]
+struct Say {
+    stop: CancellationToken,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Say {
+    fn new(stop: CancellationToken) -> Say {
+        Say {
+            stop,
+            closed: Arc::default(),
+        }
+    }
+
+    /// Writes `text` and a newline.
+    fn line(&self, text: impl std::fmt::Display) {
+        self.text(format_args!("{text}\n"));
+    }
+
+    /// Writes `text` as it is.
+    fn text(&self, text: impl std::fmt::Display) {
+        use std::io::Write as _;
+        use std::sync::atomic::Ordering;
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if write!(out, "{text}").and_then(|()| out.flush()).is_err() {
+            self.closed.store(true, Ordering::Relaxed);
+            self.stop.cancel();
+        }
+    }
 }
 
 /// The variable holding the simulated fleet's Fly token in the config the
@@ -416,21 +456,30 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     let secrets = Secrets {
         fly_token: DEMO_TOKEN.into(),
         git_token: None,
+        record_keys: Some(crate::sim::record_keys()),
     };
     let owner = format!("demo-{}", std::process::id());
     let (listener, page) = bind_status_page(&mut config).await?;
     let config = Arc::new(config);
-    let operator = Operator::new(daemon::fly_client(&config, &secrets)?, &config);
-    print_intro(&config, &options, &sim, &repo_path, &target, &page);
-
+    let operator = Operator::new(
+        daemon::fly_client(&config, &secrets)?,
+        &config,
+        secrets.record_keys.clone(),
+    );
     let shutdown = CancellationToken::new();
+    let say = Say::new(shutdown.clone());
+    print_intro(&say, &config, &options, &sim, &repo_path, &target, &page);
+
     // SIGTERM as well as ctrl-c: either winds the demo down, so `work` (the
     // temporary directory) is dropped and removed.
     tokio::spawn(crate::signal::cancel_on_signal(shutdown.clone()));
 
     let mut progress = DemoProgress {
+        say: say.clone(),
         sweeps: options.sweeps,
         keep_running: options.keep_running,
+        verbose: options.verbose,
+        target: target.clone(),
         stop: shutdown.clone(),
         operator,
         repo,
@@ -449,6 +498,13 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<()> {
     };
     let args = service::RunArgs::new(config.clone(), service_secrets, listener, owner, shutdown);
     service::run(args, |outcome| progress.on_sweep(outcome)).await?;
+    if !options.keep_running {
+        // The command printed at the start has scrolled away, and the
+        // fleet it names is gone with this process.
+        say.line(
+            "to try `preflight` against this fleet: `fleet-reconciler demo --keep-running`, then the command it prints under `this fleet as a config:`",
+        );
+    }
     sim.shutdown().await;
     drop(work);
     Ok(())
@@ -568,6 +624,7 @@ async fn bind_status_page(
 
 /// Where everything is, and what is about to happen.
 fn print_intro(
+    say: &Say,
     config: &Config,
     options: &DemoOptions,
     sim: &Sim,
@@ -575,35 +632,53 @@ fn print_intro(
     target: &Path,
     page: &str,
 ) {
-    println!(
+    say.line(format_args!(
         "fleet-reconciler demo: simulated Fly API at {}, overlay repository at {}",
         sim.api_url(),
         repo_path.display()
-    );
-    println!("status page: {page}  (also {page}metrics and {page}api/v1/fleet)");
-    println!(
-        "this fleet as a config: {}\n  {DEMO_TOKEN_ENV}={DEMO_TOKEN} fleet-reconciler preflight --config {}{}",
+    ));
+    say.line(format_args!(
+        "status page: {page}  (also {page}metrics and {page}api/v1/fleet)"
+    ));
+    say.line(format_args!(
+        "this fleet as a config: {}\n  {}{}",
         target.display(),
-        target.display(),
+        preflight_command(target),
         if options.keep_running || options.sweeps != 0 {
             ""
         } else {
             "   (while the demo runs: `demo --keep-running` serves until ctrl-c)"
         }
-    );
-    println!(
-        "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. ctrl-c to stop.\n",
+    ));
+    say.line(format_args!(
+        "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. One line a sweep (--verbose: the full table). ctrl-c to stop.\n",
         humantime::format_duration(config.sweep.interval.get()),
         humantime::format_duration(config.rotation.min_drift_age),
-    );
+    ));
+}
+
+/// The command that runs `preflight` against the simulated fleet.
+fn preflight_command(target: &Path) -> String {
+    // The simulated fleet's record key: not a secret of any real fleet. The
+    // demo's config keeps the default `records.key_env`.
+    let key_env = crate::config::RecordsConfig::default().key_env;
+    let key = crate::sim::DEFAULT_RECORD_KEY;
+    format!(
+        "{DEMO_TOKEN_ENV}={DEMO_TOKEN} {key_env}={key} fleet-reconciler preflight --config {}",
+        target.display()
+    )
 }
 
 /// The demo's script, sweep by sweep: show each sweep, ship a release
 /// after the second, play the operator once, stop when told or settled.
 struct DemoProgress<'a> {
+    say: Say,
     /// Sweeps before stopping; 0 runs until settled.
     sweeps: u32,
     keep_running: bool,
+    verbose: bool,
+    /// The config file for `preflight` (repeated once settled).
+    target: PathBuf,
     stop: CancellationToken,
     operator: Operator,
     repo: DemoRepo,
@@ -619,15 +694,19 @@ struct DemoProgress<'a> {
 
 impl DemoProgress<'_> {
     fn on_sweep(&mut self, outcome: &SweepOutcome) {
+        // Shown once, with its steps.
+        if matches!(outcome, SweepOutcome::Observed { .. }) {
+            return;
+        }
         self.shown += 1;
-        println!(
+        let header = format!(
             "── sweep {} · {} ──",
             self.shown,
             chrono::Utc::now().format("%H:%M:%S")
         );
         match outcome {
             SweepOutcome::Swept(cycle) => {
-                show_cycle(cycle);
+                show_cycle(&self.say, &header, cycle, self.verbose);
                 // Settled: after the release, nothing in progress or planned for 3 sweeps.
                 let busy = !cycle.steps.is_empty()
                     || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);
@@ -638,9 +717,22 @@ impl DemoProgress<'_> {
                 };
                 self.play_operator(cycle);
             }
-            SweepOutcome::Failed { error, .. } => println!("sweep failed: {error}"),
+            SweepOutcome::Failed { error, .. } => {
+                self.say
+                    .line(format_args!("{header} sweep failed: {error}"));
+            }
+            SweepOutcome::Acted { steps, .. } => {
+                self.say
+                    .line(format_args!("{header} steps that ran beside newer sweeps:"));
+                for s in steps {
+                    self.say.line(format_args!("  {} → {}", s.step, s.outcome));
+                }
+            }
+            SweepOutcome::Observed { .. } => {}
         }
-        println!();
+        if self.verbose {
+            self.say.line("");
+        }
         if self.shown == 2 && self.released_at.is_none() {
             self.released_at = Some(self.shown);
             self.release();
@@ -669,11 +761,13 @@ impl DemoProgress<'_> {
             by: "demo-operator".into(),
             at: cycle.now,
         };
-        println!(">>> an operator approves {id}: fleet-reconciler approve {id} --when-idle");
-        let (operator, id) = (self.operator.clone(), id.clone());
+        self.say.line(format_args!(
+            ">>> an operator approves {id}: fleet-reconciler approve {id} --when-idle"
+        ));
+        let (operator, id, say) = (self.operator.clone(), id.clone(), self.say.clone());
         tokio::spawn(async move {
             if let Err(e) = operator.approve(&id, &approval).await {
-                println!("demo: approval failed: {e}");
+                say.line(format_args!("demo: approval failed: {e}"));
             }
         });
     }
@@ -687,12 +781,14 @@ impl DemoProgress<'_> {
             "PII guard: redact phone numbers and IBANs",
         ) {
             Ok(new_tip) => {
-                println!(
-                    ">>> release branch advanced to {new_tip} (a guards/ change): machines on the old tip now drift\n"
-                );
+                self.say.line(format_args!(
+                    ">>> release branch advanced to {new_tip} (a guards/ change): machines on the old tip now drift"
+                ));
                 self.sim.set_release_tip(&new_tip.to_string());
             }
-            Err(e) => println!("demo: cannot advance the release branch: {e}"),
+            Err(e) => self
+                .say
+                .line(format_args!("demo: cannot advance the release branch: {e}")),
         }
     }
 
@@ -702,11 +798,15 @@ impl DemoProgress<'_> {
         let settled = self.sweeps == 0 && self.quiet >= 3;
         if settled && !self.settled_said {
             self.settled_said = true;
-            println!(
-                "the fleet has settled: every machine that policy allows to rotate runs the release tip."
+            self.say.line(
+                "the fleet has settled: every machine that policy allows to rotate runs the release tip.",
             );
             if self.keep_running {
-                println!("still serving (--keep-running): ctrl-c to stop.");
+                // The command printed at the start has scrolled away.
+                self.say.line(format_args!(
+                    "still serving (--keep-running): ctrl-c to stop. Check this fleet from another terminal:\n  {}",
+                    preflight_command(&self.target)
+                ));
             }
         }
         if limit_reached || (settled && !self.keep_running) {
@@ -715,18 +815,28 @@ impl DemoProgress<'_> {
     }
 }
 
-/// One sweep's table, steps and timing.
-fn show_cycle(cycle: &daemon::Cycle) {
-    print!(
-        "{}",
-        render::to_table(&FleetDocument::planned(&cycle.report, &cycle.plan))
-    );
-    for s in &cycle.steps {
-        println!("  {} → {}", s.step, s.outcome);
+/// One sweep: its line (with `verbose`, its table and timing), its steps.
+fn show_cycle(say: &Say, header: &str, cycle: &daemon::Cycle, verbose: bool) {
+    let doc = FleetDocument::planned(&cycle.report, &cycle.plan);
+    if verbose {
+        say.line(header);
+        say.text(render::to_table(&doc));
+    } else {
+        say.line(format_args!("{header} {}", render::summary_line(&doc)));
     }
-    println!("(cycle took {} ms)", cycle.duration.as_millis());
+    for s in &cycle.steps {
+        say.line(format_args!("  {} → {}", s.step, s.outcome));
+    }
+    if verbose {
+        say.line(format_args!(
+            "(cycle took {} ms)",
+            cycle.duration.as_millis()
+        ));
+    }
     if let Some(e) = &cycle.fetch_error {
-        println!("warning: overlay not fetched, using the last known tip: {e}");
+        say.line(format_args!(
+            "warning: overlay not fetched, using the last known tip: {e}"
+        ));
     }
 }
 

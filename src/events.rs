@@ -41,6 +41,17 @@ pub enum AlertKind {
     /// The coordinator's slot set could not be read for 3 sweep intervals:
     /// no rotation that needs a slot proceeds (undos still run).
     CoordinatorUnreadable,
+    /// A record the daemon or an operator relies on (marker, unprobed
+    /// record, approval, hold, slot set) is not the one sealed with the
+    /// record key: written by an agent (or a reconciler before sealing),
+    /// altered, or moved. Nothing is done on its strength (docs/safety.md,
+    /// "Threat model"); names the machine, the metadata key and what was found.
+    MetadataTampered,
+    /// `[release] halt_after_failures` rotations toward the tip ended failed
+    /// within `halt_window` (or the coordinator says so): the tip is halted
+    /// for the app, no new rotation toward it starts until `resume`. Names
+    /// the tip, the failed rotations and their evidence.
+    ReleaseHalted,
     /// A webhook is dead-lettering what it is sent (raised by the notifier
     /// itself, delivered to the other webhooks).
     SinkFailing,
@@ -59,6 +70,8 @@ impl AlertKind {
             AlertKind::AppUnlistable => "app_unlistable",
             AlertKind::RotationFailed => "rotation_failed",
             AlertKind::CoordinatorUnreadable => "coordinator_unreadable",
+            AlertKind::MetadataTampered => "metadata_tampered",
+            AlertKind::ReleaseHalted => "release_halted",
             AlertKind::SinkFailing => "alert_sink_failing",
         }
     }
@@ -75,6 +88,8 @@ impl AlertKind {
             AlertKind::AppUnlistable => "app_listing_recovered",
             AlertKind::RotationFailed => "rotation_failed_resolved",
             AlertKind::CoordinatorUnreadable => "coordinator_readable",
+            AlertKind::MetadataTampered => "metadata_tampered_resolved",
+            AlertKind::ReleaseHalted => "release_resumed",
             AlertKind::SinkFailing => "alert_sink_recovered",
         }
     }

@@ -4,7 +4,7 @@
 //! towards the hard one when it is too low (as Go's runtime and most servers
 //! do). It reads and sets `RLIMIT_NOFILE` and nothing else; it never fails
 //! a start: a limit it cannot raise enough is a WARN naming the config keys
-//! to lower.
+//! to lower, a raised one an INFO line, one that was enough a debug line.
 
 use crate::config::Config;
 
@@ -93,10 +93,20 @@ pub fn at_start(budget: FdBudget) -> Option<u64> {
         },
         FdPlan::TooLow { .. } => {}
     }
-    if in_force >= needed {
+    if in_force >= needed && in_force != soft {
         tracing::info!(
             soft = in_force,
             was = soft,
+            hard,
+            needed,
+            probes = budget.probes,
+            server = budget.server,
+            "open-file limit"
+        );
+    } else if in_force >= needed {
+        // Nothing changed: every one-shot command would print it otherwise.
+        tracing::debug!(
+            soft = in_force,
             hard,
             needed,
             probes = budget.probes,

@@ -172,6 +172,13 @@ impl MachineCheck {
     pub fn passing(&self) -> bool {
         self.status == "passing"
     }
+
+    /// Whether Fly itself calls the machine unhealthy: at least one of its
+    /// checks is not passing (none listed: no). The one rule an unprobeable
+    /// restart is planned and sent on (#32 item 3).
+    pub fn any_failing(checks: &[MachineCheck]) -> bool {
+        checks.iter().any(|c| !c.passing())
+    }
 }
 
 /// One lifecycle event of a machine (OpenAPI `MachineEvent`).

@@ -27,6 +27,7 @@
 //! | [`decide`] | pure: `Observation → prepare → Snapshot → plan → Plan`. [`decide::snapshot`] ([`decide::prepare`]: judge, carry stale apps' last listings ([`decide::listings`]), coherence, tracker → `Snapshot`), [`decide::severity`] (drift → level → the pool's action) and [`decide::reason`] (why: the typed `Reason`), [`decide::planner`] (snapshot + markers + now → one `MachinePlan` per machine, alerts), [`decide::decision`] (the typed decision every view renders) |
 //! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve / revoke) |
 //! | [`report`] | views: [`report::wire`] (the fleet document: written from a `Snapshot`, read back by `status` as the same type), [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (webhook alerts: dedupe, repeat, resolve, delivery, dead letters) |
+//! | [`cli`] | the command line: its grammar (clap: what `main` parses and the doc check reads) and each command's workflow, one file a command (`main` only dispatches) |
 //! | [`daemon`] | wiring from config + secrets, and the loop (fetch, sweep, plan, act) |
 //! | [`service`] | the `run` command: loop + metrics + server + notifier, graceful shutdown |
 //! | [`preflight`] | the `preflight` command's checks (secrets, apps with their own tokens, coordinator, overlay, webhooks, health sample), typed findings |
@@ -65,7 +66,8 @@
 //!   in it, a small in-memory tracker and `now`, and returns steps; no clock,
 //!   no network. The executor is the only code that writes to Fly or agents.
 //! * **Secrets stay at the edge.** The config names environment variables;
-//!   `main` reads them and hands them to the clients, which never log them.
+//!   the command line ([`cli`]) reads them and hands them to the clients,
+//!   which never log them.
 //! * **The simulator is not production code.** `sim` and `demo` exist only
 //!   with the `sim` cargo feature (on by default, for `demo`, the tests and
 //!   the benches); `.ci/run` builds the library and the binary without it,
@@ -76,6 +78,7 @@ pub mod decide;
 pub mod observe;
 pub mod report;
 
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;

@@ -6,7 +6,9 @@
 //! ones (each app listed with its own token, the coordinator machine, the
 //! overlay remote and branch, a dry request to each webhook, a sample of
 //! health URLs). Every check runs, whatever failed before it: one run reports
-//! every problem. `validate-config --check-env` runs the offline part.
+//! every problem. A Fly 429 is waited out within bounds ([`RATE_LIMIT_ROUNDS`],
+//! [`RATE_LIMIT_PATIENCE`]) and, if it persists, reported as rate limiting,
+//! not as an unreachable API. `validate-config --check-env` runs the offline part.
 //!
 //! What it must never do: change anything a running daemon relies on. It
 //! writes nothing to Fly but one lease on the coordinator, taken and released
@@ -39,6 +41,17 @@ pub const LEASE_TTL: Duration = Duration::from_secs(5);
 pub const HEALTH_SAMPLE: usize = 3;
 /// Deadline of one webhook request.
 const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Rounds of waiting after Fly keeps answering 429 to one call (each round
+/// is the client's attempt and its one retry): throttling is transient, and
+/// reporting it as a failed check sends people looking for a broken API.
+const RATE_LIMIT_ROUNDS: u32 = 3;
+/// The shortest wait between rounds: Fly refills a machine's bucket of an
+/// action at 1 request/s (FLY-REALITY.md, "Limits"), its `Retry-After` when
+/// it sends one is longer. Doubles each round.
+const RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
+/// All the waiting for 429s one call may do: a `Retry-After` past it is
+/// not waited for.
+const RATE_LIMIT_PATIENCE: Duration = Duration::from_secs(20);
 
 /// What a check is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, strum::IntoStaticStr)]
@@ -61,6 +74,8 @@ pub enum CheckKind {
     Alertmanager,
     /// A sample of an app's health URLs answering a report.
     Health,
+    /// The record key (`records.key_env`, `records.previous_key_env`).
+    RecordKey,
 }
 
 /// How a check ended.
@@ -72,6 +87,8 @@ pub enum Status {
     /// Not checked because of another failure (named in `detail`), or
     /// nothing to check.
     Skipped,
+    /// Works, but weaker than it should be (the detail says why); not a failure.
+    Warn,
 }
 
 /// One line of the report.
@@ -104,10 +121,30 @@ impl Finding {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Finding {
+        Finding::with_fix(Status::Fail, check, subject, detail, fix)
+    }
+
+    fn warn(
+        check: CheckKind,
+        subject: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Finding {
+        Finding::with_fix(Status::Warn, check, subject, detail, fix)
+    }
+
+    /// A finding that is not `ok`, with what to do about it.
+    fn with_fix(
+        status: Status,
+        check: CheckKind,
+        subject: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Finding {
         Finding {
             check,
             subject: subject.into(),
-            status: Status::Fail,
+            status,
             detail: detail.into(),
             fix: Some(fix.into()),
         }
@@ -146,9 +183,7 @@ impl Report {
 pub type Lookup<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
 
 fn read(env: Lookup<'_>, var: &str) -> Option<SecretString> {
-    env(var)
-        .filter(|v| !v.trim().is_empty())
-        .map(SecretString::from)
+    crate::config::env_secret(env, var)
 }
 
 /// The checks that need no network: the coordinator when a pool acts, and
@@ -157,6 +192,7 @@ fn read(env: Lookup<'_>, var: &str) -> Option<SecretString> {
 pub fn offline(config: &Config, env: Lookup<'_>, check_env: bool) -> Report {
     let mut findings = vec![coordinator_configured(config)];
     if check_env {
+        findings.push(record_key(config, env));
         findings.extend(secrets(config, env));
         findings.extend(webhook_urls(config, env));
         findings.extend(alertmanager_urls(config, env));
@@ -173,7 +209,7 @@ pub async fn run(config: &Config, env: Lookup<'_>) -> Report {
         if config.apps.iter().all(|a| &a.name != token.app) {
             continue; // the coordinator's own app: checked below
         }
-        let (finding, machines) = list_app(config, env, token.app, token.var).await;
+        let (finding, machines) = list_app(config, env, token.app, token.source(env)).await;
         report.findings.push(finding);
         if let Some(machines) = machines {
             listed.insert(token.app.clone(), machines);
@@ -191,9 +227,51 @@ pub async fn run(config: &Config, env: Lookup<'_>) -> Report {
     report
 }
 
+/// The record key as `run` reads it: required when a pool acts, and every
+/// variable set must hold a key. Only key ids are shown, never a key.
+fn record_key(config: &Config, env: Lookup<'_>) -> Finding {
+    let r = &config.records;
+    const FIX: &str = "make a key with `openssl rand -hex 32`, store it as a secret of the reconciler's app (docs/deploy.md, \"The record key\"), and give operators' CLI the same one";
+    match r.keys(|var| env(var)) {
+        Err(e) => Finding::fail(CheckKind::RecordKey, "records.key_env", e.to_string(), FIX),
+        Ok(None) if config.acts() => Finding::fail(
+            CheckKind::RecordKey,
+            &r.key_env,
+            "not set (config key `records.key_env`): every pool that acts needs a record key",
+            FIX,
+        ),
+        Ok(None) => Finding::ok(
+            CheckKind::RecordKey,
+            &r.key_env,
+            "not set; not needed: every pool only observes (records are read as written)",
+        ),
+        Ok(Some(keys)) => Finding::ok(
+            CheckKind::RecordKey,
+            &r.key_env,
+            match &keys.previous {
+                Some(p) => format!(
+                    "set: key id {} seals; key id {} ({}) still verifies (a key rotation in progress)",
+                    keys.current.id(),
+                    p.id(),
+                    r.previous_key_env
+                ),
+                None => format!("set: key id {} seals and verifies", keys.current.id()),
+            },
+        ),
+    }
+}
+
 fn coordinator_configured(config: &Config) -> Finding {
     const SUBJECT: &str = "rotation.coordinator";
     match &config.rotation.coordinator {
+        Some(c) if config.coordinator_exposed() => Finding::warn(
+            CheckKind::Coordinator,
+            SUBJECT,
+            format!(
+                "set to {c}, in a swept app: its agents can write its metadata; the slot set and holds are sealed, so they cannot forge one, but they can delete them (rotations then wait, alerted as metadata_tampered)"
+            ),
+            "move the coordinator to a stopped machine in the reconciler's own app (docs/deploy.md, \"The coordination machine\")",
+        ),
         Some(c) => Finding::ok(CheckKind::Coordinator, SUBJECT, format!("set to {c}")),
         // `run`'s own refusal, word for word.
         None if config.acts() => Finding::fail(
@@ -223,6 +301,9 @@ struct Wanted {
     /// What happens without it, for an optional one.
     without: &'static str,
     fix: String,
+    /// Read instead on a Fly machine when `var` is unset
+    /// ([`crate::config::AppToken::fallback`]).
+    fallback: Option<&'static str>,
 }
 
 /// Every variable the config names, once each, in the order of the config.
@@ -253,6 +334,7 @@ impl Wants {
                 required,
                 without,
                 fix,
+                fallback: None,
             }),
         }
     }
@@ -281,6 +363,7 @@ fn want_fly_tokens(config: &Config, out: &mut Wants) {
                 apps.join(", ")
             ),
         };
+        let fallback = crate::config::fly_token_fallback(&key, var);
         out.add(
             var,
             format!("Fly token of app {} ({key})", apps.join(", ")),
@@ -288,6 +371,9 @@ fn want_fly_tokens(config: &Config, out: &mut Wants) {
             "",
             fix,
         );
+        if let Some(w) = out.0.iter_mut().find(|w| w.var == var) {
+            w.fallback = w.fallback.or(fallback);
+        }
     }
 }
 
@@ -368,6 +454,18 @@ fn want_alert_secrets(config: &Config, out: &mut Wants) {
             ),
         );
     }
+    for (i, hb) in config.alerts.heartbeats.iter().enumerate() {
+        out.add(
+            &hb.url_env,
+            format!("ping URL of alerts.heartbeat[{i}] (url_env)"),
+            true,
+            "",
+            format!(
+                "fly secrets set {}=https://… (the check's ping URL from your heartbeat service)",
+                hb.url_env
+            ),
+        );
+    }
 }
 
 fn secrets(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
@@ -375,6 +473,14 @@ fn secrets(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
         .into_iter()
         .map(|w| {
             let uses = w.uses.join("; ");
+            let source = crate::config::fly_token_source(&w.var, w.fallback, env);
+            if source != w.var {
+                return Finding::ok(
+                    CheckKind::Secret,
+                    &w.var,
+                    format!("not set, {source} is read instead on this Fly machine: {uses}"),
+                );
+            }
             match (read(env, &w.var).is_some(), w.required) {
                 (true, _) => Finding::ok(CheckKind::Secret, &w.var, format!("set: {uses}")),
                 (false, true) => {
@@ -501,22 +607,102 @@ fn client_for(config: &Config, app: &AppName, token: SecretString) -> Result<Fly
     .map_err(|e| e.to_string())
 }
 
+/// `call` again while Fly answers 429, within [`RATE_LIMIT_ROUNDS`] and
+/// [`RATE_LIMIT_PATIENCE`], honouring its `Retry-After`; then its last
+/// error, which [`fly_fix`] reports as rate limiting.
+async fn patiently<T, F, Fut>(mut call: F) -> Result<T, FlyError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, FlyError>>,
+{
+    let mut waited = Duration::ZERO;
+    let mut round = 0;
+    loop {
+        match call().await {
+            Err(FlyError::RateLimited { retry_after, .. }) if round < RATE_LIMIT_ROUNDS => {
+                let wait = RATE_LIMIT_WAIT
+                    .saturating_mul(1 << round)
+                    .max(retry_after.unwrap_or_default());
+                if waited.saturating_add(wait) > RATE_LIMIT_PATIENCE {
+                    return call().await;
+                }
+                tokio::time::sleep(wait).await;
+                waited += wait;
+                round += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The fix for a Fly error on `app` whose token is in `var`.
 fn fly_fix(e: &FlyError, app: &AppName, var: &str, config: &Config) -> String {
     match e {
-        FlyError::Unauthorized { .. } => format!(
-            "the token in {var} is not accepted for app {app}: mint one for it, `fly tokens create deploy -a {app}`, and set it as {var}"
-        ),
+        FlyError::Unauthorized { .. } => unauthorized_fix(config, app, var),
         FlyError::NotFound { .. } => {
             format!(
                 "Fly knows no app or machine by that name: check the config (`fly apps list`, `fly machine list -a {app}`)"
             )
         }
+        // Retried already ([`patiently`]): a person's wait is what is left.
+        FlyError::RateLimited { .. } => format!(
+            "Fly is rate-limiting the token in {var} on app {app} (it allows about 1 request/s per action per machine): wait a minute and re-run preflight; another process may be using the same token or machines (a running reconciler, another preflight, a deploy)"
+        ),
         _ => format!(
             "check that fly.api_url ({}) is reachable from here and answers",
             config.fly.api_url
         ),
     }
+}
+
+/// The fix for a token Fly refused for `app`: a person can follow it when
+/// `var` also holds the token of other apps (replacing it with a token of
+/// `app` alone would lock those out), so it names the variable, the app,
+/// the command, and where to set a variable of the app's own.
+fn unauthorized_fix(config: &Config, app: &AppName, var: &str) -> String {
+    let tokens = config.fly_tokens();
+    let shares = |t: &crate::config::AppToken<'_>| t.var == var || t.fallback() == Some(var);
+    let key = tokens
+        .iter()
+        .find(|t| t.app == app)
+        .map_or("fly.token_env", |t| t.key.as_str());
+    let others: Vec<&str> = tokens
+        .iter()
+        .filter(|t| t.app != app && shares(t))
+        .map(|t| t.app.as_str())
+        .collect();
+    let set = |v: &str| {
+        format!(
+            "`fly secrets set {v}=…` on the reconciler's app, `export {v}=…` where you run the CLI"
+        )
+    };
+    if others.is_empty() {
+        return format!(
+            "the token in {var} ({key}) is not accepted for app {app}: mint one, `fly tokens create deploy -a {app}`, and set {var} to it ({})",
+            set(var)
+        );
+    }
+    let own: String = format!("FLY_TOKEN_{}", app.as_str())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let own_key = match config.apps.iter().position(|a| &a.name == app) {
+        Some(i) => {
+            format!("token_env = \"{own}\" under the [[apps]] entry of {app} (apps[{i}].token_env)")
+        }
+        None => format!("coordinator_token_env = \"{own}\" under [rotation]"),
+    };
+    format!(
+        "the token in {var} ({key}) is not accepted for app {app}; {var} also holds the token of {}, so do not overwrite it with one for {app} alone. Give {app} its own variable: `fly tokens create deploy -a {app}`, set it as {own} ({}), and add {own_key}. Or set {var} to an org token that reaches every one of them (`fly tokens create org`)",
+        others.join(", "),
+        set(&own)
+    )
 }
 
 async fn list_app(
@@ -550,7 +736,7 @@ async fn list_app(
             );
         }
     };
-    match fly.list_machines(app).await {
+    match patiently(|| fly.list_machines(app)).await {
         Ok(machines) => {
             let started = machines.iter().filter(|m| m.is_started()).count();
             (
@@ -586,11 +772,12 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
     let Some(token) = config.fly_tokens().into_iter().find(|t| &c.app == t.app) else {
         return Vec::new();
     };
-    let Some(secret) = read(env, token.var) else {
+    let var = token.source(env);
+    let Some(secret) = read(env, var) else {
         return vec![Finding::skipped(
             CheckKind::Coordinator,
             subject,
-            format!("not checked: no token in {}", token.var),
+            format!("not checked: no token in {var}"),
         )];
     };
     let fly = match client_for(config, &c.app, secret) {
@@ -600,21 +787,18 @@ async fn coordinator_machine(config: &Config, env: Lookup<'_>, c: &Coordinator) 
                 CheckKind::Coordinator,
                 subject,
                 e,
-                format!(
-                    "set {} to the token as `fly tokens create` prints it",
-                    token.var
-                ),
+                format!("set {var} to the token as `fly tokens create` prints it"),
             )];
         }
     };
-    let machine = match coordinator_read(config, c, &fly, token.var, &subject).await {
+    let machine = match coordinator_read(config, c, &fly, var, &subject).await {
         Ok(m) => m,
         Err(finding) => return vec![finding],
     };
     vec![
         coordinator_state(c, &machine, &subject),
         coordinator_slots(c, &machine, &subject),
-        coordinator_lease(config, c, &fly, token.var, &subject).await,
+        coordinator_lease(config, c, &fly, var, &subject).await,
     ]
 }
 
@@ -626,7 +810,7 @@ async fn coordinator_read(
     var: &str,
     subject: &str,
 ) -> Result<Machine, Finding> {
-    match fly.get_machine(&c.app, &c.machine_id).await {
+    match patiently(|| fly.get_machine(&c.app, &c.machine_id)).await {
         Ok(m) => Ok(m),
         Err(e) => {
             let fix = match e {
@@ -705,30 +889,33 @@ async fn coordinator_lease(
     var: &str,
     subject: &str,
 ) -> Finding {
-    match fly
-        .acquire_lease(
+    let acquired = patiently(|| {
+        fly.acquire_lease(
             &c.app,
             &c.machine_id,
             LEASE_TTL,
             "fleet-reconciler preflight: taken and released at once",
         )
-        .await
-    {
-        Ok(lease) => match fly.release_lease(&c.app, &c.machine_id, &lease.nonce).await {
-            Ok(()) => Finding::ok(
-                CheckKind::Coordinator,
-                format!("{subject} lease"),
-                "leasable: taken and released",
-            ),
-            Err(e) => Finding::ok(
-                CheckKind::Coordinator,
-                format!("{subject} lease"),
-                format!(
-                    "leasable: taken, but not released ({e}); it lapses in {}",
-                    humantime::format_duration(LEASE_TTL)
+    })
+    .await;
+    match acquired {
+        Ok(lease) => {
+            match patiently(|| fly.release_lease(&c.app, &c.machine_id, &lease.nonce)).await {
+                Ok(()) => Finding::ok(
+                    CheckKind::Coordinator,
+                    format!("{subject} lease"),
+                    "leasable: taken and released",
                 ),
-            ),
-        },
+                Err(e) => Finding::ok(
+                    CheckKind::Coordinator,
+                    format!("{subject} lease"),
+                    format!(
+                        "leasable: taken, but not released ({e}); it lapses in {}",
+                        humantime::format_duration(LEASE_TTL)
+                    ),
+                ),
+            }
+        }
         Err(FlyError::LeaseConflict { .. }) => Finding::ok(
             CheckKind::Coordinator,
             format!("{subject} lease"),
@@ -1165,7 +1352,8 @@ routing_key_env = "PD_KEY"
             failing(&report),
             [
                 "rotation.coordinator",
-                "FLY_API_TOKEN",
+                "FLEET_RECONCILER_RECORD_KEY",
+                "FLEET_RECONCILER_FLY_TOKEN",
                 "AGENT_TOKEN",
                 "PD_URL",
                 "PD_KEY"
@@ -1186,12 +1374,62 @@ routing_key_env = "PD_KEY"
         );
     }
 
+    /// The record key: required where a pool acts, a set value must be a
+    /// key, only key ids are shown; a coordinator in a swept app is a warning.
+    #[test]
+    fn the_record_key_and_the_coordinators_placement_are_checked() {
+        let config = Config::parse(Path::new("t.toml"), CONFIG).unwrap();
+        let finding = |env: &[(&str, &str)]| record_key(&config, &lookup(env));
+        let missing = finding(&[]);
+        assert_eq!(missing.status, Status::Fail);
+        assert!(missing.detail.contains("records.key_env"), "{missing:?}");
+        assert!(
+            missing
+                .fix
+                .as_deref()
+                .unwrap_or_default()
+                .contains("openssl rand -hex 32")
+        );
+        let short = finding(&[("FLEET_RECONCILER_RECORD_KEY", "abcd")]);
+        assert_eq!(short.status, Status::Fail);
+        assert!(short.detail.contains("2 bytes"), "{short:?}");
+        let key = "ab".repeat(32);
+        let bad_previous = finding(&[
+            ("FLEET_RECONCILER_RECORD_KEY", &key),
+            ("FLEET_RECONCILER_PREVIOUS_RECORD_KEY", "not hex"),
+        ]);
+        assert_eq!(bad_previous.status, Status::Fail);
+        assert!(
+            bad_previous.detail.contains("records.previous_key_env"),
+            "{bad_previous:?}"
+        );
+        let previous = "cd".repeat(32);
+        let ok = finding(&[
+            ("FLEET_RECONCILER_RECORD_KEY", &key),
+            ("FLEET_RECONCILER_PREVIOUS_RECORD_KEY", &previous),
+        ]);
+        assert_eq!(ok.status, Status::Ok);
+        assert!(
+            ok.detail.contains("still verifies") && !ok.detail.contains(&key),
+            "{ok:?}"
+        );
+
+        let placed = |coordinator: &str| {
+            let text = format!("{CONFIG}\n[rotation]\ncoordinator = \"{coordinator}\"\n");
+            coordinator_configured(&Config::parse(Path::new("t.toml"), &text).unwrap())
+        };
+        assert_eq!(placed("reconciler/c1").status, Status::Ok);
+        let exposed = placed("agents/c1");
+        assert_eq!(exposed.status, Status::Warn, "{exposed:?}");
+        assert!(exposed.detail.contains("swept app"), "{exposed:?}");
+    }
+
     #[test]
     fn findings_never_carry_a_secret_value() {
         let config = Config::parse(Path::new("t.toml"), CONFIG).unwrap();
         let env = lookup(&[
             ("AGENTS_FLY_TOKEN", "s3cret-agents"),
-            ("FLY_API_TOKEN", "s3cret-org"),
+            ("FLEET_RECONCILER_FLY_TOKEN", "s3cret-org"),
             ("PD_URL", "http://hooks.example.com/s3cret-path"),
             ("PD_KEY", "s3cret-key"),
         ]);

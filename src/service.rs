@@ -2,8 +2,9 @@
 //! and the notifier, with graceful shutdown.
 //!
 //! Owns the wiring and the lifecycle: it builds the sweeper, executor,
-//! metrics, notifier and server from one [`RunArgs`], hands each cycle to
-//! [`Reporter`] (report/reporter.rs: what a cycle's outcome becomes), and
+//! metrics, notifier, heartbeats and server from one [`RunArgs`], hands each
+//! cycle to [`Reporter`] (report/reporter.rs: what a cycle's outcome
+//! becomes), pings the heartbeats after each successful sweep, and
 //! shuts down in order within Fly's kill timeout. It must never decide
 //! anything the planner decides nor turn an outcome into a report itself,
 //! and never read the environment: secrets arrive in `ServiceSecrets`.
@@ -20,9 +21,10 @@ use crate::act::operator::Operator;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::daemon::{self, LoopOptions, Secrets, SetupError, SweepOutcome};
+use crate::decide::policy::Policy;
 use crate::observe::sweep::Sweeper;
 use crate::report::metrics::{Metrics, MetricsError};
-use crate::report::notify::{Notifier, NotifierOptions, NotifyError, SinkSecrets};
+use crate::report::notify::{Heartbeats, Notifier, NotifierOptions, NotifyError, SinkSecrets};
 use crate::report::reporter::Reporter;
 use crate::report::server::{self, FleetView, ServerLimits, ServerState};
 
@@ -38,6 +40,8 @@ pub struct ServiceSecrets {
     pub webhooks: Vec<SinkSecrets>,
     /// The URL of each `[[alerts.alertmanager]]`, in order.
     pub alertmanagers: Vec<SecretString>,
+    /// The ping URL of each `[[alerts.heartbeat]]`, in order.
+    pub heartbeats: Vec<SecretString>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,16 +113,25 @@ pub async fn run(
     } = args;
     let metrics = Arc::new(Metrics::new_at(config.metrics.per_machine, clock.now())?);
     let sweeper = connect_observed(&config, &secrets, &metrics).await?;
+    // One policy for this config, shared by whoever decides on it.
+    let policy = Arc::new(Policy::from_config(&config));
     let executor = Executor::new(
         sweeper.fly.clone(),
         config.clone(),
+        policy.clone(),
         secrets.agent_tokens.clone(),
         ExecutorConfig {
             clock: clock.clone(),
+            record_keys: secrets.core.record_keys.clone(),
             ..ExecutorConfig::new(&owner)
         },
     )?;
-    let notifier = notifier(&config, &secrets, &clock)?;
+    let notifier = notifier(&config, &secrets, &clock, &metrics)?;
+    let heartbeats = Heartbeats::new(
+        &config.alerts,
+        secrets.heartbeats.clone(),
+        Some(metrics.clone()),
+    )?;
     let view = fleet_view(&config, &clock);
     let state = server_state(&config, &secrets, &metrics, &view, &sweeper, &clock);
     let refresh = state.refresh_requests();
@@ -146,6 +159,12 @@ pub async fn run(
         shutdown.clone(),
         |outcome| {
             reporter.report(&outcome);
+            // The dead-man's switch: only a sweep that listed machines
+            // pings (one where no app could be listed is a failed sweep),
+            // so the receiver pages when the daemon is gone or cannot sweep.
+            if matches!(outcome, SweepOutcome::Swept(_)) {
+                heartbeats.ping();
+            }
             observe(&outcome);
             // The cycle (its report, plan and steps) is most of what a
             // sweep allocated: free it first, then hand the pages back.
@@ -187,6 +206,7 @@ fn notifier(
     config: &Config,
     secrets: &ServiceSecrets,
     clock: &SharedClock,
+    metrics: &Metrics,
 ) -> Result<Notifier, NotifyError> {
     // Alert state on the data volume: a restart neither re-pages what still
     // fires nor forgets to resolve what cleared, nor loses what was queued.
@@ -198,6 +218,7 @@ fn notifier(
             state_file: Some(config.alert_state_file()),
             clock: clock.clone(),
             public_url: config.server.public_url.clone(),
+            counter: metrics.delivery_counter(),
             ..NotifierOptions::default()
         },
     )
@@ -210,7 +231,10 @@ fn fleet_view(config: &Config, clock: &SharedClock) -> FleetView {
     // A turn may wait out Fly calls and their retries (a slow API is not a
     // stuck loop).
     let fly_calls = config.fly.request_timeout.get() * (config.fly.max_retries + 1);
-    view.update(|o| o.turn_allowance = fly_calls * 2 + config.probe.timeout.get());
+    view.update(|o| {
+        o.turn_allowance = fly_calls * 2 + config.probe.timeout.get();
+        o.stale_after = config.alerts.stale_after;
+    });
     view
 }
 
@@ -225,7 +249,11 @@ fn server_state(
     clock: &SharedClock,
 ) -> ServerState {
     ServerState::new(metrics.clone(), view.clone())
-        .with_operator(Operator::new(sweeper.fly.clone(), config))
+        .with_operator(Operator::new(
+            sweeper.fly.clone(),
+            config,
+            secrets.core.record_keys.clone(),
+        ))
         .with_admin_token(
             secrets
                 .admin_token
@@ -295,6 +323,7 @@ mod tests {
             core: Secrets {
                 fly_token: "fly-s3cret".into(),
                 git_token: Some("git-s3cret".into()),
+                record_keys: None,
             },
             agent_tokens: HashMap::from([("app".to_string(), "agent-s3cret".into())]),
             admin_token: Some("admin-s3cret".into()),
@@ -304,6 +333,7 @@ mod tests {
                 hmac_secret: Some("hmac-s3cret".into()),
             }],
             alertmanagers: vec!["https://am.example/am-s3cret".into()],
+            heartbeats: vec!["https://hc-ping.example/hb-s3cret".into()],
         };
         let shown = format!("{secrets:?} {secrets:#?}");
         assert!(!shown.contains("s3cret"), "{shown}");

@@ -5,8 +5,8 @@
 //! every exit path); a lease held by someone else means "skip this machine
 //! this sweep", never "take it". Under the lease it re-reads the machine and
 //! checks the step's preconditions at the moment of action — no hold, the
-//! marker the plan saw, for `manual` an approval that still names the
-//! rotation's commit, the rotation's slot, and before a restart that must not
+//! marker the plan saw, for `manual` the very approval the rotation was
+//! claimed with (its marker names it) still naming its commit, the rotation's slot, and before a restart that must not
 //! interrupt work a fresh probe of the agent — then writes the new marker, and
 //! only then acts. The read a disruptive call is judged on is the last thing
 //! before it (a restart's comes after its probe), and every such call is read
@@ -14,6 +14,18 @@
 //! [`Unfenced`]. A failed precondition is a typed [`Declined`], never an
 //! error retried blindly. Once a lease refresh failed, the step makes no
 //! further mutating call.
+//!
+//! Agents can write their app's metadata (docs/safety.md, "Threat model"):
+//! every marker, probe-failure record (and its clear) and slot set is written
+//! sealed with the record key ([`crate::metadata::seal`]), and on every
+//! re-read only sealed markers, approvals and slot sets count — anything
+//! else is foreign, and the step stops. An approval a rotation consumes is
+//! first listed as spent on the coordinator (even when another replaced it
+//! on the machine since), then deleted from the machine if still there, so
+//! that writing it back approves nothing. A halt the planner detected
+//! (`[release]`) is written sealed on the coordinator
+//! ([`Executor::record_halt`]). Without the key it refuses to
+//! be built when a pool acts.
 //!
 //! It is the only code that calls mutating Fly endpoints or an agent's
 //! cooperative endpoints. It must never decide: when the world differs from
@@ -36,10 +48,16 @@ use crate::decide::planner::{self, RestartGuard, Step, StepKind, Target, Undrain
 use crate::decide::policy::Policy;
 use crate::events::{ActionEvent, EventKind, EventRotation};
 use crate::fly::{FlyClient, FlyError, Lease, Machine, WaitState};
+use crate::metadata::controls::Trust;
 use crate::metadata::marker::{Ending, Marker, Phase};
-use crate::metadata::operator::{Approval, ApprovalId, ApprovalMode};
+use crate::metadata::operator::{Approval, ApprovalId, ApprovalMode, SpentApprovals};
+use crate::metadata::seal::RecordKeys;
 use crate::metadata::slots::{Coordinator, Slot, SlotSet};
-use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
+use crate::metadata::unprobed::{Cleared, Unprobed};
+use crate::metadata::{
+    APPROVE_KEY, COORDINATOR_HOLD_PREFIX, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY,
+    coordinator_spent_key,
+};
 use crate::model::{AppName, CommitId, MachineId, MachineState, PolicyAction, PoolName, Severity};
 use crate::observe::probe::{ProbeBuildError, ProbeOutcome, Prober};
 
@@ -60,6 +78,10 @@ pub struct ExecutorConfig {
     pub owner: String,
     /// Where steps read the time (markers, events, deadlines re-checked).
     pub clock: SharedClock,
+    /// The record keys: every marker and unprobed record is written sealed
+    /// with them, and only sealed ones (and sealed approvals) are trusted on
+    /// the re-reads before each call. Required when any pool acts.
+    pub record_keys: Option<RecordKeys>,
 }
 
 impl ExecutorConfig {
@@ -72,6 +94,7 @@ impl ExecutorConfig {
             concurrency: 16,
             owner: owner.to_string(),
             clock: crate::clock::system(),
+            record_keys: None,
         }
     }
 }
@@ -80,8 +103,9 @@ impl ExecutorConfig {
 /// plan assumed, and the next sweep replans from what it sees.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Declined {
-    #[error("lease held by another actor")]
-    Leased,
+    /// Fly's 409 says who holds it and until when.
+    #[error("lease held by another actor: {message}")]
+    Leased { message: String },
     #[error("Fly's rate limit refused a call; tried again next sweep")]
     RateLimited,
     #[error("marker changed since the plan (another reconciler acted)")]
@@ -93,6 +117,13 @@ pub enum Declined {
         target: CommitId,
         interrupting: bool,
     },
+    /// The approval on the machine is not the one the rotation was
+    /// claimed with (replaced, revoked, or a consumed one written back).
+    #[error(
+        "the approval on the machine is not {}, the one the rotation was claimed with",
+        .claimed.as_str()
+    )]
+    ApprovalReplaced { claimed: ApprovalId },
     #[error("the machine is {state}, not started")]
     NotStarted { state: MachineState },
     #[error("pool {pool} of {app} is at its cap of {cap}")]
@@ -123,9 +154,11 @@ pub enum Declined {
     AgentAnswers(planner::NotIdle),
     #[error("fresh probe: the agent already runs the target")]
     OnTarget,
-    /// An unprobeable agent's restart, and Fly shows health checks that all
-    /// pass: the machine serves as far as Fly can tell.
-    #[error("the agent gives no usable report but Fly's health checks all pass; not restarted")]
+    /// An unprobeable agent's restart, and Fly shows no failing health
+    /// check: the machine serves as far as Fly can tell.
+    #[error(
+        "the agent gives no usable report but none of Fly's health checks fails; not restarted"
+    )]
     FlyChecksPass,
     #[error("shutting down")]
     ShuttingDown,
@@ -354,6 +387,8 @@ pub enum ExecutorBuildError {
         "rotation.coordinator is not set: some pool acts on machines, and `run` needs the machine (APP/MACHINE_ID) whose lease and metadata keep the pools' rotation slots"
     )]
     NoCoordinator,
+    #[error(transparent)]
+    NoRecordKey(#[from] crate::config::RecordKeyError),
 }
 
 pub struct Executor {
@@ -361,10 +396,13 @@ pub struct Executor {
     agents: reqwest::Client,
     agent_timeout: Duration,
     prober: Prober,
-    /// What the re-checks under a lease apply: the planner's own rules.
-    policy: Policy,
+    /// What the re-checks under a lease apply: the planner's own rules, the
+    /// one policy of the config the daemon runs.
+    policy: Arc<Policy>,
     /// `None` only when no pool acts (observe-only fleets need no slots).
     coordinator: Option<Coordinator>,
+    /// The coordinator is in a swept app: only a sealed slot set is read.
+    coordinator_exposed: bool,
     agent_tokens: HashMap<String, SecretString>,
     tuning: ExecutorConfig,
     /// Steps of this process take the coordinator's lease one at a time:
@@ -372,7 +410,7 @@ pub struct Executor {
     coordinator_gate: tokio::sync::Mutex<()>,
     /// The latest read of the slot set and when it was sent, shared by the
     /// slot checks of concurrent steps.
-    slots_read: tokio::sync::Mutex<Option<(Instant, SlotSet)>>,
+    slots_read: tokio::sync::Mutex<Option<(Instant, CoordinatorRead)>>,
     /// Slot changes waiting for the next batch under the coordinator's lease.
     slot_queue: Mutex<Vec<(SlotChange, SlotReply)>>,
 }
@@ -484,16 +522,26 @@ impl Held {
 }
 
 impl Executor {
-    /// `agent_tokens`: app name → bearer token for its agents' cooperative endpoints.
+    /// `policy`: the one built from `config` ([`Policy::from_config`]),
+    /// shared with the planner. `agent_tokens`: app name → bearer token for
+    /// its agents' cooperative endpoints.
     pub fn new(
         fly: FlyClient,
         config: Arc<Config>,
+        policy: Arc<Policy>,
         agent_tokens: HashMap<String, SecretString>,
         tuning: ExecutorConfig,
     ) -> Result<Executor, ExecutorBuildError> {
         let coordinator = config.rotation.coordinator.clone();
+        let coordinator_exposed = config.coordinator_exposed();
         if coordinator.is_none() && config.acts() {
             return Err(ExecutorBuildError::NoCoordinator);
+        }
+        if tuning.record_keys.is_none() && config.acts() {
+            return Err(crate::config::RecordKeyError::Missing {
+                var: config.records.key_env.clone(),
+            }
+            .into());
         }
         let agent_timeout = config.probe.timeout.get().max(Duration::from_secs(5));
         let agents = crate::http::client_builder()
@@ -506,14 +554,49 @@ impl Executor {
             agents,
             agent_timeout,
             prober,
-            policy: Policy::from_config(&config),
+            policy,
             coordinator,
+            coordinator_exposed,
             agent_tokens,
             tuning,
             coordinator_gate: tokio::sync::Mutex::new(()),
             slots_read: tokio::sync::Mutex::new(None),
             slot_queue: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The policy this executor acts under: the loop that feeds it plans
+    /// plans with the same one.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// How records are read and written: with the record keys (always, where a pool acts).
+    fn trust(&self) -> Trust<'_> {
+        Trust::of(self.tuning.record_keys.as_ref())
+    }
+
+    /// Writes `app`'s halt record on the coordinator, sealed: the planner
+    /// detected the halt ([`crate::decide::halt`]). One key of its own, not
+    /// under the coordinator's lease (behind this process's slot steps); a
+    /// write that fails is tried again by the next sweep's plan, which
+    /// keeps halting meanwhile.
+    pub async fn record_halt(
+        &self,
+        app: &crate::model::AppName,
+        record: &crate::metadata::halt::HaltRecord,
+    ) -> Result<(), FlyError> {
+        let Some(c) = &self.coordinator else {
+            return Ok(());
+        };
+        let key = crate::metadata::halt::coordinator_halt_key(app.as_str());
+        let value = self
+            .trust()
+            .seal(c.machine_id.as_str(), &key, &record.to_value());
+        let _gate = self.coordinator_gate.lock().await;
+        self.fly
+            .set_metadata(&c.app, &c.machine_id, &key, &value, None)
+            .await
     }
 
     /// The Fly client for a call under `lease`: nothing is sent, and nothing
@@ -682,6 +765,7 @@ impl Executor {
         shutdown: &CancellationToken,
     ) -> Result<(), StepError> {
         let t = &step.target;
+        let started = Instant::now();
         let mut w = Watch::of(step, lease);
         // The plan was made from a snapshot: act only on what is true now.
         let call = if step.needs_slot() {
@@ -690,6 +774,7 @@ impl Executor {
             Call::Write
         };
         let machine = self.check(&w, call).await?;
+        self.not_held_on_coordinator(step, started).await?;
         match &step.kind {
             StepKind::Claim {
                 marker,
@@ -720,9 +805,11 @@ impl Executor {
                 clear_approval,
                 ..
             } => {
-                // Only the approval this rotation used is consumed; a newer
-                // one stays for the next rotation.
-                let clear_approval = *clear_approval && stands_approval_of(&machine, marker);
+                // Only the approval this rotation used is consumed: spent
+                // on the coordinator whether or not it is still on the
+                // machine, deleted only if it is (a newer one stays for the
+                // next rotation).
+                let consumed = clear_approval.then(|| consumption(self.trust(), &machine, marker));
                 let undrain = match undrain {
                     Undrain::Needed => true,
                     Undrain::NotNeeded => undrain_anyway(step, &machine),
@@ -733,14 +820,37 @@ impl Executor {
                 // A cordon Fly shows is lifted even where the marker says none
                 // was made (one that landed after an outside update).
                 let uncordon = marker.may_have_cordoned() || machine.cordoned == Some(true);
-                self.release_rotation(&mut w, step, marker, uncordon, undrain, clear_approval)
+                self.release_rotation(&mut w, step, marker, uncordon, undrain, consumed)
                     .await
             }
             StepKind::RecordUnprobed { record } => {
-                self.write_unprobed(t, lease, Some(&record.to_value()))
-                    .await
+                let sealed =
+                    self.trust()
+                        .seal(t.machine_id.as_str(), UNPROBED_KEY, &record.to_value());
+                self.write_unprobed(t, lease, Some(&sealed)).await
             }
-            StepKind::ClearUnprobed => self.write_unprobed(t, lease, None).await,
+            StepKind::ClearUnprobed => {
+                // Ours is replaced by a sealed note naming it, so every
+                // replica tells our clear from a deletion; anything else goes.
+                let ours = machine
+                    .metadata(UNPROBED_KEY)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| {
+                        self.trust()
+                            .open(t.machine_id.as_str(), UNPROBED_KEY, v)
+                            .ok()
+                    })
+                    .and_then(|text| Unprobed::parse(&text));
+                let cleared = ours.map(|record| {
+                    let note = Cleared {
+                        cleared: record.fingerprint(),
+                    };
+                    self.trust()
+                        .seal(t.machine_id.as_str(), UNPROBED_KEY, &note.to_value())
+                });
+                self.write_unprobed(t, lease, cleared.as_deref()).await
+            }
         }
     }
 
@@ -872,7 +982,10 @@ impl Executor {
                 Call::Disruptive
             };
             let now = self.check(w, need).await?;
-            if guard == RestartGuard::Unprobeable && fly_checks_pass(&now) {
+            // The planner's rule, on this read: a failing Fly check.
+            if guard == RestartGuard::Unprobeable
+                && !crate::fly::MachineCheck::any_failing(&now.checks)
+            {
                 return Err(Declined::FlyChecksPass.into());
             }
             Ok::<(), StepError>(())
@@ -946,7 +1059,9 @@ impl Executor {
         if metadata.contains_key(HOLD_KEY) {
             return Err(Declined::Held.into());
         }
-        let current = metadata.get(MARKER_KEY).map(|v| Marker::parse(v));
+        let current = metadata
+            .get(MARKER_KEY)
+            .map(|v| open_marker(self.trust(), &w.t.machine_id, v));
         let unchanged = match (&w.marker, &current) {
             (None, None) => true,
             (Some(expected), Some(Some(now))) => expected == now,
@@ -974,8 +1089,30 @@ impl Executor {
                 }
                 .into());
             }
-            if let Some(target) = &w.approval {
-                approved(&machine, target, call == Call::Interrupting)?;
+            if let Some(authority) = &w.approval {
+                approved(
+                    self.trust(),
+                    &machine,
+                    authority,
+                    call == Call::Interrupting,
+                )?;
+            }
+            // The hold's authoritative copy too: an agent can delete the
+            // machine's copy of a hold written while this step runs.
+            if let Some(c) = self.coordinator.as_ref() {
+                let read = self.coordinator_read_since(Instant::now()).await?;
+                match read.held {
+                    Some(held) if held.contains(w.t.machine_id.as_str()) => {
+                        return Err(Declined::Held.into());
+                    }
+                    Some(_) => {}
+                    None => {
+                        return Err(Declined::SlotsUnreadable(format!(
+                            "coordinator {c}: its host hides its metadata (its holds)"
+                        ))
+                        .into());
+                    }
+                }
             }
         }
         Ok(machine)
@@ -1080,7 +1217,7 @@ impl Executor {
         marker: &Marker,
         uncordon: bool,
         undrain: bool,
-        clear_approval: bool,
+        consumed: Option<Consumption>,
     ) -> Result<(), StepError> {
         let (t, lease) = (w.t, w.lease);
         let (app, id, nonce) = (&t.app, &t.machine_id, lease.nonce());
@@ -1120,12 +1257,20 @@ impl Executor {
             )
             .await?;
         }
-        if clear_approval {
-            self.check(w, Call::Write).await?;
-            lease.ensure()?;
-            self.bounded(lease)
-                .delete_metadata(app, id, APPROVE_KEY, nonce)
-                .await?;
+        if let Some(Consumption { spend, delete }) = consumed {
+            // Spent on the coordinator first: a sealed approval written back
+            // onto the machine later (its seal still verifies there) must
+            // approve nothing, and a crash between the two leaves it spent.
+            if let Some(approval) = spend {
+                self.spend_approval(t, &approval).await?;
+            }
+            if delete {
+                self.check(w, Call::Write).await?;
+                lease.ensure()?;
+                self.bounded(lease)
+                    .delete_metadata(app, id, APPROVE_KEY, nonce)
+                    .await?;
+            }
         }
         match marker.ending.unwrap_or(Ending::Cancelled) {
             Ending::Yielded => {
@@ -1214,7 +1359,9 @@ impl Executor {
                 &w.t.app,
                 &w.t.machine_id,
                 MARKER_KEY,
-                &marker.to_value(),
+                &self
+                    .trust()
+                    .seal(w.t.machine_id.as_str(), MARKER_KEY, &marker.to_value()),
                 w.lease.nonce(),
             )
             .await;
@@ -1240,24 +1387,81 @@ impl Executor {
         let value = m
             .metadata(SLOTS_KEY)
             .map_err(|e| unreadable(e.to_string()))?;
-        SlotSet::parse(value).map_err(|e| unreadable(e.to_string()).into())
+        SlotSet::open(self.trust(), c, value, self.coordinator_exposed)
+            .map_err(|e| unreadable(e.to_string()).into())
     }
 
-    /// The slot set as read by a `GET` sent at or after `asked`. Concurrent
-    /// steps share reads: one read serves every step that asked before it
-    /// was sent (Fly allows about 5 reads a second of one machine, and every
-    /// disruptive step of a sweep checks the one coordinator).
-    async fn slots_read_since(&self, asked: Instant) -> Result<SlotSet, StepError> {
+    /// The coordinator as read by a `GET` sent at or after `asked`: its
+    /// slot set (or why it is unreadable) and the machines its holds name.
+    /// Concurrent steps share reads: one read serves every step that asked
+    /// before it was sent (Fly allows about 5 reads a second of one machine,
+    /// and every step of a sweep checks the one coordinator).
+    async fn coordinator_read_since(&self, asked: Instant) -> Result<CoordinatorRead, StepError> {
         let mut last = self.slots_read.lock().await;
-        if let Some((sent, set)) = last.as_ref()
+        if let Some((sent, read)) = last.as_ref()
             && *sent >= asked
         {
-            return Ok(set.clone());
+            return Ok(read.clone());
         }
         let sent = Instant::now();
-        let set = self.read_slots().await?;
-        *last = Some((sent, set.clone()));
-        Ok(set)
+        let c = self.coordinator()?;
+        let m = self.fly.get_machine(&c.app, &c.machine_id).await?;
+        let unreadable = |e: String| Declined::SlotsUnreadable(format!("coordinator {c}: {e}"));
+        let read = CoordinatorRead {
+            slots: m
+                .metadata(SLOTS_KEY)
+                .map_err(|e| unreadable(e.to_string()))
+                .and_then(|value| {
+                    SlotSet::open(self.trust(), c, value, self.coordinator_exposed)
+                        .map_err(|e| unreadable(e.to_string()))
+                }),
+            held: m.known_metadata().ok().map(|metadata| {
+                metadata
+                    .keys()
+                    .filter_map(|k| k.strip_prefix(COORDINATOR_HOLD_PREFIX))
+                    .map(str::to_string)
+                    .collect()
+            }),
+        };
+        *last = Some((sent, read.clone()));
+        Ok(read)
+    }
+
+    /// The slot set as read by a `GET` sent at or after `asked` (shared: see
+    /// [`Executor::coordinator_read_since`]).
+    async fn slots_read_since(&self, asked: Instant) -> Result<SlotSet, StepError> {
+        Ok(self.coordinator_read_since(asked).await?.slots?)
+    }
+
+    /// The hold's authoritative copy, read from the coordinator after the
+    /// step took the machine's lease: an agent can delete the machine's copy
+    /// between the plan and the step's first read of the machine, which
+    /// alone would let a stale step act on a held machine. A coordinator
+    /// that cannot be read stops a step that needs a slot (it could not
+    /// verify its slot either); an undo or bookkeeping step goes on, judged
+    /// on the machine's copy (docs/safety.md, "Threat model").
+    async fn not_held_on_coordinator(&self, step: &Step, asked: Instant) -> Result<(), StepError> {
+        if self.coordinator.is_none() {
+            return Ok(());
+        }
+        match self.coordinator_read_since(asked).await {
+            Ok(read) => match read.held {
+                Some(held) if held.contains(step.target.machine_id.as_str()) => {
+                    Err(Declined::Held.into())
+                }
+                Some(_) => Ok(()),
+                None if step.needs_slot() => Err(Declined::SlotsUnreadable(
+                    "the coordinator's host hides its metadata (its holds)".into(),
+                )
+                .into()),
+                None => Ok(()),
+            },
+            Err(e) if step.needs_slot() => Err(e),
+            Err(e) => {
+                tracing::info!(app = %step.target.app, machine_id = %step.target.machine_id, error = %e, "the coordinator's holds could not be read; an undo step goes on, judged on the machine's hold");
+                Ok(())
+            }
+        }
     }
 
     /// Before a disruptive call: the rotation's slot is still in the set.
@@ -1341,6 +1545,9 @@ impl Executor {
         );
         let (changes, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         let (results, unanswered) = self.apply_slot_changes(&changes).await;
+        // Our own change makes any earlier shared read of the coordinator
+        // stale (two instants of a paused test clock can be equal).
+        *self.slots_read.lock().await = None;
         for (answer, result) in answers.into_iter().zip(results) {
             // A waiter that went away (shutdown) needs no answer.
             let _ = answer.send((result, unanswered));
@@ -1450,7 +1657,10 @@ impl Executor {
             let live = match self.fly.get_machine(app, &slot.machine_id).await {
                 Err(FlyError::NotFound { .. }) => false,
                 Err(_) => true,
-                Ok(m) => match m.metadata(MARKER_KEY).map(|v| v.map(Marker::parse)) {
+                Ok(m) => match m
+                    .metadata(MARKER_KEY)
+                    .map(|v| v.map(|v| open_marker(self.trust(), &slot.machine_id, v)))
+                {
                     // Its host is unreachable: the marker may be there.
                     Err(_) => true,
                     // Cordoned with its marker gone (an outside update
@@ -1468,6 +1678,47 @@ impl Executor {
             }
         }
         stale
+    }
+
+    /// Adds `approval` to the coordinator's list of approvals consumed on
+    /// `t`'s machine, under the coordinator's lease (docs/safety.md,
+    /// "Threat model": a consumed approval cannot be reused).
+    async fn spend_approval(&self, t: &Target, approval: &ApprovalId) -> Result<(), StepError> {
+        // No coordinator (configured away mid-rotation): nowhere out of the
+        // agents' reach to keep the list, and no rotation can claim a slot
+        // to use the approval again either.
+        let Some(c) = self.coordinator.as_ref() else {
+            return Ok(());
+        };
+        let key = coordinator_spent_key(t.machine_id.as_str());
+        // One coordinator lease per process at a time (slot batches take it too).
+        let _turn = self.coordinator_gate.lock().await;
+        let coordinator = self.acquire_coordinator().await?;
+        let result = async {
+            let m = self.fly.get_machine(&c.app, &c.machine_id).await?;
+            let value = m.metadata(&key).map_err(|e| {
+                Declined::SlotsUnreadable(format!("coordinator {c}: key {key}: {e}"))
+            })?;
+            let spent = value
+                .and_then(|v| SpentApprovals::parse(&Trust::AsWritten.open("", "", v).ok()?))
+                .unwrap_or_default();
+            if spent.contains(approval) {
+                return Ok(());
+            }
+            let sealed = self.trust().seal(
+                c.machine_id.as_str(),
+                &key,
+                &spent.with(approval.clone()).to_value(),
+            );
+            coordinator.ensure()?;
+            self.bounded(&coordinator)
+                .set_metadata(&c.app, &c.machine_id, &key, &sealed, coordinator.nonce())
+                .await?;
+            Ok(())
+        }
+        .await;
+        self.release(coordinator).await;
+        result
     }
 
     /// Best effort: a slot left behind is reclaimed by the next claim that needs it.
@@ -1493,7 +1744,7 @@ impl Executor {
                 &c.app,
                 &c.machine_id,
                 SLOTS_KEY,
-                &set.to_value(),
+                &set.to_sealed_value(self.trust(), c),
                 coordinator.nonce(),
             )
             .await
@@ -1506,10 +1757,10 @@ impl Executor {
         loop {
             match self.acquire(&c.app, &c.machine_id).await {
                 Ok(held) => return Ok(held),
-                Err(StepError::Declined(Declined::Leased)) if Instant::now() < give_up => {
+                Err(StepError::Declined(Declined::Leased { .. })) if Instant::now() < give_up => {
                     tokio::time::sleep(Duration::from_millis(fastrand::u64(50..300))).await;
                 }
-                Err(StepError::Declined(Declined::Leased)) => {
+                Err(StepError::Declined(Declined::Leased { .. })) => {
                     return Err(Declined::CoordinatorBusy(c.to_string()).into());
                 }
                 Err(e) => return Err(e),
@@ -1528,7 +1779,9 @@ impl Executor {
             .await
         {
             Ok(lease) => lease,
-            Err(FlyError::LeaseConflict { .. }) => return Err(Declined::Leased.into()),
+            Err(FlyError::LeaseConflict { message, .. }) => {
+                return Err(Declined::Leased { message }.into());
+            }
             // Fly's per-machine limit: nothing was done, the next sweep tries again.
             Err(FlyError::RateLimited { .. } | FlyError::Status { status: 429, .. }) => {
                 return Err(Declined::RateLimited.into());
@@ -1656,19 +1909,45 @@ impl Executor {
     }
 }
 
+/// The machine's approval text, when it is one we trust (sealed for it).
+fn open_approval(trust: Trust<'_>, machine: &Machine) -> Option<String> {
+    let value = machine.metadata(APPROVE_KEY).ok().flatten()?;
+    trust.open(&machine.id, APPROVE_KEY, value).ok()
+}
+
+/// The machine's marker, when it is one of ours: readable and sealed for it.
+/// Anything else is foreign (`None`).
+fn open_marker(trust: Trust<'_>, machine_id: &MachineId, value: &str) -> Option<Marker> {
+    Marker::parse(&trust.open(machine_id.as_str(), MARKER_KEY, value).ok()?)
+}
+
 /// For `manual` rotations: the approval must still stand and name the
-/// commit, and say `now` where the call may interrupt live work.
-fn approved(machine: &Machine, target: &CommitId, interrupting: bool) -> Result<(), Declined> {
-    machine
-        .metadata(APPROVE_KEY)
-        .ok()
-        .flatten()
-        .and_then(Approval::parse)
-        .filter(|a| a.approves(target))
+/// commit, and say `now` where the call may interrupt live work. Where the
+/// rotation names the approval it was claimed with (`claimed`), it must be
+/// that very one: another sealed approval of the same commit — a consumed
+/// one an agent wrote back, or one an operator issued since — authorizes
+/// nothing for this rotation (the planner cancels it, and the next claim is
+/// judged on the approval then standing).
+fn approved(
+    trust: Trust<'_>,
+    machine: &Machine,
+    authority: &Authority,
+    interrupting: bool,
+) -> Result<(), Declined> {
+    let text = open_approval(trust, machine);
+    if let Some(claimed) = &authority.approval
+        && text.as_deref().map(ApprovalId::of).as_ref() != Some(claimed)
+    {
+        return Err(Declined::ApprovalReplaced {
+            claimed: claimed.clone(),
+        });
+    }
+    text.and_then(|text| Approval::parse(&text))
+        .filter(|a| a.approves(&authority.target))
         .filter(|a| !interrupting || a.mode == ApprovalMode::Now)
         .map(drop)
         .ok_or_else(|| Declined::NotApproved {
-            target: target.clone(),
+            target: authority.target.clone(),
             interrupting,
         })
 }
@@ -1676,15 +1955,52 @@ fn approved(machine: &Machine, target: &CommitId, interrupting: bool) -> Result<
 /// Whether the approval on the machine is the one `marker`'s rotation used
 /// (its fingerprint), so that consuming it leaves a newer one alone.
 /// Markers naming none (older versions): an approval of their commit.
-fn stands_approval_of(machine: &Machine, marker: &Marker) -> bool {
+fn stands_approval_of(trust: Trust<'_>, machine: &Machine, marker: &Marker) -> bool {
     match &marker.approval {
-        Some(id) => machine
-            .metadata(APPROVE_KEY)
-            .ok()
-            .flatten()
-            .is_some_and(|v| ApprovalId::of(v) == *id),
-        None => approved(machine, &marker.target, false).is_ok(),
+        Some(id) => open_approval(trust, machine).is_some_and(|v| ApprovalId::of(&v) == *id),
+        None => approved(
+            trust,
+            machine,
+            &Authority {
+                target: marker.target.clone(),
+                approval: None,
+            },
+            false,
+        )
+        .is_ok(),
     }
+}
+
+/// One read of the coordinator, shared by the steps that need it.
+#[derive(Clone, Debug)]
+struct CoordinatorRead {
+    slots: Result<SlotSet, Declined>,
+    /// The machines whose hold's authoritative copy it carries; `None`
+    /// when its host hides its metadata.
+    held: Option<std::collections::BTreeSet<String>>,
+}
+
+/// What a rotation's end does with the approval it used.
+#[derive(Debug, PartialEq, Eq)]
+struct Consumption {
+    /// Listed as spent on the coordinator.
+    spend: Option<ApprovalId>,
+    /// Deleted from the machine: it is still the approval there.
+    delete: bool,
+}
+
+/// The approval `marker`'s rotation used, as the machine read under the
+/// lease shows it: the one the marker names is spent even if another has
+/// replaced it; a marker naming none (older versions) spends the approval
+/// of its commit on the machine, if any.
+fn consumption(trust: Trust<'_>, machine: &Machine, marker: &Marker) -> Consumption {
+    let delete = stands_approval_of(trust, machine, marker);
+    let spend = match &marker.approval {
+        Some(id) => Some(id.clone()),
+        None if delete => open_approval(trust, machine).map(|v| ApprovalId::of(&v)),
+        None => None,
+    };
+    Consumption { spend, delete }
 }
 
 /// What each call of one step re-checks on a fresh read of the machine.
@@ -1693,13 +2009,21 @@ struct Watch<'a> {
     lease: &'a Held,
     /// The marker the machine must carry: the plan's, then each one we wrote.
     marker: Option<Marker>,
-    /// A `manual` rotation's commit, which a standing approval must name.
-    approval: Option<CommitId>,
+    /// A `manual` rotation's commit and approval, which must stand.
+    approval: Option<Authority>,
+}
+
+/// What authorizes a `manual` rotation: an approval of its commit, and
+/// where its marker names one, exactly that approval.
+struct Authority {
+    target: CommitId,
+    /// `None` for markers of versions that named none.
+    approval: Option<ApprovalId>,
 }
 
 impl<'a> Watch<'a> {
     /// What `step` expects of its machine at first: the plan's marker, and
-    /// for a `manual` rotation the commit an approval must name.
+    /// for a `manual` rotation the approval it was claimed with.
     fn of(step: &'a Step, lease: &'a Held) -> Watch<'a> {
         Watch {
             t: &step.target,
@@ -1709,7 +2033,10 @@ impl<'a> Watch<'a> {
                 .new_marker()
                 .or(step.expected.as_ref())
                 .filter(|m| m.action == PolicyAction::Manual)
-                .map(|m| m.target.clone()),
+                .map(|m| Authority {
+                    target: m.target.clone(),
+                    approval: m.approval.clone(),
+                }),
         }
     }
 }
@@ -1722,11 +2049,6 @@ fn undrain_anyway(step: &Step, machine: &Machine) -> bool {
     step.expected
         .as_ref()
         .is_some_and(|e| e.drain_requested && e.phase != Phase::Yielded && machine.is_started())
-}
-
-/// Fly shows health checks of the machine and every one passes.
-fn fly_checks_pass(machine: &Machine) -> bool {
-    !machine.checks.is_empty() && machine.checks.iter().all(|c| c.passing())
 }
 
 /// What the next call of a step needs of the machine.
@@ -1834,6 +2156,166 @@ fn events_for(step: &Step, outcome: &Outcome, at: DateTime<Utc>) -> Vec<ActionEv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The re-read before each call of a `manual` rotation trusts only an
+    /// approval sealed for this machine: one an agent swapped in (unsigned,
+    /// or another machine's sealed one) approves nothing, so the restart is
+    /// declined even if the plan was made on a real approval.
+    #[test]
+    fn only_a_sealed_approval_of_this_machine_stands_under_the_lease() {
+        use crate::metadata::seal::{RecordKey, RecordKeys};
+        let keys = RecordKeys::new(RecordKey::from_hex(&"42".repeat(32)).unwrap());
+        let target = CommitId::parse(&"a".repeat(40)).unwrap();
+        let approval = serde_json::to_string(&Approval {
+            target: target.clone(),
+            mode: ApprovalMode::Now,
+            by: "ops".into(),
+            at: chrono::DateTime::UNIX_EPOCH,
+        })
+        .unwrap();
+        let machine = |value: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "id": "m1",
+                "instance_id": "i1",
+                "config": { "metadata": { APPROVE_KEY: value } },
+            }))
+            .unwrap()
+        };
+        let trust = Trust::Verify(&keys);
+        let sealed = keys.seal("m1", APPROVE_KEY, &approval);
+        let of_commit = Authority {
+            target: target.clone(),
+            approval: None,
+        };
+        assert_eq!(approved(trust, &machine(&sealed), &of_commit, true), Ok(()));
+        for forged in [approval.clone(), keys.seal("m2", APPROVE_KEY, &approval)] {
+            assert!(
+                approved(trust, &machine(&forged), &of_commit, true).is_err(),
+                "{forged}"
+            );
+        }
+    }
+
+    /// The record keys, target and `now` approvals of the approval tests.
+    fn test_keys() -> crate::metadata::seal::RecordKeys {
+        use crate::metadata::seal::{RecordKey, RecordKeys};
+        RecordKeys::new(RecordKey::from_hex(&"42".repeat(32)).unwrap())
+    }
+
+    fn test_target() -> CommitId {
+        CommitId::parse(&"a".repeat(40)).unwrap()
+    }
+
+    /// An operator's `now` approval of `target`, issued at `secs`.
+    fn now_approval(target: &CommitId, secs: i64) -> String {
+        serde_json::to_string(&Approval {
+            target: target.clone(),
+            mode: ApprovalMode::Now,
+            by: "ops".into(),
+            at: chrono::DateTime::from_timestamp(secs, 0).unwrap_or_default(),
+        })
+        .unwrap()
+    }
+
+    /// A rotation that names its approval is authorized by that one only:
+    /// another sealed approval of the same commit and mode on the machine (a
+    /// consumed one written back, a newer one) is declined, naming the one
+    /// claimed with; the claimed one passes.
+    #[test]
+    fn only_the_approval_a_rotation_was_claimed_with_authorizes_its_calls() {
+        let (keys, target) = (test_keys(), test_target());
+        let approval = |secs: i64| now_approval(&target, secs);
+        let machine = |value: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "id": "m1",
+                "instance_id": "i1",
+                "config": { "metadata": { APPROVE_KEY: keys.seal("m1", APPROVE_KEY, value) } },
+            }))
+            .unwrap()
+        };
+        let (claimed, other) = (approval(1), approval(2));
+        let authority = Authority {
+            target: target.clone(),
+            approval: Some(ApprovalId::of(&claimed)),
+        };
+        let trust = Trust::Verify(&keys);
+        assert_eq!(
+            approved(trust, &machine(&claimed), &authority, true),
+            Ok(())
+        );
+        assert_eq!(
+            approved(trust, &machine(&other), &authority, false),
+            Err(Declined::ApprovalReplaced {
+                claimed: ApprovalId::of(&claimed)
+            })
+        );
+    }
+
+    /// A rotation's end spends the approval its marker names whether or not
+    /// it is still on the machine, and deletes it only if it is (a newer one
+    /// stays); a marker naming none spends and deletes an approval of its
+    /// commit, and nothing else.
+    #[test]
+    fn consumption_spends_the_named_approval_and_deletes_only_it() {
+        let (keys, target) = (test_keys(), test_target());
+        let approval = |secs: i64| now_approval(&target, secs);
+        let machine = |value: Option<&str>| -> Machine {
+            let metadata = match value {
+                Some(v) => serde_json::json!({ APPROVE_KEY: keys.seal("m1", APPROVE_KEY, v) }),
+                None => serde_json::json!({}),
+            };
+            serde_json::from_value(serde_json::json!({
+                "id": "m1",
+                "instance_id": "i1",
+                "config": { "metadata": metadata },
+            }))
+            .unwrap()
+        };
+        let (used, newer) = (approval(1), approval(2));
+        let marker = |named: Option<&str>| {
+            Marker {
+            approval: named.map(ApprovalId::of),
+            ..Marker::parse(&format!(
+                r#"{{"tag":"t","target":"{target}","phase":"releasing","mode":"now","action":"manual","severity":"high","started_at":"2026-01-01T00:00:00Z","attempt_started_at":"2026-01-01T00:00:00Z","owner":"r"}}"#
+            ))
+            .unwrap()
+        }
+        };
+        let trust = Trust::Verify(&keys);
+        let spent = |v: &str| Some(ApprovalId::of(v));
+        let named = marker(Some(&used));
+        assert_eq!(
+            consumption(trust, &machine(Some(&used)), &named),
+            Consumption {
+                spend: spent(&used),
+                delete: true
+            }
+        );
+        for other in [machine(Some(&newer)), machine(None)] {
+            assert_eq!(
+                consumption(trust, &other, &named),
+                Consumption {
+                    spend: spent(&used),
+                    delete: false
+                }
+            );
+        }
+        let legacy = marker(None);
+        assert_eq!(
+            consumption(trust, &machine(Some(&newer)), &legacy),
+            Consumption {
+                spend: spent(&newer),
+                delete: true
+            }
+        );
+        assert_eq!(
+            consumption(trust, &machine(None), &legacy),
+            Consumption {
+                spend: None,
+                delete: false
+            }
+        );
+    }
 
     /// A step of no rotation that may have landed unfenced pages at `high`
     /// and names no rotation (before: commit `""` and action `manual`).

@@ -127,6 +127,16 @@ pub enum Decision {
     /// Qualifies for a rotation, but the coordinator's slot set is unknown
     /// (`why`): unknown is not empty, so no claim is made.
     SlotsUnknown { why: String },
+    /// Qualifies for a rotation, but the release tip `tip` is halted for its
+    /// app (`[release] halt_after_failures`): no claim toward it until
+    /// `fleet-reconciler resume`. `failures`: the failed rotations that
+    /// halted it; `verified: false`: the coordinator's halt record is not one
+    /// this fleet sealed, and counts as a halt (fail closed).
+    Halted {
+        tip: CommitId,
+        failures: usize,
+        verified: bool,
+    },
     /// The last sweep could not list the machine's app: its data is an older
     /// listing and nothing is done to it. `held`/`phase` are as last listed.
     AppNotListed { held: bool, phase: Option<Phase> },
@@ -166,6 +176,7 @@ impl Decision {
             Decision::RotationFailed { .. } => "rotation failed".into(),
             Decision::MetadataUnknown { .. } => "metadata unknown".into(),
             Decision::SlotsUnknown { .. } => "slots unknown".into(),
+            Decision::Halted { .. } => "halted".into(),
             Decision::AppNotListed {
                 held: true,
                 phase: _,
@@ -188,6 +199,7 @@ impl Decision {
                 | Decision::RotationFailed { .. }
                 | Decision::MetadataUnknown { .. }
                 | Decision::SlotsUnknown { .. }
+                | Decision::Halted { .. }
         )
     }
 }
@@ -291,6 +303,20 @@ impl fmt::Display for Decision {
             Decision::SlotsUnknown { why } => write!(
                 f,
                 "qualifies for a rotation, but the coordinator's slot set is unknown ({why}); no claim until it can be read"
+            ),
+            Decision::Halted {
+                tip,
+                failures,
+                verified: true,
+            } => write!(
+                f,
+                "halted: the release {} of its app is halted after {failures} failed rotation(s); no claim until `fleet-reconciler resume`",
+                short_commit(tip.as_str())
+            ),
+            Decision::Halted { tip, .. } => write!(
+                f,
+                "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim until `fleet-reconciler resume`",
+                short_commit(tip.as_str())
             ),
             Decision::AppNotListed { .. } => write!(
                 f,
@@ -434,6 +460,11 @@ mod tests {
             },
             Decision::MetadataUnknown { why: "x".into() },
             Decision::SlotsUnknown { why: "x".into() },
+            Decision::Halted {
+                tip: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
+                failures: 3,
+                verified: true,
+            },
             Decision::AppNotListed {
                 held: false,
                 phase: None,
@@ -507,6 +538,7 @@ mod tests {
                 "the rotation to abababababab failed after 3 restart(s) at 2027-01-15T08:00:00Z (still on 22); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
+                "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume`",
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
                 "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",

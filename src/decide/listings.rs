@@ -76,7 +76,11 @@ impl Listing {
                 marker: last.seen.inputs.controls.marker.clone(),
                 approval: None,
                 approval_id: None,
+                approval_epoch: None,
                 unprobed: None,
+                unprobed_cleared: None,
+                tampered: last.seen.inputs.controls.tampered.clone(),
+                by_previous_key: Vec::new(),
             });
             let note = format!(
                 "{}hold and marker as last listed at {}",
@@ -184,7 +188,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::decide::policy::Policy;
-    use crate::decide::snapshot::{Coherence, prepare};
+    use crate::decide::prepare::prepare;
+    use crate::decide::snapshot::Coherence;
     use crate::model::{MachineState, MachineStatus};
     use crate::observe::overlay::Tip;
     use crate::observe::sweep::{Observation, ObservedMachine, StaleApp};

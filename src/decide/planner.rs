@@ -7,8 +7,10 @@
 //! state machine. It is a pure function: no clients, no clock, no randomness;
 //! markers, slots and operator state come from the snapshot, and the only
 //! memory between sweeps is the `Tracker` (when drift and unprobeability
-//! began, when each marker and probe-failure record was first seen), which
-//! the caller passes in. It never compares a time another clock wrote (a
+//! began, when each marker and probe-failure record was first seen, and
+//! which rotations toward the tip ended failed: [`crate::decide::halt`]),
+//! which the caller passes in. No claim is planned toward a halted release
+//! tip (`[release]`); rotations under way go on. It never compares a time another clock wrote (a
 //! marker's, a record's) with `now` except through this run's first sight
 //! of it, and never lets its own memory of a failed probe count toward the
 //! probe-failure ceiling (only the shared record does). It must never perform a step itself,
@@ -28,11 +30,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::decide::decision::Decision;
+use crate::decide::halt::HaltSource;
+pub use crate::decide::halt::Halted;
 use crate::decide::policy::Policy;
 use crate::decide::snapshot::{JudgedMachine, Snapshot};
 pub use crate::decide::step::{
     AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, Undrain, WithdrawWhy,
 };
+pub use crate::decide::tracker::{MarkerSeen, Tracker};
 use crate::events::{Alert, AlertKind};
 use crate::metadata::MARKER_KEY;
 use crate::metadata::controls::Controls;
@@ -68,6 +73,9 @@ pub struct Plan {
     pub alerts: Vec<Alert>,
     /// Rotations holding a slot, per (app, pool).
     pub rotations_in_progress: BTreeMap<(AppName, PoolName), usize>,
+    /// Apps whose release tip is halted: no new claim toward it. Those this
+    /// run detected ([`Halted::record`]) are for the executor to record.
+    pub halts: BTreeMap<AppName, Halted>,
 }
 
 /// What is decided for one machine in one sweep. At most one step: steps
@@ -113,232 +121,12 @@ impl Plan {
     }
 }
 
-/// Memory between sweeps: when each machine's drift and unprobeability
-/// began, and when this run first saw each machine's current marker and
-/// probe-failure record. Every ceiling and deadline is measured on this
-/// replica's clock: a time another replica wrote counts from the later of
-/// itself and this run's first sight of what carries it
-/// ([`Tracker::marker_seen`], [`Tracker::record_seen`]). Lost on restart,
-/// which only delays alerts and actions (the first sight is then later),
-/// never hastens them.
-#[derive(Clone, Debug, Default)]
-pub struct Tracker {
-    machines: HashMap<MachineId, Seen>,
-    /// First sweep of the current run that could not read the slot set.
-    slots_unknown_since: Option<DateTime<Utc>>,
-    /// A one-shot process's tracker ([`Tracker::one_shot`]): it folds
-    /// nothing in, as nothing plans from it afterwards.
-    forgets: bool,
-}
-
-#[derive(Clone, Debug, Default)]
-struct Seen {
-    drift_since: Option<DateTime<Utc>>,
-    /// First sweep of the current run without a usable report.
-    unprobed_since: Option<DateTime<Utc>>,
-    /// The last report we could read was not on the tip.
-    last_known_drifted: bool,
-    /// What the pool's policy said about that drift, and at which severity.
-    last_known_action: Option<PolicyAction>,
-    last_known_severity: Option<Severity>,
-    /// First sight of the machine's current marker.
-    marker: Option<MarkerSight>,
-    /// First sight of the machine's current probe-failure record.
-    record: Option<RecordSight>,
-}
-
-/// What makes a marker the same one for its first-sight clock: the fields
-/// its ceilings and deadlines are measured from. A new phase, attempt,
-/// restart or retry is a new marker, first seen afresh.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct MarkerKey {
-    tag: String,
-    phase: Phase,
-    attempt: u32,
-    attempt_started_at: DateTime<Utc>,
-    restart_at: Option<DateTime<Utc>>,
-    retry_at: Option<DateTime<Utc>>,
-}
-
-impl MarkerKey {
-    fn of(m: &Marker) -> MarkerKey {
-        MarkerKey {
-            tag: m.tag.clone(),
-            phase: m.phase,
-            attempt: m.attempt,
-            attempt_started_at: m.attempt_started_at,
-            restart_at: m.restart_at,
-            retry_at: m.retry_at,
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-struct MarkerSight {
-    key: MarkerKey,
-    seen: MarkerSeen,
-}
-
-/// When this run first saw a marker as it is now, on this replica's clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MarkerSeen {
-    pub at: DateTime<Utc>,
-    /// First sight of it while Fly said the machine was cordoned.
-    pub cordoned_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Clone, Debug)]
-struct RecordSight {
-    record: Unprobed,
-    at: DateTime<Utc>,
-}
-
-impl Seen {
-    /// Folds in the marker and the probe-failure record of this sweep. Unknown
-    /// metadata shows neither: what was seen stands.
-    fn sight(&mut self, m: &ObservedMachine, now: DateTime<Utc>) {
-        if m.inputs.metadata_unknown().is_some() {
-            return;
-        }
-        let marker = m
-            .inputs
-            .controls
-            .marker
-            .as_ref()
-            .and_then(|r| r.as_ref().ok());
-        self.marker = marker.map(|marker| {
-            let key = MarkerKey::of(marker);
-            let mut sight = self
-                .marker
-                .take()
-                .filter(|s| s.key == key)
-                .unwrap_or(MarkerSight {
-                    key,
-                    seen: MarkerSeen {
-                        at: now,
-                        cordoned_at: None,
-                    },
-                });
-            if m.inputs.cordoned == Some(true) {
-                sight.seen.cordoned_at = sight.seen.cordoned_at.or(Some(now));
-            }
-            sight
-        });
-        // A record cleared and written again is a new one: its clock starts over.
-        self.record = m.inputs.controls.unprobed.as_ref().map(|record| {
-            self.record
-                .take()
-                .filter(|s| s.record == *record)
-                .unwrap_or(RecordSight {
-                    record: record.clone(),
-                    at: now,
-                })
-        });
-    }
-}
-
 /// No usable report: unreachable, or an answer that is not a report.
 fn unprobeable(status: MachineStatus) -> bool {
     matches!(
         status,
         MachineStatus::Unreachable | MachineStatus::BadReport
     )
-}
-
-impl Tracker {
-    /// The memory of a process that sweeps once and plans nothing (`check`):
-    /// it keeps nothing, so a 10,000-machine `check` does not build a
-    /// 10,000-entry map (≈ 1.5 MiB at its peak) that nothing reads.
-    pub fn one_shot() -> Tracker {
-        Tracker {
-            forgets: true,
-            ..Tracker::default()
-        }
-    }
-
-    /// Folds one sweep in. Machines absent from the report are forgotten;
-    /// machines of an app the sweep could not list are kept as they were
-    /// (nothing new is known of them).
-    pub fn observe(&mut self, snapshot: &Snapshot, now: DateTime<Utc>) {
-        if self.forgets {
-            return;
-        }
-        let stale = snapshot.stale_app_names();
-        let mut next = HashMap::with_capacity(snapshot.machines.len());
-        for m in &snapshot.machines {
-            let mut seen = self.machines.remove(&m.seen.machine_id).unwrap_or_default();
-            if stale.contains(m.seen.app.as_str()) {
-                next.insert(m.seen.machine_id.clone(), seen);
-                continue;
-            }
-            // Markers and records keep their first sight whatever the status.
-            seen.sight(&m.seen, now);
-            let (marker, record) = (seen.marker.take(), seen.record.take());
-            match m.seen.status {
-                s if s.is_classified() => {
-                    seen.drift_since = seen.drift_since.or(Some(now));
-                    seen.unprobed_since = None;
-                    seen.last_known_drifted = true;
-                    seen.last_known_action = m.action();
-                    seen.last_known_severity = m.severity();
-                }
-                MachineStatus::OnTip => seen = Seen::default(),
-                // Stopped: not counted; its drift clock starts over when it runs.
-                MachineStatus::NotRunning => {
-                    seen.drift_since = None;
-                    seen.unprobed_since = None;
-                }
-                // No usable report (unreachable or garbage alike): nothing is
-                // known now, so what was known stands (a missed probe neither
-                // clears nor restarts a drift) and the probe-failure clock runs.
-                _ => {
-                    seen.unprobed_since = seen.unprobed_since.or(Some(now));
-                }
-            }
-            (seen.marker, seen.record) = (marker, record);
-            next.insert(m.seen.machine_id.clone(), seen);
-        }
-        self.machines = next;
-        self.slots_unknown_since = match snapshot.slots {
-            SlotsView::Unknown(_) => self.slots_unknown_since.or(Some(now)),
-            SlotsView::Known(_) | SlotsView::NotConfigured => None,
-        };
-    }
-
-    /// Since when this run has not been able to read the coordinator's slots.
-    pub fn slots_unknown_since(&self) -> Option<DateTime<Utc>> {
-        self.slots_unknown_since
-    }
-
-    /// Whether the last usable report of the machine showed drift.
-    fn carried_drift(&self, machine_id: &MachineId) -> Option<&Seen> {
-        self.machines
-            .get(machine_id)
-            .filter(|s| s.last_known_drifted && s.drift_since.is_some())
-    }
-
-    pub fn drift_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
-        self.machines.get(machine_id)?.drift_since
-    }
-
-    /// Since when the machine has given no usable report, in this run.
-    pub fn unprobed_since(&self, machine_id: &MachineId) -> Option<DateTime<Utc>> {
-        self.machines.get(machine_id)?.unprobed_since
-    }
-
-    /// When this run first saw `marker` on the machine as it is now (same
-    /// tag, phase, attempt and times); `None` if it has not.
-    pub fn marker_seen(&self, machine_id: &MachineId, marker: &Marker) -> Option<MarkerSeen> {
-        let sight = self.machines.get(machine_id)?.marker.as_ref()?;
-        (sight.key == MarkerKey::of(marker)).then_some(sight.seen)
-    }
-
-    /// When this run first saw `record` on the machine (since it was last
-    /// absent or different); `None` if it has not.
-    pub fn record_seen(&self, machine_id: &MachineId, record: &Unprobed) -> Option<DateTime<Utc>> {
-        let sight = self.machines.get(machine_id)?.record.as_ref()?;
-        (sight.record == *record).then_some(sight.at)
-    }
 }
 
 /// What the daemon knows of its own view of the overlay.
@@ -538,8 +326,15 @@ fn unprobed_evidence(
     op: &OperatorState,
     now: DateTime<Utc>,
 ) -> Option<Unprobed> {
-    let record = op.controls.unprobed.as_ref()?;
-    let seen = tracker.record_seen(&m.machine_id, record).unwrap_or(now);
+    // A record someone deleted still counts, from its first sight.
+    let (record, seen) = match (&op.controls.unprobed, tracker.lost_record(&m.machine_id)) {
+        (Some(record), _) => (
+            record,
+            tracker.record_seen(&m.machine_id, record).unwrap_or(now),
+        ),
+        (None, Some((record, at))) => (record, at),
+        (None, None) => return None,
+    };
     Some(Unprobed {
         since: record.since.max(seen),
         ..record.clone()
@@ -579,10 +374,7 @@ fn remembered_evidence(
 /// checks is not passing. Without that, a machine we cannot probe may be
 /// serving (we may be the one cut off), so the ceiling never restarts it.
 fn fly_check_failing(m: &ObservedMachine) -> bool {
-    m.inputs
-        .checks()
-        .iter()
-        .any(|c| !crate::fly::MachineCheck::passing(c))
+    crate::fly::MachineCheck::any_failing(m.inputs.checks())
 }
 
 /// Unprobeable past the ceiling after being seen drifted under a policy that
@@ -633,6 +425,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     planning.yield_over_cap();
     planning.claim_in_rank_order();
     planning.coordinator_alert();
+    planning.halt_alerts();
     planning.finish()
 }
 
@@ -659,6 +452,8 @@ struct Planning<'a> {
     /// Per (app, pool): the rotations that may yield if the pool is over
     /// its current cap, and how many of its rotations end this sweep anyway.
     over_cap: BTreeMap<(AppName, PoolName), OverCap>,
+    /// Apps whose release tip is halted.
+    halts: BTreeMap<AppName, Halted>,
 }
 
 /// A pool's rotations in progress, as far as its current cap is concerned.
@@ -701,6 +496,12 @@ impl<'a> Planning<'a> {
             start_order: Vec::new(),
             alerts: Vec::new(),
             over_cap: BTreeMap::new(),
+            halts: crate::decide::halt::halts(
+                input.policy,
+                report,
+                &input.tracker.failures,
+                input.now,
+            ),
         }
     }
 
@@ -731,6 +532,7 @@ impl<'a> Planning<'a> {
             start_order,
             alerts: self.alerts,
             rotations_in_progress: self.rotations_in_progress,
+            halts: self.halts,
         }
     }
 
@@ -784,6 +586,7 @@ impl<'a> Planning<'a> {
             .then(|| remembered_evidence(self.tracker, &m.seen, op))
             .flatten();
         self.drift_alert(m, evidence.as_ref().or(remembered.as_ref()));
+        self.tampered_alert(m, op);
         let mut target = target_of(&m.seen);
         // A rotation ends in the pool whose slot it won, whatever the label says now.
         let pool = match &op.marker {
@@ -927,6 +730,47 @@ impl<'a> Planning<'a> {
         }
     }
 
+    /// Each record on the machine that is not the one we sealed (an agent
+    /// can write its app's metadata): one alert per machine while it lasts,
+    /// naming every such key and what was found there. Nothing is done on
+    /// the strength of those records (see `metadata::controls`).
+    fn tampered_alert(&mut self, m: &JudgedMachine, op: &OperatorState) {
+        let mut tampered = op.controls.tampered.clone();
+        if op.controls.unprobed.is_none() && self.tracker.lost_record(&m.seen.machine_id).is_some()
+        {
+            tampered.push(crate::metadata::controls::Tampered {
+                key: crate::metadata::UNPROBED_KEY,
+                found: crate::metadata::controls::Found::Removed,
+            });
+        }
+        if tampered.is_empty() {
+            return;
+        }
+        let found = tampered
+            .iter()
+            .map(|t| format!("metadata key {}: {}", t.key, t.found))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let mut alert = machine_alert(
+            AlertKind::MetadataTampered,
+            m,
+            self.tip,
+            Severity::High,
+            format!(
+                "{id} of {app} carries records not sealed by this fleet's record key ({found}); nothing is done on their strength: see the metadata_tampered runbook (docs/operations.md)",
+                id = m.seen.machine_id,
+                app = m.seen.app,
+            ),
+        );
+        // One condition per machine, whatever the tip: a new tip does not re-page it.
+        alert.commit = None;
+        alert.details.insert(
+            "keys".to_string(),
+            tampered.iter().map(|t| t.key).collect::<Vec<_>>().join(","),
+        );
+        self.alerts.push(alert);
+    }
+
     /// A held machine: decided `held`, and a rotation it holds a slot for
     /// is reported stuck. True when held.
     fn held(&mut self, m: &JudgedMachine, op: &OperatorState) -> bool {
@@ -1000,7 +844,7 @@ impl<'a> Planning<'a> {
                 .slots(&m.seen.app, ctx.pool)
                 .iter()
                 .any(|s| s.machine_id == m.seen.machine_id),
-            SlotsView::Unknown(_) | SlotsView::NotConfigured => false,
+            SlotsView::Unknown(_) | SlotsView::Tampered(_) | SlotsView::NotConfigured => false,
         };
         let (id, app) = (&m.seen.machine_id, &m.seen.app);
         let summary = if slot {
@@ -1236,6 +1080,9 @@ impl<'a> Planning<'a> {
             expected,
             ..
         } = c;
+        if self.halted_claim(m, expected.as_ref()) {
+            return;
+        }
         if let Some(why) = self.slots_unknown() {
             // Unknown is not empty: no claim. Our unfinished claim permits
             // nothing and stays until the set can be read.
@@ -1347,10 +1194,102 @@ impl<'a> Planning<'a> {
         });
     }
 
+    /// A claim toward a halted tip is not made (`[release]`): the machine
+    /// is decided `halted`, and our unfinished claim is withdrawn. Rotations
+    /// already holding a slot are not candidates and go on (their undo too).
+    fn halted_claim(&mut self, m: &ObservedMachine, expected: Option<&Marker>) -> bool {
+        let Some(halted) = self.halts.get(&m.app) else {
+            return false;
+        };
+        self.decide(
+            m,
+            Decision::Halted {
+                tip: halted.tip.clone(),
+                failures: halted.failures.len(),
+                verified: !matches!(halted.source, HaltSource::Unverified(_)),
+            },
+        );
+        if let Some(mine) = expected.filter(|e| e.phase == Phase::Claiming) {
+            self.step(Step {
+                target: target_of(m),
+                expected: Some(mine.clone()),
+                kind: StepKind::Withdraw {
+                    why: WithdrawWhy::ReleaseHalted,
+                },
+            });
+        }
+        true
+    }
+
+    /// `release_halted` once per halted app and tip, naming the failures
+    /// and their evidence; an unverifiable halt record is also
+    /// `metadata_tampered` (it halts all the same: fail closed).
+    fn halt_alerts(&mut self) {
+        for (app, h) in &self.halts {
+            let failures = h
+                .failures
+                .iter()
+                .map(|f| format!("{} {}", f.machine_id, f.outcome.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let why = match &h.source {
+                HaltSource::Detected => format!(
+                    "{} rotation(s) toward it ended failed within {}: {failures}",
+                    h.failures.len(),
+                    humantime::format_duration(self.policy.release.halt_window.get()),
+                ),
+                HaltSource::Recorded { by, at } => format!(
+                    "halted by {by} at {} after {} failed rotation(s): {failures}",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    h.failures.len(),
+                ),
+                HaltSource::Unverified(found) => format!(
+                    "the coordinator's halt record is not one this fleet sealed ({found}), so the release counts as halted"
+                ),
+            };
+            let mut details = BTreeMap::new();
+            details.insert("tip".to_string(), h.tip.to_string());
+            details.insert("failures".to_string(), failures);
+            if let Some(first) = h.failures.first() {
+                details.insert("evidence".to_string(), first.evidence.clone());
+            }
+            self.alerts.push(Alert {
+                kind: AlertKind::ReleaseHalted,
+                app: Some(app.clone()),
+                machine_id: None,
+                commit: Some(h.tip.clone()),
+                severity: Severity::Critical,
+                summary: format!(
+                    "the release {} of {app} is halted: {why}; no new rotation toward it starts (those under way finish); `fleet-reconciler resume {app}` lifts it (see the release_halted runbook, docs/operations.md)",
+                    crate::model::short_commit(h.tip.as_str()),
+                ),
+                details,
+            });
+            if let HaltSource::Unverified(found) = &h.source {
+                // Halt records are only read from a configured coordinator.
+                let c = self.policy.rotation.coordinator.as_ref();
+                let key = crate::metadata::halt::coordinator_halt_key(app.as_str());
+                let mut details = BTreeMap::new();
+                details.insert("keys".to_string(), key.clone());
+                self.alerts.push(Alert {
+                    kind: AlertKind::MetadataTampered,
+                    app: c.map(|c| c.app.clone()),
+                    machine_id: c.map(|c| c.machine_id.clone()),
+                    commit: None,
+                    severity: Severity::High,
+                    summary: format!(
+                        "the coordinator's metadata key {key} is not a halt record this fleet sealed ({found}): {app}'s release counts as halted until `fleet-reconciler resume {app}`; see the metadata_tampered runbook (docs/operations.md)"
+                    ),
+                    details,
+                });
+            }
+        }
+    }
+
     /// Why the coordinator's slot set is unknown, if it is.
     fn slots_unknown(&self) -> Option<&'a str> {
         match &self.report.slots {
-            SlotsView::Unknown(why) => Some(why.as_str()),
+            SlotsView::Unknown(why) | SlotsView::Tampered(why) => Some(why.as_str()),
             SlotsView::Known(_) | SlotsView::NotConfigured => None,
         }
     }
@@ -1359,6 +1298,34 @@ impl<'a> Planning<'a> {
     /// [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals: until then no
     /// rotation that needs a slot proceeds, silently.
     fn coordinator_alert(&mut self) {
+        self.slots_tampered_alert();
+        self.coordinator_unreadable_alert();
+    }
+
+    /// A slot set on a coordinator agents can write that is not the one we
+    /// sealed: alerted at once (the set is unknown meanwhile, as unreadable).
+    fn slots_tampered_alert(&mut self) {
+        let (SlotsView::Tampered(why), Some(c)) =
+            (&self.report.slots, &self.policy.rotation.coordinator)
+        else {
+            return;
+        };
+        let mut details = BTreeMap::new();
+        details.insert("keys".to_string(), crate::metadata::SLOTS_KEY.to_string());
+        self.alerts.push(Alert {
+            kind: AlertKind::MetadataTampered,
+            app: Some(c.app.clone()),
+            machine_id: Some(c.machine_id.clone()),
+            commit: None,
+            severity: Severity::High,
+            summary: format!(
+                "the coordinator {c} sits in a swept app, where agents can write its metadata, and its slot set is not the one this fleet sealed ({why}): no rotation starts, drains or restarts until it is; see the metadata_tampered runbook (docs/operations.md)"
+            ),
+            details,
+        });
+    }
+
+    fn coordinator_unreadable_alert(&mut self) {
         let (Some(why), Some(since)) = (self.slots_unknown(), self.tracker.slots_unknown_since())
         else {
             return;
@@ -1407,7 +1374,7 @@ fn slots_in_use(report: &Snapshot, ops: &[OperatorState]) -> BTreeMap<(AppName, 
     let mut in_use: BTreeMap<(AppName, PoolName), usize> = BTreeMap::new();
     let set = match &report.slots {
         SlotsView::Known(set) => Some(set),
-        SlotsView::Unknown(_) | SlotsView::NotConfigured => None,
+        SlotsView::Unknown(_) | SlotsView::Tampered(_) | SlotsView::NotConfigured => None,
     };
     if let Some(set) = set {
         let stale = report.stale_app_names();
@@ -1784,15 +1751,15 @@ fn release(
         || usable_report(m).is_some_and(|r| r.rotation.as_ref().is_none_or(|rot| !rot.fenced));
     let ending = next.ending.unwrap_or(ending);
     // An approval authorizes one rotation: the one that used it consumes it
-    // once it has restarted, whatever its ending, if it is still the
-    // approval on the machine (a newer one stays). Without one (automatic
-    // rotations, markers of older versions) a finished rotation spends the
-    // approval of its commit (the executor checks which it is).
+    // once it has restarted, whatever its ending — listed as spent on the
+    // coordinator even when another approval has replaced it on the machine
+    // since (written back by an agent, it must approve nothing), and
+    // deleted only if it is still the approval there (a newer one stays;
+    // the executor checks which it is). Without one (automatic rotations,
+    // markers of older versions) a finished rotation spends the approval of
+    // its commit.
     let clear_approval = match &marker.approval {
-        Some(id) => {
-            (marker.restart_at.is_some() || ending == Ending::Finished)
-                && op.controls.approval_id() == Some(id)
-        }
+        Some(_) => marker.restart_at.is_some() || ending == Ending::Finished,
         None => ending == Ending::Finished && op.controls.has_approval_key(),
     };
     Step {
@@ -2023,6 +1990,7 @@ impl<'c, 'a> Rotation<'c, 'a> {
             && checks_fresh
             && !self.crash_loop;
         if self.reports_target && (marker.phase != Phase::Restarting || fly_healthy) {
+            alerts.extend(loaded_past_its_target(self.ctx, marker));
             return Some(self.release(Ending::Finished, ReleaseWhy::OnTarget));
         }
         // Updated from outside (`fly deploy`, `fly machine update`): the plan
@@ -2047,6 +2015,19 @@ impl<'c, 'a> Rotation<'c, 'a> {
         // An approval binds one rotation to one commit.
         if self.manual && marker.phase != Phase::Restarting {
             if op.controls.approval_for(&marker.target).is_none() {
+                return Some(self.release(Ending::Cancelled, ReleaseWhy::ApprovalRevoked));
+            }
+            // And one approval to one rotation: the executor acts only under
+            // the approval the marker names (a consumed one written back by
+            // an agent must not pass). An operator's new approval (another
+            // mode, or the same again) replaces it: the rotation is undone
+            // like a revoke, and the next sweep claims afresh under the new
+            // one, in its mode.
+            if marker
+                .approval
+                .as_ref()
+                .is_some_and(|id| op.controls.approval_id() != Some(id))
+            {
                 return Some(self.release(Ending::Cancelled, ReleaseWhy::ApprovalRevoked));
             }
             if marker.target != *tip {
@@ -2205,7 +2186,11 @@ impl<'c, 'a> Rotation<'c, 'a> {
         let marker = self.marker;
         let rot = &policy.rotation;
         if self.crash_loop {
-            let evidence = format!("crash loop: {} exit events since the restart", self.exits);
+            let evidence = format!(
+                "{}: {} exit events since the restart",
+                crate::decide::halt::CRASH_LOOP_EVIDENCE,
+                self.exits
+            );
             let attempts = marker.attempt.saturating_add(1);
             return Some(end_attempt(self.ctx, marker, attempts, evidence, alerts));
         }
@@ -2316,6 +2301,63 @@ fn restarting(ctx: &Ctx<'_>, marker: &Marker) -> Marker {
         next.target = ctx.tip.clone();
     }
     next
+}
+
+/// A restart planned on one tip that came back on a newer one (the tip
+/// moved between the sweep and the restart: an agent loads the release tip
+/// when it boots). No plan judged that commit for this machine, and the
+/// executor cannot see a tip move within its step, so the verify says so
+/// where the pool might not have allowed the restart: a manual rotation
+/// with no approval of the loaded commit, or an automatic one whose pool
+/// gives a more severe drift another action (the loaded commit's severity
+/// is unknown here, at least the marker's). `None` when it loaded its target.
+fn loaded_past_its_target(ctx: &Ctx<'_>, marker: &Marker) -> Option<Alert> {
+    let Ctx {
+        policy,
+        m,
+        op,
+        pool,
+        tip,
+        ..
+    } = *ctx;
+    if marker.phase != Phase::Restarting
+        || m.seen.status != MachineStatus::OnTip
+        || marker.target == *tip
+    {
+        return None;
+    }
+    let why = if marker.action == PolicyAction::Manual {
+        if op.controls.approval_for(tip).is_some() {
+            return None;
+        }
+        format!(
+            "no approval of {} (the rotation's approval was of {})",
+            crate::model::short_commit(tip.as_str()),
+            crate::model::short_commit(marker.target.as_str())
+        )
+    } else {
+        let (severity, action) = Severity::ALL
+            .into_iter()
+            .filter(|s| *s >= marker.severity)
+            .map(|s| (s, policy.action(pool, s)))
+            .find(|(_, a)| *a != marker.action)?;
+        format!(
+            "its pool leaves {severity} drift to {action}, and the loaded commit's severity was never judged for it (the restart was judged on {} drift, {})",
+            marker.severity, marker.action
+        )
+    };
+    Some(machine_alert(
+        AlertKind::RotationStuck,
+        m,
+        tip,
+        marker.severity.max(Severity::High),
+        format!(
+            "{} came back on {}, not on {} its restart was planned for (the release tip moved within the step): {why}",
+            m.seen.machine_id,
+            crate::model::short_commit(tip.as_str()),
+            crate::model::short_commit(marker.target.as_str())
+        ),
+    ))
 }
 
 /// Whether the machine's instance differs from the one the marker recorded:

@@ -17,6 +17,19 @@ use crate::observe::sweep::{MachineInputs, ObservedMachine, SlotsView};
 const TIP: &str = "1111111111111111111111111111111111111111";
 const OLD: &str = "2222222222222222222222222222222222222222";
 
+/// The record keys the fixtures' reconciler holds.
+static KEYS: std::sync::LazyLock<crate::metadata::seal::RecordKeys> =
+    std::sync::LazyLock::new(|| {
+        crate::metadata::seal::RecordKeys::new(
+            crate::metadata::seal::RecordKey::from_hex(&"7e".repeat(32)).expect("a key"),
+        )
+    });
+
+/// `body` as the reconciler (or an operator) writes it under `key` on `id`: sealed.
+fn sealed(id: &str, key: &str, body: &str) -> String {
+    KEYS.seal(id, key, body)
+}
+
 fn mid(id: &str) -> MachineId {
     MachineId::from(id)
 }
@@ -107,7 +120,13 @@ fn snapshot(config: &Config, machines: Vec<M>) -> Snapshot {
     let (seen, verdicts): (Vec<ObservedMachine>, Vec<Option<Verdict>>) =
         machines.into_iter().map(|M(m, v)| (m, v)).unzip();
     let mut verdicts = verdicts.into_iter();
-    let observation = crate::observe::sweep::observation(config, &tip, seen);
+    // As the daemon sweeps: only records sealed by its key count.
+    let observation = crate::observe::sweep::observation_with(
+        config,
+        crate::metadata::controls::Trust::Verify(&KEYS),
+        &tip,
+        seen,
+    );
     Snapshot::judged(observation, |_| {
         verdicts.next().flatten().map(std::sync::Arc::new)
     })
@@ -219,25 +238,24 @@ impl M {
         self
     }
 
-    fn approved(mut self, target: &str, mode: ApprovalMode) -> M {
+    fn approved(self, target: &str, mode: ApprovalMode) -> M {
         let a = Approval {
             target: commit(target),
             mode,
             by: "alice".into(),
             at: t0(),
         };
-        self.0
-            .inputs
-            .metadata
-            .insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
-        self
+        self.put(APPROVE_KEY, &serde_json::to_string(&a).unwrap())
     }
 
-    fn marker(mut self, marker: &Marker) -> M {
-        self.0
-            .inputs
-            .metadata
-            .insert(MARKER_KEY.into(), marker.to_value());
+    fn marker(self, marker: &Marker) -> M {
+        self.put(MARKER_KEY, &marker.to_value())
+    }
+
+    /// `body` under `key`, sealed as the reconciler or an operator writes it.
+    fn put(mut self, key: &str, body: &str) -> M {
+        let value = sealed(self.0.machine_id.as_str(), key, body);
+        self.0.inputs.metadata.insert(key.into(), value);
         self
     }
 }
@@ -982,11 +1000,11 @@ fn a_marker_whose_target_is_no_commit_id_is_unreadable() {
     let too_long = "1".repeat(64);
     let not_hex = format!("{}g", &TIP[..39]);
     for target in ["1111111", too_long.as_str(), not_hex.as_str(), ""] {
-        let mut machine = M::on_tip("m1");
+        let machine = M::on_tip("m1");
         let value = m
             .to_value()
             .replace(&format!("\"{TIP}\""), &format!("\"{target}\""));
-        machine.0.inputs.metadata.insert(MARKER_KEY.into(), value);
+        let machine = machine.put(MARKER_KEY, &value);
         let mut fx = Fx::new("").with(machine);
         let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
         assert!(plan.steps().is_empty(), "{target}: {:?}", plan.steps());
@@ -1059,6 +1077,58 @@ fn verify_finishes_on_tip_and_backs_off_when_still_old() {
         panic!("{plan:?}")
     };
     assert_eq!((again.phase, again.attempt), (Phase::Draining, 1));
+}
+
+/// #32 part 2, "a tip that moves within a step": a restart planned on one
+/// tip loads the newer one (the agent loads the release tip when it boots).
+/// The pool never judged that commit for this machine: where it might not
+/// have allowed the restart (a more severe drift the pool leaves to an
+/// operator; a manual rotation without an approval of it), the verify that
+/// finishes the rotation says so.
+#[test]
+fn a_restart_that_loaded_a_newer_tip_than_its_target_is_alerted() {
+    const PLANNED: &str = "3333333333333333333333333333333333333333";
+    let now = t0() + Cd::seconds(30);
+    let stuck = |plan: &Plan| -> Vec<String> {
+        plan.alerts
+            .iter()
+            .filter(|a| a.kind == AlertKind::RotationStuck)
+            .map(|a| a.summary.clone())
+            .collect()
+    };
+    // Automatic: `restart` at medium, but the `default` pool leaves high
+    // to an operator (`manual`) and critical to `reload`.
+    let mut m = marker("m1", Phase::Restarting, RotationMode::Grace, t0());
+    (m.action, m.severity, m.target) = (PolicyAction::Restart, Severity::Medium, commit(PLANNED));
+    let mut fx = Fx::new("").with(M::on_tip("m1").marker(&m));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(kinds(&plan), [("m1", "finish")]);
+    let found = stuck(&plan);
+    assert_eq!(found.len(), 1, "{:?}", plan.alerts);
+    for part in ["m1", &PLANNED[..7], &TIP[..7], "manual"] {
+        assert!(found[0].contains(part), "{part} in {}", found[0]);
+    }
+    // Loaded the commit it was planned for: nothing to say.
+    m.target = commit(TIP);
+    let mut fx = Fx::new("").with(M::on_tip("m1").marker(&m));
+    let plan = fx.plan_at(t0(), now);
+    assert_eq!(kinds(&plan), [("m1", "finish")]);
+    assert!(stuck(&plan).is_empty(), "{:?}", plan.alerts);
+
+    // Manual: approved for the planned commit only.
+    let mut m = marker("m1", Phase::Restarting, RotationMode::Now, t0());
+    (m.action, m.severity, m.target) = (PolicyAction::Manual, Severity::High, commit(PLANNED));
+    let mut fx = Fx::new("").with(
+        M::on_tip("m1")
+            .marker(&m)
+            .approved(PLANNED, ApprovalMode::Now),
+    );
+    let found = stuck(&fx.plan_at(t0(), now));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("approval"), "{}", found[0]);
+    // An approval of the commit it loaded stands for it.
+    let mut fx = Fx::new("").with(M::on_tip("m1").marker(&m).approved(TIP, ApprovalMode::Now));
+    assert!(stuck(&fx.plan_at(t0(), now)).is_empty());
 }
 
 #[test]
@@ -1302,17 +1372,13 @@ impl M {
         self
     }
 
-    fn unprobed_since(mut self, since: DateTime<Utc>) -> M {
+    fn unprobed_since(self, since: DateTime<Utc>) -> M {
         let record = Unprobed {
             since,
             action: PolicyAction::AlertAndWait,
             severity: Severity::Low,
         };
-        self.0
-            .inputs
-            .metadata
-            .insert(UNPROBED_KEY.into(), record.to_value());
-        self
+        self.put(UNPROBED_KEY, &record.to_value())
     }
 
     fn state(mut self, state: &str) -> M {
@@ -1780,12 +1846,9 @@ fn busy_other_app(now: DateTime<Utc>) -> (Fx, SlotsView) {
             10,
         );
     }
-    let mut answers = M::on_tip("o-answers").in_app("other");
-    answers
-        .0
-        .inputs
-        .metadata
-        .insert(UNPROBED_KEY.into(), unprobed.to_value());
+    let answers = M::on_tip("o-answers")
+        .in_app("other")
+        .put(UNPROBED_KEY, &unprobed.to_value());
     let fx = Fx::new("[[apps]]\nname = \"other\"\npool_key = \"pool\"\n")
         .with(M::drifted("a-drift", Severity::Low))
         .with(
@@ -2572,11 +2635,8 @@ fn item7_an_unreadable_marker_takes_no_slot_the_coordinator_does_not_give_it() {
     let newer = marker("x", Phase::Draining, RotationMode::Wait, t0())
         .to_value()
         .replace("\"draining\"", "\"quiescing\"");
-    let mut odd = M::drifted("x", Severity::Low);
-    odd.0
-        .inputs
-        .metadata
-        .insert(MARKER_KEY.into(), newer.clone());
+    // Sealed by a newer reconciler holding the same key.
+    let odd = M::drifted("x", Severity::Low).put(MARKER_KEY, &newer);
     let mut fx = Fx::new("")
         .with(odd.clone())
         .with(M::drifted("a", Severity::Low));
@@ -2674,15 +2734,9 @@ fn item9_a_machine_that_never_verifies_ends_as_failed_after_max_attempts() {
     // An operator's approval after the failure re-arms it.
     let mut fx = Fx::new("").with(
         M::drifted("m1", Severity::Medium)
-            .approved(TIP, ApprovalMode::WhenIdle)
+            .approved_at(TIP, ApprovalMode::WhenIdle, later)
             .marker(&ended),
     );
-    if let Some(v) = fx.machines[0].0.inputs.metadata.get_mut(APPROVE_KEY) {
-        *v = v.replace(
-            &t0().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            &later.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        );
-    }
     let plan = fx.plan_at(t0(), later);
     assert_eq!(kinds(&plan), [("m1", "claim")], "{plan:?}");
     // So does a new tip.
@@ -3048,18 +3102,14 @@ fn step_of<'a>(plan: &'a Plan, id: &str) -> &'a Step {
 
 impl M {
     /// An approval of `target` written at `at` (another value than `approved`'s).
-    fn approved_at(mut self, target: &str, mode: ApprovalMode, at: DateTime<Utc>) -> M {
+    fn approved_at(self, target: &str, mode: ApprovalMode, at: DateTime<Utc>) -> M {
         let a = Approval {
             target: commit(target),
             mode,
             by: "bob".into(),
             at,
         };
-        self.0
-            .inputs
-            .metadata
-            .insert(APPROVE_KEY.into(), serde_json::to_string(&a).unwrap());
-        self
+        self.put(APPROVE_KEY, &serde_json::to_string(&a).unwrap())
     }
 }
 
@@ -3309,10 +3359,14 @@ fn issue32_item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
         cancelled(&plan),
         "the approval outlives the rotation it authorized: {plan:?}"
     );
-    // A newer approval, written since the claim, stays for the next rotation.
+    // A newer approval written since the claim: the one the rotation used is
+    // still consumed (listed as spent: written back, it must approve
+    // nothing, #33); the newer one stays for the next rotation, as the
+    // executor deletes only the approval the marker names
+    // (`executor::tests::consumption_spends_the_named_approval_and_deletes_only_it`).
     let mut fx =
         Fx::new("").with(deployed().approved_at(TIP, ApprovalMode::Now, t0() + Cd::minutes(61)));
-    assert!(!cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
+    assert!(cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
     // A rotation that never restarted leaves its approval standing.
     let mut fx = Fx::new("").with(
         busy()
@@ -3321,6 +3375,51 @@ fn issue32_item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
             .marker(&draining),
     );
     assert!(!cancelled(&fx.plan_at(t0(), now + Cd::seconds(20))));
+}
+
+/// #33 (what remained) item 1: the executor's last read requires the very
+/// approval a `manual` rotation was claimed with (the one its marker names),
+/// so that a consumed approval written back cannot pass it. An operator who
+/// re-approves mid-rotation (another mode, or the same one again: a new
+/// approval either way) thus replaces the rotation's authority. Before, the
+/// planner checked only that some approval named the commit: the rotation
+/// went on under the old mode (its steps then declined by the executor at
+/// every call). Now it is cancelled before any further step, undone like a
+/// revoke; the next sweep claims afresh under the new approval, in its
+/// mode. The same approval still standing lets it go on.
+#[test]
+fn a_rotation_whose_approval_was_replaced_is_cancelled_and_claimed_afresh() {
+    let now = t0() + Cd::hours(1);
+    let busy = || M::drifted("m1", Severity::High).busy().instance("i1");
+    let mut fx = Fx::new("").with(busy().approved(TIP, ApprovalMode::Now));
+    let draining = applied(step_of(&fx.plan_at(t0(), now), "m1"));
+    assert_eq!(draining.mode, RotationMode::Now);
+    // Still the approval it was claimed with: the interrupting restart.
+    let mut fx = Fx::new("").with(busy().approved(TIP, ApprovalMode::Now).marker(&draining));
+    assert!(restart_of(&fx.plan_at(t0(), now + Cd::seconds(10)), "m1").is_some());
+    // Narrowed to when-idle after the claim (a new approval of the same commit).
+    let narrowed = || busy().approved_at(TIP, ApprovalMode::WhenIdle, t0() + Cd::minutes(61));
+    let mut fx = Fx::new("").with(narrowed().marker(&draining));
+    let plan = fx.plan_at(t0(), now + Cd::seconds(10));
+    assert!(restart_of(&plan, "m1").is_none(), "{plan:?}");
+    let (next, _, why) = release_of(&plan, "m1").expect("cancelled");
+    assert_eq!(
+        (next.ending, why),
+        (Some(Ending::Cancelled), ReleaseWhy::ApprovalRevoked)
+    );
+    // The next sweep claims under the new approval, naming it, in its mode.
+    let mut fx = Fx::new("").with(narrowed());
+    let claim = fx.plan_at(t0(), now + Cd::seconds(20));
+    let claimed = applied(step_of(&claim, "m1"));
+    let new_id = fx.report().machines[0]
+        .seen
+        .inputs
+        .controls
+        .approval_id
+        .clone();
+    assert_eq!(claimed.approval, new_id);
+    assert_ne!(claimed.approval, draining.approval);
+    assert_eq!(claimed.mode, RotationMode::Wait);
 }
 
 /// #32 item 5: a failed rotation is re-armed by a new approval, never by
@@ -3560,9 +3659,20 @@ fn item3_a_replica_cut_off_from_the_agents_never_restarts_what_another_sees() {
     // The record counts from A's first sight of it; B's clear and A's new
     // record start that clock over.
     let record = cut_off(M::drifted("m1", Severity::Low).unprobed_since(t0()));
+    // B's clear: a sealed note naming the record (#33: a bare deletion is
+    // someone else's, and would still count).
+    let note = crate::metadata::unprobed::Cleared {
+        cleared: Unprobed {
+            since: t0(),
+            action: PolicyAction::AlertAndWait,
+            severity: Severity::Low,
+        }
+        .fingerprint(),
+    };
+    let cleared_by_b = cut_off(M::drifted("m1", Severity::Low).put(UNPROBED_KEY, &note.to_value()));
     let mut a = Tracker::default();
     a.observe(&record, t0() + Cd::minutes(1));
-    a.observe(&no_record, t0() + Cd::hours(2));
+    a.observe(&cleared_by_b, t0() + Cd::hours(2));
     a.observe(&record, t0() + Cd::hours(2) + Cd::minutes(1));
     let plan = sweep_plan(&mut a, &record, t0() + Cd::hours(5));
     assert!(rotation_steps(&plan).is_empty(), "{:?}", plan.steps());
@@ -3968,3 +4078,286 @@ fn a_claim_that_already_won_its_slot_is_completed_not_withdrawn() {
         "{plan:?}"
     );
 }
+
+// ---- issue 33: records an agent cannot forge -------------------------------
+
+/// `value` put under `key` as an agent would: raw, unsealed.
+fn raw(mut m: M, key: &str, value: &str) -> M {
+    m.0.inputs.metadata.insert(key.into(), value.into());
+    m
+}
+
+fn tampered_keys(plan: &Plan, id: &str) -> Vec<String> {
+    plan.alerts
+        .iter()
+        .filter(|a| {
+            a.kind == AlertKind::MetadataTampered && a.machine_id.as_ref() == Some(&mid(id))
+        })
+        .map(|a| a.details.get("keys").cloned().unwrap_or_default())
+        .collect()
+}
+
+/// An agent writes `approve now` on its own machine: unsealed, so it
+/// approves nothing, and `metadata_tampered` names the machine and key.
+/// The same approval written by an operator (sealed) approves.
+#[test]
+fn an_unsealed_approval_approves_nothing_and_is_alerted() {
+    let later = t0() + Cd::minutes(30);
+    let approval = serde_json::to_string(&Approval {
+        target: commit(TIP),
+        mode: ApprovalMode::Now,
+        by: "agent".into(),
+        at: t0(),
+    })
+    .unwrap();
+    let forged = raw(
+        M::drifted("m1", Severity::High).busy(),
+        APPROVE_KEY,
+        &approval,
+    );
+    let mut fx = Fx::new("").with(forged);
+    let plan = fx.plan_at(t0(), later);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
+    assert_eq!(alerts(&plan, AlertKind::ManualApprovalRequired), ["m1"]);
+    assert_eq!(tampered_keys(&plan, "m1"), [APPROVE_KEY]);
+    let alert = plan
+        .alerts
+        .iter()
+        .find(|a| a.kind == AlertKind::MetadataTampered)
+        .unwrap();
+    assert!(
+        alert.summary.contains("m1") && alert.summary.contains("unsigned"),
+        "{}",
+        alert.summary
+    );
+    assert_eq!(alert.severity, Severity::High);
+    // `plan` says so.
+    let table = crate::report::render::plan_to_table(&fx.report(), &plan);
+    assert!(
+        table.contains("metadata_tampered:") && table.contains(APPROVE_KEY),
+        "{table}"
+    );
+    // Another machine's sealed approval, copied onto this one: moved, refused.
+    let neighbours = sealed("m2", APPROVE_KEY, &approval);
+    let mut fx = Fx::new("").with(raw(
+        M::drifted("m1", Severity::High).busy(),
+        APPROVE_KEY,
+        &neighbours,
+    ));
+    let plan = fx.plan_at(t0(), later);
+    assert!(plan.steps().is_empty(), "{:?}", plan.steps());
+    assert_eq!(tampered_keys(&plan, "m1"), [APPROVE_KEY]);
+    // Sealed for this machine (the operator's write): it approves, no alert.
+    let mut fx = Fx::new("").with(
+        M::drifted("m1", Severity::High)
+            .busy()
+            .put(APPROVE_KEY, &approval),
+    );
+    let plan = fx.plan_at(t0(), later);
+    assert_eq!(kinds(&plan), [("m1", "claim")]);
+    assert!(tampered_keys(&plan, "m1").is_empty());
+}
+
+/// A forged `restarting` marker (unsealed), or a sealed one whose phase an
+/// agent rewrote: foreign, left alone (no step), its slot counted only if the
+/// coordinator names it, and alerted as tampered.
+#[test]
+fn a_forged_or_altered_marker_is_foreign_and_alerted() {
+    let now = t0() + Cd::hours(1);
+    let restarting = marker("x", Phase::Restarting, RotationMode::Wait, t0());
+    let draining = marker("x", Phase::Draining, RotationMode::Wait, t0());
+    let altered = sealed("x", MARKER_KEY, &draining.to_value()).replace("draining", "restarting");
+    for value in [restarting.to_value(), altered] {
+        let mut fx = Fx::new("")
+            .with(raw(M::drifted("x", Severity::Low), MARKER_KEY, &value))
+            .with(M::drifted("a", Severity::Low));
+        // The coordinator names no slot for it: it takes none, `a` may claim.
+        let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
+        assert_eq!(kinds(&plan), [("a", "claim")], "{plan:?}");
+        assert!(matches!(
+            plan.decisions()[&mid("x")],
+            Decision::UnreadableMarker { .. }
+        ));
+        assert_eq!(tampered_keys(&plan, "x"), [MARKER_KEY]);
+        // The coordinator names its tag: its slot is counted, `a` waits.
+        let mut fx = Fx::new("")
+            .with(raw(M::drifted("x", Severity::Low), MARKER_KEY, &value))
+            .with(M::drifted("a", Severity::Low));
+        let plan = fx.plan_with(
+            t0(),
+            now,
+            fetched(),
+            slots_with(&[("default", "x", &restarting.tag)]),
+        );
+        assert!(plan.steps().is_empty(), "{plan:?}");
+    }
+}
+
+/// Clearing or forging the unprobed record: an unsealed one counts as none
+/// (it can only ever delay the ceiling), and is alerted.
+#[test]
+fn an_unsealed_unprobed_record_counts_as_none_and_is_alerted() {
+    let record = Unprobed {
+        since: t0() - Cd::days(30),
+        action: PolicyAction::AlertAndWait,
+        severity: Severity::Low,
+    };
+    let mut fx = Fx::new("").with(raw(
+        M::drifted("m1", Severity::Low).unreachable(),
+        UNPROBED_KEY,
+        &record.to_value(),
+    ));
+    let plan = fx.plan_at(t0(), t0() + Cd::seconds(30));
+    assert_eq!(tampered_keys(&plan, "m1"), [UNPROBED_KEY]);
+    assert!(
+        rotation_steps(&plan).is_empty(),
+        "a forged old record starts no ceiling: {:?}",
+        plan.steps()
+    );
+}
+
+/// A hold holds whatever its value: sealed, unsealed, or garbage.
+#[test]
+fn any_hold_value_holds() {
+    for value in ["ops: incident".to_string(), sealed("m1", HOLD_KEY, "{}")] {
+        let mut fx = Fx::new("").with(raw(M::drifted("m1", Severity::Medium), HOLD_KEY, &value));
+        let plan = fx.plan_at(t0(), t0() + Cd::hours(1));
+        assert!(plan.steps().is_empty(), "{value}: {:?}", plan.steps());
+        assert!(matches!(
+            plan.decisions()[&mid("m1")],
+            Decision::Held { .. }
+        ));
+    }
+}
+
+/// A slot set an agent rewrote on a coordinator in its app: unknown (no
+/// claim), and alerted at once, naming the coordinator and the key.
+#[test]
+fn a_tampered_slot_set_takes_no_slot_and_is_alerted_at_once() {
+    let mut fx = Fx::new("")
+        .rotation(|r| r.coordinator = Some("app/c1".parse().expect("a coordinator")))
+        .with(M::drifted("a", Severity::Low));
+    let tampered = SlotsView::Tampered("coordinator app/c1: unsigned".into());
+    let plan = fx.plan_with(t0(), t0() + Cd::hours(1), fetched(), tampered);
+    assert!(rotation_steps(&plan).is_empty(), "{plan:?}");
+    assert_eq!(tampered_keys(&plan, "c1"), [crate::metadata::SLOTS_KEY]);
+}
+
+/// An agent deletes the probe-failure record of a broken machine every few
+/// sweeps, to keep it in service: this replica saw the record, so it still
+/// counts from its first sight (the ceiling is not reset), the deletion is
+/// alerted, and the record is written back. Our own clear (a sealed note
+/// naming the record) forgets it, as does a usable report.
+#[test]
+fn a_deleted_unprobed_record_still_counts_and_is_alerted() {
+    let broken = || {
+        M::drifted("m1", Severity::Low)
+            .unreachable()
+            .check("critical")
+    };
+    let with_record = Fx::new("").with(broken().unprobed_since(t0())).report();
+    let deleted = Fx::new("").with(broken()).report();
+    let mut tracker = Tracker::default();
+    let seen_drifted = Fx::new("").with(M::drifted("m1", Severity::Low)).report();
+    tracker.observe(&seen_drifted, t0());
+    tracker.observe(&with_record, t0());
+    // Deleted an hour in: alerted, and written back with its first sight.
+    let p = sweep_plan(&mut tracker, &deleted, t0() + Cd::hours(1));
+    assert_eq!(tampered_keys(&p, "m1"), [UNPROBED_KEY]);
+    let StepKind::RecordUnprobed { record } = &p.steps()[0].kind else {
+        panic!("{p:?}")
+    };
+    assert_eq!(
+        record.since,
+        t0(),
+        "the ceiling counts from the first sight"
+    );
+    // Deleted again just past the ceiling (4 h): restarted all the same.
+    let p = sweep_plan(&mut tracker, &deleted, t0() + Cd::hours(4) + Cd::minutes(1));
+    assert_eq!(kinds(&p)[0], ("m1", "claim"), "{p:?}");
+    // Our own clear names the record: forgotten, nothing alerted.
+    let mut tracker = Tracker::default();
+    tracker.observe(&seen_drifted, t0());
+    tracker.observe(&with_record, t0());
+    let record = Unprobed {
+        since: t0(),
+        action: PolicyAction::AlertAndWait,
+        severity: Severity::Low,
+    };
+    let note = crate::metadata::unprobed::Cleared {
+        cleared: record.fingerprint(),
+    };
+    let cleared = Fx::new("")
+        .with(broken().put(UNPROBED_KEY, &note.to_value()))
+        .report();
+    let p = sweep_plan(&mut tracker, &cleared, t0() + Cd::hours(1));
+    assert!(tampered_keys(&p, "m1").is_empty(), "{:?}", p.alerts);
+    assert!(tracker.lost_record(&mid("m1")).is_none());
+    // A replayed older note (another record's) is no clear of this one.
+    let mut tracker = Tracker::default();
+    tracker.observe(&seen_drifted, t0());
+    tracker.observe(&with_record, t0());
+    let other = crate::metadata::unprobed::Cleared {
+        cleared: "0123456789abcdef".into(),
+    };
+    let replayed = Fx::new("")
+        .with(broken().put(UNPROBED_KEY, &other.to_value()))
+        .report();
+    let p = sweep_plan(&mut tracker, &replayed, t0() + Cd::hours(1));
+    assert_eq!(tampered_keys(&p, "m1"), [UNPROBED_KEY]);
+}
+
+/// The worst replays an agent can make of its own machine's older sealed
+/// markers: `restarting` or `draining` (even with mode `now`), whose tag no
+/// longer holds a slot. Nothing is restarted or cordoned on their strength:
+/// the coordinator's set (out of the agent's reach) says the rotation holds
+/// no slot.
+#[test]
+fn a_replayed_sealed_marker_whose_slot_is_gone_restarts_nothing() {
+    let now = t0() + Cd::hours(2);
+    for phase in [Phase::Restarting, Phase::Draining, Phase::Backoff] {
+        let mut old = marker("m1", phase, RotationMode::Now, t0());
+        old.cordoned = Some(true);
+        old.retry_at = Some(t0());
+        let mut fx = Fx::new("").with(
+            M::drifted("m1", Severity::High)
+                .approved(TIP, ApprovalMode::Now)
+                .marker(&old),
+        );
+        let plan = fx.plan_with(t0(), now, fetched(), slots_with(&[]));
+        // Undone (uncordon, undrain) and ended: the next sweep judges afresh.
+        assert_eq!(kinds(&plan), [("m1", "cancel")], "{phase:?}");
+        for s in plan.steps() {
+            assert!(
+                !matches!(
+                    s.kind,
+                    StepKind::Restart { .. }
+                        | StepKind::Advance { cordon: true, .. }
+                        | StepKind::Drain
+                ),
+                "{phase:?}: {s:?}"
+            );
+        }
+    }
+}
+
+/// An agent deletes the slot set of a coordinator in its app: the set reads
+/// as empty, but a rotation that still holds capacity (its sealed marker in
+/// `draining`, cordoned) counts against the cap: no second claim.
+#[test]
+fn an_emptied_slot_set_does_not_lift_the_cap_while_a_rotation_holds_capacity() {
+    let mut m = marker("x", Phase::Draining, RotationMode::Wait, t0());
+    m.cordoned = Some(true);
+    let mut x = M::drifted("x", Severity::Low).busy().marker(&m);
+    x.0.inputs.cordoned = Some(true);
+    let mut fx = Fx::new("").with(x).with(M::drifted("a", Severity::Low));
+    let plan = fx.plan_with(t0(), t0() + Cd::minutes(5), fetched(), slots_with(&[]));
+    assert!(
+        !kinds(&plan).contains(&("a", "claim")),
+        "{:?}",
+        kinds(&plan)
+    );
+}
+
+#[path = "halt_tests.rs"]
+mod halt;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::{
-    Config, DEFAULT_POOL, PoolConfig, RotationConfig, SeverityRule, SweepConfig,
+    Config, DEFAULT_POOL, PoolConfig, ReleaseConfig, RotationConfig, SeverityRule, SweepConfig,
     default_severity_rules,
 };
 use crate::model::{PolicyAction, PoolName, Severity};
@@ -30,6 +30,8 @@ pub struct Policy {
     fallback: PoolConfig,
     /// `[[severity]]`, or the built-in rules.
     pub severity: Vec<SeverityRule>,
+    /// `[release]`: when a release halts itself.
+    pub release: ReleaseConfig,
 }
 
 impl Default for Policy {
@@ -41,6 +43,7 @@ impl Default for Policy {
             pools: BTreeMap::new(),
             fallback: PoolConfig::default(),
             severity: default_severity_rules(),
+            release: ReleaseConfig::default(),
         }
     }
 }
@@ -57,6 +60,7 @@ impl Policy {
                 .cloned()
                 .unwrap_or_default(),
             severity: config.severity.clone(),
+            release: config.release.clone(),
         }
     }
 

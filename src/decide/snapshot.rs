@@ -2,51 +2,24 @@
 //! with each drifted row's verdict, stale apps' last listings and the
 //! coherence figures.
 //!
-//! Owns [`prepare`], the one step from what was seen to what is planned on
-//! (what omicron calls preparing the planning input): judge each drifted
-//! row ([`severity::judge`]), carry the last listing of every app the sweep
-//! could not list and fill in metadata a host could not give
-//! ([`LastListings`], the daemon's memory that deciding reads), compute
-//! per-app and fleet coherence ([`Coherence`], the one shape of those
-//! figures, which the wire and the alerts reuse), and fold the sweep into
-//! the planner's [`Tracker`]. It must never read the world (no clients, no clock: `now`
-//! is passed in) nor decide steps: that is [`crate::decide::planner`]'s.
+//! Owns the [`Snapshot`] and its rows ([`JudgedMachine`], [`Verdict`],
+//! [`AppSummary`]) and the coherence figures ([`Coherence`], the one shape
+//! of those figures, which the wire and the alerts reuse), computed by
+//! `Snapshot::summarize`. [`crate::decide::prepare()`] makes it (what
+//! omicron calls preparing the planning input). It must never read the
+//! world (no clients, no clock) nor decide steps: that is
+//! [`crate::decide::planner`]'s.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::decide::listings::LastListings;
-use crate::decide::planner::Tracker;
-use crate::decide::policy::Policy;
 use crate::decide::reason::SharedReason;
-use crate::decide::severity;
 use crate::model::{AppName, MachineStatus, PolicyAction, Severity};
 use crate::observe::sweep::{
     AppListing, Observation, ObservedMachine, SlotsView, StaleApp, TipReport,
 };
-
-/// Prepares one sweep's observation for planning at `now`: judges it,
-/// carries stale apps' last listings (a carried row keeps the verdict it
-/// had), and folds the result into `tracker`. The loop keeps `listings`
-/// and `tracker` across sweeps; a one-shot command passes fresh ones.
-pub fn prepare(
-    policy: &Policy,
-    observation: Observation,
-    listings: &mut LastListings,
-    tracker: &mut Tracker,
-    now: DateTime<Utc>,
-) -> Snapshot {
-    let mut snapshot = severity::judge(policy, observation);
-    // An app this sweep could not list keeps its last listing, as stale.
-    if listings.carry(&mut snapshot, now) {
-        snapshot.summarize();
-    }
-    tracker.observe(&snapshot, now);
-    snapshot
-}
 
 /// What the planner plans on and every view shows, as of one sweep.
 #[derive(Clone, Debug)]
@@ -58,13 +31,15 @@ pub struct Snapshot {
     pub machines: Vec<JudgedMachine>,
     /// The coordinator's slot set as the sweep read it.
     pub slots: SlotsView,
+    /// Each app's halt record on the coordinator, as the sweep read it.
+    pub halts: crate::metadata::halt::Halts,
 }
 
 // The coherence of the fleet or of one app: on-tip ÷ started machines (1.0
 // with no started machine), with the two counts. The one shape of these
 // figures: an app's row on the wire carries them inline (`AppSummary`), the
 // fleet alerts and the status page's trend keep them
-// (`report::coherence::CoherenceSample`). `//` comments on the type: its
+// (`decide::coherence::CoherenceSample`). `//` comments on the type: its
 // schema is flattened into `AppSummary`'s, and a doc comment would add a
 // description to that one in docs/fleet.schema.json.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -97,18 +72,72 @@ impl Coherence {
 // doc comment would become a description in docs/fleet.schema.json. The
 // figures are written inline (`machines`, `on_tip`, `coherence`).
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(into = "AppSummaryWire", from = "AppSummaryWire")]
+#[schemars(with = "AppSummaryWire")]
 pub struct AppSummary {
+    pub name: AppName,
+    pub coherence: Coherence,
+    pub stale: Option<StaleApp>,
+}
+
+impl AppSummary {
+    /// No listing of the app was ever had: its figures are not a coherence
+    /// (0 of 0 would read as 1.0) and are written without one.
+    pub fn never_listed(&self) -> bool {
+        self.stale
+            .as_ref()
+            .is_some_and(|s| s.last_listed_at.is_none())
+    }
+}
+
+// `AppSummary` as the fleet document writes it: the figures inline, and
+// no `coherence` for an app never listed (its `stale` says why).
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "AppSummary")]
+struct AppSummaryWire {
     // A plain string in the published schema, as it was before the name
     // was typed.
     #[schemars(with = "String")]
-    pub name: AppName,
-    #[serde(flatten)]
-    pub coherence: Coherence,
+    name: AppName,
+    /// Machines in state `started` (the coherence denominator).
+    machines: usize,
+    on_tip: usize,
+    /// On-tip ÷ started (1.0 with no started machine); absent for an app
+    /// never listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    coherence: Option<f64>,
     /// Set when this sweep could not list the app's machines; absent when it
     /// could. The figures above and the app's machines are then those of its
     /// last listing (none when there was none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stale: Option<StaleApp>,
+    stale: Option<StaleApp>,
+}
+
+impl From<AppSummary> for AppSummaryWire {
+    fn from(a: AppSummary) -> AppSummaryWire {
+        let never_listed = a.never_listed();
+        AppSummaryWire {
+            name: a.name,
+            machines: a.coherence.machines,
+            on_tip: a.coherence.on_tip,
+            coherence: (!never_listed).then_some(a.coherence.ratio),
+            stale: a.stale,
+        }
+    }
+}
+
+impl From<AppSummaryWire> for AppSummary {
+    fn from(w: AppSummaryWire) -> AppSummary {
+        let counted = Coherence::of(w.on_tip, w.machines);
+        AppSummary {
+            name: w.name,
+            coherence: Coherence {
+                ratio: w.coherence.unwrap_or(counted.ratio),
+                ..counted
+            },
+            stale: w.stale,
+        }
+    }
 }
 
 /// Why a drifted row (`drifted`, `unknown_ref`, `ambiguous_ref`) is what
@@ -185,6 +214,7 @@ impl Snapshot {
             apps,
             machines,
             slots,
+            halts,
         } = observation;
         let machines = machines
             .into_iter()
@@ -206,6 +236,7 @@ impl Snapshot {
                 .collect(),
             machines,
             slots,
+            halts,
         };
         snapshot.summarize();
         snapshot

@@ -1,13 +1,17 @@
 //! Steps: what the executor is asked to do for one machine, and why.
 //!
 //! Owns the shape of a step (its target, the marker it was planned from, its
-//! kind) and the reasons a step gives, as enums whose text is the step's
-//! description. It must never decide a step (that is [`super::planner`]'s)
+//! kind), the reasons a step gives, as enums whose text is the step's
+//! description, and that description ([`StepText`]: the step's `Display`
+//! and its history line both write it). It must never decide a step (that is [`super::planner`]'s)
 //! nor perform one (that is [`crate::act::executor`]'s).
 
 use std::fmt;
+use std::sync::Arc;
 
-use crate::metadata::marker::{Ending, Marker};
+use chrono::{DateTime, Utc};
+
+use crate::metadata::marker::{Ending, Marker, Phase, RotationMode};
 use crate::metadata::unprobed::Unprobed;
 use crate::model::{AppName, MachineId, PoolName};
 
@@ -196,26 +200,114 @@ pub enum StepLabel {
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = &self.target;
-        match &self.kind {
+        StepText::of(self).write(f, &self.target)
+    }
+}
+
+/// What a step's text says, less its markers and its target: the one
+/// source of a step's description. [`Step`]'s `Display` writes it with the
+/// step's own target, and a machine's history keeps it (small and shared,
+/// `report::history`) and writes it with the machine it is filed under.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepText {
+    Claim {
+        pool: Arc<str>,
+        mode: RotationMode,
+        drain: bool,
+        reload: bool,
+    },
+    Withdraw {
+        why: WithdrawWhy,
+    },
+    Advance {
+        phase: Phase,
+        why: AdvanceWhy,
+    },
+    Drain,
+    Restart {
+        guard: RestartGuard,
+        why: RestartWhy,
+    },
+    /// The rotation failed: it is undone, and not tried again for `target`.
+    Fail {
+        why: ReleaseWhy,
+        target: Box<str>,
+    },
+    Yield {
+        why: ReleaseWhy,
+        retry_at: Option<DateTime<Utc>>,
+    },
+    Finish,
+    Cancel {
+        why: ReleaseWhy,
+    },
+    RecordUnprobed {
+        since: DateTime<Utc>,
+    },
+    ClearUnprobed,
+}
+
+impl StepText {
+    pub fn of(step: &Step) -> StepText {
+        match &step.kind {
             StepKind::Claim {
                 marker,
                 drain,
                 reload,
+            } => StepText::Claim {
+                pool: Arc::from(step.target.pool.as_str()),
+                mode: marker.mode,
+                drain: *drain,
+                reload: *reload,
+            },
+            StepKind::Withdraw { why } => StepText::Withdraw { why: *why },
+            StepKind::Advance { marker, why, .. } => StepText::Advance {
+                phase: marker.phase,
+                why: *why,
+            },
+            StepKind::Drain => StepText::Drain,
+            StepKind::Restart { guard, why, .. } => StepText::Restart {
+                guard: *guard,
+                why: *why,
+            },
+            StepKind::Release { marker, why, .. } if marker.failed.is_some() => StepText::Fail {
+                why: *why,
+                target: crate::model::short_commit(marker.target.as_str()).into(),
+            },
+            StepKind::Release { marker, why, .. } => match marker.ending {
+                Some(Ending::Yielded) => StepText::Yield {
+                    why: *why,
+                    retry_at: marker.retry_at,
+                },
+                Some(Ending::Finished) => StepText::Finish,
+                Some(Ending::Cancelled) | None => StepText::Cancel { why: *why },
+            },
+            StepKind::RecordUnprobed { record } => StepText::RecordUnprobed {
+                since: record.since,
+            },
+            StepKind::ClearUnprobed => StepText::ClearUnprobed,
+        }
+    }
+
+    /// The text for the machine `target` names (`app/machine_id`).
+    pub fn write(&self, f: &mut fmt::Formatter<'_>, target: &dyn fmt::Display) -> fmt::Result {
+        match self {
+            StepText::Claim {
+                pool,
+                mode,
+                drain,
+                reload,
             } => write!(
                 f,
-                "claim a rotation slot for {target} (pool {}, {} mode{}{})",
-                target.pool,
-                marker.mode.as_str(),
+                "claim a rotation slot for {target} (pool {pool}, {} mode{}{})",
+                mode.as_str(),
                 if *drain { ", drain requested" } else { "" },
                 if *reload { ", reload requested" } else { "" }
             ),
-            StepKind::Withdraw { why } => write!(f, "{target}: withdraw the claim ({why})"),
-            StepKind::Advance { marker, why, .. } => {
-                write!(f, "{target}: {} ({why})", marker.phase)
-            }
-            StepKind::Drain => write!(f, "{target}: ask the agent to drain again"),
-            StepKind::Restart { guard, why, .. } => write!(
+            StepText::Withdraw { why } => write!(f, "{target}: withdraw the claim ({why})"),
+            StepText::Advance { phase, why } => write!(f, "{target}: {phase} ({why})"),
+            StepText::Drain => write!(f, "{target}: ask the agent to drain again"),
+            StepText::Restart { guard, why } => write!(
                 f,
                 "restart {target} ({why}{})",
                 match guard {
@@ -224,28 +316,28 @@ impl fmt::Display for Step {
                     RestartGuard::Unprobeable => "; only if still unprobeable",
                 }
             ),
-            StepKind::Release { marker, why, .. } if marker.failed.is_some() => write!(
+            StepText::Fail {
+                why,
+                target: commit,
+            } => write!(
                 f,
-                "{target}: the rotation failed ({why}); undo it and release its slot, no new attempt for {}",
-                crate::model::short_commit(marker.target.as_str())
+                "{target}: the rotation failed ({why}); undo it and release its slot, no new attempt for {commit}"
             ),
-            StepKind::Release { marker, why, .. } => match marker.ending {
-                Some(Ending::Yielded) => write!(
-                    f,
-                    "{target} yields its slot ({why}); retry at {}",
-                    marker.retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
-                ),
-                Some(Ending::Finished) => {
-                    write!(f, "{target} reports the target: uncordon and finish")
-                }
-                _ => write!(f, "{target}: rotation cancelled ({why}); undo it"),
-            },
-            StepKind::RecordUnprobed { record } => write!(
+            StepText::Yield { why, retry_at } => write!(
+                f,
+                "{target} yields its slot ({why}); retry at {}",
+                retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+            ),
+            StepText::Finish => write!(f, "{target} reports the target: uncordon and finish"),
+            StepText::Cancel { why } => {
+                write!(f, "{target}: rotation cancelled ({why}); undo it")
+            }
+            StepText::RecordUnprobed { since } => write!(
                 f,
                 "{target}: record that the agent gives no usable report since {}",
-                record.since.to_rfc3339()
+                since.to_rfc3339()
             ),
-            StepKind::ClearUnprobed => write!(f, "{target}: the agent answers again"),
+            StepText::ClearUnprobed => write!(f, "{target}: the agent answers again"),
         }
     }
 }
@@ -281,6 +373,7 @@ reasons! {
     WithdrawWhy {
         NoLongerQualifies => "the machine no longer qualifies for a rotation",
         PoolAtCap => "its pool is at its cap",
+        ReleaseHalted => "the release is halted",
     }
 }
 

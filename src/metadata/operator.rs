@@ -4,11 +4,12 @@
 //!
 //! Owns what each value is and its parse, so the CLI, the admin API, the
 //! sweep and any number of reconciler replicas agree. `act::operator` writes
-//! them; the daemon reads a hold and never clears it. It must never do I/O.
+//! them, sealed with the record key; the daemon reads a hold and never clears
+//! it. Any hold value holds; only a sealed approval approves. It must never
+//! do I/O.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::model::CommitId;
 
@@ -52,13 +53,111 @@ pub const MAX_APPROVAL_ID_CHARS: usize = 64;
 impl ApprovalId {
     /// The id of the approval whose metadata value is `value`.
     pub fn of(value: &str) -> ApprovalId {
-        let digest = Sha256::digest(value.as_bytes());
-        ApprovalId(hex::encode(digest.get(..8).unwrap_or_default()))
+        ApprovalId(super::value_fingerprint(value))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The approvals rotations consumed (or operators revoked or replaced) on
+/// one machine, newest last, kept on the coordinator under
+/// [`coordinator_spent_key`](super::coordinator_spent_key). A sealed
+/// approval can be written back by an agent after it was spent (its seal
+/// still verifies on its own machine and key); one listed here approves
+/// nothing. Bounded: the oldest ids drop out past [`MAX_SPENT_APPROVALS`],
+/// so the list also counts every approval ever spent (`consumed`), and an
+/// approval older than its memory approves nothing ([`SpentApprovals::outlived`];
+/// docs/safety.md, "Threat model").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpentApprovals {
+    pub ids: Vec<ApprovalId>,
+    /// How many approvals were ever spent on the machine (lists written
+    /// before the count: as many as they hold).
+    #[serde(default)]
+    pub consumed: u64,
+}
+
+/// How many consumed approvals of one machine the coordinator remembers.
+pub const MAX_SPENT_APPROVALS: usize = 64;
+
+impl SpentApprovals {
+    /// Parses the coordinator's value; ids longer than ours are dropped.
+    pub fn parse(value: &str) -> Option<SpentApprovals> {
+        let mut spent: SpentApprovals = crate::text::decode_json(value).ok()?;
+        spent
+            .ids
+            .retain(|id| id.as_str().chars().count() <= MAX_APPROVAL_ID_CHARS);
+        Some(spent)
+    }
+
+    pub fn contains(&self, id: &ApprovalId) -> bool {
+        self.ids.contains(id)
+    }
+
+    /// How many approvals were ever spent on the machine: the epoch an
+    /// approval issued now carries ([`approval_epoch`]).
+    pub fn count(&self) -> u64 {
+        self.consumed
+            .max(u64::try_from(self.ids.len()).unwrap_or(u64::MAX))
+    }
+
+    /// Whether an approval issued at `epoch` (`None`: issued without one,
+    /// by an older version or with the coordinator unreadable) is older
+    /// than this list's memory, so that its id may have dropped out. Each
+    /// approval issued after it replaced it on the machine, spending it, so
+    /// one still standing has seen at most one spend since its epoch (a
+    /// rotation ending under the approval it replaced, as it was issued);
+    /// two mean it was spent. Without an epoch: once any id dropped out.
+    pub fn outlived(&self, epoch: Option<u64>) -> bool {
+        match epoch {
+            Some(e) => self.count() > e.saturating_add(1),
+            None => self.count() > u64::try_from(self.ids.len()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// These ids and `id`, at most [`MAX_SPENT_APPROVALS`] (the oldest go),
+    /// counted.
+    pub fn with(mut self, id: ApprovalId) -> SpentApprovals {
+        if !self.contains(&id) {
+            self.consumed = self.count().saturating_add(1);
+            self.ids.push(id);
+        }
+        let excess = self.ids.len().saturating_sub(MAX_SPENT_APPROVALS);
+        self.ids.drain(..excess);
+        self
+    }
+
+    pub fn to_value(&self) -> String {
+        // Strings only: always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The epoch an approval's record carries (`"epoch"` beside the
+/// [`Approval`]'s fields, written by `approve`): how many approvals were
+/// spent on the machine when it was issued. `None` when absent.
+pub fn approval_epoch(text: &str) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Epoch {
+        epoch: Option<u64>,
+    }
+    serde_json::from_str::<Epoch>(text).ok()?.epoch
+}
+
+/// `approval`'s record as `approve` seals it: its fields and, when known,
+/// the epoch ([`approval_epoch`]).
+pub fn approval_record(approval: &Approval, epoch: Option<u64>) -> String {
+    let Some(e) = epoch else {
+        // As before epochs: the approval's own serialization.
+        return serde_json::to_string(approval).unwrap_or_default();
+    };
+    let mut value = serde_json::to_value(approval).unwrap_or_default();
+    if let Some(object) = value.as_object_mut() {
+        object.insert("epoch".into(), e.into());
+    }
+    value.to_string()
 }
 
 /// Longest `by` kept from an approval; a longer one is cut (it is shown,
@@ -112,6 +211,38 @@ mod tests {
         assert_eq!(Approval::parse(&text), Some(a));
         assert_eq!(Approval::parse("yes"), None);
         assert_eq!(Approval::parse("{\"target\":\"x\"}"), None);
+    }
+
+    /// The spent list counts every approval ever spent, past the ids it
+    /// keeps; a list written before the count counts what it holds; an id
+    /// listed again is not counted twice. An approval's epoch is read back
+    /// from its record, which still parses as the approval.
+    #[test]
+    fn the_spent_list_counts_past_what_it_keeps() {
+        let old = SpentApprovals::parse(r#"{"ids":["a","b"]}"#).unwrap();
+        assert_eq!((old.count(), old.consumed), (2, 0));
+        let mut list = old.with(ApprovalId::of("c"));
+        assert_eq!(list.count(), 3);
+        list = list.with(ApprovalId::of("c"));
+        assert_eq!(list.count(), 3);
+        for i in 0..100 {
+            list = list.with(ApprovalId::of(&i.to_string()));
+        }
+        assert_eq!((list.count(), list.ids.len()), (103, MAX_SPENT_APPROVALS));
+        let parsed = SpentApprovals::parse(&list.to_value()).unwrap();
+        assert_eq!(parsed, list);
+        let a = Approval {
+            target: CommitId::parse(&"a".repeat(40)).expect("a commit id"),
+            mode: ApprovalMode::Now,
+            by: "alice".into(),
+            at: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+        };
+        let record = approval_record(&a, Some(7));
+        assert_eq!(approval_epoch(&record), Some(7));
+        assert_eq!(Approval::parse(&record), Some(a.clone()));
+        let plain = approval_record(&a, None);
+        assert_eq!(approval_epoch(&plain), None);
+        assert_eq!(plain, serde_json::to_string(&a).unwrap());
     }
 
     /// An approval is named by its value: the same value, the same id; any

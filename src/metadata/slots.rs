@@ -2,7 +2,8 @@
 //! pool's capacity, kept in the metadata of one coordination machine.
 //!
 //! Owns the slot set's format (JSON under [`SLOTS_KEY`] on the machine named
-//! by `rotation.coordinator`) and the pure rules for changing it. The
+//! by `rotation.coordinator`, sealed with the record key: [`SlotSet::open`])
+//! and the pure rules for changing it. The
 //! executor (`act::executor`) changes it only while holding that machine's
 //! Fly lease, and the sweep reads it; this module must never do I/O.
 //!
@@ -43,6 +44,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SLOTS_KEY;
+use super::controls::{Found, Trust};
 use crate::model::{AppName, MachineId, PoolName};
 
 /// The slot-set format this version writes and reads.
@@ -111,6 +113,10 @@ pub enum SlotsError {
         "slot set in metadata key {SLOTS_KEY} has version {0}; this reconciler reads {SLOTS_VERSION}"
     )]
     Version(u32),
+    /// Not the set we sealed, on a coordinator agents can write (one in a
+    /// swept app): unknown, so no slot is taken (fail closed).
+    #[error("slot set in metadata key {SLOTS_KEY} is not sealed by this fleet's record key: {0}")]
+    Tampered(Found),
 }
 
 fn pool_key(app: &AppName, pool: &PoolName) -> String {
@@ -138,6 +144,32 @@ impl SlotSet {
     pub fn to_value(&self) -> String {
         // Strings and timestamps always serialize.
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The coordinator's value, opened as `trust` says. An unsealed set is
+    /// read as written only where agents cannot write it (`exposed` false:
+    /// the coordinator is in none of the swept apps) — a set from before
+    /// sealing, sealed by the next change; on an exposed coordinator it is
+    /// [`SlotsError::Tampered`], as is any seal that does not verify.
+    pub fn open(
+        trust: Trust<'_>,
+        coordinator: &Coordinator,
+        value: Option<&str>,
+        exposed: bool,
+    ) -> Result<SlotSet, SlotsError> {
+        let Some(value) = value else {
+            return SlotSet::parse(None);
+        };
+        match trust.open(coordinator.machine_id.as_str(), SLOTS_KEY, value) {
+            Ok(body) => SlotSet::parse(Some(&body)),
+            Err(Found::Unsigned) if !exposed => SlotSet::parse(Some(value)),
+            Err(found) => Err(SlotsError::Tampered(found)),
+        }
+    }
+
+    /// The value to write on `coordinator`: sealed as `trust` says.
+    pub fn to_sealed_value(&self, trust: Trust<'_>, coordinator: &Coordinator) -> String {
+        trust.seal(coordinator.machine_id.as_str(), SLOTS_KEY, &self.to_value())
     }
 
     /// The slots of one pool.
@@ -249,6 +281,50 @@ mod tests {
             SlotSet::parse(Some(r#"{"version":2,"pools":{}}"#)),
             Err(SlotsError::Version(2))
         );
+    }
+
+    /// Sealed: read wherever it is. Unsealed (a set from before sealing):
+    /// read where agents cannot write it, refused where they can. A seal
+    /// that does not verify (altered, or another coordinator's): refused.
+    #[test]
+    fn a_set_is_read_only_when_sealed_or_out_of_agents_reach() {
+        use crate::metadata::seal::{RecordKey, RecordKeys};
+        let keys = RecordKeys::new(RecordKey::from_hex(&"11".repeat(32)).unwrap());
+        let trust = Trust::Verify(&keys);
+        let c: Coordinator = "reconciler/c1".parse().unwrap();
+        let mut set = SlotSet::parse(None).unwrap();
+        set.try_add(&"a".into(), &"p".into(), slot("m1", "t1"), 1);
+        let sealed = set.to_sealed_value(trust, &c);
+        for exposed in [false, true] {
+            assert_eq!(
+                SlotSet::open(trust, &c, Some(&sealed), exposed),
+                Ok(set.clone())
+            );
+            assert_eq!(
+                SlotSet::open(trust, &c, None, exposed),
+                SlotSet::parse(None)
+            );
+        }
+        let plain = set.to_value();
+        assert_eq!(
+            SlotSet::open(trust, &c, Some(&plain), false),
+            Ok(set.clone())
+        );
+        assert_eq!(
+            SlotSet::open(trust, &c, Some(&plain), true),
+            Err(SlotsError::Tampered(Found::Unsigned))
+        );
+        // An agent empties the set by editing the sealed value.
+        let emptied = sealed.replace("m1", "m9");
+        assert!(matches!(
+            SlotSet::open(trust, &c, Some(&emptied), false),
+            Err(SlotsError::Tampered(Found::Forged(_)))
+        ));
+        let other: Coordinator = "reconciler/c2".parse().unwrap();
+        assert!(matches!(
+            SlotSet::open(trust, &other, Some(&sealed), false),
+            Err(SlotsError::Tampered(Found::Forged(_)))
+        ));
     }
 
     #[test]

@@ -48,12 +48,15 @@ pub struct RotationState {
 }
 
 /// A parsed, validated health report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+// Read from an agent only through its validated wire form (`WireReport`);
+// `Deserialize` reads back what this daemon wrote of it (the machine
+// detail `status` reads).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AgentReport {
     /// Lowercase hex, 4 to 40 digits.
     // Shared: a sweep gives every report of the same text one copy
     // (`observe::sweep::Texts`), which its row's `reported_ref` names too.
-    #[serde(serialize_with = "shared_text")]
+    #[serde(serialize_with = "shared_text", deserialize_with = "owned_text")]
     #[schemars(with = "String")]
     pub overlay_ref: Arc<str>,
     pub activity: Option<Activity>,
@@ -67,6 +70,11 @@ pub struct AgentReport {
 /// A shared text, written as the text.
 fn shared_text<S: serde::Serializer>(text: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(text)
+}
+
+/// A text read back, shared from then on.
+fn owned_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+    String::deserialize(d).map(Arc::from)
 }
 
 impl AgentReport {

@@ -13,6 +13,11 @@
 //! shown as "no hold, no marker, pool default": its row says its metadata is
 //! unknown, its pool comes from its coordinator slot or its last known
 //! listing, and its hold and marker from that listing.
+//! Every machine's records are opened with the record key
+//! ([`Trust`]: unsealed or forged ones are listed as tampered, never taken
+//! for ours), the slot set too, and the coordinator's copy of each hold is
+//! folded in: a hold an agent deleted from its machine still holds. Each
+//! configured app's halt record is read there too ([`HaltView`]).
 //! It must never mutate anything (no Fly writes, no agent POSTs) nor judge
 //! what it saw: no severity, action, reason or coherence figure is made
 //! here, and nothing here is written on the wire.
@@ -26,8 +31,11 @@ use serde::{Deserialize, Serialize};
 use crate::config::{AppConfig, Config, UrlVars};
 use crate::fly::{FlyClient, FlyError, Machine, MachineCheck, MachineEvent};
 use crate::metadata::SLOTS_KEY;
-use crate::metadata::controls::Controls;
-use crate::metadata::slots::SlotSet;
+use crate::metadata::controls::{Controls, Trust};
+use crate::metadata::halt::{COORDINATOR_HALT_PREFIX, HaltView, Halts, coordinator_halt_key};
+use crate::metadata::operator::SpentApprovals;
+use crate::metadata::seal::RecordKeys;
+use crate::metadata::slots::{Coordinator, SlotSet, SlotsError};
 use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus, PoolName};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
@@ -49,6 +57,8 @@ pub struct Observation {
     /// The coordinator's slot set, read after the machines were listed (so
     /// every slot of a marker in the listing is in it).
     pub slots: SlotsView,
+    /// Each app's halt record on the coordinator, read with the slot set.
+    pub halts: Halts,
 }
 
 /// Whether this sweep could list one configured app.
@@ -69,9 +79,21 @@ pub enum SlotsView {
     Known(SlotSet),
     /// The coordinator could not be read, or its slot set is unreadable.
     Unknown(String),
+    /// The slot set on a coordinator agents can write is not the one we
+    /// sealed: unknown (fail closed), and alerted as `metadata_tampered`.
+    Tampered(String),
 }
 
 impl SlotsView {
+    /// Why the slot set is not known, when it is not (unreadable or not the
+    /// one we sealed): then nothing that needs a slot proceeds.
+    pub fn unreadable(&self) -> Option<&str> {
+        match self {
+            SlotsView::Unknown(why) | SlotsView::Tampered(why) => Some(why.as_str()),
+            SlotsView::Known(_) | SlotsView::NotConfigured => None,
+        }
+    }
+
     /// The pool whose coordinator slot names `machine_id` of `app`, if one
     /// does: read in the same sweep, so it stands in for the pool label of
     /// a machine whose metadata is unknown.
@@ -450,6 +472,10 @@ pub struct Sweeper {
     /// (`decide::severity::signals`): the sweep collects this
     /// evidence and judges none of it.
     pub signals: Signals,
+    /// The record keys, when this process holds them: each machine's sealed
+    /// records are verified with them ([`Trust`]); `None` (observe-only)
+    /// reads values as written.
+    pub record_keys: Option<RecordKeys>,
 }
 
 impl Sweeper {
@@ -459,7 +485,7 @@ impl Sweeper {
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
         let (mut rows, unlisted) = self.inventory().await?;
         rows.shrink_to_fit();
-        let slots = self.read_slots().await;
+        let (slots, coordinator_holds, spent, halts) = self.read_coordinator().await;
         let app_index: HashMap<&AppName, usize> = self
             .config
             .apps
@@ -504,7 +530,8 @@ impl Sweeper {
         for m in &mut rows {
             analysed_row(m, &analysis);
         }
-        let mut observation = observation(&self.config, tip, rows);
+        let trust = Trust::of(self.record_keys.as_ref());
+        let mut observation = observation_with(&self.config, trust, tip, rows);
         for (app_index, e) in unlisted {
             if let Some(app) = observation.apps.get_mut(app_index) {
                 app.stale = Some(StaleApp {
@@ -515,6 +542,9 @@ impl Sweeper {
             }
         }
         observation.slots = slots;
+        observation.halts = halts;
+        add_coordinator_holds(&mut observation, &coordinator_holds);
+        add_spent_approvals(&mut observation, &spent);
         pools_from_slots(&mut observation);
         Ok(observation)
     }
@@ -567,19 +597,70 @@ impl Sweeper {
         Ok((rows, unlisted))
     }
 
-    /// The coordinator's slot set; trouble reading it is data, not a failed sweep.
-    async fn read_slots(&self) -> SlotsView {
+    /// The coordinator's slot set and the holds it keeps (machine id → hold
+    /// value; empty when it cannot be read: then each machine's own hold is
+    /// all that is known, and no slot-needing step runs, see
+    /// docs/safety.md); trouble reading it is data, not a failed sweep.
+    async fn read_coordinator(&self) -> (SlotsView, BTreeMap<String, String>, Spent, Halts) {
         let Some(c) = &self.config.rotation.coordinator else {
-            return SlotsView::NotConfigured;
+            return (
+                SlotsView::NotConfigured,
+                BTreeMap::new(),
+                Spent::new(),
+                Halts::new(),
+            );
         };
-        match self.fly.get_machine(&c.app, &c.machine_id).await {
+        let machine = self.fly.get_machine(&c.app, &c.machine_id).await;
+        let meta = match &machine {
+            Ok(m) => m.known_metadata().ok(),
+            Err(_) => None,
+        };
+        let with_prefix = |prefix: &str| -> BTreeMap<String, String> {
+            meta.iter()
+                .flat_map(|meta| meta.iter())
+                .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v.clone())))
+                .collect()
+        };
+        let holds = with_prefix(crate::metadata::COORDINATOR_HOLD_PREFIX);
+        // Any readable list counts, sealed or not: it only ever withholds
+        // approvals (fails closed).
+        let spent = with_prefix(crate::metadata::COORDINATOR_SPENT_PREFIX)
+            .into_iter()
+            .filter_map(|(id, v)| {
+                let text = Trust::AsWritten.open("", "", &v).ok()?;
+                Some((id, SpentApprovals::parse(&text)?))
+            })
+            .collect();
+        // Only configured apps' records: a key naming any other app is
+        // nobody's halt.
+        let trust = Trust::of(self.record_keys.as_ref());
+        let halts = with_prefix(COORDINATOR_HALT_PREFIX)
+            .into_iter()
+            .filter_map(|(app, v)| {
+                let app = self.config.apps.iter().find(|a| a.name.as_str() == app)?;
+                let key = coordinator_halt_key(app.name.as_str());
+                let view = HaltView::open(trust, c.machine_id.as_str(), &key, &v);
+                Some((app.name.clone(), view))
+            })
+            .collect();
+        (self.slots_of(c, machine), holds, spent, halts)
+    }
+
+    fn slots_of(&self, c: &Coordinator, machine: Result<Machine, FlyError>) -> SlotsView {
+        match machine {
             // Unknown is not empty: an unreachable coordinator's set is unknown.
             Ok(m) => match m.metadata(SLOTS_KEY) {
                 Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
-                Ok(value) => match SlotSet::parse(value) {
-                    Ok(set) => SlotsView::Known(set),
-                    Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
-                },
+                Ok(value) => {
+                    let trust = Trust::of(self.record_keys.as_ref());
+                    match SlotSet::open(trust, c, value, self.config.coordinator_exposed()) {
+                        Ok(set) => SlotsView::Known(set),
+                        Err(e @ SlotsError::Tampered(_)) => {
+                            SlotsView::Tampered(format!("coordinator {c}: {e}"))
+                        }
+                        Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
+                    }
+                }
             },
             Err(e) => SlotsView::Unknown(format!("coordinator {c}: {e}")),
         }
@@ -773,6 +854,39 @@ fn pools_from_slots(observation: &mut Observation) {
     }
 }
 
+/// Each machine whose hold the coordinator keeps is held, whatever its own
+/// metadata says now (an agent can delete its machine's hold).
+fn add_coordinator_holds(observation: &mut Observation, holds: &BTreeMap<String, String>) {
+    for m in &mut observation.machines {
+        if m.inputs.metadata_unknown().is_some() {
+            continue;
+        }
+        if let Some(value) = holds.get(m.machine_id.as_str()) {
+            let controls = Controls::clone(&m.inputs.controls).with_coordinator_hold(value);
+            m.inputs.controls = shared_controls(controls);
+        }
+    }
+}
+
+/// The approvals rotations consumed, by machine id (the coordinator's lists).
+type Spent = BTreeMap<String, SpentApprovals>;
+
+/// A consumed approval written back onto its machine approves nothing
+/// (its seal still verifies there: only the coordinator knows it was spent).
+fn add_spent_approvals(observation: &mut Observation, spent: &Spent) {
+    for m in &mut observation.machines {
+        if let Some(list) = spent.get(m.machine_id.as_str())
+            && m.inputs
+                .controls
+                .approval_id()
+                .is_some_and(|id| list.contains(id))
+        {
+            let controls = Controls::clone(&m.inputs.controls).with_spent_approvals(list);
+            m.inputs.controls = shared_controls(controls);
+        }
+    }
+}
+
 /// The prefix of every metadata key this daemon reads or writes
 /// ([`crate::metadata`]'s keys).
 const OWN_KEY_PREFIX: &str = "fleet_reconciler_";
@@ -793,9 +907,20 @@ pub const PATHS_INCOMPLETE: &str = "path rules not yet checked on every missing 
 /// The observation of `machines` against `tip`: every configured app
 /// listed (none stale), no slots read, and each machine's [`Controls`]
 /// parsed from its metadata.
-pub fn observation(config: &Config, tip: &Tip, mut machines: Vec<ObservedMachine>) -> Observation {
+pub fn observation(config: &Config, tip: &Tip, machines: Vec<ObservedMachine>) -> Observation {
+    observation_with(config, Trust::AsWritten, tip, machines)
+}
+
+/// [`observation`], each machine's sealed records judged as `trust` says.
+pub fn observation_with(
+    config: &Config,
+    trust: Trust<'_>,
+    tip: &Tip,
+    mut machines: Vec<ObservedMachine>,
+) -> Observation {
     for m in &mut machines {
-        m.inputs.controls = shared_controls(Controls::parse(&m.inputs.metadata));
+        let controls = Controls::open(&m.inputs.metadata, m.machine_id.as_str(), trust);
+        m.inputs.controls = shared_controls(controls);
     }
     Observation {
         tip: TipReport {
@@ -812,6 +937,7 @@ pub fn observation(config: &Config, tip: &Tip, mut machines: Vec<ObservedMachine
             .collect(),
         machines,
         slots: SlotsView::NotConfigured,
+        halts: Default::default(),
     }
 }
 

@@ -4,10 +4,12 @@
 //! Owns the per-machine record ([`History`], at most [`HISTORY_LINES`] steps
 //! per machine, forgotten with the machine) and its rendering: the status
 //! page, `GET /api/v1/machines/{id}` and `status MACHINE` all show
-//! [`HistoryEntry::line`]. An entry keeps only what its line shows (not the
-//! step's markers nor its target, which is the machine it is filed under), so
-//! a day of releases over 10,000 machines stays small. It must never decide
-//! or act: it records what the executor reports.
+//! [`HistoryEntry::line`]. An entry keeps only what its line shows: the
+//! step's own description ([`StepText`], whose words the step's `Display`
+//! writes too), not its markers nor its target (the machine it is filed
+//! under), so a day of releases over 10,000 machines stays small. It must
+//! never decide or act, nor word a step itself: it records what the
+//! executor reports.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,10 +18,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::act::executor::{Outcome, StepReport};
-use crate::decide::planner::{RestartGuard, Step, StepKind};
-use crate::decide::step::{AdvanceWhy, ReleaseWhy, RestartWhy, WithdrawWhy};
-use crate::metadata::marker::{Ending, Phase, RotationMode};
-use crate::model::{MachineId, short_commit};
+use crate::decide::step::StepText;
+use crate::model::MachineId;
 
 /// Steps of rotation history kept per machine.
 pub const HISTORY_LINES: usize = 20;
@@ -37,89 +37,10 @@ pub struct HistoryEntry {
     pub outcome: Arc<Outcome>,
 }
 
-/// What a step did, with what its line shows ([`Step`]'s own text, less
-/// the markers it wrote: the machine's marker shows where it stands now).
-#[derive(Clone, Debug, PartialEq)]
-pub enum HistoryStep {
-    Claim {
-        pool: Arc<str>,
-        mode: RotationMode,
-        drain: bool,
-        reload: bool,
-    },
-    Withdraw {
-        why: WithdrawWhy,
-    },
-    Advance {
-        phase: Phase,
-        why: AdvanceWhy,
-    },
-    Drain,
-    Restart {
-        guard: RestartGuard,
-        why: RestartWhy,
-    },
-    /// The rotation failed: it is undone, and not tried again for `target`.
-    Fail {
-        why: ReleaseWhy,
-        target: Box<str>,
-    },
-    Yield {
-        why: ReleaseWhy,
-        retry_at: Option<DateTime<Utc>>,
-    },
-    Finish,
-    Cancel {
-        why: ReleaseWhy,
-    },
-    RecordUnprobed {
-        since: DateTime<Utc>,
-    },
-    ClearUnprobed,
-}
-
-impl HistoryStep {
-    pub fn of(step: &Step) -> HistoryStep {
-        match &step.kind {
-            StepKind::Claim {
-                marker,
-                drain,
-                reload,
-            } => HistoryStep::Claim {
-                pool: Arc::from(step.target.pool.as_str()),
-                mode: marker.mode,
-                drain: *drain,
-                reload: *reload,
-            },
-            StepKind::Withdraw { why } => HistoryStep::Withdraw { why: *why },
-            StepKind::Advance { marker, why, .. } => HistoryStep::Advance {
-                phase: marker.phase,
-                why: *why,
-            },
-            StepKind::Drain => HistoryStep::Drain,
-            StepKind::Restart { guard, why, .. } => HistoryStep::Restart {
-                guard: *guard,
-                why: *why,
-            },
-            StepKind::Release { marker, why, .. } if marker.failed.is_some() => HistoryStep::Fail {
-                why: *why,
-                target: short_commit(marker.target.as_str()).into(),
-            },
-            StepKind::Release { marker, why, .. } => match marker.ending {
-                Some(Ending::Yielded) => HistoryStep::Yield {
-                    why: *why,
-                    retry_at: marker.retry_at,
-                },
-                Some(Ending::Finished) => HistoryStep::Finish,
-                Some(Ending::Cancelled) | None => HistoryStep::Cancel { why: *why },
-            },
-            StepKind::RecordUnprobed { record } => HistoryStep::RecordUnprobed {
-                since: record.since,
-            },
-            StepKind::ClearUnprobed => HistoryStep::ClearUnprobed,
-        }
-    }
-}
+/// What a step did, with what its line shows: the step's own description
+/// ([`StepText`]), less the markers it wrote (the machine's marker shows
+/// where it stands now).
+pub type HistoryStep = StepText;
 
 impl HistoryEntry {
     pub fn of(report: &StepReport, at: DateTime<Utc>) -> HistoryEntry {
@@ -151,7 +72,7 @@ pub fn lines(entries: &[HistoryEntry], app: &str, machine_id: &str) -> Vec<Strin
     entries.iter().map(|e| e.line(app, machine_id)).collect()
 }
 
-/// A step's text: the same words as [`Step`]'s `Display`.
+/// A history step's text for the machine it is filed under.
 struct Shown<'a> {
     step: &'a HistoryStep,
     app: &'a str,
@@ -162,54 +83,7 @@ impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // `Target`'s own text.
         let target = format_args!("{}/{}", self.app, self.machine_id);
-        match self.step {
-            HistoryStep::Claim {
-                pool,
-                mode,
-                drain,
-                reload,
-            } => write!(
-                f,
-                "claim a rotation slot for {target} (pool {pool}, {} mode{}{})",
-                mode.as_str(),
-                if *drain { ", drain requested" } else { "" },
-                if *reload { ", reload requested" } else { "" }
-            ),
-            HistoryStep::Withdraw { why } => write!(f, "{target}: withdraw the claim ({why})"),
-            HistoryStep::Advance { phase, why } => write!(f, "{target}: {phase} ({why})"),
-            HistoryStep::Drain => write!(f, "{target}: ask the agent to drain again"),
-            HistoryStep::Restart { guard, why } => write!(
-                f,
-                "restart {target} ({why}{})",
-                match guard {
-                    RestartGuard::MayInterrupt => "; live work may be interrupted",
-                    RestartGuard::Idle => "",
-                    RestartGuard::Unprobeable => "; only if still unprobeable",
-                }
-            ),
-            HistoryStep::Fail {
-                why,
-                target: commit,
-            } => write!(
-                f,
-                "{target}: the rotation failed ({why}); undo it and release its slot, no new attempt for {commit}"
-            ),
-            HistoryStep::Yield { why, retry_at } => write!(
-                f,
-                "{target} yields its slot ({why}); retry at {}",
-                retry_at.map(|t| t.to_rfc3339()).unwrap_or_default()
-            ),
-            HistoryStep::Finish => write!(f, "{target} reports the target: uncordon and finish"),
-            HistoryStep::Cancel { why } => {
-                write!(f, "{target}: rotation cancelled ({why}); undo it")
-            }
-            HistoryStep::RecordUnprobed { since } => write!(
-                f,
-                "{target}: record that the agent gives no usable report since {}",
-                since.to_rfc3339()
-            ),
-            HistoryStep::ClearUnprobed => write!(f, "{target}: the agent answers again"),
-        }
+        self.step.write(f, &target)
     }
 }
 
@@ -288,8 +162,10 @@ impl History {
 mod tests {
     use super::*;
     use crate::act::executor::{Declined, Failure};
-    use crate::decide::planner::Target;
+    use crate::decide::planner::{RestartGuard, Step, StepKind, Target};
+    use crate::decide::step::{AdvanceWhy, ReleaseWhy, RestartWhy, WithdrawWhy};
     use crate::metadata::marker::{self, Marker};
+    use crate::metadata::marker::{Ending, Phase};
     use crate::metadata::unprobed::Unprobed;
     use crate::model::{PolicyAction, Severity};
     use chrono::TimeZone;
@@ -416,6 +292,34 @@ mod tests {
             );
             assert_eq!(HistoryEntry::of(&s, at(9)).line("app-1", "m7"), before);
         }
+    }
+
+    /// Each kind's text as it has always read (logs, `plan`, history):
+    /// pinned, now that the step and its history line share one description.
+    #[test]
+    fn every_kind_of_step_reads_as_it_always_has() {
+        let texts: Vec<String> = every_kind()
+            .into_iter()
+            .map(|kind| report(kind, Outcome::Done).step.to_string())
+            .collect();
+        let want = [
+            "claim a rotation slot for app-1/m7 (pool gpu, grace mode, drain requested)",
+            "claim a rotation slot for app-1/m7 (pool gpu, grace mode, reload requested)",
+            "app-1/m7: withdraw the claim (its pool is at its cap)",
+            "app-1/m7: draining (backoff elapsed; draining again)",
+            "app-1/m7: ask the agent to drain again",
+            "app-1/m7: record that the agent gives no usable report since 2026-05-01T12:02:07+00:00",
+            "app-1/m7: the agent answers again",
+            "app-1/m7 yields its slot (the tip moved past the approved commit; approve the new tip); retry at 2026-05-01T12:30:07+00:00",
+            "app-1/m7 yields its slot (the tip moved past the approved commit; approve the new tip); retry at ",
+            "app-1/m7 reports the target: uncordon and finish",
+            "app-1/m7: rotation cancelled (the tip moved past the approved commit; approve the new tip); undo it",
+            "app-1/m7: the rotation failed (the tip moved past the approved commit; approve the new tip); undo it and release its slot, no new attempt for abababababab",
+            "restart app-1/m7 (restart grace elapsed; live work may be interrupted)",
+            "restart app-1/m7 (restart grace elapsed)",
+            "restart app-1/m7 (restart grace elapsed; only if still unprobeable)",
+        ];
+        assert_eq!(texts, want);
     }
 
     #[test]

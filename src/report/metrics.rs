@@ -83,6 +83,7 @@ pub const WEBHOOK_DEAD_LETTERS: &str = "fleet_reconciler_webhook_dead_letters";
 pub const WEBHOOK_SINK_FAILING: &str = "fleet_reconciler_webhook_sink_failing";
 pub const ALERT_STATE_WRITE_FAILURES_TOTAL: &str =
     "fleet_reconciler_alert_state_write_failures_total";
+pub const HEARTBEAT_PINGS_TOTAL: &str = "fleet_reconciler_heartbeat_pings_total";
 pub const BUILD_INFO: &str = "fleet_reconciler_build_info";
 pub const ADMIN_AUTH_FAILURES_TOTAL: &str = "fleet_reconciler_admin_auth_failures_total";
 pub const HTTP_CONNECTIONS_REJECTED_TOTAL: &str =
@@ -217,6 +218,7 @@ pub struct Metrics {
     webhook_dead_letters: IntGaugeVec,
     webhook_sink_failing: IntGaugeVec,
     alert_state_write_failures: IntCounter,
+    heartbeat_pings: IntCounterVec,
     exported: Mutex<Exported>,
 }
 
@@ -523,6 +525,7 @@ struct DeliverySeries {
     webhook_dead_letters: IntGaugeVec,
     webhook_sink_failing: IntGaugeVec,
     alert_state_write_failures: IntCounter,
+    heartbeat_pings: IntCounterVec,
 }
 
 impl DeliverySeries {
@@ -551,11 +554,18 @@ impl DeliverySeries {
             ALERT_STATE_WRITE_FAILURES_TOTAL,
             "Failed writes of the alert state file (alerts.state_file); a restart would forget what was sent.",
         )?;
+        let heartbeat_pings = counter_vec(
+            r,
+            HEARTBEAT_PINGS_TOTAL,
+            "Heartbeat pings (alerts.heartbeat, by index) after successful sweeps: ok, failed, or skipped while the previous one was in flight.",
+            &["heartbeat", "result"],
+        )?;
         Ok(DeliverySeries {
             webhook_deliveries,
             webhook_dead_letters,
             webhook_sink_failing,
             alert_state_write_failures,
+            heartbeat_pings,
         })
     }
 }
@@ -659,6 +669,7 @@ impl Metrics {
             webhook_dead_letters,
             webhook_sink_failing,
             alert_state_write_failures,
+            heartbeat_pings,
         } = DeliverySeries::register(&r)?;
         let ServerSeries {
             admin_auth_failures,
@@ -693,6 +704,7 @@ impl Metrics {
             webhook_dead_letters,
             webhook_sink_failing,
             alert_state_write_failures,
+            heartbeat_pings,
             exported: Mutex::new(Exported::default()),
         })
     }
@@ -979,6 +991,21 @@ impl Metrics {
         self.connections_rejected.inc();
     }
 
+    /// A hook for `NotifierOptions::counter`: each delivery event counted in
+    /// `fleet_reconciler_webhook_deliveries_total` (per sink kind and result)
+    /// or `fleet_reconciler_alert_state_write_failures_total`, as it happens.
+    pub fn delivery_counter(&self) -> crate::report::notify::DeliveryCounter {
+        use crate::report::notify::{DeliveryCounter, DeliveryEvent};
+        let deliveries = self.webhook_deliveries.clone();
+        let state_writes = self.alert_state_write_failures.clone();
+        DeliveryCounter::new(move |event| match event {
+            DeliveryEvent::Sink { sink, result } => {
+                deliveries.with_label_values(&[sink, result.as_str()]).inc()
+            }
+            DeliveryEvent::StateWriteFailed => state_writes.inc(),
+        })
+    }
+
     /// Publishes one webhook's dead letters kept and whether it is failing.
     pub fn set_webhook_sink(&self, index: usize, format: &str, dead_letters: usize, failing: bool) {
         let sink = index.to_string();
@@ -993,6 +1020,24 @@ impl Metrics {
     /// Counts failed writes of the alert state file.
     pub fn add_alert_state_write_failures(&self, n: u64) {
         self.alert_state_write_failures.inc_by(n);
+    }
+
+    /// Exports every result of `count` heartbeats at 0, so `increase()`
+    /// sees the first failure.
+    pub fn init_heartbeats(&self, count: usize) {
+        for index in 0..count {
+            for result in crate::report::notify::PingResult::ALL {
+                self.heartbeat_pings
+                    .with_label_values(&[index.to_string().as_str(), result.as_str()]);
+            }
+        }
+    }
+
+    /// Counts one heartbeat ping of `alerts.heartbeat[index]`.
+    pub fn record_heartbeat(&self, index: usize, result: crate::report::notify::PingResult) {
+        self.heartbeat_pings
+            .with_label_values(&[index.to_string().as_str(), result.as_str()])
+            .inc();
     }
 
     /// Counts one Fly API exchange (`op` from the client, `code` an HTTP
@@ -1183,6 +1228,7 @@ mod tests {
             apps: summaries,
             machines,
             slots: Default::default(),
+            halts: Default::default(),
         }
     }
 

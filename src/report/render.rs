@@ -125,6 +125,55 @@ pub fn to_table(report: &FleetDocument<'_>) -> String {
     out
 }
 
+/// The fleet in one line (the demo's per-sweep line): machines on the tip
+/// and coherence, the other statuses, and the decisions other than
+/// `on tip` and `not running`, each with its count, most frequent first.
+pub fn summary_line(report: &FleetDocument<'_>) -> String {
+    let started: usize = report.apps.iter().map(|a| a.coherence.machines).sum();
+    let on_tip: usize = report.apps.iter().map(|a| a.coherence.on_tip).sum();
+    let mut out = format!(
+        "{on_tip}/{started} started machines on tip, coherence {:.1}%",
+        report.coherence * 100.0
+    );
+    let statuses: Vec<String> = MachineStatus::ALL
+        .iter()
+        .filter(|s| !matches!(s, MachineStatus::OnTip | MachineStatus::NotRunning))
+        .filter_map(|&s| {
+            let n = report.count(None, s);
+            (n > 0).then(|| format!("{n} {s}"))
+        })
+        .collect();
+    if !statuses.is_empty() {
+        let _ = write!(out, " ({})", statuses.join(", "));
+    }
+    let mut decisions: Vec<(String, usize)> = Vec::new();
+    for m in report.rows() {
+        let Some(d) = report.decision(m.machine_id) else {
+            continue;
+        };
+        if matches!(d, Decision::OnTip | Decision::NotRunning { .. }) {
+            continue;
+        }
+        let label = d.label();
+        match decisions.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => decisions.push((label, 1)),
+        }
+    }
+    decisions.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    if !decisions.is_empty() {
+        let listed: Vec<String> = decisions.iter().map(|(l, n)| format!("{n} {l}")).collect();
+        let _ = write!(out, " · {}", listed.join(", "));
+    }
+    let stale = report.stale_app_names();
+    if !stale.is_empty() {
+        let mut names: Vec<&str> = stale.into_iter().collect();
+        names.sort_unstable();
+        let _ = write!(out, " · not listed: {}", names.join(", "));
+    }
+    printable(&out)
+}
+
 /// One machine's cells, in the table's column order (`stale`: its app was
 /// not listed by the sweep).
 fn cells(report: &FleetDocument<'_>, m: RowView<'_>, stale: bool) -> [String; 13] {
@@ -305,32 +354,46 @@ mod tests {
     }
 }
 
-/// `plan --output json`: the tip, each machine's decision (typed, with its
-/// sentence) and the steps a daemon would take now.
-#[derive(Serialize)]
+/// The version of `plan --output json` (docs/plan.schema.json), raised
+/// when a field is removed or changes meaning, as the fleet document's.
+pub const PLAN_SCHEMA_VERSION: u32 = 1;
+
+// `plan --output json`: the tip, each machine's decision (typed, with its
+// sentence) and the steps a daemon would take now. It speaks the fleet
+// document's vocabulary (`tip` as `{branch, commit}`, `coherence`, a row
+// leaves out what would be null). A `//` comment: a doc comment would
+// become the schema's description.
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct PlanJson<'a> {
-    pub tip: &'a str,
-    pub branch: &'a str,
+    pub schema_version: u32,
+    pub tip: &'a crate::observe::sweep::TipReport,
+    /// Every started machine reports the tip.
     pub coherent: bool,
+    /// On-tip ÷ started machines, over the whole fleet, as `check`'s.
+    pub coherence: f64,
     pub machines: Vec<PlannedMachine<'a>>,
     pub steps: Vec<PlannedStep>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct PlannedMachine<'a> {
     pub app: &'a str,
     pub machine_id: &'a str,
     pub name: &'a str,
     pub pool: &'a str,
     pub status: MachineStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub severity: Option<Severity>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<PolicyAction>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub decision: Option<&'a Decision>,
     /// The decision as a sentence.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct PlannedStep {
     pub app: String,
     pub machine_id: String,
@@ -339,11 +402,18 @@ pub struct PlannedStep {
     pub description: String,
 }
 
+/// The JSON Schema of [`PlanJson`] (docs/plan.schema.json), pretty.
+pub fn plan_schema() -> String {
+    let schema = schemars::schema_for!(PlanJson<'static>);
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
+}
+
 pub fn plan_to_json<'a>(report: &'a Snapshot, plan: &'a Plan) -> PlanJson<'a> {
     PlanJson {
-        tip: report.tip.commit.as_str(),
-        branch: &report.tip.branch,
+        schema_version: PLAN_SCHEMA_VERSION,
+        tip: &report.tip,
         coherent: report.is_coherent(),
+        coherence: report.coherence.ratio,
         machines: report
             .machines
             .iter()
@@ -391,6 +461,39 @@ pub fn plan_to_table(report: &Snapshot, plan: &Plan) -> String {
     if !why.is_empty() {
         out.push_str("\nDecisions:\n");
         for line in why {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    // A record key rotation: what is still sealed with the previous key.
+    let previous: Vec<String> = report
+        .machines
+        .iter()
+        .filter(|m| !m.seen.inputs.controls.by_previous_key.is_empty())
+        .map(|m| {
+            printable(&format!(
+                "  {}/{}: {}",
+                m.seen.app,
+                m.seen.machine_id,
+                m.seen.inputs.controls.by_previous_key.join(", ")
+            ))
+        })
+        .collect();
+    if !previous.is_empty() {
+        out.push_str("\nSealed with the previous record key (re-seal before dropping it):\n");
+        for line in previous {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    // Records an agent may have forged or deleted (docs/safety.md, "Threat model").
+    let tampered: Vec<String> = plan
+        .alerts
+        .iter()
+        .filter(|a| a.kind == crate::events::AlertKind::MetadataTampered)
+        .map(|a| printable(&format!("  {}", a.summary)))
+        .collect();
+    if !tampered.is_empty() {
+        out.push_str("\nmetadata_tampered:\n");
+        for line in tampered {
             let _ = writeln!(out, "{line}");
         }
     }

@@ -1,13 +1,16 @@
 //! The reporter: turns each cycle's outcome into everything that reports it.
 //!
 //! Owns what is carried from one sweep to the next for reporting only: the
-//! machines' rotation history ([`History`]), the machine alerts carried over
-//! a failed sweep or an unlistable app, the restored alerts until this run's
-//! evidence settles them, the fleet alert clocks, the delivery counts already
-//! moved into metrics, and each machine's last kind of decision (a change is
-//! logged). It feeds the Prometheus series, the server's view and the
-//! notifier. It must never decide anything the planner decides nor act on a
-//! machine, and never read the clock: every time comes with the outcome.
+//! machines' rotation history ([`History`]), the alert rules' memory
+//! ([`AlertMemory`], kept here and changed only by
+//! [`crate::decide::alerts::evaluate`], which decides every alert), when
+//! this replica last saw the fleet and each app (`Seen`: what the notifier
+//! judges staleness by), each machine's last kind of decision (a change is
+//! logged), and whether the coordinator was readable (a change is logged).
+//! It feeds the Prometheus series, the server's view and the notifier
+//! (which counts its deliveries itself). It must never decide an alert or
+//! anything the planner decides, nor act on a machine, and never read the
+//! clock: every time comes with the outcome.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -16,50 +19,36 @@ use chrono::{DateTime, Utc};
 use crate::act::executor::StepReport;
 use crate::config::Config;
 use crate::daemon::{Cycle, SweepOutcome};
+use crate::decide::alerts::{AlertMemory, AlertRules, Turn, evaluate};
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
-use crate::events::{ActionEvent, Alert};
+use crate::events::ActionEvent;
 use crate::model::{AppName, MachineId, PoolName};
 use crate::report::history::History;
 use crate::report::metrics::Metrics;
-use crate::report::notify::{
-    CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker, Notifier,
-    RestoredMachineAlerts,
-};
+use crate::report::notify::{Notifier, Seen};
 use crate::report::server::{FleetView, MachineExtra};
-
-/// All alerts of a cycle: the machine alerts known last, then the fleet's.
-/// (The notifier logs each alert as it starts firing and as it clears.)
-fn with_machine_alerts(machine: &[Alert], fleet: Vec<Alert>) -> Vec<Alert> {
-    machine.iter().cloned().chain(fleet).collect()
-}
 
 /// Turns cycle outcomes into metrics, the server's view and notifications.
 pub struct Reporter<'a> {
     metrics: &'a Metrics,
     view: &'a FleetView,
     notifier: &'a Notifier,
-    fleet_alerts: FleetAlertTracker,
-    last_success: Option<DateTime<Utc>>,
-    failures: u32,
+    /// What the alert rules remember between turns ([`evaluate`] decides).
+    alerts: AlertMemory,
     history: History,
     /// Each machine's decision kind in the last sweep: a change is logged.
     decision_kinds: HashMap<MachineId, &'static str>,
-    /// The planner's machine alerts of the last successful sweep. A failed
-    /// sweep knows nothing new about machines, so they are carried over:
-    /// sending only the fleet alerts would resolve every drift alert, and
-    /// page again once sweeps recover. Likewise, per app, for the apps a
-    /// successful sweep could not list.
-    machine_alerts: Vec<Alert>,
-    /// Machine alerts from before a restart, until the planner has caught up.
-    restored: RestoredMachineAlerts,
-    /// Per webhook: (delivered, failed attempts, dropped, dead-lettered) already counted.
-    counted: HashMap<usize, (u64, u64, u64, u64)>,
-    /// Per Alertmanager: (posts accepted, failed posts) already counted.
-    counted_alertmanagers: HashMap<usize, (u64, u64)>,
-    /// Failed writes of the alert state file already counted.
-    state_write_failures: u64,
+    /// Whether the last successful sweep could not read the coordinator's
+    /// slot set: the change is logged once, not every sweep.
+    coordinator_unreadable: bool,
+    /// When this replica last saw the fleet and each app (its own sweeps'
+    /// times): alerts from a view older than `alerts.stale_after` are not sent.
+    seen: Seen,
+    /// The alerts of the last turn, sent again with the events of steps
+    /// reported on their own (`SweepOutcome::Acted`).
+    last_alerts: Vec<crate::events::Alert>,
 }
 
 impl<'a> Reporter<'a> {
@@ -73,35 +62,38 @@ impl<'a> Reporter<'a> {
         view: &'a FleetView,
         notifier: &'a Notifier,
     ) -> Reporter<'a> {
-        let mut fleet_alerts = FleetAlertTracker::new(FleetAlertRules::from_config(config));
-        fleet_alerts.restore(notifier.restored_alerts());
-        let restored = RestoredMachineAlerts::new(
-            notifier.restored_alerts(),
-            config.rotation.min_drift_age + config.sweep.interval.get() * 2,
-        );
+        let alerts = AlertMemory::new(&AlertRules::from_config(config), notifier.restored_alerts());
         Reporter {
             metrics,
             view,
             notifier,
-            fleet_alerts,
-            last_success: None,
-            failures: 0,
+            alerts,
             history: History::default(),
             decision_kinds: HashMap::new(),
-            // Until the first good sweep, what was known before the restart.
-            machine_alerts: restored.carried(),
-            restored,
-            counted: HashMap::new(),
-            counted_alertmanagers: HashMap::new(),
-            state_write_failures: 0,
+            coordinator_unreadable: false,
+            seen: Seen::default(),
+            last_alerts: Vec::new(),
         }
     }
 
     /// Reports one turn of the loop.
     pub fn report(&mut self, outcome: &SweepOutcome) {
-        self.count_deliveries();
+        self.publish_sinks();
         match outcome {
+            // Only the view: the sweep is counted and alerted on with its steps.
+            SweepOutcome::Observed { report, at } => {
+                self.view.set_tip(&report.tip.commit);
+                self.view.record_observed((**report).clone(), *at);
+            }
             SweepOutcome::Swept(cycle) => self.swept(cycle),
+            // Steps whose turn was overtaken by newer sweeps: counted and
+            // kept in the history, their events sent with the alerts as
+            // the newest sweep left them.
+            SweepOutcome::Acted { steps, at } => {
+                let events = self.record_steps(steps, *at);
+                self.notifier
+                    .update_seen(&self.last_alerts, &events, *at, &self.seen);
+            }
             SweepOutcome::Failed {
                 error,
                 kind,
@@ -109,68 +101,24 @@ impl<'a> Reporter<'a> {
                 at,
             } => {
                 let now = *at;
-                self.failures += 1;
                 self.metrics.record_sweep_failure(kind);
                 self.view.record_failure(error.clone(), now);
-                let alerts = self.fleet_alerts.evaluate(
-                    &FleetAlertInput {
-                        coherence: None,
-                        last_sweep_success: self.last_success,
-                        consecutive_sweep_failures: self.failures,
-                        last_tip_fetch: *tip_fetched_at,
-                        tip_commit: None,
-                    },
-                    now,
-                );
-                self.notifier
-                    .update(&with_machine_alerts(&self.machine_alerts, alerts), &[], now);
+                let turn = Turn::Failed {
+                    tip_fetched_at: *tip_fetched_at,
+                };
+                let set = evaluate(turn, &mut self.alerts, now);
+                self.notifier.update_seen(&set.alerts, &[], now, &self.seen);
+                self.last_alerts = set.alerts;
             }
         }
     }
 
-    /// Moves the notifier's delivery counts into `fleet_reconciler_webhook_deliveries_total`,
-    /// and its dead letters and state-file health into their series.
-    fn count_deliveries(&mut self) {
+    /// Publishes each webhook's dead letters kept and whether it is
+    /// failing (the notifier counts deliveries itself, as they happen).
+    fn publish_sinks(&self) {
         for sink in self.notifier.stats() {
-            let seen = self.counted.entry(sink.index).or_default();
-            let now = (
-                sink.delivered,
-                sink.failed_attempts,
-                sink.dropped,
-                sink.dead_lettered,
-            );
-            for (result, new, old) in [
-                ("delivered", now.0, seen.0),
-                ("failed", now.1, seen.1),
-                ("dropped", now.2, seen.2),
-                ("dead_lettered", now.3, seen.3),
-            ] {
-                if new > old {
-                    self.metrics
-                        .add_webhook_deliveries(sink.format, result, new - old);
-                }
-            }
-            *seen = now;
             self.metrics
                 .set_webhook_sink(sink.index, sink.format, sink.dead_letters, sink.failing);
-        }
-        // Alertmanager posts count as deliveries of format "alertmanager".
-        for am in self.notifier.alertmanager_stats() {
-            let seen = self.counted_alertmanagers.entry(am.index).or_default();
-            let now = (am.delivered, am.failed_attempts);
-            for (result, new, old) in [("delivered", now.0, seen.0), ("failed", now.1, seen.1)] {
-                if new > old {
-                    self.metrics
-                        .add_webhook_deliveries("alertmanager", result, new - old);
-                }
-            }
-            *seen = now;
-        }
-        let failures = self.notifier.state_write_failures();
-        if failures > self.state_write_failures {
-            self.metrics
-                .add_alert_state_write_failures(failures - self.state_write_failures);
-            self.state_write_failures = failures;
         }
     }
 
@@ -210,15 +158,31 @@ impl<'a> Reporter<'a> {
         let Cycle {
             report, steps, now, ..
         } = cycle;
-        self.failures = 0;
-        self.last_success = Some(*now);
         self.record_sweep_metrics(cycle);
-        let events = self.record_steps(report, steps, *now);
+        let events = self.record_steps(steps, *now);
+        self.forget_gone(report);
         let extras = self.extras(report, &cycle.plan);
         self.alert(cycle, &events);
+        self.log_coordinator(report);
         self.view.set_tip(&report.tip.commit);
         self.view.set_extras(extras);
         self.view.record_sweep(report.clone(), *now);
+    }
+
+    /// One WARN line when the coordinator's slot set becomes unreadable
+    /// (then `/readyz` is not ready and `coordinator_unreadable` follows),
+    /// one INFO line when it is read again.
+    fn log_coordinator(&mut self, report: &Snapshot) {
+        let unreadable = report.slots.unreadable();
+        match (unreadable, self.coordinator_unreadable) {
+            (Some(why), false) => tracing::warn!(
+                reason = why,
+                "the coordinator's slot set cannot be read: no rotation starts, drains or restarts (undos go on); /readyz is not ready until it can"
+            ),
+            (None, true) => tracing::info!("the coordinator's slot set is readable again"),
+            _ => {}
+        }
+        self.coordinator_unreadable = unreadable.is_some();
     }
 
     /// The sweep's series: its figures, the tip's fetch, the rotations in
@@ -256,14 +220,9 @@ impl<'a> Reporter<'a> {
             }));
     }
 
-    /// Counts each step taken and records it in the history (machines gone
-    /// from `report` are forgotten); the steps' events, for the notifier.
-    fn record_steps(
-        &mut self,
-        report: &Snapshot,
-        steps: &[StepReport],
-        now: DateTime<Utc>,
-    ) -> Vec<ActionEvent> {
+    /// Counts each step taken and records it in the history; the steps'
+    /// events, for the notifier.
+    fn record_steps(&mut self, steps: &[StepReport], now: DateTime<Utc>) -> Vec<ActionEvent> {
         let mut events = Vec::new();
         for s in steps {
             self.metrics.record_action(
@@ -275,11 +234,14 @@ impl<'a> Reporter<'a> {
             events.extend(s.events.iter().cloned());
         }
         self.history.record(steps, now);
-        // Forget machines that are gone.
+        events
+    }
+
+    /// Forgets the history of machines gone from `report`.
+    fn forget_gone(&mut self, report: &Snapshot) {
         let listed: HashSet<&MachineId> =
             report.machines.iter().map(|m| &m.seen.machine_id).collect();
         self.history.retain(|id| listed.contains(id));
-        events
     }
 
     /// What the server shows of each machine beyond its row: its decision,
@@ -303,9 +265,8 @@ impl<'a> Reporter<'a> {
         extras
     }
 
-    /// The fleet's alerts and the machines' (the plan's, those carried for
-    /// apps this sweep could not list, restored ones not yet settled), sent
-    /// to the notifier with the steps' events.
+    /// The cycle's alerts ([`evaluate`]), sent to the notifier with the
+    /// steps' events.
     fn alert(&mut self, cycle: &Cycle, events: &[ActionEvent]) {
         let Cycle {
             report,
@@ -315,40 +276,23 @@ impl<'a> Reporter<'a> {
             ..
         } = cycle;
         let now = *now;
-        let sample = CoherenceSample::of(report, now);
-        self.fleet_alerts.observe_listings(report);
-        let fleet = self.fleet_alerts.evaluate(
-            &FleetAlertInput {
-                coherence: Some(&sample),
-                last_sweep_success: Some(now),
-                consecutive_sweep_failures: 0,
-                last_tip_fetch: *tip_fetched_at,
-                tip_commit: Some(report.tip.commit.as_str()),
-            },
-            now,
-        );
-        // Nothing new is known of the machines of an app this sweep could not
-        // list (the planner says nothing of them): their alerts stand.
-        let stale = report.stale_app_names();
-        let mut alerts: Vec<Alert> = plan.alerts.clone();
-        alerts.extend(
-            self.machine_alerts
+        let turn = Turn::Swept {
+            report,
+            plan,
+            tip_fetched_at: *tip_fetched_at,
+        };
+        let set = evaluate(turn, &mut self.alerts, now);
+        self.seen = Seen {
+            sweep: Some(now),
+            unlisted: report
+                .apps
                 .iter()
-                .filter(|a| {
-                    a.app
-                        .as_ref()
-                        .is_some_and(|app| stale.contains(app.as_str()))
-                })
-                .cloned(),
-        );
-        // Alerts from before a restart, until this run's evidence settles them.
-        let restored = self.restored.after_sweep(report, &alerts, now);
-        alerts.extend(restored);
-        self.machine_alerts = alerts;
-        self.notifier.update(
-            &with_machine_alerts(&self.machine_alerts, fleet),
-            events,
-            now,
-        );
+                .filter_map(|a| a.stale.as_ref().map(|s| (a.name.clone(), s.last_listed_at)))
+                .collect(),
+            tip: Some(report.tip.commit.clone()),
+        };
+        self.notifier
+            .update_seen(&set.alerts, events, now, &self.seen);
+        self.last_alerts = set.alerts;
     }
 }

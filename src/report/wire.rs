@@ -56,6 +56,28 @@ pub struct FleetDocument<'a> {
     /// Each machine's decision in the daemon's last sweep, by machine id (a
     /// machine without one is absent; `check --output json` has none).
     pub decisions: BTreeMap<Cow<'a, MachineId>, Cow<'a, Decision>>,
+    /// How old the daemon's view is (`GET /api/v1/fleet`; `check` has none).
+    pub view: Option<ViewAge>,
+}
+
+/// How old a daemon's view is, judged on that daemon's own clock: when the
+/// sweep it shows finished, and whether that is older than
+/// `alerts.stale_after` (then the daemon says nothing about it to its
+/// alert sinks either).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ViewAge {
+    /// When the sweep shown finished (the daemon's clock).
+    pub swept_at: chrono::DateTime<chrono::Utc>,
+    /// Whole seconds from `swept_at` to the answer, on the daemon's clock
+    /// (a reader's own clock may differ).
+    pub age_secs: u64,
+    /// The view is older than `alerts.stale_after`: the fleet may have
+    /// changed since.
+    pub stale: bool,
+    /// Why it is stale (the last sweep's failure, or no sweep finishing);
+    /// absent when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_reason: Option<String>,
 }
 
 /// A document's machine rows.
@@ -222,7 +244,14 @@ impl<'a> FleetDocument<'a> {
             apps: Cow::Borrowed(&snapshot.apps),
             machines: Rows::Snapshot(&snapshot.machines),
             decisions: BTreeMap::new(),
+            view: None,
         }
+    }
+
+    /// With how old the view is (the daemon's `GET /api/v1/fleet`).
+    pub fn with_view(mut self, view: Option<ViewAge>) -> FleetDocument<'a> {
+        self.view = view;
+        self
     }
 
     /// With each machine's decision (the daemon's, or `plan`'s).
@@ -291,6 +320,8 @@ struct DocOut<'a> {
     machines: RowsOut<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     decisions: Option<&'a BTreeMap<Cow<'a, MachineId>, Cow<'a, Decision>>>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    view: Option<&'a ViewAge>,
 }
 
 /// The machine rows, each made as it is written: a 100,000-machine
@@ -405,6 +436,7 @@ impl Serialize for FleetDocument<'_> {
             refs,
             machines: RowsOut(&self.machines),
             decisions: (!self.decisions.is_empty()).then_some(&self.decisions),
+            view: self.view.as_ref(),
         }
         .serialize(s)
     }
@@ -432,6 +464,10 @@ struct DocIn {
     /// --output json` has none: `plan --output json` gives them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     decisions: BTreeMap<MachineId, Decision>,
+    /// How old the daemon's view is: `swept_at`, `age_secs`, `stale` and,
+    /// when stale, `stale_reason` (`GET /api/v1/fleet`; `check` has none).
+    #[serde(flatten, default)]
+    view: Option<ViewAge>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -540,6 +576,7 @@ impl<'de> Deserialize<'de> for FleetDocument<'_> {
                 .into_iter()
                 .map(|(id, d)| (Cow::Owned(id), Cow::Owned(d)))
                 .collect(),
+            view: doc.view,
         })
     }
 }
@@ -626,6 +663,7 @@ mod tests {
             apps: Vec::new(),
             machines,
             slots: SlotsView::default(),
+            halts: Default::default(),
         }
     }
 
@@ -737,7 +775,7 @@ mod tests {
 
     /// An app's row carries its coherence figures inline, in the order the
     /// fleet document has always written them (name, machines, on_tip,
-    /// coherence, then stale), and the fleet's figure is the bare ratio:
+    /// coherence unless never listed, then stale), and the fleet's figure is the bare ratio:
     /// the bytes, not only the keys, read back the same.
     #[test]
     fn app_rows_write_their_figures_inline_in_the_published_order() {
@@ -763,7 +801,8 @@ mod tests {
         let apps = concat!(
             r#""coherence":0.25,"apps":["#,
             r#"{"name":"agents","machines":2,"on_tip":1,"coherence":0.5},"#,
-            r#"{"name":"b","machines":2,"on_tip":0,"coherence":0.0,"#,
+            // Never listed: no coherence (issue 34 item 7), `stale` says why.
+            r#"{"name":"b","machines":2,"on_tip":0,"#,
             r#""stale":{"error":"boom","kind":"status","last_listed_at":null}}],"#,
         );
         assert!(text.contains(apps), "{text}");

@@ -15,6 +15,20 @@ use crate::clock::SharedClock;
 pub const DEFAULT_TOKEN: &str = "sim-fly-token";
 /// Lease owner the simulator derives from the fleet token (Fly names the token's user).
 pub const DEFAULT_LEASE_OWNER: &str = "reconciler@tokens.fly.io";
+/// The record key (hex) the simulated fleet's reconciler and operators hold
+/// (`[records] key_env`): what they write is sealed with it. Raw
+/// [`super::SimHandle::set_metadata`] is what an agent does: never sealed.
+pub const DEFAULT_RECORD_KEY: &str =
+    "5eedc0de5eedc0de5eedc0de5eedc0de5eedc0de5eedc0de5eedc0de5eedc0de";
+
+/// [`DEFAULT_RECORD_KEY`] as the keys a reconciler holds.
+pub fn record_keys() -> crate::metadata::seal::RecordKeys {
+    crate::metadata::seal::RecordKeys::new(
+        crate::metadata::seal::RecordKey::from_hex(DEFAULT_RECORD_KEY)
+            .expect("the simulator's record key is 32 bytes of hex"),
+    )
+}
+
 /// Release tip when the fixture does not name one (40 hex digits).
 pub const DEFAULT_RELEASE_TIP: &str = "c0ffee0000000000000000000000000000000001";
 /// Capability advertising `POST overlay/drain` and `overlay/undrain` (docs/design.md §4).

@@ -22,7 +22,7 @@ use super::machine::{
     ExitEvent, Lease, MachineState, REPLACING, STARTED, STARTING, STOPPED, STOPPING, StopOutcome,
     add, new_nonce,
 };
-use super::state::{Shared, Step, schedule};
+use super::state::{Shared, Step, World, schedule};
 use super::wire::{ApiError, RequestSeq, lease_nonce, parse_json, parse_optional_json, rfc3339};
 use crate::fly::WaitState;
 use strum::VariantArray;
@@ -290,11 +290,24 @@ pub(crate) async fn list_machines(
     State(shared): SharedState,
     Path(app): Path<String>,
     Query(q): QueryMap,
+    Extension(RequestSeq(seq)): Extension<RequestSeq>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let summary = q.get("summary").is_some_and(|v| is_true(v));
     let states = filter_list(&q, "state");
     let regions = filter_list(&q, "region");
-    let world = shared.lock();
+    let mut world = shared.lock();
+    if !summary {
+        let by = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| crate::metadata::value_fingerprint(&String::from_utf8_lossy(v.as_bytes())))
+            .unwrap_or_default();
+        let listing = super::socket_log::Listing { seq, by };
+        let World {
+            socket, machines, ..
+        } = &mut *world;
+        socket.observe_listing(&app, listing, machines);
+    }
     let shown = world.host_down_metadata;
     let ids = world.apps.get(&app).ok_or_else(ApiError::app_not_found)?;
     let machines: Vec<MachineJson<'_>> = ids

@@ -129,6 +129,14 @@ impl FrozenFleet {
         self.answers.is_empty()
     }
 
+    /// Every path it answers with the status and body it answers with (for
+    /// a bench that writes them out as files for a static-file server).
+    pub fn answers(&self) -> impl Iterator<Item = (&str, u16, &[u8])> {
+        self.answers
+            .iter()
+            .map(|(path, a)| (path.as_str(), a.status.as_u16(), &a.body[..]))
+    }
+
     /// The body it answers to `GET path`, if it answers that path.
     pub fn body(&self, path: &str) -> Option<&[u8]> {
         self.answers.get(path).map(|a| &a.body[..])

@@ -226,6 +226,33 @@ impl SimHandle {
         })
     }
 
+    /// `fly machine uncordon` by an operator (the `metadata_tampered`
+    /// runbook, for a machine a foreign marker left cordoned): refused while
+    /// anyone holds an unexpired lease on it, as flyctl takes one.
+    pub fn operator_uncordon(&self, machine_id: &str) -> Result<(), OperatorWriteRefused> {
+        {
+            let mut world = self.shared.lock();
+            let now = world.now();
+            let Some(m) = world.machines.get_mut(machine_id) else {
+                return Err(OperatorWriteRefused::UnknownMachine {
+                    machine_id: machine_id.to_string(),
+                });
+            };
+            if let Some(lease) = m.active_lease(now) {
+                return Err(OperatorWriteRefused::Leased {
+                    machine_id: machine_id.to_string(),
+                    owner: lease.owner.clone(),
+                    expires_at: lease.expires_at,
+                });
+            }
+            m.cordoned = false;
+            m.touch(now);
+            world.observe(machine_id);
+        }
+        self.shared.notify();
+        Ok(())
+    }
+
     fn operator_write(
         &self,
         machine_id: &str,

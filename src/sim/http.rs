@@ -25,7 +25,7 @@ use super::view::{Credential, RecordedRequest, RequestTarget};
 use super::wire::{
     ApiError, NONCE_HEADER, RequestSeq, agent_token_matches, fly_token_matches, header_str,
 };
-use super::{agent, fly_api};
+use super::{agent, fly_api, machine_api};
 
 /// Request bodies beyond this are refused (413); nothing the daemon sends comes close.
 const MAX_REQUEST_BODY: usize = 1024 * 1024;
@@ -58,6 +58,13 @@ pub(crate) fn classify_path(path: &str) -> Route {
                         Some(action.first().map_or_else(|| "machine".to_string(), owned));
                 }
             }
+            route
+        }
+        // `/_machine/{caller}/v1/apps/{app}/machines/{id}/metadata…`: the
+        // app and machine are the ones called about, as for `/v1`.
+        ["_machine", _caller, "v1", rest @ ..] => {
+            let mut route = classify_path(&format!("/v1/{}", rest.join("/")));
+            route.target = Some(RequestTarget::MachineApi);
             route
         }
         ["agents", id, action @ ..] => Route {
@@ -104,6 +111,19 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             get(fly_api::get_metadata_key)
                 .post(fly_api::set_metadata_key)
                 .delete(fly_api::delete_metadata_key),
+        )
+        .route(
+            &format!("{}/{{caller}}{machine}/metadata", machine_api::PREFIX),
+            get(machine_api::get_metadata),
+        )
+        .route(
+            &format!(
+                "{}/{{caller}}{machine}/metadata/{{key}}",
+                machine_api::PREFIX
+            ),
+            get(machine_api::get_metadata_key)
+                .post(machine_api::set_metadata_key)
+                .delete(machine_api::delete_metadata_key),
         )
         .route("/agents/{id}/health", get(agent::health))
         .route("/agents/{id}/overlay/drain", post(agent::drain))
@@ -183,8 +203,10 @@ async fn front_door(State(shared): State<Arc<Shared>>, request: Request, next: N
     for act in acts {
         handle.carry_out(act);
     }
-    // Interventions fire only for a call that reaches its handler.
+    // Interventions fire only for a call that reaches its handler, and
+    // only for the daemon's side: a tampering process's call is not one.
     let (before, after) = match gate {
+        _ if route.target == Some(RequestTarget::MachineApi) => (None, None),
         Gate::Pass | Gate::ServeThenFail { .. } => {
             let mut world = shared.lock();
             let method = parts.method.as_str();
@@ -291,6 +313,8 @@ fn authenticate(
     };
     let authorized = match route.target {
         Some(RequestTarget::FlyApi) => credential == Credential::FlyToken,
+        // The in-machine socket is its own credential.
+        Some(RequestTarget::MachineApi) => true,
         // Health GETs never need a token; cooperative POSTs need the agent's.
         Some(RequestTarget::Agent) => {
             method == "GET"
@@ -478,6 +502,12 @@ mod tests {
         let r = classify_path("/agents/m1/overlay/drain");
         assert_eq!(r.target, Some(RequestTarget::Agent));
         assert_eq!(r.action.as_deref(), Some("overlay/drain"));
+
+        let r = classify_path("/_machine/m2/v1/apps/a/machines/m1/metadata/hold");
+        assert_eq!(r.target, Some(RequestTarget::MachineApi));
+        assert_eq!(r.app.as_deref(), Some("a"));
+        assert_eq!(r.machine_id.as_deref(), Some("m1"));
+        assert_eq!(r.action.as_deref(), Some("metadata"));
 
         assert_eq!(classify_path("/metrics").target, Some(RequestTarget::Other));
     }

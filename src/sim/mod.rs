@@ -6,6 +6,10 @@
 //! - the Fly Machines API under `/v1` (list, get, update, restart, stop,
 //!   start, wait, cordon, uncordon, leases, metadata), with the shapes of the
 //!   official OpenAPI spec and the real lease envelope of docs/design.md §3;
+//! - each machine's in-machine `/.fly/api` socket under
+//!   `/_machine/{caller_id}/v1/…` (`machine_api`): metadata of any machine of
+//!   the caller's app, no token, no lease — what a rogue agent ([`RogueAgent`])
+//!   uses;
 //! - one agent per machine under `/agents/{machine_id}/` (`health`, and
 //!   `overlay/drain|undrain|reload` for agents that advertise them), per the
 //!   agent contract of docs/design.md §4, including the misbehaviours in [`Behaviour`].
@@ -88,6 +92,16 @@
 //!   Every other mutating call (update, restart, stop, start, cordon,
 //!   uncordon) and lease refresh/release stay fenced. `FencedByLease` brings
 //!   back the old refusal (409) for tests that still rely on it.
+//! - **The in-machine socket** (`machine_api`, issue #33). Fly gives every
+//!   machine `/.fly/api`, through which anything root in it reads and
+//!   writes the metadata of any machine of its app with no token
+//!   (FLY-REALITY.md). Here it is `/_machine/{caller}/v1/apps/{app}/machines/
+//!   {id}/metadata[/{key}]` (GET, and POST/DELETE of one key): no token, never
+//!   fenced by a lease (whatever [`MetadataFencing`] says), no new version;
+//!   another app answers 403, an unknown caller 404, a caller not `started`
+//!   503. Its calls are logged as [`RequestTarget::MachineApi`], take no
+//!   fault, rate limit or hook, and are not the daemon's actions for the
+//!   audit (no [`HeldAction`]). [`Sim::rogue`] gives a [`RogueAgent`] there.
 //! - **Operator writes.** [`SimHandle::set_metadata`] and
 //!   [`SimHandle::delete_metadata`] write out of band (a test's hand). The
 //!   `operator_*_metadata` calls behave like fly-go's `SetMetadata`: accepted
@@ -199,11 +213,12 @@
 //! 4. `state` (the world behind one mutex, never held across `.await`, and
 //!    delayed transitions);
 //! 5. `handle` ([`SimHandle`]: out-of-band operations, hooks, the audit);
-//! 6. `fly_api` and `agent` (the handlers);
+//! 6. `fly_api`, `agent` and `machine_api` (the handlers);
 //! 7. `http` (the routes and the recording/auth/fault front door);
 //! 8. `frozen` (read-only answers rendered once through `http` and served
 //!    as static bytes: the benchmarks' loopback reference);
-//! 9. this module: [`Sim`] (serve, shut down) and the public names.
+//! 9. `rogue` (a client of `machine_api` over HTTP, naming no sibling);
+//! 10. this module: [`Sim`] (serve, shut down) and the public names.
 
 mod agent;
 mod audit;
@@ -214,6 +229,10 @@ mod frozen;
 mod handle;
 mod http;
 mod machine;
+mod machine_api;
+mod records;
+mod rogue;
+mod socket_log;
 mod state;
 mod view;
 mod wire;
@@ -233,11 +252,15 @@ pub use chaos::{
 };
 pub use fixture::{
     Behaviour, CAP_DRAIN, CAP_RELOAD, CheckStatus, DEFAULT_CHECK, DEFAULT_KILL_TIMEOUT,
-    DEFAULT_LEASE_OWNER, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN, HostDownMetadata, HostStatus,
-    MetadataFencing, NON_HEX_REF, RateLimit, RateLimits, RetryAfter, SimApp, SimFleet, SimMachine,
+    DEFAULT_LEASE_OWNER, DEFAULT_RECORD_KEY, DEFAULT_RELEASE_TIP, DEFAULT_TOKEN, HostDownMetadata,
+    HostStatus, MetadataFencing, NON_HEX_REF, RateLimit, RateLimits, RetryAfter, SimApp, SimFleet,
+    SimMachine, record_keys,
 };
 pub use frozen::{FreezeError, FrozenFleet, FrozenServer};
 pub use handle::{Hook, SimHandle};
+pub use records::open_record;
+pub use rogue::{MarkerField, RogueAgent, RogueError};
+pub use socket_log::{Listing, SocketWrite};
 pub use view::{
     Credential, LeaseView, OperatorWriteRefused, OutsideLease, RecordedRequest, RequestTarget,
     SimMachineView,
@@ -325,6 +348,14 @@ impl Sim {
         FrozenFleet::render(&self.handle.shared).await
     }
 
+    /// A rogue agent inside machine `caller` (of whatever app it is in),
+    /// calling this simulator's in-machine metadata socket; `None` if no
+    /// such machine.
+    pub fn rogue(&self, caller: &str) -> Option<RogueAgent> {
+        let app = self.handle.shared.lock().machines.get(caller)?.app.clone();
+        Some(RogueAgent::new(self.addr, caller, &app))
+    }
+
     /// A handle on the simulator, for tasks and hooks.
     pub fn handle(&self) -> SimHandle {
         self.handle.clone()
@@ -356,19 +387,22 @@ impl Drop for Sim {
 #[cfg(test)]
 mod tests {
     /// The modules in the layout's order (module docs), with their source.
-    const LAYERS: [(&str, &str); 12] = [
+    const LAYERS: [(&str, &str); 15] = [
         ("fixture", include_str!("fixture.rs")),
         ("view", include_str!("view.rs")),
         ("chaos", include_str!("chaos.rs")),
         ("wire", include_str!("wire.rs")),
         ("machine", include_str!("machine.rs")),
         ("audit", include_str!("audit.rs")),
+        ("socket_log", include_str!("socket_log.rs")),
         ("state", include_str!("state.rs")),
         ("handle", include_str!("handle.rs")),
         ("fly_api", include_str!("fly_api.rs")),
         ("agent", include_str!("agent.rs")),
+        ("machine_api", include_str!("machine_api.rs")),
         ("http", include_str!("http.rs")),
         ("frozen", include_str!("frozen.rs")),
+        ("rogue", include_str!("rogue.rs")),
     ];
 
     /// The sibling modules a source names as `super::name` (also inside

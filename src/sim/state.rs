@@ -166,6 +166,9 @@ pub(crate) struct World {
     pub(crate) chaos: ChaosState,
     /// `None` until [`super::SimHandle::enable_audit`].
     pub(crate) audit: Option<AuditState>,
+    /// Every metadata write made through a machine's socket, which
+    /// listings showed it, and who listed last ([`super::SocketWrite`]).
+    pub(crate) socket: super::socket_log::SocketLog,
 }
 
 impl World {
@@ -227,6 +230,7 @@ impl World {
             hooks: Vec::new(),
             chaos: ChaosState::default(),
             audit: None,
+            socket: Default::default(),
         })
     }
 

@@ -62,6 +62,10 @@ pub enum RequestTarget {
     FlyApi,
     /// `/agents/{machine_id}/...`: an agent's health or cooperative endpoint.
     Agent,
+    /// `/_machine/{caller}/v1/...`: a process inside machine `caller`
+    /// calling Fly's in-machine `/.fly/api` socket (no token; metadata of
+    /// its own app only). `machine_id` is the machine called about.
+    MachineApi,
     /// Anything else (answered 404).
     Other,
 }

@@ -18,7 +18,7 @@ use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use git2::{Oid, Repository};
 use serde_json::{Value, json};
 
-use crate::common::{ChildGuard, eventually};
+use crate::common::{ChildGuard, WithSecrets, eventually};
 
 const FLY_TOKEN: &str = "agent-example-fly-token";
 const AGENT_TOKEN: &str = "agent-example-control-token";
@@ -265,7 +265,7 @@ async fn run_check(config: &Path) -> (i32, Value, String) {
         .arg("--config")
         .arg(config)
         .args(["--output", "json"])
-        .env("FLY_API_TOKEN", FLY_TOKEN)
+        .with_secrets(FLY_TOKEN)
         .env_remove("OVERLAY_GIT_TOKEN")
         .env("RUST_LOG", "warn");
     let (code, stdout, stderr) =

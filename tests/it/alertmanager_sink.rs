@@ -17,7 +17,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use fleet_reconciler::config::{AlertmanagerConfig, AlertsConfig, PublicUrl};
 use fleet_reconciler::events::{Alert, AlertKind};
 use fleet_reconciler::model::{CommitId, Severity};
-use fleet_reconciler::report::notify::{Notifier, NotifierOptions, alertmanager_urls_from_env};
+use fleet_reconciler::report::notify::{
+    Notifier, NotifierOptions, Seen, alertmanager_urls_from_env,
+};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -219,9 +221,9 @@ async fn alerts_are_posted_as_prometheus_does_resent_while_firing_and_ended_on_r
     );
     assert_eq!(d["generatorURL"], "https://fleet.example.com/");
     assert_eq!(d["startsAt"], "2026-05-01T12:00:00Z");
-    assert!(
-        d.get("endsAt").is_none(),
-        "a firing alert leaves endsAt to resolve_timeout"
+    assert_eq!(
+        d["endsAt"], "2026-05-01T12:01:30Z",
+        "a firing alert ends alerts.stale_after (90 s) after the view it is drawn from"
     );
     let s = find(first, "sweep_failing");
     assert_eq!(s["labels"]["severity"], "critical");
@@ -245,13 +247,48 @@ async fn alerts_are_posted_as_prometheus_does_resent_while_firing_and_ended_on_r
     let posts = am.expect(4).await;
     let ended = find(&posts[3], "sweep_failing");
     assert_eq!(ended["endsAt"], "2026-05-01T12:01:30Z");
-    assert!(find(&posts[3], "drift_detected").get("endsAt").is_none());
+    assert_eq!(
+        find(&posts[3], "drift_detected")["endsAt"],
+        "2026-05-01T12:03:00Z",
+        "moved ahead with every fresh view"
+    );
     n.notifier.update(&firing[..2], &[], t(120));
     let posts = am.expect(5).await;
     assert_eq!(
         posts[4].len(),
         1,
         "the resolve was accepted: not sent again"
+    );
+    n.stop().await;
+}
+
+/// #37: Alertmanager lets the younger post win when it resolves
+/// (`Alert.Merge`), so a post whose `endsAt` is not ahead of its own time
+/// would end an alert another, fresher replica still asserts. A view exactly
+/// `stale_after` old (90 s) says nothing of the app: the drift alert is not
+/// posted with `endsAt` now, while the sweep's own `sweep_failing` is.
+#[tokio::test(start_paused = true)]
+async fn a_view_at_the_edge_of_stale_after_posts_no_ending_alert() {
+    let am = Am::start().await;
+    let n = Running::start(&am, None);
+    let firing = [drift("agents", "m1", Severity::High), sweep_failing()];
+    n.notifier.update(&firing, &[], t(0));
+    am.expect(1).await;
+    let seen = Seen {
+        sweep: Some(t(0)),
+        ..Seen::default()
+    };
+    n.notifier.update_seen(&firing, &[], t(90), &seen);
+    let posts = am.expect(2).await;
+    let last = &posts[1];
+    assert!(
+        last.iter()
+            .all(|a| a["labels"]["alertname"] != "drift_detected"),
+        "a drift alert from a view stale_after old was posted: {last:#?}"
+    );
+    assert_eq!(
+        find(last, "sweep_failing")["labels"]["severity"],
+        "critical"
     );
     n.stop().await;
 }
@@ -282,7 +319,7 @@ async fn a_resolve_is_retried_until_alertmanager_takes_it() {
 }
 
 /// A restart keeps each alert's `startsAt` and ends what cleared while the
-/// daemon was down.
+/// daemon was down, once `alerts.resolve_after` has passed.
 #[tokio::test(start_paused = true)]
 async fn the_sink_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -312,13 +349,26 @@ async fn the_sink_survives_a_restart() {
         "2026-05-01T12:00:00Z",
         "not a new alert"
     );
-    assert!(by_app("agents-a").get("endsAt").is_none());
-    assert_eq!(by_app("agents-b")["startsAt"], "2026-05-01T12:00:00Z");
-    assert_eq!(
-        by_app("agents-b")["endsAt"],
-        "2026-05-01T12:05:00Z",
-        "cleared while down"
+    assert_eq!(by_app("agents-a")["endsAt"], "2026-05-01T12:06:30Z");
+    // Cleared while down: this run has not seen it clear for
+    // alerts.resolve_after (90 s) yet, and an `endsAt` of now would be a
+    // resolve to Alertmanager, so nothing is said of it...
+    assert!(
+        last.iter().all(|x| x["labels"]["fly_app"] != "agents-b"),
+        "agents-b posted before its hold-down ended: {last:#?}"
     );
+    // ...until the hold-down has passed: then it is resolved.
+    second
+        .notifier
+        .update(std::slice::from_ref(&a), &[], t(390));
+    let posts = am.expect(3).await;
+    let last = &posts[2];
+    let b = last
+        .iter()
+        .find(|x| x["labels"]["fly_app"] == "agents-b")
+        .unwrap_or_else(|| panic!("no resolve of agents-b: {last:#?}"));
+    assert_eq!(b["startsAt"], "2026-05-01T12:00:00Z");
+    assert_eq!(b["endsAt"], "2026-05-01T12:06:30Z", "resolved");
     second.stop().await;
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(saved["alertmanagers"][0]["url_env"], "AM_URL");

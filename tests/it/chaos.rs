@@ -26,6 +26,30 @@
 //! - and the run was not vacuous: every kind of fault was injected and the
 //!   daemon was SIGKILLed at least five times.
 //!
+//! `chaos_with_a_rogue_agent_keeps_every_promise_and_alerts_every_tampering`
+//! runs the same world with a rogue agent (issue #33) in one machine on the
+//! tip: at random instants it attacks random machines of its app through
+//! the in-machine metadata socket (forged, copied and replayed approvals,
+//! deleted operator holds, forged and rewritten markers, deleted
+//! probe-failure records, and a try at the coordinator's slots, which sits
+//! in another app). On top of every promise above it asserts that no restart
+//! ran under a marker the rogue wrote, no disruptive call (cordon, restart,
+//! …) reached a machine whose operator hold the rogue deleted before the
+//! operator released it, the
+//! coordinator stayed out of its reach, and every machine it tampered with
+//! got a `metadata_tampered` alert (the daemons' "alert firing" log lines)
+//! — every tampering a sweep saw: one that some listing of its app showed
+//! while it stood (the simulator keeps, for each socket write, the listings
+//! that showed it and who made them; each daemon process has a Fly token of
+//! its own) by a process that then finished that sweep (it listed again),
+//! unless the operator's release or the agent answering again ended it
+//! first. A tampering the daemon's own next write replaced before any
+//! listing, or seen only by a sweep SIGKILLed before it could page, needs
+//! no alert (both counted).
+//! At settle the operator clears what the rogue left (as the runbook
+//! would). The rogue's draws come from their own RNG: the default run's
+//! schedule is unchanged.
+//!
 //! Everything the test chooses (fleet, refs, busy periods, kills, holds,
 //! approvals, revocations, outages, faults) is drawn from the seed; the
 //! daemons' timing against them is not, so a failure prints the seed, the
@@ -46,12 +70,14 @@ use fastrand::Rng;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode, Hold};
 use fleet_reconciler::metadata::slots::SlotSet;
-use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY};
+use fleet_reconciler::metadata::{
+    APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY, coordinator_hold_key,
+};
 use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::sim::{
-    AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, OperatorWriteRefused,
-    RecordedRequest, RequestTarget, Sim, SimApp, SimFleet, SimMachine, SimMachineView, WorldFault,
-    WorldFaultKind,
+    AuditConfig, AuditReport, Behaviour, Chaos, ChaosFault, ChaosStats, MarkerField,
+    OperatorWriteRefused, RecordedRequest, RequestTarget, RogueAgent, Sim, SimApp, SimFleet,
+    SimMachine, SimMachineView, SocketWrite, WorldFault, WorldFaultKind,
 };
 
 use crate::common::{OverlayRepo, free_port};
@@ -68,9 +94,13 @@ const CHAOS_RATE: f64 = 0.2;
 /// Longer than `fly.request_timeout`, so the client gives up first.
 const CHAOS_HANG: Duration = Duration::from_secs(3);
 const CHAOS_PHASE: Duration = Duration::from_secs(50);
-/// At Fly's rate limits (on, as on Fly) a rotation takes a few seconds and a
-/// pool rotates `cap` machines at a time.
-const SETTLE_DEADLINE: Duration = Duration::from_secs(75);
+/// At Fly's rate limits (on, as on Fly) a rotation takes a few seconds, a
+/// pool rotates `cap` machines at a time, and `wait`-mode rotations wait for
+/// their agents' sessions to end. Measured on a loaded 2-core host (8 runs
+/// of the default seed, the code before and after #37 item 4 side by
+/// side): settled after 42–70 s, twice after more than 75 s (the fleet still
+/// rotating, one pool slot at a time).
+const SETTLE_DEADLINE: Duration = Duration::from_secs(120);
 /// SIGKILLs planned during the chaotic phase (at least 5 must happen).
 const PLANNED_KILLS: usize = 6;
 const MIN_KILLS: usize = 5;
@@ -363,7 +393,11 @@ async fn assert_classification_as_planned(world: &ConfigWorld, plan: &[PlannedMa
         Command::new(BIN)
             .args(["check", "--output", "json", "--config"])
             .arg(&config)
-            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .env("FLEET_RECONCILER_FLY_TOKEN", FLY_TOKEN)
+            .env(
+                "FLEET_RECONCILER_RECORD_KEY",
+                fleet_reconciler::sim::DEFAULT_RECORD_KEY,
+            )
             .env("RUST_LOG", "warn")
             .output()
             .unwrap()
@@ -433,6 +467,11 @@ struct Running {
 /// a failing test leaves none behind.
 struct Daemons {
     world: ConfigWorld,
+    /// Where each process gets a Fly token of its own (the rogue run: the
+    /// simulator then tells which process listed what); else all share one.
+    own_tokens: Option<fleet_reconciler::sim::SimHandle>,
+    /// The daemons' `RUST_LOG`.
+    rust_log: String,
     running: BTreeMap<Replica, Running>,
     spawned: usize,
     kills: BTreeMap<Replica, usize>,
@@ -440,10 +479,12 @@ struct Daemons {
 }
 
 impl Daemons {
-    fn new(world: ConfigWorld) -> Daemons {
+    fn new(world: ConfigWorld, rust_log: String) -> Daemons {
         std::fs::create_dir_all(world.dir.join("logs")).unwrap();
         Daemons {
             world,
+            own_tokens: None,
+            rust_log,
             running: BTreeMap::new(),
             spawned: 0,
             kills: BTreeMap::new(),
@@ -463,14 +504,27 @@ impl Daemons {
         let config = self.world.write(&name, &format!("mirror-{}.git", r.name()));
         let log = self.world.dir.join("logs").join(format!("{name}.log"));
         let out = File::create(&log).unwrap();
+        let token = match &self.own_tokens {
+            Some(sim) => {
+                let token = format!("{FLY_TOKEN}-{name}");
+                sim.add_app_token(APP, &token);
+                sim.add_app_token(COORD_APP, &token);
+                token
+            }
+            None => FLY_TOKEN.to_string(),
+        };
         let child = Command::new(BIN)
             .arg("run")
             .arg("--config")
             .arg(&config)
-            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .env("FLEET_RECONCILER_FLY_TOKEN", &token)
+            .env(
+                "FLEET_RECONCILER_RECORD_KEY",
+                fleet_reconciler::sim::DEFAULT_RECORD_KEY,
+            )
             .env(ADMIN_TOKEN_ENV, "chaos-admin-token")
             .env("HOSTNAME", format!("chaos-{}", r.name()))
-            .env("RUST_LOG", rust_log())
+            .env("RUST_LOG", &self.rust_log)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -596,6 +650,8 @@ struct Operators {
     refused: usize,
     /// Writes given up after their patience ran out.
     gave_up: usize,
+    /// When each hold we placed was released (sim clock).
+    released: Vec<(String, DateTime<Utc>)>,
 }
 
 impl Operators {
@@ -632,12 +688,23 @@ impl Operators {
             at: sim.now(),
         })
         .unwrap();
+        // As `fleet-reconciler hold` does: the authoritative copy on the
+        // coordinator first (out of every agent's reach), then the machine's
+        // mirror; both sealed, neither under a lease.
+        let on_coordinator = coordinator_hold_key(id);
+        // The coordinator's copy alone holds the machine.
         if self
-            .write(patience, || sim.operator_set_metadata(id, HOLD_KEY, &hold))
+            .write(patience, || {
+                sim.operator_set_sealed_metadata(COORD, &on_coordinator, &hold)
+            })
             .await
         {
             self.held.insert(id.to_string());
             self.holds += 1;
+            self.write(patience, || {
+                sim.operator_set_sealed_metadata(id, HOLD_KEY, &hold)
+            })
+            .await;
         }
     }
 
@@ -645,12 +712,20 @@ impl Operators {
         if !self.held.contains(id) {
             return;
         }
+        // As `fleet-reconciler release` does: the authoritative copy first.
+        let on_coordinator = coordinator_hold_key(id);
         if self
-            .write(patience, || sim.operator_delete_metadata(id, HOLD_KEY))
+            .write(patience, || {
+                sim.operator_delete_metadata(COORD, &on_coordinator)
+            })
             .await
+            && self
+                .write(patience, || sim.operator_delete_metadata(id, HOLD_KEY))
+                .await
         {
             self.held.remove(id);
             self.releases += 1;
+            self.released.push((id.to_string(), sim.now()));
         }
     }
 
@@ -671,7 +746,7 @@ impl Operators {
         .unwrap();
         if self
             .write(patience, || {
-                sim.operator_set_metadata(id, APPROVE_KEY, &approval)
+                sim.operator_set_sealed_metadata(id, APPROVE_KEY, &approval)
             })
             .await
         {
@@ -723,6 +798,8 @@ enum Event {
     /// The agent stops answering: it hangs (`true`) or answers HTTP 503.
     Unreachable(String, bool),
     Reachable(String),
+    /// The rogue agent attacks (only in the rogue run).
+    Rogue(Attack),
 }
 
 /// Everything the chaotic phase does, at offsets from its start, drawn from the seed.
@@ -826,6 +903,7 @@ struct Runner<'a> {
     started_at: DateTime<Utc>,
     /// Each event as it was applied (printed on failure).
     journal: Vec<String>,
+    rogue: Option<Rogue>,
 }
 
 impl Runner<'_> {
@@ -834,9 +912,13 @@ impl Runner<'_> {
         let refused = self.ops.gave_up;
         self.apply_now(event).await;
         let outcome = if self.ops.gave_up > refused {
-            " (gave up: leased)"
+            " (gave up: leased)".to_string()
         } else {
-            ""
+            self.rogue
+                .as_mut()
+                .and_then(|r| r.last.take())
+                .map(|o| format!(": {o}"))
+                .unwrap_or_default()
         };
         self.journal.push(format!(
             "{} {event:?}{outcome}",
@@ -888,6 +970,14 @@ impl Runner<'_> {
                 if matches!(view.behaviour, Behaviour::Hang | Behaviour::HttpError(_)) {
                     sim.set_behaviour(id, Behaviour::Normal);
                 }
+                if let Some(rogue) = self.rogue.as_mut() {
+                    rogue.recovered.push((id.clone(), sim.now()));
+                }
+            }
+            Event::Rogue(attack) => {
+                if let Some(rogue) = self.rogue.as_mut() {
+                    rogue.attack(sim, &self.ops, *attack).await;
+                }
             }
         }
     }
@@ -905,6 +995,573 @@ impl Runner<'_> {
                 self.daemons.spawn(r);
             }
         }
+    }
+}
+
+// ---- the rogue agent (opt-in) ------------------------------------------------
+
+/// Salt of the rogue's RNG, so its draws never shift the default run's.
+const ROGUE_SALT: u64 = 0x726f_6775_6561_6765;
+/// Attacks during the chaotic phase.
+const ROGUE_ATTACKS: usize = 30;
+
+/// One attack of issue #33's list; its victim is drawn when it happens,
+/// among the machines it fits then.
+#[derive(Clone, Copy, Debug)]
+enum Attack {
+    /// Approve `now` from scratch, on itself or any machine of its app.
+    ApproveNow,
+    /// Copy an approval it reads onto another machine, as `now`.
+    CopyApprovalAsNow,
+    /// Read an approval to replay later.
+    StealApproval,
+    /// Write the stolen approval, verbatim, onto another machine.
+    ReplayApproval,
+    /// Delete an operator's hold.
+    DeleteHold,
+    /// Copy a neighbour's marker onto a machine without one, as `restarting`.
+    ForgeMarker,
+    /// Rewrite one field of a rotation in flight.
+    RewriteMarker(MarkerField),
+    /// Delete a probe-failure record.
+    DeleteUnprobed,
+    /// Empty the coordinator's slot set (in another app: must be refused).
+    FreeSlots,
+}
+
+const ATTACKS: [Attack; 11] = [
+    Attack::ApproveNow,
+    Attack::CopyApprovalAsNow,
+    Attack::StealApproval,
+    Attack::ReplayApproval,
+    Attack::DeleteHold,
+    Attack::ForgeMarker,
+    Attack::RewriteMarker(MarkerField::Target),
+    Attack::RewriteMarker(MarkerField::Tag),
+    Attack::RewriteMarker(MarkerField::Attempt(99)),
+    Attack::DeleteUnprobed,
+    Attack::FreeSlots,
+];
+
+/// The rogue's schedule: every kind once, then random kinds, at random
+/// instants; and a hold deletion soon after each operator hold and a record
+/// deletion soon after each agent outage of `events`, when there is
+/// something to delete.
+fn plan_rogue(rng: &mut Rng, events: &[(Duration, Event)]) -> Vec<(Duration, Event)> {
+    let len = CHAOS_PHASE.as_secs_f64();
+    let follow_ups: Vec<(Duration, Event)> = events
+        .iter()
+        .filter_map(|(at, e)| {
+            let (after, attack) = match e {
+                Event::Hold(_) => (uniform(rng, 0.3..1.5), Attack::DeleteHold),
+                Event::Unreachable(..) => (uniform(rng, 2.0..5.0), Attack::DeleteUnprobed),
+                _ => return None,
+            };
+            Some((*at + Duration::from_secs_f64(after), Event::Rogue(attack)))
+        })
+        .collect();
+    (0..ROGUE_ATTACKS)
+        .map(|i| {
+            let attack = ATTACKS
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| ATTACKS[rng.usize(0..ATTACKS.len())]);
+            let at = uniform(rng, 1.0..0.9 * len);
+            (Duration::from_secs_f64(at), Event::Rogue(attack))
+        })
+        .chain(follow_ups)
+        .collect()
+}
+
+/// What one attack did.
+enum Outcome {
+    Tampered(Tampering),
+    /// It only read (a value to replay later).
+    Read(String),
+    /// No machine fitted, or the socket refused (said why).
+    Nothing(String),
+}
+
+/// What the simulator saw of the socket: each write, the listings that
+/// showed it, and each lister's latest listing.
+struct Sightings {
+    writes: Vec<SocketWrite>,
+    last_listings: BTreeMap<String, u64>,
+}
+
+/// One write of the rogue that took effect.
+#[derive(Clone, Debug)]
+struct Tampering {
+    at: DateTime<Utc>,
+    /// The last request the sim had numbered when it took effect.
+    seq: u64,
+    machine: String,
+    key: &'static str,
+    /// The value written; `None` for a delete.
+    written: Option<String>,
+    what: String,
+}
+
+/// A rogue agent in one machine on the tip (never rotated, so always there).
+struct Rogue {
+    agent: RogueAgent,
+    host: String,
+    rng: Rng,
+    tip: String,
+    /// A commit other than the tip, for rewritten targets.
+    old: String,
+    stolen: Option<String>,
+    tamperings: Vec<Tampering>,
+    /// Attacks that found no victim, or that the socket refused (its own
+    /// machine not started, a host down).
+    idle: usize,
+    /// What the coordinator's socket call got (it must be refused).
+    coordinator_answers: Vec<Result<(), String>>,
+    /// The outcome of the last attack, for the journal.
+    last: Option<String>,
+    /// When each agent made unreachable by the chaos answered again (or
+    /// was found answering when the rogue deleted its probe-failure record).
+    recovered: Vec<(String, DateTime<Utc>)>,
+}
+
+impl Rogue {
+    fn new(sim: &Sim, plan: &[PlannedMachine], seed: u64, tip: &str, old: String) -> Rogue {
+        let host = plan
+            .iter()
+            .find(|m| m.severity.is_none())
+            .unwrap_or(&plan[0])
+            .id
+            .clone();
+        Rogue {
+            agent: sim.rogue(&host).expect("the rogue's machine exists"),
+            host,
+            rng: Rng::with_seed(seed ^ ROGUE_SALT),
+            tip: tip.to_string(),
+            old,
+            stolen: None,
+            tamperings: Vec::new(),
+            idle: 0,
+            coordinator_answers: Vec::new(),
+            last: None,
+            recovered: Vec::new(),
+        }
+    }
+
+    /// A random machine of the app (`any`: itself included) that `fits`.
+    fn pick(
+        &mut self,
+        sim: &Sim,
+        any: bool,
+        fits: impl Fn(&SimMachineView) -> bool,
+    ) -> Option<String> {
+        let found: Vec<String> = sim
+            .machines()
+            .into_iter()
+            .filter(|m| m.app == APP && (any || m.id != self.host) && fits(m))
+            .map(|m| m.id)
+            .collect();
+        (!found.is_empty()).then(|| found[self.rng.usize(0..found.len())].clone())
+    }
+
+    fn has(key: &'static str) -> impl Fn(&SimMachineView) -> bool {
+        move |m| m.metadata.contains_key(key)
+    }
+
+    async fn attack(&mut self, sim: &Sim, ops: &Operators, attack: Attack) {
+        let outcome = self.attempt(sim, ops, attack).await;
+        self.last = Some(match outcome {
+            Ok(Outcome::Tampered(t)) => {
+                let line = format!("{} on {} ({})", t.what, t.machine, t.key);
+                self.tamperings.push(t);
+                line
+            }
+            Ok(Outcome::Read(what)) => what,
+            Ok(Outcome::Nothing(why)) => {
+                self.idle += 1;
+                why
+            }
+            Err(e) => {
+                self.idle += 1;
+                format!("failed: {e}")
+            }
+        });
+    }
+
+    async fn attempt(
+        &mut self,
+        sim: &Sim,
+        ops: &Operators,
+        attack: Attack,
+    ) -> Result<Outcome, fleet_reconciler::sim::RogueError> {
+        let seq = sim.requests().last().map_or(0, |r| r.seq);
+        let tampering = |machine: &str, key, written: Option<String>, what: &str| Tampering {
+            at: sim.now(),
+            seq,
+            machine: machine.to_string(),
+            key,
+            written,
+            what: what.to_string(),
+        };
+        let agent = self.agent.clone();
+        Ok(Outcome::Tampered(match attack {
+            Attack::ApproveNow => {
+                let Some(victim) = self.pick(sim, true, |_| true) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let v = agent
+                    .forge_approval_now(&victim, &self.tip, "chaos-operator", sim.now())
+                    .await?;
+                tampering(&victim, APPROVE_KEY, Some(v), "forged a `now` approval")
+            }
+            Attack::CopyApprovalAsNow => {
+                let Some(source) = self.pick(sim, true, Self::has(APPROVE_KEY)) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let Some(victim) = self.pick(sim, true, |m| m.id != source) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let v = agent.copy_approval_as_now(&source, &victim).await?;
+                tampering(
+                    &victim,
+                    APPROVE_KEY,
+                    Some(v),
+                    &format!("copied {source}'s approval as `now`"),
+                )
+            }
+            Attack::StealApproval => {
+                let Some(source) = self.pick(sim, true, Self::has(APPROVE_KEY)) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                self.stolen = Some(agent.steal_approval(&source).await?);
+                return Ok(Outcome::Read(format!("read {source}'s approval")));
+            }
+            Attack::ReplayApproval => {
+                let Some(stolen) = self.stolen.clone() else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let Some(victim) =
+                    self.pick(sim, true, |m| m.metadata.get(APPROVE_KEY) != Some(&stolen))
+                else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                agent.replay_approval(&stolen, &victim).await?;
+                tampering(
+                    &victim,
+                    APPROVE_KEY,
+                    Some(stolen),
+                    "replayed a stolen approval",
+                )
+            }
+            Attack::DeleteHold => {
+                let held = ops.held.clone();
+                let Some(victim) = self.pick(sim, false, |m| {
+                    held.contains(&m.id) && m.metadata.contains_key(HOLD_KEY)
+                }) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                agent.delete_hold(&victim).await?;
+                tampering(&victim, HOLD_KEY, None, "deleted the operator's hold")
+            }
+            Attack::ForgeMarker => {
+                let Some(model) = self.pick(sim, false, Self::has(MARKER_KEY)) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let Some(victim) = self.pick(sim, false, |m| !m.metadata.contains_key(MARKER_KEY))
+                else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let v = agent
+                    .forge_restarting_marker_from(&model, &victim, sim.now())
+                    .await?;
+                tampering(
+                    &victim,
+                    MARKER_KEY,
+                    Some(v),
+                    &format!("forged a `restarting` marker from {model}'s"),
+                )
+            }
+            Attack::RewriteMarker(field) => {
+                let Some(victim) = self.pick(sim, false, Self::has(MARKER_KEY)) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                let v = agent.rewrite_marker(&victim, field, &self.old).await?;
+                tampering(
+                    &victim,
+                    MARKER_KEY,
+                    Some(v),
+                    &format!("rewrote the marker's {field:?}"),
+                )
+            }
+            Attack::DeleteUnprobed => {
+                let Some(victim) = self.pick(sim, false, Self::has(UNPROBED_KEY)) else {
+                    return Ok(Outcome::Nothing("nothing to attack".into()));
+                };
+                if agent.delete_unprobed(&victim).await?.is_none() {
+                    return Ok(Outcome::Nothing("the record was gone".into()));
+                }
+                // An agent that answers again makes the record moot: a usable
+                // report forgets it (docs/safety.md), deleted or not.
+                let answering = sim.machine(&victim).is_some_and(|m| {
+                    !matches!(m.behaviour, Behaviour::Hang | Behaviour::HttpError(_))
+                });
+                if answering {
+                    self.recovered.push((victim.clone(), sim.now()));
+                }
+                tampering(
+                    &victim,
+                    UNPROBED_KEY,
+                    None,
+                    "deleted the probe-failure record",
+                )
+            }
+            Attack::FreeSlots => {
+                let across = RogueAgent::new(sim.addr(), &self.host, COORD_APP);
+                let answer = across.free_all_slots(COORD).await;
+                self.coordinator_answers
+                    .push(answer.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                match answer {
+                    Ok(v) => tampering(COORD, SLOTS_KEY, Some(v), "emptied the slot set"),
+                    Err(e) => return Ok(Outcome::Nothing(format!("refused: {e}"))),
+                }
+            }
+        }))
+    }
+
+    /// What the rogue left that still stands, cleared as an operator
+    /// following the `metadata_tampered` runbook would.
+    async fn clean_up(&self, sim: &Sim, ops: &mut Operators, journal: &mut Vec<String>) {
+        for t in &self.tamperings {
+            let Some(written) = &t.written else { continue };
+            let stands = sim
+                .machine(&t.machine)
+                .is_some_and(|m| m.metadata.get(t.key) == Some(written));
+            // The runbook: a machine a foreign marker left cordoned is
+            // uncordoned first, then the marker deleted.
+            let cordoned = sim.machine(&t.machine).is_some_and(|m| m.cordoned);
+            if stands
+                && t.key == MARKER_KEY
+                && cordoned
+                && ops
+                    .write(SETTLE_PATIENCE, || sim.operator_uncordon(&t.machine))
+                    .await
+            {
+                journal.push(format!(
+                    "operator uncordoned {} (a foreign marker)",
+                    t.machine
+                ));
+            }
+            if stands
+                && ops
+                    .write(SETTLE_PATIENCE, || {
+                        sim.operator_delete_metadata(&t.machine, t.key)
+                    })
+                    .await
+            {
+                journal.push(format!(
+                    "operator cleared the rogue's {} on {}",
+                    t.key, t.machine
+                ));
+            }
+        }
+    }
+
+    /// The promises a rogue must not break, and its tamperings left unalerted.
+    fn violations(
+        &self,
+        audit: &AuditReport,
+        requests: &[RecordedRequest],
+        ops: &Operators,
+        logs: &str,
+        sightings: &Sightings,
+        start: DateTime<Utc>,
+    ) -> (Vec<String>, BTreeSet<String>) {
+        let mut violations = Vec::new();
+        let mut machines = BTreeSet::new();
+        let written: BTreeSet<&str> = self
+            .tamperings
+            .iter()
+            .filter(|t| t.key == MARKER_KEY)
+            .filter_map(|t| t.written.as_deref())
+            .collect();
+        for e in &audit.restarts {
+            if e.marker.as_deref().is_some_and(|m| written.contains(m)) {
+                violations.push(format!(
+                    "machine {} at {}: restarted under a marker the rogue wrote (busy={})",
+                    e.machine_id,
+                    when(e.at, start),
+                    e.busy
+                ));
+                machines.insert(e.machine_id.clone());
+            }
+        }
+        for t in self.tamperings.iter().filter(|t| t.key == HOLD_KEY) {
+            let released = ops
+                .released
+                .iter()
+                .filter(|(id, at)| *id == t.machine && *at >= t.at)
+                .map(|(_, at)| *at)
+                .min();
+            // Putting the hold back is no action on the machine; nor is
+            // bookkeeping or an undo (a marker write, an uncordon) of a step
+            // already running when the hold was written: the executor reads
+            // the coordinator's holds before each disruptive call only
+            // (docs/safety.md, "Threat model").
+            for r in requests.iter().filter(|r| {
+                r.is_mutating()
+                    && !matches!(r.action.as_deref(), Some("metadata" | "uncordon"))
+                    && r.machine_id.as_deref() == Some(t.machine.as_str())
+                    && r.at > t.at
+                    && released.is_none_or(|rel| r.at < rel)
+            }) {
+                violations.push(format!(
+                    "machine {} at {}: {} {} while its operator hold, deleted by the rogue at {}, was not released (request #{})",
+                    t.machine,
+                    when(r.at, start),
+                    r.method,
+                    r.action.as_deref().unwrap_or(&r.path),
+                    when(t.at, start),
+                    r.seq
+                ));
+                machines.insert(t.machine.clone());
+            }
+        }
+        for answer in &self.coordinator_answers {
+            let refused = matches!(answer, Err(e) if e.contains("403"));
+            if !refused {
+                violations.push(format!(
+                    "the rogue's call on the coordinator (another app) was not refused with 403: {answer:?}"
+                ));
+            }
+        }
+        let alerted = |id: &str| {
+            logs.lines().any(|l| {
+                l.contains("alert firing")
+                    && l.contains("metadata_tampered")
+                    && l.split_whitespace().any(|field| {
+                        field
+                            .strip_prefix("machine_id=")
+                            .is_some_and(|v| v.trim_matches('"') == id)
+                    })
+            })
+        };
+        // A tampering is owed an alert only if a sweep saw it: a listing of
+        // its app, answered to the daemon, showed it while it stood (the
+        // simulator's record of the socket's writes). One replaced
+        // before any listing — by the daemon's own next write (it lands
+        // within the round trip after the executor's read), by a `fly
+        // deploy` from an earlier snapshot, or a record deleted after a
+        // write whose answer was lost (no replica knew it was there) — was
+        // seen by no sweep and needs none (counted). A write or a listing
+        // the logs no longer hold counts as seen.
+        let status: BTreeMap<u64, Option<u16>> =
+            requests.iter().map(|r| (r.seq, r.status)).collect();
+        let Sightings {
+            writes: socket_writes,
+            last_listings,
+        } = sightings;
+        let write_of = |t: &Tampering| {
+            socket_writes.iter().find(|w| {
+                w.seq > t.seq && w.machine_id == t.machine && w.key == t.key && w.value == t.written
+            })
+        };
+        // (For a deleted probe-failure record, by a process that had listed
+        // the record before: a deletion is told from "never written" only by
+        // a replica that saw the record.)
+        // And the sweep that listed it must have ended, as a sweep pages at
+        // its end: its process (each has its own token) listed again after
+        // it. One SIGKILLed in between could not page (the other replica
+        // pages only if it listed the tampering too).
+        let seen_in = |t: &Tampering| -> Option<Vec<u64>> {
+            let w = write_of(t)?;
+            Some(
+                w.listed_in
+                    .iter()
+                    .filter(|l| status.get(&l.seq).is_none_or(|s| *s == Some(200)))
+                    .filter(|l| last_listings.get(&l.by).is_some_and(|n| *n > l.seq))
+                    // A deleted probe-failure record shows as nothing: only
+                    // a process that had listed the record knows it is gone.
+                    .filter(|l| {
+                        t.key != UNPROBED_KEY
+                            || t.written.is_some()
+                            || w.prior_seen_by.contains(&l.by)
+                    })
+                    .map(|l| l.seq)
+                    .collect(),
+            )
+        };
+        let unseen = |t: &Tampering| seen_in(t).is_some_and(|l| l.is_empty());
+        // The operator's release of the hold, or the agent answering again
+        // (its probe-failure record is then forgotten; it may answer already
+        // when the record is deleted), may end a tampering
+        // before a replica's cycle reports it: a cycle pages after its steps,
+        // and under chaos a step can hang to its lease's end or a replica be
+        // killed. Those need no alert either (counted).
+        let ended = |t: &Tampering| {
+            let after = |list: &[(String, DateTime<Utc>)]| {
+                list.iter().any(|(id, at)| *id == t.machine && *at >= t.at)
+            };
+            // A restart of the machine (its rotation's) also ends it: the
+            // agent that boots reports again, and a usable report forgets
+            // the record.
+            let restarted = audit
+                .restarts
+                .iter()
+                .any(|e| e.machine_id == t.machine && e.at >= t.at);
+            match t.key {
+                HOLD_KEY => after(&ops.released),
+                UNPROBED_KEY => after(&self.recovered) || restarted,
+                _ => false,
+            }
+        };
+        let mut unalerted: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let (mut exempt, mut ended_by_owner) = (0, 0);
+        for t in &self.tamperings {
+            if unseen(t) {
+                exempt += 1;
+            } else if !alerted(&t.machine) {
+                if ended(t) {
+                    ended_by_owner += 1;
+                } else {
+                    unalerted
+                        .entry(t.machine.as_str())
+                        .or_default()
+                        .push(format!(
+                            "{} ({}) at {}, shown by listings {:?}",
+                            t.what,
+                            t.key,
+                            when(t.at, start),
+                            seen_in(t)
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|l| format!(
+                                    "#{l} at {}",
+                                    requests
+                                        .iter()
+                                        .find(|r| r.seq == *l)
+                                        .map_or("?".into(), |r| when(r.at, start))
+                                ))
+                                .collect::<Vec<_>>()
+                        ));
+                }
+            }
+        }
+        if exempt > 0 {
+            println!(
+                "{exempt} tamperings were replaced before a sweep that listed them could page: no alert required"
+            );
+        }
+        if ended_by_owner > 0 {
+            println!(
+                "{ended_by_owner} unalerted tamperings were ended by the operator's release or the agent answering again: no alert required"
+            );
+        }
+        for (id, what) in unalerted {
+            violations.push(format!(
+                "machine {id}: tampered with and no metadata_tampered alert fired: {}",
+                what.join("; ")
+            ));
+        }
+        (violations, machines)
     }
 }
 
@@ -945,7 +1602,10 @@ fn unsettled_reason(m: &SimMachineView, tip: &str) -> Option<String> {
 /// The coordinator's slots whose machine still carries a marker with the slot's tag.
 fn slots_of(sim: &Sim) -> (usize, Vec<String>) {
     let coord = sim.machine(COORD).unwrap();
-    let set = SlotSet::parse(coord.metadata.get(SLOTS_KEY).map(String::as_str))
+    let value = coord.metadata.get(SLOTS_KEY).map(|v| {
+        fleet_reconciler::sim::open_record(COORD, SLOTS_KEY, v).unwrap_or_else(|| v.clone())
+    });
+    let set = SlotSet::parse(value.as_deref())
         .unwrap_or_else(|e| panic!("coordinator slot set unreadable: {e}"));
     let mut total = 0;
     let mut live = Vec::new();
@@ -955,6 +1615,9 @@ fn slots_of(sim: &Sim) -> (usize, Vec<String>) {
             let marker_tag = sim
                 .machine(slot.machine_id.as_str())
                 .and_then(|m| m.metadata.get(MARKER_KEY).cloned())
+                .and_then(|v| {
+                    fleet_reconciler::sim::open_record(slot.machine_id.as_str(), MARKER_KEY, &v)
+                })
                 .and_then(|v| Marker::parse(&v))
                 .map(|m| m.tag);
             if marker_tag.as_deref() == Some(slot.tag.as_str()) {
@@ -996,7 +1659,8 @@ fn restart_violations(
             ));
             continue;
         };
-        let Some(marker) = Marker::parse(raw) else {
+        let opened = fleet_reconciler::sim::open_record(e.machine_id.as_str(), MARKER_KEY, raw);
+        let Some(marker) = opened.and_then(|v| Marker::parse(&v)) else {
             flag(format!("{who}: restarted under an unreadable marker {raw}"));
             continue;
         };
@@ -1330,6 +1994,22 @@ fn seed() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_rotations_keep_every_promise() {
+    chaos_run(false).await;
+}
+
+/// The same run with a rogue agent in one machine (issue #33; module docs).
+///
+/// Its alert check requires an alert only for a tampering some listing
+/// showed (the simulator's record of which listings showed each socket
+/// write): before, a clean CI run (seed 20261201) flagged a marker the
+/// daemon's own write replaced and a probe-failure record deleted after a
+/// write whose answer was lost, neither ever listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_with_a_rogue_agent_keeps_every_promise_and_alerts_every_tampering() {
+    chaos_run(true).await;
+}
+
+async fn chaos_run(with_rogue: bool) {
     let begun = Instant::now();
     let seed = seed();
     println!("chaos seed {seed} (CHAOS_SEED=<n> reruns another)");
@@ -1340,7 +2020,12 @@ async fn chaos_rotations_keep_every_promise() {
     let tip = overlay.tip();
     let plan = plan_fleet(&mut rng, &overlay);
     let restart_delay = Duration::from_millis(rng.u64(200..=500));
-    let events = plan_events(&mut rng, &plan);
+    let mut events = plan_events(&mut rng, &plan);
+    if with_rogue {
+        let rogue = plan_rogue(&mut Rng::with_seed(seed ^ ROGUE_SALT), &events);
+        events.extend(rogue);
+        events.sort_by_key(|(at, _)| *at);
+    }
     let sim = Sim::start(sim_fleet(&plan, &tip, restart_delay))
         .await
         .unwrap();
@@ -1363,15 +2048,28 @@ async fn chaos_rotations_keep_every_promise() {
     sim.enable_audit(audit_config());
     sim.set_chaos(Some(realistic_chaos(seed)));
     let started_at = sim.now();
+    // The rogue run reads the daemons' "alert firing" lines.
+    let log = if with_rogue {
+        format!("{},fleet_reconciler::report::notify=info", rust_log())
+    } else {
+        rust_log()
+    };
+    let rogue = with_rogue.then(|| Rogue::new(&sim, &plan, seed, &tip, overlay.behind(1)));
+    if let Some(r) = &rogue {
+        println!("a rogue agent runs in {}", r.host);
+    }
+    let mut daemons = Daemons::new(world, log);
+    daemons.own_tokens = with_rogue.then(|| sim.handle());
     let mut runner = Runner {
         sim: &sim,
         tip: &tip,
-        daemons: Daemons::new(world),
+        daemons,
         ops: Operators::default(),
         second_wanted: false,
         crashes: Vec::new(),
         started_at,
         journal: Vec::new(),
+        rogue,
     };
     runner.daemons.spawn(Replica::A);
 
@@ -1397,6 +2095,12 @@ async fn chaos_rotations_keep_every_promise() {
         runner.daemons.spawn(Replica::A);
     }
     let settle_start = Instant::now();
+    if let Some(rogue) = runner.rogue.take() {
+        rogue
+            .clean_up(&sim, &mut runner.ops, &mut runner.journal)
+            .await;
+        runner.rogue = Some(rogue);
+    }
     for id in runner.ops.held.clone() {
         runner.ops.release(&sim, &id, SETTLE_PATIENCE).await;
     }
@@ -1459,6 +2163,7 @@ async fn chaos_rotations_keep_every_promise() {
         ops,
         crashes,
         journal,
+        rogue,
         ..
     } = runner;
     std::fs::write(dir.path().join("events.txt"), journal.join("\n")).unwrap();
@@ -1475,6 +2180,33 @@ async fn chaos_rotations_keep_every_promise() {
     });
 
     let (mut violations, mut suspects) = restart_violations(&audit, &ops, started_at);
+    if let Some(rogue) = &rogue {
+        let (v, m) = rogue.violations(
+            &audit,
+            &sim.requests(),
+            &ops,
+            &daemons.all_logs(),
+            &Sightings {
+                writes: sim.socket_writes(),
+                last_listings: sim.last_listings(),
+            },
+            started_at,
+        );
+        println!(
+            "rogue agent in {}: {} tamperings on {} machines, {} attacks found nothing or were refused",
+            rogue.host,
+            rogue.tamperings.len(),
+            rogue
+                .tamperings
+                .iter()
+                .map(|t| t.machine.as_str())
+                .collect::<BTreeSet<_>>()
+                .len(),
+            rogue.idle
+        );
+        violations.extend(v);
+        suspects.extend(m);
+    }
     for b in &audit.cap_breaches {
         violations.push(format!(
             "cap breach in pool {} at {}: {} machines out {:?} (cap {})",

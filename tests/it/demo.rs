@@ -42,11 +42,17 @@ struct Demo {
 
 impl Demo {
     fn start(config: &str, port: u16, sweeps: u32) -> Demo {
+        Demo::start_with(config, port, &["--sweeps", &sweeps.to_string()])
+    }
+
+    fn start_with(config: &str, port: u16, args: &[&str]) -> Demo {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("demo.toml");
         std::fs::write(&path, config).unwrap();
         let child = Command::new(BIN)
-            .args(["demo", "--sweeps", &sweeps.to_string(), "--demo-config"])
+            .arg("demo")
+            .args(args)
+            .arg("--demo-config")
             .arg(&path)
             .stdout(std::fs::File::create(dir.path().join("stdout.txt")).unwrap())
             .stderr(std::fs::File::create(dir.path().join("stderr.txt")).unwrap())
@@ -436,4 +442,81 @@ async fn demo_stops_on_sigterm_and_removes_its_temporary_directory() {
             .any(|l| l["fields"].get("machine").is_some() && l["level"] == "INFO"),
         "no per-machine INFO line: {stderr}"
     );
+}
+
+/// Issue 34 item 7: `demo | head -1`: the reader goes away after one line,
+/// and the demo ends quietly (as `ls` does), not with a panic and exit 101.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_goes_away_ends_the_demo_quietly() {
+    use std::io::BufRead as _;
+    let (config, _) = demo_config(&[("interval = \"2s\"", "interval = \"300ms\"")]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo.toml");
+    std::fs::write(&path, config).unwrap();
+    let stderr_path = dir.path().join("stderr.txt");
+    let mut child = Command::new(BIN)
+        .args(["demo", "--sweeps", "50", "--demo-config"])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut child = ChildGuard(child);
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        line // the reader, and the pipe's read end, are dropped here
+    })
+    .await
+    .unwrap();
+    assert!(first.starts_with("fleet-reconciler demo"), "{first}");
+    crate::common::eventually("the demo exits", Duration::from_secs(60), async || {
+        child.0.try_wait().unwrap().is_some()
+    })
+    .await;
+    let status = child.0.try_wait().unwrap().unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.code(), Some(0), "{status}: {stderr}");
+}
+
+/// Issue 34 item 7: by default one line per sweep (its figures) and the
+/// steps, the full table with `--verbose`; the end repeats how to try
+/// `preflight`, which scrolled away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_prints_a_line_per_sweep_and_the_table_only_when_verbose() {
+    let (config, port) = demo_config(&[("interval = \"2s\"", "interval = \"300ms\"")]);
+    let stdout = Demo::start(&config, port, 3).finished().await;
+    assert_eq!(stdout.matches("── sweep ").count(), 3, "{stdout}");
+    assert!(
+        !stdout.contains("release tip:"),
+        "no table by default: {stdout}"
+    );
+    assert!(!stdout.lines().any(|l| l.starts_with("APP ")), "{stdout}");
+    for line in stdout.lines().filter(|l| l.starts_with("── sweep ")) {
+        assert!(
+            line.contains("on tip") && line.contains("coherence"),
+            "{line}"
+        );
+    }
+    let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(
+        last.contains("preflight") && last.contains("--keep-running"),
+        "{stdout}"
+    );
+    // Short: the intro, a line a sweep, the steps, the end.
+    assert!(
+        stdout.lines().count() < 80,
+        "{} lines:\n{stdout}",
+        stdout.lines().count()
+    );
+
+    let (config, port) = demo_config(&[("interval = \"2s\"", "interval = \"300ms\"")]);
+    let mut demo = Demo::start_with(&config, port, &["--sweeps", "1", "--verbose"]);
+    let stdout = demo.finished().await;
+    assert!(stdout.contains("release tip:"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("APP ")), "{stdout}");
 }

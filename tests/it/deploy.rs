@@ -10,7 +10,7 @@ use fleet_reconciler::config::Config;
 use fleet_reconciler::demo::DemoRepo;
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 
-use crate::common::{ChildGuard, eventually, free_port};
+use crate::common::{ChildGuard, WithSecrets, eventually, free_port};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
@@ -151,7 +151,7 @@ async fn the_shipped_config_serves_fly_checks_and_metrics() {
     cmd.arg("run")
         .arg("--config")
         .arg(&path)
-        .env("FLY_API_TOKEN", TOKEN)
+        .with_secrets(TOKEN)
         .env("FLEET_ADMIN_TOKEN", "deploy-test-admin-token")
         .env_remove("OVERLAY_GIT_TOKEN")
         .env("RUST_LOG", "warn")

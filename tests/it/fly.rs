@@ -1078,6 +1078,7 @@ async fn a_machine_on_an_unreachable_host_keeps_its_pool_and_controls_unknown_no
     let secrets = Secrets {
         fly_token: TOKEN.into(),
         git_token: None,
+        record_keys: Some(fleet_reconciler::sim::record_keys()),
     };
     let sweeper = within(daemon::connect(config, &secrets)).await.unwrap();
     // Swept and prepared as the loop does, with its memory of listings.

@@ -77,6 +77,7 @@ impl Daemon {
             core: Secrets {
                 fly_token: TOKEN.into(),
                 git_token: None,
+                record_keys: Some(fleet_reconciler::sim::record_keys()),
             },
             webhooks: vec![SinkSecrets {
                 url: pd.url.clone().into(),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 
-use crate::common::{ChildGuard, ConfigToml, OverlayRepo, free_port};
+use crate::common::{ChildGuard, ConfigToml, OverlayRepo, WithSecrets, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const TOKEN: &str = "hardening-test-token";
@@ -53,7 +53,7 @@ async fn no_request_goes_through_a_proxy_from_the_environment() {
         Command::new(BIN)
             .args(["check", "--config"])
             .arg(&config)
-            .env("FLY_API_TOKEN", TOKEN)
+            .with_secrets(TOKEN)
             .env("HTTP_PROXY", &proxy)
             .env("HTTPS_PROXY", &proxy)
             .env("ALL_PROXY", &proxy)
@@ -237,7 +237,7 @@ fn spawn_run(config: &std::path::Path, log: &std::path::Path, env: &[(&str, &str
     command
         .args(["run", "--config"])
         .arg(config)
-        .env("FLY_API_TOKEN", TOKEN)
+        .with_secrets(TOKEN)
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
@@ -469,7 +469,7 @@ listen = "127.0.0.1:{port}"
             Command::new(BIN)
                 .args(["check", "--config"])
                 .arg(&config)
-                .env("FLY_API_TOKEN", TOKEN)
+                .with_secrets(TOKEN)
                 .output()
                 .unwrap()
         }
@@ -534,7 +534,7 @@ min_commits_behind = 1
         Command::new(BIN)
             .args(["check", "--output", "json", "--config"])
             .arg(&config)
-            .env("FLY_API_TOKEN", TOKEN)
+            .with_secrets(TOKEN)
             .output()
             .unwrap()
     })

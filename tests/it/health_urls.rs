@@ -137,6 +137,7 @@ coordinator = "coord/c0"
         &Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         },
     )
     .await
@@ -147,7 +148,17 @@ coordinator = "coord/c0"
     ]);
     let mut tuning = ExecutorConfig::new("r1");
     tuning.start_wait = Duration::from_secs(5);
-    let executor = Executor::new(sweeper.fly.clone(), config.clone(), tokens, tuning).unwrap();
+    tuning.record_keys = sweeper.record_keys.clone();
+    let executor = Executor::new(
+        sweeper.fly.clone(),
+        config.clone(),
+        Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
+            &config,
+        )),
+        tokens,
+        tuning,
+    )
+    .unwrap();
     let stop = CancellationToken::new();
     let statuses: Statuses = Arc::default();
     let loop_task = {

@@ -119,6 +119,7 @@ concurrency = 8
             &Secrets {
                 fly_token: TOKEN.into(),
                 git_token: None,
+                record_keys: Some(fleet_reconciler::sim::record_keys()),
             },
         ))
         .await
@@ -537,6 +538,8 @@ async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
     ]);
     m.record_webhook_delivery("pagerduty", "delivered");
     m.set_webhook_sink(0, "pagerduty", 0, false);
+    m.init_heartbeats(1);
+    m.record_heartbeat(0, fleet_reconciler::report::notify::PingResult::Ok);
     m.set_decisions([(
         "alpha",
         &fleet_reconciler::decide::decision::Decision::OnTip,
@@ -689,6 +692,8 @@ async fn every_metric_name_in_the_docs_and_deploy_files_is_exported() {
         metadata::APPROVE_KEY,
         metadata::UNPROBED_KEY,
         metadata::SLOTS_KEY,
+        metadata::COORDINATOR_SPENT_PREFIX.trim_end_matches('.'),
+        metadata::halt::COORDINATOR_HALT_PREFIX.trim_end_matches('.'),
         "fleet_reconciler_data",
         "fleet_reconciler_role",
     ];

@@ -25,13 +25,15 @@ use fleet_reconciler::config::{
     AlertsConfig, Config, DEFAULT_GROUP_BY, GroupField, PublicUrl, WebhookConfig, WebhookFormat,
 };
 use fleet_reconciler::decide::Snapshot;
+use fleet_reconciler::decide::alerts::{
+    Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker,
+    RestoredMachineAlerts,
+};
 use fleet_reconciler::demo::DEMO_CONFIG;
 use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind, EventRotation};
 use fleet_reconciler::model::{AppName, CommitId, MachineId, PolicyAction, Severity};
 use fleet_reconciler::report::notify::{
-    Coherence, CoherenceSample, DETAIL_MACHINES, FleetAlertInput, FleetAlertRules,
-    FleetAlertTracker, Notifier, NotifierOptions, RestoredMachineAlerts, SinkSecrets,
-    runbook_anchor, sink_secrets_from_env,
+    DETAIL_MACHINES, Notifier, NotifierOptions, SinkSecrets, runbook_anchor, sink_secrets_from_env,
 };
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -222,8 +224,9 @@ impl Running {
         let (hooks, secrets): (Vec<_>, Vec<_>) = sinks.into_iter().unzip();
         let config = AlertsConfig {
             webhooks: hooks,
-            // Per machine: these tests are about the per-sink state machine.
+            // Per machine, no hold-down: these tests are about the per-sink state machine.
             group_by: vec![GroupField::Machine],
+            resolve_after: Duration::ZERO,
             ..AlertsConfig::default()
         };
         Running::start_with(config, secrets, options)
@@ -835,8 +838,9 @@ async fn shutdown_flushes_what_is_queued() {
     let rx = Receiver::start().await;
     let config = AlertsConfig {
         webhooks: vec![hook(WebhookFormat::Json, Severity::Low)],
-        // Per machine: these tests are about the per-sink state machine.
+        // Per machine, no hold-down: these tests are about the per-sink state machine.
         group_by: vec![GroupField::Machine],
+        resolve_after: Duration::ZERO,
         ..AlertsConfig::default()
     };
     let notifier = Notifier::with_options(&config, vec![plain(rx.url("/h"))], shipped()).unwrap();
@@ -918,8 +922,9 @@ async fn secrets_stay_out_of_logs_errors_and_payloads() {
     pd.url_env = "PD_URL".into();
     let config = AlertsConfig {
         webhooks: vec![json, slack, pd],
-        // Per machine: these tests are about the per-sink state machine.
+        // Per machine, no hold-down: these tests are about the per-sink state machine.
         group_by: vec![GroupField::Machine],
+        resolve_after: Duration::ZERO,
         ..AlertsConfig::default()
     };
     let env: BTreeMap<&str, &str> = BTreeMap::from([
@@ -997,8 +1002,9 @@ fn missing_env_names_the_variable() {
     pd.url_env = "ONCALL_WEBHOOK_URL".into();
     let config = AlertsConfig {
         webhooks: vec![pd],
-        // Per machine: these tests are about the per-sink state machine.
+        // Per machine, no hold-down: these tests are about the per-sink state machine.
         group_by: vec![GroupField::Machine],
+        resolve_after: Duration::ZERO,
         ..AlertsConfig::default()
     };
     let e = sink_secrets_from_env(&config, |_| None).unwrap_err();
@@ -1286,8 +1292,9 @@ async fn fleet_alerts_reach_pagerduty_and_resolve() {
 fn plain_http_is_refused_except_on_loopback() {
     let config = AlertsConfig {
         webhooks: vec![hook(WebhookFormat::Pagerduty, Severity::High)],
-        // Per machine: these tests are about the per-sink state machine.
+        // Per machine, no hold-down: these tests are about the per-sink state machine.
         group_by: vec![GroupField::Machine],
+        resolve_after: Duration::ZERO,
         ..AlertsConfig::default()
     };
     let pd = |url: &str| SinkSecrets {
@@ -1726,6 +1733,7 @@ fn report(machines: &[(&str, &str)]) -> Snapshot {
         apps: Vec::new(),
         machines,
         slots: SlotsView::NotConfigured,
+        halts: Default::default(),
     };
     Snapshot::judged(observation, |_| None)
 }
@@ -1997,7 +2005,16 @@ async fn a_group_is_updated_as_machines_join_and_converge_and_survives_a_restart
     second.update(&[m("m1"), m("m2"), m("m3")], t(3));
     second.update(&[m("m3")], t(4));
     rx.expect(3).await;
+    // Empty for less than alerts.resolve_after (90 s): held, not resolved.
     second.update(&[], t(5));
+    second.update(&[], t(5) + chrono::Duration::seconds(89));
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        rx.bodies().len(),
+        3,
+        "held open while empty for < resolve_after"
+    );
+    second.update(&[], t(5) + chrono::Duration::seconds(90));
     let bodies = rx.expect(4).await;
     tokio::time::sleep(QUIET).await;
     let got: Vec<(String, bool, String)> = rx
@@ -2229,4 +2246,221 @@ fn every_runbook_anchor_is_a_section_of_the_operations_guide() {
         );
     }
     assert!(anchors.contains("action_failed"));
+}
+
+/// Pins, byte for byte, every alert the fleet rules and the restored machine
+/// alerts produce over a sequence of turns (trigger, repeat, failed sweeps,
+/// stale tip, restart with the state's alerts, clear), so that moving the
+/// rules (issue 35) changes no payload. `UPDATE_SCHEMA=1` rewrites the pin.
+#[test]
+fn fleet_alert_sequence_is_pinned_byte_for_byte() {
+    let mut log: Vec<(String, Vec<Alert>)> = Vec::new();
+    let mut tracker = FleetAlertTracker::new(rules());
+    let below = sample(&[("a", 3, 4), ("b", 4, 4)]);
+    let ok = sample(&[("a", 4, 4), ("b", 4, 4)]);
+    let failed =
+        |failures: u32, last: DateTime<Utc>, fetch: Option<DateTime<Utc>>| FleetAlertInput {
+            coherence: None,
+            last_sweep_success: Some(last),
+            consecutive_sweep_failures: failures,
+            last_tip_fetch: fetch,
+            tip_commit: None,
+        };
+    for m in [0, 16, 17] {
+        let got = tracker.evaluate(&healthy(&below, t(m)), t(m));
+        log.push((format!("below t{m}"), got));
+    }
+    for (n, m) in [(1, 18), (2, 19), (3, 20), (4, 21)] {
+        let got = tracker.evaluate(&failed(n, t(17), Some(t(17))), t(m));
+        log.push((format!("failed {n} t{m}"), got));
+    }
+    let firing = log.last().map(|(_, a)| a.clone()).unwrap_or_default();
+    let got = tracker.evaluate(&healthy(&ok, t(22)), t(22));
+    log.push(("cleared t22".into(), got));
+
+    // A restart with what fired before, machine alerts included.
+    let mut after = FleetAlertTracker::new(rules());
+    let restored_all = [
+        firing,
+        vec![
+            drift("drifting", Severity::High),
+            drift("gone", Severity::High),
+        ],
+    ]
+    .concat();
+    after.restore(&restored_all);
+    let mut carry = RestoredMachineAlerts::new(&restored_all, Duration::from_secs(150));
+    let got = after.evaluate(&failed(1, t(29), None), t(30));
+    log.push((
+        "restored failed t30".into(),
+        [carry.carried(), got].concat(),
+    ));
+    let sweep = report(&[("drifting", "drifted")]);
+    let got = after.evaluate(&healthy(&below, t(31)), t(31));
+    log.push((
+        "restored swept t31".into(),
+        [carry.after_sweep(&sweep, &[], t(31)), got].concat(),
+    ));
+    let got = after.evaluate(&healthy(&ok, t(35)), t(35));
+    log.push((
+        "restored swept t35".into(),
+        [carry.after_sweep(&sweep, &[], t(35)), got].concat(),
+    ));
+
+    let text = log
+        .iter()
+        .map(|(step, alerts)| {
+            format!(
+                "== {step}\n{}\n",
+                serde_json::to_string_pretty(alerts).unwrap()
+            )
+        })
+        .collect::<String>();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/notify_pins/fleet_alerts.txt");
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let pinned = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        pinned == text,
+        "alerts differ from {}:\n{text}",
+        path.display()
+    );
+}
+
+/// Pins, byte for byte, what each webhook format sends (bodies, signature
+/// headers) over a sequence: triggers and events, a group joined, a repeat,
+/// a failure resolved by a success, a resolve. `UPDATE_SCHEMA=1` rewrites
+/// the pin.
+#[tokio::test(start_paused = true)]
+async fn webhook_payloads_are_pinned_byte_for_byte() {
+    let rxs = [
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    ];
+    let mut json = hook(WebhookFormat::Json, Severity::Low);
+    json.secret_env = Some("WEBHOOK_SECRET".into());
+    let sinks = vec![
+        SinkSecrets {
+            hmac_secret: Some("whsec-pin-0001".into()),
+            ..plain(rxs[0].url("/json"))
+        },
+        plain(rxs[1].url("/slack")),
+        SinkSecrets {
+            routing_key: Some("R0UTINGKEY0000000000000000000000".into()),
+            ..plain(rxs[2].url("/pd"))
+        },
+    ];
+    let config = AlertsConfig {
+        resolve_after: Duration::ZERO,
+        ..grouped(
+            &DEFAULT_GROUP_BY,
+            vec![
+                json,
+                hook(WebhookFormat::Slack, Severity::Low),
+                hook(WebhookFormat::Pagerduty, Severity::Low),
+            ],
+        )
+    };
+    let options = NotifierOptions {
+        clock: Arc::new(TokioClock::starting_at(t(0))),
+        ..public()
+    };
+    let n = Running::start_with(config, sinks, options);
+    let a = drift_in("agents-prod", "m-a", "default", Severity::High);
+    let b = drift_in("agents-prod", "m-b", "default", Severity::High);
+    let failed = event(EventKind::ActionFailed, "m-a");
+    let started = event(EventKind::ActionStarted, "m-b");
+    let succeeded = event(EventKind::ActionSucceeded, "m-a");
+    // Each update waits for the last one's deliveries: an incident with a
+    // notification queued is not updated (it would stack).
+    let delivered = async |counts: [usize; 3]| {
+        for (rx, n) in rxs.iter().zip(counts) {
+            rx.expect(n).await;
+        }
+    };
+    n.notifier
+        .update(std::slice::from_ref(&a), &[started, failed], t(0));
+    delivered([3, 3, 2]).await;
+    n.notifier.update(&[a.clone(), b.clone()], &[], t(1));
+    delivered([4, 4, 3]).await;
+    n.notifier.update(&[a.clone(), b.clone()], &[], t(32));
+    delivered([5, 5, 4]).await;
+    n.notifier
+        .update(&[a, b, approval("agents-prod", "m-c")], &[succeeded], t(33));
+    delivered([7, 7, 6]).await;
+    n.notifier.update(&[], &[], t(40));
+    delivered([9, 9, 8]).await;
+    n.stop().await;
+
+    let mut text = String::new();
+    for rx in &rxs {
+        for r in rx.accepted() {
+            text.push_str(&format!("== {}\n", r.path_and_query));
+            // The stamp is the delivery's time (paused time moves while the
+            // test waits): the signature is checked against it, not pinned.
+            if let Some(ts) = r.headers.get("X-Fleet-Timestamp") {
+                let ts: i64 = ts.to_str().unwrap().parse().unwrap();
+                let signature = r.headers.get("X-Fleet-Signature").unwrap();
+                assert_eq!(
+                    signature.to_str().unwrap(),
+                    fleet_reconciler::report::notify::sign(b"whsec-pin-0001", ts, &r.body)
+                );
+                text.push_str("signed\n");
+            }
+            if let Some(v) = r.headers.get("content-type") {
+                text.push_str(&format!("content-type: {}\n", v.to_str().unwrap()));
+            }
+            text.push_str(std::str::from_utf8(&r.body).unwrap());
+            text.push('\n');
+        }
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/notify_pins/webhooks.txt");
+    if std::env::var_os("UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let pinned = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        pinned == text,
+        "payloads differ from {}:\n{text}",
+        path.display()
+    );
+}
+
+/// Deliveries are counted where they happen, through the metrics' hook
+/// alone (no reporter in between): a failed attempt, a dead letter, a
+/// delivery, each once, per sink kind.
+#[tokio::test(start_paused = true)]
+async fn deliveries_are_counted_as_they_happen() {
+    let metrics = fleet_reconciler::report::metrics::Metrics::new(false).unwrap();
+    let rx = Receiver::start().await;
+    rx.set(Mode::Fail(500));
+    let options = NotifierOptions {
+        counter: metrics.delivery_counter(),
+        dead_letter_after: 2,
+        ..shipped()
+    };
+    let n = Running::start(vec![json_sink(&rx)], options);
+    n.update(&[drift("m1", Severity::High)], t(0));
+    eventually("two failed attempts", WAIT, async || rx.attempts() >= 2).await;
+    rx.set(Mode::Accept);
+    n.update(
+        &[drift("m1", Severity::High), drift("m2", Severity::High)],
+        t(1),
+    );
+    rx.expect(1).await;
+    n.stop().await;
+    let text = metrics.render().unwrap();
+    let count = |result: &str| {
+        let head = format!(
+            "fleet_reconciler_webhook_deliveries_total{{format=\"json\",result=\"{result}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(head.as_str()))
+            .map(str::to_owned)
+    };
+    assert_eq!(count("failed").as_deref(), Some("2"), "{text}");
+    assert_eq!(count("dead_lettered").as_deref(), Some("1"), "{text}");
+    assert!(count("delivered").is_some_and(|n| n != "0"), "{text}");
 }

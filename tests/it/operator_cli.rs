@@ -26,7 +26,7 @@ use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::OverlayRepo;
+use crate::common::{OverlayRepo, WithSecrets};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-token-operator-cli";
@@ -51,7 +51,7 @@ impl Out {
 }
 
 fn cli(config: &Path, args: &[&str]) -> Out {
-    cli_with(config, args, &[("FLY_API_TOKEN", FLY_TOKEN)])
+    cli_with(config, args, &[("FLEET_RECONCILER_FLY_TOKEN", FLY_TOKEN)])
 }
 
 fn cli_with(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
@@ -61,10 +61,16 @@ fn cli_with(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
         .arg("--config")
         .arg(config)
         .stdin(Stdio::null())
-        .env_remove("FLY_API_TOKEN")
+        .env_remove("FLEET_RECONCILER_FLY_TOKEN")
+        .env_remove("FLY_MACHINE_ID")
         .env_remove("RUST_LOG")
         .env_remove("FLEET_RECONCILER_LOG_FORMAT")
-        .env("USER", "env-user");
+        .env("USER", "env-user")
+        // The operator holds the fleet's record key, as the daemon does.
+        .env(
+            "FLEET_RECONCILER_RECORD_KEY",
+            fleet_reconciler::sim::DEFAULT_RECORD_KEY,
+        );
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -163,7 +169,8 @@ async fn hold_and_release_print_what_they_did_as_json() {
     let at = v["hold"]["at"].as_str().unwrap();
     chrono::DateTime::parse_from_rfc3339(at).unwrap();
     // What is printed is what was written.
-    let written: Value = serde_json::from_str(&metadata(&fx.sim, "c1", HOLD_KEY).unwrap()).unwrap();
+    let written: Value =
+        serde_json::from_str(&fx.sim.sealed_metadata("c1", HOLD_KEY).unwrap()).unwrap();
     assert_eq!(written, v["hold"]);
 
     let out = cli(&fx.config, &["release", "c1", "-o", "json"]);
@@ -216,7 +223,7 @@ async fn approve_prints_the_approval_it_wrote_as_json() {
     assert_eq!(v["approval"]["target"], fx.overlay.tip().as_str());
     assert_eq!(v["approval"]["mode"], "when-idle");
     assert_eq!(v["approval"]["by"], "bob");
-    let written = Approval::parse(&metadata(&fx.sim, "m1", APPROVE_KEY).unwrap()).unwrap();
+    let written = Approval::parse(&fx.sim.sealed_metadata("m1", APPROVE_KEY).unwrap()).unwrap();
     assert_eq!(serde_json::to_value(&written).unwrap(), v["approval"]);
 
     // An explicit commit (upper case is normalised), no mode: when idle
@@ -239,7 +246,7 @@ async fn approve_prints_the_approval_it_wrote_as_json() {
     assert_eq!(v["approval"]["target"], commit.as_str());
     assert_eq!(v["approval"]["mode"], "when-idle");
     assert_eq!(v["approval"]["by"], "env-user");
-    let written = Approval::parse(&metadata(&fx.sim, "c1", APPROVE_KEY).unwrap()).unwrap();
+    let written = Approval::parse(&fx.sim.sealed_metadata("c1", APPROVE_KEY).unwrap()).unwrap();
     assert_eq!(written.target, CommitId::parse(&commit).unwrap());
     fx.sim.shutdown().await;
 }
@@ -289,7 +296,7 @@ async fn operator_commands_fail_with_one_json_error_object() {
         v["error"]
             .as_str()
             .unwrap()
-            .starts_with("FLY_API_TOKEN is not set"),
+            .starts_with("FLEET_RECONCILER_FLY_TOKEN is not set"),
         "{v}"
     );
 
@@ -297,7 +304,7 @@ async fn operator_commands_fail_with_one_json_error_object() {
     let out = cli_with(
         &fx.config,
         &["release", "m1", "--output", "json"],
-        &[("FLY_API_TOKEN", "wrong-token")],
+        &[("FLEET_RECONCILER_FLY_TOKEN", "wrong-token")],
     );
     assert_eq!(out.code, Some(2));
     let v = out.json();
@@ -470,6 +477,7 @@ async fn serve_daemon(fx: &Fixture, shutdown: &CancellationToken) -> String {
     let secrets = Secrets {
         fly_token: FLY_TOKEN.into(),
         git_token: None,
+        record_keys: Some(fleet_reconciler::sim::record_keys()),
     };
     let sweeper = daemon::connect(config, &secrets).await.unwrap();
     let (report, plan) = daemon::plan_once(&sweeper, "test-daemon", &SystemClock)
@@ -572,7 +580,7 @@ async fn approve_now_names_the_live_work_and_needs_confirmation() {
         "{}",
         out.stderr
     );
-    let written = Approval::parse(&metadata(&fx.sim, "m1", APPROVE_KEY).unwrap()).unwrap();
+    let written = Approval::parse(&fx.sim.sealed_metadata("m1", APPROVE_KEY).unwrap()).unwrap();
     assert_eq!(serde_json::to_value(&written).unwrap(), v["approval"]);
 
     // An idle machine needs no confirmation.
@@ -894,7 +902,7 @@ async fn run_logs_a_failing_sweep_as_an_error() {
             .arg("run")
             .arg("--config")
             .arg(&config)
-            .env("FLY_API_TOKEN", "a-token-fly-refuses")
+            .with_secrets("a-token-fly-refuses")
             .env("FLEET_RECONCILER_LOG_FORMAT", "json")
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())

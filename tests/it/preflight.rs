@@ -179,6 +179,10 @@ fn good_env(hooks: &str) -> Vec<(String, String)> {
         ("BATCH_FLY_TOKEN", BATCH_TOKEN.to_string()),
         ("COORD_FLY_TOKEN", COORD_TOKEN.to_string()),
         ("AGENT_TOKEN", "agent-bearer".to_string()),
+        (
+            "FLEET_RECONCILER_RECORD_KEY",
+            fleet_reconciler::sim::DEFAULT_RECORD_KEY.to_string(),
+        ),
         ("SLACK_URL", format!("{hooks}/slack")),
         ("PD_URL", format!("{hooks}/pagerduty")),
         ("PD_KEY", "pd-routing-key-s3cret".to_string()),
@@ -485,7 +489,8 @@ async fn an_unusable_config_exits_2_and_a_missing_coordinator_is_known_offline()
         (Some("preflight"), Some("config_invalid"))
     );
 
-    // A pool acts and there is no coordinator; two variables are unset.
+    // A pool acts and there is no coordinator; the record key and two
+    // variables are unset.
     let text = overlay
         .config("http://127.0.0.1:9", "mirror.git")
         .app("agents", None)
@@ -523,8 +528,9 @@ async fn an_unusable_config_exits_2_and_a_missing_coordinator_is_known_offline()
     assert_eq!(v["kind"], "not_ready");
     let error = v["error"].as_str().unwrap();
     for named in [
-        "3 problem(s)",
+        "4 problem(s)",
         "rotation.coordinator",
+        "FLEET_RECONCILER_RECORD_KEY",
         "AGENTS_FLY_TOKEN",
         "AGENT_TOKEN",
     ] {
@@ -532,7 +538,14 @@ async fn an_unusable_config_exits_2_and_a_missing_coordinator_is_known_offline()
     }
     let out = cli(
         &["validate-config", "--check-env", "--config", p],
-        &[("AGENTS_FLY_TOKEN", "t"), ("AGENT_TOKEN", "a")],
+        &[
+            ("AGENTS_FLY_TOKEN", "t"),
+            ("AGENT_TOKEN", "a"),
+            (
+                "FLEET_RECONCILER_RECORD_KEY",
+                fleet_reconciler::sim::DEFAULT_RECORD_KEY,
+            ),
+        ],
     );
     assert_eq!(out.code, Some(2));
     assert!(out.stderr.contains("1 problem(s)"), "{}", out.stderr);
@@ -769,9 +782,15 @@ async fn preflight_passes_against_the_demo_as_the_readme_says() {
         },
     )
     .await;
-    // `VAR=value fleet-reconciler preflight --config PATH`
-    let words: Vec<&str> = printed.split_whitespace().collect();
-    let (var, value) = words[0].split_once('=').unwrap();
+    // `VAR=value… fleet-reconciler preflight --config PATH`
+    let all: Vec<&str> = printed.split_whitespace().collect();
+    let vars: Vec<(String, String)> = all
+        .iter()
+        .map_while(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(vars.len(), 2, "the Fly token and the record key: {printed}");
+    let words = &all[vars.len() - 1..];
     assert_eq!(
         &words[1..4],
         ["fleet-reconciler", "preflight", "--config"],
@@ -782,7 +801,7 @@ async fn preflight_passes_against_the_demo_as_the_readme_says() {
 
     let out = cli_async(
         vec!["preflight".into(), "--config".into(), config.clone()],
-        vec![(var.to_string(), value.to_string())],
+        vars,
     )
     .await;
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
@@ -887,4 +906,203 @@ async fn an_alertmanager_sink_is_checked_with_a_read_of_its_status() {
     out.line("FAIL", "secret", "AM_URL");
     out.line("skip", "alertmanager", "alerts.alertmanager[0]");
     sim.shutdown().await;
+}
+
+/// Issue 34 item 4: the CLI does not read flyctl's `FLY_API_TOKEN` (an
+/// operator who exports it hands every later `fly` command the reconciler's
+/// token); a Fly machine still may. A token that one variable holds for
+/// several apps, refused for one of them, gets a fix that does not lock the
+/// others out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flyctls_token_is_not_taken_and_a_shared_token_gets_a_fix_a_person_can_follow() {
+    let overlay = OverlayRepo::new();
+    let sim = fleet(&overlay, SimMachine::new("coord0").stopped()).await;
+    let (hooks, _) = receivers().await;
+    // agents and batch share fly.token_env, left at its default.
+    let text = config(&overlay, &sim)
+        .replace("token_env = \"AGENTS_FLY_TOKEN\"\n", "")
+        .replace("token_env = \"BATCH_FLY_TOKEN\"\n", "");
+    assert!(!text.contains("_FLY_TOKEN\"\nagent"), "{text}");
+    let path = write(overlay.dir.path(), "shared.toml", &text);
+    let base: Vec<(String, String)> = good_env(&hooks)
+        .into_iter()
+        .filter(|(k, _)| k != "AGENTS_FLY_TOKEN" && k != "BATCH_FLY_TOKEN")
+        .collect();
+    let with = |extra: &[(&str, &str)]| {
+        let mut env = base.clone();
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        env
+    };
+
+    // A workstation where flyctl's variable is set: not read.
+    let out = cli_async(args(&path, &[]), with(&[("FLY_API_TOKEN", AGENTS_TOKEN)])).await;
+    let (l, _) = out.line("FAIL", "secret", "FLEET_RECONCILER_FLY_TOKEN");
+    assert!(
+        l.contains("agents, batch") && l.contains("fly.token_env"),
+        "{l}"
+    );
+    out.line(
+        "skip",
+        "app",
+        "agents: not listed: no token in FLEET_RECONCILER_FLY_TOKEN",
+    );
+
+    // On a Fly machine, where flyctl does not run, it is.
+    let out = cli_async(
+        args(&path, &[]),
+        with(&[
+            ("FLY_API_TOKEN", AGENTS_TOKEN),
+            ("FLY_MACHINE_ID", "e286065f969386"),
+        ]),
+    )
+    .await;
+    out.line(
+        "ok  ",
+        "secret",
+        "FLEET_RECONCILER_FLY_TOKEN: not set, FLY_API_TOKEN is read instead",
+    );
+    out.line(
+        "ok  ",
+        "app",
+        "agents: listed with the token in FLY_API_TOKEN",
+    );
+
+    // The shared variable holds agents' deploy token: refused for batch.
+    let out = cli_async(
+        args(&path, &[]),
+        with(&[("FLEET_RECONCILER_FLY_TOKEN", AGENTS_TOKEN)]),
+    )
+    .await;
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    out.line(
+        "ok  ",
+        "app",
+        "agents: listed with the token in FLEET_RECONCILER_FLY_TOKEN",
+    );
+    let (l, fix) = out.line("FAIL", "app", "batch");
+    assert!(
+        l.contains("FLEET_RECONCILER_FLY_TOKEN") && l.contains("401"),
+        "{l}"
+    );
+    for part in [
+        // The variable, its key, and who else it serves.
+        "the token in FLEET_RECONCILER_FLY_TOKEN (fly.token_env) is not accepted for app batch",
+        "also holds the token of agents",
+        // The command, and a variable for batch alone, named in the config.
+        "`fly tokens create deploy -a batch`",
+        "FLY_TOKEN_BATCH",
+        "`fly secrets set FLY_TOKEN_BATCH=…`",
+        "`export FLY_TOKEN_BATCH=…`",
+        "token_env = \"FLY_TOKEN_BATCH\" under the [[apps]] entry of batch (apps[1].token_env)",
+        "fly tokens create org",
+    ] {
+        assert!(fix.contains(part), "{part:?} not in {fix}");
+    }
+    sim.shutdown().await;
+}
+
+/// Issue 34 item 5: Fly answering 429 during preflight (here the
+/// coordinator's lease, the check that failed two of six back-to-back runs)
+/// is retried at Fly's pace, and when it does not stop it is reported as
+/// rate limiting with its own fix, never as an unreachable API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_lease_check_is_retried_and_then_reported_as_rate_limiting() {
+    use fleet_reconciler::sim::ChaosFault;
+    let overlay = OverlayRepo::new();
+    let sim = fleet(&overlay, SimMachine::new("coord0").stopped()).await;
+    let (hooks, _) = receivers().await;
+    let path = write(overlay.dir.path(), "ok.toml", &config(&overlay, &sim));
+
+    // Two 429s (Retry-After: 1) in a row: the third attempt takes it.
+    for _ in 0..2 {
+        sim.fault_next_call("coord0", "POST", "lease", ChaosFault::TooManyRequests);
+    }
+    let out = cli_async(args(&path, &[]), good_env(&hooks)).await;
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.line(
+        "ok  ",
+        "coordinator",
+        "fleet-reconciler/coord0 lease: leasable: taken and released",
+    );
+
+    // Throttled for good: a bounded number of attempts, then rate limiting.
+    for _ in 0..30 {
+        sim.fault_next_call("coord0", "POST", "lease", ChaosFault::TooManyRequests);
+    }
+    let out = cli_async(args(&path, &[]), good_env(&hooks)).await;
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    let (l, fix) = out.line("FAIL", "coordinator", "fleet-reconciler/coord0 lease");
+    assert!(l.contains("rate limited"), "{l}");
+    assert!(
+        fix.contains("Fly is rate-limiting") && fix.contains("COORD_FLY_TOKEN"),
+        "{fix}"
+    );
+    assert!(fix.contains("re-run"), "{fix}");
+    assert!(!fix.contains("fly.api_url"), "{fix}");
+    let attempts = sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.action.as_deref() == Some("lease"))
+        .count();
+    // 3 in the first run; in the second a bounded number, not 30.
+    assert!((4..=11).contains(&attempts), "{attempts} lease attempts");
+    sim.shutdown().await;
+}
+
+/// Issue 34 item 7: `validate-config --check-env` names one problem per
+/// line, and under `--output json` gives them as an array.
+#[test]
+fn check_env_problems_are_one_per_line_and_a_json_array() {
+    let overlay = OverlayRepo::new();
+    let dir = overlay.dir.path();
+    // A pool acts and there is no coordinator; the record key and two
+    // variables are unset.
+    let text = overlay
+        .config("http://127.0.0.1:9", "mirror.git")
+        .app("agents", None)
+        .with("token_env = \"AGENTS_FLY_TOKEN\"\nagent_token_env = \"AGENT_TOKEN\"")
+        .text();
+    let path = write(dir, "problems.toml", &text);
+    let p = path.to_str().unwrap();
+    let out = cli(&["validate-config", "--check-env", "--config", p], &[]);
+    assert_eq!(out.code, Some(2));
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("error: 4 problem(s) for `run`:"),
+        "{}",
+        out.stderr
+    );
+    for (line, named) in lines[1..].iter().zip([
+        "rotation.coordinator",
+        "FLEET_RECONCILER_RECORD_KEY",
+        "AGENTS_FLY_TOKEN",
+        "AGENT_TOKEN",
+    ]) {
+        assert!(
+            line.starts_with("  ") && line.contains(named),
+            "{named}: {line}"
+        );
+    }
+    assert_eq!(lines.len(), 5, "{}", out.stderr);
+
+    let out = cli(
+        &[
+            "validate-config",
+            "--check-env",
+            "-o",
+            "json",
+            "--config",
+            p,
+        ],
+        &[],
+    );
+    assert_eq!(out.code, Some(2));
+    let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let problems = v["problems"].as_array().unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(problems.len(), 4, "{v}");
+    assert!(
+        problems[2].as_str().unwrap().contains("AGENTS_FLY_TOKEN"),
+        "{v}"
+    );
 }

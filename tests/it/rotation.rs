@@ -15,36 +15,38 @@ use std::time::Duration;
 
 use chrono::Utc;
 use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
+use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
 use fleet_reconciler::events::AlertKind;
-use fleet_reconciler::metadata::marker::{Marker, Phase};
+use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
+use fleet_reconciler::metadata::unprobed::Cleared;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
-use fleet_reconciler::model::CommitId;
+use fleet_reconciler::model::{CommitId, PolicyAction, Severity};
 use fleet_reconciler::sim::{Behaviour, RequestTarget, Sim, SimApp, SimFleet, SimMachine};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{OverlayRepo, eventually};
 
-const TOKEN: &str = "rotation-test-token";
+pub(crate) const TOKEN: &str = "rotation-test-token";
 /// The machine whose lease and metadata keep the pools' slots (stopped, as a
 /// dedicated coordination machine would be).
-const COORD_APP: &str = "coord";
-const COORD: &str = "c0";
+pub(crate) const COORD_APP: &str = "coord";
+pub(crate) const COORD: &str = "c0";
 
-struct World {
+pub(crate) struct World {
     /// The one wall clock of the sim and the daemons: tokio's paused time.
-    clock: SharedClock,
-    overlay: OverlayRepo,
-    repo: String,
-    tip: String,
-    old: String,
+    pub(crate) clock: SharedClock,
+    pub(crate) overlay: OverlayRepo,
+    pub(crate) repo: String,
+    pub(crate) tip: String,
+    pub(crate) old: String,
 }
 
-fn world() -> World {
+pub(crate) fn world() -> World {
     let overlay = OverlayRepo::new();
     World {
         clock: Arc::new(TokioClock::starting_at(Utc::now())),
@@ -57,7 +59,7 @@ fn world() -> World {
 }
 
 /// A config with fast clocks; `rotation` extends `[rotation]`.
-fn config(
+pub(crate) fn config(
     sim: &Sim,
     w: &World,
     mirror: &str,
@@ -94,7 +96,7 @@ coordinator = "{COORD_APP}/{COORD}"
     Arc::new(Config::parse(Path::new("rotation.toml"), &text).unwrap())
 }
 
-fn all(action: &str) -> String {
+pub(crate) fn all(action: &str) -> String {
     format!(
         "{{ low = \"{action}\", medium = \"{action}\", high = \"{action}\", critical = \"{action}\" }}"
     )
@@ -107,14 +109,14 @@ struct Seen {
     sweeps: usize,
 }
 
-struct Daemon {
+pub(crate) struct Daemon {
     stop: CancellationToken,
     task: JoinHandle<()>,
     seen: Arc<Mutex<Seen>>,
 }
 
 impl Daemon {
-    async fn start(sim: &Sim, config: Arc<Config>, owner: &str) -> Daemon {
+    pub(crate) async fn start(sim: &Sim, config: Arc<Config>, owner: &str) -> Daemon {
         Daemon::start_with(sim, config, owner, HashMap::new()).await
     }
 
@@ -127,13 +129,23 @@ impl Daemon {
         let secrets = Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         };
         let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
         let mut tuning = ExecutorConfig::new(owner);
         tuning.start_wait = Duration::from_secs(5);
         tuning.clock = sim.clock();
-        let executor =
-            Executor::new(sweeper.fly.clone(), config.clone(), agent_tokens, tuning).unwrap();
+        tuning.record_keys = sweeper.record_keys.clone();
+        let executor = Executor::new(
+            sweeper.fly.clone(),
+            config.clone(),
+            Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
+                &config,
+            )),
+            agent_tokens,
+            tuning,
+        )
+        .unwrap();
         let stop = CancellationToken::new();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (token, record, owner) = (stop.clone(), seen.clone(), owner.to_string());
@@ -162,7 +174,7 @@ impl Daemon {
         Daemon { stop, task, seen }
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(20), self.task)
             .await
@@ -170,7 +182,7 @@ impl Daemon {
             .unwrap();
     }
 
-    fn alerted(&self, kind: AlertKind, machine: &str) -> bool {
+    pub(crate) fn alerted(&self, kind: AlertKind, machine: &str) -> bool {
         self.seen
             .lock()
             .unwrap()
@@ -181,7 +193,7 @@ impl Daemon {
 }
 
 /// Waits until `id` runs `tip`, uncordoned, with no rotation marker left.
-async fn converged(sim: &Sim, id: &str, tip: &str, deadline: Duration) {
+pub(crate) async fn converged(sim: &Sim, id: &str, tip: &str, deadline: Duration) {
     eventually(&format!("{id} converges"), deadline, async || {
         marker_of(sim, id).is_none()
             && sim
@@ -191,15 +203,13 @@ async fn converged(sim: &Sim, id: &str, tip: &str, deadline: Duration) {
     .await;
 }
 
-fn marker_of(sim: &Sim, id: &str) -> Option<Marker> {
-    sim.machine(id)?
-        .metadata
-        .get(MARKER_KEY)
-        .and_then(|v| Marker::parse(v))
+pub(crate) fn marker_of(sim: &Sim, id: &str) -> Option<Marker> {
+    sim.sealed_metadata(id, MARKER_KEY)
+        .and_then(|v| Marker::parse(&v))
 }
 
 /// Sim-clock times at which restarts of `id` were accepted.
-fn restarts(sim: &Sim, id: &str) -> Vec<chrono::DateTime<Utc>> {
+pub(crate) fn restarts(sim: &Sim, id: &str) -> Vec<chrono::DateTime<Utc>> {
     sim.requests()
         .into_iter()
         .filter(|r| {
@@ -218,7 +228,7 @@ fn busy_for_an_hour(w: &World, id: &str) -> SimMachine {
         .behaviour(Behaviour::BusyFor(Duration::from_secs(3600)))
 }
 
-fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
+pub(crate) fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
     SimFleet::new(TOKEN)
         .clock(w.clock.clone())
         .release_tip(w.tip.clone())
@@ -436,7 +446,7 @@ async fn a_manual_machine_is_touched_only_after_approve() {
         by: "alice".into(),
         at: sim.now(),
     };
-    sim.set_metadata(
+    sim.set_sealed_metadata(
         "m1",
         APPROVE_KEY,
         &serde_json::to_string(&approval).unwrap(),
@@ -538,13 +548,13 @@ fn tuned(config: Arc<Config>, f: impl FnOnce(&mut Config)) -> Arc<Config> {
     Arc::new(c)
 }
 
-fn sweeps(d: &Daemon) -> usize {
+pub(crate) fn sweeps(d: &Daemon) -> usize {
     d.seen.lock().unwrap().sweeps
 }
 
 /// Lets `n` more sweeps (each planned and carried out) run: a wait that
 /// counts the daemon's chances to act, not wall-clock time.
-async fn more_sweeps(d: &Daemon, n: usize) {
+pub(crate) async fn more_sweeps(d: &Daemon, n: usize) {
     let target = sweeps(d) + n;
     eventually(
         &format!("{n} more sweeps"),
@@ -554,8 +564,8 @@ async fn more_sweeps(d: &Daemon, n: usize) {
     .await;
 }
 
-/// Sweeps, plans and carries out one cycle by hand.
-struct Hand {
+/// Sweeps, plans and carries out one cycle by hand (also the rogue tests').
+pub(crate) struct Hand {
     sweeper: fleet_reconciler::observe::sweep::Sweeper,
     executor: Executor,
     tracker: fleet_reconciler::decide::planner::Tracker,
@@ -568,14 +578,35 @@ impl Hand {
         Hand::with_tuning(sim, config, ExecutorConfig::new("hand")).await
     }
 
-    async fn with_tuning(sim: &Sim, config: Arc<Config>, mut tuning: ExecutorConfig) -> Hand {
+    async fn with_tuning(sim: &Sim, config: Arc<Config>, tuning: ExecutorConfig) -> Hand {
+        Hand::with_token(sim, config, TOKEN, tuning).await
+    }
+
+    /// With the Fly token the sim of the calling test was started with.
+    pub(crate) async fn with_token(
+        sim: &Sim,
+        config: Arc<Config>,
+        token: &str,
+        mut tuning: ExecutorConfig,
+    ) -> Hand {
         tuning.clock = sim.clock();
         let secrets = Secrets {
-            fly_token: TOKEN.into(),
+            fly_token: token.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         };
         let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
-        let executor = Executor::new(sweeper.fly.clone(), config, HashMap::new(), tuning).unwrap();
+        tuning.record_keys = sweeper.record_keys.clone();
+        let executor = Executor::new(
+            sweeper.fly.clone(),
+            config.clone(),
+            Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
+                &config,
+            )),
+            HashMap::new(),
+            tuning,
+        )
+        .unwrap();
         let tip = sweeper.overlay.fetch().await.unwrap();
         Hand {
             sweeper,
@@ -586,7 +617,7 @@ impl Hand {
         }
     }
 
-    async fn plan(&mut self) -> fleet_reconciler::decide::planner::Plan {
+    pub(crate) async fn plan(&mut self) -> fleet_reconciler::decide::planner::Plan {
         use fleet_reconciler::decide::planner::{FetchState, PlanInput, plan};
         let report = fleet_reconciler::daemon::sweep(&self.sweeper, &self.tip)
             .await
@@ -606,7 +637,7 @@ impl Hand {
         })
     }
 
-    async fn run(
+    pub(crate) async fn run(
         &self,
         plan: &fleet_reconciler::decide::planner::Plan,
     ) -> Vec<fleet_reconciler::act::executor::StepReport> {
@@ -701,8 +732,8 @@ async fn scenario_2_a_claim_that_never_won_its_slot_is_undone_not_restarted() {
         1,
     );
     sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
-    sim.set_metadata("m1", MARKER_KEY, &drain("m1").to_value());
-    sim.set_metadata("m2", MARKER_KEY, &drain("m2").to_value());
+    sim.set_sealed_metadata("m1", MARKER_KEY, &drain("m1").to_value());
+    sim.set_sealed_metadata("m2", MARKER_KEY, &drain("m2").to_value());
     let d = Daemon::start(
         &sim,
         config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
@@ -824,7 +855,7 @@ async fn scenario_7_a_revoked_approval_stops_the_rotation_before_the_restart() {
         by: "alice".into(),
         at: sim.now(),
     };
-    sim.operator_set_metadata(
+    sim.operator_set_sealed_metadata(
         "m1",
         APPROVE_KEY,
         &serde_json::to_string(&approval).unwrap(),
@@ -894,8 +925,9 @@ async fn the_probe_failure_ceiling_survives_a_daemon_restart() {
         "the record goes once the agent answers",
         Duration::from_secs(5),
         async || {
-            sim.machine("m1")
-                .is_some_and(|m| !m.metadata.contains_key(UNPROBED_KEY))
+            // Cleared: replaced by our sealed note naming it (#33).
+            sim.sealed_metadata("m1", UNPROBED_KEY)
+                .is_some_and(|v| Cleared::parse(&v).is_some())
         },
     )
     .await;
@@ -941,7 +973,8 @@ async fn a_cordon_whose_answer_was_lost_is_undone() {
         let marker = machine
             .as_ref()
             .and_then(|m| m.metadata.get(MARKER_KEY))
-            .and_then(|v| Marker::parse(v));
+            .and_then(|v| fleet_reconciler::sim::open_record("m1", MARKER_KEY, v))
+            .and_then(|v| Marker::parse(&v));
         assert!(
             !cordoned || marker.as_ref().is_some_and(|m| m.may_have_cordoned()),
             "cordoned with no marker recording it: {marker:?}"
@@ -1138,7 +1171,7 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         1,
     );
     sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
-    sim.set_metadata("m1", MARKER_KEY, &restarting.to_value());
+    sim.set_sealed_metadata("m1", MARKER_KEY, &restarting.to_value());
     let other = Approval {
         target: CommitId::parse(&w.old).expect("a commit id"),
         mode: ApprovalMode::Now,
@@ -1146,25 +1179,18 @@ async fn finishing_consumes_only_the_approval_of_its_own_commit() {
         at: now,
     };
     let other = serde_json::to_string(&other).unwrap();
-    sim.set_metadata("m1", APPROVE_KEY, &other);
+    sim.set_sealed_metadata("m1", APPROVE_KEY, &other);
     let d = Daemon::start(&sim, config(&sim, &w, "m", &all("manual"), 1, ""), "r1").await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(10)).await;
     assert_eq!(
-        sim.machine("m1").unwrap().metadata.get(APPROVE_KEY),
-        Some(&other),
+        sim.sealed_metadata("m1", APPROVE_KEY),
+        Some(other),
         "another commit's approval was consumed"
     );
     eventually("slot released", Duration::from_secs(5), async || {
-        SlotSet::parse(
-            sim.machine(COORD)
-                .unwrap()
-                .metadata
-                .get(SLOTS_KEY)
-                .map(String::as_str),
-        )
-        .unwrap()
-        .slots(&"app".into(), &"default".into())
-        .is_empty()
+        slots_of(&sim)
+            .slots(&"app".into(), &"default".into())
+            .is_empty()
     })
     .await;
     d.stop().await;
@@ -1269,6 +1295,230 @@ async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
     sim.shutdown().await;
 }
 
+// ---- agents are untrusted (#33) ------------------------------------------------
+// `sim.set_metadata` is what an agent can do through `/.fly/api`: any key of
+// any machine of its app, no token, no record key.
+
+/// An agent writes `approve now` on itself and on a busy neighbour: nothing
+/// is restarted, and `metadata_tampered` names each machine. Then a sealed
+/// approval of m1, copied by the agent onto m2, approves nothing on m2.
+#[tokio::test(start_paused = true)]
+async fn an_approval_an_agent_writes_or_copies_approves_nothing() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![busy_for_an_hour(&w, "m1"), busy_for_an_hour(&w, "m2")],
+    ))
+    .await
+    .unwrap();
+    let forged = serde_json::to_string(&Approval {
+        target: CommitId::parse(&w.tip).expect("a commit id"),
+        mode: ApprovalMode::Now,
+        by: "agent".into(),
+        at: sim.now(),
+    })
+    .unwrap();
+    sim.set_metadata("m1", APPROVE_KEY, &forged);
+    sim.set_metadata("m2", APPROVE_KEY, &forged);
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("manual"), 2, ""), "r1").await;
+    more_sweeps(&d, 5).await;
+    let touched = |id: &str| {
+        sim.requests()
+            .iter()
+            .any(|r| r.machine_id.as_deref() == Some(id) && r.is_mutating())
+    };
+    assert!(!touched("m1") && !touched("m2"), "a forged approval acted");
+    eventually("tampering alerted", Duration::from_secs(10), async || {
+        d.alerted(AlertKind::MetadataTampered, "m1") && d.alerted(AlertKind::MetadataTampered, "m2")
+    })
+    .await;
+    assert!(d.alerted(AlertKind::ManualApprovalRequired, "m1"));
+    // The operator approves m1 (sealed for m1); the agent copies it to m2.
+    sim.set_sealed_metadata("m1", APPROVE_KEY, &forged.replace("agent", "alice"));
+    let copied = sim.machine("m1").unwrap().metadata[APPROVE_KEY].clone();
+    sim.set_metadata("m2", APPROVE_KEY, &copied);
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
+    more_sweeps(&d, 5).await;
+    assert!(restarts(&sim, "m2").is_empty(), "a copied approval acted");
+    assert!(!touched("m2"));
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// An agent forges a `restarting` marker on a neighbour, and rewrites the
+/// phase of a sealed marker on another: neither is acted on (no restart, no
+/// uncordon, no marker rewritten), and both are alerted.
+#[tokio::test(start_paused = true)]
+async fn a_marker_an_agent_forges_or_alters_is_left_alone_and_alerted() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2").loaded(w.old.clone()),
+            SimMachine::new("m3")
+                .metadata("pool", "other")
+                .loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    let now = sim.now();
+    let marker = |id: &str, phase: Phase| Marker {
+        tag: format!("{id}-forged"),
+        target: CommitId::parse(&w.tip).expect("the tip"),
+        phase,
+        mode: RotationMode::Now,
+        action: PolicyAction::Restart,
+        severity: Severity::High,
+        started_at: now,
+        attempt_started_at: now,
+        attempt: 0,
+        owner: "r1".into(),
+        restart_at: (phase == Phase::Restarting).then_some(now),
+        retry_at: None,
+        drain_requested: false,
+        cordoned: Some(true),
+        ending: None,
+        instance_id: None,
+        pool: None,
+        failed: None,
+        approval: None,
+    };
+    let forged = marker("m1", Phase::Restarting).to_value();
+    sim.set_metadata("m1", MARKER_KEY, &forged);
+    sim.set_sealed_metadata("m2", MARKER_KEY, &marker("m2", Phase::Yielded).to_value());
+    let altered = sim.machine("m2").unwrap().metadata[MARKER_KEY].replace("yielded", "restarting");
+    sim.set_metadata("m2", MARKER_KEY, &altered);
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("restart"), 1, ""), "r1").await;
+    // Another pool is still remediated meanwhile.
+    converged(&sim, "m3", &w.tip, Duration::from_secs(15)).await;
+    more_sweeps(&d, 5).await;
+    assert_eq!(
+        restarts(&sim, "m1").len(),
+        0,
+        "a forged marker was acted on"
+    );
+    assert_eq!(
+        restarts(&sim, "m2").len(),
+        0,
+        "an altered marker was acted on"
+    );
+    assert_eq!(sim.machine("m1").unwrap().metadata[MARKER_KEY], forged);
+    assert_eq!(sim.machine("m2").unwrap().metadata[MARKER_KEY], altered);
+    eventually("tampering alerted", Duration::from_secs(10), async || {
+        d.alerted(AlertKind::MetadataTampered, "m1") && d.alerted(AlertKind::MetadataTampered, "m2")
+    })
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// An agent deletes a neighbour's hold: the coordinator's copy still holds
+/// it (no restart), `metadata_tampered` names it, and the operator's release
+/// lets the rotation go on.
+#[tokio::test(start_paused = true)]
+async fn a_hold_an_agent_deletes_still_holds() {
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2")
+                .metadata("pool", "other")
+                .loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    let cfg = config(&sim, &w, "m", &all("restart"), 1, "");
+    let secrets = Secrets {
+        fly_token: TOKEN.into(),
+        git_token: None,
+        record_keys: Some(fleet_reconciler::sim::record_keys()),
+    };
+    let operator = Operator::new(
+        daemon::fly_client(&cfg, &secrets).unwrap(),
+        &cfg,
+        secrets.record_keys.clone(),
+    );
+    operator
+        .hold(&"m1".into(), "oncall", "incident 51", sim.now())
+        .await
+        .unwrap();
+    assert!(sim.delete_metadata("m1", HOLD_KEY), "the agent deletes it");
+    let d = Daemon::start(&sim, cfg, "r1").await;
+    converged(&sim, "m2", &w.tip, Duration::from_secs(15)).await;
+    more_sweeps(&d, 5).await;
+    assert_eq!(
+        restarts(&sim, "m1").len(),
+        0,
+        "a deleted hold was not honoured"
+    );
+    eventually("tampering alerted", Duration::from_secs(10), async || {
+        d.alerted(AlertKind::MetadataTampered, "m1")
+    })
+    .await;
+    operator.release(&"m1".into()).await.unwrap();
+    converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// A fleet upgraded from a version without sealing keeps working: a hold it
+/// wrote (unsigned) still holds, and the coordinator's unsigned slot set
+/// (out of agents' reach) is read, then sealed by the next change.
+#[tokio::test(start_paused = true)]
+async fn records_of_the_previous_version_keep_the_fleet_working() {
+    use fleet_reconciler::metadata::SLOTS_KEY;
+    use fleet_reconciler::metadata::slots::{Slot, SlotSet};
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()),
+            SimMachine::new("m2").loaded(w.old.clone()),
+        ],
+    ))
+    .await
+    .unwrap();
+    // As the previous version wrote them: a hold (no coordinator copy) and
+    // a slot set with a slot its machine no longer needs.
+    let old_hold = r#"{"by":"oncall","reason":"before the upgrade","at":"2026-01-01T00:00:00Z"}"#;
+    sim.set_metadata("m1", HOLD_KEY, old_hold);
+    let mut slots = SlotSet::parse(None).unwrap();
+    slots.try_add(
+        &"app".into(),
+        &"default".into(),
+        Slot {
+            machine_id: "m9".into(),
+            tag: "m9-gone".into(),
+            owner: "old".into(),
+            since: sim.now(),
+        },
+        1,
+    );
+    sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
+    let d = Daemon::start(&sim, config(&sim, &w, "m", &all("restart"), 1, ""), "r1").await;
+    converged(&sim, "m2", &w.tip, Duration::from_secs(20)).await;
+    more_sweeps(&d, 3).await;
+    assert_eq!(
+        restarts(&sim, "m1").len(),
+        0,
+        "an unsigned hold was not honoured"
+    );
+    assert!(
+        sim.sealed_metadata(COORD, SLOTS_KEY).is_some(),
+        "the slot set is sealed by the first change"
+    );
+    assert!(
+        !d.alerted(AlertKind::MetadataTampered, "m1"),
+        "a hold of ours is no tampering"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
 // ---- Fly as it really behaves (#19) -------------------------------------------
 
 /// The sim with one idle machine, m1, one commit behind the tip.
@@ -1318,7 +1568,7 @@ fn approve(sim: &Sim, w: &World, id: &str, mode: ApprovalMode) {
         at: sim.now(),
     };
     // Out of band, as `fly machine update --metadata` or fly-go write it: no lease.
-    sim.set_metadata(id, APPROVE_KEY, &serde_json::to_string(&approval).unwrap());
+    sim.set_sealed_metadata(id, APPROVE_KEY, &serde_json::to_string(&approval).unwrap());
 }
 
 /// #19 defect 1. Before: the executor checked only that an approval named
@@ -1492,12 +1742,12 @@ async fn a_restart_leaves_the_stop_timeout_to_the_apps_kill_timeout() {
 
 /// #19 defect 3, the CLI's side. Before: `hold` wrote without a nonce, so it
 /// could land between two calls of a step in flight. Now it takes the
-/// machine's lease, waiting ours out: it lands after the step's last call,
-/// and carries its own nonce.
+/// machine's lease, waiting ours out, and carries its own nonce; its
+/// coordinator copy, written first, already stops the step before its
+/// restart (#33).
 #[tokio::test(start_paused = true)]
 async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     use fleet_reconciler::act::executor::Outcome;
-    use fleet_reconciler::act::operator::Operator;
     let w = world();
     let sim = one_drifted_machine(&w).await;
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\"");
@@ -1510,18 +1760,27 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     let secrets = Secrets {
         fly_token: TOKEN.into(),
         git_token: None,
+        record_keys: Some(fleet_reconciler::sim::record_keys()),
     };
-    let operator = Operator::new(daemon::fly_client(&cfg, &secrets).unwrap(), &cfg);
+    let operator = Operator::new(
+        daemon::fly_client(&cfg, &secrets).unwrap(),
+        &cfg,
+        secrets.record_keys.clone(),
+    );
     let written = operator
         .hold(&"m1".into(), "oncall", "incident 44", sim.now())
         .await
         .unwrap();
     assert!(written.fenced);
     let done = run.await.unwrap();
+    // The hold's authoritative copy, on the coordinator, is written before
+    // the command waits for the machine's lease; the step reads it before
+    // its restart (#33: an agent could delete the machine's copy), so it
+    // stops there instead of restarting a machine an operator just held.
     assert_eq!(
         done[0].outcome,
-        Outcome::Done,
-        "the step began before the hold"
+        Outcome::Skipped(fleet_reconciler::act::executor::Declined::Held),
+        "the step in flight ignored the hold's coordinator copy"
     );
     let calls: Vec<_> = sim
         .requests()
@@ -1532,11 +1791,10 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
         .iter()
         .position(|r| r.body.contains("incident 44"))
         .expect("the hold was written");
-    let restart_at = calls
-        .iter()
-        .position(|r| r.action.as_deref() == Some("restart"))
-        .expect("the step restarted");
-    assert!(restart_at < hold_at, "the hold landed inside the step");
+    assert!(
+        calls.iter().all(|r| r.action.as_deref() != Some("restart")),
+        "restarted a held machine"
+    );
     assert!(
         calls[hold_at].lease_nonce.is_some(),
         "the hold was written without the lease"
@@ -2254,8 +2512,11 @@ async fn the_restart_grace_counts_from_the_cordon_fly_accepted() {
 fn slots_of(sim: &Sim) -> fleet_reconciler::metadata::slots::SlotSet {
     use fleet_reconciler::metadata::SLOTS_KEY;
     use fleet_reconciler::metadata::slots::SlotSet;
-    let metadata = sim.machine(COORD).unwrap().metadata;
-    SlotSet::parse(metadata.get(SLOTS_KEY).map(String::as_str)).unwrap()
+    // Sealed by the daemon (or, written by the test, as an older version did).
+    let value = sim
+        .sealed_metadata(COORD, SLOTS_KEY)
+        .or_else(|| sim.machine(COORD).unwrap().metadata.get(SLOTS_KEY).cloned());
+    SlotSet::parse(value.as_deref()).unwrap()
 }
 
 /// #32 item 4. Before: past `rotation.release_ceiling` the planner gave up
@@ -2317,7 +2578,7 @@ async fn a_release_past_its_ceiling_gives_up_an_unreachable_agents_undrain_and_f
         1,
     );
     sim.set_metadata(COORD, SLOTS_KEY, &slots.to_value());
-    sim.set_metadata("m1", MARKER_KEY, &releasing.to_value());
+    sim.set_sealed_metadata("m1", MARKER_KEY, &releasing.to_value());
     // Its undrain cannot be delivered.
     for _ in 0..3 {
         sim.fail_next_agent_call("m1", "undrain", 503);
@@ -2462,6 +2723,42 @@ async fn a_rate_limited_restart_puts_the_marker_back() {
         Some(before),
         "the marker says a restart happened"
     );
+    sim.shutdown().await;
+}
+
+/// A step that finds the machine leased by someone else is skipped with
+/// Fly's own 409 message (who holds it, until when), not a bare "leased".
+#[tokio::test(start_paused = true)]
+async fn a_step_skipped_for_a_foreign_lease_keeps_flys_message() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
+        .await
+        .unwrap();
+    let mut hand = Hand::new(
+        &sim,
+        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
+    )
+    .await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
+    sim.acquire_lease_as("m1", "deployer@example.com", Duration::from_secs(3600))
+        .unwrap();
+    let done = hand.run(&claim).await;
+    assert!(
+        matches!(&done[0].outcome, Outcome::Skipped(Declined::Leased { .. })),
+        "{:?}",
+        done[0].outcome
+    );
+    let said = format!(
+        "{:?} / {}",
+        done[0].outcome,
+        match &done[0].outcome {
+            Outcome::Skipped(d) => d.to_string(),
+            other => format!("{other:?}"),
+        }
+    );
+    assert!(said.contains("deployer@example.com"), "{said}");
     sim.shutdown().await;
 }
 

@@ -12,7 +12,7 @@ use axum::routing::post;
 use fleet_reconciler::metadata::{HOLD_KEY, MARKER_KEY};
 use fleet_reconciler::sim::{Behaviour, Sim, SimApp, SimFleet, SimMachine};
 
-use crate::common::{ChildGuard, ConfigToml, OverlayRepo, eventually, free_port};
+use crate::common::{ChildGuard, ConfigToml, OverlayRepo, WithSecrets, eventually, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleet-reconciler");
 const FLY_TOKEN: &str = "fly-secret-token-e2e";
@@ -96,7 +96,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
             .arg("run")
             .arg("--config")
             .arg(&config_path)
-            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .with_secrets(FLY_TOKEN)
             .env("E2E_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("E2E_WEBHOOK_URL", &hook_url)
             .env("E2E_WEBHOOK_SECRET", "hmac-secret-e2e")
@@ -107,12 +107,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
             .unwrap(),
     );
     // Drain stderr continuously so the child never blocks on a full pipe.
-    let mut stderr = child.0.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
+    let log = child.drain_stderr();
 
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
@@ -194,7 +189,7 @@ admin_token_env = "E2E_ADMIN_TOKEN"
             .args(args)
             .arg("--config")
             .arg(&config_path)
-            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .with_secrets(FLY_TOKEN)
             .output()
             .unwrap();
         (
@@ -415,7 +410,7 @@ listen = "127.0.0.1:{port}"
                 .arg("run")
                 .arg("--config")
                 .arg(&config_path)
-                .env("FLY_API_TOKEN", FLY_TOKEN)
+                .with_secrets(FLY_TOKEN)
                 .env("E2E_WEBHOOK_URL", &hook_url)
                 .env("E2E_WEBHOOK_SECRET", "hmac-secret-e2e")
                 .stdout(Stdio::null())
@@ -556,7 +551,7 @@ listen = "127.0.0.1:{port}"
             .arg("run")
             .arg("--config")
             .arg(&config_path)
-            .env("FLY_API_TOKEN", FLY_TOKEN)
+            .with_secrets(FLY_TOKEN)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

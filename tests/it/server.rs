@@ -158,6 +158,7 @@ async fn connect(config: Config) -> Sweeper {
         &Secrets {
             fly_token: FLY_TOKEN.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         },
     ))
     .await
@@ -200,8 +201,12 @@ impl Harness {
         let metrics = Arc::new(Metrics::new(true).unwrap());
         let clock = sim.clock();
         let view = FleetView::new(sweeper.config.sweep.interval.get(), clock.now());
-        let operator = Operator::new(sweeper.fly.clone(), &sweeper.config)
-            .with_lease_patience(Duration::from_secs(2));
+        let operator = Operator::new(
+            sweeper.fly.clone(),
+            &sweeper.config,
+            sweeper.record_keys.clone(),
+        )
+        .with_lease_patience(Duration::from_secs(2));
         let state = ServerState::new(metrics, view)
             .with_clock(clock.clone())
             .with_operator(operator)
@@ -314,8 +319,14 @@ async fn health_readiness_and_fleet_before_and_after_a_sweep() {
     assert_eq!(resp.status(), StatusCode::OK);
     assert!(content_type(&resp).starts_with("application/json"));
     assert!(resp.headers().contains_key("last-modified"));
-    let body = json_of(resp).await;
-    // Exactly the `check --output json` document of that sweep.
+    let mut body = json_of(resp).await;
+    // The view's age, on the daemon's clock: fresh.
+    let view = body.as_object_mut().unwrap();
+    assert_eq!(view.remove("stale"), Some(Value::Bool(false)));
+    assert_eq!(view.remove("age_secs"), Some(0.into()));
+    assert!(view.remove("swept_at").is_some_and(|v| v.is_string()));
+    assert!(!view.contains_key("stale_reason"));
+    // Besides, exactly the `check --output json` document of that sweep.
     let expected: Value =
         serde_json::from_str(&render::to_json(&FleetDocument::of(&report))).unwrap();
     assert_eq!(body, expected);
@@ -393,7 +404,10 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
         failed: None,
         approval: None,
     };
-    assert!(h.sim.set_metadata("a-behind", MARKER_KEY, &ours.to_value()));
+    assert!(
+        h.sim
+            .set_sealed_metadata("a-behind", MARKER_KEY, &ours.to_value())
+    );
     h.sweep().await;
     let since = h.clock.now() - TimeDelta::minutes(42);
     h.state.view().set_extras(BTreeMap::from([(
@@ -444,6 +458,13 @@ async fn machine_detail_has_report_agent_rotation_and_drift_age() {
     let fix = h.overlay.history.release[h.overlay.history.security_fix].to_string();
     assert_eq!(reason["evidence"][0]["commit"], fix.as_str());
     assert_eq!(reason["missing"].as_array().map(Vec::len), Some(20));
+
+    // Its page names the unsealed marker (#33: an agent could have written it).
+    let page = text_of(h.get("/machines/a-crit").await).await;
+    assert!(
+        page.contains("metadata_tampered") && page.contains(MARKER_KEY),
+        "{page}"
+    );
 
     // An unreachable machine has no agent report, and no reason.
     let body = json_of(h.get("/api/v1/machines/a-500").await).await;
@@ -573,7 +594,7 @@ async fn hold_release_and_approve_write_fly_metadata() {
     assert_eq!(resp.status(), StatusCode::OK);
     let body = json_of(resp).await;
     assert_eq!(body["app"], "alpha");
-    let value = h.sim.machine("a-crit").unwrap().metadata[HOLD_KEY].clone();
+    let value = h.sim.sealed_metadata("a-crit", HOLD_KEY).expect("sealed");
     let hold: Hold = serde_json::from_str(&value).unwrap();
     assert_eq!(
         (hold.by.as_str(), hold.reason.as_str()),
@@ -599,7 +620,10 @@ async fn hold_release_and_approve_write_fly_metadata() {
         .post("/api/v1/machines/a-crit/approve", Some(ADMIN), None)
         .await;
     assert_eq!(resp.status(), StatusCode::OK);
-    let value = h.sim.machine("a-crit").unwrap().metadata[APPROVE_KEY].clone();
+    let value = h
+        .sim
+        .sealed_metadata("a-crit", APPROVE_KEY)
+        .expect("sealed");
     let approval = Approval::parse(&value).expect("a valid approval");
     assert_eq!(approval.target, CommitId::parse(&h.overlay.tip()).unwrap());
     assert_eq!(approval.mode, ApprovalMode::WhenIdle);
@@ -630,7 +654,7 @@ async fn hold_release_and_approve_write_fly_metadata() {
         .await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(json_of(resp).await["app"], "beta");
-    let approval = Approval::parse(&h.sim.machine("b1").unwrap().metadata[APPROVE_KEY]).unwrap();
+    let approval = Approval::parse(&h.sim.sealed_metadata("b1", APPROVE_KEY).unwrap()).unwrap();
     assert_eq!(
         (approval.mode, approval.by.as_str()),
         (ApprovalMode::WhenIdle, "bob")
@@ -1068,8 +1092,10 @@ async fn status_client_prints_the_check_table() {
     ))
     .await
     .unwrap();
-    // The document read back is the one the daemon wrote, to the byte.
-    let written = FleetDocument::of(&report);
+    // The document read back is the one the daemon wrote, to the byte
+    // (with how old its view is).
+    assert!(fetched.view.as_ref().is_some_and(|v| !v.stale));
+    let written = FleetDocument::of(&report).with_view(fetched.view.clone());
     assert_eq!(render::to_table(&fetched), render::to_table(&written));
     assert_eq!(render::to_json(&fetched), render::to_json(&written));
     assert_eq!(fetched.is_coherent(), report.is_coherent());
@@ -1168,6 +1194,212 @@ async fn status_client_reads_one_machine_and_its_reason() {
     .await
     .unwrap_err();
     assert_eq!(err.kind(), "unknown_machine", "{err}");
+    h.stop().await;
+}
+
+/// A JSON value with its objects' keys in the order written (a `Value`
+/// sorts them): what the bytes of a document say beyond its values.
+enum Ordered {
+    Scalar(Value),
+    Array(Vec<Ordered>),
+    Object(Vec<(String, Ordered)>),
+}
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Ordered, D::Error> {
+        use serde::de::{MapAccess, SeqAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_unit<E>(self) -> Result<Ordered, E> {
+                Ok(Ordered::Scalar(Value::Null))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Ordered, E> {
+                Ok(Ordered::Scalar(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Ordered, E> {
+                Ok(Ordered::Scalar(v.into()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Ordered, E> {
+                Ok(Ordered::Scalar(v.into()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Ordered, E> {
+                Ok(Ordered::Scalar(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Ordered, E> {
+                Ok(Ordered::Scalar(v.into()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Ordered, A::Error> {
+                let mut items = Vec::new();
+                while let Some(x) = a.next_element()? {
+                    items.push(x);
+                }
+                Ok(Ordered::Array(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Ordered, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(e) = m.next_entry()? {
+                    entries.push(e);
+                }
+                Ok(Ordered::Object(entries))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl serde::Serialize for Ordered {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Ordered::Scalar(v) => v.serialize(s),
+            Ordered::Array(items) => s.collect_seq(items),
+            Ordered::Object(entries) => {
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl Ordered {
+    fn get(&self, key: &str) -> &Ordered {
+        match self {
+            Ordered::Object(entries) => entries
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v)
+                .unwrap_or_else(|| panic!("no {key}")),
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        match self {
+            Ordered::Object(entries) => entries.iter().map(|(k, _)| k.as_str()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn compact(&self) -> String {
+        serde_json::to_string(self).unwrap()
+    }
+}
+
+/// #35: the machine detail on the wire, and as `status MACHINE` shows it,
+/// pinned to the byte where its fields were untyped JSON: the keys in
+/// their order, a control of ours and one not ours (JSON or not) each
+/// written compact with its keys sorted, the agent's report in its own
+/// field order; the client reads back the document as sent and shows each
+/// control as the daemon wrote it.
+#[tokio::test(start_paused = true)]
+async fn machine_detail_bytes_and_status_text_are_pinned() {
+    let h = Harness::start(None).await;
+    let now = h.clock.now();
+    let hold = Hold {
+        by: "alice".into(),
+        reason: "INC-7".into(),
+        at: now,
+    };
+    let approval = Approval {
+        target: CommitId::parse(&h.overlay.tip()).unwrap(),
+        mode: ApprovalMode::Now,
+        by: "bob".into(),
+        at: now,
+    };
+    let hold_text = serde_json::to_string(&hold).unwrap();
+    let approval_text = serde_json::to_string(&approval).unwrap();
+    assert!(h.sim.set_sealed_metadata("a-behind", HOLD_KEY, &hold_text));
+    assert!(
+        h.sim
+            .set_sealed_metadata("a-behind", APPROVE_KEY, &approval_text)
+    );
+    // Not ours: JSON (shown as JSON, keys sorted) and not JSON (a string).
+    assert!(h.sim.set_metadata(
+        "a-crit",
+        MARKER_KEY,
+        r#"{"phase":"draining","b":[1,{"z":2,"a":3}]}"#
+    ));
+    assert!(h.sim.set_metadata("a-crit", HOLD_KEY, "just a note"));
+    assert!(
+        h.sim
+            .set_metadata("a-crit", APPROVE_KEY, r#"{"z":1,"a":"x"}"#)
+    );
+    let report = h.sweep().await;
+
+    let head = [
+        "schema_version",
+        "machine",
+        "agent_report",
+        "hold",
+        "approval",
+        "rotation",
+    ];
+    let tail = [
+        "decision",
+        "history",
+        "drift_since",
+        "tip",
+        "swept_at",
+        "age_secs",
+        "stale",
+    ];
+    let want_keys: Vec<&str> = head.iter().chain(&tail).copied().collect();
+    for id in ["a-behind", "a-crit", "a-500"] {
+        let body = text_of(h.get(&format!("/api/v1/machines/{id}")).await).await;
+        let doc: Ordered = serde_json::from_str(&body).unwrap();
+        // The bytes are the values and their keys' order, pretty-printed.
+        assert_eq!(body, serde_json::to_string_pretty(&doc).unwrap() + "\n");
+        assert_eq!(doc.keys(), want_keys, "{id}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        for key in ["hold", "approval", "rotation"] {
+            // A `Value`'s text: keys sorted.
+            assert_eq!(doc.get(key).compact(), v[key].to_string(), "{id} {key}");
+        }
+        let row = report
+            .machines
+            .iter()
+            .find(|m| m.seen.machine_id == MachineId::from(id))
+            .unwrap();
+        let agent = serde_json::to_string(&row.seen.inputs.report).unwrap();
+        assert_eq!(doc.get("agent_report").compact(), agent, "{id}");
+
+        let (view, json) = within(server::fetch_machine(&h.base, id, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert_eq!(json, v);
+        let text = view.render();
+        for (key, label) in [
+            ("hold", "hold:"),
+            ("approval", "approval:"),
+            ("rotation", "marker:"),
+        ] {
+            let line = format!("\n{label:<10}{}\n", v[key]);
+            assert_eq!(
+                text.contains(&line),
+                !v[key].is_null(),
+                "{id} {line:?} in\n{text}"
+            );
+        }
+    }
+    let crit: Value = json_of(h.get("/api/v1/machines/a-crit").await).await;
+    assert_eq!(crit["hold"], "just a note");
+    let body = text_of(h.get("/api/v1/machines/a-crit").await).await;
+    let doc: Ordered = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc.get("rotation").compact(),
+        r#"{"b":[1,{"a":3,"z":2}],"phase":"draining"}"#
+    );
+    assert_eq!(doc.get("approval").compact(), r#"{"a":"x","z":1}"#);
+    let behind: Value = json_of(h.get("/api/v1/machines/a-behind").await).await;
+    assert_eq!(behind["hold"]["by"], "alice");
+    assert_eq!(behind["approval"]["by"], "bob");
     h.stop().await;
 }
 

@@ -118,6 +118,7 @@ actions = { low = "observe", medium = "observe", high = "observe", critical = "o
         core: Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         },
         ..ServiceSecrets::default()
     };
@@ -299,6 +300,7 @@ format = "json"
             core: Secrets {
                 fly_token: TOKEN.into(),
                 git_token: None,
+                record_keys: Some(fleet_reconciler::sim::record_keys()),
             },
             webhooks: vec![SinkSecrets {
                 url: hook.url.clone().into(),
@@ -321,6 +323,8 @@ format = "json"
                 fleet_reconciler::daemon::SweepOutcome::Failed { .. } => {
                     *counted_failed.lock().unwrap() += 1;
                 }
+                fleet_reconciler::daemon::SweepOutcome::Observed { .. }
+                | fleet_reconciler::daemon::SweepOutcome::Acted { .. } => {}
             },
         ));
         Service {

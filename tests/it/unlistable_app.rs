@@ -118,6 +118,7 @@ format = "json"
         core: Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
         },
         webhooks: vec![SinkSecrets {
             url: hook_url.into(),
@@ -408,10 +409,12 @@ async fn an_operator_hold_reaches_a_machine_past_an_unreadable_app() {
     let secrets = Secrets {
         fly_token: TOKEN.into(),
         git_token: None,
+        record_keys: Some(fleet_reconciler::sim::record_keys()),
     };
     let operator = Operator::new(
         fleet_reconciler::daemon::fly_client(&config, &secrets).unwrap(),
         &config,
+        secrets.record_keys.clone(),
     );
     let written = operator
         .hold(&"b1".into(), "oncall", "investigating", chrono::Utc::now())

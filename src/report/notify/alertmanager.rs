@@ -5,9 +5,12 @@
 //! `generatorURL`), which alerts one Alertmanager has been told are firing
 //! (with their `startsAt`, kept across restarts in the alert state file),
 //! the resolves it is owed, and the delivery loop. Every `update` re-sends
-//! every firing alert (so Alertmanager's `resolve_timeout` never closes a
-//! live one); an alert that cleared is sent once more with `endsAt`, until
-//! Alertmanager has accepted that. It must never block an `update` (it only
+//! every firing alert with `endsAt` its data's time plus
+//! `alerts.stale_after` (so a live one stays open, and one from a replica
+//! that went quiet or stale expires by itself); an alert that cleared is
+//! sent once more with `endsAt` now, until Alertmanager has accepted that.
+//! An alert drawn from a view older than `alerts.stale_after` is neither
+//! re-posted nor resolved: old data never re-asserts it. It must never block an `update` (it only
 //! takes a short lock), never write the URL into a log, an error or the
 //! state file, and never read the clock for alert times (`now` is passed in).
 
@@ -20,6 +23,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::counter::{DeliveryCounter, DeliveryResult};
 use super::group::Grouped;
 use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
@@ -41,8 +45,10 @@ pub(super) struct AmAlert {
     pub annotations: BTreeMap<String, String>,
     #[serde(rename = "startsAt")]
     pub starts_at: DateTime<Utc>,
-    /// Only on a resolve: a firing alert leaves it out, and Alertmanager
-    /// keeps it firing for `resolve_timeout` after each post.
+    /// On a resolve, when it cleared; on a firing alert, until when the
+    /// data it was drawn from may be asserted (its view's time plus
+    /// `alerts.stale_after`, as Prometheus sets it a few intervals ahead):
+    /// an alert of a replica that stops speaking expires by itself.
     #[serde(rename = "endsAt", default, skip_serializing_if = "Option::is_none")]
     pub ends_at: Option<DateTime<Utc>>,
     #[serde(
@@ -80,6 +86,10 @@ pub(super) struct SavedAm {
 #[derive(Default)]
 struct AmState {
     firing: BTreeMap<DedupKey, AmAlert>,
+    /// Firing alerts of data too old to speak from: neither re-posted nor
+    /// resolved (their last `endsAt` ends them in Alertmanager); kept for
+    /// their `startsAt` should the data come back.
+    quiet: std::collections::BTreeSet<DedupKey>,
     resolving: BTreeMap<String, AmAlert>,
     /// A post is due (set by every `update` that has anything to say).
     due: bool,
@@ -112,6 +122,8 @@ pub(super) struct AmSink {
     endpoint: SecretString,
     state: Mutex<AmState>,
     pub wake: tokio::sync::Notify,
+    /// Counts each post, where it is made.
+    counter: DeliveryCounter,
 }
 
 /// The labels of an incident: its identity only (never message text), so
@@ -169,6 +181,7 @@ impl AmSink {
         index: usize,
         config: &AlertmanagerConfig,
         url: &str,
+        counter: DeliveryCounter,
     ) -> Result<AmSink, &'static str> {
         let mut parsed = url::Url::parse(url.trim()).map_err(|_| "is not a valid URL")?;
         if !matches!(parsed.scheme(), "http" | "https") {
@@ -203,22 +216,43 @@ impl AmSink {
             endpoint: parsed.to_string().into(),
             state: Mutex::new(AmState::default()),
             wake: tokio::sync::Notify::new(),
+            counter,
         })
     }
 
     /// Takes the incidents holding at `now`: keeps `startsAt` of those
     /// already firing, owes a resolve for those gone, and makes a post due.
-    pub fn update(&self, current: &BTreeMap<DedupKey, Grouped>, now: DateTime<Utc>) {
+    /// Incidents `stale` says are drawn from too old a view, and those whose
+    /// `until` (each alert's `endsAt`) is not ahead of `now`, are left alone
+    /// (not posted, not resolved).
+    pub fn update(
+        &self,
+        current: &BTreeMap<DedupKey, Grouped>,
+        stale: &dyn Fn(&crate::events::Alert) -> bool,
+        until: &dyn Fn(&DedupKey, &crate::events::Alert) -> Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) {
         let mut st = lock(&self.state);
         let st = &mut *st;
+        st.quiet.clear();
         let wanted: BTreeMap<&DedupKey, &Grouped> = current
             .iter()
             .filter(|(_, g)| g.alert.severity >= self.min_severity)
+            .filter(|(key, g)| {
+                // An `endsAt` not ahead of now would end the alert: to
+                // Alertmanager the youngest post wins, so from this replica
+                // it would resolve what a fresher one still asserts.
+                let quiet = stale(&g.alert) || until(key, &g.alert).is_none_or(|u| u <= now);
+                if quiet {
+                    st.quiet.insert((*key).clone());
+                }
+                !quiet
+            })
             .collect();
         let gone: Vec<DedupKey> = st
             .firing
             .keys()
-            .filter(|k| !wanted.contains_key(k))
+            .filter(|k| !wanted.contains_key(k) && !st.quiet.contains(*k))
             .cloned()
             .collect();
         for key in gone {
@@ -253,13 +287,13 @@ impl AmSink {
                 labels,
                 annotations,
                 starts_at,
-                ends_at: None,
+                ends_at: until(key, &g.alert),
             };
             // Firing again before its resolve went out: the resolve is moot.
             st.resolving.remove(&alert.fingerprint());
             st.firing.insert(key.clone(), alert);
         }
-        st.due = !st.firing.is_empty() || !st.resolving.is_empty();
+        st.due = st.firing.keys().any(|k| !st.quiet.contains(k)) || !st.resolving.is_empty();
         if st.due {
             self.wake.notify_one();
         }
@@ -330,7 +364,9 @@ impl AmSink {
             }
             st.due = false;
             st.firing
-                .values()
+                .iter()
+                .filter(|(key, _)| !st.quiet.contains(*key))
+                .map(|(_, a)| a)
                 .chain(st.resolving.values())
                 .cloned()
                 .collect()
@@ -349,8 +385,9 @@ impl AmSink {
         match error {
             None => {
                 st.delivered += 1;
+                self.counter.sink("alertmanager", DeliveryResult::Delivered);
                 // Resolves that went out (and did not change since) are done.
-                for a in batch.iter().filter(|a| a.ends_at.is_some()) {
+                for a in &batch {
                     if st.resolving.get(&a.fingerprint()) == Some(a) {
                         st.resolving.remove(&a.fingerprint());
                     }
@@ -369,6 +406,7 @@ impl AmSink {
             }
             Some(error) => {
                 st.failed_attempts += 1;
+                self.counter.sink("alertmanager", DeliveryResult::Failed);
                 st.due = true;
                 if !std::mem::replace(&mut st.failing, true) {
                     tracing::warn!(

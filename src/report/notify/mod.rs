@@ -10,7 +10,14 @@
 //!
 //! Owns, per configured webhook, which alerts that sink has been told about,
 //! the queue of notifications not yet delivered, the dead letters, and the
-//! HTTP delivery with retries. The sweep hands it the *full* set of
+//! HTTP delivery with retries: one path for every kind of webhook sink. What
+//! differs between kinds (its id, the secret it needs, which action events
+//! it sends, its request) is a `sink::SinkKind`, one file each (`json`,
+//! `slack`, `pagerduty`); a new kind is its file plus an arm in
+//! `sink::kind`. Each delivery event is counted where it happens
+//! ([`DeliveryCounter`]). Which alerts hold is decided before it is
+//! called (`decide::alerts`); it decides only what each sink is told of
+//! them. The sweep hands it the *full* set of
 //! conditions that hold now (`update`, level-triggered, never blocking); a
 //! background task (`run`) delivers and writes the state file. It must never
 //! block or fail a sweep, never follow a redirect, never send to a plain
@@ -34,9 +41,18 @@
 //! | key known, its machines changed (not while one of its notifications is queued) | one update (a trigger, `update: true`) |
 //! | key known to the sink, absent now | resolve, at once |
 //!
+//! Before the sinks see them, the incidents pass two rules that keep
+//! replicas speaking with one voice (`voice`): a drift or approval incident
+//! that emptied stays in them, unchanged, until it has been empty for
+//! `alerts.resolve_after` (the hold-down; so "absent now" above means
+//! "empty that long"), and an incident drawn from a view of its app older
+//! than `alerts.stale_after` (`Seen`, passed to `update_seen`) is *frozen*:
+//! no trigger, update, repeat or resolve, to any sink (`sweep_failing`,
+//! `app_unlistable`, `tip_stale` and `alert_sink_failing` are never frozen).
+//!
 //! A severity that falls is remembered silently; repeats are sent only while
 //! the severity is ≥ `min_severity`. `ActionEvent`s go once to json and slack
-//! sinks; a pagerduty sink gets only `action_failed` (as a trigger keyed by
+//! sinks; a pagerduty sink (its `SinkKind::on_event`) gets only `action_failed` (as a trigger keyed by
 //! app, machine and target commit), resolved by a later `action_succeeded` of
 //! the same rotation — never `action_started` or successes as pages.
 //!
@@ -74,15 +90,20 @@
 //! was down are resolved by the first `update`. `update` stays
 //! level-triggered: whoever calls it must pass the alerts that hold, also
 //! right after a restart when the planner's clocks start over;
-//! `restored_alerts` says what held before (see `RestoredMachineAlerts` and
-//! `FleetAlertTracker::restore`).
+//! `restored_alerts` says what held before (see `decide::alerts::AlertMemory`).
 
 mod alertmanager;
-mod fleet;
+mod counter;
 mod format;
 mod group;
+mod heartbeat;
+mod json;
 mod links;
+mod pagerduty;
+mod sink;
+mod slack;
 mod store;
+mod voice;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -98,28 +119,28 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig, WebhookFormat};
+use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig};
 use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
 use links::Links;
+use sink::{OnEvent, SinkKind};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
-pub use fleet::{
-    APP_UNLISTABLE_SEVERITY, COHERENCE_SEVERITY, Coherence, CoherenceSample, FleetAlertInput,
-    FleetAlertRules, FleetAlertTracker, RestoredMachineAlerts, SWEEP_FAILING_SEVERITY,
-    TIP_STALE_SEVERITY,
-};
-pub use format::{
-    JSON_SCHEMA_VERSION, PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, SIGNATURE_HEADER,
-    SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, format_name, pagerduty_dedup_key, pagerduty_severity,
-    sign,
-};
+pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
+pub use heartbeat::{Heartbeats, PingResult, heartbeat_urls_from_env};
+pub use json::{JSON_SCHEMA_VERSION, SIGNATURE_HEADER, SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, sign};
 pub use links::{MACHINE_URL, RUNBOOK_URL, SEVERITY_RULE, STATUS_URL, TIP, runbook_anchor};
+pub use pagerduty::{
+    PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, pagerduty_dedup_key, pagerduty_severity,
+};
+pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
+pub use voice::Seen;
+use voice::{Freshness, HoldDown};
 
 /// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
 /// `min_severity = "high"` to hear that Slack is gone, and the reverse.
@@ -179,6 +200,16 @@ pub enum NotifyError {
     },
     #[error("{got} Alertmanager URLs for {expected} configured [[alerts.alertmanager]]")]
     AlertmanagerMismatch { expected: usize, got: usize },
+    #[error(
+        "alerts.heartbeat[{index}]: environment variable {var} (heartbeat ping URL) is not set or empty"
+    )]
+    HeartbeatMissingEnv { index: usize, var: String },
+    #[error("alerts.heartbeat[{index}]: the URL in {url_env} {problem}")]
+    HeartbeatInvalidUrl {
+        index: usize,
+        url_env: String,
+        problem: &'static str,
+    },
 }
 
 /// Which [`NotifyError`] this is, without its data; its snake-case name is
@@ -197,16 +228,16 @@ pub enum NotifyErrorKind {
 impl NotifyError {
     pub fn error_kind(&self) -> NotifyErrorKind {
         match self {
-            NotifyError::MissingEnv { .. } | NotifyError::AlertmanagerMissingEnv { .. } => {
-                NotifyErrorKind::MissingEnv
-            }
+            NotifyError::MissingEnv { .. }
+            | NotifyError::AlertmanagerMissingEnv { .. }
+            | NotifyError::HeartbeatMissingEnv { .. } => NotifyErrorKind::MissingEnv,
             NotifyError::SecretsMismatch { .. } | NotifyError::AlertmanagerMismatch { .. } => {
                 NotifyErrorKind::SecretsMismatch
             }
             NotifyError::MissingSecret { .. } => NotifyErrorKind::MissingSecret,
-            NotifyError::InvalidUrl { .. } | NotifyError::AlertmanagerInvalidUrl { .. } => {
-                NotifyErrorKind::InvalidUrl
-            }
+            NotifyError::InvalidUrl { .. }
+            | NotifyError::AlertmanagerInvalidUrl { .. }
+            | NotifyError::HeartbeatInvalidUrl { .. } => NotifyErrorKind::InvalidUrl,
             NotifyError::Client(_) => NotifyErrorKind::Client,
         }
     }
@@ -225,14 +256,11 @@ pub fn sink_secrets_from_env(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<Vec<SinkSecrets>, NotifyError> {
     let read = |index: usize, var: &str, what: &'static str| {
-        lookup(var)
-            .filter(|v| !v.trim().is_empty())
-            .map(SecretString::from)
-            .ok_or_else(|| NotifyError::MissingEnv {
-                index,
-                var: var.to_owned(),
-                what,
-            })
+        crate::config::env_secret(&lookup, var).ok_or_else(|| NotifyError::MissingEnv {
+            index,
+            var: var.to_owned(),
+            what,
+        })
     };
     config
         .webhooks
@@ -267,13 +295,12 @@ pub fn alertmanager_urls_from_env(
         .iter()
         .enumerate()
         .map(|(index, am)| {
-            lookup(&am.url_env)
-                .filter(|v| !v.trim().is_empty())
-                .map(SecretString::from)
-                .ok_or_else(|| NotifyError::AlertmanagerMissingEnv {
+            crate::config::env_secret(&lookup, &am.url_env).ok_or_else(|| {
+                NotifyError::AlertmanagerMissingEnv {
                     index,
                     var: am.url_env.clone(),
-                })
+                }
+            })
         })
         .collect()
 }
@@ -305,6 +332,8 @@ pub struct NotifierOptions {
     pub clock: SharedClock,
     /// `server.public_url`: payloads link the status and machine pages under it.
     pub public_url: Option<PublicUrl>,
+    /// Counts each delivery event where it happens (the metrics' hook).
+    pub counter: DeliveryCounter,
 }
 
 impl Default for NotifierOptions {
@@ -321,6 +350,7 @@ impl Default for NotifierOptions {
             save_interval: Duration::from_secs(1),
             clock: crate::clock::system(),
             public_url: None,
+            counter: DeliveryCounter::default(),
         }
     }
 }
@@ -513,11 +543,16 @@ struct Shared {
     links: Links,
     store: Option<Store>,
     running: AtomicBool,
+    /// `alerts.resolve_after`: incidents held open while briefly empty.
+    hold: Mutex<HoldDown>,
+    /// `alerts.stale_after`: no word about an app this replica saw too long ago.
+    freshness: Freshness,
 }
 
 struct Sink {
     index: usize,
-    format: WebhookFormat,
+    /// What it sends and how (one file per kind).
+    kind: &'static dyn SinkKind,
     /// The name of the URL's variable: with the format, the sink's identity
     /// in the state file (the URL itself is a secret).
     url_env: String,
@@ -527,6 +562,8 @@ struct Sink {
     secrets: SinkSecrets,
     state: Mutex<SinkState>,
     wake: tokio::sync::Notify,
+    /// Counts what happens to its notifications, where it happens.
+    counter: DeliveryCounter,
 }
 
 #[derive(Default)]
@@ -567,12 +604,7 @@ struct Tracked {
 
 impl fmt::Debug for Notifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sinks: Vec<&str> = self
-            .shared
-            .sinks
-            .iter()
-            .map(|s| format_name(s.format))
-            .collect();
+        let sinks: Vec<&str> = self.shared.sinks.iter().map(|s| s.kind.id()).collect();
         f.debug_struct("Notifier")
             .field("sinks", &sinks)
             .field("options", &self.shared.options)
@@ -631,6 +663,18 @@ impl Notifier {
         alertmanagers: Vec<SecretString>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
+        Notifier::with_kinds(config, sinks, alertmanagers, options, sink::kind)
+    }
+
+    /// As `with_sinks`, with `kind_of` saying which kind of sink each
+    /// webhook's format is (a test adds its own kind this way).
+    fn with_kinds(
+        config: &AlertsConfig,
+        sinks: Vec<SinkSecrets>,
+        alertmanagers: Vec<SecretString>,
+        options: NotifierOptions,
+        kind_of: fn(crate::config::WebhookFormat) -> &'static dyn SinkKind,
+    ) -> Result<Notifier, NotifyError> {
         let (expected, got) = (config.alertmanagers.len(), alertmanagers.len());
         if got != expected {
             return Err(NotifyError::AlertmanagerMismatch { expected, got });
@@ -645,13 +689,13 @@ impl Notifier {
             .zip(alertmanagers)
             .enumerate()
             .map(|(index, (am, url))| {
-                AmSink::new(index, am, url.expose_secret()).map_err(|problem| {
-                    NotifyError::AlertmanagerInvalidUrl {
+                AmSink::new(index, am, url.expose_secret(), options.counter.clone()).map_err(
+                    |problem| NotifyError::AlertmanagerInvalidUrl {
                         index,
                         url_env: am.url_env.clone(),
                         problem,
-                    }
-                })
+                    },
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let sinks = config
@@ -659,7 +703,10 @@ impl Notifier {
             .iter()
             .zip(sinks)
             .enumerate()
-            .map(|(index, (hook, secrets))| Sink::new(index, hook, secrets))
+            .map(|(index, (hook, secrets))| {
+                let kind = kind_of(hook.format);
+                Sink::new(index, hook, kind, secrets, options.counter.clone())
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let http = crate::http::client_builder()
             // A redirect could carry a signed body or routing key elsewhere,
@@ -699,6 +746,10 @@ impl Notifier {
                 links,
                 store,
                 running: AtomicBool::new(false),
+                hold: Mutex::new(HoldDown::new(config.resolve_after)),
+                freshness: Freshness {
+                    stale_after: config.stale_after,
+                },
             }),
         })
     }
@@ -714,6 +765,22 @@ impl Notifier {
     /// this sweep, and queues what each sink must be told. Never waits on the
     /// network or the disk: it only takes short, uncontended locks and wakes `run`.
     pub fn update(&self, firing: &[Alert], events: &[ActionEvent], now: DateTime<Utc>) {
+        self.update_seen(firing, events, now, &Seen::fresh(now));
+    }
+
+    /// As `update`, with `seen` saying how old this replica's view of each
+    /// app is: incidents of an app seen longer than `alerts.stale_after`
+    /// ago are neither triggered, updated, repeated nor resolved (its own
+    /// `sweep_failing`, `app_unlistable` and `tip_stale` always speak); and
+    /// a drift or approval incident resolves only once it has been empty for
+    /// `alerts.resolve_after` (sooner when the release tip moved on).
+    pub fn update_seen(
+        &self,
+        firing: &[Alert],
+        events: &[ActionEvent],
+        now: DateTime<Utc>,
+        seen: &Seen,
+    ) {
         // One alert per key; if the planner sent a key twice, the more severe wins.
         let mut raw: BTreeMap<DedupKey, &Alert> = BTreeMap::new();
         for alert in firing {
@@ -732,20 +799,37 @@ impl Notifier {
         // Logs (and the state file's `alerts`) stay per machine: a restart
         // carries machine alerts, which group again into the same incidents.
         self.log_transitions(&raw);
-        let current = self.incidents(raw.values().copied());
+        let mut current = self.incidents(raw.values().copied());
+        let held = {
+            let mut hold = lock(&self.shared.hold);
+            let told = if hold.wants_told() {
+                self.told()
+            } else {
+                Vec::new()
+            };
+            hold.apply(&mut current, told, seen, now)
+        };
+        let fresh = self.shared.freshness;
+        let stale = |a: &Alert| fresh.stale(a, seen, now);
         let capacity = self.shared.options.queue_capacity;
         let links = &self.shared.links;
         for sink in &self.shared.sinks {
             let queued = {
                 let mut state = lock(&sink.state);
-                sink.plan(&mut state, &current, events, links, now, capacity)
+                let frozen = sink.frozen(&state, &current, &stale);
+                sink.plan(&mut state, &current, &frozen, events, links, now, capacity)
             };
             if queued > 0 {
                 sink.wake.notify_one();
             }
         }
+        // A held incident is asserted from its last sighting, not refreshed.
+        let until = |key: &DedupKey, a: &Alert| match held.get(key) {
+            Some(t) => Some(*t),
+            None => fresh.valid_until(a, seen, now),
+        };
         for am in &self.shared.alertmanagers {
-            am.update(&current, now);
+            am.update(&current, &stale, &until, now);
         }
         self.shared.touch();
     }
@@ -773,6 +857,24 @@ impl Notifier {
         groups
     }
 
+    /// The incidents some sink was told of and has not been told are over
+    /// (the hold-down starts their clock at the first update that lacks them).
+    fn told(&self) -> Vec<Grouped> {
+        let mut told = Vec::new();
+        for sink in &self.shared.sinks {
+            let st = lock(&sink.state);
+            told.extend(st.firing.iter().map(|(key, t)| Grouped {
+                key: key.clone(),
+                alert: t.alert.clone(),
+                members: t.members.clone(),
+            }));
+        }
+        // An Alertmanager's are the same incidents; what it alone was told
+        // comes back through the restored alerts.
+        told.extend(self.incidents(self.shared.restored.iter()).into_values());
+        told
+    }
+
     /// `alert_sink_failing`, while any sink is failing.
     fn sink_failing(&self) -> Option<Alert> {
         let mut lines = Vec::new();
@@ -785,13 +887,13 @@ impl Notifier {
             names.push(format!(
                 "{}:{}:{}",
                 sink.index,
-                format_name(sink.format),
+                sink.kind.id(),
                 sink.url_env
             ));
             lines.push(format!(
                 "webhook {} ({}, URL in {}) has failed since {}: {}; {} notification(s) dead-lettered",
                 sink.index,
-                format_name(sink.format),
+                sink.kind.id(),
                 sink.url_env,
                 rfc3339(f.since),
                 f.reason,
@@ -891,7 +993,7 @@ impl Notifier {
                 let state = lock(&sink.state);
                 SinkStats {
                     index: sink.index,
-                    format: format_name(sink.format),
+                    format: sink.kind.id(),
                     queued: state.queue.len(),
                     delivered: state.delivered,
                     failed_attempts: state.failed_attempts,
@@ -940,7 +1042,7 @@ fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
     for sink in sinks {
         let slot = saved.iter_mut().find(|s| {
             s.as_ref()
-                .is_some_and(|s| s.format == format_name(sink.format) && s.url_env == sink.url_env)
+                .is_some_and(|s| s.format == sink.kind.id() && s.url_env == sink.url_env)
         });
         let Some(s) = slot.and_then(Option::take) else {
             continue;
@@ -1003,7 +1105,13 @@ fn restore_alertmanagers(ams: &[AmSink], saved: Vec<alertmanager::SavedAm>) {
 }
 
 impl Sink {
-    fn new(index: usize, hook: &WebhookConfig, secrets: SinkSecrets) -> Result<Sink, NotifyError> {
+    fn new(
+        index: usize,
+        hook: &WebhookConfig,
+        kind: &'static dyn SinkKind,
+        secrets: SinkSecrets,
+        counter: DeliveryCounter,
+    ) -> Result<Sink, NotifyError> {
         check_url(secrets.url.expose_secret()).map_err(|problem| NotifyError::InvalidUrl {
             index,
             url_env: hook.url_env.clone(),
@@ -1011,13 +1119,11 @@ impl Sink {
         })?;
         let missing = |what| NotifyError::MissingSecret {
             index,
-            format: format_name(hook.format),
+            format: kind.id(),
             what,
         };
-        if hook.format == WebhookFormat::Pagerduty
-            && exposed(&secrets.routing_key).is_none_or(str::is_empty)
-        {
-            return Err(missing("routing key"));
+        if let Some(what) = kind.missing_secret(hook, &secrets) {
+            return Err(missing(what));
         }
         // Unsigned bodies to a receiver configured to verify them would all be rejected.
         if hook.secret_env.is_some() && exposed(&secrets.hmac_secret).is_none_or(str::is_empty) {
@@ -1025,32 +1131,31 @@ impl Sink {
         }
         Ok(Sink {
             index,
-            format: hook.format,
+            kind,
             url_env: hook.url_env.clone(),
             min_severity: hook.min_severity,
             repeat_interval: hook.repeat_interval,
             secrets,
             state: Mutex::new(SinkState::default()),
             wake: tokio::sync::Notify::new(),
+            counter,
         })
     }
 
     /// Turns the alerts holding now and this sweep's events into this sink's
     /// notifications; returns how many were queued.
+    #[allow(clippy::too_many_arguments)]
     fn plan(
         &self,
         st: &mut SinkState,
         current: &BTreeMap<DedupKey, Grouped>,
+        frozen: &BTreeSet<DedupKey>,
         events: &[ActionEvent],
         links: &Links,
         now: DateTime<Utc>,
         capacity: usize,
     ) -> usize {
         let refused_before = st.dropped;
-        // A failing sink is not told about sinks failing (it would only
-        // dead-letter that too), nor that they recovered.
-        let frozen = st.failing.is_some().then(sink_failing_key);
-        let frozen = frozen.as_ref();
         // Resolves first: after a release, the old target's alerts clear
         // before the new target's fire.
         let mut queued = self.plan_resolves(st, current, frozen, now, capacity);
@@ -1062,13 +1167,41 @@ impl Sink {
         queued
     }
 
+    /// The keys this sink is told nothing about now: every incident of
+    /// data too old to speak from (`stale`), tracked or new; and while the
+    /// sink is failing, sinks failing (it would only dead-letter that too,
+    /// or that they recovered).
+    fn frozen(
+        &self,
+        st: &SinkState,
+        current: &BTreeMap<DedupKey, Grouped>,
+        stale: &dyn Fn(&Alert) -> bool,
+    ) -> BTreeSet<DedupKey> {
+        let mut frozen: BTreeSet<DedupKey> = st
+            .firing
+            .iter()
+            .filter(|(k, t)| stale(current.get(*k).map_or(&t.alert, |g| &g.alert)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        frozen.extend(
+            current
+                .iter()
+                .filter(|(_, g)| stale(&g.alert))
+                .map(|(k, _)| k.clone()),
+        );
+        if st.failing.is_some() {
+            frozen.insert(sink_failing_key());
+        }
+        frozen
+    }
+
     /// Resolves the tracked alerts that no longer hold (but the `frozen`
-    /// one); returns how many were queued.
+    /// ones); returns how many were queued.
     fn plan_resolves(
         &self,
         st: &mut SinkState,
         current: &BTreeMap<DedupKey, Grouped>,
-        frozen: Option<&DedupKey>,
+        frozen: &BTreeSet<DedupKey>,
         now: DateTime<Utc>,
         capacity: usize,
     ) -> usize {
@@ -1076,7 +1209,7 @@ impl Sink {
         let cleared: Vec<DedupKey> = st
             .firing
             .keys()
-            .filter(|k| !current.contains_key(*k) && Some(*k) != frozen)
+            .filter(|k| !current.contains_key(*k) && !frozen.contains(*k))
             .cloned()
             .collect();
         for key in cleared {
@@ -1096,7 +1229,7 @@ impl Sink {
         &self,
         st: &mut SinkState,
         current: &BTreeMap<DedupKey, Grouped>,
-        frozen: Option<&DedupKey>,
+        frozen: &BTreeSet<DedupKey>,
         now: DateTime<Utc>,
         capacity: usize,
     ) -> usize {
@@ -1104,7 +1237,7 @@ impl Sink {
         let repeat = chrono::Duration::from_std(self.repeat_interval).ok();
         for (key, g) in current {
             let alert = &g.alert;
-            if Some(key) == frozen {
+            if frozen.contains(key) {
                 continue;
             }
             match st.firing.get_mut(key) {
@@ -1180,8 +1313,8 @@ impl Sink {
         usize::from(sent)
     }
 
-    /// This sweep's action events: every wanted one to a chat sink; to
-    /// PagerDuty only what pages; returns how many were queued.
+    /// This sweep's action events, as the sink's kind wants them
+    /// ([`SinkKind::on_event`]); returns how many were queued.
     fn plan_events(
         &self,
         st: &mut SinkState,
@@ -1192,24 +1325,20 @@ impl Sink {
         let mut queued = 0;
         for e in events {
             let wanted = e.severity >= self.min_severity;
-            if self.format != WebhookFormat::Pagerduty {
-                if wanted {
+            let failure_key = event_key(EventKind::ActionFailed, e);
+            let failure_open = st.open_failures.contains(&failure_key);
+            match self.kind.on_event(e.kind, wanted, failure_open) {
+                OnEvent::Skip => {}
+                OnEvent::Send => {
                     queued += usize::from(self.push(st, Notification::event(e, links), capacity));
                 }
-                continue;
-            }
-            // PagerDuty pages: only failures, resolved by the rotation's success
-            // (whatever its severity: the resolve follows the trigger), and
-            // calls that may have gone unfenced.
-            let failure_key = event_key(EventKind::ActionFailed, e);
-            match e.kind {
-                EventKind::ActionFailed if wanted => {
+                OnEvent::OpenFailure => {
                     if self.push(st, Notification::event(e, links), capacity) {
                         st.open_failures.insert(failure_key);
                         queued += 1;
                     }
                 }
-                EventKind::ActionSucceeded if st.open_failures.contains(&failure_key) => {
+                OnEvent::ResolveFailure => {
                     let n = Notification {
                         status: Status::Resolved,
                         dedup_key: failure_key.clone(),
@@ -1220,14 +1349,6 @@ impl Sink {
                         queued += 1;
                     }
                 }
-                // Nothing of ours resolves it: a human looks, then resolves.
-                EventKind::ActionUnfenced if wanted => {
-                    queued += usize::from(self.push(st, Notification::event(e, links), capacity));
-                }
-                EventKind::ActionFailed
-                | EventKind::ActionSucceeded
-                | EventKind::ActionStarted
-                | EventKind::ActionUnfenced => {}
             }
         }
         queued
@@ -1237,11 +1358,12 @@ impl Sink {
     fn push(&self, st: &mut SinkState, n: Notification, capacity: usize) -> bool {
         if st.queue.len() >= capacity {
             st.dropped += 1;
+            self.counter.sink(self.kind.id(), DeliveryResult::Dropped);
             let episode = st.overflow.get_or_insert(0);
             *episode += 1;
             if *episode == 1 {
                 tracing::error!(
-                    sink_format = format_name(self.format),
+                    sink_format = self.kind.id(),
                     sink_index = self.index,
                     capacity,
                     event = n.event.as_str(),
@@ -1259,7 +1381,7 @@ impl Sink {
     fn end_overflow(&self, st: &mut SinkState) {
         if let Some(refused) = st.overflow.take() {
             tracing::warn!(
-                sink_format = format_name(self.format),
+                sink_format = self.kind.id(),
                 sink_index = self.index,
                 refused,
                 "webhook queue has room again"
@@ -1292,6 +1414,7 @@ impl Sink {
         let mut st = lock(&self.state);
         Sink::pop(&mut st, n);
         st.delivered += 1;
+        self.counter.sink(self.kind.id(), DeliveryResult::Delivered);
         st.consecutive_failures = 0;
         if st.failing.is_some() {
             self.recover(&mut st);
@@ -1311,6 +1434,7 @@ impl Sink {
     ) -> bool {
         let mut st = lock(&self.state);
         st.failed_attempts += 1;
+        self.counter.sink(self.kind.id(), DeliveryResult::Failed);
         st.consecutive_failures = st.consecutive_failures.saturating_add(1);
         let dead =
             permanent || st.failing.is_some() || (limit > 0 && st.consecutive_failures >= limit);
@@ -1322,7 +1446,7 @@ impl Sink {
         }
         if st.failing.is_none() {
             tracing::error!(
-                sink_format = format_name(self.format),
+                sink_format = self.kind.id(),
                 sink_index = self.index,
                 url_env = %self.url_env,
                 error,
@@ -1348,7 +1472,7 @@ impl Sink {
             machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
             commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
             severity = %n.severity,
-            sink_format = format_name(self.format),
+            sink_format = self.kind.id(),
             sink_index = self.index,
             error,
             "webhook notification dead-lettered"
@@ -1362,6 +1486,8 @@ impl Sink {
             st.dead_letters.pop_front();
         }
         st.dead_lettered += 1;
+        self.counter
+            .sink(self.kind.id(), DeliveryResult::DeadLettered);
         true
     }
 
@@ -1391,7 +1517,7 @@ impl Sink {
         let before = st.firing.len();
         st.firing.retain(|_, t| !t.dead_lettered);
         tracing::warn!(
-            sink_format = format_name(self.format),
+            sink_format = self.kind.id(),
             sink_index = self.index,
             failing_since = %failing.map(|f| rfc3339(f.since)).unwrap_or_default(),
             dead_letters = st.dead_letters.len(),
@@ -1405,7 +1531,7 @@ impl Sink {
     fn saved(&self) -> SavedSink {
         let st = lock(&self.state);
         SavedSink {
-            format: format_name(self.format).to_owned(),
+            format: self.kind.id().to_owned(),
             url_env: self.url_env.clone(),
             firing: st
                 .firing
@@ -1514,6 +1640,7 @@ impl Shared {
             Err(e) => {
                 store.dirty.store(true, Ordering::SeqCst);
                 store.write_failures.fetch_add(1, Ordering::Relaxed);
+                self.options.counter.count(DeliveryEvent::StateWriteFailed);
                 if !store.failing.swap(true, Ordering::SeqCst) {
                     tracing::error!(
                         path = %store.path.display(),
@@ -1611,7 +1738,7 @@ impl Shared {
                 "lost (no alert state file)"
             };
             tracing::warn!(
-                sink_format = format_name(sink.format),
+                sink_format = sink.kind.id(),
                 sink_index = sink.index,
                 undelivered = left,
                 "webhook notifications left undelivered at shutdown: {kept}"
@@ -1629,7 +1756,7 @@ impl Shared {
             machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
             commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
             severity = %n.severity,
-            sink_format = format_name(sink.format),
+            sink_format = sink.kind.id(),
             sink_index = sink.index,
             error = %error,
             queued,
@@ -1647,22 +1774,16 @@ impl Shared {
         shutdown: &CancellationToken,
         deadline: &mut Option<Instant>,
     ) -> Outcome {
-        let rendered = format::render(
-            sink.format,
-            n,
-            exposed(&sink.secrets.routing_key),
-            exposed(&sink.secrets.hmac_secret),
-            self.options.clock.now().timestamp(),
-        );
+        let rendered = sink
+            .kind
+            .render(n, &sink.secrets, self.options.clock.now().timestamp());
         let mut request = self
             .http
             .post(sink.secrets.url.expose_secret())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(rendered.body);
-        if let Some((timestamp, signature)) = rendered.signature {
-            request = request
-                .header(TIMESTAMP_HEADER, timestamp)
-                .header(SIGNATURE_HEADER, signature);
+        for (name, value) in rendered.headers {
+            request = request.header(name, value);
         }
         let send = request.send();
         tokio::pin!(send);
@@ -1697,7 +1818,7 @@ impl Shared {
                 machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
                 commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
                 severity = %n.severity,
-                sink_format = format_name(sink.format),
+                sink_format = sink.kind.id(),
                 sink_index = sink.index,
                 http_status = code,
                 "webhook delivered"
@@ -1722,6 +1843,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+    use crate::config::WebhookFormat;
     use crate::events::EventRotation;
     use crate::model::{CommitId, PolicyAction};
 
@@ -1748,8 +1870,9 @@ mod tests {
         let n = hooks.len();
         let config = AlertsConfig {
             webhooks: hooks,
-            // Per machine: these tests are about the per-sink state machine.
+            // Per machine, no hold-down: these tests are about the per-sink state machine.
             group_by: vec![GroupField::Machine],
+            resolve_after: Duration::ZERO,
             ..AlertsConfig::default()
         };
         let options = NotifierOptions {
@@ -1819,6 +1942,80 @@ mod tests {
         n.shared.sinks[0].delivered(&head);
         n.update(&[alert("m1", Severity::Low)], &[], t(600));
         assert!(queue(&n, 0).is_empty());
+    }
+
+    fn grouped_notifier(resolve_after: Duration) -> Notifier {
+        let config = AlertsConfig {
+            webhooks: vec![hook(WebhookFormat::Pagerduty, Severity::Low, 0)],
+            resolve_after,
+            stale_after: Duration::from_secs(90),
+            ..AlertsConfig::default()
+        };
+        Notifier::with_options(&config, vec![secrets()], NotifierOptions::default()).unwrap()
+    }
+
+    fn secs(s: i64) -> DateTime<Utc> {
+        t(0) + chrono::Duration::seconds(s)
+    }
+
+    #[test]
+    fn a_group_empty_for_less_than_resolve_after_is_held_and_rejoined_not_reopened() {
+        let n = grouped_notifier(Duration::from_secs(90));
+        n.update(&[alert("m1", Severity::Low)], &[], secs(0));
+        let head = n.shared.sinks[0].front().unwrap();
+        n.shared.sinks[0].delivered(&head);
+        // m1 enters rotation (no drift alert); m2's drift matures 60 s later.
+        n.update(&[], &[], secs(30));
+        n.update(&[alert("m2", Severity::Low)], &[], secs(90));
+        n.update(&[], &[], secs(120));
+        n.update(&[], &[], secs(209));
+        let q = queue(&n, 0);
+        assert_eq!(
+            q.iter()
+                .map(|(e, s, _, _)| (e.as_str(), *s))
+                .collect::<Vec<_>>(),
+            [("drift_detected", "firing")],
+            "after the delivered trigger, one update; no resolve yet"
+        );
+        n.update(&[], &[], secs(210));
+        assert_eq!(
+            queue(&n, 0).last().map(|(e, s, _, _)| (e.clone(), *s)),
+            Some(("drift_resolved".to_owned(), "resolved")),
+            "empty for resolve_after: resolved"
+        );
+    }
+
+    #[test]
+    fn a_replica_with_a_stale_view_of_an_app_says_nothing_of_it() {
+        let n = grouped_notifier(Duration::from_secs(90));
+        n.update(&[alert("m1", Severity::Low)], &[], secs(0));
+        assert_eq!(queue(&n, 0).len(), 1);
+        // Sweeps fail from here: the carried alert is from the view of 0 s.
+        let seen = Seen::fresh(secs(0));
+        for s in [30, 60, 90] {
+            n.update_seen(&[alert("m1", Severity::Low)], &[], secs(s), &seen);
+        }
+        // Older than stale_after: no trigger of a new group, no resolve of the old.
+        n.update_seen(&[alert("m2", Severity::High)], &[], secs(91), &seen);
+        n.update_seen(&[], &[], secs(500), &seen);
+        let own = Alert {
+            kind: AlertKind::SweepFailing,
+            app: None,
+            machine_id: None,
+            commit: None,
+            severity: Severity::Critical,
+            summary: "sweeps fail".into(),
+            details: BTreeMap::new(),
+        };
+        n.update_seen(&[own], &[], secs(501), &seen);
+        let q = queue(&n, 0);
+        assert_eq!(
+            q.iter()
+                .map(|(e, s, _, _)| (e.as_str(), *s))
+                .collect::<Vec<_>>(),
+            [("drift_detected", "firing"), ("sweep_failing", "firing")],
+            "only its own sweep_failing speaks"
+        );
     }
 
     #[test]
@@ -1941,9 +2138,10 @@ mod tests {
             "{:?}",
             sent.details
         );
-        let body: serde_json::Value =
-            serde_json::from_slice(&format::render(WebhookFormat::Json, &sent, None, None, 0).body)
-                .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(
+            &format::tests::render(WebhookFormat::Json, &sent, None, None, 0).body,
+        )
+        .unwrap();
         assert_eq!(body["commit"], serde_json::Value::Null);
 
         let mut stored = serde_json::to_value(&sent).unwrap();

@@ -4,7 +4,8 @@
 //! Owns reading a running daemon's last sweep back into the
 //! [`FleetDocument`] it wrote, so `status` prints exactly the table `check`
 //! prints (`render::to_table`),
-//! and one machine's detail into a [`MachineView`] (`status MACHINE`). It
+//! and one machine's detail into the [`MachineDetail`] it wrote (`status
+//! MACHINE`). It
 //! must never follow a redirect, send credentials, read an answer past its
 //! bound ([`MAX_FLEET_BODY_BYTES`], [`MAX_MACHINE_BODY_BYTES`]), or put the
 //! URL of the daemon into an error's text twice over (reqwest errors print
@@ -12,13 +13,10 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use crate::decide::decision::Decision;
-use crate::model::short_commit as short;
-use crate::observe::sweep::StaleApp;
-use crate::report::wire::{FleetDocument, MachineRow};
+use super::detail::MachineDetail;
+use crate::report::wire::FleetDocument;
 
 /// The largest fleet document read: a 10,000-machine fleet with reasons is
 /// tens of MiB of pretty JSON.
@@ -85,33 +83,9 @@ impl StatusError {
     }
 }
 
-/// `GET /api/v1/machines/{id}`, as `status MACHINE` reads it. Fields the
-/// client only shows (the agent's report, hold, approval, marker) stay JSON.
-#[derive(Clone, Debug, Deserialize)]
-pub struct MachineView {
-    /// The machine's row of the fleet report, `reason` included.
-    pub machine: MachineRow,
-    #[serde(default)]
-    pub agent_report: Option<serde_json::Value>,
-    #[serde(default)]
-    pub hold: Option<serde_json::Value>,
-    #[serde(default)]
-    pub approval: Option<serde_json::Value>,
-    #[serde(default)]
-    pub rotation: Option<serde_json::Value>,
-    /// The planner's decision in the daemon's last sweep.
-    #[serde(default)]
-    pub decision: Option<Decision>,
-    #[serde(default)]
-    pub history: Vec<String>,
-    #[serde(default)]
-    pub drift_since: Option<DateTime<Utc>>,
-    pub tip: String,
-    #[serde(default)]
-    pub swept_at: Option<DateTime<Utc>>,
-    #[serde(default)]
-    pub app_stale: Option<StaleApp>,
-}
+/// `GET /api/v1/machines/{id}` as `status MACHINE` reads it: the detail
+/// the server writes.
+pub type MachineView = MachineDetail;
 
 /// Reads the last sweep, with the daemon's decisions of it, from a running
 /// daemon at `base_url` (e.g. `http://127.0.0.1:9090`), the whole exchange
@@ -215,112 +189,6 @@ async fn get_text(url: url::Url, timeout: Duration, limit: usize) -> Result<Stri
         });
     }
     Ok(text)
-}
-
-impl MachineView {
-    /// The detail for people: one `key: value` line each, then the reason
-    /// (rule, evidence, missing commits), then the rotation's state. Every
-    /// outside string is escaped ([`crate::report::render::printable`]).
-    pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let p = |s: &str| crate::report::render::printable(s);
-        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
-        let m = &self.machine;
-        let mut out = String::new();
-        let mut line = |key: &str, value: String| {
-            let _ = writeln!(out, "{:<10}{}", format!("{key}:"), value);
-        };
-        line(
-            "machine",
-            format!("{} ({})", p(m.machine_id.as_str()), p(&m.name)),
-        );
-        line("app", p(m.app.as_str()));
-        line("region", p(&m.region));
-        line("pool", p(m.pool.as_str()));
-        line("state", p(m.state.as_str()));
-        line("status", m.status.to_string());
-        line("ref", or_dash(m.reported_ref.as_deref().map(p)));
-        line(
-            "commit",
-            or_dash(m.commit.as_ref().map(ToString::to_string)),
-        );
-        line("tip", p(&self.tip));
-        line(
-            "behind",
-            format!(
-                "{}, ahead {}",
-                or_dash(m.commits_behind.map(|n| n.to_string())),
-                or_dash(m.commits_ahead.map(|n| n.to_string()))
-            ),
-        );
-        line("severity", or_dash(m.severity.map(|s| s.to_string())));
-        line("action", or_dash(m.action.map(|a| a.to_string())));
-        if let Some(detail) = &m.detail {
-            line("detail", p(detail));
-        }
-        line(
-            "decision",
-            or_dash(self.decision.as_ref().map(|d| p(&d.to_string()))),
-        );
-        if let Some(at) = self.drift_since {
-            line(
-                "drifting",
-                format!(
-                    "since {}",
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                ),
-            );
-        }
-        let json = |v: &serde_json::Value| p(&v.to_string());
-        if let Some(hold) = &self.hold {
-            line("hold", json(hold));
-        }
-        if let Some(approval) = &self.approval {
-            line("approval", json(approval));
-        }
-        if let Some(marker) = &self.rotation {
-            line("marker", json(marker));
-        }
-        if let Some(stale) = &self.app_stale {
-            line("stale", p(&stale.error));
-        }
-        if let Some(at) = self.swept_at {
-            line(
-                "swept",
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            );
-        }
-        if let Some(reason) = &m.reason {
-            let _ = writeln!(out, "reason:");
-            let _ = writeln!(out, "  {}", p(&reason.rule.to_string()));
-            for evidence in &reason.evidence {
-                let _ = writeln!(out, "  evidence: {}", p(&evidence.to_string()));
-            }
-            if reason.evidence_partial {
-                let _ = writeln!(
-                    out,
-                    "  (path rules not yet checked on every missing commit: evidence may be partial)"
-                );
-            }
-            if let Some(behind) = reason.behind {
-                let _ = writeln!(
-                    out,
-                    "  missing: {behind} commit(s), newest {} shown:",
-                    reason.missing.len()
-                );
-                for c in &reason.missing {
-                    let _ = writeln!(out, "    {} {}", short(c.commit.as_str()), p(&c.subject));
-                }
-            }
-        }
-        if !self.history.is_empty() {
-            let _ = writeln!(out, "history:");
-            for h in &self.history {
-                let _ = writeln!(out, "  {}", p(h));
-            }
-        }
-        out
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! publishes into (the last sweep's `decide::Snapshot`: pages and
 //! `/api/v1/machines/{id}` read its rows' controls and agent reports, and
 //! `/api/v1/fleet` is written from it as a [`FleetDocument`]). Reads are
-//! served from the last sweep and never trigger one; the only ways it touches the world are the admin POSTs, which write
+//! served from the last sweep, marked with its age on this daemon's clock
+//! and `stale` past `alerts.stale_after` ([`Observed::view_age`]), and never
+//! trigger one; the only ways it touches the world are the admin POSTs, which write
 //! operator metadata through [`Operator`] (hold / release / approve / revoke) or wake
 //! the loop ([`ServerState::refresh_requests`]), all behind the bearer admin
 //! token compared in constant time. It must never run a sweep, act on a
@@ -19,10 +21,12 @@
 //! Layout: this file (state, routes, handlers), `listen` (the accept loop),
 //! `limits` (the limits and the admin-auth limiter), `page` (the HTML status
 //! page and the per-machine pages), `trend` (the ring of recent sweeps'
-//! coherence the status page draws) and `client` (the typed client the
-//! `status` command uses).
+//! coherence the status page draws), `detail` (one machine's document,
+//! written here and read back by `status MACHINE`) and `client` (the typed
+//! client the `status` command uses).
 
 mod client;
+mod detail;
 mod limits;
 mod listen;
 mod page;
@@ -53,22 +57,23 @@ use tower::timeout::TimeoutLayer;
 
 use crate::act::operator::{Operator, OperatorError};
 use crate::clock::SharedClock;
+use crate::decide::coherence::CoherenceSample;
 use crate::decide::decision::Decision;
+use crate::decide::planner::COORDINATOR_UNREADABLE_SWEEPS;
 use crate::decide::snapshot::Snapshot;
 use crate::metadata::operator::{Approval, ApprovalMode, Hold};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};
 use crate::model::{CommitId, MachineId};
-use crate::observe::probe::AgentReport;
-use crate::observe::sweep::{ObservedMachine, StaleApp};
-use crate::report::coherence::CoherenceSample;
+use crate::observe::sweep::ObservedMachine;
 use crate::report::history::{self, MachineHistory};
 use crate::report::metrics::{self, Metrics};
-use crate::report::wire::{FleetDocument, MachineRow, RowView};
+use crate::report::wire::{FleetDocument, MachineRow, RowView, ViewAge};
 
 pub use client::{
     MAX_FLEET_BODY_BYTES, MAX_MACHINE_BODY_BYTES, MachineView, StatusError, fetch_fleet,
     fetch_machine, parse_fleet,
 };
+pub use detail::{Control, MachineDetail};
 pub use limits::{AuthLimiter, MAX_TRACKED_SOURCES, ServerLimits};
 pub use listen::serve;
 
@@ -141,6 +146,8 @@ pub struct Observed {
     /// The coherence figures of the last [`TREND_SAMPLES`] sweeps (the
     /// status page's chart); filled by [`FleetView::record_sweep`].
     pub trend: Arc<CoherenceTrend>,
+    /// `alerts.stale_after`: a view older than this is marked stale.
+    pub stale_after: Duration,
 }
 
 impl Observed {
@@ -172,8 +179,47 @@ impl Observed {
         Ok(())
     }
 
-    /// `Ok` when a sweep succeeded within [`READY_INTERVALS`] intervals of `now`.
+    /// How old the view is at `now` (this daemon's clock), stale when older
+    /// than `stale_after`, with why; `None` before the first sweep.
+    pub fn view_age(&self, now: DateTime<Utc>) -> Option<ViewAge> {
+        let swept_at = self.last_success?;
+        let age = (now - swept_at).to_std().unwrap_or_default();
+        let stale = age > self.stale_after;
+        let stale_reason = stale.then(|| {
+            let why = match &self.last_failure {
+                Some(f) if f.at > swept_at => format!("the sweeps since fail: {}", f.error),
+                _ => "no sweep has finished since (the loop is waiting or stuck)".to_owned(),
+            };
+            format!(
+                "data from {} ago, older than alerts.stale_after ({}); {why}",
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(self.stale_after)
+            )
+        });
+        Some(ViewAge {
+            swept_at,
+            age_secs: age.as_secs(),
+            stale,
+            stale_reason,
+        })
+    }
+
+    /// `Ok` when a sweep succeeded within [`READY_INTERVALS`] intervals of
+    /// `now` and that sweep could read the coordinator's slot set (when one
+    /// is configured): without it no rotation can start, drain or restart,
+    /// whatever else works.
     pub fn readiness(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+        let at = self.swept_recently(now)?;
+        if let Some(why) = self.report.as_deref().and_then(|r| r.slots.unreadable()) {
+            return Err(format!(
+                "the coordinator's slot set cannot be read ({why}): no rotation can start, drain or restart; coordinator_unreadable fires after {COORDINATOR_UNREADABLE_SWEEPS} sweep intervals"
+            ));
+        }
+        Ok(at)
+    }
+
+    /// `Ok` when a sweep succeeded within [`READY_INTERVALS`] intervals of `now`.
+    fn swept_recently(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
         let window = self.sweep_interval * READY_INTERVALS;
         let failure = self
             .last_failure
@@ -217,6 +263,7 @@ impl FleetView {
                 last_turn: None,
                 turn_allowance: Duration::ZERO,
                 trend: Arc::default(),
+                stale_after: sweep_interval * crate::config::ALERT_SWEEPS,
             })),
         }
     }
@@ -236,6 +283,18 @@ impl FleetView {
     pub fn record_sweep(&self, report: Snapshot, at: DateTime<Utc>) {
         self.update(|o| {
             Arc::make_mut(&mut o.trend).push(CoherenceSample::of_listed(&report, at));
+            o.report = Some(Arc::new(report));
+            o.last_success = Some(at);
+            o.last_turn = Some(at);
+        });
+    }
+
+    /// Publishes a sweep's snapshot before its steps run (its `record_sweep`
+    /// follows, with the same time): shown and counted as the last success,
+    /// but no point of the coherence trend yet; the machines' decisions stay
+    /// the sweep before's until then.
+    pub fn record_observed(&self, report: Snapshot, at: DateTime<Utc>) {
+        self.update(|o| {
             o.report = Some(Arc::new(report));
             o.last_success = Some(at);
             o.last_turn = Some(at);
@@ -561,6 +620,13 @@ fn operator_error(e: OperatorError) -> ApiError {
         OperatorError::UnknownMachine { .. } => StatusCode::NOT_FOUND,
         OperatorError::Leased { .. } => StatusCode::CONFLICT,
         OperatorError::Fly(_) | OperatorError::Unsearched { .. } => StatusCode::BAD_GATEWAY,
+        OperatorError::NoRecordKey(_) => StatusCode::SERVICE_UNAVAILABLE,
+        // `resume` is a CLI command only.
+        OperatorError::UnknownApp { .. } => StatusCode::NOT_FOUND,
+        OperatorError::NoCoordinator
+        | OperatorError::NotHalted { .. }
+        | OperatorError::OtherTip { .. } => StatusCode::CONFLICT,
+        OperatorError::CoordinatorUnreadable { .. } => StatusCode::BAD_GATEWAY,
     };
     ApiError::new(status, e.to_string())
 }
@@ -694,7 +760,9 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
         .extras
         .iter()
         .filter_map(|(id, e)| Some((id, e.decision.as_ref()?)));
-    let doc = FleetDocument::of(&report).with_decisions(decisions);
+    let doc = FleetDocument::of(&report)
+        .with_decisions(decisions)
+        .with_view(observed.view_age(state.clock.now()));
     let body = serde_json::to_string(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     let mut resp = ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response();
     if let Some(at) = observed.last_success {
@@ -706,40 +774,10 @@ async fn fleet(State(state): State<ServerState>) -> Result<Response, ApiError> {
     Ok(resp)
 }
 
-/// `GET /api/v1/machines/{id}`: what an operator needs to decide an
-/// intervention. Its schema is docs/machine.schema.json ([`machine_schema`]).
-#[derive(Serialize, schemars::JsonSchema)]
-struct MachineDetail<'a> {
-    /// The fleet document's version ([`crate::report::wire::SCHEMA_VERSION`]):
-    /// this document moves with it.
-    schema_version: u32,
-    /// The machine's row of the `check` JSON, with its `reason` inline.
-    machine: MachineRow,
-    /// The agent's last parsed health report (null when it gave none).
-    agent_report: Option<&'a AgentReport>,
-    /// The operator hold, if any (parsed; the raw value if it is not ours).
-    hold: Option<serde_json::Value>,
-    /// A pending approval, if any.
-    approval: Option<serde_json::Value>,
-    /// The rotation marker (parsed; the raw value if it is not ours).
-    rotation: Option<serde_json::Value>,
-    /// What the planner decided for it in the last sweep (docs/design.md §6.2).
-    decision: Option<&'a Decision>,
-    history: Vec<String>,
-    drift_since: Option<DateTime<Utc>>,
-    /// The release tip the report measured against.
-    tip: &'a str,
-    swept_at: Option<DateTime<Utc>>,
-    /// Set when the last sweep could not list the machine's app: this is
-    /// its last listing, and nothing is done to it meanwhile.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    app_stale: Option<&'a StaleApp>,
-}
-
 /// The JSON Schema of `GET /api/v1/machines/{id}`'s document, as committed
 /// in docs/machine.schema.json.
 pub fn machine_schema() -> String {
-    let schema = schemars::schema_for!(MachineDetail<'static>);
+    let schema = schemars::schema_for!(MachineDetail);
     serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
 }
 
@@ -753,16 +791,11 @@ fn as_written(m: &ObservedMachine, key: &str) -> Option<serde_json::Value> {
 }
 
 /// A control under `key`: `ours` (as the sweep parsed it,
-/// [`crate::metadata::controls`]) as its typed JSON, else the value as
-/// written, else nothing.
-fn control_json<T: Serialize>(
-    m: &ObservedMachine,
-    key: &str,
-    ours: Option<&T>,
-) -> Option<serde_json::Value> {
+/// [`crate::metadata::controls`]), else the value as written, else nothing.
+fn control<T: Clone>(m: &ObservedMachine, key: &str, ours: Option<&T>) -> Option<Control<T>> {
     match ours {
-        Some(value) => serde_json::to_value(value).ok(),
-        None => as_written(m, key),
+        Some(value) => Some(Control::Ours(value.clone())),
+        None => as_written(m, key).map(Control::Written),
     }
 }
 
@@ -780,23 +813,27 @@ async fn machine(
         ));
     };
     let extra = observed.extras.get(&m.seen.machine_id);
+    let age = observed.view_age(state.clock.now());
     let detail = MachineDetail {
         schema_version: crate::report::wire::SCHEMA_VERSION,
         machine: MachineRow::from(RowView::from(m)),
-        agent_report: m.seen.inputs.report.as_ref(),
-        hold: control_json(&m.seen, HOLD_KEY, m.seen.inputs.controls.hold()),
-        approval: control_json(&m.seen, APPROVE_KEY, m.seen.inputs.controls.approval()),
-        rotation: control_json(&m.seen, MARKER_KEY, m.seen.inputs.controls.marker()),
-        decision: extra.and_then(|e| e.decision.as_ref()),
+        agent_report: m.seen.inputs.report.clone(),
+        hold: control(&m.seen, HOLD_KEY, m.seen.inputs.controls.hold()),
+        approval: control(&m.seen, APPROVE_KEY, m.seen.inputs.controls.approval()),
+        rotation: control(&m.seen, MARKER_KEY, m.seen.inputs.controls.marker()),
+        decision: extra.and_then(|e| e.decision.clone()),
         history: extra.map(|e| e.history_lines(&m.seen)).unwrap_or_default(),
         drift_since: observed.drift_since(&m.seen.machine_id),
-        tip: report.tip.commit.as_str(),
+        tip: report.tip.commit.to_string(),
         swept_at: observed.last_success,
+        age_secs: age.as_ref().map(|a| a.age_secs),
+        stale: age.as_ref().is_some_and(|a| a.stale),
+        stale_reason: age.and_then(|a| a.stale_reason),
         app_stale: report
             .apps
             .iter()
             .find(|a| a.name == m.seen.app)
-            .and_then(|a| a.stale.as_ref()),
+            .and_then(|a| a.stale.clone()),
     };
     Ok(json_response(StatusCode::OK, &detail))
 }
@@ -1085,6 +1122,48 @@ mod tests {
         assert_eq!(age(at(2 * 3600 + 300), t0), "2h 5m");
         assert_eq!(age(at(4 * 86_400 + 3 * 3600), t0), "4d 3h");
         assert_eq!(age(t0, at(10)), "0s");
+    }
+
+    #[test]
+    fn a_view_older_than_stale_after_is_marked_stale_with_why() {
+        let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
+        let later = |s| t0 + chrono::TimeDelta::seconds(s);
+        let view = FleetView::new(Duration::from_secs(30), t0);
+        assert_eq!(view.snapshot().view_age(t0), None, "no sweep yet");
+        view.update(|o| {
+            o.last_success = Some(t0);
+            o.stale_after = Duration::from_secs(15);
+        });
+        let fresh = view.snapshot().view_age(later(15)).unwrap();
+        assert_eq!(
+            (fresh.swept_at, fresh.age_secs, fresh.stale),
+            (t0, 15, false)
+        );
+        assert_eq!(fresh.stale_reason, None);
+        let waiting = view.snapshot().view_age(later(16)).unwrap();
+        assert!(waiting.stale);
+        let why = waiting.stale_reason.unwrap();
+        assert!(
+            why.starts_with("data from 16s ago, older than alerts.stale_after (15s)"),
+            "{why}"
+        );
+        assert!(why.contains("no sweep has finished since"), "{why}");
+        view.record_failure(
+            "cannot list machines of app a: Fly API unreachable",
+            later(20),
+        );
+        let why = view
+            .snapshot()
+            .view_age(later(24))
+            .unwrap()
+            .stale_reason
+            .unwrap();
+        assert!(
+            why.ends_with(
+                "the sweeps since fail: cannot list machines of app a: Fly API unreachable"
+            ),
+            "{why}"
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::observe::probe::{Activity, AgentReport};
 use crate::observe::sweep::ObservedMachine;
 
 use super::trend::CoherenceTrend;
-use super::{Observed, age, checked_id, control_json};
+use super::{Observed, age, checked_id, control};
 
 /// Beyond this many rows the page points at the JSON API instead.
 const MAX_ROWS: usize = 500;
@@ -776,7 +776,8 @@ fn report_section(m: &JudgedMachine) -> Markup {
 /// The rotation: the decision, hold, approval, marker and history.
 fn rotation_section(m: &ObservedMachine, observed: &Observed, now: DateTime<Utc>) -> Markup {
     let extra = observed.extras.get(&m.machine_id);
-    let marker = control_json(m, MARKER_KEY, m.inputs.controls.marker())
+    let marker = control(m, MARKER_KEY, m.inputs.controls.marker())
+        .and_then(|c| c.to_json().ok())
         .and_then(|v| serde_json::to_string_pretty(&v).ok());
     let history = extra.map(|e| e.history_lines(m)).unwrap_or_default();
     html! {
@@ -807,6 +808,14 @@ fn rotation_section(m: &ObservedMachine, observed: &Observed, now: DateTime<Utc>
                             }
                             Err(why) => { "unreadable (" (why) "): " code { (m.inputs.metadata.get(APPROVE_KEY).map(String::as_str).unwrap_or_default()) } }
                         },
+                    }
+                }
+            }
+            @if !m.inputs.controls.tampered.is_empty() {
+                h3 { "Not sealed by this fleet (metadata_tampered)" }
+                ul {
+                    @for t in &m.inputs.controls.tampered {
+                        li { code { (t.key) } ": " (t.found.to_string()) }
                     }
                 }
             }
@@ -982,7 +991,7 @@ fn commands_section(m: &JudgedMachine) -> Markup {
 mod tests {
     use super::*;
 
-    use crate::report::coherence::{Coherence, CoherenceSample};
+    use crate::decide::coherence::{Coherence, CoherenceSample};
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()

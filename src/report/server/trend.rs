@@ -9,8 +9,8 @@
 
 use std::collections::VecDeque;
 
+use crate::decide::coherence::CoherenceSample;
 use crate::model::AppName;
-use crate::report::coherence::CoherenceSample;
 
 /// Samples kept: two hours of sweeps at a 30 s interval.
 pub const TREND_SAMPLES: usize = 240;
@@ -87,8 +87,8 @@ impl CoherenceTrend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::coherence::Coherence;
     use crate::decide::snapshot::Snapshot;
-    use crate::report::coherence::Coherence;
     use chrono::{DateTime, Utc};
     use std::collections::BTreeMap;
 
@@ -175,6 +175,7 @@ mod tests {
             ],
             machines: Vec::new(),
             slots: Default::default(),
+            halts: Default::default(),
         };
         let s = CoherenceSample::of_listed(&report, t(5));
         assert_eq!((s.at, s.fleet.ratio), (t(5), 0.6));

@@ -125,8 +125,38 @@ impl ConfigToml {
     }
 }
 
+/// The secrets every process of the binary a test starts is given: its
+/// Fly token and the fleet's record key (what an operator's CLI and the
+/// daemon both hold).
+pub trait WithSecrets {
+    fn with_secrets(&mut self, fly_token: &str) -> &mut Self;
+}
+
+impl WithSecrets for std::process::Command {
+    fn with_secrets(&mut self, fly_token: &str) -> &mut Self {
+        self.env("FLEET_RECONCILER_FLY_TOKEN", fly_token).env(
+            "FLEET_RECONCILER_RECORD_KEY",
+            fleet_reconciler::sim::DEFAULT_RECORD_KEY,
+        )
+    }
+}
+
 /// Kills and reaps a child process on every path out of a test.
 pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    /// Reads the child's stderr (piped) to its end on a thread, so that it
+    /// never blocks on a full pipe; the thread returns what it read.
+    pub fn drain_stderr(&mut self) -> std::thread::JoinHandle<String> {
+        use std::io::Read as _;
+        let mut stderr = self.0.stderr.take().expect("stderr piped");
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        })
+    }
+}
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {

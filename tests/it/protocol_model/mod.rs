@@ -2,7 +2,8 @@
 //! with `stateright`: the real sweep parse, `Tracker` and `plan`, and the
 //! executor's call sequence mirrored as data (`sweep::calls`), each Fly call
 //! one atomic step against an abstract Fly (`world`), with Fly's answers
-//! chosen by the checker (success, 429, effect with the answer lost).
+//! chosen by the checker (success, 429, effect with the answer lost, a
+//! 408 after the effect).
 //!
 //! Owns the model and its scenarios; it must never change what it checks
 //! to make a run pass: a counterexample is a defect of the protocol (or of
@@ -14,12 +15,15 @@
 //! read-modify-write is one atomic call (its lease is taken and given back
 //! inside it); agents advertise no `drain`/`reload` and no heartbeat (no
 //! checkpoint handshake is explored; only `undrain_given_up` starts after
-//! a drain, with an agent that answers nothing); a lease's TTL lapses only
-//! when its replica restarts; `Tracker` states are told apart by the
+//! a drain, with an agent that answers nothing); a lease's TTL lapses
+//! when its replica restarts, or mid-step only in `lease_lapse` (its
+//! refresh processed late); `Tracker` states are told apart by the
 //! clocks it exposes (drift, unprobed, slots unknown), not by when it
 //! first saw a marker; machines define no Fly health check except in
 //! `checks_flap` (elsewhere none fails, so the probe-failure ceiling never
-//! applies) and never stop; a restart's
+//! applies) and never stop; a restart takes no time except in
+//! `stop_timeout`, and exit events carry no time of their own (stamped
+//! just after our `restarting` marker); a restart's
 //! immediate read back and the step's last read are one read; mid-protocol
 //! starts (`starts`) stand for a past the model does not replay (a
 //! replica's tracker holds only what it saw since).
@@ -27,10 +31,10 @@
 //! | scenario | dimensions | invariants it can break |
 //! | --- | --- | --- |
 //! | `grace_skew` | 2 replicas, clocks −5 and +5 minutes, busy agents, ticks, cap 1 | busy restart, cordons/slots within cap |
-//! | `hold_race` | holds without a lease, lost answers, 429s, host outage | hold reported, undo recorded |
+//! | `hold_race` | holds without a lease, lost answers, 429s, host outage | hold reported, hold within one round trip, undo recorded |
 //! | `approvals` | manual pool, approve now / when-idle / revoke, tip moves incl. critical | one approval one rotation, manual approved, busy restart |
 //! | `retries` | manual pool approved now, an agent that comes back on the old commit (verify fails, backoff, retry, fail), 40 s ticks | one approval one rotation, restarts within attempts, waits end or alert |
-//! | `tip_authority` | the tip moves to a critical commit that the pool leaves to an operator, mid-rotation | manual approved, busy restart |
+//! | `tip_authority` | the tip moves to a critical commit that the pool leaves to an operator, mid-rotation | manual approved, busy restart, a tip moved within the step alerted |
 //! | `ceilings` | a busy agent approved when idle, host outage, 40 s ticks past every ceiling | waits end or alert |
 //! | `config_change` | replica restart: cap 2 → 1 and restart → manual, 3 machines | slots/cordons within cap, manual approved, busy restart |
 //! | `outside_update` | outside updates reverting metadata, 429s, lost answers | undo recorded, slots within cap, restarts within attempts |
@@ -42,7 +46,15 @@
 //! | `cut_off` | starts after one sweep that saw m0 drifted; the replica is cut off from the private network since (its probes fail, the busy agent answers), no Fly checks defined; 40 s ticks past the probe-failure ceiling | no unprobeable restart unless Fly's checks fail, busy restart |
 //! | `restart_refused` | starts as `carry`; 429s on every call | a failed rotation counts only restarts that landed (a put-back that is itself refused is the known gap: the verify deadline then takes the `restarting` marker for a failed attempt) |
 //! | `checks_flap` | as `cut_off`, and m0 defines a Fly health check, failing at first, that may flap once | no unprobeable restart unless Fly's checks fail (as the last check read them), busy restart (an agent unprobeable with failing checks is taken for dead) |
+//! | `probe_skew` | starts after both replicas saw m0 drifted; its agent answers nobody since (still busy) and its Fly check fails; replica clocks −5 minutes and 0; 40 s ticks past the probe-failure ceiling | busy restart (an unprobeable restart excused only past the ceiling counted from the true time the shared record's `since` stands for) |
+//! | `probe_window` | starts at a rotation draining an idle agent, cordoned, slot held; one hold written without a lease at any point of the restart step | a disruptive call no more than one round trip after a hold (the probe is a call of its own) |
+//! | `fresh_checks` | starts as `probe_window`, and m0 defines a passing Fly check, run by Fly at every tick (5 s ticks) | a restart is verified only on a Fly check result newer than it |
 //! | `rearm` | starts mid-protocol: a `failed` marker naming the approval that stood, and that approval still there, written on an operator's clock 2 minutes ahead | one approval one rotation, restarts within attempts (a failed target re-armed only by a new approval, by fingerprint) |
+//! | `timeout_408` | starts as `probe_window`, the retry after one restart that did not verify; the restart may be answered 408 after Fly carried it out | restarts within attempts (an unsafe call answered 408 is not repeated) |
+//! | `lease_lapse` | starts as `probe_window`, 2 replicas interleaving call by call; the lease of a step may lapse at Fly (its refresh processed late) | no two replicas act on one machine at once |
+//! | `crash_once` | starts as `probe_window`; after our restart the agent may crash once on its own (Fly restarts it); every restart leaves Fly's exit event | a rotation is not failed by our own restart's exit |
+//! | `stop_timeout` | starts as `probe_window`, m0's stop timeout 60 s (twice the verify deadline), its agent using all of it; 40 s ticks | an attempt is not failed while Fly may still be stopping the machine |
+//! | `console` | m1 is a `fly console` machine made from m0's config (pool label, old commit, idle), cap 2; the listing goes through the real `fly::Machine::is_one_off_command` | a machine that is not the app's own is never acted on |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
 //! it stands for, so the invariants count across that past.
@@ -56,7 +68,8 @@
 //! manual and busy-restart invariants judge the action on the tip of the
 //! snapshot the step was planned on: a tip move between the last check and
 //! the restart's landing cannot be seen within the step (a window of one
-//! step). A wait is counted, per replica, from its first sweep that could
+//! step); that the verify then alerts such a restart is its own
+//! invariant. A wait is counted, per replica, from its first sweep that could
 //! see the cordon: a replica's deadlines run from its own first sight of a
 //! marker (the one-clock rule).
 //!
@@ -68,7 +81,15 @@
 //! fixed in the planner).
 //!
 //! Mutation check (each fix reverted by hand in `src/`, the model run):
-//! items 1, 8 (with 12), 10, 12 as above; 6 (a claim after a yield starts
+//! items 1, 10, 12 as above; 8 alone (`on_our_clock`, `retry_due` and
+//! `unprobed_evidence` taking the writer's times as they are) by
+//! `probe_skew`, busy restart: the replica whose clock is behind writes the
+//! shared probe-failure record, the other takes it as past the ceiling at
+//! once and restarts the busy agent (28 actions); and by `restart_refused`,
+//! waits end or alert (a yielded marker's `retry_at` due at once). The
+//! grace alone cannot show item 8: item 12's fix counts it from this
+//! replica's own first sight of the cordon, which no writer's clock
+//! moves; `grace_skew` finds 8 only with 12 reverted too; 6 (a claim after a yield starts
 //! at `attempt: 0`) by `carry`, restarts within attempts; 2 (a yield
 //! keeps the approval it restarted with) by `consumed`, one approval one
 //! rotation; 5 (re-armed by `approval.at > failed.at`) by `rearm`, both;
@@ -83,7 +104,42 @@
 //! the restart leaves the `restarting` marker; reverted in the mirror) by
 //! `restart_refused`, a failed rotation counts only restarts that landed.
 //! 3's executor part (no `Declined::FlyChecksPass`; mirror) by
-//! `checks_flap`, the same two. Not found yet: 11 (see docs/safety.md).
+//! `checks_flap`, the same two. 11 (the old order: read, probe, restart;
+//! reverted in the mirror) by `probe_window`, no disruptive call more than
+//! one round trip after a hold: a hold written while the probe runs is
+//! acted through (13 actions). The alert for a tip that moves within a
+//! step (`loaded_past_its_target` not raised) by `tip_authority` and
+//! `approvals`: the tip moves between the check and the restart, the
+//! verify finishes with no alert (27 actions). 13b (any all-passing checks verify,
+//! whatever their age) by `fresh_checks`, a restart verified only on a
+//! check result newer than it (13 actions: the sweep right after the
+//! restart finishes the rotation). 13a (a restart answered 408 is
+//! repeated like any transient failure; reverted in the model's mirror of
+//! the client, `repeated_after_408`) by `timeout_408`, restarts within
+//! attempts: the retry's one restart lands twice (11 actions). 13f (a
+//! refresh answered with another nonce counts; mirror, `refresh_counts`)
+//! by `lease_lapse`, no two replicas act on one machine at once: replica
+//! 0's lease lapses between its check and its cordon, replica 1 takes it
+//! and restarts the machine, replica 0's late refresh takes a new lease
+//! and its cordon lands on the machine just restarted, a second restart
+//! to follow (19 actions). 13c (every exit counts toward a crash loop, in
+//! `exits_since`) by `crash_once`: our restart's exit and one crash end
+//! the attempt of a machine back on its target (14 actions). 13e (no stop
+//! timeout in `restart_verified_by`) by `stop_timeout`: 40 s after the
+//! restart the attempt is failed while Fly is still stopping the machine
+//! (21 actions). 13h (`fly::Machine::is_one_off_command` always false) by
+//! `console`: the first plan claims the console machine (1 action). Each
+//! is replayed in `counterexamples`; the example tests stay
+//! (`item13a_a_408_on_a_write_is_unanswered_and_an_unsafe_one_is_not_repeated`,
+//! `item13c_only_unrequested_crashes_fly_restarted_count_toward_a_crash_loop`,
+//! `item13e_the_verify_deadline_adds_the_machines_stop_timeout`,
+//! `item13f_a_refresh_after_the_lease_lapsed_is_a_lost_lease`,
+//! `item13h_console_and_release_command_machines_are_not_listed`): the
+//! model does not check 13a's other half (the unanswered-call report,
+//! `action_unfenced`), nor the listing call itself. 13g, 13i and 13j are
+//! wire-level (`item13g_lists_keep_to_flys_per_app_limit`,
+//! `item13j_a_409_keeps_flys_message`,
+//! `item13i_a_bare_macaroon_is_sent_as_flyv1`).
 
 pub mod model;
 mod starts;
@@ -439,6 +495,146 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::cut_off_with_a_failing_check),
             depth: None,
         },
+        Scenario {
+            name: "probe_skew",
+            busy: vec![true],
+            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
+            skews: vec![-300, 0],
+            env: Env::default(),
+            ticks: &[40],
+            horizon: 160,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::unprobeable_after_both_saw_the_drift),
+            depth: Some((50, 40_000)),
+        },
+        Scenario {
+            name: "probe_window",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                hold: true,
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::draining_an_idle_agent),
+            depth: None,
+        },
+        Scenario {
+            name: "fresh_checks",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env::default(),
+            ticks: &[5],
+            horizon: 10,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::draining_an_idle_agent_with_a_check),
+            depth: None,
+        },
+        Scenario {
+            name: "timeout_408",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                timeouts_408: true,
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::retry_draining_an_idle_agent),
+            depth: None,
+        },
+        Scenario {
+            name: "lease_lapse",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
+            skews: vec![0, 0],
+            env: Env {
+                lease_lapse: true,
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 1,
+            tip: 1,
+            interleave: true,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::draining_an_idle_agent),
+            depth: None,
+        },
+        Scenario {
+            name: "crash_once",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                crash_once: true,
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 1,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::draining_an_idle_agent),
+            depth: None,
+        },
+        Scenario {
+            name: "stop_timeout",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env { ..Env::default() },
+            ticks: &[40],
+            horizon: 160,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::draining_an_idle_agent_with_a_stop_timeout),
+            depth: None,
+        },
+        Scenario {
+            name: "console",
+            busy: vec![false, false],
+            confs: vec![Conf::Restart { cap: 2 }],
+            skews: vec![0],
+            env: Env { ..Env::default() },
+            ticks: &[],
+            horizon: 0,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: Some(starts::a_console_beside_the_app),
+            depth: None,
+        },
     ]
 }
 
@@ -681,6 +877,46 @@ mod tests {
     fn checks_flap() {
         check("checks_flap");
     }
+
+    #[test]
+    fn probe_skew() {
+        check("probe_skew");
+    }
+
+    #[test]
+    fn probe_window() {
+        check("probe_window");
+    }
+
+    #[test]
+    fn fresh_checks() {
+        check("fresh_checks");
+    }
+
+    #[test]
+    fn timeout_408() {
+        check("timeout_408");
+    }
+
+    #[test]
+    fn lease_lapse() {
+        check("lease_lapse");
+    }
+
+    #[test]
+    fn crash_once() {
+        check("crash_once");
+    }
+
+    #[test]
+    fn stop_timeout() {
+        check("stop_timeout");
+    }
+
+    #[test]
+    fn console() {
+        check("console");
+    }
 }
 
 /// Each counterexample the model found, replayed as a named regression
@@ -823,6 +1059,163 @@ mod counterexamples {
             w.machines[0].cordoned_at,
             w.replicas[0].last_plan
         );
+    }
+
+    /// #32 item 8, the probe-failure ceiling (mutation check of
+    /// `probe_skew`): replica 0, 5 minutes behind, writes the shared record;
+    /// replica 1 counts the ceiling from its own first sight of it, so it
+    /// neither claims nor restarts the busy agent at once.
+    #[test]
+    fn a_record_written_on_a_clock_behind_does_not_shorten_the_ceiling() {
+        let s = scenario("probe_skew");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        for _ in 0..2 {
+            w = act(&s, w, Action::Sweep(1));
+            w = all_calls(&s, w, 1);
+        }
+        assert_eq!(w.record.busy_restart, None, "{:?}", w.record);
+        assert!(w.record.restarts.is_empty(), "{:?}", w.record);
+        assert!(!w.machines[0].cordoned, "claimed before the ceiling");
+    }
+
+    /// #32 item 11 (mutation check of `probe_window`): a hold written
+    /// while the live-work probe runs is read by the check after it, and
+    /// the restart is not sent.
+    #[test]
+    fn a_hold_written_while_the_probe_runs_stops_the_restart() {
+        let s = scenario("probe_window");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = calls_until(&s, w, 0, |op| matches!(op, Op::Probe { .. }));
+        w = act(&s, w, Action::Call(0, Answer::Ok));
+        w = act(&s, w, Action::Hold(0));
+        w = all_calls(&s, w, 0);
+        assert_eq!(w.record.hold_acted_through, None, "{:?}", w.record);
+        assert!(w.record.restarts.is_empty(), "{:?}", w.record);
+    }
+
+    /// #32 item 13b (mutation check of `fresh_checks`): right after the
+    /// restart Fly's checks are the ones from before it; the rotation
+    /// finishes only after Fly ran them again.
+    #[test]
+    fn a_restart_is_verified_only_on_checks_run_after_it() {
+        let s = scenario("fresh_checks");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        assert_eq!(w.record.restarts.len(), 1, "{:?}", w.record);
+        w = act(&s, w, Action::Sweep(0));
+        assert_eq!(w.record.finished_unchecked, None, "{:?}", w.record);
+        let finishes = |w: &World| {
+            w.replicas[0]
+                .queue
+                .iter()
+                .any(|e| e.label.contains("finish"))
+        };
+        assert!(!finishes(&w), "finished on stale checks");
+        // (It asserts the cordon the restart dropped, while it waits.)
+        w = all_calls(&s, w, 0);
+        w = act(&s, w, Action::Tick(5));
+        w = act(&s, w, Action::Sweep(0));
+        assert!(finishes(&w), "{:?}", w.replicas[0].queue);
+    }
+
+    /// #32 item 13a (mutation check of `timeout_408`): the retry's restart
+    /// is answered 408 after Fly carried it out; the client does not repeat
+    /// it (`OutcomeUnknown`), so it counts one restart, not two.
+    #[test]
+    fn a_restart_answered_408_is_not_repeated() {
+        let s = scenario("timeout_408");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = calls_until(&s, w, 0, |op| matches!(op, Op::Restart { .. }));
+        w = act(&s, w, Action::Call(0, Answer::Timeout408));
+        assert_eq!(w.record.restarts.get(&(0, 1)), Some(&2), "{:?}", w.record);
+        w = all_calls(&s, w, 0);
+        assert!(!w.record.violated(), "{:?}", w.record);
+    }
+
+    /// #32 item 13f (mutation check of `lease_lapse`): replica 0's lease
+    /// lapses at Fly between its check and its cordon; replica 1 takes the
+    /// lease and restarts the machine; replica 0's late refresh is answered
+    /// with another nonce, so its step stops before the cordon (and before
+    /// a second restart).
+    #[test]
+    fn a_refresh_answered_with_another_nonce_stops_the_step() {
+        let s = scenario("lease_lapse");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = calls_until(&s, w, 0, |op| matches!(op, Op::Cordon));
+        w = act(&s, w, Action::Sweep(1));
+        w = act(&s, w, Action::LeaseLapse(0));
+        w = all_calls(&s, w, 1);
+        assert_eq!(w.record.restarts.get(&(0, 1)), Some(&1), "{:?}", w.record);
+        w = act(&s, w, Action::Call(0, Answer::Ok));
+        assert_eq!(w.record.two_at_once, None, "{:?}", w.record);
+        assert!(w.replicas[0].queue.is_empty(), "{:?}", w.replicas[0].queue);
+        assert!(w.machines[0].lease.is_none(), "no lease taken back");
+    }
+
+    /// #32 item 13c (mutation check of `crash_once`): after our restart the
+    /// agent crashes once; our restart's exit (requested) is no crash, so
+    /// one crash is no crash loop and the rotation finishes.
+    #[test]
+    fn our_own_restarts_exit_is_no_crash() {
+        let s = scenario("crash_once");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        w = act(&s, w, Action::Crash(0));
+        w = act(&s, w, Action::Sweep(0));
+        assert_eq!(w.record.failed_on_own_exit, None, "{:?}", w.record);
+        let labels: Vec<&str> = w.replicas[0]
+            .queue
+            .iter()
+            .map(|e| e.label.as_str())
+            .collect();
+        assert!(labels.iter().any(|l| l.contains("finish")), "{labels:?}");
+    }
+
+    /// #32 item 13e (mutation check of `stop_timeout`): m0's stop timeout
+    /// (60 s) is twice the verify deadline; 40 s after the restart the
+    /// machine is still stopping, and the attempt is not failed; it comes
+    /// back on the tip and finishes.
+    #[test]
+    fn the_verify_deadline_waits_out_the_stop_timeout() {
+        let s = scenario("stop_timeout");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        // It asserts the cordon the restart dropped.
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        w = act(&s, w, Action::Tick(40));
+        w = act(&s, w, Action::Sweep(0));
+        assert_eq!(w.record.failed_while_stopping, None, "{:?}", w.record);
+        w = all_calls(&s, w, 0);
+        w = act(&s, w, Action::Tick(40));
+        w = act(&s, w, Action::Sweep(0));
+        let labels: Vec<&str> = w.replicas[0]
+            .queue
+            .iter()
+            .map(|e| e.label.as_str())
+            .collect();
+        assert!(labels.iter().any(|l| l.contains("finish")), "{labels:?}");
+    }
+
+    /// #32 item 13h (mutation check of `console`): a `fly console` machine
+    /// made from m0's config carries the pool label and runs the old
+    /// commit; it is not listed, so only m0 is claimed.
+    #[test]
+    fn a_console_machine_is_never_claimed() {
+        let s = scenario("console");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        assert_eq!(w.record.one_off_touched, None, "{:?}", w.record);
+        let machines: Vec<usize> = w.replicas[0].queue.iter().map(|e| e.machine).collect();
+        assert_eq!(machines, [0]);
     }
 
     /// A hold lands between the check and the cordon, and the read after

@@ -7,6 +7,7 @@ use fleet_reconciler::decide::planner::restart_allowed;
 use fleet_reconciler::metadata::marker::{Marker, Phase};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalId, ApprovalMode, Hold};
 use fleet_reconciler::metadata::slots::Slot;
+use fleet_reconciler::metadata::unprobed::Unprobed;
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, UNPROBED_KEY};
 use fleet_reconciler::model::PolicyAction;
 use stateright::{Model, Property};
@@ -14,8 +15,8 @@ use stateright::{Model, Property};
 use super::sweep::{commit, commit_index, reclaim_stale, report, sweep_and_plan};
 use super::world::{
     APP, CORDON_WAIT_BOUND, Cond, Conf, Exec, Guard, HoldMarker, Known, LastCall, Machine,
-    MarkerWrite, Mem, Need, Op, POOL, RESTART_GRACE, Record, Refused, Replica, World, at,
-    machine_id,
+    MarkerWrite, Mem, Need, Op, POOL, PROBE_CEILING, RESTART_GRACE, Record, Refused, Replica,
+    World, at, machine_id,
 };
 
 /// What the world may do besides the replicas, per scenario.
@@ -49,6 +50,16 @@ pub struct Env {
     pub cut_off: bool,
     /// Machines define a Fly health check, which may flap.
     pub check_flaps: bool,
+    /// A restart may be answered 408 after Fly carried it out (#32 item
+    /// 13a). Only the restart: an idempotent write retried after a 408
+    /// ends as `Ok` or `Lost`, which `lost_answers` explores.
+    pub timeouts_408: bool,
+    /// A step's lease may lapse at Fly (its refresh processed late); any
+    /// replica may then take it (#32 item 13f).
+    pub lease_lapse: bool,
+    /// A restarted agent may crash once on its own (Fly restarts it;
+    /// #32 item 13c).
+    pub crash_once: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -96,6 +107,9 @@ pub enum Answer {
     /// A read answered, after which `undo_raced`'s uncordon is refused
     /// (`Env::failing_undo`).
     UndoFailed,
+    /// 408: Fly timed out talking to the host; the call may have been
+    /// carried out (here it was).
+    Timeout408,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -115,6 +129,8 @@ pub enum Action {
     CutOff(usize),
     CheckFlap(usize),
     RestartReplica(usize),
+    LeaseLapse(usize),
+    Crash(usize),
 }
 
 /// How a call left its step.
@@ -197,6 +213,9 @@ impl Model for Scenario {
                     if may_lose && self.env.lost_answers {
                         actions.push(Action::Call(r, Answer::Lost));
                     }
+                    if self.env.timeouts_408 && matches!(op, Op::Restart { .. }) {
+                        actions.push(Action::Call(r, Answer::Timeout408));
+                    }
                     let undo_owed = replica.queue.first().and_then(|e| e.last_call.as_ref());
                     if self.env.failing_undo
                         && matches!(op, Op::Check(_) | Op::ReadAfterAndRelease)
@@ -251,6 +270,13 @@ impl Model for Scenario {
             if e.agent_outage && m.agent_ok {
                 actions.push(Action::AgentOutage(i));
             }
+            if e.lease_lapse && m.lease.is_some() {
+                actions.push(Action::LeaseLapse(i));
+            }
+            // Once, after our restart landed.
+            if e.crash_once && m.started && m.host_ok && m.exits.len() == 1 {
+                actions.push(Action::Crash(i));
+            }
         }
         if e.cut_off {
             for (r, replica) in w.replicas.iter().enumerate() {
@@ -288,7 +314,26 @@ impl Model for Scenario {
         match action {
             Action::Sweep(r) => sweep_and_plan(&mut w, r, self.env.host_outage),
             Action::Call(r, answer) => call(&mut w, r, answer, self.env.stuck_agents),
-            Action::Tick(q) => w.time += q,
+            Action::Tick(q) => {
+                w.time += q;
+                // Fly runs a machine's checks on their interval: each tick
+                // brings a new result (#32 item 13b needs one newer than a
+                // restart).
+                let (time, tip) = (w.time, w.tip);
+                for m in &mut w.machines {
+                    if m.check_failing.is_some() && m.started && m.host_ok {
+                        m.checks_at = time;
+                    }
+                    // A restart that used its whole stop timeout: the
+                    // machine stops and boots the tip (#32 item 13e).
+                    if m.back_at.is_some_and(|b| b <= time) {
+                        m.back_at = None;
+                        m.loaded = tip;
+                        m.busy = false;
+                        m.fenced = None;
+                    }
+                }
+            }
             Action::Hold(i) => {
                 let hold = Hold {
                     by: "ops".into(),
@@ -297,6 +342,11 @@ impl Model for Scenario {
                 };
                 let value = serde_json::to_string(&hold).ok()?;
                 w.machines[i].metadata.insert(HOLD_KEY.into(), value);
+                for replica in &mut w.replicas {
+                    if let Some(ex) = replica.queue.first_mut().filter(|e| e.machine == i) {
+                        ex.hold_at = Some(ex.calls);
+                    }
+                }
             }
             Action::Unhold(i) => {
                 w.machines[i].metadata.remove(HOLD_KEY);
@@ -346,10 +396,19 @@ impl Model for Scenario {
                 m.host_ok = !m.host_ok;
             }
             Action::AgentOutage(i) => w.machines[i].agent_ok = false,
+            // Fly's side of the TTL: the holder's refresh came too late.
+            Action::LeaseLapse(i) => w.machines[i].lease = None,
+            Action::Crash(i) => {
+                let m = &mut w.machines[i];
+                m.exits.push(super::world::Exit::Crash);
+                m.busy = false;
+                m.fenced = None;
+            }
             Action::CutOff(r) => w.replicas[r].cut_off = true,
             Action::CheckFlap(i) => {
-                let c = &mut w.machines[i].check_failing;
-                *c = c.map(|f| !f);
+                let m = &mut w.machines[i];
+                m.check_failing = m.check_failing.map(|f| !f);
+                m.checks_at = w.time;
             }
             Action::RestartReplica(r) => {
                 let conf = self.env.replica_restart?;
@@ -397,6 +456,9 @@ impl Model for Scenario {
             Property::always(HOLD_REPORTED, |_, w: &World| {
                 w.record.hold_unreported.is_none()
             }),
+            Property::always(HOLD_ONE_ROUND_TRIP, |_, w: &World| {
+                w.record.hold_acted_through.is_none()
+            }),
             Property::always(ONE_APPROVAL_ONE_ROTATION, |_, w: &World| {
                 w.record
                     .approval_rotations
@@ -420,8 +482,26 @@ impl Model for Scenario {
             Property::always(NO_SERVING_UNPROBEABLE_RESTART, |_, w: &World| {
                 w.record.serving_restarted.is_none()
             }),
+            Property::always(FINISHED_AFTER_A_CHECK, |_, w: &World| {
+                w.record.finished_unchecked.is_none()
+            }),
+            Property::always(TIP_MOVE_ALERTED, |_, w: &World| {
+                w.record.tip_move_unalerted.is_none()
+            }),
             Property::always(FAILURE_COUNTS_LANDED, |_, w: &World| {
                 failure_counts_landed(w)
+            }),
+            Property::always(ONE_STEP_AT_ONCE, |_, w: &World| {
+                w.record.two_at_once.is_none()
+            }),
+            Property::always(NOT_FAILED_ON_OWN_EXIT, |_, w: &World| {
+                w.record.failed_on_own_exit.is_none()
+            }),
+            Property::always(NOT_FAILED_WHILE_STOPPING, |_, w: &World| {
+                w.record.failed_while_stopping.is_none()
+            }),
+            Property::always(ONE_OFF_UNTOUCHED, |_, w: &World| {
+                w.record.one_off_touched.is_none()
             }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
@@ -440,6 +520,8 @@ pub const BUSY_RESTART: &str =
 pub const SLOTS_WITHIN_CAP: &str = "live slots within the cap";
 pub const CORDONS_WITHIN_CAP: &str = "cordoned machines within the cap";
 pub const HOLD_REPORTED: &str = "a disruptive call after a hold is reported";
+pub const HOLD_ONE_ROUND_TRIP: &str =
+    "no disruptive call more than one round trip after a hold was written";
 pub const ONE_APPROVAL_ONE_ROTATION: &str = "one approval, one rotation";
 pub const UNDO_RECORDED: &str = "nothing cordoned or fenced without a record that undoes it";
 pub const MANUAL_APPROVED: &str = "no restart in a manual pool without an approval of that commit";
@@ -451,6 +533,17 @@ pub const GIVEN_UP_FREES_SLOT: &str = "a release whose undrain was given up free
 pub const NO_SERVING_UNPROBEABLE_RESTART: &str =
     "no agent restarted as unprobeable unless Fly's checks fail";
 pub const FAILURE_COUNTS_LANDED: &str = "a failed rotation counts only restarts that landed";
+pub const FINISHED_AFTER_A_CHECK: &str =
+    "a restart is verified only on a Fly check result newer than it";
+pub const TIP_MOVE_ALERTED: &str =
+    "a restart that loaded a tip the pool would not have restarted it for is alerted";
+pub const ONE_STEP_AT_ONCE: &str = "no two replicas act on one machine at once";
+pub const NOT_FAILED_ON_OWN_EXIT: &str =
+    "a rotation is not failed by our own restart's exit (crash loops count only crashes)";
+pub const NOT_FAILED_WHILE_STOPPING: &str =
+    "an attempt is not failed while Fly may still be stopping the machine (its stop timeout)";
+pub const ONE_OFF_UNTOUCHED: &str =
+    "a machine that is not the app's own (console, release command) is never acted on";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -591,7 +684,48 @@ fn call(w: &mut World, r: usize, answer: Answer, stuck: bool) {
         return;
     }
     let op = ex.ops.remove(0);
-    let next = one_call(w, r, &mut ex, &op, answer, stuck);
+    let call_of_its_own = !matches!(op, Op::If(..) | Op::FlyChecksPass { .. });
+    // The lease refresher runs between calls: a lease that lapsed at Fly
+    // is refreshed late, and Fly answers with another holder's 409 or,
+    // nobody holding it, a new lease with another nonce (#32 item 13f).
+    let mut lost = false;
+    if call_of_its_own && ex.leased && w.machines[ex.machine].lease != Some(r as u8) {
+        let m = &mut w.machines[ex.machine];
+        if m.lease.is_none() && refresh_counts(false) {
+            m.lease = Some(r as u8);
+        } else {
+            lost = true;
+        }
+    }
+    if !lost && ex.overtaken && answers(&op).1 && w.record.two_at_once.is_none() {
+        w.record.two_at_once = Some(format!(
+            "m{}: r{r}'s {op:?} landed after another replica took the machine's lease within its step",
+            ex.machine
+        ));
+    }
+    let next = if lost {
+        // `validity.lost`: the step stops before its next call; there is
+        // no lease left to release.
+        ex.leased = false;
+        Next::Drop
+    } else {
+        one_call(w, r, &mut ex, &op, answer, stuck)
+    };
+    // A mutating call of this step landed: any other step on the machine
+    // that believes it holds the lease has been acted across.
+    if !lost && answers(&op).1 && answer != Answer::RateLimited && w.machines[ex.machine].host_ok {
+        for (q, other) in w.replicas.iter_mut().enumerate() {
+            if let Some(theirs) = other.queue.first_mut().filter(|e| e.machine == ex.machine)
+                && q != r
+                && theirs.leased
+            {
+                theirs.overtaken = true;
+            }
+        }
+    }
+    if call_of_its_own {
+        ex.calls = ex.calls.saturating_add(1);
+    }
     let ended = match next {
         Next::Go => {
             resolve_ifs(&mut ex);
@@ -706,6 +840,19 @@ fn read_back(w: &mut World, ex: &mut Exec, undo_fails: bool) {
     }
 }
 
+/// `FlyClient::refresh_lease`'s rule (#32 item 13f): a refresh counts only
+/// when Fly answers with our nonce.
+fn refresh_counts(same_nonce: bool) -> bool {
+    same_nonce
+}
+
+/// `FlyClient`'s retry of a 408 (`fly.rs`, #32 item 13a): the call may
+/// have been carried out, so an unsafe one (restart, lease acquire) is
+/// `OutcomeUnknown`, never repeated; an idempotent write is retried.
+fn repeated_after_408(op: &Op) -> bool {
+    !matches!(op, Op::Restart { .. } | Op::Acquire)
+}
+
 /// A mutating Fly call on the machine lands: host reachable and not 429.
 fn lands(w: &World, ex: &Exec, answer: Answer) -> bool {
     answer != Answer::RateLimited && w.machines[ex.machine].host_ok
@@ -768,12 +915,18 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 if !m.started {
                     return Next::Fail;
                 }
-                if let Some(target) = ex.approval {
-                    // `approved`: names the commit, and `now` to interrupt.
-                    let ok = approval_of(m).is_some_and(|a| {
-                        a.approves(&commit(target))
-                            && (*need != Need::Interrupting || a.mode == ApprovalMode::Now)
-                    });
+                if let Some((target, named)) = &ex.approval {
+                    // `approved`: the very approval the marker names (if it
+                    // names one), naming the commit, and `now` to interrupt.
+                    let value = m.metadata.get(APPROVE_KEY);
+                    let ours = named
+                        .as_ref()
+                        .is_none_or(|id| value.is_some_and(|v| ApprovalId::of(v).as_str() == id));
+                    let ok = ours
+                        && approval_of(m).is_some_and(|a| {
+                            a.approves(&commit(*target))
+                                && (*need != Need::Interrupting || a.mode == ApprovalMode::Now)
+                        });
                     if !ok {
                         return Next::Fail;
                     }
@@ -818,6 +971,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 return Next::Fail;
             };
             if lands(w, ex, answer) {
+                if matches!(write, MarkerWrite::Restarting(_)) {
+                    w.machines[i].restart_marked = Some(w.time);
+                }
                 w.machines[i]
                     .metadata
                     .insert(MARKER_KEY.into(), value.clone());
@@ -881,10 +1037,8 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
             });
             if lands(w, ex, answer) {
                 let time = w.time;
+                landed_on_hold(w, ex, "cordon");
                 let m = &mut w.machines[i];
-                if m.metadata.contains_key(HOLD_KEY) {
-                    ex.hold_unreported = true;
-                }
                 if !m.cordoned {
                     m.cordoned_at = Some(time);
                 }
@@ -907,15 +1061,12 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                 instance: ex.seen_instance,
                 undo_uncordon: false,
             });
-            let m = &mut w.machines[i];
-            if !m.agent_ok {
+            if !w.machines[i].agent_ok {
                 return if *tolerant { Next::Go } else { Next::Fail };
             }
-            if m.host_ok && m.started {
-                if m.metadata.contains_key(HOLD_KEY) {
-                    ex.hold_unreported = true;
-                }
-                m.fenced = Some(tag.clone());
+            if w.machines[i].host_ok && w.machines[i].started {
+                landed_on_hold(w, ex, "drain");
+                w.machines[i].fenced = Some(tag.clone());
             }
             match answered(answer, w, ex) {
                 Next::Fail if *tolerant => Next::Go,
@@ -969,7 +1120,9 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         }
         // Judged on the check just before (one read here).
         Op::FlyChecksPass { expected } => {
-            if ex.checks_seen == Some(Some(false)) {
+            // `MachineCheck::any_failing` on that read: none failing (or
+            // none defined) declines.
+            if ex.checks_seen != Some(Some(true)) {
                 Next::Then(vec![
                     Op::Check(Need::Write),
                     Op::WriteMarker(MarkerWrite::Exact(expected.clone())),
@@ -996,22 +1149,15 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
                     Op::ReadAfterAndRelease,
                 ]);
             }
-            if lands(w, ex, answer) {
-                judge_restart(w, r, ex);
-                let tip = w.tip;
-                let m = &mut w.machines[i];
-                if m.metadata.contains_key(HOLD_KEY) {
-                    ex.hold_unreported = true;
-                }
-                // Restart keeps the instance; the agent loads the tip; the
-                // cordon does not survive (FLY-REALITY's model).
-                if !stuck {
-                    m.loaded = tip;
-                }
-                m.busy = false;
-                m.fenced = None;
-                m.cordoned = false;
-                m.cordoned_at = None;
+            if !lands(w, ex, answer) {
+                return answered(answer, w, ex);
+            }
+            restart_lands(w, r, ex, stuck);
+            // A 408 (#32 item 13a): carried out, and repeated only where
+            // the client repeats it (the second is answered).
+            if answer == Answer::Timeout408 && repeated_after_408(op) {
+                restart_lands(w, r, ex, stuck);
+                return answered(Answer::Ok, w, ex);
             }
             answered(answer, w, ex)
         }
@@ -1031,10 +1177,19 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
         }
         Op::SetUnprobed(value) => {
             if lands(w, ex, answer) {
-                let md = &mut w.machines[i].metadata;
+                let skew = w.replicas[r].skew;
+                let m = &mut w.machines[i];
                 match value {
-                    Some(v) => md.insert(UNPROBED_KEY.into(), v.clone()),
-                    None => md.remove(UNPROBED_KEY),
+                    Some(v) => {
+                        if m.unprobed_since.as_ref().is_none_or(|(was, _)| was != v)
+                            && let Some(record) = Unprobed::parse(v)
+                        {
+                            let since = (record.since - at(0)).num_seconds() - skew;
+                            m.unprobed_since = Some((v.clone(), since));
+                        }
+                        m.metadata.insert(UNPROBED_KEY.into(), v.clone())
+                    }
+                    None => m.metadata.remove(UNPROBED_KEY),
                 };
             }
             answered(answer, w, ex)
@@ -1067,6 +1222,48 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
     }
 }
 
+/// Our restart lands on the step's machine: the invariants judged at that
+/// instant, then Fly's effect.
+fn restart_lands(w: &mut World, r: usize, ex: &mut Exec, stuck: bool) {
+    judge_restart(w, r, ex);
+    landed_on_hold(w, ex, "restart");
+    let (tip, time) = (w.tip, w.time);
+    let m = &mut w.machines[ex.machine];
+    // Restart keeps the instance; the agent loads the tip (after the
+    // stop timeout, if the config sets one); the cordon does not survive
+    // (FLY-REALITY's model). Fly records the exit we asked for.
+    if m.stop_timeout > 0 {
+        m.back_at = Some(time + i64::from(m.stop_timeout));
+    } else {
+        if !stuck {
+            m.loaded = tip;
+        }
+        m.busy = false;
+        m.fenced = None;
+    }
+    m.exits = vec![super::world::Exit::Requested];
+    m.cordoned = false;
+    m.cordoned_at = None;
+}
+
+/// A disruptive call (the step's call number `ex.calls`) landed on its
+/// machine: a hold there is owed a report (the read after the call), and
+/// one written before the step's previous call was acted through (no read
+/// stood between it and the call: more than one round trip, #32 item 11).
+fn landed_on_hold(w: &mut World, ex: &mut Exec, call: &str) {
+    if !w.machines[ex.machine].metadata.contains_key(HOLD_KEY) {
+        return;
+    }
+    ex.hold_unreported = true;
+    let written = ex.hold_at.unwrap_or(0);
+    if written < ex.calls && w.record.hold_acted_through.is_none() {
+        w.record.hold_acted_through = Some(format!(
+            "m{}: {call} (call {} of its step) landed on a hold written before call {written}",
+            ex.machine, ex.calls
+        ));
+    }
+}
+
 /// The invariants judged at the instant a restart lands on the step's
 /// machine: on the marker in force, the approval the last check read, the
 /// agent's work at the fresh probe, and true time since the cordon landed.
@@ -1089,8 +1286,14 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
         .filter(|a| a.approves(&marker.target));
     // An agent no probe reaches while Fly's checks fail is taken for dead
     // past the probe-failure ceiling (docs/safety.md): its work is unknown.
+    // Only past the probe-failure ceiling on one clock: counted from the
+    // true time the shared record's `since` stands for (#32 item 8).
     let failing = ex.checks_seen.unwrap_or(m.check_failing) == Some(true);
-    let dead = ex.unprobeable && failing;
+    let past_ceiling = m
+        .unprobed_since
+        .as_ref()
+        .is_some_and(|(_, t)| w.time - t >= PROBE_CEILING);
+    let dead = ex.unprobeable && failing && past_ceiling;
     let busy = ex.busy_at_probe.unwrap_or(m.busy) && !dead;
     let approved_now = approval
         .as_ref()
@@ -1099,10 +1302,28 @@ fn judge_restart(w: &mut World, r: usize, ex: &Exec) {
         && m.cordoned_at.is_some_and(|c| w.time - c >= RESTART_GRACE);
     if busy && !approved_now && !grace && w.record.busy_restart.is_none() {
         w.record.busy_restart = Some(format!(
-            "m{i} busy, restarted by r{r} at t={} (policy {action}, cordon since {:?}, marker action {})",
-            w.time, m.cordoned_at, marker.action
+            "m{i} busy, restarted by r{r} at t={} (policy {action}, cordon since {:?}, marker action {}, unprobeable {}, unprobed since {:?})",
+            w.time,
+            m.cordoned_at,
+            marker.action,
+            ex.unprobeable,
+            m.unprobed_since.as_ref().map(|(_, t)| t)
         ));
     }
+    // The agent loads the tip in force now: if it moved since the plan,
+    // would the pool have restarted the machine for it? If not, the verify
+    // must say so (docs/safety.md, "A tip that moves within a step").
+    if w.tip != ex.plan_tip {
+        let now_action = w.replicas[r].conf.action(w.tip);
+        let approved_loaded = ex
+            .seen_approval
+            .as_deref()
+            .and_then(Approval::parse)
+            .is_some_and(|a| a.approves(&commit(w.tip)));
+        w.machines[i].loaded_unauthorized = now_action != marker.action
+            || (marker.action == PolicyAction::Manual && !approved_loaded);
+    }
+    let m = &w.machines[i];
     let manual = action == PolicyAction::Manual || marker.action == PolicyAction::Manual;
     if manual && approval.is_none() && w.record.manual_restart.is_none() {
         w.record.manual_restart = Some(format!(

@@ -247,3 +247,93 @@ pub fn cut_off_with_a_failing_check(w: &mut World) {
     w.machines[0].check_failing = Some(true);
     cut_off_after_seeing_the_drift(w);
 }
+
+/// #32 item 8, the probe-failure ceiling: both replicas swept once and saw
+/// m0 drifted (their steps did not run: say the pool was at its cap then);
+/// since, its agent answers nobody (busy all the same) and its Fly check
+/// fails. Whichever replica sweeps first writes the shared record, stamped
+/// on its own clock.
+pub fn unprobeable_after_both_saw_the_drift(w: &mut World) {
+    for r in 0..w.replicas.len() {
+        super::sweep::sweep_and_plan(w, r, false);
+        w.replicas[r].queue.clear();
+    }
+    let m = &mut w.machines[0];
+    m.agent_ok = false;
+    m.check_failing = Some(true);
+}
+
+/// #32 item 11: m0's rotation drains an idle agent, cordoned, its slot
+/// held: the next sweep plans its restart (no live work), whose probe
+/// takes a call of its own.
+pub fn draining_an_idle_agent(w: &mut World) {
+    let mut d = past(
+        w,
+        Phase::Draining,
+        RotationMode::Grace,
+        PolicyAction::Restart,
+    );
+    d.attempt = 0;
+    d.restart_at = None;
+    d.attempt_started_at = at(-60);
+    d.cordoned = Some(true);
+    let m = &mut w.machines[0];
+    m.metadata.insert(MARKER_KEY.into(), d.to_value());
+    m.cordoned = true;
+    m.cordoned_at = Some(-60);
+    if let Ok(mut set) = SlotSet::parse(None) {
+        let slot = Slot {
+            machine_id: machine_id(0),
+            tag: TAG.into(),
+            owner: "r0".into(),
+            since: at(-60),
+        };
+        set.try_add(&APP.into(), &POOL.into(), slot, 1);
+        w.slots = set.to_value();
+    }
+}
+
+/// #32 item 13b: as `draining_an_idle_agent`, and m0's config defines a
+/// Fly health check, passing (last run a minute ago).
+pub fn draining_an_idle_agent_with_a_check(w: &mut World) {
+    draining_an_idle_agent(w);
+    let m = &mut w.machines[0];
+    m.check_failing = Some(false);
+    m.checks_at = -60;
+}
+
+/// #32 item 13a: as `draining_an_idle_agent`, but the retry after one
+/// restart of the tip that did not verify: one restart left of
+/// `max_attempts = 2`.
+pub fn retry_draining_an_idle_agent(w: &mut World) {
+    draining_an_idle_agent(w);
+    let m = &mut w.machines[0];
+    if let Some(mut d) = m.metadata.get(MARKER_KEY).and_then(|v| Marker::parse(v)) {
+        d.attempt = 1;
+        m.metadata.insert(MARKER_KEY.into(), d.to_value());
+    }
+    w.record.restarts.insert((0, w.tip), 1);
+}
+
+/// #32 item 13e: as `draining_an_idle_agent`, and m0's config sets a stop
+/// timeout (`kill_timeout`) of 60 s, twice the verify deadline: its agent
+/// takes all of it to stop.
+pub fn draining_an_idle_agent_with_a_stop_timeout(w: &mut World) {
+    draining_an_idle_agent(w);
+    w.machines[0].stop_timeout = 60;
+}
+
+/// #32 item 13h: m1 is a `fly console` machine flyctl made from m0's
+/// config (so it carries the pool label) with its own process group; it
+/// runs the old commit and is idle.
+pub fn a_console_beside_the_app(w: &mut World) {
+    let m = &mut w.machines[1];
+    m.one_off = true;
+    for (k, v) in [
+        ("fly_platform_version", "v2"),
+        ("fly_process_group", "fly_app_console"),
+    ] {
+        m.metadata.insert(k.into(), v.into());
+    }
+    m.older = m.metadata.clone();
+}

@@ -140,6 +140,10 @@ fn listed(w: &World, r: usize) -> Snapshot {
         .machines
         .iter()
         .enumerate()
+        // `FlyClient::list_machines` leaves out machines made for a one-off
+        // command (#32 item 13h), by the real predicate on the machine as
+        // Fly lists it.
+        .filter(|(i, m)| !listed_by_fly(*i, m).is_some_and(|f| f.is_one_off_command()))
         .map(|(i, m)| {
             let id = format!("m{i}");
             let report = report(w, r, i);
@@ -172,31 +176,39 @@ fn listed(w: &World, r: usize) -> Snapshot {
                     } else {
                         BTreeMap::new()
                     },
-                    unusual: (!m.host_ok || m.check_failing == Some(true)).then(|| {
-                        Box::new(Unusual {
-                            metadata_unknown: (!m.host_ok)
-                                .then(|| "host_status unreachable".into()),
-                            checks: if m.check_failing == Some(true) {
-                                vec![fleet_reconciler::fly::MachineCheck {
-                                    name: "health".into(),
-                                    status: "critical".into(),
-                                    output: String::new(),
-                                    updated_at: Some(at(w.time)),
-                                }]
-                            } else {
-                                Vec::new()
-                            },
-                            ..Unusual::default()
-                        })
-                    }),
+                    unusual: (!m.host_ok || m.check_failing == Some(true) || !m.exits.is_empty())
+                        .then(|| {
+                            Box::new(Unusual {
+                                metadata_unknown: (!m.host_ok)
+                                    .then(|| "host_status unreachable".into()),
+                                checks: if m.check_failing == Some(true) {
+                                    vec![fleet_reconciler::fly::MachineCheck {
+                                        name: "health".into(),
+                                        status: "critical".into(),
+                                        output: String::new(),
+                                        updated_at: Some(at(m.checks_at)),
+                                    }]
+                                } else {
+                                    Vec::new()
+                                },
+                                events: m
+                                    .exits
+                                    .iter()
+                                    .map(|e| exit_event(e, m.restart_marked.unwrap_or(w.time)))
+                                    .collect(),
+                            })
+                        }),
                     fly_checks: match m.check_failing {
                         None => FlyChecks::NoneDefined,
                         Some(true) => FlyChecks::NotAllPassing,
-                        Some(false) => FlyChecks::AllPassingSince(at(w.time).timestamp_millis()),
+                        Some(false) => {
+                            FlyChecks::AllPassingSince(at(m.checks_at).timestamp_millis())
+                        }
                     }
                     .into(),
                     instance_id: format!("i{}", m.instance),
                     cordoned: m.host_ok.then_some(m.cordoned),
+                    stop_timeout_secs: m.stop_timeout,
                     health_url: Some(format!("http://agents/{id}/health")),
                     ..MachineInputs::default()
                 },
@@ -222,6 +234,38 @@ fn listed(w: &World, r: usize) -> Snapshot {
 }
 
 const POOL_KEY_VALUE: &str = super::world::POOL;
+
+/// Machine `i` as Fly's listing shows it (id, state, host, metadata).
+fn listed_by_fly(i: usize, m: &super::world::Machine) -> Option<fleet_reconciler::fly::Machine> {
+    serde_json::from_value(serde_json::json!({
+        "id": format!("m{i}"),
+        "state": if m.started { "started" } else { "stopped" },
+        "host_status": if m.host_ok { "ok" } else { "unreachable" },
+        "config": {"metadata": m.metadata},
+    }))
+    .ok()
+}
+
+/// Fly's event for one exit (`request.exit_event`, as fly-go reads it),
+/// just after our restart was marked at true time `marked`.
+fn exit_event(e: &super::world::Exit, marked: i64) -> fleet_reconciler::fly::MachineEvent {
+    use super::world::Exit;
+    let (time, ours) = match *e {
+        Exit::Requested => (marked, true),
+        Exit::Crash => (marked + 1, false),
+    };
+    fleet_reconciler::fly::MachineEvent {
+        kind: fleet_reconciler::fly::MachineEvent::EXIT.into(),
+        status: "stopped".into(),
+        source: "flyd".into(),
+        timestamp: at(time).timestamp_millis(),
+        exit: Some(fleet_reconciler::fly::ExitDetail {
+            exit_code: if ours { 143 } else { 1 },
+            restarting: true,
+            requested_stop: ours,
+        }),
+    }
+}
 
 /// Replica `r` sweeps and plans: its tracker folds the sweep in, the real
 /// planner plans at the replica's own clock, and each step becomes the
@@ -277,8 +321,20 @@ pub fn sweep_and_plan(w: &mut World, r: usize, hosts_go_out: bool) {
             _ => Refused::No,
         };
     }
+    tip_move_alerted(w, r, &p);
+    if w.record.finished_unchecked.is_none() {
+        w.record.finished_unchecked = finished_unchecked(w, &p.steps());
+    }
     if w.record.over_cap_kept.is_none() {
         w.record.over_cap_kept = over_cap_kept(w, &snap, r, &p.steps());
+    }
+    attempts_ended(w, &p.steps());
+    if w.record.one_off_touched.is_none() {
+        w.record.one_off_touched = p
+            .steps()
+            .iter()
+            .find(|s| w.machines.get(index(s)).is_some_and(|m| m.one_off))
+            .map(|s| format!("r{r} at t={} planned {s} on a console machine", w.time));
     }
     let tip = w.tip;
     let replica = &mut w.replicas[r];
@@ -309,7 +365,12 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         .new_marker()
         .or(step.expected.as_ref())
         .filter(|m| m.action == fleet_reconciler::model::PolicyAction::Manual)
-        .map(|m| commit_index(&m.target));
+        .map(|m| {
+            (
+                commit_index(&m.target),
+                m.approval.as_ref().map(|a| a.as_str().to_string()),
+            )
+        });
     let need = if step.needs_slot() {
         Need::Disruptive
     } else {
@@ -523,6 +584,9 @@ fn calls(step: &Step, tip: u8) -> Option<Exec> {
         put_back: None,
         putting_back: false,
         checks_seen: None,
+        calls: 0,
+        hold_at: None,
+        overtaken: false,
         given_up: match &step.kind {
             StepKind::Release {
                 marker,
@@ -600,4 +664,113 @@ fn over_cap_kept(w: &World, snap: &Snapshot, r: usize, steps: &[&Step]) -> Optio
             w.time
         )
     })
+}
+
+/// #32 item 13b, judged on the plan: a rotation that restarted a machine
+/// whose config defines Fly checks finishes as verified only on a result
+/// Fly wrote after our `restarting` marker (its `restart_at`): an empty or
+/// older list is not "passing".
+fn finished_unchecked(w: &World, steps: &[&Step]) -> Option<String> {
+    steps.iter().find_map(|s| {
+        let StepKind::Release { marker, .. } = &s.kind else {
+            return None;
+        };
+        let restarted = s.expected.as_ref()?.phase == Phase::Restarting;
+        let m = w.machines.get(index(s))?;
+        let unchecked =
+            m.check_failing.is_some() && m.restart_marked.is_some_and(|r| m.checks_at <= r);
+        (restarted && marker.ending == Some(Ending::Finished) && unchecked).then(|| {
+            format!(
+                "m{} finished at t={} on checks last run at t={}, restarted at t={:?}",
+                index(s),
+                w.time,
+                m.checks_at,
+                m.restart_marked
+            )
+        })
+    })
+}
+
+/// "A tip that moves within a step" (docs/safety.md): the plan that
+/// finishes a rotation whose restart loaded a tip the pool would not have
+/// restarted it for raises `rotation_stuck` for the machine; judged once,
+/// at that plan.
+fn tip_move_alerted(w: &mut World, r: usize, p: &fleet_reconciler::decide::planner::Plan) {
+    for i in 0..w.machines.len() {
+        if !w.machines[i].loaded_unauthorized {
+            continue;
+        }
+        let id = super::world::machine_id(i);
+        let finished = p.steps().iter().any(|s| {
+            s.target.machine_id == id
+                && matches!(&s.kind, StepKind::Release { marker, .. } if marker.ending == Some(Ending::Finished))
+        });
+        if !finished {
+            continue;
+        }
+        w.machines[i].loaded_unauthorized = false;
+        let alerted = p
+            .alerts
+            .iter()
+            .any(|a| a.kind == AlertKind::RotationStuck && a.machine_id.as_ref() == Some(&id));
+        if !alerted && w.record.tip_move_unalerted.is_none() {
+            w.record.tip_move_unalerted = Some(format!(
+                "m{i}: r{r} finished its rotation on tip {} with no alert",
+                w.tip
+            ));
+        }
+    }
+}
+
+/// #32 items 13c and 13e, judged on the plan: a step that ends a
+/// restart's attempt (back off, or fail past `max_attempts`) while, in
+/// truth, the machine came back on its target with fewer crashes since
+/// our restart than a crash loop (our own restart's exit is no crash), or
+/// is still being stopped within its stop timeout.
+fn attempts_ended(w: &mut World, steps: &[&Step]) {
+    for s in steps {
+        let restarting = s
+            .expected
+            .as_ref()
+            .is_some_and(|e| e.phase == Phase::Restarting);
+        let ended = match &s.kind {
+            StepKind::Advance { marker, .. } => marker.phase == Phase::Backoff,
+            StepKind::Release { marker, .. } => marker.failed.is_some(),
+            _ => false,
+        };
+        let Some(m) = w.machines.get(index(s)) else {
+            continue;
+        };
+        if !restarting || !ended {
+            continue;
+        }
+        let target = s.expected.as_ref().map(|e| commit_index(&e.target));
+        let crashes = m
+            .exits
+            .iter()
+            .filter(|e| matches!(e, super::world::Exit::Crash))
+            .count();
+        let back = m.back_at.is_none() && m.started && Some(m.loaded) == target;
+        if back
+            && crashes < fleet_reconciler::decide::planner::CRASH_LOOP_EXITS
+            && m.check_failing != Some(true)
+            && w.record.failed_on_own_exit.is_none()
+        {
+            w.record.failed_on_own_exit = Some(format!(
+                "m{} back on its target with {crashes} crash(es) since the restart, its attempt ended at t={} ({s})",
+                index(s),
+                w.time
+            ));
+        }
+        if let Some(b) = m.back_at.filter(|b| *b > w.time)
+            && w.record.failed_while_stopping.is_none()
+        {
+            w.record.failed_while_stopping = Some(format!(
+                "m{} still stopping (back at t={b}, stop timeout {} s), its attempt ended at t={} ({s})",
+                index(s),
+                m.stop_timeout,
+                w.time
+            ));
+        }
+    }
 }

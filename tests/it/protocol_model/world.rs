@@ -31,6 +31,8 @@ pub const CRITICAL: u8 = 2;
 /// The model's rotation durations: tiny, so the tick quanta cross them
 /// within the depth.
 pub const RESTART_GRACE: i64 = 10;
+/// `rotation.probe_failure_ceiling` of the model's policy.
+pub const PROBE_CEILING: i64 = 120;
 /// The longest wait a cordoned machine may be left in (the drain and
 /// checkpoint ceilings, 60 s) plus one sweep's slack.
 pub const CORDON_WAIT_BOUND: i64 = 90;
@@ -90,7 +92,7 @@ impl Conf {
         r.drain_ceiling = Duration::from_secs(60);
         r.checkpoint_deadline = Duration::from_secs(60);
         r.retry_after = Duration::from_secs(60);
-        r.probe_failure_ceiling = Duration::from_secs(120);
+        r.probe_failure_ceiling = Duration::from_secs(PROBE_CEILING as u64);
         r.verify_deadline = Duration::from_secs(30);
         r.recent_input_guard = Duration::ZERO;
         r.max_attempts = NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN);
@@ -142,6 +144,41 @@ pub struct Machine {
     /// Fly's health checks: `None` when the config defines none, else
     /// whether one fails.
     pub check_failing: Option<bool>,
+    /// The shared probe-failure record's value and the true time its
+    /// `since` stands for (its writer's clock taken off): the
+    /// probe-failure ceiling on one clock counts from there.
+    pub unprobed_since: Option<(String, i64)>,
+    /// True time of Fly's latest result of the machine's checks (Fly runs
+    /// them at every tick; Fly's clock is true time).
+    pub checks_at: i64,
+    /// True time our `restarting` marker (its `restart_at`) was written.
+    pub restart_marked: Option<i64>,
+    /// Our restart loaded a newer tip than its step was planned on, one
+    /// the pool would not have restarted it for: the verify owes an alert.
+    pub loaded_unauthorized: bool,
+    /// Fly's exit events since our last restart landed (#32 item 13c).
+    pub exits: Vec<Exit>,
+    /// The config's stop timeout (`kill_timeout`), seconds: a restart
+    /// waits up to it before the machine stops (#32 item 13e).
+    pub stop_timeout: u16,
+    /// True time a restart that is still stopping the machine brings it
+    /// back on the tip (the whole stop timeout used; boot takes no time).
+    pub back_at: Option<i64>,
+    /// A machine flyctl made for a one-off command (`fly console`): its
+    /// metadata names the process group; never the app's own (#32 item 13h).
+    pub one_off: bool,
+}
+
+/// One of Fly's exit events (`request.exit_event`). Untimed, so that
+/// paths that differ only in when an exit came stay one state: the sweep
+/// stamps them just after our `restarting` marker, within the verify
+/// window.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Exit {
+    /// Our restart's: requested, exit code 143, Fly starts it again.
+    Requested,
+    /// The process crashed on its own (code 1) and Fly restarted it.
+    Crash,
 }
 
 /// Where a refused undo stands (`Machine::undo_refused`).
@@ -173,6 +210,14 @@ impl Machine {
             undo_refused: Refused::No,
             agent_ok: true,
             check_failing: None,
+            unprobed_since: None,
+            checks_at: -1000,
+            restart_marked: None,
+            loaded_unauthorized: false,
+            exits: Vec::new(),
+            stop_timeout: 0,
+            back_at: None,
+            one_off: false,
         }
     }
 }
@@ -317,8 +362,9 @@ pub struct Exec {
     pub ops: Vec<Op>,
     /// The marker the machine must carry (`Watch::marker`).
     pub watch: Option<String>,
-    /// A manual rotation's commit (`Watch::approval`).
-    pub approval: Option<u8>,
+    /// A manual rotation's commit, and the approval its marker names
+    /// (`Watch::approval`).
+    pub approval: Option<(u8, Option<String>)>,
     /// The first check's read: instance, Fly's cordon, the approval's value.
     pub first_instance: Option<u8>,
     pub first_cordoned: bool,
@@ -350,6 +396,15 @@ pub struct Exec {
     /// Fly's checks as the last check read them (a flap within the
     /// restart's round trip is the same gap as a revoke).
     pub checks_seen: Option<Option<bool>>,
+    /// Calls of this step made so far (a probe is one; `If` and
+    /// `FlyChecksPass` are none).
+    pub calls: u8,
+    /// How many of its calls the step had made when the last hold was
+    /// written on its machine (`None`: before the step began).
+    pub hold_at: Option<u8>,
+    /// Another replica's mutating call landed on the machine within this
+    /// step (possible only after this step's lease lapsed at Fly).
+    pub overtaken: bool,
 }
 
 /// A machine's hold and marker values.
@@ -405,6 +460,9 @@ pub struct Record {
     pub busy_restart: Option<String>,
     pub manual_restart: Option<String>,
     pub hold_unreported: Option<String>,
+    /// A disruptive call landed on a machine held since before the step's
+    /// previous call: more than one round trip after the hold was written.
+    pub hold_acted_through: Option<String>,
     /// Per approval (its `by`): the rotation tags restarted under it.
     pub approval_rotations: BTreeMap<String, BTreeSet<String>>,
     /// Restarts per (machine, target).
@@ -418,12 +476,29 @@ pub struct Record {
     /// A release whose undrain the plan gave up ended with its slot held
     /// (#32 item 4): asked again every sweep, it would hold it forever.
     pub given_up_kept: Option<String>,
+    /// A rotation whose restart loaded a tip the pool would not have
+    /// restarted it for was finished with no alert saying so.
+    pub tip_move_unalerted: Option<String>,
+    /// A rotation planned to finish as verified after our restart while
+    /// Fly had not checked the machine since (#32 item 13b).
+    pub finished_unchecked: Option<String>,
     /// An agent that answers (only the acting replica's probes fail) was
     /// restarted as unprobeable while Fly's checks did not fail (#32 item 3).
     pub serving_restarted: Option<String>,
     /// Machines where a put-back of the plan's marker after a restart that
     /// was not made failed (the known gap of `put_marker_back`).
     pub put_back_refused: BTreeSet<u8>,
+    /// A call of one step landed after another replica took the machine's
+    /// lease since the step took it (#32 item 13f).
+    pub two_at_once: Option<String>,
+    /// An attempt ended as failed on exits we asked for: the machine came
+    /// back on its target with fewer crashes than a crash loop (#32 item 13c).
+    pub failed_on_own_exit: Option<String>,
+    /// An attempt ended as failed while Fly was still stopping the machine
+    /// within its stop timeout (#32 item 13e).
+    pub failed_while_stopping: Option<String>,
+    /// A step planned for a machine that is not the app's own (#32 item 13h).
+    pub one_off_touched: Option<String>,
 }
 
 impl Record {
@@ -432,11 +507,18 @@ impl Record {
         self.busy_restart.is_some()
             || self.manual_restart.is_some()
             || self.hold_unreported.is_some()
+            || self.hold_acted_through.is_some()
             || self.approval_rotations.values().any(|t| t.len() > 1)
             || self.restarts.values().any(|n| *n > 2)
             || self.over_cap_kept.is_some()
             || self.given_up_kept.is_some()
             || self.serving_restarted.is_some()
+            || self.finished_unchecked.is_some()
+            || self.tip_move_unalerted.is_some()
+            || self.two_at_once.is_some()
+            || self.failed_on_own_exit.is_some()
+            || self.failed_while_stopping.is_some()
+            || self.one_off_touched.is_some()
     }
 }
 

@@ -1,15 +1,21 @@
-//! Fleet-level alert conditions: coherence below threshold, sweeps failing,
-//! tip stale, an app that cannot be listed; and what carries alerts over a
-//! restart.
+//! Alerts: which conditions hold after each turn of the loop.
 //!
-//! Owns the rules that turn per-sweep facts (coherence, last successful sweep,
-//! last successful fetch, apps not listed) into `Alert`s, the little state
-//! those rules need (since when coherence has been below the threshold, which
-//! apps the last sweep could not list), and how alerts known before a restart
-//! keep firing until the evidence of this run confirms or clears them
-//! (`FleetAlertTracker::restore`, `RestoredMachineAlerts`). It must never read
-//! the clock or do I/O: `now` and every timestamp are arguments, so the rules
-//! are tested by driving time forward.
+//! Owns every rule that turns what a turn saw into `Alert`s, beside the
+//! planner's machine alerts ([`crate::decide::planner`] raises drift,
+//! unreachable, rotation and `coordinator_unreadable` alerts into
+//! `Plan::alerts`): the fleet rules (coherence below threshold, sweeps
+//! failing, tip stale, an app that cannot be listed), the little state those
+//! rules need ([`AlertMemory`]: since when coherence has been below the
+//! threshold, which apps the last sweep could not list, the machine alerts
+//! carried over a failed sweep or an unlistable app, and the alerts known
+//! before a restart until the evidence of this run confirms or clears them,
+//! [`FleetAlertTracker::restore`], [`RestoredMachineAlerts`]), and
+//! [`evaluate`], which turns one [`Turn`] into its complete [`AlertSet`].
+//!
+//! A new alert condition is one change here plus its test. It must never
+//! read the clock, deliver, or do I/O: `now` and every timestamp are
+//! arguments, so the rules are tested by driving time forward; delivering
+//! is `report::notify`'s.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,11 +23,12 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
+pub use crate::decide::coherence::{Coherence, CoherenceSample};
+use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
 use crate::events::{Alert, AlertKind, DedupKey};
 use crate::model::{AppName, MachineStatus, Severity};
 use crate::observe::sweep::StaleApp;
-pub use crate::report::coherence::{Coherence, CoherenceSample};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -514,6 +521,160 @@ impl RestoredMachineAlerts {
     }
 }
 
+/// The alert rules of a config: the fleet rules' thresholds and how long a
+/// restored machine alert waits for the planner to raise it again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlertRules {
+    pub fleet: FleetAlertRules,
+    /// `rotation.min_drift_age` plus two sweeps: the planner's drift clocks
+    /// start over at a restart, so it raises a drift alert only after that.
+    pub restored_grace: Duration,
+}
+
+impl AlertRules {
+    pub fn from_config(config: &Config) -> AlertRules {
+        AlertRules {
+            fleet: FleetAlertRules::from_config(config),
+            restored_grace: config.rotation.min_drift_age + config.sweep.interval.get() * 2,
+        }
+    }
+}
+
+/// One turn of the loop, as the alert rules read it.
+#[derive(Clone, Copy, Debug)]
+pub enum Turn<'a> {
+    /// A sweep that succeeded, planned on.
+    Swept {
+        report: &'a Snapshot,
+        plan: &'a Plan,
+        /// When the overlay was last fetched successfully.
+        tip_fetched_at: Option<DateTime<Utc>>,
+    },
+    /// A sweep that failed: nothing new is known of the machines.
+    Failed {
+        tip_fetched_at: Option<DateTime<Utc>>,
+    },
+}
+
+/// Every alert that holds after a turn: the machine alerts known last (the
+/// plan's, those carried for apps this sweep could not list, restored ones
+/// not yet settled), then the fleet's. What the notifier is given, whole:
+/// an alert missing from it is resolved.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AlertSet {
+    pub alerts: Vec<Alert>,
+}
+
+/// What the alert rules remember from one turn to the next; kept by whoever
+/// runs the loop's turns (the reporter) and changed only by [`evaluate`].
+#[derive(Clone, Debug)]
+pub struct AlertMemory {
+    fleet: FleetAlertTracker,
+    /// When a sweep last succeeded.
+    last_success: Option<DateTime<Utc>>,
+    /// Failed sweeps since the last success.
+    failures: u32,
+    /// The planner's machine alerts of the last successful sweep. A failed
+    /// sweep knows nothing new about machines, so they are carried over:
+    /// sending only the fleet alerts would resolve every drift alert, and
+    /// page again once sweeps recover. Likewise, per app, for the apps a
+    /// successful sweep could not list.
+    machine_alerts: Vec<Alert>,
+    /// Machine alerts from before a restart, until the planner has caught up.
+    restored: RestoredMachineAlerts,
+}
+
+impl AlertMemory {
+    /// The memory of a run that starts now: alerts firing before a restart
+    /// (`restored`, the notifier's saved state) keep firing until this run's
+    /// evidence confirms or clears them, since the planner's drift clocks
+    /// start over.
+    pub fn new(rules: &AlertRules, restored: &[Alert]) -> AlertMemory {
+        let mut fleet = FleetAlertTracker::new(rules.fleet.clone());
+        fleet.restore(restored);
+        let restored = RestoredMachineAlerts::new(restored, rules.restored_grace);
+        AlertMemory {
+            fleet,
+            last_success: None,
+            failures: 0,
+            // Until the first good sweep, what was known before the restart.
+            machine_alerts: restored.carried(),
+            restored,
+        }
+    }
+}
+
+/// The alerts that hold after `turn`, at `now` (the loop's time of the
+/// turn). Pure but for `memory`, which it brings up to date; the rules are
+/// those `memory` was made with ([`AlertMemory::new`]), so one memory is
+/// never judged by two sets of thresholds.
+pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) -> AlertSet {
+    let fleet = match turn {
+        Turn::Failed { tip_fetched_at } => {
+            memory.failures += 1;
+            memory.fleet.evaluate(
+                &FleetAlertInput {
+                    coherence: None,
+                    last_sweep_success: memory.last_success,
+                    consecutive_sweep_failures: memory.failures,
+                    last_tip_fetch: tip_fetched_at,
+                    tip_commit: None,
+                },
+                now,
+            )
+        }
+        Turn::Swept {
+            report,
+            plan,
+            tip_fetched_at,
+        } => {
+            memory.failures = 0;
+            memory.last_success = Some(now);
+            let sample = CoherenceSample::of(report, now);
+            memory.fleet.observe_listings(report);
+            let fleet = memory.fleet.evaluate(
+                &FleetAlertInput {
+                    coherence: Some(&sample),
+                    last_sweep_success: Some(now),
+                    consecutive_sweep_failures: 0,
+                    last_tip_fetch: tip_fetched_at,
+                    tip_commit: Some(report.tip.commit.as_str()),
+                },
+                now,
+            );
+            // Nothing new is known of the machines of an app this sweep could not
+            // list (the planner says nothing of them): their alerts stand.
+            let stale = report.stale_app_names();
+            let mut alerts: Vec<Alert> = plan.alerts.clone();
+            alerts.extend(
+                memory
+                    .machine_alerts
+                    .iter()
+                    .filter(|a| {
+                        a.app
+                            .as_ref()
+                            .is_some_and(|app| stale.contains(app.as_str()))
+                    })
+                    .cloned(),
+            );
+            // Alerts from before a restart, until this run's evidence settles them.
+            let restored = memory.restored.after_sweep(report, &alerts, now);
+            alerts.extend(restored);
+            memory.machine_alerts = alerts;
+            fleet
+        }
+    };
+    AlertSet {
+        alerts: with_machine_alerts(&memory.machine_alerts, fleet),
+    }
+}
+
+/// All alerts of a cycle: the machine alerts known last, then the fleet's.
+/// (The notifier logs each alert as it starts firing and as it clears.)
+fn with_machine_alerts(machine: &[Alert], fleet: Vec<Alert>) -> Vec<Alert> {
+    machine.iter().cloned().chain(fleet).collect()
+}
+
 fn fleet_alert(
     kind: AlertKind,
     severity: Severity,
@@ -596,6 +757,7 @@ mod tests {
             ],
             machines: Vec::new(),
             slots: Default::default(),
+            halts: Default::default(),
         }
     }
 
@@ -674,5 +836,59 @@ mod tests {
             "{}",
             alert.summary
         );
+    }
+
+    fn machine_alert(app: &str, machine: &str) -> Alert {
+        Alert {
+            kind: AlertKind::Drift,
+            app: Some(app.into()),
+            machine_id: Some(machine.into()),
+            commit: None,
+            severity: Severity::High,
+            summary: format!("{machine} drifted"),
+            details: BTreeMap::new(),
+        }
+    }
+
+    fn machines(set: &AlertSet) -> Vec<String> {
+        set.alerts
+            .iter()
+            .filter_map(|a| a.machine_id.as_ref().map(ToString::to_string))
+            .collect()
+    }
+
+    /// A failed sweep carries every machine alert known last; a sweep that
+    /// cannot list an app carries that app's, and only those.
+    #[test]
+    fn machine_alerts_are_carried_over_failed_sweeps_and_unlisted_apps() {
+        let rules = AlertRules {
+            fleet: rules(),
+            restored_grace: Duration::from_secs(150),
+        };
+        let mut memory = AlertMemory::new(&rules, &[]);
+        let mut both = Plan::default();
+        both.alerts = vec![machine_alert("a", "m-a"), machine_alert("b", "m-b")];
+        let none = Plan::default();
+        let listed = report(None);
+        let swept = |report, plan| Turn::Swept {
+            report,
+            plan,
+            tip_fetched_at: Some(t(0)),
+        };
+        let set = evaluate(swept(&listed, &both), &mut memory, t(0));
+        assert_eq!(machines(&set), ["m-a", "m-b"]);
+        let failed = Turn::Failed {
+            tip_fetched_at: Some(t(0)),
+        };
+        assert_eq!(
+            machines(&evaluate(failed, &mut memory, t(30))),
+            ["m-a", "m-b"]
+        );
+        // b cannot be listed: the planner says nothing of its machines.
+        let b_unlisted = report(Some(Some(t(0))));
+        let set = evaluate(swept(&b_unlisted, &none), &mut memory, t(60));
+        assert_eq!(machines(&set), ["m-b"]);
+        let set = evaluate(swept(&listed, &none), &mut memory, t(90));
+        assert!(set.alerts.is_empty(), "{set:?}");
     }
 }

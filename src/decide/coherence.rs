@@ -2,7 +2,7 @@
 //! and each app's figures at one instant.
 //!
 //! Owns [`CoherenceSample`]: the fleet alerts judge it
-//! ([`crate::report::notify`]) and the status page's trend keeps a ring of
+//! ([`crate::decide::alerts`]) and the status page's trend keeps a ring of
 //! them ([`crate::report::server::CoherenceTrend`]). The figures themselves
 //! are [`Coherence`], the one shape the snapshot computes and the wire
 //! writes (an `AppSummary` row carries one inline); a sample copies them

@@ -1,0 +1,342 @@
+//! One voice from many replicas: the hold-down that keeps a drift or
+//! approval incident open while it is briefly empty (`alerts.resolve_after`),
+//! and the freshness rule that keeps a replica with an old view of an app
+//! quiet about that app (`alerts.stale_after`).
+//!
+//! Owns which incidents are held open (and since when they have been empty)
+//! and what counts as stale. Every time is this replica's own: the sweep's
+//! `now` and the times this replica last listed each app, never a time
+//! written by another replica, an operator's host or an agent. It must never
+//! read the clock, do I/O, or decide what one sink is told (the per-sink
+//! state machines in `mod.rs` and `alertmanager.rs` do, from what it returns).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::group::Grouped;
+use crate::events::{Alert, AlertKind, DedupKey};
+use crate::model::{AppName, CommitId};
+
+/// When this replica last saw the fleet and each app, by its own clock: what
+/// an alert's data is as old as.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The last successful sweep (`None`: none yet in this run).
+    pub sweep: Option<DateTime<Utc>>,
+    /// Apps the last successful sweep could not list, with their last
+    /// listing (`None`: never in this run); the others were seen at `sweep`.
+    pub unlisted: BTreeMap<AppName, Option<DateTime<Utc>>>,
+    /// The release tip of the last successful sweep: an incident of another
+    /// tip is over (a new release is a new incident), hold-down or not.
+    pub tip: Option<CommitId>,
+}
+
+impl Seen {
+    /// Everything seen at `now` (a test's or a caller's without sweeps).
+    pub fn fresh(now: DateTime<Utc>) -> Seen {
+        Seen {
+            sweep: Some(now),
+            ..Seen::default()
+        }
+    }
+
+    /// When the data `alert` was drawn from was seen (`None`: never).
+    fn of(&self, alert: &Alert) -> Option<DateTime<Utc>> {
+        match alert.app.as_ref().and_then(|app| self.unlisted.get(app)) {
+            Some(listed) => *listed,
+            None => self.sweep,
+        }
+    }
+}
+
+/// Alerts about this replica itself, not about what it sees: always spoken.
+fn own(kind: AlertKind) -> bool {
+    matches!(
+        kind,
+        AlertKind::SweepFailing
+            | AlertKind::AppUnlistable
+            | AlertKind::TipStale
+            | AlertKind::SinkFailing
+    )
+}
+
+/// Kinds whose incidents are held open while empty: the grouped ones, which
+/// machines join and leave one by one.
+fn held_kind(kind: AlertKind) -> bool {
+    matches!(kind, AlertKind::Drift | AlertKind::ManualApprovalRequired)
+}
+
+/// What `alerts.stale_after` allows: the age beyond which a view is stale.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Freshness {
+    pub stale_after: Duration,
+}
+
+impl Freshness {
+    /// Until when `alert` may be asserted: its data's time plus
+    /// `stale_after` (`None`: its data was never seen). Its own alerts are
+    /// always of `now`.
+    pub fn valid_until(
+        &self,
+        alert: &Alert,
+        seen: &Seen,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let at = if own(alert.kind) {
+            Some(now)
+        } else {
+            seen.of(alert)
+        }?;
+        let ahead = chrono::Duration::from_std(self.stale_after).unwrap_or(chrono::Duration::MAX);
+        Some(
+            at.checked_add_signed(ahead)
+                .unwrap_or(DateTime::<Utc>::MAX_UTC),
+        )
+    }
+
+    /// Whether this replica must say nothing about `alert` at `now`: its
+    /// data is older than `stale_after`, or was never seen.
+    pub fn stale(&self, alert: &Alert, seen: &Seen, now: DateTime<Utc>) -> bool {
+        self.valid_until(alert, seen, now)
+            .is_none_or(|until| until < now)
+    }
+}
+
+/// The hold-down of `alerts.resolve_after`: grouped incidents that emptied
+/// stay in what the sinks see, with their last members, until they have been
+/// empty that long.
+#[derive(Debug)]
+pub(super) struct HoldDown {
+    after: Duration,
+    /// Grouped incidents seen in this run (or told before it), with since
+    /// when each has been empty.
+    known: BTreeMap<DedupKey, Held>,
+    /// The incidents told before this run were taken in (at the first
+    /// `apply`): once over, they are not held again.
+    seeded: bool,
+}
+
+#[derive(Debug)]
+struct Held {
+    last: Grouped,
+    empty_since: Option<DateTime<Utc>>,
+    /// When the data of its last non-empty sighting was seen (`None`: only
+    /// told before this run): what a held incident is asserted from.
+    seen_at: Option<DateTime<Utc>>,
+}
+
+impl HoldDown {
+    pub fn new(after: Duration) -> HoldDown {
+        HoldDown {
+            after,
+            known: BTreeMap::new(),
+            seeded: false,
+        }
+    }
+
+    /// Whether the next `apply` takes the incidents told before this run.
+    pub fn wants_told(&self) -> bool {
+        !self.seeded
+    }
+
+    /// Adds to `current` the held incidents: those that emptied less than
+    /// `resolve_after` ago (`told` is read at the first call only); returns, for each, until when it may be asserted
+    /// (its last sighting's data time plus `resolve_after`; now for one only
+    /// told before this run, which old data must not re-assert). `told` are the incidents some sink was told of
+    /// (before a restart too): one this run has not seen yet counts as
+    /// empty from now, so a replica whose first sweeps are not done sends
+    /// no resolve. An incident of another tip than `seen.tip` is not held.
+    pub fn apply(
+        &mut self,
+        current: &mut BTreeMap<DedupKey, Grouped>,
+        told: impl IntoIterator<Item = Grouped>,
+        seen: &Seen,
+        now: DateTime<Utc>,
+    ) -> BTreeMap<DedupKey, DateTime<Utc>> {
+        let told = if self.seeded { None } else { Some(told) };
+        self.seeded = true;
+        for g in told.into_iter().flatten() {
+            if held_kind(g.alert.kind) && !self.known.contains_key(&g.key) {
+                let key = g.key.clone();
+                self.known.insert(
+                    key,
+                    Held {
+                        last: g,
+                        empty_since: None,
+                        seen_at: None,
+                    },
+                );
+            }
+        }
+        for (key, g) in current.iter() {
+            if held_kind(g.alert.kind) {
+                self.known.insert(
+                    key.clone(),
+                    Held {
+                        last: g.clone(),
+                        empty_since: None,
+                        seen_at: seen.of(&g.alert),
+                    },
+                );
+            }
+        }
+        let after = chrono::Duration::from_std(self.after).unwrap_or(chrono::Duration::MAX);
+        let mut held_until = BTreeMap::new();
+        self.known.retain(|key, held| {
+            if current.contains_key(key) {
+                return true;
+            }
+            let released =
+                matches!((&held.last.alert.commit, &seen.tip), (Some(a), Some(b)) if a != b);
+            let since = *held.empty_since.get_or_insert(now);
+            let holding = !released && now.signed_duration_since(since) < after;
+            if holding {
+                current.insert(key.clone(), held.last.clone());
+                let until = held.seen_at.map_or(now, |t| {
+                    t.checked_add_signed(after)
+                        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+                });
+                held_until.insert(key.clone(), until);
+            }
+            holding
+        });
+        held_until
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Severity;
+    use std::collections::BTreeSet;
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
+    }
+
+    fn incident(machines: &[&str]) -> Grouped {
+        Grouped {
+            key: DedupKey::new("fleet-reconciler/drift_detected/a/*/t".to_owned()),
+            alert: Alert {
+                kind: AlertKind::Drift,
+                app: Some("a".into()),
+                machine_id: None,
+                commit: CommitId::parse(&"a".repeat(40)),
+                severity: Severity::High,
+                summary: String::new(),
+                details: BTreeMap::new(),
+            },
+            members: machines
+                .iter()
+                .map(|m| (*m).to_owned())
+                .collect::<BTreeSet<_>>(),
+        }
+    }
+
+    fn held(h: &mut HoldDown, now: i64, machines: &[&str]) -> Option<BTreeSet<String>> {
+        let mut current = BTreeMap::new();
+        if !machines.is_empty() {
+            let g = incident(machines);
+            current.insert(g.key.clone(), g);
+        }
+        let seen = Seen {
+            tip: CommitId::parse(&"a".repeat(40)),
+            ..Seen::fresh(t(now))
+        };
+        h.apply(&mut current, Vec::new(), &seen, t(now));
+        current.into_values().next().map(|g| g.members)
+    }
+
+    #[test]
+    fn an_incident_is_held_with_its_last_members_until_empty_for_the_hold_down() {
+        let mut h = HoldDown::new(Duration::from_secs(90));
+        assert!(held(&mut h, 0, &["m1"]).is_some());
+        assert_eq!(
+            held(&mut h, 30, &[]),
+            Some(BTreeSet::from(["m1".to_owned()]))
+        );
+        assert_eq!(
+            held(&mut h, 60, &["m2"]),
+            Some(BTreeSet::from(["m2".to_owned()]))
+        );
+        assert!(held(&mut h, 90, &[]).is_some());
+        assert!(held(&mut h, 179, &[]).is_some());
+        assert_eq!(held(&mut h, 180, &[]), None, "empty for 90 s");
+    }
+
+    #[test]
+    fn an_incident_told_before_is_held_from_the_first_update() {
+        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut current = BTreeMap::new();
+        h.apply(&mut current, [incident(&["m1"])], &Seen::fresh(t(0)), t(0));
+        assert_eq!(current.len(), 1, "not resolved by a first sweep");
+        let mut current = BTreeMap::new();
+        h.apply(
+            &mut current,
+            [incident(&["m1"])],
+            &Seen::fresh(t(90)),
+            t(90),
+        );
+        assert!(current.is_empty());
+    }
+
+    #[test]
+    fn a_held_incident_is_asserted_from_its_last_sighting_only() {
+        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut current = BTreeMap::new();
+        let g = incident(&["m1"]);
+        current.insert(g.key.clone(), g.clone());
+        h.apply(&mut current, Vec::new(), &Seen::fresh(t(0)), t(0));
+        let mut current = BTreeMap::new();
+        let until = h.apply(&mut current, Vec::new(), &Seen::fresh(t(30)), t(30));
+        assert_eq!(
+            until.get(&g.key),
+            Some(&t(90)),
+            "not moved ahead by later sweeps"
+        );
+        // Told before this run only: asserted no further than now.
+        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut current = BTreeMap::new();
+        let until = h.apply(&mut current, [g.clone()], &Seen::fresh(t(500)), t(500));
+        assert_eq!(until.get(&g.key), Some(&t(500)));
+    }
+
+    #[test]
+    fn a_new_release_ends_the_old_incident_at_once() {
+        let mut h = HoldDown::new(Duration::from_secs(90));
+        assert!(held(&mut h, 0, &["m1"]).is_some());
+        let mut current = BTreeMap::new();
+        let seen = Seen {
+            tip: CommitId::parse(&"b".repeat(40)),
+            ..Seen::fresh(t(30))
+        };
+        h.apply(&mut current, Vec::new(), &seen, t(30));
+        assert!(current.is_empty());
+    }
+
+    #[test]
+    fn stale_is_the_age_of_the_apps_own_view() {
+        let f = Freshness {
+            stale_after: Duration::from_secs(90),
+        };
+        let a = incident(&["m1"]).alert;
+        let mut seen = Seen::fresh(t(100));
+        assert!(!f.stale(&a, &seen, t(190)));
+        assert!(f.stale(&a, &seen, t(191)));
+        seen.unlisted.insert("a".into(), Some(t(0)));
+        assert!(f.stale(&a, &seen, t(100)), "a was last listed at 0");
+        seen.unlisted.insert("a".into(), None);
+        assert!(f.stale(&a, &seen, t(100)), "never listed");
+        let own = Alert {
+            kind: AlertKind::AppUnlistable,
+            ..a
+        };
+        assert!(!f.stale(&own, &seen, t(1000)));
+        assert!(
+            f.stale(&incident(&[]).alert, &Seen::default(), t(0)),
+            "no sweep yet"
+        );
+    }
+}

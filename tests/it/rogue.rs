@@ -1,0 +1,1351 @@
+//! Issue #33: agents are untrusted. A rogue agent — a process that is root
+//! in one machine — uses Fly's in-machine metadata socket (`/.fly/api`, no
+//! token, any machine of its app; the simulator's `/_machine/{caller}/…`)
+//! to steer the daemon: approve `now`, delete a hold, forge or alter a
+//! marker, clear the probe-failure record, replay an approval, free the
+//! slots of a coordinator misplaced into its app.
+//!
+//! Each test sets up a realistic situation with the real loop (sweep →
+//! plan → execute) over loopback, makes legitimate operator writes through
+//! `act::operator` (as the CLI and the admin API do), lets the rogue attack,
+//! runs several sweeps, then asserts (a) nothing the promises of
+//! docs/safety.md forbid happened and (b) `metadata_tampered` fired naming
+//! the machine and the key. The alert is matched by its event name and the
+//! alert's JSON, not by a Rust variant, so this file compiles whatever the
+//! defence names it.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
+use fleet_reconciler::act::operator::Operator;
+use fleet_reconciler::clock::{SharedClock, TokioClock};
+use fleet_reconciler::config::Config;
+use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
+use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
+use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
+use fleet_reconciler::model::CommitId;
+use fleet_reconciler::sim::{
+    AuditConfig, Behaviour, CheckStatus, DEFAULT_CHECK, MarkerField, MetadataFencing,
+    RequestTarget, Sim, SimApp, SimFleet, SimMachine,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{OverlayRepo, eventually};
+use crate::rotation::Hand;
+
+const TOKEN: &str = "rogue-test-token";
+const APP: &str = "app";
+const COORD_APP: &str = "coord";
+const COORD: &str = "c0";
+/// The alert the defence raises (issue #33, "Fail closed and page").
+const TAMPERED: &str = "metadata_tampered";
+
+struct World {
+    clock: SharedClock,
+    overlay: OverlayRepo,
+    tip: String,
+    old: String,
+}
+
+fn world() -> World {
+    let overlay = OverlayRepo::new();
+    World {
+        clock: Arc::new(TokioClock::starting_at(Utc::now())),
+        tip: overlay.tip(),
+        old: overlay.behind(1),
+        overlay,
+    }
+}
+
+/// A config with fast clocks, one pool `default` of cap `cap` whose every
+/// severity takes `action`; `coordinator` is `APP/ID`.
+fn config(
+    sim: &Sim,
+    w: &World,
+    action: &str,
+    cap: u32,
+    rotation: &str,
+    coordinator: &str,
+) -> Arc<Config> {
+    let text = w
+        .overlay
+        .config(&sim.api_url(), "m")
+        .fly(r#"request_timeout = "5s""#)
+        .overlay(r#"fetch_interval = "1h""#)
+        .with(&format!(
+            r#"
+[sweep]
+interval = "150ms"
+[probe]
+timeout = "500ms"
+[[apps]]
+name = "{APP}"
+health_url = "{health}"
+pool_key = "pool"
+[pools.default]
+max_concurrent_rotations = {cap}
+actions = {{ low = "{action}", medium = "{action}", high = "{action}", critical = "{action}" }}
+[rotation]
+min_drift_age = "0s"
+coordinator = "{coordinator}"
+{rotation}
+"#,
+            health = sim.health_url_template(),
+        ))
+        .text();
+    Arc::new(Config::parse(Path::new("rogue.toml"), &text).unwrap())
+}
+
+fn coordinator() -> String {
+    format!("{COORD_APP}/{COORD}")
+}
+
+/// The agents' app, and a dedicated coordinator app (the right placement).
+fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
+    SimFleet::new(TOKEN)
+        .clock(w.clock.clone())
+        .release_tip(w.tip.clone())
+        .restart_delay(Duration::from_millis(200))
+        .app(SimApp::new(APP).machines(machines))
+        .app(SimApp::new(COORD_APP).machine(SimMachine::new(COORD).stopped()))
+}
+
+fn busy(w: &World, id: &str) -> SimMachine {
+    SimMachine::new(id)
+        .loaded(w.old.clone())
+        .behaviour(Behaviour::BusyFor(Duration::from_secs(3600)))
+}
+
+/// The rogue's own machine: on the tip, idle, nothing to rotate.
+fn rogue_host(w: &World, id: &str) -> SimMachine {
+    SimMachine::new(id).loaded(w.tip.clone())
+}
+
+/// Every alert a sweep planned: event name, machine, and the alert as JSON.
+#[derive(Default)]
+struct Seen {
+    alerts: Vec<(String, String, String)>,
+    sweeps: usize,
+}
+
+struct Daemon {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Daemon {
+    async fn start(sim: &Sim, config: Arc<Config>) -> Daemon {
+        let secrets = Secrets {
+            fly_token: TOKEN.into(),
+            git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
+        };
+        let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
+        let mut tuning = ExecutorConfig::new("replica");
+        tuning.start_wait = Duration::from_secs(5);
+        tuning.clock = sim.clock();
+        tuning.record_keys = sweeper.record_keys.clone();
+        let executor = Executor::new(
+            sweeper.fly.clone(),
+            config.clone(),
+            Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
+                &config,
+            )),
+            HashMap::new(),
+            tuning,
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (token, record) = (stop.clone(), seen.clone());
+        let clock = sim.clock();
+        let task = tokio::spawn(async move {
+            let options = LoopOptions {
+                executor: Some(&executor),
+                refresh: None,
+                owner: "replica".to_string(),
+                clock,
+            };
+            daemon::reconcile_loop(&sweeper, options, token, |outcome| {
+                let mut seen = record.lock().unwrap();
+                seen.sweeps += 1;
+                if let SweepOutcome::Swept(cycle) = outcome {
+                    for a in &cycle.plan.alerts {
+                        seen.alerts.push((
+                            a.kind.trigger_name().to_string(),
+                            a.machine_id.clone().map(String::from).unwrap_or_default(),
+                            serde_json::to_string(a).unwrap_or_default(),
+                        ));
+                    }
+                }
+            })
+            .await;
+        });
+        Daemon { stop, task, seen }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("daemon stops")
+            .unwrap();
+    }
+
+    fn sweeps(&self) -> usize {
+        self.seen.lock().unwrap().sweeps
+    }
+
+    /// Lets `n` more sweeps run: the daemon's chances to act, not wall time.
+    async fn more_sweeps(&self, n: usize) {
+        let target = self.sweeps() + n;
+        eventually(
+            &format!("{n} more sweeps"),
+            Duration::from_secs(30),
+            async || self.sweeps() >= target,
+        )
+        .await;
+    }
+
+    fn alerted(&self, event: &str, machine: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap()
+            .alerts
+            .iter()
+            .any(|(e, m, _)| e == event && m == machine)
+    }
+
+    /// Whether `metadata_tampered` fired for `machine` naming `key` (the
+    /// metadata key, or its short name after `fleet_reconciler_`).
+    fn tampered(&self, machine: &str, key: &str) -> bool {
+        let short = format!("\"{}\"", key.trim_start_matches("fleet_reconciler_"));
+        self.seen.lock().unwrap().alerts.iter().any(|(e, m, json)| {
+            e == TAMPERED && m == machine && (json.contains(key) || json.contains(&short))
+        })
+    }
+
+    /// Every alert seen, for failure messages.
+    fn alerts(&self) -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = self
+            .seen
+            .lock()
+            .unwrap()
+            .alerts
+            .iter()
+            .map(|(e, m, _)| (e.clone(), m.clone()))
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+}
+
+fn operator(cfg: &Config) -> Operator {
+    let secrets = Secrets {
+        fly_token: TOKEN.into(),
+        git_token: None,
+        record_keys: Some(fleet_reconciler::sim::record_keys()),
+    };
+    Operator::new(
+        daemon::fly_client(cfg, &secrets).unwrap(),
+        cfg,
+        secrets.record_keys.clone(),
+    )
+    .with_lease_patience(Duration::from_secs(10))
+}
+
+fn approval(sim: &Sim, w: &World, mode: ApprovalMode) -> Approval {
+    Approval {
+        target: CommitId::parse(&w.tip).expect("a commit id"),
+        mode,
+        by: "alice".into(),
+        at: sim.now(),
+    }
+}
+
+/// Restarts of `id` Fly accepted through its API.
+fn restarts(sim: &Sim, id: &str) -> usize {
+    sim.requests()
+        .iter()
+        .filter(|r| {
+            r.target == RequestTarget::FlyApi
+                && r.machine_id.as_deref() == Some(id)
+                && r.action.as_deref() == Some("restart")
+                && r.status == Some(200)
+        })
+        .count()
+}
+
+/// Mutating Fly API calls on `id` (the daemon's: not leases, not reads, not
+/// the rogue's socket) numbered after `after`. Putting the hold itself back
+/// is no action on the machine: a defence may restore a deleted hold.
+fn mutations_after(sim: &Sim, id: &str, after: u64) -> Vec<String> {
+    let hold_path = format!("/metadata/{HOLD_KEY}");
+    sim.requests()
+        .iter()
+        .filter(|r| {
+            r.seq > after
+                && r.machine_id.as_deref() == Some(id)
+                && r.is_mutating()
+                && !r.path.ends_with(&hold_path)
+        })
+        .map(|r| format!("{} {} -> {:?}", r.method, r.path, r.status))
+        .collect()
+}
+
+fn last_seq(sim: &Sim) -> u64 {
+    sim.requests().last().map_or(0, |r| r.seq)
+}
+
+fn audited(sim: &Sim, cap: usize) {
+    sim.enable_audit(AuditConfig::new("pool").cap(APP, "default", cap));
+}
+
+// ---- the socket -------------------------------------------------------------------------
+
+/// The simulator's `/.fly/api`: any machine of the caller's app, no token,
+/// not fenced by a lease even where the token API is, no new version;
+/// another app's machines are out of reach.
+#[tokio::test]
+async fn the_in_machine_socket_reaches_every_machine_of_its_app_and_no_other() {
+    let w = world();
+    let fleet = SimFleet::new(TOKEN)
+        .clock(w.clock.clone())
+        .metadata_fencing(MetadataFencing::FencedByLease)
+        .app(SimApp::new(APP).machines(vec![
+            SimMachine::new("m1"),
+            SimMachine::new("m2"),
+            SimMachine::new("m3").stopped(),
+        ]))
+        .app(SimApp::new("other").machine(SimMachine::new("o1").metadata("k", "v")));
+    let sim = Sim::start(fleet).await.unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    let version = sim.machine("m2").unwrap().instance_id;
+    sim.acquire_lease_as("m2", "daemon", Duration::from_secs(60))
+        .expect("leased");
+
+    rogue.write("m2", "k", "forged").await.unwrap();
+    assert_eq!(
+        sim.machine("m2")
+            .unwrap()
+            .metadata
+            .get("k")
+            .map(String::as_str),
+        Some("forged")
+    );
+    assert_eq!(
+        rogue.read("m2", "k").await.unwrap().as_deref(),
+        Some("forged")
+    );
+    assert_eq!(
+        sim.machine("m2").unwrap().instance_id,
+        version,
+        "a metadata write made a new version"
+    );
+    rogue.delete("m2", "k").await.unwrap();
+    assert!(!sim.machine("m2").unwrap().metadata.contains_key("k"));
+    // Its own machine too.
+    rogue.write("m1", "k", "mine").await.unwrap();
+    assert_eq!(
+        sim.machine("m1")
+            .unwrap()
+            .metadata
+            .get("k")
+            .map(String::as_str),
+        Some("mine")
+    );
+
+    // Another app: refused, nothing read or written.
+    let other = fleet_reconciler::sim::RogueAgent::new(sim.addr(), "m1", "other");
+    let refused = other.write("o1", "k", "forged").await.unwrap_err();
+    assert!(refused.to_string().contains("403"), "{refused}");
+    assert!(
+        other
+            .read_all("o1")
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("403")
+    );
+    assert_eq!(
+        sim.machine("o1")
+            .unwrap()
+            .metadata
+            .get("k")
+            .map(String::as_str),
+        Some("v")
+    );
+    // No such machine, no socket.
+    let nobody = fleet_reconciler::sim::RogueAgent::new(sim.addr(), "ghost", APP);
+    assert!(
+        nobody
+            .read_all("m2")
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("404")
+    );
+    // Nothing runs in a stopped machine to call its socket.
+    let stopped = sim.rogue("m3").unwrap();
+    assert!(
+        stopped
+            .write("m2", "k", "x")
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("503")
+    );
+    assert!(!sim.machine("m2").unwrap().metadata.contains_key("k"));
+    // The token API is still fenced under `FencedByLease`: the socket is not.
+    assert!(sim.operator_set_metadata("m2", "k", "x").is_err());
+    sim.shutdown().await;
+}
+
+/// The simulator keeps each socket write with the listings of its app that
+/// showed it (what a sweep could have seen): a write listed while it stood
+/// names that listing; once a listing finds the key changed no later one
+/// counts, even one that finds the value again; a write replaced before any
+/// listing names none; a `summary` listing (no metadata) and another app's
+/// listing show nothing.
+#[tokio::test]
+async fn the_sim_records_which_listings_showed_each_socket_write() {
+    let w = world();
+    let fleet = SimFleet::new(TOKEN)
+        .clock(w.clock.clone())
+        .unlimited()
+        .app(SimApp::new(APP).machines(vec![SimMachine::new("m1"), SimMachine::new("m2")]))
+        .app(SimApp::new("other").machine(SimMachine::new("o1")));
+    let sim = Sim::start(fleet).await.unwrap();
+    let http = reqwest::Client::new();
+    let list = async |app: &str, query: &str| {
+        let answer = http
+            .get(format!("{}/v1/apps/{app}/machines{query}", sim.api_url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert!(answer.status().is_success(), "{answer:?}");
+        last_seq(&sim)
+    };
+    let rogue = sim.rogue("m1").unwrap();
+    rogue.write("m2", "k", "forged").await.unwrap();
+    list("other", "").await;
+    list(APP, "?summary=true").await;
+    let first = list(APP, "").await;
+    let second = list(APP, "").await;
+    sim.set_metadata("m2", "k", "daemon");
+    list(APP, "").await;
+    sim.set_metadata("m2", "k", "forged");
+    list(APP, "").await;
+    // Replaced before any listing: never shown.
+    rogue.delete("m1", "k2").await.unwrap();
+    sim.set_metadata("m1", "k2", "ours");
+    list(APP, "").await;
+    let writes = sim.socket_writes();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    let (forged, deleted) = (&writes[0], &writes[1]);
+    assert_eq!(
+        (
+            forged.machine_id.as_str(),
+            forged.key.as_str(),
+            forged.value.as_deref()
+        ),
+        ("m2", "k", Some("forged"))
+    );
+    let seqs: Vec<u64> = forged.listed_in.iter().map(|l| l.seq).collect();
+    assert_eq!(seqs, [first, second]);
+    assert!(
+        forged
+            .listed_in
+            .iter()
+            .all(|l| l.by == forged.listed_in[0].by && !l.by.is_empty()),
+        "{forged:?}"
+    );
+    assert!(forged.replaced);
+    assert_eq!(
+        (deleted.machine_id.as_str(), deleted.value.as_deref()),
+        ("m1", None)
+    );
+    assert!(
+        deleted.listed_in.is_empty() && deleted.replaced,
+        "{deleted:?}"
+    );
+    // Who could know what a write replaced: the listers of the value before.
+    assert!(forged.prior_seen_by.is_empty(), "{forged:?}");
+    sim.set_metadata("m2", "k3", "record");
+    list(APP, "").await;
+    rogue.delete("m2", "k3").await.unwrap();
+    let gone = sim.socket_writes().pop().unwrap();
+    assert_eq!(gone.prior_seen_by, [forged.listed_in[0].by.clone()]);
+    sim.shutdown().await;
+}
+
+// ---- the attacks ------------------------------------------------------------------------
+
+/// In a `manual` pool every machine is busy; an operator approved m3 `when-idle`.
+/// The rogue in m1 approves `now` for itself (forged in today's format) and
+/// for its busy neighbour m2 (m3's approval copied, mode changed).
+#[tokio::test(start_paused = true)]
+async fn a_rogue_approving_now_for_itself_and_a_busy_neighbour_restarts_nothing() {
+    let w = world();
+    let machines = vec![busy(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 3, "", &coordinator());
+    operator(&cfg)
+        .approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+        .await
+        .unwrap();
+    let d = Daemon::start(&sim, cfg).await;
+    eventually(
+        "approval asked for m2",
+        Duration::from_secs(10),
+        async || d.alerted("manual_approval_required", "m2"),
+    )
+    .await;
+    let rogue = sim.rogue("m1").unwrap();
+    rogue
+        .forge_approval_now("m1", &w.tip, "alice", sim.now())
+        .await
+        .unwrap();
+    rogue.copy_approval_as_now("m3", "m2").await.unwrap();
+    d.more_sweeps(8).await;
+    assert_eq!(
+        restarts(&sim, "m1"),
+        0,
+        "the rogue's forged approval restarted its own live work"
+    );
+    assert_eq!(
+        restarts(&sim, "m2"),
+        0,
+        "a copied approval restarted a busy neighbour"
+    );
+    assert_eq!(
+        restarts(&sim, "m3"),
+        0,
+        "when-idle restarted a busy machine"
+    );
+    assert!(
+        d.tampered("m1", APPROVE_KEY),
+        "no {TAMPERED} for m1: {:?}",
+        d.alerts()
+    );
+    assert!(
+        d.tampered("m2", APPROVE_KEY),
+        "no {TAMPERED} for m2: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// An operator held drifted m2 (`restart` pool); the rogue in m1 deletes the hold.
+#[tokio::test(start_paused = true)]
+async fn a_hold_a_rogue_deleted_is_still_honoured() {
+    let w = world();
+    let machines = vec![
+        rogue_host(&w, "m1"),
+        SimMachine::new("m2").loaded(w.old.clone()),
+    ];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(
+        &sim,
+        &w,
+        "restart",
+        1,
+        "restart_grace = \"0s\"",
+        &coordinator(),
+    );
+    operator(&cfg)
+        .hold(&"m2".into(), "oncall", "incident 51", sim.now())
+        .await
+        .unwrap();
+    let held_at = last_seq(&sim);
+    let d = Daemon::start(&sim, cfg).await;
+    d.more_sweeps(3).await;
+    let deleted = sim.rogue("m1").unwrap().delete_hold("m2").await.unwrap();
+    assert!(deleted.is_some(), "there was a hold to delete");
+    d.more_sweeps(8).await;
+    let acted = mutations_after(&sim, "m2", held_at);
+    assert!(
+        acted.is_empty(),
+        "acted on a held machine after its hold was deleted by a rogue: {acted:?}"
+    );
+    assert_eq!(restarts(&sim, "m2"), 0);
+    assert!(
+        d.tampered("m2", HOLD_KEY),
+        "no {TAMPERED} for m2: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Cap 1, `alert-and-wait`: m3's rotation holds the slot, waiting for it to
+/// go idle; m2 (busy) waits for the slot. The rogue copies m3's marker onto
+/// m2 in phase `restarting`.
+#[tokio::test(start_paused = true)]
+async fn a_forged_restarting_marker_is_never_acted_on() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    audited(&sim, 1);
+    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &coordinator());
+    let d = Daemon::start(&sim, cfg).await;
+    let model = in_flight(&sim, &d, &["m2", "m3"]).await;
+    let victim = if model == "m2" { "m3" } else { "m2" };
+    d.more_sweeps(2).await;
+    let forged_at = last_seq(&sim);
+    sim.rogue("m1")
+        .unwrap()
+        .forge_restarting_marker_from(&model, victim, sim.now())
+        .await
+        .unwrap();
+    d.more_sweeps(8).await;
+    let acted = mutations_after(&sim, victim, forged_at);
+    assert!(
+        acted.is_empty(),
+        "acted on {victim} after a forged marker: {acted:?}"
+    );
+    assert_eq!(restarts(&sim, victim), 0, "restarted busy {victim}");
+    let audit = sim.audit();
+    assert!(audit.cap_breaches.is_empty(), "{:?}", audit.cap_breaches);
+    assert!(
+        audit.restarts.iter().all(|r| !r.busy),
+        "{:?}",
+        audit.restarts
+    );
+    assert!(
+        d.tampered(victim, MARKER_KEY),
+        "no {TAMPERED} for {victim}: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Waits for a rotation to hold the slot on one of `ids`; returns which.
+async fn in_flight(sim: &Sim, d: &Daemon, ids: &[&str]) -> String {
+    let mut found = String::new();
+    eventually(
+        "a rotation in flight",
+        Duration::from_secs(15),
+        async || match ids.iter().find(|id| {
+            sim.machine(id)
+                .is_some_and(|m| m.metadata.contains_key(MARKER_KEY) && m.cordoned)
+        }) {
+            Some(id) => {
+                found = id.to_string();
+                true
+            }
+            None => false,
+        },
+    )
+    .await;
+    d.more_sweeps(1).await;
+    found
+}
+
+/// A rotation in flight (cap 1, busy machines, `alert-and-wait`); the rogue
+/// rewrites one field of its marker.
+async fn marker_rewritten(field: MarkerField) {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    audited(&sim, 1);
+    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &coordinator());
+    let d = Daemon::start(&sim, cfg).await;
+    let victim = in_flight(&sim, &d, &["m2", "m3"]).await;
+    let other = if victim == "m2" { "m3" } else { "m2" };
+    let before = sim.machine(&victim).unwrap().metadata[MARKER_KEY].clone();
+    let written = sim
+        .rogue("m1")
+        .unwrap()
+        .rewrite_marker(&victim, field, &w.old)
+        .await
+        .unwrap();
+    assert_ne!(before, written, "the rewrite changed nothing");
+    d.more_sweeps(8).await;
+    assert_eq!(restarts(&sim, &victim), 0, "restarted busy {victim}");
+    assert_eq!(restarts(&sim, other), 0, "restarted busy {other}");
+    let audit = sim.audit();
+    assert!(
+        audit.cap_breaches.is_empty(),
+        "cap exceeded after a rewritten {field:?}: {:?}",
+        audit.cap_breaches
+    );
+    assert!(
+        d.tampered(&victim, MARKER_KEY),
+        "no {TAMPERED} for {victim} ({field:?}): {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_markers_target_rewritten_by_a_rogue_is_alerted() {
+    marker_rewritten(MarkerField::Target).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_markers_tag_rewritten_by_a_rogue_is_alerted() {
+    marker_rewritten(MarkerField::Tag).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_markers_attempt_rewritten_by_a_rogue_is_alerted() {
+    marker_rewritten(MarkerField::Attempt(99)).await;
+}
+
+/// m2's agent stopped answering and Fly's check fails: the daemon records
+/// the probe failure. The rogue in m1 keeps deleting the record.
+#[tokio::test(start_paused = true)]
+async fn a_probe_failure_record_a_rogue_deleted_is_alerted() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(
+        &sim,
+        &w,
+        "alert-and-wait",
+        1,
+        "probe_failure_ceiling = \"1h\"\nrecent_input_guard = \"1h\"",
+        &coordinator(),
+    );
+    sim.set_last_input_at("m2", Some(sim.now()));
+    let d = Daemon::start(&sim, cfg).await;
+    d.more_sweeps(2).await;
+    sim.set_behaviour("m2", Behaviour::HttpError(503));
+    sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Critical);
+    eventually("evidence recorded", Duration::from_secs(10), async || {
+        sim.machine("m2")
+            .is_some_and(|m| m.metadata.contains_key(UNPROBED_KEY))
+    })
+    .await;
+    let rogue = sim.rogue("m1").unwrap();
+    for _ in 0..3 {
+        rogue.delete_unprobed("m2").await.unwrap();
+        d.more_sweeps(2).await;
+    }
+    assert!(
+        d.tampered("m2", UNPROBED_KEY),
+        "no {TAMPERED} for m2: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// As above, but the rogue deletes each probe-failure record the moment
+/// the daemon's write of it lands, before any sweep lists it: the replica
+/// that wrote it knows it was there.
+#[tokio::test(start_paused = true)]
+async fn a_probe_failure_record_deleted_before_any_sweep_saw_it_is_alerted() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(
+        &sim,
+        &w,
+        "alert-and-wait",
+        1,
+        "probe_failure_ceiling = \"1h\"\nrecent_input_guard = \"1h\"",
+        &coordinator(),
+    );
+    sim.set_last_input_at("m2", Some(sim.now()));
+    let deleted = Arc::new(Mutex::new(0usize));
+    delete_each_unprobed_record_as_written(&sim.handle(), "m2", deleted.clone());
+    let d = Daemon::start(&sim, cfg).await;
+    d.more_sweeps(2).await;
+    sim.set_behaviour("m2", Behaviour::HttpError(503));
+    sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Critical);
+    eventually("a record deleted", Duration::from_secs(10), async || {
+        *deleted.lock().unwrap() > 0
+    })
+    .await;
+    d.more_sweeps(4).await;
+    assert!(
+        d.tampered("m2", UNPROBED_KEY),
+        "no {TAMPERED} for m2: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// After every metadata write on `id`, deletes the probe-failure record if
+/// that write put one there (what the rogue's socket can do, at the worst
+/// moment: before the daemon's next listing).
+fn delete_each_unprobed_record_as_written(
+    sim: &fleet_reconciler::sim::SimHandle,
+    id: &'static str,
+    deleted: Arc<Mutex<usize>>,
+) {
+    sim.after_next_call(id, "POST", "metadata", move |h| {
+        if h.machine(id)
+            .is_some_and(|m| m.metadata.contains_key(UNPROBED_KEY))
+        {
+            h.delete_metadata(id, UNPROBED_KEY);
+            *deleted.lock().unwrap() += 1;
+        }
+        delete_each_unprobed_record_as_written(h, id, deleted);
+    });
+}
+
+/// An operator approved busy m3 `now`; the rogue in m1 read the value. Once
+/// m3 rotated (its approval consumed) the rogue replays it onto busy m2.
+#[tokio::test(start_paused = true)]
+async fn an_approval_replayed_onto_another_machine_restarts_nothing() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
+    operator(&cfg)
+        .approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    let stolen = rogue.steal_approval("m3").await.unwrap();
+    let d = Daemon::start(&sim, cfg).await;
+    eventually(
+        "m3 rotated with its approval",
+        Duration::from_secs(20),
+        async || {
+            sim.machine("m3").is_some_and(|m| {
+                m.loaded_ref == w.tip
+                    && !m.metadata.contains_key(MARKER_KEY)
+                    && !m.metadata.contains_key(APPROVE_KEY)
+            })
+        },
+    )
+    .await;
+    rogue.replay_approval(&stolen, "m2").await.unwrap();
+    d.more_sweeps(8).await;
+    assert_eq!(
+        restarts(&sim, "m2"),
+        0,
+        "a replayed approval restarted busy m2"
+    );
+    assert!(
+        d.tampered("m2", APPROVE_KEY),
+        "no {TAMPERED} for m2: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// An operator approved busy m3 `now`; the rogue in m1 read the sealed
+/// value. m3 rotated (the approval consumed); later m3 runs an old ref again
+/// (reloaded out of band) and is busy. The rogue writes the consumed
+/// approval back onto m3, its own machine and key, so its seal verifies: a
+/// consumed approval must not approve again (issue #33 item 2).
+#[tokio::test(start_paused = true)]
+async fn a_consumed_approval_replayed_onto_its_own_machine_restarts_nothing() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
+    operator(&cfg)
+        .approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    let stolen = rogue.steal_approval("m3").await.unwrap();
+    let d = Daemon::start(&sim, cfg).await;
+    eventually(
+        "m3 rotated with its approval",
+        Duration::from_secs(20),
+        async || {
+            sim.machine("m3").is_some_and(|m| {
+                m.loaded_ref == w.tip
+                    && !m.metadata.contains_key(MARKER_KEY)
+                    && !m.metadata.contains_key(APPROVE_KEY)
+            })
+        },
+    )
+    .await;
+    assert_eq!(restarts(&sim, "m3"), 1, "the approval restarted m3 once");
+    sim.set_loaded_ref("m3", &w.old);
+    sim.set_behaviour("m3", Behaviour::BusyFor(Duration::from_secs(3600)));
+    eventually(
+        "m3 waits for an approval again",
+        Duration::from_secs(10),
+        async || d.alerted("manual_approval_required", "m3"),
+    )
+    .await;
+    rogue.replay_approval(&stolen, "m3").await.unwrap();
+    d.more_sweeps(8).await;
+    assert_eq!(
+        restarts(&sim, "m3"),
+        1,
+        "a consumed approval, replayed, restarted busy m3 again"
+    );
+    assert!(
+        d.tampered("m3", APPROVE_KEY),
+        "no {TAMPERED} for m3: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// Cap 1, `alert-and-wait`: busy m2's rotation holds the slot, cordoned,
+/// waiting for it to go idle; the rogue in m1 reads its sealed marker. m2
+/// goes idle, rotates and finishes; later it runs an old ref again and is
+/// busy. The rogue writes the old marker back onto m2 (same machine and
+/// key: its seal verifies). Its slot is gone: it must restart nothing, take
+/// no capacity past the cap, and leave m2 uncordoned.
+#[tokio::test(start_paused = true)]
+async fn an_older_sealed_marker_replayed_onto_its_machine_restarts_nothing() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    audited(&sim, 1);
+    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &coordinator());
+    let d = Daemon::start(&sim, cfg).await;
+    let first = in_flight(&sim, &d, &["m2", "m3"]).await;
+    let rogue = sim.rogue("m1").unwrap();
+    let old_marker = rogue
+        .read(&first, MARKER_KEY)
+        .await
+        .unwrap()
+        .expect("a marker");
+    sim.set_behaviour(&first, Behaviour::Normal);
+    eventually(
+        "the first rotation finished",
+        Duration::from_secs(20),
+        async || {
+            sim.machine(&first).is_some_and(|m| {
+                m.loaded_ref == w.tip && !m.metadata.contains_key(MARKER_KEY) && !m.cordoned
+            })
+        },
+    )
+    .await;
+    assert_eq!(restarts(&sim, &first), 1);
+    sim.set_loaded_ref(&first, &w.old);
+    sim.set_behaviour(&first, Behaviour::BusyFor(Duration::from_secs(3600)));
+    d.more_sweeps(2).await;
+    rogue.write(&first, MARKER_KEY, &old_marker).await.unwrap();
+    d.more_sweeps(10).await;
+    assert_eq!(
+        restarts(&sim, &first),
+        1,
+        "a replayed marker restarted busy {first}"
+    );
+    let audit = sim.audit();
+    assert!(audit.cap_breaches.is_empty(), "{:?}", audit.cap_breaches);
+    assert!(
+        audit.restarts.iter().all(|r| !r.busy),
+        "{:?}",
+        audit.restarts
+    );
+    eventually(
+        "the replayed marker is ended or its rotation holds the slot again",
+        Duration::from_secs(20),
+        async || {
+            sim.machine(&first)
+                .is_some_and(|m| m.metadata.get(MARKER_KEY) != Some(&old_marker))
+        },
+    )
+    .await;
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// An operator held drifted m2 (`restart` pool). In one go the rogue in m1
+/// deletes the machine's mirror of the hold (the coordinator's copy is out
+/// of its reach) and writes an unsealed `now` approval on m2.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_hold_mirror_and_a_forged_approval_together_move_nothing() {
+    let w = world();
+    let machines = vec![
+        rogue_host(&w, "m1"),
+        SimMachine::new("m2")
+            .loaded(w.old.clone())
+            .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
+    ];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 1, "", &coordinator());
+    operator(&cfg)
+        .hold(&"m2".into(), "oncall", "incident 52", sim.now())
+        .await
+        .unwrap();
+    let held_at = last_seq(&sim);
+    let d = Daemon::start(&sim, cfg).await;
+    d.more_sweeps(2).await;
+    let rogue = sim.rogue("m1").unwrap();
+    assert!(rogue.delete_hold("m2").await.unwrap().is_some());
+    rogue
+        .forge_approval_now("m2", &w.tip, "oncall", sim.now())
+        .await
+        .unwrap();
+    d.more_sweeps(8).await;
+    let acted = mutations_after(&sim, "m2", held_at);
+    assert!(acted.is_empty(), "acted on held m2: {acted:?}");
+    assert_eq!(restarts(&sim, "m2"), 0);
+    for key in [HOLD_KEY, APPROVE_KEY] {
+        assert!(
+            d.tampered("m2", key),
+            "no {TAMPERED} for m2 naming {key}: {:?}",
+            d.alerts()
+        );
+    }
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// The coordinator misplaced into the agents' app (cap 1, busy machines
+/// waiting under `alert-and-wait`, cordoned while they hold the slot). The
+/// rogue keeps emptying the slot set.
+#[tokio::test(start_paused = true)]
+async fn a_slot_set_a_rogue_emptied_never_lets_a_pool_exceed_its_cap() {
+    let w = world();
+    let machines = vec![
+        rogue_host(&w, "m1"),
+        busy(&w, "m2"),
+        busy(&w, "m3"),
+        busy(&w, "m4"),
+        SimMachine::new(COORD).loaded(w.tip.clone()).stopped(),
+    ];
+    let sim = Sim::start(
+        SimFleet::new(TOKEN)
+            .clock(w.clock.clone())
+            .release_tip(w.tip.clone())
+            .restart_delay(Duration::from_millis(200))
+            .app(SimApp::new(APP).machines(machines)),
+    )
+    .await
+    .unwrap();
+    audited(&sim, 1);
+    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &format!("{APP}/{COORD}"));
+    let d = Daemon::start(&sim, cfg).await;
+    in_flight(&sim, &d, &["m2", "m3", "m4"]).await;
+    let rogue = sim.rogue("m1").unwrap();
+    for _ in 0..4 {
+        rogue.free_all_slots(COORD).await.unwrap();
+        d.more_sweeps(2).await;
+    }
+    let audit = sim.audit();
+    assert!(
+        audit.cap_breaches.is_empty(),
+        "cap 1 exceeded after the rogue freed the slots: {:?}",
+        audit.cap_breaches
+    );
+    for id in ["m2", "m3", "m4"] {
+        assert_eq!(restarts(&sim, id), 0, "restarted busy {id}");
+    }
+    assert!(
+        d.tampered(COORD, SLOTS_KEY),
+        "no {TAMPERED} for {COORD}: {:?}",
+        d.alerts()
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// A rogue that only reads (every key of every machine, every sweep)
+/// changes nothing: the operator's approval of m2 is carried out once and
+/// nothing is reported as tampered.
+#[tokio::test(start_paused = true)]
+async fn a_rogue_that_only_reads_changes_nothing() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    audited(&sim, 1);
+    let cfg = config(&sim, &w, "manual", 1, "", &coordinator());
+    let d = Daemon::start(&sim, cfg.clone()).await;
+    operator(&cfg)
+        .approve(&"m2".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    let mut read = 0;
+    eventually("m2 rotated", Duration::from_secs(20), async || {
+        for id in ["m1", "m2", "m3"] {
+            if rogue.read_all(id).await.is_ok() {
+                read += 1;
+            }
+        }
+        sim.machine("m2")
+            .is_some_and(|m| m.loaded_ref == w.tip && !m.metadata.contains_key(MARKER_KEY))
+    })
+    .await;
+    d.more_sweeps(3).await;
+    assert!(read > 0, "the rogue read nothing");
+    assert_eq!(restarts(&sim, "m2"), 1);
+    assert_eq!(restarts(&sim, "m3"), 0, "m3 was not approved");
+    assert!(sim.audit().cap_breaches.is_empty());
+    let tampered: Vec<_> = d
+        .alerts()
+        .into_iter()
+        .filter(|(e, _)| e == TAMPERED)
+        .collect();
+    assert!(
+        tampered.is_empty(),
+        "reading is not tampering: {tampered:?}"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+// ---- one step, by hand ------------------------------------------------------------------
+
+/// Busy m3 rotated once under an operator's `now` approval, which the rogue
+/// in m1 read; the approval is spent. m3 drifts again (busy) and an operator
+/// approves it `now` afresh: a rotation claims it, and its interrupting
+/// restart is planned. After that plan the operator narrows the approval to
+/// `when-idle`, and the rogue writes the spent `now` approval back over it
+/// (same machine, same commit: its seal verifies). Before: the executor's
+/// last read checked only the approval's commit and mode, so the replayed
+/// `now` passed it and the busy machine was restarted. The rotation's
+/// marker names the approval it was claimed with; any other one stops it.
+#[tokio::test(start_paused = true)]
+async fn a_spent_now_approval_replayed_over_a_when_idle_one_interrupts_nothing() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
+    let op = operator(&cfg);
+    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    let spent = rogue.steal_approval("m3").await.unwrap();
+    let d = Daemon::start(&sim, cfg.clone()).await;
+    eventually(
+        "m3 rotated with its approval",
+        Duration::from_secs(20),
+        async || {
+            sim.machine("m3").is_some_and(|m| {
+                m.loaded_ref == w.tip
+                    && !m.metadata.contains_key(MARKER_KEY)
+                    && !m.metadata.contains_key(APPROVE_KEY)
+            })
+        },
+    )
+    .await;
+    d.stop().await;
+    assert_eq!(restarts(&sim, "m3"), 1, "the approval restarted m3 once");
+    sim.set_loaded_ref("m3", &w.old);
+    sim.set_behaviour("m3", Behaviour::BusyFor(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let mut hand = Hand::with_token(&sim, cfg, TOKEN, ExecutorConfig::new("hand")).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(
+        restart.steps()[0].kind(),
+        "restart",
+        "{:?}",
+        restart.steps()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+        .await
+        .unwrap();
+    rogue.replay_approval(&spent, "m3").await.unwrap();
+    let done = hand.run(&restart).await;
+    assert_eq!(
+        restarts(&sim, "m3"),
+        1,
+        "the replayed spent `now` approval restarted busy m3: {:?}",
+        done[0].outcome
+    );
+    assert!(
+        matches!(
+            done[0].outcome,
+            Outcome::Skipped(Declined::ApprovalReplaced { .. })
+        ),
+        "{:?}",
+        done[0].outcome
+    );
+    sim.shutdown().await;
+}
+
+/// Runs planned steps by hand until `done` holds (at most 12 sweeps, the
+/// simulated clock moving 2 s between them).
+async fn by_hand_until(hand: &mut Hand, what: &str, done: impl Fn() -> bool) {
+    for _ in 0..12 {
+        if done() {
+            return;
+        }
+        let plan = hand.plan().await;
+        hand.run(&plan).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(done(), "not reached by hand: {what}");
+}
+
+/// Busy m3 is restarted under an operator's `now` approval, which the rogue
+/// in m1 read. While the rotation verifies, the operator approves m3 again
+/// (`when-idle`: a new approval replaces it), and later revokes that one.
+/// m3 drifts again, busy; the rogue writes the first approval back. It
+/// authorized the rotation that restarted under it: it must authorize no
+/// other. Before: a rotation consumed its approval only if it was still on
+/// the machine when the rotation ended, so a replaced one was never listed
+/// as spent, and written back it restarted busy m3 a second time.
+#[tokio::test(start_paused = true)]
+async fn an_approval_replaced_after_its_restart_is_spent_and_its_replay_restarts_nothing() {
+    use fleet_reconciler::act::executor::Outcome;
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
+    let op = operator(&cfg);
+    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    let used = rogue.steal_approval("m3").await.unwrap();
+    let mut hand = Hand::with_token(&sim, cfg, TOKEN, ExecutorConfig::new("hand")).await;
+    let claim = hand.plan().await;
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(hand.run(&restart).await[0].outcome, Outcome::Done);
+    assert_eq!(restarts(&sim, "m3"), 1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+        .await
+        .unwrap();
+    by_hand_until(&mut hand, "m3's rotation finished", || {
+        sim.machine("m3")
+            .is_some_and(|m| m.loaded_ref == w.tip && !m.metadata.contains_key(MARKER_KEY))
+    })
+    .await;
+    op.revoke(&"m3".into()).await.unwrap();
+    sim.set_loaded_ref("m3", &w.old);
+    sim.set_behaviour("m3", Behaviour::BusyFor(Duration::from_secs(3600)));
+    rogue.replay_approval(&used, "m3").await.unwrap();
+    for _ in 0..6 {
+        let plan = hand.plan().await;
+        hand.run(&plan).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(
+        restarts(&sim, "m3"),
+        1,
+        "the approval replaced after its restart, written back, restarted busy m3 again"
+    );
+    sim.shutdown().await;
+}
+
+/// Drifted m2 (`restart` pool, no grace) is claimed and its restart planned.
+/// After that plan an operator holds m2 (the coordinator's copy first, then
+/// the machine's), and the rogue in m1 deletes the machine's copy before the
+/// step runs. Before: the executor's reads before each call looked at the
+/// machine's copy only, so the stale step restarted the held machine (found
+/// by the chaos run with a rogue, seed 20261201: an undo on a machine whose
+/// hold the rogue had deleted in the window after a 429). The step now
+/// also reads the coordinator's holds, which no agent reaches.
+#[tokio::test(start_paused = true)]
+async fn a_hold_a_rogue_deletes_after_the_plan_stops_the_planned_step() {
+    use fleet_reconciler::act::executor::{Declined, Outcome};
+    let w = world();
+    let machines = vec![
+        rogue_host(&w, "m1"),
+        SimMachine::new("m2").loaded(w.old.clone()),
+    ];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(
+        &sim,
+        &w,
+        "restart",
+        1,
+        "restart_grace = \"0s\"",
+        &coordinator(),
+    );
+    let mut hand = Hand::with_token(&sim, cfg.clone(), TOKEN, ExecutorConfig::new("hand")).await;
+    let claim = hand.plan().await;
+    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
+    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
+    let restart = hand.plan().await;
+    assert_eq!(
+        restart.steps()[0].kind(),
+        "restart",
+        "{:?}",
+        restart.steps()
+    );
+    operator(&cfg)
+        .hold(&"m2".into(), "ops", "incident 33", sim.now())
+        .await
+        .unwrap();
+    let rogue = sim.rogue("m1").unwrap();
+    assert!(rogue.delete_hold("m2").await.unwrap().is_some());
+    let done = hand.run(&restart).await;
+    assert_eq!(
+        restarts(&sim, "m2"),
+        0,
+        "restarted held m2: {:?}",
+        done[0].outcome
+    );
+    assert_eq!(done[0].outcome, Outcome::Skipped(Declined::Held));
+    sim.shutdown().await;
+}
+
+/// An operator approved busy m3 `now`, then revoked it before any sweep
+/// acted (a second operator approves m2 `when-idle` and then approves it
+/// again `now`: the first approval is replaced). The rogue in m1 read both
+/// first approvals and writes them back. Before: `revoke` and `approve`
+/// only removed or overwrote the machine's value, which still verifies
+/// there, so the written-back approvals restarted busy m3 and m2 as if
+/// never revoked or replaced. Now each is listed as spent on the
+/// coordinator first: written back, it approves nothing and is alerted.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_or_replaced_approval_written_back_approves_nothing() {
+    let w = world();
+    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
+    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
+    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
+    let op = operator(&cfg);
+    let rogue = sim.rogue("m1").unwrap();
+    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let revoked = rogue.steal_approval("m3").await.unwrap();
+    op.revoke(&"m3".into()).await.unwrap();
+    op.approve(&"m2".into(), &approval(&sim, &w, ApprovalMode::Now))
+        .await
+        .unwrap();
+    let replaced = rogue.steal_approval("m2").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    op.approve(&"m2".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+        .await
+        .unwrap();
+    let d = Daemon::start(&sim, cfg).await;
+    d.more_sweeps(2).await;
+    rogue.replay_approval(&revoked, "m3").await.unwrap();
+    rogue.replay_approval(&replaced, "m2").await.unwrap();
+    d.more_sweeps(8).await;
+    assert_eq!(
+        restarts(&sim, "m3"),
+        0,
+        "a revoked approval, written back, restarted busy m3"
+    );
+    assert_eq!(
+        restarts(&sim, "m2"),
+        0,
+        "a replaced `now` approval, written back, restarted busy m2"
+    );
+    for id in ["m2", "m3"] {
+        assert!(
+            d.tampered(id, APPROVE_KEY),
+            "no {TAMPERED} for {id}: {:?}",
+            d.alerts()
+        );
+    }
+    d.stop().await;
+    sim.shutdown().await;
+}

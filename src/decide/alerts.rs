@@ -758,6 +758,7 @@ mod tests {
             machines: Vec::new(),
             slots: Default::default(),
             halts: Default::default(),
+            gate: Default::default(),
         }
     }
 

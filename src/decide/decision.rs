@@ -13,6 +13,7 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::decide::guardrail::Guard;
 use crate::metadata::marker::{Phase, RotationMode};
 use crate::model::{CommitId, MachineState, PoolName, Severity, short_commit};
 
@@ -137,6 +138,10 @@ pub enum Decision {
         failures: usize,
         verified: bool,
     },
+    /// Qualifies for a rotation, but a guardrail holds its pool (`guard`:
+    /// a firing alert, an unreadable alert gate): no claim while it holds;
+    /// rotations under way finish.
+    Guarded { guard: Guard },
     /// The last sweep could not list the machine's app: its data is an older
     /// listing and nothing is done to it. `held`/`phase` are as last listed.
     AppNotListed { held: bool, phase: Option<Phase> },
@@ -177,6 +182,7 @@ impl Decision {
             Decision::MetadataUnknown { .. } => "metadata unknown".into(),
             Decision::SlotsUnknown { .. } => "slots unknown".into(),
             Decision::Halted { .. } => "halted".into(),
+            Decision::Guarded { guard } => guard.to_string(),
             Decision::AppNotListed {
                 held: true,
                 phase: _,
@@ -200,6 +206,9 @@ impl Decision {
                 | Decision::MetadataUnknown { .. }
                 | Decision::SlotsUnknown { .. }
                 | Decision::Halted { .. }
+                | Decision::Guarded {
+                    guard: Guard::GateUnreachable { .. }
+                }
         )
     }
 }
@@ -317,6 +326,18 @@ impl fmt::Display for Decision {
                 f,
                 "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim until `fleet-reconciler resume`",
                 short_commit(tip.as_str())
+            ),
+            Decision::Guarded {
+                guard: Guard::AlertFiring { alert },
+            } => write!(
+                f,
+                "blocked by alert {alert}: qualifies for a rotation, but no claim while it fires (gates.alertmanager)"
+            ),
+            Decision::Guarded {
+                guard: Guard::GateUnreachable { error },
+            } => write!(
+                f,
+                "blocked: the alert gate's Alertmanager cannot be read ({error}); no claim until it can (fail closed)"
             ),
             Decision::AppNotListed { .. } => write!(
                 f,
@@ -465,6 +486,11 @@ mod tests {
                 failures: 3,
                 verified: true,
             },
+            Decision::Guarded {
+                guard: Guard::AlertFiring {
+                    alert: r#"AgentErrorRate{app="x"}"#.into(),
+                },
+            },
             Decision::AppNotListed {
                 held: false,
                 phase: None,
@@ -514,6 +540,11 @@ mod tests {
                 held: false,
                 phase: Some(Phase::Draining),
             },
+            Decision::Guarded {
+                guard: Guard::GateUnreachable {
+                    error: "GET /api/v2/alerts answered HTTP 503 Service Unavailable".into(),
+                },
+            },
         ]);
         let text: Vec<String> = all.iter().map(Decision::to_string).collect();
         assert_eq!(
@@ -539,12 +570,14 @@ mod tests {
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
                 "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume`",
+                r#"blocked by alert AgentErrorRate{app="x"}: qualifies for a rotation, but no claim while it fires (gates.alertmanager)"#,
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
                 "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",
                 "no usable health report since 2027-01-15T08:00:00Z; the probe-failure ceiling falls at 2027-01-15T08:00:00Z",
                 "held; paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
+                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable); no claim until it can (fail closed)",
             ]
         );
     }

@@ -30,6 +30,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::decide::decision::Decision;
+use crate::decide::guardrail::Guard;
 use crate::decide::halt::HaltSource;
 pub use crate::decide::halt::Halted;
 use crate::decide::policy::Policy;
@@ -426,6 +427,10 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     planning.claim_in_rank_order();
     planning.coordinator_alert();
     planning.halt_alerts();
+    planning.alerts.extend(crate::decide::guardrail::gate_alert(
+        input.policy,
+        input.snapshot,
+    ));
     planning.finish()
 }
 
@@ -454,6 +459,8 @@ struct Planning<'a> {
     over_cap: BTreeMap<(AppName, PoolName), OverCap>,
     /// Apps whose release tip is halted.
     halts: BTreeMap<AppName, Halted>,
+    /// Apps a guardrail holds: no new claim (`decide::guardrail`).
+    guards: BTreeMap<AppName, Guard>,
 }
 
 /// A pool's rotations in progress, as far as its current cap is concerned.
@@ -502,6 +509,7 @@ impl<'a> Planning<'a> {
                 &input.tracker.failures,
                 input.now,
             ),
+            guards: crate::decide::guardrail::alert_gate(input.policy, report),
         }
     }
 
@@ -1080,7 +1088,7 @@ impl<'a> Planning<'a> {
             expected,
             ..
         } = c;
-        if self.halted_claim(m, expected.as_ref()) {
+        if self.halted_claim(m, expected.as_ref()) || self.guarded_claim(m, expected.as_ref()) {
             return;
         }
         if let Some(why) = self.slots_unknown() {
@@ -1215,6 +1223,28 @@ impl<'a> Planning<'a> {
                 expected: Some(mine.clone()),
                 kind: StepKind::Withdraw {
                     why: WithdrawWhy::ReleaseHalted,
+                },
+            });
+        }
+        true
+    }
+
+    /// A claim a guardrail holds is not made: the machine is decided
+    /// `guarded`, and our unfinished claim is withdrawn (its slot may be
+    /// won: the withdraw gives it back). Rotations already holding a slot
+    /// are not candidates and go on.
+    fn guarded_claim(&mut self, m: &ObservedMachine, expected: Option<&Marker>) -> bool {
+        let Some(guard) = self.guards.get(&m.app) else {
+            return false;
+        };
+        let guard = guard.clone();
+        self.decide(m, Decision::Guarded { guard });
+        if let Some(mine) = expected.filter(|e| e.phase == Phase::Claiming) {
+            self.step(Step {
+                target: target_of(m),
+                expected: Some(mine.clone()),
+                kind: StepKind::Withdraw {
+                    why: WithdrawWhy::Guarded,
                 },
             });
         }

@@ -4361,3 +4361,6 @@ fn an_emptied_slot_set_does_not_lift_the_cap_while_a_rotation_holds_capacity() {
 
 #[path = "halt_tests.rs"]
 mod halt;
+
+#[path = "guardrail_tests.rs"]
+mod guardrail;

@@ -1229,6 +1229,7 @@ mod tests {
             machines,
             slots: Default::default(),
             halts: Default::default(),
+            gate: Default::default(),
         }
     }
 

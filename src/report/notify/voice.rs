@@ -59,6 +59,7 @@ fn own(kind: AlertKind) -> bool {
             | AlertKind::AppUnlistable
             | AlertKind::TipStale
             | AlertKind::SinkFailing
+            | AlertKind::GateUnreachable
     )
 }
 

@@ -25,7 +25,15 @@ use crate::observe::gate::GateView;
 
 /// Why a pool may not claim now.
 #[derive(
-    Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, strum::IntoStaticStr,
+    Clone,
+    Debug,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    strum::IntoStaticStr,
+    strum::VariantNames,
 )]
 #[serde(tag = "reason", rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
@@ -39,6 +47,9 @@ pub enum Guard {
 }
 
 impl Guard {
+    /// Every reason, in declaration order (the metric's label values).
+    pub const REASONS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
+
     /// A stable snake_case word: the JSON `reason` and the metric label.
     pub fn reason(&self) -> &'static str {
         self.into()

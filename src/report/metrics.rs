@@ -26,7 +26,8 @@
 //!   next sweep, never left stale.
 //! * `fleet_reconciler_rotations_in_progress` is replaced as a whole by
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
-//!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`].
+//!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`],
+//!   and `fleet_reconciler_guardrail_blocked` by [`Metrics::set_guardrails`].
 //! * `fleet_reconciler_actions_total` gets every action and result of each
 //!   pool passed to [`Metrics::set_rotations_in_progress`] at 0, and keeps
 //!   them: a counter born at its first increment shows no `increase()`.
@@ -50,6 +51,7 @@ use prometheus::{
 };
 
 use crate::decide::decision::Decision;
+use crate::decide::guardrail::Guard;
 use crate::decide::snapshot::{Coherence, Snapshot};
 use crate::fly::RequestObserver;
 use crate::model::{AppName, MachineId, MachineStatus, PoolName, Severity};
@@ -65,6 +67,7 @@ pub const COMMITS_BEHIND: &str = "fleet_reconciler_overlay_commits_behind";
 pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_reconciler_drift_severity_machines";
 pub const ROTATIONS_IN_PROGRESS: &str = "fleet_reconciler_rotations_in_progress";
 pub const MACHINE_DECISIONS: &str = "fleet_reconciler_machine_decisions";
+pub const GUARDRAIL_BLOCKED: &str = "fleet_reconciler_guardrail_blocked";
 pub const ACTIONS_TOTAL: &str = "fleet_reconciler_actions_total";
 pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_reconciler_fly_api_requests_total";
 pub const FLY_API_REQUEST_DURATION_SECONDS: &str =
@@ -181,6 +184,8 @@ struct Exported {
     rotations: BTreeSet<(String, String)>,
     /// Apps with `fleet_reconciler_machine_decisions` series.
     decision_apps: BTreeSet<String>,
+    /// (app, pool) with `fleet_reconciler_guardrail_blocked` series.
+    guard_pools: BTreeSet<(String, String)>,
     /// (branch, commit)
     tip: Option<(String, String)>,
     /// Last successful overlay fetch; before the first, process start.
@@ -201,6 +206,7 @@ pub struct Metrics {
     drift_severity: IntGaugeVec,
     rotations: IntGaugeVec,
     decisions: IntGaugeVec,
+    guardrails: IntGaugeVec,
     actions: IntCounterVec,
     fly_requests: IntCounterVec,
     fly_request_duration: HistogramVec,
@@ -368,6 +374,7 @@ impl FleetSeries {
 struct PlanSeries {
     rotations: IntGaugeVec,
     decisions: IntGaugeVec,
+    guardrails: IntGaugeVec,
     actions: IntCounterVec,
 }
 
@@ -386,6 +393,14 @@ impl PlanSeries {
              (on_tip, drift_young, awaiting_approval, waiting_for_slot, live_work, held, ...).",
             &[APP_LABEL, "decision"],
         )?;
+        let guardrails = gauge_vec(
+            r,
+            GUARDRAIL_BLOCKED,
+            "Machines that qualify for a rotation but a guardrail holds, per pool and reason \
+             (alert_firing, gate_unreachable), in the last sweep; every reason of each pool \
+             with machines starts at 0.",
+            &[APP_LABEL, "pool", "reason"],
+        )?;
         let actions = counter_vec(
             r,
             ACTIONS_TOTAL,
@@ -396,6 +411,7 @@ impl PlanSeries {
         Ok(PlanSeries {
             rotations,
             decisions,
+            guardrails,
             actions,
         })
     }
@@ -649,6 +665,7 @@ impl Metrics {
         let PlanSeries {
             rotations,
             decisions,
+            guardrails,
             actions,
         } = PlanSeries::register(&r)?;
         let CallSeries {
@@ -687,6 +704,7 @@ impl Metrics {
             drift_severity,
             rotations,
             decisions,
+            guardrails,
             actions,
             fly_requests,
             fly_request_duration,
@@ -965,6 +983,42 @@ impl Metrics {
             }
         }
         exported.decision_apps = current;
+    }
+
+    /// Replaces the guardrail counts: for every (app, pool) passed, every
+    /// [`Guard::REASONS`] (zeros included) counts its machines decided
+    /// `guarded` for that reason; pools not passed are removed.
+    pub fn set_guardrails<'a>(
+        &self,
+        machines: impl IntoIterator<Item = (&'a str, &'a str, &'a Decision)>,
+    ) {
+        let mut counts: BTreeMap<(&str, &str), BTreeMap<&str, i64>> = BTreeMap::new();
+        for (app, pool, d) in machines {
+            let per = counts.entry((app, pool)).or_default();
+            if let Decision::Guarded { guard } = d {
+                *per.entry(guard.reason()).or_default() += 1;
+            }
+        }
+        let mut exported = self.exported();
+        for ((app, pool), per) in &counts {
+            for reason in Guard::REASONS {
+                self.guardrails
+                    .with_label_values(&[*app, *pool, reason])
+                    .set(per.get(reason).copied().unwrap_or(0));
+            }
+        }
+        let current: BTreeSet<(String, String)> = counts
+            .keys()
+            .map(|(a, p)| (a.to_string(), p.to_string()))
+            .collect();
+        for (app, pool) in exported.guard_pools.difference(&current) {
+            for reason in Guard::REASONS {
+                let _ = self
+                    .guardrails
+                    .remove_label_values(&[app.as_str(), pool.as_str(), reason]);
+            }
+        }
+        exported.guard_pools = current;
     }
 
     /// Counts one webhook delivery attempt; `format` is the sink format
@@ -1352,6 +1406,38 @@ mod tests {
         );
         assert!(
             !text.contains("fleet_reconciler_machines{fly_app=\"b\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn guardrails_are_counted_per_pool_and_reason_and_replaced_as_a_set() {
+        let m = Metrics::new(false).unwrap();
+        let firing = Decision::Guarded {
+            guard: Guard::AlertFiring {
+                alert: "AgentErrorRate".into(),
+            },
+        };
+        m.set_guardrails([
+            ("a", "default", &firing),
+            ("a", "default", &firing),
+            ("a", "default", &Decision::OnTip),
+            ("a", "canary", &Decision::OnTip),
+        ]);
+        let text = m.render().unwrap();
+        for line in [
+            r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="default",reason="alert_firing"} 2"#,
+            r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="default",reason="gate_unreachable"} 0"#,
+            r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="canary",reason="alert_firing"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        // The alert resolved and the canary pool is gone: its series go too.
+        m.set_guardrails([("a", "default", &Decision::OnTip)]);
+        let text = m.render().unwrap();
+        assert!(!text.contains(r#"pool="canary""#), "{text}");
+        assert!(
+            text.contains(r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="default",reason="alert_firing"} 0"#),
             "{text}"
         );
     }

@@ -218,6 +218,11 @@ impl<'a> Reporter<'a> {
                 plan.decision(&m.seen.machine_id)
                     .map(|d| (m.seen.app.as_str(), d))
             }));
+        self.metrics
+            .set_guardrails(report.machines.iter().filter_map(|m| {
+                plan.decision(&m.seen.machine_id)
+                    .map(|d| (m.seen.app.as_str(), m.seen.pool.as_str(), d))
+            }));
     }
 
     /// Counts each step taken and records it in the history; the steps'

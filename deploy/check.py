@@ -414,6 +414,8 @@ CONFIG_TABLES = {
     "severity[]": "[[severity]]",
     "rotation": "[rotation]",
     "release": "[release]",
+    "gates": "[gates]",
+    "gates.alertmanager": "[gates.alertmanager]",
     "alerts": "[alerts]",
     "alerts.webhooks[]": "[[alerts.webhooks]]",
     "alerts.alertmanager[]": "[[alerts.alertmanager]]",

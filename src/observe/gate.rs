@@ -183,7 +183,12 @@ impl FiringAlert {
 /// `plan` shows what blocks a pool (other labels are Alertmanager's to show).
 impl fmt::Display for FiringAlert {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.labels.get("alertname").map_or("", String::as_str))?;
+        // An alert without a name is still shown as one.
+        f.write_str(
+            self.labels
+                .get("alertname")
+                .map_or("(unnamed alert)", String::as_str),
+        )?;
         if let Some((k, v)) = APP_LABELS
             .iter()
             .find_map(|l| self.labels.get(*l).map(|v| (*l, v)))

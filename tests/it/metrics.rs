@@ -544,6 +544,11 @@ async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
         "alpha",
         &fleet_reconciler::decide::decision::Decision::OnTip,
     )]);
+    m.set_guardrails([(
+        "alpha",
+        "default",
+        &fleet_reconciler::decide::decision::Decision::OnTip,
+    )]);
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
     (m, text)
 }

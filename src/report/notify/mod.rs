@@ -6,15 +6,21 @@
 //! with its links (`links`); every other alert is an incident of its own.
 //! Webhooks get the per-sink state machine below, keyed by the incident's
 //! key (a change of its machines is an *update*); Alertmanagers get every
-//! firing incident each `update` (`alertmanager`).
+//! firing incident each `update` (`alertmanager`); heartbeats get a ping
+//! for each successful sweep (`swept`, `heartbeat`).
 //!
-//! Owns, per configured webhook, which alerts that sink has been told about,
-//! the queue of notifications not yet delivered, the dead letters, and the
-//! HTTP delivery with retries: one path for every kind of webhook sink. What
-//! differs between kinds (its id, the secret it needs, which action events
-//! it sends, its request) is a `sink::SinkKind`, one file each (`json`,
-//! `slack`, `pagerduty`); a new kind is its file plus an arm in
-//! `sink::kind`. Each delivery event is counted where it happens
+//! Every sink is a `sink::Sink` (what it takes from a change, its next
+//! request, what it does with the answer), one file each: the webhooks
+//! (`Webhook` here), `alertmanager` and `heartbeat`; one delivery path
+//! (`Shared::deliver`) drives them all, with the same retry pause,
+//! shutdown flush and state-file writes, and a new sink is its file plus
+//! its arm in `Notifier::with_kinds`. Owns, per configured webhook, which
+//! alerts that sink has been told about, the queue of notifications not
+//! yet delivered and the dead letters. What differs between webhook
+//! formats (its id, the secret it needs, which action events it sends, its
+//! body) is a `sink::SinkKind`, one file each (`json`, `slack`,
+//! `pagerduty`); a new format is its file plus an arm in `sink::kind`.
+//! Each delivery event is counted where it happens
 //! ([`DeliveryCounter`]). Which alerts hold is decided before it is
 //! called (`decide::alerts`); it decides only what each sink is told of
 //! them. The sweep hands it the *full* set of
@@ -124,14 +130,15 @@ use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
+use heartbeat::Heartbeat;
 use links::Links;
-use sink::{OnEvent, SinkKind};
+use sink::{AlertChange, Attempt, Change, Driven, OnEvent, Sink, SinkKind, Then};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
-pub use heartbeat::{Heartbeats, PingResult, heartbeat_urls_from_env};
+pub use heartbeat::{PingResult, heartbeat_urls_from_env};
 pub use json::{JSON_SCHEMA_VERSION, SIGNATURE_HEADER, SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, sign};
 pub use links::{MACHINE_URL, RUNBOOK_URL, SEVERITY_RULE, STATUS_URL, TIP, runbook_anchor};
 pub use pagerduty::{
@@ -530,8 +537,11 @@ pub struct Notifier {
 }
 
 struct Shared {
-    sinks: Vec<Sink>,
-    alertmanagers: Vec<AmSink>,
+    sinks: Vec<Arc<Webhook>>,
+    alertmanagers: Vec<Arc<AmSink>>,
+    /// Every sink (webhooks, Alertmanagers, heartbeats), as the one
+    /// delivery path drives them.
+    driven: Vec<Arc<dyn Driven>>,
     http: reqwest::Client,
     options: NotifierOptions,
     /// Every alert firing at the last `update`, for one log line per transition.
@@ -549,7 +559,9 @@ struct Shared {
     freshness: Freshness,
 }
 
-struct Sink {
+/// One `[[alerts.webhooks]]`: the per-key state machine, its queue, its
+/// dead letters (a [`Sink`] whose requests are its queued notifications).
+struct Webhook {
     index: usize,
     /// What it sends and how (one file per kind).
     kind: &'static dyn SinkKind,
@@ -564,6 +576,9 @@ struct Sink {
     wake: tokio::sync::Notify,
     /// Counts what happens to its notifications, where it happens.
     counter: DeliveryCounter,
+    /// `NotifierOptions::dead_letter_after` and `retry_interval`.
+    dead_letter_after: u32,
+    retry_interval: Duration,
 }
 
 #[derive(Default)]
@@ -604,7 +619,7 @@ struct Tracked {
 
 impl fmt::Debug for Notifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sinks: Vec<&str> = self.shared.sinks.iter().map(|s| s.kind.id()).collect();
+        let sinks: Vec<&str> = self.shared.driven.iter().map(|s| s.id()).collect();
         f.debug_struct("Notifier")
             .field("sinks", &sinks)
             .field("options", &self.shared.options)
@@ -663,15 +678,37 @@ impl Notifier {
         alertmanagers: Vec<SecretString>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
-        Notifier::with_kinds(config, sinks, alertmanagers, options, sink::kind)
+        Notifier::with_kinds(config, sinks, alertmanagers, None, options, sink::kind)
     }
 
-    /// As `with_sinks`, with `kind_of` saying which kind of sink each
-    /// webhook's format is (a test adds its own kind this way).
+    /// As `with_sinks`, and with `heartbeats[i]` the ping URL of
+    /// `[[alerts.heartbeat]]` `i` (see `heartbeat_urls_from_env`), pinged
+    /// at each [`Notifier::swept`]. `with_sinks` builds no heartbeats.
+    pub fn with_heartbeats(
+        config: &AlertsConfig,
+        sinks: Vec<SinkSecrets>,
+        alertmanagers: Vec<SecretString>,
+        heartbeats: Vec<SecretString>,
+        options: NotifierOptions,
+    ) -> Result<Notifier, NotifyError> {
+        Notifier::with_kinds(
+            config,
+            sinks,
+            alertmanagers,
+            Some(heartbeats),
+            options,
+            sink::kind,
+        )
+    }
+
+    /// As `with_heartbeats`, with `kind_of` saying which kind of sink each
+    /// webhook's format is (a test adds its own kind this way). Each
+    /// configured sink is built here, one arm per config table.
     fn with_kinds(
         config: &AlertsConfig,
         sinks: Vec<SinkSecrets>,
         alertmanagers: Vec<SecretString>,
+        heartbeats: Option<Vec<SecretString>>,
         options: NotifierOptions,
         kind_of: fn(crate::config::WebhookFormat) -> &'static dyn SinkKind,
     ) -> Result<Notifier, NotifyError> {
@@ -689,15 +726,33 @@ impl Notifier {
             .zip(alertmanagers)
             .enumerate()
             .map(|(index, (am, url))| {
-                AmSink::new(index, am, url.expose_secret(), options.counter.clone()).map_err(
-                    |problem| NotifyError::AlertmanagerInvalidUrl {
+                AmSink::new(index, am, url.expose_secret(), options.counter.clone())
+                    .map(Arc::new)
+                    .map_err(|problem| NotifyError::AlertmanagerInvalidUrl {
                         index,
                         url_env: am.url_env.clone(),
                         problem,
-                    },
-                )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let heartbeats = match heartbeats {
+            None => Vec::new(),
+            Some(urls) if urls.len() != config.heartbeats.len() => {
+                return Err(NotifyError::SecretsMismatch {
+                    expected: config.heartbeats.len(),
+                    got: urls.len(),
+                });
+            }
+            Some(urls) => config
+                .heartbeats
+                .iter()
+                .zip(urls)
+                .enumerate()
+                .map(|(index, (hb, url))| {
+                    Heartbeat::new(index, hb, url, options.counter.clone()).map(Arc::new)
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         let sinks = config
             .webhooks
             .iter()
@@ -705,7 +760,7 @@ impl Notifier {
             .enumerate()
             .map(|(index, (hook, secrets))| {
                 let kind = kind_of(hook.format);
-                Sink::new(index, hook, kind, secrets, options.counter.clone())
+                Webhook::new(index, hook, kind, secrets, &options).map(Arc::new)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let http = crate::http::client_builder()
@@ -734,10 +789,15 @@ impl Notifier {
             .map(|a| (a.dedup_key(), a.clone()))
             .collect();
         let links = Links::new(config, options.public_url.clone());
+        let mut driven: Vec<Arc<dyn Driven>> = Vec::new();
+        driven.extend(sinks.iter().map(|s| s.clone() as Arc<dyn Driven>));
+        driven.extend(alertmanagers.iter().map(|s| s.clone() as Arc<dyn Driven>));
+        driven.extend(heartbeats.into_iter().map(|s| s as Arc<dyn Driven>));
         Ok(Notifier {
             shared: Arc::new(Shared {
                 sinks,
                 alertmanagers,
+                driven,
                 http,
                 options,
                 fired: Mutex::new(fired),
@@ -811,27 +871,28 @@ impl Notifier {
         };
         let fresh = self.shared.freshness;
         let stale = |a: &Alert| fresh.stale(a, seen, now);
-        let capacity = self.shared.options.queue_capacity;
-        let links = &self.shared.links;
-        for sink in &self.shared.sinks {
-            let queued = {
-                let mut state = lock(&sink.state);
-                let frozen = sink.frozen(&state, &current, &stale);
-                sink.plan(&mut state, &current, &frozen, events, links, now, capacity)
-            };
-            if queued > 0 {
-                sink.wake.notify_one();
-            }
-        }
         // A held incident is asserted from its last sighting, not refreshed.
         let until = |key: &DedupKey, a: &Alert| match held.get(key) {
             Some(t) => Some(*t),
             None => fresh.valid_until(a, seen, now),
         };
-        for am in &self.shared.alertmanagers {
-            am.update(&current, &stale, &until, now);
-        }
+        let change = AlertChange {
+            current: &current,
+            stale: &stale,
+            until: &until,
+            events,
+            links: &self.shared.links,
+            now,
+            capacity: self.shared.options.queue_capacity,
+        };
+        self.shared.offer(&Change::Alerts(&change));
         self.shared.touch();
+    }
+
+    /// Says a sweep succeeded (listed machines): each heartbeat pings. Call
+    /// it after such a sweep only; never waits on the network.
+    pub fn swept(&self) {
+        self.shared.offer(&Change::Swept);
     }
 
     /// The incidents `alerts` make: grouped by `alerts.group_by`, each
@@ -956,22 +1017,13 @@ impl Notifier {
         let shared = &self.shared;
         let saver_stop = CancellationToken::new();
         let deliveries = async {
-            let alertmanagers = futures::future::join_all(shared.alertmanagers.iter().map(|am| {
-                am.deliver(
-                    &shared.http,
-                    shared.options.retry_interval,
-                    shared.options.flush_deadline,
-                    shutdown.clone(),
-                    || shared.touch(),
-                )
-            }));
-            let webhooks = futures::future::join_all(
+            futures::future::join_all(
                 shared
-                    .sinks
+                    .driven
                     .iter()
-                    .map(|sink| shared.deliver(sink, shutdown.clone())),
-            );
-            tokio::join!(webhooks, alertmanagers);
+                    .map(|sink| sink.deliver(shared, shutdown.clone())),
+            )
+            .await;
             saver_stop.cancel();
         };
         tokio::join!(deliveries, shared.save_loop(saver_stop.clone()));
@@ -1012,7 +1064,7 @@ impl Notifier {
         self.shared
             .alertmanagers
             .iter()
-            .map(AmSink::stats)
+            .map(|am| am.stats())
             .collect()
     }
 
@@ -1037,7 +1089,7 @@ impl Notifier {
 /// Gives each configured sink the saved state of the same format and URL
 /// variable (in order, when several share both); saved sinks no longer
 /// configured are dropped with a WARN.
-fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
+fn restore_sinks(sinks: &[Arc<Webhook>], saved: Vec<SavedSink>) {
     let mut saved: Vec<Option<SavedSink>> = saved.into_iter().map(Some).collect();
     for sink in sinks {
         let slot = saved.iter_mut().find(|s| {
@@ -1084,7 +1136,7 @@ fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
 }
 
 /// Gives each configured Alertmanager the saved state of the same `url_env`.
-fn restore_alertmanagers(ams: &[AmSink], saved: Vec<alertmanager::SavedAm>) {
+fn restore_alertmanagers(ams: &[Arc<AmSink>], saved: Vec<alertmanager::SavedAm>) {
     let mut saved: Vec<Option<alertmanager::SavedAm>> = saved.into_iter().map(Some).collect();
     for am in ams {
         let slot = saved
@@ -1104,14 +1156,14 @@ fn restore_alertmanagers(ams: &[AmSink], saved: Vec<alertmanager::SavedAm>) {
     }
 }
 
-impl Sink {
+impl Webhook {
     fn new(
         index: usize,
         hook: &WebhookConfig,
         kind: &'static dyn SinkKind,
         secrets: SinkSecrets,
-        counter: DeliveryCounter,
-    ) -> Result<Sink, NotifyError> {
+        options: &NotifierOptions,
+    ) -> Result<Webhook, NotifyError> {
         check_url(secrets.url.expose_secret()).map_err(|problem| NotifyError::InvalidUrl {
             index,
             url_env: hook.url_env.clone(),
@@ -1129,7 +1181,7 @@ impl Sink {
         if hook.secret_env.is_some() && exposed(&secrets.hmac_secret).is_none_or(str::is_empty) {
             return Err(missing("HMAC secret"));
         }
-        Ok(Sink {
+        Ok(Webhook {
             index,
             kind,
             url_env: hook.url_env.clone(),
@@ -1138,7 +1190,9 @@ impl Sink {
             secrets,
             state: Mutex::new(SinkState::default()),
             wake: tokio::sync::Notify::new(),
-            counter,
+            counter: options.counter.clone(),
+            dead_letter_after: options.dead_letter_after,
+            retry_interval: options.retry_interval,
         })
     }
 
@@ -1412,7 +1466,7 @@ impl Sink {
     /// failing sink ends its episode.
     fn delivered(&self, n: &Arc<Notification>) {
         let mut st = lock(&self.state);
-        Sink::pop(&mut st, n);
+        Webhook::pop(&mut st, n);
         st.delivered += 1;
         self.counter.sink(self.kind.id(), DeliveryResult::Delivered);
         st.consecutive_failures = 0;
@@ -1441,7 +1495,7 @@ impl Sink {
         if !dead {
             return false;
         }
-        if !Sink::pop(&mut st, n) {
+        if !Webhook::pop(&mut st, n) {
             return true;
         }
         if st.failing.is_none() {
@@ -1584,20 +1638,6 @@ fn check_url(raw: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// How one attempt ended.
-enum Outcome {
-    Delivered,
-    /// `permanent`: the receiver refused this for good (a 4xx other than
-    /// 408 and 429); retrying the same request cannot help.
-    Failed {
-        error: String,
-        permanent: bool,
-    },
-    /// The shutdown flush deadline passed: not the receiver's fault, the
-    /// notification stays queued (and in the state file).
-    Interrupted,
-}
-
 impl Shared {
     /// Marks the state changed and wakes the writer.
     fn touch(&self) {
@@ -1614,8 +1654,8 @@ impl Shared {
             version: STATE_VERSION,
             saved_at: now,
             alerts,
-            sinks: self.sinks.iter().map(Sink::saved).collect(),
-            alertmanagers: self.alertmanagers.iter().map(AmSink::saved).collect(),
+            sinks: self.sinks.iter().map(|s| s.saved()).collect(),
+            alertmanagers: self.alertmanagers.iter().map(|s| s.saved()).collect(),
         }
     }
 
@@ -1680,36 +1720,35 @@ impl Shared {
         }
     }
 
-    /// The delivery loop of one sink.
-    async fn deliver(&self, sink: &Sink, shutdown: CancellationToken) {
+    /// Offers `change` to every sink and wakes those it made due.
+    fn offer(&self, change: &Change<'_>) {
+        for sink in &self.driven {
+            if sink.take(change) {
+                sink.notify();
+            }
+        }
+    }
+
+    /// The delivery loop of one sink, the same for every kind: deliver
+    /// what is due in order, pause `retry_interval` when the sink asks to
+    /// retry, and once shutdown is requested keep going only until
+    /// `flush_deadline`.
+    async fn deliver<S: Sink>(&self, sink: &S, shutdown: CancellationToken) {
         // Set once shutdown is requested: the end of the final flush.
         let mut deadline: Option<Instant> = None;
         loop {
             let mut paused = false;
-            while let Some(n) = sink.front() {
-                match self.attempt(sink, &n, &shutdown, &mut deadline).await {
-                    Outcome::Delivered => sink.delivered(&n),
-                    Outcome::Interrupted => {
-                        paused = true;
-                        break;
-                    }
-                    Outcome::Failed { error, permanent } => {
-                        let dead = sink.failed(
-                            &n,
-                            &error,
-                            permanent,
-                            self.options.dead_letter_after,
-                            self.options.clock.now(),
-                        );
-                        if !dead {
-                            self.log_failure(sink, &n, &error);
-                            self.touch();
-                            paused = true;
-                            break;
-                        }
-                    }
+            while let Some(r) = sink.next() {
+                let attempt = self.attempt(sink, &r, &shutdown, &mut deadline).await;
+                let interrupted = matches!(attempt, Attempt::Interrupted);
+                let then = sink.settle(&r, attempt, self.options.clock.now());
+                if sink.keeps_state() {
+                    self.touch();
                 }
-                self.touch();
+                if interrupted || then == Then::Retry {
+                    paused = true;
+                    break;
+                }
             }
             if deadline.is_some() {
                 break;
@@ -1723,69 +1762,27 @@ impl Shared {
                 }
             } else {
                 tokio::select! {
-                    _ = sink.wake.notified() => {}
+                    _ = sink.wake().notified() => {}
                     _ = shutdown.cancelled() => {
                         deadline = Some(Instant::now() + self.options.flush_deadline);
                     }
                 }
             }
         }
-        let left = lock(&sink.state).queue.len();
-        if left > 0 {
-            let kept = if self.store.is_some() {
-                "kept in the alert state file for the next start"
-            } else {
-                "lost (no alert state file)"
-            };
-            tracing::warn!(
-                sink_format = sink.kind.id(),
-                sink_index = sink.index,
-                undelivered = left,
-                "webhook notifications left undelivered at shutdown: {kept}"
-            );
-        }
+        sink.stopped(self.store.is_some());
     }
 
-    fn log_failure(&self, sink: &Sink, n: &Notification, error: &str) {
-        let queued = lock(&sink.state).queue.len();
-        tracing::warn!(
-            event = n.event.as_str(),
-            status = n.status.as_str(),
-            repeat = n.repeat,
-            app = Notification::field(n.app.as_ref().map(AppName::as_str)),
-            machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
-            commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
-            severity = %n.severity,
-            sink_format = sink.kind.id(),
-            sink_index = sink.index,
-            error = %error,
-            queued,
-            retry_in = %humantime::format_duration(self.options.retry_interval),
-            "webhook delivery failed; will retry"
-        );
-    }
-
-    /// One delivery attempt of `n`; a delivery is logged here, a failure by
-    /// the caller (which knows whether it is retried or dead-lettered).
-    async fn attempt(
+    /// One attempt of `r`; the sink logs and counts how it ended.
+    async fn attempt<S: Sink>(
         &self,
-        sink: &Sink,
-        n: &Notification,
+        sink: &S,
+        r: &S::Request,
         shutdown: &CancellationToken,
         deadline: &mut Option<Instant>,
-    ) -> Outcome {
-        let rendered = sink
-            .kind
-            .render(n, &sink.secrets, self.options.clock.now().timestamp());
-        let mut request = self
-            .http
-            .post(sink.secrets.url.expose_secret())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(rendered.body);
-        for (name, value) in rendered.headers {
-            request = request.header(name, value);
-        }
-        let send = request.send();
+    ) -> Attempt {
+        let send = sink
+            .request(&self.http, r, self.options.clock.now().timestamp())
+            .send();
         tokio::pin!(send);
         let flush = self.options.flush_deadline;
         let result = match *deadline {
@@ -1801,40 +1798,157 @@ impl Shared {
             },
         };
         // The response body is never read: it may echo what we sent.
-        let failed = |error: String, permanent| Outcome::Failed { error, permanent };
-        let resp = match result {
-            None => return Outcome::Interrupted,
-            Some(Err(e)) => return failed(crate::http::describe(&e), false),
-            Some(Ok(resp)) => resp,
-        };
-        let status = resp.status();
-        let code = status.as_u16();
-        if status.is_success() {
-            tracing::info!(
-                event = n.event.as_str(),
-                status = n.status.as_str(),
-                repeat = n.repeat,
-                app = Notification::field(n.app.as_ref().map(AppName::as_str)),
-                machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
-                commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
-                severity = %n.severity,
-                sink_format = sink.kind.id(),
-                sink_index = sink.index,
-                http_status = code,
-                "webhook delivered"
-            );
-            return Outcome::Delivered;
+        match result {
+            None => Attempt::Interrupted,
+            Some(Err(e)) => Attempt::Failed {
+                error: crate::http::describe(&e),
+                status: None,
+            },
+            Some(Ok(resp)) if resp.status().is_success() => Attempt::Delivered {
+                status: resp.status().as_u16(),
+            },
+            Some(Ok(resp)) => {
+                let code = resp.status().as_u16();
+                Attempt::Failed {
+                    error: format!("HTTP {code}"),
+                    status: Some(code),
+                }
+            }
         }
-        if status.is_redirection() {
-            return failed(
+    }
+}
+
+impl Sink for Webhook {
+    /// The head of its queue.
+    type Request = Arc<Notification>;
+
+    fn id(&self) -> &'static str {
+        self.kind.id()
+    }
+
+    fn wake(&self) -> &tokio::sync::Notify {
+        &self.wake
+    }
+
+    fn take(&self, change: &Change<'_>) -> bool {
+        let Change::Alerts(c) = change else {
+            return false;
+        };
+        let mut state = lock(&self.state);
+        let frozen = self.frozen(&state, c.current, c.stale);
+        let queued = self.plan(
+            &mut state, c.current, &frozen, c.events, c.links, c.now, c.capacity,
+        );
+        queued > 0
+    }
+
+    fn next(&self) -> Option<Arc<Notification>> {
+        self.front()
+    }
+
+    fn request(
+        &self,
+        http: &reqwest::Client,
+        n: &Arc<Notification>,
+        unix_now: i64,
+    ) -> reqwest::RequestBuilder {
+        let rendered = self.kind.render(n, &self.secrets, unix_now);
+        let mut request = http
+            .post(self.secrets.url.expose_secret())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(rendered.body);
+        for (name, value) in rendered.headers {
+            request = request.header(name, value);
+        }
+        request
+    }
+
+    /// Delivered: off the queue. Failed: retried, or dead-lettered when
+    /// the receiver refused it for good (a 4xx other than 408 and 429:
+    /// 404/410 a webhook that is gone, 401/403 refused credentials,
+    /// 400/413/422 a refused body) or the sink keeps failing.
+    fn settle(&self, n: &Arc<Notification>, attempt: Attempt, now: DateTime<Utc>) -> Then {
+        let (error, permanent) = match attempt {
+            Attempt::Interrupted => return Then::Next,
+            Attempt::Delivered { status } => {
+                tracing::info!(
+                    event = n.event.as_str(),
+                    status = n.status.as_str(),
+                    repeat = n.repeat,
+                    app = Notification::field(n.app.as_ref().map(AppName::as_str)),
+                    machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
+                    commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
+                    severity = %n.severity,
+                    sink_format = self.kind.id(),
+                    sink_index = self.index,
+                    http_status = status,
+                    "webhook delivered"
+                );
+                self.delivered(n);
+                return Then::Next;
+            }
+            Attempt::Failed {
+                status: Some(code), ..
+            } if (300..400).contains(&code) => (
                 format!("HTTP {code}: redirect refused (update the webhook URL)"),
                 false,
+            ),
+            Attempt::Failed {
+                error,
+                status: Some(code),
+            } => (
+                error,
+                (400..500).contains(&code) && !matches!(code, 408 | 429),
+            ),
+            Attempt::Failed {
+                error,
+                status: None,
+            } => (error, false),
+        };
+        if self.failed(n, &error, permanent, self.dead_letter_after, now) {
+            Then::Next
+        } else {
+            self.log_failure(n, &error);
+            Then::Retry
+        }
+    }
+
+    fn stopped(&self, kept: bool) {
+        let left = lock(&self.state).queue.len();
+        if left > 0 {
+            let kept = if kept {
+                "kept in the alert state file for the next start"
+            } else {
+                "lost (no alert state file)"
+            };
+            tracing::warn!(
+                sink_format = self.kind.id(),
+                sink_index = self.index,
+                undelivered = left,
+                "webhook notifications left undelivered at shutdown: {kept}"
             );
         }
-        // 404/410: the webhook is gone; 401/403: refused credentials;
-        // 400/413/422: this body is refused. 408 and 429 ask for a retry.
-        let permanent = status.is_client_error() && !matches!(code, 408 | 429);
-        failed(format!("HTTP {code}"), permanent)
+    }
+}
+
+impl Webhook {
+    fn log_failure(&self, n: &Notification, error: &str) {
+        let queued = lock(&self.state).queue.len();
+        tracing::warn!(
+            event = n.event.as_str(),
+            status = n.status.as_str(),
+            repeat = n.repeat,
+            app = Notification::field(n.app.as_ref().map(AppName::as_str)),
+            machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
+            commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
+            severity = %n.severity,
+            sink_format = self.kind.id(),
+            sink_index = self.index,
+            error = %error,
+            queued,
+            retry_in = %humantime::format_duration(self.retry_interval),
+            "webhook delivery failed; will retry"
+        );
     }
 }
 

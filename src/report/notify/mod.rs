@@ -814,6 +814,15 @@ impl Notifier {
         })
     }
 
+    /// This notifier with `sink` driven too: what a config arm in
+    /// `with_kinds` does for a sink it builds (a test adds its own this way).
+    #[cfg(test)]
+    fn adding(mut self, sink: Arc<dyn Driven>) -> Notifier {
+        let shared = Arc::get_mut(&mut self.shared).expect("a notifier not yet shared");
+        shared.driven.push(sink);
+        self
+    }
+
     /// The alerts that were firing when the state file was written (empty
     /// without one). `run` seeds the fleet-alert clocks with them and carries
     /// the machine alerts until the planner has caught up.

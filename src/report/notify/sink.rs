@@ -334,4 +334,157 @@ mod tests {
         assert_eq!(notifier.stats()[0].format, "echo");
         assert_eq!(notifier.stats()[0].delivered, 2);
     }
+
+    /// A sink added by this test alone: its file would hold just this (and
+    /// its config table an arm in `Notifier::with_kinds`, here
+    /// `Notifier::adding`). It posts one line per change it is offered
+    /// (the incidents and events of an update, or a successful sweep), in
+    /// order, and asks for a retry when the receiver fails.
+    struct Recorder {
+        url: String,
+        due: Mutex<std::collections::VecDeque<String>>,
+        wake: tokio::sync::Notify,
+    }
+
+    impl Sink for Recorder {
+        type Request = String;
+
+        fn id(&self) -> &'static str {
+            "recorder"
+        }
+
+        fn wake(&self) -> &tokio::sync::Notify {
+            &self.wake
+        }
+
+        fn take(&self, change: &Change<'_>) -> bool {
+            let line = match change {
+                Change::Swept => "swept".to_owned(),
+                Change::Alerts(c) => {
+                    let kinds: Vec<&str> = c
+                        .current
+                        .values()
+                        .map(|g| g.alert.kind.trigger_name())
+                        .collect();
+                    let events: Vec<&str> = c.events.iter().map(|e| e.kind.name()).collect();
+                    format!("[{}] [{}]", kinds.join(","), events.join(","))
+                }
+            };
+            self.due
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(line);
+            true
+        }
+
+        fn next(&self) -> Option<String> {
+            self.due
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .front()
+                .cloned()
+        }
+
+        fn request(&self, http: &reqwest::Client, r: &String, _: i64) -> reqwest::RequestBuilder {
+            http.post(&self.url).body(r.clone())
+        }
+
+        fn settle(&self, _: &String, attempt: Attempt, _: chrono::DateTime<Utc>) -> Then {
+            match attempt {
+                Attempt::Delivered { .. } => {
+                    self.due
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pop_front();
+                    Then::Next
+                }
+                Attempt::Failed { .. } => Then::Retry,
+                Attempt::Interrupted => Then::Next,
+            }
+        }
+
+        fn keeps_state(&self) -> bool {
+            false
+        }
+    }
+
+    /// A new sink rides the notifier's one delivery path with nothing but
+    /// its `Sink` impl: it is offered every update and every successful
+    /// sweep, its requests go out in order over real HTTP on loopback, and
+    /// a failed attempt is retried after `retry_interval`.
+    #[tokio::test]
+    async fn a_sink_added_by_a_test_alone_is_offered_every_change_and_retried() {
+        let got: Arc<Mutex<Vec<(u16, String)>>> = Arc::default();
+        let app = axum::Router::new().fallback({
+            let got = got.clone();
+            move |body: Bytes| async move {
+                let mut got = got.lock().unwrap_or_else(|e| e.into_inner());
+                // The receiver's first answer is an outage.
+                let status = if got.is_empty() { 503 } else { 200 };
+                got.push((status, String::from_utf8_lossy(&body).into_owned()));
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/rec", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let config = AlertsConfig {
+            group_by: vec![GroupField::Machine],
+            resolve_after: Duration::ZERO,
+            ..AlertsConfig::default()
+        };
+        let options = NotifierOptions {
+            retry_interval: Duration::from_millis(50),
+            ..NotifierOptions::default()
+        };
+        let recorder = Arc::new(Recorder {
+            url,
+            due: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+        });
+        let notifier = Notifier::with_sinks(&config, vec![], vec![], options)
+            .unwrap()
+            .adding(recorder.clone());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (notifier, stop) = (notifier.clone(), stop.clone());
+            async move { notifier.run(stop).await }
+        });
+        let t0 = Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap();
+        let alert = Alert {
+            kind: AlertKind::Drift,
+            app: Some("agents".into()),
+            machine_id: Some("m1".into()),
+            commit: None,
+            severity: Severity::High,
+            summary: "m1 is behind".into(),
+            details: Default::default(),
+        };
+        notifier.update(std::slice::from_ref(&alert), &[], t0);
+        notifier.swept();
+        notifier.update(&[], &[], t0 + chrono::Duration::minutes(1));
+        for _ in 0..200 {
+            if recorder.next().is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        server.abort();
+
+        let got = got.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let first = "[drift_detected] []".to_owned();
+        assert_eq!(
+            got,
+            [
+                (503, first.clone()),
+                (200, first),
+                (200, "swept".to_owned()),
+                (200, "[] []".to_owned()),
+            ]
+        );
+        assert!(format!("{notifier:?}").contains("recorder"), "{notifier:?}");
+    }
 }

@@ -143,7 +143,7 @@ pub async fn run(
     };
 
     tracing::info!(owner = %owner, apps = config.apps.len(), "fleet-reconciler running");
-    let mut reporter = Reporter::new(&config, &metrics, &view, &notifier);
+    let mut reporter = Reporter::new(&metrics, &view, &notifier);
     let reconciling = daemon::reconcile_loop(
         &sweeper,
         LoopOptions {
@@ -151,6 +151,7 @@ pub async fn run(
             refresh: Some(refresh),
             owner: owner.clone(),
             clock,
+            restored_alerts: notifier.restored_alerts().to_vec(),
         },
         shutdown.clone(),
         |outcome| {

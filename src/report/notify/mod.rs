@@ -135,6 +135,7 @@ use links::Links;
 use sink::{AlertChange, Attempt, Change, Driven, OnEvent, Sink, SinkKind, Then};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
+pub use crate::decide::alerts::Seen;
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
@@ -146,7 +147,6 @@ pub use pagerduty::{
 };
 pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
-pub use voice::Seen;
 use voice::{Freshness, HoldDown};
 
 /// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with

@@ -4,9 +4,8 @@
 //! Owns the [`Sink`] trait: what a sink takes from a [`Change`] (the
 //! incidents and events of an update, or a successful sweep), the request
 //! it makes next, and what it does with how that attempt ended. Every sink
-//! is one file: the webhooks (`mod.rs`'s `Webhook`, with its queue, retries,
-//! dead letters and state per the notifier's docs), `alertmanager`,
-//! `heartbeat`. The notifier drives them all the same way
+//! is one file: `webhook` (with its queue, retries, dead letters and
+//! state per the notifier's docs), `alertmanager`, `heartbeat`. The notifier drives them all the same way
 //! (`Shared::deliver`: one loop per sink, the same retry pause, shutdown
 //! flush and state-file writes), so a new sink is its file plus the arm
 //! that builds it from its config in `Notifier::with_kinds`.

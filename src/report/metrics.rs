@@ -992,16 +992,21 @@ impl Metrics {
     }
 
     /// A hook for `NotifierOptions::counter`: each delivery event counted in
-    /// `fleet_reconciler_webhook_deliveries_total` (per sink kind and result)
-    /// or `fleet_reconciler_alert_state_write_failures_total`, as it happens.
+    /// `fleet_reconciler_webhook_deliveries_total` (per sink kind and result),
+    /// `fleet_reconciler_heartbeat_pings_total` (per heartbeat and result) or
+    /// `fleet_reconciler_alert_state_write_failures_total`, as it happens.
     pub fn delivery_counter(&self) -> crate::report::notify::DeliveryCounter {
         use crate::report::notify::{DeliveryCounter, DeliveryEvent};
         let deliveries = self.webhook_deliveries.clone();
         let state_writes = self.alert_state_write_failures.clone();
+        let pings = self.heartbeat_pings.clone();
         DeliveryCounter::new(move |event| match event {
             DeliveryEvent::Sink { sink, result } => {
                 deliveries.with_label_values(&[sink, result.as_str()]).inc()
             }
+            DeliveryEvent::Heartbeat { index, result } => pings
+                .with_label_values(&[index.to_string().as_str(), result.as_str()])
+                .inc(),
             DeliveryEvent::StateWriteFailed => state_writes.inc(),
         })
     }

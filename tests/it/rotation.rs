@@ -174,6 +174,7 @@ impl Daemon {
                 refresh: None,
                 owner,
                 clock,
+                restored_alerts: Vec::new(),
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();

@@ -10,7 +10,9 @@
 //! began, when each marker and probe-failure record was first seen, and
 //! which rotations toward the tip ended failed: [`crate::decide::halt`]),
 //! which the caller passes in. No claim is planned toward a halted release
-//! tip (`[release]`); rotations under way go on. It never compares a time another clock wrote (a
+//! tip (`[release]`), nor one a guardrail holds (a canary pool not soaked on
+//! the tip, a maintenance window: [`crate::decide::guardrail`]); rotations
+//! under way go on. It never compares a time another clock wrote (a
 //! marker's, a record's) with `now` except through this run's first sight
 //! of it, and never lets its own memory of a failed probe count toward the
 //! probe-failure ceiling (only the shared record does). It must never perform a step itself,

@@ -1,6 +1,8 @@
 //! The planner's memory between sweeps ([`Tracker`]): when each machine's
 //! drift and unprobeability began, and when this run first saw each
-//! machine's current marker and probe-failure record.
+//! machine's current marker and probe-failure record, which rotations
+//! ended failed ([`crate::decide::halt`]) and since when each canary pool
+//! met its ratio on the tip ([`crate::decide::guardrail`]).
 //!
 //! Owns those first-sight clocks, on this replica's clock only. `prepare`
 //! folds each snapshot in; `plan` reads it. It must never read the clock

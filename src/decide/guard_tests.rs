@@ -248,3 +248,27 @@ fn a_window_holds_new_claims_and_approve_now_overrides_it() {
     );
     assert!(guard_of(&p, "d1").is_some());
 }
+
+#[test]
+fn pools_waiting_for_one_canary_at_two_ratios_soak_from_their_own_first_sight() {
+    // `half` waits for half the canary, `main` for all of it.
+    let half = "[pools.half]\nactions = { medium = \"restart\" }\nafter = \"canary\"\nsoak = \"30m\"\nafter_ratio = 0.5\n";
+    let with_half = |on: usize| {
+        let mut ms = fleet(on, 2);
+        ms.push(M::drifted("h1", Severity::Medium).pool("half", PolicyAction::Restart));
+        ms
+    };
+    let at = |m: i64| t0() + Cd::minutes(m);
+    let p = sweeps(
+        half,
+        vec![
+            (with_half(1), at(0)),
+            (with_half(2), at(20)),
+            (with_half(2), at(31)),
+        ],
+    );
+    // Half the canary since t0: `half` soaked at 30m.
+    assert!(kinds(&p).contains(&("h1", "claim")), "{:?}", kinds(&p));
+    // All of it only since 20m: `main` waits until 50m.
+    assert_eq!(guard_of(&p, "d1").and_then(|g| g.until()), Some(at(50)));
+}

@@ -201,10 +201,12 @@ fn ratio_met(on_tip: usize, started: usize, ratio: f64) -> bool {
 }
 
 /// This run's first sight of each canary pool's ratio being met on the tip
-/// (kept in the `Tracker`): the soak is timed from it, on this clock.
+/// (kept in the `Tracker`): the soak is timed from it, on this clock. Kept
+/// per canary and ratio (its bits): pools waiting for one canary at two
+/// ratios each soak from their own first sight.
 #[derive(Clone, Debug, Default)]
 pub struct CanaryMemory {
-    met: BTreeMap<PoolName, (CommitId, DateTime<Utc>)>,
+    met: BTreeMap<(PoolName, u64), (CommitId, DateTime<Utc>)>,
 }
 
 impl CanaryMemory {
@@ -216,25 +218,26 @@ impl CanaryMemory {
         let mut next = BTreeMap::new();
         for (waiter, canary) in policy.canaries() {
             let ratio = policy.pool(waiter).after_ratio;
-            if next.contains_key(canary) {
+            let key = (canary.clone(), ratio.to_bits());
+            if next.contains_key(&key) {
                 continue;
             }
             let (on_tip, started) = canary_count(snapshot, canary);
             if !ratio_met(on_tip, started, ratio) {
                 continue;
             }
-            let since = match self.met.get(canary) {
+            let since = match self.met.get(&key) {
                 Some((t, since)) if t == tip => *since,
                 _ => now,
             };
-            next.insert(canary.clone(), (tip.clone(), since));
+            next.insert(key, (tip.clone(), since));
         }
         self.met = next;
     }
 
-    fn met_since(&self, pool: &PoolName, tip: &CommitId) -> Option<DateTime<Utc>> {
+    fn met_since(&self, pool: &PoolName, ratio: f64, tip: &CommitId) -> Option<DateTime<Utc>> {
         self.met
-            .get(pool)
+            .get(&(pool.clone(), ratio.to_bits()))
             .filter(|(t, _)| t == tip)
             .map(|(_, since)| *since)
     }
@@ -257,7 +260,7 @@ pub fn canary_guard(
     let soak = config.soak;
     let met = ratio_met(on_tip, started, config.after_ratio);
     let since = met
-        .then(|| memory.met_since(canary, &snapshot.tip.commit))
+        .then(|| memory.met_since(canary, config.after_ratio, &snapshot.tip.commit))
         .flatten()
         // Met now, never seen before: the soak starts now.
         .or(met.then_some(now));

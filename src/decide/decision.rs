@@ -13,6 +13,7 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::decide::guardrail::Guard;
 use crate::metadata::marker::{Phase, RotationMode};
 use crate::model::{CommitId, MachineState, PoolName, Severity, short_commit};
 
@@ -137,6 +138,11 @@ pub enum Decision {
         failures: usize,
         verified: bool,
     },
+    /// Qualifies for a rotation, but a guardrail holds its pool
+    /// ([`Guard`]: a canary pool not yet soaked on the tip, a maintenance
+    /// window): no new claim until it lifts (`guard.until`, where known).
+    /// Rotations under way are not held.
+    Guarded { guard: Guard },
     /// The last sweep could not list the machine's app: its data is an older
     /// listing and nothing is done to it. `held`/`phase` are as last listed.
     AppNotListed { held: bool, phase: Option<Phase> },
@@ -177,6 +183,7 @@ impl Decision {
             Decision::MetadataUnknown { .. } => "metadata unknown".into(),
             Decision::SlotsUnknown { .. } => "slots unknown".into(),
             Decision::Halted { .. } => "halted".into(),
+            Decision::Guarded { guard } => format!("guardrail: {}", guard.reason()),
             Decision::AppNotListed {
                 held: true,
                 phase: _,
@@ -318,6 +325,7 @@ impl fmt::Display for Decision {
                 "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim until `fleet-reconciler resume`",
                 short_commit(tip.as_str())
             ),
+            Decision::Guarded { guard } => write!(f, "{guard}; no new claim until it lifts"),
             Decision::AppNotListed { .. } => write!(
                 f,
                 "{}; the last sweep could not list its app, nothing is done to it",
@@ -465,6 +473,13 @@ mod tests {
                 failures: 3,
                 verified: true,
             },
+            Decision::Guarded {
+                guard: Guard::Window {
+                    deny: false,
+                    until: Some(t),
+                    time_zone: "Europe/Berlin".into(),
+                },
+            },
             Decision::AppNotListed {
                 held: false,
                 phase: None,
@@ -514,6 +529,24 @@ mod tests {
                 held: false,
                 phase: Some(Phase::Draining),
             },
+            Decision::Guarded {
+                guard: Guard::Canary {
+                    pool: "canary".into(),
+                    on_tip: 2,
+                    started: 3,
+                    soaked_secs: 12 * 60 + 5,
+                    soak_secs: 30 * 60,
+                    until: Some(t),
+                    halted: false,
+                },
+            },
+            Decision::Guarded {
+                guard: Guard::Window {
+                    deny: true,
+                    until: Some(t),
+                    time_zone: "UTC".into(),
+                },
+            },
         ]);
         let text: Vec<String> = all.iter().map(Decision::to_string).collect();
         assert_eq!(
@@ -539,12 +572,15 @@ mod tests {
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
                 "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume`",
+                "outside maintenance window (opens Fri 2027-01-15 09:00 Europe/Berlin); no new claim until it lifts",
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
                 "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",
                 "no usable health report since 2027-01-15T08:00:00Z; the probe-failure ceiling falls at 2027-01-15T08:00:00Z",
                 "held; paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
+                "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m (until 2027-01-15T08:00:00Z); no new claim until it lifts",
+                "inside a deny window (closes Fri 2027-01-15 08:00 UTC); no new claim until it lifts",
             ]
         );
     }

@@ -20,6 +20,7 @@
 pub mod alerts;
 pub mod coherence;
 pub mod decision;
+pub mod guardrail;
 pub mod halt;
 pub mod listings;
 pub mod planner;

@@ -26,7 +26,9 @@
 //!   next sweep, never left stale.
 //! * `fleet_reconciler_rotations_in_progress` is replaced as a whole by
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
-//!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`].
+//!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`],
+//!   and `fleet_reconciler_guardrail_blocked` by [`Metrics::set_guardrails`]
+//!   (every reason of every pool with machines, 1 where it holds claims).
 //! * `fleet_reconciler_actions_total` gets every action and result of each
 //!   pool passed to [`Metrics::set_rotations_in_progress`] at 0, and keeps
 //!   them: a counter born at its first increment shows no `increase()`.
@@ -50,6 +52,7 @@ use prometheus::{
 };
 
 use crate::decide::decision::Decision;
+use crate::decide::guardrail::Guard;
 use crate::decide::snapshot::{Coherence, Snapshot};
 use crate::fly::RequestObserver;
 use crate::model::{AppName, MachineId, MachineStatus, PoolName, Severity};
@@ -65,6 +68,7 @@ pub const COMMITS_BEHIND: &str = "fleet_reconciler_overlay_commits_behind";
 pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_reconciler_drift_severity_machines";
 pub const ROTATIONS_IN_PROGRESS: &str = "fleet_reconciler_rotations_in_progress";
 pub const MACHINE_DECISIONS: &str = "fleet_reconciler_machine_decisions";
+pub const GUARDRAIL_BLOCKED: &str = "fleet_reconciler_guardrail_blocked";
 pub const ACTIONS_TOTAL: &str = "fleet_reconciler_actions_total";
 pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_reconciler_fly_api_requests_total";
 pub const FLY_API_REQUEST_DURATION_SECONDS: &str =
@@ -181,6 +185,8 @@ struct Exported {
     rotations: BTreeSet<(String, String)>,
     /// Apps with `fleet_reconciler_machine_decisions` series.
     decision_apps: BTreeSet<String>,
+    /// (app, pool, reason) of `fleet_reconciler_guardrail_blocked`.
+    guardrails: BTreeSet<(String, String, String)>,
     /// (branch, commit)
     tip: Option<(String, String)>,
     /// Last successful overlay fetch; before the first, process start.
@@ -201,6 +207,7 @@ pub struct Metrics {
     drift_severity: IntGaugeVec,
     rotations: IntGaugeVec,
     decisions: IntGaugeVec,
+    guardrails: IntGaugeVec,
     actions: IntCounterVec,
     fly_requests: IntCounterVec,
     fly_request_duration: HistogramVec,
@@ -368,6 +375,7 @@ impl FleetSeries {
 struct PlanSeries {
     rotations: IntGaugeVec,
     decisions: IntGaugeVec,
+    guardrails: IntGaugeVec,
     actions: IntCounterVec,
 }
 
@@ -386,6 +394,13 @@ impl PlanSeries {
              (on_tip, drift_young, awaiting_approval, waiting_for_slot, live_work, held, ...).",
             &[APP_LABEL, "decision"],
         )?;
+        let guardrails = gauge_vec(
+            r,
+            GUARDRAIL_BLOCKED,
+            "1 while a guardrail holds new claims of the pool in the last sweep, else 0 \
+             (reason: canary, window, ...; every reason of every pool with machines).",
+            &[APP_LABEL, "pool", "reason"],
+        )?;
         let actions = counter_vec(
             r,
             ACTIONS_TOTAL,
@@ -396,6 +411,7 @@ impl PlanSeries {
         Ok(PlanSeries {
             rotations,
             decisions,
+            guardrails,
             actions,
         })
     }
@@ -649,6 +665,7 @@ impl Metrics {
         let PlanSeries {
             rotations,
             decisions,
+            guardrails,
             actions,
         } = PlanSeries::register(&r)?;
         let CallSeries {
@@ -687,6 +704,7 @@ impl Metrics {
             drift_severity,
             rotations,
             decisions,
+            guardrails,
             actions,
             fly_requests,
             fly_request_duration,
@@ -965,6 +983,39 @@ impl Metrics {
             }
         }
         exported.decision_apps = current;
+    }
+
+    /// Replaces `fleet_reconciler_guardrail_blocked`: for each (app, pool)
+    /// in `pools`, every reason ([`Guard::REASONS`]), 1 where `held` names
+    /// it and 0 elsewhere (so the series stay); pools not passed are removed.
+    pub fn set_guardrails<'a>(
+        &self,
+        pools: impl IntoIterator<Item = (&'a str, &'a str)>,
+        held: &BTreeSet<(&str, &str, &str)>,
+    ) {
+        let current: BTreeSet<(String, String, String)> = pools
+            .into_iter()
+            .flat_map(|(a, p)| {
+                Guard::REASONS
+                    .iter()
+                    .map(move |r| (a.to_string(), p.to_string(), r.to_string()))
+            })
+            .collect();
+        let mut exported = self.exported();
+        for (app, pool, reason) in &current {
+            let on = held.contains(&(app.as_str(), pool.as_str(), reason.as_str()));
+            self.guardrails
+                .with_label_values(&[app.as_str(), pool.as_str(), reason.as_str()])
+                .set(i64::from(on));
+        }
+        for (app, pool, reason) in exported.guardrails.difference(&current) {
+            let _ = self.guardrails.remove_label_values(&[
+                app.as_str(),
+                pool.as_str(),
+                reason.as_str(),
+            ]);
+        }
+        exported.guardrails = current;
     }
 
     /// Counts one webhook delivery attempt; `format` is the sink format
@@ -1358,6 +1409,33 @@ mod tests {
             !text.contains("fleet_reconciler_machines{fly_app=\"b\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn guardrails_are_one_series_per_held_pool_and_lifted_ones_go() {
+        let m = Metrics::new(false).unwrap();
+        let pools = [("a", "main"), ("b", "eu")];
+        let held = BTreeSet::from([("a", "main", "canary"), ("b", "eu", "window")]);
+        m.set_guardrails(pools, &held);
+        let text = m.render().unwrap();
+        let series = |app: &str, pool: &str, reason: &str, v: u8| {
+            format!(
+                "fleet_reconciler_guardrail_blocked{{fly_app=\"{app}\",pool=\"{pool}\",reason=\"{reason}\"}} {v}"
+            )
+        };
+        for line in [
+            series("a", "main", "canary", 1),
+            series("a", "main", "window", 0),
+            series("b", "eu", "window", 1),
+            series("b", "eu", "canary", 0),
+        ] {
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        // The canary soaked; pool eu is gone.
+        m.set_guardrails([("a", "main")], &BTreeSet::new());
+        let text = m.render().unwrap();
+        assert!(text.contains(&series("a", "main", "canary", 0)), "{text}");
+        assert!(!text.contains("pool=\"eu\""), "{text}");
     }
 
     #[test]

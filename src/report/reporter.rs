@@ -11,7 +11,7 @@
 //! planner decides, nor act on a machine, and never read the clock: every
 //! time comes with the outcome.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -195,6 +195,15 @@ impl<'a> Reporter<'a> {
                 plan.decision(&m.seen.machine_id)
                     .map(|d| (m.seen.app.as_str(), d))
             }));
+        let held: BTreeSet<(&str, &str, &str)> = plan
+            .guards
+            .iter()
+            .map(|((app, pool), g)| (app.as_str(), pool.as_str(), g.reason()))
+            .collect();
+        self.metrics.set_guardrails(
+            rotations.iter().map(|(a, p, _)| (a.as_str(), p.as_str())),
+            &held,
+        );
     }
 
     /// Counts each step taken and records it in the history; the steps'

@@ -20,6 +20,7 @@ mod deploy;
 mod docs;
 mod fly;
 mod grouped_alerts;
+mod guardrails;
 mod halt;
 mod hardening;
 mod health_urls;

@@ -411,6 +411,7 @@ CONFIG_TABLES = {
     "apps[]": '[[apps]]\nname = "a"',
     "pools.NAME": "[pools.x]",
     "pools.NAME.actions": "[pools.x.actions]",
+    "pools.NAME.windows[]": '[[pools.x.windows]]\nallow = "0 2 * * *"\nduration = "1h"',
     "severity[]": "[[severity]]",
     "rotation": "[rotation]",
     "release": "[release]",

@@ -247,13 +247,29 @@ pub struct AppConfig {
     pub token_env: Option<String>,
 }
 
-/// Per-pool policy: severity → action, and the cap on concurrent rotations.
+/// Per-pool policy: severity → action, the cap on concurrent rotations,
+/// and the guardrails on its claims (docs/design.md, "Guardrails").
 #[derive(Clone, Debug, Deserialize)]
 // Missing keys come from `Default`, the one place each default is written.
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
     pub max_concurrent_rotations: NonZeroU32,
     pub actions: ActionMap,
+    /// A canary pool this pool waits for: no claim toward a tip until
+    /// `after_ratio` of that pool's started machines have been on it for
+    /// `soak`. Checked at load: a configured pool, no cycle.
+    pub after: Option<PoolName>,
+    /// How long the canary pool must have stayed at `after_ratio`, on this
+    /// replica's clock from its first sight of it.
+    #[serde(deserialize_with = "duration")]
+    pub soak: Duration,
+    /// The share of the canary pool's started machines that must be on the
+    /// tip, in (0, 1].
+    #[serde(deserialize_with = "ratio")]
+    pub after_ratio: f64,
+    /// Maintenance windows: a deny window that is open blocks new claims;
+    /// with any allow window configured, claims only while one is open.
+    pub windows: Vec<MaintenanceWindow>,
 }
 
 impl Default for PoolConfig {
@@ -261,7 +277,77 @@ impl Default for PoolConfig {
         PoolConfig {
             max_concurrent_rotations: NonZeroU32::MIN,
             actions: ActionMap::default(),
+            after: None,
+            soak: Duration::ZERO,
+            after_ratio: 1.0,
+            windows: Vec::new(),
         }
+    }
+}
+
+/// Whether a maintenance window allows claims while open, or denies them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowKind {
+    Allow,
+    Deny,
+}
+
+/// One `windows` entry: `{ allow = "0 2 * * Mon-Fri", duration = "3h",
+/// time_zone = "Europe/Berlin" }` (or `deny = ...`), as Argo CD's sync
+/// windows: opens at each time the cron schedule names, in the zone (DST
+/// included), and stays open for `duration` of elapsed time.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "RawWindow")]
+pub struct MaintenanceWindow {
+    pub kind: WindowKind,
+    /// The schedule as written (for messages).
+    pub schedule_text: String,
+    pub schedule: croner::Cron,
+    pub duration: NonZeroDuration,
+    pub time_zone: chrono_tz::Tz,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWindow {
+    allow: Option<String>,
+    deny: Option<String>,
+    duration: NonZeroDuration,
+    #[serde(default)]
+    time_zone: Option<String>,
+}
+
+impl TryFrom<RawWindow> for MaintenanceWindow {
+    type Error = String;
+
+    fn try_from(raw: RawWindow) -> Result<Self, String> {
+        let (kind, text) = match (raw.allow, raw.deny) {
+            (Some(a), None) => (WindowKind::Allow, a),
+            (None, Some(d)) => (WindowKind::Deny, d),
+            _ => {
+                return Err(
+                    "a window has exactly one of `allow` or `deny` (a cron schedule, e.g. \"0 2 * * Mon-Fri\")".into(),
+                );
+            }
+        };
+        let schedule = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Disallowed)
+            .build()
+            .parse(&text)
+            .map_err(|e| {
+                format!("invalid cron schedule {text:?}: {e} (use e.g. \"0 2 * * Mon-Fri\")")
+            })?;
+        let zone = raw.time_zone.unwrap_or_else(|| "UTC".into());
+        let time_zone = zone.parse::<chrono_tz::Tz>().map_err(|_| {
+            format!("unknown time zone {zone:?} (an IANA name, e.g. \"Europe/Berlin\")")
+        })?;
+        Ok(MaintenanceWindow {
+            kind,
+            schedule_text: text,
+            schedule,
+            duration: raw.duration,
+            time_zone,
+        })
     }
 }
 
@@ -1267,6 +1353,7 @@ impl Config {
         if raw.pools.keys().any(|name| name.as_str().trim().is_empty()) {
             return Err(src.invalid("pools".into(), None, "pool name is empty".into()));
         }
+        check_canaries(&raw.pools).map_err(|(k, m)| src.invalid(k, None, m))?;
         let severity = match raw.severity {
             None => default_severity_rules(),
             Some(rules) => src.severity_rules(rules)?,
@@ -1386,6 +1473,46 @@ impl Config {
     pub fn app(&self, name: &AppName) -> Option<&AppConfig> {
         self.apps.iter().find(|a| &a.name == name)
     }
+}
+
+/// `pools.NAME.after`: a configured pool other than itself, at a ratio in
+/// (0, 1], and no chain of `after` that comes back to where it started (it
+/// would wait forever).
+fn check_canaries(pools: &BTreeMap<PoolName, PoolConfig>) -> Result<(), (String, String)> {
+    for (name, pool) in pools {
+        if pool.after_ratio <= 0.0 {
+            return Err((
+                format!("pools.{name}.after_ratio"),
+                "must be greater than 0 (at most 1.0)".into(),
+            ));
+        }
+        let Some(first) = &pool.after else { continue };
+        let key = format!("pools.{name}.after");
+        if first == name {
+            return Err((key, format!("pool {name} cannot wait for itself")));
+        }
+        let mut chain = vec![name.clone()];
+        let mut next = Some(first);
+        while let Some(canary) = next {
+            let Some(c) = pools.get(canary) else {
+                return Err((
+                    key,
+                    format!("names pool {canary:?}, which has no [pools.{canary}] section"),
+                ));
+            };
+            chain.push(canary.clone());
+            if canary == name {
+                let chain: Vec<&str> = chain.iter().map(PoolName::as_str).collect();
+                return Err((key, format!("`after` makes a cycle: {}", chain.join(" → "))));
+            }
+            // A cycle not through `name` is reported at its own pools.
+            if chain[..chain.len() - 1].contains(canary) {
+                break;
+            }
+            next = c.after.as_ref();
+        }
+    }
+    Ok(())
 }
 
 /// The text being parsed, for errors that name the file, the key and the line.
@@ -2903,6 +3030,79 @@ name = "agents"
         assert!(e.contains("sweep.interval (30s)"), "{e}");
         let e = err(&format!("{MINIMAL}\n[alerts]\nresolve_after = \"0s\"\n"));
         assert!(e.contains("alerts.resolve_after"), "{e}");
+    }
+
+    #[test]
+    fn canaries_and_windows_are_checked_and_name_their_key() {
+        let ok = parse(&format!(
+            "{MINIMAL}\n[pools.canary]\n[pools.main]\nafter = \"canary\"\nsoak = \"30m\"\nafter_ratio = 0.5\nwindows = [{{ allow = \"0 2 * * Mon-Fri\", duration = \"3h\", time_zone = \"Europe/Berlin\" }}]\n"
+        ))
+        .expect("a valid canary and window");
+        let main = &ok.pools[&PoolName::from("main")];
+        assert_eq!(main.after, Some(PoolName::from("canary")));
+        assert_eq!(main.soak, Duration::from_secs(1800));
+        assert_eq!(main.after_ratio, 0.5);
+        assert_eq!(main.windows.len(), 1);
+        assert_eq!(main.windows[0].kind, WindowKind::Allow);
+        assert_eq!(main.windows[0].time_zone, chrono_tz::Europe::Berlin);
+        let canary = &ok.pools[&PoolName::from("canary")];
+        assert_eq!((canary.after.as_ref(), canary.after_ratio), (None, 1.0));
+
+        for (pools, key, says) in [
+            (
+                "[pools.main]\nafter = \"nope\"\n",
+                "pools.main.after",
+                "no [pools.nope] section",
+            ),
+            (
+                "[pools.main]\nafter = \"main\"\n",
+                "pools.main.after",
+                "cannot wait for itself",
+            ),
+            (
+                "[pools.a]\nafter = \"b\"\n[pools.b]\nafter = \"c\"\n[pools.c]\nafter = \"a\"\n",
+                "pools.a.after",
+                "cycle: a → b → c → a",
+            ),
+            (
+                "[pools.c]\n[pools.main]\nafter = \"c\"\nafter_ratio = 0.0\n",
+                "pools.main.after_ratio",
+                "greater than 0",
+            ),
+            (
+                "[pools.c]\n[pools.main]\nafter = \"c\"\nafter_ratio = 1.5\n",
+                "pools.main.after_ratio",
+                "not a ratio",
+            ),
+            (
+                "[pools.main]\nsoak = \"soon\"\n",
+                "pools.main.soak",
+                "invalid duration",
+            ),
+            (
+                "[pools.main]\nwindows = [{ allow = \"0 2 * *\", duration = \"1h\" }]\n",
+                "pools.main.windows",
+                "invalid cron schedule",
+            ),
+            (
+                "[pools.main]\nwindows = [{ allow = \"0 2 * * *\", duration = \"1h\", time_zone = \"Mars/Olympus\" }]\n",
+                "pools.main.windows",
+                "unknown time zone",
+            ),
+            (
+                "[pools.main]\nwindows = [{ allow = \"0 2 * * *\", deny = \"0 3 * * *\", duration = \"1h\" }]\n",
+                "pools.main.windows",
+                "exactly one of `allow` or `deny`",
+            ),
+            (
+                "[pools.main]\nwindows = [{ allow = \"0 2 * * *\" }]\n",
+                "pools.main.windows",
+                "duration",
+            ),
+        ] {
+            let e = err(&format!("{MINIMAL}\n{pools}"));
+            assert!(e.contains(key) && e.contains(says), "{pools}: {e}");
+        }
     }
 
     #[test]

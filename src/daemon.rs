@@ -3,8 +3,10 @@
 //!
 //! Owns the lifecycle of a sweep (when to fetch the overlay, when to sweep,
 //! what to keep when a fetch fails) and the memory a loop keeps across
-//! sweeps (`LastListings`, the `Tracker`), which each turn passes to
-//! `decide::prepare`: observe → prepare → plan → act. It must never read the environment or the
+//! sweeps (`LastListings`, the `Tracker`, which each turn passes to
+//! `decide::prepare`, and the alert rules' `AlertMemory`): observe →
+//! prepare → plan → act, and each turn's complete `AlertSet` from
+//! `decide::alerts::evaluate`. It must never read the environment or the
 //! clock for decisions beyond scheduling: secrets come in as `Secrets`, and
 //! shutdown as a `CancellationToken`.
 
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::act::executor::{Executor, Outcome, StepReport};
 use crate::clock::{Clock, SharedClock};
+use crate::decide::alerts::{AlertMemory, AlertRules, AlertSet, evaluate};
 use crate::decide::listings::LastListings;
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
 use crate::decide::policy::Policy;
@@ -241,6 +244,8 @@ pub enum SweepOutcome {
         steps: Vec<StepReport>,
         /// When they ended (the loop's clock).
         at: DateTime<Utc>,
+        /// The alerts of the newest turn, sent again with these steps' events.
+        alerts: Arc<AlertSet>,
     },
     Failed {
         error: String,
@@ -249,6 +254,8 @@ pub enum SweepOutcome {
         tip_fetched_at: Option<DateTime<Utc>>,
         /// When the turn failed (the loop's clock).
         at: DateTime<Utc>,
+        /// Every alert that holds after this failed turn.
+        alerts: Arc<AlertSet>,
     },
 }
 
@@ -269,6 +276,9 @@ pub struct Cycle {
     /// sweep used may be stale.
     pub fetch_error: Option<String>,
     pub now: DateTime<Utc>,
+    /// Every alert that holds after this sweep ([`evaluate`]): the plan's,
+    /// the carried and restored ones, and the fleet's.
+    pub alerts: Arc<AlertSet>,
 }
 
 /// Loop settings beyond the config.
@@ -281,6 +291,9 @@ pub struct LoopOptions<'a> {
     pub owner: String,
     /// Where the loop reads the time (sweeps, fetches, failures).
     pub clock: SharedClock,
+    /// The alerts firing before a restart (the notifier's saved state):
+    /// they keep firing until this run's evidence confirms or clears them.
+    pub restored_alerts: Vec<crate::events::Alert>,
 }
 
 /// What the fetcher last learned about the release tip; the sweeps read it.
@@ -417,6 +430,11 @@ async fn sweep_loop(
         ),
         tracker: Tracker::default(),
         listings: LastListings::default(),
+        alerts: AlertMemory::new(
+            &AlertRules::from_config(&sweeper.config),
+            &options.restored_alerts,
+        ),
+        last_alerts: Arc::default(),
     };
     loop {
         tokio::select! {
@@ -485,6 +503,7 @@ async fn sweep_loop(
             on_cycle(SweepOutcome::Acted {
                 steps,
                 at: options.clock.now(),
+                alerts: turns.last_alerts.clone(),
             });
         } else {
             on_cycle(turns.swept(turn, steps));
@@ -528,6 +547,10 @@ struct Turns<'s, 'o> {
     policy: Arc<Policy>,
     tracker: Tracker,
     listings: LastListings,
+    /// What the alert rules remember between turns.
+    alerts: AlertMemory,
+    /// The alerts of the last turn reported.
+    last_alerts: Arc<AlertSet>,
 }
 
 impl Turns<'_, '_> {
@@ -537,27 +560,18 @@ impl Turns<'_, '_> {
         let started = Instant::now();
         let fetch = self.status.borrow_and_update().clone();
         let Some(current) = fetch.tip.clone() else {
-            return Err(SweepOutcome::Failed {
-                error: format!(
-                    "no overlay tip yet: {}",
-                    fetch.error.as_deref().unwrap_or("fetch pending")
-                ),
-                kind: "overlay",
-                tip_fetched_at: fetch.fetched_at,
-                at: self.options.clock.now(),
-            });
+            let error = format!(
+                "no overlay tip yet: {}",
+                fetch.error.as_deref().unwrap_or("fetch pending")
+            );
+            return Err(self.failed(error, "overlay", &fetch));
         };
         let observation = match self.sweeper.sweep(&current).await {
             Ok(observation) => observation,
             Err(e) => {
                 // Nothing was observed or done this turn: an ERROR, not a warning.
                 tracing::error!(error = %e, kind = e.kind(), "sweep failed");
-                return Err(SweepOutcome::Failed {
-                    error: e.to_string(),
-                    kind: e.kind(),
-                    tip_fetched_at: fetch.fetched_at,
-                    at: self.options.clock.now(),
-                });
+                return Err(self.failed(e.to_string(), e.kind(), &fetch));
             }
         };
         let now = self.options.clock.now();
@@ -588,8 +602,31 @@ impl Turns<'_, '_> {
         })
     }
 
-    /// The turn as reported, with the steps it carried out.
-    fn swept(&self, turn: Turn, steps: Vec<StepReport>) -> SweepOutcome {
+    /// A failed turn, with the alerts that hold after it.
+    fn failed(&mut self, error: String, kind: &'static str, fetch: &FetchStatus) -> SweepOutcome {
+        let at = self.options.clock.now();
+        let turn = crate::decide::alerts::Turn::Failed {
+            tip_fetched_at: fetch.fetched_at,
+        };
+        self.last_alerts = Arc::new(evaluate(turn, &mut self.alerts, at));
+        SweepOutcome::Failed {
+            error,
+            kind,
+            tip_fetched_at: fetch.fetched_at,
+            at,
+            alerts: self.last_alerts.clone(),
+        }
+    }
+
+    /// The turn as reported, with the steps it carried out and the alerts
+    /// that hold after it.
+    fn swept(&mut self, turn: Turn, steps: Vec<StepReport>) -> SweepOutcome {
+        let evaluated = crate::decide::alerts::Turn::Swept {
+            report: &turn.report,
+            plan: &turn.plan,
+            tip_fetched_at: turn.fetch.fetched_at,
+        };
+        self.last_alerts = Arc::new(evaluate(evaluated, &mut self.alerts, turn.now));
         SweepOutcome::Swept(Box::new(Cycle {
             report: turn.report,
             plan: turn.plan,
@@ -598,6 +635,7 @@ impl Turns<'_, '_> {
             tip_fetched_at: turn.fetch.fetched_at,
             fetch_error: turn.fetch.error,
             now: turn.now,
+            alerts: self.last_alerts.clone(),
         }))
     }
 

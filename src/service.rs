@@ -2,9 +2,10 @@
 //! and the notifier, with graceful shutdown.
 //!
 //! Owns the wiring and the lifecycle: it builds the sweeper, executor,
-//! metrics, notifier, heartbeats and server from one [`RunArgs`], hands each
+//! metrics, notifier (with its heartbeats) and server from one [`RunArgs`], hands each
 //! cycle to [`Reporter`] (report/reporter.rs: what a cycle's outcome
-//! becomes), pings the heartbeats after each successful sweep, and
+//! becomes), tells the notifier of each successful sweep (its heartbeats
+//! ping), and
 //! shuts down in order within Fly's kill timeout. It must never decide
 //! anything the planner decides nor turn an outcome into a report itself,
 //! and never read the environment: secrets arrive in `ServiceSecrets`.
@@ -24,7 +25,7 @@ use crate::daemon::{self, LoopOptions, Secrets, SetupError, SweepOutcome};
 use crate::decide::policy::Policy;
 use crate::observe::sweep::Sweeper;
 use crate::report::metrics::{Metrics, MetricsError};
-use crate::report::notify::{Heartbeats, Notifier, NotifierOptions, NotifyError, SinkSecrets};
+use crate::report::notify::{Notifier, NotifierOptions, NotifyError, SinkSecrets};
 use crate::report::reporter::Reporter;
 use crate::report::server::{self, FleetView, ServerLimits, ServerState};
 
@@ -129,11 +130,6 @@ pub async fn run(
         },
     )?;
     let notifier = notifier(&config, &secrets, &clock, &metrics)?;
-    let heartbeats = Heartbeats::new(
-        &config.alerts,
-        secrets.heartbeats.clone(),
-        Some(metrics.clone()),
-    )?;
     let view = fleet_view(&config, &clock);
     let state = server_state(&config, &secrets, &metrics, &view, &sweeper, &clock);
     let refresh = state.refresh_requests();
@@ -149,7 +145,7 @@ pub async fn run(
     };
 
     tracing::info!(owner = %owner, apps = config.apps.len(), "fleet-reconciler running");
-    let mut reporter = Reporter::new(&config, &metrics, &view, &notifier);
+    let mut reporter = Reporter::new(&metrics, &view, &notifier);
     let reconciling = daemon::reconcile_loop(
         &sweeper,
         LoopOptions {
@@ -157,6 +153,7 @@ pub async fn run(
             refresh: Some(refresh),
             owner: owner.clone(),
             clock,
+            restored_alerts: notifier.restored_alerts().to_vec(),
         },
         shutdown.clone(),
         |outcome| {
@@ -165,7 +162,7 @@ pub async fn run(
             // pings (one where no app could be listed is a failed sweep),
             // so the receiver pages when the daemon is gone or cannot sweep.
             if matches!(outcome, SweepOutcome::Swept(_)) {
-                heartbeats.ping();
+                notifier.swept();
             }
             observe(&outcome);
             // The cycle (its report, plan and steps) is most of what a
@@ -213,10 +210,12 @@ fn notifier(
 ) -> Result<Notifier, NotifyError> {
     // Alert state on the data volume: a restart neither re-pages what still
     // fires nor forgets to resolve what cleared, nor loses what was queued.
-    Notifier::with_sinks(
+    metrics.init_heartbeats(config.alerts.heartbeats.len());
+    Notifier::with_heartbeats(
         &config.alerts,
         secrets.webhooks.clone(),
         secrets.alertmanagers.clone(),
+        secrets.heartbeats.clone(),
         NotifierOptions {
             state_file: Some(config.alert_state_file()),
             clock: clock.clone(),

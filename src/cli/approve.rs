@@ -11,6 +11,7 @@ use super::error::CliError;
 use super::output::Done;
 use super::{ConfigPath, daemon_url, operator, secrets_from_env};
 use crate::daemon;
+use crate::decide::decision::Decision;
 use crate::metadata::operator::{Approval, ApprovalMode};
 use crate::observe::probe::{Activity, AgentReport};
 use crate::report::{render, server};
@@ -97,8 +98,8 @@ impl LiveWork {
 }
 
 /// Reads the machine's last agent report from the daemon, as `status
-/// MACHINE` does.
-pub async fn live_work(url: &str, machine: &str) -> LiveWork {
+/// MACHINE` does, and the daemon's last decision for it.
+pub async fn live_work(url: &str, machine: &str) -> (LiveWork, Option<Decision>) {
     let unknown = |why: String| LiveWork {
         known: false,
         live_sessions: None,
@@ -109,15 +110,27 @@ pub async fn live_work(url: &str, machine: &str) -> LiveWork {
     };
     let view = match server::fetch_machine(url, machine, std::time::Duration::from_secs(10)).await {
         Ok((view, _)) => view,
-        Err(e) => return unknown(format!("the daemon at {url}: {e}")),
+        Err(e) => return (unknown(format!("the daemon at {url}: {e}")), None),
     };
     let Some(report) = view.agent_report else {
-        return unknown(format!(
+        let why = format!(
             "the daemon at {url} has no usable report from its agent ({})",
             view.machine.status
-        ));
+        );
+        return (unknown(why), view.decision);
     };
-    LiveWork::seen(&report, view.swept_at)
+    (LiveWork::seen(&report, view.swept_at), view.decision)
+}
+
+/// What `approve --now` says of a guardrail it overrides: a maintenance
+/// window holding the machine's pool (Argo CD's manual sync override).
+pub fn overrides(decision: Option<&Decision>) -> Option<String> {
+    match decision {
+        Some(Decision::Guarded { guard }) if guard.overridden_by_approval() => Some(format!(
+            "this overrides the maintenance window that holds its pool ({guard})"
+        )),
+        _ => None,
+    }
 }
 
 /// Asks on the terminal; `false` unless the answer is yes.
@@ -151,7 +164,7 @@ pub async fn approve(
         ApprovalMode::Now => {
             let (app, _) = operator.locate(machine).await?;
             let url = confirm.url.clone().unwrap_or_else(|| daemon_url(&config));
-            let live = live_work(&url, machine.as_str()).await;
+            let (live, decision) = live_work(&url, machine.as_str()).await;
             let said = live.describe(&format!("{app}/{machine}"));
             if live.any() {
                 let confirmed = confirm.yes
@@ -166,6 +179,9 @@ pub async fn approve(
                 }
             }
             eprintln!("approve --now: {}", render::printable(&said));
+            if let Some(o) = overrides(decision.as_ref()) {
+                eprintln!("approve --now: {}", render::printable(&o));
+            }
             Some(live)
         }
     };
@@ -210,6 +226,38 @@ mod tests {
     /// `approve --now` asks the probe's rule of the typed report: a turn in
     /// progress is live work without a session, and a report with neither
     /// is none.
+    #[test]
+    fn approve_now_says_it_overrides_a_window_and_nothing_else() {
+        use crate::decide::guardrail::Guard;
+        let window = Decision::Guarded {
+            guard: Guard::Window {
+                deny: true,
+                until: None,
+                time_zone: "UTC".into(),
+            },
+        };
+        assert_eq!(
+            overrides(Some(&window)).as_deref(),
+            Some(
+                "this overrides the maintenance window that holds its pool (inside a deny window)"
+            )
+        );
+        let canary = Decision::Guarded {
+            guard: Guard::Canary {
+                pool: "canary".into(),
+                on_tip: 0,
+                started: 1,
+                soaked_secs: 0,
+                soak_secs: 60,
+                until: None,
+                halted: false,
+            },
+        };
+        assert_eq!(overrides(Some(&canary)), None);
+        assert_eq!(overrides(Some(&Decision::OnTip)), None);
+        assert_eq!(overrides(None), None);
+    }
+
     #[test]
     fn live_work_is_the_probes_rule_of_the_typed_report() {
         let report = |body: &str| match crate::observe::probe::parse_report(body.as_bytes()) {

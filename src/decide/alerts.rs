@@ -9,10 +9,15 @@
 //! threshold, which apps the last sweep could not list, the machine alerts
 //! carried over a failed sweep or an unlistable app, and the alerts known
 //! before a restart until the evidence of this run confirms or clears them,
-//! [`FleetAlertTracker::restore`], [`RestoredMachineAlerts`]), and
-//! [`evaluate`], which turns one [`Turn`] into its complete [`AlertSet`].
+//! [`FleetAlertTracker::restore`], [`RestoredMachineAlerts`], and when this
+//! replica last saw the fleet and each app, [`Seen`], what the notifier
+//! judges staleness by), and [`evaluate`], which turns one [`Turn`] into its
+//! complete [`AlertSet`]. The loop (`daemon`) keeps the memory and puts
+//! each turn's set in its outcome; the reporter only forwards it.
 //!
-//! A new alert condition is one change here plus its test. It must never
+//! A new alert condition is one change here plus its test, and its name:
+//! an `AlertKind` variant with its two event names in `events.rs` (the
+//! vocabulary the notifier and the logs share). It must never
 //! read the clock, deliver, or do I/O: `now` and every timestamp are
 //! arguments, so the rules are tested by driving time forward; delivering
 //! is `report::notify`'s.
@@ -27,7 +32,7 @@ pub use crate::decide::coherence::{Coherence, CoherenceSample};
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
 use crate::events::{Alert, AlertKind, DedupKey};
-use crate::model::{AppName, MachineStatus, Severity};
+use crate::model::{AppName, CommitId, MachineStatus, Severity};
 use crate::observe::sweep::StaleApp;
 
 /// Severity of the coherence alert.
@@ -521,6 +526,38 @@ impl RestoredMachineAlerts {
     }
 }
 
+/// When this replica last saw the fleet and each app, by its own clock: what
+/// an alert's data is as old as.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The last successful sweep (`None`: none yet in this run).
+    pub sweep: Option<DateTime<Utc>>,
+    /// Apps the last successful sweep could not list, with their last
+    /// listing (`None`: never in this run); the others were seen at `sweep`.
+    pub unlisted: BTreeMap<AppName, Option<DateTime<Utc>>>,
+    /// The release tip of the last successful sweep: an incident of another
+    /// tip is over (a new release is a new incident), hold-down or not.
+    pub tip: Option<CommitId>,
+}
+
+impl Seen {
+    /// Everything seen at `now` (a test's or a caller's without sweeps).
+    pub fn fresh(now: DateTime<Utc>) -> Seen {
+        Seen {
+            sweep: Some(now),
+            ..Seen::default()
+        }
+    }
+
+    /// When the data `alert` was drawn from was seen (`None`: never).
+    pub(crate) fn of(&self, alert: &Alert) -> Option<DateTime<Utc>> {
+        match alert.app.as_ref().and_then(|app| self.unlisted.get(app)) {
+            Some(listed) => *listed,
+            None => self.sweep,
+        }
+    }
+}
+
 /// The alert rules of a config: the fleet rules' thresholds and how long a
 /// restored machine alert waits for the planner to raise it again.
 #[derive(Clone, Debug, PartialEq)]
@@ -559,14 +596,18 @@ pub enum Turn<'a> {
 /// Every alert that holds after a turn: the machine alerts known last (the
 /// plan's, those carried for apps this sweep could not list, restored ones
 /// not yet settled), then the fleet's. What the notifier is given, whole:
-/// an alert missing from it is resolved.
+/// an alert missing from it is resolved. With it, how old the view each
+/// alert was drawn from is (`seen`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AlertSet {
     pub alerts: Vec<Alert>,
+    /// When this replica last saw the fleet and each app, as of this turn.
+    pub seen: Seen,
 }
 
-/// What the alert rules remember from one turn to the next; kept by whoever
-/// runs the loop's turns (the reporter) and changed only by [`evaluate`].
+/// What the alert rules remember from one turn to the next; kept by the
+/// loop beside `LastListings` and the `Tracker` (`daemon`'s turns) and
+/// changed only by [`evaluate`].
 #[derive(Clone, Debug)]
 pub struct AlertMemory {
     fleet: FleetAlertTracker,
@@ -582,6 +623,8 @@ pub struct AlertMemory {
     machine_alerts: Vec<Alert>,
     /// Machine alerts from before a restart, until the planner has caught up.
     restored: RestoredMachineAlerts,
+    /// When the last successful sweep saw the fleet and each app.
+    seen: Seen,
 }
 
 impl AlertMemory {
@@ -600,6 +643,7 @@ impl AlertMemory {
             // Until the first good sweep, what was known before the restart.
             machine_alerts: restored.carried(),
             restored,
+            seen: Seen::default(),
         }
     }
 }
@@ -661,11 +705,21 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             let restored = memory.restored.after_sweep(report, &alerts, now);
             alerts.extend(restored);
             memory.machine_alerts = alerts;
+            memory.seen = Seen {
+                sweep: Some(now),
+                unlisted: report
+                    .apps
+                    .iter()
+                    .filter_map(|a| a.stale.as_ref().map(|s| (a.name.clone(), s.last_listed_at)))
+                    .collect(),
+                tip: Some(report.tip.commit.clone()),
+            };
             fleet
         }
     };
     AlertSet {
         alerts: with_machine_alerts(&memory.machine_alerts, fleet),
+        seen: memory.seen.clone(),
     }
 }
 

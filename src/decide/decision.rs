@@ -138,9 +138,10 @@ pub enum Decision {
         failures: usize,
         verified: bool,
     },
-    /// Qualifies for a rotation, but a guardrail holds its pool (`guard`:
-    /// a firing alert, an unreadable alert gate): no claim while it holds;
-    /// rotations under way finish.
+    /// Qualifies for a rotation, but a guardrail holds its pool
+    /// ([`Guard`]: a canary pool not yet soaked on the tip, a maintenance
+    /// window, a firing alert, an unreadable alert gate): no new claim until
+    /// it lifts (`guard.until`, where known). Rotations under way are not held.
     Guarded { guard: Guard },
     /// The last sweep could not list the machine's app: its data is an older
     /// listing and nothing is done to it. `held`/`phase` are as last listed.
@@ -182,7 +183,7 @@ impl Decision {
             Decision::MetadataUnknown { .. } => "metadata unknown".into(),
             Decision::SlotsUnknown { .. } => "slots unknown".into(),
             Decision::Halted { .. } => "halted".into(),
-            Decision::Guarded { guard } => guard.to_string(),
+            Decision::Guarded { guard } => format!("guardrail: {}", guard.reason()),
             Decision::AppNotListed {
                 held: true,
                 phase: _,
@@ -327,18 +328,7 @@ impl fmt::Display for Decision {
                 "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim until `fleet-reconciler resume`",
                 short_commit(tip.as_str())
             ),
-            Decision::Guarded {
-                guard: Guard::AlertFiring { alert },
-            } => write!(
-                f,
-                "blocked by alert {alert}: qualifies for a rotation, but no claim while it fires (gates.alertmanager)"
-            ),
-            Decision::Guarded {
-                guard: Guard::GateUnreachable { error },
-            } => write!(
-                f,
-                "blocked: the alert gate's Alertmanager cannot be read ({error}); no claim until it can (fail closed)"
-            ),
+            Decision::Guarded { guard } => write!(f, "{guard}; no new claim until it lifts"),
             Decision::AppNotListed { .. } => write!(
                 f,
                 "{}; the last sweep could not list its app, nothing is done to it",
@@ -487,8 +477,10 @@ mod tests {
                 verified: true,
             },
             Decision::Guarded {
-                guard: Guard::AlertFiring {
-                    alert: r#"AgentErrorRate{app="x"}"#.into(),
+                guard: Guard::Window {
+                    deny: false,
+                    until: Some(t),
+                    time_zone: "Europe/Berlin".into(),
                 },
             },
             Decision::AppNotListed {
@@ -541,6 +533,29 @@ mod tests {
                 phase: Some(Phase::Draining),
             },
             Decision::Guarded {
+                guard: Guard::Canary {
+                    pool: "canary".into(),
+                    on_tip: 2,
+                    started: 3,
+                    soaked_secs: 12 * 60 + 5,
+                    soak_secs: 30 * 60,
+                    until: Some(t),
+                    halted: false,
+                },
+            },
+            Decision::Guarded {
+                guard: Guard::Window {
+                    deny: true,
+                    until: Some(t),
+                    time_zone: "UTC".into(),
+                },
+            },
+            Decision::Guarded {
+                guard: Guard::AlertFiring {
+                    alert: r#"AgentErrorRate{app="x"}"#.into(),
+                },
+            },
+            Decision::Guarded {
                 guard: Guard::GateUnreachable {
                     error: "GET /api/v2/alerts answered HTTP 503 Service Unavailable".into(),
                 },
@@ -570,14 +585,17 @@ mod tests {
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
                 "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume`",
-                r#"blocked by alert AgentErrorRate{app="x"}: qualifies for a rotation, but no claim while it fires (gates.alertmanager)"#,
+                "outside maintenance window (opens Fri 2027-01-15 09:00 Europe/Berlin); no new claim until it lifts",
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
                 "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",
                 "no usable health report since 2027-01-15T08:00:00Z; the probe-failure ceiling falls at 2027-01-15T08:00:00Z",
                 "held; paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
-                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable); no claim until it can (fail closed)",
+                "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m (until 2027-01-15T08:00:00Z); no new claim until it lifts",
+                "inside a deny window (closes Fri 2027-01-15 08:00 UTC); no new claim until it lifts",
+                r#"blocked by alert AgentErrorRate{app="x"}; no new claim until it lifts"#,
+                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable), so claims are held (fail closed); no new claim until it lifts",
             ]
         );
     }

@@ -1,191 +1,98 @@
-//! The planner's claim gating by the alert gate (`[gates.alertmanager]`,
-//! #36 item 4).
+//! Maintenance windows at their edges, across a DST change, deny over allow.
+
+use chrono::TimeZone;
 
 use super::*;
-use crate::decide::guardrail::Guard;
-use crate::observe::gate::{FiringAlert, GateView};
+use crate::config::PoolConfig;
 
-fn firing(pairs: &[&[(&str, &str)]]) -> GateView {
-    GateView::Read {
-        firing: pairs
-            .iter()
-            .map(|labels| FiringAlert {
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            })
-            .collect(),
-        more: 0,
+fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()
+}
+
+/// The `windows` of `[pools.p]` as the config parses them.
+fn windows(text: &str) -> Vec<MaintenanceWindow> {
+    let config = crate::config::test_config(&format!("[pools.p]\nwindows = {text}\n"));
+    let pool: &PoolConfig = &config.pools[&PoolName::from("p")];
+    pool.windows.clone()
+}
+
+fn opens(g: Option<Guard>) -> Option<DateTime<Utc>> {
+    match g {
+        Some(Guard::Window {
+            deny: false, until, ..
+        }) => until,
+        other => panic!("outside an allow window: {other:?}"),
     }
 }
 
-/// Plans `machines` (drift aged an hour) with the gate as `gate` says,
-/// under a policy that fails open or not; `beta` is a second configured app.
-fn gated(machines: Vec<M>, gate: GateView, fail_open: bool) -> Plan {
-    let now = t0() + Cd::hours(1);
-    let config = config("");
-    let mut policy = policy();
-    policy.gate_fail_open = fail_open;
-    let mut report = snapshot(&config, machines);
-    report.apps.push(crate::decide::snapshot::AppSummary {
-        name: AppName::from("beta"),
-        coherence: crate::decide::snapshot::Coherence::of(0, 0),
-        stale: None,
-    });
-    report.gate = gate;
-    let mut tracker = Tracker::default();
-    tracker.observe(&report, t0());
-    tracker.observe(&report, now);
-    plan(&PlanInput {
-        policy: &policy,
-        snapshot: &report,
-        tracker: &tracker,
-        owner: "r1",
-        fetch: fetched(),
-        now,
-    })
-}
-
-fn d1() -> M {
-    M::drifted("d1", Severity::Medium)
-}
-
-fn agent_error(app: &str) -> Vec<(&str, &str)> {
-    vec![
-        ("alertname", "AgentErrorRate"),
-        ("severity", "critical"),
-        ("app", app),
-    ]
-}
-
 #[test]
-fn a_firing_alert_holds_new_claims_and_lifts_when_it_resolves() {
-    // Open (read, nothing matching fires), or not configured: d1 claims.
-    for open in [GateView::NotConfigured, firing(&[])] {
-        let p = gated(vec![d1()], open, false);
-        assert_eq!(kinds(&p), [("d1", "claim")], "{:?}", p.decisions());
-        assert!(
-            p.alerts
-                .iter()
-                .all(|a| a.kind != AlertKind::GateUnreachable)
-        );
-    }
-    let p = gated(vec![d1()], firing(&[&agent_error("app")]), false);
-    assert!(kinds(&p).is_empty(), "{:?}", kinds(&p));
-    let decision = p.decision(&mid("d1")).unwrap();
+fn an_allow_window_opens_on_its_minute_and_closes_after_its_duration() {
+    // 02:00 Berlin on weekdays for 3h; December is CET (UTC+1).
+    let w =
+        windows(r#"[{ allow = "0 2 * * Mon-Fri", duration = "3h", time_zone = "Europe/Berlin" }]"#);
+    // Monday 2026-12-07.
+    let open = utc(2026, 12, 7, 1, 0, 0);
     assert_eq!(
-        decision,
-        &Decision::Guarded {
-            guard: Guard::AlertFiring {
-                alert: r#"AgentErrorRate{app="app"}"#.into()
-            }
-        }
+        opens(window_guard(&w, open - chrono::Duration::seconds(1))),
+        Some(open)
     );
+    assert_eq!(window_guard(&w, open), None, "open on its first second");
+    assert_eq!(window_guard(&w, utc(2026, 12, 7, 3, 59, 59)), None);
+    // Closed on the third hour's end; next opening Tuesday.
     assert_eq!(
-        decision.label(),
-        r#"blocked by alert AgentErrorRate{app="app"}"#
+        opens(window_guard(&w, utc(2026, 12, 7, 4, 0, 0))),
+        Some(utc(2026, 12, 8, 1, 0, 0))
     );
-    assert_eq!(decision.kind(), "guarded");
-}
-
-#[test]
-fn an_alert_naming_another_configured_app_does_not_hold_this_one() {
-    let p = gated(vec![d1()], firing(&[&agent_error("beta")]), false);
-    assert_eq!(kinds(&p), [("d1", "claim")]);
-    // An app label naming no configured app (the reconciler's own, an
-    // unrelated service), or none: the whole fleet is held.
-    for labels in [
-        agent_error("somewhere-else"),
-        vec![("alertname", "AgentErrorRate")],
-    ] {
-        let p = gated(vec![d1()], firing(&[&labels]), false);
-        assert!(kinds(&p).is_empty(), "{labels:?}: {:?}", kinds(&p));
-    }
-    // `fly_app` is read before `app` (a scrape sets `app` to its own app).
-    let both = [("alertname", "A"), ("fly_app", "beta"), ("app", "app")];
-    let p = gated(vec![d1()], firing(&[&both]), false);
-    assert_eq!(kinds(&p), [("d1", "claim")]);
-}
-
-#[test]
-fn rotations_under_way_finish_and_our_unfinished_claim_is_withdrawn() {
-    let now = t0() + Cd::hours(1);
-    let draining = marker(
-        "x",
-        Phase::Draining,
-        RotationMode::Wait,
-        now - Cd::minutes(1),
-    );
-    let claiming = marker("c", Phase::Claiming, RotationMode::Wait, t0());
-    let p = gated(
-        vec![
-            M::drifted("x", Severity::Low).marker(&draining),
-            M::drifted("c", Severity::Low).marker(&claiming),
-        ],
-        firing(&[&agent_error("app")]),
-        false,
-    );
-    assert!(
-        matches!(p.decision(&mid("x")), Some(Decision::InRotation { .. })),
-        "{:?}",
-        p.decision(&mid("x"))
-    );
-    let withdraw = p
-        .steps()
-        .into_iter()
-        .find(|s| s.target.machine_id == mid("c"))
-        .expect("a step for c");
-    assert!(
-        matches!(
-            withdraw.kind,
-            StepKind::Withdraw {
-                why: WithdrawWhy::Guarded
-            }
-        ),
-        "{withdraw:?}"
-    );
-    assert!(matches!(
-        p.decision(&mid("c")),
-        Some(Decision::Guarded { .. })
-    ));
-}
-
-#[test]
-fn an_unreadable_gate_holds_and_pages_unless_it_fails_open() {
-    let down = || GateView::Unreachable("GET /api/v2/alerts: connection failed".into());
-    let p = gated(vec![d1()], down(), false);
-    assert!(kinds(&p).is_empty(), "{:?}", kinds(&p));
+    // Saturday: the next opening is Monday.
+    let g = window_guard(&w, utc(2026, 12, 5, 1, 30, 0));
     assert_eq!(
-        p.decision(&mid("d1")),
-        Some(&Decision::Guarded {
-            guard: Guard::GateUnreachable {
-                error: "GET /api/v2/alerts: connection failed".into()
-            }
+        g.as_ref().map(ToString::to_string).as_deref(),
+        Some("outside maintenance window (opens Mon 2026-12-07 02:00 Europe/Berlin)")
+    );
+    assert_eq!(opens(g), Some(open));
+}
+
+#[test]
+fn a_window_follows_its_zone_across_a_dst_change() {
+    // Berlin moves from CET to CEST on 2026-03-29: 02:00 local is 01:00 UTC
+    // before and 00:00 UTC after.
+    let w = windows(r#"[{ allow = "0 2 * * *", duration = "1h", time_zone = "Europe/Berlin" }]"#);
+    assert_eq!(
+        opens(window_guard(&w, utc(2026, 3, 28, 0, 30, 0))),
+        Some(utc(2026, 3, 28, 1, 0, 0))
+    );
+    assert_eq!(window_guard(&w, utc(2026, 3, 28, 1, 30, 0)), None);
+    assert_eq!(window_guard(&w, utc(2026, 3, 30, 0, 0, 0)), None);
+    assert_eq!(window_guard(&w, utc(2026, 3, 30, 0, 59, 59)), None);
+    assert_eq!(
+        opens(window_guard(&w, utc(2026, 3, 30, 1, 0, 0))),
+        Some(utc(2026, 3, 31, 0, 0, 0))
+    );
+    // And back on 2026-10-25: after it, 02:00 local is 01:00 UTC again.
+    assert_eq!(
+        opens(window_guard(&w, utc(2026, 10, 26, 0, 30, 0))),
+        Some(utc(2026, 10, 26, 1, 0, 0))
+    );
+    assert_eq!(window_guard(&w, utc(2026, 10, 26, 1, 30, 0)), None);
+}
+
+#[test]
+fn deny_wins_over_allow_and_no_windows_hold_nothing() {
+    let w = windows(
+        r#"[{ allow = "0 0 * * *", duration = "24h" }, { deny = "0 12 * * *", duration = "1h" }]"#,
+    );
+    assert_eq!(window_guard(&w, utc(2026, 12, 7, 11, 59, 59)), None);
+    assert_eq!(
+        window_guard(&w, utc(2026, 12, 7, 12, 0, 0)),
+        Some(Guard::Window {
+            deny: true,
+            until: Some(utc(2026, 12, 7, 13, 0, 0)),
+            time_zone: "UTC".into(),
         })
     );
-    let pages: Vec<&Alert> = p
-        .alerts
-        .iter()
-        .filter(|a| a.kind == AlertKind::GateUnreachable)
-        .collect();
-    let [page] = pages[..] else {
-        panic!("one gate_unreachable: {:?}", p.alerts);
-    };
-    assert_eq!(page.severity, Severity::High);
-    assert!(
-        page.summary.contains("connection failed"),
-        "{}",
-        page.summary
-    );
-
-    let p = gated(vec![d1()], down(), true);
-    assert_eq!(kinds(&p), [("d1", "claim")]);
-    let low: Vec<Severity> = p
-        .alerts
-        .iter()
-        .filter(|a| a.kind == AlertKind::GateUnreachable)
-        .map(|a| a.severity)
-        .collect();
-    assert_eq!(low, [Severity::Low], "fail open: shown, not paged");
+    assert_eq!(window_guard(&w, utc(2026, 12, 7, 13, 0, 0)), None);
+    // Only deny windows: open the rest of the time.
+    let deny = windows(r#"[{ deny = "0 12 * * *", duration = "1h" }]"#);
+    assert_eq!(window_guard(&deny, utc(2026, 12, 7, 9, 0, 0)), None);
+    assert_eq!(window_guard(&[], utc(2026, 12, 7, 9, 0, 0)), None);
 }

@@ -10,7 +10,9 @@
 //! began, when each marker and probe-failure record was first seen, and
 //! which rotations toward the tip ended failed: [`crate::decide::halt`]),
 //! which the caller passes in. No claim is planned toward a halted release
-//! tip (`[release]`); rotations under way go on. It never compares a time another clock wrote (a
+//! tip (`[release]`), nor one a guardrail holds (a canary pool not soaked on
+//! the tip, a maintenance window: [`crate::decide::guardrail`]); rotations
+//! under way go on. It never compares a time another clock wrote (a
 //! marker's, a record's) with `now` except through this run's first sight
 //! of it, and never lets its own memory of a failed probe count toward the
 //! probe-failure ceiling (only the shared record does). It must never perform a step itself,
@@ -30,7 +32,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::decide::decision::Decision;
-use crate::decide::guardrail::Guard;
+pub use crate::decide::guardrail::Guard;
 use crate::decide::halt::HaltSource;
 pub use crate::decide::halt::Halted;
 use crate::decide::policy::Policy;
@@ -77,6 +79,9 @@ pub struct Plan {
     /// Apps whose release tip is halted: no new claim toward it. Those this
     /// run detected ([`Halted::record`]) are for the executor to record.
     pub halts: BTreeMap<AppName, Halted>,
+    /// The guardrails that held a claim this sweep, per (app, pool)
+    /// ([`Guard`]): for the metric and the views.
+    pub guards: BTreeMap<(AppName, PoolName), Guard>,
 }
 
 /// What is decided for one machine in one sweep. At most one step: steps
@@ -459,8 +464,12 @@ struct Planning<'a> {
     over_cap: BTreeMap<(AppName, PoolName), OverCap>,
     /// Apps whose release tip is halted.
     halts: BTreeMap<AppName, Halted>,
-    /// Apps a guardrail holds: no new claim (`decide::guardrail`).
-    guards: BTreeMap<AppName, Guard>,
+    /// Apps the alert gate holds: no new claim (`decide::guardrail`).
+    alert_gates: BTreeMap<AppName, Guard>,
+    /// Each pool's guardrail this sweep, judged once per pool.
+    pool_guards: BTreeMap<PoolName, Option<Guard>>,
+    /// The guardrails that held a claim, per (app, pool).
+    guards: BTreeMap<(AppName, PoolName), Guard>,
 }
 
 /// A pool's rotations in progress, as far as its current cap is concerned.
@@ -509,7 +518,9 @@ impl<'a> Planning<'a> {
                 &input.tracker.failures,
                 input.now,
             ),
-            guards: crate::decide::guardrail::alert_gate(input.policy, report),
+            alert_gates: crate::decide::guardrail::alert_gate(input.policy, report),
+            pool_guards: BTreeMap::new(),
+            guards: BTreeMap::new(),
         }
     }
 
@@ -541,6 +552,7 @@ impl<'a> Planning<'a> {
             alerts: self.alerts,
             rotations_in_progress: self.rotations_in_progress,
             halts: self.halts,
+            guards: self.guards,
         }
     }
 
@@ -1229,15 +1241,34 @@ impl<'a> Planning<'a> {
         true
     }
 
-    /// A claim a guardrail holds is not made: the machine is decided
-    /// `guarded`, and our unfinished claim is withdrawn (its slot may be
-    /// won: the withdraw gives it back). Rotations already holding a slot
-    /// are not candidates and go on.
+    /// A claim a guardrail holds is not made (a firing alert or an
+    /// unreadable alert gate for its app, a canary pool not soaked on the
+    /// tip, a maintenance window): the machine is decided `guarded`, and our
+    /// unfinished claim is withdrawn (its slot may be won: the withdraw
+    /// gives it back). `approve --now` of the tip overrides a window (not a
+    /// canary, not the alert gate). Rotations already holding a slot are not
+    /// candidates and go on.
     fn guarded_claim(&mut self, m: &ObservedMachine, expected: Option<&Marker>) -> bool {
-        let Some(guard) = self.guards.get(&m.app) else {
-            return false;
+        let guard = match self.alert_gates.get(&m.app) {
+            Some(gate) => gate.clone(),
+            None => {
+                let Some(guard) = self.pool_guard(&m.pool) else {
+                    return false;
+                };
+                let now_approved = m
+                    .inputs
+                    .controls
+                    .approval_for(self.tip)
+                    .is_some_and(|a| a.mode == ApprovalMode::Now);
+                if now_approved && guard.overridden_by_approval() {
+                    return false;
+                }
+                guard
+            }
         };
-        let guard = guard.clone();
+        self.guards
+            .entry((m.app.clone(), m.pool.clone()))
+            .or_insert_with(|| guard.clone());
         self.decide(m, Decision::Guarded { guard });
         if let Some(mine) = expected.filter(|e| e.phase == Phase::Claiming) {
             self.step(Step {
@@ -1249,6 +1280,36 @@ impl<'a> Planning<'a> {
             });
         }
         true
+    }
+
+    /// The guardrail holding `pool` now, judged once per pool per plan: its
+    /// maintenance windows first (they say until when), then its canary.
+    fn pool_guard(&mut self, pool: &PoolName) -> Option<Guard> {
+        if let Some(g) = self.pool_guards.get(pool) {
+            return g.clone();
+        }
+        let config = self.policy.pool(pool);
+        let halted_apps: HashSet<&AppName> = self.halts.keys().collect();
+        let report = self.report;
+        let halted = |canary: &PoolName| {
+            report
+                .machines
+                .iter()
+                .any(|m| m.seen.pool == *canary && halted_apps.contains(&m.seen.app))
+        };
+        let guard =
+            crate::decide::guardrail::window_guard(&config.windows, self.now).or_else(|| {
+                crate::decide::guardrail::canary_guard(
+                    self.policy,
+                    report,
+                    &self.tracker.canaries,
+                    pool,
+                    halted,
+                    self.now,
+                )
+            });
+        self.pool_guards.insert(pool.clone(), guard.clone());
+        guard
     }
 
     /// `release_halted` once per halted app and tip, naming the failures

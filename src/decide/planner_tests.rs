@@ -65,6 +65,7 @@ fn policy() -> Policy {
     let pool = |cap: u32, actions: [PolicyAction; 4]| PoolConfig {
         max_concurrent_rotations: NonZeroU32::new(cap).unwrap(),
         actions: ActionMap::from(actions),
+        ..PoolConfig::default()
     };
     Policy::default()
         .with_pool("default", pool(1, [AlertAndWait, Restart, Manual, Reload]))
@@ -3063,6 +3064,7 @@ fn default_pool(cap: u32, actions: [PolicyAction; 4]) -> Policy {
         PoolConfig {
             max_concurrent_rotations: std::num::NonZeroU32::new(cap).unwrap(),
             actions: ActionMap::from(actions),
+            ..PoolConfig::default()
         },
     )
 }
@@ -4362,5 +4364,8 @@ fn an_emptied_slot_set_does_not_lift_the_cap_while_a_rotation_holds_capacity() {
 #[path = "halt_tests.rs"]
 mod halt;
 
-#[path = "guardrail_tests.rs"]
-mod guardrail;
+#[path = "guard_tests.rs"]
+mod guard;
+
+#[path = "gate_tests.rs"]
+mod gate;

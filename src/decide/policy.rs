@@ -86,6 +86,14 @@ impl Policy {
         self.pools.get(name).unwrap_or(&self.fallback)
     }
 
+    /// Each configured pool that waits for a canary pool, with that pool
+    /// (`pools.NAME.after`).
+    pub fn canaries(&self) -> impl Iterator<Item = (&PoolName, &PoolName)> {
+        self.pools
+            .iter()
+            .filter_map(|(name, p)| Some((name, p.after.as_ref()?)))
+    }
+
     /// What pool `name` does about drift of `severity`.
     pub fn action(&self, pool: &PoolName, severity: Severity) -> PolicyAction {
         self.pool(pool).actions.for_severity(severity)
@@ -141,6 +149,7 @@ actions = { low = "restart", medium = "restart", high = "restart", critical = "r
                     PolicyAction::Restart,
                     PolicyAction::Manual,
                 ]),
+                ..PoolConfig::default()
             },
         );
         assert_eq!(

@@ -31,5 +31,6 @@ pub fn prepare(
         snapshot.summarize();
     }
     tracker.observe(&snapshot, now);
+    tracker.observe_canaries(policy, &snapshot, now);
     snapshot
 }

@@ -1,6 +1,8 @@
 //! The planner's memory between sweeps ([`Tracker`]): when each machine's
 //! drift and unprobeability began, and when this run first saw each
-//! machine's current marker and probe-failure record.
+//! machine's current marker and probe-failure record, which rotations
+//! ended failed ([`crate::decide::halt`]) and since when each canary pool
+//! met its ratio on the tip ([`crate::decide::guardrail`]).
 //!
 //! Owns those first-sight clocks, on this replica's clock only. `prepare`
 //! folds each snapshot in; `plan` reads it. It must never read the clock
@@ -11,7 +13,9 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
+use crate::decide::guardrail::CanaryMemory;
 use crate::decide::halt::FailureMemory;
+use crate::decide::policy::Policy;
 use crate::decide::snapshot::Snapshot;
 use crate::metadata::marker::{Marker, Phase};
 use crate::metadata::unprobed::Unprobed;
@@ -36,6 +40,8 @@ pub struct Tracker {
     forgets: bool,
     /// Rotations toward the tip this run saw end failed (`[release]` halts).
     pub(super) failures: FailureMemory,
+    /// First sight of each canary pool's ratio met on the tip (`after`).
+    pub(super) canaries: CanaryMemory,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -226,6 +232,16 @@ impl Tracker {
             }
             SlotsView::Known(_) | SlotsView::NotConfigured => None,
         };
+    }
+
+    /// Folds one sweep into the canary soak clocks (`pools.NAME.after`),
+    /// which need the policy to know which pools are canaries and at what
+    /// ratio.
+    pub fn observe_canaries(&mut self, policy: &Policy, snapshot: &Snapshot, now: DateTime<Utc>) {
+        if self.forgets {
+            return;
+        }
+        self.canaries.observe(policy, snapshot, now);
     }
 
     /// Since when this run has not been able to read the coordinator's slots.

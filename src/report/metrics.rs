@@ -27,7 +27,8 @@
 //! * `fleet_reconciler_rotations_in_progress` is replaced as a whole by
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
 //!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`],
-//!   and `fleet_reconciler_guardrail_blocked` by [`Metrics::set_guardrails`].
+//!   and `fleet_reconciler_guardrail_blocked` by [`Metrics::set_guardrails`]
+//!   (every reason of every pool with machines, 1 where it holds claims).
 //! * `fleet_reconciler_actions_total` gets every action and result of each
 //!   pool passed to [`Metrics::set_rotations_in_progress`] at 0, and keeps
 //!   them: a counter born at its first increment shows no `increase()`.
@@ -184,8 +185,8 @@ struct Exported {
     rotations: BTreeSet<(String, String)>,
     /// Apps with `fleet_reconciler_machine_decisions` series.
     decision_apps: BTreeSet<String>,
-    /// (app, pool) with `fleet_reconciler_guardrail_blocked` series.
-    guard_pools: BTreeSet<(String, String)>,
+    /// (app, pool, reason) of `fleet_reconciler_guardrail_blocked`.
+    guardrails: BTreeSet<(String, String, String)>,
     /// (branch, commit)
     tip: Option<(String, String)>,
     /// Last successful overlay fetch; before the first, process start.
@@ -396,9 +397,9 @@ impl PlanSeries {
         let guardrails = gauge_vec(
             r,
             GUARDRAIL_BLOCKED,
-            "Machines that qualify for a rotation but a guardrail holds, per pool and reason \
-             (alert_firing, gate_unreachable), in the last sweep; every reason of each pool \
-             with machines starts at 0.",
+            "1 while a guardrail holds new claims of the pool in the last sweep, else 0 \
+             (reason: canary, window, alert_firing, gate_unreachable; every reason of every \
+             pool with machines).",
             &[APP_LABEL, "pool", "reason"],
         )?;
         let actions = counter_vec(
@@ -985,40 +986,37 @@ impl Metrics {
         exported.decision_apps = current;
     }
 
-    /// Replaces the guardrail counts: for every (app, pool) passed, every
-    /// [`Guard::REASONS`] (zeros included) counts its machines decided
-    /// `guarded` for that reason; pools not passed are removed.
+    /// Replaces `fleet_reconciler_guardrail_blocked`: for each (app, pool)
+    /// in `pools`, every reason ([`Guard::REASONS`]), 1 where `held` names
+    /// it and 0 elsewhere (so the series stay); pools not passed are removed.
     pub fn set_guardrails<'a>(
         &self,
-        machines: impl IntoIterator<Item = (&'a str, &'a str, &'a Decision)>,
+        pools: impl IntoIterator<Item = (&'a str, &'a str)>,
+        held: &BTreeSet<(&str, &str, &str)>,
     ) {
-        let mut counts: BTreeMap<(&str, &str), BTreeMap<&str, i64>> = BTreeMap::new();
-        for (app, pool, d) in machines {
-            let per = counts.entry((app, pool)).or_default();
-            if let Decision::Guarded { guard } = d {
-                *per.entry(guard.reason()).or_default() += 1;
-            }
-        }
-        let mut exported = self.exported();
-        for ((app, pool), per) in &counts {
-            for reason in Guard::REASONS {
-                self.guardrails
-                    .with_label_values(&[*app, *pool, reason])
-                    .set(per.get(reason).copied().unwrap_or(0));
-            }
-        }
-        let current: BTreeSet<(String, String)> = counts
-            .keys()
-            .map(|(a, p)| (a.to_string(), p.to_string()))
+        let current: BTreeSet<(String, String, String)> = pools
+            .into_iter()
+            .flat_map(|(a, p)| {
+                Guard::REASONS
+                    .iter()
+                    .map(move |r| (a.to_string(), p.to_string(), r.to_string()))
+            })
             .collect();
-        for (app, pool) in exported.guard_pools.difference(&current) {
-            for reason in Guard::REASONS {
-                let _ = self
-                    .guardrails
-                    .remove_label_values(&[app.as_str(), pool.as_str(), reason]);
-            }
+        let mut exported = self.exported();
+        for (app, pool, reason) in &current {
+            let on = held.contains(&(app.as_str(), pool.as_str(), reason.as_str()));
+            self.guardrails
+                .with_label_values(&[app.as_str(), pool.as_str(), reason.as_str()])
+                .set(i64::from(on));
         }
-        exported.guard_pools = current;
+        for (app, pool, reason) in exported.guardrails.difference(&current) {
+            let _ = self.guardrails.remove_label_values(&[
+                app.as_str(),
+                pool.as_str(),
+                reason.as_str(),
+            ]);
+        }
+        exported.guardrails = current;
     }
 
     /// Counts one webhook delivery attempt; `format` is the sink format
@@ -1046,16 +1044,21 @@ impl Metrics {
     }
 
     /// A hook for `NotifierOptions::counter`: each delivery event counted in
-    /// `fleet_reconciler_webhook_deliveries_total` (per sink kind and result)
-    /// or `fleet_reconciler_alert_state_write_failures_total`, as it happens.
+    /// `fleet_reconciler_webhook_deliveries_total` (per sink kind and result),
+    /// `fleet_reconciler_heartbeat_pings_total` (per heartbeat and result) or
+    /// `fleet_reconciler_alert_state_write_failures_total`, as it happens.
     pub fn delivery_counter(&self) -> crate::report::notify::DeliveryCounter {
         use crate::report::notify::{DeliveryCounter, DeliveryEvent};
         let deliveries = self.webhook_deliveries.clone();
         let state_writes = self.alert_state_write_failures.clone();
+        let pings = self.heartbeat_pings.clone();
         DeliveryCounter::new(move |event| match event {
             DeliveryEvent::Sink { sink, result } => {
                 deliveries.with_label_values(&[sink, result.as_str()]).inc()
             }
+            DeliveryEvent::Heartbeat { index, result } => pings
+                .with_label_values(&[index.to_string().as_str(), result.as_str()])
+                .inc(),
             DeliveryEvent::StateWriteFailed => state_writes.inc(),
         })
     }
@@ -1411,35 +1414,30 @@ mod tests {
     }
 
     #[test]
-    fn guardrails_are_counted_per_pool_and_reason_and_replaced_as_a_set() {
+    fn guardrails_are_one_series_per_held_pool_and_lifted_ones_go() {
         let m = Metrics::new(false).unwrap();
-        let firing = Decision::Guarded {
-            guard: Guard::AlertFiring {
-                alert: "AgentErrorRate".into(),
-            },
+        let pools = [("a", "main"), ("b", "eu")];
+        let held = BTreeSet::from([("a", "main", "canary"), ("b", "eu", "window")]);
+        m.set_guardrails(pools, &held);
+        let text = m.render().unwrap();
+        let series = |app: &str, pool: &str, reason: &str, v: u8| {
+            format!(
+                "fleet_reconciler_guardrail_blocked{{fly_app=\"{app}\",pool=\"{pool}\",reason=\"{reason}\"}} {v}"
+            )
         };
-        m.set_guardrails([
-            ("a", "default", &firing),
-            ("a", "default", &firing),
-            ("a", "default", &Decision::OnTip),
-            ("a", "canary", &Decision::OnTip),
-        ]);
-        let text = m.render().unwrap();
         for line in [
-            r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="default",reason="alert_firing"} 2"#,
-            r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="default",reason="gate_unreachable"} 0"#,
-            r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="canary",reason="alert_firing"} 0"#,
+            series("a", "main", "canary", 1),
+            series("a", "main", "window", 0),
+            series("b", "eu", "window", 1),
+            series("b", "eu", "canary", 0),
         ] {
-            assert!(text.contains(line), "{line} in {text}");
+            assert!(text.contains(&line), "{line}: {text}");
         }
-        // The alert resolved and the canary pool is gone: its series go too.
-        m.set_guardrails([("a", "default", &Decision::OnTip)]);
+        // The canary soaked; pool eu is gone.
+        m.set_guardrails([("a", "main")], &BTreeSet::new());
         let text = m.render().unwrap();
-        assert!(!text.contains(r#"pool="canary""#), "{text}");
-        assert!(
-            text.contains(r#"fleet_reconciler_guardrail_blocked{fly_app="a",pool="default",reason="alert_firing"} 0"#),
-            "{text}"
-        );
+        assert!(text.contains(&series("a", "main", "canary", 0)), "{text}");
+        assert!(!text.contains("pool=\"eu\""), "{text}");
     }
 
     #[test]

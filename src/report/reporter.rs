@@ -1,25 +1,22 @@
 //! The reporter: turns each cycle's outcome into everything that reports it.
 //!
 //! Owns what is carried from one sweep to the next for reporting only: the
-//! machines' rotation history ([`History`]), the alert rules' memory
-//! ([`AlertMemory`], kept here and changed only by
-//! [`crate::decide::alerts::evaluate`], which decides every alert), when
-//! this replica last saw the fleet and each app (`Seen`: what the notifier
-//! judges staleness by), each machine's last kind of decision (a change is
-//! logged), and whether the coordinator was readable (a change is logged).
-//! It feeds the Prometheus series, the server's view and the notifier
-//! (which counts its deliveries itself). It must never decide an alert or
-//! anything the planner decides, nor act on a machine, and never read the
-//! clock: every time comes with the outcome.
+//! machines' rotation history ([`History`]), each machine's last kind of
+//! decision (a change is logged), and whether the coordinator was readable
+//! (a change is logged). It feeds the Prometheus series, the server's view
+//! and the notifier (which counts its deliveries itself) with each turn's
+//! `AlertSet` as the loop evaluated it ([`crate::decide::alerts`]: which
+//! alerts hold, carried and restored ones included, and how old the view
+//! they were drawn from is). It must never decide an alert or anything the
+//! planner decides, nor act on a machine, and never read the clock: every
+//! time comes with the outcome.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
 use crate::act::executor::StepReport;
-use crate::config::Config;
 use crate::daemon::{Cycle, SweepOutcome};
-use crate::decide::alerts::{AlertMemory, AlertRules, Turn, evaluate};
 use crate::decide::decision::Decision;
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
@@ -27,7 +24,7 @@ use crate::events::ActionEvent;
 use crate::model::{AppName, MachineId, PoolName};
 use crate::report::history::History;
 use crate::report::metrics::Metrics;
-use crate::report::notify::{Notifier, Seen};
+use crate::report::notify::Notifier;
 use crate::report::server::{FleetView, MachineExtra};
 
 /// Turns cycle outcomes into metrics, the server's view and notifications.
@@ -35,44 +32,24 @@ pub struct Reporter<'a> {
     metrics: &'a Metrics,
     view: &'a FleetView,
     notifier: &'a Notifier,
-    /// What the alert rules remember between turns ([`evaluate`] decides).
-    alerts: AlertMemory,
     history: History,
     /// Each machine's decision kind in the last sweep: a change is logged.
     decision_kinds: HashMap<MachineId, &'static str>,
     /// Whether the last successful sweep could not read the coordinator's
     /// slot set: the change is logged once, not every sweep.
     coordinator_unreadable: bool,
-    /// When this replica last saw the fleet and each app (its own sweeps'
-    /// times): alerts from a view older than `alerts.stale_after` are not sent.
-    seen: Seen,
-    /// The alerts of the last turn, sent again with the events of steps
-    /// reported on their own (`SweepOutcome::Acted`).
-    last_alerts: Vec<crate::events::Alert>,
 }
 
 impl<'a> Reporter<'a> {
-    /// A reporter for a run of `config` that starts now: alerts firing
-    /// before a restart (the notifier's saved state) keep firing until this
-    /// run's evidence confirms or clears them, since the planner's drift
-    /// clocks start over.
-    pub fn new(
-        config: &Config,
-        metrics: &'a Metrics,
-        view: &'a FleetView,
-        notifier: &'a Notifier,
-    ) -> Reporter<'a> {
-        let alerts = AlertMemory::new(&AlertRules::from_config(config), notifier.restored_alerts());
+    /// A reporter for a run that starts now.
+    pub fn new(metrics: &'a Metrics, view: &'a FleetView, notifier: &'a Notifier) -> Reporter<'a> {
         Reporter {
             metrics,
             view,
             notifier,
-            alerts,
             history: History::default(),
             decision_kinds: HashMap::new(),
             coordinator_unreadable: false,
-            seen: Seen::default(),
-            last_alerts: Vec::new(),
         }
     }
 
@@ -89,26 +66,23 @@ impl<'a> Reporter<'a> {
             // Steps whose turn was overtaken by newer sweeps: counted and
             // kept in the history, their events sent with the alerts as
             // the newest sweep left them.
-            SweepOutcome::Acted { steps, at } => {
+            SweepOutcome::Acted { steps, at, alerts } => {
                 let events = self.record_steps(steps, *at);
                 self.notifier
-                    .update_seen(&self.last_alerts, &events, *at, &self.seen);
+                    .update_seen(&alerts.alerts, &events, *at, &alerts.seen);
             }
             SweepOutcome::Failed {
                 error,
                 kind,
-                tip_fetched_at,
                 at,
+                alerts,
+                ..
             } => {
                 let now = *at;
                 self.metrics.record_sweep_failure(kind);
                 self.view.record_failure(error.clone(), now);
-                let turn = Turn::Failed {
-                    tip_fetched_at: *tip_fetched_at,
-                };
-                let set = evaluate(turn, &mut self.alerts, now);
-                self.notifier.update_seen(&set.alerts, &[], now, &self.seen);
-                self.last_alerts = set.alerts;
+                self.notifier
+                    .update_seen(&alerts.alerts, &[], now, &alerts.seen);
             }
         }
     }
@@ -162,7 +136,10 @@ impl<'a> Reporter<'a> {
         let events = self.record_steps(steps, *now);
         self.forget_gone(report);
         let extras = self.extras(report, &cycle.plan);
-        self.alert(cycle, &events);
+        // The cycle's alerts, as the loop evaluated them, with its events.
+        let alerts = &cycle.alerts;
+        self.notifier
+            .update_seen(&alerts.alerts, &events, *now, &alerts.seen);
         self.log_coordinator(report);
         self.view.set_tip(&report.tip.commit);
         self.view.set_extras(extras);
@@ -218,11 +195,15 @@ impl<'a> Reporter<'a> {
                 plan.decision(&m.seen.machine_id)
                     .map(|d| (m.seen.app.as_str(), d))
             }));
-        self.metrics
-            .set_guardrails(report.machines.iter().filter_map(|m| {
-                plan.decision(&m.seen.machine_id)
-                    .map(|d| (m.seen.app.as_str(), m.seen.pool.as_str(), d))
-            }));
+        let held: BTreeSet<(&str, &str, &str)> = plan
+            .guards
+            .iter()
+            .map(|((app, pool), g)| (app.as_str(), pool.as_str(), g.reason()))
+            .collect();
+        self.metrics.set_guardrails(
+            rotations.iter().map(|(a, p, _)| (a.as_str(), p.as_str())),
+            &held,
+        );
     }
 
     /// Counts each step taken and records it in the history; the steps'
@@ -268,36 +249,5 @@ impl<'a> Reporter<'a> {
             }
         }
         extras
-    }
-
-    /// The cycle's alerts ([`evaluate`]), sent to the notifier with the
-    /// steps' events.
-    fn alert(&mut self, cycle: &Cycle, events: &[ActionEvent]) {
-        let Cycle {
-            report,
-            plan,
-            tip_fetched_at,
-            now,
-            ..
-        } = cycle;
-        let now = *now;
-        let turn = Turn::Swept {
-            report,
-            plan,
-            tip_fetched_at: *tip_fetched_at,
-        };
-        let set = evaluate(turn, &mut self.alerts, now);
-        self.seen = Seen {
-            sweep: Some(now),
-            unlisted: report
-                .apps
-                .iter()
-                .filter_map(|a| a.stale.as_ref().map(|s| (a.name.clone(), s.last_listed_at)))
-                .collect(),
-            tip: Some(report.tip.commit.clone()),
-        };
-        self.notifier
-            .update_seen(&set.alerts, events, now, &self.seen);
-        self.last_alerts = set.alerts;
     }
 }

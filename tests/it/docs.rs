@@ -390,3 +390,93 @@ fn nothing_shipped_takes_over_flyctls_token() {
         wrong.join("\n")
     );
 }
+
+/// The commands tables (issue 34 item 6: the README once said there was no
+/// `revoke`, and that plain `approve` ends live work). In every table headed
+/// `| command |` of README.md and docs/*.md, each row's first cell shows
+/// commands as `` `name ARGS [--flag …]` ``: each must be a command of the
+/// binary and each flag one it takes. And every command has a row, in one of
+/// those tables, showing every flag it takes, so a command or a flag added
+/// without its reference fails here. `--config`, `--log-format` and `--help`
+/// are said once for all commands, not per row.
+#[test]
+fn the_commands_tables_agree_with_the_binary() {
+    use std::collections::BTreeSet;
+
+    use clap::CommandFactory as _;
+    let cli = Cli::command();
+    let flags_of = |name: &str| -> Option<BTreeSet<String>> {
+        let sub = cli.find_subcommand(name)?;
+        Some(
+            sub.get_arguments()
+                .filter(|a| !a.is_hide_set())
+                .filter_map(|a| a.get_long())
+                .filter(|l| !["config", "log-format", "help"].contains(l))
+                .map(str::to_string)
+                .collect(),
+        )
+    };
+    let mut wrong = Vec::new();
+    // Per command: the most complete row's flags.
+    let mut shown: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for path in documents() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut in_table = false;
+        for (n, line) in text.lines().enumerate() {
+            if !line.starts_with('|') {
+                in_table = false;
+                continue;
+            }
+            if line.to_ascii_lowercase().starts_with("| command |") {
+                in_table = true;
+                continue;
+            }
+            if !in_table || line.starts_with("| ---") {
+                continue;
+            }
+            let at = format!("{}:{}", path.display(), n + 1);
+            // `\|` inside a cell ("text\|json") is not a column break.
+            let line = line.replace("\\|", "/");
+            let cell = line.split('|').nth(1).unwrap_or_default();
+            // The backticked spans of the first cell: "`hold …`, `release …`".
+            for span in cell.split('`').skip(1).step_by(2) {
+                let Some(name) = span.split_whitespace().next() else {
+                    continue;
+                };
+                let Some(takes) = flags_of(name) else {
+                    wrong.push(format!("{at}: `{name}` is not a command of the binary"));
+                    continue;
+                };
+                let flags: BTreeSet<String> = span
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                    .filter_map(|w| w.strip_prefix("--"))
+                    .filter(|f| !f.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                for f in flags.difference(&takes) {
+                    wrong.push(format!("{at}: `{name}` takes no --{f}"));
+                }
+                let best = shown.entry(name.to_string()).or_default();
+                if flags.len() > best.len() {
+                    *best = flags;
+                }
+            }
+        }
+    }
+    for sub in cli.get_subcommands() {
+        let name = sub.get_name();
+        if name == "help" {
+            continue;
+        }
+        let takes = flags_of(name).unwrap_or_default();
+        match shown.get(name) {
+            None => wrong.push(format!("`{name}` has no row in a commands table")),
+            Some(flags) => {
+                for f in takes.difference(flags) {
+                    wrong.push(format!("no commands table row shows `{name} --{f}`"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -139,10 +139,7 @@ async fn a_matching_alert_holds_claims_until_it_resolves() {
         restarts(&sim, "m0").is_empty(),
         "a claim went through a firing alert"
     );
-    assert_eq!(
-        d.label("m0").as_deref(),
-        Some(r#"blocked by alert AgentErrorRate{app="app"}"#)
-    );
+    assert_eq!(d.label("m0").as_deref(), Some("guardrail: alert_firing"));
     assert!(
         am.queries
             .lock()
@@ -180,7 +177,7 @@ async fn an_unreachable_alertmanager_holds_claims_and_pages() {
     );
     assert_eq!(
         d.label("m0").as_deref(),
-        Some("blocked: alert gate unreachable")
+        Some("guardrail: gate_unreachable")
     );
     // Back, with nothing firing: the claim goes through.
     am.set(Answer::Alerts(Vec::new()));
@@ -254,7 +251,7 @@ async fn the_gate_follows_a_real_alertmanager() {
     eventually(
         "blocked by the alert",
         Duration::from_secs(20),
-        async || d.label("m0").as_deref() == Some(r#"blocked by alert AgentErrorRate{app="app"}"#),
+        async || d.label("m0").as_deref() == Some("guardrail: alert_firing"),
     )
     .await;
     more_sweeps(&d, 5).await;

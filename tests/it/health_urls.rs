@@ -169,6 +169,7 @@ coordinator = "coord/c0"
                 refresh: None,
                 owner: "r1".into(),
                 clock: fleet_reconciler::clock::system(),
+                restored_alerts: Vec::new(),
             };
             daemon::reconcile_loop(&sweeper, options, stop, |outcome| {
                 if let SweepOutcome::Swept(cycle) = outcome {

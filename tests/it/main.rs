@@ -21,6 +21,7 @@ mod docs;
 mod fly;
 mod gate;
 mod grouped_alerts;
+mod guardrails;
 mod halt;
 mod hardening;
 mod health_urls;

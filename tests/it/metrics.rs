@@ -544,11 +544,10 @@ async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
         "alpha",
         &fleet_reconciler::decide::decision::Decision::OnTip,
     )]);
-    m.set_guardrails([(
-        "alpha",
-        "default",
-        &fleet_reconciler::decide::decision::Decision::OnTip,
-    )]);
+    m.set_guardrails(
+        [("alpha", "default")],
+        &std::collections::BTreeSet::from([("alpha", "default", "canary")]),
+    );
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
     (m, text)
 }

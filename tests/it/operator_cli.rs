@@ -473,6 +473,15 @@ async fn default_text_output_is_unchanged() {
 /// the decisions a daemon would publish: what `status` and `approve --now`
 /// read. Its base URL; it stops when the token is cancelled.
 async fn serve_daemon(fx: &Fixture, shutdown: &CancellationToken) -> String {
+    serve_daemon_with(fx, shutdown, |_| {}).await
+}
+
+/// As [`serve_daemon`], with `prepare` applied to the view before it is served.
+async fn serve_daemon_with(
+    fx: &Fixture,
+    shutdown: &CancellationToken,
+    prepare: impl FnOnce(&FleetView),
+) -> String {
     let config = Arc::new(Config::load(&fx.config).unwrap());
     let secrets = Secrets {
         fly_token: FLY_TOKEN.into(),
@@ -498,6 +507,7 @@ async fn serve_daemon(fx: &Fixture, shutdown: &CancellationToken) -> String {
             })
             .collect::<BTreeMap<_, _>>(),
     );
+    prepare(&view);
     let state = ServerState::new(Arc::new(Metrics::new(true).unwrap()), view);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -813,6 +823,11 @@ async fn status_shows_each_machines_decision() {
     let base = serve_daemon(&fx, &shutdown).await;
     let out = cli(&fx.config, &["status", "--url", &base]);
     assert_eq!(out.code, Some(1), "drift: {}{}", out.stdout, out.stderr);
+    assert!(
+        !out.stderr.contains("STALE"),
+        "a fresh view is not stale: {}",
+        out.stderr
+    );
     let rows = decision_column(&out.stdout);
     assert_eq!(
         rows.get("m2").map(String::as_str),
@@ -850,6 +865,48 @@ async fn status_shows_each_machines_decision() {
         fleet_reconciler::report::wire::SCHEMA_VERSION
     );
     assert_eq!(v["decisions"]["m2"]["kind"], "on_tip");
+    shutdown.cancel();
+    fx.sim.shutdown().await;
+}
+
+/// #37 item 3: `status` says when the daemon's view is stale, and why,
+/// before the table (on stderr: the JSON stays the daemon's document), and
+/// a machine's detail carries a `STALE:` line. A fresh view says nothing of
+/// the kind (`status_shows_each_machines_decision`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_the_daemons_view_is_stale_and_why() {
+    let fx = fixture().await;
+    let shutdown = CancellationToken::new();
+    // The last sweep 2 minutes ago (stale_after: 3 × 30 s), those since failing.
+    let base = serve_daemon_with(&fx, &shutdown, |view| {
+        view.update(|o| o.last_success = Some(Utc::now() - chrono::TimeDelta::seconds(120)));
+        view.record_failure(
+            "cannot list machines of app agents: the Machines API is unreachable",
+            Utc::now(),
+        );
+    })
+    .await;
+    // Both checked before either fails: each is its own promise.
+    let mut problems = Vec::new();
+    let out = cli(&fx.config, &["status", "--url", &base]);
+    match out.stderr.lines().find(|l| l.starts_with("STALE: ")) {
+        Some(l)
+            if l.contains("older than alerts.stale_after (1m 30s)")
+                && l.ends_with("the Machines API is unreachable") => {}
+        other => problems.push(format!("status: {other:?} in {}", out.stderr)),
+    }
+    if !out.stdout.contains("m1") {
+        problems.push(format!("the last view is not shown: {}", out.stdout));
+    }
+    let out = cli(&fx.config, &["status", "m1", "--url", &base]);
+    if !out
+        .stdout
+        .lines()
+        .any(|l| l.starts_with("STALE:") && l.contains("older than alerts.stale_after"))
+    {
+        problems.push(format!("status m1: no STALE line in {}", out.stdout));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
     shutdown.cancel();
     fx.sim.shutdown().await;
 }

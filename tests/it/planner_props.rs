@@ -58,6 +58,7 @@ fn policy(max_attempts: u32) -> Policy {
     let pool = |cap: u32, actions: [PolicyAction; 4]| PoolConfig {
         max_concurrent_rotations: NonZeroU32::new(cap).unwrap(),
         actions: ActionMap::from(actions),
+        ..PoolConfig::default()
     };
     let mut policy = Policy::default()
         .with_pool("restart", pool(2, [Restart; 4]))

@@ -171,6 +171,7 @@ impl Daemon {
                 refresh: None,
                 owner: "replica".to_string(),
                 clock,
+                restored_alerts: Vec::new(),
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();

@@ -139,10 +139,31 @@ impl Daemon {
         agent_tokens: HashMap<String, secrecy::SecretString>,
         gate: Option<fleet_reconciler::observe::gate::AlertGate>,
     ) -> Daemon {
+        Daemon::start_keyed(
+            sim,
+            config,
+            owner,
+            agent_tokens,
+            fleet_reconciler::sim::record_keys(),
+            gate,
+        )
+        .await
+    }
+
+    /// A daemon holding `keys` (the simulator's own by default), whose
+    /// sweeps read `gate` if given.
+    async fn start_keyed(
+        sim: &Sim,
+        config: Arc<Config>,
+        owner: &str,
+        agent_tokens: HashMap<String, secrecy::SecretString>,
+        keys: fleet_reconciler::metadata::seal::RecordKeys,
+        gate: Option<fleet_reconciler::observe::gate::AlertGate>,
+    ) -> Daemon {
         let secrets = Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
-            record_keys: Some(fleet_reconciler::sim::record_keys()),
+            record_keys: Some(keys),
         };
         let mut sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
         sweeper.gate = gate;
@@ -170,6 +191,7 @@ impl Daemon {
                 refresh: None,
                 owner,
                 clock,
+                restored_alerts: Vec::new(),
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();
@@ -1540,6 +1562,100 @@ async fn records_of_the_previous_version_keep_the_fleet_working() {
     assert!(
         !d.alerted(AlertKind::MetadataTampered, "m1"),
         "a hold of ours is no tampering"
+    );
+    d.stop().await;
+    sim.shutdown().await;
+}
+
+/// The record key rotates as docs/operations.md says ("Rotating the record
+/// key", #33): two rotations are in flight under key A (both agents busy);
+/// a daemon holding the new key B and A as the previous key finishes m1's
+/// (its marker, sealed with A, still verifies, and is re-sealed with B at its
+/// next phase) with no tampering alert. Once A is dropped, m2's marker, still
+/// sealed with A, is foreign: m2 is not restarted and `metadata_tampered`
+/// names it.
+#[tokio::test(start_paused = true)]
+async fn the_record_key_rotates_as_the_runbook_says() {
+    use fleet_reconciler::metadata::seal::{RecordKey, RecordKeys};
+    let w = world();
+    let sim = Sim::start(fleet(
+        &w,
+        vec![
+            SimMachine::new("m1").loaded(w.old.clone()).live_sessions(1),
+            SimMachine::new("m2").loaded(w.old.clone()).live_sessions(1),
+        ],
+    ))
+    .await
+    .unwrap();
+    let key_a = fleet_reconciler::sim::record_keys().current;
+    let key_b = RecordKey::from_hex(&"b0".repeat(32)).unwrap();
+    // Which key sealed `id`'s marker (read off the envelope, not verified).
+    let kid = |id: &str| -> Option<String> {
+        let value = sim.machine(id)?.metadata.get(MARKER_KEY)?.clone();
+        serde_json::from_str::<serde_json::Value>(&value).ok()?["kid"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let both = RecordKeys {
+        current: key_b.clone(),
+        previous: Some(key_a.clone()),
+    };
+    // Busy agents and a long grace: the rotations wait in `draining`.
+    let cfg = || config(&sim, &w, "m", &all("restart"), 2, "restart_grace = \"1h\"");
+    let d = Daemon::start(&sim, cfg(), "r1").await;
+    eventually(
+        "both claimed under key A",
+        Duration::from_secs(20),
+        async || {
+            ["m1", "m2"]
+                .iter()
+                .all(|id| kid(id).as_deref() == Some(key_a.id().as_str()))
+        },
+    )
+    .await;
+    d.stop().await;
+
+    // Step 1 of the runbook: B seals, A still verifies.
+    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), both.clone(), None).await;
+    more_sweeps(&d, 3).await;
+    sim.set_live_sessions("m1", 0);
+    eventually("m1 converges", Duration::from_secs(30), async || {
+        sim.machine("m1").is_some_and(|m| {
+            m.loaded_ref == w.tip && !m.cordoned && !m.metadata.contains_key(MARKER_KEY)
+        })
+    })
+    .await;
+    assert!(
+        !d.alerted(AlertKind::MetadataTampered, "m1")
+            && !d.alerted(AlertKind::MetadataTampered, "m2"),
+        "a record sealed with the previous key is no tampering"
+    );
+    assert_eq!(
+        kid("m2").as_deref(),
+        Some(key_a.id().as_str()),
+        "m2's marker had no phase change: still sealed with A"
+    );
+    d.stop().await;
+
+    // Step 3: A dropped. m2's marker is foreign now: never acted on.
+    let only_b = RecordKeys::new(key_b);
+    let before = restarts(&sim, "m2").len();
+    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), only_b, None).await;
+    sim.set_live_sessions("m2", 0);
+    more_sweeps(&d, 6).await;
+    assert!(
+        d.alerted(AlertKind::MetadataTampered, "m2"),
+        "a marker sealed by a dropped key is alerted"
+    );
+    assert_eq!(
+        restarts(&sim, "m2").len(),
+        before,
+        "acted on a foreign marker"
+    );
+    assert_eq!(
+        restarts(&sim, "m1").len(),
+        1,
+        "m1 was restarted once, under the new key"
     );
     d.stop().await;
     sim.shutdown().await;

@@ -700,3 +700,68 @@ listen = "127.0.0.1:{port}"
     );
     drop(child);
 }
+
+/// Issue 33, "a missing key (first start)": `run` with a pool that acts and
+/// no record key refuses to start (exit 2), naming the variable and its
+/// config key, before it writes anything; a value that is no key is refused
+/// the same way. (An observe-only config needs none: preflight's unit test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_without_a_record_key_refuses_to_start_naming_the_variable() {
+    let overlay = OverlayRepo::new();
+    let (dir, repo_path) = (&overlay.dir, &overlay.repo_path);
+    let sim = Sim::start(
+        SimFleet::new(FLY_TOKEN)
+            .release_tip(overlay.tip())
+            .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1))))
+            .app(SimApp::new("fleet-reconciler").machine(SimMachine::new("coord0").stopped())),
+    )
+    .await
+    .unwrap();
+    let port = free_port();
+    let config_path = ConfigToml::new(&sim.api_url(), repo_path, dir.path().join("mirror.git"))
+        .app("agents", Some(&sim.health_url_template()))
+        .with(&format!(
+            r#"
+[pools.default]
+actions = {{ low = "restart", medium = "restart", high = "restart", critical = "restart" }}
+[rotation]
+min_drift_age = "0s"
+coordinator = "fleet-reconciler/coord0"
+[server]
+listen = "127.0.0.1:{port}"
+"#
+        ))
+        .write(dir.path().join("fleet-reconciler.toml"));
+    for (key, named) in [(None, "is not set"), (Some("abcd"), "at least 32 bytes")] {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .env("FLEET_RECONCILER_FLY_TOKEN", FLY_TOKEN)
+            .env_remove("FLEET_RECONCILER_RECORD_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(k) = key {
+            cmd.env("FLEET_RECONCILER_RECORD_KEY", k);
+        }
+        let mut child = ChildGuard(cmd.spawn().unwrap());
+        let log = child.drain_stderr();
+        eventually("run exits", Duration::from_secs(30), async || {
+            child.0.try_wait().unwrap().is_some()
+        })
+        .await;
+        let code = child.0.try_wait().unwrap().and_then(|s| s.code());
+        let stderr = log.join().unwrap();
+        assert_eq!(code, Some(2), "{key:?}: {stderr}");
+        assert!(
+            stderr.contains("FLEET_RECONCILER_RECORD_KEY")
+                && stderr.contains("records.key_env")
+                && stderr.contains(named),
+            "{key:?}: {stderr}"
+        );
+    }
+    let m1 = sim.machine("m1").unwrap();
+    assert_eq!(m1.restart_count, 0);
+    assert!(!m1.metadata.contains_key(MARKER_KEY), "{:?}", m1.metadata);
+    sim.shutdown().await;
+}

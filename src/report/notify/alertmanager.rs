@@ -4,7 +4,9 @@
 //! Owns the wire shape (labels, annotations, `startsAt`, `endsAt`,
 //! `generatorURL`), which alerts one Alertmanager has been told are firing
 //! (with their `startsAt`, kept across restarts in the alert state file),
-//! the resolves it is owed, and the delivery loop. Every `update` re-sends
+//! the resolves it is owed, and its request; it is a `sink::Sink`, delivered
+//! by the notifier's one path (a failed post is retried after
+//! `retry_interval`). Every update re-sends
 //! every firing alert with `endsAt` its data's time plus
 //! `alerts.stale_after` (so a live one stays open, and one from a replica
 //! that went quiet or stale expires by itself); an alert that cleared is
@@ -16,17 +18,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
-use tokio_util::sync::CancellationToken;
 
 use super::counter::{DeliveryCounter, DeliveryResult};
 use super::group::Grouped;
 use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
+use super::sink::{AlertChange, Attempt, Change, Sink, Then};
 use crate::config::AlertmanagerConfig;
 use crate::events::DedupKey;
 use crate::model::{AppName, CommitId, MachineId, Severity};
@@ -208,13 +209,14 @@ impl AmSink {
     /// Incidents `stale` says are drawn from too old a view, and those whose
     /// `until` (each alert's `endsAt`) is not ahead of `now`, are left alone
     /// (not posted, not resolved).
-    pub fn update(
-        &self,
-        current: &BTreeMap<DedupKey, Grouped>,
-        stale: &dyn Fn(&crate::events::Alert) -> bool,
-        until: &dyn Fn(&DedupKey, &crate::events::Alert) -> Option<DateTime<Utc>>,
-        now: DateTime<Utc>,
-    ) {
+    fn update(&self, change: &AlertChange<'_>) -> bool {
+        let AlertChange {
+            current,
+            stale,
+            until,
+            now,
+            ..
+        } = *change;
         let mut st = lock(&self.state);
         let st = &mut *st;
         st.quiet.clear();
@@ -277,9 +279,7 @@ impl AmSink {
             st.firing.insert(key.clone(), alert);
         }
         st.due = st.firing.keys().any(|k| !st.quiet.contains(k)) || !st.resolving.is_empty();
-        if st.due {
-            self.wake.notify_one();
-        }
+        st.due
     }
 
     pub fn stats(&self) -> AlertmanagerStats {
@@ -309,68 +309,63 @@ impl AmSink {
         // Owed resolves go out at once; firing alerts with the first update.
         st.due = !st.resolving.is_empty();
     }
+}
 
-    /// Posts what is due until `shutdown`, then once more within `flush`.
-    /// `touch` marks the state changed (for the state file).
-    pub async fn deliver(
-        &self,
-        http: &reqwest::Client,
-        retry_interval: Duration,
-        flush: Duration,
-        shutdown: CancellationToken,
-        touch: impl Fn(),
-    ) {
-        loop {
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = shutdown.cancelled() => break,
-            }
-            if !self.post(http, &touch).await {
-                tokio::select! {
-                    _ = tokio::time::sleep(retry_interval) => {}
-                    _ = shutdown.cancelled() => break,
-                }
-                // Retry even if no update came meanwhile (resolves are owed).
-                self.wake.notify_one();
-            }
-        }
-        let _ = tokio::time::timeout(flush, self.post(http, &touch)).await;
+impl Sink for AmSink {
+    /// Every firing alert and owed resolve, in one post.
+    type Request = Vec<AmAlert>;
+
+    fn id(&self) -> &'static str {
+        "alertmanager"
     }
 
-    /// One post of every firing alert and owed resolve; true when accepted
-    /// (or nothing was due).
-    async fn post(&self, http: &reqwest::Client, touch: &impl Fn()) -> bool {
-        let batch: Vec<AmAlert> = {
-            let mut st = lock(&self.state);
-            if !st.due {
-                return true;
-            }
-            st.due = false;
+    fn wake(&self) -> &tokio::sync::Notify {
+        &self.wake
+    }
+
+    fn take(&self, change: &Change<'_>) -> bool {
+        match change {
+            Change::Alerts(alerts) => self.update(alerts),
+            Change::Swept => false,
+        }
+    }
+
+    fn next(&self) -> Option<Vec<AmAlert>> {
+        let mut st = lock(&self.state);
+        if !st.due {
+            return None;
+        }
+        st.due = false;
+        Some(
             st.firing
                 .iter()
                 .filter(|(key, _)| !st.quiet.contains(*key))
                 .map(|(_, a)| a)
                 .chain(st.resolving.values())
                 .cloned()
-                .collect()
-        };
-        let result = http
-            .post(self.endpoint.expose_secret())
-            .json(&batch)
-            .send()
-            .await;
-        let error = match result {
-            Ok(resp) if resp.status().is_success() => None,
-            Ok(resp) => Some(format!("HTTP {}", resp.status().as_u16())),
-            Err(e) => Some(crate::http::describe(&e)),
-        };
+                .collect(),
+        )
+    }
+
+    fn request(
+        &self,
+        http: &reqwest::Client,
+        batch: &Vec<AmAlert>,
+        _: i64,
+    ) -> reqwest::RequestBuilder {
+        http.post(self.endpoint.expose_secret()).json(batch)
+    }
+
+    /// An accepted post ends the resolves it carried; a failed one is
+    /// retried (firing alerts are re-sent with every update anyway).
+    fn settle(&self, batch: &Vec<AmAlert>, attempt: Attempt, _: DateTime<Utc>) -> Then {
         let mut st = lock(&self.state);
-        match error {
-            None => {
+        match attempt {
+            Attempt::Delivered { .. } => {
                 st.delivered += 1;
                 self.counter.sink("alertmanager", DeliveryResult::Delivered);
                 // Resolves that went out (and did not change since) are done.
-                for a in &batch {
+                for a in batch {
                     if st.resolving.get(&a.fingerprint()) == Some(a) {
                         st.resolving.remove(&a.fingerprint());
                     }
@@ -383,11 +378,9 @@ impl AmSink {
                     alerts = batch.len(),
                     "alerts posted to Alertmanager"
                 );
-                drop(st);
-                touch();
-                true
+                Then::Next
             }
-            Some(error) => {
+            Attempt::Failed { error, .. } => {
                 st.failed_attempts += 1;
                 self.counter.sink("alertmanager", DeliveryResult::Failed);
                 st.due = true;
@@ -400,7 +393,12 @@ impl AmSink {
                         "cannot post alerts to Alertmanager; retrying (firing alerts are re-sent with every sweep)"
                     );
                 }
-                false
+                Then::Retry
+            }
+            // Cut off by the shutdown flush: still owed (and in the state file).
+            Attempt::Interrupted => {
+                st.due = true;
+                Then::Next
             }
         }
     }

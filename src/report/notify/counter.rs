@@ -1,5 +1,6 @@
-//! Delivery events: what happened to one notification at one sink (or to
-//! the alert state file), counted where it happens.
+//! Delivery events: what happened to one notification at one sink (a ping
+//! of a heartbeat, or a write of the alert state file), counted where it
+//! happens.
 //!
 //! Owns [`DeliveryEvent`] and the hook that counts it ([`DeliveryCounter`],
 //! given by whoever exports metrics). The notifier logs each event at the
@@ -8,6 +9,8 @@
 
 use std::fmt;
 use std::sync::Arc;
+
+use super::heartbeat::PingResult;
 
 /// What one sink did with one notification (an Alertmanager post counts as
 /// one notification).
@@ -36,6 +39,8 @@ pub enum DeliveryEvent {
         sink: &'static str,
         result: DeliveryResult,
     },
+    /// How a ping of `alerts.heartbeat[index]` ended.
+    Heartbeat { index: usize, result: PingResult },
     /// A write of the alert state file failed.
     StateWriteFailed,
 }

@@ -1,27 +1,32 @@
-//! Heartbeat pings (`[[alerts.heartbeat]]`): a dead-man's switch. Each
+//! The heartbeat sink (`[[alerts.heartbeat]]`): a dead-man's switch. Each
 //! configured URL is pinged after every successful sweep; the receiver
 //! (healthchecks.io, Cronitor, a PagerDuty heartbeat, an Alertmanager
 //! Watchdog receiver) pages when the pings stop, which is the one page a
 //! daemon that is dead, wedged or unable to sweep cannot send itself.
 //!
-//! Owns the ping requests and their outcome counts. It must never block or
-//! delay a sweep (each ping is a task of its own, bounded by its timeout; a
-//! ping still in flight makes the next one of that URL a skip), never
-//! follow a redirect, never write a ping URL (it embeds the check's secret)
-//! into a log line or an error, and never read the environment (the URLs
-//! arrive as `SecretString`s, see [`heartbeat_urls_from_env`]). Whether a
-//! sweep counted as successful is the caller's to say: it calls [`Heartbeats::ping`]
-//! only then.
+//! Owns what one heartbeat sends for a change (a ping for
+//! [`Change::Swept`], nothing for alerts), its request, and its outcome
+//! counts (`DeliveryEvent::Heartbeat`). It is a [`Sink`] like the webhooks
+//! and Alertmanagers, delivered by the notifier's one path; unlike them a
+//! failed ping is not retried (the next sweep pings again) and it keeps
+//! nothing in the state file. It must never block or delay a sweep (a ping
+//! due or still in flight makes the next one of that URL a skip), never
+//! follow a redirect, never write a ping URL (it embeds the check's
+//! secret) into a log line or an error, and never read the environment
+//! (the URLs arrive as `SecretString`s, see [`heartbeat_urls_from_env`]).
+//! Whether a sweep counted as successful is the caller's to say: it calls
+//! `Notifier::swept` only then.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use secrecy::{ExposeSecret, SecretString};
 
+use super::counter::{DeliveryCounter, DeliveryEvent};
+use super::sink::{Attempt, Change, Sink, Then};
 use super::{NotifyError, check_url};
-use crate::config::{AlertsConfig, HeartbeatMethod};
-use crate::report::metrics::Metrics;
+use crate::config::{AlertsConfig, HeartbeatConfig, HeartbeatMethod};
 
 /// How a ping ended (`result` of `fleet_reconciler_heartbeat_pings_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +35,7 @@ pub enum PingResult {
     Ok,
     /// A transport error, a timeout or any other status.
     Failed,
-    /// The previous ping of the URL was still in flight: none was sent.
+    /// The previous ping of the URL was still due or in flight: none was sent.
     Skipped,
 }
 
@@ -47,30 +52,18 @@ impl PingResult {
 }
 
 /// One configured heartbeat.
-struct Target {
+pub(super) struct Heartbeat {
     index: usize,
     /// The variable the URL came from: what logs name instead of the URL.
     url_env: String,
     url: SecretString,
     method: HeartbeatMethod,
     timeout: Duration,
+    /// A ping is owed (a successful sweep since the last one was sent).
+    due: AtomicBool,
     in_flight: AtomicBool,
-}
-
-/// The heartbeats of `alerts.heartbeat`; cheap to clone.
-#[derive(Clone)]
-pub struct Heartbeats {
-    targets: Arc<Vec<Target>>,
-    http: reqwest::Client,
-    metrics: Option<Arc<Metrics>>,
-}
-
-impl std::fmt::Debug for Heartbeats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Heartbeats")
-            .field("count", &self.targets.len())
-            .finish_non_exhaustive()
-    }
+    wake: tokio::sync::Notify,
+    counter: DeliveryCounter,
 }
 
 /// The ping URL of each `[[alerts.heartbeat]]`, in order, from `lookup`
@@ -94,116 +87,108 @@ pub fn heartbeat_urls_from_env(
         .collect()
 }
 
-impl Heartbeats {
-    /// The heartbeats of `config`, pinging `urls` (one per entry, in
-    /// order); each URL must be https (plain http only to loopback).
-    /// Outcomes are counted in `metrics`, when given.
-    pub fn new(
-        config: &AlertsConfig,
-        urls: Vec<SecretString>,
-        metrics: Option<Arc<Metrics>>,
-    ) -> Result<Heartbeats, NotifyError> {
-        if urls.len() != config.heartbeats.len() {
-            return Err(NotifyError::SecretsMismatch {
-                expected: config.heartbeats.len(),
-                got: urls.len(),
-            });
-        }
-        let mut targets = Vec::with_capacity(urls.len());
-        for (index, (hb, url)) in config.heartbeats.iter().zip(urls).enumerate() {
-            check_url(url.expose_secret()).map_err(|problem| NotifyError::HeartbeatInvalidUrl {
-                index,
-                url_env: hb.url_env.clone(),
-                problem,
-            })?;
-            targets.push(Target {
-                index,
-                url_env: hb.url_env.clone(),
-                url,
-                method: hb.method,
-                timeout: hb.timeout,
-                in_flight: AtomicBool::new(false),
-            });
-        }
-        let http = crate::http::client_builder()
-            // A ping URL is a credential: never sent on to another host.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| NotifyError::Client(crate::http::describe(&e)))?;
-        if let Some(m) = &metrics {
-            m.init_heartbeats(targets.len());
-        }
-        Ok(Heartbeats {
-            targets: Arc::new(targets),
-            http,
-            metrics,
+impl Heartbeat {
+    /// Heartbeat `index` of the config, pinging `url`, which must be https
+    /// (plain http only to loopback).
+    pub(super) fn new(
+        index: usize,
+        config: &HeartbeatConfig,
+        url: SecretString,
+        counter: DeliveryCounter,
+    ) -> Result<Heartbeat, NotifyError> {
+        check_url(url.expose_secret()).map_err(|problem| NotifyError::HeartbeatInvalidUrl {
+            index,
+            url_env: config.url_env.clone(),
+            problem,
+        })?;
+        Ok(Heartbeat {
+            index,
+            url_env: config.url_env.clone(),
+            url,
+            method: config.method,
+            timeout: config.timeout,
+            due: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            counter,
         })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.targets.is_empty()
+    fn count(&self, result: PingResult) {
+        self.counter.count(DeliveryEvent::Heartbeat {
+            index: self.index,
+            result,
+        });
+    }
+}
+
+impl Sink for Heartbeat {
+    type Request = ();
+
+    fn id(&self) -> &'static str {
+        "heartbeat"
     }
 
-    /// Pings every heartbeat in the background and returns at once. Call
-    /// it after a successful sweep only. Must be called inside a Tokio
-    /// runtime.
-    pub fn ping(&self) {
-        for i in 0..self.targets.len() {
-            let Some(target) = self.targets.get(i) else {
-                continue;
-            };
-            // One ping per URL at a time: a receiver slower than the sweep
-            // interval gets skips, not a pile of requests.
-            if target.in_flight.swap(true, Ordering::AcqRel) {
-                tracing::debug!(heartbeat = target.index, url_env = %target.url_env, "heartbeat ping skipped: the previous one is still in flight");
-                self.count(target.index, PingResult::Skipped);
-                continue;
-            }
-            let this = self.clone();
-            tokio::spawn(async move {
-                let Some(target) = this.targets.get(i) else {
-                    return;
-                };
-                let result = this.send(target).await;
-                target.in_flight.store(false, Ordering::Release);
-                this.count(target.index, result);
-            });
+    fn wake(&self) -> &tokio::sync::Notify {
+        &self.wake
+    }
+
+    /// A successful sweep owes one ping. One per URL at a time: a receiver
+    /// slower than the sweep interval gets skips, not a pile of requests.
+    fn take(&self, change: &Change<'_>) -> bool {
+        if !matches!(change, Change::Swept) {
+            return false;
         }
-    }
-
-    /// One request, bounded by the target's timeout; failures logged
-    /// without the URL.
-    async fn send(&self, target: &Target) -> PingResult {
-        let request = match target.method {
-            HeartbeatMethod::Get => self.http.get(target.url.expose_secret()),
-            HeartbeatMethod::Post => self.http.post(target.url.expose_secret()),
-        };
-        let answer = tokio::time::timeout(target.timeout, request.timeout(target.timeout).send())
-            .await
-            .map_err(|_| "request timed out".to_string())
-            .and_then(|r| r.map_err(|e| crate::http::describe(&e)));
-        let problem = match answer {
-            Ok(response) if response.status().is_success() => {
-                tracing::debug!(heartbeat = target.index, url_env = %target.url_env, "heartbeat ping sent");
-                return PingResult::Ok;
-            }
-            Ok(response) => format!("HTTP {}", response.status().as_u16()),
-            Err(e) => e,
-        };
-        tracing::warn!(
-            heartbeat = target.index,
-            url_env = %target.url_env,
-            method = target.method.as_str(),
-            error = %problem,
-            "heartbeat ping failed; the receiver pages if they keep failing"
-        );
-        PingResult::Failed
-    }
-
-    fn count(&self, index: usize, result: PingResult) {
-        if let Some(m) = &self.metrics {
-            m.record_heartbeat(index, result);
+        if self.in_flight.load(Ordering::Acquire) || self.due.swap(true, Ordering::AcqRel) {
+            tracing::debug!(heartbeat = self.index, url_env = %self.url_env, "heartbeat ping skipped: the previous one is still in flight");
+            self.count(PingResult::Skipped);
+            return false;
         }
+        true
+    }
+
+    fn next(&self) -> Option<()> {
+        if !self.due.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.in_flight.store(true, Ordering::Release);
+        Some(())
+    }
+
+    fn request(&self, http: &reqwest::Client, _: &(), _: i64) -> reqwest::RequestBuilder {
+        let request = match self.method {
+            HeartbeatMethod::Get => http.get(self.url.expose_secret()),
+            HeartbeatMethod::Post => http.post(self.url.expose_secret()),
+        };
+        request.timeout(self.timeout)
+    }
+
+    /// Counted and logged without the URL; never retried (the next
+    /// successful sweep pings again).
+    fn settle(&self, _: &(), attempt: Attempt, _: DateTime<Utc>) -> Then {
+        self.in_flight.store(false, Ordering::Release);
+        match attempt {
+            Attempt::Delivered { .. } => {
+                tracing::debug!(heartbeat = self.index, url_env = %self.url_env, "heartbeat ping sent");
+                self.count(PingResult::Ok);
+            }
+            Attempt::Failed { error, .. } => {
+                tracing::warn!(
+                    heartbeat = self.index,
+                    url_env = %self.url_env,
+                    method = self.method.as_str(),
+                    error = %error,
+                    "heartbeat ping failed; the receiver pages if they keep failing"
+                );
+                self.count(PingResult::Failed);
+            }
+            Attempt::Interrupted => {}
+        }
+        Then::Next
+    }
+
+    fn keeps_state(&self) -> bool {
+        false
     }
 }
 
@@ -225,16 +210,52 @@ mod tests {
 
     #[test]
     fn a_missing_or_unsafe_url_is_refused_naming_the_variable_not_the_url() {
-        let e = heartbeat_urls_from_env(&config(1), |_| None).unwrap_err();
+        let c = config(1);
+        let e = heartbeat_urls_from_env(&c, |_| None).unwrap_err();
         assert!(e.to_string().contains("alerts.heartbeat[0]") && e.to_string().contains("HB0"));
-        let e = Heartbeats::new(
-            &config(1),
-            vec!["http://hc.example/ping/s3cret-uuid".into()],
-            None,
-        )
-        .unwrap_err();
+        let Err(e) = Heartbeat::new(
+            0,
+            &c.heartbeats[0],
+            "http://hc.example/ping/s3cret-uuid".into(),
+            DeliveryCounter::default(),
+        ) else {
+            panic!("plain http to a remote host was accepted");
+        };
         let shown = e.to_string();
         assert!(shown.contains("HB0") && shown.contains("https"), "{shown}");
         assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    /// A sweep while a ping is owed or in flight is a skip, counted.
+    #[test]
+    fn a_ping_owed_or_in_flight_makes_the_next_sweep_a_skip() {
+        let c = config(1);
+        let counted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let counter = DeliveryCounter::new({
+            let counted = counted.clone();
+            move |e| counted.lock().unwrap().push(e)
+        });
+        let hb =
+            Heartbeat::new(0, &c.heartbeats[0], "http://127.0.0.1:9/hb".into(), counter).unwrap();
+        assert!(hb.take(&Change::Swept));
+        assert!(!hb.take(&Change::Swept), "owed: skipped");
+        assert_eq!(hb.next(), Some(()));
+        assert!(!hb.take(&Change::Swept), "in flight: skipped");
+        assert_eq!(hb.next(), None);
+        let failed = Attempt::Failed {
+            error: "HTTP 503".into(),
+            status: Some(503),
+        };
+        assert_eq!(hb.settle(&(), failed, Utc::now()), Then::Next);
+        assert!(hb.take(&Change::Swept), "settled: the next sweep pings");
+        let skip = DeliveryEvent::Heartbeat {
+            index: 0,
+            result: PingResult::Skipped,
+        };
+        let fail = DeliveryEvent::Heartbeat {
+            index: 0,
+            result: PingResult::Failed,
+        };
+        assert_eq!(*counted.lock().unwrap(), [skip, skip, fail]);
     }
 }

@@ -6,15 +6,22 @@
 //! with its links (`links`); every other alert is an incident of its own.
 //! Webhooks get the per-sink state machine below, keyed by the incident's
 //! key (a change of its machines is an *update*); Alertmanagers get every
-//! firing incident each `update` (`alertmanager`).
+//! firing incident each `update` (`alertmanager`); heartbeats get a ping
+//! for each successful sweep (`swept`, `heartbeat`).
 //!
-//! Owns, per configured webhook, which alerts that sink has been told about,
-//! the queue of notifications not yet delivered, the dead letters, and the
-//! HTTP delivery with retries: one path for every kind of webhook sink. What
-//! differs between kinds (its id, the secret it needs, which action events
-//! it sends, its request) is a `sink::SinkKind`, one file each (`json`,
-//! `slack`, `pagerduty`); a new kind is its file plus an arm in
-//! `sink::kind`. Each delivery event is counted where it happens
+//! Every sink is a `sink::Sink` (what it takes from a change, its next
+//! request, what it does with the answer), one file each: the webhooks
+//! (`webhook`), `alertmanager` and `heartbeat`; one delivery path
+//! (`Shared::deliver`) drives them all, with the same retry pause,
+//! shutdown flush and state-file writes, and a new sink is its file plus
+//! its arm in `Notifier::with_kinds`. Owns what the sinks share: the
+//! incidents each change offers them, `alert_sink_failing`, the HTTP
+//! client, the delivery loop and the state file (what each webhook was
+//! told, its queue and dead letters are `webhook`'s). What differs between webhook
+//! formats (its id, the secret it needs, which action events it sends, its
+//! body) is a `sink::SinkKind`, one file each (`json`, `slack`,
+//! `pagerduty`); a new format is its file plus an arm in `sink::kind`.
+//! Each delivery event is counted where it happens
 //! ([`DeliveryCounter`]). Which alerts hold is decided before it is
 //! called (`decide::alerts`); it decides only what each sink is told of
 //! them. The sweep hands it the *full* set of
@@ -104,6 +111,7 @@ mod sink;
 mod slack;
 mod store;
 mod voice;
+mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -124,14 +132,16 @@ use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
+use heartbeat::Heartbeat;
 use links::Links;
-use sink::{OnEvent, SinkKind};
+use sink::{AlertChange, Attempt, Change, Driven, OnEvent, Sink, SinkKind, Then};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
+pub use crate::decide::alerts::Seen;
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
-pub use heartbeat::{Heartbeats, PingResult, heartbeat_urls_from_env};
+pub use heartbeat::{PingResult, heartbeat_urls_from_env};
 pub use json::{JSON_SCHEMA_VERSION, SIGNATURE_HEADER, SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, sign};
 pub use links::{MACHINE_URL, RUNBOOK_URL, SEVERITY_RULE, STATUS_URL, TIP, runbook_anchor};
 pub use pagerduty::{
@@ -139,8 +149,8 @@ pub use pagerduty::{
 };
 pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
-pub use voice::Seen;
 use voice::{Freshness, HoldDown};
+use webhook::{Webhook, restore_sinks};
 
 /// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
 /// `min_severity = "high"` to hear that Slack is gone, and the reverse.
@@ -530,8 +540,11 @@ pub struct Notifier {
 }
 
 struct Shared {
-    sinks: Vec<Sink>,
-    alertmanagers: Vec<AmSink>,
+    sinks: Vec<Arc<Webhook>>,
+    alertmanagers: Vec<Arc<AmSink>>,
+    /// Every sink (webhooks, Alertmanagers, heartbeats), as the one
+    /// delivery path drives them.
+    driven: Vec<Arc<dyn Driven>>,
     http: reqwest::Client,
     options: NotifierOptions,
     /// Every alert firing at the last `update`, for one log line per transition.
@@ -549,62 +562,9 @@ struct Shared {
     freshness: Freshness,
 }
 
-struct Sink {
-    index: usize,
-    /// What it sends and how (one file per kind).
-    kind: &'static dyn SinkKind,
-    /// The name of the URL's variable: with the format, the sink's identity
-    /// in the state file (the URL itself is a secret).
-    url_env: String,
-    min_severity: Severity,
-    /// Zero disables repeats.
-    repeat_interval: Duration,
-    secrets: SinkSecrets,
-    state: Mutex<SinkState>,
-    wake: tokio::sync::Notify,
-    /// Counts what happens to its notifications, where it happens.
-    counter: DeliveryCounter,
-}
-
-#[derive(Default)]
-struct SinkState {
-    /// Keys this sink has been sent (or has queued) a trigger for.
-    firing: BTreeMap<DedupKey, Tracked>,
-    /// PagerDuty only: `action_failed` keys triggered and not yet resolved.
-    open_failures: HashSet<DedupKey>,
-    queue: VecDeque<Arc<Notification>>,
-    /// Queued notifications per dedup key (repeats are not stacked behind them).
-    pending: HashMap<DedupKey, usize>,
-    /// Refusals in the current overflow episode (`None`: not overflowing).
-    overflow: Option<u64>,
-    /// Set aside, newest last.
-    dead_letters: VecDeque<DeadLetter>,
-    /// `Some` while the sink dead-letters what it is sent.
-    failing: Option<Failing>,
-    /// Failed attempts since the last success.
-    consecutive_failures: u32,
-    delivered: u64,
-    failed_attempts: u64,
-    dropped: u64,
-    dead_lettered: u64,
-}
-
-struct Tracked {
-    /// The latest version of the alert (for the resolve's summary and fields).
-    alert: Alert,
-    /// The highest severity this sink was notified at since the last resolve.
-    notified_severity: Severity,
-    /// The machines of the group as last notified (a change is an update).
-    members: BTreeSet<String>,
-    last_notified: DateTime<Utc>,
-    /// The last trigger (not a repeat) was dead-lettered: the receiver may
-    /// never have heard of the alert, so it is sent again once the sink recovers.
-    dead_lettered: bool,
-}
-
 impl fmt::Debug for Notifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sinks: Vec<&str> = self.shared.sinks.iter().map(|s| s.kind.id()).collect();
+        let sinks: Vec<&str> = self.shared.driven.iter().map(|s| s.id()).collect();
         f.debug_struct("Notifier")
             .field("sinks", &sinks)
             .field("options", &self.shared.options)
@@ -663,15 +623,37 @@ impl Notifier {
         alertmanagers: Vec<SecretString>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
-        Notifier::with_kinds(config, sinks, alertmanagers, options, sink::kind)
+        Notifier::with_kinds(config, sinks, alertmanagers, None, options, sink::kind)
     }
 
-    /// As `with_sinks`, with `kind_of` saying which kind of sink each
-    /// webhook's format is (a test adds its own kind this way).
+    /// As `with_sinks`, and with `heartbeats[i]` the ping URL of
+    /// `[[alerts.heartbeat]]` `i` (see `heartbeat_urls_from_env`), pinged
+    /// at each [`Notifier::swept`]. `with_sinks` builds no heartbeats.
+    pub fn with_heartbeats(
+        config: &AlertsConfig,
+        sinks: Vec<SinkSecrets>,
+        alertmanagers: Vec<SecretString>,
+        heartbeats: Vec<SecretString>,
+        options: NotifierOptions,
+    ) -> Result<Notifier, NotifyError> {
+        Notifier::with_kinds(
+            config,
+            sinks,
+            alertmanagers,
+            Some(heartbeats),
+            options,
+            sink::kind,
+        )
+    }
+
+    /// As `with_heartbeats`, with `kind_of` saying which kind of sink each
+    /// webhook's format is (a test adds its own kind this way). Each
+    /// configured sink is built here, one arm per config table.
     fn with_kinds(
         config: &AlertsConfig,
         sinks: Vec<SinkSecrets>,
         alertmanagers: Vec<SecretString>,
+        heartbeats: Option<Vec<SecretString>>,
         options: NotifierOptions,
         kind_of: fn(crate::config::WebhookFormat) -> &'static dyn SinkKind,
     ) -> Result<Notifier, NotifyError> {
@@ -689,15 +671,33 @@ impl Notifier {
             .zip(alertmanagers)
             .enumerate()
             .map(|(index, (am, url))| {
-                AmSink::new(index, am, url.expose_secret(), options.counter.clone()).map_err(
-                    |problem| NotifyError::AlertmanagerInvalidUrl {
+                AmSink::new(index, am, url.expose_secret(), options.counter.clone())
+                    .map(Arc::new)
+                    .map_err(|problem| NotifyError::AlertmanagerInvalidUrl {
                         index,
                         url_env: am.url_env.clone(),
                         problem,
-                    },
-                )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let heartbeats = match heartbeats {
+            None => Vec::new(),
+            Some(urls) if urls.len() != config.heartbeats.len() => {
+                return Err(NotifyError::SecretsMismatch {
+                    expected: config.heartbeats.len(),
+                    got: urls.len(),
+                });
+            }
+            Some(urls) => config
+                .heartbeats
+                .iter()
+                .zip(urls)
+                .enumerate()
+                .map(|(index, (hb, url))| {
+                    Heartbeat::new(index, hb, url, options.counter.clone()).map(Arc::new)
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         let sinks = config
             .webhooks
             .iter()
@@ -705,7 +705,7 @@ impl Notifier {
             .enumerate()
             .map(|(index, (hook, secrets))| {
                 let kind = kind_of(hook.format);
-                Sink::new(index, hook, kind, secrets, options.counter.clone())
+                Webhook::new(index, hook, kind, secrets, &options).map(Arc::new)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let http = crate::http::client_builder()
@@ -734,10 +734,15 @@ impl Notifier {
             .map(|a| (a.dedup_key(), a.clone()))
             .collect();
         let links = Links::new(config, options.public_url.clone());
+        let mut driven: Vec<Arc<dyn Driven>> = Vec::new();
+        driven.extend(sinks.iter().map(|s| s.clone() as Arc<dyn Driven>));
+        driven.extend(alertmanagers.iter().map(|s| s.clone() as Arc<dyn Driven>));
+        driven.extend(heartbeats.into_iter().map(|s| s as Arc<dyn Driven>));
         Ok(Notifier {
             shared: Arc::new(Shared {
                 sinks,
                 alertmanagers,
+                driven,
                 http,
                 options,
                 fired: Mutex::new(fired),
@@ -752,6 +757,15 @@ impl Notifier {
                 },
             }),
         })
+    }
+
+    /// This notifier with `sink` driven too: what a config arm in
+    /// `with_kinds` does for a sink it builds (a test adds its own this way).
+    #[cfg(test)]
+    fn adding(mut self, sink: Arc<dyn Driven>) -> Notifier {
+        let shared = Arc::get_mut(&mut self.shared).expect("a notifier not yet shared");
+        shared.driven.push(sink);
+        self
     }
 
     /// The alerts that were firing when the state file was written (empty
@@ -811,27 +825,28 @@ impl Notifier {
         };
         let fresh = self.shared.freshness;
         let stale = |a: &Alert| fresh.stale(a, seen, now);
-        let capacity = self.shared.options.queue_capacity;
-        let links = &self.shared.links;
-        for sink in &self.shared.sinks {
-            let queued = {
-                let mut state = lock(&sink.state);
-                let frozen = sink.frozen(&state, &current, &stale);
-                sink.plan(&mut state, &current, &frozen, events, links, now, capacity)
-            };
-            if queued > 0 {
-                sink.wake.notify_one();
-            }
-        }
         // A held incident is asserted from its last sighting, not refreshed.
         let until = |key: &DedupKey, a: &Alert| match held.get(key) {
             Some(t) => Some(*t),
             None => fresh.valid_until(a, seen, now),
         };
-        for am in &self.shared.alertmanagers {
-            am.update(&current, &stale, &until, now);
-        }
+        let change = AlertChange {
+            current: &current,
+            stale: &stale,
+            until: &until,
+            events,
+            links: &self.shared.links,
+            now,
+            capacity: self.shared.options.queue_capacity,
+        };
+        self.shared.offer(&Change::Alerts(&change));
         self.shared.touch();
+    }
+
+    /// Says a sweep succeeded (listed machines): each heartbeat pings. Call
+    /// it after such a sweep only; never waits on the network.
+    pub fn swept(&self) {
+        self.shared.offer(&Change::Swept);
     }
 
     /// The incidents `alerts` make: grouped by `alerts.group_by`, each
@@ -956,22 +971,13 @@ impl Notifier {
         let shared = &self.shared;
         let saver_stop = CancellationToken::new();
         let deliveries = async {
-            let alertmanagers = futures::future::join_all(shared.alertmanagers.iter().map(|am| {
-                am.deliver(
-                    &shared.http,
-                    shared.options.retry_interval,
-                    shared.options.flush_deadline,
-                    shutdown.clone(),
-                    || shared.touch(),
-                )
-            }));
-            let webhooks = futures::future::join_all(
+            futures::future::join_all(
                 shared
-                    .sinks
+                    .driven
                     .iter()
-                    .map(|sink| shared.deliver(sink, shutdown.clone())),
-            );
-            tokio::join!(webhooks, alertmanagers);
+                    .map(|sink| sink.deliver(shared, shutdown.clone())),
+            )
+            .await;
             saver_stop.cancel();
         };
         tokio::join!(deliveries, shared.save_loop(saver_stop.clone()));
@@ -1012,7 +1018,7 @@ impl Notifier {
         self.shared
             .alertmanagers
             .iter()
-            .map(AmSink::stats)
+            .map(|am| am.stats())
             .collect()
     }
 
@@ -1034,57 +1040,8 @@ impl Notifier {
     }
 }
 
-/// Gives each configured sink the saved state of the same format and URL
-/// variable (in order, when several share both); saved sinks no longer
-/// configured are dropped with a WARN.
-fn restore_sinks(sinks: &[Sink], saved: Vec<SavedSink>) {
-    let mut saved: Vec<Option<SavedSink>> = saved.into_iter().map(Some).collect();
-    for sink in sinks {
-        let slot = saved.iter_mut().find(|s| {
-            s.as_ref()
-                .is_some_and(|s| s.format == sink.kind.id() && s.url_env == sink.url_env)
-        });
-        let Some(s) = slot.and_then(Option::take) else {
-            continue;
-        };
-        let mut st = lock(&sink.state);
-        st.firing = s
-            .firing
-            .into_iter()
-            .map(|(k, t)| {
-                let t = Tracked {
-                    alert: t.alert,
-                    notified_severity: t.notified_severity,
-                    members: t.members,
-                    last_notified: t.last_notified,
-                    dead_lettered: t.dead_lettered,
-                };
-                (k, t)
-            })
-            .collect();
-        st.open_failures = s.open_failures.into_iter().collect();
-        for n in s.queue {
-            *st.pending.entry(n.dedup_key.clone()).or_default() += 1;
-            st.queue.push_back(Arc::new(n));
-        }
-        st.dead_letters = s.dead_letters.into();
-        st.failing = s.failing;
-        st.consecutive_failures = s.consecutive_failures;
-    }
-    for s in saved.into_iter().flatten() {
-        tracing::warn!(
-            sink_format = %s.format,
-            url_env = %s.url_env,
-            queued = s.queue.len(),
-            firing = s.firing.len(),
-            dead_letters = s.dead_letters.len(),
-            "alert state of a webhook that is no longer configured is dropped"
-        );
-    }
-}
-
 /// Gives each configured Alertmanager the saved state of the same `url_env`.
-fn restore_alertmanagers(ams: &[AmSink], saved: Vec<alertmanager::SavedAm>) {
+fn restore_alertmanagers(ams: &[Arc<AmSink>], saved: Vec<alertmanager::SavedAm>) {
     let mut saved: Vec<Option<alertmanager::SavedAm>> = saved.into_iter().map(Some).collect();
     for am in ams {
         let slot = saved
@@ -1101,458 +1058,6 @@ fn restore_alertmanagers(ams: &[AmSink], saved: Vec<alertmanager::SavedAm>) {
             resolving = s.resolving.len(),
             "alert state of an Alertmanager that is no longer configured is dropped"
         );
-    }
-}
-
-impl Sink {
-    fn new(
-        index: usize,
-        hook: &WebhookConfig,
-        kind: &'static dyn SinkKind,
-        secrets: SinkSecrets,
-        counter: DeliveryCounter,
-    ) -> Result<Sink, NotifyError> {
-        check_url(secrets.url.expose_secret()).map_err(|problem| NotifyError::InvalidUrl {
-            index,
-            url_env: hook.url_env.clone(),
-            problem,
-        })?;
-        let missing = |what| NotifyError::MissingSecret {
-            index,
-            format: kind.id(),
-            what,
-        };
-        if let Some(what) = kind.missing_secret(hook, &secrets) {
-            return Err(missing(what));
-        }
-        // Unsigned bodies to a receiver configured to verify them would all be rejected.
-        if hook.secret_env.is_some() && exposed(&secrets.hmac_secret).is_none_or(str::is_empty) {
-            return Err(missing("HMAC secret"));
-        }
-        Ok(Sink {
-            index,
-            kind,
-            url_env: hook.url_env.clone(),
-            min_severity: hook.min_severity,
-            repeat_interval: hook.repeat_interval,
-            secrets,
-            state: Mutex::new(SinkState::default()),
-            wake: tokio::sync::Notify::new(),
-            counter,
-        })
-    }
-
-    /// Turns the alerts holding now and this sweep's events into this sink's
-    /// notifications; returns how many were queued.
-    #[allow(clippy::too_many_arguments)]
-    fn plan(
-        &self,
-        st: &mut SinkState,
-        current: &BTreeMap<DedupKey, Grouped>,
-        frozen: &BTreeSet<DedupKey>,
-        events: &[ActionEvent],
-        links: &Links,
-        now: DateTime<Utc>,
-        capacity: usize,
-    ) -> usize {
-        let refused_before = st.dropped;
-        // Resolves first: after a release, the old target's alerts clear
-        // before the new target's fire.
-        let mut queued = self.plan_resolves(st, current, frozen, now, capacity);
-        queued += self.plan_alerts(st, current, frozen, now, capacity);
-        queued += self.plan_events(st, events, links, capacity);
-        if st.dropped == refused_before && st.queue.len() < capacity {
-            self.end_overflow(st);
-        }
-        queued
-    }
-
-    /// The keys this sink is told nothing about now: every incident of
-    /// data too old to speak from (`stale`), tracked or new; and while the
-    /// sink is failing, sinks failing (it would only dead-letter that too,
-    /// or that they recovered).
-    fn frozen(
-        &self,
-        st: &SinkState,
-        current: &BTreeMap<DedupKey, Grouped>,
-        stale: &dyn Fn(&Alert) -> bool,
-    ) -> BTreeSet<DedupKey> {
-        let mut frozen: BTreeSet<DedupKey> = st
-            .firing
-            .iter()
-            .filter(|(k, t)| stale(current.get(*k).map_or(&t.alert, |g| &g.alert)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        frozen.extend(
-            current
-                .iter()
-                .filter(|(_, g)| stale(&g.alert))
-                .map(|(k, _)| k.clone()),
-        );
-        if st.failing.is_some() {
-            frozen.insert(sink_failing_key());
-        }
-        frozen
-    }
-
-    /// Resolves the tracked alerts that no longer hold (but the `frozen`
-    /// ones); returns how many were queued.
-    fn plan_resolves(
-        &self,
-        st: &mut SinkState,
-        current: &BTreeMap<DedupKey, Grouped>,
-        frozen: &BTreeSet<DedupKey>,
-        now: DateTime<Utc>,
-        capacity: usize,
-    ) -> usize {
-        let mut queued = 0;
-        let cleared: Vec<DedupKey> = st
-            .firing
-            .keys()
-            .filter(|k| !current.contains_key(*k) && !frozen.contains(*k))
-            .cloned()
-            .collect();
-        for key in cleared {
-            let n = Notification::resolve(&st.firing[&key].alert, &key, now);
-            if self.push(st, n, capacity) {
-                st.firing.remove(&key);
-                queued += 1;
-            } // else: still tracked, so the next sweep offers the resolve again.
-        }
-        queued
-    }
-
-    /// Triggers the alerts that newly hold, and re-notifies the tracked ones
-    /// that escalated, changed members or are due a repeat (but the `frozen`
-    /// one); returns how many were queued.
-    fn plan_alerts(
-        &self,
-        st: &mut SinkState,
-        current: &BTreeMap<DedupKey, Grouped>,
-        frozen: &BTreeSet<DedupKey>,
-        now: DateTime<Utc>,
-        capacity: usize,
-    ) -> usize {
-        let mut queued = 0;
-        let repeat = chrono::Duration::from_std(self.repeat_interval).ok();
-        for (key, g) in current {
-            let alert = &g.alert;
-            if frozen.contains(key) {
-                continue;
-            }
-            match st.firing.get_mut(key) {
-                None if alert.severity < self.min_severity => {}
-                None => {
-                    if self.push(st, Notification::trigger(alert, key, false, now), capacity) {
-                        queued += 1;
-                        st.firing.insert(
-                            key.clone(),
-                            Tracked {
-                                alert: alert.clone(),
-                                notified_severity: alert.severity,
-                                members: g.members.clone(),
-                                last_notified: now,
-                                dead_lettered: false,
-                            },
-                        );
-                    }
-                }
-                Some(t) => {
-                    // A state file from before grouping knows no members: adopt them.
-                    if t.members.is_empty() {
-                        t.members = g.members.clone();
-                    }
-                    queued += self.plan_tracked(st, key, g, repeat, now, capacity);
-                }
-            }
-        }
-        queued
-    }
-
-    /// One alert already tracked under `key`: notifies it again when it
-    /// escalated, its members changed or a repeat is due, and keeps what was
-    /// notified; returns how many were queued (0 or 1).
-    fn plan_tracked(
-        &self,
-        st: &mut SinkState,
-        key: &DedupKey,
-        g: &Grouped,
-        repeat: Option<chrono::Duration>,
-        now: DateTime<Utc>,
-        capacity: usize,
-    ) -> usize {
-        let alert = &g.alert;
-        let wanted = alert.severity >= self.min_severity;
-        let quiet = !st.pending.contains_key(key);
-        let t = st.firing.get(key).expect("checked above");
-        let escalated = alert.severity > t.notified_severity && wanted;
-        // Machines joined or converged: the incident is updated
-        // (not while an earlier notification of it waits).
-        let changed = t.members != g.members && wanted && quiet;
-        let repeat_due =
-            wanted && repeat.is_some_and(|r| !r.is_zero() && now - t.last_notified >= r) && quiet;
-        let n = Notification {
-            update: changed && !escalated,
-            ..Notification::trigger(alert, key, !escalated && !changed, now)
-        };
-        let sent = (escalated || changed || repeat_due) && self.push(st, n, capacity);
-        let t = st.firing.get_mut(key).expect("checked above");
-        if sent {
-            t.members = g.members.clone();
-            t.last_notified = now;
-            t.notified_severity = t.notified_severity.max(alert.severity);
-            if escalated {
-                t.dead_lettered = false;
-            }
-        }
-        if alert.severity < t.notified_severity && !escalated {
-            // Fell: remember, so that rising again re-notifies.
-            t.notified_severity = alert.severity;
-        }
-        t.alert = alert.clone();
-        usize::from(sent)
-    }
-
-    /// This sweep's action events, as the sink's kind wants them
-    /// ([`SinkKind::on_event`]); returns how many were queued.
-    fn plan_events(
-        &self,
-        st: &mut SinkState,
-        events: &[ActionEvent],
-        links: &Links,
-        capacity: usize,
-    ) -> usize {
-        let mut queued = 0;
-        for e in events {
-            let wanted = e.severity >= self.min_severity;
-            let failure_key = event_key(EventKind::ActionFailed, e);
-            let failure_open = st.open_failures.contains(&failure_key);
-            match self.kind.on_event(e.kind, wanted, failure_open) {
-                OnEvent::Skip => {}
-                OnEvent::Send => {
-                    queued += usize::from(self.push(st, Notification::event(e, links), capacity));
-                }
-                OnEvent::OpenFailure => {
-                    if self.push(st, Notification::event(e, links), capacity) {
-                        st.open_failures.insert(failure_key);
-                        queued += 1;
-                    }
-                }
-                OnEvent::ResolveFailure => {
-                    let n = Notification {
-                        status: Status::Resolved,
-                        dedup_key: failure_key.clone(),
-                        ..Notification::event(e, links)
-                    };
-                    if self.push(st, n, capacity) {
-                        st.open_failures.remove(&failure_key);
-                        queued += 1;
-                    }
-                }
-            }
-        }
-        queued
-    }
-
-    /// Appends to the queue, or counts a refusal when it is full.
-    fn push(&self, st: &mut SinkState, n: Notification, capacity: usize) -> bool {
-        if st.queue.len() >= capacity {
-            st.dropped += 1;
-            self.counter.sink(self.kind.id(), DeliveryResult::Dropped);
-            let episode = st.overflow.get_or_insert(0);
-            *episode += 1;
-            if *episode == 1 {
-                tracing::error!(
-                    sink_format = self.kind.id(),
-                    sink_index = self.index,
-                    capacity,
-                    event = n.event.as_str(),
-                    "webhook queue full (receiver failing for long?): alert changes wait for a later sweep and one-shot events are dropped until it drains"
-                );
-            }
-            return false;
-        }
-        *st.pending.entry(n.dedup_key.clone()).or_default() += 1;
-        st.queue.push_back(Arc::new(n));
-        true
-    }
-
-    /// Ends an overflow episode once a whole `plan` went by without a refusal.
-    fn end_overflow(&self, st: &mut SinkState) {
-        if let Some(refused) = st.overflow.take() {
-            tracing::warn!(
-                sink_format = self.kind.id(),
-                sink_index = self.index,
-                refused,
-                "webhook queue has room again"
-            );
-        }
-    }
-
-    fn front(&self) -> Option<Arc<Notification>> {
-        lock(&self.state).queue.front().cloned()
-    }
-
-    /// Removes `n` from the head of the queue (if it is still there).
-    fn pop(st: &mut SinkState, n: &Arc<Notification>) -> bool {
-        if !st.queue.front().is_some_and(|f| Arc::ptr_eq(f, n)) {
-            return false;
-        }
-        st.queue.pop_front();
-        if let Some(count) = st.pending.get_mut(&n.dedup_key) {
-            *count -= 1;
-            if *count == 0 {
-                st.pending.remove(&n.dedup_key);
-            }
-        }
-        true
-    }
-
-    /// Removes the delivered head of the queue; the first success of a
-    /// failing sink ends its episode.
-    fn delivered(&self, n: &Arc<Notification>) {
-        let mut st = lock(&self.state);
-        Sink::pop(&mut st, n);
-        st.delivered += 1;
-        self.counter.sink(self.kind.id(), DeliveryResult::Delivered);
-        st.consecutive_failures = 0;
-        if st.failing.is_some() {
-            self.recover(&mut st);
-        }
-    }
-
-    /// A failed attempt of the head `n` at `now`: true when it was
-    /// dead-lettered (the sink goes on with the next notification), false to
-    /// retry it later.
-    fn failed(
-        &self,
-        n: &Arc<Notification>,
-        error: &str,
-        permanent: bool,
-        limit: u32,
-        now: DateTime<Utc>,
-    ) -> bool {
-        let mut st = lock(&self.state);
-        st.failed_attempts += 1;
-        self.counter.sink(self.kind.id(), DeliveryResult::Failed);
-        st.consecutive_failures = st.consecutive_failures.saturating_add(1);
-        let dead =
-            permanent || st.failing.is_some() || (limit > 0 && st.consecutive_failures >= limit);
-        if !dead {
-            return false;
-        }
-        if !Sink::pop(&mut st, n) {
-            return true;
-        }
-        if st.failing.is_none() {
-            tracing::error!(
-                sink_format = self.kind.id(),
-                sink_index = self.index,
-                url_env = %self.url_env,
-                error,
-                consecutive_failures = st.consecutive_failures,
-                "webhook is failing: its notifications are dead-lettered (one attempt each) until one is delivered; the other webhooks get alert_sink_failing"
-            );
-            st.failing = Some(Failing {
-                since: now,
-                reason: error.to_owned(),
-            });
-        }
-        if n.status == Status::Firing
-            && !n.repeat
-            && let Some(t) = st.firing.get_mut(&n.dedup_key)
-        {
-            t.dead_lettered = true;
-        }
-        tracing::warn!(
-            event = n.event.as_str(),
-            status = n.status.as_str(),
-            repeat = n.repeat,
-            app = Notification::field(n.app.as_ref().map(AppName::as_str)),
-            machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
-            commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
-            severity = %n.severity,
-            sink_format = self.kind.id(),
-            sink_index = self.index,
-            error,
-            "webhook notification dead-lettered"
-        );
-        st.dead_letters.push_back(DeadLetter {
-            notification: (**n).clone(),
-            error: error.to_owned(),
-            at: now,
-        });
-        while st.dead_letters.len() > DEAD_LETTERS_KEPT {
-            st.dead_letters.pop_front();
-        }
-        st.dead_lettered += 1;
-        self.counter
-            .sink(self.kind.id(), DeliveryResult::DeadLettered);
-        true
-    }
-
-    /// Ends a failing episode: dead-lettered triggers of alerts still firing
-    /// are forgotten (the next `update` triggers them again) and the last
-    /// dead-lettered resolve of each alert no longer firing is queued again.
-    fn recover(&self, st: &mut SinkState) {
-        let failing = st.failing.take();
-        let mut resolves: BTreeMap<DedupKey, usize> = BTreeMap::new();
-        for (i, d) in st.dead_letters.iter().enumerate() {
-            let n = &d.notification;
-            if n.status == Status::Resolved && !st.firing.contains_key(&n.dedup_key) {
-                resolves.insert(n.dedup_key.clone(), i);
-            }
-        }
-        let mut again: Vec<usize> = resolves.into_values().collect();
-        again.sort_unstable();
-        for i in again.iter().rev() {
-            if let Some(d) = st.dead_letters.remove(*i) {
-                *st.pending
-                    .entry(d.notification.dedup_key.clone())
-                    .or_default() += 1;
-                // Behind what is queued: older than it, but about alerts that are not firing.
-                st.queue.push_back(Arc::new(d.notification));
-            }
-        }
-        let before = st.firing.len();
-        st.firing.retain(|_, t| !t.dead_lettered);
-        tracing::warn!(
-            sink_format = self.kind.id(),
-            sink_index = self.index,
-            failing_since = %failing.map(|f| rfc3339(f.since)).unwrap_or_default(),
-            dead_letters = st.dead_letters.len(),
-            resolves_requeued = again.len(),
-            triggers_resent = before - st.firing.len(),
-            "webhook recovered: delivering again"
-        );
-    }
-
-    /// This sink's part of the state file.
-    fn saved(&self) -> SavedSink {
-        let st = lock(&self.state);
-        SavedSink {
-            format: self.kind.id().to_owned(),
-            url_env: self.url_env.clone(),
-            firing: st
-                .firing
-                .iter()
-                .map(|(k, t)| {
-                    let t = SavedTracked {
-                        alert: t.alert.clone(),
-                        notified_severity: t.notified_severity,
-                        members: t.members.clone(),
-                        last_notified: t.last_notified,
-                        dead_lettered: t.dead_lettered,
-                    };
-                    (k.clone(), t)
-                })
-                .collect(),
-            open_failures: st.open_failures.iter().cloned().collect(),
-            queue: st.queue.iter().map(|n| (**n).clone()).collect(),
-            dead_letters: st.dead_letters.iter().cloned().collect(),
-            failing: st.failing.clone(),
-            consecutive_failures: st.consecutive_failures,
-        }
     }
 }
 
@@ -1584,20 +1089,6 @@ fn check_url(raw: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// How one attempt ended.
-enum Outcome {
-    Delivered,
-    /// `permanent`: the receiver refused this for good (a 4xx other than
-    /// 408 and 429); retrying the same request cannot help.
-    Failed {
-        error: String,
-        permanent: bool,
-    },
-    /// The shutdown flush deadline passed: not the receiver's fault, the
-    /// notification stays queued (and in the state file).
-    Interrupted,
-}
-
 impl Shared {
     /// Marks the state changed and wakes the writer.
     fn touch(&self) {
@@ -1614,8 +1105,8 @@ impl Shared {
             version: STATE_VERSION,
             saved_at: now,
             alerts,
-            sinks: self.sinks.iter().map(Sink::saved).collect(),
-            alertmanagers: self.alertmanagers.iter().map(AmSink::saved).collect(),
+            sinks: self.sinks.iter().map(|s| s.saved()).collect(),
+            alertmanagers: self.alertmanagers.iter().map(|s| s.saved()).collect(),
         }
     }
 
@@ -1680,36 +1171,35 @@ impl Shared {
         }
     }
 
-    /// The delivery loop of one sink.
-    async fn deliver(&self, sink: &Sink, shutdown: CancellationToken) {
+    /// Offers `change` to every sink and wakes those it made due.
+    fn offer(&self, change: &Change<'_>) {
+        for sink in &self.driven {
+            if sink.take(change) {
+                sink.notify();
+            }
+        }
+    }
+
+    /// The delivery loop of one sink, the same for every kind: deliver
+    /// what is due in order, pause `retry_interval` when the sink asks to
+    /// retry, and once shutdown is requested keep going only until
+    /// `flush_deadline`.
+    async fn deliver<S: Sink>(&self, sink: &S, shutdown: CancellationToken) {
         // Set once shutdown is requested: the end of the final flush.
         let mut deadline: Option<Instant> = None;
         loop {
             let mut paused = false;
-            while let Some(n) = sink.front() {
-                match self.attempt(sink, &n, &shutdown, &mut deadline).await {
-                    Outcome::Delivered => sink.delivered(&n),
-                    Outcome::Interrupted => {
-                        paused = true;
-                        break;
-                    }
-                    Outcome::Failed { error, permanent } => {
-                        let dead = sink.failed(
-                            &n,
-                            &error,
-                            permanent,
-                            self.options.dead_letter_after,
-                            self.options.clock.now(),
-                        );
-                        if !dead {
-                            self.log_failure(sink, &n, &error);
-                            self.touch();
-                            paused = true;
-                            break;
-                        }
-                    }
+            while let Some(r) = sink.next() {
+                let attempt = self.attempt(sink, &r, &shutdown, &mut deadline).await;
+                let interrupted = matches!(attempt, Attempt::Interrupted);
+                let then = sink.settle(&r, attempt, self.options.clock.now());
+                if sink.keeps_state() {
+                    self.touch();
                 }
-                self.touch();
+                if interrupted || then == Then::Retry {
+                    paused = true;
+                    break;
+                }
             }
             if deadline.is_some() {
                 break;
@@ -1723,69 +1213,27 @@ impl Shared {
                 }
             } else {
                 tokio::select! {
-                    _ = sink.wake.notified() => {}
+                    _ = sink.wake().notified() => {}
                     _ = shutdown.cancelled() => {
                         deadline = Some(Instant::now() + self.options.flush_deadline);
                     }
                 }
             }
         }
-        let left = lock(&sink.state).queue.len();
-        if left > 0 {
-            let kept = if self.store.is_some() {
-                "kept in the alert state file for the next start"
-            } else {
-                "lost (no alert state file)"
-            };
-            tracing::warn!(
-                sink_format = sink.kind.id(),
-                sink_index = sink.index,
-                undelivered = left,
-                "webhook notifications left undelivered at shutdown: {kept}"
-            );
-        }
+        sink.stopped(self.store.is_some());
     }
 
-    fn log_failure(&self, sink: &Sink, n: &Notification, error: &str) {
-        let queued = lock(&sink.state).queue.len();
-        tracing::warn!(
-            event = n.event.as_str(),
-            status = n.status.as_str(),
-            repeat = n.repeat,
-            app = Notification::field(n.app.as_ref().map(AppName::as_str)),
-            machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
-            commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
-            severity = %n.severity,
-            sink_format = sink.kind.id(),
-            sink_index = sink.index,
-            error = %error,
-            queued,
-            retry_in = %humantime::format_duration(self.options.retry_interval),
-            "webhook delivery failed; will retry"
-        );
-    }
-
-    /// One delivery attempt of `n`; a delivery is logged here, a failure by
-    /// the caller (which knows whether it is retried or dead-lettered).
-    async fn attempt(
+    /// One attempt of `r`; the sink logs and counts how it ended.
+    async fn attempt<S: Sink>(
         &self,
-        sink: &Sink,
-        n: &Notification,
+        sink: &S,
+        r: &S::Request,
         shutdown: &CancellationToken,
         deadline: &mut Option<Instant>,
-    ) -> Outcome {
-        let rendered = sink
-            .kind
-            .render(n, &sink.secrets, self.options.clock.now().timestamp());
-        let mut request = self
-            .http
-            .post(sink.secrets.url.expose_secret())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(rendered.body);
-        for (name, value) in rendered.headers {
-            request = request.header(name, value);
-        }
-        let send = request.send();
+    ) -> Attempt {
+        let send = sink
+            .request(&self.http, r, self.options.clock.now().timestamp())
+            .send();
         tokio::pin!(send);
         let flush = self.options.flush_deadline;
         let result = match *deadline {
@@ -1801,40 +1249,23 @@ impl Shared {
             },
         };
         // The response body is never read: it may echo what we sent.
-        let failed = |error: String, permanent| Outcome::Failed { error, permanent };
-        let resp = match result {
-            None => return Outcome::Interrupted,
-            Some(Err(e)) => return failed(crate::http::describe(&e), false),
-            Some(Ok(resp)) => resp,
-        };
-        let status = resp.status();
-        let code = status.as_u16();
-        if status.is_success() {
-            tracing::info!(
-                event = n.event.as_str(),
-                status = n.status.as_str(),
-                repeat = n.repeat,
-                app = Notification::field(n.app.as_ref().map(AppName::as_str)),
-                machine_id = Notification::field(n.machine_id.as_ref().map(MachineId::as_str)),
-                commit = Notification::field(n.commit.as_ref().map(CommitId::as_str)),
-                severity = %n.severity,
-                sink_format = sink.kind.id(),
-                sink_index = sink.index,
-                http_status = code,
-                "webhook delivered"
-            );
-            return Outcome::Delivered;
+        match result {
+            None => Attempt::Interrupted,
+            Some(Err(e)) => Attempt::Failed {
+                error: crate::http::describe(&e),
+                status: None,
+            },
+            Some(Ok(resp)) if resp.status().is_success() => Attempt::Delivered {
+                status: resp.status().as_u16(),
+            },
+            Some(Ok(resp)) => {
+                let code = resp.status().as_u16();
+                Attempt::Failed {
+                    error: format!("HTTP {code}"),
+                    status: Some(code),
+                }
+            }
         }
-        if status.is_redirection() {
-            return failed(
-                format!("HTTP {code}: redirect refused (update the webhook URL)"),
-                false,
-            );
-        }
-        // 404/410: the webhook is gone; 401/403: refused credentials;
-        // 400/413/422: this body is refused. 408 and 429 ask for a retry.
-        let permanent = status.is_client_error() && !matches!(code, 408 | 429);
-        failed(format!("HTTP {code}"), permanent)
     }
 }
 

@@ -16,40 +16,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::group::Grouped;
+use crate::decide::alerts::Seen;
 use crate::events::{Alert, AlertKind, DedupKey};
-use crate::model::{AppName, CommitId};
-
-/// When this replica last saw the fleet and each app, by its own clock: what
-/// an alert's data is as old as.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Seen {
-    /// The last successful sweep (`None`: none yet in this run).
-    pub sweep: Option<DateTime<Utc>>,
-    /// Apps the last successful sweep could not list, with their last
-    /// listing (`None`: never in this run); the others were seen at `sweep`.
-    pub unlisted: BTreeMap<AppName, Option<DateTime<Utc>>>,
-    /// The release tip of the last successful sweep: an incident of another
-    /// tip is over (a new release is a new incident), hold-down or not.
-    pub tip: Option<CommitId>,
-}
-
-impl Seen {
-    /// Everything seen at `now` (a test's or a caller's without sweeps).
-    pub fn fresh(now: DateTime<Utc>) -> Seen {
-        Seen {
-            sweep: Some(now),
-            ..Seen::default()
-        }
-    }
-
-    /// When the data `alert` was drawn from was seen (`None`: never).
-    fn of(&self, alert: &Alert) -> Option<DateTime<Utc>> {
-        match alert.app.as_ref().and_then(|app| self.unlisted.get(app)) {
-            Some(listed) => *listed,
-            None => self.sweep,
-        }
-    }
-}
 
 /// Alerts about this replica itself, not about what it sees: always spoken.
 fn own(kind: AlertKind) -> bool {
@@ -210,7 +178,7 @@ impl HoldDown {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Severity;
+    use crate::model::{CommitId, Severity};
     use std::collections::BTreeSet;
 
     fn t(secs: i64) -> DateTime<Utc> {

@@ -84,6 +84,7 @@ impl Conf {
             max_concurrent_rotations: NonZeroU32::new(u32::from(self.cap()))
                 .unwrap_or(NonZeroU32::MIN),
             actions: ActionMap::from(actions),
+            ..PoolConfig::default()
         };
         let mut policy = Policy::default().with_pool(POOL, pool);
         let r = &mut policy.rotation;

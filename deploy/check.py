@@ -415,6 +415,8 @@ CONFIG_TABLES = {
     "severity[]": "[[severity]]",
     "rotation": "[rotation]",
     "release": "[release]",
+    "gates": "[gates]",
+    "gates.alertmanager": "[gates.alertmanager]",
     "alerts": "[alerts]",
     "alerts.webhooks[]": "[[alerts.webhooks]]",
     "alerts.alertmanager[]": "[[alerts.alertmanager]]",

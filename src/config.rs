@@ -74,7 +74,43 @@ pub struct Config {
     pub server: ServerConfig,
     pub records: RecordsConfig,
     pub release: ReleaseConfig,
+    pub gates: GatesConfig,
 }
+
+/// `[gates]`: what must be quiet before a pool claims (docs/design.md,
+/// "Guardrails").
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatesConfig {
+    /// `[gates.alertmanager]`: no new claim while a matching alert fires.
+    pub alertmanager: Option<AlertGateConfig>,
+}
+
+/// `[gates.alertmanager]`: Alertmanager's firing alerts that hold claims.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertGateConfig {
+    /// Environment variable holding Alertmanager's base URL (kept out of
+    /// the file like the sinks').
+    pub url_env: String,
+    /// Alertmanager matchers (`severity="critical"`, `alertname=~"Agent.*"`):
+    /// an alert closes the gate when it matches every one (at least one).
+    pub matchers: Vec<crate::observe::gate::Matcher>,
+    /// An unreachable Alertmanager lets claims through instead of blocking
+    /// them (and `gate_unreachable` is low, not high).
+    #[serde(default)]
+    pub fail_open: bool,
+    /// How long one read of Alertmanager may take.
+    #[serde(default = "default_gate_timeout")]
+    pub timeout: NonZeroDuration,
+}
+
+fn default_gate_timeout() -> NonZeroDuration {
+    NonZeroDuration::from_secs(10)
+}
+
+/// Longest `gates.alertmanager.timeout`: a read happens in every sweep.
+pub const MAX_GATE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `[release]`: guardrails of a release as a whole (docs/design.md,
 /// "Halted releases").
@@ -1218,6 +1254,8 @@ struct RawConfig {
     records: RecordsConfig,
     #[serde(default)]
     release: ReleaseConfig,
+    #[serde(default)]
+    gates: GatesConfig,
 }
 
 #[derive(Deserialize)]
@@ -1322,6 +1360,7 @@ impl Config {
         };
         let alerts = src.alerts(raw.alerts, raw.sweep.interval.get())?;
         src.server(&raw.server)?;
+        src.gates(&raw.gates)?;
         check_token_envs(&raw.fly, &apps, &raw.rotation)
             .map_err(|(k, m)| src.invalid(k, None, m))?;
         Ok(Config {
@@ -1339,6 +1378,7 @@ impl Config {
             server: raw.server,
             records: raw.records,
             release: raw.release,
+            gates: raw.gates,
         })
     }
 
@@ -1754,6 +1794,40 @@ impl Source<'_> {
             alertmanagers.push(am);
         }
         Ok(alertmanagers)
+    }
+
+    /// `[gates.alertmanager]`: a variable name, matchers, a bounded timeout.
+    fn gates(&self, gates: &GatesConfig) -> Result<(), ConfigError> {
+        let Some(am) = &gates.alertmanager else {
+            return Ok(());
+        };
+        if !is_env_name(&am.url_env) {
+            return Err(self.invalid(
+                "gates.alertmanager.url_env".into(),
+                None,
+                "is not an environment variable name (set it to the variable holding Alertmanager's base URL, e.g. \"ALERTMANAGER_URL\"; the URL itself never goes in the config)".into(),
+            ));
+        }
+        if am.matchers.is_empty() {
+            // No matcher matches every alert, Watchdog's always-firing one
+            // included: the gate would never open.
+            return Err(self.invalid(
+                "gates.alertmanager.matchers".into(),
+                None,
+                "is empty: give at least one matcher (e.g. ['severity=\"critical\"']); with none, every alert (Watchdog's too) would block every claim".into(),
+            ));
+        }
+        if am.timeout.get() > MAX_GATE_TIMEOUT {
+            return Err(self.invalid(
+                "gates.alertmanager.timeout".into(),
+                None,
+                format!(
+                    "must be at most {}",
+                    humantime::format_duration(MAX_GATE_TIMEOUT)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `[server]`: the limits past which a setting is a mistake.
@@ -2324,6 +2398,60 @@ name = "agents"
         let c = test_config("[release]\nhalt_after_failures = 3\nhalt_window = \"10m\"\n");
         assert_eq!(c.release.halt_after_failures, 3);
         assert_eq!(c.release.halt_window.get(), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn the_alert_gate_is_off_by_default_and_its_mistakes_name_key_and_matcher() {
+        assert!(test_config("").gates.alertmanager.is_none());
+        let gate = |body: &str| {
+            format!(
+                "[overlay]\nrepo = \"/r\"\nbranch = \"release\"\nmirror_dir = \"/m\"\n[[apps]]\nname = \"a\"\n[gates.alertmanager]\n{body}\n"
+            )
+        };
+        let c = parse(&gate(
+            "url_env = \"AM_URL\"\nmatchers = ['severity=\"critical\"', 'alertname=~\"Agent.*\"']",
+        ))
+        .unwrap();
+        let am = c.gates.alertmanager.as_ref().unwrap();
+        assert_eq!(am.url_env, "AM_URL");
+        let shown: Vec<String> = am.matchers.iter().map(|m| m.to_string()).collect();
+        assert_eq!(shown, [r#"severity="critical""#, r#"alertname=~"Agent.*""#]);
+        assert!(!am.fail_open, "fails closed unless told");
+        assert_eq!(am.timeout.get(), Duration::from_secs(10));
+        assert!(!crate::decide::policy::Policy::from_config(&c).gate_fail_open);
+        for (body, key, says) in [
+            (
+                "url_env = \"AM_URL\"\nmatchers = ['severity=\"critical\"', 'alertname=~\"(\"']",
+                "gates.alertmanager.matchers[1]",
+                "alertname=~\\\"(\\\"",
+            ),
+            (
+                "url_env = \"AM_URL\"\nmatchers = ['severity']",
+                "gates.alertmanager.matchers[0]",
+                "no operator",
+            ),
+            (
+                "url_env = \"AM_URL\"\nmatchers = []",
+                "gates.alertmanager.matchers",
+                "at least one matcher",
+            ),
+            (
+                "url_env = \"http://am:9093\"\nmatchers = ['a=\"b\"']",
+                "gates.alertmanager.url_env",
+                "environment variable name",
+            ),
+            (
+                "url_env = \"AM_URL\"\nmatchers = ['a=\"b\"']\ntimeout = \"5m\"",
+                "gates.alertmanager.timeout",
+                "at most 1m",
+            ),
+        ] {
+            let e = err(&gate(body));
+            assert!(
+                e.contains(&format!("key `{key}`")) && e.contains(says),
+                "{body}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -54,6 +54,12 @@ pub enum SetupError {
     Probe(#[from] ProbeBuildError),
     #[error(transparent)]
     Overlay(#[from] OverlayError),
+    #[error(transparent)]
+    Gate(#[from] crate::observe::gate::GateError),
+    #[error(
+        "{var} is not set (gates.alertmanager.url_env): the alert gate needs Alertmanager's base URL"
+    )]
+    GateUrlMissing { var: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +108,25 @@ pub async fn connect(config: Arc<Config>, secrets: &Secrets) -> Result<Sweeper, 
         prober,
         overlay,
         record_keys: secrets.record_keys.clone(),
+        // Set by the commands that plan ([`alert_gate`]): its URL is theirs.
+        gate: None,
     })
+}
+
+/// The alert gate `[gates.alertmanager]` describes, reading Alertmanager at
+/// `url` (the value of its `url_env`); none when not configured. A gate
+/// configured without its URL is an error: it would hold every claim.
+pub fn alert_gate(
+    config: &Config,
+    url: Option<&SecretString>,
+) -> Result<Option<crate::observe::gate::AlertGate>, SetupError> {
+    let Some(gate) = &config.gates.alertmanager else {
+        return Ok(None);
+    };
+    let url = url.ok_or_else(|| SetupError::GateUrlMissing {
+        var: gate.url_env.clone(),
+    })?;
+    Ok(Some(crate::observe::gate::AlertGate::new(gate, url)?))
 }
 
 /// One fetch and one read-only sweep: the `check` command.

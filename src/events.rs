@@ -52,6 +52,9 @@ pub enum AlertKind {
     /// for the app, no new rotation toward it starts until `resume`. Names
     /// the tip, the failed rotations and their evidence.
     ReleaseHalted,
+    /// The alert gate's Alertmanager (`[gates.alertmanager]`) cannot be
+    /// read: no new rotation starts (fail closed) unless `fail_open`.
+    GateUnreachable,
     /// A webhook is dead-lettering what it is sent (raised by the notifier
     /// itself, delivered to the other webhooks).
     SinkFailing,
@@ -72,6 +75,7 @@ impl AlertKind {
             AlertKind::CoordinatorUnreadable => "coordinator_unreadable",
             AlertKind::MetadataTampered => "metadata_tampered",
             AlertKind::ReleaseHalted => "release_halted",
+            AlertKind::GateUnreachable => "gate_unreachable",
             AlertKind::SinkFailing => "alert_sink_failing",
         }
     }
@@ -90,6 +94,7 @@ impl AlertKind {
             AlertKind::CoordinatorUnreadable => "coordinator_readable",
             AlertKind::MetadataTampered => "metadata_tampered_resolved",
             AlertKind::ReleaseHalted => "release_resumed",
+            AlertKind::GateUnreachable => "gate_reachable",
             AlertKind::SinkFailing => "alert_sink_recovered",
         }
     }

@@ -29,6 +29,7 @@ use crate::fly::{FlyClient, FlyClientConfig, FlyError, FlyTokens, Machine};
 use crate::metadata::SLOTS_KEY;
 use crate::metadata::slots::{Coordinator, SlotSet};
 use crate::model::AppName;
+use crate::observe::gate::{AlertGate, GateView};
 use crate::observe::overlay::{Overlay, OverlaySource};
 use crate::observe::probe::{ProbeOutcome, Prober};
 use crate::report::notify::{self, Notifier, NotifierOptions, NotifyError, SinkSecrets};
@@ -72,6 +73,9 @@ pub enum CheckKind {
     Webhook,
     /// An `[[alerts.alertmanager]]`'s URL and a read of its status.
     Alertmanager,
+    /// The alert gate (`[gates.alertmanager]`): its URL and a read of the
+    /// alerts it would hold claims on.
+    Gate,
     /// A sample of an app's health URLs answering a report.
     Health,
     /// The record key (`records.key_env`, `records.previous_key_env`).
@@ -196,6 +200,7 @@ pub fn offline(config: &Config, env: Lookup<'_>, check_env: bool) -> Report {
         findings.extend(secrets(config, env));
         findings.extend(webhook_urls(config, env));
         findings.extend(alertmanager_urls(config, env));
+        findings.extend(gate_checked(config, env).0);
     }
     Report { findings }
 }
@@ -223,6 +228,7 @@ pub async fn run(config: &Config, env: Lookup<'_>) -> Report {
     report.findings.push(overlay(config, env).await);
     report.findings.extend(webhooks(config, env).await);
     report.findings.extend(alertmanagers(config, env).await);
+    report.findings.extend(gate(config, env).await);
     report.findings.extend(health_sample(config, &listed).await);
     report
 }
@@ -451,6 +457,18 @@ fn want_alert_secrets(config: &Config, out: &mut Wants) {
             format!(
                 "fly secrets set {}=https://… (Alertmanager's base URL, without /api/v2)",
                 am.url_env
+            ),
+        );
+    }
+    if let Some(gate) = &config.gates.alertmanager {
+        out.add(
+            &gate.url_env,
+            "URL of the alert gate (gates.alertmanager.url_env)".to_string(),
+            true,
+            "",
+            format!(
+                "fly secrets set {}=https://… (Alertmanager's base URL, without /api/v2)",
+                gate.url_env
             ),
         );
     }
@@ -1210,6 +1228,93 @@ async fn alertmanagers(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
         });
     }
     out
+}
+
+/// The alert gate's URL (set, and usable as `run` judges it): the finding,
+/// and the gate when it is. Nothing when no gate is configured.
+fn gate_checked(config: &Config, env: Lookup<'_>) -> (Option<Finding>, Option<AlertGate>) {
+    let Some(gate) = &config.gates.alertmanager else {
+        return (None, None);
+    };
+    let subject = "gates.alertmanager";
+    let Some(url) = read(env, &gate.url_env) else {
+        let f = Finding::skipped(
+            CheckKind::Gate,
+            subject,
+            format!("{} is not set (see its secret line)", gate.url_env),
+        );
+        return (Some(f), None);
+    };
+    match AlertGate::new(gate, &url) {
+        Ok(g) => (
+            Some(Finding::ok(
+                CheckKind::Gate,
+                subject,
+                format!("the URL in {} is usable", gate.url_env),
+            )),
+            Some(g),
+        ),
+        Err(e) => (
+            Some(Finding::fail(
+                CheckKind::Gate,
+                subject,
+                e.to_string(),
+                format!(
+                    "fly secrets set {}=https://… (or http:// on loopback or a *.internal host)",
+                    gate.url_env
+                ),
+            )),
+            None,
+        ),
+    }
+}
+
+/// One read of the alert gate, as a sweep reads it (nothing is posted):
+/// Alertmanager answers, and what fires now that would hold claims.
+async fn gate(config: &Config, env: Lookup<'_>) -> Vec<Finding> {
+    let (Some(cfg), (_, Some(gate))) = (&config.gates.alertmanager, gate_checked(config, env))
+    else {
+        return Vec::new(); // said by the URL check
+    };
+    let subject = "gates.alertmanager read";
+    let finding = match gate.read().await {
+        GateView::Read { firing, .. } if firing.is_empty() => Finding::ok(
+            CheckKind::Gate,
+            subject,
+            "GET /api/v2/alerts answered: no matching alert fires, claims are not held",
+        ),
+        GateView::Read { firing, more } => {
+            let names: Vec<String> = firing.iter().map(ToString::to_string).collect();
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            Finding::ok(
+                CheckKind::Gate,
+                subject,
+                format!(
+                    "GET /api/v2/alerts answered: {}{more} fire(s) and would hold claims now",
+                    names.join(", ")
+                ),
+            )
+        }
+        GateView::Unreachable(why) => Finding::fail(
+            CheckKind::Gate,
+            subject,
+            if cfg.fail_open {
+                format!("{why} (fail_open: claims would go ahead unguarded)")
+            } else {
+                format!("{why} (every claim would be held: the gate fails closed)")
+            },
+            format!(
+                "set {} to Alertmanager's base URL (the gate reads <URL>/api/v2/alerts) and let this host reach it",
+                cfg.url_env
+            ),
+        ),
+        GateView::NotConfigured => return Vec::new(),
+    };
+    vec![finding]
 }
 
 /// Up to [`HEALTH_SAMPLE`] started machines of each listed app: each must

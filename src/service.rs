@@ -43,6 +43,8 @@ pub struct ServiceSecrets {
     pub alertmanagers: Vec<SecretString>,
     /// The ping URL of each `[[alerts.heartbeat]]`, in order.
     pub heartbeats: Vec<SecretString>,
+    /// Alertmanager's URL for the alert gate (`gates.alertmanager.url_env`).
+    pub gate_url: Option<SecretString>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +188,7 @@ async fn connect_observed(
     metrics: &Metrics,
 ) -> Result<Sweeper, SetupError> {
     let mut sweeper = daemon::connect(config.clone(), &secrets.core).await?;
+    sweeper.gate = daemon::alert_gate(config, secrets.gate_url.as_ref())?;
     sweeper.fly = sweeper.fly.clone().with_observer(metrics.fly_observer());
     sweeper.prober = sweeper
         .prober
@@ -333,6 +336,7 @@ mod tests {
             }],
             alertmanagers: vec!["https://am.example/am-s3cret".into()],
             heartbeats: vec!["https://hc-ping.example/hb-s3cret".into()],
+            gate_url: Some("https://am.example/gate-s3cret".into()),
         };
         let shown = format!("{secrets:?} {secrets:#?}");
         assert!(!shown.contains("s3cret"), "{shown}");

@@ -213,6 +213,7 @@ pub fn error_object(
             kind = match e {
                 SetupError::Overlay(e) => format!("overlay_{}", e.kind()),
                 SetupError::Fly(_) | SetupError::Probe(_) => "setup".into(),
+                SetupError::Gate(_) | SetupError::GateUrlMissing { .. } => "gate_setup".into(),
             };
         } else if let Some(e) = cause.downcast_ref::<CheckError>() {
             kind = match e {

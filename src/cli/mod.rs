@@ -152,6 +152,7 @@ pub fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecret
     let alertmanagers =
         notify::alertmanager_urls_from_env(&config.alerts, |k| std::env::var(k).ok())?;
     let heartbeats = notify::heartbeat_urls_from_env(&config.alerts, |k| std::env::var(k).ok())?;
+    let gate_url = gate_url_from_env(config);
     Ok(ServiceSecrets {
         core,
         agent_tokens,
@@ -159,7 +160,15 @@ pub fn service_secrets_from_env(config: &Config) -> anyhow::Result<ServiceSecret
         webhooks,
         alertmanagers,
         heartbeats,
+        gate_url,
     })
+}
+
+/// Alertmanager's URL for the alert gate (`gates.alertmanager.url_env`),
+/// if configured and set ([`daemon::alert_gate`] refuses a configured gate
+/// without it).
+pub fn gate_url_from_env(config: &Config) -> Option<SecretString> {
+    env_secret(&config.gates.alertmanager.as_ref()?.url_env)
 }
 
 /// The Fly token of every app (each one's own, [`Config::fly_tokens`]) and

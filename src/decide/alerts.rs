@@ -812,6 +812,7 @@ mod tests {
             machines: Vec::new(),
             slots: Default::default(),
             halts: Default::default(),
+            gate: Default::default(),
         }
     }
 

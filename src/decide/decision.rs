@@ -140,8 +140,8 @@ pub enum Decision {
     },
     /// Qualifies for a rotation, but a guardrail holds its pool
     /// ([`Guard`]: a canary pool not yet soaked on the tip, a maintenance
-    /// window): no new claim until it lifts (`guard.until`, where known).
-    /// Rotations under way are not held.
+    /// window, a firing alert, an unreadable alert gate): no new claim until
+    /// it lifts (`guard.until`, where known). Rotations under way are not held.
     Guarded { guard: Guard },
     /// The last sweep could not list the machine's app: its data is an older
     /// listing and nothing is done to it. `held`/`phase` are as last listed.
@@ -207,6 +207,9 @@ impl Decision {
                 | Decision::MetadataUnknown { .. }
                 | Decision::SlotsUnknown { .. }
                 | Decision::Halted { .. }
+                | Decision::Guarded {
+                    guard: Guard::GateUnreachable { .. }
+                }
         )
     }
 }
@@ -547,6 +550,16 @@ mod tests {
                     time_zone: "UTC".into(),
                 },
             },
+            Decision::Guarded {
+                guard: Guard::AlertFiring {
+                    alert: r#"AgentErrorRate{app="x"}"#.into(),
+                },
+            },
+            Decision::Guarded {
+                guard: Guard::GateUnreachable {
+                    error: "GET /api/v2/alerts answered HTTP 503 Service Unavailable".into(),
+                },
+            },
         ]);
         let text: Vec<String> = all.iter().map(Decision::to_string).collect();
         assert_eq!(
@@ -581,6 +594,8 @@ mod tests {
                 "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m (until 2027-01-15T08:00:00Z); no new claim until it lifts",
                 "inside a deny window (closes Fri 2027-01-15 08:00 UTC); no new claim until it lifts",
+                r#"blocked by alert AgentErrorRate{app="x"}; no new claim until it lifts"#,
+                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable), so claims are held (fail closed); no new claim until it lifts",
             ]
         );
     }

@@ -10,7 +10,13 @@
 //! way is never stopped by a guardrail (its undo, and a restart already
 //! sent, go on). The soak is timed by this replica's first sight of the
 //! canary ratio being met ([`CanaryMemory`]), never by a time another clock
-//! wrote. It must never do I/O nor read the clock: `now` is an argument.
+//! wrote. The alert gate (`[gates.alertmanager]`, item 4): a matching alert
+//! that fires holds new claims, and an Alertmanager that cannot be read holds
+//! them too (fail closed) and pages, unless `fail_open`. Its scope: an alert
+//! whose `fly_app` (else `app`) label names a configured app holds that app
+//! only; any other matching alert holds the whole fleet. It must never do I/O
+//! nor read the clock: `now` is an argument, and the gate is read by
+//! `observe::gate` and passed in the snapshot.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,8 +28,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::{MaintenanceWindow, WindowKind};
 use crate::decide::policy::Policy;
 use crate::decide::snapshot::Snapshot;
+use crate::events::{Alert, AlertKind};
 use crate::metadata::marker::Phase;
-use crate::model::{CommitId, MachineStatus, PoolName};
+use crate::model::{AppName, CommitId, MachineStatus, PoolName, Severity};
+use crate::observe::gate::GateView;
 
 /// Why a pool may not claim toward the tip now.
 #[derive(
@@ -63,6 +71,12 @@ pub enum Guard {
         until: Option<DateTime<Utc>>,
         time_zone: String,
     },
+    /// An Alertmanager alert matching `gates.alertmanager.matchers` fires:
+    /// `alert` names it (`AgentErrorRate{app="x"}`).
+    AlertFiring { alert: String },
+    /// Alertmanager could not be read (`error`, without its URL): claims
+    /// are held (fail closed) until it can.
+    GateUnreachable { error: String },
 }
 
 impl Guard {
@@ -79,6 +93,8 @@ impl Guard {
     pub fn until(&self) -> Option<DateTime<Utc>> {
         match self {
             Guard::Canary { until, .. } | Guard::Window { until, .. } => *until,
+            // An alert has no known end.
+            Guard::AlertFiring { .. } | Guard::GateUnreachable { .. } => None,
         }
     }
 
@@ -113,6 +129,11 @@ fn local(t: &DateTime<Utc>, zone: &str) -> String {
 impl fmt::Display for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Guard::AlertFiring { alert } => write!(f, "blocked by alert {alert}"),
+            Guard::GateUnreachable { error } => write!(
+                f,
+                "blocked: the alert gate's Alertmanager cannot be read ({error}), so claims are held (fail closed)"
+            ),
             Guard::Canary {
                 pool, halted: true, ..
             } => write!(
@@ -346,6 +367,65 @@ pub fn window_guard(windows: &[MaintenanceWindow], now: DateTime<Utc>) -> Option
             .unwrap_or(allows[0].time_zone)
             .name()
             .to_string(),
+    })
+}
+
+/// The apps the alert gate holds now, each with its guard.
+pub fn alert_gate(policy: &Policy, snapshot: &Snapshot) -> BTreeMap<AppName, Guard> {
+    let apps = snapshot.apps.iter().map(|a| &a.name);
+    match &snapshot.gate {
+        GateView::NotConfigured => BTreeMap::new(),
+        GateView::Unreachable(_) if policy.gate_fail_open => BTreeMap::new(),
+        GateView::Unreachable(error) => apps
+            .map(|a| {
+                let error = error.clone();
+                (a.clone(), Guard::GateUnreachable { error })
+            })
+            .collect(),
+        GateView::Read { firing, .. } => {
+            let configured = |name: &str| snapshot.apps.iter().any(|a| a.name.as_str() == name);
+            apps.filter_map(|app| {
+                firing
+                    .iter()
+                    .find(|f| f.app().is_none_or(|n| !configured(n) || n == app.as_str()))
+                    .map(|f| {
+                        let alert = f.to_string();
+                        (app.clone(), Guard::AlertFiring { alert })
+                    })
+            })
+            .collect()
+        }
+    }
+}
+
+/// `gate_unreachable` while Alertmanager cannot be read: high while it
+/// holds claims (fail closed), low with `fail_open` (nothing is held, but
+/// the gate is blind).
+pub fn gate_alert(policy: &Policy, snapshot: &Snapshot) -> Option<Alert> {
+    let GateView::Unreachable(error) = &snapshot.gate else {
+        return None;
+    };
+    let (severity, effect) = if policy.gate_fail_open {
+        (
+            Severity::Low,
+            "gates.alertmanager.fail_open is set, so rotations start as if no alert fired",
+        )
+    } else {
+        (
+            Severity::High,
+            "no new rotation starts until it can be read (fail closed); those under way finish",
+        )
+    };
+    Some(Alert {
+        kind: AlertKind::GateUnreachable,
+        app: None,
+        machine_id: None,
+        commit: None,
+        severity,
+        summary: format!(
+            "the alert gate's Alertmanager (gates.alertmanager) cannot be read: {error}; {effect} (see the gate_unreachable runbook, docs/operations.md)"
+        ),
+        details: BTreeMap::from([("error".to_string(), error.clone())]),
     })
 }
 

@@ -432,6 +432,10 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     planning.claim_in_rank_order();
     planning.coordinator_alert();
     planning.halt_alerts();
+    planning.alerts.extend(crate::decide::guardrail::gate_alert(
+        input.policy,
+        input.snapshot,
+    ));
     planning.finish()
 }
 
@@ -460,6 +464,8 @@ struct Planning<'a> {
     over_cap: BTreeMap<(AppName, PoolName), OverCap>,
     /// Apps whose release tip is halted.
     halts: BTreeMap<AppName, Halted>,
+    /// Apps the alert gate holds: no new claim (`decide::guardrail`).
+    alert_gates: BTreeMap<AppName, Guard>,
     /// Each pool's guardrail this sweep, judged once per pool.
     pool_guards: BTreeMap<PoolName, Option<Guard>>,
     /// The guardrails that held a claim, per (app, pool).
@@ -512,6 +518,7 @@ impl<'a> Planning<'a> {
                 &input.tracker.failures,
                 input.now,
             ),
+            alert_gates: crate::decide::guardrail::alert_gate(input.policy, report),
             pool_guards: BTreeMap::new(),
             guards: BTreeMap::new(),
         }
@@ -1234,23 +1241,31 @@ impl<'a> Planning<'a> {
         true
     }
 
-    /// A claim a guardrail holds is not made (a canary pool not soaked on
-    /// the tip, a maintenance window): the machine is decided `guarded`,
-    /// and our unfinished claim is withdrawn. `approve --now` of the tip
-    /// overrides a window (not a canary). Rotations already holding a slot
-    /// are not candidates and go on.
+    /// A claim a guardrail holds is not made (a firing alert or an
+    /// unreadable alert gate for its app, a canary pool not soaked on the
+    /// tip, a maintenance window): the machine is decided `guarded`, and our
+    /// unfinished claim is withdrawn (its slot may be won: the withdraw
+    /// gives it back). `approve --now` of the tip overrides a window (not a
+    /// canary, not the alert gate). Rotations already holding a slot are not
+    /// candidates and go on.
     fn guarded_claim(&mut self, m: &ObservedMachine, expected: Option<&Marker>) -> bool {
-        let Some(guard) = self.pool_guard(&m.pool) else {
-            return false;
+        let guard = match self.alert_gates.get(&m.app) {
+            Some(gate) => gate.clone(),
+            None => {
+                let Some(guard) = self.pool_guard(&m.pool) else {
+                    return false;
+                };
+                let now_approved = m
+                    .inputs
+                    .controls
+                    .approval_for(self.tip)
+                    .is_some_and(|a| a.mode == ApprovalMode::Now);
+                if now_approved && guard.overridden_by_approval() {
+                    return false;
+                }
+                guard
+            }
         };
-        let now_approved = m
-            .inputs
-            .controls
-            .approval_for(self.tip)
-            .is_some_and(|a| a.mode == ApprovalMode::Now);
-        if now_approved && guard.overridden_by_approval() {
-            return false;
-        }
         self.guards
             .entry((m.app.clone(), m.pool.clone()))
             .or_insert_with(|| guard.clone());

@@ -4366,3 +4366,6 @@ mod halt;
 
 #[path = "guard_tests.rs"]
 mod guard;
+
+#[path = "gate_tests.rs"]
+mod gate;

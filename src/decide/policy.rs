@@ -32,6 +32,8 @@ pub struct Policy {
     pub severity: Vec<SeverityRule>,
     /// `[release]`: when a release halts itself.
     pub release: ReleaseConfig,
+    /// `gates.alertmanager.fail_open`: an unreadable alert gate holds nothing.
+    pub gate_fail_open: bool,
 }
 
 impl Default for Policy {
@@ -44,6 +46,7 @@ impl Default for Policy {
             fallback: PoolConfig::default(),
             severity: default_severity_rules(),
             release: ReleaseConfig::default(),
+            gate_fail_open: false,
         }
     }
 }
@@ -61,6 +64,11 @@ impl Policy {
                 .unwrap_or_default(),
             severity: config.severity.clone(),
             release: config.release.clone(),
+            gate_fail_open: config
+                .gates
+                .alertmanager
+                .as_ref()
+                .is_some_and(|g| g.fail_open),
         }
     }
 

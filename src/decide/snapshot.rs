@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub slots: SlotsView,
     /// Each app's halt record on the coordinator, as the sweep read it.
     pub halts: crate::metadata::halt::Halts,
+    /// The alert gate as the sweep read it (`[gates.alertmanager]`).
+    pub gate: crate::observe::gate::GateView,
 }
 
 // The coherence of the fleet or of one app: on-tip ÷ started machines (1.0
@@ -215,6 +217,7 @@ impl Snapshot {
             machines,
             slots,
             halts,
+            gate,
         } = observation;
         let machines = machines
             .into_iter()
@@ -237,6 +240,7 @@ impl Snapshot {
             machines,
             slots,
             halts,
+            gate,
         };
         snapshot.summarize();
         snapshot

@@ -374,7 +374,7 @@ reasons! {
         NoLongerQualifies => "the machine no longer qualifies for a rotation",
         PoolAtCap => "its pool is at its cap",
         ReleaseHalted => "the release is halted",
-        Guarded => "a guardrail holds its pool (canary, window)",
+        Guarded => "a guardrail holds its pool (canary, window, alert gate)",
     }
 }
 

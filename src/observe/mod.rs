@@ -8,6 +8,7 @@
 //! the planner decides on). Nothing under `observe` writes to Fly, POSTs to
 //! an agent, judges what it saw, or names a later stage's types.
 
+pub mod gate;
 pub mod overlay;
 pub mod probe;
 pub mod sweep;

@@ -37,6 +37,7 @@ use crate::metadata::operator::SpentApprovals;
 use crate::metadata::seal::RecordKeys;
 use crate::metadata::slots::{Coordinator, SlotSet, SlotsError};
 use crate::model::{AppName, CommitId, MachineId, MachineState, MachineStatus, PoolName};
+use crate::observe::gate::{AlertGate, GateView};
 use crate::observe::overlay::{Overlay, OverlayError, RefAnalysis, Signals, Tip};
 use crate::observe::probe::{AgentReport, ProbeOutcome, Prober};
 
@@ -59,6 +60,9 @@ pub struct Observation {
     pub slots: SlotsView,
     /// Each app's halt record on the coordinator, read with the slot set.
     pub halts: Halts,
+    /// The alert gate's firing alerts (`[gates.alertmanager]`), read in
+    /// the same sweep.
+    pub gate: GateView,
 }
 
 /// Whether this sweep could list one configured app.
@@ -476,6 +480,8 @@ pub struct Sweeper {
     /// records are verified with them ([`Trust`]); `None` (observe-only)
     /// reads values as written.
     pub record_keys: Option<RecordKeys>,
+    /// The alert gate (`[gates.alertmanager]`), read in every sweep.
+    pub gate: Option<AlertGate>,
 }
 
 impl Sweeper {
@@ -483,7 +489,16 @@ impl Sweeper {
     /// `decide::prepare` gives the drifted rows their severity, action
     /// and reason.
     pub async fn sweep(&self, tip: &Tip) -> Result<Observation, SweepError> {
-        let (mut rows, unlisted) = self.inventory().await?;
+        // The gate is read beside the inventory: one more request, no
+        // longer sweep.
+        let gate = async {
+            match &self.gate {
+                Some(g) => g.read().await,
+                None => GateView::NotConfigured,
+            }
+        };
+        let (listed, gate) = tokio::join!(self.inventory(), gate);
+        let (mut rows, unlisted) = listed?;
         rows.shrink_to_fit();
         let (slots, coordinator_holds, spent, halts) = self.read_coordinator().await;
         let app_index: HashMap<&AppName, usize> = self
@@ -543,6 +558,7 @@ impl Sweeper {
         }
         observation.slots = slots;
         observation.halts = halts;
+        observation.gate = gate;
         add_coordinator_holds(&mut observation, &coordinator_holds);
         add_spent_approvals(&mut observation, &spent);
         pools_from_slots(&mut observation);
@@ -938,6 +954,7 @@ pub fn observation_with(
         machines,
         slots: SlotsView::NotConfigured,
         halts: Default::default(),
+        gate: GateView::NotConfigured,
     }
 }
 

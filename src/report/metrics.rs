@@ -398,7 +398,8 @@ impl PlanSeries {
             r,
             GUARDRAIL_BLOCKED,
             "1 while a guardrail holds new claims of the pool in the last sweep, else 0 \
-             (reason: canary, window, ...; every reason of every pool with machines).",
+             (reason: canary, window, alert_firing, gate_unreachable; every reason of every \
+             pool with machines).",
             &[APP_LABEL, "pool", "reason"],
         )?;
         let actions = counter_vec(
@@ -1285,6 +1286,7 @@ mod tests {
             machines,
             slots: Default::default(),
             halts: Default::default(),
+            gate: Default::default(),
         }
     }
 

@@ -664,6 +664,7 @@ mod tests {
             machines,
             slots: SlotsView::default(),
             halts: Default::default(),
+            gate: Default::default(),
         }
     }
 

@@ -19,6 +19,7 @@ mod demo;
 mod deploy;
 mod docs;
 mod fly;
+mod gate;
 mod grouped_alerts;
 mod guardrails;
 mod halt;

@@ -1734,6 +1734,7 @@ fn report(machines: &[(&str, &str)]) -> Snapshot {
         machines,
         slots: SlotsView::NotConfigured,
         halts: Default::default(),
+        gate: Default::default(),
     };
     Snapshot::judged(observation, |_| None)
 }

@@ -755,8 +755,8 @@ async fn sweeps_go_on_while_a_restart_waits() {
 /// short group timings, and a webhook receiver (`send_resolved`) in this
 /// test that records each notification's alerts with their status, in the
 /// order Alertmanager sent them. Killed on drop.
-struct RealAlertmanager {
-    url: String,
+pub(crate) struct RealAlertmanager {
+    pub(crate) url: String,
     child: std::process::Child,
     notified: Arc<Mutex<Vec<Notified>>>,
     _dir: tempfile::TempDir,
@@ -779,7 +779,7 @@ fn free_port() -> u16 {
 }
 
 impl RealAlertmanager {
-    async fn start(bin: &str) -> RealAlertmanager {
+    pub(crate) async fn start(bin: &str) -> RealAlertmanager {
         let notified: Arc<Mutex<Vec<Notified>>> = Arc::default();
         let sink = notified.clone();
         let app = Router::new().route(

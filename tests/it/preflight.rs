@@ -908,6 +908,68 @@ async fn an_alertmanager_sink_is_checked_with_a_read_of_its_status() {
     sim.shutdown().await;
 }
 
+/// The alert gate (`[gates.alertmanager]`, #36 item 4) is checked too: its
+/// variable, its URL as `run` judges it, and one read of the alerts it
+/// would hold claims on; an Alertmanager that does not answer fails, and
+/// says every claim would be held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alert_gate_is_checked_with_one_read_of_its_alerts() {
+    let overlay = OverlayRepo::new();
+    let sim = fleet(&overlay, SimMachine::new("coord0").stopped()).await;
+    let (hooks, _) = receivers().await;
+    let app = Router::new().fallback(move |method: Method, uri: axum::http::Uri| async move {
+        match (method.as_str(), uri.path()) {
+            ("GET", "/am/api/v2/alerts") => (
+                StatusCode::OK,
+                r#"[{"labels":{"alertname":"AgentErrorRate","severity":"critical","app":"agents"},"status":{"state":"active"}}]"#,
+            ),
+            _ => (StatusCode::NOT_FOUND, "not found"),
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let am = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let text = format!(
+        "{}\n\n[gates.alertmanager]\nurl_env = \"AM_GATE_URL\"\nmatchers = ['severity=\"critical\"']\n",
+        config(&overlay, &sim)
+    );
+    let path = write(overlay.dir.path(), "gate.toml", &text);
+    let with = |url: Option<String>| {
+        let mut env = good_env(&hooks);
+        env.extend(url.map(|u| ("AM_GATE_URL".to_string(), u)));
+        env
+    };
+
+    let out = cli_async(args(&path, &[]), with(Some(format!("{am}/am/")))).await;
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    out.line("ok  ", "secret", "AM_GATE_URL");
+    out.line(
+        "ok  ",
+        "gate",
+        "gates.alertmanager: the URL in AM_GATE_URL is usable",
+    );
+    out.line(
+        "ok  ",
+        "gate",
+        r#"gates.alertmanager read: GET /api/v2/alerts answered: AgentErrorRate{app="agents"} fire(s) and would hold claims now"#,
+    );
+
+    let out = cli_async(args(&path, &[]), with(Some(format!("{am}/gone")))).await;
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    let (line, fix) = out.line("FAIL", "gate", "gates.alertmanager read");
+    assert!(
+        line.contains("HTTP 404") && line.contains("fails closed"),
+        "{line}"
+    );
+    assert!(fix.contains("AM_GATE_URL"), "{fix}");
+
+    let out = cli_async(args(&path, &[]), with(None)).await;
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    out.line("FAIL", "secret", "AM_GATE_URL");
+    out.line("skip", "gate", "gates.alertmanager");
+    sim.shutdown().await;
+}
+
 /// Issue 34 item 4: the CLI does not read flyctl's `FLY_API_TOKEN` (an
 /// operator who exports it hands every later `fly` command the reconciler's
 /// token); a Fly machine still may. A token that one variable holds for

@@ -107,6 +107,8 @@ pub(crate) fn all(action: &str) -> String {
 struct Seen {
     alerts: Vec<(AlertKind, String)>,
     sweeps: usize,
+    /// Each machine's decision label in the latest plan.
+    labels: HashMap<String, String>,
 }
 
 pub(crate) struct Daemon {
@@ -117,7 +119,17 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     pub(crate) async fn start(sim: &Sim, config: Arc<Config>, owner: &str) -> Daemon {
-        Daemon::start_with(sim, config, owner, HashMap::new()).await
+        Daemon::start_with(sim, config, owner, HashMap::new(), None).await
+    }
+
+    /// A daemon whose sweeps read the alert gate `gate`.
+    pub(crate) async fn start_gated(
+        sim: &Sim,
+        config: Arc<Config>,
+        owner: &str,
+        gate: fleet_reconciler::observe::gate::AlertGate,
+    ) -> Daemon {
+        Daemon::start_with(sim, config, owner, HashMap::new(), Some(gate)).await
     }
 
     async fn start_with(
@@ -125,6 +137,7 @@ impl Daemon {
         config: Arc<Config>,
         owner: &str,
         agent_tokens: HashMap<String, secrecy::SecretString>,
+        gate: Option<fleet_reconciler::observe::gate::AlertGate>,
     ) -> Daemon {
         Daemon::start_keyed(
             sim,
@@ -132,24 +145,28 @@ impl Daemon {
             owner,
             agent_tokens,
             fleet_reconciler::sim::record_keys(),
+            gate,
         )
         .await
     }
 
-    /// A daemon holding `keys` (the simulator's own by default).
+    /// A daemon holding `keys` (the simulator's own by default), whose
+    /// sweeps read `gate` if given.
     async fn start_keyed(
         sim: &Sim,
         config: Arc<Config>,
         owner: &str,
         agent_tokens: HashMap<String, secrecy::SecretString>,
         keys: fleet_reconciler::metadata::seal::RecordKeys,
+        gate: Option<fleet_reconciler::observe::gate::AlertGate>,
     ) -> Daemon {
         let secrets = Secrets {
             fly_token: TOKEN.into(),
             git_token: None,
             record_keys: Some(keys),
         };
-        let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
+        let mut sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
+        sweeper.gate = gate;
         let mut tuning = ExecutorConfig::new(owner);
         tuning.start_wait = Duration::from_secs(5);
         tuning.clock = sim.clock();
@@ -180,6 +197,12 @@ impl Daemon {
                 let mut seen = record.lock().unwrap();
                 seen.sweeps += 1;
                 if let SweepOutcome::Swept(cycle) = outcome {
+                    seen.labels = cycle
+                        .plan
+                        .decisions()
+                        .into_iter()
+                        .map(|(id, d)| (id.to_string(), d.label()))
+                        .collect();
                     for a in &cycle.plan.alerts {
                         seen.alerts.push((
                             a.kind,
@@ -199,6 +222,11 @@ impl Daemon {
             .await
             .expect("daemon stops")
             .unwrap();
+    }
+
+    /// `id`'s decision label in the latest plan.
+    pub(crate) fn label(&self, id: &str) -> Option<String> {
+        self.seen.lock().unwrap().labels.get(id).cloned()
     }
 
     pub(crate) fn alerted(&self, kind: AlertKind, machine: &str) -> bool {
@@ -418,6 +446,7 @@ async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
         config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
         "r1",
         tokens,
+        None,
     )
     .await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
@@ -1587,7 +1616,7 @@ async fn the_record_key_rotates_as_the_runbook_says() {
     d.stop().await;
 
     // Step 1 of the runbook: B seals, A still verifies.
-    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), both.clone()).await;
+    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), both.clone(), None).await;
     more_sweeps(&d, 3).await;
     sim.set_live_sessions("m1", 0);
     eventually("m1 converges", Duration::from_secs(30), async || {
@@ -1611,7 +1640,7 @@ async fn the_record_key_rotates_as_the_runbook_says() {
     // Step 3: A dropped. m2's marker is foreign now: never acted on.
     let only_b = RecordKeys::new(key_b);
     let before = restarts(&sim, "m2").len();
-    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), only_b).await;
+    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), only_b, None).await;
     sim.set_live_sessions("m2", 0);
     more_sweeps(&d, 6).await;
     assert!(

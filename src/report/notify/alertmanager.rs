@@ -31,6 +31,7 @@ use super::sink::{AlertChange, Attempt, Change, Sink, Then};
 use crate::config::AlertmanagerConfig;
 use crate::events::DedupKey;
 use crate::model::{AppName, CommitId, MachineId, Severity};
+use crate::observe::gate::OWN_ALERT_LABEL;
 
 /// Alertmanager's endpoint for posting alerts, under the configured base URL.
 pub const ALERTMANAGER_PATH: &str = "api/v2/alerts";
@@ -135,7 +136,9 @@ fn labels(g: &Grouped) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         ("alertname".to_owned(), a.kind.trigger_name().to_owned()),
         ("severity".to_owned(), a.severity.as_str().to_owned()),
-        ("service".to_owned(), "fleet-reconciler".to_owned()),
+        // The alert gate knows our own alerts by this label and never
+        // blocks on them.
+        (OWN_ALERT_LABEL.0.to_owned(), OWN_ALERT_LABEL.1.to_owned()),
     ]);
     let mut put = |k: &str, v: Option<&str>| {
         if let Some(v) = v {
@@ -184,28 +187,8 @@ impl AmSink {
         url: &str,
         counter: DeliveryCounter,
     ) -> Result<AmSink, &'static str> {
-        let mut parsed = url::Url::parse(url.trim()).map_err(|_| "is not a valid URL")?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err("is not an http(s) URL");
-        }
-        let Some(host) = parsed.host() else {
-            return Err("has no host");
-        };
-        // Alerts carry no credential, but Fly's 6PN (`*.internal`, WireGuard)
-        // is the only network besides this host we send clear text over.
-        let private = crate::http::is_loopback(&host)
-            || matches!(&host, url::Host::Domain(d) if d.to_ascii_lowercase().ends_with(".internal"));
-        if parsed.scheme() == "http" && !private {
-            return Err(
-                "is http:// to a host that is neither loopback nor on Fly's private network (*.internal): use https://",
-            );
-        }
-        if !parsed.username().is_empty() || parsed.password().is_some() {
-            return Err("carries user credentials, which are not supported");
-        }
-        if parsed.query().is_some() || parsed.fragment().is_some() {
-            return Err("has a query or fragment (give Alertmanager's base URL)");
-        }
+        // The same rules as the alert gate's reads of Alertmanager.
+        let mut parsed = crate::observe::gate::alertmanager_base(url)?;
         if let Ok(mut path) = parsed.path_segments_mut() {
             path.pop_if_empty().extend(ALERTMANAGER_PATH.split('/'));
         }

@@ -27,6 +27,7 @@ fn own(kind: AlertKind) -> bool {
             | AlertKind::AppUnlistable
             | AlertKind::TipStale
             | AlertKind::SinkFailing
+            | AlertKind::GateUnreachable
     )
 }
 

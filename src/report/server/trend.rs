@@ -176,6 +176,7 @@ mod tests {
             machines: Vec::new(),
             slots: Default::default(),
             halts: Default::default(),
+            gate: Default::default(),
         };
         let s = CoherenceSample::of_listed(&report, t(5));
         assert_eq!((s.at, s.fleet.ratio), (t(5), 0.6));

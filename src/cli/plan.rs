@@ -15,7 +15,9 @@ use crate::report::wire::FleetDocument;
 pub async fn plan(config_path: &ConfigPath, output: Output) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config_path.load()?);
     let secrets = secrets_from_env(&config)?;
-    let sweeper = daemon::connect(config, &secrets).await?;
+    let mut sweeper = daemon::connect(config, &secrets).await?;
+    // One sweep: no connection is kept for a next one.
+    sweeper.prober = sweeper.prober.once();
     let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
     match output {
         Output::Json => print_document(&render::plan_to_json(&fleet, &plan)),

@@ -14,7 +14,9 @@ use crate::report::wire::FleetDocument;
 pub async fn check(config_path: &ConfigPath, output: Output) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config_path.load()?);
     let secrets = secrets_from_env(&config)?;
-    let sweeper = daemon::connect(config, &secrets).await?;
+    let mut sweeper = daemon::connect(config, &secrets).await?;
+    // One sweep: no connection is kept for a next one.
+    sweeper.prober = sweeper.prober.once();
     match output {
         // The document for programs stays the sweep's alone: no
         // planner time or memory at 10,000 machines, no bytes per

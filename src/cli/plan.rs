@@ -17,6 +17,8 @@ pub async fn plan(config_path: &ConfigPath, output: Output) -> anyhow::Result<Ex
     let secrets = secrets_from_env(&config)?;
     let mut sweeper = daemon::connect(config.clone(), &secrets).await?;
     sweeper.gate = daemon::alert_gate(&config, super::gate_url_from_env(&config).as_ref())?;
+    // One sweep: no connection is kept for a next one.
+    sweeper.prober = sweeper.prober.once();
     let (fleet, plan) = daemon::plan_once(&sweeper, &owner_id(), &SystemClock).await?;
     match output {
         Output::Json => print_document(&render::plan_to_json(&fleet, &plan)),

@@ -143,6 +143,11 @@ pub struct Prober {
     /// connections would pile up to one per agent, and for single probes
     /// (the executor's after a restart), which have nothing to reuse.
     one_shot: reqwest::Client,
+    /// Whether the pooled connections are kept after a sweep's probes, for
+    /// the next sweep: not in a process that sweeps once ([`Prober::once`]),
+    /// where they would only hold their buffers (about 32 KiB each) through
+    /// the analysis and the report that follow.
+    keep_idle: bool,
     connect_timeout: Duration,
     timeout: Duration,
     max_body: usize,
@@ -166,12 +171,24 @@ impl Prober {
         Ok(Prober {
             pooled: Arc::default(),
             one_shot: client(connect_timeout, 0)?,
+            keep_idle: true,
             connect_timeout,
             timeout: config.timeout.get(),
             max_body: config.max_body_bytes.get(),
             concurrency: config.concurrency.get(),
             observer: None,
         })
+    }
+
+    /// This prober for a process that sweeps once (`check`, `plan`): its
+    /// connections are closed when a sweep's probes are done, not kept
+    /// for a next sweep that never comes. It shares no pool with `self`.
+    pub fn once(&self) -> Prober {
+        Prober {
+            pooled: Arc::default(),
+            keep_idle: false,
+            ..self.clone()
+        }
     }
 
     /// Tells `observer` how long each probe took and how it ended
@@ -222,6 +239,15 @@ impl Prober {
             .buffer_unordered(self.concurrency);
         while let Some((key, url, outcome)) = results.next().await {
             each(key, url, outcome);
+        }
+        if !self.keep_idle {
+            // The pool goes with the last handle on it (`http`, just after).
+            drop(
+                self.pooled
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take(),
+            );
         }
     }
 

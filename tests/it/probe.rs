@@ -305,3 +305,35 @@ async fn hosts_that_fit_the_budget_share_it_between_sweeps() {
     within(prober.probe_all(hosts.clone())).await;
     assert!(open.0.load(Ordering::SeqCst) <= 8);
 }
+
+/// #35 item 6: a process that sweeps once (`check`, `plan`) closes its
+/// connections when the probes are done: kept idle, their buffers were a
+/// third of `check`'s heap at its peak (the analysis and the judged rows
+/// come after the probes), and no later sweep reuses them.
+#[tokio::test]
+async fn a_prober_for_one_sweep_keeps_no_connection_after_its_probes() {
+    let (few, open) = many_agents(4).await;
+    let prober = Prober::new(&ProbeConfig {
+        concurrency: NonZeroUsize::new(8).unwrap(),
+        ..ProbeConfig::default()
+    })
+    .unwrap();
+    let once = prober.once();
+    let outcomes = within(once.probe_all(few.clone())).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, ProbeOutcome::Report(_))),
+        "{outcomes:?}"
+    );
+    crate::common::eventually(
+        "every agent connection closed after the sweep",
+        Duration::from_secs(10),
+        async || open.0.load(Ordering::SeqCst) == 0,
+    )
+    .await;
+    // The prober it was made from still keeps its own for the next sweep.
+    within(prober.probe_all(few.clone())).await;
+    within(prober.probe_all(few)).await;
+    assert_eq!(open.0.load(Ordering::SeqCst), 4, "reused, kept open");
+}

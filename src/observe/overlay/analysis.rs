@@ -380,7 +380,8 @@ struct Measure<'a> {
     incomplete_bit: usize,
     /// Per trailer key of the graph, the signal bits it raises.
     table: Vec<u64>,
-    prefixes: Vec<String>,
+    /// The path facts read in this analysis, under the globs' prefixes.
+    paths: facts::PathFacts<'a>,
     diffs_left: usize,
     details: HashMap<(Oid, SignalId), EvidenceDetail>,
 }
@@ -435,7 +436,7 @@ impl<'a> Measure<'a> {
             },
             incomplete_bit,
             table,
-            prefixes: signals.prefixes(),
+            paths: facts::PathFacts::new(repo, signals.prefixes()),
             diffs_left: inner.diff_budget.load(Ordering::Relaxed),
             details: HashMap::new(),
         }
@@ -493,13 +494,13 @@ impl<'a> Measure<'a> {
         }
         self.diffs_left -= 1;
         let oid = graph.oid(node);
-        let computed =
-            facts::path_mask(self.repo, oid, self.signals, &self.prefixes).map_err(|e| {
-                OverlayError::Diff {
-                    commit: oid.to_string(),
-                    path: self.inner.mirror_dir.clone(),
-                    source: self.inner.redactor.cause(&e),
-                }
+        let computed = self
+            .paths
+            .mask(oid, self.signals)
+            .map_err(|e| OverlayError::Diff {
+                commit: oid.to_string(),
+                path: self.inner.mirror_dir.clone(),
+                source: self.inner.redactor.cause(&e),
             })?;
         graph.set_path_mask(node, &computed);
         Counters::add(&self.inner.counters.commits_diffed, 1);

@@ -9,9 +9,9 @@
 //! asks about paths. It must never write to the repository, decide anything
 //! from a fact, or keep git2 handles beyond the call that was given them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use git2::{ErrorCode, Odb, Oid, Repository, Tree};
+use git2::{Odb, Oid, Repository, Tree};
 
 use super::graph::RawCommit;
 use super::signals::{Signals, normalize_trailer_key};
@@ -88,28 +88,8 @@ fn trailer_keys(message: &[u8]) -> Vec<String> {
     }
 }
 
-/// Which path signals (as a mask of `signals.words()` words) one commit's
-/// own change carries. For a merge, only what differs from every parent (its
-/// conflict resolutions and "evil" edits): the side branch's changes are
-/// blamed on the side branch's commits, which the machine may already have.
-pub(crate) fn path_mask(
-    repo: &Repository,
-    oid: Oid,
-    signals: &Signals,
-    prefixes: &[String],
-) -> Result<Vec<u64>, git2::Error> {
-    let mut mask = vec![0u64; signals.words()];
-    let changed = own_changes(repo, oid, prefixes)?;
-    for (id, signal) in signals.path_signals() {
-        if changed.iter().any(|p| signal.set.is_match(p)) {
-            mask[id.0 / 64] |= 1 << (id.0 % 64);
-        }
-    }
-    Ok(mask)
-}
-
 /// The first path (in byte order) under `prefixes` that one commit's own
-/// change touches and `matches` accepts, as [`path_mask`] judges it: the
+/// change touches and `matches` accepts, as [`PathFacts::mask`] judges it: the
 /// path that raised a path signal, for the few commits shown as evidence.
 pub(crate) fn first_matching_path(
     repo: &Repository,
@@ -117,40 +97,189 @@ pub(crate) fn first_matching_path(
     prefixes: &[String],
     matches: impl Fn(&str) -> bool,
 ) -> Result<Option<String>, git2::Error> {
-    Ok(own_changes(repo, oid, prefixes)?
+    Ok(PathFacts::new(repo, prefixes.to_vec())
+        .own_changes(oid)?
         .into_iter()
         .find(|p| matches(p)))
 }
 
-/// What a commit itself changed under `prefixes`: against its only parent
-/// (or the empty tree), or for a merge what differs from every parent.
-fn own_changes(
-    repo: &Repository,
-    oid: Oid,
-    prefixes: &[String],
-) -> Result<BTreeSet<String>, git2::Error> {
-    let commit = repo.find_commit(oid)?;
-    let tree = commit.tree()?;
-    let changed = if commit.parent_count() == 0 {
-        changed_under(repo, None, &tree, prefixes)?
-    } else {
-        let mut common: Option<BTreeSet<String>> = None;
-        for index in 0..commit.parent_count() {
-            let parent_tree = commit.parent(index)?.tree()?;
-            let changed = changed_under(repo, Some(&parent_tree), &tree, prefixes)?;
-            let narrowed = match common {
-                None => changed,
-                Some(common) => common.intersection(&changed).cloned().collect(),
-            };
-            let empty = narrowed.is_empty();
-            common = Some(narrowed);
-            if empty {
-                break;
+/// The path facts of many commits, for one analysis: what a commit has at
+/// the prefixes is read once, not once as a parent and again as a commit
+/// (the analysis compares newest first, so a commit's parent is met as a
+/// parent just before it is compared itself), and what a directory above a
+/// prefix names is kept for the next commits, which mostly share it. A
+/// commit then costs its commit and root tree reads plus the subtrees that
+/// differ: each tree read applies pack deltas, and reading each twice was
+/// about a fifth of `check`'s CPU time with a `paths` rule (#35 item 6).
+/// Both maps are bounded ([`MAX_KEPT`]): what they keep only saves reads.
+pub(crate) struct PathFacts<'r> {
+    repo: &'r Repository,
+    prefixes: Vec<String>,
+    /// Entries at `prefixes` (in their order) of commits met as a parent
+    /// and not yet compared themselves.
+    at_prefixes: HashMap<Oid, Box<[Option<Entry>]>>,
+    /// `(tree, prefix index, depth)`: the entry a directory under the root
+    /// names by that prefix's segment at that depth (a root tree is read
+    /// once per commit, so its lookups are not kept).
+    named: HashMap<(Oid, usize, usize), Option<Entry>>,
+}
+
+/// The most entries either map of [`PathFacts`] keeps: emptied when full.
+/// Consecutive commits share most directories, so a few thousand keep
+/// nearly every hit at a few hundred KiB.
+const MAX_KEPT: usize = 4096;
+
+impl<'r> PathFacts<'r> {
+    pub(crate) fn new(repo: &'r Repository, prefixes: Vec<String>) -> PathFacts<'r> {
+        PathFacts {
+            repo,
+            prefixes,
+            at_prefixes: HashMap::new(),
+            named: HashMap::new(),
+        }
+    }
+
+    /// Which path signals (as a mask of `signals.words()` words) one
+    /// commit's own change carries. For a merge, only what differs from
+    /// every parent (its conflict resolutions and "evil" edits): the side
+    /// branch's changes are blamed on the side branch's commits, which the
+    /// machine may already have.
+    pub(crate) fn mask(&mut self, oid: Oid, signals: &Signals) -> Result<Vec<u64>, git2::Error> {
+        let mut mask = vec![0u64; signals.words()];
+        let changed = self.own_changes(oid)?;
+        for (id, signal) in signals.path_signals() {
+            if changed.iter().any(|p| signal.set.is_match(p)) {
+                mask[id.0 / 64] |= 1 << (id.0 % 64);
             }
         }
-        common.unwrap_or_default()
-    };
-    Ok(changed)
+        Ok(mask)
+    }
+
+    /// What a commit itself changed under the prefixes: against its only
+    /// parent (or the empty tree), or for a merge what differs from every
+    /// parent.
+    fn own_changes(&mut self, oid: Oid) -> Result<BTreeSet<String>, git2::Error> {
+        let commit = self.repo.find_commit(oid)?;
+        let parents: Vec<Oid> = commit.parent_ids().collect();
+        let new = self.entries(oid, commit.tree_id())?;
+        drop(commit);
+        let Some((first, rest)) = parents.split_first() else {
+            return self.changed(None, &new);
+        };
+        let old = self.entries_of(*first)?;
+        let mut common = self.changed(Some(&old), &new)?;
+        for parent in rest {
+            if common.is_empty() {
+                break;
+            }
+            let old = self.entries_of(*parent)?;
+            let changed = self.changed(Some(&old), &new)?;
+            common = common.intersection(&changed).cloned().collect();
+        }
+        Ok(common)
+    }
+
+    /// Paths under the prefixes where `old`'s and `new`'s entries differ.
+    fn changed(
+        &self,
+        old: Option<&[Option<Entry>]>,
+        new: &[Option<Entry>],
+    ) -> Result<BTreeSet<String>, git2::Error> {
+        let mut changed = BTreeSet::new();
+        for (i, prefix) in self.prefixes.iter().enumerate() {
+            let was = old.and_then(|old| old.get(i).copied().flatten());
+            let is = new.get(i).copied().flatten();
+            compare(self.repo, prefix, was, is, &mut changed)?;
+        }
+        Ok(changed)
+    }
+
+    /// The entries at the prefixes of a commit met as a parent, kept for
+    /// when it is compared itself.
+    fn entries_of(&mut self, commit: Oid) -> Result<Box<[Option<Entry>]>, git2::Error> {
+        if let Some(known) = self.at_prefixes.get(&commit) {
+            return Ok(known.clone());
+        }
+        let root = self.repo.find_commit(commit)?.tree_id();
+        let entries = self.read_entries(root)?;
+        if self.at_prefixes.len() >= MAX_KEPT {
+            self.at_prefixes.clear();
+        }
+        self.at_prefixes.insert(commit, entries.clone());
+        Ok(entries)
+    }
+
+    /// The entries at the prefixes of `commit`, whose tree is `root`, as
+    /// it is compared: taken from what was kept (its children were
+    /// compared before it), else read.
+    fn entries(&mut self, commit: Oid, root: Oid) -> Result<Box<[Option<Entry>]>, git2::Error> {
+        match self.at_prefixes.remove(&commit) {
+            Some(known) => Ok(known),
+            None => self.read_entries(root),
+        }
+    }
+
+    fn read_entries(&mut self, root: Oid) -> Result<Box<[Option<Entry>]>, git2::Error> {
+        let mut tree = None;
+        let mut entries = Vec::with_capacity(self.prefixes.len());
+        for index in 0..self.prefixes.len() {
+            entries.push(self.entry_at(root, &mut tree, index)?);
+        }
+        Ok(entries.into_boxed_slice())
+    }
+
+    /// The entry at prefix `index` in the tree `root` (its id and mode),
+    /// `None` if there is none: as `Tree::get_path` finds it (a segment
+    /// naming a file before the last is not found), one segment at a time.
+    /// `tree` is the root tree once read, for the next prefix.
+    fn entry_at(
+        &mut self,
+        root: Oid,
+        tree: &mut Option<Tree<'r>>,
+        index: usize,
+    ) -> Result<Option<Entry>, git2::Error> {
+        let Some(prefix) = self.prefixes.get(index) else {
+            return Ok(None);
+        };
+        let mut at: Entry = (root, TREE_MODE);
+        if prefix.is_empty() {
+            return Ok(Some(at));
+        }
+        for (depth, segment) in prefix.split('/').enumerate() {
+            if at.1 != TREE_MODE {
+                return Ok(None);
+            }
+            let next = if depth == 0 {
+                let root_tree = match tree {
+                    Some(t) => t,
+                    None => tree.insert(self.repo.find_tree(root)?),
+                };
+                root_tree.get_name(segment).map(|e| (e.id(), e.filemode()))
+            } else {
+                let key = (at.0, index, depth);
+                match self.named.get(&key) {
+                    Some(known) => *known,
+                    None => {
+                        let found = self
+                            .repo
+                            .find_tree(at.0)?
+                            .get_name(segment)
+                            .map(|e| (e.id(), e.filemode()));
+                        if self.named.len() >= MAX_KEPT {
+                            self.named.clear();
+                        }
+                        self.named.insert(key, found);
+                        found
+                    }
+                }
+            };
+            match next {
+                Some(entry) => at = entry,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(at))
+    }
 }
 
 /// What a commit says about itself, for the few commits a drift's reason
@@ -216,35 +345,6 @@ type Entry = (Oid, i32);
 
 const TREE_MODE: i32 = 0o040000;
 
-/// Paths under `prefixes` that differ between two trees, as a tree diff
-/// without rename detection reports them (a rename is its old and its new
-/// path; a file replaced by a directory is the file and every file under
-/// the directory). Only subtrees whose ids differ are read, so a commit
-/// that changed one file costs a few tree reads, however large the tree.
-fn changed_under(
-    repo: &Repository,
-    old: Option<&Tree<'_>>,
-    new: &Tree<'_>,
-    prefixes: &[String],
-) -> Result<BTreeSet<String>, git2::Error> {
-    let mut changed = BTreeSet::new();
-    if old.is_some_and(|old| old.id() == new.id()) {
-        return Ok(changed);
-    }
-    for prefix in prefixes {
-        let (was, is) = if prefix.is_empty() {
-            (
-                old.map(|t| (t.id(), TREE_MODE)),
-                Some((new.id(), TREE_MODE)),
-            )
-        } else {
-            (entry_at(old, prefix)?, entry_at(Some(new), prefix)?)
-        };
-        compare(repo, prefix, was, is, &mut changed)?;
-    }
-    Ok(changed)
-}
-
 /// Adds to `out` every path at or under `path` where `old` and `new` differ.
 fn compare(
     repo: &Repository,
@@ -292,16 +392,6 @@ fn compare(
         }
     }
     Ok(())
-}
-
-/// The entry at `path` (its id and mode), `None` if there is none.
-fn entry_at(tree: Option<&Tree<'_>>, path: &str) -> Result<Option<Entry>, git2::Error> {
-    let Some(tree) = tree else { return Ok(None) };
-    match tree.get_path(std::path::Path::new(path)) {
-        Ok(entry) => Ok(Some((entry.id(), entry.filemode()))),
-        Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 #[cfg(test)]
@@ -363,39 +453,118 @@ Fix the sandbox\n\nSecurity: CVE-1\nSigned-off-by: Dev <dev@x>\n";
         builder.write().expect("write tree")
     }
 
+    /// A commit of `tree` on `parents`.
+    fn commit(repo: &Repository, tree: Oid, parents: &[Oid]) -> Oid {
+        let sig = git2::Signature::new("t", "t@x", &git2::Time::new(1_700_000_000, 0))
+            .expect("signature");
+        let tree = repo.find_tree(tree).expect("tree");
+        let parents: Vec<git2::Commit<'_>> = parents
+            .iter()
+            .map(|p| repo.find_commit(*p).expect("parent"))
+            .collect();
+        let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
+        repo.commit(None, &sig, &sig, "c", &tree, &parents)
+            .expect("commit")
+    }
+
+    /// Each path the libgit2 diff of `old` and `new` names (no renames).
+    fn diffed(repo: &Repository, old: Option<Oid>, new: Oid) -> BTreeSet<String> {
+        let old = old.map(|t| repo.find_tree(t).expect("old"));
+        let new = repo.find_tree(new).expect("new");
+        let diff = repo
+            .diff_tree_to_tree(old.as_ref(), Some(&new), None)
+            .expect("diff");
+        let mut paths = BTreeSet::new();
+        for delta in diff.deltas() {
+            for file in [delta.old_file(), delta.new_file()] {
+                if let Some(path) = file.path_bytes() {
+                    paths.insert(String::from_utf8_lossy(path).into_owned());
+                }
+            }
+        }
+        paths
+    }
+
     #[test]
     fn tree_comparison_reports_what_a_libgit2_diff_reports() {
         let dir = tempfile::tempdir().expect("tempdir");
         let repo = Repository::init_bare(dir.path()).expect("init");
         let mut seed = 0x2545_F491_4F6C_DD1D;
+        // One reader per prefix set for every case, as an analysis keeps
+        // one for all its commits: what it kept must never answer wrongly.
+        let prefix_sets = [
+            vec![String::new()],
+            vec!["d".to_owned()],
+            vec!["a".to_owned(), "d/a".to_owned(), "d/d/b".to_owned()],
+        ];
+        let mut readers: Vec<PathFacts<'_>> = prefix_sets
+            .iter()
+            .map(|p| PathFacts::new(&repo, p.clone()))
+            .collect();
+        let mut previous: Option<Oid> = None;
         for case in 0..300 {
             let old = random_tree(&repo, &mut seed, 3);
             let new = random_tree(&repo, &mut seed, 3);
-            let (old, new) = (
-                repo.find_tree(old).expect("old"),
-                repo.find_tree(new).expect("new"),
-            );
-            let old = (case % 7 != 0).then_some(&old);
-            let diff = repo.diff_tree_to_tree(old, Some(&new), None).expect("diff");
-            let mut expected = BTreeSet::new();
-            for delta in diff.deltas() {
-                for file in [delta.old_file(), delta.new_file()] {
-                    if let Some(path) = file.path_bytes() {
-                        expected.insert(String::from_utf8_lossy(path).into_owned());
-                    }
+            // Every seventh case a root commit (against the empty tree);
+            // every fifth a child of the previous case's commit, whose
+            // entries the readers already hold.
+            let (old, parent) = match (case % 7, case % 5, previous) {
+                (0, _, _) => (None, None),
+                (_, 0, Some(previous)) => {
+                    let tree = repo.find_commit(previous).expect("previous").tree_id();
+                    (Some(tree), Some(previous))
                 }
+                _ => (Some(old), Some(commit(&repo, old, &[]))),
+            };
+            let child = commit(&repo, new, parent.as_slice());
+            previous = Some(child);
+            let expected = diffed(&repo, old, new);
+            for (prefixes, reader) in prefix_sets.iter().zip(&mut readers) {
+                let under: BTreeSet<String> = expected
+                    .iter()
+                    .filter(|p| {
+                        prefixes.iter().any(|prefix| {
+                            prefix.is_empty()
+                                || *p == prefix
+                                || p.starts_with(&format!("{prefix}/"))
+                        })
+                    })
+                    .cloned()
+                    .collect();
+                let changed = reader.own_changes(child).expect("compare");
+                assert_eq!(changed, under, "case {case} under {prefixes:?}");
             }
-            let whole = changed_under(&repo, old, &new, &[String::new()]).expect("compare");
-            assert_eq!(whole, expected, "case {case}");
-            // Limited to a prefix: exactly the diff's paths under it.
-            let under_d = changed_under(&repo, old, &new, &["d".to_owned()]).expect("compare");
-            let expected_d: BTreeSet<String> = expected
-                .iter()
-                .filter(|p| *p == "d" || p.starts_with("d/"))
-                .cloned()
-                .collect();
-            assert_eq!(under_d, expected_d, "case {case} under d");
         }
+    }
+
+    #[test]
+    fn a_merge_carries_only_what_differs_from_every_parent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repository::init_bare(dir.path()).expect("init");
+        let tree = |files: &[(&str, &str)]| {
+            let mut b = repo.treebuilder(None).expect("treebuilder");
+            for (name, content) in files {
+                let blob = repo.blob(content.as_bytes()).expect("blob");
+                b.insert(name, blob, 0o100644).expect("insert");
+            }
+            b.write().expect("tree")
+        };
+        let base = commit(&repo, tree(&[("a", "0"), ("b", "0"), ("c", "0")]), &[]);
+        let left = commit(&repo, tree(&[("a", "1"), ("b", "0"), ("c", "0")]), &[base]);
+        let right = commit(&repo, tree(&[("a", "0"), ("b", "1"), ("c", "0")]), &[base]);
+        // The merge takes both sides and changes `c` itself.
+        let merge = commit(
+            &repo,
+            tree(&[("a", "1"), ("b", "1"), ("c", "1")]),
+            &[left, right],
+        );
+        let mut reader = PathFacts::new(&repo, vec![String::new()]);
+        let own = reader.own_changes(merge).expect("merge");
+        assert_eq!(own, BTreeSet::from(["c".to_owned()]));
+        assert_eq!(
+            reader.own_changes(left).expect("left"),
+            BTreeSet::from(["a".to_owned()])
+        );
     }
 
     #[test]

@@ -525,6 +525,28 @@ impl Rate {
     }
 }
 
+impl Rate {
+    /// One call's turn on a bucket last `due` (GCRA): the instant it may be
+    /// sent, and the bucket's next `due` once it is.
+    fn turn(self, due: Option<Instant>, now: Instant) -> (Instant, Instant) {
+        let tolerance = self.interval * self.burst.saturating_sub(1);
+        let due = due.unwrap_or(now).max(now);
+        let send_at = now.max(due.checked_sub(tolerance).unwrap_or(now));
+        (send_at, due + self.interval)
+    }
+}
+
+/// The turn of a `list_machines` of one app under the client's default
+/// limits ([`RateLimits::FLY`], the bucket `reserve` draws from), time
+/// passed in: for the model check (tests/it/protocol_model, #32 item 13g),
+/// so that it spaces its sweeps by the real decision.
+#[doc(hidden)]
+pub fn list_turn(due: Option<Instant>, now: Instant) -> (Instant, Instant) {
+    RateLimiter::new(RateLimits::FLY)
+        .rate("list_machines")
+        .turn(due, now)
+}
+
 /// The client's own limits, mirroring Fly's documented ones so that our
 /// traffic is spaced before Fly answers 429 (FLY-REALITY.md, "Limits").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -612,7 +634,6 @@ impl RateLimiter {
         deadline: Option<Instant>,
     ) -> Result<Instant, Duration> {
         let rate = self.rate(key.action);
-        let tolerance = rate.interval * rate.burst.saturating_sub(1);
         // A poisoned lock only means another call panicked mid-update of a
         // map of instants: still usable.
         let mut buckets = self
@@ -623,14 +644,13 @@ impl RateLimiter {
             buckets.due.retain(|_, due| *due > now);
             buckets.prune_at = (buckets.due.len() * 2).max(MIN_PRUNE_AT);
         }
-        let due = buckets.due.get(&key).copied().unwrap_or(now).max(now);
-        let send_at = now.max(due.checked_sub(tolerance).unwrap_or(now));
+        let (send_at, next) = rate.turn(buckets.due.get(&key).copied(), now);
         if let Some(d) = deadline
             && send_at >= d
         {
             return Err(send_at - now);
         }
-        buckets.due.insert(key, due + rate.interval);
+        buckets.due.insert(key, next);
         Ok(send_at)
     }
 
@@ -720,8 +740,10 @@ impl AuthHeaders {
 /// (`fm1r_`, `fm1a_`, `fm2_`, alone or among comma-separated tokens) goes
 /// as `FlyV1` (fly-go `tokens/tokens.go`, `Parse` and `normalized`: the
 /// scheme is `FlyV1` as soon as one macaroon is present); anything else as
-/// Bearer. Marked sensitive, so no HTTP debug output shows it.
-fn auth_header(token: &str) -> Result<HeaderValue, FlyClientBuildError> {
+/// Bearer. Marked sensitive, so no HTTP debug output shows it. Public
+/// for the model check only (#32 item 13i).
+#[doc(hidden)]
+pub fn auth_header(token: &str) -> Result<HeaderValue, FlyClientBuildError> {
     let token = token.trim();
     if token.is_empty() {
         return Err(FlyClientBuildError::BadToken);
@@ -1719,6 +1741,22 @@ fn httpdate_to_system_time(v: &str) -> Option<std::time::SystemTime> {
     chrono::DateTime::parse_from_rfc2822(v)
         .ok()
         .map(|d| std::time::SystemTime::from(d.with_timezone(&chrono::Utc)))
+}
+
+/// The error a Fly answer of `status` with `body` becomes for a call `op`
+/// on `machine`, as the client reads it: for the model check only (#32
+/// item 13j, a 409's text).
+#[doc(hidden)]
+pub fn answer_error(
+    op: &'static str,
+    app: &AppName,
+    machine: Option<&MachineId>,
+    status: u16,
+    body: &str,
+) -> FlyError {
+    let call = Call::new(op, Method::POST, app, machine);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    status_error(&call, status, body, None)
 }
 
 fn status_error(

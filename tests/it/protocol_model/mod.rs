@@ -55,6 +55,9 @@
 //! | `crash_once` | starts as `probe_window`; after our restart the agent may crash once on its own (Fly restarts it); every restart leaves Fly's exit event | a rotation is not failed by our own restart's exit |
 //! | `stop_timeout` | starts as `probe_window`, m0's stop timeout 60 s (twice the verify deadline), its agent using all of it; 40 s ticks | an attempt is not failed while Fly may still be stopping the machine |
 //! | `console` | m1 is a `fly console` machine made from m0's config (pool label, old commit, idle), cap 2; the listing goes through the real `fly::Machine::is_one_off_command` | a machine that is not the app's own is never acted on |
+//! | `bare_macaroon` | the token is a bare `fm2_` macaroon; Fly takes a macaroon only as `FlyV1`, the header is the real `fly::auth_header`'s | no call of ours is refused for its credentials |
+//! | `list_limit` | the machine runs the tip (sweeps plan nothing, so sweep again at once); Fly answers 429 past 1 List/s, burst 3, per app; sweeps wait for the real `fly::list_turn`; 1 s ticks to 3 s | no List of ours is refused by Fly's per-app limit (one client's own lists: replicas share Fly's budget, not promised) |
+//! | `foreign_lease` | an operator's `fly deploy` holds m0's lease; Fly's 409 says who in `message`, read by the real `fly::answer_error` | a step skipped for a lease held by someone else reports Fly's message |
 //!
 //! A mid-protocol start records the restarts and approval uses of the past
 //! it stands for, so the invariants count across that past.
@@ -128,7 +131,14 @@
 //! timeout in `restart_verified_by`) by `stop_timeout`: 40 s after the
 //! restart the attempt is failed while Fly is still stopping the machine
 //! (21 actions). 13h (`fly::Machine::is_one_off_command` always false) by
-//! `console`: the first plan claims the console machine (1 action). Each
+//! `console`: the first plan claims the console machine (1 action). 13i
+//! (`auth_header` sends a bare macaroon as `Bearer`) by `bare_macaroon`:
+//! Fly answers the first List 401 (1 action). 13g (`RateLimits::FLY.list`
+//! back at 5/s, burst 10) by `list_limit`: the fourth sweep at one instant
+//! is answered 429 (4 actions). 13j (`status_error` keeps only `error`)
+//! by `foreign_lease`: the acquire's report says `aborted`, not who holds
+//! the lease (2 actions); and by `lease_lapse` (the other replica's 409).
+//! Each
 //! is replayed in `counterexamples`; the example tests stay
 //! (`item13a_a_408_on_a_write_is_unanswered_and_an_unsafe_one_is_not_repeated`,
 //! `item13c_only_unrequested_crashes_fly_restarted_count_toward_a_crash_loop`,
@@ -136,8 +146,8 @@
 //! `item13f_a_refresh_after_the_lease_lapsed_is_a_lost_lease`,
 //! `item13h_console_and_release_command_machines_are_not_listed`): the
 //! model does not check 13a's other half (the unanswered-call report,
-//! `action_unfenced`), nor the listing call itself. 13g, 13i and 13j are
-//! wire-level (`item13g_lists_keep_to_flys_per_app_limit`,
+//! `action_unfenced`), nor the listing call itself. The wire-level tests
+//! of 13g, 13i and 13j stay (`item13g_lists_keep_to_flys_per_app_limit`,
 //! `item13j_a_409_keeps_flys_message`,
 //! `item13i_a_bare_macaroon_is_sent_as_flyv1`).
 
@@ -635,6 +645,63 @@ pub fn scenarios() -> Vec<Scenario> {
             start: Some(starts::a_console_beside_the_app),
             depth: None,
         },
+        Scenario {
+            name: "bare_macaroon",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                bare_macaroon: Some("fm2_model"),
+                ..Env::default()
+            },
+            ticks: &[],
+            horizon: 0,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            covers_restart: true,
+            start: None,
+            depth: None,
+        },
+        Scenario {
+            name: "list_limit",
+            // The machine runs the tip: sweeps plan nothing, so a replica
+            // sweeps again at once, as often as its limiter lets it.
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env {
+                list_limit: true,
+                ..Env::default()
+            },
+            ticks: &[1],
+            horizon: 3,
+            budget: 0,
+            tip: 0,
+            interleave: false,
+            only: None,
+            covers_restart: false,
+            start: None,
+            depth: None,
+        },
+        Scenario {
+            name: "foreign_lease",
+            busy: vec![false],
+            confs: vec![Conf::Restart { cap: 1 }],
+            skews: vec![0],
+            env: Env::default(),
+            ticks: &[],
+            horizon: 0,
+            budget: 0,
+            tip: 1,
+            interleave: false,
+            only: None,
+            // A foreign lease is never given back within the bound.
+            covers_restart: false,
+            start: Some(starts::a_foreign_lease),
+            depth: None,
+        },
     ]
 }
 
@@ -916,6 +983,21 @@ mod tests {
     #[test]
     fn console() {
         check("console");
+    }
+
+    #[test]
+    fn bare_macaroon() {
+        check("bare_macaroon");
+    }
+
+    #[test]
+    fn list_limit() {
+        check("list_limit");
+    }
+
+    #[test]
+    fn foreign_lease() {
+        check("foreign_lease");
     }
 }
 
@@ -1216,6 +1298,47 @@ mod counterexamples {
         assert_eq!(w.record.one_off_touched, None, "{:?}", w.record);
         let machines: Vec<usize> = w.replicas[0].queue.iter().map(|e| e.machine).collect();
         assert_eq!(machines, [0]);
+    }
+
+    /// #32 item 13i (mutation check of `bare_macaroon`): the first List
+    /// goes as `FlyV1 fm2_…`, Fly takes it and the sweep plans.
+    #[test]
+    fn a_bare_macaroon_is_taken_by_fly() {
+        let s = scenario("bare_macaroon");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        assert_eq!(w.record.credentials_refused, None, "{:?}", w.record);
+        assert_eq!(w.replicas[0].queue.len(), 1);
+    }
+
+    /// #32 item 13g (mutation check of `list_limit`): three sweeps at one
+    /// instant, the fourth waits for its turn a second later, and Fly
+    /// refuses none.
+    #[test]
+    fn sweeps_keep_to_flys_list_limit() {
+        let s = scenario("list_limit");
+        let mut w = s.init_states().remove(0);
+        for _ in 0..3 {
+            w = act(&s, w, Action::Sweep(0));
+        }
+        let mut possible = Vec::new();
+        s.actions(&w, &mut possible);
+        assert!(!possible.contains(&Action::Sweep(0)), "{possible:?}");
+        w = act(&s, w, Action::Tick(1));
+        w = act(&s, w, Action::Sweep(0));
+        assert_eq!(w.record.list_refused, None, "{:?}", w.record);
+    }
+
+    /// #32 item 13j (mutation check of `foreign_lease`): the acquire's
+    /// 409 is reported with who holds the lease.
+    #[test]
+    fn a_foreign_lease_is_reported_with_flys_message() {
+        let s = scenario("foreign_lease");
+        let mut w = s.init_states().remove(0);
+        w = act(&s, w, Action::Sweep(0));
+        w = act(&s, w, Action::Call(0, Answer::Ok));
+        assert_eq!(w.record.conflict_unexplained, None, "{:?}", w.record);
+        assert!(w.replicas[0].queue.is_empty(), "the step is skipped");
     }
 
     /// A hold lands between the check and the cordon, and the read after

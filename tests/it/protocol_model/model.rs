@@ -60,6 +60,16 @@ pub struct Env {
     /// A restarted agent may crash once on its own (Fly restarts it;
     /// #32 item 13c).
     pub crash_once: bool,
+    /// The replicas' Fly token, a bare macaroon (`fm2_…`); `None`: a
+    /// token Fly takes under any scheme. Fly refuses (401) a call whose
+    /// `Authorization`, as `fly::auth_header` builds it, is not `FlyV1 `
+    /// and the token (#32 item 13i).
+    pub bare_macaroon: Option<&'static str>,
+    /// Fly answers 429 to a List of the app past its documented limit
+    /// (1/s, burst 3, per app), and each replica lists through its
+    /// client's limiter (`fly::list_turn`): a sweep waits for its turn
+    /// (#32 item 13g).
+    pub list_limit: bool,
 }
 
 /// One bounded model: a world to start from and what may happen to it.
@@ -175,11 +185,13 @@ impl Model for Scenario {
                     known: vec![Known::Never; self.busy.len()],
                     cordon_seen: vec![None; self.busy.len()],
                     cut_off: false,
+                    list_due: None,
                 })
                 .collect(),
             approvals: 0,
             budget: self.budget,
             record: Record::default(),
+            fly_list_due: 0,
         };
         if let Some(start) = self.start {
             start(&mut w);
@@ -203,6 +215,7 @@ impl Model for Scenario {
                 continue;
             }
             match replica.queue.first().and_then(|e| e.ops.first()) {
+                None if self.env.list_limit && list_turn(w, r).0 > w.time * 1000 => {}
                 None => actions.push(Action::Sweep(r)),
                 Some(op) => {
                     actions.push(Action::Call(r, Answer::Ok));
@@ -311,7 +324,14 @@ impl Model for Scenario {
         } else {
             Vec::new()
         };
+        if let Action::Sweep(r) | Action::Call(r, _) = action
+            && let Some(token) = self.env.bare_macaroon
+            && !fly_takes(token, r, &mut w)
+        {
+            return Some(w);
+        }
         match action {
+            Action::Sweep(r) if self.env.list_limit && !list_taken(&mut w, r) => {}
             Action::Sweep(r) => sweep_and_plan(&mut w, r, self.env.host_outage),
             Action::Call(r, answer) => call(&mut w, r, answer, self.env.stuck_agents),
             Action::Tick(q) => {
@@ -421,6 +441,8 @@ impl Model for Scenario {
                 replica.last_plan = None;
                 replica.known.iter_mut().for_each(|k| *k = Known::Never);
                 replica.cordon_seen.iter_mut().for_each(|c| *c = None);
+                // A new process, a new client: its limiter starts empty.
+                replica.list_due = None;
                 // Its leases lapse with their TTL (folded into this step).
                 for m in &mut w.machines {
                     if m.lease == Some(r as u8) {
@@ -503,6 +525,15 @@ impl Model for Scenario {
             Property::always(ONE_OFF_UNTOUCHED, |_, w: &World| {
                 w.record.one_off_touched.is_none()
             }),
+            Property::always(CREDENTIALS_TAKEN, |_, w: &World| {
+                w.record.credentials_refused.is_none()
+            }),
+            Property::always(LISTS_WITHIN_LIMIT, |_, w: &World| {
+                w.record.list_refused.is_none()
+            }),
+            Property::always(CONFLICT_EXPLAINED, |_, w: &World| {
+                w.record.conflict_unexplained.is_none()
+            }),
             // Coverage: the bounded run reaches a restart at all.
             Property::sometimes(A_RESTART_LANDS, |_, w: &World| {
                 !w.record.restarts.is_empty()
@@ -544,6 +575,11 @@ pub const NOT_FAILED_WHILE_STOPPING: &str =
     "an attempt is not failed while Fly may still be stopping the machine (its stop timeout)";
 pub const ONE_OFF_UNTOUCHED: &str =
     "a machine that is not the app's own (console, release command) is never acted on";
+pub const CREDENTIALS_TAKEN: &str = "no call of ours is refused for its credentials";
+pub const LISTS_WITHIN_LIMIT: &str =
+    "no List of ours is refused by Fly's per-app limit (one client's own lists)";
+pub const CONFLICT_EXPLAINED: &str =
+    "a step skipped for a lease held by someone else reports Fly's message";
 pub const A_RESTART_LANDS: &str = "a restart lands (coverage)";
 
 /// Which answers a call may get: (429, lost answer). Reads are never
@@ -840,6 +876,58 @@ fn read_back(w: &mut World, ex: &mut Exec, undo_fails: bool) {
     }
 }
 
+/// Fly's side of a call's credentials (#32 item 13i): a macaroon is taken
+/// only under the `FlyV1` scheme; the header is the real client's
+/// (`fly::auth_header`). A refused call has no effect.
+fn fly_takes(token: &str, r: usize, w: &mut World) -> bool {
+    let header = fleet_reconciler::fly::auth_header(token)
+        .ok()
+        .and_then(|h| h.to_str().ok().map(str::to_string));
+    if header.as_deref() == Some(format!("FlyV1 {}", token.trim()).as_str()) {
+        return true;
+    }
+    if w.record.credentials_refused.is_none() {
+        w.record.credentials_refused = Some(format!(
+            "r{r}: Fly answered 401 to a call sent with Authorization {:?} for the macaroon {token}",
+            header.map(|h| h.split(' ').next().unwrap_or_default().to_string())
+        ));
+    }
+    false
+}
+
+/// Replica `r`'s next List turn and its limiter's next `due`, in ms of true
+/// time, as the real client decides it (`fly::list_turn`; its monotonic
+/// clock has no skew).
+fn list_turn(w: &World, r: usize) -> (i64, i64) {
+    let base = tokio::time::Instant::now();
+    let ms = |t: i64| std::time::Duration::from_millis(u64::try_from(t).unwrap_or(0));
+    let since = |i: tokio::time::Instant| i64::try_from((i - base).as_millis()).unwrap_or(i64::MAX);
+    let due = w.replicas[r].list_due.map(|d| base + ms(d));
+    let (send_at, next) = fleet_reconciler::fly::list_turn(due, base + ms(w.time * 1000));
+    (since(send_at), since(next))
+}
+
+/// Replica `r` lists the app at its turn; Fly takes it within its limit
+/// of 1/s, burst 3, per app (GCRA on its own clock, FLY-REALITY F7), or
+/// answers 429 and the sweep fails (#32 item 13g).
+fn list_taken(w: &mut World, r: usize) -> bool {
+    let (_, next) = list_turn(w, r);
+    w.replicas[r].list_due = Some(next);
+    let now = w.time * 1000;
+    let tat = w.fly_list_due.max(now);
+    if now < tat - 2000 {
+        if w.record.list_refused.is_none() {
+            w.record.list_refused = Some(format!(
+                "r{r}: a List of {APP} at {}s answered 429: past Fly's 1/s, burst 3, per app",
+                w.time
+            ));
+        }
+        return false;
+    }
+    w.fly_list_due = tat + 1000;
+    true
+}
+
 /// `FlyClient::refresh_lease`'s rule (#32 item 13f): a refresh counts only
 /// when Fly answers with our nonce.
 fn refresh_counts(same_nonce: bool) -> bool {
@@ -851,6 +939,33 @@ fn refresh_counts(same_nonce: bool) -> bool {
 /// `OutcomeUnknown`, never repeated; an idempotent write is retried.
 fn repeated_after_408(op: &Op) -> bool {
     !matches!(op, Op::Restart { .. } | Op::Acquire)
+}
+
+/// Fly answers 409 to replica `r`'s acquire, `holder` holding the lease,
+/// saying who in `message` (FLY-REALITY F15); the step is skipped and its
+/// report is the real client's error of that answer (`fly::answer_error`),
+/// which must name it (#32 item 13j).
+fn lease_conflict(w: &mut World, r: usize, i: usize, holder: u8) {
+    let who = if usize::from(holder) < w.replicas.len() {
+        format!("fleet-reconciler r{holder}")
+    } else {
+        "deploy@example.com".to_string()
+    };
+    let said = format!("lease currently held by {who}");
+    let body = serde_json::json!({"error": "aborted", "message": said}).to_string();
+    let err = fleet_reconciler::fly::answer_error(
+        "acquire_lease",
+        &APP.into(),
+        Some(&machine_id(i)),
+        409,
+        &body,
+    );
+    let report = err.to_string();
+    if !report.contains(&said) && w.record.conflict_unexplained.is_none() {
+        w.record.conflict_unexplained = Some(format!(
+            "m{i}: r{r}'s acquire refused with 409 ({said:?}) reported as {report:?}"
+        ));
+    }
 }
 
 /// A mutating Fly call on the machine lands: host reachable and not 429.
@@ -872,6 +987,12 @@ fn one_call(w: &mut World, r: usize, ex: &mut Exec, op: &Op, answer: Answer, stu
     match op {
         // `Executor::acquire`: someone else's lease means skip.
         Op::Acquire => {
+            if answer == Answer::Ok
+                && w.machines[i].host_ok
+                && let Some(holder) = w.machines[i].lease
+            {
+                lease_conflict(w, r, i, holder);
+            }
             let m = &mut w.machines[i];
             if answer != Answer::Ok || m.lease.is_some() || !m.host_ok {
                 return Next::Drop;

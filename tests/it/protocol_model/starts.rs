@@ -337,3 +337,9 @@ pub fn a_console_beside_the_app(w: &mut World) {
     }
     m.older = m.metadata.clone();
 }
+
+/// #32 item 13j: an operator's `fly deploy` holds m0's lease (a holder
+/// that is no replica), and keeps it within the bound.
+pub fn a_foreign_lease(w: &mut World) {
+    w.machines[0].lease = Some(9);
+}

@@ -452,6 +452,9 @@ pub struct Replica {
     /// Cut off from the private network: its probes of every agent fail
     /// (Fly's API still answers it).
     pub cut_off: bool,
+    /// The `due` of its client's List bucket, ms of true time
+    /// (`Env::list_limit`).
+    pub list_due: Option<i64>,
 }
 
 /// What the invariants need of the past.
@@ -500,6 +503,12 @@ pub struct Record {
     pub failed_while_stopping: Option<String>,
     /// A step planned for a machine that is not the app's own (#32 item 13h).
     pub one_off_touched: Option<String>,
+    /// A call Fly refused for its credentials (#32 item 13i).
+    pub credentials_refused: Option<String>,
+    /// A List Fly refused past its per-app limit (#32 item 13g).
+    pub list_refused: Option<String>,
+    /// A 409 on an acquire reported without Fly's message (#32 item 13j).
+    pub conflict_unexplained: Option<String>,
 }
 
 impl Record {
@@ -520,6 +529,9 @@ impl Record {
             || self.failed_on_own_exit.is_some()
             || self.failed_while_stopping.is_some()
             || self.one_off_touched.is_some()
+            || self.credentials_refused.is_some()
+            || self.list_refused.is_some()
+            || self.conflict_unexplained.is_some()
     }
 }
 
@@ -534,6 +546,9 @@ pub struct World {
     /// Environment events left (bounds the space).
     pub budget: u8,
     pub record: Record,
+    /// Fly's List bucket of the app: its next due, ms of true time
+    /// (`Env::list_limit`).
+    pub fly_list_due: i64,
 }
 
 impl World {

@@ -1178,6 +1178,52 @@ mod counterexamples {
         assert!(labels.iter().any(|l| l.contains("finish")), "{labels:?}");
     }
 
+    /// #32, found by `cargo bench --bench model` at depth 80 (43 actions,
+    /// past the test's depth of 40); a defect of the model's invariant, not
+    /// of the protocol. r0, cut off from the agents, restarts m0 past the
+    /// probe-failure ceiling while Fly's check fails; the check then passes,
+    /// but r0 can never get the agent's report of the target that
+    /// verification needs (F10), so at the verify deadline the attempt backs
+    /// off (fail-closed). No exit ended it: it is no crash loop, and the
+    /// invariant no longer judges an ending the replica could not verify.
+    #[test]
+    fn a_cut_off_replica_backs_off_an_unprobeable_restart_it_cannot_verify() {
+        let s = scenario("checks_flap");
+        let mut w = s.init_states().remove(0);
+        // The shared unprobed record, then the ceiling passes.
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        w = act(&s, w, Action::Sweep(0));
+        for _ in 0..3 {
+            w = act(&s, w, Action::Tick(40));
+        }
+        // Claim, restart as unprobeable, re-assert the cordon.
+        for _ in 0..3 {
+            w = act(&s, w, Action::Sweep(0));
+            w = all_calls(&s, w, 0);
+        }
+        assert_eq!(w.record.restarts.get(&(0, 1)), Some(&1), "{:?}", w.record);
+        w = act(&s, w, Action::Sweep(0));
+        w = act(&s, w, Action::Tick(40));
+        w = act(&s, w, Action::CheckFlap(0));
+        w = act(&s, w, Action::Sweep(0));
+        let labels: Vec<&str> = w.replicas[0]
+            .queue
+            .iter()
+            .map(|e| e.label.as_str())
+            .collect();
+        assert!(
+            labels.iter().any(|l| l.contains("verify failed")),
+            "{labels:?}"
+        );
+        assert!(
+            w.machines[0].exits.len() < fleet_reconciler::decide::planner::CRASH_LOOP_EXITS,
+            "{:?}",
+            w.machines[0].exits
+        );
+        assert_eq!(w.record.failed_on_own_exit, None, "{:?}", w.record);
+    }
+
     /// #32 item 13e (mutation check of `stop_timeout`): m0's stop timeout
     /// (60 s) is twice the verify deadline; 40 s after the restart the
     /// machine is still stopping, and the attempt is not failed; it comes

@@ -81,14 +81,18 @@
 //! (`tip_authority`) and 10 (`hold_race`: a read back on an unreachable
 //! host, and one refused with 429); and outside the Part 1 list, a wait
 //! past its ceiling on an unreachable host with no alert (`ceilings`,
-//! fixed in the planner).
+//! fixed in the planner). One was a defect of the model, found by the
+//! bench at depth 80 (`checks_flap`, 43 actions): "not failed by our own
+//! restart's exit" judged a backoff at the verify deadline by a replica
+//! cut off from the agent, which can never verify (fail-closed); it now
+//! judges only endings exits could cause or the replica could verify.
 //!
 //! Mutation check (each fix reverted by hand in `src/`, the model run):
 //! items 1, 10, 12 as above; 8 alone (`on_our_clock`, `retry_due` and
 //! `unprobed_evidence` taking the writer's times as they are) by
 //! `probe_skew`, busy restart: the replica whose clock is behind writes the
 //! shared probe-failure record, the other takes it as past the ceiling at
-//! once and restarts the busy agent (28 actions); and by `restart_refused`,
+//! once and restarts the busy agent (27 actions); and by `restart_refused`,
 //! waits end or alert (a yielded marker's `retry_at` due at once). The
 //! grace alone cannot show item 8: item 12's fix counts it from this
 //! replica's own first sight of the cordon, which no writer's clock
@@ -113,7 +117,7 @@
 //! acted through (13 actions). The alert for a tip that moves within a
 //! step (`loaded_past_its_target` not raised) by `tip_authority` and
 //! `approvals`: the tip moves between the check and the restart, the
-//! verify finishes with no alert (27 actions). 13b (any all-passing checks verify,
+//! verify finishes with no alert (26 and 25 actions). 13b (any all-passing checks verify,
 //! whatever their age) by `fresh_checks`, a restart verified only on a
 //! check result newer than it (13 actions: the sweep right after the
 //! restart finishes the rotation). 13a (a restart answered 408 is
@@ -1258,6 +1262,52 @@ mod counterexamples {
             .map(|e| e.label.as_str())
             .collect();
         assert!(labels.iter().any(|l| l.contains("finish")), "{labels:?}");
+    }
+
+    /// #32, found by `cargo bench --bench model` at depth 80 (43 actions,
+    /// past the test's depth of 40); a defect of the model's invariant, not
+    /// of the protocol. r0, cut off from the agents, restarts m0 past the
+    /// probe-failure ceiling while Fly's check fails; the check then passes,
+    /// but r0 can never get the agent's report of the target that
+    /// verification needs (F10), so at the verify deadline the attempt backs
+    /// off (fail-closed). No exit ended it: it is no crash loop, and the
+    /// invariant no longer judges an ending the replica could not verify.
+    #[test]
+    fn a_cut_off_replica_backs_off_an_unprobeable_restart_it_cannot_verify() {
+        let s = scenario("checks_flap");
+        let mut w = s.init_states().remove(0);
+        // The shared unprobed record, then the ceiling passes.
+        w = act(&s, w, Action::Sweep(0));
+        w = all_calls(&s, w, 0);
+        w = act(&s, w, Action::Sweep(0));
+        for _ in 0..3 {
+            w = act(&s, w, Action::Tick(40));
+        }
+        // Claim, restart as unprobeable, re-assert the cordon.
+        for _ in 0..3 {
+            w = act(&s, w, Action::Sweep(0));
+            w = all_calls(&s, w, 0);
+        }
+        assert_eq!(w.record.restarts.get(&(0, 1)), Some(&1), "{:?}", w.record);
+        w = act(&s, w, Action::Sweep(0));
+        w = act(&s, w, Action::Tick(40));
+        w = act(&s, w, Action::CheckFlap(0));
+        w = act(&s, w, Action::Sweep(0));
+        let labels: Vec<&str> = w.replicas[0]
+            .queue
+            .iter()
+            .map(|e| e.label.as_str())
+            .collect();
+        assert!(
+            labels.iter().any(|l| l.contains("verify failed")),
+            "{labels:?}"
+        );
+        assert!(
+            w.machines[0].exits.len() < fleet_reconciler::decide::planner::CRASH_LOOP_EXITS,
+            "{:?}",
+            w.machines[0].exits
+        );
+        assert_eq!(w.record.failed_on_own_exit, None, "{:?}", w.record);
     }
 
     /// #32 item 13e (mutation check of `stop_timeout`): m0's stop timeout

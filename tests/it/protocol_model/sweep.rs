@@ -328,7 +328,7 @@ pub fn sweep_and_plan(w: &mut World, r: usize, hosts_go_out: bool) {
     if w.record.over_cap_kept.is_none() {
         w.record.over_cap_kept = over_cap_kept(w, &snap, r, &p.steps());
     }
-    attempts_ended(w, &p.steps());
+    attempts_ended(w, r, &p.steps());
     if w.record.one_off_touched.is_none() {
         w.record.one_off_touched = p
             .steps()
@@ -727,7 +727,15 @@ fn tip_move_alerted(w: &mut World, r: usize, p: &fleet_reconciler::decide::plann
 /// truth, the machine came back on its target with fewer crashes since
 /// our restart than a crash loop (our own restart's exit is no crash), or
 /// is still being stopped within its stop timeout.
-fn attempts_ended(w: &mut World, steps: &[&Step]) {
+///
+/// An ending by replica `r` at the verify deadline while `r` cannot read
+/// the agent (cut off, or the agent unreachable) and too few exits of any
+/// kind for a crash loop is not judged as failed on our exit: no exit
+/// ended it, and verification needs the agent's report of the target
+/// (F10), so backing off is the fail-closed outcome, not a miscount
+/// (the bench's `checks_flap` trace,
+/// `a_cut_off_replica_backs_off_an_unprobeable_restart_it_cannot_verify`).
+fn attempts_ended(w: &mut World, r: usize, steps: &[&Step]) {
     for s in steps {
         let restarting = s
             .expected
@@ -751,7 +759,11 @@ fn attempts_ended(w: &mut World, steps: &[&Step]) {
             .filter(|e| matches!(e, super::world::Exit::Crash))
             .count();
         let back = m.back_at.is_none() && m.started && Some(m.loaded) == target;
+        let exits_may_have_ended_it =
+            m.exits.len() >= fleet_reconciler::decide::planner::CRASH_LOOP_EXITS;
+        let verifiable = report(w, r, index(s)).is_some();
         if back
+            && (verifiable || exits_may_have_ended_it)
             && crashes < fleet_reconciler::decide::planner::CRASH_LOOP_EXITS
             && m.check_failing != Some(true)
             && w.record.failed_on_own_exit.is_none()

@@ -365,10 +365,19 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     let overlay = OverlayRepo::new();
     let tip = overlay.tip();
     let clock: SharedClock = Arc::new(TokioClock::starting_at(chrono::Utc::now()));
-    let mut app = SimApp::new("alpha");
-    for i in 0..8 {
-        app =
-            app.machine(SimMachine::new(format!("alpha-{i:02}")).loaded(overlay.behind(1 + i % 2)));
+    // alpha-00 drifts alone; the others are started (and drift) only once
+    // it has rotated, so its group is empty in between, for less than
+    // `resolve_after`: without the hold-down it resolves and re-triggers.
+    // (The real-Alertmanager test below staggers the same way.)
+    let mut app =
+        SimApp::new("alpha").machine(SimMachine::new("alpha-00").loaded(overlay.behind(1)));
+    let late: Vec<String> = (1..8).map(|i| format!("alpha-{i:02}")).collect();
+    for (i, id) in (1..8).zip(&late) {
+        app = app.machine(
+            SimMachine::new(id.clone())
+                .loaded(overlay.behind(1 + i % 2))
+                .stopped(),
+        );
     }
     let fleet = SimFleet::new(TOKEN)
         .clock(clock.clone())
@@ -424,9 +433,45 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     )
     .await;
 
+    let machine_on_tip = |id: &str| sim.machine(id).is_some_and(|m| m.loaded_ref == tip);
+    eventually(
+        "alpha-00 rotated onto the tip",
+        Duration::from_secs(60),
+        async || machine_on_tip("alpha-00"),
+    )
+    .await;
+    let rotated_at = clock.now();
+    // B sees alpha-00's group empty (a sweep after the rotation) and is then
+    // cut off at once: its hold-down of that group ends while its view is
+    // stale, so only the stale gate keeps it from resolving what A, seeing
+    // the late machines, still holds open.
+    eventually(
+        "B sees alpha-00 on the tip",
+        Duration::from_secs(30),
+        async || {
+            let fleet = b.fleet().await;
+            let swept_at = fleet["swept_at"]
+                .as_str()
+                .and_then(|s| s.parse::<DateTime<Utc>>().ok());
+            swept_at.is_some_and(|s| s > rotated_at)
+                && fleet["machines"].as_array().is_some_and(|ms| {
+                    ms.iter().any(|m| {
+                        m["machine_id"] == "alpha-00"
+                            && m["status"].as_str().is_some_and(|s| s != "drifted")
+                    })
+                })
+        },
+    )
+    .await;
     // B is cut off from the Machines API; A carries the release through.
     proxy.cut();
     let cut_at = clock.now();
+    // The group stays empty ~2 s (under resolve_after), then refills.
+    let refill_at = rotated_at + chrono::Duration::seconds(2);
+    tokio::time::sleep((refill_at - clock.now()).to_std().unwrap_or_default()).await;
+    for id in &late {
+        assert!(sim.set_state(id, "started"), "no machine {id} in the sim");
+    }
     let on_tip = || {
         sim.machines()
             .iter()
@@ -504,6 +549,20 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
             if alert["labels"]["fly_app"] == "alpha" {
                 problems.push(format!("stale B posted to Alertmanager: {alert}"));
             }
+        }
+    }
+    // B saw alpha-00's group empty just before the cut, for less than
+    // resolve_after: its hold-down ends only once its view is stale, so any
+    // resolve it sends of alpha before the heal comes from stale data.
+    for r in pd.iter().filter(|r| {
+        r.replica == "b" && r.at > cut_at && r.at < healed_at && r.body["event_action"] == "resolve"
+    }) {
+        if r.body["dedup_key"]
+            .as_str()
+            .unwrap_or("")
+            .contains("/alpha/")
+        {
+            problems.push(format!("stale B resolved: {}", r.body));
         }
     }
     for r in pd

@@ -365,19 +365,24 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     let overlay = OverlayRepo::new();
     let tip = overlay.tip();
     let clock: SharedClock = Arc::new(TokioClock::starting_at(chrono::Utc::now()));
-    // alpha-00 drifts alone; the others are started (and drift) only once
-    // it has rotated, so its group is empty in between, for less than
-    // `resolve_after`: without the hold-down it resolves and re-triggers.
-    // (The real-Alertmanager test below staggers the same way.)
-    let mut app =
-        SimApp::new("alpha").machine(SimMachine::new("alpha-00").loaded(overlay.behind(1)));
-    let late: Vec<String> = (1..8).map(|i| format!("alpha-{i:02}")).collect();
-    for (i, id) in (1..8).zip(&late) {
-        app = app.machine(
-            SimMachine::new(id.clone())
-                .loaded(overlay.behind(1 + i % 2))
-                .stopped(),
-        );
+    // alpha-00 and alpha-02 drift first (two, so that both replicas see the
+    // drift before A has rotated it away); the others are started (and
+    // drift) only once those have rotated, so their group is empty in
+    // between, for less than `resolve_after`: without the hold-down it
+    // resolves and re-triggers. (The real-Alertmanager test below staggers
+    // the same way.)
+    let first = ["alpha-00", "alpha-02"];
+    let mut app = SimApp::new("alpha");
+    let mut late = Vec::new();
+    for i in 0..8 {
+        let id = format!("alpha-{i:02}");
+        let m = SimMachine::new(id.clone()).loaded(overlay.behind(1 + i % 2));
+        app = app.machine(if first.contains(&id.as_str()) {
+            m
+        } else {
+            late.push(id);
+            m.stopped()
+        });
     }
     let fleet = SimFleet::new(TOKEN)
         .clock(clock.clone())
@@ -435,18 +440,18 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
 
     let machine_on_tip = |id: &str| sim.machine(id).is_some_and(|m| m.loaded_ref == tip);
     eventually(
-        "alpha-00 rotated onto the tip",
+        "alpha-00 and alpha-02 rotated onto the tip",
         Duration::from_secs(60),
-        async || machine_on_tip("alpha-00"),
+        async || first.iter().all(|id| machine_on_tip(id)),
     )
     .await;
     let rotated_at = clock.now();
-    // B sees alpha-00's group empty (a sweep after the rotation) and is then
+    // B sees the group empty (a sweep after the rotation) and is then
     // cut off at once: its hold-down of that group ends while its view is
     // stale, so only the stale gate keeps it from resolving what A, seeing
     // the late machines, still holds open.
     eventually(
-        "B sees alpha-00 on the tip",
+        "B sees alpha-00 and alpha-02 on the tip",
         Duration::from_secs(30),
         async || {
             let fleet = b.fleet().await;
@@ -456,7 +461,7 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
             swept_at.is_some_and(|s| s > rotated_at)
                 && fleet["machines"].as_array().is_some_and(|ms| {
                     ms.iter().any(|m| {
-                        m["machine_id"] == "alpha-00"
+                        m["machine_id"] == "alpha-02"
                             && m["status"].as_str().is_some_and(|s| s != "drifted")
                     })
                 })
@@ -551,7 +556,7 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
             }
         }
     }
-    // B saw alpha-00's group empty just before the cut, for less than
+    // B saw the group empty just before the cut, for less than
     // resolve_after: its hold-down ends only once its view is stale, so any
     // resolve it sends of alpha before the heal comes from stale data.
     for r in pd.iter().filter(|r| {

@@ -206,6 +206,21 @@ impl Daemon {
         self.get("/api/v1/fleet").await
     }
 
+    /// `fleet_reconciler_sweeps_total{result="success"}` from its /metrics.
+    async fn ok_sweeps(&self) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.api))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with("fleet_reconciler_sweeps_total{result=\"success\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     async fn get(&self, path: &str) -> Value {
         reqwest::get(format!("{}{path}", self.api))
             .await
@@ -223,6 +238,21 @@ impl Daemon {
             .unwrap()
             .unwrap();
     }
+}
+
+/// Each machine's `status` in a fleet document.
+fn statuses(fleet: &Value) -> BTreeMap<String, String> {
+    fleet["machines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["machine_id"].as_str().unwrap_or("?").to_owned(),
+                m["status"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// `alertname/fly_app/tip/severity` of an Alertmanager alert.
@@ -509,7 +539,27 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     let stale_seen = b.fleet().await;
     let stale_machine = b.get("/api/v1/machines/alpha-00").await;
     let healed_at = clock.now();
+    let b_sweeps_at_heal = b.ok_sweeps().await;
     proxy.heal();
+    // "Disagreement ≤ 2 sweeps after any change": counted in B's successful
+    // sweeps (its /metrics), not in time, from the heal (B's view changes
+    // from stale to what A has long shown) to both APIs giving every
+    // machine the same status. The count is read after the two fleets, so
+    // it can only overstate.
+    let b_sweeps_to_agree = loop {
+        let (fa, fb) = (a.fleet().await, b.fleet().await);
+        let n = b.ok_sweeps().await;
+        if statuses(&fa) == statuses(&fb) && !statuses(&fa).is_empty() {
+            break n - b_sweeps_at_heal;
+        }
+        assert!(
+            clock.now() < healed_at + chrono::Duration::seconds(30),
+            "A and B disagree 30 s after the heal: {:?} vs {:?}",
+            statuses(&fa),
+            statuses(&fb)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
     eventually(
         "B resolves too, once it sees again",
         Duration::from_secs(60),
@@ -602,6 +652,11 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
         problems.push(format!(
             "cut-off B's /api/v1/machines/alpha-00 is not marked stale: stale={} reason={}",
             stale_machine["stale"], stale_machine["stale_reason"]
+        ));
+    }
+    if b_sweeps_to_agree > 2.0 {
+        problems.push(format!(
+            "B agreed with A only {b_sweeps_to_agree} successful sweeps after the heal (at most 2)"
         ));
     }
     if healed["stale"] != false {

@@ -10,7 +10,13 @@
 //!   its `endsAt` against the sim's clock, as Alertmanager does);
 //! - the cut-off replica posts nothing about the apps it cannot see once
 //!   its view is older than `alerts.stale_after`;
-//! - its API marks the fleet stale, with the reason.
+//! - its API marks the fleet stale, with the reason;
+//! - after the heal, both APIs give every machine the same status within
+//!   2 of B's successful sweeps.
+//!
+//! The machines are staggered (two drift first, the rest start once those
+//! rotated) so a group empties mid-release and B's hold-down ends while it
+//! is cut off: the hold-down and the stale gate are what keep it quiet.
 //!
 //! The same against the real Alertmanager (`ALERTMANAGER_BIN`, run by
 //! `.ci/run`; ignored without it), in real time: the posts go through to it

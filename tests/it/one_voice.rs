@@ -10,7 +10,13 @@
 //!   its `endsAt` against the sim's clock, as Alertmanager does);
 //! - the cut-off replica posts nothing about the apps it cannot see once
 //!   its view is older than `alerts.stale_after`;
-//! - its API marks the fleet stale, with the reason.
+//! - its API marks the fleet stale, with the reason;
+//! - after the heal, both APIs give every machine the same status within
+//!   2 of B's successful sweeps.
+//!
+//! The machines are staggered (two drift first, the rest start once those
+//! rotated) so a group empties mid-release and B's hold-down ends while it
+//! is cut off: the hold-down and the stale gate are what keep it quiet.
 //!
 //! The same against the real Alertmanager (`ALERTMANAGER_BIN`, run by
 //! `.ci/run`; ignored without it), in real time: the posts go through to it
@@ -206,6 +212,21 @@ impl Daemon {
         self.get("/api/v1/fleet").await
     }
 
+    /// `fleet_reconciler_sweeps_total{result="success"}` from its /metrics.
+    async fn ok_sweeps(&self) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.api))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with("fleet_reconciler_sweeps_total{result=\"success\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     async fn get(&self, path: &str) -> Value {
         reqwest::get(format!("{}{path}", self.api))
             .await
@@ -223,6 +244,21 @@ impl Daemon {
             .unwrap()
             .unwrap();
     }
+}
+
+/// Each machine's `status` in a fleet document.
+fn statuses(fleet: &Value) -> BTreeMap<String, String> {
+    fleet["machines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["machine_id"].as_str().unwrap_or("?").to_owned(),
+                m["status"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// `alertname/fly_app/tip/severity` of an Alertmanager alert.
@@ -365,10 +401,24 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     let overlay = OverlayRepo::new();
     let tip = overlay.tip();
     let clock: SharedClock = Arc::new(TokioClock::starting_at(chrono::Utc::now()));
+    // alpha-00 and alpha-02 drift first (two, so that both replicas see the
+    // drift before A has rotated it away); the others are started (and
+    // drift) only once those have rotated, so their group is empty in
+    // between, for less than `resolve_after`: without the hold-down it
+    // resolves and re-triggers. (The real-Alertmanager test below staggers
+    // the same way.)
+    let first = ["alpha-00", "alpha-02"];
     let mut app = SimApp::new("alpha");
+    let mut late = Vec::new();
     for i in 0..8 {
-        app =
-            app.machine(SimMachine::new(format!("alpha-{i:02}")).loaded(overlay.behind(1 + i % 2)));
+        let id = format!("alpha-{i:02}");
+        let m = SimMachine::new(id.clone()).loaded(overlay.behind(1 + i % 2));
+        app = app.machine(if first.contains(&id.as_str()) {
+            m
+        } else {
+            late.push(id);
+            m.stopped()
+        });
     }
     let fleet = SimFleet::new(TOKEN)
         .clock(clock.clone())
@@ -424,9 +474,45 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     )
     .await;
 
+    let machine_on_tip = |id: &str| sim.machine(id).is_some_and(|m| m.loaded_ref == tip);
+    eventually(
+        "alpha-00 and alpha-02 rotated onto the tip",
+        Duration::from_secs(60),
+        async || first.iter().all(|id| machine_on_tip(id)),
+    )
+    .await;
+    let rotated_at = clock.now();
+    // B sees the group empty (a sweep after the rotation) and is then
+    // cut off at once: its hold-down of that group ends while its view is
+    // stale, so only the stale gate keeps it from resolving what A, seeing
+    // the late machines, still holds open.
+    eventually(
+        "B sees alpha-00 and alpha-02 on the tip",
+        Duration::from_secs(30),
+        async || {
+            let fleet = b.fleet().await;
+            let swept_at = fleet["swept_at"]
+                .as_str()
+                .and_then(|s| s.parse::<DateTime<Utc>>().ok());
+            swept_at.is_some_and(|s| s > rotated_at)
+                && fleet["machines"].as_array().is_some_and(|ms| {
+                    ms.iter().any(|m| {
+                        m["machine_id"] == "alpha-02"
+                            && m["status"].as_str().is_some_and(|s| s != "drifted")
+                    })
+                })
+        },
+    )
+    .await;
     // B is cut off from the Machines API; A carries the release through.
     proxy.cut();
     let cut_at = clock.now();
+    // The group stays empty ~2 s (under resolve_after), then refills.
+    let refill_at = rotated_at + chrono::Duration::seconds(2);
+    tokio::time::sleep((refill_at - clock.now()).to_std().unwrap_or_default()).await;
+    for id in &late {
+        assert!(sim.set_state(id, "started"), "no machine {id} in the sim");
+    }
     let on_tip = || {
         sim.machines()
             .iter()
@@ -459,7 +545,27 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     let stale_seen = b.fleet().await;
     let stale_machine = b.get("/api/v1/machines/alpha-00").await;
     let healed_at = clock.now();
+    let b_sweeps_at_heal = b.ok_sweeps().await;
     proxy.heal();
+    // "Disagreement ≤ 2 sweeps after any change": counted in B's successful
+    // sweeps (its /metrics), not in time, from the heal (B's view changes
+    // from stale to what A has long shown) to both APIs giving every
+    // machine the same status. The count is read after the two fleets, so
+    // it can only overstate.
+    let b_sweeps_to_agree = loop {
+        let (fa, fb) = (a.fleet().await, b.fleet().await);
+        let n = b.ok_sweeps().await;
+        if statuses(&fa) == statuses(&fb) && !statuses(&fa).is_empty() {
+            break n - b_sweeps_at_heal;
+        }
+        assert!(
+            clock.now() < healed_at + chrono::Duration::seconds(30),
+            "A and B disagree 30 s after the heal: {:?} vs {:?}",
+            statuses(&fa),
+            statuses(&fb)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
     eventually(
         "B resolves too, once it sees again",
         Duration::from_secs(60),
@@ -506,6 +612,20 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
             }
         }
     }
+    // B saw the group empty just before the cut, for less than
+    // resolve_after: its hold-down ends only once its view is stale, so any
+    // resolve it sends of alpha before the heal comes from stale data.
+    for r in pd.iter().filter(|r| {
+        r.replica == "b" && r.at > cut_at && r.at < healed_at && r.body["event_action"] == "resolve"
+    }) {
+        if r.body["dedup_key"]
+            .as_str()
+            .unwrap_or("")
+            .contains("/alpha/")
+        {
+            problems.push(format!("stale B resolved: {}", r.body));
+        }
+    }
     for r in pd
         .iter()
         .filter(|r| r.replica == "b" && r.at > quiet_from && r.at < healed_at)
@@ -538,6 +658,11 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
         problems.push(format!(
             "cut-off B's /api/v1/machines/alpha-00 is not marked stale: stale={} reason={}",
             stale_machine["stale"], stale_machine["stale_reason"]
+        ));
+    }
+    if b_sweeps_to_agree > 2.0 {
+        problems.push(format!(
+            "B agreed with A only {b_sweeps_to_agree} successful sweeps after the heal (at most 2)"
         ));
     }
     if healed["stale"] != false {

@@ -29,7 +29,7 @@ use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
 use super::sink::{AlertChange, Attempt, Change, Sink, Then};
 use crate::config::AlertmanagerConfig;
-use crate::events::DedupKey;
+use crate::events::{Alert, DedupKey};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use crate::observe::gate::OWN_ALERT_LABEL;
 
@@ -92,6 +92,10 @@ struct AmState {
     /// resolved (their last `endsAt` ends them in Alertmanager); kept for
     /// their `startsAt` should the data come back.
     quiet: std::collections::BTreeSet<DedupKey>,
+    /// The alert each firing one was last drawn from: once it is gone from
+    /// the incidents (a hold-down ended), whether its data is too old to
+    /// resolve it from. Not saved: after a restart a gone one resolves.
+    sources: BTreeMap<DedupKey, Alert>,
     resolving: BTreeMap<String, AmAlert>,
     /// A post is due (set by every `update` that has anything to say).
     due: bool,
@@ -234,6 +238,13 @@ impl AmSink {
                 !quiet
             })
             .collect();
+        // Gone, but last drawn from a view now stale (its hold-down ended
+        // while this replica could not see): not this replica's to resolve.
+        for key in st.firing.keys() {
+            if !wanted.contains_key(key) && st.sources.get(key).is_some_and(stale) {
+                st.quiet.insert(key.clone());
+            }
+        }
         let gone: Vec<DedupKey> = st
             .firing
             .keys()
@@ -241,6 +252,7 @@ impl AmSink {
             .cloned()
             .collect();
         for key in gone {
+            st.sources.remove(&key);
             if let Some(mut a) = st.firing.remove(&key) {
                 a.ends_at = Some(now);
                 st.resolving.insert(a.fingerprint(), a);
@@ -277,6 +289,7 @@ impl AmSink {
             // Firing again before its resolve went out: the resolve is moot.
             st.resolving.remove(&alert.fingerprint());
             st.firing.insert(key.clone(), alert);
+            st.sources.insert(key.clone(), g.alert.clone());
         }
         st.due = st.firing.keys().any(|k| !st.quiet.contains(k)) || !st.resolving.is_empty();
         st.due

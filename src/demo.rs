@@ -650,6 +650,15 @@ fn print_intro(
             "   (while the demo runs: `demo --keep-running` serves until ctrl-c)"
         }
     ));
+    for (pool, p) in &config.pools {
+        if let Some(canary) = &p.after {
+            say.line(format_args!(
+                "pool {pool} waits for its canary pool {canary}: no claim toward a tip until {:.0}% of {canary}'s started machines run it and have for {} (\"guardrail: canary\" in a sweep's line).",
+                p.after_ratio * 100.0,
+                humantime::format_duration(p.soak),
+            ));
+        }
+    }
     say.line(format_args!(
         "sweeping every {}; drift older than {} is remediated per pool policy. The release branch advances after the second sweep. One line a sweep (--verbose: the full table). ctrl-c to stop.\n",
         humantime::format_duration(config.sweep.interval.get()),
@@ -707,9 +716,18 @@ impl DemoProgress<'_> {
         match outcome {
             SweepOutcome::Swept(cycle) => {
                 show_cycle(&self.say, &header, cycle, self.verbose);
-                // Settled: after the release, nothing in progress or planned for 3 sweeps.
+                // Settled: after the release, nothing in progress or planned for 3 sweeps,
+                // and no pool still soaking behind its canary (that lifts by itself).
                 let busy = !cycle.steps.is_empty()
-                    || cycle.plan.rotations_in_progress.values().any(|n| *n > 0);
+                    || cycle.plan.rotations_in_progress.values().any(|n| *n > 0)
+                    || cycle.plan.machines.values().any(|m| {
+                        matches!(
+                            m.decision,
+                            Decision::Guarded {
+                                guard: crate::decide::guardrail::Guard::Canary { .. }
+                            }
+                        )
+                    });
                 self.quiet = if busy || self.released_at.is_none() {
                     0
                 } else {

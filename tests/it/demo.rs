@@ -238,7 +238,7 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
     ]);
     let mut demo = Demo::start(&config, port, 0);
     // Watch the fleet until the demo stops by itself once settled; remember
-    // the last report and the decision for agent-c-00 at that moment.
+    // the last report and the decision for agent-c-12 at that moment.
     let mut last: Option<FleetDocument<'static>> = None;
     let mut waiting: Option<Decision> = None;
     let mut d05_drained_live_work = false;
@@ -250,8 +250,8 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
                 return true;
             }
             if let Some(r) = demo.fleet().await {
-                let c00 = row(&r, "agent-c-00").machine_id.clone();
-                if let Some(view) = demo.machine(c00.as_str()).await {
+                let c12 = row(&r, "agent-c-12").machine_id.clone();
+                if let Some(view) = demo.machine(c12.as_str()).await {
                     waiting = view.decision;
                 }
                 let d05 = row(&r, "agent-d-05").machine_id.clone();
@@ -282,10 +282,10 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
         )),
         "{stdout}"
     );
-    // Unapproved manual machines still wait.
-    let c00 = row(&last, "agent-c-00");
-    assert_eq!(c00.status, MachineStatus::Drifted);
-    assert_eq!(c00.action, Some(PolicyAction::Manual));
+    // Unapproved manual machines still wait (agent-c-12: critical in `conversation`).
+    let c12 = row(&last, "agent-c-12");
+    assert_eq!(c12.status, MachineStatus::Drifted);
+    assert_eq!(c12.action, Some(PolicyAction::Manual));
     assert!(
         matches!(waiting, Some(Decision::AwaitingApproval { .. })),
         "{waiting:?}"
@@ -303,6 +303,51 @@ async fn demo_converges_waits_for_busy_agents_and_for_approval() {
         "{stdout}"
     );
     assert!(!stdout.contains("→ failed"), "a step failed: {stdout}");
+    conversation_follows_its_canary(&stdout, &last);
+}
+
+/// Issue 36: `conversation` waits for its canary pool `dispatch`. The intro
+/// says so; sweep lines show the wait; no step touches a conversation
+/// machine until the wait has lifted, and none touches a dispatch machine
+/// after (dispatch was done: on the tip, soaked); then conversation rotates.
+fn conversation_follows_its_canary(stdout: &str, last: &FleetDocument<'_>) {
+    assert!(
+        stdout.contains("pool conversation waits for its canary pool dispatch"),
+        "{stdout}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let pool_steps = |pool: &str| -> Vec<usize> {
+        let ids: Vec<String> = last
+            .rows()
+            .filter(|m| m.pool.as_str() == pool)
+            .map(|m| format!("{}/{}", m.app, m.machine_id))
+            .collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("  ") && ids.iter().any(|id| l.contains(id.as_str())))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let waits: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("── sweep ") && l.contains("guardrail: canary"))
+        .map(|(i, _)| i)
+        .collect();
+    let (conversation, dispatch) = (pool_steps("conversation"), pool_steps("dispatch"));
+    let first_conversation = *conversation
+        .first()
+        .unwrap_or_else(|| panic!("no step on a conversation machine:\n{stdout}"));
+    let last_wait = *waits
+        .last()
+        .unwrap_or_else(|| panic!("no sweep line shows the canary wait:\n{stdout}"));
+    assert!(last_wait < first_conversation, "{stdout}");
+    let last_dispatch = *dispatch.last().expect("dispatch rotated");
+    assert!(last_dispatch < first_conversation, "{stdout}");
+    // After the wait, conversation machines high drift restarts reach the tip.
+    let c00 = row(last, "agent-c-00");
+    assert_eq!(c00.status, MachineStatus::OnTip, "{c00:?}");
 }
 
 /// Issue 21 item 7: `demo` leaves Prometheus' port alone, refuses a

@@ -2,11 +2,13 @@
 //!
 //! Owns every rule that turns what a turn saw into `Alert`s, beside the
 //! planner's machine alerts ([`crate::decide::planner`] raises drift,
-//! unreachable, rotation and `coordinator_unreadable` alerts into
-//! `Plan::alerts`): the fleet rules (coherence below threshold, sweeps
-//! failing, tip stale, an app that cannot be listed), the little state those
+//! unreachable and rotation alerts into `Plan::alerts`): the fleet rules
+//! (coherence below threshold, sweeps failing, tip stale, an app that
+//! cannot be listed, the coordinator's slot set unknown for
+//! [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals), the little state those
 //! rules need ([`AlertMemory`]: since when coherence has been below the
-//! threshold, which apps the last sweep could not list, the machine alerts
+//! threshold, since when the slot set has been unknown, which apps the
+//! last sweep could not list, the machine alerts
 //! carried over a failed sweep or an unlistable app, and the alerts known
 //! before a restart until the evidence of this run confirms or clears them,
 //! [`FleetAlertTracker::restore`], [`RestoredMachineAlerts`], and when this
@@ -32,8 +34,9 @@ pub use crate::decide::coherence::{Coherence, CoherenceSample};
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
 use crate::events::{Alert, AlertKind, DedupKey};
+use crate::metadata::slots::Coordinator;
 use crate::model::{AppName, CommitId, MachineStatus, Severity};
-use crate::observe::sweep::StaleApp;
+use crate::observe::sweep::{SlotsView, StaleApp};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -43,6 +46,11 @@ pub const SWEEP_FAILING_SEVERITY: Severity = Severity::Critical;
 pub const TIP_STALE_SEVERITY: Severity = Severity::High;
 /// Severity of the app-unlistable alert: that app's machines are unmanaged.
 pub const APP_UNLISTABLE_SEVERITY: Severity = Severity::High;
+/// Severity of the coordinator-unreadable alert.
+pub const COORDINATOR_UNREADABLE_SEVERITY: Severity = Severity::High;
+/// Sweep intervals the coordinator's slot set may stay unknown before
+/// `coordinator_unreadable` fires.
+pub const COORDINATOR_UNREADABLE_SWEEPS: u32 = 3;
 /// Longest error text an alert carries (the Fly error naming the app).
 const ERROR_MAX_CHARS: usize = 300;
 
@@ -558,14 +566,17 @@ impl Seen {
     }
 }
 
-/// The alert rules of a config: the fleet rules' thresholds and how long a
-/// restored machine alert waits for the planner to raise it again.
+/// The alert rules of a config: the fleet rules' thresholds, how long a
+/// restored machine alert waits for the planner to raise it again, and the
+/// coordinator whose slot set `coordinator_unreadable` is about.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AlertRules {
     pub fleet: FleetAlertRules,
     /// `rotation.min_drift_age` plus two sweeps: the planner's drift clocks
     /// start over at a restart, so it raises a drift alert only after that.
     pub restored_grace: Duration,
+    /// `rotation.coordinator`, named in `coordinator_unreadable`'s details.
+    pub coordinator: Option<Coordinator>,
 }
 
 impl AlertRules {
@@ -573,7 +584,68 @@ impl AlertRules {
         AlertRules {
             fleet: FleetAlertRules::from_config(config),
             restored_grace: config.rotation.min_drift_age + config.sweep.interval.get() * 2,
+            coordinator: config.rotation.coordinator.clone(),
         }
+    }
+}
+
+/// Since when the coordinator's slot set has been unknown (unreadable, or
+/// not the one this fleet sealed), and the rule that makes that
+/// `coordinator_unreadable`. The planner refuses every step that needs a
+/// slot while the set is unknown, from the first sweep on; the alert
+/// waits [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals, so a blip is
+/// silent.
+#[derive(Clone, Debug)]
+struct CoordinatorClock {
+    /// Unknown this long fires the alert.
+    after: Duration,
+    /// `rotation.coordinator`, for the details.
+    coordinator: Option<Coordinator>,
+    /// First sweep of the current run that could not read the slot set.
+    unknown_since: Option<DateTime<Utc>>,
+}
+
+impl CoordinatorClock {
+    fn new(rules: &AlertRules) -> CoordinatorClock {
+        CoordinatorClock {
+            after: rules
+                .fleet
+                .sweep_interval
+                .saturating_mul(COORDINATOR_UNREADABLE_SWEEPS),
+            coordinator: rules.coordinator.clone(),
+            unknown_since: None,
+        }
+    }
+
+    /// Folds in what a successful sweep saw of the slots, and says
+    /// `coordinator_unreadable` if the set has been unknown long enough.
+    fn observe(&mut self, slots: &SlotsView, now: DateTime<Utc>) -> Option<Alert> {
+        let Some(why) = slots.unreadable() else {
+            self.unknown_since = None;
+            return None;
+        };
+        let since = *self.unknown_since.get_or_insert(now);
+        // `since + after > now`, saturating: not yet.
+        if now < since || elapsed(since, now) < self.after {
+            return None;
+        }
+        let mut details = BTreeMap::new();
+        details.insert("since".to_string(), since.to_rfc3339());
+        if let Some(c) = &self.coordinator {
+            details.insert("coordinator".to_string(), c.to_string());
+        }
+        Some(Alert {
+            kind: AlertKind::CoordinatorUnreadable,
+            app: None,
+            machine_id: None,
+            commit: None,
+            severity: COORDINATOR_UNREADABLE_SEVERITY,
+            summary: format!(
+                "the rotation slots cannot be read since {} ({why}): no rotation starts, drains or restarts; undos go on",
+                since.to_rfc3339()
+            ),
+            details,
+        })
     }
 }
 
@@ -625,6 +697,8 @@ pub struct AlertMemory {
     restored: RestoredMachineAlerts,
     /// When the last successful sweep saw the fleet and each app.
     seen: Seen,
+    /// Since when the coordinator's slot set has been unknown.
+    coordinator: CoordinatorClock,
 }
 
 impl AlertMemory {
@@ -644,6 +718,7 @@ impl AlertMemory {
             machine_alerts: restored.carried(),
             restored,
             seen: Seen::default(),
+            coordinator: CoordinatorClock::new(rules),
         }
     }
 }
@@ -690,6 +765,9 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             // list (the planner says nothing of them): their alerts stand.
             let stale = report.stale_app_names();
             let mut alerts: Vec<Alert> = plan.alerts.clone();
+            // Carried over a failed sweep like the plan's: nothing new is
+            // known of the slots then.
+            alerts.extend(memory.coordinator.observe(&report.slots, now));
             alerts.extend(
                 memory
                     .machine_alerts
@@ -893,6 +971,89 @@ mod tests {
         );
     }
 
+    fn alert_rules() -> AlertRules {
+        AlertRules {
+            fleet: rules(),
+            restored_grace: Duration::from_secs(150),
+            coordinator: "coord/c1".parse().ok(),
+        }
+    }
+
+    fn swept<'a>(report: &'a Snapshot, plan: &'a Plan) -> Turn<'a> {
+        Turn::Swept {
+            report,
+            plan,
+            tip_fetched_at: Some(t(0)),
+        }
+    }
+
+    fn of_kind(set: &AlertSet, kind: AlertKind) -> Vec<&Alert> {
+        set.alerts.iter().filter(|a| a.kind == kind).collect()
+    }
+
+    /// The slot set unknown for 3 sweep intervals (unreadable or tampered
+    /// alike) fires `coordinator_unreadable`, as the planner raised it
+    /// before (#35): dated from the first sweep that could not read it,
+    /// naming the coordinator; carried over a failed sweep (nothing new is
+    /// known of the slots), resolved by the first sweep that reads them.
+    #[test]
+    fn coordinator_unreadable_fires_after_three_sweep_intervals_of_an_unknown_slot_set() {
+        let mut memory = AlertMemory::new(&alert_rules(), &[]);
+        let plan = Plan::default();
+        let mut unknown = report(None);
+        unknown.slots = SlotsView::Unknown("coordinator host unreachable".into());
+        let mut tampered = report(None);
+        tampered.slots = SlotsView::Tampered("not sealed".into());
+        let mut known = report(None);
+        known.slots = SlotsView::Known(Default::default());
+        let coordinator = |set: &AlertSet| of_kind(set, AlertKind::CoordinatorUnreadable).len();
+
+        assert_eq!(
+            coordinator(&evaluate(swept(&known, &plan), &mut memory, t(0))),
+            0
+        );
+        for s in [30, 60, 90] {
+            let set = evaluate(swept(&unknown, &plan), &mut memory, t(s));
+            assert_eq!(coordinator(&set), 0, "{s}");
+        }
+        // Tampered counts as unknown: the clock goes on from t(30).
+        let set = evaluate(swept(&tampered, &plan), &mut memory, t(120));
+        let fired = of_kind(&set, AlertKind::CoordinatorUnreadable);
+        assert_eq!(fired.len(), 1, "{set:?}");
+        let alert = fired[0];
+        assert_eq!(alert.severity, COORDINATOR_UNREADABLE_SEVERITY);
+        assert_eq!(
+            alert.dedup_key().as_str(),
+            "fleet-reconciler/coordinator_unreadable/*/*/*"
+        );
+        assert_eq!(
+            alert.summary,
+            "the rotation slots cannot be read since 2027-01-15T08:00:30+00:00 (not sealed): no rotation starts, drains or restarts; undos go on"
+        );
+        assert_eq!(
+            alert.details,
+            BTreeMap::from([
+                ("coordinator".to_owned(), "coord/c1".to_owned()),
+                ("since".to_owned(), "2027-01-15T08:00:30+00:00".to_owned()),
+            ])
+        );
+        let failed = Turn::Failed {
+            tip_fetched_at: Some(t(0)),
+        };
+        assert_eq!(coordinator(&evaluate(failed, &mut memory, t(150))), 1);
+        assert_eq!(
+            coordinator(&evaluate(swept(&known, &plan), &mut memory, t(180))),
+            0
+        );
+        // Known again: a new episode counts afresh.
+        let set = evaluate(swept(&unknown, &plan), &mut memory, t(210));
+        assert_eq!(coordinator(&set), 0);
+        let set = evaluate(swept(&unknown, &plan), &mut memory, t(299));
+        assert_eq!(coordinator(&set), 0);
+        let set = evaluate(swept(&unknown, &plan), &mut memory, t(300));
+        assert_eq!(coordinator(&set), 1);
+    }
+
     fn machine_alert(app: &str, machine: &str) -> Alert {
         Alert {
             kind: AlertKind::Drift,
@@ -916,20 +1077,11 @@ mod tests {
     /// cannot list an app carries that app's, and only those.
     #[test]
     fn machine_alerts_are_carried_over_failed_sweeps_and_unlisted_apps() {
-        let rules = AlertRules {
-            fleet: rules(),
-            restored_grace: Duration::from_secs(150),
-        };
-        let mut memory = AlertMemory::new(&rules, &[]);
+        let mut memory = AlertMemory::new(&alert_rules(), &[]);
         let mut both = Plan::default();
         both.alerts = vec![machine_alert("a", "m-a"), machine_alert("b", "m-b")];
         let none = Plan::default();
         let listed = report(None);
-        let swept = |report, plan| Turn::Swept {
-            report,
-            plan,
-            tip_fetched_at: Some(t(0)),
-        };
         let set = evaluate(swept(&listed, &both), &mut memory, t(0));
         assert_eq!(machines(&set), ["m-a", "m-b"]);
         let failed = Turn::Failed {

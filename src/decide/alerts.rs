@@ -51,6 +51,9 @@ pub const COORDINATOR_UNREADABLE_SEVERITY: Severity = Severity::High;
 /// Sweep intervals the coordinator's slot set may stay unknown before
 /// `coordinator_unreadable` fires.
 pub const COORDINATOR_UNREADABLE_SWEEPS: u32 = 3;
+/// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
+/// `min_severity = "high"` to hear that Slack is gone, and the reverse.
+pub const SINK_FAILING_SEVERITY: Severity = Severity::High;
 /// Longest error text an alert carries (the Fly error naming the app).
 const ERROR_MAX_CHARS: usize = 300;
 
@@ -649,6 +652,32 @@ impl CoordinatorClock {
     }
 }
 
+/// A webhook that is dead-lettering what it is sent, as the notifier's
+/// delivery path reports it: a plain fact of the turn ([`DeliveryState`]),
+/// which [`sink_failing`] judges. Never carries the URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailingSink {
+    /// Its index in `[[alerts.webhooks]]`.
+    pub index: usize,
+    /// Its format's id (`json`, `slack`, `pagerduty`).
+    pub format: &'static str,
+    /// The variable its URL is read from (the URL itself is a secret).
+    pub url_env: String,
+    /// When its failing episode began…
+    pub since: DateTime<Utc>,
+    /// …and why (the first refusal or the last failed attempt).
+    pub reason: String,
+    /// The notifications it holds set aside.
+    pub dead_letters: usize,
+}
+
+/// Where the loop reads, each turn, which sinks are failing: the
+/// notifier, which reports its delivery state and decides nothing of it.
+pub trait DeliveryState: Send + Sync {
+    /// The webhooks failing now, in config order.
+    fn failing_sinks(&self) -> Vec<FailingSink>;
+}
+
 /// One turn of the loop, as the alert rules read it.
 #[derive(Clone, Copy, Debug)]
 pub enum Turn<'a> {
@@ -658,10 +687,13 @@ pub enum Turn<'a> {
         plan: &'a Plan,
         /// When the overlay was last fetched successfully.
         tip_fetched_at: Option<DateTime<Utc>>,
+        /// The webhooks failing as the turn ends ([`DeliveryState`]).
+        failing_sinks: &'a [FailingSink],
     },
     /// A sweep that failed: nothing new is known of the machines.
     Failed {
         tip_fetched_at: Option<DateTime<Utc>>,
+        failing_sinks: &'a [FailingSink],
     },
 }
 
@@ -728,8 +760,8 @@ impl AlertMemory {
 /// those `memory` was made with ([`AlertMemory::new`]), so one memory is
 /// never judged by two sets of thresholds.
 pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) -> AlertSet {
-    let fleet = match turn {
-        Turn::Failed { tip_fetched_at } => {
+    let mut fleet = match turn {
+        Turn::Failed { tip_fetched_at, .. } => {
             memory.failures += 1;
             memory.fleet.evaluate(
                 &FleetAlertInput {
@@ -746,6 +778,7 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             report,
             plan,
             tip_fetched_at,
+            ..
         } => {
             memory.failures = 0;
             memory.last_success = Some(now);
@@ -795,10 +828,67 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             fleet
         }
     };
+    let (Turn::Swept { failing_sinks, .. } | Turn::Failed { failing_sinks, .. }) = turn;
+    fleet.extend(sink_failing(failing_sinks));
     AlertSet {
         alerts: with_machine_alerts(&memory.machine_alerts, fleet),
         seen: memory.seen.clone(),
     }
+}
+
+/// `alert_sink_failing`, one alert for all the webhooks failing, while any
+/// is: what the notifier's other sinks are told (the failing ones are not,
+/// they would only dead-letter it too).
+pub fn sink_failing(failing: &[FailingSink]) -> Option<Alert> {
+    if failing.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = failing
+        .iter()
+        .map(|f| {
+            format!(
+                "webhook {} ({}, URL in {}) has failed since {}: {}; {} notification(s) dead-lettered",
+                f.index,
+                f.format,
+                f.url_env,
+                rfc3339(f.since),
+                f.reason,
+                f.dead_letters
+            )
+        })
+        .collect();
+    let names: Vec<String> = failing
+        .iter()
+        .map(|f| format!("{}:{}:{}", f.index, f.format, f.url_env))
+        .collect();
+    let dead = failing
+        .iter()
+        .fold(0usize, |n, f| n.saturating_add(f.dead_letters));
+    let summary = format!(
+        "Alerts are not reaching every webhook: {}. The other webhooks still get everything; fix the receiver or its URL (then restart)",
+        lines.join("; ")
+    );
+    Some(sink_failing_alert(
+        summary,
+        BTreeMap::from([
+            ("sinks".to_owned(), names.join(",")),
+            ("dead_letters".to_owned(), dead.to_string()),
+        ]),
+    ))
+}
+
+/// The key of `alert_sink_failing` (one alert for all failing sinks).
+pub fn sink_failing_key() -> DedupKey {
+    sink_failing_alert(String::new(), BTreeMap::new()).dedup_key()
+}
+
+fn sink_failing_alert(summary: String, details: BTreeMap<String, String>) -> Alert {
+    fleet_alert(
+        AlertKind::SinkFailing,
+        SINK_FAILING_SEVERITY,
+        summary,
+        details,
+    )
 }
 
 /// All alerts of a cycle: the machine alerts known last, then the fleet's.
@@ -984,6 +1074,7 @@ mod tests {
             report,
             plan,
             tip_fetched_at: Some(t(0)),
+            failing_sinks: &[],
         }
     }
 
@@ -1039,6 +1130,7 @@ mod tests {
         );
         let failed = Turn::Failed {
             tip_fetched_at: Some(t(0)),
+            failing_sinks: &[],
         };
         assert_eq!(coordinator(&evaluate(failed, &mut memory, t(150))), 1);
         assert_eq!(
@@ -1052,6 +1144,74 @@ mod tests {
         assert_eq!(coordinator(&set), 0);
         let set = evaluate(swept(&unknown, &plan), &mut memory, t(300));
         assert_eq!(coordinator(&set), 1);
+    }
+
+    /// Which webhooks fail is the notifier's fact; `alert_sink_failing`
+    /// is decided here, one alert naming them all, in each turn's set
+    /// (swept or failed) while any fails, with the text the notifier used
+    /// to write itself (#35 item 2).
+    #[test]
+    fn alert_sink_failing_is_raised_from_the_turns_delivery_state() {
+        let mut memory = AlertMemory::new(&alert_rules(), &[]);
+        let failing = [
+            FailingSink {
+                index: 0,
+                format: "slack",
+                url_env: "GONE_URL".into(),
+                since: t(5),
+                reason: "HTTP 410".into(),
+                dead_letters: 1,
+            },
+            FailingSink {
+                index: 2,
+                format: "json",
+                url_env: "HOOK_URL".into(),
+                since: t(7),
+                reason: "HTTP 404".into(),
+                dead_letters: 2,
+            },
+        ];
+        let failed = |failing_sinks| Turn::Failed {
+            tip_fetched_at: Some(t(0)),
+            failing_sinks,
+        };
+        let set = evaluate(failed(&failing[..]), &mut memory, t(10));
+        let fired = of_kind(&set, AlertKind::SinkFailing);
+        assert_eq!(fired.len(), 1, "{set:?}");
+        let alert = fired[0];
+        assert_eq!(
+            alert.dedup_key().as_str(),
+            "fleet-reconciler/alert_sink_failing/*/*/*"
+        );
+        assert_eq!(alert.dedup_key(), sink_failing_key());
+        assert_eq!(alert.severity, SINK_FAILING_SEVERITY);
+        assert_eq!(
+            alert.summary,
+            "Alerts are not reaching every webhook: webhook 0 (slack, URL in GONE_URL) has failed since 2027-01-15T08:00:05Z: HTTP 410; 1 notification(s) dead-lettered; webhook 2 (json, URL in HOOK_URL) has failed since 2027-01-15T08:00:07Z: HTTP 404; 2 notification(s) dead-lettered. The other webhooks still get everything; fix the receiver or its URL (then restart)"
+        );
+        assert_eq!(
+            alert.details,
+            BTreeMap::from([
+                ("dead_letters".to_owned(), "3".to_owned()),
+                (
+                    "sinks".to_owned(),
+                    "0:slack:GONE_URL,2:json:HOOK_URL".to_owned()
+                ),
+            ])
+        );
+        let plan = Plan::default();
+        let listed = report(None);
+        let swept_failing = Turn::Swept {
+            report: &listed,
+            plan: &plan,
+            tip_fetched_at: Some(t(0)),
+            failing_sinks: &failing[1..],
+        };
+        let set = evaluate(swept_failing, &mut memory, t(40));
+        assert_eq!(of_kind(&set, AlertKind::SinkFailing).len(), 1);
+        // Delivered again: resolved.
+        let set = evaluate(swept(&listed, &plan), &mut memory, t(70));
+        assert!(of_kind(&set, AlertKind::SinkFailing).is_empty(), "{set:?}");
     }
 
     fn machine_alert(app: &str, machine: &str) -> Alert {
@@ -1086,6 +1246,7 @@ mod tests {
         assert_eq!(machines(&set), ["m-a", "m-b"]);
         let failed = Turn::Failed {
             tip_fetched_at: Some(t(0)),
+            failing_sinks: &[],
         };
         assert_eq!(
             machines(&evaluate(failed, &mut memory, t(30))),

@@ -17,12 +17,32 @@
 //! complete [`AlertSet`]. The loop (`daemon`) keeps the memory and puts
 //! each turn's set in its outcome; the reporter only forwards it.
 //!
-//! A new alert condition is one change here plus its test, and its name:
-//! an `AlertKind` variant with its two event names in `events.rs` (the
-//! vocabulary the notifier and the logs share). It must never
-//! read the clock, deliver, or do I/O: `now` and every timestamp are
-//! arguments, so the rules are tested by driving time forward; delivering
-//! is `report::notify`'s.
+//! It must never read the clock, deliver, or do I/O: `now` and every
+//! timestamp are arguments (the notifier's delivery state comes in the
+//! [`Turn`] as [`FailingSink`] facts), so the rules are tested by driving
+//! time forward; delivering is `report::notify`'s.
+//!
+//! # How to add an alert condition
+//!
+//! 1. Its name: one entry in the `alert_kinds!` table of `events.rs`,
+//!    `NewCondition => "new_condition", "new_condition_resolved";` under
+//!    its doc. That entry is the variant and both event names; nothing
+//!    else in `events.rs` or `report/` needs an arm (their matches on
+//!    kinds end in `_`). `events.rs` is the vocabulary below `decide/` that
+//!    the notifier, the logs and the state file share, so the kind cannot
+//!    be declared here without an arrow back up.
+//! 2. Its rule, here: a function of what the [`Turn`] says (and, if it
+//!    needs a clock, a field of [`AlertMemory`]), called from [`evaluate`]
+//!    so that its alert is in each turn's [`AlertSet`]; its severity a
+//!    `const` beside the others.
+//! 3. Its test, here, driving [`evaluate`] through turns with `now` given.
+//!
+//! Documentation: its row in docs/alerts.md and its runbook section in
+//! docs/operations.md (the section's anchor is the trigger name). Only a
+//! condition about this replica itself (never frozen as stale) is also
+//! listed in `report::notify::voice`'s `own`. The test
+//! `a_new_condition_is_its_table_entry_and_its_rule` shows it with a
+//! test-only kind.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -1212,6 +1232,47 @@ mod tests {
         // Delivered again: resolved.
         let set = evaluate(swept(&listed, &plan), &mut memory, t(70));
         assert!(of_kind(&set, AlertKind::SinkFailing).is_empty(), "{set:?}");
+    }
+
+    /// A new condition: the test-only `AlertKind::ExampleCondition`, one
+    /// entry in `events.rs`'s table, and its rule, written here as a new
+    /// one would be. Nothing else was written for it: its event names,
+    /// key and state-file name all come from the entry.
+    #[test]
+    fn a_new_condition_is_its_table_entry_and_its_rule() {
+        fn example_rule(holds: bool) -> Option<Alert> {
+            holds.then(|| {
+                fleet_alert(
+                    AlertKind::ExampleCondition,
+                    Severity::High,
+                    "the example holds".to_owned(),
+                    BTreeMap::new(),
+                )
+            })
+        }
+        assert!(example_rule(false).is_none());
+        let alert = example_rule(true).expect("it holds");
+        assert_eq!(
+            alert.dedup_key().as_str(),
+            "fleet-reconciler/example_condition/*/*/*"
+        );
+        assert_eq!(alert.kind.to_string(), "example_condition");
+        assert_eq!(alert.kind.resolve_name(), "example_condition_resolved");
+        let saved = serde_json::to_string(&alert).expect("an alert serializes");
+        let read: Alert = serde_json::from_str(&saved).expect("and reads back");
+        assert_eq!(read, alert);
+        assert!(AlertKind::ALL.contains(&AlertKind::ExampleCondition));
+        // Every kind's two names are its own: no key or event is shared.
+        let mut names = std::collections::BTreeSet::new();
+        for kind in AlertKind::ALL {
+            for name in [kind.trigger_name(), kind.resolve_name()] {
+                assert!(names.insert(name), "{name} named twice");
+                assert!(
+                    name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "{name}"
+                );
+            }
+        }
     }
 
     fn machine_alert(app: &str, machine: &str) -> Alert {

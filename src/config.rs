@@ -20,6 +20,9 @@ use serde::{Deserialize, Deserializer};
 
 use crate::model::{AppName, PolicyAction, PoolName, Severity};
 
+mod matcher;
+pub use matcher::{MatchOp, Matcher};
+
 /// Where a config error was found: file, key path, and line when known.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -95,7 +98,7 @@ pub struct AlertGateConfig {
     pub url_env: String,
     /// Alertmanager matchers (`severity="critical"`, `alertname=~"Agent.*"`):
     /// an alert closes the gate when it matches every one (at least one).
-    pub matchers: Vec<crate::observe::gate::Matcher>,
+    pub matchers: Vec<Matcher>,
     /// An unreachable Alertmanager lets claims through instead of blocking
     /// them (and `gate_unreachable` is low, not high).
     #[serde(default)]

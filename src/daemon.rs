@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::act::executor::{Executor, Outcome, StepReport};
 use crate::clock::{Clock, SharedClock};
-use crate::decide::alerts::{AlertMemory, AlertRules, AlertSet, evaluate};
+use crate::decide::alerts::{AlertMemory, AlertRules, AlertSet, DeliveryState, evaluate};
 use crate::decide::listings::LastListings;
 use crate::decide::planner::{self, FetchState, Plan, PlanInput, Tracker};
 use crate::decide::policy::Policy;
@@ -294,6 +294,9 @@ pub struct LoopOptions<'a> {
     /// The alerts firing before a restart (the notifier's saved state):
     /// they keep firing until this run's evidence confirms or clears them.
     pub restored_alerts: Vec<crate::events::Alert>,
+    /// Which sinks are failing (the notifier), read at each turn for
+    /// `alert_sink_failing`; `None`: no sinks.
+    pub delivery: Option<&'a dyn DeliveryState>,
 }
 
 /// What the fetcher last learned about the release tip; the sweeps read it.
@@ -605,8 +608,10 @@ impl Turns<'_, '_> {
     /// A failed turn, with the alerts that hold after it.
     fn failed(&mut self, error: String, kind: &'static str, fetch: &FetchStatus) -> SweepOutcome {
         let at = self.options.clock.now();
+        let failing_sinks = self.failing_sinks();
         let turn = crate::decide::alerts::Turn::Failed {
             tip_fetched_at: fetch.fetched_at,
+            failing_sinks: &failing_sinks,
         };
         self.last_alerts = Arc::new(evaluate(turn, &mut self.alerts, at));
         SweepOutcome::Failed {
@@ -621,10 +626,12 @@ impl Turns<'_, '_> {
     /// The turn as reported, with the steps it carried out and the alerts
     /// that hold after it.
     fn swept(&mut self, turn: Turn, steps: Vec<StepReport>) -> SweepOutcome {
+        let failing_sinks = self.failing_sinks();
         let evaluated = crate::decide::alerts::Turn::Swept {
             report: &turn.report,
             plan: &turn.plan,
             tip_fetched_at: turn.fetch.fetched_at,
+            failing_sinks: &failing_sinks,
         };
         self.last_alerts = Arc::new(evaluate(evaluated, &mut self.alerts, turn.now));
         SweepOutcome::Swept(Box::new(Cycle {
@@ -637,6 +644,14 @@ impl Turns<'_, '_> {
             now: turn.now,
             alerts: self.last_alerts.clone(),
         }))
+    }
+
+    /// The sinks failing now, as the notifier reports them.
+    fn failing_sinks(&self) -> Vec<crate::decide::alerts::FailingSink> {
+        self.options
+            .delivery
+            .map(DeliveryState::failing_sinks)
+            .unwrap_or_default()
     }
 
     /// What the steps wrote that the next sweeps must know was ours.

@@ -1,10 +1,14 @@
 //! What the daemon tells on-call: firing alerts (conditions) and one-shot events.
 //!
-//! Owns the vocabulary shared by the planner (which produces them), the
-//! notifier (which delivers them) and the logs. An `Alert` is a condition
-//! that holds *now*: the planner recomputes the full set every sweep, and the
-//! notifier turns changes of that set into triggers, repeats and resolves.
-//! An `ActionEvent` happened once. Neither ever carries a secret or a URL.
+//! Owns the vocabulary shared by `decide` (the planner and
+//! `decide::alerts`, which produce them), the notifier (which delivers
+//! them) and the logs. An `Alert` is a condition that holds *now*: the
+//! full set is recomputed every turn, and the notifier turns changes of
+//! that set into triggers, repeats and resolves. Each `AlertKind` and its
+//! two event names are one entry of the `alert_kinds!` table. An
+//! `ActionEvent` happened once. Neither ever carries a secret or a URL.
+//! It must never hold an alert rule (those are `decide::alerts`') nor
+//! import anything above `model`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,90 +18,93 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{AppName, CommitId, MachineId, PolicyAction, Severity};
 
-/// Conditions that fire while they hold and resolve when they clear.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AlertKind {
+/// Declares [`AlertKind`] from one table: each condition once, as
+/// `Variant => "trigger_name", "resolve_name";` under its doc. Its two
+/// event names are written nowhere else; `trigger_name`, `resolve_name`
+/// and `AlertKind::ALL` are generated from the entry, and the rule that
+/// raises the condition is `decide::alerts`' (its module doc says what
+/// else a new condition touches).
+macro_rules! alert_kinds {
+    ($(
+        $(#[doc = $doc:literal])*
+        $(#[cfg($cfg:meta)])?
+        $kind:ident => $trigger:literal, $resolve:literal;
+    )*) => {
+        /// Conditions that fire while they hold and resolve when they clear.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum AlertKind {
+            $( $(#[doc = $doc])* $(#[cfg($cfg)])? $kind, )*
+        }
+
+        impl AlertKind {
+            /// Every kind, in the table's order.
+            pub const ALL: &'static [AlertKind] = &[$( $(#[cfg($cfg)])? AlertKind::$kind, )*];
+
+            /// The event name sent when the alert starts firing (docs/design.md §7, docs/alerts.md).
+            pub fn trigger_name(self) -> &'static str {
+                match self {
+                    $( $(#[cfg($cfg)])? AlertKind::$kind => $trigger, )*
+                }
+            }
+
+            /// The event name sent when it clears.
+            pub fn resolve_name(self) -> &'static str {
+                match self {
+                    $( $(#[cfg($cfg)])? AlertKind::$kind => $resolve, )*
+                }
+            }
+        }
+    };
+}
+
+alert_kinds! {
     /// A machine has trailed the tip for longer than `min_drift_age`
     /// (fires as `drift_detected`, clears as `drift_resolved`).
-    Drift,
+    Drift => "drift_detected", "drift_resolved";
     /// A `manual` rotation waits for an operator's `approve`.
-    ManualApprovalRequired,
+    ManualApprovalRequired => "manual_approval_required", "manual_approval_resolved";
     /// A rotation hit a ceiling (drain, checkpoint, verify) and yielded.
-    RotationStuck,
+    RotationStuck => "rotation_stuck", "rotation_stuck_resolved";
     /// Fleet or app coherence stayed below the threshold for `coherence_for`.
-    CoherenceBelowThreshold,
+    CoherenceBelowThreshold => "coherence_below_threshold", "coherence_restored";
     /// The overlay tip has not been fetched for 3 fetch intervals.
-    TipStale,
+    TipStale => "tip_stale", "tip_fresh";
     /// Sweeps keep failing.
-    SweepFailing,
+    SweepFailing => "sweep_failing", "sweep_recovered";
     /// One app's machines could not be listed for 3 sweep intervals: its
     /// last listing is shown and nothing is done to its machines.
-    AppUnlistable,
+    AppUnlistable => "app_unlistable", "app_listing_recovered";
     /// A rotation ended as failed after `rotation.max_attempts` restarts that
     /// did not verify (or crash-looped): uncordoned, slot released, no new
     /// attempt for its target until the tip moves or an operator approves.
-    RotationFailed,
+    RotationFailed => "rotation_failed", "rotation_failed_resolved";
     /// The coordinator's slot set could not be read for 3 sweep intervals:
     /// no rotation that needs a slot proceeds (undos still run).
-    CoordinatorUnreadable,
+    CoordinatorUnreadable => "coordinator_unreadable", "coordinator_readable";
     /// A record the daemon or an operator relies on (marker, unprobed
     /// record, approval, hold, slot set) is not the one sealed with the
     /// record key: written by an agent (or a reconciler before sealing),
     /// altered, or moved. Nothing is done on its strength (docs/safety.md,
     /// "Threat model"); names the machine, the metadata key and what was found.
-    MetadataTampered,
+    MetadataTampered => "metadata_tampered", "metadata_tampered_resolved";
     /// `[release] halt_after_failures` rotations toward the tip ended failed
     /// within `halt_window` (or the coordinator says so): the tip is halted
     /// for the app, no new rotation toward it starts until `resume`. Names
     /// the tip, the failed rotations and their evidence.
-    ReleaseHalted,
+    ReleaseHalted => "release_halted", "release_resumed";
     /// The alert gate's Alertmanager (`[gates.alertmanager]`) cannot be
     /// read: no new rotation starts (fail closed) unless `fail_open`.
-    GateUnreachable,
-    /// A webhook is dead-lettering what it is sent (raised by the notifier
-    /// itself, delivered to the other webhooks).
-    SinkFailing,
-}
-
-impl AlertKind {
-    /// The event name sent when the alert starts firing (docs/design.md §7, docs/alerts.md).
-    pub fn trigger_name(self) -> &'static str {
-        match self {
-            AlertKind::Drift => "drift_detected",
-            AlertKind::ManualApprovalRequired => "manual_approval_required",
-            AlertKind::RotationStuck => "rotation_stuck",
-            AlertKind::CoherenceBelowThreshold => "coherence_below_threshold",
-            AlertKind::TipStale => "tip_stale",
-            AlertKind::SweepFailing => "sweep_failing",
-            AlertKind::AppUnlistable => "app_unlistable",
-            AlertKind::RotationFailed => "rotation_failed",
-            AlertKind::CoordinatorUnreadable => "coordinator_unreadable",
-            AlertKind::MetadataTampered => "metadata_tampered",
-            AlertKind::ReleaseHalted => "release_halted",
-            AlertKind::GateUnreachable => "gate_unreachable",
-            AlertKind::SinkFailing => "alert_sink_failing",
-        }
-    }
-
-    /// The event name sent when it clears.
-    pub fn resolve_name(self) -> &'static str {
-        match self {
-            AlertKind::Drift => "drift_resolved",
-            AlertKind::ManualApprovalRequired => "manual_approval_resolved",
-            AlertKind::RotationStuck => "rotation_stuck_resolved",
-            AlertKind::CoherenceBelowThreshold => "coherence_restored",
-            AlertKind::TipStale => "tip_fresh",
-            AlertKind::SweepFailing => "sweep_recovered",
-            AlertKind::AppUnlistable => "app_listing_recovered",
-            AlertKind::RotationFailed => "rotation_failed_resolved",
-            AlertKind::CoordinatorUnreadable => "coordinator_readable",
-            AlertKind::MetadataTampered => "metadata_tampered_resolved",
-            AlertKind::ReleaseHalted => "release_resumed",
-            AlertKind::GateUnreachable => "gate_reachable",
-            AlertKind::SinkFailing => "alert_sink_recovered",
-        }
-    }
+    GateUnreachable => "gate_unreachable", "gate_reachable";
+    /// A webhook is dead-lettering what it is sent (decided by
+    /// `decide::alerts` from the notifier's delivery state, delivered to
+    /// the other webhooks).
+    SinkFailing => "alert_sink_failing", "alert_sink_recovered";
+    /// A condition that exists only in this crate's unit tests: it shows
+    /// that a new condition is this entry plus its rule
+    /// (`decide::alerts`' tests raise it), with no other arm to write.
+    #[cfg(test)]
+    ExampleCondition => "example_condition", "example_condition_resolved";
 }
 
 impl fmt::Display for AlertKind {

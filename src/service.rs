@@ -154,6 +154,7 @@ pub async fn run(
             owner: owner.clone(),
             clock,
             restored_alerts: notifier.restored_alerts().to_vec(),
+            delivery: Some(&notifier),
         },
         shutdown.clone(),
         |outcome| {

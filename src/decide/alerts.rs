@@ -2,11 +2,13 @@
 //!
 //! Owns every rule that turns what a turn saw into `Alert`s, beside the
 //! planner's machine alerts ([`crate::decide::planner`] raises drift,
-//! unreachable, rotation and `coordinator_unreadable` alerts into
-//! `Plan::alerts`): the fleet rules (coherence below threshold, sweeps
-//! failing, tip stale, an app that cannot be listed), the little state those
+//! unreachable and rotation alerts into `Plan::alerts`): the fleet rules
+//! (coherence below threshold, sweeps failing, tip stale, an app that
+//! cannot be listed, the coordinator's slot set unknown for
+//! [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals), the little state those
 //! rules need ([`AlertMemory`]: since when coherence has been below the
-//! threshold, which apps the last sweep could not list, the machine alerts
+//! threshold, since when the slot set has been unknown, which apps the
+//! last sweep could not list, the machine alerts
 //! carried over a failed sweep or an unlistable app, and the alerts known
 //! before a restart until the evidence of this run confirms or clears them,
 //! [`FleetAlertTracker::restore`], [`RestoredMachineAlerts`], and when this
@@ -15,12 +17,32 @@
 //! complete [`AlertSet`]. The loop (`daemon`) keeps the memory and puts
 //! each turn's set in its outcome; the reporter only forwards it.
 //!
-//! A new alert condition is one change here plus its test, and its name:
-//! an `AlertKind` variant with its two event names in `events.rs` (the
-//! vocabulary the notifier and the logs share). It must never
-//! read the clock, deliver, or do I/O: `now` and every timestamp are
-//! arguments, so the rules are tested by driving time forward; delivering
-//! is `report::notify`'s.
+//! It must never read the clock, deliver, or do I/O: `now` and every
+//! timestamp are arguments (the notifier's delivery state comes in the
+//! [`Turn`] as [`FailingSink`] facts), so the rules are tested by driving
+//! time forward; delivering is `report::notify`'s.
+//!
+//! # How to add an alert condition
+//!
+//! 1. Its name: one entry in the `alert_kinds!` table of `events.rs`,
+//!    `NewCondition => "new_condition", "new_condition_resolved";` under
+//!    its doc. That entry is the variant and both event names; nothing
+//!    else in `events.rs` or `report/` needs an arm (their matches on
+//!    kinds end in `_`). `events.rs` is the vocabulary below `decide/` that
+//!    the notifier, the logs and the state file share, so the kind cannot
+//!    be declared here without an arrow back up.
+//! 2. Its rule, here: a function of what the [`Turn`] says (and, if it
+//!    needs a clock, a field of [`AlertMemory`]), called from [`evaluate`]
+//!    so that its alert is in each turn's [`AlertSet`]; its severity a
+//!    `const` beside the others.
+//! 3. Its test, here, driving [`evaluate`] through turns with `now` given.
+//!
+//! Documentation: its row in docs/alerts.md and its runbook section in
+//! docs/operations.md (the section's anchor is the trigger name). Only a
+//! condition about this replica itself (never frozen as stale) is also
+//! listed in `report::notify::voice`'s `own`. The test
+//! `a_new_condition_is_its_table_entry_and_its_rule` shows it with a
+//! test-only kind.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -32,8 +54,9 @@ pub use crate::decide::coherence::{Coherence, CoherenceSample};
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
 use crate::events::{Alert, AlertKind, DedupKey};
+use crate::metadata::slots::Coordinator;
 use crate::model::{AppName, CommitId, MachineStatus, Severity};
-use crate::observe::sweep::StaleApp;
+use crate::observe::sweep::{SlotsView, StaleApp};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -43,6 +66,14 @@ pub const SWEEP_FAILING_SEVERITY: Severity = Severity::Critical;
 pub const TIP_STALE_SEVERITY: Severity = Severity::High;
 /// Severity of the app-unlistable alert: that app's machines are unmanaged.
 pub const APP_UNLISTABLE_SEVERITY: Severity = Severity::High;
+/// Severity of the coordinator-unreadable alert.
+pub const COORDINATOR_UNREADABLE_SEVERITY: Severity = Severity::High;
+/// Sweep intervals the coordinator's slot set may stay unknown before
+/// `coordinator_unreadable` fires.
+pub const COORDINATOR_UNREADABLE_SWEEPS: u32 = 3;
+/// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
+/// `min_severity = "high"` to hear that Slack is gone, and the reverse.
+pub const SINK_FAILING_SEVERITY: Severity = Severity::High;
 /// Longest error text an alert carries (the Fly error naming the app).
 const ERROR_MAX_CHARS: usize = 300;
 
@@ -558,14 +589,17 @@ impl Seen {
     }
 }
 
-/// The alert rules of a config: the fleet rules' thresholds and how long a
-/// restored machine alert waits for the planner to raise it again.
+/// The alert rules of a config: the fleet rules' thresholds, how long a
+/// restored machine alert waits for the planner to raise it again, and the
+/// coordinator whose slot set `coordinator_unreadable` is about.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AlertRules {
     pub fleet: FleetAlertRules,
     /// `rotation.min_drift_age` plus two sweeps: the planner's drift clocks
     /// start over at a restart, so it raises a drift alert only after that.
     pub restored_grace: Duration,
+    /// `rotation.coordinator`, named in `coordinator_unreadable`'s details.
+    pub coordinator: Option<Coordinator>,
 }
 
 impl AlertRules {
@@ -573,8 +607,95 @@ impl AlertRules {
         AlertRules {
             fleet: FleetAlertRules::from_config(config),
             restored_grace: config.rotation.min_drift_age + config.sweep.interval.get() * 2,
+            coordinator: config.rotation.coordinator.clone(),
         }
     }
+}
+
+/// Since when the coordinator's slot set has been unknown (unreadable, or
+/// not the one this fleet sealed), and the rule that makes that
+/// `coordinator_unreadable`. The planner refuses every step that needs a
+/// slot while the set is unknown, from the first sweep on; the alert
+/// waits [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals, so a blip is
+/// silent.
+#[derive(Clone, Debug)]
+struct CoordinatorClock {
+    /// Unknown this long fires the alert.
+    after: Duration,
+    /// `rotation.coordinator`, for the details.
+    coordinator: Option<Coordinator>,
+    /// First sweep of the current run that could not read the slot set.
+    unknown_since: Option<DateTime<Utc>>,
+}
+
+impl CoordinatorClock {
+    fn new(rules: &AlertRules) -> CoordinatorClock {
+        CoordinatorClock {
+            after: rules
+                .fleet
+                .sweep_interval
+                .saturating_mul(COORDINATOR_UNREADABLE_SWEEPS),
+            coordinator: rules.coordinator.clone(),
+            unknown_since: None,
+        }
+    }
+
+    /// Folds in what a successful sweep saw of the slots, and says
+    /// `coordinator_unreadable` if the set has been unknown long enough.
+    fn observe(&mut self, slots: &SlotsView, now: DateTime<Utc>) -> Option<Alert> {
+        let Some(why) = slots.unreadable() else {
+            self.unknown_since = None;
+            return None;
+        };
+        let since = *self.unknown_since.get_or_insert(now);
+        // `since + after > now`, saturating: not yet.
+        if now < since || elapsed(since, now) < self.after {
+            return None;
+        }
+        let mut details = BTreeMap::new();
+        details.insert("since".to_string(), since.to_rfc3339());
+        if let Some(c) = &self.coordinator {
+            details.insert("coordinator".to_string(), c.to_string());
+        }
+        Some(Alert {
+            kind: AlertKind::CoordinatorUnreadable,
+            app: None,
+            machine_id: None,
+            commit: None,
+            severity: COORDINATOR_UNREADABLE_SEVERITY,
+            summary: format!(
+                "the rotation slots cannot be read since {} ({why}): no rotation starts, drains or restarts; undos go on",
+                since.to_rfc3339()
+            ),
+            details,
+        })
+    }
+}
+
+/// A webhook that is dead-lettering what it is sent, as the notifier's
+/// delivery path reports it: a plain fact of the turn ([`DeliveryState`]),
+/// which [`sink_failing`] judges. Never carries the URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailingSink {
+    /// Its index in `[[alerts.webhooks]]`.
+    pub index: usize,
+    /// Its format's id (`json`, `slack`, `pagerduty`).
+    pub format: &'static str,
+    /// The variable its URL is read from (the URL itself is a secret).
+    pub url_env: String,
+    /// When its failing episode began…
+    pub since: DateTime<Utc>,
+    /// …and why (the first refusal or the last failed attempt).
+    pub reason: String,
+    /// The notifications it holds set aside.
+    pub dead_letters: usize,
+}
+
+/// Where the loop reads, each turn, which sinks are failing: the
+/// notifier, which reports its delivery state and decides nothing of it.
+pub trait DeliveryState: Send + Sync {
+    /// The webhooks failing now, in config order.
+    fn failing_sinks(&self) -> Vec<FailingSink>;
 }
 
 /// One turn of the loop, as the alert rules read it.
@@ -586,10 +707,13 @@ pub enum Turn<'a> {
         plan: &'a Plan,
         /// When the overlay was last fetched successfully.
         tip_fetched_at: Option<DateTime<Utc>>,
+        /// The webhooks failing as the turn ends ([`DeliveryState`]).
+        failing_sinks: &'a [FailingSink],
     },
     /// A sweep that failed: nothing new is known of the machines.
     Failed {
         tip_fetched_at: Option<DateTime<Utc>>,
+        failing_sinks: &'a [FailingSink],
     },
 }
 
@@ -625,6 +749,8 @@ pub struct AlertMemory {
     restored: RestoredMachineAlerts,
     /// When the last successful sweep saw the fleet and each app.
     seen: Seen,
+    /// Since when the coordinator's slot set has been unknown.
+    coordinator: CoordinatorClock,
 }
 
 impl AlertMemory {
@@ -644,6 +770,7 @@ impl AlertMemory {
             machine_alerts: restored.carried(),
             restored,
             seen: Seen::default(),
+            coordinator: CoordinatorClock::new(rules),
         }
     }
 }
@@ -653,8 +780,8 @@ impl AlertMemory {
 /// those `memory` was made with ([`AlertMemory::new`]), so one memory is
 /// never judged by two sets of thresholds.
 pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) -> AlertSet {
-    let fleet = match turn {
-        Turn::Failed { tip_fetched_at } => {
+    let mut fleet = match turn {
+        Turn::Failed { tip_fetched_at, .. } => {
             memory.failures += 1;
             memory.fleet.evaluate(
                 &FleetAlertInput {
@@ -671,6 +798,7 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             report,
             plan,
             tip_fetched_at,
+            ..
         } => {
             memory.failures = 0;
             memory.last_success = Some(now);
@@ -690,6 +818,9 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             // list (the planner says nothing of them): their alerts stand.
             let stale = report.stale_app_names();
             let mut alerts: Vec<Alert> = plan.alerts.clone();
+            // Carried over a failed sweep like the plan's: nothing new is
+            // known of the slots then.
+            alerts.extend(memory.coordinator.observe(&report.slots, now));
             alerts.extend(
                 memory
                     .machine_alerts
@@ -717,10 +848,67 @@ pub fn evaluate(turn: Turn<'_>, memory: &mut AlertMemory, now: DateTime<Utc>) ->
             fleet
         }
     };
+    let (Turn::Swept { failing_sinks, .. } | Turn::Failed { failing_sinks, .. }) = turn;
+    fleet.extend(sink_failing(failing_sinks));
     AlertSet {
         alerts: with_machine_alerts(&memory.machine_alerts, fleet),
         seen: memory.seen.clone(),
     }
+}
+
+/// `alert_sink_failing`, one alert for all the webhooks failing, while any
+/// is: what the notifier's other sinks are told (the failing ones are not,
+/// they would only dead-letter it too).
+pub fn sink_failing(failing: &[FailingSink]) -> Option<Alert> {
+    if failing.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = failing
+        .iter()
+        .map(|f| {
+            format!(
+                "webhook {} ({}, URL in {}) has failed since {}: {}; {} notification(s) dead-lettered",
+                f.index,
+                f.format,
+                f.url_env,
+                rfc3339(f.since),
+                f.reason,
+                f.dead_letters
+            )
+        })
+        .collect();
+    let names: Vec<String> = failing
+        .iter()
+        .map(|f| format!("{}:{}:{}", f.index, f.format, f.url_env))
+        .collect();
+    let dead = failing
+        .iter()
+        .fold(0usize, |n, f| n.saturating_add(f.dead_letters));
+    let summary = format!(
+        "Alerts are not reaching every webhook: {}. The other webhooks still get everything; fix the receiver or its URL (then restart)",
+        lines.join("; ")
+    );
+    Some(sink_failing_alert(
+        summary,
+        BTreeMap::from([
+            ("sinks".to_owned(), names.join(",")),
+            ("dead_letters".to_owned(), dead.to_string()),
+        ]),
+    ))
+}
+
+/// The key of `alert_sink_failing` (one alert for all failing sinks).
+pub fn sink_failing_key() -> DedupKey {
+    sink_failing_alert(String::new(), BTreeMap::new()).dedup_key()
+}
+
+fn sink_failing_alert(summary: String, details: BTreeMap<String, String>) -> Alert {
+    fleet_alert(
+        AlertKind::SinkFailing,
+        SINK_FAILING_SEVERITY,
+        summary,
+        details,
+    )
 }
 
 /// All alerts of a cycle: the machine alerts known last, then the fleet's.
@@ -893,6 +1081,200 @@ mod tests {
         );
     }
 
+    fn alert_rules() -> AlertRules {
+        AlertRules {
+            fleet: rules(),
+            restored_grace: Duration::from_secs(150),
+            coordinator: "coord/c1".parse().ok(),
+        }
+    }
+
+    fn swept<'a>(report: &'a Snapshot, plan: &'a Plan) -> Turn<'a> {
+        Turn::Swept {
+            report,
+            plan,
+            tip_fetched_at: Some(t(0)),
+            failing_sinks: &[],
+        }
+    }
+
+    fn of_kind(set: &AlertSet, kind: AlertKind) -> Vec<&Alert> {
+        set.alerts.iter().filter(|a| a.kind == kind).collect()
+    }
+
+    /// The slot set unknown for 3 sweep intervals (unreadable or tampered
+    /// alike) fires `coordinator_unreadable`, as the planner raised it
+    /// before (#35): dated from the first sweep that could not read it,
+    /// naming the coordinator; carried over a failed sweep (nothing new is
+    /// known of the slots), resolved by the first sweep that reads them.
+    #[test]
+    fn coordinator_unreadable_fires_after_three_sweep_intervals_of_an_unknown_slot_set() {
+        let mut memory = AlertMemory::new(&alert_rules(), &[]);
+        let plan = Plan::default();
+        let mut unknown = report(None);
+        unknown.slots = SlotsView::Unknown("coordinator host unreachable".into());
+        let mut tampered = report(None);
+        tampered.slots = SlotsView::Tampered("not sealed".into());
+        let mut known = report(None);
+        known.slots = SlotsView::Known(Default::default());
+        let coordinator = |set: &AlertSet| of_kind(set, AlertKind::CoordinatorUnreadable).len();
+
+        assert_eq!(
+            coordinator(&evaluate(swept(&known, &plan), &mut memory, t(0))),
+            0
+        );
+        for s in [30, 60, 90] {
+            let set = evaluate(swept(&unknown, &plan), &mut memory, t(s));
+            assert_eq!(coordinator(&set), 0, "{s}");
+        }
+        // Tampered counts as unknown: the clock goes on from t(30).
+        let set = evaluate(swept(&tampered, &plan), &mut memory, t(120));
+        let fired = of_kind(&set, AlertKind::CoordinatorUnreadable);
+        assert_eq!(fired.len(), 1, "{set:?}");
+        let alert = fired[0];
+        assert_eq!(alert.severity, COORDINATOR_UNREADABLE_SEVERITY);
+        assert_eq!(
+            alert.dedup_key().as_str(),
+            "fleet-reconciler/coordinator_unreadable/*/*/*"
+        );
+        assert_eq!(
+            alert.summary,
+            "the rotation slots cannot be read since 2027-01-15T08:00:30+00:00 (not sealed): no rotation starts, drains or restarts; undos go on"
+        );
+        assert_eq!(
+            alert.details,
+            BTreeMap::from([
+                ("coordinator".to_owned(), "coord/c1".to_owned()),
+                ("since".to_owned(), "2027-01-15T08:00:30+00:00".to_owned()),
+            ])
+        );
+        let failed = Turn::Failed {
+            tip_fetched_at: Some(t(0)),
+            failing_sinks: &[],
+        };
+        assert_eq!(coordinator(&evaluate(failed, &mut memory, t(150))), 1);
+        assert_eq!(
+            coordinator(&evaluate(swept(&known, &plan), &mut memory, t(180))),
+            0
+        );
+        // Known again: a new episode counts afresh.
+        let set = evaluate(swept(&unknown, &plan), &mut memory, t(210));
+        assert_eq!(coordinator(&set), 0);
+        let set = evaluate(swept(&unknown, &plan), &mut memory, t(299));
+        assert_eq!(coordinator(&set), 0);
+        let set = evaluate(swept(&unknown, &plan), &mut memory, t(300));
+        assert_eq!(coordinator(&set), 1);
+    }
+
+    /// Which webhooks fail is the notifier's fact; `alert_sink_failing`
+    /// is decided here, one alert naming them all, in each turn's set
+    /// (swept or failed) while any fails, with the text the notifier used
+    /// to write itself (#35 item 2).
+    #[test]
+    fn alert_sink_failing_is_raised_from_the_turns_delivery_state() {
+        let mut memory = AlertMemory::new(&alert_rules(), &[]);
+        let failing = [
+            FailingSink {
+                index: 0,
+                format: "slack",
+                url_env: "GONE_URL".into(),
+                since: t(5),
+                reason: "HTTP 410".into(),
+                dead_letters: 1,
+            },
+            FailingSink {
+                index: 2,
+                format: "json",
+                url_env: "HOOK_URL".into(),
+                since: t(7),
+                reason: "HTTP 404".into(),
+                dead_letters: 2,
+            },
+        ];
+        let failed = |failing_sinks| Turn::Failed {
+            tip_fetched_at: Some(t(0)),
+            failing_sinks,
+        };
+        let set = evaluate(failed(&failing[..]), &mut memory, t(10));
+        let fired = of_kind(&set, AlertKind::SinkFailing);
+        assert_eq!(fired.len(), 1, "{set:?}");
+        let alert = fired[0];
+        assert_eq!(
+            alert.dedup_key().as_str(),
+            "fleet-reconciler/alert_sink_failing/*/*/*"
+        );
+        assert_eq!(alert.dedup_key(), sink_failing_key());
+        assert_eq!(alert.severity, SINK_FAILING_SEVERITY);
+        assert_eq!(
+            alert.summary,
+            "Alerts are not reaching every webhook: webhook 0 (slack, URL in GONE_URL) has failed since 2027-01-15T08:00:05Z: HTTP 410; 1 notification(s) dead-lettered; webhook 2 (json, URL in HOOK_URL) has failed since 2027-01-15T08:00:07Z: HTTP 404; 2 notification(s) dead-lettered. The other webhooks still get everything; fix the receiver or its URL (then restart)"
+        );
+        assert_eq!(
+            alert.details,
+            BTreeMap::from([
+                ("dead_letters".to_owned(), "3".to_owned()),
+                (
+                    "sinks".to_owned(),
+                    "0:slack:GONE_URL,2:json:HOOK_URL".to_owned()
+                ),
+            ])
+        );
+        let plan = Plan::default();
+        let listed = report(None);
+        let swept_failing = Turn::Swept {
+            report: &listed,
+            plan: &plan,
+            tip_fetched_at: Some(t(0)),
+            failing_sinks: &failing[1..],
+        };
+        let set = evaluate(swept_failing, &mut memory, t(40));
+        assert_eq!(of_kind(&set, AlertKind::SinkFailing).len(), 1);
+        // Delivered again: resolved.
+        let set = evaluate(swept(&listed, &plan), &mut memory, t(70));
+        assert!(of_kind(&set, AlertKind::SinkFailing).is_empty(), "{set:?}");
+    }
+
+    /// A new condition: the test-only `AlertKind::ExampleCondition`, one
+    /// entry in `events.rs`'s table, and its rule, written here as a new
+    /// one would be. Nothing else was written for it: its event names,
+    /// key and state-file name all come from the entry.
+    #[test]
+    fn a_new_condition_is_its_table_entry_and_its_rule() {
+        fn example_rule(holds: bool) -> Option<Alert> {
+            holds.then(|| {
+                fleet_alert(
+                    AlertKind::ExampleCondition,
+                    Severity::High,
+                    "the example holds".to_owned(),
+                    BTreeMap::new(),
+                )
+            })
+        }
+        assert!(example_rule(false).is_none());
+        let alert = example_rule(true).expect("it holds");
+        assert_eq!(
+            alert.dedup_key().as_str(),
+            "fleet-reconciler/example_condition/*/*/*"
+        );
+        assert_eq!(alert.kind.to_string(), "example_condition");
+        assert_eq!(alert.kind.resolve_name(), "example_condition_resolved");
+        let saved = serde_json::to_string(&alert).expect("an alert serializes");
+        let read: Alert = serde_json::from_str(&saved).expect("and reads back");
+        assert_eq!(read, alert);
+        assert!(AlertKind::ALL.contains(&AlertKind::ExampleCondition));
+        // Every kind's two names are its own: no key or event is shared.
+        let mut names = std::collections::BTreeSet::new();
+        for kind in AlertKind::ALL {
+            for name in [kind.trigger_name(), kind.resolve_name()] {
+                assert!(names.insert(name), "{name} named twice");
+                assert!(
+                    name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "{name}"
+                );
+            }
+        }
+    }
+
     fn machine_alert(app: &str, machine: &str) -> Alert {
         Alert {
             kind: AlertKind::Drift,
@@ -916,24 +1298,16 @@ mod tests {
     /// cannot list an app carries that app's, and only those.
     #[test]
     fn machine_alerts_are_carried_over_failed_sweeps_and_unlisted_apps() {
-        let rules = AlertRules {
-            fleet: rules(),
-            restored_grace: Duration::from_secs(150),
-        };
-        let mut memory = AlertMemory::new(&rules, &[]);
+        let mut memory = AlertMemory::new(&alert_rules(), &[]);
         let mut both = Plan::default();
         both.alerts = vec![machine_alert("a", "m-a"), machine_alert("b", "m-b")];
         let none = Plan::default();
         let listed = report(None);
-        let swept = |report, plan| Turn::Swept {
-            report,
-            plan,
-            tip_fetched_at: Some(t(0)),
-        };
         let set = evaluate(swept(&listed, &both), &mut memory, t(0));
         assert_eq!(machines(&set), ["m-a", "m-b"]);
         let failed = Turn::Failed {
             tip_fetched_at: Some(t(0)),
+            failing_sinks: &[],
         };
         assert_eq!(
             machines(&evaluate(failed, &mut memory, t(30))),

@@ -58,10 +58,6 @@ pub const HEARTBEAT_FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
 /// loop (flyctl's `isConstantlyRestarting` judges the same way).
 pub const CRASH_LOOP_EXITS: usize = 2;
 
-/// Sweep intervals the coordinator's slot set may stay unreadable before
-/// `coordinator_unreadable` fires.
-pub const COORDINATOR_UNREADABLE_SWEEPS: u32 = 3;
-
 /// What the planner decided for one sweep: one entry per machine of the
 /// report (its decision, its one step if any, its drift clock), and what
 /// holds across machines.
@@ -415,7 +411,10 @@ struct Candidate<'a> {
 /// `Planning::machine` for each machine (its decision, its alerts, the step
 /// of a rotation in progress, or its candidacy for a claim), then
 /// `Planning::claim_in_rank_order` (new claims, within each pool's cap),
-/// then the coordinator's alert.
+/// then the alerts of what the sweep read on the coordinator (a tampered slot
+/// set, halts) and the alert gate's. An unknown slot set refuses every
+/// step that needs a slot here; how long it has been unknown, and
+/// `coordinator_unreadable`, are `decide::alerts`'.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     // Markers, holds and approvals as this plan reads them, once per machine.
     let ops: Vec<OperatorState> = input
@@ -430,7 +429,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     }
     planning.yield_over_cap();
     planning.claim_in_rank_order();
-    planning.coordinator_alert();
+    planning.slots_tampered_alert();
     planning.halt_alerts();
     planning.alerts.extend(crate::decide::guardrail::gate_alert(
         input.policy,
@@ -1385,14 +1384,6 @@ impl<'a> Planning<'a> {
         }
     }
 
-    /// `coordinator_unreadable` once the slot set has stayed unknown for
-    /// [`COORDINATOR_UNREADABLE_SWEEPS`] sweep intervals: until then no
-    /// rotation that needs a slot proceeds, silently.
-    fn coordinator_alert(&mut self) {
-        self.slots_tampered_alert();
-        self.coordinator_unreadable_alert();
-    }
-
     /// A slot set on a coordinator agents can write that is not the one we
     /// sealed: alerted at once (the set is unknown meanwhile, as unreadable).
     fn slots_tampered_alert(&mut self) {
@@ -1411,37 +1402,6 @@ impl<'a> Planning<'a> {
             severity: Severity::High,
             summary: format!(
                 "the coordinator {c} sits in a swept app, where agents can write its metadata, and its slot set is not the one this fleet sealed ({why}): no rotation starts, drains or restarts until it is; see the metadata_tampered runbook (docs/operations.md)"
-            ),
-            details,
-        });
-    }
-
-    fn coordinator_unreadable_alert(&mut self) {
-        let (Some(why), Some(since)) = (self.slots_unknown(), self.tracker.slots_unknown_since())
-        else {
-            return;
-        };
-        let grace = self
-            .policy
-            .sweep_interval
-            .saturating_mul(COORDINATOR_UNREADABLE_SWEEPS);
-        if after(since, grace) > self.now {
-            return;
-        }
-        let mut details = BTreeMap::new();
-        details.insert("since".to_string(), since.to_rfc3339());
-        if let Some(c) = &self.policy.rotation.coordinator {
-            details.insert("coordinator".to_string(), c.to_string());
-        }
-        self.alerts.push(Alert {
-            kind: AlertKind::CoordinatorUnreadable,
-            app: None,
-            machine_id: None,
-            commit: None,
-            severity: Severity::High,
-            summary: format!(
-                "the rotation slots cannot be read since {} ({why}): no rotation starts, drains or restarts; undos go on",
-                since.to_rfc3339()
             ),
             details,
         });

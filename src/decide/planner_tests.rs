@@ -91,7 +91,6 @@ fn the_direct_policy_is_the_configs() {
         );
     }
     assert_eq!(direct.rotation.retry_after, parsed.rotation.retry_after);
-    assert_eq!(direct.sweep_interval, parsed.sweep_interval);
 }
 
 /// A machine fixture, chainable: the machine as seen, and its verdict.
@@ -2823,18 +2822,18 @@ fn item11_an_unknown_slot_set_is_never_an_empty_one() {
         .with(M::drifted("m2", Severity::Low).marker(&r));
     let plan = fx.plan_with(t0(), now, fetched(), unknown.clone());
     assert_eq!(kinds(&plan), [("m2", "yield")], "{plan:?}");
-    // Unreadable for 3 sweep intervals: alerted.
-    let coordinator = |plan: &Plan| {
-        plan.alerts
-            .iter()
-            .filter(|a| a.kind == AlertKind::CoordinatorUnreadable)
-            .count()
-    };
+    // However long it stays unknown, the planner raises no
+    // `coordinator_unreadable`: that is `decide::alerts`' (its tests).
     let mut fx = Fx::new("").with(M::drifted("a", Severity::Low));
-    let plan = fx.plan_with(now, now + Cd::seconds(60), fetched(), unknown.clone());
-    assert_eq!(coordinator(&plan), 0);
     let plan = fx.plan_with(now, now + Cd::seconds(90), fetched(), unknown);
-    assert_eq!(coordinator(&plan), 1);
+    assert!(
+        !plan
+            .alerts
+            .iter()
+            .any(|a| a.kind == AlertKind::CoordinatorUnreadable),
+        "{:?}",
+        plan.alerts
+    );
 }
 
 #[test]

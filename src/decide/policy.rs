@@ -7,10 +7,9 @@
 //! not read (the overlay's repository, tokens, servers, alert sinks).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use crate::config::{
-    Config, DEFAULT_POOL, PoolConfig, ReleaseConfig, RotationConfig, SeverityRule, SweepConfig,
+    Config, DEFAULT_POOL, PoolConfig, ReleaseConfig, RotationConfig, SeverityRule,
     default_severity_rules,
 };
 use crate::model::{PolicyAction, PoolName, Severity};
@@ -20,9 +19,6 @@ use crate::model::{PolicyAction, PoolName, Severity};
 pub struct Policy {
     /// `[rotation]`: ceilings, deadlines, guards, the coordinator.
     pub rotation: RotationConfig,
-    /// `sweep.interval`: how long the coordinator may stay unreadable is
-    /// counted in sweeps.
-    pub sweep_interval: Duration,
     /// `[pools.NAME]` as configured.
     pools: BTreeMap<PoolName, PoolConfig>,
     /// The policy of a pool without its own section: `[pools.default]`, or
@@ -41,7 +37,6 @@ impl Default for Policy {
     fn default() -> Policy {
         Policy {
             rotation: RotationConfig::default(),
-            sweep_interval: SweepConfig::default().interval.get(),
             pools: BTreeMap::new(),
             fallback: PoolConfig::default(),
             severity: default_severity_rules(),
@@ -55,7 +50,6 @@ impl Policy {
     pub fn from_config(config: &Config) -> Policy {
         Policy {
             rotation: config.rotation.clone(),
-            sweep_interval: config.sweep.interval.get(),
             pools: config.pools.clone(),
             fallback: config
                 .pools

@@ -20,7 +20,7 @@ use crate::decide::snapshot::Snapshot;
 use crate::metadata::marker::{Marker, Phase};
 use crate::metadata::unprobed::Unprobed;
 use crate::model::{MachineId, MachineStatus, PolicyAction, Severity};
-use crate::observe::sweep::{ObservedMachine, SlotsView};
+use crate::observe::sweep::ObservedMachine;
 
 /// Memory between sweeps: when each machine's drift and unprobeability
 /// began, and when this run first saw each machine's current marker and
@@ -33,8 +33,6 @@ use crate::observe::sweep::{ObservedMachine, SlotsView};
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
     pub(super) machines: HashMap<MachineId, Seen>,
-    /// First sweep of the current run that could not read the slot set.
-    slots_unknown_since: Option<DateTime<Utc>>,
     /// A one-shot process's tracker ([`Tracker::one_shot`]): it folds
     /// nothing in, as nothing plans from it afterwards.
     forgets: bool,
@@ -226,12 +224,6 @@ impl Tracker {
         }
         self.machines = next;
         self.failures.observe(snapshot, now);
-        self.slots_unknown_since = match snapshot.slots {
-            SlotsView::Unknown(_) | SlotsView::Tampered(_) => {
-                self.slots_unknown_since.or(Some(now))
-            }
-            SlotsView::Known(_) | SlotsView::NotConfigured => None,
-        };
     }
 
     /// Folds one sweep into the canary soak clocks (`pools.NAME.after`),
@@ -242,11 +234,6 @@ impl Tracker {
             return;
         }
         self.canaries.observe(policy, snapshot, now);
-    }
-
-    /// Since when this run has not been able to read the coordinator's slots.
-    pub fn slots_unknown_since(&self) -> Option<DateTime<Utc>> {
-        self.slots_unknown_since
     }
 
     /// Whether the last usable report of the machine showed drift.

@@ -170,6 +170,7 @@ coordinator = "coord/c0"
                 owner: "r1".into(),
                 clock: fleet_reconciler::clock::system(),
                 restored_alerts: Vec::new(),
+                delivery: None,
             };
             daemon::reconcile_loop(&sweeper, options, stop, |outcome| {
                 if let SweepOutcome::Swept(cycle) = outcome {

@@ -172,6 +172,7 @@ impl Daemon {
                 owner: "replica".to_string(),
                 clock,
                 restored_alerts: Vec::new(),
+                delivery: None,
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();

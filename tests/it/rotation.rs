@@ -192,6 +192,7 @@ impl Daemon {
                 owner,
                 clock,
                 restored_alerts: Vec::new(),
+                delivery: None,
             };
             daemon::reconcile_loop(&sweeper, options, token, |outcome| {
                 let mut seen = record.lock().unwrap();

@@ -13,6 +13,7 @@ use axum::routing::post;
 use fleet_reconciler::clock::TokioClock;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
+use fleet_reconciler::events::{Alert, AlertKind};
 use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
@@ -72,6 +73,51 @@ async fn failing_sweeps_do_not_resolve_machine_alerts() {
         1,
         "paged once, not again after the failures"
     );
+
+    service.stop().await;
+    sim.shutdown().await;
+}
+
+/// #35 item 2: `alert_sink_failing` is decided by the loop
+/// (`decide::alerts::evaluate`) from the delivery state the notifier
+/// reports, not added by the notifier: a webhook that refuses what it is
+/// sent (404) is in the next turns' alert set, named as before.
+#[tokio::test(start_paused = true)]
+async fn a_failing_webhook_is_in_the_alert_set_the_loop_evaluates() {
+    let overlay = OverlayRepo::new();
+    let sim = Sim::start(
+        fleet(&overlay)
+            .app(SimApp::new("agents").machine(SimMachine::new("m1").loaded(overlay.behind(1)))),
+    )
+    .await
+    .unwrap();
+    let hook = Hook::start().await;
+    hook.fail_with(404);
+    let service = Service::start(&sim, &overlay, &hook);
+    let failing = |alerts: &[Alert]| {
+        alerts
+            .iter()
+            .find(|a| a.kind == AlertKind::SinkFailing)
+            .cloned()
+    };
+    eventually(
+        "alert_sink_failing in a turn's alerts",
+        Duration::from_secs(15),
+        async || failing(&service.last_alerts()).is_some(),
+    )
+    .await;
+    let alert = failing(&service.last_alerts()).unwrap();
+    assert_eq!(alert.details["sinks"], "0:json:HOOK");
+    assert!(
+        alert.summary.starts_with(
+            "Alerts are not reaching every webhook: webhook 0 (json, URL in HOOK) has failed since "
+        ) && alert
+            .summary
+            .contains(": HTTP 404; 1 notification(s) dead-lettered"),
+        "{}",
+        alert.summary
+    );
+    assert!(hook.bodies().is_empty(), "{:?}", hook.bodies());
 
     service.stop().await;
     sim.shutdown().await;
@@ -266,6 +312,8 @@ struct Service {
     sweeps: Arc<Mutex<usize>>,
     /// Sweeps that failed as a whole.
     failed: Arc<Mutex<usize>>,
+    /// The alerts of the last turn (swept or failed), as the loop evaluated them.
+    alerts: Arc<Mutex<Vec<Alert>>>,
 }
 
 impl Service {
@@ -312,6 +360,8 @@ format = "json"
         let stop = CancellationToken::new();
         let (sweeps, failed) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
         let (counted, counted_failed) = (sweeps.clone(), failed.clone());
+        let alerts = Arc::new(Mutex::new(Vec::new()));
+        let last = alerts.clone();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
@@ -319,9 +369,13 @@ format = "json"
             service::RunArgs::new(config, secrets, listener, "t".into(), stop.clone())
                 .with_clock(sim.clock()),
             move |o| match o {
-                fleet_reconciler::daemon::SweepOutcome::Swept(_) => *counted.lock().unwrap() += 1,
-                fleet_reconciler::daemon::SweepOutcome::Failed { .. } => {
+                fleet_reconciler::daemon::SweepOutcome::Swept(cycle) => {
+                    *counted.lock().unwrap() += 1;
+                    *last.lock().unwrap() = cycle.alerts.alerts.clone();
+                }
+                fleet_reconciler::daemon::SweepOutcome::Failed { alerts, .. } => {
                     *counted_failed.lock().unwrap() += 1;
+                    *last.lock().unwrap() = alerts.alerts.clone();
                 }
                 fleet_reconciler::daemon::SweepOutcome::Observed { .. }
                 | fleet_reconciler::daemon::SweepOutcome::Acted { .. } => {}
@@ -332,7 +386,12 @@ format = "json"
             task,
             sweeps,
             failed,
+            alerts,
         }
+    }
+
+    fn last_alerts(&self) -> Vec<Alert> {
+        self.alerts.lock().unwrap().clone()
     }
 
     fn failed(&self) -> usize {

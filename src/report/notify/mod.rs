@@ -15,7 +15,9 @@
 //! (`Shared::deliver`) drives them all, with the same retry pause,
 //! shutdown flush and state-file writes, and a new sink is its file plus
 //! its arm in `Notifier::with_kinds`. Owns what the sinks share: the
-//! incidents each change offers them, `alert_sink_failing`, the HTTP
+//! incidents each change offers them, the delivery facts the loop reads
+//! each turn (`decide::alerts::DeliveryState`: which webhooks fail, since
+//! when, why; `alert_sink_failing` is decided from them there), the HTTP
 //! client, the delivery loop and the state file (what each webhook was
 //! told, its queue and dead letters are `webhook`'s). What differs between webhook
 //! formats (its id, the secret it needs, which action events it sends, its
@@ -128,7 +130,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig};
-use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
+use crate::events::{ActionEvent, Alert, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
@@ -138,6 +140,7 @@ use sink::{AlertChange, Attempt, Change, Driven, OnEvent, Sink, SinkKind, Then};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use crate::decide::alerts::Seen;
+use crate::decide::alerts::{DeliveryState, FailingSink};
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
@@ -152,9 +155,7 @@ pub use store::{STATE_KIND, STATE_VERSION};
 use voice::{Freshness, HoldDown};
 use webhook::{Webhook, restore_sinks};
 
-/// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
-/// `min_severity = "high"` to hear that Slack is gone, and the reverse.
-pub const SINK_FAILING_SEVERITY: Severity = Severity::High;
+pub use crate::decide::alerts::SINK_FAILING_SEVERITY;
 
 /// Dead letters kept per sink (the oldest are dropped beyond this; all are counted).
 pub const DEAD_LETTERS_KEPT: usize = 1000;
@@ -583,18 +584,29 @@ fn rfc3339(t: DateTime<Utc>) -> String {
 
 /// The key of `alert_sink_failing` (one alert for all failing sinks).
 fn sink_failing_key() -> DedupKey {
-    sink_failing_alert(String::new(), BTreeMap::new()).dedup_key()
+    crate::decide::alerts::sink_failing_key()
 }
 
-fn sink_failing_alert(summary: String, details: BTreeMap<String, String>) -> Alert {
-    Alert {
-        kind: AlertKind::SinkFailing,
-        app: None,
-        machine_id: None,
-        commit: None,
-        severity: SINK_FAILING_SEVERITY,
-        summary,
-        details,
+/// The notifier's delivery facts, read by the loop each turn: which
+/// webhooks are failing, since when, why, and what they set aside.
+impl DeliveryState for Notifier {
+    fn failing_sinks(&self) -> Vec<FailingSink> {
+        self.shared
+            .sinks
+            .iter()
+            .filter_map(|sink| {
+                let st = lock(&sink.state);
+                let f = st.failing.as_ref()?;
+                Some(FailingSink {
+                    index: sink.index,
+                    format: sink.kind.id(),
+                    url_env: sink.url_env.clone(),
+                    since: f.since,
+                    reason: f.reason.clone(),
+                    dead_letters: st.dead_letters.len(),
+                })
+            })
+            .collect()
     }
 }
 
@@ -778,8 +790,15 @@ impl Notifier {
     /// Takes the full set of conditions that hold at `now` and the events of
     /// this sweep, and queues what each sink must be told. Never waits on the
     /// network or the disk: it only takes short, uncontended locks and wakes `run`.
+    ///
+    /// For a caller without the loop (whose `decide::alerts::evaluate`
+    /// reads this notifier's [`DeliveryState`]): `firing` is taken with
+    /// `alert_sink_failing` as [`crate::decide::alerts::sink_failing`]
+    /// judges the sinks' delivery state now.
     pub fn update(&self, firing: &[Alert], events: &[ActionEvent], now: DateTime<Utc>) {
-        self.update_seen(firing, events, now, &Seen::fresh(now));
+        let own = crate::decide::alerts::sink_failing(&self.failing_sinks());
+        let firing: Vec<Alert> = firing.iter().cloned().chain(own).collect();
+        self.update_seen(&firing, events, now, &Seen::fresh(now));
     }
 
     /// As `update`, with `seen` saying how old this replica's view of each
@@ -805,10 +824,6 @@ impl Notifier {
                     }
                 })
                 .or_insert(alert);
-        }
-        let failing = self.sink_failing();
-        if let Some(alert) = &failing {
-            raw.insert(alert.dedup_key(), alert);
         }
         // Logs (and the state file's `alerts`) stay per machine: a restart
         // carries machine alerts, which group again into the same incidents.
@@ -888,47 +903,6 @@ impl Notifier {
         // comes back through the restored alerts.
         told.extend(self.incidents(self.shared.restored.iter()).into_values());
         told
-    }
-
-    /// `alert_sink_failing`, while any sink is failing.
-    fn sink_failing(&self) -> Option<Alert> {
-        let mut lines = Vec::new();
-        let mut names = Vec::new();
-        let mut dead = 0;
-        for sink in &self.shared.sinks {
-            let st = lock(&sink.state);
-            let Some(f) = &st.failing else { continue };
-            dead += st.dead_letters.len();
-            names.push(format!(
-                "{}:{}:{}",
-                sink.index,
-                sink.kind.id(),
-                sink.url_env
-            ));
-            lines.push(format!(
-                "webhook {} ({}, URL in {}) has failed since {}: {}; {} notification(s) dead-lettered",
-                sink.index,
-                sink.kind.id(),
-                sink.url_env,
-                rfc3339(f.since),
-                f.reason,
-                st.dead_letters.len()
-            ));
-        }
-        if lines.is_empty() {
-            return None;
-        }
-        let summary = format!(
-            "Alerts are not reaching every webhook: {}. The other webhooks still get everything; fix the receiver or its URL (then restart)",
-            lines.join("; ")
-        );
-        Some(sink_failing_alert(
-            summary,
-            BTreeMap::from([
-                ("sinks".to_owned(), names.join(",")),
-                ("dead_letters".to_owned(), dead.to_string()),
-            ]),
-        ))
     }
 
     /// One line per alert that started, changed severity or cleared.
@@ -1275,7 +1249,7 @@ mod tests {
 
     use super::*;
     use crate::config::WebhookFormat;
-    use crate::events::EventRotation;
+    use crate::events::{AlertKind, EventRotation};
     use crate::model::{CommitId, PolicyAction};
 
     fn hook(format: WebhookFormat, min: Severity, repeat_mins: u64) -> WebhookConfig {

@@ -57,9 +57,9 @@ use tower::timeout::TimeoutLayer;
 
 use crate::act::operator::{Operator, OperatorError};
 use crate::clock::SharedClock;
+use crate::decide::alerts::COORDINATOR_UNREADABLE_SWEEPS;
 use crate::decide::coherence::CoherenceSample;
 use crate::decide::decision::Decision;
-use crate::decide::planner::COORDINATOR_UNREADABLE_SWEEPS;
 use crate::decide::snapshot::Snapshot;
 use crate::metadata::operator::{Approval, ApprovalMode, Hold};
 use crate::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY};

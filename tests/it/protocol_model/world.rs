@@ -238,7 +238,6 @@ impl Mem {
                 let id = machine_id(i);
                 (self.0.drift_since(&id), self.0.unprobed_since(&id))
             })
-            .chain(std::iter::once((self.0.slots_unknown_since(), None)))
             .collect()
     }
 }

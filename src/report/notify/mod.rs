@@ -55,7 +55,10 @@
 //! "empty that long"), and an incident drawn from a view of its app older
 //! than `alerts.stale_after` (`Seen`, passed to `update_seen`) is *frozen*:
 //! no trigger, update, repeat or resolve, to any sink (`sweep_failing`,
-//! `app_unlistable`, `tip_stale` and `alert_sink_failing` are never frozen).
+//! `app_unlistable`, `tip_stale` and `alert_sink_failing` are never frozen);
+//! so is one gone whose data, when last drawn, is now that old. Both rules
+//! are applied once per update, for every sink alike (`AlertChange::frozen`
+//! and `until`); a sink applies their verdict and never judges staleness.
 //!
 //! A severity that falls is remembered silently; repeats are sent only while
 //! the severity is ≥ `min_severity`. `ActionEvent`s go once to json and slack
@@ -149,7 +152,7 @@ pub use pagerduty::{
 };
 pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
-use voice::{Freshness, HoldDown};
+use voice::Voice;
 use webhook::{Webhook, restore_sinks};
 
 /// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
@@ -556,10 +559,10 @@ struct Shared {
     links: Links,
     store: Option<Store>,
     running: AtomicBool,
-    /// `alerts.resolve_after`: incidents held open while briefly empty.
-    hold: Mutex<HoldDown>,
-    /// `alerts.stale_after`: no word about an app this replica saw too long ago.
-    freshness: Freshness,
+    /// One voice across replicas: the hold-down (`alerts.resolve_after`)
+    /// and no word from a view older than `alerts.stale_after`, applied
+    /// once for every sink.
+    voice: Mutex<Voice>,
 }
 
 impl fmt::Debug for Notifier {
@@ -751,10 +754,7 @@ impl Notifier {
                 links,
                 store,
                 running: AtomicBool::new(false),
-                hold: Mutex::new(HoldDown::new(config.resolve_after)),
-                freshness: Freshness {
-                    stale_after: config.stale_after,
-                },
+                voice: Mutex::new(Voice::new(config.resolve_after, config.stale_after)),
             }),
         })
     }
@@ -814,26 +814,19 @@ impl Notifier {
         // carries machine alerts, which group again into the same incidents.
         self.log_transitions(&raw);
         let mut current = self.incidents(raw.values().copied());
-        let held = {
-            let mut hold = lock(&self.shared.hold);
-            let told = if hold.wants_told() {
+        let spoken = {
+            let mut voice = lock(&self.shared.voice);
+            let told = if voice.wants_told() {
                 self.told()
             } else {
                 Vec::new()
             };
-            hold.apply(&mut current, told, seen, now)
-        };
-        let fresh = self.shared.freshness;
-        let stale = |a: &Alert| fresh.stale(a, seen, now);
-        // A held incident is asserted from its last sighting, not refreshed.
-        let until = |key: &DedupKey, a: &Alert| match held.get(key) {
-            Some(t) => Some(*t),
-            None => fresh.valid_until(a, seen, now),
+            voice.apply(&mut current, told, seen, now)
         };
         let change = AlertChange {
             current: &current,
-            stale: &stale,
-            until: &until,
+            frozen: &spoken.frozen,
+            until: &spoken.until,
             events,
             links: &self.shared.links,
             now,

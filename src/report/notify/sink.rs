@@ -18,7 +18,7 @@
 //! never read the clock for alert times (`now` comes with the change) and
 //! never block an update.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -32,7 +32,7 @@ use super::pagerduty::Pagerduty;
 use super::slack::Slack;
 use super::{Notification, Shared, SinkSecrets};
 use crate::config::{WebhookConfig, WebhookFormat};
-use crate::events::{ActionEvent, Alert, DedupKey, EventKind};
+use crate::events::{ActionEvent, DedupKey, EventKind};
 
 /// What the notifier hands every sink.
 pub(super) enum Change<'a> {
@@ -46,10 +46,12 @@ pub(super) enum Change<'a> {
 /// notifier judged of them before any sink sees them.
 pub(super) struct AlertChange<'a> {
     pub(super) current: &'a BTreeMap<DedupKey, Grouped>,
-    /// Drawn from a view too old to speak from (`alerts.stale_after`).
-    pub(super) stale: &'a dyn Fn(&Alert) -> bool,
-    /// Until when an incident may be asserted (`None`: not at all).
-    pub(super) until: &'a dyn Fn(&DedupKey, &Alert) -> Option<DateTime<Utc>>,
+    /// Incidents no sink may trigger, update, repeat or resolve now (the
+    /// freshness rule, `voice::Spoken::frozen`): holding or gone, drawn
+    /// from a view older than `alerts.stale_after`.
+    pub(super) frozen: &'a BTreeSet<DedupKey>,
+    /// Until when each holding incident may be asserted (absent: not at all).
+    pub(super) until: &'a BTreeMap<DedupKey, DateTime<Utc>>,
     pub(super) events: &'a [ActionEvent],
     pub(super) links: &'a Links,
     pub(super) now: DateTime<Utc>,

@@ -3,14 +3,16 @@
 //! and the freshness rule that keeps a replica with an old view of an app
 //! quiet about that app (`alerts.stale_after`).
 //!
-//! Owns which incidents are held open (and since when they have been empty)
-//! and what counts as stale. Every time is this replica's own: the sweep's
+//! Owns which incidents are held open (and since when they have been empty),
+//! what counts as stale, and which incidents are frozen for every sink
+//! (holding from a stale view, or gone while the alert each was last drawn
+//! from is stale: written once here, not per sink). Every time is this replica's own: the sweep's
 //! `now` and the times this replica last listed each app, never a time
 //! written by another replica, an operator's host or an agent. It must never
 //! read the clock, do I/O, or decide what one sink is told (the per-sink
 //! state machines in `mod.rs` and `alertmanager.rs` do, from what it returns).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -70,6 +72,100 @@ impl Freshness {
     pub fn stale(&self, alert: &Alert, seen: &Seen, now: DateTime<Utc>) -> bool {
         self.valid_until(alert, seen, now)
             .is_none_or(|until| until < now)
+    }
+}
+
+/// What the voice rules say of one update, for every sink alike.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Spoken {
+    /// Incidents no sink may trigger, update, repeat or resolve now: those
+    /// (holding, or gone and last drawn) from a view older than
+    /// `alerts.stale_after`.
+    pub frozen: BTreeSet<DedupKey>,
+    /// Until when each holding incident may be asserted (absent: not at
+    /// all): a held one from its last sighting, any other from its data's
+    /// time ([`Freshness::valid_until`]).
+    pub until: BTreeMap<DedupKey, DateTime<Utc>>,
+}
+
+/// The two rules of one voice, with the little they remember: the
+/// hold-down, and the alert each incident some sink may hold was last drawn
+/// from (what "gone, from a view now stale" is judged by).
+#[derive(Debug)]
+pub(super) struct Voice {
+    hold: HoldDown,
+    freshness: Freshness,
+    /// The alert each incident was last drawn from while fresh; kept while
+    /// it holds, or is gone but frozen (a sink may still hold it). Seeded
+    /// with what sinks were told before this run.
+    drawn: BTreeMap<DedupKey, Alert>,
+}
+
+impl Voice {
+    pub fn new(resolve_after: Duration, stale_after: Duration) -> Voice {
+        Voice {
+            hold: HoldDown::new(resolve_after),
+            freshness: Freshness { stale_after },
+            drawn: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the next `apply` takes the incidents told before this run.
+    pub fn wants_told(&self) -> bool {
+        self.hold.wants_told()
+    }
+
+    /// Applies the hold-down to `current` (see [`HoldDown::apply`]; `told`
+    /// is read at the first call only) and says which incidents are frozen
+    /// and until when each may be asserted.
+    pub fn apply(
+        &mut self,
+        current: &mut BTreeMap<DedupKey, Grouped>,
+        told: Vec<Grouped>,
+        seen: &Seen,
+        now: DateTime<Utc>,
+    ) -> Spoken {
+        for g in &told {
+            self.drawn
+                .entry(g.key.clone())
+                .or_insert_with(|| g.alert.clone());
+        }
+        let held = self.hold.apply(current, told, seen, now);
+        let fresh = self.freshness;
+        let stale = |a: &Alert| fresh.stale(a, seen, now);
+        // A holding incident is judged by its data now; a gone one by the
+        // data it was last drawn from: old data never resolves it.
+        let mut frozen: BTreeSet<DedupKey> = current
+            .iter()
+            .filter(|(_, g)| stale(&g.alert))
+            .map(|(k, _)| k.clone())
+            .collect();
+        frozen.extend(
+            self.drawn
+                .iter()
+                .filter(|(k, a)| !current.contains_key(*k) && stale(a))
+                .map(|(k, _)| k.clone()),
+        );
+        // Gone and not frozen: every sink is told it is over now.
+        self.drawn
+            .retain(|k, _| current.contains_key(k) || frozen.contains(k));
+        for (key, g) in current.iter() {
+            if !frozen.contains(key) {
+                self.drawn.insert(key.clone(), g.alert.clone());
+            }
+        }
+        // A held incident is asserted from its last sighting, not refreshed.
+        let until = current
+            .iter()
+            .filter_map(|(key, g)| {
+                let t = match held.get(key) {
+                    Some(t) => Some(*t),
+                    None => fresh.valid_until(&g.alert, seen, now),
+                };
+                t.map(|t| (key.clone(), t))
+            })
+            .collect();
+        Spoken { frozen, until }
     }
 }
 
@@ -179,7 +275,6 @@ impl HoldDown {
 mod tests {
     use super::*;
     use crate::model::{CommitId, Severity};
-    use std::collections::BTreeSet;
 
     fn t(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
@@ -307,5 +402,47 @@ mod tests {
             f.stale(&incident(&[]).alert, &Seen::default(), t(0)),
             "no sweep yet"
         );
+    }
+
+    /// One rule for every sink: an incident holding from stale data, or
+    /// gone while the data it was last drawn from is stale, is frozen; once
+    /// the view is fresh again the gone one is released (told over).
+    #[test]
+    fn a_gone_incident_last_drawn_from_a_stale_view_is_frozen_until_fresh() {
+        let mut v = Voice::new(Duration::ZERO, Duration::from_secs(90));
+        let g = incident(&["m1"]);
+        let spoken = |v: &mut Voice, machines: &[&str], seen: &Seen, now| {
+            let mut current = BTreeMap::new();
+            if !machines.is_empty() {
+                let g = incident(machines);
+                current.insert(g.key.clone(), g);
+            }
+            v.apply(&mut current, Vec::new(), seen, t(now))
+        };
+        let s = spoken(&mut v, &["m1"], &Seen::fresh(t(0)), 0);
+        assert!(s.frozen.is_empty());
+        assert_eq!(s.until.get(&g.key), Some(&t(90)));
+        // Sweeps fail: the view of 0 s is stale at 91 s, holding or gone.
+        let old = Seen::fresh(t(0));
+        let s = spoken(&mut v, &["m1"], &old, 91);
+        assert!(s.frozen.contains(&g.key), "holding, stale");
+        let s = spoken(&mut v, &[], &old, 92);
+        assert!(s.frozen.contains(&g.key), "gone, last drawn at 0 s");
+        let s = spoken(&mut v, &[], &old, 500);
+        assert!(s.frozen.contains(&g.key), "still not ours to resolve");
+        // Fresh again and gone: no longer frozen (every sink resolves it),
+        // and forgotten.
+        let s = spoken(&mut v, &[], &Seen::fresh(t(600)), 600);
+        assert!(s.frozen.is_empty());
+        assert!(v.drawn.is_empty());
+        // Told before this run, gone, its app never seen in this run: frozen.
+        let mut v = Voice::new(Duration::ZERO, Duration::from_secs(90));
+        let mut current = BTreeMap::new();
+        let never = Seen {
+            unlisted: BTreeMap::from([("a".into(), None)]),
+            ..Seen::fresh(t(0))
+        };
+        let s = v.apply(&mut current, vec![g.clone()], &never, t(0));
+        assert!(s.frozen.contains(&g.key), "{s:?}");
     }
 }

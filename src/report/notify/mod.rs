@@ -23,8 +23,10 @@
 //! `pagerduty`); a new format is its file plus an arm in `sink::kind`.
 //! Each delivery event is counted where it happens
 //! ([`DeliveryCounter`]). Which alerts hold is decided before it is
-//! called (`decide::alerts`); it decides only what each sink is told of
-//! them. The sweep hands it the *full* set of
+//! called (`decide::alerts`), and what of them this replica may say now by
+//! `decide::voice` (hold-down, freshness), whose verdict it applies to
+//! every sink alike; it must never judge an alert itself, and decides only
+//! what each sink is told of them. The sweep hands it the *full* set of
 //! conditions that hold now (`update`, level-triggered, never blocking); a
 //! background task (`run`) delivers and writes the state file. It must never
 //! block or fail a sweep, never follow a redirect, never send to a plain
@@ -49,7 +51,7 @@
 //! | key known to the sink, absent now | resolve, at once |
 //!
 //! Before the sinks see them, the incidents pass two rules that keep
-//! replicas speaking with one voice (`voice`): a drift or approval incident
+//! replicas speaking with one voice (`decide::voice`): a drift or approval incident
 //! that emptied stays in them, unchanged, until it has been empty for
 //! `alerts.resolve_after` (the hold-down; so "absent now" above means
 //! "empty that long"), and an incident drawn from a view of its app older
@@ -113,7 +115,6 @@ mod pagerduty;
 mod sink;
 mod slack;
 mod store;
-mod voice;
 mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -131,6 +132,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig};
+use crate::decide::voice::Voice;
 use crate::events::{ActionEvent, Alert, AlertKind, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
@@ -152,7 +154,6 @@ pub use pagerduty::{
 };
 pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
-use voice::Voice;
 use webhook::{Webhook, restore_sinks};
 
 /// Severity of `alert_sink_failing`: high enough for a PagerDuty sink with
@@ -562,7 +563,7 @@ struct Shared {
     /// One voice across replicas: the hold-down (`alerts.resolve_after`)
     /// and no word from a view older than `alerts.stale_after`, applied
     /// once for every sink.
-    voice: Mutex<Voice>,
+    voice: Mutex<Voice<Grouped>>,
 }
 
 impl fmt::Debug for Notifier {

@@ -47,7 +47,7 @@ pub(super) enum Change<'a> {
 pub(super) struct AlertChange<'a> {
     pub(super) current: &'a BTreeMap<DedupKey, Grouped>,
     /// Incidents no sink may trigger, update, repeat or resolve now (the
-    /// freshness rule, `voice::Spoken::frozen`): holding or gone, drawn
+    /// freshness rule, `decide::voice::Spoken::frozen`): holding or gone, drawn
     /// from a view older than `alerts.stale_after`.
     pub(super) frozen: &'a BTreeSet<DedupKey>,
     /// Until when each holding incident may be asserted (absent: not at all).

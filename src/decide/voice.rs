@@ -1,25 +1,34 @@
-//! One voice from many replicas: the hold-down that keeps a drift or
-//! approval incident open while it is briefly empty (`alerts.resolve_after`),
-//! and the freshness rule that keeps a replica with an old view of an app
-//! quiet about that app (`alerts.stale_after`).
+//! One voice from many replicas, decided: the hold-down that keeps a drift
+//! or approval incident open while it is briefly empty
+//! (`alerts.resolve_after`), and the freshness rule that keeps a replica
+//! with an old view of an app quiet about that app (`alerts.stale_after`).
 //!
 //! Owns which incidents are held open (and since when they have been empty),
-//! what counts as stale, and which incidents are frozen for every sink
-//! (holding from a stale view, or gone while the alert each was last drawn
-//! from is stale: written once here, not per sink). Every time is this replica's own: the sweep's
-//! `now` and the times this replica last listed each app, never a time
-//! written by another replica, an operator's host or an agent. It must never
-//! read the clock, do I/O, or decide what one sink is told (the per-sink
-//! state machines in `mod.rs` and `alertmanager.rs` do, from what it returns).
+//! which alert kinds are this replica's own (always spoken) and which are
+//! held, what counts as stale, and which incidents are frozen for every
+//! sink (holding from a stale view, or gone while the alert each was last
+//! drawn from is stale), with until when each holding incident may be
+//! asserted ([`Spoken`]). Every time is this replica's own: the sweep's
+//! `now` and the times this replica last listed each app ([`Seen`]), never a
+//! time written by another replica, an operator's host or an agent. It
+//! works on any [`Incident`] (the notifier's groups). It must never read the
+//! clock, do I/O, import `report`, or decide what one sink is told: the
+//! notifier applies [`Spoken`] to every sink alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::group::Grouped;
 use crate::decide::alerts::Seen;
 use crate::events::{Alert, AlertKind, DedupKey};
+
+/// What the voice rules need of an incident: its key and the alert it is
+/// told as (the notifier's groups are incidents).
+pub trait Incident: Clone {
+    fn key(&self) -> &DedupKey;
+    fn alert(&self) -> &Alert;
+}
 
 /// Alerts about this replica itself, not about what it sees: always spoken.
 fn own(kind: AlertKind) -> bool {
@@ -41,7 +50,7 @@ fn held_kind(kind: AlertKind) -> bool {
 
 /// What `alerts.stale_after` allows: the age beyond which a view is stale.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Freshness {
+pub struct Freshness {
     pub stale_after: Duration,
 }
 
@@ -77,7 +86,7 @@ impl Freshness {
 
 /// What the voice rules say of one update, for every sink alike.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct Spoken {
+pub struct Spoken {
     /// Incidents no sink may trigger, update, repeat or resolve now: those
     /// (holding, or gone and last drawn) from a view older than
     /// `alerts.stale_after`.
@@ -92,8 +101,8 @@ pub(super) struct Spoken {
 /// hold-down, and the alert each incident some sink may hold was last drawn
 /// from (what "gone, from a view now stale" is judged by).
 #[derive(Debug)]
-pub(super) struct Voice {
-    hold: HoldDown,
+pub struct Voice<I> {
+    hold: HoldDown<I>,
     freshness: Freshness,
     /// The alert each incident was last drawn from while fresh; kept while
     /// it holds, or is gone but frozen (a sink may still hold it). Seeded
@@ -101,8 +110,8 @@ pub(super) struct Voice {
     drawn: BTreeMap<DedupKey, Alert>,
 }
 
-impl Voice {
-    pub fn new(resolve_after: Duration, stale_after: Duration) -> Voice {
+impl<I: Incident> Voice<I> {
+    pub fn new(resolve_after: Duration, stale_after: Duration) -> Voice<I> {
         Voice {
             hold: HoldDown::new(resolve_after),
             freshness: Freshness { stale_after },
@@ -120,15 +129,15 @@ impl Voice {
     /// and until when each may be asserted.
     pub fn apply(
         &mut self,
-        current: &mut BTreeMap<DedupKey, Grouped>,
-        told: Vec<Grouped>,
+        current: &mut BTreeMap<DedupKey, I>,
+        told: Vec<I>,
         seen: &Seen,
         now: DateTime<Utc>,
     ) -> Spoken {
         for g in &told {
             self.drawn
-                .entry(g.key.clone())
-                .or_insert_with(|| g.alert.clone());
+                .entry(g.key().clone())
+                .or_insert_with(|| g.alert().clone());
         }
         let held = self.hold.apply(current, told, seen, now);
         let fresh = self.freshness;
@@ -137,7 +146,7 @@ impl Voice {
         // data it was last drawn from: old data never resolves it.
         let mut frozen: BTreeSet<DedupKey> = current
             .iter()
-            .filter(|(_, g)| stale(&g.alert))
+            .filter(|(_, g)| stale(g.alert()))
             .map(|(k, _)| k.clone())
             .collect();
         frozen.extend(
@@ -151,7 +160,7 @@ impl Voice {
             .retain(|k, _| current.contains_key(k) || frozen.contains(k));
         for (key, g) in current.iter() {
             if !frozen.contains(key) {
-                self.drawn.insert(key.clone(), g.alert.clone());
+                self.drawn.insert(key.clone(), g.alert().clone());
             }
         }
         // A held incident is asserted from its last sighting, not refreshed.
@@ -160,7 +169,7 @@ impl Voice {
             .filter_map(|(key, g)| {
                 let t = match held.get(key) {
                     Some(t) => Some(*t),
-                    None => fresh.valid_until(&g.alert, seen, now),
+                    None => fresh.valid_until(g.alert(), seen, now),
                 };
                 t.map(|t| (key.clone(), t))
             })
@@ -173,27 +182,27 @@ impl Voice {
 /// stay in what the sinks see, with their last members, until they have been
 /// empty that long.
 #[derive(Debug)]
-pub(super) struct HoldDown {
+pub struct HoldDown<I> {
     after: Duration,
-    /// Grouped incidents seen in this run (or told before it), with since
+    /// Held-kind incidents seen in this run (or told before it), with since
     /// when each has been empty.
-    known: BTreeMap<DedupKey, Held>,
+    known: BTreeMap<DedupKey, Held<I>>,
     /// The incidents told before this run were taken in (at the first
     /// `apply`): once over, they are not held again.
     seeded: bool,
 }
 
 #[derive(Debug)]
-struct Held {
-    last: Grouped,
+struct Held<I> {
+    last: I,
     empty_since: Option<DateTime<Utc>>,
     /// When the data of its last non-empty sighting was seen (`None`: only
     /// told before this run): what a held incident is asserted from.
     seen_at: Option<DateTime<Utc>>,
 }
 
-impl HoldDown {
-    pub fn new(after: Duration) -> HoldDown {
+impl<I: Incident> HoldDown<I> {
+    pub fn new(after: Duration) -> HoldDown<I> {
         HoldDown {
             after,
             known: BTreeMap::new(),
@@ -215,16 +224,16 @@ impl HoldDown {
     /// no resolve. An incident of another tip than `seen.tip` is not held.
     pub fn apply(
         &mut self,
-        current: &mut BTreeMap<DedupKey, Grouped>,
-        told: impl IntoIterator<Item = Grouped>,
+        current: &mut BTreeMap<DedupKey, I>,
+        told: impl IntoIterator<Item = I>,
         seen: &Seen,
         now: DateTime<Utc>,
     ) -> BTreeMap<DedupKey, DateTime<Utc>> {
         let told = if self.seeded { None } else { Some(told) };
         self.seeded = true;
         for g in told.into_iter().flatten() {
-            if held_kind(g.alert.kind) && !self.known.contains_key(&g.key) {
-                let key = g.key.clone();
+            if held_kind(g.alert().kind) && !self.known.contains_key(g.key()) {
+                let key = g.key().clone();
                 self.known.insert(
                     key,
                     Held {
@@ -236,13 +245,13 @@ impl HoldDown {
             }
         }
         for (key, g) in current.iter() {
-            if held_kind(g.alert.kind) {
+            if held_kind(g.alert().kind) {
                 self.known.insert(
                     key.clone(),
                     Held {
                         last: g.clone(),
                         empty_since: None,
-                        seen_at: seen.of(&g.alert),
+                        seen_at: seen.of(g.alert()),
                     },
                 );
             }
@@ -254,7 +263,7 @@ impl HoldDown {
                 return true;
             }
             let released =
-                matches!((&held.last.alert.commit, &seen.tip), (Some(a), Some(b)) if a != b);
+                matches!((&held.last.alert().commit, &seen.tip), (Some(a), Some(b)) if a != b);
             let since = *held.empty_since.get_or_insert(now);
             let holding = !released && now.signed_duration_since(since) < after;
             if holding {
@@ -280,6 +289,23 @@ mod tests {
         DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap_or_default()
     }
 
+    /// An incident as the notifier's groups are: key, alert, machines.
+    #[derive(Clone, Debug)]
+    struct Grouped {
+        key: DedupKey,
+        alert: Alert,
+        members: BTreeSet<String>,
+    }
+
+    impl Incident for Grouped {
+        fn key(&self) -> &DedupKey {
+            &self.key
+        }
+        fn alert(&self) -> &Alert {
+            &self.alert
+        }
+    }
+
     fn incident(machines: &[&str]) -> Grouped {
         Grouped {
             key: DedupKey::new("fleet-reconciler/drift_detected/a/*/t".to_owned()),
@@ -299,7 +325,7 @@ mod tests {
         }
     }
 
-    fn held(h: &mut HoldDown, now: i64, machines: &[&str]) -> Option<BTreeSet<String>> {
+    fn held(h: &mut HoldDown<Grouped>, now: i64, machines: &[&str]) -> Option<BTreeSet<String>> {
         let mut current = BTreeMap::new();
         if !machines.is_empty() {
             let g = incident(machines);
@@ -315,7 +341,7 @@ mod tests {
 
     #[test]
     fn an_incident_is_held_with_its_last_members_until_empty_for_the_hold_down() {
-        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut h = HoldDown::<Grouped>::new(Duration::from_secs(90));
         assert!(held(&mut h, 0, &["m1"]).is_some());
         assert_eq!(
             held(&mut h, 30, &[]),
@@ -332,7 +358,7 @@ mod tests {
 
     #[test]
     fn an_incident_told_before_is_held_from_the_first_update() {
-        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut h = HoldDown::<Grouped>::new(Duration::from_secs(90));
         let mut current = BTreeMap::new();
         h.apply(&mut current, [incident(&["m1"])], &Seen::fresh(t(0)), t(0));
         assert_eq!(current.len(), 1, "not resolved by a first sweep");
@@ -348,7 +374,7 @@ mod tests {
 
     #[test]
     fn a_held_incident_is_asserted_from_its_last_sighting_only() {
-        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut h = HoldDown::<Grouped>::new(Duration::from_secs(90));
         let mut current = BTreeMap::new();
         let g = incident(&["m1"]);
         current.insert(g.key.clone(), g.clone());
@@ -361,7 +387,7 @@ mod tests {
             "not moved ahead by later sweeps"
         );
         // Told before this run only: asserted no further than now.
-        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut h = HoldDown::<Grouped>::new(Duration::from_secs(90));
         let mut current = BTreeMap::new();
         let until = h.apply(&mut current, [g.clone()], &Seen::fresh(t(500)), t(500));
         assert_eq!(until.get(&g.key), Some(&t(500)));
@@ -369,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_new_release_ends_the_old_incident_at_once() {
-        let mut h = HoldDown::new(Duration::from_secs(90));
+        let mut h = HoldDown::<Grouped>::new(Duration::from_secs(90));
         assert!(held(&mut h, 0, &["m1"]).is_some());
         let mut current = BTreeMap::new();
         let seen = Seen {
@@ -409,9 +435,9 @@ mod tests {
     /// the view is fresh again the gone one is released (told over).
     #[test]
     fn a_gone_incident_last_drawn_from_a_stale_view_is_frozen_until_fresh() {
-        let mut v = Voice::new(Duration::ZERO, Duration::from_secs(90));
+        let mut v = Voice::<Grouped>::new(Duration::ZERO, Duration::from_secs(90));
         let g = incident(&["m1"]);
-        let spoken = |v: &mut Voice, machines: &[&str], seen: &Seen, now| {
+        let spoken = |v: &mut Voice<Grouped>, machines: &[&str], seen: &Seen, now| {
             let mut current = BTreeMap::new();
             if !machines.is_empty() {
                 let g = incident(machines);
@@ -436,7 +462,7 @@ mod tests {
         assert!(s.frozen.is_empty());
         assert!(v.drawn.is_empty());
         // Told before this run, gone, its app never seen in this run: frozen.
-        let mut v = Voice::new(Duration::ZERO, Duration::from_secs(90));
+        let mut v = Voice::<Grouped>::new(Duration::ZERO, Duration::from_secs(90));
         let mut current = BTreeMap::new();
         let never = Seen {
             unlisted: BTreeMap::from([("a".into(), None)]),

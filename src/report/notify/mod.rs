@@ -20,7 +20,7 @@
 //! told, its queue and dead letters are `webhook`'s). What differs between webhook
 //! formats (its id, the secret it needs, which action events it sends, its
 //! body) is a `sink::SinkKind`, one file each (`json`, `slack`,
-//! `pagerduty`); a new format is its file plus an arm in `sink::kind`.
+//! `pagerduty`); a new format is its file plus an arm in `kinds::kind`.
 //! Each delivery event is counted where it happens
 //! ([`DeliveryCounter`]). Which alerts hold is decided before it is
 //! called (`decide::alerts`), and what of them this replica may say now by
@@ -110,6 +110,7 @@ mod format;
 mod group;
 mod heartbeat;
 mod json;
+mod kinds;
 mod links;
 mod pagerduty;
 mod sink;
@@ -144,15 +145,15 @@ use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use crate::decide::alerts::Seen;
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
-pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
+pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult, PingResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
-pub use heartbeat::{PingResult, heartbeat_urls_from_env};
+pub use heartbeat::heartbeat_urls_from_env;
 pub use json::{JSON_SCHEMA_VERSION, SIGNATURE_HEADER, SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, sign};
+pub use kinds::format_name;
 pub use links::{MACHINE_URL, RUNBOOK_URL, SEVERITY_RULE, STATUS_URL, TIP, runbook_anchor};
 pub use pagerduty::{
     PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, pagerduty_dedup_key, pagerduty_severity,
 };
-pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
 use webhook::{Webhook, restore_sinks};
 
@@ -627,7 +628,7 @@ impl Notifier {
         alertmanagers: Vec<SecretString>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
-        Notifier::with_kinds(config, sinks, alertmanagers, None, options, sink::kind)
+        Notifier::with_kinds(config, sinks, alertmanagers, None, options, kinds::kind)
     }
 
     /// As `with_sinks`, and with `heartbeats[i]` the ping URL of
@@ -646,7 +647,7 @@ impl Notifier {
             alertmanagers,
             Some(heartbeats),
             options,
-            sink::kind,
+            kinds::kind,
         )
     }
 

@@ -14,7 +14,10 @@
 //! [`alerts::evaluate`] then turns each turn (swept or failed) into its
 //! complete [`alerts::AlertSet`]: the plan's alerts, those carried over, and
 //! the fleet's (coherence, sweeps, tip, unlistable apps), judged on the
-//! sweep's [`coherence::CoherenceSample`]. Nothing under
+//! sweep's [`coherence::CoherenceSample`]. [`voice`] decides what of that set
+//! this replica may say now (the hold-down of `alerts.resolve_after`, and no
+//! word from a view older than `alerts.stale_after`); the notifier only
+//! applies its verdict. Nothing under
 //! `decide` performs a step or reads the world itself.
 
 pub mod alerts;
@@ -31,6 +34,7 @@ pub mod severity;
 pub mod snapshot;
 pub mod step;
 pub mod tracker;
+pub mod voice;
 
 pub use planner::{Plan, plan};
 pub use prepare::prepare;

@@ -11,10 +11,12 @@
 //! `alerts.stale_after` (so a live one stays open, and one from a replica
 //! that went quiet or stale expires by itself); an alert that cleared is
 //! sent once more with `endsAt` now, until Alertmanager has accepted that.
-//! An alert drawn from a view older than `alerts.stale_after` is neither
-//! re-posted nor resolved: old data never re-asserts it. It must never block an `update` (it only
-//! takes a short lock), never write the URL into a log, an error or the
-//! state file, and never read the clock for alert times (`now` is passed in).
+//! An incident the notifier's freshness rule froze (`AlertChange::frozen`:
+//! drawn from a view older than `alerts.stale_after`) is neither re-posted
+//! nor resolved; this file applies that verdict and never judges staleness
+//! itself. It must never block an `update` (it only takes a short lock),
+//! never write the URL into a log, an error or the state file, and never
+//! read the clock for alert times (`now` is passed in).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -29,7 +31,7 @@ use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
 use super::sink::{AlertChange, Attempt, Change, Sink, Then};
 use crate::config::AlertmanagerConfig;
-use crate::events::{Alert, DedupKey};
+use crate::events::DedupKey;
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use crate::observe::gate::OWN_ALERT_LABEL;
 
@@ -92,10 +94,6 @@ struct AmState {
     /// resolved (their last `endsAt` ends them in Alertmanager); kept for
     /// their `startsAt` should the data come back.
     quiet: std::collections::BTreeSet<DedupKey>,
-    /// The alert each firing one was last drawn from: once it is gone from
-    /// the incidents (a hold-down ended), whether its data is too old to
-    /// resolve it from. Not saved: after a restart a gone one resolves.
-    sources: BTreeMap<DedupKey, Alert>,
     resolving: BTreeMap<String, AmAlert>,
     /// A post is due (set by every `update` that has anything to say).
     due: bool,
@@ -210,13 +208,13 @@ impl AmSink {
 
     /// Takes the incidents holding at `now`: keeps `startsAt` of those
     /// already firing, owes a resolve for those gone, and makes a post due.
-    /// Incidents `stale` says are drawn from too old a view, and those whose
+    /// Incidents `frozen` (the freshness rule's verdict), and those whose
     /// `until` (each alert's `endsAt`) is not ahead of `now`, are left alone
     /// (not posted, not resolved).
     fn update(&self, change: &AlertChange<'_>) -> bool {
         let AlertChange {
             current,
-            stale,
+            frozen,
             until,
             now,
             ..
@@ -227,21 +225,22 @@ impl AmSink {
         let wanted: BTreeMap<&DedupKey, &Grouped> = current
             .iter()
             .filter(|(_, g)| g.alert.severity >= self.min_severity)
-            .filter(|(key, g)| {
+            .filter(|(key, _)| {
                 // An `endsAt` not ahead of now would end the alert: to
                 // Alertmanager the youngest post wins, so from this replica
                 // it would resolve what a fresher one still asserts.
-                let quiet = stale(&g.alert) || until(key, &g.alert).is_none_or(|u| u <= now);
+                let quiet = frozen.contains(*key) || until.get(*key).is_none_or(|u| *u <= now);
                 if quiet {
                     st.quiet.insert((*key).clone());
                 }
                 !quiet
             })
             .collect();
-        // Gone, but last drawn from a view now stale (its hold-down ended
-        // while this replica could not see): not this replica's to resolve.
+        // Gone, but frozen (last drawn from a view now stale: its hold-down
+        // ended while this replica could not see): not this replica's to
+        // resolve.
         for key in st.firing.keys() {
-            if !wanted.contains_key(key) && st.sources.get(key).is_some_and(stale) {
+            if !wanted.contains_key(key) && frozen.contains(key) {
                 st.quiet.insert(key.clone());
             }
         }
@@ -252,7 +251,6 @@ impl AmSink {
             .cloned()
             .collect();
         for key in gone {
-            st.sources.remove(&key);
             if let Some(mut a) = st.firing.remove(&key) {
                 a.ends_at = Some(now);
                 st.resolving.insert(a.fingerprint(), a);
@@ -284,12 +282,11 @@ impl AmSink {
                 labels,
                 annotations,
                 starts_at,
-                ends_at: until(key, &g.alert),
+                ends_at: until.get(key).copied(),
             };
             // Firing again before its resolve went out: the resolve is moot.
             st.resolving.remove(&alert.fingerprint());
             st.firing.insert(key.clone(), alert);
-            st.sources.insert(key.clone(), g.alert.clone());
         }
         st.due = st.firing.keys().any(|k| !st.quiet.contains(k)) || !st.resolving.is_empty();
         st.due

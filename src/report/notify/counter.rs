@@ -5,12 +5,12 @@
 //! Owns [`DeliveryEvent`] and the hook that counts it ([`DeliveryCounter`],
 //! given by whoever exports metrics). The notifier logs each event at the
 //! place it happens and counts it there with the same call site, so nothing
-//! diffs counters afterwards. It must never block or fail a delivery.
+//! diffs counters afterwards. Every event is plain data defined here
+//! (the heartbeat's [`PingResult`] too), so this file imports no sink. It
+//! must never block or fail a delivery, nor import a sink's file.
 
 use std::fmt;
 use std::sync::Arc;
-
-use super::heartbeat::PingResult;
 
 /// What one sink did with one notification (an Alertmanager post counts as
 /// one notification).
@@ -28,6 +28,29 @@ pub enum DeliveryResult {
 impl DeliveryResult {
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+}
+
+/// How a ping ended (`result` of `fleet_reconciler_heartbeat_pings_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PingResult {
+    /// The receiver answered 2xx.
+    Ok,
+    /// A transport error, a timeout or any other status.
+    Failed,
+    /// The previous ping of the URL was still due or in flight: none was sent.
+    Skipped,
+}
+
+impl PingResult {
+    pub const ALL: [PingResult; 3] = [PingResult::Ok, PingResult::Failed, PingResult::Skipped];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PingResult::Ok => "ok",
+            PingResult::Failed => "failed",
+            PingResult::Skipped => "skipped",
+        }
     }
 }
 

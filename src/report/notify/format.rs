@@ -60,7 +60,7 @@ pub(crate) mod tests {
     use super::super::pagerduty::{
         PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, pagerduty_dedup_key,
     };
-    use super::super::{SinkSecrets, Status, json::sign, sink};
+    use super::super::{SinkSecrets, Status, json::sign, kinds};
     use super::*;
     use crate::config::WebhookFormat;
     use crate::events::DedupKey;
@@ -79,7 +79,7 @@ pub(crate) mod tests {
             routing_key: routing_key.map(Into::into),
             hmac_secret: hmac_secret.map(Into::into),
         };
-        sink::kind(format).render(n, &secrets, timestamp)
+        kinds::kind(format).render(n, &secrets, timestamp)
     }
 
     /// The signature's `(timestamp, signature)` headers, if signed.

@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::GroupField;
+use crate::decide::voice::Incident;
 use crate::events::DedupKey;
 use crate::events::{Alert, AlertKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
@@ -28,6 +29,17 @@ pub(super) struct Grouped {
     pub key: DedupKey,
     pub alert: Alert,
     pub members: BTreeSet<String>,
+}
+
+/// A group is what the voice rules (`decide::voice`) hold and freeze.
+impl Incident for Grouped {
+    fn key(&self) -> &DedupKey {
+        &self.key
+    }
+
+    fn alert(&self) -> &Alert {
+        &self.alert
+    }
 }
 
 /// Whether alerts of `kind` are grouped (only the per-machine conditions

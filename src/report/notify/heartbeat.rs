@@ -23,33 +23,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use secrecy::{ExposeSecret, SecretString};
 
-use super::counter::{DeliveryCounter, DeliveryEvent};
+use super::counter::{DeliveryCounter, DeliveryEvent, PingResult};
 use super::sink::{Attempt, Change, Sink, Then};
 use super::{NotifyError, check_url};
 use crate::config::{AlertsConfig, HeartbeatConfig, HeartbeatMethod};
-
-/// How a ping ended (`result` of `fleet_reconciler_heartbeat_pings_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PingResult {
-    /// The receiver answered 2xx.
-    Ok,
-    /// A transport error, a timeout or any other status.
-    Failed,
-    /// The previous ping of the URL was still due or in flight: none was sent.
-    Skipped,
-}
-
-impl PingResult {
-    pub const ALL: [PingResult; 3] = [PingResult::Ok, PingResult::Failed, PingResult::Skipped];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PingResult::Ok => "ok",
-            PingResult::Failed => "failed",
-            PingResult::Skipped => "skipped",
-        }
-    }
-}
 
 /// One configured heartbeat.
 pub(super) struct Heartbeat {

@@ -22,11 +22,13 @@
 //! told, its queue and dead letters are `webhook`'s). What differs between webhook
 //! formats (its id, the secret it needs, which action events it sends, its
 //! body) is a `sink::SinkKind`, one file each (`json`, `slack`,
-//! `pagerduty`); a new format is its file plus an arm in `sink::kind`.
+//! `pagerduty`); a new format is its file plus an arm in `kinds::kind`.
 //! Each delivery event is counted where it happens
 //! ([`DeliveryCounter`]). Which alerts hold is decided before it is
-//! called (`decide::alerts`); it decides only what each sink is told of
-//! them. The sweep hands it the *full* set of
+//! called (`decide::alerts`), and what of them this replica may say now by
+//! `decide::voice` (hold-down, freshness), whose verdict it applies to
+//! every sink alike; it must never judge an alert itself, and decides only
+//! what each sink is told of them. The sweep hands it the *full* set of
 //! conditions that hold now (`update`, level-triggered, never blocking); a
 //! background task (`run`) delivers and writes the state file. It must never
 //! block or fail a sweep, never follow a redirect, never send to a plain
@@ -51,13 +53,16 @@
 //! | key known to the sink, absent now | resolve, at once |
 //!
 //! Before the sinks see them, the incidents pass two rules that keep
-//! replicas speaking with one voice (`voice`): a drift or approval incident
+//! replicas speaking with one voice (`decide::voice`): a drift or approval incident
 //! that emptied stays in them, unchanged, until it has been empty for
 //! `alerts.resolve_after` (the hold-down; so "absent now" above means
 //! "empty that long"), and an incident drawn from a view of its app older
 //! than `alerts.stale_after` (`Seen`, passed to `update_seen`) is *frozen*:
 //! no trigger, update, repeat or resolve, to any sink (`sweep_failing`,
-//! `app_unlistable`, `tip_stale` and `alert_sink_failing` are never frozen).
+//! `app_unlistable`, `tip_stale` and `alert_sink_failing` are never frozen);
+//! so is one gone whose data, when last drawn, is now that old. Both rules
+//! are applied once per update, for every sink alike (`AlertChange::frozen`
+//! and `until`); a sink applies their verdict and never judges staleness.
 //!
 //! A severity that falls is remembered silently; repeats are sent only while
 //! the severity is ≥ `min_severity`. `ActionEvent`s go once to json and slack
@@ -107,12 +112,12 @@ mod format;
 mod group;
 mod heartbeat;
 mod json;
+mod kinds;
 mod links;
 mod pagerduty;
 mod sink;
 mod slack;
 mod store;
-mod voice;
 mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -130,6 +135,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig};
+use crate::decide::voice::Voice;
 use crate::events::{ActionEvent, Alert, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
@@ -142,17 +148,16 @@ use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 pub use crate::decide::alerts::Seen;
 use crate::decide::alerts::{DeliveryState, FailingSink};
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
-pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult};
+pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult, PingResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
-pub use heartbeat::{PingResult, heartbeat_urls_from_env};
+pub use heartbeat::heartbeat_urls_from_env;
 pub use json::{JSON_SCHEMA_VERSION, SIGNATURE_HEADER, SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, sign};
+pub use kinds::format_name;
 pub use links::{MACHINE_URL, RUNBOOK_URL, SEVERITY_RULE, STATUS_URL, TIP, runbook_anchor};
 pub use pagerduty::{
     PAGERDUTY_DEDUP_KEY_MAX, PAGERDUTY_SUMMARY_MAX, pagerduty_dedup_key, pagerduty_severity,
 };
-pub use sink::format_name;
 pub use store::{STATE_KIND, STATE_VERSION};
-use voice::{Freshness, HoldDown};
 use webhook::{Webhook, restore_sinks};
 
 pub use crate::decide::alerts::SINK_FAILING_SEVERITY;
@@ -557,10 +562,10 @@ struct Shared {
     links: Links,
     store: Option<Store>,
     running: AtomicBool,
-    /// `alerts.resolve_after`: incidents held open while briefly empty.
-    hold: Mutex<HoldDown>,
-    /// `alerts.stale_after`: no word about an app this replica saw too long ago.
-    freshness: Freshness,
+    /// One voice across replicas: the hold-down (`alerts.resolve_after`)
+    /// and no word from a view older than `alerts.stale_after`, applied
+    /// once for every sink.
+    voice: Mutex<Voice<Grouped>>,
 }
 
 impl fmt::Debug for Notifier {
@@ -635,7 +640,7 @@ impl Notifier {
         alertmanagers: Vec<SecretString>,
         options: NotifierOptions,
     ) -> Result<Notifier, NotifyError> {
-        Notifier::with_kinds(config, sinks, alertmanagers, None, options, sink::kind)
+        Notifier::with_kinds(config, sinks, alertmanagers, None, options, kinds::kind)
     }
 
     /// As `with_sinks`, and with `heartbeats[i]` the ping URL of
@@ -654,7 +659,7 @@ impl Notifier {
             alertmanagers,
             Some(heartbeats),
             options,
-            sink::kind,
+            kinds::kind,
         )
     }
 
@@ -763,10 +768,7 @@ impl Notifier {
                 links,
                 store,
                 running: AtomicBool::new(false),
-                hold: Mutex::new(HoldDown::new(config.resolve_after)),
-                freshness: Freshness {
-                    stale_after: config.stale_after,
-                },
+                voice: Mutex::new(Voice::new(config.resolve_after, config.stale_after)),
             }),
         })
     }
@@ -829,26 +831,19 @@ impl Notifier {
         // carries machine alerts, which group again into the same incidents.
         self.log_transitions(&raw);
         let mut current = self.incidents(raw.values().copied());
-        let held = {
-            let mut hold = lock(&self.shared.hold);
-            let told = if hold.wants_told() {
+        let spoken = {
+            let mut voice = lock(&self.shared.voice);
+            let told = if voice.wants_told() {
                 self.told()
             } else {
                 Vec::new()
             };
-            hold.apply(&mut current, told, seen, now)
-        };
-        let fresh = self.shared.freshness;
-        let stale = |a: &Alert| fresh.stale(a, seen, now);
-        // A held incident is asserted from its last sighting, not refreshed.
-        let until = |key: &DedupKey, a: &Alert| match held.get(key) {
-            Some(t) => Some(*t),
-            None => fresh.valid_until(a, seen, now),
+            voice.apply(&mut current, told, seen, now)
         };
         let change = AlertChange {
             current: &current,
-            stale: &stale,
-            until: &until,
+            frozen: &spoken.frozen,
+            until: &spoken.until,
             events,
             links: &self.shared.links,
             now,

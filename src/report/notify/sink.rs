@@ -13,12 +13,13 @@
 //! Owns too the [`SinkKind`] trait: a webhook's format (its id, the secrets
 //! it cannot deliver without, what it sends for an action event, and its
 //! body), one file each (`json`, `slack`, `pagerduty`); a new format is its
-//! file plus one arm in [`kind`] (and its `WebhookFormat` variant in the
-//! config). A sink or kind must never write a URL or secret into a log,
-//! never read the clock for alert times (`now` comes with the change) and
-//! never block an update.
+//! file plus one arm in `kinds::kind` (and its `WebhookFormat` variant in
+//! the config). This file names none of its implementors (no import of a
+//! sink's or kind's file: they import it). A sink or kind must never write
+//! a URL or secret into a log, never read the clock for alert times (`now`
+//! comes with the change) and never block an update.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -26,13 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::format::Rendered;
 use super::group::Grouped;
-use super::json::Json;
 use super::links::Links;
-use super::pagerduty::Pagerduty;
-use super::slack::Slack;
 use super::{Notification, Shared, SinkSecrets};
-use crate::config::{WebhookConfig, WebhookFormat};
-use crate::events::{ActionEvent, Alert, DedupKey, EventKind};
+use crate::config::WebhookConfig;
+use crate::events::{ActionEvent, DedupKey, EventKind};
 
 /// What the notifier hands every sink.
 pub(super) enum Change<'a> {
@@ -46,10 +44,12 @@ pub(super) enum Change<'a> {
 /// notifier judged of them before any sink sees them.
 pub(super) struct AlertChange<'a> {
     pub(super) current: &'a BTreeMap<DedupKey, Grouped>,
-    /// Drawn from a view too old to speak from (`alerts.stale_after`).
-    pub(super) stale: &'a dyn Fn(&Alert) -> bool,
-    /// Until when an incident may be asserted (`None`: not at all).
-    pub(super) until: &'a dyn Fn(&DedupKey, &Alert) -> Option<DateTime<Utc>>,
+    /// Incidents no sink may trigger, update, repeat or resolve now (the
+    /// freshness rule, `decide::voice::Spoken::frozen`): holding or gone, drawn
+    /// from a view older than `alerts.stale_after`.
+    pub(super) frozen: &'a BTreeSet<DedupKey>,
+    /// Until when each holding incident may be asserted (absent: not at all).
+    pub(super) until: &'a BTreeMap<DedupKey, DateTime<Utc>>,
     pub(super) events: &'a [ActionEvent],
     pub(super) links: &'a Links,
     pub(super) now: DateTime<Utc>,
@@ -178,20 +178,6 @@ pub(crate) trait SinkKind: Sync {
     fn render(&self, n: &Notification, secrets: &SinkSecrets, timestamp: i64) -> Rendered;
 }
 
-/// The kind of sink a configured format is.
-pub(crate) fn kind(format: WebhookFormat) -> &'static dyn SinkKind {
-    match format {
-        WebhookFormat::Json => &Json,
-        WebhookFormat::Slack => &Slack,
-        WebhookFormat::Pagerduty => &Pagerduty,
-    }
-}
-
-/// The name a format has in the config and in logs.
-pub fn format_name(format: WebhookFormat) -> &'static str {
-    kind(format).id()
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -205,7 +191,7 @@ mod tests {
     use super::super::format::Rendered;
     use super::super::{Notifier, NotifierOptions};
     use super::*;
-    use crate::config::{AlertsConfig, GroupField};
+    use crate::config::{AlertsConfig, GroupField, WebhookFormat};
     use crate::events::{Alert, AlertKind};
     use crate::model::Severity;
 

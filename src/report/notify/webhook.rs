@@ -185,28 +185,12 @@ impl Webhook {
         queued
     }
 
-    /// The keys this sink is told nothing about now: every incident of
-    /// data too old to speak from (`stale`), tracked or new; and while the
-    /// sink is failing, sinks failing (it would only dead-letter that too,
-    /// or that they recovered).
-    pub(super) fn frozen(
-        &self,
-        st: &SinkState,
-        current: &BTreeMap<DedupKey, Grouped>,
-        stale: &dyn Fn(&Alert) -> bool,
-    ) -> BTreeSet<DedupKey> {
-        let mut frozen: BTreeSet<DedupKey> = st
-            .firing
-            .iter()
-            .filter(|(k, t)| stale(current.get(*k).map_or(&t.alert, |g| &g.alert)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        frozen.extend(
-            current
-                .iter()
-                .filter(|(_, g)| stale(&g.alert))
-                .map(|(k, _)| k.clone()),
-        );
+    /// The keys this sink is told nothing about now: those the freshness
+    /// rule froze for every sink (`frozen`), and while this sink is
+    /// failing, sinks failing (it would only dead-letter that too, or that
+    /// they recovered).
+    pub(super) fn frozen(&self, st: &SinkState, frozen: &BTreeSet<DedupKey>) -> BTreeSet<DedupKey> {
+        let mut frozen = frozen.clone();
         if st.failing.is_some() {
             frozen.insert(sink_failing_key());
         }
@@ -591,7 +575,7 @@ impl Sink for Webhook {
             return false;
         };
         let mut state = lock(&self.state);
-        let frozen = self.frozen(&state, c.current, c.stale);
+        let frozen = self.frozen(&state, c.frozen);
         let queued = self.plan(
             &mut state, c.current, &frozen, c.events, c.links, c.now, c.capacity,
         );

@@ -6,6 +6,7 @@
 //! `dead_code` allowance (scoped to this module, not the crates).
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod exposition;
 
 use std::future::Future;

@@ -1533,8 +1533,11 @@ async fn restart_at_once(sim: &Sim, w: &World) -> Hand {
     Hand::new(sim, cfg).await
 }
 
-/// Claims the only drifted machine, then plans its restart.
-async fn claimed_then_restart(hand: &mut Hand) -> fleet_reconciler::decide::planner::Plan {
+/// Claims the only drifted machine, then plans its restart (also the
+/// rogue tests').
+pub(crate) async fn claimed_then_restart(
+    hand: &mut Hand,
+) -> fleet_reconciler::decide::planner::Plan {
     use fleet_reconciler::act::executor::Outcome;
     let claim = hand.plan().await;
     assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());

@@ -153,6 +153,13 @@ pub(crate) fn restarts(sim: &Sim, id: &str) -> Vec<chrono::DateTime<Utc>> {
         .collect()
 }
 
+/// Drifted machines, their agents idle.
+fn drifted(w: &World, ids: &[&str]) -> Vec<SimMachine> {
+    ids.iter()
+        .map(|id| SimMachine::new(*id).loaded(w.old.clone()))
+        .collect()
+}
+
 /// A drifted machine whose agent is busy for the whole test.
 fn busy_for_an_hour(w: &World, id: &str) -> SimMachine {
     SimMachine::new(id)
@@ -398,15 +405,9 @@ async fn a_manual_machine_is_touched_only_after_approve() {
 #[tokio::test(start_paused = true)]
 async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridden() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1").loaded(w.old.clone()),
-            SimMachine::new("m2").loaded(w.old.clone()),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, drifted(&w, &["m1", "m2"])))
+        .await
+        .unwrap();
     let foreign = sim
         .acquire_lease_as("m2", "deployer@example.com", Duration::from_secs(3600))
         .unwrap();
@@ -564,9 +565,7 @@ impl Hand {
 async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let mut hand = Hand::new(
         &sim,
         config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
@@ -985,9 +984,7 @@ async fn a_released_lease_is_never_taken_again_by_its_refresher() {
 async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
     use fleet_reconciler::sim::ChaosFault;
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let cfg = tuned(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), |c| {
         c.fly.max_retries = 0
     });
@@ -1372,15 +1369,9 @@ async fn records_of_the_previous_version_keep_the_fleet_working() {
     use fleet_reconciler::metadata::SLOTS_KEY;
     use fleet_reconciler::metadata::slots::{Slot, SlotSet};
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1").loaded(w.old.clone()),
-            SimMachine::new("m2").loaded(w.old.clone()),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, drifted(&w, &["m1", "m2"])))
+        .await
+        .unwrap();
     // As the previous version wrote them: a hold (no coordinator copy) and
     // a slot set with a slot its machine no longer needs.
     let old_hold = r#"{"by":"oncall","reason":"before the upgrade","at":"2026-01-01T00:00:00Z"}"#;
@@ -1585,16 +1576,7 @@ async fn a_now_approval_narrowed_to_when_idle_stops_the_interrupting_restart() {
         .unwrap();
     approve(&sim, &w, "m1", ApprovalMode::Now);
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("manual"), 1, "")).await;
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(
-        restart.steps()[0].kind(),
-        "restart",
-        "{:?}",
-        restart.steps()
-    );
+    let restart = claimed_then_restart(&mut hand).await;
     // The operator narrows the approval after the snapshot.
     approve(&sim, &w, "m1", ApprovalMode::WhenIdle);
     let done = hand.run(&restart).await;
@@ -2063,15 +2045,9 @@ async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
 async fn a_hung_slot_write_is_not_retried_after_the_coordinator_lease_lapsed() {
     use fleet_reconciler::sim::{AuditConfig, ChaosFault};
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1").loaded(w.old.clone()),
-            SimMachine::new("m2").loaded(w.old.clone()),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, drifted(&w, &["m1", "m2"])))
+        .await
+        .unwrap();
     sim.enable_audit(AuditConfig::new("pool").cap("app", "default", 1));
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"1h\"");
     let mut r1 = Hand::with_tuning(&sim, cfg.clone(), ExecutorConfig::new("r1")).await;
@@ -2359,16 +2335,7 @@ async fn item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
     let cfg = config(&sim, &w, "m", &all("manual"), 1, "");
     let mut hand = Hand::new(&sim, cfg).await;
     approve(&sim, &w, "m1", ApprovalMode::Now);
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(
-        restart.steps()[0].kind(),
-        "restart",
-        "{:?}",
-        restart.steps()
-    );
+    let restart = claimed_then_restart(&mut hand).await;
     assert_eq!(hand.run(&restart).await[0].outcome, Outcome::Done);
     assert_eq!(restarts(&sim, "m1").len(), 1);
     // `fly deploy` during verify: a new instance, on the old overlay, busy.
@@ -2725,9 +2692,7 @@ async fn a_rate_limited_restart_puts_the_marker_back() {
 async fn a_step_skipped_for_a_foreign_lease_keeps_flys_message() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let mut hand = Hand::new(
         &sim,
         config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),

@@ -566,11 +566,7 @@ async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
     let sim = one_drifted_machine(&w).await;
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let mut hand = restart_at_once(&sim, &w).await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps().len(), 1, "{:?}", claim.steps());
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
@@ -2693,11 +2689,7 @@ async fn a_step_skipped_for_a_foreign_lease_keeps_flys_message() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
     let sim = one_drifted_machine(&w).await;
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let mut hand = restart_at_once(&sim, &w).await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
     sim.acquire_lease_as("m1", "deployer@example.com", Duration::from_secs(3600))

@@ -199,6 +199,20 @@ fn good_env(hooks: &str) -> Vec<(String, String)> {
     .collect()
 }
 
+/// Serves `app` on loopback, and writes the usual [`config`] with
+/// `section` after it as `file`; returns the server's URL and the path.
+async fn served_beside_the_config(
+    app: Router,
+    overlay: &OverlayRepo,
+    sim: &Sim,
+    file: &str,
+    section: &str,
+) -> (String, PathBuf) {
+    let url = serve(app).await;
+    let text = format!("{}\n\n{section}", config(overlay, sim));
+    (url, write(overlay.dir.path(), file, &text))
+}
+
 /// [`good_env`], and `var` set to `value` if given.
 fn env_with(hooks: &str, var: &str, value: Option<String>) -> Vec<(String, String)> {
     let mut env = good_env(hooks);
@@ -870,12 +884,14 @@ async fn an_alertmanager_sink_is_checked_with_a_read_of_its_status() {
             }
         }
     });
-    let am = serve(app).await;
-    let text = format!(
-        "{}\n\n[[alerts.alertmanager]]\nurl_env = \"AM_URL\"\n",
-        config(&overlay, &sim)
-    );
-    let path = write(overlay.dir.path(), "am.toml", &text);
+    let (am, path) = served_beside_the_config(
+        app,
+        &overlay,
+        &sim,
+        "am.toml",
+        "[[alerts.alertmanager]]\nurl_env = \"AM_URL\"\n",
+    )
+    .await;
     let with = |url: Option<String>| env_with(&hooks, "AM_URL", url);
 
     let out = cli_async(args(&path, &[]), with(Some(format!("{am}/am/")))).await;
@@ -932,12 +948,14 @@ async fn the_alert_gate_is_checked_with_one_read_of_its_alerts() {
             _ => (StatusCode::NOT_FOUND, "not found"),
         }
     });
-    let am = serve(app).await;
-    let text = format!(
-        "{}\n\n[gates.alertmanager]\nurl_env = \"AM_GATE_URL\"\nmatchers = ['severity=\"critical\"']\n",
-        config(&overlay, &sim)
-    );
-    let path = write(overlay.dir.path(), "gate.toml", &text);
+    let (am, path) = served_beside_the_config(
+        app,
+        &overlay,
+        &sim,
+        "gate.toml",
+        "[gates.alertmanager]\nurl_env = \"AM_GATE_URL\"\nmatchers = ['severity=\"critical\"']\n",
+    )
+    .await;
     let with = |url: Option<String>| env_with(&hooks, "AM_GATE_URL", url);
 
     let out = cli_async(args(&path, &[]), with(Some(format!("{am}/am/")))).await;

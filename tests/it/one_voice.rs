@@ -392,6 +392,33 @@ struct Timings<'a> {
 /// A replica's config in the two-replica runs: `alpha` through `api_url`,
 /// its own mirror, `action` at every severity, one rotation at a time,
 /// paging a PagerDuty-format receiver and posting to an Alertmanager.
+/// Replica A, straight to the sim, in a `restart` pool, and replica B,
+/// through `proxy` (which can cut it off), in an `alert-and-wait` one.
+fn start_replicas(
+    overlay: &OverlayRepo,
+    sim: &Sim,
+    proxy: &Proxy,
+    receivers: &Receivers,
+    timings: &Timings<'_>,
+) -> (Daemon, Daemon) {
+    let config = |api_url: &str, mirror: &str, action: &str| {
+        replica_config(overlay, sim, api_url, mirror, action, timings)
+    };
+    let a = Daemon::start(
+        "a",
+        &config(&sim.api_url(), "mirror-a.git", "restart"),
+        sim,
+        receivers,
+    );
+    let b = Daemon::start(
+        "b",
+        &config(&proxy.url, "mirror-b.git", "alert-and-wait"),
+        sim,
+        receivers,
+    );
+    (a, b)
+}
+
 fn replica_config(
     overlay: &OverlayRepo,
     sim: &Sim,
@@ -479,21 +506,7 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
         stale_after: "5s",
         resolve_after: "6s",
     };
-    let config = |api_url: &str, mirror: &str, action: &str| {
-        replica_config(&overlay, &sim, api_url, mirror, action, &timings)
-    };
-    let a = Daemon::start(
-        "a",
-        &config(&sim.api_url(), "mirror-a.git", "restart"),
-        &sim,
-        &receivers,
-    );
-    let b = Daemon::start(
-        "b",
-        &config(&proxy.url, "mirror-b.git", "alert-and-wait"),
-        &sim,
-        &receivers,
-    );
+    let (a, b) = start_replicas(&overlay, &sim, &proxy, &receivers, &timings);
     eventually(
         "both replicas post the drift",
         Duration::from_secs(60),
@@ -1084,21 +1097,7 @@ async fn two_replicas_against_the_real_alertmanager_never_flap() {
         stale_after: &stale_after,
         resolve_after: &resolve_after,
     };
-    let config = |api_url: &str, mirror: &str, action: &str| {
-        replica_config(&overlay, &sim, api_url, mirror, action, &timings)
-    };
-    let a = Daemon::start(
-        "a",
-        &config(&sim.api_url(), "mirror-a.git", "restart"),
-        &sim,
-        &receivers,
-    );
-    let b = Daemon::start(
-        "b",
-        &config(&proxy.url, "mirror-b.git", "alert-and-wait"),
-        &sim,
-        &receivers,
-    );
+    let (a, b) = start_replicas(&overlay, &sim, &proxy, &receivers, &timings);
     let drift_notified = || {
         am.notified()
             .iter()

@@ -124,6 +124,15 @@ fn scenario(action: &'static str, cap: u32) -> Setup {
     }
 }
 
+/// The rogue in m1; busy m2 and m3 wait (`alert-and-wait`) for the one
+/// slot of their pool, whose cap the simulator audits.
+fn busy_pair_waiting_for_one_slot() -> Setup {
+    scenario("alert-and-wait", 1)
+        .rogue_host("m1")
+        .busy(&["m2", "m3"])
+        .audited()
+}
+
 impl Setup {
     /// The rogue's own machine: on the tip, idle, nothing to rotate.
     fn rogue_host(mut self, id: &str) -> Setup {
@@ -626,12 +635,7 @@ async fn a_hold_a_rogue_deleted_is_still_honoured() {
 /// m2 in phase `restarting`.
 #[tokio::test(start_paused = true)]
 async fn a_forged_restarting_marker_is_never_acted_on() {
-    let s = scenario("alert-and-wait", 1)
-        .rogue_host("m1")
-        .busy(&["m2", "m3"])
-        .audited()
-        .start()
-        .await;
+    let s = busy_pair_waiting_for_one_slot().start().await;
     let d = s.daemon().await;
     let model = in_flight(&s.sim, &d, &["m2", "m3"]).await;
     let victim = if model == "m2" { "m3" } else { "m2" };
@@ -678,12 +682,7 @@ async fn in_flight(sim: &Sim, d: &Daemon, ids: &[&str]) -> String {
 /// A rotation in flight (cap 1, busy machines, `alert-and-wait`); the rogue
 /// rewrites one field of its marker.
 async fn marker_rewritten(field: MarkerField) {
-    let s = scenario("alert-and-wait", 1)
-        .rogue_host("m1")
-        .busy(&["m2", "m3"])
-        .audited()
-        .start()
-        .await;
+    let s = busy_pair_waiting_for_one_slot().start().await;
     let d = s.daemon().await;
     let victim = in_flight(&s.sim, &d, &["m2", "m3"]).await;
     let other = if victim == "m2" { "m3" } else { "m2" };
@@ -871,12 +870,7 @@ async fn a_consumed_approval_replayed_onto_its_own_machine_restarts_nothing() {
 /// no capacity past the cap, and leave m2 uncordoned.
 #[tokio::test(start_paused = true)]
 async fn an_older_sealed_marker_replayed_onto_its_machine_restarts_nothing() {
-    let s = scenario("alert-and-wait", 1)
-        .rogue_host("m1")
-        .busy(&["m2", "m3"])
-        .audited()
-        .start()
-        .await;
+    let s = busy_pair_waiting_for_one_slot().start().await;
     let d = s.daemon().await;
     let first = in_flight(&s.sim, &d, &["m2", "m3"]).await;
     let rogue = s.rogue();

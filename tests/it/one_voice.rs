@@ -247,6 +247,46 @@ impl Daemon {
 }
 
 /// Each machine's `status` in a fleet document.
+/// Whether replicas a and b both posted `drift_detected` to Alertmanager.
+fn both_posted_the_drift(posts: &[Received]) -> bool {
+    let from = |replica: &str| {
+        posts.iter().any(|p| {
+            p.replica == replica
+                && p.body.as_array().is_some_and(|v| {
+                    v.iter()
+                        .any(|a| a["labels"]["alertname"] == "drift_detected")
+                })
+        })
+    };
+    from("a") && from("b")
+}
+
+/// Waits until `replica` sent PagerDuty a resolve of a drift alert.
+async fn pd_resolves_the_drift(receivers: &Receivers, replica: &str, what: &str) {
+    eventually(what, Duration::from_secs(60), async || {
+        receivers.pd().iter().any(|r| {
+            r.replica == replica
+                && r.body["event_action"] == "resolve"
+                && r.body["dedup_key"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("drift_detected")
+        })
+    })
+    .await;
+}
+
+/// Waits until every machine of app alpha runs `tip`.
+async fn every_alpha_machine_on(sim: &Sim, tip: &str, deadline: Duration) {
+    eventually("every machine on the tip", deadline, async || {
+        sim.machines()
+            .iter()
+            .filter(|m| m.app == "alpha")
+            .all(|m| m.loaded_ref == tip)
+    })
+    .await;
+}
+
 fn statuses(fleet: &Value) -> BTreeMap<String, String> {
     fleet["machines"]
         .as_array()
@@ -352,6 +392,33 @@ struct Timings<'a> {
 /// A replica's config in the two-replica runs: `alpha` through `api_url`,
 /// its own mirror, `action` at every severity, one rotation at a time,
 /// paging a PagerDuty-format receiver and posting to an Alertmanager.
+/// Replica A, straight to the sim, in a `restart` pool, and replica B,
+/// through `proxy` (which can cut it off), in an `alert-and-wait` one.
+fn start_replicas(
+    overlay: &OverlayRepo,
+    sim: &Sim,
+    proxy: &Proxy,
+    receivers: &Receivers,
+    timings: &Timings<'_>,
+) -> (Daemon, Daemon) {
+    let config = |api_url: &str, mirror: &str, action: &str| {
+        replica_config(overlay, sim, api_url, mirror, action, timings)
+    };
+    let a = Daemon::start(
+        "a",
+        &config(&sim.api_url(), "mirror-a.git", "restart"),
+        sim,
+        receivers,
+    );
+    let b = Daemon::start(
+        "b",
+        &config(&proxy.url, "mirror-b.git", "alert-and-wait"),
+        sim,
+        receivers,
+    );
+    (a, b)
+}
+
 fn replica_config(
     overlay: &OverlayRepo,
     sim: &Sim,
@@ -439,38 +506,11 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
         stale_after: "5s",
         resolve_after: "6s",
     };
-    let config = |api_url: &str, mirror: &str, action: &str| {
-        replica_config(&overlay, &sim, api_url, mirror, action, &timings)
-    };
-    let a = Daemon::start(
-        "a",
-        &config(&sim.api_url(), "mirror-a.git", "restart"),
-        &sim,
-        &receivers,
-    );
-    let b = Daemon::start(
-        "b",
-        &config(&proxy.url, "mirror-b.git", "alert-and-wait"),
-        &sim,
-        &receivers,
-    );
-    let drift_from = |replica: &str| {
-        let replica = replica.to_owned();
-        move |r: &Received| {
-            r.replica == replica
-                && r.body.as_array().is_some_and(|v| {
-                    v.iter()
-                        .any(|a| a["labels"]["alertname"] == "drift_detected")
-                })
-        }
-    };
+    let (a, b) = start_replicas(&overlay, &sim, &proxy, &receivers, &timings);
     eventually(
         "both replicas post the drift",
         Duration::from_secs(60),
-        async || {
-            let am = receivers.am();
-            am.iter().any(drift_from("a")) && am.iter().any(drift_from("b"))
-        },
+        async || both_posted_the_drift(&receivers.am()),
     )
     .await;
 
@@ -513,33 +553,8 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
     for id in &late {
         assert!(sim.set_state(id, "started"), "no machine {id} in the sim");
     }
-    let on_tip = || {
-        sim.machines()
-            .iter()
-            .filter(|m| m.app == "alpha")
-            .all(|m| m.loaded_ref == tip)
-    };
-    eventually(
-        "every machine on the tip",
-        Duration::from_secs(600),
-        async || on_tip(),
-    )
-    .await;
-    eventually(
-        "A resolves the drift",
-        Duration::from_secs(60),
-        async || {
-            receivers.pd().iter().any(|r| {
-                r.replica == "a"
-                    && r.body["event_action"] == "resolve"
-                    && r.body["dedup_key"]
-                        .as_str()
-                        .unwrap_or("")
-                        .contains("drift_detected")
-            })
-        },
-    )
-    .await;
+    every_alpha_machine_on(&sim, &tip, Duration::from_secs(600)).await;
+    pd_resolves_the_drift(&receivers, "a", "A resolves the drift").await;
     // A little longer cut off: B's view ages past stale_after.
     tokio::time::sleep(Duration::from_secs(7)).await;
     let stale_seen = b.fleet().await;
@@ -566,21 +581,7 @@ async fn two_replicas_one_release_one_partition_speak_with_one_voice() {
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
-    eventually(
-        "B resolves too, once it sees again",
-        Duration::from_secs(60),
-        async || {
-            receivers.pd().iter().any(|r| {
-                r.replica == "b"
-                    && r.body["event_action"] == "resolve"
-                    && r.body["dedup_key"]
-                        .as_str()
-                        .unwrap_or("")
-                        .contains("drift_detected")
-            })
-        },
-    )
-    .await;
+    pd_resolves_the_drift(&receivers, "b", "B resolves too, once it sees again").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let healed = b.fleet().await;
     a.stop().await;
@@ -1096,21 +1097,7 @@ async fn two_replicas_against_the_real_alertmanager_never_flap() {
         stale_after: &stale_after,
         resolve_after: &resolve_after,
     };
-    let config = |api_url: &str, mirror: &str, action: &str| {
-        replica_config(&overlay, &sim, api_url, mirror, action, &timings)
-    };
-    let a = Daemon::start(
-        "a",
-        &config(&sim.api_url(), "mirror-a.git", "restart"),
-        &sim,
-        &receivers,
-    );
-    let b = Daemon::start(
-        "b",
-        &config(&proxy.url, "mirror-b.git", "alert-and-wait"),
-        &sim,
-        &receivers,
-    );
+    let (a, b) = start_replicas(&overlay, &sim, &proxy, &receivers, &timings);
     let drift_notified = || {
         am.notified()
             .iter()
@@ -1119,19 +1106,7 @@ async fn two_replicas_against_the_real_alertmanager_never_flap() {
     eventually(
         "Alertmanager notifies the drift, posted by both replicas",
         Duration::from_secs(30),
-        async || {
-            let posts = receivers.am();
-            let from = |r: &str| {
-                posts.iter().any(|p| {
-                    p.replica == r
-                        && p.body.as_array().is_some_and(|v| {
-                            v.iter()
-                                .any(|a| a["labels"]["alertname"] == "drift_detected")
-                        })
-                })
-            };
-            from("a") && from("b") && drift_notified()
-        },
+        async || both_posted_the_drift(&receivers.am()) && drift_notified(),
     )
     .await;
 
@@ -1147,17 +1122,7 @@ async fn two_replicas_against_the_real_alertmanager_never_flap() {
     for id in &late {
         assert!(sim.set_state(id, "started"), "no machine {id} in the sim");
     }
-    eventually(
-        "every machine on the tip",
-        Duration::from_secs(60),
-        async || {
-            sim.machines()
-                .iter()
-                .filter(|m| m.app == "alpha")
-                .all(|m| m.loaded_ref == tip)
-        },
-    )
-    .await;
+    every_alpha_machine_on(&sim, &tip, Duration::from_secs(60)).await;
     let resolved_in_am = async || {
         let notified = am.notified();
         let mut last: BTreeMap<&str, bool> = BTreeMap::new();

@@ -102,10 +102,15 @@ async fn receivers() -> (String, Seen) {
             }
         }
     });
+    (serve(app).await, seen)
+}
+
+/// A loopback HTTP server answering with `app`; returns its base URL.
+async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, seen)
+    url
 }
 
 /// Two agents' apps and the reconciler's own app with the coordinator, each
@@ -192,6 +197,27 @@ fn good_env(hooks: &str) -> Vec<(String, String)> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect()
+}
+
+/// Serves `app` on loopback, and writes the usual [`config`] with
+/// `section` after it as `file`; returns the server's URL and the path.
+async fn served_beside_the_config(
+    app: Router,
+    overlay: &OverlayRepo,
+    sim: &Sim,
+    file: &str,
+    section: &str,
+) -> (String, PathBuf) {
+    let url = serve(app).await;
+    let text = format!("{}\n\n{section}", config(overlay, sim));
+    (url, write(overlay.dir.path(), file, &text))
+}
+
+/// [`good_env`], and `var` set to `value` if given.
+fn env_with(hooks: &str, var: &str, value: Option<String>) -> Vec<(String, String)> {
+    let mut env = good_env(hooks);
+    env.extend(value.map(|v| (var.to_string(), v)));
+    env
 }
 
 fn args(config: &Path, extra: &[&str]) -> Vec<String> {
@@ -858,19 +884,15 @@ async fn an_alertmanager_sink_is_checked_with_a_read_of_its_status() {
             }
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let am = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let text = format!(
-        "{}\n\n[[alerts.alertmanager]]\nurl_env = \"AM_URL\"\n",
-        config(&overlay, &sim)
-    );
-    let path = write(overlay.dir.path(), "am.toml", &text);
-    let with = |url: Option<String>| {
-        let mut env = good_env(&hooks);
-        env.extend(url.map(|u| ("AM_URL".to_string(), u)));
-        env
-    };
+    let (am, path) = served_beside_the_config(
+        app,
+        &overlay,
+        &sim,
+        "am.toml",
+        "[[alerts.alertmanager]]\nurl_env = \"AM_URL\"\n",
+    )
+    .await;
+    let with = |url: Option<String>| env_with(&hooks, "AM_URL", url);
 
     let out = cli_async(args(&path, &[]), with(Some(format!("{am}/am/")))).await;
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
@@ -926,19 +948,15 @@ async fn the_alert_gate_is_checked_with_one_read_of_its_alerts() {
             _ => (StatusCode::NOT_FOUND, "not found"),
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let am = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let text = format!(
-        "{}\n\n[gates.alertmanager]\nurl_env = \"AM_GATE_URL\"\nmatchers = ['severity=\"critical\"']\n",
-        config(&overlay, &sim)
-    );
-    let path = write(overlay.dir.path(), "gate.toml", &text);
-    let with = |url: Option<String>| {
-        let mut env = good_env(&hooks);
-        env.extend(url.map(|u| ("AM_GATE_URL".to_string(), u)));
-        env
-    };
+    let (am, path) = served_beside_the_config(
+        app,
+        &overlay,
+        &sim,
+        "gate.toml",
+        "[gates.alertmanager]\nurl_env = \"AM_GATE_URL\"\nmatchers = ['severity=\"critical\"']\n",
+    )
+    .await;
+    let with = |url: Option<String>| env_with(&hooks, "AM_GATE_URL", url);
 
     let out = cli_async(args(&path, &[]), with(Some(format!("{am}/am/")))).await;
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);

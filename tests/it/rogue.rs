@@ -14,29 +14,26 @@
 //! alert's JSON, not by a Rust variant, so this file compiles whatever the
 //! defence names it.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
+use fleet_reconciler::act::executor::ExecutorConfig;
 use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
 use fleet_reconciler::metadata::{APPROVE_KEY, HOLD_KEY, MARKER_KEY, SLOTS_KEY, UNPROBED_KEY};
 use fleet_reconciler::model::CommitId;
 use fleet_reconciler::sim::{
     AuditConfig, Behaviour, CheckStatus, DEFAULT_CHECK, MarkerField, MetadataFencing,
-    RequestTarget, Sim, SimApp, SimFleet, SimMachine,
+    RequestTarget, RogueAgent, Sim, SimApp, SimFleet, SimMachine,
 };
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
+use crate::common::daemon::Daemon;
 use crate::common::{OverlayRepo, eventually};
-use crate::rotation::Hand;
+use crate::rotation::{Hand, claimed_then_restart};
 
 const TOKEN: &str = "rogue-test-token";
 const APP: &str = "app";
@@ -101,175 +98,241 @@ coordinator = "{coordinator}"
     Arc::new(Config::parse(Path::new("rogue.toml"), &text).unwrap())
 }
 
-fn coordinator() -> String {
-    format!("{COORD_APP}/{COORD}")
+/// An attack's set-up: the agents' app (its machines in the order given)
+/// with one pool of cap `cap` whose every severity takes `action`, and a
+/// dedicated coordinator app (the right placement) unless it is misplaced.
+/// Built by [`scenario`], started by [`Setup::start`].
+struct Setup {
+    w: World,
+    machines: Vec<SimMachine>,
+    action: &'static str,
+    cap: u32,
+    rotation: &'static str,
+    audited: bool,
+    misplaced_coordinator: bool,
 }
 
-/// The agents' app, and a dedicated coordinator app (the right placement).
-fn fleet(w: &World, machines: Vec<SimMachine>) -> SimFleet {
-    SimFleet::new(TOKEN)
-        .clock(w.clock.clone())
-        .release_tip(w.tip.clone())
-        .restart_delay(Duration::from_millis(200))
-        .app(SimApp::new(APP).machines(machines))
-        .app(SimApp::new(COORD_APP).machine(SimMachine::new(COORD).stopped()))
+fn scenario(action: &'static str, cap: u32) -> Setup {
+    Setup {
+        w: world(),
+        machines: Vec::new(),
+        action,
+        cap,
+        rotation: "",
+        audited: false,
+        misplaced_coordinator: false,
+    }
 }
 
-fn busy(w: &World, id: &str) -> SimMachine {
-    SimMachine::new(id)
-        .loaded(w.old.clone())
-        .behaviour(Behaviour::BusyFor(Duration::from_secs(3600)))
+/// The rogue in m1; busy m2 and m3 wait (`alert-and-wait`) for the one
+/// slot of their pool, whose cap the simulator audits.
+fn busy_pair_waiting_for_one_slot() -> Setup {
+    scenario("alert-and-wait", 1)
+        .rogue_host("m1")
+        .busy(&["m2", "m3"])
+        .audited()
 }
 
-/// The rogue's own machine: on the tip, idle, nothing to rotate.
-fn rogue_host(w: &World, id: &str) -> SimMachine {
-    SimMachine::new(id).loaded(w.tip.clone())
-}
-
-/// Every alert a sweep planned: event name, machine, and the alert as JSON.
-#[derive(Default)]
-struct Seen {
-    alerts: Vec<(String, String, String)>,
-    sweeps: usize,
-}
-
-struct Daemon {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-    seen: Arc<Mutex<Seen>>,
-}
-
-impl Daemon {
-    async fn start(sim: &Sim, config: Arc<Config>) -> Daemon {
-        let secrets = Secrets {
-            fly_token: TOKEN.into(),
-            git_token: None,
-            record_keys: Some(fleet_reconciler::sim::record_keys()),
-        };
-        let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
-        let mut tuning = ExecutorConfig::new("replica");
-        tuning.start_wait = Duration::from_secs(5);
-        tuning.clock = sim.clock();
-        tuning.record_keys = sweeper.record_keys.clone();
-        let executor = Executor::new(
-            sweeper.fly.clone(),
-            config.clone(),
-            Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
-                &config,
-            )),
-            HashMap::new(),
-            tuning,
-        )
-        .unwrap();
-        let stop = CancellationToken::new();
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let (token, record) = (stop.clone(), seen.clone());
-        let clock = sim.clock();
-        let task = tokio::spawn(async move {
-            let options = LoopOptions {
-                executor: Some(&executor),
-                refresh: None,
-                owner: "replica".to_string(),
-                clock,
-                restored_alerts: Vec::new(),
-                delivery: None,
-            };
-            daemon::reconcile_loop(&sweeper, options, token, |outcome| {
-                let mut seen = record.lock().unwrap();
-                seen.sweeps += 1;
-                if let SweepOutcome::Swept(cycle) = outcome {
-                    for a in &cycle.plan.alerts {
-                        seen.alerts.push((
-                            a.kind.trigger_name().to_string(),
-                            a.machine_id.clone().map(String::from).unwrap_or_default(),
-                            serde_json::to_string(a).unwrap_or_default(),
-                        ));
-                    }
-                }
-            })
-            .await;
-        });
-        Daemon { stop, task, seen }
+impl Setup {
+    /// The rogue's own machine: on the tip, idle, nothing to rotate.
+    fn rogue_host(mut self, id: &str) -> Setup {
+        self.machines
+            .push(SimMachine::new(id).loaded(self.w.tip.clone()));
+        self
     }
 
-    async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
+    /// Drifted machines whose agents are busy for the whole test.
+    fn busy(mut self, ids: &[&str]) -> Setup {
+        for id in ids {
+            let m = SimMachine::new(*id)
+                .loaded(self.w.old.clone())
+                .behaviour(Behaviour::BusyFor(Duration::from_secs(3600)));
+            self.machines.push(m);
+        }
+        self
+    }
+
+    /// A drifted, idle machine.
+    fn drifted(mut self, id: &str) -> Setup {
+        self.machines
+            .push(SimMachine::new(id).loaded(self.w.old.clone()));
+        self
+    }
+
+    /// More keys of `[rotation]`.
+    fn rotation(mut self, keys: &'static str) -> Setup {
+        self.rotation = keys;
+        self
+    }
+
+    /// The simulator audits the pool's cap and every restart.
+    fn audited(mut self) -> Setup {
+        self.audited = true;
+        self
+    }
+
+    /// The coordinator `COORD` is a stopped machine of the agents' own app
+    /// (where a rogue can reach its slots), not of its own app.
+    fn misplaced_coordinator(mut self) -> Setup {
+        self.misplaced_coordinator = true;
+        self
+    }
+
+    async fn start(self) -> Scene {
+        let w = self.w;
+        let mut fleet = SimFleet::new(TOKEN)
+            .clock(w.clock.clone())
+            .release_tip(w.tip.clone())
+            .restart_delay(Duration::from_millis(200));
+        let coordinator = if self.misplaced_coordinator {
+            let coord = SimMachine::new(COORD).loaded(w.tip.clone()).stopped();
+            fleet = fleet.app(SimApp::new(APP).machines(self.machines).machine(coord));
+            format!("{APP}/{COORD}")
+        } else {
+            fleet = fleet
+                .app(SimApp::new(APP).machines(self.machines))
+                .app(SimApp::new(COORD_APP).machine(SimMachine::new(COORD).stopped()));
+            format!("{COORD_APP}/{COORD}")
+        };
+        let sim = Sim::start(fleet).await.unwrap();
+        if self.audited {
+            sim.enable_audit(AuditConfig::new("pool").cap(APP, "default", self.cap as usize));
+        }
+        let cfg = config(&sim, &w, self.action, self.cap, self.rotation, &coordinator);
+        Scene { w, sim, cfg }
+    }
+}
+
+/// A started [`Setup`]: the simulator and the daemon's config.
+struct Scene {
+    w: World,
+    sim: Sim,
+    cfg: Arc<Config>,
+}
+
+impl Scene {
+    /// The operator's CLI (what the admin API writes with too).
+    fn operator(&self) -> Operator {
+        crate::common::daemon::operator(&self.cfg, TOKEN)
+            .with_lease_patience(Duration::from_secs(10))
+    }
+
+    /// alice's approval of the tip.
+    fn approval(&self, mode: ApprovalMode) -> Approval {
+        Approval {
+            target: CommitId::parse(&self.w.tip).expect("a commit id"),
+            mode,
+            by: "alice".into(),
+            at: self.sim.now(),
+        }
+    }
+
+    /// An operator approves `id` (see [`Scene::approval`]).
+    async fn approve(&self, id: &str, mode: ApprovalMode) {
+        self.operator()
+            .approve(&id.into(), &self.approval(mode))
             .await
-            .expect("daemon stops")
             .unwrap();
     }
 
-    fn sweeps(&self) -> usize {
-        self.seen.lock().unwrap().sweeps
+    /// An operator holds `id`; returns the last request's number before
+    /// the daemon can act on it.
+    async fn hold(&self, id: &str, by: &str, reason: &str) -> u64 {
+        self.operator()
+            .hold(&id.into(), by, reason, self.sim.now())
+            .await
+            .unwrap();
+        last_seq(&self.sim)
     }
 
-    /// Lets `n` more sweeps run: the daemon's chances to act, not wall time.
-    async fn more_sweeps(&self, n: usize) {
-        let target = self.sweeps() + n;
+    /// The rogue: an agent root in m1.
+    fn rogue(&self) -> RogueAgent {
+        self.sim.rogue("m1").unwrap()
+    }
+
+    async fn daemon(&self) -> Daemon {
+        Daemon::build("replica", TOKEN)
+            .start(&self.sim, self.cfg.clone())
+            .await
+    }
+
+    /// Plans and runs steps by hand, as `hand`.
+    async fn hand(&self) -> Hand {
+        Hand::with_token(
+            &self.sim,
+            self.cfg.clone(),
+            TOKEN,
+            ExecutorConfig::new("hand"),
+        )
+        .await
+    }
+
+    /// Waits until `id` runs the tip with its rotation ended and its
+    /// approval consumed.
+    async fn rotated_with_its_approval(&self, id: &str) {
         eventually(
-            &format!("{n} more sweeps"),
-            Duration::from_secs(30),
-            async || self.sweeps() >= target,
+            &format!("{id} rotated with its approval"),
+            Duration::from_secs(20),
+            async || {
+                self.sim.machine(id).is_some_and(|m| {
+                    m.loaded_ref == self.w.tip
+                        && !m.metadata.contains_key(MARKER_KEY)
+                        && !m.metadata.contains_key(APPROVE_KEY)
+                })
+            },
         )
         .await;
     }
 
-    fn alerted(&self, event: &str, machine: &str) -> bool {
-        self.seen
-            .lock()
-            .unwrap()
-            .alerts
-            .iter()
-            .any(|(e, m, _)| e == event && m == machine)
+    /// `id` runs the old ref again (reloaded out of band), its agent busy.
+    fn busy_again(&self, id: &str) {
+        self.sim.set_loaded_ref(id, &self.w.old);
+        self.sim
+            .set_behaviour(id, Behaviour::BusyFor(Duration::from_secs(3600)));
     }
 
-    /// Whether `metadata_tampered` fired for `machine` naming `key` (the
-    /// metadata key, or its short name after `fleet_reconciler_`).
-    fn tampered(&self, machine: &str, key: &str) -> bool {
-        let short = format!("\"{}\"", key.trim_start_matches("fleet_reconciler_"));
-        self.seen.lock().unwrap().alerts.iter().any(|(e, m, json)| {
-            e == TAMPERED && m == machine && (json.contains(key) || json.contains(&short))
-        })
-    }
-
-    /// Every alert seen, for failure messages.
-    fn alerts(&self) -> Vec<(String, String)> {
-        let mut all: Vec<(String, String)> = self
-            .seen
-            .lock()
-            .unwrap()
-            .alerts
-            .iter()
-            .map(|(e, m, _)| (e.clone(), m.clone()))
-            .collect();
-        all.sort();
-        all.dedup();
-        all
+    async fn finish(self, d: Daemon) {
+        d.stop().await;
+        self.sim.shutdown().await;
     }
 }
 
-fn operator(cfg: &Config) -> Operator {
-    let secrets = Secrets {
-        fly_token: TOKEN.into(),
-        git_token: None,
-        record_keys: Some(fleet_reconciler::sim::record_keys()),
-    };
-    Operator::new(
-        daemon::fly_client(cfg, &secrets).unwrap(),
-        cfg,
-        secrets.record_keys.clone(),
-    )
-    .with_lease_patience(Duration::from_secs(10))
+/// Whether an alert named `event` fired for `machine`.
+fn alerted(d: &Daemon, event: &str, machine: &str) -> bool {
+    d.alerts()
+        .iter()
+        .any(|a| a.kind.trigger_name() == event && a.machine == machine)
 }
 
-fn approval(sim: &Sim, w: &World, mode: ApprovalMode) -> Approval {
-    Approval {
-        target: CommitId::parse(&w.tip).expect("a commit id"),
-        mode,
-        by: "alice".into(),
-        at: sim.now(),
-    }
+/// Whether `metadata_tampered` fired for `machine` naming `key` (the
+/// metadata key, or its short name after `fleet_reconciler_`).
+fn tampered(d: &Daemon, machine: &str, key: &str) -> bool {
+    let short = format!("\"{}\"", key.trim_start_matches("fleet_reconciler_"));
+    d.alerts().iter().any(|a| {
+        a.kind.trigger_name() == TAMPERED
+            && a.machine == machine
+            && (a.json.contains(key) || a.json.contains(&short))
+    })
+}
+
+/// Every alert seen (event and machine), for failure messages.
+fn alerts(d: &Daemon) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = d
+        .alerts()
+        .into_iter()
+        .map(|a| (a.kind.trigger_name().to_string(), a.machine))
+        .collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+fn assert_tampered(d: &Daemon, machine: &str, key: &str) {
+    assert!(
+        tampered(d, machine, key),
+        "no {TAMPERED} for {machine} naming {key}: {:?}",
+        alerts(d)
+    );
 }
 
 /// Restarts of `id` Fly accepted through its API.
@@ -302,12 +365,19 @@ fn mutations_after(sim: &Sim, id: &str, after: u64) -> Vec<String> {
         .collect()
 }
 
-fn last_seq(sim: &Sim) -> u64 {
-    sim.requests().last().map_or(0, |r| r.seq)
+/// The audit found no pool over its cap and no busy machine restarted.
+fn assert_no_cap_breach_nor_busy_restart(sim: &Sim) {
+    let audit = sim.audit();
+    assert!(audit.cap_breaches.is_empty(), "{:?}", audit.cap_breaches);
+    assert!(
+        audit.restarts.iter().all(|r| !r.busy),
+        "{:?}",
+        audit.restarts
+    );
 }
 
-fn audited(sim: &Sim, cap: usize) {
-    sim.enable_audit(AuditConfig::new("pool").cap(APP, "default", cap));
+fn last_seq(sim: &Sim) -> u64 {
+    sim.requests().last().map_or(0, |r| r.seq)
 }
 
 // ---- the socket -------------------------------------------------------------------------
@@ -496,97 +566,68 @@ async fn the_sim_records_which_listings_showed_each_socket_write() {
 /// for its busy neighbour m2 (m3's approval copied, mode changed).
 #[tokio::test(start_paused = true)]
 async fn a_rogue_approving_now_for_itself_and_a_busy_neighbour_restarts_nothing() {
-    let w = world();
-    let machines = vec![busy(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 3, "", &coordinator());
-    operator(&cfg)
-        .approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
-        .await
-        .unwrap();
-    let d = Daemon::start(&sim, cfg).await;
+    let s = scenario("manual", 3)
+        .busy(&["m1", "m2", "m3"])
+        .start()
+        .await;
+    s.approve("m3", ApprovalMode::WhenIdle).await;
+    let d = s.daemon().await;
     eventually(
         "approval asked for m2",
         Duration::from_secs(10),
-        async || d.alerted("manual_approval_required", "m2"),
+        async || alerted(&d, "manual_approval_required", "m2"),
     )
     .await;
-    let rogue = sim.rogue("m1").unwrap();
+    let rogue = s.rogue();
     rogue
-        .forge_approval_now("m1", &w.tip, "alice", sim.now())
+        .forge_approval_now("m1", &s.w.tip, "alice", s.sim.now())
         .await
         .unwrap();
     rogue.copy_approval_as_now("m3", "m2").await.unwrap();
     d.more_sweeps(8).await;
     assert_eq!(
-        restarts(&sim, "m1"),
+        restarts(&s.sim, "m1"),
         0,
         "the rogue's forged approval restarted its own live work"
     );
     assert_eq!(
-        restarts(&sim, "m2"),
+        restarts(&s.sim, "m2"),
         0,
         "a copied approval restarted a busy neighbour"
     );
     assert_eq!(
-        restarts(&sim, "m3"),
+        restarts(&s.sim, "m3"),
         0,
         "when-idle restarted a busy machine"
     );
-    assert!(
-        d.tampered("m1", APPROVE_KEY),
-        "no {TAMPERED} for m1: {:?}",
-        d.alerts()
-    );
-    assert!(
-        d.tampered("m2", APPROVE_KEY),
-        "no {TAMPERED} for m2: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_tampered(&d, "m1", APPROVE_KEY);
+    assert_tampered(&d, "m2", APPROVE_KEY);
+    s.finish(d).await;
 }
 
 /// An operator held drifted m2 (`restart` pool); the rogue in m1 deletes the hold.
 #[tokio::test(start_paused = true)]
 async fn a_hold_a_rogue_deleted_is_still_honoured() {
-    let w = world();
-    let machines = vec![
-        rogue_host(&w, "m1"),
-        SimMachine::new("m2").loaded(w.old.clone()),
-    ];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(
-        &sim,
-        &w,
-        "restart",
-        1,
-        "restart_grace = \"0s\"",
-        &coordinator(),
-    );
-    operator(&cfg)
-        .hold(&"m2".into(), "oncall", "incident 51", sim.now())
-        .await
-        .unwrap();
-    let held_at = last_seq(&sim);
-    let d = Daemon::start(&sim, cfg).await;
+    let s = scenario("restart", 1)
+        .rogue_host("m1")
+        .drifted("m2")
+        .rotation("restart_grace = \"0s\"")
+        .start()
+        .await;
+    let held_at = s.hold("m2", "oncall", "incident 51").await;
+    let d = s.daemon().await;
     d.more_sweeps(3).await;
-    let deleted = sim.rogue("m1").unwrap().delete_hold("m2").await.unwrap();
+    let deleted = s.rogue().delete_hold("m2").await.unwrap();
     assert!(deleted.is_some(), "there was a hold to delete");
     d.more_sweeps(8).await;
-    let acted = mutations_after(&sim, "m2", held_at);
+    let acted = mutations_after(&s.sim, "m2", held_at);
     assert!(
         acted.is_empty(),
         "acted on a held machine after its hold was deleted by a rogue: {acted:?}"
     );
-    assert_eq!(restarts(&sim, "m2"), 0);
-    assert!(
-        d.tampered("m2", HOLD_KEY),
-        "no {TAMPERED} for m2: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_eq!(restarts(&s.sim, "m2"), 0);
+    assert_tampered(&d, "m2", HOLD_KEY);
+    s.finish(d).await;
 }
 
 /// Cap 1, `alert-and-wait`: m3's rotation holds the slot, waiting for it to
@@ -594,42 +635,26 @@ async fn a_hold_a_rogue_deleted_is_still_honoured() {
 /// m2 in phase `restarting`.
 #[tokio::test(start_paused = true)]
 async fn a_forged_restarting_marker_is_never_acted_on() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    audited(&sim, 1);
-    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &coordinator());
-    let d = Daemon::start(&sim, cfg).await;
-    let model = in_flight(&sim, &d, &["m2", "m3"]).await;
+    let s = busy_pair_waiting_for_one_slot().start().await;
+    let d = s.daemon().await;
+    let model = in_flight(&s.sim, &d, &["m2", "m3"]).await;
     let victim = if model == "m2" { "m3" } else { "m2" };
     d.more_sweeps(2).await;
-    let forged_at = last_seq(&sim);
-    sim.rogue("m1")
-        .unwrap()
-        .forge_restarting_marker_from(&model, victim, sim.now())
+    let forged_at = last_seq(&s.sim);
+    s.rogue()
+        .forge_restarting_marker_from(&model, victim, s.sim.now())
         .await
         .unwrap();
     d.more_sweeps(8).await;
-    let acted = mutations_after(&sim, victim, forged_at);
+    let acted = mutations_after(&s.sim, victim, forged_at);
     assert!(
         acted.is_empty(),
         "acted on {victim} after a forged marker: {acted:?}"
     );
-    assert_eq!(restarts(&sim, victim), 0, "restarted busy {victim}");
-    let audit = sim.audit();
-    assert!(audit.cap_breaches.is_empty(), "{:?}", audit.cap_breaches);
-    assert!(
-        audit.restarts.iter().all(|r| !r.busy),
-        "{:?}",
-        audit.restarts
-    );
-    assert!(
-        d.tampered(victim, MARKER_KEY),
-        "no {TAMPERED} for {victim}: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_eq!(restarts(&s.sim, victim), 0, "restarted busy {victim}");
+    assert_no_cap_breach_nor_busy_restart(&s.sim);
+    assert_tampered(&d, victim, MARKER_KEY);
+    s.finish(d).await;
 }
 
 /// Waits for a rotation to hold the slot on one of `ids`; returns which.
@@ -657,38 +682,32 @@ async fn in_flight(sim: &Sim, d: &Daemon, ids: &[&str]) -> String {
 /// A rotation in flight (cap 1, busy machines, `alert-and-wait`); the rogue
 /// rewrites one field of its marker.
 async fn marker_rewritten(field: MarkerField) {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    audited(&sim, 1);
-    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &coordinator());
-    let d = Daemon::start(&sim, cfg).await;
-    let victim = in_flight(&sim, &d, &["m2", "m3"]).await;
+    let s = busy_pair_waiting_for_one_slot().start().await;
+    let d = s.daemon().await;
+    let victim = in_flight(&s.sim, &d, &["m2", "m3"]).await;
     let other = if victim == "m2" { "m3" } else { "m2" };
-    let before = sim.machine(&victim).unwrap().metadata[MARKER_KEY].clone();
-    let written = sim
-        .rogue("m1")
-        .unwrap()
-        .rewrite_marker(&victim, field, &w.old)
+    let before = s.sim.machine(&victim).unwrap().metadata[MARKER_KEY].clone();
+    let written = s
+        .rogue()
+        .rewrite_marker(&victim, field, &s.w.old)
         .await
         .unwrap();
     assert_ne!(before, written, "the rewrite changed nothing");
     d.more_sweeps(8).await;
-    assert_eq!(restarts(&sim, &victim), 0, "restarted busy {victim}");
-    assert_eq!(restarts(&sim, other), 0, "restarted busy {other}");
-    let audit = sim.audit();
+    assert_eq!(restarts(&s.sim, &victim), 0, "restarted busy {victim}");
+    assert_eq!(restarts(&s.sim, other), 0, "restarted busy {other}");
+    let audit = s.sim.audit();
     assert!(
         audit.cap_breaches.is_empty(),
         "cap exceeded after a rewritten {field:?}: {:?}",
         audit.cap_breaches
     );
     assert!(
-        d.tampered(&victim, MARKER_KEY),
+        tampered(&d, &victim, MARKER_KEY),
         "no {TAMPERED} for {victim} ({field:?}): {:?}",
-        d.alerts()
+        alerts(&d)
     );
-    d.stop().await;
-    sim.shutdown().await;
+    s.finish(d).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -710,39 +729,30 @@ async fn a_markers_attempt_rewritten_by_a_rogue_is_alerted() {
 /// the probe failure. The rogue in m1 keeps deleting the record.
 #[tokio::test(start_paused = true)]
 async fn a_probe_failure_record_a_rogue_deleted_is_alerted() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(
-        &sim,
-        &w,
-        "alert-and-wait",
-        1,
-        "probe_failure_ceiling = \"1h\"\nrecent_input_guard = \"1h\"",
-        &coordinator(),
-    );
-    sim.set_last_input_at("m2", Some(sim.now()));
-    let d = Daemon::start(&sim, cfg).await;
+    let s = scenario("alert-and-wait", 1)
+        .rogue_host("m1")
+        .busy(&["m2"])
+        .rotation("probe_failure_ceiling = \"1h\"\nrecent_input_guard = \"1h\"")
+        .start()
+        .await;
+    s.sim.set_last_input_at("m2", Some(s.sim.now()));
+    let d = s.daemon().await;
     d.more_sweeps(2).await;
-    sim.set_behaviour("m2", Behaviour::HttpError(503));
-    sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Critical);
+    s.sim.set_behaviour("m2", Behaviour::HttpError(503));
+    s.sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Critical);
     eventually("evidence recorded", Duration::from_secs(10), async || {
-        sim.machine("m2")
+        s.sim
+            .machine("m2")
             .is_some_and(|m| m.metadata.contains_key(UNPROBED_KEY))
     })
     .await;
-    let rogue = sim.rogue("m1").unwrap();
+    let rogue = s.rogue();
     for _ in 0..3 {
         rogue.delete_unprobed("m2").await.unwrap();
         d.more_sweeps(2).await;
     }
-    assert!(
-        d.tampered("m2", UNPROBED_KEY),
-        "no {TAMPERED} for m2: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_tampered(&d, "m2", UNPROBED_KEY);
+    s.finish(d).await;
 }
 
 /// As above, but the rogue deletes each probe-failure record the moment
@@ -750,36 +760,26 @@ async fn a_probe_failure_record_a_rogue_deleted_is_alerted() {
 /// that wrote it knows it was there.
 #[tokio::test(start_paused = true)]
 async fn a_probe_failure_record_deleted_before_any_sweep_saw_it_is_alerted() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(
-        &sim,
-        &w,
-        "alert-and-wait",
-        1,
-        "probe_failure_ceiling = \"1h\"\nrecent_input_guard = \"1h\"",
-        &coordinator(),
-    );
-    sim.set_last_input_at("m2", Some(sim.now()));
+    let s = scenario("alert-and-wait", 1)
+        .rogue_host("m1")
+        .busy(&["m2"])
+        .rotation("probe_failure_ceiling = \"1h\"\nrecent_input_guard = \"1h\"")
+        .start()
+        .await;
+    s.sim.set_last_input_at("m2", Some(s.sim.now()));
     let deleted = Arc::new(Mutex::new(0usize));
-    delete_each_unprobed_record_as_written(&sim.handle(), "m2", deleted.clone());
-    let d = Daemon::start(&sim, cfg).await;
+    delete_each_unprobed_record_as_written(&s.sim.handle(), "m2", deleted.clone());
+    let d = s.daemon().await;
     d.more_sweeps(2).await;
-    sim.set_behaviour("m2", Behaviour::HttpError(503));
-    sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Critical);
+    s.sim.set_behaviour("m2", Behaviour::HttpError(503));
+    s.sim.set_check("m2", DEFAULT_CHECK, CheckStatus::Critical);
     eventually("a record deleted", Duration::from_secs(10), async || {
         *deleted.lock().unwrap() > 0
     })
     .await;
     d.more_sweeps(4).await;
-    assert!(
-        d.tampered("m2", UNPROBED_KEY),
-        "no {TAMPERED} for m2: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_tampered(&d, "m2", UNPROBED_KEY);
+    s.finish(d).await;
 }
 
 /// After every metadata write on `id`, deletes the probe-failure record if
@@ -805,43 +805,25 @@ fn delete_each_unprobed_record_as_written(
 /// m3 rotated (its approval consumed) the rogue replays it onto busy m2.
 #[tokio::test(start_paused = true)]
 async fn an_approval_replayed_onto_another_machine_restarts_nothing() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
-    operator(&cfg)
-        .approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
-        .await
-        .unwrap();
-    let rogue = sim.rogue("m1").unwrap();
+    let s = scenario("manual", 2)
+        .rogue_host("m1")
+        .busy(&["m2", "m3"])
+        .start()
+        .await;
+    s.approve("m3", ApprovalMode::Now).await;
+    let rogue = s.rogue();
     let stolen = rogue.steal_approval("m3").await.unwrap();
-    let d = Daemon::start(&sim, cfg).await;
-    eventually(
-        "m3 rotated with its approval",
-        Duration::from_secs(20),
-        async || {
-            sim.machine("m3").is_some_and(|m| {
-                m.loaded_ref == w.tip
-                    && !m.metadata.contains_key(MARKER_KEY)
-                    && !m.metadata.contains_key(APPROVE_KEY)
-            })
-        },
-    )
-    .await;
+    let d = s.daemon().await;
+    s.rotated_with_its_approval("m3").await;
     rogue.replay_approval(&stolen, "m2").await.unwrap();
     d.more_sweeps(8).await;
     assert_eq!(
-        restarts(&sim, "m2"),
+        restarts(&s.sim, "m2"),
         0,
         "a replayed approval restarted busy m2"
     );
-    assert!(
-        d.tampered("m2", APPROVE_KEY),
-        "no {TAMPERED} for m2: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_tampered(&d, "m2", APPROVE_KEY);
+    s.finish(d).await;
 }
 
 /// An operator approved busy m3 `now`; the rogue in m1 read the sealed
@@ -851,52 +833,33 @@ async fn an_approval_replayed_onto_another_machine_restarts_nothing() {
 /// consumed approval must not approve again (issue #33 item 2).
 #[tokio::test(start_paused = true)]
 async fn a_consumed_approval_replayed_onto_its_own_machine_restarts_nothing() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
-    operator(&cfg)
-        .approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
-        .await
-        .unwrap();
-    let rogue = sim.rogue("m1").unwrap();
+    let s = scenario("manual", 2)
+        .rogue_host("m1")
+        .busy(&["m3"])
+        .start()
+        .await;
+    s.approve("m3", ApprovalMode::Now).await;
+    let rogue = s.rogue();
     let stolen = rogue.steal_approval("m3").await.unwrap();
-    let d = Daemon::start(&sim, cfg).await;
-    eventually(
-        "m3 rotated with its approval",
-        Duration::from_secs(20),
-        async || {
-            sim.machine("m3").is_some_and(|m| {
-                m.loaded_ref == w.tip
-                    && !m.metadata.contains_key(MARKER_KEY)
-                    && !m.metadata.contains_key(APPROVE_KEY)
-            })
-        },
-    )
-    .await;
-    assert_eq!(restarts(&sim, "m3"), 1, "the approval restarted m3 once");
-    sim.set_loaded_ref("m3", &w.old);
-    sim.set_behaviour("m3", Behaviour::BusyFor(Duration::from_secs(3600)));
+    let d = s.daemon().await;
+    s.rotated_with_its_approval("m3").await;
+    assert_eq!(restarts(&s.sim, "m3"), 1, "the approval restarted m3 once");
+    s.busy_again("m3");
     eventually(
         "m3 waits for an approval again",
         Duration::from_secs(10),
-        async || d.alerted("manual_approval_required", "m3"),
+        async || alerted(&d, "manual_approval_required", "m3"),
     )
     .await;
     rogue.replay_approval(&stolen, "m3").await.unwrap();
     d.more_sweeps(8).await;
     assert_eq!(
-        restarts(&sim, "m3"),
+        restarts(&s.sim, "m3"),
         1,
         "a consumed approval, replayed, restarted busy m3 again"
     );
-    assert!(
-        d.tampered("m3", APPROVE_KEY),
-        "no {TAMPERED} for m3: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_tampered(&d, "m3", APPROVE_KEY);
+    s.finish(d).await;
 }
 
 /// Cap 1, `alert-and-wait`: busy m2's rotation holds the slot, cordoned,
@@ -907,59 +870,48 @@ async fn a_consumed_approval_replayed_onto_its_own_machine_restarts_nothing() {
 /// no capacity past the cap, and leave m2 uncordoned.
 #[tokio::test(start_paused = true)]
 async fn an_older_sealed_marker_replayed_onto_its_machine_restarts_nothing() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    audited(&sim, 1);
-    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &coordinator());
-    let d = Daemon::start(&sim, cfg).await;
-    let first = in_flight(&sim, &d, &["m2", "m3"]).await;
-    let rogue = sim.rogue("m1").unwrap();
+    let s = busy_pair_waiting_for_one_slot().start().await;
+    let d = s.daemon().await;
+    let first = in_flight(&s.sim, &d, &["m2", "m3"]).await;
+    let rogue = s.rogue();
     let old_marker = rogue
         .read(&first, MARKER_KEY)
         .await
         .unwrap()
         .expect("a marker");
-    sim.set_behaviour(&first, Behaviour::Normal);
+    s.sim.set_behaviour(&first, Behaviour::Normal);
     eventually(
         "the first rotation finished",
         Duration::from_secs(20),
         async || {
-            sim.machine(&first).is_some_and(|m| {
-                m.loaded_ref == w.tip && !m.metadata.contains_key(MARKER_KEY) && !m.cordoned
+            s.sim.machine(&first).is_some_and(|m| {
+                m.loaded_ref == s.w.tip && !m.metadata.contains_key(MARKER_KEY) && !m.cordoned
             })
         },
     )
     .await;
-    assert_eq!(restarts(&sim, &first), 1);
-    sim.set_loaded_ref(&first, &w.old);
-    sim.set_behaviour(&first, Behaviour::BusyFor(Duration::from_secs(3600)));
+    assert_eq!(restarts(&s.sim, &first), 1);
+    s.busy_again(&first);
     d.more_sweeps(2).await;
     rogue.write(&first, MARKER_KEY, &old_marker).await.unwrap();
     d.more_sweeps(10).await;
     assert_eq!(
-        restarts(&sim, &first),
+        restarts(&s.sim, &first),
         1,
         "a replayed marker restarted busy {first}"
     );
-    let audit = sim.audit();
-    assert!(audit.cap_breaches.is_empty(), "{:?}", audit.cap_breaches);
-    assert!(
-        audit.restarts.iter().all(|r| !r.busy),
-        "{:?}",
-        audit.restarts
-    );
+    assert_no_cap_breach_nor_busy_restart(&s.sim);
     eventually(
         "the replayed marker is ended or its rotation holds the slot again",
         Duration::from_secs(20),
         async || {
-            sim.machine(&first)
+            s.sim
+                .machine(&first)
                 .is_some_and(|m| m.metadata.get(MARKER_KEY) != Some(&old_marker))
         },
     )
     .await;
-    d.stop().await;
-    sim.shutdown().await;
+    s.finish(d).await;
 }
 
 /// An operator held drifted m2 (`restart` pool). In one go the rogue in m1
@@ -967,41 +919,28 @@ async fn an_older_sealed_marker_replayed_onto_its_machine_restarts_nothing() {
 /// of its reach) and writes an unsealed `now` approval on m2.
 #[tokio::test(start_paused = true)]
 async fn a_deleted_hold_mirror_and_a_forged_approval_together_move_nothing() {
-    let w = world();
-    let machines = vec![
-        rogue_host(&w, "m1"),
-        SimMachine::new("m2")
-            .loaded(w.old.clone())
-            .behaviour(Behaviour::BusyFor(Duration::from_secs(3600))),
-    ];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 1, "", &coordinator());
-    operator(&cfg)
-        .hold(&"m2".into(), "oncall", "incident 52", sim.now())
-        .await
-        .unwrap();
-    let held_at = last_seq(&sim);
-    let d = Daemon::start(&sim, cfg).await;
+    let s = scenario("manual", 1)
+        .rogue_host("m1")
+        .busy(&["m2"])
+        .start()
+        .await;
+    let held_at = s.hold("m2", "oncall", "incident 52").await;
+    let d = s.daemon().await;
     d.more_sweeps(2).await;
-    let rogue = sim.rogue("m1").unwrap();
+    let rogue = s.rogue();
     assert!(rogue.delete_hold("m2").await.unwrap().is_some());
     rogue
-        .forge_approval_now("m2", &w.tip, "oncall", sim.now())
+        .forge_approval_now("m2", &s.w.tip, "oncall", s.sim.now())
         .await
         .unwrap();
     d.more_sweeps(8).await;
-    let acted = mutations_after(&sim, "m2", held_at);
+    let acted = mutations_after(&s.sim, "m2", held_at);
     assert!(acted.is_empty(), "acted on held m2: {acted:?}");
-    assert_eq!(restarts(&sim, "m2"), 0);
+    assert_eq!(restarts(&s.sim, "m2"), 0);
     for key in [HOLD_KEY, APPROVE_KEY] {
-        assert!(
-            d.tampered("m2", key),
-            "no {TAMPERED} for m2 naming {key}: {:?}",
-            d.alerts()
-        );
+        assert_tampered(&d, "m2", key);
     }
-    d.stop().await;
-    sim.shutdown().await;
+    s.finish(d).await;
 }
 
 /// The coordinator misplaced into the agents' app (cap 1, busy machines
@@ -1009,48 +948,31 @@ async fn a_deleted_hold_mirror_and_a_forged_approval_together_move_nothing() {
 /// rogue keeps emptying the slot set.
 #[tokio::test(start_paused = true)]
 async fn a_slot_set_a_rogue_emptied_never_lets_a_pool_exceed_its_cap() {
-    let w = world();
-    let machines = vec![
-        rogue_host(&w, "m1"),
-        busy(&w, "m2"),
-        busy(&w, "m3"),
-        busy(&w, "m4"),
-        SimMachine::new(COORD).loaded(w.tip.clone()).stopped(),
-    ];
-    let sim = Sim::start(
-        SimFleet::new(TOKEN)
-            .clock(w.clock.clone())
-            .release_tip(w.tip.clone())
-            .restart_delay(Duration::from_millis(200))
-            .app(SimApp::new(APP).machines(machines)),
-    )
-    .await
-    .unwrap();
-    audited(&sim, 1);
-    let cfg = config(&sim, &w, "alert-and-wait", 1, "", &format!("{APP}/{COORD}"));
-    let d = Daemon::start(&sim, cfg).await;
-    in_flight(&sim, &d, &["m2", "m3", "m4"]).await;
-    let rogue = sim.rogue("m1").unwrap();
+    let s = scenario("alert-and-wait", 1)
+        .rogue_host("m1")
+        .busy(&["m2", "m3", "m4"])
+        .misplaced_coordinator()
+        .audited()
+        .start()
+        .await;
+    let d = s.daemon().await;
+    in_flight(&s.sim, &d, &["m2", "m3", "m4"]).await;
+    let rogue = s.rogue();
     for _ in 0..4 {
         rogue.free_all_slots(COORD).await.unwrap();
         d.more_sweeps(2).await;
     }
-    let audit = sim.audit();
+    let audit = s.sim.audit();
     assert!(
         audit.cap_breaches.is_empty(),
         "cap 1 exceeded after the rogue freed the slots: {:?}",
         audit.cap_breaches
     );
     for id in ["m2", "m3", "m4"] {
-        assert_eq!(restarts(&sim, id), 0, "restarted busy {id}");
+        assert_eq!(restarts(&s.sim, id), 0, "restarted busy {id}");
     }
-    assert!(
-        d.tampered(COORD, SLOTS_KEY),
-        "no {TAMPERED} for {COORD}: {:?}",
-        d.alerts()
-    );
-    d.stop().await;
-    sim.shutdown().await;
+    assert_tampered(&d, COORD, SLOTS_KEY);
+    s.finish(d).await;
 }
 
 /// A rogue that only reads (every key of every machine, every sweep)
@@ -1058,17 +980,15 @@ async fn a_slot_set_a_rogue_emptied_never_lets_a_pool_exceed_its_cap() {
 /// nothing is reported as tampered.
 #[tokio::test(start_paused = true)]
 async fn a_rogue_that_only_reads_changes_nothing() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    audited(&sim, 1);
-    let cfg = config(&sim, &w, "manual", 1, "", &coordinator());
-    let d = Daemon::start(&sim, cfg.clone()).await;
-    operator(&cfg)
-        .approve(&"m2".into(), &approval(&sim, &w, ApprovalMode::Now))
-        .await
-        .unwrap();
-    let rogue = sim.rogue("m1").unwrap();
+    let s = scenario("manual", 1)
+        .rogue_host("m1")
+        .busy(&["m2", "m3"])
+        .audited()
+        .start()
+        .await;
+    let d = s.daemon().await;
+    s.approve("m2", ApprovalMode::Now).await;
+    let rogue = s.rogue();
     let mut read = 0;
     eventually("m2 rotated", Duration::from_secs(20), async || {
         for id in ["m1", "m2", "m3"] {
@@ -1076,17 +996,17 @@ async fn a_rogue_that_only_reads_changes_nothing() {
                 read += 1;
             }
         }
-        sim.machine("m2")
-            .is_some_and(|m| m.loaded_ref == w.tip && !m.metadata.contains_key(MARKER_KEY))
+        s.sim
+            .machine("m2")
+            .is_some_and(|m| m.loaded_ref == s.w.tip && !m.metadata.contains_key(MARKER_KEY))
     })
     .await;
     d.more_sweeps(3).await;
     assert!(read > 0, "the rogue read nothing");
-    assert_eq!(restarts(&sim, "m2"), 1);
-    assert_eq!(restarts(&sim, "m3"), 0, "m3 was not approved");
-    assert!(sim.audit().cap_breaches.is_empty());
-    let tampered: Vec<_> = d
-        .alerts()
+    assert_eq!(restarts(&s.sim, "m2"), 1);
+    assert_eq!(restarts(&s.sim, "m3"), 0, "m3 was not approved");
+    assert!(s.sim.audit().cap_breaches.is_empty());
+    let tampered: Vec<_> = alerts(&d)
         .into_iter()
         .filter(|(e, _)| e == TAMPERED)
         .collect();
@@ -1094,8 +1014,7 @@ async fn a_rogue_that_only_reads_changes_nothing() {
         tampered.is_empty(),
         "reading is not tampering: {tampered:?}"
     );
-    d.stop().await;
-    sim.shutdown().await;
+    s.finish(d).await;
 }
 
 // ---- one step, by hand ------------------------------------------------------------------
@@ -1112,56 +1031,36 @@ async fn a_rogue_that_only_reads_changes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_spent_now_approval_replayed_over_a_when_idle_one_interrupts_nothing() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
-    let op = operator(&cfg);
-    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+    let s = scenario("manual", 2)
+        .rogue_host("m1")
+        .busy(&["m3"])
+        .start()
+        .await;
+    let op = s.operator();
+    op.approve(&"m3".into(), &s.approval(ApprovalMode::Now))
         .await
         .unwrap();
-    let rogue = sim.rogue("m1").unwrap();
+    let rogue = s.rogue();
     let spent = rogue.steal_approval("m3").await.unwrap();
-    let d = Daemon::start(&sim, cfg.clone()).await;
-    eventually(
-        "m3 rotated with its approval",
-        Duration::from_secs(20),
-        async || {
-            sim.machine("m3").is_some_and(|m| {
-                m.loaded_ref == w.tip
-                    && !m.metadata.contains_key(MARKER_KEY)
-                    && !m.metadata.contains_key(APPROVE_KEY)
-            })
-        },
-    )
-    .await;
+    let d = s.daemon().await;
+    s.rotated_with_its_approval("m3").await;
     d.stop().await;
-    assert_eq!(restarts(&sim, "m3"), 1, "the approval restarted m3 once");
-    sim.set_loaded_ref("m3", &w.old);
-    sim.set_behaviour("m3", Behaviour::BusyFor(Duration::from_secs(3600)));
+    assert_eq!(restarts(&s.sim, "m3"), 1, "the approval restarted m3 once");
+    s.busy_again("m3");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+    op.approve(&"m3".into(), &s.approval(ApprovalMode::Now))
         .await
         .unwrap();
-    let mut hand = Hand::with_token(&sim, cfg, TOKEN, ExecutorConfig::new("hand")).await;
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(
-        restart.steps()[0].kind(),
-        "restart",
-        "{:?}",
-        restart.steps()
-    );
+    let mut hand = s.hand().await;
+    let restart = claimed_then_restart(&mut hand).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+    op.approve(&"m3".into(), &s.approval(ApprovalMode::WhenIdle))
         .await
         .unwrap();
     rogue.replay_approval(&spent, "m3").await.unwrap();
     let done = hand.run(&restart).await;
     assert_eq!(
-        restarts(&sim, "m3"),
+        restarts(&s.sim, "m3"),
         1,
         "the replayed spent `now` approval restarted busy m3: {:?}",
         done[0].outcome
@@ -1174,7 +1073,7 @@ async fn a_spent_now_approval_replayed_over_a_when_idle_one_interrupts_nothing()
         "{:?}",
         done[0].outcome
     );
-    sim.shutdown().await;
+    s.sim.shutdown().await;
 }
 
 /// Runs planned steps by hand until `done` holds (at most 12 sweeps, the
@@ -1202,34 +1101,35 @@ async fn by_hand_until(hand: &mut Hand, what: &str, done: impl Fn() -> bool) {
 #[tokio::test(start_paused = true)]
 async fn an_approval_replaced_after_its_restart_is_spent_and_its_replay_restarts_nothing() {
     use fleet_reconciler::act::executor::Outcome;
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
-    let op = operator(&cfg);
-    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+    let s = scenario("manual", 2)
+        .rogue_host("m1")
+        .busy(&["m3"])
+        .start()
+        .await;
+    let op = s.operator();
+    op.approve(&"m3".into(), &s.approval(ApprovalMode::Now))
         .await
         .unwrap();
-    let rogue = sim.rogue("m1").unwrap();
+    let rogue = s.rogue();
     let used = rogue.steal_approval("m3").await.unwrap();
-    let mut hand = Hand::with_token(&sim, cfg, TOKEN, ExecutorConfig::new("hand")).await;
+    let mut hand = s.hand().await;
     let claim = hand.plan().await;
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
     let restart = hand.plan().await;
     assert_eq!(hand.run(&restart).await[0].outcome, Outcome::Done);
-    assert_eq!(restarts(&sim, "m3"), 1);
+    assert_eq!(restarts(&s.sim, "m3"), 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+    op.approve(&"m3".into(), &s.approval(ApprovalMode::WhenIdle))
         .await
         .unwrap();
     by_hand_until(&mut hand, "m3's rotation finished", || {
-        sim.machine("m3")
-            .is_some_and(|m| m.loaded_ref == w.tip && !m.metadata.contains_key(MARKER_KEY))
+        s.sim
+            .machine("m3")
+            .is_some_and(|m| m.loaded_ref == s.w.tip && !m.metadata.contains_key(MARKER_KEY))
     })
     .await;
     op.revoke(&"m3".into()).await.unwrap();
-    sim.set_loaded_ref("m3", &w.old);
-    sim.set_behaviour("m3", Behaviour::BusyFor(Duration::from_secs(3600)));
+    s.busy_again("m3");
     rogue.replay_approval(&used, "m3").await.unwrap();
     for _ in 0..6 {
         let plan = hand.plan().await;
@@ -1237,11 +1137,11 @@ async fn an_approval_replaced_after_its_restart_is_spent_and_its_replay_restarts
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     assert_eq!(
-        restarts(&sim, "m3"),
+        restarts(&s.sim, "m3"),
         1,
         "the approval replaced after its restart, written back, restarted busy m3 again"
     );
-    sim.shutdown().await;
+    s.sim.shutdown().await;
 }
 
 /// Drifted m2 (`restart` pool, no grace) is claimed and its restart planned.
@@ -1255,46 +1155,26 @@ async fn an_approval_replaced_after_its_restart_is_spent_and_its_replay_restarts
 #[tokio::test(start_paused = true)]
 async fn a_hold_a_rogue_deletes_after_the_plan_stops_the_planned_step() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
-    let w = world();
-    let machines = vec![
-        rogue_host(&w, "m1"),
-        SimMachine::new("m2").loaded(w.old.clone()),
-    ];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(
-        &sim,
-        &w,
-        "restart",
-        1,
-        "restart_grace = \"0s\"",
-        &coordinator(),
-    );
-    let mut hand = Hand::with_token(&sim, cfg.clone(), TOKEN, ExecutorConfig::new("hand")).await;
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(
-        restart.steps()[0].kind(),
-        "restart",
-        "{:?}",
-        restart.steps()
-    );
-    operator(&cfg)
-        .hold(&"m2".into(), "ops", "incident 33", sim.now())
-        .await
-        .unwrap();
-    let rogue = sim.rogue("m1").unwrap();
+    let s = scenario("restart", 1)
+        .rogue_host("m1")
+        .drifted("m2")
+        .rotation("restart_grace = \"0s\"")
+        .start()
+        .await;
+    let mut hand = s.hand().await;
+    let restart = claimed_then_restart(&mut hand).await;
+    s.hold("m2", "ops", "incident 33").await;
+    let rogue = s.rogue();
     assert!(rogue.delete_hold("m2").await.unwrap().is_some());
     let done = hand.run(&restart).await;
     assert_eq!(
-        restarts(&sim, "m2"),
+        restarts(&s.sim, "m2"),
         0,
         "restarted held m2: {:?}",
         done[0].outcome
     );
     assert_eq!(done[0].outcome, Outcome::Skipped(Declined::Held));
-    sim.shutdown().await;
+    s.sim.shutdown().await;
 }
 
 /// An operator approved busy m3 `now`, then revoked it before any sweep
@@ -1307,47 +1187,43 @@ async fn a_hold_a_rogue_deletes_after_the_plan_stops_the_planned_step() {
 /// coordinator first: written back, it approves nothing and is alerted.
 #[tokio::test(start_paused = true)]
 async fn a_revoked_or_replaced_approval_written_back_approves_nothing() {
-    let w = world();
-    let machines = vec![rogue_host(&w, "m1"), busy(&w, "m2"), busy(&w, "m3")];
-    let sim = Sim::start(fleet(&w, machines)).await.unwrap();
-    let cfg = config(&sim, &w, "manual", 2, "", &coordinator());
-    let op = operator(&cfg);
-    let rogue = sim.rogue("m1").unwrap();
-    op.approve(&"m3".into(), &approval(&sim, &w, ApprovalMode::Now))
+    let s = scenario("manual", 2)
+        .rogue_host("m1")
+        .busy(&["m2", "m3"])
+        .start()
+        .await;
+    let op = s.operator();
+    let rogue = s.rogue();
+    op.approve(&"m3".into(), &s.approval(ApprovalMode::Now))
         .await
         .unwrap();
     let revoked = rogue.steal_approval("m3").await.unwrap();
     op.revoke(&"m3".into()).await.unwrap();
-    op.approve(&"m2".into(), &approval(&sim, &w, ApprovalMode::Now))
+    op.approve(&"m2".into(), &s.approval(ApprovalMode::Now))
         .await
         .unwrap();
     let replaced = rogue.steal_approval("m2").await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    op.approve(&"m2".into(), &approval(&sim, &w, ApprovalMode::WhenIdle))
+    op.approve(&"m2".into(), &s.approval(ApprovalMode::WhenIdle))
         .await
         .unwrap();
-    let d = Daemon::start(&sim, cfg).await;
+    let d = s.daemon().await;
     d.more_sweeps(2).await;
     rogue.replay_approval(&revoked, "m3").await.unwrap();
     rogue.replay_approval(&replaced, "m2").await.unwrap();
     d.more_sweeps(8).await;
     assert_eq!(
-        restarts(&sim, "m3"),
+        restarts(&s.sim, "m3"),
         0,
         "a revoked approval, written back, restarted busy m3"
     );
     assert_eq!(
-        restarts(&sim, "m2"),
+        restarts(&s.sim, "m2"),
         0,
         "a replaced `now` approval, written back, restarted busy m2"
     );
     for id in ["m2", "m3"] {
-        assert!(
-            d.tampered(id, APPROVE_KEY),
-            "no {TAMPERED} for {id}: {:?}",
-            d.alerts()
-        );
+        assert_tampered(&d, id, APPROVE_KEY);
     }
-    d.stop().await;
-    sim.shutdown().await;
+    s.finish(d).await;
 }

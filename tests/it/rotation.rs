@@ -10,15 +10,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
-use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
+
 use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
@@ -102,24 +101,13 @@ pub(crate) fn all(action: &str) -> String {
     )
 }
 
-/// What the test can see of a running daemon.
-#[derive(Default)]
-struct Seen {
-    alerts: Vec<(AlertKind, String)>,
-    sweeps: usize,
-    /// Each machine's decision label in the latest plan.
-    labels: HashMap<String, String>,
-}
-
-pub(crate) struct Daemon {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-    seen: Arc<Mutex<Seen>>,
-}
+/// The daemon these tests run (and gate, guardrails and halt): the common
+/// one, authenticated with this file's token.
+pub(crate) use crate::common::daemon::Daemon;
 
 impl Daemon {
     pub(crate) async fn start(sim: &Sim, config: Arc<Config>, owner: &str) -> Daemon {
-        Daemon::start_with(sim, config, owner, HashMap::new(), None).await
+        Daemon::build(owner, TOKEN).start(sim, config).await
     }
 
     /// A daemon whose sweeps read the alert gate `gate`.
@@ -129,114 +117,10 @@ impl Daemon {
         owner: &str,
         gate: fleet_reconciler::observe::gate::AlertGate,
     ) -> Daemon {
-        Daemon::start_with(sim, config, owner, HashMap::new(), Some(gate)).await
-    }
-
-    async fn start_with(
-        sim: &Sim,
-        config: Arc<Config>,
-        owner: &str,
-        agent_tokens: HashMap<String, secrecy::SecretString>,
-        gate: Option<fleet_reconciler::observe::gate::AlertGate>,
-    ) -> Daemon {
-        Daemon::start_keyed(
-            sim,
-            config,
-            owner,
-            agent_tokens,
-            fleet_reconciler::sim::record_keys(),
-            gate,
-        )
-        .await
-    }
-
-    /// A daemon holding `keys` (the simulator's own by default), whose
-    /// sweeps read `gate` if given.
-    async fn start_keyed(
-        sim: &Sim,
-        config: Arc<Config>,
-        owner: &str,
-        agent_tokens: HashMap<String, secrecy::SecretString>,
-        keys: fleet_reconciler::metadata::seal::RecordKeys,
-        gate: Option<fleet_reconciler::observe::gate::AlertGate>,
-    ) -> Daemon {
-        let secrets = Secrets {
-            fly_token: TOKEN.into(),
-            git_token: None,
-            record_keys: Some(keys),
-        };
-        let mut sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
-        sweeper.gate = gate;
-        let mut tuning = ExecutorConfig::new(owner);
-        tuning.start_wait = Duration::from_secs(5);
-        tuning.clock = sim.clock();
-        tuning.record_keys = sweeper.record_keys.clone();
-        let executor = Executor::new(
-            sweeper.fly.clone(),
-            config.clone(),
-            Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
-                &config,
-            )),
-            agent_tokens,
-            tuning,
-        )
-        .unwrap();
-        let stop = CancellationToken::new();
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let (token, record, owner) = (stop.clone(), seen.clone(), owner.to_string());
-        let clock = sim.clock();
-        let task = tokio::spawn(async move {
-            let options = LoopOptions {
-                executor: Some(&executor),
-                refresh: None,
-                owner,
-                clock,
-                restored_alerts: Vec::new(),
-                delivery: None,
-            };
-            daemon::reconcile_loop(&sweeper, options, token, |outcome| {
-                let mut seen = record.lock().unwrap();
-                seen.sweeps += 1;
-                if let SweepOutcome::Swept(cycle) = outcome {
-                    seen.labels = cycle
-                        .plan
-                        .decisions()
-                        .into_iter()
-                        .map(|(id, d)| (id.to_string(), d.label()))
-                        .collect();
-                    for a in &cycle.plan.alerts {
-                        seen.alerts.push((
-                            a.kind,
-                            a.machine_id.clone().map(String::from).unwrap_or_default(),
-                        ));
-                    }
-                }
-            })
-            .await;
-        });
-        Daemon { stop, task, seen }
-    }
-
-    pub(crate) async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
+        Daemon::build(owner, TOKEN)
+            .gate(gate)
+            .start(sim, config)
             .await
-            .expect("daemon stops")
-            .unwrap();
-    }
-
-    /// `id`'s decision label in the latest plan.
-    pub(crate) fn label(&self, id: &str) -> Option<String> {
-        self.seen.lock().unwrap().labels.get(id).cloned()
-    }
-
-    pub(crate) fn alerted(&self, kind: AlertKind, machine: &str) -> bool {
-        self.seen
-            .lock()
-            .unwrap()
-            .alerts
-            .iter()
-            .any(|(k, m)| *k == kind && m == machine)
     }
 }
 
@@ -266,6 +150,13 @@ pub(crate) fn restarts(sim: &Sim, id: &str) -> Vec<chrono::DateTime<Utc>> {
                 && r.status == Some(200)
         })
         .map(|r| r.at)
+        .collect()
+}
+
+/// Drifted machines, their agents idle.
+fn drifted(w: &World, ids: &[&str]) -> Vec<SimMachine> {
+    ids.iter()
+        .map(|id| SimMachine::new(*id).loaded(w.old.clone()))
         .collect()
 }
 
@@ -442,14 +333,10 @@ async fn a_cooperating_agent_is_restarted_only_after_its_checkpoint() {
     .await
     .unwrap();
     let tokens = HashMap::from([("app".to_string(), "agent-secret".into())]);
-    let d = Daemon::start_with(
-        &sim,
-        config(&sim, &w, "m", &all("alert-and-wait"), 1, ""),
-        "r1",
-        tokens,
-        None,
-    )
-    .await;
+    let d = Daemon::build("r1", TOKEN)
+        .agent_tokens(tokens)
+        .start(&sim, config(&sim, &w, "m", &all("alert-and-wait"), 1, ""))
+        .await;
     converged(&sim, "m1", &w.tip, Duration::from_secs(20)).await;
     let reqs = sim.requests();
     let drain = reqs
@@ -518,15 +405,9 @@ async fn a_manual_machine_is_touched_only_after_approve() {
 #[tokio::test(start_paused = true)]
 async fn every_mutation_carries_our_nonce_and_a_foreign_lease_is_never_overridden() {
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1").loaded(w.old.clone()),
-            SimMachine::new("m2").loaded(w.old.clone()),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, drifted(&w, &["m1", "m2"])))
+        .await
+        .unwrap();
     let foreign = sim
         .acquire_lease_as("m2", "deployer@example.com", Duration::from_secs(3600))
         .unwrap();
@@ -598,19 +479,13 @@ fn tuned(config: Arc<Config>, f: impl FnOnce(&mut Config)) -> Arc<Config> {
 }
 
 pub(crate) fn sweeps(d: &Daemon) -> usize {
-    d.seen.lock().unwrap().sweeps
+    d.sweeps()
 }
 
 /// Lets `n` more sweeps (each planned and carried out) run: a wait that
 /// counts the daemon's chances to act, not wall-clock time.
 pub(crate) async fn more_sweeps(d: &Daemon, n: usize) {
-    let target = sweeps(d) + n;
-    eventually(
-        &format!("{n} more sweeps"),
-        Duration::from_secs(20),
-        async || sweeps(d) >= target,
-    )
-    .await;
+    d.more_sweeps(n).await;
 }
 
 /// Sweeps, plans and carries out one cycle by hand (also the rogue tests').
@@ -636,26 +511,11 @@ impl Hand {
         sim: &Sim,
         config: Arc<Config>,
         token: &str,
-        mut tuning: ExecutorConfig,
+        tuning: ExecutorConfig,
     ) -> Hand {
-        tuning.clock = sim.clock();
-        let secrets = Secrets {
-            fly_token: token.into(),
-            git_token: None,
-            record_keys: Some(fleet_reconciler::sim::record_keys()),
-        };
-        let sweeper = daemon::connect(config.clone(), &secrets).await.unwrap();
-        tuning.record_keys = sweeper.record_keys.clone();
-        let executor = Executor::new(
-            sweeper.fly.clone(),
-            config.clone(),
-            Arc::new(fleet_reconciler::decide::policy::Policy::from_config(
-                &config,
-            )),
-            HashMap::new(),
-            tuning,
-        )
-        .unwrap();
+        let keys = fleet_reconciler::sim::record_keys();
+        let sweeper = crate::common::daemon::connect(&config, token, keys).await;
+        let executor = crate::common::daemon::executor(sim, &sweeper, tuning, HashMap::new());
         let tip = sweeper.overlay.fetch().await.unwrap();
         Hand {
             sweeper,
@@ -705,14 +565,8 @@ impl Hand {
 async fn scenario_1_a_hold_written_after_the_snapshot_stops_the_next_action() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps().len(), 1, "{:?}", claim.steps());
     assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
@@ -1126,9 +980,7 @@ async fn a_released_lease_is_never_taken_again_by_its_refresher() {
 async fn a_step_stops_before_its_next_call_once_a_refresh_failed() {
     use fleet_reconciler::sim::ChaosFault;
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
+    let sim = one_drifted_machine(&w).await;
     let cfg = tuned(config(&sim, &w, "m", &all("alert-and-wait"), 1, ""), |c| {
         c.fly.max_retries = 0
     });
@@ -1327,7 +1179,7 @@ async fn a_marker_with_impossible_times_is_reported_and_left_alone() {
         sweeps(&d) >= 3
     })
     .await;
-    assert!(!d.task.is_finished(), "the loop died");
+    assert!(!d.finished(), "the loop died");
     eventually("reported", Duration::from_secs(5), async || {
         d.alerted(AlertKind::RotationStuck, "m1")
     })
@@ -1481,16 +1333,7 @@ async fn a_hold_an_agent_deletes_still_holds() {
     .await
     .unwrap();
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "");
-    let secrets = Secrets {
-        fly_token: TOKEN.into(),
-        git_token: None,
-        record_keys: Some(fleet_reconciler::sim::record_keys()),
-    };
-    let operator = Operator::new(
-        daemon::fly_client(&cfg, &secrets).unwrap(),
-        &cfg,
-        secrets.record_keys.clone(),
-    );
+    let operator = crate::common::daemon::operator(&cfg, TOKEN);
     operator
         .hold(&"m1".into(), "oncall", "incident 51", sim.now())
         .await
@@ -1522,15 +1365,9 @@ async fn records_of_the_previous_version_keep_the_fleet_working() {
     use fleet_reconciler::metadata::SLOTS_KEY;
     use fleet_reconciler::metadata::slots::{Slot, SlotSet};
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1").loaded(w.old.clone()),
-            SimMachine::new("m2").loaded(w.old.clone()),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, drifted(&w, &["m1", "m2"])))
+        .await
+        .unwrap();
     // As the previous version wrote them: a hold (no coordinator copy) and
     // a slot set with a slot its machine no longer needs.
     let old_hold = r#"{"by":"oncall","reason":"before the upgrade","at":"2026-01-01T00:00:00Z"}"#;
@@ -1617,7 +1454,10 @@ async fn the_record_key_rotates_as_the_runbook_says() {
     d.stop().await;
 
     // Step 1 of the runbook: B seals, A still verifies.
-    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), both.clone(), None).await;
+    let d = Daemon::build("r1", TOKEN)
+        .keys(both.clone())
+        .start(&sim, cfg())
+        .await;
     more_sweeps(&d, 3).await;
     sim.set_live_sessions("m1", 0);
     eventually("m1 converges", Duration::from_secs(30), async || {
@@ -1641,7 +1481,10 @@ async fn the_record_key_rotates_as_the_runbook_says() {
     // Step 3: A dropped. m2's marker is foreign now: never acted on.
     let only_b = RecordKeys::new(key_b);
     let before = restarts(&sim, "m2").len();
-    let d = Daemon::start_keyed(&sim, cfg(), "r1", HashMap::new(), only_b, None).await;
+    let d = Daemon::build("r1", TOKEN)
+        .keys(only_b)
+        .start(&sim, cfg())
+        .await;
     sim.set_live_sessions("m2", 0);
     more_sweeps(&d, 6).await;
     assert!(
@@ -1677,8 +1520,11 @@ async fn restart_at_once(sim: &Sim, w: &World) -> Hand {
     Hand::new(sim, cfg).await
 }
 
-/// Claims the only drifted machine, then plans its restart.
-async fn claimed_then_restart(hand: &mut Hand) -> fleet_reconciler::decide::planner::Plan {
+/// Claims the only drifted machine, then plans its restart (also the
+/// rogue tests').
+pub(crate) async fn claimed_then_restart(
+    hand: &mut Hand,
+) -> fleet_reconciler::decide::planner::Plan {
     use fleet_reconciler::act::executor::Outcome;
     let claim = hand.plan().await;
     assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
@@ -1726,16 +1572,7 @@ async fn a_now_approval_narrowed_to_when_idle_stops_the_interrupting_restart() {
         .unwrap();
     approve(&sim, &w, "m1", ApprovalMode::Now);
     let mut hand = Hand::new(&sim, config(&sim, &w, "m", &all("manual"), 1, "")).await;
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(
-        restart.steps()[0].kind(),
-        "restart",
-        "{:?}",
-        restart.steps()
-    );
+    let restart = claimed_then_restart(&mut hand).await;
     // The operator narrows the approval after the snapshot.
     approve(&sim, &w, "m1", ApprovalMode::WhenIdle);
     let done = hand.run(&restart).await;
@@ -1900,16 +1737,7 @@ async fn the_hold_command_waits_out_a_step_in_flight_and_is_fenced() {
     let hand = Arc::new(hand);
     let run = in_flight(&hand, &restart);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let secrets = Secrets {
-        fly_token: TOKEN.into(),
-        git_token: None,
-        record_keys: Some(fleet_reconciler::sim::record_keys()),
-    };
-    let operator = Operator::new(
-        daemon::fly_client(&cfg, &secrets).unwrap(),
-        &cfg,
-        secrets.record_keys.clone(),
-    );
+    let operator = crate::common::daemon::operator(&cfg, TOKEN);
     let written = operator
         .hold(&"m1".into(), "oncall", "incident 44", sim.now())
         .await
@@ -2213,15 +2041,9 @@ async fn a_throttled_cordon_is_not_sent_after_its_lease_lapsed() {
 async fn a_hung_slot_write_is_not_retried_after_the_coordinator_lease_lapsed() {
     use fleet_reconciler::sim::{AuditConfig, ChaosFault};
     let w = world();
-    let sim = Sim::start(fleet(
-        &w,
-        vec![
-            SimMachine::new("m1").loaded(w.old.clone()),
-            SimMachine::new("m2").loaded(w.old.clone()),
-        ],
-    ))
-    .await
-    .unwrap();
+    let sim = Sim::start(fleet(&w, drifted(&w, &["m1", "m2"])))
+        .await
+        .unwrap();
     sim.enable_audit(AuditConfig::new("pool").cap("app", "default", 1));
     let cfg = config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"1h\"");
     let mut r1 = Hand::with_tuning(&sim, cfg.clone(), ExecutorConfig::new("r1")).await;
@@ -2509,16 +2331,7 @@ async fn item2_an_approval_is_consumed_by_the_rotation_that_restarted() {
     let cfg = config(&sim, &w, "m", &all("manual"), 1, "");
     let mut hand = Hand::new(&sim, cfg).await;
     approve(&sim, &w, "m1", ApprovalMode::Now);
-    let claim = hand.plan().await;
-    assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
-    assert_eq!(hand.run(&claim).await[0].outcome, Outcome::Done);
-    let restart = hand.plan().await;
-    assert_eq!(
-        restart.steps()[0].kind(),
-        "restart",
-        "{:?}",
-        restart.steps()
-    );
+    let restart = claimed_then_restart(&mut hand).await;
     assert_eq!(hand.run(&restart).await[0].outcome, Outcome::Done);
     assert_eq!(restarts(&sim, "m1").len(), 1);
     // `fly deploy` during verify: a new instance, on the old overlay, busy.
@@ -2875,14 +2688,8 @@ async fn a_rate_limited_restart_puts_the_marker_back() {
 async fn a_step_skipped_for_a_foreign_lease_keeps_flys_message() {
     use fleet_reconciler::act::executor::{Declined, Outcome};
     let w = world();
-    let sim = Sim::start(fleet(&w, vec![SimMachine::new("m1").loaded(w.old.clone())]))
-        .await
-        .unwrap();
-    let mut hand = Hand::new(
-        &sim,
-        config(&sim, &w, "m", &all("restart"), 1, "restart_grace = \"0s\""),
-    )
-    .await;
+    let sim = one_drifted_machine(&w).await;
+    let mut hand = restart_at_once(&sim, &w).await;
     let claim = hand.plan().await;
     assert_eq!(claim.steps()[0].kind(), "claim", "{:?}", claim.steps());
     sim.acquire_lease_as("m1", "deployer@example.com", Duration::from_secs(3600))

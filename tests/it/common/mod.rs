@@ -1,11 +1,13 @@
 //! Helpers shared by the integration tests: a real overlay repository with
 //! the demo's history, a config for it, a guard for child processes, a free
-//! loopback port, and one way each to bound and to poll with a deadline.
+//! loopback port, one way each to bound and to poll with a deadline, and a
+//! daemon run in-process against the simulator ([`daemon`]).
 //!
 //! Each test crate includes this module and uses only part of it, hence the
 //! `dead_code` allowance (scoped to this module, not the crates).
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod exposition;
 
 use std::future::Future;

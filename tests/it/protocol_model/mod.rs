@@ -168,544 +168,221 @@ use stateright::{Checker, Model};
 /// The scenarios, each small enough for the bounded run.
 pub fn scenarios() -> Vec<Scenario> {
     vec![
-        Scenario {
-            name: "grace_skew",
-            busy: vec![true, true],
-            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
-            skews: vec![-300, 300],
-            env: Env {
+        Scenario::new("grace_skew", &[true, true], &[Conf::Restart { cap: 1 }; 2])
+            .skews(&[-300, 300])
+            .env(Env {
                 busy_toggle: true,
                 ..Env::default()
-            },
-            ticks: &[12],
-            horizon: 24,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "hold_race",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
-            skews: vec![0, 0],
-            env: Env {
+            })
+            .ticks(&[12], 24)
+            .budget(1),
+        Scenario::new("hold_race", &[false], &[Conf::Restart { cap: 1 }; 2])
+            .env(Env {
                 hold: true,
                 host_outage: true,
                 lost_answers: true,
                 rate_limits: true,
                 ..Env::default()
-            },
-            ticks: &[12],
-            horizon: 12,
-            budget: 2,
-            tip: 1,
-            interleave: false,
-            only: None,
+            })
+            .ticks(&[12], 12)
+            .budget(2)
             // Its branching (holds, 429s, lost answers, outages) keeps the
             // bounded run short of the ~22 calls a restart takes; the
             // bench's deeper run reaches it.
-            covers_restart: false,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "approvals",
-            busy: vec![true],
-            confs: vec![Conf::ManualCriticalRestart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
-                approve_now: true,
-                approve_when_idle: true,
-                revoke: true,
-                tip_moves: true,
-                ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 2,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "retries",
-            busy: vec![true],
-            confs: vec![Conf::Manual { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            .no_restart_reachable(),
+        Scenario::new(
+            "approvals",
+            &[true],
+            &[Conf::ManualCriticalRestart { cap: 1 }],
+        )
+        .env(Env {
+            approve_now: true,
+            approve_when_idle: true,
+            revoke: true,
+            tip_moves: true,
+            ..Env::default()
+        })
+        .budget(2),
+        Scenario::new("retries", &[true], &[Conf::Manual { cap: 1 }])
+            .env(Env {
                 approve_now: true,
                 stuck_agents: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 200,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "tip_authority",
-            busy: vec![true],
-            confs: vec![Conf::RestartCriticalManual { cap: 1 }],
-            skews: vec![0],
-            env: Env {
-                tip_moves: true,
-                ..Env::default()
-            },
-            ticks: &[12],
-            horizon: 12,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "ceilings",
-            busy: vec![true],
-            confs: vec![Conf::Manual { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .ticks(&[40], 200)
+            .budget(1),
+        Scenario::new(
+            "tip_authority",
+            &[true],
+            &[Conf::RestartCriticalManual { cap: 1 }],
+        )
+        .env(Env {
+            tip_moves: true,
+            ..Env::default()
+        })
+        .ticks(&[12], 12)
+        .budget(1),
+        Scenario::new("ceilings", &[true], &[Conf::Manual { cap: 1 }])
+            .env(Env {
                 approve_when_idle: true,
                 host_outage: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 160,
-            budget: 2,
-            tip: 1,
-            interleave: false,
-            only: None,
+            })
+            .ticks(&[40], 160)
+            .budget(2)
             // Its agent never idles and its approval waits for idle: no
             // restart is reachable; it checks the waits and their alerts.
-            covers_restart: false,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "config_change",
-            busy: vec![true, true, true],
-            confs: vec![Conf::Restart { cap: 2 }, Conf::Restart { cap: 2 }],
-            skews: vec![0, 0],
-            env: Env {
-                replica_restart: Some(Conf::Manual { cap: 1 }),
-                ..Env::default()
-            },
-            ticks: &[12],
-            horizon: 12,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "outside_update",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
-            skews: vec![0, 0],
-            env: Env {
+            .no_restart_reachable(),
+        Scenario::new(
+            "config_change",
+            &[true, true, true],
+            &[Conf::Restart { cap: 2 }; 2],
+        )
+        .env(Env {
+            replica_restart: Some(Conf::Manual { cap: 1 }),
+            ..Env::default()
+        })
+        .ticks(&[12], 12)
+        .budget(1),
+        Scenario::new("outside_update", &[false], &[Conf::Restart { cap: 1 }; 2])
+            .env(Env {
                 outside_update: true,
                 rate_limits: true,
                 lost_answers: true,
                 ..Env::default()
-            },
-            ticks: &[12],
-            horizon: 12,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "carry",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .ticks(&[12], 12)
+            .budget(1),
+        Scenario::new("carry", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 stuck_agents: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 320,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::yielded_after_one_restart),
-            depth: Some((90, 400_000)),
-        },
-        Scenario {
-            name: "consumed",
-            busy: vec![true],
-            confs: vec![Conf::Manual { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .ticks(&[40], 320)
+            .start(starts::yielded_after_one_restart)
+            .depth(90, 400_000),
+        Scenario::new("consumed", &[true], &[Conf::Manual { cap: 1 }])
+            .env(Env {
                 busy_toggle: true,
                 approve_when_idle: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 160,
-            budget: 2,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::retry_draining_under_an_approval),
-            depth: None,
-        },
-        Scenario {
-            name: "rearm",
-            busy: vec![false],
-            confs: vec![Conf::Manual { cap: 1 }],
-            skews: vec![0],
-            env: Env::default(),
-            ticks: &[40],
-            horizon: 80,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
+            })
+            .ticks(&[40], 160)
+            .budget(2)
+            .start(starts::retry_draining_under_an_approval),
+        Scenario::new("rearm", &[false], &[Conf::Manual { cap: 1 }])
+            .ticks(&[40], 80)
             // Only the approval that stood at the failure is there: no
             // restart may land.
-            covers_restart: false,
-            start: Some(starts::failed_with_its_approval_standing),
-            depth: None,
-        },
-        Scenario {
-            name: "cap_lowered",
-            busy: vec![true, true],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            .no_restart_reachable()
+            .start(starts::failed_with_its_approval_standing),
+        Scenario::new("cap_lowered", &[true, true], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 busy_toggle: true,
                 ..Env::default()
-            },
-            ticks: &[12],
-            horizon: 24,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::two_draining_under_a_lowered_cap),
-            depth: None,
-        },
-        Scenario {
-            name: "undo_refused",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .ticks(&[12], 24)
+            .budget(1)
+            .start(starts::two_draining_under_a_lowered_cap),
+        Scenario::new("undo_refused", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 outside_update: true,
                 failing_undo: true,
                 ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::claiming_with_a_deploy_snapshot),
-            depth: None,
-        },
-        Scenario {
-            name: "undrain_given_up",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .budget(1)
+            .start(starts::claiming_with_a_deploy_snapshot),
+        Scenario::new("undrain_given_up", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 agent_outage: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 160,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
+            })
+            .ticks(&[40], 160)
             // Its agent never answers again: no restart is reachable; it
             // checks that the given-up undo frees the slot.
-            covers_restart: false,
-            start: Some(starts::releasing_with_an_unreachable_agent),
-            depth: None,
-        },
-        Scenario {
-            name: "cut_off",
-            busy: vec![true],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env::default(),
-            ticks: &[40],
-            horizon: 240,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
+            .no_restart_reachable()
+            .start(starts::releasing_with_an_unreachable_agent),
+        Scenario::new("cut_off", &[true], &[Conf::Restart { cap: 1 }])
+            .ticks(&[40], 240)
             // No agent may be restarted as unprobeable here: no restart
             // is reachable; it checks the probe-failure ceiling.
-            covers_restart: false,
-            start: Some(starts::cut_off_after_seeing_the_drift),
-            depth: None,
-        },
-        Scenario {
-            name: "restart_refused",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            .no_restart_reachable()
+            .start(starts::cut_off_after_seeing_the_drift),
+        Scenario::new("restart_refused", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 stuck_agents: true,
                 rate_limits: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 160,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::yielded_after_one_restart),
-            depth: None,
-        },
-        Scenario {
-            name: "checks_flap",
-            busy: vec![true],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .ticks(&[40], 160)
+            .start(starts::yielded_after_one_restart),
+        Scenario::new("checks_flap", &[true], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 check_flaps: true,
                 ..Env::default()
-            },
-            ticks: &[40],
-            horizon: 160,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::cut_off_with_a_failing_check),
-            depth: None,
-        },
-        Scenario {
-            name: "probe_skew",
-            busy: vec![true],
-            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
-            skews: vec![-300, 0],
-            env: Env::default(),
-            ticks: &[40],
-            horizon: 160,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::unprobeable_after_both_saw_the_drift),
-            depth: Some((50, 40_000)),
-        },
-        Scenario {
-            name: "probe_window",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .ticks(&[40], 160)
+            .budget(1)
+            .start(starts::cut_off_with_a_failing_check),
+        Scenario::new("probe_skew", &[true], &[Conf::Restart { cap: 1 }; 2])
+            .skews(&[-300, 0])
+            .ticks(&[40], 160)
+            .start(starts::unprobeable_after_both_saw_the_drift)
+            .depth(50, 40_000),
+        Scenario::new("probe_window", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 hold: true,
                 ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::draining_an_idle_agent),
-            depth: None,
-        },
-        Scenario {
-            name: "fresh_checks",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env::default(),
-            ticks: &[5],
-            horizon: 10,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::draining_an_idle_agent_with_a_check),
-            depth: None,
-        },
-        Scenario {
-            name: "timeout_408",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .budget(1)
+            .start(starts::draining_an_idle_agent),
+        Scenario::new("fresh_checks", &[false], &[Conf::Restart { cap: 1 }])
+            .ticks(&[5], 10)
+            .start(starts::draining_an_idle_agent_with_a_check),
+        Scenario::new("timeout_408", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 timeouts_408: true,
                 ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::retry_draining_an_idle_agent),
-            depth: None,
-        },
-        Scenario {
-            name: "lease_lapse",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }, Conf::Restart { cap: 1 }],
-            skews: vec![0, 0],
-            env: Env {
+            })
+            .start(starts::retry_draining_an_idle_agent),
+        Scenario::new("lease_lapse", &[false], &[Conf::Restart { cap: 1 }; 2])
+            .env(Env {
                 lease_lapse: true,
                 ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 1,
-            tip: 1,
-            interleave: true,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::draining_an_idle_agent),
-            depth: None,
-        },
-        Scenario {
-            name: "crash_once",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .budget(1)
+            .interleaved()
+            .start(starts::draining_an_idle_agent),
+        Scenario::new("crash_once", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 crash_once: true,
                 ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 1,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::draining_an_idle_agent),
-            depth: None,
-        },
-        Scenario {
-            name: "stop_timeout",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env { ..Env::default() },
-            ticks: &[40],
-            horizon: 160,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::draining_an_idle_agent_with_a_stop_timeout),
-            depth: None,
-        },
-        Scenario {
-            name: "console",
-            busy: vec![false, false],
-            confs: vec![Conf::Restart { cap: 2 }],
-            skews: vec![0],
-            env: Env { ..Env::default() },
-            ticks: &[],
-            horizon: 0,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: Some(starts::a_console_beside_the_app),
-            depth: None,
-        },
-        Scenario {
-            name: "bare_macaroon",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
-                bare_macaroon: Some("fm2_model"),
-                ..Env::default()
-            },
-            ticks: &[],
-            horizon: 0,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
-            covers_restart: true,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "list_limit",
-            // The machine runs the tip: sweeps plan nothing, so a replica
-            // sweeps again at once, as often as its limiter lets it.
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env {
+            })
+            .budget(1)
+            .start(starts::draining_an_idle_agent),
+        Scenario::new("stop_timeout", &[false], &[Conf::Restart { cap: 1 }])
+            .ticks(&[40], 160)
+            .start(starts::draining_an_idle_agent_with_a_stop_timeout),
+        Scenario::new("console", &[false, false], &[Conf::Restart { cap: 2 }])
+            .start(starts::a_console_beside_the_app),
+        Scenario::new("bare_macaroon", &[false], &[Conf::Restart { cap: 1 }]).env(Env {
+            bare_macaroon: Some("fm2_model"),
+            ..Env::default()
+        }),
+        // The machine runs the tip: sweeps plan nothing, so a replica
+        // sweeps again at once, as often as its limiter lets it.
+        Scenario::new("list_limit", &[false], &[Conf::Restart { cap: 1 }])
+            .env(Env {
                 list_limit: true,
                 ..Env::default()
-            },
-            ticks: &[1],
-            horizon: 3,
-            budget: 0,
-            tip: 0,
-            interleave: false,
-            only: None,
-            covers_restart: false,
-            start: None,
-            depth: None,
-        },
-        Scenario {
-            name: "foreign_lease",
-            busy: vec![false],
-            confs: vec![Conf::Restart { cap: 1 }],
-            skews: vec![0],
-            env: Env::default(),
-            ticks: &[],
-            horizon: 0,
-            budget: 0,
-            tip: 1,
-            interleave: false,
-            only: None,
+            })
+            .ticks(&[1], 3)
+            .tip(0)
+            .no_restart_reachable(),
+        Scenario::new("foreign_lease", &[false], &[Conf::Restart { cap: 1 }])
             // A foreign lease is never given back within the bound.
-            covers_restart: false,
-            start: Some(starts::a_foreign_lease),
-            depth: None,
-        },
+            .no_restart_reachable()
+            .start(starts::a_foreign_lease),
     ]
 }
 
@@ -827,6 +504,15 @@ pub fn run(scenario: &Scenario, depth: usize, max_states: usize) -> Run {
     }
 }
 
+/// The scenario named `name`.
+#[cfg(test)]
+fn scenario(name: &str) -> Scenario {
+    scenarios()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("a scenario of that name")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -835,13 +521,6 @@ mod tests {
     /// grace and a restart (about 25 calls), small enough for 60 s.
     const DEPTH: usize = 40;
     const MAX_STATES: usize = 80_000;
-
-    fn scenario(name: &str) -> Scenario {
-        scenarios()
-            .into_iter()
-            .find(|s| s.name == name)
-            .expect("a scenario of that name")
-    }
 
     fn check(name: &str) {
         let s = scenario(name);
@@ -1015,13 +694,6 @@ mod counterexamples {
     use super::*;
     use stateright::Model;
 
-    fn scenario(name: &str) -> Scenario {
-        scenarios()
-            .into_iter()
-            .find(|s| s.name == name)
-            .expect("a scenario of that name")
-    }
-
     fn act(s: &Scenario, w: World, a: Action) -> World {
         let mut possible = Vec::new();
         s.actions(&w, &mut possible);
@@ -1048,17 +720,37 @@ mod counterexamples {
         calls_until(s, w, r, |_| false)
     }
 
+    /// The first initial state of the scenario named `name`.
+    fn start(name: &str) -> (Scenario, World) {
+        let s = scenario(name);
+        let w = s.init_states().remove(0);
+        (s, w)
+    }
+
+    /// Replica `r` sweeps and carries out what it planned, every call
+    /// answered `Ok` (see [`calls_until`]).
+    fn step(s: &Scenario, w: World, r: usize) -> World {
+        let w = act(s, w, Action::Sweep(r));
+        all_calls(s, w, r)
+    }
+
+    /// The labels of replica `r`'s queued steps.
+    fn labels(w: &World, r: usize) -> Vec<&str> {
+        w.replicas[r]
+            .queue
+            .iter()
+            .map(|e| e.label.as_str())
+            .collect()
+    }
+
     /// #32 item 8: replica 1's clock runs 120 s ahead; it judges the grace
     /// from the marker replica 0 wrote on its own clock, and restarts the
     /// busy agent the instant it was cordoned.
     #[test]
     fn busy_restart_grace_is_judged_on_one_clock() {
-        let s = scenario("grace_skew");
-        let mut w = s.init_states().remove(0);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
-        w = act(&s, w, Action::Sweep(1));
-        w = all_calls(&s, w, 1);
+        let (s, mut w) = start("grace_skew");
+        w = step(&s, w, 0);
+        w = step(&s, w, 1);
         assert_eq!(w.record.busy_restart, None, "{:?}", w.record);
     }
 
@@ -1067,8 +759,7 @@ mod counterexamples {
     /// at once: the grace ran from the marker, not from the cordon's answer.
     #[test]
     fn busy_restart_grace_runs_from_the_cordon() {
-        let s = scenario("config_change");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("config_change");
         w = act(&s, w, Action::Sweep(0));
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Check(_)));
         w = act(&s, w, Action::Call(0, Answer::Ok));
@@ -1077,8 +768,7 @@ mod counterexamples {
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Check(_)));
         w = act(&s, w, Action::Tick(12));
         w = act(&s, w, Action::RestartReplica(0));
-        w = act(&s, w, Action::Sweep(1));
-        w = all_calls(&s, w, 1);
+        w = step(&s, w, 1);
         assert_eq!(w.record.busy_restart, None, "{:?}", w.record);
     }
 
@@ -1087,8 +777,7 @@ mod counterexamples {
     /// metadata, the call it was kept for is dropped, and nobody is told.
     #[test]
     fn a_hold_around_a_cordon_is_reported_under_host_outage() {
-        let s = scenario("hold_race");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("hold_race");
         w = act(&s, w, Action::Sweep(0));
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Cordon));
         w = act(&s, w, Action::Hold(0));
@@ -1104,16 +793,13 @@ mod counterexamples {
     /// restarts it on the old authority, with no approval.
     #[test]
     fn manual_restart_needs_an_approval_after_the_tip_moves() {
-        let s = scenario("tip_authority");
-        let mut w = s.init_states().remove(0);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        let (s, mut w) = start("tip_authority");
+        w = step(&s, w, 0);
         // The replica sees the cordon (its grace counts from there).
         w = act(&s, w, Action::Sweep(0));
         w = act(&s, w, Action::Tick(12));
         w = act(&s, w, Action::MoveTip);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        w = step(&s, w, 0);
         assert_eq!(w.record.manual_restart, None, "{:?}", w.record);
     }
 
@@ -1126,11 +812,9 @@ mod counterexamples {
     /// last listing knew, past its deadline, is alerted).
     #[test]
     fn a_wait_past_its_ceiling_alerts_under_host_outage() {
-        let s = scenario("ceilings");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("ceilings");
         w = act(&s, w, Action::Approve(0, false));
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        w = step(&s, w, 0);
         // The replica's first sight of the marker (its deadlines count
         // from there, on its own clock).
         w = act(&s, w, Action::Sweep(0));
@@ -1153,13 +837,10 @@ mod counterexamples {
     /// neither claims nor restarts the busy agent at once.
     #[test]
     fn a_record_written_on_a_clock_behind_does_not_shorten_the_ceiling() {
-        let s = scenario("probe_skew");
-        let mut w = s.init_states().remove(0);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        let (s, mut w) = start("probe_skew");
+        w = step(&s, w, 0);
         for _ in 0..2 {
-            w = act(&s, w, Action::Sweep(1));
-            w = all_calls(&s, w, 1);
+            w = step(&s, w, 1);
         }
         assert_eq!(w.record.busy_restart, None, "{:?}", w.record);
         assert!(w.record.restarts.is_empty(), "{:?}", w.record);
@@ -1171,8 +852,7 @@ mod counterexamples {
     /// the restart is not sent.
     #[test]
     fn a_hold_written_while_the_probe_runs_stops_the_restart() {
-        let s = scenario("probe_window");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("probe_window");
         w = act(&s, w, Action::Sweep(0));
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Probe { .. }));
         w = act(&s, w, Action::Call(0, Answer::Ok));
@@ -1187,10 +867,8 @@ mod counterexamples {
     /// finishes only after Fly ran them again.
     #[test]
     fn a_restart_is_verified_only_on_checks_run_after_it() {
-        let s = scenario("fresh_checks");
-        let mut w = s.init_states().remove(0);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        let (s, mut w) = start("fresh_checks");
+        w = step(&s, w, 0);
         assert_eq!(w.record.restarts.len(), 1, "{:?}", w.record);
         w = act(&s, w, Action::Sweep(0));
         assert_eq!(w.record.finished_unchecked, None, "{:?}", w.record);
@@ -1213,8 +891,7 @@ mod counterexamples {
     /// it (`OutcomeUnknown`), so it counts one restart, not two.
     #[test]
     fn a_restart_answered_408_is_not_repeated() {
-        let s = scenario("timeout_408");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("timeout_408");
         w = act(&s, w, Action::Sweep(0));
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Restart { .. }));
         w = act(&s, w, Action::Call(0, Answer::Timeout408));
@@ -1230,8 +907,7 @@ mod counterexamples {
     /// a second restart).
     #[test]
     fn a_refresh_answered_with_another_nonce_stops_the_step() {
-        let s = scenario("lease_lapse");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("lease_lapse");
         w = act(&s, w, Action::Sweep(0));
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Cordon));
         w = act(&s, w, Action::Sweep(1));
@@ -1249,18 +925,12 @@ mod counterexamples {
     /// one crash is no crash loop and the rotation finishes.
     #[test]
     fn our_own_restarts_exit_is_no_crash() {
-        let s = scenario("crash_once");
-        let mut w = s.init_states().remove(0);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        let (s, mut w) = start("crash_once");
+        w = step(&s, w, 0);
         w = act(&s, w, Action::Crash(0));
         w = act(&s, w, Action::Sweep(0));
         assert_eq!(w.record.failed_on_own_exit, None, "{:?}", w.record);
-        let labels: Vec<&str> = w.replicas[0]
-            .queue
-            .iter()
-            .map(|e| e.label.as_str())
-            .collect();
+        let labels = labels(&w, 0);
         assert!(labels.iter().any(|l| l.contains("finish")), "{labels:?}");
     }
 
@@ -1274,30 +944,23 @@ mod counterexamples {
     /// invariant no longer judges an ending the replica could not verify.
     #[test]
     fn a_cut_off_replica_backs_off_an_unprobeable_restart_it_cannot_verify() {
-        let s = scenario("checks_flap");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("checks_flap");
         // The shared unprobed record, then the ceiling passes.
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        w = step(&s, w, 0);
         w = act(&s, w, Action::Sweep(0));
         for _ in 0..3 {
             w = act(&s, w, Action::Tick(40));
         }
         // Claim, restart as unprobeable, re-assert the cordon.
         for _ in 0..3 {
-            w = act(&s, w, Action::Sweep(0));
-            w = all_calls(&s, w, 0);
+            w = step(&s, w, 0);
         }
         assert_eq!(w.record.restarts.get(&(0, 1)), Some(&1), "{:?}", w.record);
         w = act(&s, w, Action::Sweep(0));
         w = act(&s, w, Action::Tick(40));
         w = act(&s, w, Action::CheckFlap(0));
         w = act(&s, w, Action::Sweep(0));
-        let labels: Vec<&str> = w.replicas[0]
-            .queue
-            .iter()
-            .map(|e| e.label.as_str())
-            .collect();
+        let labels = labels(&w, 0);
         assert!(
             labels.iter().any(|l| l.contains("verify failed")),
             "{labels:?}"
@@ -1316,24 +979,17 @@ mod counterexamples {
     /// back on the tip and finishes.
     #[test]
     fn the_verify_deadline_waits_out_the_stop_timeout() {
-        let s = scenario("stop_timeout");
-        let mut w = s.init_states().remove(0);
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        let (s, mut w) = start("stop_timeout");
+        w = step(&s, w, 0);
         // It asserts the cordon the restart dropped.
-        w = act(&s, w, Action::Sweep(0));
-        w = all_calls(&s, w, 0);
+        w = step(&s, w, 0);
         w = act(&s, w, Action::Tick(40));
         w = act(&s, w, Action::Sweep(0));
         assert_eq!(w.record.failed_while_stopping, None, "{:?}", w.record);
         w = all_calls(&s, w, 0);
         w = act(&s, w, Action::Tick(40));
         w = act(&s, w, Action::Sweep(0));
-        let labels: Vec<&str> = w.replicas[0]
-            .queue
-            .iter()
-            .map(|e| e.label.as_str())
-            .collect();
+        let labels = labels(&w, 0);
         assert!(labels.iter().any(|l| l.contains("finish")), "{labels:?}");
     }
 
@@ -1342,8 +998,7 @@ mod counterexamples {
     /// commit; it is not listed, so only m0 is claimed.
     #[test]
     fn a_console_machine_is_never_claimed() {
-        let s = scenario("console");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("console");
         w = act(&s, w, Action::Sweep(0));
         assert_eq!(w.record.one_off_touched, None, "{:?}", w.record);
         let machines: Vec<usize> = w.replicas[0].queue.iter().map(|e| e.machine).collect();
@@ -1354,8 +1009,7 @@ mod counterexamples {
     /// goes as `FlyV1 fm2_…`, Fly takes it and the sweep plans.
     #[test]
     fn a_bare_macaroon_is_taken_by_fly() {
-        let s = scenario("bare_macaroon");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("bare_macaroon");
         w = act(&s, w, Action::Sweep(0));
         assert_eq!(w.record.credentials_refused, None, "{:?}", w.record);
         assert_eq!(w.replicas[0].queue.len(), 1);
@@ -1366,8 +1020,7 @@ mod counterexamples {
     /// refuses none.
     #[test]
     fn sweeps_keep_to_flys_list_limit() {
-        let s = scenario("list_limit");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("list_limit");
         for _ in 0..3 {
             w = act(&s, w, Action::Sweep(0));
         }
@@ -1383,8 +1036,7 @@ mod counterexamples {
     /// 409 is reported with who holds the lease.
     #[test]
     fn a_foreign_lease_is_reported_with_flys_message() {
-        let s = scenario("foreign_lease");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("foreign_lease");
         w = act(&s, w, Action::Sweep(0));
         w = act(&s, w, Action::Call(0, Answer::Ok));
         assert_eq!(w.record.conflict_unexplained, None, "{:?}", w.record);
@@ -1397,8 +1049,7 @@ mod counterexamples {
     /// #32 item 10: `Unfenced::ReadBackFailed`).
     #[test]
     fn a_hold_around_a_cordon_is_reported_when_the_read_after_is_refused() {
-        let s = scenario("hold_race");
-        let mut w = s.init_states().remove(0);
+        let (s, mut w) = start("hold_race");
         w = act(&s, w, Action::Sweep(0));
         w = calls_until(&s, w, 0, |op| matches!(op, Op::Cordon));
         w = act(&s, w, Action::Hold(0));

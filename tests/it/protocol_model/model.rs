@@ -106,6 +106,88 @@ pub struct Scenario {
     pub depth: Option<(usize, usize)>,
 }
 
+impl Scenario {
+    /// A scenario named `name`: one machine per entry of `busy` (whether
+    /// its agent starts busy), one replica per entry of `confs`, at rest on
+    /// commit 0 with the tip one ahead, clocks true, nothing else
+    /// happening, no ticks, replicas' steps not interleaved, checking every
+    /// property; its bounded run must reach a restart. The methods below
+    /// change one of these each.
+    pub fn new(name: &'static str, busy: &[bool], confs: &[Conf]) -> Scenario {
+        Scenario {
+            name,
+            busy: busy.to_vec(),
+            confs: confs.to_vec(),
+            skews: vec![0; confs.len()],
+            env: Env::default(),
+            ticks: &[],
+            horizon: 0,
+            budget: 0,
+            only: None,
+            tip: 1,
+            interleave: false,
+            covers_restart: true,
+            start: None,
+            depth: None,
+        }
+    }
+
+    /// Each replica's clock minus true time, seconds.
+    pub fn skews(mut self, skews: &[i64]) -> Scenario {
+        self.skews = skews.to_vec();
+        self
+    }
+
+    /// What the environment may do.
+    pub fn env(mut self, env: Env) -> Scenario {
+        self.env = env;
+        self
+    }
+
+    /// The clock steps time may take, up to `horizon` seconds in all.
+    pub fn ticks(mut self, ticks: &'static [i64], horizon: i64) -> Scenario {
+        self.ticks = ticks;
+        self.horizon = horizon;
+        self
+    }
+
+    /// Environment events (not ticks) at most.
+    pub fn budget(mut self, budget: u8) -> Scenario {
+        self.budget = budget;
+        self
+    }
+
+    /// The tip at the start.
+    pub fn tip(mut self, tip: u8) -> Scenario {
+        self.tip = tip;
+        self
+    }
+
+    /// The replicas' steps interleave call by call.
+    pub fn interleaved(mut self) -> Scenario {
+        self.interleave = true;
+        self
+    }
+
+    /// The bounded run need not reach a restart (the scenario says why).
+    pub fn no_restart_reachable(mut self) -> Scenario {
+        self.covers_restart = false;
+        self
+    }
+
+    /// Where the world starts (`starts`).
+    pub fn start(mut self, start: fn(&mut World)) -> Scenario {
+        self.start = Some(start);
+        self
+    }
+
+    /// The bounded depth and state count of `cargo test`.
+    pub fn depth(mut self, depth: usize, states: usize) -> Scenario {
+        self.depth = Some((depth, states));
+        self
+    }
+}
+
 /// How Fly answered one call.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Answer {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decide::guardrail::Guard;
 use crate::metadata::marker::{Phase, RotationMode};
-use crate::model::{CommitId, MachineState, PoolName, Severity, short_commit};
+use crate::model::{AppName, CommitId, MachineState, PoolName, Severity, short_commit};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made
 /// later still says when something happens, and the planner's `now` is the
@@ -129,11 +129,15 @@ pub enum Decision {
     /// (`why`): unknown is not empty, so no claim is made.
     SlotsUnknown { why: String },
     /// Qualifies for a rotation, but the release tip `tip` is halted for its
-    /// app (`[release] halt_after_failures`): no claim toward it until
-    /// `fleet-reconciler resume`. `failures`: the failed rotations that
+    /// app `app` (`[release] halt_after_failures`): no claim toward it until
+    /// `fleet-reconciler resume APP`. `failures`: the failed rotations that
     /// halted it; `verified: false`: the coordinator's halt record is not one
     /// this fleet sealed, and counts as a halt (fail closed).
     Halted {
+        /// The app whose release is halted (absent from a daemon that did
+        /// not name it yet).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        app: Option<AppName>,
         tip: CommitId,
         failures: usize,
         verified: bool,
@@ -222,6 +226,12 @@ fn opt_at(t: &Option<DateTime<Utc>>) -> String {
     t.as_ref()
         .map(at)
         .unwrap_or_else(|| "an unknown time".into())
+}
+
+/// What lifts a halt: `until `fleet-reconciler resume APP``.
+pub fn resume(app: Option<&AppName>) -> String {
+    let app = app.map_or("APP", AppName::as_str);
+    format!("until `fleet-reconciler resume {app}`")
 }
 
 /// The full sentence: the label and the data it carries.
@@ -315,20 +325,23 @@ impl fmt::Display for Decision {
                 "qualifies for a rotation, but the coordinator's slot set is unknown ({why}); no claim until it can be read"
             ),
             Decision::Halted {
+                app,
                 tip,
                 failures,
                 verified: true,
             } => write!(
                 f,
-                "halted: the release {} of its app is halted after {failures} failed rotation(s); no claim until `fleet-reconciler resume`",
-                short_commit(tip.as_str())
+                "halted: the release {} of its app is halted after {failures} failed rotation(s); no claim {}",
+                short_commit(tip.as_str()),
+                resume(app.as_ref())
             ),
-            Decision::Halted { tip, .. } => write!(
+            Decision::Halted { app, tip, .. } => write!(
                 f,
-                "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim until `fleet-reconciler resume`",
-                short_commit(tip.as_str())
+                "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim {}",
+                short_commit(tip.as_str()),
+                resume(app.as_ref())
             ),
-            Decision::Guarded { guard } => write!(f, "{guard}; no new claim until it lifts"),
+            Decision::Guarded { guard } => write!(f, "{guard}; no new claim {}", guard.lifts()),
             Decision::AppNotListed { .. } => write!(
                 f,
                 "{}; the last sweep could not list its app, nothing is done to it",
@@ -472,6 +485,7 @@ mod tests {
             Decision::MetadataUnknown { why: "x".into() },
             Decision::SlotsUnknown { why: "x".into() },
             Decision::Halted {
+                app: Some("app".into()),
                 tip: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
                 failures: 3,
                 verified: true,
@@ -537,7 +551,8 @@ mod tests {
                     pool: "canary".into(),
                     on_tip: 2,
                     started: 3,
-                    soaked_secs: 12 * 60 + 5,
+                    needed: 2,
+                    soaked_secs: Some(12 * 60 + 5),
                     soak_secs: 30 * 60,
                     until: Some(t),
                     halted: false,
@@ -584,18 +599,18 @@ mod tests {
                 "the rotation to abababababab failed after 3 restart(s) at 2027-01-15T08:00:00Z (still on 22); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
-                "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume`",
-                "outside maintenance window (opens Fri 2027-01-15 09:00 Europe/Berlin); no new claim until it lifts",
+                "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume app`",
+                "outside maintenance window; no new claim until a window opens Fri 2027-01-15 09:00 Europe/Berlin",
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
                 "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",
                 "no usable health report since 2027-01-15T08:00:00Z; the probe-failure ceiling falls at 2027-01-15T08:00:00Z",
                 "held; paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
-                "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m (until 2027-01-15T08:00:00Z); no new claim until it lifts",
-                "inside a deny window (closes Fri 2027-01-15 08:00 UTC); no new claim until it lifts",
-                r#"blocked by alert AgentErrorRate{app="x"}; no new claim until it lifts"#,
-                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable), so claims are held (fail closed); no new claim until it lifts",
+                "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m; no new claim until 2027-01-15T08:00:00Z if the ratio holds",
+                "inside a deny window; no new claim until it closes Fri 2027-01-15 08:00 UTC",
+                r#"blocked by alert AgentErrorRate{app="x"}; no new claim until the alert resolves"#,
+                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable), so claims are held (fail closed); no new claim until Alertmanager can be read",
             ]
         );
     }

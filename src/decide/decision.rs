@@ -228,6 +228,82 @@ fn opt_at(t: &Option<DateTime<Utc>>) -> String {
         .unwrap_or_else(|| "an unknown time".into())
 }
 
+/// What holds one pool of one app from new claims (the per-pool views:
+/// `plan`, `status`, the status page): the guardrail or halt its held
+/// machines are decided, and until when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct PoolHold {
+    pub app: AppName,
+    pub pool: PoolName,
+    /// The guard's reason (`canary`, `window`, `alert_firing`,
+    /// `gate_unreachable`), or `halted`.
+    pub reason: &'static str,
+    /// What holds it (the guard's sentence, or the halt's).
+    pub held_by: String,
+    /// When it lifts, where a time exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+    /// `until …`: the time, or what lifts it.
+    pub lifts: String,
+    /// How many of its machines it holds now.
+    pub machines: usize,
+}
+
+/// Each (app, pool) some machine of which is decided `guarded` or
+/// `halted`, in (app, pool) order: the first such machine's guard (one
+/// plan judges a pool once, so they agree), and how many it holds.
+pub fn pool_holds<'a>(
+    machines: impl IntoIterator<Item = (&'a AppName, &'a PoolName, Option<&'a Decision>)>,
+) -> Vec<PoolHold> {
+    let mut holds: std::collections::BTreeMap<(&AppName, &PoolName), PoolHold> =
+        std::collections::BTreeMap::new();
+    for (app, pool, decision) in machines {
+        let hold = match decision {
+            Some(Decision::Guarded { guard }) => (
+                guard.reason(),
+                guard.to_string(),
+                guard.until(),
+                guard.lifts(),
+            ),
+            Some(Decision::Halted { tip, failures, .. }) => (
+                "halted",
+                format!(
+                    "the release {} is halted after {failures} failed rotation(s)",
+                    short_commit(tip.as_str())
+                ),
+                None,
+                resume(Some(app)),
+            ),
+            _ => continue,
+        };
+        let (reason, held_by, until, lifts) = hold;
+        holds
+            .entry((app, pool))
+            .or_insert_with(|| PoolHold {
+                app: app.clone(),
+                pool: pool.clone(),
+                reason,
+                held_by,
+                until,
+                lifts,
+                machines: 0,
+            })
+            .machines += 1;
+    }
+    holds.into_values().collect()
+}
+
+impl fmt::Display for PoolHold {
+    /// `app/pool: WHAT (N machine(s)); no new claim UNTIL`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}: {} ({} machine(s)); no new claim {}",
+            self.app, self.pool, self.held_by, self.machines, self.lifts
+        )
+    }
+}
+
 /// What lifts a halt: `until `fleet-reconciler resume APP``.
 pub fn resume(app: Option<&AppName>) -> String {
     let app = app.map_or("APP", AppName::as_str);
@@ -514,6 +590,46 @@ mod tests {
             let back: Decision = serde_json::from_value(json).expect("round trip");
             assert_eq!(back, d);
         }
+    }
+
+    /// One line per held pool: its guard (or halt), until when, and how
+    /// many machines it holds; pools with none held are absent.
+    #[test]
+    fn pool_holds_name_each_held_pool_once_with_until_when() {
+        let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("time");
+        let (a, b) = (AppName::from("a"), AppName::from("b"));
+        let (main, eu) = (PoolName::from("main"), PoolName::from("eu"));
+        let window = Decision::Guarded {
+            guard: Guard::Window {
+                deny: true,
+                until: Some(t),
+                time_zone: "UTC".into(),
+            },
+        };
+        let halted = Decision::Halted {
+            app: Some(b.clone()),
+            tip: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
+            failures: 2,
+            verified: true,
+        };
+        let holds = pool_holds([
+            (&a, &main, Some(&window)),
+            (&a, &main, Some(&Decision::OnTip)),
+            (&a, &main, Some(&window)),
+            (&a, &eu, Some(&Decision::OnTip)),
+            (&b, &eu, Some(&halted)),
+            (&b, &main, None),
+        ]);
+        let text: Vec<String> = holds.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "a/main: inside a deny window (2 machine(s)); no new claim until it closes Fri 2027-01-15 08:00 UTC",
+                "b/eu: the release abababababab is halted after 2 failed rotation(s) (1 machine(s)); no new claim until `fleet-reconciler resume b`",
+            ]
+        );
+        assert_eq!(holds[0].until, Some(t));
+        assert_eq!(holds[1].until, None);
     }
 
     /// The sentence of each kind, as every view shows it (and with the

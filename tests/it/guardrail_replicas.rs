@@ -9,7 +9,7 @@
 //! - once it resolves, the pool rotates, never more machines out of service
 //!   than its cap, each machine restarted once;
 //! - a pool in a deny window is held by both replicas (the same guard, the
-//!   same closing time), and never restarted.
+//!   same closing time, the same per-pool summary), and never restarted.
 //!
 //! The halt is shared the same way: `halt::a_bad_release_halts_itself_for_
 //! replicas_and_restarts_until_resumed` has replica B, which would never
@@ -82,6 +82,12 @@ impl Replica {
             .flatten()
             .map(|(id, d)| (id.clone(), d.clone()))
             .collect()
+    }
+
+    /// Its per-pool summary (`guardrails` of `GET /api/v1/fleet`).
+    async fn guardrails(&self) -> Value {
+        let fleet: Value = serde_json::from_str(&self.text("/api/v1/fleet").await).unwrap();
+        fleet["guardrails"].clone()
     }
 
     /// Whether its /metrics says `pool` of `app` is held for `reason`.
@@ -281,6 +287,22 @@ async fn two_replicas_hold_the_same_pools_for_the_same_guards() {
         held.as_ref(),
         guard(db.get("f1")),
         "the replicas disagree on f1's window"
+    );
+    // Both sum it up per pool the same way: frozen only, until it closes.
+    let (ga, gb) = (a.guardrails().await, b.guardrails().await);
+    assert_eq!(ga, gb, "the replicas disagree on which pool is held");
+    assert_eq!(
+        ga.as_array().map(|g| g.len()),
+        Some(1),
+        "one pool held: {ga}"
+    );
+    assert_eq!(
+        (&ga[0]["pool"], &ga[0]["reason"], &ga[0]["until"]),
+        (
+            &json!("frozen"),
+            &json!("window"),
+            &held.as_ref().unwrap()["until"]
+        ),
     );
     for r in replicas {
         assert!(r.blocked("frozen", "window").await, "{}", r.api);

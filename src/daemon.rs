@@ -190,14 +190,15 @@ pub async fn plan_once(
 
 /// The snapshot of `observation` and its plan at `now`, as a daemon makes
 /// them that first saw it `rotation.min_drift_age` ago and fetched the
-/// overlay just now.
+/// overlay just now. A canary's soak is not timed: no daemon memory says
+/// when it began, and a soak of 0s would be false.
 pub fn plan_as_seen_before(
     policy: &Policy,
     observation: Observation,
     owner: &str,
     now: DateTime<Utc>,
 ) -> (Snapshot, Plan) {
-    let mut tracker = Tracker::default();
+    let mut tracker = Tracker::for_one_plan();
     let first_seen = chrono::Duration::from_std(policy.rotation.min_drift_age)
         .ok()
         .and_then(|age| now.checked_sub_signed(age))

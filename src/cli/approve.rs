@@ -127,7 +127,8 @@ pub async fn live_work(url: &str, machine: &str) -> (LiveWork, Option<Decision>)
 pub fn overrides(decision: Option<&Decision>) -> Option<String> {
     match decision {
         Some(Decision::Guarded { guard }) if guard.overridden_by_approval() => Some(format!(
-            "this overrides the maintenance window that holds its pool ({guard})"
+            "this overrides the maintenance window that holds its pool ({guard}, {})",
+            guard.lifts()
         )),
         _ => None,
     }
@@ -239,7 +240,7 @@ mod tests {
         assert_eq!(
             overrides(Some(&window)).as_deref(),
             Some(
-                "this overrides the maintenance window that holds its pool (inside a deny window)"
+                "this overrides the maintenance window that holds its pool (inside a deny window, until it closes)"
             )
         );
         let canary = Decision::Guarded {
@@ -247,7 +248,8 @@ mod tests {
                 pool: "canary".into(),
                 on_tip: 0,
                 started: 1,
-                soaked_secs: 0,
+                needed: 1,
+                soaked_secs: Some(0),
                 soak_secs: 60,
                 until: None,
                 halted: false,

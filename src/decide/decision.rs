@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decide::guardrail::Guard;
 use crate::metadata::marker::{Phase, RotationMode};
-use crate::model::{CommitId, MachineState, PoolName, Severity, short_commit};
+use crate::model::{AppName, CommitId, MachineState, PoolName, Severity, short_commit};
 
 /// One machine's decision. Times are absolute (UTC), so a rendering made
 /// later still says when something happens, and the planner's `now` is the
@@ -129,11 +129,15 @@ pub enum Decision {
     /// (`why`): unknown is not empty, so no claim is made.
     SlotsUnknown { why: String },
     /// Qualifies for a rotation, but the release tip `tip` is halted for its
-    /// app (`[release] halt_after_failures`): no claim toward it until
-    /// `fleet-reconciler resume`. `failures`: the failed rotations that
+    /// app `app` (`[release] halt_after_failures`): no claim toward it until
+    /// `fleet-reconciler resume APP`. `failures`: the failed rotations that
     /// halted it; `verified: false`: the coordinator's halt record is not one
     /// this fleet sealed, and counts as a halt (fail closed).
     Halted {
+        /// The app whose release is halted (absent from a daemon that did
+        /// not name it yet).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        app: Option<AppName>,
         tip: CommitId,
         failures: usize,
         verified: bool,
@@ -222,6 +226,88 @@ fn opt_at(t: &Option<DateTime<Utc>>) -> String {
     t.as_ref()
         .map(at)
         .unwrap_or_else(|| "an unknown time".into())
+}
+
+/// What holds one pool of one app from new claims (the per-pool views:
+/// `plan`, `status`, the status page): the guardrail or halt its held
+/// machines are decided, and until when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct PoolHold {
+    pub app: AppName,
+    pub pool: PoolName,
+    /// The guard's reason (`canary`, `window`, `alert_firing`,
+    /// `gate_unreachable`), or `halted`.
+    pub reason: &'static str,
+    /// What holds it (the guard's sentence, or the halt's).
+    pub held_by: String,
+    /// When it lifts, where a time exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+    /// `until …`: the time, or what lifts it.
+    pub lifts: String,
+    /// How many of its machines it holds now.
+    pub machines: usize,
+}
+
+/// Each (app, pool) some machine of which is decided `guarded` or
+/// `halted`, in (app, pool) order: the first such machine's guard (one
+/// plan judges a pool once, so they agree), and how many it holds.
+pub fn pool_holds<'a>(
+    machines: impl IntoIterator<Item = (&'a AppName, &'a PoolName, Option<&'a Decision>)>,
+) -> Vec<PoolHold> {
+    let mut holds: std::collections::BTreeMap<(&AppName, &PoolName), PoolHold> =
+        std::collections::BTreeMap::new();
+    for (app, pool, decision) in machines {
+        let hold = match decision {
+            Some(Decision::Guarded { guard }) => (
+                guard.reason(),
+                guard.to_string(),
+                guard.until(),
+                guard.lifts(),
+            ),
+            Some(Decision::Halted { tip, failures, .. }) => (
+                "halted",
+                format!(
+                    "the release {} is halted after {failures} failed rotation(s)",
+                    short_commit(tip.as_str())
+                ),
+                None,
+                resume(Some(app)),
+            ),
+            _ => continue,
+        };
+        let (reason, held_by, until, lifts) = hold;
+        holds
+            .entry((app, pool))
+            .or_insert_with(|| PoolHold {
+                app: app.clone(),
+                pool: pool.clone(),
+                reason,
+                held_by,
+                until,
+                lifts,
+                machines: 0,
+            })
+            .machines += 1;
+    }
+    holds.into_values().collect()
+}
+
+impl fmt::Display for PoolHold {
+    /// `app/pool: WHAT (N machine(s)); no new claim UNTIL`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}: {} ({} machine(s)); no new claim {}",
+            self.app, self.pool, self.held_by, self.machines, self.lifts
+        )
+    }
+}
+
+/// What lifts a halt: `until `fleet-reconciler resume APP``.
+pub fn resume(app: Option<&AppName>) -> String {
+    let app = app.map_or("APP", AppName::as_str);
+    format!("until `fleet-reconciler resume {app}`")
 }
 
 /// The full sentence: the label and the data it carries.
@@ -315,20 +401,23 @@ impl fmt::Display for Decision {
                 "qualifies for a rotation, but the coordinator's slot set is unknown ({why}); no claim until it can be read"
             ),
             Decision::Halted {
+                app,
                 tip,
                 failures,
                 verified: true,
             } => write!(
                 f,
-                "halted: the release {} of its app is halted after {failures} failed rotation(s); no claim until `fleet-reconciler resume`",
-                short_commit(tip.as_str())
+                "halted: the release {} of its app is halted after {failures} failed rotation(s); no claim {}",
+                short_commit(tip.as_str()),
+                resume(app.as_ref())
             ),
-            Decision::Halted { tip, .. } => write!(
+            Decision::Halted { app, tip, .. } => write!(
                 f,
-                "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim until `fleet-reconciler resume`",
-                short_commit(tip.as_str())
+                "halted: the coordinator's halt record is not one this fleet sealed, so the release {} counts as halted; no claim {}",
+                short_commit(tip.as_str()),
+                resume(app.as_ref())
             ),
-            Decision::Guarded { guard } => write!(f, "{guard}; no new claim until it lifts"),
+            Decision::Guarded { guard } => write!(f, "{guard}; no new claim {}", guard.lifts()),
             Decision::AppNotListed { .. } => write!(
                 f,
                 "{}; the last sweep could not list its app, nothing is done to it",
@@ -472,6 +561,7 @@ mod tests {
             Decision::MetadataUnknown { why: "x".into() },
             Decision::SlotsUnknown { why: "x".into() },
             Decision::Halted {
+                app: Some("app".into()),
                 tip: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
                 failures: 3,
                 verified: true,
@@ -500,6 +590,46 @@ mod tests {
             let back: Decision = serde_json::from_value(json).expect("round trip");
             assert_eq!(back, d);
         }
+    }
+
+    /// One line per held pool: its guard (or halt), until when, and how
+    /// many machines it holds; pools with none held are absent.
+    #[test]
+    fn pool_holds_name_each_held_pool_once_with_until_when() {
+        let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).expect("time");
+        let (a, b) = (AppName::from("a"), AppName::from("b"));
+        let (main, eu) = (PoolName::from("main"), PoolName::from("eu"));
+        let window = Decision::Guarded {
+            guard: Guard::Window {
+                deny: true,
+                until: Some(t),
+                time_zone: "UTC".into(),
+            },
+        };
+        let halted = Decision::Halted {
+            app: Some(b.clone()),
+            tip: CommitId::parse(&"ab".repeat(20)).expect("a commit id"),
+            failures: 2,
+            verified: true,
+        };
+        let holds = pool_holds([
+            (&a, &main, Some(&window)),
+            (&a, &main, Some(&Decision::OnTip)),
+            (&a, &main, Some(&window)),
+            (&a, &eu, Some(&Decision::OnTip)),
+            (&b, &eu, Some(&halted)),
+            (&b, &main, None),
+        ]);
+        let text: Vec<String> = holds.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "a/main: inside a deny window (2 machine(s)); no new claim until it closes Fri 2027-01-15 08:00 UTC",
+                "b/eu: the release abababababab is halted after 2 failed rotation(s) (1 machine(s)); no new claim until `fleet-reconciler resume b`",
+            ]
+        );
+        assert_eq!(holds[0].until, Some(t));
+        assert_eq!(holds[1].until, None);
     }
 
     /// The sentence of each kind, as every view shows it (and with the
@@ -537,7 +667,8 @@ mod tests {
                     pool: "canary".into(),
                     on_tip: 2,
                     started: 3,
-                    soaked_secs: 12 * 60 + 5,
+                    needed: 2,
+                    soaked_secs: Some(12 * 60 + 5),
                     soak_secs: 30 * 60,
                     until: Some(t),
                     halted: false,
@@ -584,18 +715,18 @@ mod tests {
                 "the rotation to abababababab failed after 3 restart(s) at 2027-01-15T08:00:00Z (still on 22); uncordoned, slot released; no new attempt until the tip moves or `fleet-reconciler approve` is run again",
                 "Fly does not show its metadata (x): its hold, approval and rotation are unknown; nothing is done to it and a slot it holds stays taken",
                 "qualifies for a rotation, but the coordinator's slot set is unknown (x); no claim until it can be read",
-                "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume`",
-                "outside maintenance window (opens Fri 2027-01-15 09:00 Europe/Berlin); no new claim until it lifts",
+                "halted: the release abababababab of its app is halted after 3 failed rotation(s); no claim until `fleet-reconciler resume app`",
+                "outside maintenance window; no new claim until a window opens Fri 2027-01-15 09:00 Europe/Berlin",
                 "paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "held by ops since 2027-01-15T08:00:00Z (incident); its rotation waits in phase draining; nothing is done until `release`",
                 "restarted; verifying it reports the target; next deadline 2027-01-15T08:00:00Z",
                 "no usable health report since 2027-01-15T08:00:00Z; the probe-failure ceiling falls at 2027-01-15T08:00:00Z",
                 "held; paused: app not listed; the last sweep could not list its app, nothing is done to it",
                 "draining; paused: app not listed; the last sweep could not list its app, nothing is done to it",
-                "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m (until 2027-01-15T08:00:00Z); no new claim until it lifts",
-                "inside a deny window (closes Fri 2027-01-15 08:00 UTC); no new claim until it lifts",
-                r#"blocked by alert AgentErrorRate{app="x"}; no new claim until it lifts"#,
-                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable), so claims are held (fail closed); no new claim until it lifts",
+                "waiting for canary pool canary: 2/3 on tip, soak 12m of 30m; no new claim until 2027-01-15T08:00:00Z if the ratio holds",
+                "inside a deny window; no new claim until it closes Fri 2027-01-15 08:00 UTC",
+                r#"blocked by alert AgentErrorRate{app="x"}; no new claim until the alert resolves"#,
+                "blocked: the alert gate's Alertmanager cannot be read (GET /api/v2/alerts answered HTTP 503 Service Unavailable), so claims are held (fail closed); no new claim until Alertmanager can be read",
             ]
         );
     }

@@ -36,9 +36,12 @@ fn fleet(on: usize, n: usize) -> Vec<M> {
 /// Plans sweeps of the same tracker, one per `(fleet, at)`, the drift of
 /// every machine first seen an hour before the first; the last plan.
 fn sweeps(extra: &str, fleets: Vec<(Vec<M>, DateTime<Utc>)>) -> Plan {
+    sweeps_with(Tracker::default(), extra, fleets)
+}
+
+fn sweeps_with(mut tracker: Tracker, extra: &str, fleets: Vec<(Vec<M>, DateTime<Utc>)>) -> Plan {
     let config = config(&format!("{POOLS}{extra}"));
     let policy = Policy::from_config(&config);
-    let mut tracker = Tracker::default();
     let mut last = None;
     for (i, (ms, at)) in fleets.into_iter().enumerate() {
         let report = snapshot(&config, ms);
@@ -78,7 +81,8 @@ fn a_pool_after_a_canary_claims_only_once_the_canary_soaked_on_the_tip() {
             pool: "canary".into(),
             on_tip: 1,
             started: 2,
-            soaked_secs: 0,
+            needed: 2,
+            soaked_secs: Some(0),
             soak_secs: 1800,
             until: None,
             halted: false,
@@ -103,9 +107,9 @@ fn a_pool_after_a_canary_claims_only_once_the_canary_soaked_on_the_tip() {
     };
     assert_eq!(g.until(), Some(at(30)));
     assert_eq!(
-        g.to_string(),
+        Decision::Guarded { guard: g.clone() }.to_string(),
         format!(
-            "waiting for canary pool canary: 2/2 on tip, soak 12m of 30m (until {})",
+            "waiting for canary pool canary: 2/2 on tip, soak 12m of 30m; no new claim until {} if the ratio holds",
             at(30).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         )
     );
@@ -142,6 +146,29 @@ fn a_pool_after_a_canary_claims_only_once_the_canary_soaked_on_the_tip() {
         ],
     );
     assert_eq!(guard_of(&p, "d1").and_then(|g| g.until()), Some(at(50)));
+}
+
+/// A one-shot `plan` never saw the soak begin: it does not claim one of
+/// 0s (nor an end 30m away), it says the running daemon times it; a ratio
+/// not met says how many must be verified first.
+#[test]
+fn a_one_shot_plan_says_the_daemon_times_the_soak() {
+    let p = sweeps_with(Tracker::for_one_plan(), "", vec![(fleet(2, 2), t0())]);
+    let Some(g) = guard_of(&p, "d1") else {
+        panic!("d1 waits: {:?}", p.decision(&mid("d1")));
+    };
+    assert_eq!(g.until(), None);
+    assert_eq!(
+        Decision::Guarded { guard: g }.to_string(),
+        "waiting for canary pool canary: 2/2 on tip, soak of 30m timed by the running daemon; no new claim until the running daemon's soak ends (`status` shows when)"
+    );
+    let p = sweeps_with(Tracker::for_one_plan(), "", vec![(fleet(1, 2), t0())]);
+    assert_eq!(
+        p.decision(&mid("d1")).map(ToString::to_string).as_deref(),
+        Some(
+            "waiting for canary pool canary: 1/2 on tip, soak 0s of 30m; no new claim until 2/2 are verified on tip, then for a soak of 30m"
+        )
+    );
 }
 
 #[test]

@@ -10,7 +10,10 @@
 //! way is never stopped by a guardrail (its undo, and a restart already
 //! sent, go on). The soak is timed by this replica's first sight of the
 //! canary ratio being met ([`CanaryMemory`]), never by a time another clock
-//! wrote. The alert gate (`[gates.alertmanager]`, item 4): a matching alert
+//! wrote; a one-shot `plan` ([`CanaryMemory::untimed`]) times no soak and
+//! says the running daemon does. Every guard says until when
+//! ([`Guard::lifts`]): a time where one exists ([`Guard::until`]), else
+//! what lifts it. The alert gate (`[gates.alertmanager]`, item 4): a matching alert
 //! that fires holds new claims, and an Alertmanager that cannot be read holds
 //! them too (fail closed) and pages, unless `fail_open`. Its scope: an alert
 //! whose `fly_app` (else `app`) label names a configured app holds that app
@@ -49,15 +52,21 @@ use crate::observe::gate::GateView;
 #[strum(serialize_all = "snake_case")]
 pub enum Guard {
     /// The pool waits for its canary pool `pool` (`after`): `on_tip` of its
-    /// `started` machines are on the tip; the ratio has held for
-    /// `soaked_secs` of `soak_secs` (0 while it is not met). `until`: when
-    /// the soak ends if the ratio keeps holding (unknown while it is not
-    /// met). `halted`: the tip is halted for an app of the canary pool.
+    /// `started` machines are on the tip, of `needed` (`after_ratio`); the
+    /// ratio has held for `soaked_secs` of `soak_secs` (0 while it is not
+    /// met; absent where this process does not time the soak: a one-shot
+    /// `plan` has no memory of it, the running daemon times it). `until`:
+    /// when the soak ends if the ratio keeps holding (unknown while it is
+    /// not met, and in a one-shot `plan`). `halted`: the tip is halted for
+    /// an app of the canary pool.
     Canary {
         pool: PoolName,
         on_tip: usize,
         started: usize,
-        soaked_secs: u64,
+        #[serde(default)]
+        needed: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        soaked_secs: Option<u64>,
         soak_secs: u64,
         until: Option<DateTime<Utc>>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -92,6 +101,8 @@ impl Guard {
     /// When the guardrail lifts, where known.
     pub fn until(&self) -> Option<DateTime<Utc>> {
         match self {
+            // A halted canary's soak end lifts nothing.
+            Guard::Canary { halted: true, .. } => None,
             Guard::Canary { until, .. } | Guard::Window { until, .. } => *until,
             // An alert has no known end.
             Guard::AlertFiring { .. } | Guard::GateUnreachable { .. } => None,
@@ -126,6 +137,65 @@ fn local(t: &DateTime<Utc>, zone: &str) -> String {
     }
 }
 
+impl Guard {
+    /// Until when it holds, as the end of a sentence (`until …`): a time
+    /// where one exists (a window's closing or opening, a soak's end), else
+    /// what lifts it.
+    pub fn lifts(&self) -> String {
+        match self {
+            Guard::AlertFiring { .. } => "until the alert resolves".into(),
+            Guard::GateUnreachable { .. } => "until Alertmanager can be read".into(),
+            Guard::Canary { halted: true, .. } => {
+                "until the canary pool's release is resumed (`fleet-reconciler resume APP`)".into()
+            }
+            Guard::Canary {
+                started: 0,
+                soak_secs,
+                ..
+            } => format!(
+                "until a started machine of the canary pool is verified on tip, then for a soak of {}",
+                short(Duration::from_secs(*soak_secs))
+            ),
+            Guard::Canary {
+                on_tip,
+                started,
+                needed,
+                soak_secs,
+                ..
+            } if on_tip < needed => format!(
+                "until {needed}/{started} are verified on tip, then for a soak of {}",
+                short(Duration::from_secs(*soak_secs))
+            ),
+            Guard::Canary { until: Some(u), .. } => format!(
+                "until {} if the ratio holds",
+                u.to_rfc3339_opts(SecondsFormat::Secs, true)
+            ),
+            Guard::Canary { .. } => {
+                "until the running daemon's soak ends (`status` shows when)".into()
+            }
+            Guard::Window {
+                deny: true,
+                until: Some(u),
+                time_zone,
+            } => format!("until it closes {}", local(u, time_zone)),
+            Guard::Window {
+                deny: true,
+                until: None,
+                ..
+            } => "until it closes".into(),
+            Guard::Window {
+                until: Some(u),
+                time_zone,
+                ..
+            } => format!("until a window opens {}", local(u, time_zone)),
+            Guard::Window { until: None, .. } => {
+                "until a window opens (none found in the schedules)".into()
+            }
+        }
+    }
+}
+
+/// What holds the pool; [`Guard::lifts`] says until when.
 impl fmt::Display for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -146,42 +216,22 @@ impl fmt::Display for Guard {
                 started,
                 soaked_secs,
                 soak_secs,
-                until,
                 ..
             } => {
                 write!(
                     f,
-                    "waiting for canary pool {pool}: {on_tip}/{started} on tip, soak {} of {}",
-                    short(Duration::from_secs(*soaked_secs)),
-                    short(Duration::from_secs(*soak_secs))
+                    "waiting for canary pool {pool}: {on_tip}/{started} on tip, "
                 )?;
-                if let Some(u) = until {
-                    write!(
-                        f,
-                        " (until {})",
-                        u.to_rfc3339_opts(SecondsFormat::Secs, true)
-                    )?;
+                let soak = short(Duration::from_secs(*soak_secs));
+                match soaked_secs {
+                    Some(s) => write!(f, "soak {} of {soak}", short(Duration::from_secs(*s))),
+                    // A one-shot plan has no memory of the soak: claiming
+                    // one of 0s would be false.
+                    None => write!(f, "soak of {soak} timed by the running daemon"),
                 }
-                Ok(())
             }
-            Guard::Window {
-                deny: true,
-                until,
-                time_zone,
-            } => match until {
-                Some(u) => write!(f, "inside a deny window (closes {})", local(u, time_zone)),
-                None => f.write_str("inside a deny window"),
-            },
-            Guard::Window {
-                until, time_zone, ..
-            } => match until {
-                Some(u) => write!(
-                    f,
-                    "outside maintenance window (opens {})",
-                    local(u, time_zone)
-                ),
-                None => f.write_str("outside maintenance window (no opening found)"),
-            },
+            Guard::Window { deny: true, .. } => f.write_str("inside a deny window"),
+            Guard::Window { .. } => f.write_str("outside maintenance window"),
         }
     }
 }
@@ -221,6 +271,13 @@ fn ratio_met(on_tip: usize, started: usize, ratio: f64) -> bool {
     started > 0 && on_tip as f64 >= ratio * started as f64
 }
 
+/// The fewest of `started` machines on the tip that meet `ratio`.
+fn needed(started: usize, ratio: f64) -> usize {
+    (0..=started)
+        .find(|n| ratio_met(*n, started, ratio))
+        .unwrap_or(started)
+}
+
 /// This run's first sight of each canary pool's ratio being met on the tip
 /// (kept in the `Tracker`): the soak is timed from it, on this clock. Kept
 /// per canary and ratio (its bits): pools waiting for one canary at two
@@ -228,9 +285,21 @@ fn ratio_met(on_tip: usize, started: usize, ratio: f64) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct CanaryMemory {
     met: BTreeMap<(PoolName, u64), (CommitId, DateTime<Utc>)>,
+    /// A one-shot `plan`'s: it never saw the soak begin, so it times none
+    /// (the running daemon does).
+    untimed: bool,
 }
 
 impl CanaryMemory {
+    /// The memory of a process that plans once (`plan`): it says the soak
+    /// is the running daemon's to time rather than claim one of 0s.
+    pub fn untimed() -> CanaryMemory {
+        CanaryMemory {
+            untimed: true,
+            ..CanaryMemory::default()
+        }
+    }
+
     /// Folds one sweep in: each canary pool (one some pool waits for) whose
     /// ratio is met on the tip keeps its first sight, or gets one now; one
     /// whose ratio is not met forgets it (the soak starts over).
@@ -280,6 +349,25 @@ pub fn canary_guard(
     let (on_tip, started) = canary_count(snapshot, canary);
     let soak = config.soak;
     let met = ratio_met(on_tip, started, config.after_ratio);
+    let is_halted = halted(canary);
+    let needed = needed(started, config.after_ratio);
+    if memory.untimed {
+        // Nothing here saw the soak begin: held while the soak lasts, as
+        // far as this process can tell (the daemon's may have ended).
+        if met && soak.is_zero() && !is_halted {
+            return None;
+        }
+        return Some(Guard::Canary {
+            pool: canary.clone(),
+            on_tip,
+            started,
+            needed,
+            soaked_secs: (!met).then_some(0),
+            soak_secs: soak.as_secs(),
+            until: None,
+            halted: is_halted,
+        });
+    }
     let since = met
         .then(|| memory.met_since(canary, config.after_ratio, &snapshot.tip.commit))
         .flatten()
@@ -288,7 +376,6 @@ pub fn canary_guard(
     let soaked = since
         .and_then(|s| (now - s).to_std().ok())
         .unwrap_or(Duration::ZERO);
-    let is_halted = halted(canary);
     if met && soaked >= soak && !is_halted {
         return None;
     }
@@ -301,7 +388,8 @@ pub fn canary_guard(
         pool: canary.clone(),
         on_tip,
         started,
-        soaked_secs: soaked.min(soak).as_secs(),
+        needed,
+        soaked_secs: Some(soaked.min(soak).as_secs()),
         soak_secs: soak.as_secs(),
         until,
         halted: is_halted,

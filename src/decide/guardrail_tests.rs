@@ -46,8 +46,8 @@ fn an_allow_window_opens_on_its_minute_and_closes_after_its_duration() {
     // Saturday: the next opening is Monday.
     let g = window_guard(&w, utc(2026, 12, 5, 1, 30, 0));
     assert_eq!(
-        g.as_ref().map(ToString::to_string).as_deref(),
-        Some("outside maintenance window (opens Mon 2026-12-07 02:00 Europe/Berlin)")
+        g.as_ref().map(|g| format!("{g}; {}", g.lifts())).as_deref(),
+        Some("outside maintenance window; until a window opens Mon 2026-12-07 02:00 Europe/Berlin")
     );
     assert_eq!(opens(g), Some(open));
 }

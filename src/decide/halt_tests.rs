@@ -82,6 +82,7 @@ fn n_failures_within_the_window_halt_the_tip_and_stop_new_claims() {
     assert_eq!(
         p.decision(&mid("d1")),
         Some(&Decision::Halted {
+            app: Some("app".into()),
             tip: commit(TIP),
             failures: 2,
             verified: true

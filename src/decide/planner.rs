@@ -1223,6 +1223,7 @@ impl<'a> Planning<'a> {
         self.decide(
             m,
             Decision::Halted {
+                app: Some(m.app.clone()),
                 tip: halted.tip.clone(),
                 failures: halted.failures.len(),
                 verified: !matches!(halted.source, HaltSource::Unverified(_)),

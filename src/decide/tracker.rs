@@ -178,6 +178,16 @@ impl Tracker {
         }
     }
 
+    /// The memory of a process that plans once (`plan`): it remembers as
+    /// [`Tracker::default`] does, but never saw a canary's soak begin, so it
+    /// times none ([`CanaryMemory::untimed`]).
+    pub fn for_one_plan() -> Tracker {
+        Tracker {
+            canaries: CanaryMemory::untimed(),
+            ..Tracker::default()
+        }
+    }
+
     /// Folds one sweep in. Machines absent from the report are forgotten;
     /// machines of an app the sweep could not list are kept as they were
     /// (nothing new is known of them).

@@ -28,7 +28,9 @@
 //!   [`Metrics::set_rotations_in_progress`]; pools not passed are removed.
 //!   So is `fleet_reconciler_machine_decisions` by [`Metrics::set_decisions`],
 //!   and `fleet_reconciler_guardrail_blocked` by [`Metrics::set_guardrails`]
-//!   (every reason of every pool with machines, 1 where it holds claims).
+//!   (every reason of every pool with machines, 1 where it holds claims),
+//!   and `fleet_reconciler_guardrail_until_timestamp_seconds` by
+//!   [`Metrics::set_guardrail_until`] (only where a time exists).
 //! * `fleet_reconciler_actions_total` gets every action and result of each
 //!   pool passed to [`Metrics::set_rotations_in_progress`] at 0, and keeps
 //!   them: a counter born at its first increment shows no `increase()`.
@@ -69,6 +71,7 @@ pub const DRIFT_SEVERITY_MACHINES: &str = "fleet_reconciler_drift_severity_machi
 pub const ROTATIONS_IN_PROGRESS: &str = "fleet_reconciler_rotations_in_progress";
 pub const MACHINE_DECISIONS: &str = "fleet_reconciler_machine_decisions";
 pub const GUARDRAIL_BLOCKED: &str = "fleet_reconciler_guardrail_blocked";
+pub const GUARDRAIL_UNTIL: &str = "fleet_reconciler_guardrail_until_timestamp_seconds";
 pub const ACTIONS_TOTAL: &str = "fleet_reconciler_actions_total";
 pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_reconciler_fly_api_requests_total";
 pub const FLY_API_REQUEST_DURATION_SECONDS: &str =
@@ -187,6 +190,8 @@ struct Exported {
     decision_apps: BTreeSet<String>,
     /// (app, pool, reason) of `fleet_reconciler_guardrail_blocked`.
     guardrails: BTreeSet<(String, String, String)>,
+    /// (app, pool, reason) of `fleet_reconciler_guardrail_until_timestamp_seconds`.
+    guardrail_until: BTreeSet<(String, String, String)>,
     /// (branch, commit)
     tip: Option<(String, String)>,
     /// Last successful overlay fetch; before the first, process start.
@@ -208,6 +213,7 @@ pub struct Metrics {
     rotations: IntGaugeVec,
     decisions: IntGaugeVec,
     guardrails: IntGaugeVec,
+    guardrail_until: IntGaugeVec,
     actions: IntCounterVec,
     fly_requests: IntCounterVec,
     fly_request_duration: HistogramVec,
@@ -376,6 +382,7 @@ struct PlanSeries {
     rotations: IntGaugeVec,
     decisions: IntGaugeVec,
     guardrails: IntGaugeVec,
+    guardrail_until: IntGaugeVec,
     actions: IntCounterVec,
 }
 
@@ -402,6 +409,14 @@ impl PlanSeries {
              pool with machines).",
             &[APP_LABEL, "pool", "reason"],
         )?;
+        let guardrail_until = gauge_vec(
+            r,
+            GUARDRAIL_UNTIL,
+            "When the guardrail holding the pool's new claims lifts, in Unix seconds, where a \
+             time exists (a window's closing or next opening, a canary soak's end); absent \
+             otherwise (an alert, a ratio not yet met, a halt).",
+            &[APP_LABEL, "pool", "reason"],
+        )?;
         let actions = counter_vec(
             r,
             ACTIONS_TOTAL,
@@ -413,6 +428,7 @@ impl PlanSeries {
             rotations,
             decisions,
             guardrails,
+            guardrail_until,
             actions,
         })
     }
@@ -667,6 +683,7 @@ impl Metrics {
             rotations,
             decisions,
             guardrails,
+            guardrail_until,
             actions,
         } = PlanSeries::register(&r)?;
         let CallSeries {
@@ -706,6 +723,7 @@ impl Metrics {
             rotations,
             decisions,
             guardrails,
+            guardrail_until,
             actions,
             fly_requests,
             fly_request_duration,
@@ -1017,6 +1035,28 @@ impl Metrics {
             ]);
         }
         exported.guardrails = current;
+    }
+
+    /// Replaces `fleet_reconciler_guardrail_until_timestamp_seconds`: one
+    /// series per (app, pool, reason) of `until`, valued with its Unix
+    /// seconds; the others are removed (no time: no series).
+    pub fn set_guardrail_until(&self, until: &BTreeMap<(&str, &str, &str), DateTime<Utc>>) {
+        let mut exported = self.exported();
+        let mut current = BTreeSet::new();
+        for ((app, pool, reason), at) in until {
+            self.guardrail_until
+                .with_label_values(&[*app, *pool, *reason])
+                .set(at.timestamp());
+            current.insert((app.to_string(), pool.to_string(), reason.to_string()));
+        }
+        for (app, pool, reason) in exported.guardrail_until.difference(&current) {
+            let _ = self.guardrail_until.remove_label_values(&[
+                app.as_str(),
+                pool.as_str(),
+                reason.as_str(),
+            ]);
+        }
+        exported.guardrail_until = current;
     }
 
     /// Counts one webhook delivery attempt; `format` is the sink format
@@ -1438,6 +1478,27 @@ mod tests {
         let text = m.render().unwrap();
         assert!(text.contains(&series("a", "main", "canary", 0)), "{text}");
         assert!(!text.contains("pool=\"eu\""), "{text}");
+    }
+
+    #[test]
+    fn a_guardrails_until_is_a_series_only_where_a_time_exists() {
+        let m = Metrics::new(false).unwrap();
+        let until = BTreeMap::from([(("b", "eu", "window"), at(1_800_000_000))]);
+        m.set_guardrail_until(&until);
+        let text = m.render().unwrap();
+        assert!(
+            text.contains(
+                "fleet_reconciler_guardrail_until_timestamp_seconds{fly_app=\"b\",pool=\"eu\",reason=\"window\"} 1800000000"
+            ),
+            "{text}"
+        );
+        // The window closed: its series goes.
+        m.set_guardrail_until(&BTreeMap::new());
+        let text = m.render().unwrap();
+        assert!(
+            !text.contains("guardrail_until_timestamp_seconds{"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -101,6 +101,14 @@ pub fn to_table(report: &FleetDocument<'_>) -> String {
         line(&mut out, &cells);
     }
     out.push('\n');
+    let holds = report.pool_holds();
+    if !holds.is_empty() {
+        out.push_str("Guardrails (which pool is held, and until when):\n");
+        for h in &holds {
+            let _ = writeln!(out, "  {}", printable(&h.to_string()));
+        }
+        out.push('\n');
+    }
     for app in report.apps.iter() {
         let _ = writeln!(out, "{}", printable(&app_line(report, app)));
     }
@@ -372,6 +380,10 @@ pub struct PlanJson<'a> {
     /// On-tip ÷ started machines, over the whole fleet, as `check`'s.
     pub coherence: f64,
     pub machines: Vec<PlannedMachine<'a>>,
+    /// Each pool a guardrail or a halted release holds from new claims, and
+    /// until when (from its machines' decisions); absent when none holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guardrails: Vec<crate::decide::decision::PoolHold>,
     pub steps: Vec<PlannedStep>,
 }
 
@@ -432,6 +444,12 @@ pub fn plan_to_json<'a>(report: &'a Snapshot, plan: &'a Plan) -> PlanJson<'a> {
                 }
             })
             .collect(),
+        guardrails: crate::decide::decision::pool_holds(
+            report
+                .machines
+                .iter()
+                .map(|m| (&m.seen.app, &m.seen.pool, plan.decision(&m.seen.machine_id))),
+        ),
         steps: plan
             .steps()
             .iter()

@@ -204,6 +204,15 @@ impl<'a> Reporter<'a> {
             rotations.iter().map(|(a, p, _)| (a.as_str(), p.as_str())),
             &held,
         );
+        let until: BTreeMap<(&str, &str, &str), DateTime<Utc>> = plan
+            .guards
+            .iter()
+            .filter_map(|((app, pool), g)| {
+                g.until()
+                    .map(|t| ((app.as_str(), pool.as_str(), g.reason()), t))
+            })
+            .collect();
+        self.metrics.set_guardrail_until(&until);
     }
 
     /// Counts each step taken and records it in the history; the steps'

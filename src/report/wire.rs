@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::decide::decision::Decision;
+use crate::decide::decision::{Decision, PoolHold};
 use crate::decide::planner::Plan;
 use crate::decide::reason::{Reason, SharedReason};
 use crate::decide::snapshot::{AppSummary, JudgedMachine, Snapshot, stale_apps};
@@ -280,6 +280,14 @@ impl<'a> FleetDocument<'a> {
         self.decisions.get(machine_id).map(|d| &**d)
     }
 
+    /// Each pool a guardrail or halt holds, by its machines' decisions.
+    pub fn pool_holds(&self) -> Vec<PoolHold> {
+        crate::decide::decision::pool_holds(
+            self.rows()
+                .map(|m| (m.app, m.pool, self.decision(m.machine_id))),
+        )
+    }
+
     /// True when every started machine reports the tip.
     pub fn is_coherent(&self) -> bool {
         self.rows()
@@ -320,6 +328,8 @@ struct DocOut<'a> {
     machines: RowsOut<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     decisions: Option<&'a BTreeMap<Cow<'a, MachineId>, Cow<'a, Decision>>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    guardrails: Vec<PoolHold>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     view: Option<&'a ViewAge>,
 }
@@ -436,6 +446,7 @@ impl Serialize for FleetDocument<'_> {
             refs,
             machines: RowsOut(&self.machines),
             decisions: (!self.decisions.is_empty()).then_some(&self.decisions),
+            guardrails: self.pool_holds(),
             view: self.view.as_ref(),
         }
         .serialize(s)
@@ -464,6 +475,12 @@ struct DocIn {
     /// --output json` has none: `plan --output json` gives them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     decisions: BTreeMap<MachineId, Decision>,
+    /// Each pool a guardrail or a halted release holds from new claims, and
+    /// until when: a summary of `decisions` (absent when none holds), so
+    /// read back from them rather than from here.
+    #[serde(default, rename = "guardrails")]
+    #[schemars(with = "Vec<PoolHold>")]
+    _guardrails: serde::de::IgnoredAny,
     /// How old the daemon's view is: `swept_at`, `age_secs`, `stale` and,
     /// when stale, `stale_reason` (`GET /api/v1/fleet`; `check` has none).
     #[serde(flatten, default)]

@@ -25,21 +25,21 @@ use crate::rotation::{Daemon, World, all, config, converged, fleet, more_sweeps,
 
 /// What the fake Alertmanager answers.
 #[derive(Clone)]
-enum Answer {
+pub(crate) enum Answer {
     Alerts(Vec<Value>),
     Down,
 }
 
 /// A stand-in for Alertmanager's `GET /api/v2/alerts`: answers what the
 /// test sets, and keeps each query string it was asked.
-struct FakeAlertmanager {
-    url: String,
+pub(crate) struct FakeAlertmanager {
+    pub(crate) url: String,
     answer: Arc<Mutex<Answer>>,
     queries: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeAlertmanager {
-    async fn start(answer: Answer) -> FakeAlertmanager {
+    pub(crate) async fn start(answer: Answer) -> FakeAlertmanager {
         let answer = Arc::new(Mutex::new(answer));
         let queries: Arc<Mutex<Vec<String>>> = Arc::default();
         let (a, q) = (answer.clone(), queries.clone());
@@ -68,13 +68,13 @@ impl FakeAlertmanager {
         }
     }
 
-    fn set(&self, answer: Answer) {
+    pub(crate) fn set(&self, answer: Answer) {
         *self.answer.lock().unwrap() = answer;
     }
 }
 
 /// An alert as Alertmanager lists it (`gettableAlert`, what the gate reads).
-fn alert(labels: Value) -> Value {
+pub(crate) fn alert(labels: Value) -> Value {
     json!({
         "labels": labels,
         "annotations": {},
@@ -87,7 +87,7 @@ fn alert(labels: Value) -> Value {
     })
 }
 
-fn agent_error_rate() -> Value {
+pub(crate) fn agent_error_rate() -> Value {
     alert(json!({"alertname": "AgentErrorRate", "severity": "critical", "app": "app"}))
 }
 

@@ -21,6 +21,7 @@ mod docs;
 mod fly;
 mod gate;
 mod grouped_alerts;
+mod guardrail_replicas;
 mod guardrails;
 mod halt;
 mod hardening;

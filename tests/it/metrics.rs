@@ -548,6 +548,10 @@ async fn full_scrape(fx: &Fixture, sim: &Sim) -> (Metrics, String) {
         [("alpha", "default")],
         &std::collections::BTreeSet::from([("alpha", "default", "canary")]),
     );
+    m.set_guardrail_until(&std::collections::BTreeMap::from([(
+        ("alpha", "default", "canary"),
+        now + TimeDelta::minutes(30),
+    )]));
     let text = m.render_at(now + TimeDelta::seconds(5)).unwrap();
     (m, text)
 }

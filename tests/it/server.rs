@@ -784,6 +784,7 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     assert!(pos("alpha-behind") < pos("alpha-down"));
     assert!(page.contains("awaiting approval"));
     assert!(page.contains("Machines needing attention (4)"));
+    assert!(!page.contains("Guardrails holding pools"), "none holds");
     assert!(
         !page.contains(">beta-ok<"),
         "on-tip machines are not listed"
@@ -792,6 +793,72 @@ async fn status_page_shows_coherence_and_drift_and_escapes_agent_data() {
     assert!(!page.contains(HOSTILE), "raw agent data in the page");
     assert!(page.contains("&lt;script&gt;alert('pwned')&lt;/script&gt;"));
     assert!(!page.contains("<script"));
+    h.stop().await;
+}
+
+/// The page sums the guardrails up per pool: which holds which pool, how
+/// many machines, and until when; so do `status`'s and `plan`'s table.
+#[tokio::test(start_paused = true)]
+async fn the_status_page_says_which_guardrail_holds_which_pool_until_when() {
+    use fleet_reconciler::decide::guardrail::Guard;
+    let h = Harness::start(None).await;
+    h.sweep().await;
+    let closes = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
+    let window = Decision::Guarded {
+        guard: Guard::Window {
+            deny: true,
+            until: Some(closes),
+            time_zone: "UTC".into(),
+        },
+    };
+    let extra = |d: &Decision| MachineExtra {
+        decision: Some(d.clone()),
+        ..MachineExtra::default()
+    };
+    h.state.view().set_extras(BTreeMap::from([
+        ("a-crit".into(), extra(&window)),
+        ("a-behind".into(), extra(&window)),
+        ("a1".into(), extra(&Decision::OnTip)),
+    ]));
+    let page = text_of(h.get("/").await).await;
+    assert!(page.contains("Guardrails holding pools (1)"), "{page}");
+    let section = &page[page.find("Guardrails holding pools").unwrap()..];
+    let section = &section[..section.find("</table>").unwrap()];
+    for needle in [
+        "alpha · default",
+        ">window<",
+        ">2<",
+        "until it closes Fri 2027-01-15 08:00 UTC (2027-01-15 08:00:00 UTC, in ",
+        ">inside a deny window<",
+    ] {
+        assert!(section.contains(needle), "{needle} missing: {section}");
+    }
+    // And in the API's fleet document.
+    let v = json_of(h.get("/api/v1/fleet").await).await;
+    assert_eq!(
+        v["guardrails"],
+        json!([{
+            "app": "alpha",
+            "pool": "default",
+            "reason": "window",
+            "held_by": "inside a deny window",
+            "until": "2027-01-15T08:00:00Z",
+            "lifts": "until it closes Fri 2027-01-15 08:00 UTC",
+            "machines": 2,
+        }])
+    );
+    // The same per pool in the table `status` prints (and `plan`: one
+    // table), from the daemon's document.
+    let doc = within(server::fetch_fleet(&h.base, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let table = render::to_table(&doc);
+    assert!(
+        table.contains(
+            "Guardrails (which pool is held, and until when):\n  alpha/default: inside a deny window (2 machine(s)); no new claim until it closes Fri 2027-01-15 08:00 UTC\n"
+        ),
+        "{table}"
+    );
     h.stop().await;
 }
 

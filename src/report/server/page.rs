@@ -18,7 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::decide::decision::Decision;
+use crate::decide::decision::{Decision, pool_holds};
 use crate::decide::snapshot::{JudgedMachine, Snapshot};
 use crate::metadata::controls::HoldValue;
 use crate::metadata::operator::ApprovalMode;
@@ -147,6 +147,7 @@ pub fn render_status_page(observed: &Observed, now: DateTime<Utc>) -> String {
             None => div.banner.warn { "Waiting for the first sweep; this page reloads by itself." }
             Some(report) => {
                 (cards(report, &observed.trend, observed.coherence_threshold))
+                (guardrails(report, observed, now))
                 (attention(report, observed, now))
             }
         }
@@ -383,6 +384,58 @@ fn attention(report: &Snapshot, observed: &Observed, now: DateTime<Utc>) -> Mark
             }
         }
     }
+}
+
+/// Which pool a guardrail (or a halted release) holds from new claims, and
+/// until when: one row per held pool, by its machines' decisions in the
+/// last sweep; nothing when none is held.
+fn guardrails(report: &Snapshot, observed: &Observed, now: DateTime<Utc>) -> Markup {
+    let holds = pool_holds(report.machines.iter().map(|m| {
+        let d = observed
+            .extras
+            .get(&m.seen.machine_id)
+            .and_then(|e| e.decision.as_ref());
+        (&m.seen.app, &m.seen.pool, d)
+    }));
+    if holds.is_empty() {
+        return html! {};
+    }
+    html! {
+        h2 { "Guardrails holding pools (" (holds.len()) ")" }
+        table {
+            thead {
+                tr {
+                    th { "App · pool" } th { "Guardrail" } th { "Machines held" } th { "Until" } th { "Held by" }
+                }
+            }
+            tbody {
+                @for h in &holds {
+                    tr {
+                        td { (h.app) " · " (h.pool) }
+                        td { span.tag { (h.reason) } }
+                        td.num { (h.machines) }
+                        td.detail {
+                            (h.lifts)
+                            @if let Some(t) = h.until { " (" (until(t, now)) ")" }
+                        }
+                        td.detail { (h.held_by) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A time to come: `2026-12-07 02:00:00 UTC, in 3h 20m` (whole minutes
+/// past the first).
+fn until(t: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
+    let left = (t - now).to_std().unwrap_or_default();
+    let left = if left >= Duration::from_secs(60) {
+        Duration::from_secs(left.as_secs() / 60 * 60)
+    } else {
+        Duration::from_secs(left.as_secs())
+    };
+    html! { (t.format("%Y-%m-%d %H:%M:%S UTC")) ", in " (humantime::format_duration(left)) }
 }
 
 fn dash() -> Markup {

@@ -1141,7 +1141,7 @@ impl HealthUrlTemplate {
     /// slot. Refused when the values make no valid URL, change the path
     /// (a `.` or `..` segment), or land on the Fly API's host.
     pub fn render(&self, vars: &UrlVars<'_>) -> Result<String, HealthUrlError> {
-        let expanded = expand(&self.text, vars);
+        let mut expanded = expand(&self.text, vars);
         let url = url::Url::parse(&expanded).map_err(|e| HealthUrlError::Invalid(e.to_string()))?;
         if path_segments(&url) != self.segments {
             return Err(HealthUrlError::PathChanged {
@@ -1154,6 +1154,10 @@ impl HealthUrlTemplate {
         {
             return Err(HealthUrlError::FlyHost(host.to_string()));
         }
+        // Every started machine's row keeps its URL through the sweep: no
+        // slack (the expansion reserves 64 bytes for the values, about as
+        // much again as a URL; #35 item 6).
+        expanded.shrink_to_fit();
         Ok(expanded)
     }
 }

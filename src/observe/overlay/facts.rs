@@ -97,8 +97,8 @@ pub(crate) fn first_matching_path(
     prefixes: &[String],
     matches: impl Fn(&str) -> bool,
 ) -> Result<Option<String>, git2::Error> {
-    Ok(PathFacts::new(repo, prefixes.to_vec())
-        .own_changes(oid)?
+    Ok(PathFacts::new(prefixes.to_vec())
+        .own_changes(repo, oid)?
         .into_iter()
         .find(|p| matches(p)))
 }
@@ -112,8 +112,10 @@ pub(crate) fn first_matching_path(
 /// differ: each tree read applies pack deltas, and reading each twice was
 /// about a fifth of `check`'s CPU time with a `paths` rule (#35 item 6).
 /// Both maps are bounded ([`MAX_KEPT`]): what they keep only saves reads.
-pub(crate) struct PathFacts<'r> {
-    repo: &'r Repository,
+/// They hold ids only, so the repository each read is given may be another
+/// handle on the same mirror (the analysis reopens it to free libgit2's
+/// caches).
+pub(crate) struct PathFacts {
     prefixes: Vec<String>,
     /// Entries at `prefixes` (in their order) of commits met as a parent
     /// and not yet compared themselves.
@@ -129,10 +131,9 @@ pub(crate) struct PathFacts<'r> {
 /// nearly every hit at a few hundred KiB.
 const MAX_KEPT: usize = 4096;
 
-impl<'r> PathFacts<'r> {
-    pub(crate) fn new(repo: &'r Repository, prefixes: Vec<String>) -> PathFacts<'r> {
+impl PathFacts {
+    pub(crate) fn new(prefixes: Vec<String>) -> PathFacts {
         PathFacts {
-            repo,
             prefixes,
             at_prefixes: HashMap::new(),
             named: HashMap::new(),
@@ -144,9 +145,14 @@ impl<'r> PathFacts<'r> {
     /// every parent (its conflict resolutions and "evil" edits): the side
     /// branch's changes are blamed on the side branch's commits, which the
     /// machine may already have.
-    pub(crate) fn mask(&mut self, oid: Oid, signals: &Signals) -> Result<Vec<u64>, git2::Error> {
+    pub(crate) fn mask(
+        &mut self,
+        repo: &Repository,
+        oid: Oid,
+        signals: &Signals,
+    ) -> Result<Vec<u64>, git2::Error> {
         let mut mask = vec![0u64; signals.words()];
-        let changed = self.own_changes(oid)?;
+        let changed = self.own_changes(repo, oid)?;
         for (id, signal) in signals.path_signals() {
             if changed.iter().any(|p| signal.set.is_match(p)) {
                 mask[id.0 / 64] |= 1 << (id.0 % 64);
@@ -158,22 +164,26 @@ impl<'r> PathFacts<'r> {
     /// What a commit itself changed under the prefixes: against its only
     /// parent (or the empty tree), or for a merge what differs from every
     /// parent.
-    fn own_changes(&mut self, oid: Oid) -> Result<BTreeSet<String>, git2::Error> {
-        let commit = self.repo.find_commit(oid)?;
+    fn own_changes(
+        &mut self,
+        repo: &Repository,
+        oid: Oid,
+    ) -> Result<BTreeSet<String>, git2::Error> {
+        let commit = repo.find_commit(oid)?;
         let parents: Vec<Oid> = commit.parent_ids().collect();
-        let new = self.entries(oid, commit.tree_id())?;
+        let new = self.entries(repo, oid, commit.tree_id())?;
         drop(commit);
         let Some((first, rest)) = parents.split_first() else {
-            return self.changed(None, &new);
+            return self.changed(repo, None, &new);
         };
-        let old = self.entries_of(*first)?;
-        let mut common = self.changed(Some(&old), &new)?;
+        let old = self.entries_of(repo, *first)?;
+        let mut common = self.changed(repo, Some(&old), &new)?;
         for parent in rest {
             if common.is_empty() {
                 break;
             }
-            let old = self.entries_of(*parent)?;
-            let changed = self.changed(Some(&old), &new)?;
+            let old = self.entries_of(repo, *parent)?;
+            let changed = self.changed(repo, Some(&old), &new)?;
             common = common.intersection(&changed).cloned().collect();
         }
         Ok(common)
@@ -182,6 +192,7 @@ impl<'r> PathFacts<'r> {
     /// Paths under the prefixes where `old`'s and `new`'s entries differ.
     fn changed(
         &self,
+        repo: &Repository,
         old: Option<&[Option<Entry>]>,
         new: &[Option<Entry>],
     ) -> Result<BTreeSet<String>, git2::Error> {
@@ -189,19 +200,23 @@ impl<'r> PathFacts<'r> {
         for (i, prefix) in self.prefixes.iter().enumerate() {
             let was = old.and_then(|old| old.get(i).copied().flatten());
             let is = new.get(i).copied().flatten();
-            compare(self.repo, prefix, was, is, &mut changed)?;
+            compare(repo, prefix, was, is, &mut changed)?;
         }
         Ok(changed)
     }
 
     /// The entries at the prefixes of a commit met as a parent, kept for
     /// when it is compared itself.
-    fn entries_of(&mut self, commit: Oid) -> Result<Box<[Option<Entry>]>, git2::Error> {
+    fn entries_of(
+        &mut self,
+        repo: &Repository,
+        commit: Oid,
+    ) -> Result<Box<[Option<Entry>]>, git2::Error> {
         if let Some(known) = self.at_prefixes.get(&commit) {
             return Ok(known.clone());
         }
-        let root = self.repo.find_commit(commit)?.tree_id();
-        let entries = self.read_entries(root)?;
+        let root = repo.find_commit(commit)?.tree_id();
+        let entries = self.read_entries(repo, root)?;
         if self.at_prefixes.len() >= MAX_KEPT {
             self.at_prefixes.clear();
         }
@@ -212,18 +227,27 @@ impl<'r> PathFacts<'r> {
     /// The entries at the prefixes of `commit`, whose tree is `root`, as
     /// it is compared: taken from what was kept (its children were
     /// compared before it), else read.
-    fn entries(&mut self, commit: Oid, root: Oid) -> Result<Box<[Option<Entry>]>, git2::Error> {
+    fn entries(
+        &mut self,
+        repo: &Repository,
+        commit: Oid,
+        root: Oid,
+    ) -> Result<Box<[Option<Entry>]>, git2::Error> {
         match self.at_prefixes.remove(&commit) {
             Some(known) => Ok(known),
-            None => self.read_entries(root),
+            None => self.read_entries(repo, root),
         }
     }
 
-    fn read_entries(&mut self, root: Oid) -> Result<Box<[Option<Entry>]>, git2::Error> {
+    fn read_entries(
+        &mut self,
+        repo: &Repository,
+        root: Oid,
+    ) -> Result<Box<[Option<Entry>]>, git2::Error> {
         let mut tree = None;
         let mut entries = Vec::with_capacity(self.prefixes.len());
         for index in 0..self.prefixes.len() {
-            entries.push(self.entry_at(root, &mut tree, index)?);
+            entries.push(self.entry_at(repo, root, &mut tree, index)?);
         }
         Ok(entries.into_boxed_slice())
     }
@@ -232,8 +256,9 @@ impl<'r> PathFacts<'r> {
     /// `None` if there is none: as `Tree::get_path` finds it (a segment
     /// naming a file before the last is not found), one segment at a time.
     /// `tree` is the root tree once read, for the next prefix.
-    fn entry_at(
+    fn entry_at<'r>(
         &mut self,
+        repo: &'r Repository,
         root: Oid,
         tree: &mut Option<Tree<'r>>,
         index: usize,
@@ -252,7 +277,7 @@ impl<'r> PathFacts<'r> {
             let next = if depth == 0 {
                 let root_tree = match tree {
                     Some(t) => t,
-                    None => tree.insert(self.repo.find_tree(root)?),
+                    None => tree.insert(repo.find_tree(root)?),
                 };
                 root_tree.get_name(segment).map(|e| (e.id(), e.filemode()))
             } else {
@@ -260,8 +285,7 @@ impl<'r> PathFacts<'r> {
                 match self.named.get(&key) {
                     Some(known) => *known,
                     None => {
-                        let found = self
-                            .repo
+                        let found = repo
                             .find_tree(at.0)?
                             .get_name(segment)
                             .map(|e| (e.id(), e.filemode()));
@@ -491,15 +515,17 @@ Fix the sandbox\n\nSecurity: CVE-1\nSigned-off-by: Dev <dev@x>\n";
         let repo = Repository::init_bare(dir.path()).expect("init");
         let mut seed = 0x2545_F491_4F6C_DD1D;
         // One reader per prefix set for every case, as an analysis keeps
-        // one for all its commits: what it kept must never answer wrongly.
+        // one for all its commits: what it kept must never answer wrongly,
+        // also when it reads through another handle on the repository (the
+        // analysis reopens the mirror every so many commits).
         let prefix_sets = [
             vec![String::new()],
             vec!["d".to_owned()],
             vec!["a".to_owned(), "d/a".to_owned(), "d/d/b".to_owned()],
         ];
-        let mut readers: Vec<PathFacts<'_>> = prefix_sets
+        let mut readers: Vec<PathFacts> = prefix_sets
             .iter()
-            .map(|p| PathFacts::new(&repo, p.clone()))
+            .map(|p| PathFacts::new(p.clone()))
             .collect();
         let mut previous: Option<Oid> = None;
         for case in 0..300 {
@@ -531,7 +557,12 @@ Fix the sandbox\n\nSecurity: CVE-1\nSigned-off-by: Dev <dev@x>\n";
                     })
                     .cloned()
                     .collect();
-                let changed = reader.own_changes(child).expect("compare");
+                let handle = if case % 2 == 0 {
+                    &repo
+                } else {
+                    &Repository::open_bare(dir.path()).expect("reopen")
+                };
+                let changed = reader.own_changes(handle, child).expect("compare");
                 assert_eq!(changed, under, "case {case} under {prefixes:?}");
             }
         }
@@ -558,11 +589,11 @@ Fix the sandbox\n\nSecurity: CVE-1\nSigned-off-by: Dev <dev@x>\n";
             tree(&[("a", "1"), ("b", "1"), ("c", "1")]),
             &[left, right],
         );
-        let mut reader = PathFacts::new(&repo, vec![String::new()]);
-        let own = reader.own_changes(merge).expect("merge");
+        let mut reader = PathFacts::new(vec![String::new()]);
+        let own = reader.own_changes(&repo, merge).expect("merge");
         assert_eq!(own, BTreeSet::from(["c".to_owned()]));
         assert_eq!(
-            reader.own_changes(left).expect("left"),
+            reader.own_changes(&repo, left).expect("left"),
             BTreeSet::from(["a".to_owned()])
         );
     }

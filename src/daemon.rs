@@ -294,7 +294,7 @@ pub struct LoopOptions<'a> {
     pub clock: SharedClock,
     /// The alerts firing before a restart (the notifier's saved state):
     /// they keep firing until this run's evidence confirms or clears them.
-    pub restored_alerts: Vec<crate::events::Alert>,
+    pub restored_alerts: Vec<crate::decide::alerts::Alert>,
     /// Which sinks are failing (the notifier), read at each turn for
     /// `alert_sink_failing`; `None`: no sinks.
     pub delivery: Option<&'a dyn DeliveryState>,

@@ -24,7 +24,7 @@
 //! | module | concern |
 //! | --- | --- |
 //! | [`observe`] | read-only: [`observe::sweep`] (one pass → `Observation`: what was seen, no verdict), [`observe::probe`] (bounded health polling), [`observe::overlay`] (the git mirror: tip, ref resolution, one graph walk for every drift range) |
-//! | [`decide`] | pure: `Observation → prepare → Snapshot → plan → Plan`. [`decide::snapshot`] ([`decide::prepare`]: judge, carry stale apps' last listings ([`decide::listings`]), coherence, tracker → `Snapshot`), [`decide::severity`] (drift → level → the pool's action) and [`decide::reason`] (why: the typed `Reason`), [`decide::planner`] (snapshot + markers + now → one `MachinePlan` per machine, alerts), [`decide::decision`] (the typed decision every view renders), [`decide::voice`] (which incidents this replica may speak of now: hold-down, freshness) |
+//! | [`decide`] | pure: `Observation → prepare → Snapshot → plan → Plan`. [`decide::snapshot`] ([`decide::prepare`]: judge, carry stale apps' last listings ([`decide::listings`]), coherence, tracker → `Snapshot`), [`decide::severity`] (drift → level → the pool's action) and [`decide::reason`] (why: the typed `Reason`), [`decide::planner`] (snapshot + markers + now → one `MachinePlan` per machine, alerts), [`decide::decision`] (the typed decision every view renders), [`decide::alerts`] (the alert kinds' table, [`decide::alerts::kinds`], and the rules: each turn → its complete `AlertSet`), [`decide::voice`] (which incidents this replica may speak of now: hold-down, freshness) |
 //! | [`act`] | writes: [`act::executor`] (steps under Fly leases, markers before acting, pool slots under the coordinator's lease), [`act::operator`] (hold / release / approve / revoke) |
 //! | [`report`] | views: [`report::wire`] (the fleet document: written from a `Snapshot`, read back by `status` as the same type), [`report::render`] (tables, JSON), [`report::metrics`] (the Prometheus registry), [`report::server`] (axum: `/metrics`, health, `/api/v1/...`, admin POSTs, status pages), [`report::notify`] (alert delivery to every sink: dedupe, repeat, resolve, delivery, dead letters; no alert decisions) |
 //! | [`cli`] | the command line: its grammar (clap: what `main` parses and the doc check reads) and each command's workflow, one file a command (`main` only dispatches) |
@@ -36,7 +36,7 @@
 //! | [`config`] | the TOML config, validated while parsed |
 //! | [`metadata`] | what is kept in Fly machine metadata, each key's format and parse (no I/O): [`metadata::marker`] (the rotation marker), [`metadata::operator`] (hold, approval), [`metadata::unprobed`] (the probe-failure record), [`metadata::slots`] (exact pool caps across replicas), [`metadata::controls`] (one machine's keys, parsed once) |
 //! | [`model`] | shared vocabulary: ids (`MachineId`, `AppName`, `CommitId`), `MachineState`, `MachineStatus`, `Severity`, `PolicyAction`, `MissingCommit` |
-//! | [`events`] | alerts (conditions) and one-shot action events for on-call |
+//! | [`events`] | one-shot action events for on-call, and the `DedupKey` of alerts, incidents and events (the alert kinds are [`decide::alerts`]') |
 //! | [`clock`] | the wall clock of the loop, executor and service (a tokio-driven one for tests) |
 //! | [`http`] | shared outbound HTTP helpers (user agent, URL-free error text) |
 //! | [`text`] | bounds on text from outside (reports, metadata, Fly errors) and the decoder of a JSON value someone else wrote |

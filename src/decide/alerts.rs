@@ -24,25 +24,28 @@
 //!
 //! # How to add an alert condition
 //!
-//! 1. Its name: one entry in the `alert_kinds!` table of `events.rs`,
-//!    `NewCondition => "new_condition", "new_condition_resolved";` under
-//!    its doc. That entry is the variant and both event names; nothing
-//!    else in `events.rs` or `report/` needs an arm (their matches on
-//!    kinds end in `_`). `events.rs` is the vocabulary below `decide/` that
-//!    the notifier, the logs and the state file share, so the kind cannot
-//!    be declared here without an arrow back up.
+//! 1. Its entry in the `alert_kinds!` table of [`kinds`] (`alerts/kinds.rs`),
+//!    under its doc:
+//!    `NewCondition => "new_condition", "new_condition_resolved",`
+//!    `own: false, grouped: false;`. That entry is the variant, both event
+//!    names, and its properties: `own` if it is about this replica itself
+//!    (never frozen as stale by `decide::voice`), `grouped` if its
+//!    per-machine alerts fold into incidents held open while briefly empty
+//!    (`report::notify::group`, `decide::voice`). No other file lists kinds
+//!    a new one must join: others name a kind only for that kind's own
+//!    behaviour, and their matches on kinds end in `_`. The table is a file of its own
+//!    only because the planner, which this module reads, raises alerts too:
+//!    declared here, it would be a circle.
 //! 2. Its rule, here: a function of what the [`Turn`] says (and, if it
 //!    needs a clock, a field of [`AlertMemory`]), called from [`evaluate`]
 //!    so that its alert is in each turn's [`AlertSet`]; its severity a
 //!    `const` beside the others.
 //! 3. Its test, here, driving [`evaluate`] through turns with `now` given.
+//! 4. Its row in docs/alerts.md and its runbook section in
+//!    docs/operations.md (the section's anchor is the trigger name).
 //!
-//! Documentation: its row in docs/alerts.md and its runbook section in
-//! docs/operations.md (the section's anchor is the trigger name). Only a
-//! condition about this replica itself (never frozen as stale) is also
-//! listed in `report::notify::voice`'s `own`. The test
-//! `a_new_condition_is_its_table_entry_and_its_rule` shows it with a
-//! test-only kind.
+//! The test `a_new_condition_is_its_table_entry_and_its_rule` shows it with
+//! the test-only kind `ExampleCondition`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,10 +56,13 @@ use crate::config::Config;
 pub use crate::decide::coherence::{Coherence, CoherenceSample};
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
-use crate::events::{Alert, AlertKind, DedupKey};
+use crate::events::DedupKey;
 use crate::metadata::slots::Coordinator;
 use crate::model::{AppName, CommitId, MachineStatus, Severity};
 use crate::observe::sweep::{SlotsView, StaleApp};
+
+pub mod kinds;
+pub use kinds::{Alert, AlertKind};
 
 /// Severity of the coherence alert.
 pub const COHERENCE_SEVERITY: Severity = Severity::High;
@@ -1235,9 +1241,9 @@ mod tests {
     }
 
     /// A new condition: the test-only `AlertKind::ExampleCondition`, one
-    /// entry in `events.rs`'s table, and its rule, written here as a new
-    /// one would be. Nothing else was written for it: its event names,
-    /// key and state-file name all come from the entry.
+    /// entry in the table of `alerts/kinds.rs`, and its rule, written here
+    /// as a new one would be. Nothing else was written for it: its event
+    /// names, key, state-file name and properties all come from the entry.
     #[test]
     fn a_new_condition_is_its_table_entry_and_its_rule() {
         fn example_rule(holds: bool) -> Option<Alert> {
@@ -1262,6 +1268,9 @@ mod tests {
         let read: Alert = serde_json::from_str(&saved).expect("and reads back");
         assert_eq!(read, alert);
         assert!(AlertKind::ALL.contains(&AlertKind::ExampleCondition));
+        // Its properties are its entry's: about what this replica sees, not
+        // grouped, like most fleet conditions.
+        assert!(!alert.kind.is_own() && !alert.kind.is_grouped());
         // Every kind's two names are its own: no key or event is shared.
         let mut names = std::collections::BTreeSet::new();
         for kind in AlertKind::ALL {

@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::{MaintenanceWindow, WindowKind};
 use crate::decide::policy::Policy;
 use crate::decide::snapshot::Snapshot;
-use crate::events::{Alert, AlertKind};
+// From `alerts::kinds`, not `alerts`: `decide::alerts` reads the `Plan`.
+use crate::decide::alerts::kinds::{Alert, AlertKind};
 use crate::metadata::marker::Phase;
 use crate::model::{AppName, CommitId, MachineStatus, PoolName, Severity};
 use crate::observe::gate::GateView;

@@ -41,7 +41,8 @@ pub use crate::decide::step::{
     AdvanceWhy, ReleaseWhy, RestartGuard, RestartWhy, Step, StepKind, Target, Undrain, WithdrawWhy,
 };
 pub use crate::decide::tracker::{MarkerSeen, Tracker};
-use crate::events::{Alert, AlertKind};
+// From `alerts::kinds`, not `alerts`: `decide::alerts` reads the `Plan`.
+use crate::decide::alerts::kinds::{Alert, AlertKind};
 use crate::metadata::MARKER_KEY;
 use crate::metadata::controls::Controls;
 use crate::metadata::marker::{Ending, Failure, Marker, Phase, RotationMode};

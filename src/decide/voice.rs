@@ -3,9 +3,10 @@
 //! (`alerts.resolve_after`), and the freshness rule that keeps a replica
 //! with an old view of an app quiet about that app (`alerts.stale_after`).
 //!
-//! Owns which incidents are held open (and since when they have been empty),
-//! which alert kinds are this replica's own (always spoken) and which are
-//! held, what counts as stale, and which incidents are frozen for every
+//! Owns which incidents are held open (those of grouped kinds, and since
+//! when they have been empty), what counts as stale (never an alert of a
+//! kind about this replica itself, which is always spoken: the kinds' table
+//! says which, `AlertKind::is_own` and `is_grouped`), and which incidents are frozen for every
 //! sink (holding from a stale view, or gone while the alert each was last
 //! drawn from is stale), with until when each holding incident may be
 //! asserted ([`Spoken`]). Every time is this replica's own: the sweep's
@@ -20,32 +21,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::decide::alerts::Seen;
-use crate::events::{Alert, AlertKind, DedupKey};
+use crate::decide::alerts::{Alert, Seen};
+use crate::events::DedupKey;
 
 /// What the voice rules need of an incident: its key and the alert it is
 /// told as (the notifier's groups are incidents).
 pub trait Incident: Clone {
     fn key(&self) -> &DedupKey;
     fn alert(&self) -> &Alert;
-}
-
-/// Alerts about this replica itself, not about what it sees: always spoken.
-fn own(kind: AlertKind) -> bool {
-    matches!(
-        kind,
-        AlertKind::SweepFailing
-            | AlertKind::AppUnlistable
-            | AlertKind::TipStale
-            | AlertKind::SinkFailing
-            | AlertKind::GateUnreachable
-    )
-}
-
-/// Kinds whose incidents are held open while empty: the grouped ones, which
-/// machines join and leave one by one.
-fn held_kind(kind: AlertKind) -> bool {
-    matches!(kind, AlertKind::Drift | AlertKind::ManualApprovalRequired)
 }
 
 /// What `alerts.stale_after` allows: the age beyond which a view is stale.
@@ -64,7 +47,7 @@ impl Freshness {
         seen: &Seen,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
-        let at = if own(alert.kind) {
+        let at = if alert.kind.is_own() {
             Some(now)
         } else {
             seen.of(alert)
@@ -232,7 +215,7 @@ impl<I: Incident> HoldDown<I> {
         let told = if self.seeded { None } else { Some(told) };
         self.seeded = true;
         for g in told.into_iter().flatten() {
-            if held_kind(g.alert().kind) && !self.known.contains_key(g.key()) {
+            if g.alert().kind.is_grouped() && !self.known.contains_key(g.key()) {
                 let key = g.key().clone();
                 self.known.insert(
                     key,
@@ -245,7 +228,7 @@ impl<I: Incident> HoldDown<I> {
             }
         }
         for (key, g) in current.iter() {
-            if held_kind(g.alert().kind) {
+            if g.alert().kind.is_grouped() {
                 self.known.insert(
                     key.clone(),
                     Held {
@@ -283,6 +266,7 @@ impl<I: Incident> HoldDown<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::alerts::AlertKind;
     use crate::model::{CommitId, Severity};
 
     fn t(secs: i64) -> DateTime<Utc> {

@@ -506,7 +506,7 @@ pub fn plan_to_table(report: &Snapshot, plan: &Plan) -> String {
     let tampered: Vec<String> = plan
         .alerts
         .iter()
-        .filter(|a| a.kind == crate::events::AlertKind::MetadataTampered)
+        .filter(|a| a.kind == crate::decide::alerts::AlertKind::MetadataTampered)
         .map(|a| printable(&format!("  {}", a.summary)))
         .collect();
     if !tampered.is_empty() {

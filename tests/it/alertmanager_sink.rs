@@ -15,7 +15,7 @@ use axum::Router;
 use axum::routing::post;
 use chrono::{DateTime, TimeZone, Utc};
 use fleet_reconciler::config::{AlertmanagerConfig, AlertsConfig, PublicUrl};
-use fleet_reconciler::events::{Alert, AlertKind};
+use fleet_reconciler::decide::alerts::{Alert, AlertKind};
 use fleet_reconciler::model::{CommitId, Severity};
 use fleet_reconciler::report::notify::{
     Notifier, NotifierOptions, Seen, alertmanager_urls_from_env,

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use fleet_reconciler::config::Config;
-use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::observe::gate::AlertGate;
 use fleet_reconciler::sim::{Sim, SimMachine};
 use secrecy::SecretString;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::daemon::{self, Secrets};
-use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::metadata::halt::{HaltRecord, coordinator_halt_key};
 use fleet_reconciler::model::AppName;
 use fleet_reconciler::sim::{Sim, SimMachine};

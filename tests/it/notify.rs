@@ -25,12 +25,13 @@ use fleet_reconciler::config::{
     AlertsConfig, Config, DEFAULT_GROUP_BY, GroupField, PublicUrl, WebhookConfig, WebhookFormat,
 };
 use fleet_reconciler::decide::Snapshot;
+use fleet_reconciler::decide::alerts::{Alert, AlertKind};
 use fleet_reconciler::decide::alerts::{
     Coherence, CoherenceSample, FleetAlertInput, FleetAlertRules, FleetAlertTracker,
     RestoredMachineAlerts,
 };
 use fleet_reconciler::demo::DEMO_CONFIG;
-use fleet_reconciler::events::{ActionEvent, Alert, AlertKind, EventKind, EventRotation};
+use fleet_reconciler::events::{ActionEvent, EventKind, EventRotation};
 use fleet_reconciler::model::{AppName, CommitId, MachineId, PolicyAction, Severity};
 use fleet_reconciler::report::notify::{
     DETAIL_MACHINES, Notifier, NotifierOptions, SinkSecrets, runbook_anchor, sink_secrets_from_env,

@@ -18,7 +18,7 @@ use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
 
-use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::metadata::marker::{Marker, Phase, RotationMode};
 use fleet_reconciler::metadata::operator::{Approval, ApprovalMode};
 use fleet_reconciler::metadata::unprobed::Cleared;

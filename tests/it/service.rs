@@ -13,7 +13,7 @@ use axum::routing::post;
 use fleet_reconciler::clock::TokioClock;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
-use fleet_reconciler::events::{Alert, AlertKind};
+use fleet_reconciler::decide::alerts::{Alert, AlertKind};
 use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};

@@ -5,16 +5,17 @@
 //! severity, release tip, machine; never from message text), and the group's
 //! alert: the highest severity of its members, a summary that counts and
 //! names them (a bounded list, the rest counted), and details listing them.
-//! Every other alert kind is passed through as a group of its own. It must
+//! Every kind not `grouped` in the kinds' table (`AlertKind::is_grouped`)
+//! is passed through as a group of its own. It must
 //! never read the clock, do I/O, or decide what a sink is told (that is the
 //! per-sink state machine in `mod.rs`, which sees only groups).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::GroupField;
+use crate::decide::alerts::{Alert, AlertKind};
 use crate::decide::voice::Incident;
 use crate::events::DedupKey;
-use crate::events::{Alert, AlertKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 
 /// Machines named in a group's summary; the rest are counted.
@@ -40,12 +41,6 @@ impl Incident for Grouped {
     fn alert(&self) -> &Alert {
         &self.alert
     }
-}
-
-/// Whether alerts of `kind` are grouped (only the per-machine conditions
-/// that one release raises on many machines at once).
-fn grouped_kind(kind: AlertKind) -> bool {
-    matches!(kind, AlertKind::Drift | AlertKind::ManualApprovalRequired)
 }
 
 /// The fields that key a group of `kind`: approvals wait for a tip, not for
@@ -106,7 +101,7 @@ pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<DedupKey, G
     let mut single: BTreeMap<DedupKey, &Alert> = BTreeMap::new();
     let mut groups: BTreeMap<DedupKey, Vec<&Alert>> = BTreeMap::new();
     for alert in alerts {
-        if !grouped_kind(alert.kind) || alert.machine_id.is_none() {
+        if !alert.kind.is_grouped() || alert.machine_id.is_none() {
             single
                 .entry(alert.dedup_key())
                 .and_modify(|a| {

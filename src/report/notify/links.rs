@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::{AlertsConfig, PublicUrl};
-use crate::events::AlertKind;
+use crate::decide::alerts::AlertKind;
 use crate::model::{CommitId, MachineId, Severity};
 
 /// The `details` keys the links are carried in.

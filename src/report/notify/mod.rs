@@ -136,7 +136,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig};
 use crate::decide::voice::Voice;
-use crate::events::{ActionEvent, Alert, DedupKey, EventKind};
+use crate::events::{ActionEvent, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
 use group::Grouped;
@@ -146,7 +146,7 @@ use sink::{AlertChange, Attempt, Change, Driven, OnEvent, Sink, SinkKind, Then};
 use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use crate::decide::alerts::Seen;
-use crate::decide::alerts::{DeliveryState, FailingSink};
+use crate::decide::alerts::{Alert, DeliveryState, FailingSink};
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult, PingResult};
 pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
@@ -1244,7 +1244,8 @@ mod tests {
 
     use super::*;
     use crate::config::WebhookFormat;
-    use crate::events::{AlertKind, EventRotation};
+    use crate::decide::alerts::AlertKind;
+    use crate::events::EventRotation;
     use crate::model::{CommitId, PolicyAction};
 
     fn hook(format: WebhookFormat, min: Severity, repeat_mins: u64) -> WebhookConfig {
@@ -1284,7 +1285,7 @@ mod tests {
 
     fn alert(machine: &str, severity: Severity) -> Alert {
         Alert {
-            kind: crate::events::AlertKind::Drift,
+            kind: crate::decide::alerts::AlertKind::Drift,
             app: Some("agents".into()),
             machine_id: Some(machine.into()),
             commit: CommitId::parse(&"c0ffee".repeat(7)[..40]),

@@ -192,7 +192,7 @@ mod tests {
     use super::super::{Notifier, NotifierOptions};
     use super::*;
     use crate::config::{AlertsConfig, GroupField, WebhookFormat};
-    use crate::events::{Alert, AlertKind};
+    use crate::decide::alerts::{Alert, AlertKind};
     use crate::model::Severity;
 
     /// A kind added by this test alone: its file would hold just this. It

@@ -19,7 +19,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::Notification;
-use crate::events::{Alert, DedupKey};
+use crate::decide::alerts::Alert;
+use crate::events::DedupKey;
 use crate::model::Severity;
 
 /// `kind` of the file: refuses to read some other JSON document as state.

@@ -14,7 +14,7 @@ use fleet_reconciler::act::executor::{Executor, ExecutorConfig};
 use fleet_reconciler::act::operator::Operator;
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::{self, LoopOptions, Secrets, SweepOutcome};
-use fleet_reconciler::events::AlertKind;
+use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::metadata::seal::RecordKeys;
 use fleet_reconciler::observe::gate::AlertGate;
 use fleet_reconciler::observe::sweep::Sweeper;

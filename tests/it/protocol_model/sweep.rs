@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use fleet_reconciler::config::Config;
 use fleet_reconciler::decide::Snapshot;
+use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::decide::planner::{
     FetchState, PlanInput, RestartGuard, Step, StepKind, Undrain, plan,
 };
 use fleet_reconciler::decide::reason::{Reason, RuleMatch, SharedReason};
 use fleet_reconciler::decide::snapshot::Verdict;
-use fleet_reconciler::events::AlertKind;
 use fleet_reconciler::metadata::marker::{Ending, Marker, Phase};
 use fleet_reconciler::metadata::slots::SlotSet;
 use fleet_reconciler::model::{CommitId, MachineStatus};

@@ -228,6 +228,11 @@ fn opt_at(t: &Option<DateTime<Utc>>) -> String {
         .unwrap_or_else(|| "an unknown time".into())
 }
 
+/// The `reason` of a pool held by a halted release, beside the guards'
+/// ([`Guard::REASONS`]): the per-pool summary's and the metric's. A halt
+/// is decided per machine (`halted`), not a pool guard, and has no time.
+pub const HALTED: &str = "halted";
+
 /// What holds one pool of one app from new claims (the per-pool views:
 /// `plan`, `status`, the status page): the guardrail or halt its held
 /// machines are decided, and until when.
@@ -266,7 +271,7 @@ pub fn pool_holds<'a>(
                 guard.lifts(),
             ),
             Some(Decision::Halted { tip, failures, .. }) => (
-                "halted",
+                HALTED,
                 format!(
                     "the release {} is halted after {failures} failed rotation(s)",
                     short_commit(tip.as_str())

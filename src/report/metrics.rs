@@ -53,7 +53,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::decide::decision::Decision;
+use crate::decide::decision::{Decision, HALTED};
 use crate::decide::guardrail::Guard;
 use crate::decide::snapshot::{Coherence, Snapshot};
 use crate::fly::RequestObserver;
@@ -72,6 +72,12 @@ pub const ROTATIONS_IN_PROGRESS: &str = "fleet_reconciler_rotations_in_progress"
 pub const MACHINE_DECISIONS: &str = "fleet_reconciler_machine_decisions";
 pub const GUARDRAIL_BLOCKED: &str = "fleet_reconciler_guardrail_blocked";
 pub const GUARDRAIL_UNTIL: &str = "fleet_reconciler_guardrail_until_timestamp_seconds";
+
+/// The `reason` label values of `fleet_reconciler_guardrail_blocked`: every
+/// guard's, and a halted release's (decided per machine, not a guard).
+pub fn guardrail_reasons() -> impl Iterator<Item = &'static str> + Clone {
+    Guard::REASONS.iter().copied().chain([HALTED])
+}
 pub const ACTIONS_TOTAL: &str = "fleet_reconciler_actions_total";
 pub const FLY_API_REQUESTS_TOTAL: &str = "fleet_reconciler_fly_api_requests_total";
 pub const FLY_API_REQUEST_DURATION_SECONDS: &str =
@@ -405,8 +411,8 @@ impl PlanSeries {
             r,
             GUARDRAIL_BLOCKED,
             "1 while a guardrail holds new claims of the pool in the last sweep, else 0 \
-             (reason: canary, window, alert_firing, gate_unreachable; every reason of every \
-             pool with machines).",
+             (reason: canary, window, alert_firing, gate_unreachable, halted; every reason of \
+             every pool with machines).",
             &[APP_LABEL, "pool", "reason"],
         )?;
         let guardrail_until = gauge_vec(
@@ -1005,7 +1011,7 @@ impl Metrics {
     }
 
     /// Replaces `fleet_reconciler_guardrail_blocked`: for each (app, pool)
-    /// in `pools`, every reason ([`Guard::REASONS`]), 1 where `held` names
+    /// in `pools`, every reason ([`guardrail_reasons`]), 1 where `held` names
     /// it and 0 elsewhere (so the series stay); pools not passed are removed.
     pub fn set_guardrails<'a>(
         &self,
@@ -1015,9 +1021,7 @@ impl Metrics {
         let current: BTreeSet<(String, String, String)> = pools
             .into_iter()
             .flat_map(|(a, p)| {
-                Guard::REASONS
-                    .iter()
-                    .map(move |r| (a.to_string(), p.to_string(), r.to_string()))
+                guardrail_reasons().map(move |r| (a.to_string(), p.to_string(), r.to_string()))
             })
             .collect();
         let mut exported = self.exported();
@@ -1478,6 +1482,30 @@ mod tests {
         let text = m.render().unwrap();
         assert!(text.contains(&series("a", "main", "canary", 0)), "{text}");
         assert!(!text.contains("pool=\"eu\""), "{text}");
+    }
+
+    #[test]
+    fn a_halt_is_a_guardrail_reason_of_every_pool() {
+        let m = Metrics::new(false).unwrap();
+        let held = BTreeSet::from([("a", "main", "halted")]);
+        m.set_guardrails([("a", "main"), ("a", "eu")], &held);
+        let text = m.render().unwrap();
+        let series = |pool: &str, reason: &str, v: u8| {
+            format!(
+                "fleet_reconciler_guardrail_blocked{{fly_app=\"a\",pool=\"{pool}\",reason=\"{reason}\"}} {v}"
+            )
+        };
+        for line in [
+            series("main", "halted", 1),
+            series("main", "canary", 0),
+            series("eu", "halted", 0),
+        ] {
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        // Resumed: the series stays, at 0.
+        m.set_guardrails([("a", "main")], &BTreeSet::new());
+        let text = m.render().unwrap();
+        assert!(text.contains(&series("main", "halted", 0)), "{text}");
     }
 
     #[test]

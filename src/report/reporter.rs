@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 
 use crate::act::executor::StepReport;
 use crate::daemon::{Cycle, SweepOutcome};
-use crate::decide::decision::Decision;
+use crate::decide::decision::{Decision, HALTED};
 use crate::decide::planner::Plan;
 use crate::decide::snapshot::Snapshot;
 use crate::events::ActionEvent;
@@ -195,11 +195,26 @@ impl<'a> Reporter<'a> {
                 plan.decision(&m.seen.machine_id)
                     .map(|d| (m.seen.app.as_str(), d))
             }));
-        let held: BTreeSet<(&str, &str, &str)> = plan
+        let mut held: BTreeSet<(&str, &str, &str)> = plan
             .guards
             .iter()
             .map(|((app, pool), g)| (app.as_str(), pool.as_str(), g.reason()))
             .collect();
+        // A halt is decided per machine, not a pool guard: a pool with a
+        // machine it holds is held (as the per-pool summary counts it). It
+        // has no time, so no `until` series below.
+        held.extend(
+            report
+                .machines
+                .iter()
+                .filter(|m| {
+                    matches!(
+                        plan.decision(&m.seen.machine_id),
+                        Some(Decision::Halted { .. })
+                    )
+                })
+                .map(|m| (m.seen.app.as_str(), m.seen.pool.as_str(), HALTED)),
+        );
         self.metrics.set_guardrails(
             rotations.iter().map(|(a, p, _)| (a.as_str(), p.as_str())),
             &held,

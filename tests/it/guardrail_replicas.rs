@@ -11,10 +11,14 @@
 //! - a pool in a deny window is held by both replicas (the same guard, the
 //!   same closing time, the same per-pool summary), and never restarted.
 //!
-//! The halt is shared the same way: `halt::a_bad_release_halts_itself_for_
-//! replicas_and_restarts_until_resumed` has replica B, which would never
-//! halt by itself, read the halt replica A wrote on the coordinator and
-//! start nothing until `resume`.
+//! - a bad release halts for both at once: whichever replica saw the
+//!   failures raises the halt, and from then on neither claims or restarts
+//!   anything toward that tip, both decide the rest `halted` (and export
+//!   `guardrail_blocked{reason="halted"}`, with no until series), until
+//!   `resume`, after which both go on.
+//!
+//! (`halt::a_bad_release_halts_itself_for_replicas_and_restarts_until_
+//! resumed` covers a replica started after the one that halted stopped.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +27,8 @@ use std::time::Duration;
 use chrono::{DurationRound, Timelike};
 use fleet_reconciler::config::Config;
 use fleet_reconciler::daemon::Secrets;
+use fleet_reconciler::metadata::halt::HaltRecord;
+use fleet_reconciler::model::AppName;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimMachine};
 use serde_json::{Value, json};
@@ -31,7 +37,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::eventually;
 use crate::gate::{Answer, FakeAlertmanager, agent_error_rate, alert};
+use crate::halt::{bad_fleet, halt_record, halting, restarted};
 use crate::rotation::{TOKEN, World, all, config, fleet, marker_of, restarts, world};
+
+const BAD: [&str; 4] = ["m0", "m1", "m2", "m3"];
 
 /// One replica: the whole service, its API on a loopback port.
 struct Replica {
@@ -41,14 +50,14 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(name: &str, config: Arc<Config>, sim: &Sim, gate_url: &str) -> Replica {
+    fn start(name: &str, config: Arc<Config>, sim: &Sim, gate_url: Option<&str>) -> Replica {
         let secrets = ServiceSecrets {
             core: Secrets {
                 fly_token: TOKEN.into(),
                 git_token: None,
                 record_keys: Some(fleet_reconciler::sim::record_keys()),
             },
-            gate_url: Some(gate_url.to_owned().into()),
+            gate_url: gate_url.map(|u| u.to_owned().into()),
             ..ServiceSecrets::default()
         };
         let stop = CancellationToken::new();
@@ -96,6 +105,16 @@ impl Replica {
             "fleet_reconciler_guardrail_blocked{{fly_app=\"app\",pool=\"{pool}\",reason=\"{reason}\"}} 1"
         );
         self.text("/metrics").await.lines().any(|l| l == series)
+    }
+
+    /// Whether its /metrics has a `fleet_reconciler_guardrail_until_
+    /// timestamp_seconds` series for `reason`.
+    async fn until_for(&self, reason: &str) -> bool {
+        let label = format!("reason=\"{reason}\"");
+        self.text("/metrics").await.lines().any(|l| {
+            l.starts_with("fleet_reconciler_guardrail_until_timestamp_seconds{")
+                && l.contains(&label)
+        })
     }
 
     /// `fleet_reconciler_sweeps_total{result="success"}`.
@@ -176,8 +195,18 @@ async fn two_replicas_hold_the_same_pools_for_the_same_guards() {
         .await
         .unwrap();
     let am = FakeAlertmanager::start(Answer::Alerts(vec![agent_error_rate()])).await;
-    let a = Replica::start("replica-a", replica_config(&sim, &w, "a"), &sim, &am.url);
-    let b = Replica::start("replica-b", replica_config(&sim, &w, "b"), &sim, &am.url);
+    let a = Replica::start(
+        "replica-a",
+        replica_config(&sim, &w, "a"),
+        &sim,
+        Some(&am.url),
+    );
+    let b = Replica::start(
+        "replica-b",
+        replica_config(&sim, &w, "b"),
+        &sim,
+        Some(&am.url),
+    );
     let replicas = [&a, &b];
 
     // (a) The alert fires: both decide every machine.
@@ -312,6 +341,130 @@ async fn two_replicas_hold_the_same_pools_for_the_same_guards() {
         restarts(&sim, "f1").is_empty() && marker_of(&sim, "f1").is_none(),
         "f1 was claimed inside its deny window"
     );
+    a.stop().await;
+    b.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_replicas_at_once_stop_at_a_halt_until_resumed() {
+    let w = world();
+    // Both replicas sweep every 150ms on one token: Fly's List budget is
+    // not the subject here.
+    let sim = Sim::start(bad_fleet(&w).list_rate_limit(None))
+        .await
+        .unwrap();
+    let cfg = |mirror: &str| config(&sim, &w, mirror, &all("restart"), 1, &halting(2));
+    let a = Replica::start("replica-a", cfg("a"), &sim, None);
+    let b = Replica::start("replica-b", cfg("b"), &sim, None);
+    let replicas = [&a, &b];
+
+    // Whichever replica saw the two failures raises the halt.
+    eventually("the release halts", Duration::from_secs(60), async || {
+        matches!(halt_record(&sim), Some(HaltRecord::Halted { .. }))
+    })
+    .await;
+    let failed = restarted(&sim);
+    assert_eq!(failed.len(), 2, "restarted before the halt: {failed:?}");
+    let untouched: Vec<&str> = BAD
+        .into_iter()
+        .filter(|id| !failed.iter().any(|f| f == id))
+        .collect();
+    // Both decide the untouched machines `halted`, sum the pool up as
+    // halted, and export it (no time: no until series).
+    for r in replicas {
+        eventually("both see the halt", Duration::from_secs(20), async || {
+            let d = r.decisions().await;
+            untouched
+                .iter()
+                .all(|id| d.get(*id).is_some_and(|d| d["kind"] == "halted"))
+        })
+        .await;
+    }
+    // Several sweeps of each while halted: chances to claim.
+    let before = [a.sweeps().await, b.sweeps().await];
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = [a.sweeps().await, b.sweeps().await];
+    assert!(
+        after[0] >= before[0] + 5 && after[1] >= before[1] + 5,
+        "the replicas did not sweep while halted: {before:?} → {after:?}"
+    );
+    assert_eq!(restarted(&sim), failed, "a halted release went on");
+    for id in &untouched {
+        let m = sim.machine(id).unwrap();
+        assert!(
+            marker_of(&sim, id).is_none() && !m.cordoned && m.loaded_ref == w.old,
+            "{id} was touched while halted: {:?}, cordoned {}",
+            marker_of(&sim, id),
+            m.cordoned
+        );
+    }
+    let (da, db) = (a.decisions().await, b.decisions().await);
+    for id in &untouched {
+        assert_eq!(da.get(*id), db.get(*id), "the replicas disagree on {id}");
+    }
+    let (ga, gb) = (a.guardrails().await, b.guardrails().await);
+    assert_eq!(ga, gb, "the replicas disagree on which pool is held");
+    assert_eq!(
+        (&ga[0]["pool"], &ga[0]["reason"], ga[0].get("until")),
+        (&json!("default"), &json!("halted"), None),
+        "{ga}"
+    );
+    for r in replicas {
+        assert!(
+            r.blocked("default", "halted").await,
+            "{} does not export default held by halted",
+            r.api
+        );
+        assert!(
+            !r.until_for("halted").await,
+            "{}: a halt has no time",
+            r.api
+        );
+    }
+
+    // The agents are fixed and an operator resumes: both go on, and the
+    // untouched machines rotate (the failed two keep their failed rotation
+    // for an operator: not the halt's business).
+    sim.set_release_tip(&w.tip);
+    let op = crate::common::daemon::operator(&cfg("op"), TOKEN);
+    op.resume(&AppName::from("app"), None, "op", sim.now())
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    loop {
+        let done = untouched.iter().all(|id| {
+            marker_of(&sim, id).is_none()
+                && sim
+                    .machine(id)
+                    .is_some_and(|m| m.loaded_ref == w.tip && !m.cordoned)
+        });
+        if done {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the fleet did not rotate once resumed: {:?}",
+            untouched
+                .iter()
+                .map(|id| sim.machine(id))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for r in replicas {
+        eventually("the halt is lifted", Duration::from_secs(20), async || {
+            !r.blocked("default", "halted").await
+                && r.guardrails().await.as_array().is_none_or(|g| g.is_empty())
+                && {
+                    let d = r.decisions().await;
+                    untouched
+                        .iter()
+                        .all(|id| d.get(*id).is_some_and(|d| d["kind"] == "on_tip"))
+                }
+        })
+        .await;
+    }
     a.stop().await;
     b.stop().await;
     sim.shutdown().await;

@@ -10,7 +10,7 @@ use fleet_reconciler::daemon::{self, Secrets};
 use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::metadata::halt::{HaltRecord, coordinator_halt_key};
 use fleet_reconciler::model::AppName;
-use fleet_reconciler::sim::{Sim, SimMachine};
+use fleet_reconciler::sim::{Sim, SimFleet, SimMachine};
 
 use crate::common::eventually;
 use crate::rotation::{
@@ -24,25 +24,28 @@ verify_deadline = "1s"
 restart_grace = "0s"
 "#;
 
-fn halting(n: u32) -> String {
+pub(crate) fn halting(n: u32) -> String {
     format!("{FAST}\n[release]\nhalt_after_failures = {n}\nhalt_window = \"30m\"\n")
 }
 
 /// Four drifted machines of one pool (cap 1) whose restarts never load
 /// the tip: the sim boots them on the old commit, a release that is bad.
-async fn bad_release(w: &World) -> Sim {
+pub(crate) fn bad_fleet(w: &World) -> SimFleet {
     let machines = (0..4).map(|i| SimMachine::new(format!("m{i}")).loaded(w.old.clone()));
-    Sim::start(fleet(w, machines.collect()).release_tip(w.old.clone()))
-        .await
-        .unwrap()
+    fleet(w, machines.collect()).release_tip(w.old.clone())
 }
 
-fn halt_record(sim: &Sim) -> Option<HaltRecord> {
+async fn bad_release(w: &World) -> Sim {
+    Sim::start(bad_fleet(w)).await.unwrap()
+}
+
+pub(crate) fn halt_record(sim: &Sim) -> Option<HaltRecord> {
     let body = sim.sealed_metadata(COORD, &coordinator_halt_key("app"))?;
     serde_json::from_str(&body).ok()
 }
 
-fn restarted(sim: &Sim) -> Vec<String> {
+/// The machines of [`bad_fleet`] restarted so far.
+pub(crate) fn restarted(sim: &Sim) -> Vec<String> {
     (0..4)
         .map(|i| format!("m{i}"))
         .filter(|id| !restarts(sim, id).is_empty())

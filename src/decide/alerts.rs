@@ -31,7 +31,7 @@
 //!    names, and its properties: `own` if it is about this replica itself
 //!    (never frozen as stale by `decide::voice`), `grouped` if its
 //!    per-machine alerts fold into incidents held open while briefly empty
-//!    (`report::notify::group`, `decide::voice`). No other file lists kinds
+//!    (`decide::incidents`, `decide::voice`). No other file lists kinds
 //!    a new one must join: others name a kind only for that kind's own
 //!    behaviour, and their matches on kinds end in `_`. The table is a file of its own
 //!    only because the planner, which this module reads, raises alerts too:

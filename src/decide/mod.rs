@@ -14,7 +14,8 @@
 //! [`alerts::evaluate`] then turns each turn (swept or failed) into its
 //! complete [`alerts::AlertSet`]: the plan's alerts, those carried over, and
 //! the fleet's (coherence, sweeps, tip, unlistable apps), judged on the
-//! sweep's [`coherence::CoherenceSample`]. [`voice`] decides what of that set
+//! sweep's [`coherence::CoherenceSample`]. [`incidents`] folds that set
+//! into incidents (`alerts.group_by`) and [`voice`] decides what of that set
 //! this replica may say now (the hold-down of `alerts.resolve_after`, and no
 //! word from a view older than `alerts.stale_after`); the notifier only
 //! applies its verdict. Nothing under
@@ -25,6 +26,7 @@ pub mod coherence;
 pub mod decision;
 pub mod guardrail;
 pub mod halt;
+pub mod incidents;
 pub mod listings;
 pub mod planner;
 pub mod policy;

@@ -69,7 +69,7 @@ macro_rules! alert_kinds {
             }
 
             /// Whether its per-machine alerts are folded into one incident
-            /// per group (`alerts.group_by`, `report::notify::group`) and
+            /// per group (`alerts.group_by`, `decide::incidents`) and
             /// such an incident is held open while briefly empty
             /// (`decide::voice`): the conditions one release raises on
             /// many machines at once.
@@ -217,7 +217,7 @@ mod tests {
 
     /// Each kind's properties come from its entry: the kinds about this
     /// replica itself (always spoken) and the grouped ones (held open), as
-    /// `decide::voice` and `report::notify::group` listed them before.
+    /// `decide::voice` and `decide::incidents` listed them before.
     #[test]
     fn the_table_says_which_kinds_are_own_and_which_are_grouped() {
         let named = |keep: fn(AlertKind) -> bool| -> Vec<&str> {

@@ -26,11 +26,11 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use super::counter::{DeliveryCounter, DeliveryResult};
-use super::group::Grouped;
 use super::links::{MACHINE_URL, RUNBOOK_URL, STATUS_URL};
 use super::lock;
 use super::sink::{AlertChange, Attempt, Change, Sink, Then};
 use crate::config::AlertmanagerConfig;
+use crate::decide::incidents::Grouped;
 use crate::events::DedupKey;
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use crate::observe::gate::OWN_ALERT_LABEL;

@@ -109,7 +109,6 @@
 mod alertmanager;
 mod counter;
 mod format;
-mod group;
 mod heartbeat;
 mod json;
 mod kinds;
@@ -135,11 +134,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::{AlertsConfig, GroupField, PublicUrl, WebhookConfig};
+use crate::decide::incidents::{self as group, Grouped};
 use crate::decide::voice::Voice;
 use crate::events::{ActionEvent, DedupKey, EventKind};
 use crate::model::{AppName, CommitId, MachineId, Severity};
 use alertmanager::AmSink;
-use group::Grouped;
 use heartbeat::Heartbeat;
 use links::Links;
 use sink::{AlertChange, Attempt, Change, Driven, OnEvent, Sink, SinkKind, Then};
@@ -147,9 +146,9 @@ use store::{DeadLetter, Failing, SavedSink, SavedTracked, StateFile, Store};
 
 pub use crate::decide::alerts::Seen;
 use crate::decide::alerts::{Alert, DeliveryState, FailingSink};
+pub use crate::decide::incidents::{DETAIL_MACHINES, SUMMARY_MACHINES};
 pub use alertmanager::{ALERTMANAGER_PATH, AlertmanagerStats};
 pub use counter::{DeliveryCounter, DeliveryEvent, DeliveryResult, PingResult};
-pub use group::{DETAIL_MACHINES, SUMMARY_MACHINES};
 pub use heartbeat::heartbeat_urls_from_env;
 pub use json::{JSON_SCHEMA_VERSION, SIGNATURE_HEADER, SIGNATURE_MAX_AGE, TIMESTAMP_HEADER, sign};
 pub use kinds::format_name;

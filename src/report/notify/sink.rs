@@ -26,10 +26,10 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::format::Rendered;
-use super::group::Grouped;
 use super::links::Links;
 use super::{Notification, Shared, SinkSecrets};
 use crate::config::WebhookConfig;
+use crate::decide::incidents::Grouped;
 use crate::events::{ActionEvent, DedupKey, EventKind};
 
 /// What the notifier hands every sink.

@@ -1,5 +1,8 @@
-//! Grouped incidents: the planner's per-machine drift and approval alerts
-//! folded into one incident per group (`alerts.group_by`).
+//! Incidents: the alert set folded into what the sinks are told, the
+//! planner's per-machine drift and approval alerts one incident per group
+//! (`alerts.group_by`). An incident is an alert decision (its key, its
+//! severity, its words), so it is made here, beside [`super::voice`] which
+//! holds and freezes incidents; `report::notify` only delivers them.
 //!
 //! Owns what a group is (its key, built only from stable identity: app, pool,
 //! severity, release tip, machine; never from message text), and the group's
@@ -8,13 +11,13 @@
 //! Every kind not `grouped` in the kinds' table (`AlertKind::is_grouped`)
 //! is passed through as a group of its own. It must
 //! never read the clock, do I/O, or decide what a sink is told (that is the
-//! per-sink state machine in `mod.rs`, which sees only groups).
+//! per-sink state machine in `report::notify`, which sees only incidents).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::alerts::{Alert, AlertKind};
+use super::voice::Incident;
 use crate::config::GroupField;
-use crate::decide::alerts::{Alert, AlertKind};
-use crate::decide::voice::Incident;
 use crate::events::DedupKey;
 use crate::model::{AppName, CommitId, MachineId, Severity};
 
@@ -26,7 +29,7 @@ pub const DETAIL_MACHINES: usize = 50;
 /// One incident: its key, its alert (what the sinks are told) and the
 /// machines in it (a change of them is news to the sinks).
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Grouped {
+pub struct Grouped {
     pub key: DedupKey,
     pub alert: Alert,
     pub members: BTreeSet<String>,
@@ -97,7 +100,7 @@ fn group_key(alert: &Alert, fields: &BTreeSet<GroupField>) -> DedupKey {
 
 /// Groups `alerts` by `by`. One alert per key (the more severe wins when a
 /// key comes twice); the result is keyed by group key.
-pub(super) fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<DedupKey, Grouped> {
+pub fn group(alerts: &[Alert], by: &[GroupField]) -> BTreeMap<DedupKey, Grouped> {
     let mut single: BTreeMap<DedupKey, &Alert> = BTreeMap::new();
     let mut groups: BTreeMap<DedupKey, Vec<&Alert>> = BTreeMap::new();
     for alert in alerts {

@@ -15,13 +15,13 @@ use axum::Router;
 use axum::routing::post;
 use fleet_reconciler::clock::TokioClock;
 use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::Secrets;
 use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::daemon::{Service, service_secrets};
 use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "grouped-test-token";
@@ -74,27 +74,14 @@ impl Daemon {
     fn start(config: &str, sim: &Sim, pd: &PagerDuty) -> Daemon {
         let config = Arc::new(Config::parse(Path::new("grouped.toml"), config).unwrap());
         let secrets = ServiceSecrets {
-            core: Secrets {
-                fly_token: TOKEN.into(),
-                git_token: None,
-                record_keys: Some(fleet_reconciler::sim::record_keys()),
-            },
             webhooks: vec![SinkSecrets {
                 url: pd.url.clone().into(),
                 routing_key: Some("routing-key".into()),
                 hmac_secret: None,
             }],
-            ..ServiceSecrets::default()
+            ..service_secrets(TOKEN)
         };
-        let stop = CancellationToken::new();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        let task = tokio::spawn(service::run(
-            service::RunArgs::new(config, secrets, listener, "t".into(), stop.clone())
-                .with_clock(sim.clock()),
-            |_| {},
-        ));
+        let Service { stop, task, .. } = Service::start("t", config, secrets, sim);
         Daemon { stop, task }
     }
 

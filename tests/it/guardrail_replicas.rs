@@ -26,15 +26,14 @@ use std::time::Duration;
 
 use chrono::{DurationRound, Timelike};
 use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::Secrets;
 use fleet_reconciler::metadata::halt::HaltRecord;
 use fleet_reconciler::model::AppName;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimMachine};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::daemon::{Service, service_secrets};
 use crate::common::eventually;
 use crate::gate::{Answer, FakeAlertmanager, agent_error_rate, alert};
 use crate::halt::{bad_fleet, halt_record, halting, restarted};
@@ -52,24 +51,10 @@ struct Replica {
 impl Replica {
     fn start(name: &str, config: Arc<Config>, sim: &Sim, gate_url: Option<&str>) -> Replica {
         let secrets = ServiceSecrets {
-            core: Secrets {
-                fly_token: TOKEN.into(),
-                git_token: None,
-                record_keys: Some(fleet_reconciler::sim::record_keys()),
-            },
             gate_url: gate_url.map(|u| u.to_owned().into()),
-            ..ServiceSecrets::default()
+            ..service_secrets(TOKEN)
         };
-        let stop = CancellationToken::new();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let api = format!("http://{}", listener.local_addr().unwrap());
-        listener.set_nonblocking(true).unwrap();
-        let listener = TcpListener::from_std(listener).unwrap();
-        let task = tokio::spawn(service::run(
-            service::RunArgs::new(config, secrets, listener, name.into(), stop.clone())
-                .with_clock(sim.clock()),
-            |_| {},
-        ));
+        let Service { stop, task, api } = Service::start(name, config, secrets, sim);
         Replica { stop, task, api }
     }
 

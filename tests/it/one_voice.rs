@@ -35,7 +35,6 @@ use axum::routing::post;
 use chrono::{DateTime, Utc};
 use fleet_reconciler::clock::{SharedClock, TokioClock};
 use fleet_reconciler::config::Config;
-use fleet_reconciler::daemon::Secrets;
 use fleet_reconciler::report::notify::SinkSecrets;
 use fleet_reconciler::service::{self, ServiceSecrets};
 use fleet_reconciler::sim::{Sim, SimApp, SimFleet, SimMachine};
@@ -43,6 +42,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::common::daemon::{Service, service_secrets};
 use crate::common::{OverlayRepo, eventually};
 
 const TOKEN: &str = "one-voice-token";
@@ -182,29 +182,15 @@ impl Daemon {
     fn start(name: &str, config: &str, sim: &Sim, receivers: &Receivers) -> Daemon {
         let config = Arc::new(Config::parse(Path::new("one-voice.toml"), config).unwrap());
         let secrets = ServiceSecrets {
-            core: Secrets {
-                fly_token: TOKEN.into(),
-                git_token: None,
-                record_keys: Some(fleet_reconciler::sim::record_keys()),
-            },
             webhooks: vec![SinkSecrets {
                 url: format!("{}/{name}/v2/enqueue", receivers.base).into(),
                 routing_key: Some("routing-key".into()),
                 hmac_secret: None,
             }],
             alertmanagers: vec![format!("{}/{name}/", receivers.base).into()],
-            ..ServiceSecrets::default()
+            ..service_secrets(TOKEN)
         };
-        let stop = CancellationToken::new();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let api = format!("http://{}", listener.local_addr().unwrap());
-        listener.set_nonblocking(true).unwrap();
-        let listener = TcpListener::from_std(listener).unwrap();
-        let task = tokio::spawn(service::run(
-            service::RunArgs::new(config, secrets, listener, name.into(), stop.clone())
-                .with_clock(sim.clock()),
-            |_| {},
-        ));
+        let Service { stop, task, api } = Service::start(name, config, secrets, sim);
         Daemon { stop, task, api }
     }
 

@@ -217,6 +217,33 @@ mod tests {
         }
     }
 
+    /// The notifier's delivery loop in a task, and what stops it.
+    fn running(notifier: &Notifier) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (notifier, stop) = (notifier.clone(), stop.clone());
+            async move { notifier.run(stop).await }
+        });
+        (stop, task)
+    }
+
+    fn t0() -> chrono::DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap()
+    }
+
+    /// The alert both tests send: m1 of agents drifted, high.
+    fn drift_m1() -> Alert {
+        Alert {
+            kind: AlertKind::Drift,
+            app: Some("agents".into()),
+            machine_id: Some("m1".into()),
+            commit: None,
+            severity: Severity::High,
+            summary: "m1 is behind".into(),
+            details: Default::default(),
+        }
+    }
+
     fn echo(_: WebhookFormat) -> &'static dyn SinkKind {
         &Echo
     }
@@ -285,21 +312,8 @@ mod tests {
             echo,
         )
         .unwrap();
-        let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let (notifier, stop) = (notifier.clone(), stop.clone());
-            async move { notifier.run(stop).await }
-        });
-        let t0 = Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap();
-        let alert = Alert {
-            kind: AlertKind::Drift,
-            app: Some("agents".into()),
-            machine_id: Some("m1".into()),
-            commit: None,
-            severity: Severity::High,
-            summary: "m1 is behind".into(),
-            details: Default::default(),
-        };
+        let (stop, task) = running(&notifier);
+        let (t0, alert) = (t0(), drift_m1());
         notifier.update(std::slice::from_ref(&alert), &[], t0);
         notifier.update(&[], &[], t0 + chrono::Duration::minutes(1));
         stop.cancel();
@@ -431,21 +445,8 @@ mod tests {
         let notifier = Notifier::with_sinks(&config, vec![], vec![], options)
             .unwrap()
             .adding(recorder.clone());
-        let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let (notifier, stop) = (notifier.clone(), stop.clone());
-            async move { notifier.run(stop).await }
-        });
-        let t0 = Utc.with_ymd_and_hms(2026, 5, 1, 12, 0, 0).unwrap();
-        let alert = Alert {
-            kind: AlertKind::Drift,
-            app: Some("agents".into()),
-            machine_id: Some("m1".into()),
-            commit: None,
-            severity: Severity::High,
-            summary: "m1 is behind".into(),
-            details: Default::default(),
-        };
+        let (stop, task) = running(&notifier);
+        let (t0, alert) = (t0(), drift_m1());
         notifier.update(std::slice::from_ref(&alert), &[], t0);
         notifier.swept();
         notifier.update(&[], &[], t0 + chrono::Duration::minutes(1));

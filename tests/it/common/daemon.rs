@@ -2,7 +2,8 @@
 //! against the simulator over loopback, and what the test can see of its
 //! sweeps (alerts, decision labels, how many ran). One builder for every
 //! variant the tests need (owner, Fly token, record keys, alert gate, agent
-//! tokens), and the connect and executor set-up that by-hand drivers share.
+//! tokens), the connect and executor set-up that by-hand drivers share, and
+//! the whole service (`service::run`) for tests that run it as `run` does.
 //!
 //! It never decides anything itself and asserts nothing: the tests do.
 
@@ -18,6 +19,7 @@ use fleet_reconciler::decide::alerts::AlertKind;
 use fleet_reconciler::metadata::seal::RecordKeys;
 use fleet_reconciler::observe::gate::AlertGate;
 use fleet_reconciler::observe::sweep::Sweeper;
+use fleet_reconciler::service::{self, ServiceError, ServiceSecrets};
 use fleet_reconciler::sim::Sim;
 use secrecy::SecretString;
 use tokio::task::JoinHandle;
@@ -33,6 +35,44 @@ pub async fn connect(config: &Arc<Config>, fly_token: &str, keys: RecordKeys) ->
         record_keys: Some(keys),
     };
     daemon::connect(config.clone(), &secrets).await.unwrap()
+}
+
+/// A service's secrets with `fly_token` and the simulator's record keys,
+/// and nothing else (sinks and the gate added by the caller).
+pub fn service_secrets(fly_token: &str) -> ServiceSecrets {
+    ServiceSecrets {
+        core: Secrets {
+            fly_token: fly_token.into(),
+            git_token: None,
+            record_keys: Some(fleet_reconciler::sim::record_keys()),
+        },
+        ..ServiceSecrets::default()
+    }
+}
+
+/// The whole service (`service::run`, as `run` starts it) in a task on the
+/// simulator's clock, owner `owner`, its API on a loopback port.
+pub struct Service {
+    pub stop: CancellationToken,
+    pub task: JoinHandle<Result<(), ServiceError>>,
+    /// `http://127.0.0.1:PORT`.
+    pub api: String,
+}
+
+impl Service {
+    pub fn start(owner: &str, config: Arc<Config>, secrets: ServiceSecrets, sim: &Sim) -> Service {
+        let stop = CancellationToken::new();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let api = format!("http://{}", listener.local_addr().unwrap());
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let task = tokio::spawn(service::run(
+            service::RunArgs::new(config, secrets, listener, owner.into(), stop.clone())
+                .with_clock(sim.clock()),
+            |_| {},
+        ));
+        Service { stop, task, api }
+    }
 }
 
 /// What the CLI and the admin API write with: an operator authenticated
